@@ -1,0 +1,473 @@
+/* common/common.h - public front door of common/: errors, logging, ggml types, GGUF, model. */
+#ifndef COMMON_COMMON_H
+#define COMMON_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors (common/err.c)                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every fallible function returns >= 0 on success and one of these (negative) on failure.
+ * Append only: the values travel in wire messages. */
+enum common_err {
+    COMMON_OK        = 0,
+    COMMON_EINVAL    = -1,  /* invalid argument or malformed input */
+    COMMON_ENOMEM    = -2,  /* out of memory */
+    COMMON_EIO       = -3,  /* read/write failure */
+    COMMON_EAGAIN    = -4,  /* try again later */
+    COMMON_ETIMEDOUT = -5,  /* deadline passed */
+    COMMON_ECLOSED   = -6,  /* peer or object closed */
+    COMMON_EPROTO    = -7,  /* protocol violation */
+    COMMON_ECORRUPT  = -8,  /* file or segment content is inconsistent */
+    COMMON_EBUSY     = -9,  /* resource in use */
+    COMMON_ENOTSUP   = -10, /* valid but not supported (architecture, type, feature) */
+    COMMON_ERANGE    = -11, /* a value is out of the allowed range (prompt longer than ctx) */
+    COMMON_ENOENT    = -12, /* no such file, key or tensor */
+};
+
+/* Returns a static, human-readable name for a common_err code (never NULL). */
+const char *common_strerror(int err);
+
+/* Maps an errno value to a common_err code. */
+int common_err_from_errno(int errnum);
+
+/* A caller-owned buffer that a failing function fills with one line saying what is wrong and
+ * where (byte offset, key, tensor name). Functions taking a `struct common_errmsg *` accept NULL. */
+struct common_errmsg {
+    char text[512]; /* NUL-terminated; empty when nothing was reported */
+};
+
+/* Formats into `e` (if not NULL) and returns `err`, so callers can write
+ * `return common_errmsg_set(e, COMMON_ECORRUPT, "...", ...);`. */
+int common_errmsg_set(struct common_errmsg *e, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ------------------------------------------------------------------------------------------ */
+/* Logging (common/log.c)                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+enum common_log_level {
+    COMMON_LOG_LEVEL_ERR   = 3,
+    COMMON_LOG_LEVEL_WARN  = 4,
+    COMMON_LOG_LEVEL_INFO  = 6,
+    COMMON_LOG_LEVEL_DEBUG = 7,
+};
+
+/* Sets/gets the process-wide level (process singleton; set before threads start). */
+void common_log_set_level(enum common_log_level level);
+enum common_log_level common_log_get_level(void);
+/* Parses "err", "warn", "info", "debug"; returns 0 or COMMON_EINVAL. */
+int common_log_parse_level(const char *s, enum common_log_level *out);
+
+/* Writes one line "LEVEL component message" to stderr. Thread-safe (one write per line). */
+void common_log_write(enum common_log_level level, const char *component, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define COMMON_LOG_AT(lvl, comp, ...)                                                              \
+    do {                                                                                           \
+        if ((int)(lvl) <= (int)common_log_get_level())                                             \
+            common_log_write((lvl), (comp), __VA_ARGS__);                                          \
+    } while (0)
+#define COMMON_LOG_ERR(comp, ...)   COMMON_LOG_AT(COMMON_LOG_LEVEL_ERR, comp, __VA_ARGS__)
+#define COMMON_LOG_WARN(comp, ...)  COMMON_LOG_AT(COMMON_LOG_LEVEL_WARN, comp, __VA_ARGS__)
+#define COMMON_LOG_INFO(comp, ...)  COMMON_LOG_AT(COMMON_LOG_LEVEL_INFO, comp, __VA_ARGS__)
+#define COMMON_LOG_DEBUG(comp, ...) COMMON_LOG_AT(COMMON_LOG_LEVEL_DEBUG, comp, __VA_ARGS__)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sizes and small helpers (common/util.c)                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Parses "123", "4K", "1.5G", "2GiB", "512MB" (binary multiples) into bytes.
+ * Returns 0 or COMMON_EINVAL / COMMON_ERANGE. */
+int common_parse_size(const char *s, uint64_t *out);
+
+/* Formats bytes as "1.50 GiB" into buf; returns buf. */
+const char *common_format_size(uint64_t bytes, char *buf, size_t len);
+
+/* Overflow-checked arithmetic: return false on overflow (and leave *out unchanged). */
+bool common_add_u64(uint64_t a, uint64_t b, uint64_t *out);
+bool common_mul_u64(uint64_t a, uint64_t b, uint64_t *out);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t common_now_ns(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* ggml tensor types (common/ggml_type.c)                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* ggml type ids as stored in GGUF tensor infos (ids of removed types are left out). */
+enum common_ggml_type {
+    COMMON_GGML_TYPE_F32     = 0,
+    COMMON_GGML_TYPE_F16     = 1,
+    COMMON_GGML_TYPE_Q4_0    = 2,
+    COMMON_GGML_TYPE_Q4_1    = 3,
+    COMMON_GGML_TYPE_Q5_0    = 6,
+    COMMON_GGML_TYPE_Q5_1    = 7,
+    COMMON_GGML_TYPE_Q8_0    = 8,
+    COMMON_GGML_TYPE_Q8_1    = 9,
+    COMMON_GGML_TYPE_Q2_K    = 10,
+    COMMON_GGML_TYPE_Q3_K    = 11,
+    COMMON_GGML_TYPE_Q4_K    = 12,
+    COMMON_GGML_TYPE_Q5_K    = 13,
+    COMMON_GGML_TYPE_Q6_K    = 14,
+    COMMON_GGML_TYPE_Q8_K    = 15,
+    COMMON_GGML_TYPE_IQ2_XXS = 16,
+    COMMON_GGML_TYPE_IQ2_XS  = 17,
+    COMMON_GGML_TYPE_IQ3_XXS = 18,
+    COMMON_GGML_TYPE_IQ1_S   = 19,
+    COMMON_GGML_TYPE_IQ4_NL  = 20,
+    COMMON_GGML_TYPE_IQ3_S   = 21,
+    COMMON_GGML_TYPE_IQ2_S   = 22,
+    COMMON_GGML_TYPE_IQ4_XS  = 23,
+    COMMON_GGML_TYPE_I8      = 24,
+    COMMON_GGML_TYPE_I16     = 25,
+    COMMON_GGML_TYPE_I32     = 26,
+    COMMON_GGML_TYPE_I64     = 27,
+    COMMON_GGML_TYPE_F64     = 28,
+    COMMON_GGML_TYPE_IQ1_M   = 29,
+    COMMON_GGML_TYPE_BF16    = 30,
+    COMMON_GGML_TYPE_TQ1_0   = 34,
+    COMMON_GGML_TYPE_TQ2_0   = 35,
+    COMMON_GGML_TYPE_MXFP4   = 39,
+    COMMON_GGML_TYPE_COUNT   = 40, /* one past the largest id known */
+};
+
+/* Layout of one ggml type: `blck` elements are stored in `type_size` bytes. */
+struct common_ggml_type_info {
+    const char *name;      /* "q4_0", ...: static */
+    uint32_t    blck;      /* elements per block */
+    uint32_t    type_size; /* bytes per block */
+};
+
+/* Returns the layout of type id `type`, or NULL when the id is unknown or removed. */
+const struct common_ggml_type_info *common_ggml_type_get(uint32_t type);
+
+/* Finds a type by its name ("q4_0", "Q4_K", "f16"; case-insensitive). Returns 0 or
+ * COMMON_EINVAL. */
+int common_ggml_type_from_name(const char *name, uint32_t *out);
+
+/* Bytes of one row of `n` elements of `type`; returns 0 or COMMON_EINVAL (unknown type, or `n`
+ * not a multiple of the block size) or COMMON_ERANGE (overflow). */
+int common_ggml_row_size(uint32_t type, uint64_t n, uint64_t *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* GGUF reader (common/gguf.c)                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+#define COMMON_GGUF_MAGIC         0x46554747u /* "GGUF" read as a little-endian u32 */
+#define COMMON_GGUF_MAX_DIMS      4
+#define COMMON_GGUF_DEFAULT_ALIGN 32u
+
+enum common_gguf_vtype {
+    COMMON_GGUF_UINT8   = 0,
+    COMMON_GGUF_INT8    = 1,
+    COMMON_GGUF_UINT16  = 2,
+    COMMON_GGUF_INT16   = 3,
+    COMMON_GGUF_UINT32  = 4,
+    COMMON_GGUF_INT32   = 5,
+    COMMON_GGUF_FLOAT32 = 6,
+    COMMON_GGUF_BOOL    = 7,
+    COMMON_GGUF_STRING  = 8,
+    COMMON_GGUF_ARRAY   = 9,
+    COMMON_GGUF_UINT64  = 10,
+    COMMON_GGUF_INT64   = 11,
+    COMMON_GGUF_FLOAT64 = 12,
+    COMMON_GGUF_VTYPE_COUNT,
+};
+
+/* A string inside the parsed header: not NUL-terminated, may contain any bytes. */
+struct common_gguf_str {
+    const char *ptr; /* borrowed: valid while the struct common_gguf lives */
+    uint64_t    len;
+};
+
+/* One metadata value. Scalars are decoded; arrays keep their element type and count. */
+struct common_gguf_value {
+    uint32_t type; /* enum common_gguf_vtype */
+    union {
+        uint64_t               u64;  /* every unsigned integer type and BOOL */
+        int64_t                i64;  /* every signed integer type */
+        double                 f64;  /* FLOAT32 and FLOAT64 */
+        struct common_gguf_str str;  /* STRING */
+        struct {
+            uint32_t type;                 /* element type; never ARRAY (nested arrays rejected) */
+            uint64_t n;                    /* element count */
+            const void *data;              /* borrowed: packed little-endian elements (numeric) */
+            const struct common_gguf_str *strs; /* borrowed: n strings (STRING arrays only) */
+        } arr;
+    } v;
+};
+
+struct common_gguf_kv {
+    const char               *key; /* borrowed, NUL-terminated (keys never contain NUL) */
+    struct common_gguf_value  value;
+    uint64_t                  file_offset; /* byte offset of the key in its file */
+};
+
+struct common_gguf_tensor {
+    const char *name;                      /* borrowed, NUL-terminated */
+    uint32_t    n_dims;                    /* 1..4 */
+    uint64_t    ne[COMMON_GGUF_MAX_DIMS];  /* elements per dim, ggml order; unused dims are 1 */
+    uint32_t    type;                      /* enum common_ggml_type */
+    uint32_t    split;                     /* index of the file (split) holding the data */
+    uint64_t    offset;                    /* absolute byte offset of the data in that file */
+    uint64_t    size;                      /* bytes of data */
+};
+
+/* A parsed GGUF model: one file or all the splits of a split model. Opaque. */
+struct common_gguf;
+
+struct common_gguf_opts {
+    bool     no_splits;        /* open only the named file even if it is a split (false = follow) */
+    uint64_t max_header_bytes; /* refuse headers larger than this; 0 = 1 GiB */
+};
+
+/* Opens and parses `path` (and, unless opts->no_splits, the other files of a split model named
+ * NAME-0000K-of-0000N.gguf). Every count, length, offset and size is checked against the file.
+ * On success *out owns open file descriptors and the parsed header; free with
+ * common_gguf_close(). Returns 0, or COMMON_ENOENT / COMMON_EIO (file), COMMON_ECORRUPT (bad or
+ * truncated content), COMMON_ENOTSUP (unsupported version or tensor type), COMMON_ENOMEM, with a
+ * message in `e`. `opts` may be NULL. Thread-safe for distinct objects. */
+int common_gguf_open(const char *path, const struct common_gguf_opts *opts, struct common_gguf **out,
+                     struct common_errmsg *e);
+
+/* Parses a GGUF image held in memory (the first `len` bytes of a file of `file_size` bytes; pass
+ * file_size = len for a whole file). Used by tests and the fuzzer. Copies what it keeps.
+ * Same returns as common_gguf_open(). */
+int common_gguf_parse(const void *buf, size_t len, uint64_t file_size, struct common_gguf **out,
+                      struct common_errmsg *e);
+
+/* Frees everything; accepts NULL. */
+void common_gguf_close(struct common_gguf *g);
+
+uint32_t common_gguf_version(const struct common_gguf *g);
+uint64_t common_gguf_alignment(const struct common_gguf *g);
+
+/* Key/value access. Index order is file order (split 0 only for split models). */
+uint64_t                     common_gguf_n_kv(const struct common_gguf *g);
+const struct common_gguf_kv *common_gguf_kv_at(const struct common_gguf *g, uint64_t i);
+/* Returns the kv named `key`, or NULL. */
+const struct common_gguf_kv *common_gguf_find(const struct common_gguf *g, const char *key);
+
+/* Typed getters: return 0, COMMON_ENOENT when the key is absent, COMMON_EINVAL when its type
+ * cannot be converted without loss (integers accept any integer type in range; floats accept
+ * FLOAT32/FLOAT64 and integers). *out is unchanged on failure. */
+int common_gguf_get_u32(const struct common_gguf *g, const char *key, uint32_t *out);
+int common_gguf_get_u64(const struct common_gguf *g, const char *key, uint64_t *out);
+int common_gguf_get_i64(const struct common_gguf *g, const char *key, int64_t *out);
+int common_gguf_get_f32(const struct common_gguf *g, const char *key, float *out);
+int common_gguf_get_bool(const struct common_gguf *g, const char *key, bool *out);
+int common_gguf_get_str(const struct common_gguf *g, const char *key, struct common_gguf_str *out);
+/* Array access: returns 0 and fills *out with the array value if `key` is an array whose
+ * element type is `elem_type`; COMMON_ENOENT / COMMON_EINVAL otherwise. */
+int common_gguf_get_arr(const struct common_gguf *g, const char *key, uint32_t elem_type,
+                        const struct common_gguf_value **out);
+
+/* Reads element i of a numeric array value as double / int64 (no bounds check beyond assert). */
+double  common_gguf_arr_f64(const struct common_gguf_value *arr, uint64_t i);
+int64_t common_gguf_arr_i64(const struct common_gguf_value *arr, uint64_t i);
+
+/* Returns a static name for a value type ("uint32", "string", "array", ...). */
+const char *common_gguf_vtype_name(uint32_t type);
+
+/* Tensors, in file order across splits. */
+uint64_t                         common_gguf_n_tensors(const struct common_gguf *g);
+const struct common_gguf_tensor *common_gguf_tensor_at(const struct common_gguf *g, uint64_t i);
+/* Returns the tensor named `name`, or NULL. */
+const struct common_gguf_tensor *common_gguf_tensor_find(const struct common_gguf *g,
+                                                         const char *name);
+
+/* Files (splits). For a model parsed from memory there is one split with fd -1. */
+uint32_t    common_gguf_n_splits(const struct common_gguf *g);
+const char *common_gguf_split_path(const struct common_gguf *g, uint32_t split);
+/* Returns the open read-only descriptor of a split (owned by g; do not close), or -1. */
+int      common_gguf_split_fd(const struct common_gguf *g, uint32_t split);
+uint64_t common_gguf_split_size(const struct common_gguf *g, uint32_t split);
+/* Byte offset where the tensor data section of a split starts. */
+uint64_t common_gguf_split_data_offset(const struct common_gguf *g, uint32_t split);
+
+/* ------------------------------------------------------------------------------------------ */
+/* GGUF writer (common/gguf_write.c)                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Builds a GGUF v3 file: metadata and tensor infos are collected in memory, then the header is
+ * written and the caller streams each tensor's data in info order. Memory use is the header
+ * only, so files of tens of GB are written with bounded memory. Opaque. */
+struct common_gguf_writer;
+
+int  common_gguf_writer_create(struct common_gguf_writer **out, uint32_t alignment);
+void common_gguf_writer_destroy(struct common_gguf_writer *w);
+
+/* Metadata setters; keys are copied. Return 0, COMMON_EINVAL (duplicate key) or COMMON_ENOMEM. */
+int common_gguf_writer_set_u32(struct common_gguf_writer *w, const char *key, uint32_t v);
+int common_gguf_writer_set_i32(struct common_gguf_writer *w, const char *key, int32_t v);
+int common_gguf_writer_set_u64(struct common_gguf_writer *w, const char *key, uint64_t v);
+int common_gguf_writer_set_f32(struct common_gguf_writer *w, const char *key, float v);
+int common_gguf_writer_set_bool(struct common_gguf_writer *w, const char *key, bool v);
+int common_gguf_writer_set_str(struct common_gguf_writer *w, const char *key, const char *v);
+/* Arrays: numeric arrays take `n` packed little-endian elements of `elem_type`; string arrays
+ * take `n` struct common_gguf_str. Data is copied. */
+int common_gguf_writer_set_arr(struct common_gguf_writer *w, const char *key, uint32_t elem_type,
+                               const void *data, uint64_t n);
+/* Copies one kv (any type, including arrays) from a parsed file. */
+int common_gguf_writer_copy_kv(struct common_gguf_writer *w, const struct common_gguf_kv *kv);
+
+/* Declares a tensor; offsets are assigned in call order. Returns 0, COMMON_EINVAL or
+ * COMMON_ENOMEM. */
+int common_gguf_writer_add_tensor(struct common_gguf_writer *w, const char *name, uint32_t type,
+                                  uint32_t n_dims, const uint64_t *ne);
+
+/* Opens `path`, writes the header and padding. Then call common_gguf_writer_write_data() with
+ * every tensor's bytes in declaration order (any number of calls per tensor), and finish with
+ * common_gguf_writer_finish(). Return 0 or COMMON_EIO / COMMON_EINVAL with a message. */
+int common_gguf_writer_begin(struct common_gguf_writer *w, const char *path,
+                             struct common_errmsg *e);
+int common_gguf_writer_write_data(struct common_gguf_writer *w, const void *data, size_t len,
+                                  struct common_errmsg *e);
+int common_gguf_writer_finish(struct common_gguf_writer *w, struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Model description (common/model.c)                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+enum common_arch {
+    COMMON_ARCH_LLAMA = 0,
+    COMMON_ARCH_QWEN2,
+    COMMON_ARCH_QWEN3,
+    COMMON_ARCH_QWEN2MOE,
+    COMMON_ARCH_QWEN3MOE,
+    COMMON_ARCH_OLMOE,
+    COMMON_ARCH_COUNT,
+};
+
+/* Tensor roles inside one transformer block. */
+enum common_layer_role {
+    COMMON_ROLE_ATTN_NORM = 0,
+    COMMON_ROLE_ATTN_Q,
+    COMMON_ROLE_ATTN_K,
+    COMMON_ROLE_ATTN_V,
+    COMMON_ROLE_ATTN_OUT,
+    COMMON_ROLE_ATTN_Q_BIAS,
+    COMMON_ROLE_ATTN_K_BIAS,
+    COMMON_ROLE_ATTN_V_BIAS,
+    COMMON_ROLE_ATTN_Q_NORM,
+    COMMON_ROLE_ATTN_K_NORM,
+    COMMON_ROLE_FFN_NORM,
+    COMMON_ROLE_FFN_GATE,
+    COMMON_ROLE_FFN_UP,
+    COMMON_ROLE_FFN_DOWN,
+    COMMON_ROLE_FFN_GATE_INP,
+    COMMON_ROLE_FFN_GATE_EXPS,
+    COMMON_ROLE_FFN_UP_EXPS,
+    COMMON_ROLE_FFN_DOWN_EXPS,
+    COMMON_ROLE_FFN_GATE_INP_SHEXP,
+    COMMON_ROLE_FFN_GATE_SHEXP,
+    COMMON_ROLE_FFN_UP_SHEXP,
+    COMMON_ROLE_FFN_DOWN_SHEXP,
+    COMMON_ROLE_COUNT,
+};
+
+/* Model-wide tensor roles. */
+enum common_global_role {
+    COMMON_GROLE_TOKEN_EMBD = 0,
+    COMMON_GROLE_OUTPUT_NORM,
+    COMMON_GROLE_OUTPUT, /* absent when the head is tied to token_embd */
+    COMMON_GROLE_ROPE_FREQS,
+    COMMON_GROLE_COUNT,
+};
+
+/* The three matrices of one routed expert. */
+enum common_expert_part {
+    COMMON_EXPERT_GATE = 0,
+    COMMON_EXPERT_UP,
+    COMMON_EXPERT_DOWN,
+    COMMON_EXPERT_PART_COUNT,
+};
+
+struct common_hparams {
+    uint32_t n_vocab;          /* tokens */
+    uint32_t n_ctx_train;      /* trained context length */
+    uint32_t n_embd;           /* model width */
+    uint32_t n_layer;          /* transformer blocks */
+    uint32_t n_head;           /* query heads */
+    uint32_t n_head_kv;        /* key/value heads (GQA) */
+    uint32_t head_dim_k;       /* key/query head width (n_embd / n_head unless key_length set) */
+    uint32_t head_dim_v;       /* value head width */
+    uint32_t n_rot;            /* rotary dims per head */
+    uint32_t n_ff;             /* dense FFN width (0 for pure MoE) */
+    uint32_t n_expert;         /* routed experts per layer (0 = dense) */
+    uint32_t n_expert_used;    /* experts picked per token */
+    uint32_t n_ff_exp;         /* routed expert FFN width */
+    uint32_t n_ff_shexp;       /* shared expert FFN width (0 = none) */
+    uint32_t rope_neox;        /* 1 = NeoX ordering (halves), 0 = normal (adjacent pairs) */
+    uint32_t norm_topk_prob;   /* 1 = renormalise the top-k gate weights */
+    float    rope_freq_base;   /* theta */
+    float    rope_freq_scale;  /* 1 / linear scaling factor */
+    float    rms_eps;          /* RMSNorm epsilon */
+};
+
+/* Where one expert part lives in the model files. */
+struct common_span {
+    uint32_t split;  /* file index (common_gguf_split_fd) */
+    uint32_t type;   /* enum common_ggml_type of the data */
+    uint64_t offset; /* absolute byte offset in that file */
+    uint64_t size;   /* bytes */
+    uint64_t rows;   /* rows of the matrix slice */
+    uint64_t cols;   /* elements per row */
+};
+
+struct common_model_layer {
+    int64_t tensor[COMMON_ROLE_COUNT]; /* tensor index in the gguf, -1 when absent */
+};
+
+/* A model description on top of a parsed GGUF: architecture, hyper-parameters, tensor roles,
+ * expert geometry and byte totals. */
+struct common_model {
+    const struct common_gguf  *gguf;   /* borrowed: must outlive the model */
+    enum common_arch           arch;
+    const char                *arch_name; /* static */
+    struct common_hparams      hp;
+    int64_t                    global[COMMON_GROLE_COUNT]; /* tensor indices, -1 when absent */
+    struct common_model_layer *layers;  /* owned: n_layer entries */
+    uint64_t bytes_total;         /* all tensor data */
+    uint64_t bytes_resident;      /* everything but routed experts */
+    uint64_t bytes_experts;       /* all routed expert tensors */
+    uint64_t bytes_expert_bundle; /* largest gate+up+down of one expert in one layer */
+    uint64_t bytes_active;        /* touched per token: resident (minus unused embedding rows)
+                                     + n_expert_used bundles per layer */
+};
+
+/* Returns the static name of an architecture ("llama", ...). */
+const char *common_arch_name(enum common_arch arch);
+/* Returns the GGUF tensor suffix of a layer role ("attn_q.weight", ...). */
+const char *common_layer_role_name(enum common_layer_role role);
+
+/* Describes the model in `g`: reads general.architecture and its hyper-parameter keys, assigns
+ * tensor roles, checks shapes against the hyper-parameters. Returns 0, COMMON_ENOTSUP (unknown
+ * architecture, named in e), COMMON_ECORRUPT (missing key or tensor, inconsistent shape, named),
+ * COMMON_ENOMEM. Free with common_model_fini(). */
+int  common_model_init(struct common_model *m, const struct common_gguf *g, struct common_errmsg *e);
+void common_model_fini(struct common_model *m);
+
+/* True when the model has routed experts. */
+bool common_model_is_moe(const struct common_model *m);
+
+/* Where part `part` of expert `expert` of layer `layer` lives. Returns 0, or COMMON_EINVAL for a
+ * dense model or out-of-range arguments. */
+int common_model_expert_span(const struct common_model *m, uint32_t layer, uint32_t expert,
+                             enum common_expert_part part, struct common_span *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* JSON writer (common/json.c)                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Writes `len` bytes of `s` as a JSON string literal (with quotes) to `f`; invalid UTF-8 bytes
+ * are written as \u00XX escapes of the byte value so output is always valid JSON. */
+void common_json_write_str(FILE *f, const char *s, size_t len);
+
+#endif /* COMMON_COMMON_H */

@@ -1,0 +1,81 @@
+/* tests/support/fixture.c - locating fixture files, reading them, temporary directories. */
+#include "fixture.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *fixture_path(const char *rel)
+{
+    const char *dir = getenv("SLUICE_FIXTURES");
+    if (!dir || !*dir)
+        dir = SLUICE_FIXTURES_DIR;
+    size_t n = strlen(dir) + strlen(rel) + 2;
+    char  *p = malloc(n);
+    if (!p)
+        return NULL;
+    snprintf(p, n, "%s/%s", dir, rel);
+    struct stat st;
+    if (stat(p, &st) != 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+char *fixture_read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    long sz = ftell(f);
+    rewind(f);
+    char *buf = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[sz] = '\0';
+    if (len)
+        *len = (size_t)sz;
+    return buf;
+}
+
+char *fixture_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base)
+        base = "/tmp";
+    size_t n = strlen(base) + 32;
+    char  *p = malloc(n);
+    if (!p)
+        return NULL;
+    snprintf(p, n, "%s/sluice-test-XXXXXX", base);
+    if (!mkdtemp(p)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void fixture_rmtree(const char *dir)
+{
+    if (!dir)
+        return;
+    size_t n = strlen(dir) + 16;
+    char  *cmd = malloc(n);
+    if (!cmd)
+        return;
+    snprintf(cmd, n, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "fixture_rmtree: could not remove %s\n", dir);
+    free(cmd);
+}

@@ -1,0 +1,28 @@
+/* tests/support/fixture.h - locating ../shared/fixtures files and running the CLI from tests. */
+#ifndef TESTS_SUPPORT_FIXTURE_H
+#define TESTS_SUPPORT_FIXTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Returns a malloc'd absolute path of fixture `rel` (e.g. "moe-tiny/moe-tiny-f32.gguf"), or NULL
+ * when the fixture directory or the file is missing (SLUICE_FIXTURES overrides the directory). */
+char *fixture_path(const char *rel);
+
+/* Skips the running Criterion test with a visible message when the fixture is missing; otherwise
+ * returns its malloc'd path. */
+#define FIXTURE_OR_SKIP(var, rel)                                                                  \
+    char *var = fixture_path(rel);                                                                 \
+    if (!var)                                                                                      \
+        cr_skip_test("fixture %s not found (../shared/fixtures absent): skipped", rel)
+
+/* Reads a whole file into a malloc'd buffer (NUL-terminated); returns NULL on failure. */
+char *fixture_read_all(const char *path, size_t *len);
+
+/* Creates a fresh temporary directory and returns its malloc'd path. */
+char *fixture_tmpdir(void);
+
+/* Removes a directory tree made by fixture_tmpdir(). */
+void fixture_rmtree(const char *dir);
+
+#endif /* TESTS_SUPPORT_FIXTURE_H */
