@@ -1,4 +1,5 @@
-/* executor/kernels/kernels.h - quantize, dequantize and dot-product kernels for every weight type. */
+/* executor/kernels/kernels.h - quantize, dequantize and dot-product kernels for every weight type.
+ */
 #ifndef EXECUTOR_KERNELS_KERNELS_H
 #define EXECUTOR_KERNELS_KERNELS_H
 
@@ -12,6 +13,7 @@ struct executor_cpu_features {
     bool fma;
     bool f16c;
     bool avx512f;
+    bool avx512dq;
     bool avx512bw;
     bool avx512vl;
     bool avx512vnni;
@@ -22,7 +24,8 @@ struct executor_cpu_features {
 enum executor_isa {
     EXECUTOR_ISA_REF = 0, /* portable scalar reference (kernels/ref.c) */
     EXECUTOR_ISA_AVX2,    /* AVX2 + FMA + F16C (kernels/avx2.c) */
-    EXECUTOR_ISA_AVX512,  /* AVX-512 F/BW/VL (+VNNI where present) (kernels/avx512.c) */
+    EXECUTOR_ISA_AVX512,  /* AVX-512 F/DQ/BW/VL + VNNI (kernels/avx512.c); CPUs with AVX-512 but
+                             no VNNI (Skylake-X) use the AVX2 set */
 };
 
 /* Detects the CPU once and selects the fastest supported kernel set (process singleton; call
@@ -32,7 +35,7 @@ void executor_kernels_init(void);
 const struct executor_cpu_features *executor_cpu_features(void);
 /* Forces a kernel set (tests, benchmarks, --isa flag). Returns 0, or COMMON_ENOTSUP when the CPU
  * lacks it. Not thread-safe: call while no kernel runs. */
-int executor_kernels_select(enum executor_isa isa);
+int               executor_kernels_select(enum executor_isa isa);
 enum executor_isa executor_kernels_active(void);
 const char       *executor_isa_name(enum executor_isa isa);
 
@@ -69,5 +72,42 @@ float executor_vec_dot(uint32_t type, int64_t n, const void *w_row, const void *
 /* Same, always with the scalar reference; for tests. */
 float executor_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *act);
 int   executor_quantize_act_ref(uint32_t weight_type, const float *x, void *dst, int64_t n);
+
+/* Notes common to the functions above and below:
+ * - `n` (or `n_cols`) must be >= 0 and a multiple of the block size of both the weight type and
+ *   its activation type (32 for Q4_0..Q8_0, 256 for K-quants); anything else is COMMON_EINVAL
+ *   (executor_vec_dot and executor_vec_dot_ref return NAN instead). Nothing reads past n.
+ * - Weight rows must be 2-byte aligned (4 for F32), activation buffers 4-byte aligned, as GGUF
+ *   data (32-byte aligned offsets, even block sizes) and malloc'd buffers are.
+ * - Every kernel is pure: thread-safe on distinct outputs once executor_kernels_init() ran.
+ * - Activations of Q8_0/Q8_1 are made as llama.cpp's x86 CPU backend makes them (scale 127/amax,
+ *   round half to even), which differs from the weight quantizer quantize_row_q8_0_ref
+ *   (1/d, round half away from zero); both are byte-identical to their llama.cpp counterparts. */
+
+/* Bytes that executor_quantize_act(weight_type, ...) writes for `n` activations, or 0 when the
+ * type is unsupported or n is not a valid length. */
+size_t executor_act_row_size(uint32_t weight_type, int64_t n);
+
+/* Matrix-vector product over a row range, with the active kernel set:
+ *   y[r] = dot(row r, act)  for row0 <= r < row1,
+ * where row r starts at (const char *)w + r * row_bytes and holds n_cols elements of `type`, and
+ * `act` holds n_cols activations converted by executor_quantize_act(type, ...). `y` is the whole
+ * output vector (indexed by absolute row), so threads can split [0, n_rows) into disjoint ranges
+ * and share w, act and y. row_bytes must be at least the row size of n_cols elements.
+ * Returns 0, or COMMON_EINVAL (unsupported type, bad n_cols, row0 > row1, negative rows, short
+ * row_bytes, NULL pointers with a non-empty range). */
+int executor_matvec(uint32_t type, int64_t n_cols, const void *w, size_t row_bytes, int64_t row0,
+                    int64_t row1, const void *act, float *y);
+
+/* Matrix times several activation vectors (prefill), with the active kernel set:
+ *   y[j * y_stride + r] = dot(row r, act_j)  for row0 <= r < row1, 0 <= j < n_act,
+ * where act_j starts at (const char *)act + j * act_stride (bytes; at least
+ * executor_act_row_size(type, n_cols)) and y_stride counts floats (>= row1). Rows are processed
+ * in tiles that stay in L1/L2 while every activation passes over them, so each weight byte is
+ * read from memory once. Same returns as executor_matvec() (also COMMON_EINVAL for n_act < 0 or
+ * a short act_stride / y_stride). */
+int executor_matmul(uint32_t type, int64_t n_cols, const void *w, size_t row_bytes, int64_t row0,
+                    int64_t row1, const void *act, size_t act_stride, int64_t n_act, float *y,
+                    size_t y_stride);
 
 #endif /* EXECUTOR_KERNELS_KERNELS_H */
