@@ -1,0 +1,425 @@
+/* common/model.c - model description over a GGUF: architecture, hyper-parameters, roles, experts. */
+#include "common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct model_arch_info {
+    const char *name;
+    uint32_t    rope_neox;      /* rotary ordering used by llama.cpp for this architecture */
+    uint32_t    norm_topk_prob; /* llama.cpp renormalises the top-k gate weights */
+    bool        moe;            /* the architecture always has routed experts */
+};
+
+static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
+    [COMMON_ARCH_LLAMA]    = {"llama", 0, 1, false},
+    [COMMON_ARCH_QWEN2]    = {"qwen2", 1, 0, false},
+    [COMMON_ARCH_QWEN3]    = {"qwen3", 1, 0, false},
+    [COMMON_ARCH_QWEN2MOE] = {"qwen2moe", 1, 0, true},
+    [COMMON_ARCH_QWEN3MOE] = {"qwen3moe", 1, 1, true},
+    [COMMON_ARCH_OLMOE]    = {"olmoe", 1, 0, true},
+};
+
+static const char *role_names[COMMON_ROLE_COUNT] = {
+    [COMMON_ROLE_ATTN_NORM]          = "attn_norm.weight",
+    [COMMON_ROLE_ATTN_Q]             = "attn_q.weight",
+    [COMMON_ROLE_ATTN_K]             = "attn_k.weight",
+    [COMMON_ROLE_ATTN_V]             = "attn_v.weight",
+    [COMMON_ROLE_ATTN_OUT]           = "attn_output.weight",
+    [COMMON_ROLE_ATTN_Q_BIAS]        = "attn_q.bias",
+    [COMMON_ROLE_ATTN_K_BIAS]        = "attn_k.bias",
+    [COMMON_ROLE_ATTN_V_BIAS]        = "attn_v.bias",
+    [COMMON_ROLE_ATTN_Q_NORM]        = "attn_q_norm.weight",
+    [COMMON_ROLE_ATTN_K_NORM]        = "attn_k_norm.weight",
+    [COMMON_ROLE_FFN_NORM]           = "ffn_norm.weight",
+    [COMMON_ROLE_FFN_GATE]           = "ffn_gate.weight",
+    [COMMON_ROLE_FFN_UP]             = "ffn_up.weight",
+    [COMMON_ROLE_FFN_DOWN]           = "ffn_down.weight",
+    [COMMON_ROLE_FFN_GATE_INP]       = "ffn_gate_inp.weight",
+    [COMMON_ROLE_FFN_GATE_EXPS]      = "ffn_gate_exps.weight",
+    [COMMON_ROLE_FFN_UP_EXPS]        = "ffn_up_exps.weight",
+    [COMMON_ROLE_FFN_DOWN_EXPS]      = "ffn_down_exps.weight",
+    [COMMON_ROLE_FFN_GATE_INP_SHEXP] = "ffn_gate_inp_shexp.weight",
+    [COMMON_ROLE_FFN_GATE_SHEXP]     = "ffn_gate_shexp.weight",
+    [COMMON_ROLE_FFN_UP_SHEXP]       = "ffn_up_shexp.weight",
+    [COMMON_ROLE_FFN_DOWN_SHEXP]     = "ffn_down_shexp.weight",
+};
+
+static const char *grole_names[COMMON_GROLE_COUNT] = {
+    [COMMON_GROLE_TOKEN_EMBD]  = "token_embd.weight",
+    [COMMON_GROLE_OUTPUT_NORM] = "output_norm.weight",
+    [COMMON_GROLE_OUTPUT]      = "output.weight",
+    [COMMON_GROLE_ROPE_FREQS]  = "rope_freqs.weight",
+};
+
+const char *common_arch_name(enum common_arch arch)
+{
+    return (unsigned)arch < COMMON_ARCH_COUNT ? arch_table[arch].name : "unknown";
+}
+
+const char *common_layer_role_name(enum common_layer_role role)
+{
+    return (unsigned)role < COMMON_ROLE_COUNT ? role_names[role] : "unknown";
+}
+
+bool common_model_is_moe(const struct common_model *m)
+{
+    return m->hp.n_expert > 0;
+}
+
+/* Reads "<arch>.<suffix>" as u32; absent keys keep *out and return COMMON_ENOENT. */
+static int model_u32(const struct common_model *m, const char *suffix, uint32_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", m->arch_name, suffix);
+    return common_gguf_get_u32(m->gguf, key, out);
+}
+
+static int model_f32(const struct common_model *m, const char *suffix, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", m->arch_name, suffix);
+    return common_gguf_get_f32(m->gguf, key, out);
+}
+
+static int model_need_u32(const struct common_model *m, const char *suffix, uint32_t *out,
+                          struct common_errmsg *e)
+{
+    int rc = model_u32(m, suffix, out);
+    if (rc == COMMON_ENOENT)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "missing metadata key '%s.%s'", m->arch_name,
+                                 suffix);
+    if (rc != COMMON_OK)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "metadata key '%s.%s' is not an unsigned "
+                                 "32-bit integer", m->arch_name, suffix);
+    return COMMON_OK;
+}
+
+static int64_t model_find(const struct common_gguf *g, const char *name)
+{
+    const struct common_gguf_tensor *t = common_gguf_tensor_find(g, name);
+    return t ? (int64_t)(t - common_gguf_tensor_at(g, 0)) : -1;
+}
+
+/* Checks that tensor `idx` has shape ne[0..n) (trailing dims 1). */
+static int model_check_shape(const struct common_model *m, int64_t idx, uint32_t n,
+                             const uint64_t *ne, struct common_errmsg *e)
+{
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(m->gguf, (uint64_t)idx);
+    for (uint32_t d = 0; d < COMMON_GGUF_MAX_DIMS; d++) {
+        uint64_t want = d < n ? ne[d] : 1;
+        if (t->ne[d] != want)
+            return common_errmsg_set(e, COMMON_ECORRUPT,
+                                     "tensor '%s' has shape [%llu, %llu, %llu, %llu]; dim %u "
+                                     "should be %llu",
+                                     t->name, (unsigned long long)t->ne[0],
+                                     (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                                     (unsigned long long)t->ne[3], d, (unsigned long long)want);
+    }
+    return COMMON_OK;
+}
+
+static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
+{
+    struct common_hparams *hp = &m->hp;
+    int                    rc;
+    if ((rc = model_need_u32(m, "embedding_length", &hp->n_embd, e)) ||
+        (rc = model_need_u32(m, "block_count", &hp->n_layer, e)) ||
+        (rc = model_need_u32(m, "attention.head_count", &hp->n_head, e)))
+        return rc;
+    if (hp->n_embd == 0 || hp->n_layer == 0 || hp->n_head == 0 || hp->n_layer > 4096 ||
+        hp->n_head > 4096)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "implausible geometry: embedding_length %u, block_count %u, "
+                                 "head_count %u",
+                                 hp->n_embd, hp->n_layer, hp->n_head);
+    hp->n_head_kv = hp->n_head;
+    model_u32(m, "attention.head_count_kv", &hp->n_head_kv);
+    if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "attention.head_count %u is not a multiple of head_count_kv %u",
+                                 hp->n_head, hp->n_head_kv);
+    hp->head_dim_k = hp->n_embd / hp->n_head;
+    model_u32(m, "attention.key_length", &hp->head_dim_k);
+    hp->head_dim_v = hp->head_dim_k;
+    model_u32(m, "attention.value_length", &hp->head_dim_v);
+    hp->n_rot = hp->head_dim_k;
+    model_u32(m, "rope.dimension_count", &hp->n_rot);
+    if (hp->head_dim_k == 0 || hp->head_dim_v == 0 || hp->n_rot > hp->head_dim_k ||
+        hp->n_rot % 2 != 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "bad head geometry: key_length %u, value_length %u, "
+                                 "rope.dimension_count %u",
+                                 hp->head_dim_k, hp->head_dim_v, hp->n_rot);
+    hp->n_ctx_train = 2048;
+    model_u32(m, "context_length", &hp->n_ctx_train);
+    model_u32(m, "feed_forward_length", &hp->n_ff);
+    model_u32(m, "expert_count", &hp->n_expert);
+    model_u32(m, "expert_used_count", &hp->n_expert_used);
+    model_u32(m, "expert_shared_feed_forward_length", &hp->n_ff_shexp);
+    if (hp->n_expert > 0 && (hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "expert_used_count %u is not in 1..%u",
+                                 hp->n_expert_used, hp->n_expert);
+    if (arch_table[m->arch].moe && hp->n_expert == 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "missing metadata key '%s.expert_count'",
+                                 m->arch_name);
+    hp->rope_freq_base = 10000.0f;
+    model_f32(m, "rope.freq_base", &hp->rope_freq_base);
+    hp->rope_freq_scale = 1.0f;
+    float factor        = 0.0f;
+    if (model_f32(m, "rope.scaling.factor", &factor) == COMMON_OK && factor > 0.0f)
+        hp->rope_freq_scale = 1.0f / factor;
+    if ((rc = model_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "missing metadata key '%s.attention.layer_norm_rms_epsilon'",
+                                 m->arch_name);
+    if (!(hp->rope_freq_base > 0.0f) || !(hp->rms_eps >= 0.0f) || isinf(hp->rope_freq_base))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "bad rope.freq_base or rms epsilon");
+    hp->rope_neox      = arch_table[m->arch].rope_neox;
+    hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
+    bool norm;
+    char key[128];
+    snprintf(key, sizeof(key), "%s.expert_weights_norm", m->arch_name);
+    if (common_gguf_get_bool(m->gguf, key, &norm) == COMMON_OK)
+        hp->norm_topk_prob = norm;
+    return COMMON_OK;
+}
+
+/* Assigns and checks the tensors of layer il. */
+static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg *e)
+{
+    struct common_hparams     *hp = &m->hp;
+    struct common_model_layer *L  = &m->layers[il];
+    char                       name[96];
+    for (int r = 0; r < COMMON_ROLE_COUNT; r++) {
+        snprintf(name, sizeof(name), "blk.%u.%s", il, role_names[r]);
+        L->tensor[r] = model_find(m->gguf, name);
+    }
+    static const enum common_layer_role required[] = {
+        COMMON_ROLE_ATTN_NORM, COMMON_ROLE_ATTN_Q,  COMMON_ROLE_ATTN_K,
+        COMMON_ROLE_ATTN_V,    COMMON_ROLE_ATTN_OUT, COMMON_ROLE_FFN_NORM,
+    };
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+        if (L->tensor[required[i]] < 0)
+            return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
+                                     role_names[required[i]]);
+    uint64_t q  = (uint64_t)hp->n_head * hp->head_dim_k;
+    uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim_k;
+    uint64_t vv = (uint64_t)hp->n_head_kv * hp->head_dim_v;
+    uint64_t o  = (uint64_t)hp->n_head * hp->head_dim_v;
+    int      rc;
+    if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_NORM], 1,
+                                (uint64_t[]){hp->n_embd}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q], 2, (uint64_t[]){hp->n_embd, q},
+                                e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K], 2,
+                                (uint64_t[]){hp->n_embd, kv}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V], 2,
+                                (uint64_t[]){hp->n_embd, vv}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT], 2,
+                                (uint64_t[]){o, hp->n_embd}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_NORM], 1,
+                                (uint64_t[]){hp->n_embd}, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 &&
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_NORM], 1,
+                                (uint64_t[]){hp->head_dim_k}, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_ATTN_K_NORM] >= 0 &&
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K_NORM], 1,
+                                (uint64_t[]){hp->head_dim_k}, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_ATTN_Q_BIAS] >= 0 &&
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], 1, (uint64_t[]){q}, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_ATTN_K_BIAS] >= 0 &&
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K_BIAS], 1, (uint64_t[]){kv}, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_ATTN_V_BIAS] >= 0 &&
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V_BIAS], 1, (uint64_t[]){vv}, e)))
+        return rc;
+
+    if (hp->n_expert == 0) {
+        static const enum common_layer_role dense[] = {COMMON_ROLE_FFN_GATE, COMMON_ROLE_FFN_UP,
+                                                       COMMON_ROLE_FFN_DOWN};
+        for (size_t i = 0; i < 3; i++)
+            if (L->tensor[dense[i]] < 0)
+                return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
+                                         role_names[dense[i]]);
+        if (hp->n_ff == 0)
+            hp->n_ff = (uint32_t)common_gguf_tensor_at(m->gguf,
+                                                       (uint64_t)L->tensor[COMMON_ROLE_FFN_UP])
+                           ->ne[1];
+        if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE], 2,
+                                    (uint64_t[]){hp->n_embd, hp->n_ff}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_UP], 2,
+                                    (uint64_t[]){hp->n_embd, hp->n_ff}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_DOWN], 2,
+                                    (uint64_t[]){hp->n_ff, hp->n_embd}, e)))
+            return rc;
+        return COMMON_OK;
+    }
+
+    static const enum common_layer_role moe[] = {COMMON_ROLE_FFN_GATE_INP,
+                                                 COMMON_ROLE_FFN_GATE_EXPS,
+                                                 COMMON_ROLE_FFN_UP_EXPS, COMMON_ROLE_FFN_DOWN_EXPS};
+    for (size_t i = 0; i < 4; i++)
+        if (L->tensor[moe[i]] < 0)
+            return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
+                                     role_names[moe[i]]);
+    if (hp->n_ff_exp == 0)
+        hp->n_ff_exp = (uint32_t)common_gguf_tensor_at(m->gguf,
+                                                       (uint64_t)L->tensor[COMMON_ROLE_FFN_UP_EXPS])
+                           ->ne[1];
+    if (hp->n_ff_exp == 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "blk.%u: expert FFN width is 0", il);
+    if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE_INP], 2,
+                                (uint64_t[]){hp->n_embd, hp->n_expert}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE_EXPS], 3,
+                                (uint64_t[]){hp->n_embd, hp->n_ff_exp, hp->n_expert}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_UP_EXPS], 3,
+                                (uint64_t[]){hp->n_embd, hp->n_ff_exp, hp->n_expert}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_DOWN_EXPS], 3,
+                                (uint64_t[]){hp->n_ff_exp, hp->n_embd, hp->n_expert}, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0) {
+        const struct common_gguf_tensor *t =
+            common_gguf_tensor_at(m->gguf, (uint64_t)L->tensor[COMMON_ROLE_FFN_UP_SHEXP]);
+        if (hp->n_ff_shexp == 0)
+            hp->n_ff_shexp = (uint32_t)t->ne[1];
+        if (L->tensor[COMMON_ROLE_FFN_GATE_SHEXP] < 0 || L->tensor[COMMON_ROLE_FFN_DOWN_SHEXP] < 0)
+            return common_errmsg_set(e, COMMON_ECORRUPT,
+                                     "blk.%u: shared expert needs gate, up and down", il);
+        if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE_SHEXP], 2,
+                                    (uint64_t[]){hp->n_embd, hp->n_ff_shexp}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_UP_SHEXP], 2,
+                                    (uint64_t[]){hp->n_embd, hp->n_ff_shexp}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_DOWN_SHEXP], 2,
+                                    (uint64_t[]){hp->n_ff_shexp, hp->n_embd}, e)))
+            return rc;
+    }
+    return COMMON_OK;
+}
+
+/* Sums the byte totals once roles are known. */
+static void model_totals(struct common_model *m)
+{
+    const struct common_gguf *g = m->gguf;
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++)
+        m->bytes_total += common_gguf_tensor_at(g, i)->size;
+    uint64_t active_experts = 0;
+    for (uint32_t il = 0; il < m->hp.n_layer && m->hp.n_expert; il++) {
+        uint64_t bundle = 0;
+        for (int r = COMMON_ROLE_FFN_GATE_EXPS; r <= COMMON_ROLE_FFN_DOWN_EXPS; r++) {
+            uint64_t sz = common_gguf_tensor_at(g, (uint64_t)m->layers[il].tensor[r])->size;
+            m->bytes_experts += sz;
+            bundle += sz / m->hp.n_expert;
+        }
+        if (bundle > m->bytes_expert_bundle)
+            m->bytes_expert_bundle = bundle;
+        active_experts += bundle * m->hp.n_expert_used;
+    }
+    m->bytes_resident = m->bytes_total - m->bytes_experts;
+    /* A token reads one embedding row, unless the output head is tied to the embedding. */
+    uint64_t active = m->bytes_resident;
+    if (m->global[COMMON_GROLE_OUTPUT] >= 0) {
+        const struct common_gguf_tensor *emb =
+            common_gguf_tensor_at(g, (uint64_t)m->global[COMMON_GROLE_TOKEN_EMBD]);
+        uint64_t row = emb->ne[1] ? emb->size / emb->ne[1] : 0;
+        active       = active - emb->size + row;
+    }
+    m->bytes_active = active + active_experts;
+}
+
+int common_model_init(struct common_model *m, const struct common_gguf *g, struct common_errmsg *e)
+{
+    memset(m, 0, sizeof(*m));
+    m->gguf = g;
+    struct common_gguf_str arch;
+    int                    rc = common_gguf_get_str(g, "general.architecture", &arch);
+    if (rc != COMMON_OK)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "missing or non-string metadata key 'general.architecture'");
+    m->arch = COMMON_ARCH_COUNT;
+    for (int a = 0; a < COMMON_ARCH_COUNT; a++) {
+        if (strlen(arch_table[a].name) == arch.len &&
+            memcmp(arch_table[a].name, arch.ptr, arch.len) == 0)
+            m->arch = (enum common_arch)a;
+    }
+    if (m->arch == COMMON_ARCH_COUNT)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "architecture '%.*s' is not supported (supported: llama, qwen2, "
+                                 "qwen3, qwen2moe, qwen3moe, olmoe)",
+                                 (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    m->arch_name = arch_table[m->arch].name;
+    if ((rc = model_read_hparams(m, e)) != COMMON_OK)
+        return rc;
+
+    for (int r = 0; r < COMMON_GROLE_COUNT; r++)
+        m->global[r] = model_find(g, grole_names[r]);
+    if (m->global[COMMON_GROLE_TOKEN_EMBD] < 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'token_embd.weight'");
+    if (m->global[COMMON_GROLE_OUTPUT_NORM] < 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'output_norm.weight'");
+    const struct common_gguf_tensor *emb =
+        common_gguf_tensor_at(g, (uint64_t)m->global[COMMON_GROLE_TOKEN_EMBD]);
+    if (emb->n_dims != 2 || emb->ne[0] != m->hp.n_embd || emb->ne[1] == 0 ||
+        emb->ne[1] > UINT32_MAX)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "tensor 'token_embd.weight' has shape [%llu, %llu]; want "
+                                 "[%u, n_vocab]",
+                                 (unsigned long long)emb->ne[0], (unsigned long long)emb->ne[1],
+                                 m->hp.n_embd);
+    m->hp.n_vocab = (uint32_t)emb->ne[1];
+    if ((rc = model_check_shape(m, m->global[COMMON_GROLE_OUTPUT_NORM], 1,
+                                (uint64_t[]){m->hp.n_embd}, e)))
+        return rc;
+    if (m->global[COMMON_GROLE_OUTPUT] >= 0 &&
+        (rc = model_check_shape(m, m->global[COMMON_GROLE_OUTPUT], 2,
+                                (uint64_t[]){m->hp.n_embd, m->hp.n_vocab}, e)))
+        return rc;
+
+    m->layers = calloc(m->hp.n_layer, sizeof(*m->layers));
+    if (!m->layers)
+        return COMMON_ENOMEM;
+    /* Expert width: per-arch key first, then the tensor shape (checked per layer). */
+    if (m->hp.n_expert) {
+        m->hp.n_ff_exp = 0;
+        model_u32(m, "expert_feed_forward_length", &m->hp.n_ff_exp);
+    }
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        if ((rc = model_layer(m, il, e)) != COMMON_OK) {
+            common_model_fini(m);
+            return rc;
+        }
+    }
+    model_totals(m);
+    return COMMON_OK;
+}
+
+void common_model_fini(struct common_model *m)
+{
+    if (!m)
+        return;
+    free(m->layers);
+    m->layers = NULL;
+}
+
+int common_model_expert_span(const struct common_model *m, uint32_t layer, uint32_t expert,
+                             enum common_expert_part part, struct common_span *out)
+{
+    if (m->hp.n_expert == 0 || layer >= m->hp.n_layer || expert >= m->hp.n_expert ||
+        (unsigned)part >= COMMON_EXPERT_PART_COUNT)
+        return COMMON_EINVAL;
+    int64_t idx = m->layers[layer].tensor[COMMON_ROLE_FFN_GATE_EXPS + (int)part];
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(m->gguf, (uint64_t)idx);
+    uint64_t per = t->size / m->hp.n_expert;
+    out->split   = t->split;
+    out->type    = t->type;
+    out->offset  = t->offset + per * expert;
+    out->size    = per;
+    out->rows    = t->ne[1];
+    out->cols    = t->ne[0];
+    return COMMON_OK;
+}

@@ -1,0 +1,468 @@
+/* executor/synth.c - writes llama-architecture GGUF models with random weights, streaming. */
+#include "executor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SYNTH_CHUNK_BYTES (8u << 20) /* float scratch per chunk of rows */
+#define SYNTH_BYTE_VOCAB  259u       /* <unk>, <s>, </s>, 256 byte tokens */
+
+/* One tensor of the synthetic model. */
+struct synth_tensor {
+    char     name[64];
+    uint32_t type;
+    uint32_t n_dims;
+    uint64_t ne[3];
+    float    std;  /* standard deviation of the random values */
+    float    mean; /* added to every value (norm weights are ~1) */
+};
+
+/* xoshiro256** seeded with splitmix64: the same stream on every machine. */
+struct synth_rng {
+    uint64_t s[4];
+};
+
+static uint64_t synth_splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z          = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z          = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void synth_rng_seed(struct synth_rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++)
+        r->s[i] = synth_splitmix(&seed);
+}
+
+static uint64_t synth_rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t synth_next(struct synth_rng *r)
+{
+    uint64_t *s      = r->s;
+    uint64_t  result = synth_rotl(s[1] * 5, 7) * 9;
+    uint64_t  t      = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = synth_rotl(s[3], 45);
+    return result;
+}
+
+/* Approximately normal values (Irwin-Hall of four 16-bit uniforms): cheap enough for tens of GB. */
+static void synth_fill(struct synth_rng *r, float *dst, size_t n, float mean, float std)
+{
+    const float scale = std * 1.7320508f / 32768.0f; /* var of the 4-sum is 4/12 of 65536^2 */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = synth_next(r);
+        int32_t  s = (int32_t)(x & 0xFFFF) + (int32_t)((x >> 16) & 0xFFFF) +
+                    (int32_t)((x >> 32) & 0xFFFF) + (int32_t)(x >> 48) - 2 * 65535;
+        dst[i] = mean + (float)s * scale * 0.5f;
+    }
+}
+
+/* The llama.cpp file-type code of a weight type (general.file_type). */
+static uint32_t synth_file_type(uint32_t type)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_F32:
+        return 0;
+    case COMMON_GGML_TYPE_F16:
+        return 1;
+    case COMMON_GGML_TYPE_Q4_0:
+        return 2;
+    case COMMON_GGML_TYPE_Q4_1:
+        return 3;
+    case COMMON_GGML_TYPE_Q8_0:
+        return 7;
+    case COMMON_GGML_TYPE_Q5_0:
+        return 8;
+    case COMMON_GGML_TYPE_Q5_1:
+        return 9;
+    case COMMON_GGML_TYPE_Q2_K:
+        return 10;
+    case COMMON_GGML_TYPE_Q3_K:
+        return 12;
+    case COMMON_GGML_TYPE_Q4_K:
+        return 15;
+    case COMMON_GGML_TYPE_Q5_K:
+        return 17;
+    case COMMON_GGML_TYPE_Q6_K:
+        return 18;
+    case COMMON_GGML_TYPE_BF16:
+        return 32;
+    default:
+        return 0;
+    }
+}
+
+/* The model plan: every tensor with its geometry. */
+struct synth_plan {
+    struct synth_tensor *t; /* owned */
+    size_t               n;
+    size_t               cap;
+};
+
+static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std, uint32_t n_dims,
+                     uint64_t ne0, uint64_t ne1, uint64_t ne2, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+
+static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std, uint32_t n_dims,
+                     uint64_t ne0, uint64_t ne1, uint64_t ne2, const char *fmt, ...)
+{
+    if (p->n == p->cap) {
+        size_t               cap = p->cap ? p->cap * 2 : 64;
+        struct synth_tensor *t   = realloc(p->t, cap * sizeof(*t));
+        if (!t)
+            return COMMON_ENOMEM;
+        p->t   = t;
+        p->cap = cap;
+    }
+    struct synth_tensor *t = &p->t[p->n++];
+    memset(t, 0, sizeof(*t));
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof(t->name), fmt, ap);
+    va_end(ap);
+    t->type   = type;
+    t->n_dims = n_dims;
+    t->ne[0]  = ne0;
+    t->ne[1]  = ne1;
+    t->ne[2]  = ne2;
+    t->mean   = mean;
+    t->std    = std;
+    return COMMON_OK;
+}
+
+/* Resolved geometry with defaults applied. */
+struct synth_geom {
+    uint32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_ff, n_expert, n_expert_used;
+    uint32_t type;
+    float    rope_freq_base;
+};
+
+static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
+{
+    uint32_t hd   = g->n_embd / g->n_head;
+    uint64_t kv   = (uint64_t)g->n_head_kv * hd;
+    float    s_e  = 1.0f / sqrtf((float)g->n_embd);
+    float    s_ff = 1.0f / sqrtf((float)g->n_ff);
+    int      rc;
+    if ((rc = synth_add(p, g->type, 0.0f, 1.0f, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
+        return rc;
+    for (uint32_t il = 0; il < g->n_layer; il++) {
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                            "blk.%u.attn_norm.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1,
+                            "blk.%u.attn_q.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_k.weight",
+                            il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_v.weight",
+                            il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1,
+                            "blk.%u.attn_output.weight", il)) ||
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                            "blk.%u.ffn_norm.weight", il)))
+            return rc;
+        if (g->n_expert == 0) {
+            if ((rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff, 1,
+                                "blk.%u.ffn_gate.weight", il)) ||
+                (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_ff, g->n_embd, 1,
+                                "blk.%u.ffn_down.weight", il)) ||
+                (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff, 1,
+                                "blk.%u.ffn_up.weight", il)))
+                return rc;
+        } else {
+            if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 2, g->n_embd,
+                                g->n_expert, 1, "blk.%u.ffn_gate_inp.weight", il)) ||
+                (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
+                                "blk.%u.ffn_gate_exps.weight", il)) ||
+                (rc = synth_add(p, g->type, 0.0f, s_ff, 3, g->n_ff, g->n_embd, g->n_expert,
+                                "blk.%u.ffn_down_exps.weight", il)) ||
+                (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
+                                "blk.%u.ffn_up_exps.weight", il)))
+                return rc;
+        }
+    }
+    if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                        "output_norm.weight")) ||
+        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_vocab, 1, "output.weight")))
+        return rc;
+    return COMMON_OK;
+}
+
+static uint64_t synth_tensor_bytes(const struct synth_tensor *t)
+{
+    uint64_t row = 0;
+    common_ggml_row_size(t->type, t->ne[0], &row);
+    return row * t->ne[1] * t->ne[2];
+}
+
+/* Writes the byte-level tokenizer: <unk>, <s>, </s>, <0x00>..<0xFF>, then unused fillers. */
+static int synth_byte_vocab(struct common_gguf_writer *w, uint32_t n_vocab)
+{
+    int                     rc     = COMMON_ENOMEM;
+    struct common_gguf_str *toks   = calloc(n_vocab, sizeof(*toks));
+    char                   *names  = calloc(n_vocab, 24);
+    float                  *scores = calloc(n_vocab, sizeof(*scores));
+    int32_t                *types  = calloc(n_vocab, sizeof(*types));
+    if (!toks || !names || !scores || !types)
+        goto out_free;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        char *s = names + (size_t)i * 24;
+        if (i == 0)
+            snprintf(s, 24, "<unk>");
+        else if (i == 1)
+            snprintf(s, 24, "<s>");
+        else if (i == 2)
+            snprintf(s, 24, "</s>");
+        else if (i < SYNTH_BYTE_VOCAB)
+            snprintf(s, 24, "<0x%02X>", i - 3);
+        else
+            snprintf(s, 24, "[UNUSED%u]", i);
+        toks[i].ptr = s;
+        toks[i].len = strlen(s);
+        types[i]    = i == 0 ? 2 : i < 3 ? 3 : i < SYNTH_BYTE_VOCAB ? 6 : 5;
+    }
+    if ((rc = common_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
+        (rc = common_gguf_writer_set_arr(w, "tokenizer.ggml.tokens", COMMON_GGUF_STRING, toks,
+                                         n_vocab)) ||
+        (rc = common_gguf_writer_set_arr(w, "tokenizer.ggml.scores", COMMON_GGUF_FLOAT32, scores,
+                                         n_vocab)) ||
+        (rc = common_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", COMMON_GGUF_INT32, types,
+                                         n_vocab)) ||
+        (rc = common_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
+        (rc = common_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
+        (rc = common_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
+        (rc = common_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true)) ||
+        (rc = common_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false)))
+        goto out_free;
+out_free:
+    free(toks);
+    free(names);
+    free(scores);
+    free(types);
+    return rc;
+}
+
+/* Copies every tokenizer.* key of `src`; sets *n_vocab to its token count. */
+static int synth_copy_vocab(struct common_gguf_writer *w, const char *src, uint32_t *n_vocab,
+                            struct common_errmsg *e)
+{
+    struct common_gguf *g  = NULL;
+    int                 rc = common_gguf_open(src, NULL, &g, e);
+    if (rc)
+        return rc;
+    const struct common_gguf_value *toks;
+    if (common_gguf_get_arr(g, "tokenizer.ggml.tokens", COMMON_GGUF_STRING, &toks) != COMMON_OK ||
+        toks->v.arr.n == 0 || toks->v.arr.n > UINT32_MAX) {
+        rc = common_errmsg_set(e, COMMON_EINVAL, "%s has no tokenizer.ggml.tokens", src);
+        goto out_close;
+    }
+    *n_vocab = (uint32_t)toks->v.arr.n;
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
+        const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
+        if (strncmp(kv->key, "tokenizer.", 10) == 0 && (rc = common_gguf_writer_copy_kv(w, kv)))
+            goto out_close;
+    }
+out_close:
+    common_gguf_close(g);
+    return rc;
+}
+
+/* Applies defaults and checks the geometry; names the bad field. */
+static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom *g,
+                          struct common_errmsg *e)
+{
+    memset(g, 0, sizeof(*g));
+    g->n_ctx          = o->n_ctx ? o->n_ctx : 2048;
+    g->n_embd         = o->n_embd ? o->n_embd : 256;
+    g->n_layer        = o->n_layer ? o->n_layer : 2;
+    g->n_head         = o->n_head ? o->n_head : 8;
+    g->n_head_kv      = o->n_head_kv ? o->n_head_kv : g->n_head;
+    g->n_ff           = o->n_ff ? o->n_ff : ((4u * g->n_embd + 255u) / 256u) * 256u;
+    g->n_expert       = o->n_expert;
+    g->n_expert_used  = o->n_expert_used ? o->n_expert_used : (g->n_expert < 2 ? g->n_expert : 2);
+    g->type           = o->type;
+    g->rope_freq_base = o->rope_freq_base > 0.0f ? o->rope_freq_base : 10000.0f;
+    const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
+    if (!ti)
+        return common_errmsg_set(e, COMMON_EINVAL, "unknown weight type id %u", g->type);
+    if (!executor_type_is_supported(g->type))
+        return common_errmsg_set(e, COMMON_ENOTSUP, "no quantizer for type %s", ti->name);
+    if (g->n_embd % g->n_head != 0 || (g->n_embd / g->n_head) % 2 != 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "n_embd %u must be a multiple of n_head %u with an even head size",
+                                 g->n_embd, g->n_head);
+    if (g->n_head % g->n_head_kv != 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "n_head %u is not a multiple of n_head_kv %u",
+                                 g->n_head, g->n_head_kv);
+    if (g->n_embd % ti->blck != 0 || g->n_ff % ti->blck != 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "n_embd %u and n_ff %u must be multiples of the %s block size %u",
+                                 g->n_embd, g->n_ff, ti->name, ti->blck);
+    if (g->n_expert > 0 && g->n_expert_used > g->n_expert)
+        return common_errmsg_set(e, COMMON_EINVAL, "n_expert_used %u exceeds n_expert %u",
+                                 g->n_expert_used, g->n_expert);
+    return COMMON_OK;
+}
+
+int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e)
+{
+    struct synth_geom          g;
+    struct synth_plan          plan = {0};
+    struct common_gguf_writer *w    = NULL;
+    float                     *buf  = NULL;
+    void                      *qbuf = NULL;
+    bool                       begun = false;
+    int                        rc;
+    if (!o || !o->path)
+        return common_errmsg_set(e, COMMON_EINVAL, "mkmodel: no output path");
+    executor_kernels_init();
+    if ((rc = synth_geometry(o, &g, e)))
+        return rc;
+    if ((rc = common_gguf_writer_create(&w, 32)))
+        return rc;
+
+    /* Tokenizer first: its size fixes n_vocab. */
+    uint32_t n_vocab = o->n_vocab ? o->n_vocab : SYNTH_BYTE_VOCAB;
+    if (o->vocab_from) {
+        uint32_t have = 0;
+        if ((rc = synth_copy_vocab(w, o->vocab_from, &have, e)))
+            goto out_free;
+        if (o->n_vocab && o->n_vocab != have) {
+            rc = common_errmsg_set(e, COMMON_EINVAL, "--n-vocab %u differs from the %u tokens of %s",
+                                   o->n_vocab, have, o->vocab_from);
+            goto out_free;
+        }
+        n_vocab = have;
+    } else {
+        if (n_vocab < SYNTH_BYTE_VOCAB) {
+            rc = common_errmsg_set(e, COMMON_EINVAL, "n_vocab must be at least %u (byte vocab)",
+                                   SYNTH_BYTE_VOCAB);
+            goto out_free;
+        }
+        if ((rc = synth_byte_vocab(w, n_vocab)))
+            goto out_free;
+    }
+    g.n_vocab = n_vocab;
+
+    /* With a target size, pick the layer count from the bytes of one layer. */
+    if (o->target_bytes) {
+        struct synth_geom one = g;
+        one.n_layer           = 1;
+        struct synth_plan p1  = {0};
+        if ((rc = synth_plan_build(&one, &p1))) {
+            free(p1.t);
+            goto out_free;
+        }
+        uint64_t fixed = 0, layer = 0;
+        for (size_t i = 0; i < p1.n; i++) {
+            if (strncmp(p1.t[i].name, "blk.", 4) == 0)
+                layer += synth_tensor_bytes(&p1.t[i]);
+            else
+                fixed += synth_tensor_bytes(&p1.t[i]);
+        }
+        free(p1.t);
+        uint64_t n  = o->target_bytes > fixed ? (o->target_bytes - fixed + layer / 2) / layer : 1;
+        g.n_layer   = (uint32_t)(n < 1 ? 1 : n > 4096 ? 4096 : n);
+    }
+    if ((rc = synth_plan_build(&g, &plan)))
+        goto out_free;
+
+    const char *name = o->name ? o->name : "sluice-synth";
+    if ((rc = common_gguf_writer_set_str(w, "general.architecture", "llama")) ||
+        (rc = common_gguf_writer_set_str(w, "general.name", name)) ||
+        (rc = common_gguf_writer_set_u32(w, "general.file_type", synth_file_type(g.type))) ||
+        (rc = common_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.vocab_size", g.n_vocab)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.context_length", g.n_ctx)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.embedding_length", g.n_embd)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.block_count", g.n_layer)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.feed_forward_length", g.n_ff)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count", g.n_head)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count_kv", g.n_head_kv)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.rope.dimension_count", g.n_embd / g.n_head)) ||
+        (rc = common_gguf_writer_set_f32(w, "llama.rope.freq_base", g.rope_freq_base)) ||
+        (rc = common_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+        goto out_free;
+    if (g.n_expert &&
+        ((rc = common_gguf_writer_set_u32(w, "llama.expert_count", g.n_expert)) ||
+         (rc = common_gguf_writer_set_u32(w, "llama.expert_used_count", g.n_expert_used))))
+        goto out_free;
+
+    uint64_t total = 0;
+    for (size_t i = 0; i < plan.n; i++) {
+        const struct synth_tensor *t = &plan.t[i];
+        if ((rc = common_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne)))
+            goto out_free;
+        total += synth_tensor_bytes(t);
+    }
+    if ((rc = common_gguf_writer_begin(w, o->path, e)))
+        goto out_free;
+    begun = true;
+
+    buf  = malloc(SYNTH_CHUNK_BYTES);
+    qbuf = malloc(SYNTH_CHUNK_BYTES);
+    if (!buf || !qbuf) {
+        rc = COMMON_ENOMEM;
+        goto out_free;
+    }
+    uint64_t done = 0, next_report = 0;
+    uint64_t seed = o->seed ? o->seed : 1;
+    for (size_t i = 0; i < plan.n; i++) {
+        const struct synth_tensor *t = &plan.t[i];
+        struct synth_rng           rng;
+        synth_rng_seed(&rng, seed ^ (0x9E3779B97F4A7C15ull * (i + 1)));
+        uint64_t rows     = t->ne[1] * t->ne[2];
+        uint64_t per      = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
+        uint64_t row_size = 0;
+        common_ggml_row_size(t->type, t->ne[0], &row_size);
+        if (per == 0) {
+            rc = common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
+            goto out_free;
+        }
+        for (uint64_t r = 0; r < rows; r += per) {
+            uint64_t n = rows - r < per ? rows - r : per;
+            synth_fill(&rng, buf, (size_t)(n * t->ne[0]), t->mean, t->std);
+            for (uint64_t k = 0; k < n; k++) {
+                rc = executor_quantize_row_ref(t->type, buf + k * t->ne[0],
+                                               (uint8_t *)qbuf + k * row_size, (int64_t)t->ne[0]);
+                if (rc) {
+                    common_errmsg_set(e, rc, "quantizing %s failed", t->name);
+                    goto out_free;
+                }
+            }
+            if ((rc = common_gguf_writer_write_data(w, qbuf, (size_t)(n * row_size), e)))
+                goto out_free;
+            done += n * row_size;
+            if (o->progress && done >= next_report) {
+                char b1[32], b2[32];
+                fprintf(stderr, "\rmkmodel: %3.0f%% (%s of %s)", 100.0 * (double)done / (double)total,
+                        common_format_size(done, b1, sizeof(b1)),
+                        common_format_size(total, b2, sizeof(b2)));
+                next_report = done + total / 100;
+            }
+        }
+    }
+    if (o->progress)
+        fprintf(stderr, "\n");
+    rc = common_gguf_writer_finish(w, e);
+
+out_free:
+    free(buf);
+    free(qbuf);
+    free(plan.t);
+    common_gguf_writer_destroy(w);
+    if (rc && begun)
+        remove(o->path); /* never leave a half-written model behind */
+    return rc;
+}

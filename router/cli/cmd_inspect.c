@@ -1,0 +1,313 @@
+/* router/cli/cmd_inspect.c - `sluice inspect MODEL [--json]`: what a GGUF holds and what it costs. */
+#include "cli.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+
+static void inspect_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sluice inspect MODEL.gguf [--json] [--metadata] [--no-splits]\n\n"
+            "Prints the architecture, hyper-parameters, tokenizer, a tensor table (name, type,\n"
+            "shape, bytes, offset) and totals: resident bytes, expert bytes, the per-expert\n"
+            "bundle (gate+up+down of one expert) and the bytes a token touches.\n\n"
+            "  --json        machine-readable output (schema: docs/inspect.md)\n"
+            "  --metadata    also list every metadata key (arrays are summarised)\n"
+            "  --no-splits   open only the named file of a split model\n"
+            "  -h, --help    this text\n");
+}
+
+/* Prints a scalar or summarised array value, human form. */
+static void inspect_value_text(const struct common_gguf_value *v)
+{
+    switch (v->type) {
+    case COMMON_GGUF_STRING: {
+        uint64_t n = v->v.str.len > 80 ? 80 : v->v.str.len;
+        printf("\"");
+        for (uint64_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)v->v.str.ptr[i];
+            if (c == '\n')
+                printf("\\n");
+            else if (c < 0x20)
+                printf("\\x%02x", c);
+            else
+                putchar(c);
+        }
+        printf("\"%s", v->v.str.len > 80 ? "..." : "");
+        break;
+    }
+    case COMMON_GGUF_ARRAY:
+        printf("[%s x %" PRIu64 "]", common_gguf_vtype_name(v->v.arr.type), v->v.arr.n);
+        break;
+    case COMMON_GGUF_FLOAT32:
+    case COMMON_GGUF_FLOAT64:
+        printf("%g", v->v.f64);
+        break;
+    case COMMON_GGUF_BOOL:
+        printf("%s", v->v.u64 ? "true" : "false");
+        break;
+    case COMMON_GGUF_INT8:
+    case COMMON_GGUF_INT16:
+    case COMMON_GGUF_INT32:
+    case COMMON_GGUF_INT64:
+        printf("%" PRId64, v->v.i64);
+        break;
+    default:
+        printf("%" PRIu64, v->v.u64);
+        break;
+    }
+}
+
+static void inspect_value_json(const struct common_gguf_value *v)
+{
+    switch (v->type) {
+    case COMMON_GGUF_STRING:
+        common_json_write_str(stdout, v->v.str.ptr, (size_t)v->v.str.len);
+        break;
+    case COMMON_GGUF_ARRAY:
+        printf("{\"array\": \"%s\", \"count\": %" PRIu64 "}", common_gguf_vtype_name(v->v.arr.type),
+               v->v.arr.n);
+        break;
+    case COMMON_GGUF_FLOAT32:
+    case COMMON_GGUF_FLOAT64:
+        if (v->v.f64 != v->v.f64 || v->v.f64 > 1e308 || v->v.f64 < -1e308)
+            printf("null");
+        else
+            printf("%.9g", v->v.f64);
+        break;
+    default:
+        inspect_value_text(v);
+        break;
+    }
+}
+
+static void inspect_shape(const struct common_gguf_tensor *t, char *buf, size_t len)
+{
+    size_t used = 0;
+    used += (size_t)snprintf(buf + used, len - used, "[");
+    for (uint32_t d = 0; d < t->n_dims && used < len; d++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%" PRIu64, d ? ", " : "", t->ne[d]);
+    if (used < len)
+        snprintf(buf + used, len - used, "]");
+}
+
+/* Reads tokenizer model and vocabulary size. */
+static void inspect_tokenizer(const struct common_gguf *g, struct common_gguf_str *model,
+                              uint64_t *n_vocab)
+{
+    const struct common_gguf_value *tokens;
+    model->ptr = "none";
+    model->len = 4;
+    common_gguf_get_str(g, "tokenizer.ggml.model", model);
+    *n_vocab = 0;
+    if (common_gguf_get_arr(g, "tokenizer.ggml.tokens", COMMON_GGUF_STRING, &tokens) == COMMON_OK)
+        *n_vocab = tokens->v.arr.n;
+}
+
+static void inspect_text(const char *path, const struct common_gguf *g, const struct common_model *m,
+                         bool model_ok, bool metadata)
+{
+    char     b1[32], b2[32], b3[32], b4[32];
+    uint64_t file_bytes = 0;
+    for (uint32_t s = 0; s < common_gguf_n_splits(g); s++)
+        file_bytes += common_gguf_split_size(g, s);
+    printf("file:           %s\n", path);
+    printf("format:         GGUF v%u, %u file(s), %s, alignment %" PRIu64 "\n",
+           common_gguf_version(g), common_gguf_n_splits(g),
+           common_format_size(file_bytes, b1, sizeof(b1)), common_gguf_alignment(g));
+    struct common_gguf_str s;
+    if (common_gguf_get_str(g, "general.name", &s) == COMMON_OK)
+        printf("name:           %.*s\n", (int)(s.len > 200 ? 200 : s.len), s.ptr);
+    if (common_gguf_get_str(g, "general.architecture", &s) == COMMON_OK)
+        printf("architecture:   %.*s\n", (int)(s.len > 64 ? 64 : s.len), s.ptr);
+    if (model_ok) {
+        const struct common_hparams *hp = &m->hp;
+        if (hp->n_expert)
+            printf("kind:           MoE, %u experts, %u used per token\n", hp->n_expert,
+                   hp->n_expert_used);
+        else
+            printf("kind:           dense\n");
+        printf("hyper-parameters:\n");
+        printf("  n_vocab %u  n_ctx_train %u  n_embd %u  n_layer %u\n", hp->n_vocab,
+               hp->n_ctx_train, hp->n_embd, hp->n_layer);
+        printf("  n_head %u  n_head_kv %u  head_dim %u/%u  n_rot %u  rope %s  freq_base %g\n",
+               hp->n_head, hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, hp->n_rot,
+               hp->rope_neox ? "neox" : "normal", (double)hp->rope_freq_base);
+        printf("  n_ff %u  n_ff_exp %u  n_ff_shexp %u  rms_eps %g  output %s\n", hp->n_ff,
+               hp->n_ff_exp, hp->n_ff_shexp, (double)hp->rms_eps,
+               m->global[COMMON_GROLE_OUTPUT] >= 0 ? "separate" : "tied to token_embd");
+    }
+    uint64_t n_vocab;
+    inspect_tokenizer(g, &s, &n_vocab);
+    printf("tokenizer:      %.*s, %" PRIu64 " tokens\n", (int)(s.len > 64 ? 64 : s.len), s.ptr,
+           n_vocab);
+    printf("metadata:       %" PRIu64 " keys\n", common_gguf_n_kv(g));
+    if (metadata) {
+        for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
+            const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
+            printf("  %-48s ", kv->key);
+            inspect_value_text(&kv->value);
+            printf("\n");
+        }
+    }
+    printf("tensors:        %" PRIu64 "\n", common_gguf_n_tensors(g));
+    if (common_gguf_n_tensors(g))
+        printf("  %-36s %-7s %-24s %12s %14s\n", "name", "type", "shape", "bytes", "offset");
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        char                             shape[96];
+        inspect_shape(t, shape, sizeof(shape));
+        printf("  %-36s %-7s %-24s %12" PRIu64 " %14" PRIu64 "%s\n", t->name,
+               common_ggml_type_get(t->type)->name, shape, t->size, t->offset,
+               common_gguf_n_splits(g) > 1 ? (t->split ? " (split)" : "") : "");
+    }
+    if (model_ok) {
+        printf("totals:\n");
+        printf("  tensor data      %14" PRIu64 "  %s\n", m->bytes_total,
+               common_format_size(m->bytes_total, b1, sizeof(b1)));
+        printf("  resident         %14" PRIu64 "  %s\n", m->bytes_resident,
+               common_format_size(m->bytes_resident, b2, sizeof(b2)));
+        printf("  experts          %14" PRIu64 "  %s\n", m->bytes_experts,
+               common_format_size(m->bytes_experts, b3, sizeof(b3)));
+        printf("  expert bundle    %14" PRIu64 "  %s (gate+up+down of one expert)\n",
+               m->bytes_expert_bundle, common_format_size(m->bytes_expert_bundle, b4, sizeof(b4)));
+        printf("  active per token %14" PRIu64 "  %s\n", m->bytes_active,
+               common_format_size(m->bytes_active, b1, sizeof(b1)));
+    }
+}
+
+static void inspect_json(const char *path, const struct common_gguf *g, const struct common_model *m,
+                         bool model_ok, const char *model_error)
+{
+    uint64_t file_bytes = 0;
+    for (uint32_t s = 0; s < common_gguf_n_splits(g); s++)
+        file_bytes += common_gguf_split_size(g, s);
+    printf("{\n  \"file\": ");
+    common_json_write_str(stdout, path, strlen(path));
+    printf(",\n  \"gguf_version\": %u,\n  \"alignment\": %" PRIu64 ",\n  \"splits\": %u,\n"
+           "  \"file_bytes\": %" PRIu64 ",\n",
+           common_gguf_version(g), common_gguf_alignment(g), common_gguf_n_splits(g), file_bytes);
+    struct common_gguf_str s;
+    printf("  \"architecture\": ");
+    if (common_gguf_get_str(g, "general.architecture", &s) == COMMON_OK)
+        common_json_write_str(stdout, s.ptr, (size_t)s.len);
+    else
+        printf("null");
+    uint64_t n_vocab;
+    inspect_tokenizer(g, &s, &n_vocab);
+    printf(",\n  \"tokenizer\": {\"model\": ");
+    common_json_write_str(stdout, s.ptr, (size_t)s.len);
+    printf(", \"vocab_size\": %" PRIu64 "},\n", n_vocab);
+    if (model_ok) {
+        const struct common_hparams *hp = &m->hp;
+        printf("  \"model\": {\n"
+               "    \"moe\": %s,\n    \"n_vocab\": %u,\n    \"n_ctx_train\": %u,\n"
+               "    \"n_embd\": %u,\n    \"n_layer\": %u,\n    \"n_head\": %u,\n"
+               "    \"n_head_kv\": %u,\n    \"head_dim_k\": %u,\n    \"head_dim_v\": %u,\n"
+               "    \"n_rot\": %u,\n    \"rope\": \"%s\",\n    \"rope_freq_base\": %.9g,\n"
+               "    \"rms_eps\": %.9g,\n    \"n_ff\": %u,\n    \"n_expert\": %u,\n"
+               "    \"n_expert_used\": %u,\n    \"n_ff_exp\": %u,\n    \"n_ff_shexp\": %u,\n"
+               "    \"output_tied\": %s\n  },\n",
+               hp->n_expert ? "true" : "false", hp->n_vocab, hp->n_ctx_train, hp->n_embd,
+               hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, hp->n_rot,
+               hp->rope_neox ? "neox" : "normal", (double)hp->rope_freq_base, (double)hp->rms_eps,
+               hp->n_ff, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp,
+               m->global[COMMON_GROLE_OUTPUT] >= 0 ? "false" : "true");
+        printf("  \"totals\": {\n    \"tensor_bytes\": %" PRIu64 ",\n    \"resident_bytes\": %" PRIu64
+               ",\n    \"expert_bytes\": %" PRIu64 ",\n    \"expert_bundle_bytes\": %" PRIu64
+               ",\n    \"active_bytes_per_token\": %" PRIu64 "\n  },\n",
+               m->bytes_total, m->bytes_resident, m->bytes_experts, m->bytes_expert_bundle,
+               m->bytes_active);
+    } else {
+        printf("  \"model\": null,\n  \"model_error\": ");
+        common_json_write_str(stdout, model_error, strlen(model_error));
+        printf(",\n");
+    }
+    printf("  \"metadata\": {");
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
+        const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
+        printf("%s\n    ", i ? "," : "");
+        common_json_write_str(stdout, kv->key, strlen(kv->key));
+        printf(": ");
+        inspect_value_json(&kv->value);
+    }
+    printf("\n  },\n  \"tensors\": [");
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        printf("%s\n    {\"name\": ", i ? "," : "");
+        common_json_write_str(stdout, t->name, strlen(t->name));
+        printf(", \"type\": \"%s\", \"shape\": [", common_ggml_type_get(t->type)->name);
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            printf("%s%" PRIu64, d ? ", " : "", t->ne[d]);
+        printf("], \"bytes\": %" PRIu64 ", \"offset\": %" PRIu64 ", \"split\": %u}", t->size,
+               t->offset, t->split);
+    }
+    printf("\n  ]\n}\n");
+}
+
+int cli_cmd_inspect(int argc, char **argv)
+{
+    const char *path     = NULL;
+    bool        json     = false;
+    bool        metadata = false;
+    struct common_gguf_opts opts = {0};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            inspect_usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+        } else if (strcmp(argv[i], "--metadata") == 0) {
+            metadata = true;
+        } else if (strcmp(argv[i], "--no-splits") == 0) {
+            opts.no_splits = true;
+        } else if (strcmp(argv[i], "-m") == 0 || strcmp(argv[i], "--model") == 0) {
+            if (!(path = cli_next_arg(argc, argv, &i)))
+                return 2;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
+            inspect_usage(stderr);
+            return 2;
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "error: more than one model given ('%s')\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        inspect_usage(stderr);
+        return 2;
+    }
+    struct common_errmsg e  = {{0}};
+    struct common_gguf  *g  = NULL;
+    int                  rc = common_gguf_open(path, &opts, &g, &e);
+    if (rc != COMMON_OK) {
+        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
+        return 1;
+    }
+    struct common_model  m;
+    struct common_errmsg me       = {{0}};
+    bool                 vocab_only = common_gguf_n_tensors(g) == 0;
+    int                  mrc        = vocab_only ? COMMON_ENOENT : common_model_init(&m, g, &me);
+    if (vocab_only)
+        snprintf(me.text, sizeof(me.text), "no tensors (vocabulary-only file)");
+    if (json)
+        inspect_json(path, g, &m, mrc == COMMON_OK, me.text);
+    else
+        inspect_text(path, g, &m, mrc == COMMON_OK, metadata);
+    int status = 0;
+    if (mrc == COMMON_OK) {
+        common_model_fini(&m);
+    } else if (!vocab_only) {
+        fprintf(stderr, "error: %s: %s\n", path, me.text);
+        status = 1;
+    } else if (!json) {
+        printf("note:           %s\n", me.text);
+    }
+    common_gguf_close(g);
+    return status;
+}
