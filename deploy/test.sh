@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# deploy/test.sh - sets up, builds and runs the whole test suite: release, ASan+UBSan, TSan, fuzz.
+# usage: deploy/test.sh            (everything; what CI runs)
+#        SLUICE_QUICK=1 deploy/test.sh   (release build and tests only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/setup.sh
+
+jobs=$(nproc)
+fuzz_secs="${SLUICE_FUZZ_SECONDS:-60}"
+
+# run_suite DIR SANITIZER CMAKE_ARGS...: configure, build, run every Criterion test with ctest.
+run_suite() {
+    local dir=$1 san=$2
+    shift 2
+    echo "== $dir: configure and build ($*)"
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSLUICE_WERROR=ON "$@" >/dev/null
+    if ! cmake --build "$dir" -j"$jobs" >"$dir/build.log" 2>&1; then
+        grep -E 'error|warning' "$dir/build.log" | head -40 || tail -40 "$dir/build.log"
+        echo "build failed in $dir (full log: $dir/build.log)"
+        exit 1
+    fi
+    echo "== $dir: tests"
+    (cd "$dir" && SLUICE_SANITIZER="$san" ctest --output-on-failure -j"$jobs" --timeout 1500)
+}
+
+run_suite build ""
+if [ -z "${SLUICE_QUICK:-}" ]; then
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        run_suite build-asan asan -DSANITIZE=asan
+    TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan tsan -DSANITIZE=tsan
+    echo "== fuzz: ${fuzz_secs}s"
+    bash deploy/fuzz.sh "$fuzz_secs"
+fi
+echo "== all suites passed"

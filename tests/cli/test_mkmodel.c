@@ -1,0 +1,194 @@
+/* tests/cli/test_mkmodel.c - mkmodel output round-trips through the reader, the model description
+ * and `sluice inspect --json`. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "executor.h"
+#include "fetcher.h"
+#include "fixture.h"
+#include "tjson.h"
+
+/* Runs a shell command and returns its stdout (malloc'd) and exit status. */
+static char *run_capture(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p, "popen %s", cmd);
+    size_t cap = 1 << 16, n = 0;
+    char  *out = malloc(cap);
+    size_t r;
+    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += r;
+        if (cap - n < 4096) {
+            cap *= 2;
+            out = realloc(out, cap);
+        }
+    }
+    out[n]  = '\0';
+    int st  = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void check_model(const char *path, const struct executor_synth_opts *o)
+{
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(path, NULL, &g, &e), COMMON_OK, "%s", e.text);
+    struct common_model m;
+    cr_assert_eq(common_model_init(&m, g, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(m.hp.n_embd, o->n_embd);
+    cr_assert_eq(m.hp.n_layer, o->n_layer);
+    cr_assert_eq(m.hp.n_head, o->n_head);
+    cr_assert_eq(m.hp.n_expert, o->n_expert);
+    cr_assert_eq(m.hp.n_vocab, 259, "byte-level vocabulary");
+    const struct common_gguf_tensor *q = common_gguf_tensor_find(g, "blk.0.attn_q.weight");
+    cr_assert_not_null(q);
+    cr_assert_eq(q->type, o->type);
+    if (o->n_expert) {
+        struct common_span sp;
+        cr_assert_eq(common_model_expert_span(&m, 1, o->n_expert - 1, COMMON_EXPERT_DOWN, &sp),
+                     COMMON_OK);
+        /* The last expert's bytes decode to finite values of the expected scale. */
+        void  *buf = malloc(sp.size);
+        float *row = malloc(sp.cols * sizeof(float));
+        cr_assert_eq(fetcher_read_span(g, &sp, buf, &e), COMMON_OK, "%s", e.text);
+        cr_assert_eq(executor_dequantize_row(sp.type, buf, row, (int64_t)sp.cols), COMMON_OK);
+        double ss = 0;
+        for (uint64_t i = 0; i < sp.cols; i++) {
+            cr_assert(row[i] == row[i], "NaN in expert weights");
+            ss += (double)row[i] * row[i];
+        }
+        cr_assert_gt(ss, 0.0);
+        free(buf);
+        free(row);
+    }
+    common_model_fini(&m);
+    common_gguf_close(g);
+}
+
+Test(cli_mkmodel, synth_round_trips_in_every_type, .timeout = 300)
+{
+    static const uint32_t types[] = {
+        COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16,
+        COMMON_GGML_TYPE_Q8_0, COMMON_GGML_TYPE_Q4_0, COMMON_GGML_TYPE_Q4_1,
+        COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1, COMMON_GGML_TYPE_Q4_K,
+        COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K,
+    };
+    char *dir = fixture_tmpdir();
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/m%zu.gguf", dir, i);
+        struct executor_synth_opts o = {.path          = path,
+                                        .n_embd        = 256,
+                                        .n_layer       = 2,
+                                        .n_head        = 4,
+                                        .n_head_kv     = 2,
+                                        .n_ff          = 256,
+                                        .n_expert      = i % 2 ? 4 : 0,
+                                        .n_expert_used = 2,
+                                        .type          = types[i]};
+        struct common_errmsg       e = {{0}};
+        cr_assert_eq(executor_synth_write(&o, &e), COMMON_OK, "type %u: %s", types[i], e.text);
+        check_model(path, &o);
+    }
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(cli_mkmodel, bad_geometry_is_refused_and_leaves_no_file)
+{
+    char *dir = fixture_tmpdir();
+    char  path[512];
+    snprintf(path, sizeof(path), "%s/bad.gguf", dir);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = path, .n_embd = 100, .type = COMMON_GGML_TYPE_Q4_K};
+    cr_assert_eq(executor_synth_write(&o, &e), COMMON_EINVAL);
+    cr_assert_not_null(strstr(e.text, "block size"), "%s", e.text);
+    o = (struct executor_synth_opts){.path = path, .n_embd = 256, .n_head = 3};
+    cr_assert_eq(executor_synth_write(&o, &e), COMMON_EINVAL);
+    cr_assert_not_null(strstr(e.text, "n_head"), "%s", e.text);
+    FILE *f = fopen(path, "rb");
+    cr_assert_null(f, "a refused model must not leave a file");
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(cli_mkmodel, target_size_and_vocab_copy_via_cli, .timeout = 300)
+{
+    FIXTURE_OR_SKIP(vocab, "models/llama-2-tiny-random.gguf");
+    char *dir = fixture_tmpdir();
+    char  cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s/bin/sluice mkmodel -q -o %s/s.gguf --type q4_0 --n-embd 256 --n-expert 4 "
+             "--n-ff 256 --size 40M --vocab-from %s && %s/bin/sluice inspect --json %s/s.gguf",
+             SLUICE_BINARY_DIR, dir, vocab, SLUICE_BINARY_DIR, dir);
+    int   status = -1;
+    char *out    = run_capture(cmd, &status);
+    cr_assert_eq(status, 0, "%s", out);
+    struct tjson *j = tjson_parse(out);
+    cr_assert_not_null(j, "inspect --json is not valid JSON:\n%s", out);
+    const struct tjson *model = tjson_get(j, "model");
+    cr_assert_not_null(model);
+    cr_assert_eq(tjson_get(model, "n_vocab")->num, 32000.0, "vocabulary copied");
+    cr_assert_eq(tjson_get(model, "n_expert")->num, 4.0);
+    const struct tjson *totals = tjson_get(j, "totals");
+    double              bytes  = tjson_get(totals, "tensor_bytes")->num;
+    cr_assert(bytes > 30e6 && bytes < 52e6, "--size 40M gave %.0f bytes", bytes);
+    cr_assert_eq(tjson_get(totals, "resident_bytes")->num + tjson_get(totals, "expert_bytes")->num,
+                 bytes);
+    const struct tjson *tok = tjson_get(j, "tokenizer");
+    cr_assert_str_eq(tjson_get(tok, "model")->str, "llama");
+    tjson_free(j);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+    free(vocab);
+}
+
+Test(cli_inspect, json_on_every_fixture_kind)
+{
+    FIXTURE_OR_SKIP(moe, "moe-tiny/moe-tiny-q8_0.gguf");
+    FIXTURE_OR_SKIP(voc, "tokenizer/ggml-vocab-gpt-2.gguf");
+    char cmd[2048];
+    int  status;
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice inspect --json %s", SLUICE_BINARY_DIR, moe);
+    char         *out = run_capture(cmd, &status);
+    struct tjson *j   = tjson_parse(out);
+    cr_assert_eq(status, 0);
+    cr_assert_not_null(j, "%s", out);
+    cr_assert_eq(tjson_get(tjson_get(j, "model"), "n_expert_used")->num, 2.0);
+    cr_assert_eq(tjson_get(j, "tensors")->len, 43);
+    cr_assert_str_eq(tjson_get(tjson_at(tjson_get(j, "tensors"), 0), "type")->str, "q8_0");
+    tjson_free(j);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice inspect --json %s", SLUICE_BINARY_DIR, voc);
+    out = run_capture(cmd, &status);
+    j   = tjson_parse(out);
+    cr_assert_eq(status, 0, "a vocabulary-only file is inspectable");
+    cr_assert_not_null(j, "%s", out);
+    cr_assert_eq(tjson_get(j, "model")->kind, TJSON_NULL);
+    cr_assert_eq(tjson_get(tjson_get(j, "tokenizer"), "vocab_size")->num, 50257.0);
+    tjson_free(j);
+    free(out);
+    free(moe);
+    free(voc);
+}
+
+Test(cli_inspect, corrupt_file_exits_nonzero_with_message)
+{
+    char *dir = fixture_tmpdir();
+    char  cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "printf 'GGUF\\003\\000\\000\\000' > %s/c.gguf; %s/bin/sluice inspect %s/c.gguf 2>&1",
+             dir, SLUICE_BINARY_DIR, dir);
+    int   status;
+    char *out = run_capture(cmd, &status);
+    cr_assert_eq(status, 1);
+    cr_assert_not_null(strstr(out, "truncated"), "%s", out);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+}
