@@ -483,18 +483,19 @@ Test(common_gguf, random_header_corruption_is_survived, .timeout = 600)
     cr_assert_eq(common_gguf_parse(file, len, len, &g0, NULL), COMMON_OK);
     size_t hdr = (size_t)common_gguf_split_data_offset(g0, 0);
     common_gguf_close(g0);
-    char    *copy  = malloc(len);
+    char    *copy  = malloc(hdr);
     uint64_t state = 12345;
     int      ok = 0, bad = 0;
     for (int iter = 0; iter < 3000; iter++) {
-        memcpy(copy, file, len);
+        memcpy(copy, file, hdr);
         for (int k = 0; k < 1 + iter % 4; k++) {
             state       = state * 6364136223846793005ull + 1442695040888963407ull;
             size_t at   = (size_t)(state >> 33) % hdr;
             copy[at]    = (char)(state >> 13);
         }
         struct common_gguf *g = NULL;
-        if (common_gguf_parse(copy, len, len, &g, NULL) == COMMON_OK) {
+        /* Only the header bytes are handed over; the file size still bounds the data. */
+        if (common_gguf_parse(copy, hdr, len, &g, NULL) == COMMON_OK) {
             struct common_model m;
             if (common_model_init(&m, g, NULL) == COMMON_OK)
                 common_model_fini(&m);
