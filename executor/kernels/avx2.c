@@ -1,9 +1,565 @@
 /* executor/kernels/avx2.c - AVX2+FMA+F16C dot products and activation quantizers. */
 #include "kernels.h"
 
+#include <immintrin.h>
+#include <math.h>
+
 #include "kernels_impl.h"
+
+/* Integer work per block is exact, so these kernels differ from ref.c only in the order in which
+ * the per-block float terms are added (8 lanes, then a horizontal sum). Activation quantizers are
+ * byte-identical to ref.c. Compiled with -mavx2 -mfma -mf16c; only called when the CPU has them. */
+
+static inline float avx2_hsum_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int avx2_hsum_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float avx2_fp16(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* 32 nibbles of 16 bytes: low nibbles in bytes 0..15, high nibbles in 16..31 (ggml order). */
+static inline __m256i avx2_nibbles(const uint8_t *p)
+{
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/* Bit i of 32 bits -> byte i = 0xFF when set, 0 otherwise. */
+static inline __m256i avx2_bits_to_bytes(const uint8_t *p)
+{
+    uint32_t bits;
+    memcpy(&bits, p, sizeof(bits));
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i       b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* Signed int8 x signed int8, summed in groups of 4 into 8 int32 lanes. */
+static inline __m256i avx2_dot_i8(__m256i x, __m256i y)
+{
+    const __m256i ax = _mm256_sign_epi8(x, x);
+    const __m256i sy = _mm256_sign_epi8(y, x);
+    const __m256i p16 = _mm256_maddubs_epi16(ax, sy);
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* Unsigned int8 (< 128) x signed int8, summed in groups of 4 into 8 int32 lanes. */
+static inline __m256i avx2_dot_u8(__m256i ux, __m256i y)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ux, y), _mm256_set1_epi16(1));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Activation quantizers                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Scales 32 floats by 127/amax, rounds half to even, packs to int8 in order. Returns the int32
+ * sum of the quants in *sum when sum is not NULL. */
+static inline __m256i avx2_q8_block(const float *x, float *d_out, int *sum)
+{
+    __m256       v0 = _mm256_loadu_ps(x);
+    __m256       v1 = _mm256_loadu_ps(x + 8);
+    __m256       v2 = _mm256_loadu_ps(x + 16);
+    __m256       v3 = _mm256_loadu_ps(x + 24);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256       m = _mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1));
+    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    *d_out = amax / 127.f;
+    const __m256 mul = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+    const int    rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m256i      i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
+    __m256i      i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
+    __m256i      i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
+    __m256i      i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+    if (sum)
+        *sum =
+            avx2_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+    i0 = _mm256_packs_epi32(i0, i1);
+    i2 = _mm256_packs_epi32(i2, i3);
+    i0 = _mm256_packs_epi16(i0, i2);
+    return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void avx2_act_q8_0(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, x += EXECUTOR_QK) {
+        float   d;
+        __m256i q = avx2_q8_block(x, &d, NULL);
+        y[i].d = kimpl_fp32_to_fp16(d);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+    }
+}
+
+static void avx2_act_q8_1(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, x += EXECUTOR_QK) {
+        float   d;
+        int     sum;
+        __m256i q = avx2_q8_block(x, &d, &sum);
+        y[i].d = kimpl_fp32_to_fp16(d);
+        y[i].s = kimpl_fp32_to_fp16(d * (float)sum);
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+    }
+}
+
+static void avx2_act_q8_K(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_q8_K *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, x += EXECUTOR_QK_K) {
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256       m = _mm256_setzero_ps();
+        for (int j = 0; j < EXECUTOR_QK_K; j += 8)
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        if (!amax) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        /* ggml keeps the sign of the first element of largest magnitude. */
+        float max = 0;
+        for (int j = 0; j < EXECUTOR_QK_K; j++) {
+            if (fabsf(x[j]) == amax) {
+                max = x[j];
+                break;
+            }
+        }
+        const float  iscale = -127.f / max;
+        const __m256 mul = _mm256_set1_ps(iscale);
+        const int    rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        for (int j = 0; j < EXECUTOR_QK_K; j += 32) {
+            __m256i i0 = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), mul), rnd));
+            __m256i i1 = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), mul), rnd));
+            __m256i i2 = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 16), mul), rnd));
+            __m256i i3 = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 24), mul), rnd));
+            const __m256i lim = _mm256_set1_epi32(127);
+            i0 = _mm256_min_epi32(i0, lim);
+            i1 = _mm256_min_epi32(i1, lim);
+            i2 = _mm256_min_epi32(i2, lim);
+            i3 = _mm256_min_epi32(i3, lim);
+            i0 = _mm256_packs_epi32(i0, i1);
+            i2 = _mm256_packs_epi32(i2, i3);
+            i0 = _mm256_packs_epi16(i0, i2);
+            i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(y[i].qs + j), i0);
+        }
+        for (int j = 0; j < EXECUTOR_QK_K / 16; j += 2) {
+            /* two groups of 16 int8 -> int16 sums */
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(y[i].qs + 16 * j));
+            const __m256i s = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+            const __m256i t = _mm256_madd_epi16(s, _mm256_set1_epi16(1)); /* 8 x int32 */
+            int32_t       lanes[8];
+            _mm256_storeu_si256((__m256i *)lanes, t);
+            y[i].bsums[j] = (int16_t)(lanes[0] + lanes[1] + lanes[2] + lanes[3]);
+            y[i].bsums[j + 1] = (int16_t)(lanes[4] + lanes[5] + lanes[6] + lanes[7]);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+static void avx2_act_f16(const float *x, void *dst, int64_t n)
+{
+    uint16_t *y = dst;
+    int64_t   i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        y[i] = kimpl_fp32_to_fp16(x[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Float dots                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static float avx2_dot_f32(int64_t n, const void *w, const void *a)
+{
+    const float *x = w, *y = a;
+    __m256       s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t      i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s0);
+    float sum = avx2_hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++)
+        sum += x[i] * y[i];
+    return sum;
+}
+
+static inline __m256 avx2_load_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static float avx2_dot_f16(int64_t n, const void *w, const void *a)
+{
+    const uint16_t *x = w, *y = a;
+    __m256          s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t         i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(avx2_load_f16(x + i), avx2_load_f16(y + i), s0);
+        s1 = _mm256_fmadd_ps(avx2_load_f16(x + i + 8), avx2_load_f16(y + i + 8), s1);
+        s2 = _mm256_fmadd_ps(avx2_load_f16(x + i + 16), avx2_load_f16(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(avx2_load_f16(x + i + 24), avx2_load_f16(y + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(avx2_load_f16(x + i), avx2_load_f16(y + i), s0);
+    float sum = avx2_hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++)
+        sum += kimpl_fp16_to_fp32(x[i]) * kimpl_fp16_to_fp32(y[i]);
+    return sum;
+}
+
+static inline __m256 avx2_load_bf16(const uint16_t *p)
+{
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+static float avx2_dot_bf16(int64_t n, const void *w, const void *a)
+{
+    const uint16_t *x = w, *y = a;
+    __m256          s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t         i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(avx2_load_bf16(x + i), avx2_load_bf16(y + i), s0);
+        s1 = _mm256_fmadd_ps(avx2_load_bf16(x + i + 8), avx2_load_bf16(y + i + 8), s1);
+        s2 = _mm256_fmadd_ps(avx2_load_bf16(x + i + 16), avx2_load_bf16(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(avx2_load_bf16(x + i + 24), avx2_load_bf16(y + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(avx2_load_bf16(x + i), avx2_load_bf16(y + i), s0);
+    float sum = avx2_hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++)
+        sum += kimpl_bf16_to_fp32(x[i]) * kimpl_bf16_to_fp32(y[i]);
+    return sum;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Block-32 dots                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static float avx2_dot_q4_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q4_0 *x = w;
+    const struct executor_block_q8_0 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    const __m256i                     off = _mm256_set1_epi8(8);
+    __m256                            acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t                           i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i qx0 = _mm256_sub_epi8(avx2_nibbles(x[i].qs), off);
+        const __m256i qx1 = _mm256_sub_epi8(avx2_nibbles(x[i + 1].qs), off);
+        const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i qy1 = _mm256_loadu_si256((const __m256i *)y[i + 1].qs);
+        const __m256  d0 = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        const __m256  d1 = _mm256_set1_ps(avx2_fp16(x[i + 1].d) * avx2_fp16(y[i + 1].d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(avx2_dot_i8(qx0, qy0)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(avx2_dot_i8(qx1, qy1)), acc1);
+    }
+    for (; i < nb; i++) {
+        const __m256i qx = _mm256_sub_epi8(avx2_nibbles(x[i].qs), off);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256  d = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(avx2_dot_i8(qx, qy)), acc0);
+    }
+    return avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static float avx2_dot_q8_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q8_0 *x = w;
+    const struct executor_block_q8_0 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    __m256                            acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t                           i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i qx0 = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i qx1 = _mm256_loadu_si256((const __m256i *)x[i + 1].qs);
+        const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i qy1 = _mm256_loadu_si256((const __m256i *)y[i + 1].qs);
+        const __m256  d0 = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        const __m256  d1 = _mm256_set1_ps(avx2_fp16(x[i + 1].d) * avx2_fp16(y[i + 1].d));
+        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(avx2_dot_i8(qx0, qy0)), acc0);
+        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(avx2_dot_i8(qx1, qy1)), acc1);
+    }
+    for (; i < nb; i++) {
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256  d = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(avx2_dot_i8(qx, qy)), acc0);
+    }
+    return avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static float avx2_dot_q4_1(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q4_1 *x = w;
+    const struct executor_block_q8_1 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    __m256                            acc = _mm256_setzero_ps();
+    float                             summs = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        summs += avx2_fp16(x[i].m) * avx2_fp16(y[i].s);
+        const __m256i qx = avx2_nibbles(x[i].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256  d = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(avx2_dot_u8(qx, qy)), acc);
+    }
+    return avx2_hsum_ps(acc) + summs;
+}
+
+static float avx2_dot_q5_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q5_0 *x = w;
+    const struct executor_block_q8_0 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    __m256                            acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        /* (nibble | 16*bit) - 16 == nibble | (bit ? 0 : 0xF0) as int8 */
+        const __m256i hi =
+            _mm256_andnot_si256(avx2_bits_to_bytes(x[i].qh), _mm256_set1_epi8((char)0xF0));
+        const __m256i qx = _mm256_or_si256(avx2_nibbles(x[i].qs), hi);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256  d = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(avx2_dot_i8(qx, qy)), acc);
+    }
+    return avx2_hsum_ps(acc);
+}
+
+static float avx2_dot_q5_1(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q5_1 *x = w;
+    const struct executor_block_q8_1 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    __m256                            acc = _mm256_setzero_ps();
+    float                             summs = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        summs += avx2_fp16(x[i].m) * avx2_fp16(y[i].s);
+        const __m256i hi = _mm256_and_si256(avx2_bits_to_bytes(x[i].qh), _mm256_set1_epi8(0x10));
+        const __m256i qx = _mm256_or_si256(avx2_nibbles(x[i].qs), hi);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256  d = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(avx2_dot_u8(qx, qy)), acc);
+    }
+    return avx2_hsum_ps(acc) + summs;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* K-quant dots                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Unpacks the 8 scales and 8 mins of a Q4_K/Q5_K block into bytes. */
+static inline void avx2_k4_scales(const uint8_t *packed, uint8_t sc[8], uint8_t mn[8])
+{
+    uint32_t u[3];
+    memcpy(u, packed, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    uint32_t       s[2], m[2];
+    s[0] = u[0] & k1;
+    m[0] = u[1] & k1;
+    s[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    m[1] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    memcpy(sc, s, 8);
+    memcpy(mn, m, 8);
+}
+
+/* Sum over j of mins[j] * (bsums[2j] + bsums[2j+1]). */
+static inline int avx2_k4_min_sum(const int16_t *bsums, const uint8_t mn[8])
+{
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)bsums);
+    const __m128i pair =
+        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+    __m128i       p = _mm_madd_epi16(pair, m16);
+    p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(p);
+}
+
+static float avx2_dot_q4_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q4_K *x = w;
+    const struct executor_block_q8_K *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK_K;
+    const __m256i                     m4 = _mm256_set1_epi8(0x0F);
+    __m256                            acc = _mm256_setzero_ps();
+    float                             accm = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t sc[8], mn[8];
+        avx2_k4_scales(x[i].scales, sc, mn);
+        const float d = avx2_fp16(x[i].d) * y[i].d;
+        const float dmin = avx2_fp16(x[i].dmin) * y[i].d;
+        accm += dmin * (float)avx2_k4_min_sum(y[i].bsums, mn);
+
+        const uint8_t *q4 = x[i].qs;
+        const int8_t  *q8 = y[i].qs;
+        __m256i        sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)q4);
+            const __m256i lo = _mm256_and_si256(bits, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *)q8);
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 32));
+            __m256i       p0 = _mm256_maddubs_epi16(lo, y0);
+            __m256i       p1 = _mm256_maddubs_epi16(hi, y1);
+            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j]));
+            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return avx2_hsum_ps(acc) - accm;
+}
+
+static float avx2_dot_q5_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q5_K *x = w;
+    const struct executor_block_q8_K *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK_K;
+    const __m256i                     m4 = _mm256_set1_epi8(0x0F);
+    const __m256i                     b1 = _mm256_set1_epi8(1);
+    __m256                            acc = _mm256_setzero_ps();
+    float                             accm = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t sc[8], mn[8];
+        avx2_k4_scales(x[i].scales, sc, mn);
+        const float d = avx2_fp16(x[i].d) * y[i].d;
+        const float dmin = avx2_fp16(x[i].dmin) * y[i].d;
+        accm += dmin * (float)avx2_k4_min_sum(y[i].bsums, mn);
+
+        const uint8_t *ql = x[i].qs;
+        const int8_t  *q8 = y[i].qs;
+        const __m256i  hbits = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i        sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, ql += 32, q8 += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i h0 =
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), b1), 4);
+            const __m256i h1 =
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), b1), 4);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), h0);
+            const __m256i hi =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1);
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *)q8);
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q8 + 32));
+            __m256i       p0 = _mm256_maddubs_epi16(lo, y0);
+            __m256i       p1 = _mm256_maddubs_epi16(hi, y1);
+            p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j]));
+            p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return avx2_hsum_ps(acc) - accm;
+}
+
+/* Sum over the 16 groups of scale[j] * bsums[j] (Q6_K's -32 offset correction). */
+static inline int avx2_scale_bsum(const int8_t *scales, const int16_t *bsums)
+{
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)bsums);
+    return avx2_hsum_epi32(_mm256_madd_epi16(s16, bs));
+}
+
+static float avx2_dot_q6_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q6_K *x = w;
+    const struct executor_block_q8_K *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK_K;
+    const __m256i                     m4 = _mm256_set1_epi8(0x0F);
+    const __m256i                     m3 = _mm256_set1_epi8(0x03);
+    __m256                            acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const float    d = avx2_fp16(x[i].d) * y[i].d;
+        const uint8_t *ql = x[i].ql;
+        const uint8_t *qh = x[i].qh;
+        const int8_t  *sc = x[i].scales;
+        const int8_t  *q8 = y[i].qs;
+        /* quants are stored +32: subtract 32 * sum(scale * bsum) once per block */
+        const int corr = 32 * avx2_scale_bsum(x[i].scales, y[i].bsums);
+        __m256i   sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, q8 += 128) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+            const __m256i q2 = _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+            const __m256i q3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+            const __m256i q4 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            const __m256i qs[4] = {q1, q2, q3, q4};
+            for (int k = 0; k < 4; k++) {
+                const __m256i yk = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
+                const __m256i p = _mm256_maddubs_epi16(qs[k], yk);
+                /* lanes 0..7 cover 16 elements with scale sc[2k], lanes 8..15 sc[2k+1] */
+                const __m256i s16 =
+                    _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s16));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(corr, 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return avx2_hsum_ps(acc);
+}
 
 void executor_kernels_fill_avx2(struct executor_kernel_set *ks)
 {
-    (void)ks;
+    ks->vec_dot[COMMON_GGML_TYPE_F32] = avx2_dot_f32;
+    ks->vec_dot[COMMON_GGML_TYPE_F16] = avx2_dot_f16;
+    ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx2_dot_bf16;
+    ks->vec_dot[COMMON_GGML_TYPE_Q4_0] = avx2_dot_q4_0;
+    ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx2_dot_q4_1;
+    ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx2_dot_q5_0;
+    ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx2_dot_q5_1;
+    ks->vec_dot[COMMON_GGML_TYPE_Q8_0] = avx2_dot_q8_0;
+    ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx2_dot_q4_K;
+    ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx2_dot_q5_K;
+    ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx2_dot_q6_K;
+
+    ks->quantize_act[COMMON_GGML_TYPE_Q8_0] = avx2_act_q8_0;
+    ks->quantize_act[COMMON_GGML_TYPE_Q8_1] = avx2_act_q8_1;
+    ks->quantize_act[COMMON_GGML_TYPE_Q8_K] = avx2_act_q8_K;
+    ks->quantize_act[COMMON_GGML_TYPE_F16] = avx2_act_f16;
 }

@@ -1,0 +1,638 @@
+/* tests/executor/test_kernels.c - SIMD kernels against the scalar reference; conversions;
+ * quantizers. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "executor.h"
+
+/* Tolerance of a SIMD dot against executor_vec_dot_ref on the same bytes: both compute exact
+ * integer sums per block and differ only in the order of float additions, so we require
+ *   |simd - ref| <= KTEST_DOT_RTOL * sum_i |w_i * a_i| + 1e-30
+ * with w_i and a_i the dequantized weights and activations. Activation conversion must be
+ * byte-identical to the reference. */
+#define KTEST_DOT_RTOL 1e-5
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t t_rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (t_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(void)
+{
+    return (float)((double)(rng_next() >> 11) * 0x1p-53);
+}
+
+static float rng_gauss(void)
+{
+    float u1 = rng_uniform(), u2 = rng_uniform();
+    if (u1 < 1e-12f)
+        u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* Gaussian data with a scale that changes every 64 elements and rare outliers. */
+static void fill_data(float *x, int64_t n)
+{
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 64 == 0)
+            scale = 0.01f + 2.0f * rng_uniform();
+        x[i] = scale * rng_gauss();
+        if (rng_next() % 97 == 0)
+            x[i] *= 6.0f;
+    }
+}
+
+static size_t row_bytes(uint32_t type, int64_t n)
+{
+    uint64_t                            out = 0;
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    cr_assert_not_null(ti, "type %u unknown", type);
+    out = (uint64_t)(n / ti->blck) * ti->type_size;
+    return (size_t)out;
+}
+
+static void select_or_skip(enum executor_isa isa)
+{
+    executor_kernels_init();
+    if (executor_kernels_select(isa) != 0)
+        cr_skip_test("CPU lacks the %s kernel set: skipped", executor_isa_name(isa));
+}
+
+static void restore_isa(void)
+{
+    if (executor_kernels_select(EXECUTOR_ISA_AVX512) != 0 &&
+        executor_kernels_select(EXECUTOR_ISA_AVX2) != 0)
+        executor_kernels_select(EXECUTOR_ISA_REF);
+}
+
+/* Element counts to test for a weight type: block-32 types take 1, 31, 32, 33, 255, 256, 257
+ * blocks; K-quants 1, 2, 3, 8, 9 super-blocks; float types the block-32 counts plus ragged ones. */
+static int test_sizes(uint32_t type, int64_t *out)
+{
+    static const int64_t                b32[] = {1, 31, 32, 33, 255, 256, 257};
+    static const int64_t                bk[] = {1, 2, 3, 8, 9};
+    static const int64_t                rag[] = {1, 7, 15, 17, 33, 100};
+    int                                 k = 0;
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    if (ti->blck == 256) {
+        for (size_t i = 0; i < sizeof(bk) / sizeof(bk[0]); i++)
+            out[k++] = 256 * bk[i];
+        return k;
+    }
+    for (size_t i = 0; i < sizeof(b32) / sizeof(b32[0]); i++)
+        out[k++] = 32 * b32[i];
+    if (ti->blck == 1)
+        for (size_t i = 0; i < sizeof(rag) / sizeof(rag[0]); i++)
+            out[k++] = rag[i];
+    return k;
+}
+
+/* Compares the active kernel set with the reference for weights of `type`. */
+static void check_vec_dot(uint32_t type)
+{
+    int64_t sizes[16];
+    int     ns = test_sizes(type, sizes);
+    double  worst = 0;
+    for (int s = 0; s < ns; s++) {
+        const int64_t  n = sizes[s];
+        const uint32_t at = executor_vec_dot_type(type);
+        float         *w = malloc((size_t)n * sizeof(float));
+        float         *x = malloc((size_t)n * sizeof(float));
+        float         *wd = malloc((size_t)n * sizeof(float));
+        float         *xd = malloc((size_t)n * sizeof(float));
+        size_t         wb = row_bytes(type, n);
+        size_t         ab = executor_act_row_size(type, n);
+        void          *wq = malloc(wb);
+        void          *aq = malloc(ab);
+        void          *aqr = malloc(ab);
+        cr_assert(w && x && wd && xd && wq && aq && aqr);
+        cr_assert_eq(ab, row_bytes(at, n));
+        fill_data(w, n);
+        fill_data(x, n);
+        cr_assert_eq(executor_quantize_row_ref(type, w, wq, n), 0);
+        cr_assert_eq(executor_quantize_act(type, x, aq, n), 0);
+        cr_assert_eq(executor_quantize_act_ref(type, x, aqr, n), 0);
+        cr_assert(memcmp(aq, aqr, ab) == 0, "%s: activation bytes differ from ref at n=%lld",
+                  common_ggml_type_get(type)->name, (long long)n);
+        cr_assert_eq(executor_dequantize_row(type, wq, wd, n), 0);
+        cr_assert_eq(executor_dequantize_row(at, aq, xd, n), 0);
+        double mag = 0;
+        for (int64_t i = 0; i < n; i++)
+            mag += fabs((double)wd[i] * (double)xd[i]);
+        const float  simd = executor_vec_dot(type, n, wq, aq);
+        const float  ref = executor_vec_dot_ref(type, n, wq, aq);
+        const double err = fabs((double)simd - (double)ref);
+        cr_assert(err <= KTEST_DOT_RTOL * mag + 1e-30,
+                  "%s/%s n=%lld: simd %.9g ref %.9g |err| %.3g > %.1g * %.6g",
+                  common_ggml_type_get(type)->name, executor_isa_name(executor_kernels_active()),
+                  (long long)n, (double)simd, (double)ref, err, KTEST_DOT_RTOL, mag);
+        /* the ref dot tracks the float dot of the dequantized values */
+        double exact = 0;
+        for (int64_t i = 0; i < n; i++)
+            exact += (double)wd[i] * (double)xd[i];
+        cr_assert(fabs((double)ref - exact) <= 1e-4 * mag + 1e-30,
+                  "%s n=%lld: ref %.9g vs dequantized dot %.9g", common_ggml_type_get(type)->name,
+                  (long long)n, (double)ref, exact);
+        if (mag > 0 && err / mag > worst)
+            worst = err / mag;
+        free(w);
+        free(x);
+        free(wd);
+        free(xd);
+        free(wq);
+        free(aq);
+        free(aqr);
+    }
+    cr_log_info("%s/%s: worst |simd-ref| / sum|w*a| = %.3g", common_ggml_type_get(type)->name,
+                executor_isa_name(executor_kernels_active()), worst);
+}
+
+#define KTEST_DOT(tname, type)                                                                     \
+    Test(executor_kernels, vec_dot_##tname##_avx2_matches_ref, .fini = restore_isa)                \
+    {                                                                                              \
+        select_or_skip(EXECUTOR_ISA_AVX2);                                                         \
+        check_vec_dot(type);                                                                       \
+    }                                                                                              \
+    Test(executor_kernels, vec_dot_##tname##_avx512_matches_ref, .fini = restore_isa)              \
+    {                                                                                              \
+        select_or_skip(EXECUTOR_ISA_AVX512);                                                       \
+        check_vec_dot(type);                                                                       \
+    }                                                                                              \
+    Test(executor_kernels, vec_dot_##tname##_ref_tracks_dequantized, .fini = restore_isa)          \
+    {                                                                                              \
+        select_or_skip(EXECUTOR_ISA_REF);                                                          \
+        check_vec_dot(type);                                                                       \
+    }
+
+KTEST_DOT(f32, COMMON_GGML_TYPE_F32)
+KTEST_DOT(f16, COMMON_GGML_TYPE_F16)
+KTEST_DOT(bf16, COMMON_GGML_TYPE_BF16)
+KTEST_DOT(q4_0, COMMON_GGML_TYPE_Q4_0)
+KTEST_DOT(q4_1, COMMON_GGML_TYPE_Q4_1)
+KTEST_DOT(q5_0, COMMON_GGML_TYPE_Q5_0)
+KTEST_DOT(q5_1, COMMON_GGML_TYPE_Q5_1)
+KTEST_DOT(q8_0, COMMON_GGML_TYPE_Q8_0)
+KTEST_DOT(q2_K, COMMON_GGML_TYPE_Q2_K)
+KTEST_DOT(q3_K, COMMON_GGML_TYPE_Q3_K)
+KTEST_DOT(q4_K, COMMON_GGML_TYPE_Q4_K)
+KTEST_DOT(q5_K, COMMON_GGML_TYPE_Q5_K)
+KTEST_DOT(q6_K, COMMON_GGML_TYPE_Q6_K)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Activation conversion edge cases                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Zero blocks, a block whose largest magnitudes have both signs, tiny and huge values. */
+static void check_act_edges(uint32_t weight_type)
+{
+    const int64_t n = 512;
+    float         x[512];
+    fill_data(x, n);
+    for (int j = 0; j < 256; j++)
+        x[j] = 0.0f; /* first super-block (and 8 blocks) all zero */
+    x[300] = -5.0f;  /* equal magnitudes of both signs: first one wins in Q8_K */
+    x[301] = 5.0f;
+    x[320] = 1e-30f;
+    x[400] = 3e4f;
+    size_t         ab = executor_act_row_size(weight_type, n);
+    unsigned char *a = malloc(ab);
+    unsigned char *r = malloc(ab);
+    cr_assert(a && r);
+    cr_assert_eq(executor_quantize_act(weight_type, x, a, n), 0);
+    cr_assert_eq(executor_quantize_act_ref(weight_type, x, r, n), 0);
+    cr_assert(memcmp(a, r, ab) == 0, "%s/%s: activation bytes differ",
+              common_ggml_type_get(weight_type)->name,
+              executor_isa_name(executor_kernels_active()));
+    free(a);
+    free(r);
+}
+
+static void check_all_act_edges(void)
+{
+    check_act_edges(COMMON_GGML_TYPE_Q4_0); /* Q8_0 */
+    check_act_edges(COMMON_GGML_TYPE_Q4_1); /* Q8_1 */
+    check_act_edges(COMMON_GGML_TYPE_Q4_K); /* Q8_K */
+    check_act_edges(COMMON_GGML_TYPE_F16);
+    check_act_edges(COMMON_GGML_TYPE_BF16);
+    check_act_edges(COMMON_GGML_TYPE_F32);
+}
+
+Test(executor_kernels, quantize_act_avx2_edges_match_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX2);
+    check_all_act_edges();
+}
+
+Test(executor_kernels, quantize_act_avx512_edges_match_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX512);
+    check_all_act_edges();
+}
+
+Test(executor_kernels, quantize_act_q8_K_keeps_sign_of_first_max)
+{
+    float x[256] = {0};
+    x[10] = -2.0f;
+    x[20] = 2.0f;
+    x[30] = 1.0f;
+    unsigned char buf[292];
+    cr_assert_eq(executor_quantize_act_ref(COMMON_GGML_TYPE_Q4_K, x, buf, 256), 0);
+    float d;
+    memcpy(&d, buf, 4);
+    const int8_t *qs = (const int8_t *)(buf + 4);
+    /* iscale = -127 / -2: q = round(63.5 * x) */
+    cr_assert_float_eq(d, 1.0f / 63.5f, 1e-9f);
+    cr_assert_eq(qs[10], -127);
+    cr_assert_eq(qs[20], 127);
+    cr_assert_eq(qs[30], 64); /* 63.5 rounds half to even */
+    int16_t bs0;
+    memcpy(&bs0, buf + 4 + 256, 2);
+    cr_assert_eq(bs0, -127 + 0); /* elements 0..15: only x[10] */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Quantize -> dequantize round trips                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Relative RMS error bounds (error RMS / data RMS) on fill_data(), whose scale changes every 64
+ * elements and has 1% outliers; measured values are 70-90% of these (see the test's log). */
+static const struct {
+    uint32_t type;
+    double   max_rel_rms;
+} k_roundtrip[] = {
+    {COMMON_GGML_TYPE_F32, 0.0},    {COMMON_GGML_TYPE_F16, 0.0003}, {COMMON_GGML_TYPE_BF16, 0.0025},
+    {COMMON_GGML_TYPE_Q8_0, 0.011}, {COMMON_GGML_TYPE_Q8_1, 0.011}, {COMMON_GGML_TYPE_Q8_K, 0.025},
+    {COMMON_GGML_TYPE_Q4_0, 0.17},  {COMMON_GGML_TYPE_Q4_1, 0.13},  {COMMON_GGML_TYPE_Q5_0, 0.085},
+    {COMMON_GGML_TYPE_Q5_1, 0.065}, {COMMON_GGML_TYPE_Q2_K, 0.45},  {COMMON_GGML_TYPE_Q3_K, 0.26},
+    {COMMON_GGML_TYPE_Q4_K, 0.12},  {COMMON_GGML_TYPE_Q5_K, 0.06},  {COMMON_GGML_TYPE_Q6_K, 0.033},
+};
+
+Test(executor_kernels, quantize_roundtrip_within_bounds)
+{
+    const int64_t n = 256 * 64;
+    float        *x = malloc((size_t)n * sizeof(float));
+    float        *y = malloc((size_t)n * sizeof(float));
+    cr_assert(x && y);
+    fill_data(x, n);
+    for (size_t t = 0; t < sizeof(k_roundtrip) / sizeof(k_roundtrip[0]); t++) {
+        const uint32_t type = k_roundtrip[t].type;
+        void          *q = malloc(row_bytes(type, n));
+        cr_assert_not_null(q);
+        cr_assert_eq(executor_quantize_row_ref(type, x, q, n), 0);
+        cr_assert_eq(executor_dequantize_row(type, q, y, n), 0);
+        double e2 = 0, x2 = 0;
+        for (int64_t i = 0; i < n; i++) {
+            e2 += ((double)y[i] - (double)x[i]) * ((double)y[i] - (double)x[i]);
+            x2 += (double)x[i] * (double)x[i];
+        }
+        const double rel = sqrt(e2 / x2);
+        cr_log_info("round trip %s: relative rms error %.5f", common_ggml_type_get(type)->name,
+                    rel);
+        cr_expect(rel <= k_roundtrip[t].max_rel_rms, "%s: relative rms error %.5f > %.5f",
+                  common_ggml_type_get(type)->name, rel, k_roundtrip[t].max_rel_rms);
+        free(q);
+    }
+    free(x);
+    free(y);
+}
+
+Test(executor_kernels, q8_0_q4_0_elementwise_error_bounded)
+{
+    const int64_t n = 32 * 64;
+    float         x[32 * 64], y[32 * 64];
+    unsigned char q[34 * 64];
+    fill_data(x, n);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q8_0, x, q, n), 0);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, q, y, n), 0);
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        for (int j = 0; j < 32; j++) /* half a step, plus the fp16 rounding of d */
+            cr_assert(fabsf(y[32 * b + j] - x[32 * b + j]) <= amax / 127 * 0.5f + amax * 1e-3f);
+    }
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q4_0, x, q, n), 0);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_Q4_0, q, y, n), 0);
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        for (int j = 0; j < 32; j++) /* one step at most (the +8 clamp), plus fp16 of d */
+            cr_assert(fabsf(y[32 * b + j] - x[32 * b + j]) <= amax / 8 + amax * 1e-2f);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hand-derived bytes                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+Test(executor_kernels, q8_0_quantize_known_bytes)
+{
+    /* amax 127 -> d = 1 (fp16 0x3C00), id = 1: q = roundf(x), halves away from zero. */
+    float x[32] = {127.0f, -2.5f, 2.5f, 0.5f, -0.5f, 1.49f, -126.6f, 3.0f};
+    for (int j = 8; j < 32; j++)
+        x[j] = (float)(j - 20);
+    unsigned char q[34];
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q8_0, x, q, 32), 0);
+    cr_assert_eq(q[0], 0x00);
+    cr_assert_eq(q[1], 0x3C);
+    const int8_t want[8] = {127, -3, 3, 1, -1, 1, -127, 3};
+    for (int j = 0; j < 8; j++)
+        cr_assert_eq((int8_t)q[2 + j], want[j], "q[%d] = %d, want %d", j, (int8_t)q[2 + j],
+                     want[j]);
+    for (int j = 8; j < 32; j++)
+        cr_assert_eq((int8_t)q[2 + j], j - 20);
+
+    /* The activation quantizer rounds half to even instead: 2.5 -> 2, 0.5 -> 0. */
+    cr_assert_eq(executor_quantize_act_ref(COMMON_GGML_TYPE_Q8_0, x, q, 32), 0);
+    const int8_t want_act[8] = {127, -2, 2, 0, 0, 1, -127, 3};
+    for (int j = 0; j < 8; j++)
+        cr_assert_eq((int8_t)q[2 + j], want_act[j], "act q[%d] = %d, want %d", j, (int8_t)q[2 + j],
+                     want_act[j]);
+}
+
+Test(executor_kernels, q4_0_quantize_known_bytes)
+{
+    /* Block 0: max-magnitude value -8 -> d = -8 / -8 = 1, id = 1, q = min(15, (int)(x + 8.5)).
+     * Block 1: max-magnitude value +8 -> d = -1, id = -1, so -8 maps to 16 and clamps to 15. */
+    float x[64] = {0};
+    x[0] = -8.0f;      /* 0 */
+    x[1] = 7.0f;       /* 15 */
+    x[2] = 0.5f;       /* 9 */
+    x[3] = -0.5f;      /* 8 */
+    x[4] = 7.4f;       /* 15.9 -> 15 */
+    x[5] = 2.49f;      /* 10.99 -> 10 */
+    x[16] = -7.9f;     /* 0.6 -> 0 */
+    x[17] = 3.0f;      /* 11 */
+    x[32 + 0] = 8.0f;  /* -8 + 8.5 -> 0 */
+    x[32 + 1] = -8.0f; /* 16.5 -> 16 -> 15 */
+    x[32 + 2] = 1.0f;  /* 7.5 -> 7 */
+    unsigned char q[36];
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q4_0, x, q, 64), 0);
+    cr_assert_eq(q[0], 0x00);
+    cr_assert_eq(q[1], 0x3C); /* +1.0 */
+    const uint8_t want0[16] = {0x00 | 0 << 4, 15 | 11 << 4, 9 | 8 << 4, 8 | 8 << 4,
+                               15 | 8 << 4,   10 | 8 << 4,  8 | 8 << 4, 8 | 8 << 4,
+                               8 | 8 << 4,    8 | 8 << 4,   8 | 8 << 4, 8 | 8 << 4,
+                               8 | 8 << 4,    8 | 8 << 4,   8 | 8 << 4, 8 | 8 << 4};
+    for (int j = 0; j < 16; j++)
+        cr_assert_eq(q[2 + j], want0[j], "block 0 byte %d = 0x%02x, want 0x%02x", j, q[2 + j],
+                     want0[j]);
+    cr_assert_eq(q[18], 0x00);
+    cr_assert_eq(q[19], 0xBC); /* -1.0 */
+    cr_assert_eq(q[20], 0x00 | 8 << 4);
+    cr_assert_eq(q[21], 15 | 8 << 4);
+    cr_assert_eq(q[22], 7 | 8 << 4);
+    for (int j = 3; j < 16; j++)
+        cr_assert_eq(q[20 + j], 8 | 8 << 4);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* fp16 / bf16 conversions                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static float f_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t f_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+Test(executor_kernels, fp16_from_fp32_edge_values)
+{
+    static const struct {
+        uint32_t in;
+        uint16_t out;
+    } c[] = {
+        {0x00000000u, 0x0000}, /* +0 */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x3F800000u, 0x3C00}, /* 1 */
+        {0xC0000000u, 0xC000}, /* -2 */
+        {0x477FE000u, 0x7BFF}, /* 65504, largest half */
+        {0x477FEFFFu, 0x7BFF}, /* just below the tie */
+        {0x477FF000u, 0x7C00}, /* 65520: tie to even -> inf */
+        {0x49742400u, 0x7C00}, /* 1e6 */
+        {0x7F800000u, 0x7C00}, /* inf */
+        {0xFF800000u, 0xFC00}, /* -inf */
+        {0x7FC00000u, 0x7E00}, /* quiet NaN */
+        {0x7F800001u, 0x7E00}, /* signalling NaN is quieted */
+        {0xFFC00000u, 0xFE00}, /* negative NaN */
+        {0x33800000u, 0x0001}, /* 2^-24, smallest subnormal */
+        {0x33000000u, 0x0000}, /* 2^-25: tie to even -> 0 */
+        {0x33000001u, 0x0001}, /* just above the tie */
+        {0x33C00000u, 0x0002}, /* 3 * 2^-25: tie between 1 and 2 -> 2 */
+        {0x387FC000u, 0x03FF}, /* largest subnormal */
+        {0x38800000u, 0x0400}, /* 2^-14, smallest normal */
+        {0x3F801000u, 0x3C00}, /* 1 + 2^-11: tie -> even (1) */
+        {0x3F803000u, 0x3C02}, /* 1 + 3 * 2^-11: tie -> even (1 + 2^-9) */
+        {0x3F801001u, 0x3C01}, /* just above a tie */
+        {0xB3800000u, 0x8001}, /* -2^-24 */
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        uint16_t h = executor_fp32_to_fp16(f_from_bits(c[i].in));
+        cr_expect_eq(h, c[i].out, "fp32 0x%08x -> fp16 0x%04x, want 0x%04x", c[i].in, h, c[i].out);
+    }
+}
+
+Test(executor_kernels, fp16_to_fp32_edge_values)
+{
+    cr_assert_eq(f_bits(executor_fp16_to_fp32(0x0001)), 0x33800000u);
+    cr_assert_eq(f_bits(executor_fp16_to_fp32(0x03FF)), 0x387FC000u);
+    cr_assert_eq(f_bits(executor_fp16_to_fp32(0x8400)), 0xB8800000u);
+    cr_assert_eq(f_bits(executor_fp16_to_fp32(0x7C00)), 0x7F800000u);
+    cr_assert_eq(f_bits(executor_fp16_to_fp32(0xFC00)), 0xFF800000u);
+    cr_assert_eq(f_bits(executor_fp16_to_fp32(0x8000)), 0x80000000u);
+    cr_assert(isnan(executor_fp16_to_fp32(0x7E00)));
+    cr_assert(isnan(executor_fp16_to_fp32(0x7C01)));
+    cr_assert_eq(executor_fp16_to_fp32(0x3555), 0.333251953125f);
+    /* every finite half survives a round trip */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        if ((h & 0x7C00u) == 0x7C00u)
+            continue;
+        cr_assert_eq(executor_fp32_to_fp16(executor_fp16_to_fp32((uint16_t)h)), h,
+                     "half 0x%04x does not round trip", h);
+    }
+}
+
+Test(executor_kernels, bf16_conversion_edge_values)
+{
+    static const struct {
+        uint32_t in;
+        uint16_t out;
+    } c[] = {
+        {0x3F800000u, 0x3F80}, /* 1 */
+        {0x3F808000u, 0x3F80}, /* 1 + 2^-8: tie -> even */
+        {0x3F818000u, 0x3F82}, /* 1 + 3 * 2^-8: tie -> even */
+        {0x3F808001u, 0x3F81}, /* just above a tie */
+        {0x7F800000u, 0x7F80}, /* inf */
+        {0x7F7FFFFFu, 0x7F80}, /* FLT_MAX rounds to inf */
+        {0x7FC00000u, 0x7FC0}, /* quiet NaN */
+        {0x7F800001u, 0x7FC0}, /* signalling NaN forced quiet */
+        {0xFF800001u, 0xFFC0}, /* negative NaN */
+        {0x00010000u, 0x0001}, /* subnormal kept (no flush) */
+        {0x80000000u, 0x8000}, /* -0 */
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        uint16_t h = executor_fp32_to_bf16(f_from_bits(c[i].in));
+        cr_expect_eq(h, c[i].out, "fp32 0x%08x -> bf16 0x%04x, want 0x%04x", c[i].in, h, c[i].out);
+    }
+    cr_assert_eq(f_bits(executor_bf16_to_fp32(0x3F80)), 0x3F800000u);
+    cr_assert_eq(f_bits(executor_bf16_to_fp32(0x8001)), 0x80010000u);
+}
+
+Test(executor_kernels, f16_act_simd_matches_scalar_on_specials, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX2);
+    static const uint32_t in[16] = {0x7FC00000u, 0x7F800001u, 0xFFA00000u, 0x477FF000u,
+                                    0x33000000u, 0x33C00000u, 0x3F801000u, 0x3F803000u,
+                                    0x80000000u, 0x7F800000u, 0x387FC000u, 0x33000001u,
+                                    0x3F801001u, 0xC0000000u, 0x477FE000u, 0x00000001u};
+    float                 x[16];
+    uint16_t              a[16], r[16];
+    for (int i = 0; i < 16; i++)
+        x[i] = f_from_bits(in[i]);
+    cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_F16, x, a, 16), 0);
+    cr_assert_eq(executor_quantize_act_ref(COMMON_GGML_TYPE_F16, x, r, 16), 0);
+    for (int i = 0; i < 16; i++)
+        cr_expect_eq(a[i], r[i], "0x%08x: simd 0x%04x ref 0x%04x", in[i], a[i], r[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Matrix helpers                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static void check_matrix(uint32_t type, int64_t n_cols, int64_t n_rows, int64_t n_act)
+{
+    const size_t   rb = row_bytes(type, n_cols) + 6; /* padded rows */
+    const size_t   ab = executor_act_row_size(type, n_cols);
+    unsigned char *w = calloc((size_t)n_rows, rb);
+    unsigned char *act = malloc(ab * (size_t)n_act);
+    float         *x = malloc((size_t)n_cols * sizeof(float));
+    float         *y = malloc((size_t)(n_rows * n_act) * sizeof(float));
+    float         *yv = malloc((size_t)n_rows * sizeof(float));
+    cr_assert(w && act && x && y && yv);
+    for (int64_t r = 0; r < n_rows; r++) {
+        fill_data(x, n_cols);
+        cr_assert_eq(executor_quantize_row_ref(type, x, w + (size_t)r * rb, n_cols), 0);
+    }
+    for (int64_t j = 0; j < n_act; j++) {
+        fill_data(x, n_cols);
+        cr_assert_eq(executor_quantize_act(type, x, act + (size_t)j * ab, n_cols), 0);
+    }
+    cr_assert_eq(executor_matmul(type, n_cols, w, rb, 0, n_rows, act, ab, n_act, y, (size_t)n_rows),
+                 0);
+    for (int64_t j = 0; j < n_act; j++) {
+        /* two halves, as two threads would split the rows */
+        cr_assert_eq(executor_matvec(type, n_cols, w, rb, 0, n_rows / 2, act + (size_t)j * ab, yv),
+                     0);
+        cr_assert_eq(
+            executor_matvec(type, n_cols, w, rb, n_rows / 2, n_rows, act + (size_t)j * ab, yv), 0);
+        for (int64_t r = 0; r < n_rows; r++) {
+            float d = executor_vec_dot(type, n_cols, w + (size_t)r * rb, act + (size_t)j * ab);
+            cr_assert_eq(yv[r], d, "%s matvec row %lld", common_ggml_type_get(type)->name,
+                         (long long)r);
+            cr_assert_eq(y[(size_t)j * (size_t)n_rows + (size_t)r], d,
+                         "%s matmul act %lld row %lld", common_ggml_type_get(type)->name,
+                         (long long)j, (long long)r);
+        }
+    }
+    free(w);
+    free(act);
+    free(x);
+    free(y);
+    free(yv);
+}
+
+Test(executor_kernels, matvec_and_matmul_equal_vec_dot)
+{
+    executor_kernels_init();
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 256, 37, 5);
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 512, 19, 3);
+    check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, 4);
+    check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
+    check_matrix(COMMON_GGML_TYPE_F16, 40, 9, 2);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+Test(executor_kernels, bad_lengths_and_types_are_rejected)
+{
+    float         x[512] = {0};
+    unsigned char q[1024];
+    float         y[4];
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q4_0, x, q, 33), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q4_K, x, q, 288), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q4_0, x, q, -32), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_IQ2_XS, x, q, 256), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(999, x, q, 32), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q8_0, NULL, q, 32), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, q, x, 31), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_MXFP4, q, x, 32), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_Q4_0, x, q, 48), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_Q8_K, x, q, 256), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_act_ref(COMMON_GGML_TYPE_Q6_K, x, q, 32), COMMON_EINVAL);
+    cr_assert(isnan(executor_vec_dot(COMMON_GGML_TYPE_Q4_0, 40, q, q)));
+    cr_assert(isnan(executor_vec_dot_ref(COMMON_GGML_TYPE_Q4_K, 32, q, q)));
+    cr_assert(isnan(executor_vec_dot(COMMON_GGML_TYPE_Q8_1, 32, q, q)));
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_Q4_K, 100), 0);
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_Q4_0, 64), 68);
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_Q5_K, 256), 292);
+    /* matrix helpers */
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, q, 34, 2, 1, q, y), COMMON_EINVAL);
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, q, 34, -1, 1, q, y), COMMON_EINVAL);
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, q, 33, 0, 1, q, y), COMMON_EINVAL);
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, NULL, 34, 0, 1, q, y), COMMON_EINVAL);
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 33, q, 34, 0, 1, q, y), COMMON_EINVAL);
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, NULL, 34, 1, 1, NULL, NULL), 0);
+    cr_assert_eq(executor_matmul(COMMON_GGML_TYPE_Q8_0, 32, q, 34, 0, 2, q, 34, -1, y, 2),
+                 COMMON_EINVAL);
+    cr_assert_eq(executor_matmul(COMMON_GGML_TYPE_Q8_0, 32, q, 34, 0, 2, q, 33, 2, y, 2),
+                 COMMON_EINVAL);
+    cr_assert_eq(executor_matmul(COMMON_GGML_TYPE_Q8_0, 32, q, 34, 0, 2, q, 34, 2, y, 1),
+                 COMMON_EINVAL);
+}
+
+Test(executor_kernels, select_rejects_unknown_isa, .fini = restore_isa)
+{
+    executor_kernels_init();
+    cr_assert_eq(executor_kernels_select((enum executor_isa)7), COMMON_ENOTSUP);
+    cr_assert_eq(executor_kernels_select(EXECUTOR_ISA_REF), 0);
+    cr_assert_eq(executor_kernels_active(), EXECUTOR_ISA_REF);
+    cr_assert_str_eq(executor_isa_name(EXECUTOR_ISA_AVX512), "avx512");
+}
+
+Test(executor_kernels, type_support_and_vec_dot_types)
+{
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_Q4_K));
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_BF16));
+    cr_assert_not(executor_type_is_supported(COMMON_GGML_TYPE_Q8_K));
+    cr_assert_not(executor_type_is_supported(COMMON_GGML_TYPE_IQ4_NL));
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_Q5_0), COMMON_GGML_TYPE_Q8_0);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_Q5_1), COMMON_GGML_TYPE_Q8_1);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_Q3_K), COMMON_GGML_TYPE_Q8_K);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_BF16), COMMON_GGML_TYPE_BF16);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_F32), COMMON_GGML_TYPE_F32);
+}
