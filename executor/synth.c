@@ -2,12 +2,15 @@
 #include "executor.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SYNTH_CHUNK_BYTES (8u << 20) /* float scratch per chunk of rows */
 #define SYNTH_BYTE_VOCAB  259u       /* <unk>, <s>, </s>, 256 byte tokens */
+#define SYNTH_MAX_THREADS 16u        /* quantizer threads per chunk */
 
 /* One tensor of the synthetic model. */
 struct synth_tensor {
@@ -27,8 +30,8 @@ struct synth_rng {
 static uint64_t synth_splitmix(uint64_t *x)
 {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z          = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z          = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
@@ -45,9 +48,9 @@ static uint64_t synth_rotl(uint64_t x, int k)
 
 static uint64_t synth_next(struct synth_rng *r)
 {
-    uint64_t *s      = r->s;
+    uint64_t *s = r->s;
     uint64_t  result = synth_rotl(s[1] * 5, 7) * 9;
-    uint64_t  t      = s[1] << 17;
+    uint64_t  t = s[1] << 17;
     s[2] ^= s[0];
     s[3] ^= s[1];
     s[1] ^= s[2];
@@ -120,10 +123,10 @@ static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std,
 {
     if (p->n == p->cap) {
         size_t               cap = p->cap ? p->cap * 2 : 64;
-        struct synth_tensor *t   = realloc(p->t, cap * sizeof(*t));
+        struct synth_tensor *t = realloc(p->t, cap * sizeof(*t));
         if (!t)
             return COMMON_ENOMEM;
-        p->t   = t;
+        p->t = t;
         p->cap = cap;
     }
     struct synth_tensor *t = &p->t[p->n++];
@@ -132,13 +135,13 @@ static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std,
     va_start(ap, fmt);
     vsnprintf(t->name, sizeof(t->name), fmt, ap);
     va_end(ap);
-    t->type   = type;
+    t->type = type;
     t->n_dims = n_dims;
-    t->ne[0]  = ne0;
-    t->ne[1]  = ne1;
-    t->ne[2]  = ne2;
-    t->mean   = mean;
-    t->std    = std;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->mean = mean;
+    t->std = std;
     return COMMON_OK;
 }
 
@@ -151,9 +154,9 @@ struct synth_geom {
 
 static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
 {
-    uint32_t hd   = g->n_embd / g->n_head;
-    uint64_t kv   = (uint64_t)g->n_head_kv * hd;
-    float    s_e  = 1.0f / sqrtf((float)g->n_embd);
+    uint32_t hd = g->n_embd / g->n_head;
+    uint64_t kv = (uint64_t)g->n_head_kv * hd;
+    float    s_e = 1.0f / sqrtf((float)g->n_embd);
     float    s_ff = 1.0f / sqrtf((float)g->n_ff);
     int      rc;
     if ((rc = synth_add(p, g->type, 0.0f, 1.0f, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
@@ -209,11 +212,11 @@ static uint64_t synth_tensor_bytes(const struct synth_tensor *t)
 /* Writes the byte-level tokenizer: <unk>, <s>, </s>, <0x00>..<0xFF>, then unused fillers. */
 static int synth_byte_vocab(struct common_gguf_writer *w, uint32_t n_vocab)
 {
-    int                     rc     = COMMON_ENOMEM;
-    struct common_gguf_str *toks   = calloc(n_vocab, sizeof(*toks));
-    char                   *names  = calloc(n_vocab, 24);
+    int                     rc = COMMON_ENOMEM;
+    struct common_gguf_str *toks = calloc(n_vocab, sizeof(*toks));
+    char                   *names = calloc(n_vocab, 24);
     float                  *scores = calloc(n_vocab, sizeof(*scores));
-    int32_t                *types  = calloc(n_vocab, sizeof(*types));
+    int32_t                *types = calloc(n_vocab, sizeof(*types));
     if (!toks || !names || !scores || !types)
         goto out_free;
     for (uint32_t i = 0; i < n_vocab; i++) {
@@ -230,7 +233,7 @@ static int synth_byte_vocab(struct common_gguf_writer *w, uint32_t n_vocab)
             snprintf(s, 24, "[UNUSED%u]", i);
         toks[i].ptr = s;
         toks[i].len = strlen(s);
-        types[i]    = i == 0 ? 2 : i < 3 ? 3 : i < SYNTH_BYTE_VOCAB ? 6 : 5;
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < SYNTH_BYTE_VOCAB ? 6 : 5;
     }
     if ((rc = common_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
         (rc = common_gguf_writer_set_arr(w, "tokenizer.ggml.tokens", COMMON_GGUF_STRING, toks,
@@ -257,7 +260,7 @@ out_free:
 static int synth_copy_vocab(struct common_gguf_writer *w, const char *src, uint32_t *n_vocab,
                             struct common_errmsg *e)
 {
-    struct common_gguf *g  = NULL;
+    struct common_gguf *g = NULL;
     int                 rc = common_gguf_open(src, NULL, &g, e);
     if (rc)
         return rc;
@@ -283,15 +286,15 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
                           struct common_errmsg *e)
 {
     memset(g, 0, sizeof(*g));
-    g->n_ctx          = o->n_ctx ? o->n_ctx : 2048;
-    g->n_embd         = o->n_embd ? o->n_embd : 256;
-    g->n_layer        = o->n_layer ? o->n_layer : 2;
-    g->n_head         = o->n_head ? o->n_head : 8;
-    g->n_head_kv      = o->n_head_kv ? o->n_head_kv : g->n_head;
-    g->n_ff           = o->n_ff ? o->n_ff : ((4u * g->n_embd + 255u) / 256u) * 256u;
-    g->n_expert       = o->n_expert;
-    g->n_expert_used  = o->n_expert_used ? o->n_expert_used : (g->n_expert < 2 ? g->n_expert : 2);
-    g->type           = o->type;
+    g->n_ctx = o->n_ctx ? o->n_ctx : 2048;
+    g->n_embd = o->n_embd ? o->n_embd : 256;
+    g->n_layer = o->n_layer ? o->n_layer : 2;
+    g->n_head = o->n_head ? o->n_head : 8;
+    g->n_head_kv = o->n_head_kv ? o->n_head_kv : g->n_head;
+    g->n_ff = o->n_ff ? o->n_ff : ((4u * g->n_embd + 255u) / 256u) * 256u;
+    g->n_expert = o->n_expert;
+    g->n_expert_used = o->n_expert_used ? o->n_expert_used : (g->n_expert < 2 ? g->n_expert : 2);
+    g->type = o->type;
     g->rope_freq_base = o->rope_freq_base > 0.0f ? o->rope_freq_base : 10000.0f;
     const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
     if (!ti)
@@ -315,12 +318,81 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     return COMMON_OK;
 }
 
+/* One thread's share of a chunk: rows [row0, row0 + n_rows) of tensor t, global row index
+ * first_row + k. Each row has its own RNG stream, so output does not depend on thread count. */
+struct synth_job {
+    const struct synth_tensor *t;
+    uint64_t                   tensor_seed;
+    uint64_t                   first_row; /* global index of buf row 0 */
+    uint64_t                   row0;      /* first row of this job within the chunk */
+    uint64_t                   n_rows;
+    float                     *buf;  /* borrowed: chunk float scratch */
+    uint8_t                   *qbuf; /* borrowed: chunk quantized output */
+    uint64_t                   row_size;
+    int                        rc;
+};
+
+static void *synth_job_run(void *arg)
+{
+    struct synth_job *j = arg;
+    uint64_t          ne = j->t->ne[0];
+    for (uint64_t k = j->row0; k < j->row0 + j->n_rows; k++) {
+        struct synth_rng rng;
+        synth_rng_seed(&rng, j->tensor_seed + 0xD1B54A32D192ED03ull * (j->first_row + k));
+        float *row = j->buf + k * ne;
+        synth_fill(&rng, row, (size_t)ne, j->t->mean, j->t->std);
+        int rc = executor_quantize_row_ref(j->t->type, row, j->qbuf + k * j->row_size, (int64_t)ne);
+        if (rc) {
+            j->rc = rc;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* Generates and quantizes n rows starting at global row `first_row`, split across threads. */
+static int synth_chunk(const struct synth_tensor *t, uint64_t tensor_seed, uint64_t first_row,
+                       uint64_t n, float *buf, void *qbuf, uint64_t row_size, unsigned n_threads)
+{
+    struct synth_job jobs[SYNTH_MAX_THREADS];
+    pthread_t        tid[SYNTH_MAX_THREADS];
+    bool             started[SYNTH_MAX_THREADS] = {false};
+    if (n_threads > n)
+        n_threads = (unsigned)n;
+    uint64_t per = (n + n_threads - 1) / n_threads;
+    for (unsigned i = 0; i < n_threads; i++) {
+        uint64_t r0 = per * i;
+        jobs[i] = (struct synth_job){.t = t,
+                                     .tensor_seed = tensor_seed,
+                                     .first_row = first_row,
+                                     .row0 = r0,
+                                     .n_rows = r0 < n ? (n - r0 < per ? n - r0 : per) : 0,
+                                     .buf = buf,
+                                     .qbuf = qbuf,
+                                     .row_size = row_size};
+        /* Thread 0's share runs on the calling thread. */
+        if (i > 0 && pthread_create(&tid[i], NULL, synth_job_run, &jobs[i]) == 0)
+            started[i] = true;
+        else if (i > 0)
+            synth_job_run(&jobs[i]);
+    }
+    synth_job_run(&jobs[0]);
+    int rc = COMMON_OK;
+    for (unsigned i = 0; i < n_threads; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        if (jobs[i].rc)
+            rc = jobs[i].rc;
+    }
+    return rc;
+}
+
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e)
 {
     struct synth_geom          g;
     struct synth_plan          plan = {0};
-    struct common_gguf_writer *w    = NULL;
-    float                     *buf  = NULL;
+    struct common_gguf_writer *w = NULL;
+    float                     *buf = NULL;
     void                      *qbuf = NULL;
     bool                       begun = false;
     int                        rc;
@@ -339,8 +411,9 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
         if ((rc = synth_copy_vocab(w, o->vocab_from, &have, e)))
             goto out_free;
         if (o->n_vocab && o->n_vocab != have) {
-            rc = common_errmsg_set(e, COMMON_EINVAL, "--n-vocab %u differs from the %u tokens of %s",
-                                   o->n_vocab, have, o->vocab_from);
+            rc =
+                common_errmsg_set(e, COMMON_EINVAL, "--n-vocab %u differs from the %u tokens of %s",
+                                  o->n_vocab, have, o->vocab_from);
             goto out_free;
         }
         n_vocab = have;
@@ -358,8 +431,8 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     /* With a target size, pick the layer count from the bytes of one layer. */
     if (o->target_bytes) {
         struct synth_geom one = g;
-        one.n_layer           = 1;
-        struct synth_plan p1  = {0};
+        one.n_layer = 1;
+        struct synth_plan p1 = {0};
         if ((rc = synth_plan_build(&one, &p1))) {
             free(p1.t);
             goto out_free;
@@ -372,8 +445,8 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
                 fixed += synth_tensor_bytes(&p1.t[i]);
         }
         free(p1.t);
-        uint64_t n  = o->target_bytes > fixed ? (o->target_bytes - fixed + layer / 2) / layer : 1;
-        g.n_layer   = (uint32_t)(n < 1 ? 1 : n > 4096 ? 4096 : n);
+        uint64_t n = o->target_bytes > fixed ? (o->target_bytes - fixed + layer / 2) / layer : 1;
+        g.n_layer = (uint32_t)(n < 1 ? 1 : n > 4096 ? 4096 : n);
     }
     if ((rc = synth_plan_build(&g, &plan)))
         goto out_free;
@@ -410,7 +483,7 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
         goto out_free;
     begun = true;
 
-    buf  = malloc(SYNTH_CHUNK_BYTES);
+    buf = malloc(SYNTH_CHUNK_BYTES);
     qbuf = malloc(SYNTH_CHUNK_BYTES);
     if (!buf || !qbuf) {
         rc = COMMON_ENOMEM;
@@ -418,13 +491,15 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     }
     uint64_t done = 0, next_report = 0;
     uint64_t seed = o->seed ? o->seed : 1;
+    long     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned n_threads = ncpu < 1                   ? 1u
+                         : ncpu > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS
+                                                    : (unsigned)ncpu;
     for (size_t i = 0; i < plan.n; i++) {
         const struct synth_tensor *t = &plan.t[i];
-        struct synth_rng           rng;
-        synth_rng_seed(&rng, seed ^ (0x9E3779B97F4A7C15ull * (i + 1)));
-        uint64_t rows     = t->ne[1] * t->ne[2];
-        uint64_t per      = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
-        uint64_t row_size = 0;
+        uint64_t                   rows = t->ne[1] * t->ne[2];
+        uint64_t                   per = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
+        uint64_t                   row_size = 0;
         common_ggml_row_size(t->type, t->ne[0], &row_size);
         if (per == 0) {
             rc = common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
@@ -432,21 +507,18 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
         }
         for (uint64_t r = 0; r < rows; r += per) {
             uint64_t n = rows - r < per ? rows - r : per;
-            synth_fill(&rng, buf, (size_t)(n * t->ne[0]), t->mean, t->std);
-            for (uint64_t k = 0; k < n; k++) {
-                rc = executor_quantize_row_ref(t->type, buf + k * t->ne[0],
-                                               (uint8_t *)qbuf + k * row_size, (int64_t)t->ne[0]);
-                if (rc) {
-                    common_errmsg_set(e, rc, "quantizing %s failed", t->name);
-                    goto out_free;
-                }
+            if ((rc = synth_chunk(t, seed ^ (0x9E3779B97F4A7C15ull * (i + 1)), r, n, buf, qbuf,
+                                  row_size, n_threads))) {
+                common_errmsg_set(e, rc, "quantizing %s failed", t->name);
+                goto out_free;
             }
             if ((rc = common_gguf_writer_write_data(w, qbuf, (size_t)(n * row_size), e)))
                 goto out_free;
             done += n * row_size;
             if (o->progress && done >= next_report) {
                 char b1[32], b2[32];
-                fprintf(stderr, "\rmkmodel: %3.0f%% (%s of %s)", 100.0 * (double)done / (double)total,
+                fprintf(stderr, "\rmkmodel: %3.0f%% (%s of %s)",
+                        100.0 * (double)done / (double)total,
                         common_format_size(done, b1, sizeof(b1)),
                         common_format_size(total, b2, sizeof(b2)));
                 next_report = done + total / 100;

@@ -59,7 +59,7 @@ static void check_model(const char *path, const struct executor_synth_opts *o)
         double ss = 0;
         for (uint64_t i = 0; i < sp.cols; i++) {
             cr_assert(row[i] == row[i], "NaN in expert weights");
-            ss += (double)row[i] * row[i];
+            ss += (double)row[i] * (double)row[i];
         }
         cr_assert_gt(ss, 0.0);
         free(buf);
