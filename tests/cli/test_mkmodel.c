@@ -104,7 +104,8 @@ Test(cli_mkmodel, bad_geometry_is_refused_and_leaves_no_file)
     char  path[512];
     snprintf(path, sizeof(path), "%s/bad.gguf", dir);
     struct common_errmsg       e = {{0}};
-    struct executor_synth_opts o = {.path = path, .n_embd = 100, .type = COMMON_GGML_TYPE_Q4_K};
+    struct executor_synth_opts o = {
+        .path = path, .n_embd = 96, .n_head = 4, .type = COMMON_GGML_TYPE_Q4_K};
     cr_assert_eq(executor_synth_write(&o, &e), COMMON_EINVAL);
     cr_assert_not_null(strstr(e.text, "block size"), "%s", e.text);
     o = (struct executor_synth_opts){.path = path, .n_embd = 256, .n_head = 3};
