@@ -26,8 +26,8 @@ static char *run_capture(const char *cmd, int *status)
             out = realloc(out, cap);
         }
     }
-    out[n]  = '\0';
-    int st  = pclose(p);
+    out[n] = '\0';
+    int st = pclose(p);
     *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     return out;
 }
@@ -72,24 +72,23 @@ static void check_model(const char *path, const struct executor_synth_opts *o)
 Test(cli_mkmodel, synth_round_trips_in_every_type, .timeout = 300)
 {
     static const uint32_t types[] = {
-        COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16,
-        COMMON_GGML_TYPE_Q8_0, COMMON_GGML_TYPE_Q4_0, COMMON_GGML_TYPE_Q4_1,
-        COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1, COMMON_GGML_TYPE_Q4_K,
-        COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K,
+        COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16, COMMON_GGML_TYPE_Q8_0,
+        COMMON_GGML_TYPE_Q4_0, COMMON_GGML_TYPE_Q4_1, COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1,
+        COMMON_GGML_TYPE_Q4_K, COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K,
     };
     char *dir = fixture_tmpdir();
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         char path[512];
         snprintf(path, sizeof(path), "%s/m%zu.gguf", dir, i);
-        struct executor_synth_opts o = {.path          = path,
-                                        .n_embd        = 256,
-                                        .n_layer       = 2,
-                                        .n_head        = 4,
-                                        .n_head_kv     = 2,
-                                        .n_ff          = 256,
-                                        .n_expert      = i % 2 ? 4 : 0,
+        struct executor_synth_opts o = {.path = path,
+                                        .n_embd = 256,
+                                        .n_layer = 2,
+                                        .n_head = 4,
+                                        .n_head_kv = 2,
+                                        .n_ff = 256,
+                                        .n_expert = i % 2 ? 4 : 0,
                                         .n_expert_used = 2,
-                                        .type          = types[i]};
+                                        .type = types[i]};
         struct common_errmsg       e = {{0}};
         cr_assert_eq(executor_synth_write(&o, &e), COMMON_OK, "type %u: %s", types[i], e.text);
         check_model(path, &o);
@@ -127,7 +126,7 @@ Test(cli_mkmodel, target_size_and_vocab_copy_via_cli, .timeout = 300)
              "--n-ff 256 --size 40M --vocab-from %s && %s/bin/sluice inspect --json %s/s.gguf",
              SLUICE_BINARY_DIR, dir, vocab, SLUICE_BINARY_DIR, dir);
     int   status = -1;
-    char *out    = run_capture(cmd, &status);
+    char *out = run_capture(cmd, &status);
     cr_assert_eq(status, 0, "%s", out);
     struct tjson *j = tjson_parse(out);
     cr_assert_not_null(j, "inspect --json is not valid JSON:\n%s", out);
@@ -136,7 +135,7 @@ Test(cli_mkmodel, target_size_and_vocab_copy_via_cli, .timeout = 300)
     cr_assert_eq(tjson_get(model, "n_vocab")->num, 32000.0, "vocabulary copied");
     cr_assert_eq(tjson_get(model, "n_expert")->num, 4.0);
     const struct tjson *totals = tjson_get(j, "totals");
-    double              bytes  = tjson_get(totals, "tensor_bytes")->num;
+    double              bytes = tjson_get(totals, "tensor_bytes")->num;
     cr_assert(bytes > 30e6 && bytes < 52e6, "--size 40M gave %.0f bytes", bytes);
     cr_assert_eq(tjson_get(totals, "resident_bytes")->num + tjson_get(totals, "expert_bytes")->num,
                  bytes);
@@ -157,7 +156,7 @@ Test(cli_inspect, json_on_every_fixture_kind)
     int  status;
     snprintf(cmd, sizeof(cmd), "%s/bin/sluice inspect --json %s", SLUICE_BINARY_DIR, moe);
     char         *out = run_capture(cmd, &status);
-    struct tjson *j   = tjson_parse(out);
+    struct tjson *j = tjson_parse(out);
     cr_assert_eq(status, 0);
     cr_assert_not_null(j, "%s", out);
     cr_assert_eq(tjson_get(tjson_get(j, "model"), "n_expert_used")->num, 2.0);
@@ -167,7 +166,7 @@ Test(cli_inspect, json_on_every_fixture_kind)
     free(out);
     snprintf(cmd, sizeof(cmd), "%s/bin/sluice inspect --json %s", SLUICE_BINARY_DIR, voc);
     out = run_capture(cmd, &status);
-    j   = tjson_parse(out);
+    j = tjson_parse(out);
     cr_assert_eq(status, 0, "a vocabulary-only file is inspectable");
     cr_assert_not_null(j, "%s", out);
     cr_assert_eq(tjson_get(j, "model")->kind, TJSON_NULL);

@@ -1,4 +1,5 @@
-/* tests/common/test_gguf.c - GGUF reader: fixtures, known values, truncation, corruption, splits. */
+/* tests/common/test_gguf.c - GGUF reader: fixtures, known values, truncation, corruption, splits.
+ */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@ static void bb_put(struct bb *b, const void *d, size_t n)
 {
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2 + 64;
-        b->p   = realloc(b->p, b->cap);
+        b->p = realloc(b->p, b->cap);
         cr_assert_not_null(b->p);
     }
     memcpy(b->p + b->n, d, n);
@@ -80,7 +81,7 @@ static struct bb make_image(void)
 
 static int parse(const struct bb *b, struct common_errmsg *e)
 {
-    struct common_gguf *g  = NULL;
+    struct common_gguf *g = NULL;
     int                 rc = common_gguf_parse(b->p, b->n, b->n, &g, e);
     common_gguf_close(g);
     return rc;
@@ -122,8 +123,8 @@ Test(common_gguf, truncated_image_every_prefix_is_refused)
 {
     struct bb b = make_image();
     for (size_t n = 0; n < b.n; n++) {
-        struct common_errmsg e  = {{0}};
-        struct common_gguf  *g  = NULL;
+        struct common_errmsg e = {{0}};
+        struct common_gguf  *g = NULL;
         int                  rc = common_gguf_parse(b.p, n, n, &g, &e);
         cr_assert_eq(rc, COMMON_ECORRUPT, "prefix %zu: rc %d", n, rc);
         cr_assert_null(g);
@@ -137,7 +138,7 @@ static void expect_patch(size_t off, uint64_t value, size_t width, int want, con
 {
     struct bb b = make_image();
     memcpy(b.p + off, &value, width);
-    struct common_errmsg e  = {{0}};
+    struct common_errmsg e = {{0}};
     int                  rc = parse(&b, &e);
     cr_assert_eq(rc, want, "patch at %zu: rc %d (%s)", off, rc, e.text);
     cr_assert_not_null(strstr(e.text, needle), "message '%s' lacks '%s'", e.text, needle);
@@ -294,7 +295,7 @@ static int each_fixture(void (*fn)(const char *path))
     if (!root)
         return -1;
     static const char *dirs[] = {"moe-tiny", "models", "tokenizer"};
-    int                count  = 0;
+    int                count = 0;
     for (size_t d = 0; d < 3; d++) {
         char dir[4096];
         snprintf(dir, sizeof(dir), "%s/%s", root, dirs[d]);
@@ -319,8 +320,8 @@ static int each_fixture(void (*fn)(const char *path))
 
 static void open_one(const char *path)
 {
-    struct common_gguf  *g  = NULL;
-    struct common_errmsg e  = {{0}};
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
     int                  rc = common_gguf_open(path, NULL, &g, &e);
     cr_assert_eq(rc, COMMON_OK, "%s: %s", path, e.text);
     cr_assert(common_gguf_n_kv(g) > 0, "%s has no metadata", path);
@@ -440,13 +441,13 @@ Test(common_gguf, type_counts_match_reference)
 Test(common_gguf, truncated_fixture_prefixes_are_refused, .timeout = 600)
 {
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_k_m.gguf");
-    size_t len  = 0;
+    size_t len = 0;
     char  *file = fixture_read_all(path, &len);
     cr_assert_not_null(file);
     struct common_gguf *full = NULL;
     cr_assert_eq(common_gguf_parse(file, len, len, &full, NULL), COMMON_OK);
     uint64_t data_start = common_gguf_split_data_offset(full, 0);
-    uint64_t data_end   = 0;
+    uint64_t data_end = 0;
     for (uint64_t i = 0; i < common_gguf_n_tensors(full); i++) {
         const struct common_gguf_tensor *t = common_gguf_tensor_at(full, i);
         if (t->offset + t->size > data_end)
@@ -455,8 +456,8 @@ Test(common_gguf, truncated_fixture_prefixes_are_refused, .timeout = 600)
     common_gguf_close(full);
     size_t tested = 0;
     for (size_t n = 0; n <= len; n += n < data_start + 64 ? 1 : 997) {
-        struct common_gguf  *g  = NULL;
-        struct common_errmsg e  = {{0}};
+        struct common_gguf  *g = NULL;
+        struct common_errmsg e = {{0}};
         int                  rc = common_gguf_parse(file, n, n, &g, &e);
         if (n >= data_end) {
             cr_assert_eq(rc, COMMON_OK, "prefix %zu: %s", n, e.text);
@@ -476,22 +477,22 @@ Test(common_gguf, truncated_fixture_prefixes_are_refused, .timeout = 600)
 Test(common_gguf, random_header_corruption_is_survived, .timeout = 600)
 {
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_0.gguf");
-    size_t len  = 0;
+    size_t len = 0;
     char  *file = fixture_read_all(path, &len);
     cr_assert_not_null(file);
     struct common_gguf *g0 = NULL;
     cr_assert_eq(common_gguf_parse(file, len, len, &g0, NULL), COMMON_OK);
     size_t hdr = (size_t)common_gguf_split_data_offset(g0, 0);
     common_gguf_close(g0);
-    char    *copy  = malloc(hdr);
+    char    *copy = malloc(hdr);
     uint64_t state = 12345;
     int      ok = 0, bad = 0;
     for (int iter = 0; iter < 3000; iter++) {
         memcpy(copy, file, hdr);
         for (int k = 0; k < 1 + iter % 4; k++) {
-            state       = state * 6364136223846793005ull + 1442695040888963407ull;
-            size_t at   = (size_t)(state >> 33) % hdr;
-            copy[at]    = (char)(state >> 13);
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            size_t at = (size_t)(state >> 33) % hdr;
+            copy[at] = (char)(state >> 13);
         }
         struct common_gguf *g = NULL;
         /* Only the header bytes are handed over; the file size still bounds the data. */
@@ -542,15 +543,14 @@ Test(common_gguf, writer_round_trip)
     cr_assert_eq(common_gguf_writer_set_arr(w, "a.strs", COMMON_GGUF_STRING, strs, 2), COMMON_OK);
     float fl[3] = {1.0f, 2.0f, 3.0f};
     cr_assert_eq(common_gguf_writer_set_arr(w, "a.fl", COMMON_GGUF_FLOAT32, fl, 3), COMMON_OK);
-    cr_assert_eq(common_gguf_writer_add_tensor(w, "t0", COMMON_GGML_TYPE_F32, 2,
-                                               (uint64_t[]){3, 2}),
+    cr_assert_eq(
+        common_gguf_writer_add_tensor(w, "t0", COMMON_GGML_TYPE_F32, 2, (uint64_t[]){3, 2}),
+        COMMON_OK);
+    cr_assert_eq(common_gguf_writer_add_tensor(w, "t1", COMMON_GGML_TYPE_Q8_0, 1, (uint64_t[]){64}),
                  COMMON_OK);
-    cr_assert_eq(common_gguf_writer_add_tensor(w, "t1", COMMON_GGML_TYPE_Q8_0, 1,
-                                               (uint64_t[]){64}),
-                 COMMON_OK);
-    cr_assert_eq(common_gguf_writer_add_tensor(w, "bad", COMMON_GGML_TYPE_Q8_0, 1,
-                                               (uint64_t[]){33}),
-                 COMMON_EINVAL, "row not a multiple of the block");
+    cr_assert_eq(
+        common_gguf_writer_add_tensor(w, "bad", COMMON_GGML_TYPE_Q8_0, 1, (uint64_t[]){33}),
+        COMMON_EINVAL, "row not a multiple of the block");
     struct common_errmsg e = {{0}};
     cr_assert_eq(common_gguf_writer_begin(w, path, &e), COMMON_OK, "%s", e.text);
     float   d0[6];
@@ -611,8 +611,7 @@ static void write_split(const char *path, uint32_t no, uint32_t count, const cha
     common_gguf_writer_set_u32(w, "split.no", no);
     common_gguf_writer_set_u32(w, "split.count", count);
     common_gguf_writer_set_i32(w, "split.tensors.count", (int32_t)count);
-    cr_assert_eq(common_gguf_writer_add_tensor(w, name, COMMON_GGML_TYPE_F32, 1,
-                                               (uint64_t[]){16}),
+    cr_assert_eq(common_gguf_writer_add_tensor(w, name, COMMON_GGML_TYPE_F32, 1, (uint64_t[]){16}),
                  COMMON_OK);
     struct common_errmsg e = {{0}};
     cr_assert_eq(common_gguf_writer_begin(w, path, &e), COMMON_OK, "%s", e.text);
