@@ -15,19 +15,19 @@
 /* Every fallible function returns >= 0 on success and one of these (negative) on failure.
  * Append only: the values travel in wire messages. */
 enum common_err {
-    COMMON_OK        = 0,
-    COMMON_EINVAL    = -1,  /* invalid argument or malformed input */
-    COMMON_ENOMEM    = -2,  /* out of memory */
-    COMMON_EIO       = -3,  /* read/write failure */
-    COMMON_EAGAIN    = -4,  /* try again later */
-    COMMON_ETIMEDOUT = -5,  /* deadline passed */
-    COMMON_ECLOSED   = -6,  /* peer or object closed */
-    COMMON_EPROTO    = -7,  /* protocol violation */
-    COMMON_ECORRUPT  = -8,  /* file or segment content is inconsistent */
-    COMMON_EBUSY     = -9,  /* resource in use */
-    COMMON_ENOTSUP   = -10, /* valid but not supported (architecture, type, feature) */
-    COMMON_ERANGE    = -11, /* a value is out of the allowed range (prompt longer than ctx) */
-    COMMON_ENOENT    = -12, /* no such file, key or tensor */
+    COMMON_OK = 0,
+    COMMON_EINVAL = -1,    /* invalid argument or malformed input */
+    COMMON_ENOMEM = -2,    /* out of memory */
+    COMMON_EIO = -3,       /* read/write failure */
+    COMMON_EAGAIN = -4,    /* try again later */
+    COMMON_ETIMEDOUT = -5, /* deadline passed */
+    COMMON_ECLOSED = -6,   /* peer or object closed */
+    COMMON_EPROTO = -7,    /* protocol violation */
+    COMMON_ECORRUPT = -8,  /* file or segment content is inconsistent */
+    COMMON_EBUSY = -9,     /* resource in use */
+    COMMON_ENOTSUP = -10,  /* valid but not supported (architecture, type, feature) */
+    COMMON_ERANGE = -11,   /* a value is out of the allowed range (prompt longer than ctx) */
+    COMMON_ENOENT = -12,   /* no such file, key or tensor */
 };
 
 /* Returns a static, human-readable name for a common_err code (never NULL). */
@@ -37,7 +37,8 @@ const char *common_strerror(int err);
 int common_err_from_errno(int errnum);
 
 /* A caller-owned buffer that a failing function fills with one line saying what is wrong and
- * where (byte offset, key, tensor name). Functions taking a `struct common_errmsg *` accept NULL. */
+ * where (byte offset, key, tensor name). Functions taking a `struct common_errmsg *` accept NULL.
+ */
 struct common_errmsg {
     char text[512]; /* NUL-terminated; empty when nothing was reported */
 };
@@ -52,14 +53,14 @@ int common_errmsg_set(struct common_errmsg *e, int err, const char *fmt, ...)
 /* ------------------------------------------------------------------------------------------ */
 
 enum common_log_level {
-    COMMON_LOG_LEVEL_ERR   = 3,
-    COMMON_LOG_LEVEL_WARN  = 4,
-    COMMON_LOG_LEVEL_INFO  = 6,
+    COMMON_LOG_LEVEL_ERR = 3,
+    COMMON_LOG_LEVEL_WARN = 4,
+    COMMON_LOG_LEVEL_INFO = 6,
     COMMON_LOG_LEVEL_DEBUG = 7,
 };
 
 /* Sets/gets the process-wide level (process singleton; set before threads start). */
-void common_log_set_level(enum common_log_level level);
+void                  common_log_set_level(enum common_log_level level);
 enum common_log_level common_log_get_level(void);
 /* Parses "err", "warn", "info", "debug"; returns 0 or COMMON_EINVAL. */
 int common_log_parse_level(const char *s, enum common_log_level *out);
@@ -102,39 +103,39 @@ uint64_t common_now_ns(void);
 
 /* ggml type ids as stored in GGUF tensor infos (ids of removed types are left out). */
 enum common_ggml_type {
-    COMMON_GGML_TYPE_F32     = 0,
-    COMMON_GGML_TYPE_F16     = 1,
-    COMMON_GGML_TYPE_Q4_0    = 2,
-    COMMON_GGML_TYPE_Q4_1    = 3,
-    COMMON_GGML_TYPE_Q5_0    = 6,
-    COMMON_GGML_TYPE_Q5_1    = 7,
-    COMMON_GGML_TYPE_Q8_0    = 8,
-    COMMON_GGML_TYPE_Q8_1    = 9,
-    COMMON_GGML_TYPE_Q2_K    = 10,
-    COMMON_GGML_TYPE_Q3_K    = 11,
-    COMMON_GGML_TYPE_Q4_K    = 12,
-    COMMON_GGML_TYPE_Q5_K    = 13,
-    COMMON_GGML_TYPE_Q6_K    = 14,
-    COMMON_GGML_TYPE_Q8_K    = 15,
+    COMMON_GGML_TYPE_F32 = 0,
+    COMMON_GGML_TYPE_F16 = 1,
+    COMMON_GGML_TYPE_Q4_0 = 2,
+    COMMON_GGML_TYPE_Q4_1 = 3,
+    COMMON_GGML_TYPE_Q5_0 = 6,
+    COMMON_GGML_TYPE_Q5_1 = 7,
+    COMMON_GGML_TYPE_Q8_0 = 8,
+    COMMON_GGML_TYPE_Q8_1 = 9,
+    COMMON_GGML_TYPE_Q2_K = 10,
+    COMMON_GGML_TYPE_Q3_K = 11,
+    COMMON_GGML_TYPE_Q4_K = 12,
+    COMMON_GGML_TYPE_Q5_K = 13,
+    COMMON_GGML_TYPE_Q6_K = 14,
+    COMMON_GGML_TYPE_Q8_K = 15,
     COMMON_GGML_TYPE_IQ2_XXS = 16,
-    COMMON_GGML_TYPE_IQ2_XS  = 17,
+    COMMON_GGML_TYPE_IQ2_XS = 17,
     COMMON_GGML_TYPE_IQ3_XXS = 18,
-    COMMON_GGML_TYPE_IQ1_S   = 19,
-    COMMON_GGML_TYPE_IQ4_NL  = 20,
-    COMMON_GGML_TYPE_IQ3_S   = 21,
-    COMMON_GGML_TYPE_IQ2_S   = 22,
-    COMMON_GGML_TYPE_IQ4_XS  = 23,
-    COMMON_GGML_TYPE_I8      = 24,
-    COMMON_GGML_TYPE_I16     = 25,
-    COMMON_GGML_TYPE_I32     = 26,
-    COMMON_GGML_TYPE_I64     = 27,
-    COMMON_GGML_TYPE_F64     = 28,
-    COMMON_GGML_TYPE_IQ1_M   = 29,
-    COMMON_GGML_TYPE_BF16    = 30,
-    COMMON_GGML_TYPE_TQ1_0   = 34,
-    COMMON_GGML_TYPE_TQ2_0   = 35,
-    COMMON_GGML_TYPE_MXFP4   = 39,
-    COMMON_GGML_TYPE_COUNT   = 40, /* one past the largest id known */
+    COMMON_GGML_TYPE_IQ1_S = 19,
+    COMMON_GGML_TYPE_IQ4_NL = 20,
+    COMMON_GGML_TYPE_IQ3_S = 21,
+    COMMON_GGML_TYPE_IQ2_S = 22,
+    COMMON_GGML_TYPE_IQ4_XS = 23,
+    COMMON_GGML_TYPE_I8 = 24,
+    COMMON_GGML_TYPE_I16 = 25,
+    COMMON_GGML_TYPE_I32 = 26,
+    COMMON_GGML_TYPE_I64 = 27,
+    COMMON_GGML_TYPE_F64 = 28,
+    COMMON_GGML_TYPE_IQ1_M = 29,
+    COMMON_GGML_TYPE_BF16 = 30,
+    COMMON_GGML_TYPE_TQ1_0 = 34,
+    COMMON_GGML_TYPE_TQ2_0 = 35,
+    COMMON_GGML_TYPE_MXFP4 = 39,
+    COMMON_GGML_TYPE_COUNT = 40, /* one past the largest id known */
 };
 
 /* Layout of one ggml type: `blck` elements are stored in `type_size` bytes. */
@@ -164,18 +165,18 @@ int common_ggml_row_size(uint32_t type, uint64_t n, uint64_t *out);
 #define COMMON_GGUF_DEFAULT_ALIGN 32u
 
 enum common_gguf_vtype {
-    COMMON_GGUF_UINT8   = 0,
-    COMMON_GGUF_INT8    = 1,
-    COMMON_GGUF_UINT16  = 2,
-    COMMON_GGUF_INT16   = 3,
-    COMMON_GGUF_UINT32  = 4,
-    COMMON_GGUF_INT32   = 5,
+    COMMON_GGUF_UINT8 = 0,
+    COMMON_GGUF_INT8 = 1,
+    COMMON_GGUF_UINT16 = 2,
+    COMMON_GGUF_INT16 = 3,
+    COMMON_GGUF_UINT32 = 4,
+    COMMON_GGUF_INT32 = 5,
     COMMON_GGUF_FLOAT32 = 6,
-    COMMON_GGUF_BOOL    = 7,
-    COMMON_GGUF_STRING  = 8,
-    COMMON_GGUF_ARRAY   = 9,
-    COMMON_GGUF_UINT64  = 10,
-    COMMON_GGUF_INT64   = 11,
+    COMMON_GGUF_BOOL = 7,
+    COMMON_GGUF_STRING = 8,
+    COMMON_GGUF_ARRAY = 9,
+    COMMON_GGUF_UINT64 = 10,
+    COMMON_GGUF_INT64 = 11,
     COMMON_GGUF_FLOAT64 = 12,
     COMMON_GGUF_VTYPE_COUNT,
 };
@@ -190,33 +191,33 @@ struct common_gguf_str {
 struct common_gguf_value {
     uint32_t type; /* enum common_gguf_vtype */
     union {
-        uint64_t               u64;  /* every unsigned integer type and BOOL */
-        int64_t                i64;  /* every signed integer type */
-        double                 f64;  /* FLOAT32 and FLOAT64 */
-        struct common_gguf_str str;  /* STRING */
+        uint64_t               u64; /* every unsigned integer type and BOOL */
+        int64_t                i64; /* every signed integer type */
+        double                 f64; /* FLOAT32 and FLOAT64 */
+        struct common_gguf_str str; /* STRING */
         struct {
-            uint32_t type;                 /* element type; never ARRAY (nested arrays rejected) */
-            uint64_t n;                    /* element count */
-            const void *data;              /* borrowed: packed little-endian elements (numeric) */
+            uint32_t    type; /* element type; never ARRAY (nested arrays rejected) */
+            uint64_t    n;    /* element count */
+            const void *data; /* borrowed: packed little-endian elements (numeric) */
             const struct common_gguf_str *strs; /* borrowed: n strings (STRING arrays only) */
         } arr;
     } v;
 };
 
 struct common_gguf_kv {
-    const char               *key; /* borrowed, NUL-terminated (keys never contain NUL) */
-    struct common_gguf_value  value;
-    uint64_t                  file_offset; /* byte offset of the key in its file */
+    const char              *key; /* borrowed, NUL-terminated (keys never contain NUL) */
+    struct common_gguf_value value;
+    uint64_t                 file_offset; /* byte offset of the key in its file */
 };
 
 struct common_gguf_tensor {
-    const char *name;                      /* borrowed, NUL-terminated */
-    uint32_t    n_dims;                    /* 1..4 */
-    uint64_t    ne[COMMON_GGUF_MAX_DIMS];  /* elements per dim, ggml order; unused dims are 1 */
-    uint32_t    type;                      /* enum common_ggml_type */
-    uint32_t    split;                     /* index of the file (split) holding the data */
-    uint64_t    offset;                    /* absolute byte offset of the data in that file */
-    uint64_t    size;                      /* bytes of data */
+    const char *name;                     /* borrowed, NUL-terminated */
+    uint32_t    n_dims;                   /* 1..4 */
+    uint64_t    ne[COMMON_GGUF_MAX_DIMS]; /* elements per dim, ggml order; unused dims are 1 */
+    uint32_t    type;                     /* enum common_ggml_type */
+    uint32_t    split;                    /* index of the file (split) holding the data */
+    uint64_t    offset;                   /* absolute byte offset of the data in that file */
+    uint64_t    size;                     /* bytes of data */
 };
 
 /* A parsed GGUF model: one file or all the splits of a split model. Opaque. */
@@ -233,8 +234,8 @@ struct common_gguf_opts {
  * common_gguf_close(). Returns 0, or COMMON_ENOENT / COMMON_EIO (file), COMMON_ECORRUPT (bad or
  * truncated content), COMMON_ENOTSUP (unsupported version or tensor type), COMMON_ENOMEM, with a
  * message in `e`. `opts` may be NULL. Thread-safe for distinct objects. */
-int common_gguf_open(const char *path, const struct common_gguf_opts *opts, struct common_gguf **out,
-                     struct common_errmsg *e);
+int common_gguf_open(const char *path, const struct common_gguf_opts *opts,
+                     struct common_gguf **out, struct common_errmsg *e);
 
 /* Parses a GGUF image held in memory (the first `len` bytes of a file of `file_size` bytes; pass
  * file_size = len for a whole file). Used by tests and the fuzzer. Copies what it keeps.
@@ -280,7 +281,7 @@ uint64_t                         common_gguf_n_tensors(const struct common_gguf 
 const struct common_gguf_tensor *common_gguf_tensor_at(const struct common_gguf *g, uint64_t i);
 /* Returns the tensor named `name`, or NULL. */
 const struct common_gguf_tensor *common_gguf_tensor_find(const struct common_gguf *g,
-                                                         const char *name);
+                                                         const char               *name);
 
 /* Files (splits). For a model parsed from memory there is one split with fd -1. */
 uint32_t    common_gguf_n_splits(const struct common_gguf *g);
@@ -390,25 +391,25 @@ enum common_expert_part {
 };
 
 struct common_hparams {
-    uint32_t n_vocab;          /* tokens */
-    uint32_t n_ctx_train;      /* trained context length */
-    uint32_t n_embd;           /* model width */
-    uint32_t n_layer;          /* transformer blocks */
-    uint32_t n_head;           /* query heads */
-    uint32_t n_head_kv;        /* key/value heads (GQA) */
-    uint32_t head_dim_k;       /* key/query head width (n_embd / n_head unless key_length set) */
-    uint32_t head_dim_v;       /* value head width */
-    uint32_t n_rot;            /* rotary dims per head */
-    uint32_t n_ff;             /* dense FFN width (0 for pure MoE) */
-    uint32_t n_expert;         /* routed experts per layer (0 = dense) */
-    uint32_t n_expert_used;    /* experts picked per token */
-    uint32_t n_ff_exp;         /* routed expert FFN width */
-    uint32_t n_ff_shexp;       /* shared expert FFN width (0 = none) */
-    uint32_t rope_neox;        /* 1 = NeoX ordering (halves), 0 = normal (adjacent pairs) */
-    uint32_t norm_topk_prob;   /* 1 = renormalise the top-k gate weights */
-    float    rope_freq_base;   /* theta */
-    float    rope_freq_scale;  /* 1 / linear scaling factor */
-    float    rms_eps;          /* RMSNorm epsilon */
+    uint32_t n_vocab;         /* tokens */
+    uint32_t n_ctx_train;     /* trained context length */
+    uint32_t n_embd;          /* model width */
+    uint32_t n_layer;         /* transformer blocks */
+    uint32_t n_head;          /* query heads */
+    uint32_t n_head_kv;       /* key/value heads (GQA) */
+    uint32_t head_dim_k;      /* key/query head width (n_embd / n_head unless key_length set) */
+    uint32_t head_dim_v;      /* value head width */
+    uint32_t n_rot;           /* rotary dims per head */
+    uint32_t n_ff;            /* dense FFN width (0 for pure MoE) */
+    uint32_t n_expert;        /* routed experts per layer (0 = dense) */
+    uint32_t n_expert_used;   /* experts picked per token */
+    uint32_t n_ff_exp;        /* routed expert FFN width */
+    uint32_t n_ff_shexp;      /* shared expert FFN width (0 = none) */
+    uint32_t rope_neox;       /* 1 = NeoX ordering (halves), 0 = normal (adjacent pairs) */
+    uint32_t norm_topk_prob;  /* 1 = renormalise the top-k gate weights */
+    float    rope_freq_base;  /* theta */
+    float    rope_freq_scale; /* 1 / linear scaling factor */
+    float    rms_eps;         /* RMSNorm epsilon */
 };
 
 /* Where one expert part lives in the model files. */
@@ -428,15 +429,15 @@ struct common_model_layer {
 /* A model description on top of a parsed GGUF: architecture, hyper-parameters, tensor roles,
  * expert geometry and byte totals. */
 struct common_model {
-    const struct common_gguf  *gguf;   /* borrowed: must outlive the model */
+    const struct common_gguf  *gguf; /* borrowed: must outlive the model */
     enum common_arch           arch;
     const char                *arch_name; /* static */
     struct common_hparams      hp;
     int64_t                    global[COMMON_GROLE_COUNT]; /* tensor indices, -1 when absent */
-    struct common_model_layer *layers;  /* owned: n_layer entries */
-    uint64_t bytes_total;         /* all tensor data */
-    uint64_t bytes_resident;      /* everything but routed experts */
-    uint64_t bytes_experts;       /* all routed expert tensors */
+    struct common_model_layer *layers;                     /* owned: n_layer entries */
+    uint64_t                   bytes_total;                /* all tensor data */
+    uint64_t                   bytes_resident;             /* everything but routed experts */
+    uint64_t                   bytes_experts;              /* all routed expert tensors */
     uint64_t bytes_expert_bundle; /* largest gate+up+down of one expert in one layer */
     uint64_t bytes_active;        /* touched per token: resident (minus unused embedding rows)
                                      + n_expert_used bundles per layer */
@@ -451,7 +452,7 @@ const char *common_layer_role_name(enum common_layer_role role);
  * tensor roles, checks shapes against the hyper-parameters. Returns 0, COMMON_ENOTSUP (unknown
  * architecture, named in e), COMMON_ECORRUPT (missing key or tensor, inconsistent shape, named),
  * COMMON_ENOMEM. Free with common_model_fini(). */
-int  common_model_init(struct common_model *m, const struct common_gguf *g, struct common_errmsg *e);
+int common_model_init(struct common_model *m, const struct common_gguf *g, struct common_errmsg *e);
 void common_model_fini(struct common_model *m);
 
 /* True when the model has routed experts. */

@@ -1,4 +1,5 @@
-/* common/gguf.c - GGUF v2/v3 reader: header, metadata, tensor infos, split files; untrusted input. */
+/* common/gguf.c - GGUF v2/v3 reader: header, metadata, tensor infos, split files; untrusted input.
+ */
 #include "common.h"
 
 #include <errno.h>
@@ -11,7 +12,7 @@
 
 #define GGUF_MAX_HEADER_DEFAULT (1ull << 30)
 #define GGUF_FIRST_READ         (1u << 20)
-#define GGUF_MAX_NAME           1024u  /* longest tensor name accepted */
+#define GGUF_MAX_NAME           1024u /* longest tensor name accepted */
 #define GGUF_MAX_SPLITS         9999u
 /* Internal (positive) code: the buffer ended before the file did; read more and retry. */
 #define GGUF_NEED_MORE 1
@@ -29,16 +30,16 @@ struct gguf_arena_chunk {
 static void *gguf_arena_alloc(struct gguf_arena_chunk **head, size_t size)
 {
     struct gguf_arena_chunk *c = *head;
-    size                       = (size + 7u) & ~(size_t)7u;
+    size = (size + 7u) & ~(size_t)7u;
     if (!c || c->cap - c->used < size) {
         size_t cap = size > 65536 ? size : 65536;
-        c          = malloc(sizeof(*c) + cap);
+        c = malloc(sizeof(*c) + cap);
         if (!c)
             return NULL;
         c->next = *head;
         c->used = 0;
-        c->cap  = cap;
-        *head   = c;
+        c->cap = cap;
+        *head = c;
     }
     void *p = c->data + c->used;
     c->used += size;
@@ -95,7 +96,7 @@ static int gguf_index_init(struct gguf_index *ix, uint64_t n)
 
 /* Finds the slot holding `name`, or the empty slot where it would go; names(i) gives the name
  * of entry i. */
-static uint64_t gguf_index_slot(const struct gguf_index *ix, const char *name,
+static uint64_t gguf_index_slot(const struct gguf_index *ix, const char                  *name,
                                 const char *(*names)(const void *, uint64_t), const void *ctx)
 {
     uint64_t h = gguf_hash(name) & ix->mask;
@@ -105,7 +106,7 @@ static uint64_t gguf_index_slot(const struct gguf_index *ix, const char *name,
 }
 
 /* Returns the entry named `name`, or -1. */
-static int64_t gguf_index_lookup(const struct gguf_index *ix, const char *name,
+static int64_t gguf_index_lookup(const struct gguf_index *ix, const char                  *name,
                                  const char *(*names)(const void *, uint64_t), const void *ctx)
 {
     uint64_t v = ix->slots[gguf_index_slot(ix, name, names, ctx)];
@@ -113,7 +114,7 @@ static int64_t gguf_index_lookup(const struct gguf_index *ix, const char *name,
 }
 
 /* Adds entry `idx` named `name`; returns false when the name is already present. */
-static bool gguf_index_insert(struct gguf_index *ix, const char *name,
+static bool gguf_index_insert(struct gguf_index *ix, const char                        *name,
                               const char *(*names)(const void *, uint64_t), const void *ctx,
                               uint64_t idx)
 {
@@ -137,15 +138,15 @@ struct gguf_split {
 struct common_gguf {
     uint32_t                   version;
     uint64_t                   alignment;
-    struct common_gguf_kv     *kvs;       /* owned: n_kv, from split 0 */
+    struct common_gguf_kv     *kvs; /* owned: n_kv, from split 0 */
     uint64_t                   n_kv;
-    struct common_gguf_tensor *tensors;   /* owned: n_tensors across all splits */
+    struct common_gguf_tensor *tensors; /* owned: n_tensors across all splits */
     uint64_t                   n_tensors;
-    struct gguf_split         *splits;    /* owned: n_splits */
+    struct gguf_split         *splits; /* owned: n_splits */
     uint32_t                   n_splits;
-    struct gguf_index          kv_index;  /* over kvs */
-    struct gguf_index          t_index;   /* over tensors */
-    struct gguf_arena_chunk   *arena;     /* owned: names and string-array tables */
+    struct gguf_index          kv_index; /* over kvs */
+    struct gguf_index          t_index;  /* over tensors */
+    struct gguf_arena_chunk   *arena;    /* owned: names and string-array tables */
 };
 
 static const char *gguf_kv_name(const void *ctx, uint64_t i)
@@ -250,8 +251,8 @@ static uint64_t gguf_vtype_size(uint32_t t)
 const char *common_gguf_vtype_name(uint32_t type)
 {
     static const char *names[COMMON_GGUF_VTYPE_COUNT] = {
-        "uint8", "int8",  "uint16", "int16",  "uint32", "int32",  "float32",
-        "bool",  "string", "array", "uint64", "int64",  "float64",
+        "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
+        "bool",  "string", "array",  "uint64", "int64",  "float64",
     };
     return type < COMMON_GGUF_VTYPE_COUNT ? names[type] : "unknown";
 }
@@ -329,9 +330,9 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
         uint64_t n;
         if ((rc = gguf_read_u32(c, &et)) != COMMON_OK || (rc = gguf_read_u64(c, &n)) != COMMON_OK)
             return rc;
-        v->type       = t;
+        v->type = t;
         v->v.arr.type = et;
-        v->v.arr.n    = n;
+        v->v.arr.n = n;
         v->v.arr.data = NULL;
         v->v.arr.strs = NULL;
         if (et == COMMON_GGUF_ARRAY)
@@ -364,10 +365,9 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
                                      "key '%s': unknown array element type %u at offset %llu", key,
                                      et, (unsigned long long)at);
         if (n > (c->file_size - c->pos) / es)
-            return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                     "key '%s': array of %llu %s at offset %llu exceeds the file",
-                                     key, (unsigned long long)n, common_gguf_vtype_name(et),
-                                     (unsigned long long)at);
+            return common_errmsg_set(
+                c->e, COMMON_ECORRUPT, "key '%s': array of %llu %s at offset %llu exceeds the file",
+                key, (unsigned long long)n, common_gguf_vtype_name(et), (unsigned long long)at);
         if ((rc = gguf_need(c, n * es)) != COMMON_OK)
             return rc;
         v->v.arr.data = c->buf + c->pos;
@@ -376,8 +376,9 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
     }
     uint64_t es = gguf_vtype_size(t);
     if (es == 0)
-        return common_errmsg_set(c->e, COMMON_ECORRUPT, "key '%s': unknown value type %u at offset %llu",
-                                 key, t, (unsigned long long)at);
+        return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                 "key '%s': unknown value type %u at offset %llu", key, t,
+                                 (unsigned long long)at);
     if ((rc = gguf_need(c, es)) != COMMON_OK)
         return rc;
     gguf_decode_scalar(t, c->buf + c->pos, v);
@@ -389,7 +390,7 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
 struct gguf_header {
     uint32_t                   version;
     uint64_t                   alignment;
-    struct common_gguf_kv     *kvs;     /* owned until moved into the model */
+    struct common_gguf_kv     *kvs; /* owned until moved into the model */
     uint64_t                   n_kv;
     struct common_gguf_tensor *tensors; /* owned until moved into the model */
     uint64_t                   n_tensors;
@@ -416,7 +417,8 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
         return rc;
     if (magic != COMMON_GGUF_MAGIC)
         return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                 "not a GGUF file: magic 0x%08x at offset 0 (want \"GGUF\")", magic);
+                                 "not a GGUF file: magic 0x%08x at offset 0 (want \"GGUF\")",
+                                 magic);
     c->what = "version";
     if ((rc = gguf_read_u32(c, &h->version)) != COMMON_OK)
         return rc;
@@ -446,7 +448,7 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
                                  "tensor count %llu at offset 8 cannot fit in the file",
                                  (unsigned long long)h->n_tensors);
 
-    h->kvs     = calloc(h->n_kv ? h->n_kv : 1, sizeof(*h->kvs));
+    h->kvs = calloc(h->n_kv ? h->n_kv : 1, sizeof(*h->kvs));
     h->tensors = calloc(h->n_tensors ? h->n_tensors : 1, sizeof(*h->tensors));
     if (!h->kvs || !h->tensors)
         return COMMON_ENOMEM;
@@ -460,7 +462,7 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
         struct common_gguf_str key;
         uint32_t               t;
         kv->file_offset = c->pos;
-        c->what         = "metadata key";
+        c->what = "metadata key";
         if ((rc = gguf_read_str(c, &key)) != COMMON_OK)
             goto out_kix;
         if (key.len == 0 || memchr(key.ptr, '\0', key.len)) {
@@ -475,8 +477,9 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
             goto out_kix;
         }
         if (!gguf_index_insert(&kix, kv->key, gguf_kv_name, h->kvs, i)) {
-            rc = common_errmsg_set(c->e, COMMON_ECORRUPT, "duplicate metadata key '%s' at offset %llu",
-                                   kv->key, (unsigned long long)kv->file_offset);
+            rc = common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                   "duplicate metadata key '%s' at offset %llu", kv->key,
+                                   (unsigned long long)kv->file_offset);
             goto out_kix;
         }
         c->what = kv->key;
@@ -487,9 +490,10 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
         if (strcmp(kv->key, "general.alignment") == 0) {
             uint64_t a = kv->value.v.u64;
             if (t != COMMON_GGUF_UINT32 || a == 0 || (a & (a - 1)) != 0) {
-                rc = common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                       "general.alignment must be a power-of-two uint32 (offset %llu)",
-                                       (unsigned long long)kv->file_offset);
+                rc = common_errmsg_set(
+                    c->e, COMMON_ECORRUPT,
+                    "general.alignment must be a power-of-two uint32 (offset %llu)",
+                    (unsigned long long)kv->file_offset);
                 goto out_kix;
             }
             h->alignment = a;
@@ -502,14 +506,13 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
         struct common_gguf_tensor *ti = &h->tensors[i];
         struct common_gguf_str     name;
         uint64_t                   at = c->pos;
-        c->what                       = "tensor name";
+        c->what = "tensor name";
         if ((rc = gguf_read_str(c, &name)) != COMMON_OK)
             return rc;
         if (name.len == 0 || name.len > GGUF_MAX_NAME || memchr(name.ptr, '\0', name.len))
-            return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                     "tensor %llu at offset %llu: bad name (length %llu)",
-                                     (unsigned long long)i, (unsigned long long)at,
-                                     (unsigned long long)name.len);
+            return common_errmsg_set(
+                c->e, COMMON_ECORRUPT, "tensor %llu at offset %llu: bad name (length %llu)",
+                (unsigned long long)i, (unsigned long long)at, (unsigned long long)name.len);
         ti->name = gguf_arena_strdup(&g->arena, name.ptr, name.len);
         if (!ti->name)
             return COMMON_ENOMEM;
@@ -547,27 +550,27 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
                                      ti->name, (unsigned long long)ti->ne[0], tt->name, tt->blck);
         uint64_t size = 0;
         if (nel > 0 && (!common_mul_u64(nel / tt->blck, tt->type_size, &size)))
-            return common_errmsg_set(c->e, COMMON_ECORRUPT, "tensor '%s': size overflows", ti->name);
+            return common_errmsg_set(c->e, COMMON_ECORRUPT, "tensor '%s': size overflows",
+                                     ti->name);
         if (rel % h->alignment != 0)
             return common_errmsg_set(c->e, COMMON_ECORRUPT,
                                      "tensor '%s': data offset %llu is not a multiple of the "
                                      "alignment %llu",
                                      ti->name, (unsigned long long)rel,
                                      (unsigned long long)h->alignment);
-        ti->size   = size;
+        ti->size = size;
         ti->offset = rel; /* made absolute below, once the data section start is known */
-        ti->split  = split;
+        ti->split = split;
     }
 
     /* The data section starts after the infos, padded to the alignment. */
-    uint64_t pad         = (h->alignment - c->pos % h->alignment) % h->alignment;
-    h->data_offset       = c->pos + pad;
-    uint64_t data_bytes  = h->data_offset <= c->file_size ? c->file_size - h->data_offset : 0;
+    uint64_t pad = (h->alignment - c->pos % h->alignment) % h->alignment;
+    h->data_offset = c->pos + pad;
+    uint64_t data_bytes = h->data_offset <= c->file_size ? c->file_size - h->data_offset : 0;
     if (h->n_tensors > 0 && h->data_offset > c->file_size)
-        return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                 "truncated: data section starts at %llu, file has %llu bytes",
-                                 (unsigned long long)h->data_offset,
-                                 (unsigned long long)c->file_size);
+        return common_errmsg_set(
+            c->e, COMMON_ECORRUPT, "truncated: data section starts at %llu, file has %llu bytes",
+            (unsigned long long)h->data_offset, (unsigned long long)c->file_size);
     for (uint64_t i = 0; i < h->n_tensors; i++) {
         struct common_gguf_tensor *ti = &h->tensors[i];
         uint64_t                   end;
@@ -598,7 +601,7 @@ static void gguf_free_splits(struct common_gguf *g)
             close(g->splits[i].fd);
     }
     free(g->splits);
-    g->splits   = NULL;
+    g->splits = NULL;
     g->n_splits = 0;
 }
 
@@ -620,19 +623,19 @@ static int gguf_adopt(struct common_gguf *g, struct gguf_header *h, uint32_t spl
 {
     g->splits[split].data_offset = h->data_offset;
     if (split == 0) {
-        g->version   = h->version;
+        g->version = h->version;
         g->alignment = h->alignment;
-        g->kvs       = h->kvs;
-        g->n_kv      = h->n_kv;
-        h->kvs       = NULL;
+        g->kvs = h->kvs;
+        g->n_kv = h->n_kv;
+        h->kvs = NULL;
     }
     if (h->n_tensors) {
-        uint64_t n = g->n_tensors + h->n_tensors;
+        uint64_t                   n = g->n_tensors + h->n_tensors;
         struct common_gguf_tensor *t = realloc(g->tensors, n * sizeof(*t));
         if (!t)
             return COMMON_ENOMEM;
         memcpy(t + g->n_tensors, h->tensors, h->n_tensors * sizeof(*t));
-        g->tensors   = t;
+        g->tensors = t;
         g->n_tensors = n;
     }
     gguf_header_free(h);
@@ -714,7 +717,7 @@ static int gguf_pread_full(int fd, void *dst, uint64_t n, uint64_t off)
     uint8_t *p = dst;
     while (n > 0) {
         size_t  chunk = n > (1u << 30) ? (1u << 30) : (size_t)n;
-        ssize_t r     = pread(fd, p, chunk, (off_t)off);
+        ssize_t r = pread(fd, p, chunk, (off_t)off);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -734,7 +737,7 @@ static int gguf_load_file(struct common_gguf *g, uint32_t split, const char *pat
                           struct gguf_header *h, struct common_errmsg *e)
 {
     struct gguf_split *s = &g->splits[split];
-    s->path              = strdup(path);
+    s->path = strdup(path);
     if (!s->path)
         return COMMON_ENOMEM;
     s->fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -766,8 +769,7 @@ static int gguf_load_file(struct common_gguf *g, uint32_t split, const char *pat
             return rc;
         gguf_header_free(h);
         if (want >= s->size || want >= max_hdr)
-            return common_errmsg_set(e, COMMON_ECORRUPT,
-                                     "header larger than the %llu-byte limit",
+            return common_errmsg_set(e, COMMON_ECORRUPT, "header larger than the %llu-byte limit",
                                      (unsigned long long)max_hdr);
         want = want * 2 > s->size ? s->size : want * 2;
         if (want > max_hdr)
@@ -778,9 +780,9 @@ static int gguf_load_file(struct common_gguf *g, uint32_t split, const char *pat
 /* Finds "-NNNNN-of-MMMMM.gguf" at the end of path; returns the prefix length or 0. */
 static size_t gguf_split_prefix(const char *path, uint32_t *no, uint32_t *count)
 {
-    size_t n = strlen(path);
+    size_t            n = strlen(path);
     static const char tail[] = "-00000-of-00000.gguf";
-    size_t            tl     = sizeof(tail) - 1;
+    size_t            tl = sizeof(tail) - 1;
     if (n <= tl)
         return 0;
     const char *s = path + n - tl;
@@ -798,16 +800,16 @@ static size_t gguf_split_prefix(const char *path, uint32_t *no, uint32_t *count)
             return 0;
         }
     }
-    *no    = a;
+    *no = a;
     *count = b;
     return n - tl;
 }
 
-int common_gguf_open(const char *path, const struct common_gguf_opts *opts, struct common_gguf **out,
-                     struct common_errmsg *e)
+int common_gguf_open(const char *path, const struct common_gguf_opts *opts,
+                     struct common_gguf **out, struct common_errmsg *e)
 {
     struct common_gguf_opts o = opts ? *opts : (struct common_gguf_opts){0};
-    uint64_t max_hdr          = o.max_header_bytes ? o.max_header_bytes : GGUF_MAX_HEADER_DEFAULT;
+    uint64_t max_hdr = o.max_header_bytes ? o.max_header_bytes : GGUF_MAX_HEADER_DEFAULT;
     struct common_errmsg inner = {{0}};
     struct gguf_header   h;
     memset(&h, 0, sizeof(h));
@@ -832,9 +834,10 @@ int common_gguf_open(const char *path, const struct common_gguf_opts *opts, stru
         if (common_gguf_get_u32(g, "split.no", &no) != COMMON_OK)
             no = 0;
         if (plen == 0 || fcount != count || count > GGUF_MAX_SPLITS) {
-            rc = common_errmsg_set(e, COMMON_EINVAL,
-                                   "%s: split.count is %u but the name is not NAME-%05u-of-%05u.gguf",
-                                   path, count, no + 1, count);
+            rc = common_errmsg_set(
+                e, COMMON_EINVAL,
+                "%s: split.count is %u but the name is not NAME-%05u-of-%05u.gguf", path, count,
+                no + 1, count);
             goto out_free;
         }
         /* Reopen as a split set starting from file 1, whichever file was named. */
@@ -842,7 +845,7 @@ int common_gguf_open(const char *path, const struct common_gguf_opts *opts, stru
         g = gguf_new(count);
         if (!g)
             return COMMON_ENOMEM;
-        size_t n  = plen + 32;
+        size_t n = plen + 32;
         char  *sp = malloc(n);
         if (!sp) {
             rc = COMMON_ENOMEM;
@@ -851,7 +854,7 @@ int common_gguf_open(const char *path, const struct common_gguf_opts *opts, stru
         for (uint32_t i = 0; i < count; i++) {
             snprintf(sp, n, "%.*s-%05u-of-%05u.gguf", (int)plen, path, i + 1, count);
             inner.text[0] = '\0';
-            rc            = gguf_load_file(g, i, sp, max_hdr, &h, &inner);
+            rc = gguf_load_file(g, i, sp, max_hdr, &h, &inner);
             uint32_t sno = UINT32_MAX, scount = 0;
             if (rc == COMMON_OK) {
                 /* Each split names its own index and the count. */
@@ -879,10 +882,9 @@ int common_gguf_open(const char *path, const struct common_gguf_opts *opts, stru
         uint64_t want_tensors;
         if (common_gguf_get_u64(g, "split.tensors.count", &want_tensors) == COMMON_OK &&
             want_tensors != g->n_tensors) {
-            rc = common_errmsg_set(e, COMMON_ECORRUPT,
-                                   "%s: split.tensors.count is %llu but the splits hold %llu", path,
-                                   (unsigned long long)want_tensors,
-                                   (unsigned long long)g->n_tensors);
+            rc = common_errmsg_set(
+                e, COMMON_ECORRUPT, "%s: split.tensors.count is %llu but the splits hold %llu",
+                path, (unsigned long long)want_tensors, (unsigned long long)g->n_tensors);
             goto out_free;
         }
     }
@@ -900,7 +902,8 @@ out_free:
     return rc;
 }
 
-/* ---- accessors --------------------------------------------------------------------------------- */
+/* ---- accessors ---------------------------------------------------------------------------------
+ */
 
 uint32_t common_gguf_version(const struct common_gguf *g)
 {
@@ -1079,7 +1082,7 @@ const struct common_gguf_tensor *common_gguf_tensor_at(const struct common_gguf 
 }
 
 const struct common_gguf_tensor *common_gguf_tensor_find(const struct common_gguf *g,
-                                                         const char *name)
+                                                         const char               *name)
 {
     if (!g->t_index.slots)
         return NULL;

@@ -23,10 +23,10 @@ struct gguf_wtensor {
 
 struct common_gguf_writer {
     uint32_t             alignment;
-    struct gguf_wbuf     kv;        /* serialized kv pairs */
+    struct gguf_wbuf     kv; /* serialized kv pairs */
     uint64_t             n_kv;
-    char               **keys;      /* owned: n_kv copies, for duplicate checks */
-    struct gguf_wtensor *tensors;   /* owned */
+    char               **keys;    /* owned: n_kv copies, for duplicate checks */
+    struct gguf_wtensor *tensors; /* owned */
     uint64_t             n_tensors;
     uint64_t             data_size; /* bytes of the data section so far (declared) */
     FILE                *f;         /* owned while writing */
@@ -45,7 +45,7 @@ static int wbuf_put(struct gguf_wbuf *b, const void *p, size_t n)
         if (!d)
             return COMMON_ENOMEM;
         b->data = d;
-        b->cap  = cap;
+        b->cap = cap;
     }
     memcpy(b->data + b->len, p, n);
     b->len += n;
@@ -78,7 +78,7 @@ int common_gguf_writer_create(struct common_gguf_writer **out, uint32_t alignmen
     if (!w)
         return COMMON_ENOMEM;
     w->alignment = alignment;
-    *out         = w;
+    *out = w;
     return COMMON_OK;
 }
 
@@ -207,11 +207,10 @@ int common_gguf_writer_copy_kv(struct common_gguf_writer *w, const struct common
         return rc ? rc : wbuf_str(&w->kv, v->v.str.ptr, v->v.str.len);
     }
     case COMMON_GGUF_ARRAY:
-        return common_gguf_writer_set_arr(w, kv->key, v->v.arr.type,
-                                          v->v.arr.type == COMMON_GGUF_STRING
-                                              ? (const void *)v->v.arr.strs
-                                              : v->v.arr.data,
-                                          v->v.arr.n);
+        return common_gguf_writer_set_arr(
+            w, kv->key, v->v.arr.type,
+            v->v.arr.type == COMMON_GGUF_STRING ? (const void *)v->v.arr.strs : v->v.arr.data,
+            v->v.arr.n);
     case COMMON_GGUF_FLOAT32: {
         float f = (float)v->v.f64;
         return writer_set_scalar(w, kv->key, v->type, &f, 4);
@@ -250,17 +249,17 @@ int common_gguf_writer_add_tensor(struct common_gguf_writer *w, const char *name
     struct gguf_wtensor *t = realloc(w->tensors, (w->n_tensors + 1) * sizeof(*t));
     if (!t)
         return COMMON_ENOMEM;
-    w->tensors             = t;
+    w->tensors = t;
     struct gguf_wtensor *x = &w->tensors[w->n_tensors];
     memset(x, 0, sizeof(*x));
     if (!(x->name = strdup(name)))
         return COMMON_ENOMEM;
-    x->type   = type;
+    x->type = type;
     x->n_dims = n_dims;
     for (uint32_t d = 0; d < COMMON_GGUF_MAX_DIMS; d++)
         x->ne[d] = d < n_dims ? ne[d] : 1;
     x->offset = w->data_size;
-    x->size   = size;
+    x->size = size;
     uint64_t padded = (size + w->alignment - 1) / w->alignment * w->alignment;
     w->data_size += padded;
     w->n_tensors++;
@@ -317,9 +316,9 @@ int common_gguf_writer_begin(struct common_gguf_writer *w, const char *path,
     }
     if ((rc = writer_io(w, hdr.data, hdr.len, e)) || (rc = writer_pad(w, hdr.len, e)))
         goto out_free;
-    w->cur      = 0;
+    w->cur = 0;
     w->cur_done = 0;
-    w->written  = 0;
+    w->written = 0;
 out_free:
     free(hdr.data);
     return rc;
@@ -336,10 +335,10 @@ int common_gguf_writer_write_data(struct common_gguf_writer *w, const void *data
             w->cur++; /* zero-sized tensors take no data */
         if (w->cur >= w->n_tensors)
             return common_errmsg_set(e, COMMON_EINVAL, "gguf writer: more data than tensors");
-        const struct gguf_wtensor *t    = &w->tensors[w->cur];
+        const struct gguf_wtensor *t = &w->tensors[w->cur];
         uint64_t                   left = t->size - w->cur_done;
-        size_t                     n    = len < left ? len : (size_t)left;
-        int                        rc   = writer_io(w, p, n, e);
+        size_t                     n = len < left ? len : (size_t)left;
+        int                        rc = writer_io(w, p, n, e);
         if (rc)
             return rc;
         p += n;
@@ -363,12 +362,12 @@ int common_gguf_writer_finish(struct common_gguf_writer *w, struct common_errmsg
     while (w->cur < w->n_tensors && w->tensors[w->cur].size == 0)
         w->cur++;
     if (w->cur != w->n_tensors)
-        return common_errmsg_set(e, COMMON_EINVAL,
-                                 "gguf writer: tensor '%s' not written (%llu of %llu tensors)",
-                                 w->tensors[w->cur].name, (unsigned long long)w->cur,
-                                 (unsigned long long)w->n_tensors);
-    int rc = fclose(w->f) == 0 ? COMMON_OK
-                               : common_errmsg_set(e, COMMON_EIO, "close failed: %s", strerror(errno));
-    w->f   = NULL;
+        return common_errmsg_set(
+            e, COMMON_EINVAL, "gguf writer: tensor '%s' not written (%llu of %llu tensors)",
+            w->tensors[w->cur].name, (unsigned long long)w->cur, (unsigned long long)w->n_tensors);
+    int rc = fclose(w->f) == 0
+                 ? COMMON_OK
+                 : common_errmsg_set(e, COMMON_EIO, "close failed: %s", strerror(errno));
+    w->f = NULL;
     return rc;
 }

@@ -10,13 +10,13 @@ static size_t json_utf8_len(const unsigned char *s, size_t len)
     if (c < 0x80)
         return 1;
     if ((c & 0xE0) == 0xC0) {
-        n  = 2;
+        n = 2;
         cp = c & 0x1Fu;
     } else if ((c & 0xF0) == 0xE0) {
-        n  = 3;
+        n = 3;
         cp = c & 0x0Fu;
     } else if ((c & 0xF8) == 0xF0) {
-        n  = 4;
+        n = 4;
         cp = c & 0x07u;
     } else {
         return 0;

@@ -26,9 +26,9 @@ int common_log_parse_level(const char *s, enum common_log_level *out)
         const char           *name;
         enum common_log_level level;
     } names[] = {
-        {"err", COMMON_LOG_LEVEL_ERR},     {"error", COMMON_LOG_LEVEL_ERR},
-        {"warn", COMMON_LOG_LEVEL_WARN},   {"warning", COMMON_LOG_LEVEL_WARN},
-        {"info", COMMON_LOG_LEVEL_INFO},   {"debug", COMMON_LOG_LEVEL_DEBUG},
+        {"err", COMMON_LOG_LEVEL_ERR},   {"error", COMMON_LOG_LEVEL_ERR},
+        {"warn", COMMON_LOG_LEVEL_WARN}, {"warning", COMMON_LOG_LEVEL_WARN},
+        {"info", COMMON_LOG_LEVEL_INFO}, {"debug", COMMON_LOG_LEVEL_DEBUG},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(s, names[i].name) == 0) {

@@ -1,4 +1,5 @@
-/* common/model.c - model description over a GGUF: architecture, hyper-parameters, roles, experts. */
+/* common/model.c - model description over a GGUF: architecture, hyper-parameters, roles, experts.
+ */
 #include "common.h"
 
 #include <math.h>
@@ -13,44 +14,44 @@ struct model_arch_info {
 };
 
 static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
-    [COMMON_ARCH_LLAMA]    = {"llama", 0, 1, false},
-    [COMMON_ARCH_QWEN2]    = {"qwen2", 1, 0, false},
-    [COMMON_ARCH_QWEN3]    = {"qwen3", 1, 0, false},
+    [COMMON_ARCH_LLAMA] = {"llama", 0, 1, false},
+    [COMMON_ARCH_QWEN2] = {"qwen2", 1, 0, false},
+    [COMMON_ARCH_QWEN3] = {"qwen3", 1, 0, false},
     [COMMON_ARCH_QWEN2MOE] = {"qwen2moe", 1, 0, true},
     [COMMON_ARCH_QWEN3MOE] = {"qwen3moe", 1, 1, true},
-    [COMMON_ARCH_OLMOE]    = {"olmoe", 1, 0, true},
+    [COMMON_ARCH_OLMOE] = {"olmoe", 1, 0, true},
 };
 
 static const char *role_names[COMMON_ROLE_COUNT] = {
-    [COMMON_ROLE_ATTN_NORM]          = "attn_norm.weight",
-    [COMMON_ROLE_ATTN_Q]             = "attn_q.weight",
-    [COMMON_ROLE_ATTN_K]             = "attn_k.weight",
-    [COMMON_ROLE_ATTN_V]             = "attn_v.weight",
-    [COMMON_ROLE_ATTN_OUT]           = "attn_output.weight",
-    [COMMON_ROLE_ATTN_Q_BIAS]        = "attn_q.bias",
-    [COMMON_ROLE_ATTN_K_BIAS]        = "attn_k.bias",
-    [COMMON_ROLE_ATTN_V_BIAS]        = "attn_v.bias",
-    [COMMON_ROLE_ATTN_Q_NORM]        = "attn_q_norm.weight",
-    [COMMON_ROLE_ATTN_K_NORM]        = "attn_k_norm.weight",
-    [COMMON_ROLE_FFN_NORM]           = "ffn_norm.weight",
-    [COMMON_ROLE_FFN_GATE]           = "ffn_gate.weight",
-    [COMMON_ROLE_FFN_UP]             = "ffn_up.weight",
-    [COMMON_ROLE_FFN_DOWN]           = "ffn_down.weight",
-    [COMMON_ROLE_FFN_GATE_INP]       = "ffn_gate_inp.weight",
-    [COMMON_ROLE_FFN_GATE_EXPS]      = "ffn_gate_exps.weight",
-    [COMMON_ROLE_FFN_UP_EXPS]        = "ffn_up_exps.weight",
-    [COMMON_ROLE_FFN_DOWN_EXPS]      = "ffn_down_exps.weight",
+    [COMMON_ROLE_ATTN_NORM] = "attn_norm.weight",
+    [COMMON_ROLE_ATTN_Q] = "attn_q.weight",
+    [COMMON_ROLE_ATTN_K] = "attn_k.weight",
+    [COMMON_ROLE_ATTN_V] = "attn_v.weight",
+    [COMMON_ROLE_ATTN_OUT] = "attn_output.weight",
+    [COMMON_ROLE_ATTN_Q_BIAS] = "attn_q.bias",
+    [COMMON_ROLE_ATTN_K_BIAS] = "attn_k.bias",
+    [COMMON_ROLE_ATTN_V_BIAS] = "attn_v.bias",
+    [COMMON_ROLE_ATTN_Q_NORM] = "attn_q_norm.weight",
+    [COMMON_ROLE_ATTN_K_NORM] = "attn_k_norm.weight",
+    [COMMON_ROLE_FFN_NORM] = "ffn_norm.weight",
+    [COMMON_ROLE_FFN_GATE] = "ffn_gate.weight",
+    [COMMON_ROLE_FFN_UP] = "ffn_up.weight",
+    [COMMON_ROLE_FFN_DOWN] = "ffn_down.weight",
+    [COMMON_ROLE_FFN_GATE_INP] = "ffn_gate_inp.weight",
+    [COMMON_ROLE_FFN_GATE_EXPS] = "ffn_gate_exps.weight",
+    [COMMON_ROLE_FFN_UP_EXPS] = "ffn_up_exps.weight",
+    [COMMON_ROLE_FFN_DOWN_EXPS] = "ffn_down_exps.weight",
     [COMMON_ROLE_FFN_GATE_INP_SHEXP] = "ffn_gate_inp_shexp.weight",
-    [COMMON_ROLE_FFN_GATE_SHEXP]     = "ffn_gate_shexp.weight",
-    [COMMON_ROLE_FFN_UP_SHEXP]       = "ffn_up_shexp.weight",
-    [COMMON_ROLE_FFN_DOWN_SHEXP]     = "ffn_down_shexp.weight",
+    [COMMON_ROLE_FFN_GATE_SHEXP] = "ffn_gate_shexp.weight",
+    [COMMON_ROLE_FFN_UP_SHEXP] = "ffn_up_shexp.weight",
+    [COMMON_ROLE_FFN_DOWN_SHEXP] = "ffn_down_shexp.weight",
 };
 
 static const char *grole_names[COMMON_GROLE_COUNT] = {
-    [COMMON_GROLE_TOKEN_EMBD]  = "token_embd.weight",
+    [COMMON_GROLE_TOKEN_EMBD] = "token_embd.weight",
     [COMMON_GROLE_OUTPUT_NORM] = "output_norm.weight",
-    [COMMON_GROLE_OUTPUT]      = "output.weight",
-    [COMMON_GROLE_ROPE_FREQS]  = "rope_freqs.weight",
+    [COMMON_GROLE_OUTPUT] = "output.weight",
+    [COMMON_GROLE_ROPE_FREQS] = "rope_freqs.weight",
 };
 
 const char *common_arch_name(enum common_arch arch)
@@ -91,8 +92,10 @@ static int model_need_u32(const struct common_model *m, const char *suffix, uint
         return common_errmsg_set(e, COMMON_ECORRUPT, "missing metadata key '%s.%s'", m->arch_name,
                                  suffix);
     if (rc != COMMON_OK)
-        return common_errmsg_set(e, COMMON_ECORRUPT, "metadata key '%s.%s' is not an unsigned "
-                                 "32-bit integer", m->arch_name, suffix);
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "metadata key '%s.%s' is not an unsigned "
+                                 "32-bit integer",
+                                 m->arch_name, suffix);
     return COMMON_OK;
 }
 
@@ -167,7 +170,7 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     hp->rope_freq_base = 10000.0f;
     model_f32(m, "rope.freq_base", &hp->rope_freq_base);
     hp->rope_freq_scale = 1.0f;
-    float factor        = 0.0f;
+    float factor = 0.0f;
     if (model_f32(m, "rope.scaling.factor", &factor) == COMMON_OK && factor > 0.0f)
         hp->rope_freq_scale = 1.0f / factor;
     if ((rc = model_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) != COMMON_OK)
@@ -176,7 +179,7 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
                                  m->arch_name);
     if (!(hp->rope_freq_base > 0.0f) || !(hp->rms_eps >= 0.0f) || isinf(hp->rope_freq_base))
         return common_errmsg_set(e, COMMON_ECORRUPT, "bad rope.freq_base or rms epsilon");
-    hp->rope_neox      = arch_table[m->arch].rope_neox;
+    hp->rope_neox = arch_table[m->arch].rope_neox;
     hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
     bool norm;
     char key[128];
@@ -190,37 +193,37 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
 static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg *e)
 {
     struct common_hparams     *hp = &m->hp;
-    struct common_model_layer *L  = &m->layers[il];
+    struct common_model_layer *L = &m->layers[il];
     char                       name[96];
     for (int r = 0; r < COMMON_ROLE_COUNT; r++) {
         snprintf(name, sizeof(name), "blk.%u.%s", il, role_names[r]);
         L->tensor[r] = model_find(m->gguf, name);
     }
     static const enum common_layer_role required[] = {
-        COMMON_ROLE_ATTN_NORM, COMMON_ROLE_ATTN_Q,  COMMON_ROLE_ATTN_K,
+        COMMON_ROLE_ATTN_NORM, COMMON_ROLE_ATTN_Q,   COMMON_ROLE_ATTN_K,
         COMMON_ROLE_ATTN_V,    COMMON_ROLE_ATTN_OUT, COMMON_ROLE_FFN_NORM,
     };
     for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
         if (L->tensor[required[i]] < 0)
             return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
                                      role_names[required[i]]);
-    uint64_t q  = (uint64_t)hp->n_head * hp->head_dim_k;
+    uint64_t q = (uint64_t)hp->n_head * hp->head_dim_k;
     uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim_k;
     uint64_t vv = (uint64_t)hp->n_head_kv * hp->head_dim_v;
-    uint64_t o  = (uint64_t)hp->n_head * hp->head_dim_v;
+    uint64_t o = (uint64_t)hp->n_head * hp->head_dim_v;
     int      rc;
-    if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_NORM], 1,
-                                (uint64_t[]){hp->n_embd}, e)) ||
+    if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_NORM], 1, (uint64_t[]){hp->n_embd},
+                                e)) ||
         (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q], 2, (uint64_t[]){hp->n_embd, q},
                                 e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K], 2,
-                                (uint64_t[]){hp->n_embd, kv}, e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V], 2,
-                                (uint64_t[]){hp->n_embd, vv}, e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT], 2,
-                                (uint64_t[]){o, hp->n_embd}, e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_NORM], 1,
-                                (uint64_t[]){hp->n_embd}, e)))
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K], 2, (uint64_t[]){hp->n_embd, kv},
+                                e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V], 2, (uint64_t[]){hp->n_embd, vv},
+                                e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT], 2, (uint64_t[]){o, hp->n_embd},
+                                e)) ||
+        (rc =
+             model_check_shape(m, L->tensor[COMMON_ROLE_FFN_NORM], 1, (uint64_t[]){hp->n_embd}, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 &&
         (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_NORM], 1,
@@ -248,9 +251,9 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
                 return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
                                          role_names[dense[i]]);
         if (hp->n_ff == 0)
-            hp->n_ff = (uint32_t)common_gguf_tensor_at(m->gguf,
-                                                       (uint64_t)L->tensor[COMMON_ROLE_FFN_UP])
-                           ->ne[1];
+            hp->n_ff =
+                (uint32_t)common_gguf_tensor_at(m->gguf, (uint64_t)L->tensor[COMMON_ROLE_FFN_UP])
+                    ->ne[1];
         if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE], 2,
                                     (uint64_t[]){hp->n_embd, hp->n_ff}, e)) ||
             (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_UP], 2,
@@ -262,16 +265,16 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
     }
 
     static const enum common_layer_role moe[] = {COMMON_ROLE_FFN_GATE_INP,
-                                                 COMMON_ROLE_FFN_GATE_EXPS,
-                                                 COMMON_ROLE_FFN_UP_EXPS, COMMON_ROLE_FFN_DOWN_EXPS};
+                                                 COMMON_ROLE_FFN_GATE_EXPS, COMMON_ROLE_FFN_UP_EXPS,
+                                                 COMMON_ROLE_FFN_DOWN_EXPS};
     for (size_t i = 0; i < 4; i++)
         if (L->tensor[moe[i]] < 0)
             return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
                                      role_names[moe[i]]);
     if (hp->n_ff_exp == 0)
-        hp->n_ff_exp = (uint32_t)common_gguf_tensor_at(m->gguf,
-                                                       (uint64_t)L->tensor[COMMON_ROLE_FFN_UP_EXPS])
-                           ->ne[1];
+        hp->n_ff_exp =
+            (uint32_t)common_gguf_tensor_at(m->gguf, (uint64_t)L->tensor[COMMON_ROLE_FFN_UP_EXPS])
+                ->ne[1];
     if (hp->n_ff_exp == 0)
         return common_errmsg_set(e, COMMON_ECORRUPT, "blk.%u: expert FFN width is 0", il);
     if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE_INP], 2,
@@ -327,7 +330,7 @@ static void model_totals(struct common_model *m)
         const struct common_gguf_tensor *emb =
             common_gguf_tensor_at(g, (uint64_t)m->global[COMMON_GROLE_TOKEN_EMBD]);
         uint64_t row = emb->ne[1] ? emb->size / emb->ne[1] : 0;
-        active       = active - emb->size + row;
+        active = active - emb->size + row;
     }
     m->bytes_active = active + active_experts;
 }
@@ -414,12 +417,12 @@ int common_model_expert_span(const struct common_model *m, uint32_t layer, uint3
         return COMMON_EINVAL;
     int64_t idx = m->layers[layer].tensor[COMMON_ROLE_FFN_GATE_EXPS + (int)part];
     const struct common_gguf_tensor *t = common_gguf_tensor_at(m->gguf, (uint64_t)idx);
-    uint64_t per = t->size / m->hp.n_expert;
-    out->split   = t->split;
-    out->type    = t->type;
-    out->offset  = t->offset + per * expert;
-    out->size    = per;
-    out->rows    = t->ne[1];
-    out->cols    = t->ne[0];
+    uint64_t                         per = t->size / m->hp.n_expert;
+    out->split = t->split;
+    out->type = t->type;
+    out->offset = t->offset + per * expert;
+    out->size = per;
+    out->rows = t->ne[1];
+    out->cols = t->ne[0];
     return COMMON_OK;
 }

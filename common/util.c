@@ -43,8 +43,8 @@ int common_parse_size(const char *s, uint64_t *out)
         }
         end++;
         /* Accept the suffix forms K, KB, KiB (all binary). */
-        if (mult > 1.0 && (strcasecmp(end, "") == 0 || strcasecmp(end, "b") == 0 ||
-                           strcasecmp(end, "ib") == 0))
+        if (mult > 1.0 &&
+            (strcasecmp(end, "") == 0 || strcasecmp(end, "b") == 0 || strcasecmp(end, "ib") == 0))
             end += strlen(end);
         if (*end)
             return COMMON_EINVAL;

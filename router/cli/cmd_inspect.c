@@ -1,4 +1,5 @@
-/* router/cli/cmd_inspect.c - `sluice inspect MODEL [--json]`: what a GGUF holds and what it costs. */
+/* router/cli/cmd_inspect.c - `sluice inspect MODEL [--json]`: what a GGUF holds and what it costs.
+ */
 #include "cli.h"
 
 #include <inttypes.h>
@@ -9,15 +10,14 @@
 
 static void inspect_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: sluice inspect MODEL.gguf [--json] [--metadata] [--no-splits]\n\n"
-            "Prints the architecture, hyper-parameters, tokenizer, a tensor table (name, type,\n"
-            "shape, bytes, offset) and totals: resident bytes, expert bytes, the per-expert\n"
-            "bundle (gate+up+down of one expert) and the bytes a token touches.\n\n"
-            "  --json        machine-readable output (schema: docs/inspect.md)\n"
-            "  --metadata    also list every metadata key (arrays are summarised)\n"
-            "  --no-splits   open only the named file of a split model\n"
-            "  -h, --help    this text\n");
+    fprintf(f, "usage: sluice inspect MODEL.gguf [--json] [--metadata] [--no-splits]\n\n"
+               "Prints the architecture, hyper-parameters, tokenizer, a tensor table (name, type,\n"
+               "shape, bytes, offset) and totals: resident bytes, expert bytes, the per-expert\n"
+               "bundle (gate+up+down of one expert) and the bytes a token touches.\n\n"
+               "  --json        machine-readable output (schema: docs/inspect.md)\n"
+               "  --metadata    also list every metadata key (arrays are summarised)\n"
+               "  --no-splits   open only the named file of a split model\n"
+               "  -h, --help    this text\n");
 }
 
 /* Prints a scalar or summarised array value, human form. */
@@ -107,8 +107,8 @@ static void inspect_tokenizer(const struct common_gguf *g, struct common_gguf_st
         *n_vocab = tokens->v.arr.n;
 }
 
-static void inspect_text(const char *path, const struct common_gguf *g, const struct common_model *m,
-                         bool model_ok, bool metadata)
+static void inspect_text(const char *path, const struct common_gguf *g,
+                         const struct common_model *m, bool model_ok, bool metadata)
 {
     char     b1[32], b2[32], b3[32], b4[32];
     uint64_t file_bytes = 0;
@@ -179,8 +179,8 @@ static void inspect_text(const char *path, const struct common_gguf *g, const st
     }
 }
 
-static void inspect_json(const char *path, const struct common_gguf *g, const struct common_model *m,
-                         bool model_ok, const char *model_error)
+static void inspect_json(const char *path, const struct common_gguf *g,
+                         const struct common_model *m, bool model_ok, const char *model_error)
 {
     uint64_t file_bytes = 0;
     for (uint32_t s = 0; s < common_gguf_n_splits(g); s++)
@@ -216,8 +216,9 @@ static void inspect_json(const char *path, const struct common_gguf *g, const st
                hp->rope_neox ? "neox" : "normal", (double)hp->rope_freq_base, (double)hp->rms_eps,
                hp->n_ff, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp,
                m->global[COMMON_GROLE_OUTPUT] >= 0 ? "false" : "true");
-        printf("  \"totals\": {\n    \"tensor_bytes\": %" PRIu64 ",\n    \"resident_bytes\": %" PRIu64
-               ",\n    \"expert_bytes\": %" PRIu64 ",\n    \"expert_bundle_bytes\": %" PRIu64
+        printf("  \"totals\": {\n    \"tensor_bytes\": %" PRIu64
+               ",\n    \"resident_bytes\": %" PRIu64 ",\n    \"expert_bytes\": %" PRIu64
+               ",\n    \"expert_bundle_bytes\": %" PRIu64
                ",\n    \"active_bytes_per_token\": %" PRIu64 "\n  },\n",
                m->bytes_total, m->bytes_resident, m->bytes_experts, m->bytes_expert_bundle,
                m->bytes_active);
@@ -250,9 +251,9 @@ static void inspect_json(const char *path, const struct common_gguf *g, const st
 
 int cli_cmd_inspect(int argc, char **argv)
 {
-    const char *path     = NULL;
-    bool        json     = false;
-    bool        metadata = false;
+    const char             *path = NULL;
+    bool                    json = false;
+    bool                    metadata = false;
     struct common_gguf_opts opts = {0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -282,17 +283,17 @@ int cli_cmd_inspect(int argc, char **argv)
         inspect_usage(stderr);
         return 2;
     }
-    struct common_errmsg e  = {{0}};
-    struct common_gguf  *g  = NULL;
+    struct common_errmsg e = {{0}};
+    struct common_gguf  *g = NULL;
     int                  rc = common_gguf_open(path, &opts, &g, &e);
     if (rc != COMMON_OK) {
         fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
         return 1;
     }
     struct common_model  m;
-    struct common_errmsg me       = {{0}};
+    struct common_errmsg me = {{0}};
     bool                 vocab_only = common_gguf_n_tensors(g) == 0;
-    int                  mrc        = vocab_only ? COMMON_ENOENT : common_model_init(&m, g, &me);
+    int                  mrc = vocab_only ? COMMON_ENOENT : common_model_init(&m, g, &me);
     if (vocab_only)
         snprintf(me.text, sizeof(me.text), "no tensors (vocabulary-only file)");
     if (json)

@@ -39,29 +39,29 @@ static void mkmodel_usage(FILE *f)
 static bool mkmodel_preset(const char *name, struct executor_synth_opts *o)
 {
     if (strcmp(name, "tiny") == 0) {
-        o->n_embd  = 256;
+        o->n_embd = 256;
         o->n_layer = 2;
-        o->n_head  = 8;
-        o->n_ff    = 512;
+        o->n_head = 8;
+        o->n_ff = 512;
     } else if (strcmp(name, "demo") == 0) {
-        o->n_embd        = 256;
-        o->n_layer       = 4;
-        o->n_head        = 8;
-        o->n_head_kv     = 2;
-        o->n_ff          = 256;
-        o->n_expert      = 8;
+        o->n_embd = 256;
+        o->n_layer = 4;
+        o->n_head = 8;
+        o->n_head_kv = 2;
+        o->n_ff = 256;
+        o->n_expert = 8;
         o->n_expert_used = 2;
-        o->type          = COMMON_GGML_TYPE_Q8_0;
+        o->type = COMMON_GGML_TYPE_Q8_0;
     } else if (strcmp(name, "moe-large") == 0) {
-        o->n_embd        = 2048;
-        o->n_head        = 16;
-        o->n_head_kv     = 4;
-        o->n_ff          = 1024;
-        o->n_expert      = 32;
+        o->n_embd = 2048;
+        o->n_head = 16;
+        o->n_head_kv = 4;
+        o->n_ff = 1024;
+        o->n_expert = 32;
         o->n_expert_used = 4;
-        o->n_ctx         = 4096;
-        o->type          = COMMON_GGML_TYPE_Q4_0;
-        o->target_bytes  = 7ull << 30;
+        o->n_ctx = 4096;
+        o->type = COMMON_GGML_TYPE_Q4_0;
+        o->target_bytes = 7ull << 30;
     } else {
         fprintf(stderr, "error: unknown preset '%s' (tiny, demo, moe-large)\n", name);
         return false;
@@ -139,7 +139,7 @@ int cli_cmd_mkmodel(int argc, char **argv)
         mkmodel_usage(stderr);
         return 2;
     }
-    struct common_errmsg e  = {{0}};
+    struct common_errmsg e = {{0}};
     int                  rc = executor_synth_write(&o, &e);
     if (rc) {
         fprintf(stderr, "error: mkmodel: %s\n", e.text[0] ? e.text : common_strerror(rc));

@@ -30,7 +30,7 @@ static void cli_usage(FILE *f)
 bool cli_parse_u64(const char *name, const char *s, uint64_t *out)
 {
     char *end = NULL;
-    errno     = 0;
+    errno = 0;
     if (!s || !*s || *s == '-') {
         fprintf(stderr, "error: %s expects a non-negative integer, got '%s'\n", name, s ? s : "");
         return false;
@@ -60,8 +60,8 @@ bool cli_parse_u32(const char *name, const char *s, uint32_t min, uint32_t max, 
 bool cli_parse_f32(const char *name, const char *s, float *out)
 {
     char *end = NULL;
-    errno     = 0;
-    float v   = s ? strtof(s, &end) : 0.0f;
+    errno = 0;
+    float v = s ? strtof(s, &end) : 0.0f;
     if (!s || !*s || errno != 0 || *end != '\0' || v != v) {
         fprintf(stderr, "error: %s expects a number, got '%s'\n", name, s ? s : "");
         return false;

@@ -14,7 +14,7 @@ char *fixture_path(const char *rel);
 #define FIXTURE_OR_SKIP(var, rel)                                                                  \
     char *var = fixture_path(rel);                                                                 \
     if (!var)                                                                                      \
-        cr_skip_test("fixture %s not found (../shared/fixtures absent): skipped", rel)
+    cr_skip_test("fixture %s not found (../shared/fixtures absent): skipped", rel)
 
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); returns NULL on failure. */
 char *fixture_read_all(const char *path, size_t *len);

@@ -66,7 +66,7 @@ static char *tjson_string(struct tjson_p *p, size_t *len)
     while (s[cap] && s[cap] != '"')
         cap += s[cap] == '\\' && s[cap + 1] ? 2 : 1;
     char  *out = malloc(cap * 2 + 8);
-    size_t n   = 0;
+    size_t n = 0;
     if (!out)
         return NULL;
     while (*s && *s != '"') {
@@ -76,11 +76,21 @@ static char *tjson_string(struct tjson_p *p, size_t *len)
         }
         s++;
         switch (*s) {
-        case 'n': out[n++] = '\n'; break;
-        case 't': out[n++] = '\t'; break;
-        case 'r': out[n++] = '\r'; break;
-        case 'b': out[n++] = '\b'; break;
-        case 'f': out[n++] = '\f'; break;
+        case 'n':
+            out[n++] = '\n';
+            break;
+        case 't':
+            out[n++] = '\t';
+            break;
+        case 'r':
+            out[n++] = '\r';
+            break;
+        case 'b':
+            out[n++] = '\b';
+            break;
+        case 'f':
+            out[n++] = '\f';
+            break;
         case 'u': {
             uint32_t cp, lo;
             if (tjson_hex4(s + 1, &cp) != 0)
@@ -94,16 +104,19 @@ static char *tjson_string(struct tjson_p *p, size_t *len)
             tjson_put_utf8(out, &n, cp);
             break;
         }
-        case '\0': goto out_bad;
-        default: out[n++] = *s; break;
+        case '\0':
+            goto out_bad;
+        default:
+            out[n++] = *s;
+            break;
         }
         s++;
     }
     if (*s != '"')
         goto out_bad;
-    p->s     = s + 1;
-    out[n]   = '\0';
-    *len     = n;
+    p->s = s + 1;
+    out[n] = '\0';
+    *len = n;
     return out;
 out_bad:
     free(out);
@@ -128,8 +141,8 @@ static int tjson_push(struct tjson *v, struct tjson *item, char *key)
         char **keys = realloc(v->keys, (v->len + 1) * sizeof(*keys));
         if (!keys)
             return -1;
-        v->keys          = keys;
-        v->keys[v->len]  = key;
+        v->keys = keys;
+        v->keys[v->len] = key;
     }
     v->items[v->len++] = item;
     return 0;
@@ -211,10 +224,10 @@ static struct tjson *tjson_value(struct tjson_p *p)
         return tjson_new(TJSON_NULL);
     }
     char  *end = NULL;
-    double d   = strtod(p->s, &end);
+    double d = strtod(p->s, &end);
     if (end == p->s)
         return NULL;
-    p->s            = end;
+    p->s = end;
     struct tjson *v = tjson_new(TJSON_NUM);
     if (v)
         v->num = d;
