@@ -39,4 +39,226 @@ struct executor_synth_opts {
  * COMMON_EIO, COMMON_ENOMEM. */
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Thread pool (executor/pool.c)                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A fixed set of worker threads created once and reused for every operation: the caller's
+ * thread plus n_threads - 1 workers. Idle workers spin for a few microseconds after a job, then
+ * sleep on a condition variable, so an idle pool costs no CPU. Opaque. */
+struct executor_pool;
+
+/* One piece of a parallel loop: handles items [i0, i1) on thread `ith` (0 = the caller's
+ * thread, 1..n_threads-1 the workers), so `ith` can index per-thread scratch. */
+typedef void (*executor_pool_fn)(void *arg, int64_t i0, int64_t i1, uint32_t ith);
+
+/* Number of physical cores available to this process (SMT siblings counted once, limited by
+ * the affinity mask); at least 1. */
+uint32_t executor_physical_cores(void);
+
+/* Starts n_threads - 1 workers (n_threads 0 = executor_physical_cores(); at most 256).
+ * Returns 0, COMMON_EINVAL (n_threads > 256), COMMON_ENOMEM, or COMMON_EAGAIN (thread creation
+ * failed). Free with executor_pool_destroy(). */
+int executor_pool_create(uint32_t n_threads, struct executor_pool **out);
+/* Stops and joins the workers; accepts NULL. */
+void executor_pool_destroy(struct executor_pool *p);
+/* Threads taking part in each loop, the caller included (1 for a NULL pool). */
+uint32_t executor_pool_n_threads(const struct executor_pool *p);
+/* Runs fn over [0, n) in pieces of at most `chunk` items (0 = split n evenly into a few pieces
+ * per thread), on every thread of the pool, and returns when all pieces are done; writes made
+ * by fn are visible to the caller on return. A NULL pool runs fn(arg, 0, n, 0) on the caller.
+ * One caller at a time per pool (not reentrant; fn must not call executor_pool_for). */
+void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, executor_pool_fn fn,
+                       void *arg);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Weight access (executor/weights.c)                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The forward pass reads weights only through this narrow interface, so where the bytes come
+ * from (an mmap of the model files, buffers filled with pread, later the fetcher's budgeted
+ * expert pool in shared memory) never touches the kernels:
+ * - resident tensors (attention, norms, embeddings, router gates, dense FFN): `tensor` gives
+ *   the bytes of a GGUF tensor, valid until the source is destroyed;
+ * - routed experts: `expert_acquire` pins one part (gate, up or down) of expert e of layer L
+ *   and gives its bytes (rows x cols of the part's type, rows contiguous), valid until the
+ *   matching `expert_release`; every successful acquire is released exactly once.
+ * Implementations are thread-safe: any thread may call any entry at any time. */
+struct executor_weight_ops {
+    /* Bytes of GGUF tensor `index` (file order). Returns 0, COMMON_EINVAL (bad index),
+     * COMMON_EIO. */
+    int (*tensor)(void *impl, uint64_t index, const void **data);
+    /* Pins a part of a routed expert. *slot identifies the loan for expert_release. Returns 0,
+     * COMMON_EINVAL (dense model, index out of range), COMMON_EAGAIN (every slot is pinned),
+     * COMMON_EIO. */
+    int (*expert_acquire)(void *impl, uint32_t layer, uint32_t expert, enum common_expert_part part,
+                          const void **data, uint32_t *slot);
+    /* Ends the loan made by expert_acquire (the bytes may then be reused). */
+    void (*expert_release)(void *impl, uint32_t slot);
+    /* Frees the implementation state. */
+    void (*destroy)(void *impl);
+};
+
+/* A weight source: an implementation table and its state. */
+struct executor_weights {
+    const struct executor_weight_ops *ops;   /* borrowed: static table of the implementation */
+    void                             *impl;  /* owned: freed by ops->destroy */
+    const struct common_model        *model; /* borrowed: must outlive the source */
+};
+
+/* Reads span bytes into dst; fetcher_read_span() has this signature. */
+typedef int (*executor_read_span_fn)(const struct common_gguf *g, const struct common_span *span,
+                                     void *dst, struct common_errmsg *e);
+
+struct executor_weights_opts {
+    bool     populate;               /* mmap: fault every page in at creation (MAP_POPULATE) */
+    uint32_t n_expert_slots;         /* pread: expert part buffers; 0 = 6 * expert_used_count */
+    executor_read_span_fn read_span; /* pread: how to read spans (required) */
+};
+
+/* Maps every split of the model read-only; tensors and experts point into the mapping (an
+ * expert acquire pins nothing and never fails). Returns 0, COMMON_EINVAL (a model parsed from
+ * memory has no file), COMMON_EIO (mmap failed), COMMON_ENOMEM, with a message. `o` may be NULL.
+ */
+int executor_weights_mmap_create(const struct common_model          *m,
+                                 const struct executor_weights_opts *o,
+                                 struct executor_weights **out, struct common_errmsg *e);
+/* Reads every resident tensor into malloc'd buffers at creation, and serves experts from
+ * o->n_expert_slots buffers of bytes_expert_bundle-part size filled on acquire with
+ * o->read_span (a cache: a part still held in an idle slot is not read again). Returns 0,
+ * COMMON_EINVAL (no read_span), COMMON_EIO, COMMON_ENOMEM, with a message. */
+int executor_weights_pread_create(const struct common_model          *m,
+                                  const struct executor_weights_opts *o,
+                                  struct executor_weights **out, struct common_errmsg *e);
+/* Destroys a source made by either function above; accepts NULL. */
+void executor_weights_destroy(struct executor_weights *w);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Model and inference context (executor/model.c, executor/forward.c)                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A model ready to run: hyper-parameters, validated tensor views over a weight source, small
+ * tensors (norms, biases) expanded to f32. Immutable after creation: several contexts may share
+ * one. Opaque. */
+struct executor_model;
+
+enum executor_weights_kind {
+    EXECUTOR_WEIGHTS_MMAP = 0, /* executor_weights_mmap_create */
+    EXECUTOR_WEIGHTS_PREAD,    /* executor_weights_pread_create (needs read_span) */
+};
+
+struct executor_model_opts {
+    enum executor_weights_kind weights;   /* source executor_model_open() creates */
+    executor_read_span_fn      read_span; /* for EXECUTOR_WEIGHTS_PREAD */
+    bool                       populate;  /* mmap: prefault the mapping */
+};
+
+/* Checks that the forward pass supports `desc` (architecture llama, qwen2, qwen3 or qwen3moe;
+ * every matrix type known to the kernels with rows of whole blocks; norms and biases of a float
+ * type) and builds the views. Returns 0, COMMON_ENOTSUP (architecture, tensor type or feature
+ * not supported: named in e), COMMON_ECORRUPT, COMMON_EIO, COMMON_ENOMEM. desc and w are
+ * borrowed and must outlive the model. */
+int executor_model_create(const struct common_model *desc, struct executor_weights *w,
+                          struct executor_model **out, struct common_errmsg *e);
+/* Opens `path` (GGUF, following splits), describes it, creates the weight source and the model,
+ * all owned by the model. Same returns as common_gguf_open(), common_model_init() and
+ * executor_model_create(). `o` may be NULL. */
+int executor_model_open(const char *path, const struct executor_model_opts *o,
+                        struct executor_model **out, struct common_errmsg *e);
+/* Frees the model (and what executor_model_open() made); accepts NULL. */
+void                         executor_model_destroy(struct executor_model *m);
+const struct common_model   *executor_model_desc(const struct executor_model *m);
+const struct common_hparams *executor_model_hparams(const struct executor_model *m);
+struct executor_weights     *executor_model_weights(const struct executor_model *m);
+
+/* KV cache element types. */
+enum executor_cache_type {
+    EXECUTOR_CACHE_F16 = 0, /* llama.cpp's default: K and V stored as f16 */
+    EXECUTOR_CACHE_Q8_0,    /* K and V as q8_0 blocks (head widths must be multiples of 32) */
+};
+
+/* Parses "f16" / "q8_0"; returns 0 or COMMON_EINVAL. */
+int         executor_cache_type_parse(const char *s, enum executor_cache_type *out);
+const char *executor_cache_type_name(enum executor_cache_type t);
+
+/* One sequence being evaluated: KV cache, position, scratch buffers. Opaque. */
+struct executor_ctx;
+
+struct executor_ctx_opts {
+    uint32_t                 n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
+    uint32_t                 n_batch;    /* tokens per forward batch; 0 = 512 */
+    enum executor_cache_type cache_type; /* 0 = f16 */
+    struct executor_pool    *pool;       /* borrowed: must outlive the ctx; NULL = caller only */
+};
+
+/* Allocates the KV cache and every scratch buffer once (decoding never allocates). Returns 0,
+ * COMMON_EINVAL (n_ctx or cache type unusable for the model, named in e), COMMON_ENOMEM. */
+int executor_ctx_create(const struct executor_model *m, const struct executor_ctx_opts *o,
+                        struct executor_ctx **out, struct common_errmsg *e);
+/* Frees the ctx; accepts NULL. */
+void     executor_ctx_destroy(struct executor_ctx *c);
+uint32_t executor_ctx_n_ctx(const struct executor_ctx *c);
+/* Positions filled so far (tokens decoded since the last reset). */
+uint32_t executor_ctx_n_past(const struct executor_ctx *c);
+/* Logits per token (the model's vocabulary size). */
+uint32_t executor_ctx_n_vocab(const struct executor_ctx *c);
+/* Forgets the sequence (n_past = 0); the cache memory is kept. */
+void executor_ctx_reset(struct executor_ctx *c);
+
+struct executor_decode_opts {
+    bool all_logits; /* logits for every token (else only for the last one) */
+};
+
+/* Evaluates tokens[0..n) at positions n_past .. n_past+n-1 (in batches of n_batch through the
+ * matrix-matrix kernels), appends them to the KV cache and writes n_vocab logits per requested
+ * token to `logits` (n * n_vocab floats with all_logits, else n_vocab). `o` may be NULL.
+ * Returns 0, COMMON_ERANGE (n_past + n > n_ctx: nothing is evaluated; message in e),
+ * COMMON_EINVAL (n == 0, a token id out of range), or an error of the weight source (the ctx
+ * must then be reset). Not thread-safe for one ctx (it uses the pool given at creation). */
+int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+                        const struct executor_decode_opts *o, struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Perplexity, llama-perplexity's protocol (executor/perplexity.c)                             */
+/* ------------------------------------------------------------------------------------------ */
+
+struct executor_ppl_opts {
+    uint32_t n_ctx; /* chunk length; 0 = the ctx's n_ctx */
+    int32_t  bos;   /* replaces the first token of every chunk; < 0 = leave it */
+    /* Called after each chunk with its 0-based index and the running perplexity; may be NULL. */
+    void (*on_chunk)(void *arg, uint32_t chunk, double ppl);
+    void *arg;
+};
+
+struct executor_ppl_result {
+    double   ppl;      /* exp(mean negative log-likelihood) */
+    double   ppl_err;  /* llama.cpp's +/-: ppl * sqrt((E[nll^2] - E[nll]^2) / (count - 1)) */
+    double   nll;      /* mean negative log-likelihood */
+    uint32_t n_chunks; /* chunks scored */
+    uint64_t n_scored; /* predictions scored: n_chunks * (n_ctx - 1 - n_ctx / 2) */
+};
+
+/* Scores tokens (already tokenized with BOS, as llama-perplexity does) in n_tokens / n_ctx
+ * chunks: each chunk starts a fresh sequence, its first token replaced by `bos`, and the
+ * predictions of positions n_ctx/2 .. n_ctx-2 (for the next token) are scored with a log-softmax
+ * in double. Returns 0, COMMON_ERANGE (fewer than 2 * n_ctx tokens, or n_ctx above the ctx's),
+ * COMMON_EINVAL, COMMON_ENOMEM, or a decode error. */
+int executor_perplexity(struct executor_ctx *c, const int32_t *tokens, size_t n_tokens,
+                        const struct executor_ppl_opts *o, struct executor_ppl_result *out,
+                        struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory bandwidth (executor/membw.c)                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+struct executor_membw_opts {
+    uint64_t              bytes; /* buffer size; 0 = 1 GiB (far above any cache) */
+    uint32_t              reps;  /* timed passes, the best is kept; 0 = 5 */
+    struct executor_pool *pool;  /* threads reading in parallel; NULL = caller only */
+};
+
+/* Measures the streaming read bandwidth of main memory with every pool thread reading its part
+ * of a large buffer. Returns 0 and *bytes_per_s, COMMON_ENOMEM. */
+int executor_membw_measure(const struct executor_membw_opts *o, double *bytes_per_s);
+
 #endif /* EXECUTOR_EXECUTOR_H */

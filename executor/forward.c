@@ -1,0 +1,738 @@
+/* executor/forward.c - the forward pass of one sequence: batches, attention, FFN and MoE, logits.
+ */
+#include "executor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv.h"
+#include "model_impl.h"
+
+#define FWD_N_ACT       3  /* activation buffers: q/k/v may need three vec_dot types */
+#define FWD_ALIGN       64 /* scratch alignment, bytes */
+#define FWD_MIN_CHUNK   8  /* fewest matrix rows handed to a thread at once */
+#define FWD_DEFAULT_CTX 4096
+
+struct executor_ctx {
+    const struct executor_model *m;    /* borrowed: must outlive the ctx */
+    struct executor_pool        *pool; /* borrowed: may be NULL */
+    uint32_t                     nth;  /* threads of the pool */
+    uint32_t                     n_ctx, n_batch, n_past;
+    struct executor_kv           kv;
+    /* Scratch, row-major (n_batch, width); allocated once in executor_ctx_create. */
+    float   *x;              /* owned: (n_batch, n_embd) residual stream */
+    float   *xn;             /* owned: (n_batch, n_embd) normalised input of a block */
+    float   *q, *k, *v;      /* owned: (n_batch, q_dim), (n_batch, k_dim), (n_batch, v_dim) */
+    float   *att;            /* owned: (n_batch, n_head * head_dim_v) attention output */
+    float   *tmp;            /* owned: (n_batch, n_embd) block output */
+    float   *ga, *up;        /* owned: (n_batch, n_ff_max) FFN gate and up */
+    uint8_t *act[FWD_N_ACT]; /* owned: act_cap bytes each, activations in vec_dot types */
+    size_t   act_cap;
+    float   *rope; /* owned: (n_batch, n_rot) cos, sin pairs per token */
+    /* Per-thread attention scratch, indexed by the pool's thread index. */
+    float    *th_scores;  /* owned: (nth, n_ctx) */
+    uint16_t *th_p16;     /* owned: (nth, n_ctx) f16 probabilities */
+    uint8_t  *th_q;       /* owned: (nth, th_q_bytes) query in the cache's dot type */
+    size_t    th_q_bytes; /* bytes per thread in th_q */
+    float    *th_v;       /* owned: (nth, head_dim_v) dequantized V row (q8_0 cache) */
+    /* MoE routing, (n_batch, n_expert_used) unless said otherwise. */
+    float   *router;   /* owned: (n_batch, n_expert) gate logits, then probabilities */
+    int32_t *sel;      /* owned: chosen experts */
+    float   *sel_w;    /* owned: their weights */
+    int32_t *ex_count; /* owned: (n_expert) tokens routed to each expert */
+    int32_t *ex_start; /* owned: (n_expert + 1) offsets into ex_items */
+    int32_t *ex_items; /* owned: (n_batch * n_expert_used) t * n_expert_used + slot, by expert */
+    float   *gx;       /* owned: (n_batch, n_embd) rows gathered for one expert */
+    float   *moe_out;  /* owned: (n_batch, n_expert_used, n_embd) weighted expert outputs */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Small numeric helpers (llama.cpp CPU semantics)                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* y = x / sqrt(mean(x^2) + eps) * w, the sum of squares accumulated in double as ggml does. */
+static void fwd_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps)
+{
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = (x[i] * scale) * w[i];
+}
+
+static float fwd_silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* In-place softmax as ggml_soft_max: exp in float, sum in double, scaled by (float)(1/sum). */
+static void fwd_softmax(float *x, uint32_t n)
+{
+    float max = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += (double)x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
+/* cos/sin table of one position as ggml's rope cache: theta starts at pos and is multiplied by
+ * base^(-2/n_rot) in float for each pair. */
+static void fwd_rope_table(float *cs, uint32_t pos, uint32_t n_rot, float base, float freq_scale,
+                           const float *freq_factors)
+{
+    const float theta_scale = powf(base, -2.0f / (float)n_rot);
+    float       theta = (float)pos;
+    for (uint32_t i = 0; i < n_rot / 2; i++) {
+        const float ff = freq_factors ? freq_factors[i] : 1.0f;
+        const float th = freq_scale * (theta / ff);
+        cs[2 * i] = cosf(th);
+        cs[2 * i + 1] = sinf(th);
+        theta *= theta_scale;
+    }
+}
+
+/* Rotates the first n_rot dims of each of n_heads heads of width head_dim. Normal mode rotates
+ * adjacent pairs (2i, 2i+1); NeoX rotates (i, i + n_rot/2). */
+static void fwd_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
+                           const float *cs, bool neox)
+{
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *x = v + (size_t)h * head_dim;
+        for (uint32_t i = 0; i < n_rot / 2; i++) {
+            const uint32_t a = neox ? i : 2 * i;
+            const uint32_t b = neox ? i + n_rot / 2 : 2 * i + 1;
+            const float    c = cs[2 * i];
+            const float    s = cs[2 * i + 1];
+            const float    x0 = x[a];
+            const float    x1 = x[b];
+            x[a] = x0 * c - x1 * s;
+            x[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parallel building blocks                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One matrix product of a job: y[j * y_stride + r] = W[r] . act_j. */
+struct fwd_mm {
+    const void *w;
+    uint32_t    type;
+    int64_t     rows, cols;
+    size_t      row_bytes;
+    const void *act;
+    size_t      act_stride;
+    int64_t     n_act;
+    float      *y;
+    size_t      y_stride;
+};
+
+/* Up to three products sharing one parallel loop over their concatenated rows. */
+struct fwd_mm_job {
+    struct fwd_mm t[3];
+    int           n;
+    int64_t       start[4]; /* first concatenated row of each product, start[n] = total */
+};
+
+static void fwd_mm_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
+{
+    (void)ith;
+    const struct fwd_mm_job *job = arg;
+    for (int k = 0; k < job->n; k++) {
+        int64_t r0 = i0 > job->start[k] ? i0 : job->start[k];
+        int64_t r1 = i1 < job->start[k + 1] ? i1 : job->start[k + 1];
+        if (r0 >= r1)
+            continue;
+        const struct fwd_mm *t = &job->t[k];
+        r0 -= job->start[k];
+        r1 -= job->start[k];
+        if (t->n_act == 1)
+            executor_matvec(t->type, t->cols, t->w, t->row_bytes, r0, r1, t->act, t->y);
+        else
+            executor_matmul(t->type, t->cols, t->w, t->row_bytes, r0, r1, t->act, t->act_stride,
+                            t->n_act, t->y, t->y_stride);
+    }
+}
+
+static void fwd_mm_run(struct executor_ctx *c, struct fwd_mm_job *job)
+{
+    job->start[0] = 0;
+    for (int k = 0; k < job->n; k++)
+        job->start[k + 1] = job->start[k] + job->t[k].rows;
+    int64_t total = job->start[job->n];
+    int64_t chunk = total / ((int64_t)c->nth * 8);
+    if (chunk < FWD_MIN_CHUNK)
+        chunk = FWD_MIN_CHUNK;
+    executor_pool_for(c->pool, total, c->nth == 1 ? total : chunk, fwd_mm_piece, job);
+}
+
+static struct fwd_mm fwd_mm_of(const struct executor_mat *w, const void *act, size_t act_stride,
+                               int64_t n_act, float *y, size_t y_stride)
+{
+    return (struct fwd_mm){.w = w->data,
+                           .type = w->type,
+                           .rows = w->rows,
+                           .cols = w->cols,
+                           .row_bytes = w->row_bytes,
+                           .act = act,
+                           .act_stride = act_stride,
+                           .n_act = n_act,
+                           .y = y,
+                           .y_stride = y_stride};
+}
+
+struct fwd_quant_job {
+    uint32_t     type; /* weight type whose vec_dot type the rows are converted to */
+    const float *x;
+    size_t       x_stride; /* floats */
+    int64_t      cols;
+    uint8_t     *dst;
+    size_t       dst_stride; /* bytes */
+};
+
+static void fwd_quant_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
+{
+    (void)ith;
+    const struct fwd_quant_job *j = arg;
+    for (int64_t t = i0; t < i1; t++)
+        executor_quantize_act(j->type, j->x + (size_t)t * j->x_stride,
+                              j->dst + (size_t)t * j->dst_stride, j->cols);
+}
+
+/* Converts n rows of x to the activation type of weights of `type` into act slot `slot`;
+ * returns the row stride in bytes. */
+static size_t fwd_quantize(struct executor_ctx *c, int slot, uint32_t type, const float *x,
+                           size_t x_stride, int64_t n, int64_t cols)
+{
+    struct fwd_quant_job j = {.type = type,
+                              .x = x,
+                              .x_stride = x_stride,
+                              .cols = cols,
+                              .dst = c->act[slot],
+                              .dst_stride = executor_act_row_size(type, cols)};
+    if (n >= 8)
+        executor_pool_for(c->pool, n, 0, fwd_quant_piece, &j);
+    else
+        fwd_quant_piece(&j, 0, n, 0);
+    return j.dst_stride;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+struct fwd_att_job {
+    struct executor_ctx *c;
+    uint32_t             il, p0;
+    float                scale;
+};
+
+/* One (token, head) pair per item: scores against the cached K of positions 0..pos, softmax,
+ * weighted sum of the cached V. With an f16 cache this is llama.cpp's non-flash path: Q is
+ * rounded to f16 for the K dot, the probabilities to f16 for the V dot. */
+static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
+{
+    const struct fwd_att_job    *j = arg;
+    struct executor_ctx         *c = j->c;
+    const struct common_hparams *hp = &c->m->desc->hp;
+    const struct executor_kv    *kv = &c->kv;
+    const uint32_t               hk = hp->head_dim_k, hv = hp->head_dim_v;
+    const uint32_t               gqa = hp->n_head / hp->n_head_kv;
+    float                       *scores = c->th_scores + (size_t)ith * c->n_ctx;
+    uint16_t                    *p16 = c->th_p16 + (size_t)ith * c->n_ctx;
+    uint8_t                     *qb = c->th_q + (size_t)ith * c->th_q_bytes;
+    for (int64_t it = i0; it < i1; it++) {
+        const uint32_t t = (uint32_t)(it / hp->n_head), h = (uint32_t)(it % hp->n_head);
+        const uint32_t n_kv = j->p0 + t + 1, kvh = h / gqa;
+        const float   *qv = c->q + (size_t)t * hp->n_head * hk + (size_t)h * hk;
+        float         *out = c->att + (size_t)t * hp->n_head * hv + (size_t)h * hv;
+        const uint8_t *kb = executor_kv_k_base(kv, j->il, kvh);
+        if (kv->type == EXECUTOR_CACHE_F16) {
+            uint16_t *q16 = (uint16_t *)(void *)qb;
+            for (uint32_t i = 0; i < hk; i++)
+                q16[i] = executor_fp32_to_fp16(qv[i]);
+            executor_matvec(COMMON_GGML_TYPE_F16, hk, kb, kv->k_pos_bytes, 0, n_kv, q16, scores);
+        } else {
+            executor_quantize_act(COMMON_GGML_TYPE_Q8_0, qv, qb, hk);
+            executor_matvec(COMMON_GGML_TYPE_Q8_0, hk, kb, kv->k_pos_bytes, 0, n_kv, qb, scores);
+        }
+        for (uint32_t i = 0; i < n_kv; i++)
+            scores[i] *= j->scale;
+        fwd_softmax(scores, n_kv);
+        if (kv->type == EXECUTOR_CACHE_F16) {
+            for (uint32_t i = 0; i < n_kv; i++)
+                p16[i] = executor_fp32_to_fp16(scores[i]);
+            executor_matvec(COMMON_GGML_TYPE_F16, n_kv, executor_kv_vt_base(kv, j->il, kvh),
+                            (size_t)c->n_ctx * 2u, 0, hv, p16, out);
+        } else {
+            float *vrow = c->th_v + (size_t)ith * hv;
+            memset(out, 0, hv * sizeof(*out));
+            for (uint32_t pos = 0; pos < n_kv; pos++) {
+                executor_dequantize_row(COMMON_GGML_TYPE_Q8_0,
+                                        executor_kv_v_row(kv, j->il, pos, kvh), vrow, hv);
+                for (uint32_t d = 0; d < hv; d++)
+                    out[d] += scores[pos] * vrow[d];
+            }
+        }
+    }
+}
+
+/* Self-attention block of layer il for n tokens at positions p0..: adds its output to c->x. */
+static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
+{
+    const struct executor_model   *m = c->m;
+    const struct common_hparams   *hp = &m->desc->hp;
+    const struct executor_layer_w *lw = &m->layers[il];
+    const uint32_t                 ne = hp->n_embd;
+    const uint32_t qd = hp->n_head * hp->head_dim_k, kd = hp->n_head_kv * hp->head_dim_k;
+    const uint32_t vd = hp->n_head_kv * hp->head_dim_v, ad = hp->n_head * hp->head_dim_v;
+
+    for (uint32_t t = 0; t < n; t++)
+        fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->attn_norm, ne, hp->rms_eps);
+
+    /* q, k, v in one parallel loop; weights sharing an activation type share its buffer. */
+    const struct executor_mat *ws[3] = {&lw->wq, &lw->wk, &lw->wv};
+    float                     *ys[3] = {c->q, c->k, c->v};
+    const size_t               yd[3] = {qd, kd, vd};
+    struct fwd_mm_job          job = {.n = 3};
+    uint32_t                   vdt[3];
+    size_t                     strides[3];
+    int                        slot_of[3];
+    for (int i = 0; i < 3; i++) {
+        vdt[i] = executor_vec_dot_type(ws[i]->type);
+        slot_of[i] = i;
+        for (int k = 0; k < i; k++)
+            if (vdt[k] == vdt[i] && slot_of[k] == k) {
+                slot_of[i] = k;
+                break;
+            }
+        if (slot_of[i] == i)
+            strides[i] = fwd_quantize(c, i, ws[i]->type, c->xn, ne, n, ne);
+        else
+            strides[i] = strides[slot_of[i]];
+        job.t[i] = fwd_mm_of(ws[i], c->act[slot_of[i]], strides[i], n, ys[i], yd[i]);
+    }
+    fwd_mm_run(c, &job);
+
+    for (uint32_t t = 0; t < n; t++) {
+        float *q = c->q + (size_t)t * qd, *k = c->k + (size_t)t * kd, *v = c->v + (size_t)t * vd;
+        if (lw->bq)
+            for (uint32_t i = 0; i < qd; i++)
+                q[i] += lw->bq[i];
+        if (lw->bk)
+            for (uint32_t i = 0; i < kd; i++)
+                k[i] += lw->bk[i];
+        if (lw->bv)
+            for (uint32_t i = 0; i < vd; i++)
+                v[i] += lw->bv[i];
+        if (lw->q_norm)
+            for (uint32_t h = 0; h < hp->n_head; h++)
+                fwd_rmsnorm(q + (size_t)h * hp->head_dim_k, q + (size_t)h * hp->head_dim_k,
+                            lw->q_norm, hp->head_dim_k, hp->rms_eps);
+        if (lw->k_norm)
+            for (uint32_t h = 0; h < hp->n_head_kv; h++)
+                fwd_rmsnorm(k + (size_t)h * hp->head_dim_k, k + (size_t)h * hp->head_dim_k,
+                            lw->k_norm, hp->head_dim_k, hp->rms_eps);
+        const float *cs = c->rope + (size_t)t * hp->n_rot;
+        fwd_rope_apply(q, hp->n_head, hp->head_dim_k, hp->n_rot, cs, hp->rope_neox != 0);
+        fwd_rope_apply(k, hp->n_head_kv, hp->head_dim_k, hp->n_rot, cs, hp->rope_neox != 0);
+        executor_kv_store(&c->kv, il, p0 + t, k, v);
+    }
+
+    struct fwd_att_job aj = {
+        .c = c, .il = il, .p0 = p0, .scale = 1.0f / sqrtf((float)hp->head_dim_k)};
+    executor_pool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
+
+    size_t            as = fwd_quantize(c, 0, lw->wo.type, c->att, ad, n, ad);
+    struct fwd_mm_job oj = {.n = 1};
+    oj.t[0] = fwd_mm_of(&lw->wo, c->act[0], as, n, c->tmp, ne);
+    fwd_mm_run(c, &oj);
+    for (size_t i = 0; i < (size_t)n * ne; i++)
+        c->x[i] = c->tmp[i] + c->x[i];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Feed-forward: dense SwiGLU and Mixtral-style MoE                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* gate/up products of rows `xin` (n rows of n_embd) into c->ga / c->up, then ga = silu(ga) * up,
+ * then the down product into c->tmp. */
+static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
+                       const struct executor_mat *gate, const struct executor_mat *up,
+                       const struct executor_mat *down)
+{
+    const uint32_t    ne = c->m->desc->hp.n_embd;
+    const int64_t     nf = gate->rows;
+    struct fwd_mm_job job = {.n = 2};
+    size_t            gs = fwd_quantize(c, 0, gate->type, xin, ne, n, ne);
+    int               us = 0;
+    size_t            ust = gs;
+    if (executor_vec_dot_type(up->type) != executor_vec_dot_type(gate->type)) {
+        us = 1;
+        ust = fwd_quantize(c, 1, up->type, xin, ne, n, ne);
+    }
+    job.t[0] = fwd_mm_of(gate, c->act[0], gs, n, c->ga, (size_t)nf);
+    job.t[1] = fwd_mm_of(up, c->act[us], ust, n, c->up, (size_t)nf);
+    fwd_mm_run(c, &job);
+    for (size_t i = 0; i < (size_t)n * (size_t)nf; i++)
+        c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
+    size_t            ds = fwd_quantize(c, 2, down->type, c->ga, (size_t)nf, n, nf);
+    struct fwd_mm_job dj = {.n = 1};
+    dj.t[0] = fwd_mm_of(down, c->act[2], ds, n, c->tmp, ne);
+    fwd_mm_run(c, &dj);
+}
+
+/* Picks the top k of p[0..n) (ties: lower index first). */
+static void fwd_topk(const float *p, uint32_t n, uint32_t k, int32_t *out)
+{
+    for (uint32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++)
+                taken = out[i] == (int32_t)e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = (int32_t)e;
+        }
+        out[j] = best;
+    }
+}
+
+static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct executor_model   *m = c->m;
+    const struct common_hparams   *hp = &m->desc->hp;
+    const struct executor_layer_w *lw = &m->layers[il];
+    struct executor_weights       *w = m->w;
+    const uint32_t                 ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+
+    /* Router: softmax over all experts, top-k, optional renormalisation of the k weights. */
+    size_t            rs = fwd_quantize(c, 0, lw->gate_inp.type, c->xn, ne, n, ne);
+    struct fwd_mm_job rj = {.n = 1};
+    rj.t[0] = fwd_mm_of(&lw->gate_inp, c->act[0], rs, n, c->router, E);
+    fwd_mm_run(c, &rj);
+    memset(c->ex_count, 0, E * sizeof(*c->ex_count));
+    for (uint32_t t = 0; t < n; t++) {
+        float   *p = c->router + (size_t)t * E;
+        int32_t *sel = c->sel + (size_t)t * K;
+        float   *sw = c->sel_w + (size_t)t * K;
+        fwd_softmax(p, E);
+        fwd_topk(p, E, K, sel);
+        double sum = 0.0;
+        for (uint32_t j = 0; j < K; j++) {
+            sw[j] = p[sel[j]];
+            sum += (double)sw[j];
+            c->ex_count[sel[j]]++;
+        }
+        if (hp->norm_topk_prob)
+            for (uint32_t j = 0; j < K; j++)
+                sw[j] = sw[j] / (float)sum;
+    }
+    c->ex_start[0] = 0;
+    for (uint32_t e = 0; e < E; e++)
+        c->ex_start[e + 1] = c->ex_start[e] + c->ex_count[e];
+    memset(c->ex_count, 0, E * sizeof(*c->ex_count));
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t j = 0; j < K; j++) {
+            int32_t e = c->sel[(size_t)t * K + j];
+            c->ex_items[c->ex_start[e] + c->ex_count[e]++] = (int32_t)(t * K + j);
+        }
+
+    /* Each expert used by the batch: pin its parts, run its tokens, release (DESIGN 2). */
+    for (uint32_t e = 0; e < E; e++) {
+        const int32_t  cnt = c->ex_count[e];
+        const int32_t *items = c->ex_items + c->ex_start[e];
+        if (cnt == 0)
+            continue;
+        for (int32_t i = 0; i < cnt; i++)
+            memcpy(c->gx + (size_t)i * ne, c->xn + (size_t)(items[i] / (int32_t)K) * ne,
+                   ne * sizeof(float));
+        const void         *data[COMMON_EXPERT_PART_COUNT];
+        uint32_t            slot[COMMON_EXPERT_PART_COUNT];
+        struct executor_mat mats[COMMON_EXPERT_PART_COUNT];
+        int                 rc = 0, got = 0;
+        for (; got < COMMON_EXPERT_PART_COUNT; got++) {
+            rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
+                                        &slot[got]);
+            if (rc < 0)
+                break;
+            mats[got] = (struct executor_mat){.data = data[got],
+                                              .type = lw->exp[got].type,
+                                              .rows = lw->exp[got].rows,
+                                              .cols = lw->exp[got].cols,
+                                              .row_bytes = lw->exp[got].row_bytes};
+        }
+        if (rc == 0)
+            fwd_swiglu(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE], &mats[COMMON_EXPERT_UP],
+                       &mats[COMMON_EXPERT_DOWN]);
+        for (int p = 0; p < got; p++)
+            w->ops->expert_release(w->impl, slot[p]);
+        if (rc < 0)
+            return rc;
+        for (int32_t i = 0; i < cnt; i++) {
+            const float  wt = c->sel_w[items[i]];
+            const float *src = c->tmp + (size_t)i * ne;
+            float       *dst = c->moe_out + (size_t)items[i] * ne;
+            for (uint32_t d = 0; d < ne; d++)
+                dst[d] = src[d] * wt;
+        }
+    }
+    /* Sum the k weighted outputs in slot order, then add the residual (as llama.cpp's graph). */
+    for (uint32_t t = 0; t < n; t++) {
+        const float *mo = c->moe_out + (size_t)t * K * ne;
+        float       *x = c->x + (size_t)t * ne;
+        for (uint32_t d = 0; d < ne; d++) {
+            float acc = mo[d];
+            for (uint32_t j = 1; j < K; j++)
+                acc += mo[(size_t)j * ne + d];
+            x[d] = acc + x[d];
+        }
+    }
+    return 0;
+}
+
+static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct common_hparams   *hp = &c->m->desc->hp;
+    const struct executor_layer_w *lw = &c->m->layers[il];
+    const uint32_t                 ne = hp->n_embd;
+    for (uint32_t t = 0; t < n; t++)
+        fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->ffn_norm, ne, hp->rms_eps);
+    if (hp->n_expert)
+        return fwd_moe(c, il, n);
+    fwd_swiglu(c, c->xn, n, &lw->gate, &lw->up, &lw->down);
+    for (size_t i = 0; i < (size_t)n * ne; i++)
+        c->x[i] = c->tmp[i] + c->x[i];
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One batch                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Runs n tokens (n <= n_batch) at positions n_past..; writes logits of every token to `logits`
+ * (n * n_vocab) when all, else of the last token when logits is not NULL. */
+static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+                     bool all)
+{
+    const struct executor_model *m = c->m;
+    const struct common_hparams *hp = &m->desc->hp;
+    const uint32_t               ne = hp->n_embd, p0 = c->n_past;
+    for (uint32_t t = 0; t < n; t++) {
+        const uint8_t *row =
+            (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        executor_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * ne, ne);
+        fwd_rope_table(c->rope + (size_t)t * hp->n_rot, p0 + t, hp->n_rot, hp->rope_freq_base,
+                       hp->rope_freq_scale, m->rope_freqs);
+    }
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        fwd_attention(c, il, n, p0);
+        int rc = fwd_ffn(c, il, n);
+        if (rc < 0)
+            return rc;
+    }
+    c->n_past += n;
+    if (!logits)
+        return 0;
+    const uint32_t t0 = all ? 0 : n - 1, n_out = n - t0;
+    for (uint32_t t = t0; t < n; t++)
+        fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, m->output_norm, ne, hp->rms_eps);
+    size_t os = fwd_quantize(c, 0, m->output.type, c->xn + (size_t)t0 * ne, ne, n_out, ne);
+    struct fwd_mm_job oj = {.n = 1};
+    oj.t[0] = fwd_mm_of(&m->output, c->act[0], os, n_out, logits, hp->n_vocab);
+    fwd_mm_run(c, &oj);
+    return 0;
+}
+
+int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+                        const struct executor_decode_opts *o, struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &c->m->desc->hp;
+    const bool                   all = o && o->all_logits;
+    if (n == 0 || !tokens || !logits)
+        return common_errmsg_set(e, COMMON_EINVAL, "nothing to decode");
+    if (n > c->n_ctx - c->n_past)
+        return common_errmsg_set(e, COMMON_ERANGE,
+                                 "%u tokens at position %u do not fit the context of %u tokens "
+                                 "(%u needed)",
+                                 n, c->n_past, c->n_ctx, c->n_past + n);
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
+            return common_errmsg_set(e, COMMON_EINVAL, "token id %d is not in 0..%u", tokens[i],
+                                     hp->n_vocab - 1);
+    for (uint32_t off = 0; off < n; off += c->n_batch) {
+        const uint32_t nb = n - off < c->n_batch ? n - off : c->n_batch;
+        const bool     last = off + nb == n;
+        float         *out = all ? logits + (size_t)off * hp->n_vocab : (last ? logits : NULL);
+        int            rc = fwd_batch(c, tokens + off, nb, out, all);
+        if (rc < 0)
+            return common_errmsg_set(e, rc, "forward pass failed at position %u: %s", c->n_past,
+                                     common_strerror(rc));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Creation                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static void *fwd_alloc(size_t bytes, bool *ok)
+{
+    size_t sz = (bytes + FWD_ALIGN - 1) / FWD_ALIGN * FWD_ALIGN;
+    void  *p = aligned_alloc(FWD_ALIGN, sz ? sz : FWD_ALIGN);
+    if (!p)
+        *ok = false;
+    else
+        memset(p, 0, sz ? sz : FWD_ALIGN);
+    return p;
+}
+
+int executor_cache_type_parse(const char *s, enum executor_cache_type *out)
+{
+    if (strcmp(s, "f16") == 0 || strcmp(s, "F16") == 0) {
+        *out = EXECUTOR_CACHE_F16;
+        return 0;
+    }
+    if (strcmp(s, "q8_0") == 0 || strcmp(s, "Q8_0") == 0) {
+        *out = EXECUTOR_CACHE_Q8_0;
+        return 0;
+    }
+    return COMMON_EINVAL;
+}
+
+const char *executor_cache_type_name(enum executor_cache_type t)
+{
+    return t == EXECUTOR_CACHE_Q8_0 ? "q8_0" : "f16";
+}
+
+int executor_ctx_create(const struct executor_model *m, const struct executor_ctx_opts *o,
+                        struct executor_ctx **out, struct common_errmsg *e)
+{
+    struct executor_ctx_opts     def = {0};
+    const struct common_hparams *hp = &m->desc->hp;
+    if (!o)
+        o = &def;
+    uint32_t n_ctx = o->n_ctx;
+    if (n_ctx == 0)
+        n_ctx = hp->n_ctx_train < FWD_DEFAULT_CTX ? hp->n_ctx_train : FWD_DEFAULT_CTX;
+    if (n_ctx == 0 || n_ctx > (1u << 24))
+        return common_errmsg_set(e, COMMON_EINVAL, "context size %u is not in 1..%u", n_ctx,
+                                 1u << 24);
+    uint32_t n_batch = o->n_batch ? o->n_batch : 512;
+    if (n_batch > n_ctx)
+        n_batch = n_ctx;
+    struct executor_ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return COMMON_ENOMEM;
+    c->m = m;
+    c->pool = o->pool;
+    c->nth = executor_pool_n_threads(o->pool);
+    c->n_ctx = n_ctx;
+    c->n_batch = n_batch;
+    int rc = executor_kv_init(&c->kv, o->cache_type, hp->n_layer, n_ctx, hp->n_head_kv,
+                              hp->head_dim_k, hp->head_dim_v);
+    if (rc < 0) {
+        free(c);
+        if (rc == COMMON_EINVAL)
+            return common_errmsg_set(e, rc,
+                                     "cache type %s needs head widths that are multiples of 32 "
+                                     "(model: %u, %u)",
+                                     executor_cache_type_name(o->cache_type), hp->head_dim_k,
+                                     hp->head_dim_v);
+        return rc;
+    }
+    const size_t nb = n_batch, ne = hp->n_embd;
+    const size_t qd = (size_t)hp->n_head * hp->head_dim_k,
+                 kd = (size_t)hp->n_head_kv * hp->head_dim_k;
+    const size_t vd = (size_t)hp->n_head_kv * hp->head_dim_v,
+                 ad = (size_t)hp->n_head * hp->head_dim_v;
+    size_t nf = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    size_t wmax = ne;
+    if (nf > wmax)
+        wmax = nf;
+    if (ad > wmax)
+        wmax = ad;
+    const size_t K = hp->n_expert_used ? hp->n_expert_used : 1, E = hp->n_expert;
+    bool         ok = true;
+    c->x = fwd_alloc(nb * ne * sizeof(float), &ok);
+    c->xn = fwd_alloc(nb * ne * sizeof(float), &ok);
+    c->q = fwd_alloc(nb * qd * sizeof(float), &ok);
+    c->k = fwd_alloc(nb * kd * sizeof(float), &ok);
+    c->v = fwd_alloc(nb * vd * sizeof(float), &ok);
+    c->att = fwd_alloc(nb * ad * sizeof(float), &ok);
+    c->tmp = fwd_alloc(nb * ne * sizeof(float), &ok);
+    c->ga = fwd_alloc(nb * nf * sizeof(float), &ok);
+    c->up = fwd_alloc(nb * nf * sizeof(float), &ok);
+    /* An activation row is at most 4 bytes per element (f32); K-quant rows a bit over 1. */
+    c->act_cap = nb * (wmax * sizeof(float) + FWD_ALIGN);
+    for (int i = 0; i < FWD_N_ACT; i++)
+        c->act[i] = fwd_alloc(c->act_cap, &ok);
+    c->rope = fwd_alloc(nb * (hp->n_rot ? hp->n_rot : 1) * sizeof(float), &ok);
+    c->th_scores = fwd_alloc((size_t)c->nth * n_ctx * sizeof(float), &ok);
+    c->th_p16 = fwd_alloc((size_t)c->nth * n_ctx * sizeof(uint16_t), &ok);
+    c->th_q_bytes = ((size_t)hp->head_dim_k * 4u + FWD_ALIGN) / FWD_ALIGN * FWD_ALIGN;
+    c->th_q = fwd_alloc((size_t)c->nth * c->th_q_bytes, &ok);
+    c->th_v = fwd_alloc((size_t)c->nth * hp->head_dim_v * sizeof(float), &ok);
+    if (E) {
+        c->router = fwd_alloc(nb * E * sizeof(float), &ok);
+        c->sel = fwd_alloc(nb * K * sizeof(int32_t), &ok);
+        c->sel_w = fwd_alloc(nb * K * sizeof(float), &ok);
+        c->ex_count = fwd_alloc(E * sizeof(int32_t), &ok);
+        c->ex_start = fwd_alloc((E + 1) * sizeof(int32_t), &ok);
+        c->ex_items = fwd_alloc(nb * K * sizeof(int32_t), &ok);
+        c->gx = fwd_alloc(nb * ne * sizeof(float), &ok);
+        c->moe_out = fwd_alloc(nb * K * ne * sizeof(float), &ok);
+    }
+    if (!ok) {
+        executor_ctx_destroy(c);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory for a context of %u tokens",
+                                 n_ctx);
+    }
+    *out = c;
+    return 0;
+}
+
+void executor_ctx_destroy(struct executor_ctx *c)
+{
+    if (!c)
+        return;
+    executor_kv_fini(&c->kv);
+    void *bufs[] = {c->x,        c->xn,       c->q,        c->k,         c->v,
+                    c->att,      c->tmp,      c->ga,       c->up,        c->act[0],
+                    c->act[1],   c->act[2],   c->rope,     c->th_scores, c->th_p16,
+                    c->th_q,     c->th_v,     c->router,   c->sel,       c->sel_w,
+                    c->ex_count, c->ex_start, c->ex_items, c->gx,        c->moe_out};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]);
+    free(c);
+}
+
+uint32_t executor_ctx_n_ctx(const struct executor_ctx *c)
+{
+    return c->n_ctx;
+}
+
+uint32_t executor_ctx_n_vocab(const struct executor_ctx *c)
+{
+    return c->m->desc->hp.n_vocab;
+}
+
+uint32_t executor_ctx_n_past(const struct executor_ctx *c)
+{
+    return c->n_past;
+}
+
+void executor_ctx_reset(struct executor_ctx *c)
+{
+    c->n_past = 0;
+}

@@ -1,0 +1,75 @@
+/* executor/kv.c - the KV cache of one sequence: allocation and storing one position. */
+#include "kv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int executor_kv_init(struct executor_kv *kv, enum executor_cache_type type, uint32_t n_layer,
+                     uint32_t n_ctx, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v)
+{
+    memset(kv, 0, sizeof(*kv));
+    kv->type = type;
+    kv->n_layer = n_layer;
+    kv->n_ctx = n_ctx;
+    kv->n_head_kv = n_head_kv;
+    kv->head_dim_k = head_dim_k;
+    kv->head_dim_v = head_dim_v;
+    size_t n_v = (size_t)n_layer * n_ctx * n_head_kv * head_dim_v;
+    size_t v_bytes;
+    if (type == EXECUTOR_CACHE_F16) {
+        kv->k_head_bytes = (size_t)head_dim_k * 2u;
+        v_bytes = n_v * 2u;
+    } else if (type == EXECUTOR_CACHE_Q8_0) {
+        if (head_dim_k % 32 != 0 || head_dim_v % 32 != 0)
+            return COMMON_EINVAL;
+        kv->k_head_bytes = executor_act_row_size(COMMON_GGML_TYPE_Q8_0, head_dim_k);
+        kv->v_head_bytes = executor_act_row_size(COMMON_GGML_TYPE_Q8_0, head_dim_v);
+        kv->v_pos_bytes = kv->v_head_bytes * n_head_kv;
+        v_bytes = (size_t)n_layer * n_ctx * kv->v_pos_bytes;
+    } else {
+        return COMMON_EINVAL;
+    }
+    kv->k_pos_bytes = kv->k_head_bytes * n_head_kv;
+    kv->k = calloc((size_t)n_layer * n_ctx, kv->k_pos_bytes);
+    kv->v = calloc(v_bytes ? v_bytes : 1, 1);
+    if (!kv->k || !kv->v) {
+        executor_kv_fini(kv);
+        return COMMON_ENOMEM;
+    }
+    return 0;
+}
+
+void executor_kv_fini(struct executor_kv *kv)
+{
+    if (!kv)
+        return;
+    free(kv->k);
+    free(kv->v);
+    kv->k = NULL;
+    kv->v = NULL;
+}
+
+void executor_kv_store(struct executor_kv *kv, uint32_t layer, uint32_t pos, const float *k,
+                       const float *v)
+{
+    uint8_t *krow = kv->k + ((size_t)layer * kv->n_ctx + pos) * kv->k_pos_bytes;
+    uint32_t nk = kv->n_head_kv * kv->head_dim_k;
+    if (kv->type == EXECUTOR_CACHE_F16) {
+        uint16_t *kh = (uint16_t *)krow;
+        for (uint32_t i = 0; i < nk; i++)
+            kh[i] = executor_fp32_to_fp16(k[i]);
+        for (uint32_t h = 0; h < kv->n_head_kv; h++) {
+            uint16_t *vt = (uint16_t *)(void *)(kv->v + (((size_t)layer * kv->n_head_kv + h) *
+                                                         kv->head_dim_v) *
+                                                            kv->n_ctx * 2u);
+            for (uint32_t d = 0; d < kv->head_dim_v; d++)
+                vt[(size_t)d * kv->n_ctx + pos] =
+                    executor_fp32_to_fp16(v[(size_t)h * kv->head_dim_v + d]);
+        }
+        return;
+    }
+    /* q8_0 rows, made like llama.cpp's f32 -> q8_0 copy (the activation quantizer). */
+    executor_quantize_act(COMMON_GGML_TYPE_Q8_0, k, krow, nk);
+    uint8_t *vrow = kv->v + ((size_t)layer * kv->n_ctx + pos) * kv->v_pos_bytes;
+    executor_quantize_act(COMMON_GGML_TYPE_Q8_0, v, vrow, (int64_t)kv->n_head_kv * kv->head_dim_v);
+}

@@ -1,0 +1,61 @@
+/* executor/kv.h - private to executor/: the KV cache of one sequence (f16 or q8_0). */
+#ifndef EXECUTOR_KV_H
+#define EXECUTOR_KV_H
+
+/* Not for use outside executor/: other folders go through executor_ctx in executor.h. */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "executor.h"
+
+/* Layouts (as llama.cpp's CPU path without flash attention):
+ * - K: (layer, pos, n_head_kv * head_dim_k) rows, f16 or q8_0 blocks;
+ * - V f16: transposed, (layer, kv_head, head_dim_v, pos), so one output element of attention is
+ *   one f16 dot product over positions;
+ * - V q8_0: (layer, pos, n_head_kv * head_dim_v) rows of q8_0 blocks. */
+struct executor_kv {
+    enum executor_cache_type type;
+    uint32_t                 n_layer, n_ctx, n_head_kv, head_dim_k, head_dim_v;
+    size_t                   k_pos_bytes;  /* bytes of one position's K row (all kv heads) */
+    size_t                   k_head_bytes; /* bytes of one kv head inside a K row */
+    size_t                   v_pos_bytes;  /* q8_0: bytes of one position's V row */
+    size_t                   v_head_bytes; /* q8_0: bytes of one kv head inside a V row */
+    uint8_t                 *k;            /* owned: n_layer * n_ctx * k_pos_bytes */
+    uint8_t                 *v;            /* owned: n_layer * n_ctx * n_head_kv * head_dim_v
+                                              elements (f16 or q8_0) */
+};
+
+/* Allocates a zeroed cache. Returns 0, COMMON_EINVAL (q8_0 with head widths not multiples of
+ * 32) or COMMON_ENOMEM. */
+int  executor_kv_init(struct executor_kv *kv, enum executor_cache_type type, uint32_t n_layer,
+                      uint32_t n_ctx, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v);
+void executor_kv_fini(struct executor_kv *kv);
+
+/* Stores one position's K (n_head_kv * head_dim_k floats) and V. */
+void executor_kv_store(struct executor_kv *kv, uint32_t layer, uint32_t pos, const float *k,
+                       const float *v);
+
+/* K rows of kv head `h` of `layer`: position p's head starts at k_base + p * k_pos_bytes. */
+static inline const uint8_t *executor_kv_k_base(const struct executor_kv *kv, uint32_t layer,
+                                                uint32_t h)
+{
+    return kv->k + (size_t)layer * kv->n_ctx * kv->k_pos_bytes + (size_t)h * kv->k_head_bytes;
+}
+
+/* f16 V: row d (0..head_dim_v) of kv head h holds positions 0..n_ctx, n_ctx * 2 bytes apart. */
+static inline const uint8_t *executor_kv_vt_base(const struct executor_kv *kv, uint32_t layer,
+                                                 uint32_t h)
+{
+    return kv->v + (((size_t)layer * kv->n_head_kv + h) * kv->head_dim_v) * kv->n_ctx * 2u;
+}
+
+/* q8_0 V: the blocks of kv head h at position p. */
+static inline const uint8_t *executor_kv_v_row(const struct executor_kv *kv, uint32_t layer,
+                                               uint32_t pos, uint32_t h)
+{
+    return kv->v + ((size_t)layer * kv->n_ctx + pos) * kv->v_pos_bytes +
+           (size_t)h * kv->v_head_bytes;
+}
+
+#endif /* EXECUTOR_KV_H */

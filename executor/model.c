@@ -1,0 +1,259 @@
+/* executor/model.c - a model ready to run: checks what the forward pass supports, builds views. */
+#include "model_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Resolves tensor `index` into a matrix view; checks the kernels can multiply it. */
+static int model_mat(const struct common_model *d, struct executor_weights *w, int64_t index,
+                     struct executor_mat *out, struct common_errmsg *e)
+{
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(d->gguf, (uint64_t)index);
+    if (!executor_type_is_supported(t->type) ||
+        executor_act_row_size(t->type, (int64_t)t->ne[0]) == 0) {
+        const struct common_ggml_type_info *ti = common_ggml_type_get(t->type);
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "tensor '%s': weight type %s with rows of %llu elements is not "
+                                 "supported by the executor kernels",
+                                 t->name, ti ? ti->name : "unknown", (unsigned long long)t->ne[0]);
+    }
+    int rc = w->ops->tensor(w->impl, (uint64_t)index, &out->data);
+    if (rc < 0)
+        return common_errmsg_set(e, rc, "tensor '%s': weight source failed", t->name);
+    out->type = t->type;
+    out->cols = (int64_t)t->ne[0];
+    out->rows = (int64_t)t->ne[1];
+    out->row_bytes = out->rows ? (size_t)(t->size / t->ne[1]) : 0;
+    return 0;
+}
+
+/* Expands 1-D tensor `index` of `n` elements to a malloc'd f32 array (*out NULL when absent). */
+static int model_vec(const struct common_model *d, struct executor_weights *w, int64_t index,
+                     uint64_t n, float **out, struct common_errmsg *e)
+{
+    *out = NULL;
+    if (index < 0)
+        return 0;
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(d->gguf, (uint64_t)index);
+    const void                      *data;
+    if (t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] != n)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "tensor '%s' should hold %llu elements",
+                                 t->name, (unsigned long long)n);
+    int rc = w->ops->tensor(w->impl, (uint64_t)index, &data);
+    if (rc < 0)
+        return common_errmsg_set(e, rc, "tensor '%s': weight source failed", t->name);
+    float *v = malloc((size_t)n * sizeof(*v));
+    if (!v)
+        return COMMON_ENOMEM;
+    if (executor_dequantize_row(t->type, data, v, (int64_t)n) < 0) {
+        free(v);
+        const struct common_ggml_type_info *ti = common_ggml_type_get(t->type);
+        return common_errmsg_set(e, COMMON_ENOTSUP, "tensor '%s': type %s is not supported",
+                                 t->name, ti ? ti->name : "unknown");
+    }
+    *out = v;
+    return 0;
+}
+
+static int model_layer(struct executor_model *m, uint32_t il, struct common_errmsg *e)
+{
+    const struct common_model       *d = m->desc;
+    const struct common_hparams     *hp = &d->hp;
+    const struct common_model_layer *L = &d->layers[il];
+    struct executor_layer_w         *lw = &m->layers[il];
+    struct executor_weights         *w = m->w;
+    uint64_t                         qd = (uint64_t)hp->n_head * hp->head_dim_k;
+    uint64_t                         kd = (uint64_t)hp->n_head_kv * hp->head_dim_k;
+    uint64_t                         vd = (uint64_t)hp->n_head_kv * hp->head_dim_v;
+    int                              rc;
+    if (L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP] >= 0 || L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0)
+        return common_errmsg_set(
+            e, COMMON_ENOTSUP, "blk.%u: shared experts are not supported by the executor yet", il);
+    if ((rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_NORM], hp->n_embd, &lw->attn_norm, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_NORM], hp->n_embd, &lw->ffn_norm, e)) ||
+        (rc =
+             model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_NORM], hp->head_dim_k, &lw->q_norm, e)) ||
+        (rc =
+             model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_K_NORM], hp->head_dim_k, &lw->k_norm, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], qd, &lw->bq, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_K_BIAS], kd, &lw->bk, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_V_BIAS], vd, &lw->bv, e)))
+        return rc;
+    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e)) ||
+        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K], &lw->wk, e)) ||
+        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V], &lw->wv, e)) ||
+        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)))
+        return rc;
+    if (hp->n_expert == 0) {
+        if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE], &lw->gate, e)) ||
+            (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_UP], &lw->up, e)) ||
+            (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_DOWN], &lw->down, e)))
+            return rc;
+        return 0;
+    }
+    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)))
+        return rc;
+    for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+        struct common_span s;
+        if ((rc = common_model_expert_span(d, il, 0, (enum common_expert_part)p, &s)) < 0)
+            return common_errmsg_set(e, rc, "blk.%u: no expert geometry", il);
+        const struct common_gguf_tensor *t =
+            common_gguf_tensor_at(d->gguf, (uint64_t)L->tensor[COMMON_ROLE_FFN_GATE_EXPS + p]);
+        if (!executor_type_is_supported(s.type) ||
+            executor_act_row_size(s.type, (int64_t)s.cols) == 0) {
+            const struct common_ggml_type_info *ti = common_ggml_type_get(s.type);
+            return common_errmsg_set(e, COMMON_ENOTSUP,
+                                     "tensor '%s': weight type %s with rows of %llu elements is "
+                                     "not supported by the executor kernels",
+                                     t->name, ti ? ti->name : "unknown",
+                                     (unsigned long long)s.cols);
+        }
+        lw->exp[p].type = s.type;
+        lw->exp[p].rows = (int64_t)s.rows;
+        lw->exp[p].cols = (int64_t)s.cols;
+        lw->exp[p].row_bytes = s.rows ? (size_t)(s.size / s.rows) : 0;
+    }
+    return 0;
+}
+
+int executor_model_create(const struct common_model *desc, struct executor_weights *w,
+                          struct executor_model **out, struct common_errmsg *e)
+{
+    switch (desc->arch) {
+    case COMMON_ARCH_LLAMA:
+    case COMMON_ARCH_QWEN2:
+    case COMMON_ARCH_QWEN3:
+    case COMMON_ARCH_QWEN3MOE:
+        break;
+    default:
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "architecture '%s' is not supported by the executor yet "
+                                 "(supported: llama, qwen2, qwen3, qwen3moe)",
+                                 desc->arch_name);
+    }
+    const struct common_hparams *hp = &desc->hp;
+    if (hp->n_rot > hp->head_dim_k || hp->n_rot % 2 != 0)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "rope.dimension_count %u is not supported",
+                                 hp->n_rot);
+    struct executor_model *m = calloc(1, sizeof(*m));
+    if (!m)
+        return COMMON_ENOMEM;
+    m->desc = desc;
+    m->w = w;
+    m->layers = calloc(hp->n_layer, sizeof(*m->layers));
+    int rc = COMMON_ENOMEM;
+    if (!m->layers)
+        goto out_destroy;
+    if ((rc = model_mat(desc, w, desc->global[COMMON_GROLE_TOKEN_EMBD], &m->tok_embd, e)) < 0)
+        goto out_destroy;
+    if (desc->global[COMMON_GROLE_OUTPUT] >= 0) {
+        if ((rc = model_mat(desc, w, desc->global[COMMON_GROLE_OUTPUT], &m->output, e)) < 0)
+            goto out_destroy;
+    } else {
+        m->output = m->tok_embd; /* tied head */
+    }
+    if ((rc = model_vec(desc, w, desc->global[COMMON_GROLE_OUTPUT_NORM], hp->n_embd,
+                        &m->output_norm, e)) < 0 ||
+        (rc = model_vec(desc, w, desc->global[COMMON_GROLE_ROPE_FREQS], hp->n_rot / 2,
+                        &m->rope_freqs, e)) < 0)
+        goto out_destroy;
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        if ((rc = model_layer(m, il, e)) < 0)
+            goto out_destroy;
+    *out = m;
+    return 0;
+
+out_destroy:
+    executor_model_destroy(m);
+    return rc;
+}
+
+int executor_model_open(const char *path, const struct executor_model_opts *o,
+                        struct executor_model **out, struct common_errmsg *e)
+{
+    struct executor_model_opts def = {0};
+    if (!o)
+        o = &def;
+    struct common_gguf *g = NULL;
+    int                 rc = common_gguf_open(path, NULL, &g, e);
+    if (rc < 0)
+        return rc;
+    struct common_model *desc = calloc(1, sizeof(*desc));
+    if (!desc) {
+        common_gguf_close(g);
+        return COMMON_ENOMEM;
+    }
+    if ((rc = common_model_init(desc, g, e)) < 0) {
+        free(desc);
+        common_gguf_close(g);
+        return rc;
+    }
+    struct executor_weights     *w = NULL;
+    struct executor_weights_opts wo = {.populate = o->populate, .read_span = o->read_span};
+    if (o->weights == EXECUTOR_WEIGHTS_PREAD)
+        rc = executor_weights_pread_create(desc, &wo, &w, e);
+    else
+        rc = executor_weights_mmap_create(desc, &wo, &w, e);
+    if (rc < 0) {
+        common_model_fini(desc);
+        free(desc);
+        common_gguf_close(g);
+        return rc;
+    }
+    struct executor_model *m = NULL;
+    if ((rc = executor_model_create(desc, w, &m, e)) < 0) {
+        executor_weights_destroy(w);
+        common_model_fini(desc);
+        free(desc);
+        common_gguf_close(g);
+        return rc;
+    }
+    m->own_desc = desc;
+    m->own_gguf = g;
+    m->owns = true;
+    *out = m;
+    return 0;
+}
+
+void executor_model_destroy(struct executor_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (uint32_t il = 0; il < m->desc->hp.n_layer; il++) {
+            struct executor_layer_w *lw = &m->layers[il];
+            free(lw->attn_norm);
+            free(lw->ffn_norm);
+            free(lw->q_norm);
+            free(lw->k_norm);
+            free(lw->bq);
+            free(lw->bk);
+            free(lw->bv);
+        }
+    }
+    free(m->layers);
+    free(m->output_norm);
+    free(m->rope_freqs);
+    if (m->owns) {
+        executor_weights_destroy(m->w);
+        common_model_fini(m->own_desc);
+        free(m->own_desc);
+        common_gguf_close(m->own_gguf);
+    }
+    free(m);
+}
+
+const struct common_model *executor_model_desc(const struct executor_model *m)
+{
+    return m->desc;
+}
+
+const struct common_hparams *executor_model_hparams(const struct executor_model *m)
+{
+    return &m->desc->hp;
+}
+
+struct executor_weights *executor_model_weights(const struct executor_model *m)
+{
+    return m->w;
+}

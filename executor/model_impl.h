@@ -1,0 +1,53 @@
+/* executor/model_impl.h - private to executor/: the loaded model's tensor views, for forward.c. */
+#ifndef EXECUTOR_MODEL_IMPL_H
+#define EXECUTOR_MODEL_IMPL_H
+
+/* Not for use outside executor/: other folders go through executor.h. */
+
+#include "executor.h"
+
+/* A weight matrix as the kernels read it: `rows` rows of `cols` elements of `type`. */
+struct executor_mat {
+    const void *data;      /* borrowed: from the weight source, valid while the model lives */
+    uint32_t    type;      /* enum common_ggml_type */
+    int64_t     rows;      /* output features (ne1) */
+    int64_t     cols;      /* input features (ne0) */
+    size_t      row_bytes; /* bytes of one row */
+};
+
+/* Geometry of one part (gate, up, down) of every routed expert of a layer. */
+struct executor_expert_geom {
+    uint32_t type;      /* enum common_ggml_type */
+    int64_t  rows;      /* output features */
+    int64_t  cols;      /* input features */
+    size_t   row_bytes; /* bytes of one row */
+};
+
+struct executor_layer_w {
+    float                      *attn_norm; /* owned: (n_embd) */
+    float                      *ffn_norm;  /* owned: (n_embd) */
+    float                      *q_norm;    /* owned: (head_dim_k) or NULL (qwen3) */
+    float                      *k_norm;    /* owned: (head_dim_k) or NULL (qwen3) */
+    float                      *bq;        /* owned: (n_head * head_dim_k) or NULL (qwen2) */
+    float                      *bk;        /* owned: (n_head_kv * head_dim_k) or NULL */
+    float                      *bv;        /* owned: (n_head_kv * head_dim_v) or NULL */
+    struct executor_mat         wq, wk, wv, wo;
+    struct executor_mat         gate, up, down; /* dense FFN (data NULL for MoE layers) */
+    struct executor_mat         gate_inp;       /* MoE router (data NULL for dense layers) */
+    struct executor_expert_geom exp[COMMON_EXPERT_PART_COUNT]; /* MoE expert parts */
+};
+
+struct executor_model {
+    const struct common_model *desc;        /* borrowed, or own_desc when opened here */
+    struct executor_weights   *w;           /* borrowed, or owned when opened here */
+    struct common_gguf        *own_gguf;    /* owned: set by executor_model_open */
+    struct common_model       *own_desc;    /* owned: set by executor_model_open */
+    bool                       owns;        /* own_gguf, own_desc and w are owned */
+    struct executor_layer_w   *layers;      /* owned: n_layer */
+    struct executor_mat        tok_embd;    /* (n_vocab rows of n_embd) */
+    struct executor_mat        output;      /* head; token_embd when tied */
+    float                     *output_norm; /* owned: (n_embd) */
+    float                     *rope_freqs;  /* owned: (n_rot / 2) frequency divisors, or NULL */
+};
+
+#endif /* EXECUTOR_MODEL_IMPL_H */

@@ -1,0 +1,323 @@
+/* executor/weights.c - weight sources: mmap of the model files, or pread into owned buffers. */
+#include "executor.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* mmap source                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+struct weights_mmap {
+    const struct common_model *model;    /* borrowed */
+    uint32_t                   n_splits; /* mappings */
+    uint8_t                  **base;     /* mapped: one read-only mapping per split, munmap'd in
+                                            weights_mmap_destroy */
+    size_t *len;                         /* owned: bytes of each mapping */
+};
+
+static int weights_mmap_tensor(void *impl, uint64_t index, const void **data)
+{
+    struct weights_mmap      *w = impl;
+    const struct common_gguf *g = w->model->gguf;
+    if (index >= common_gguf_n_tensors(g))
+        return COMMON_EINVAL;
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(g, index);
+    if (t->split >= w->n_splits || t->offset > w->len[t->split] ||
+        t->size > w->len[t->split] - t->offset)
+        return COMMON_EINVAL;
+    *data = w->base[t->split] + t->offset;
+    return 0;
+}
+
+static int weights_mmap_acquire(void *impl, uint32_t layer, uint32_t expert,
+                                enum common_expert_part part, const void **data, uint32_t *slot)
+{
+    struct weights_mmap *w = impl;
+    struct common_span   s;
+    int                  rc = common_model_expert_span(w->model, layer, expert, part, &s);
+    if (rc < 0)
+        return rc;
+    if (s.split >= w->n_splits || s.offset > w->len[s.split] || s.size > w->len[s.split] - s.offset)
+        return COMMON_EINVAL;
+    *data = w->base[s.split] + s.offset;
+    *slot = 0;
+    return 0;
+}
+
+static void weights_mmap_release(void *impl, uint32_t slot)
+{
+    (void)impl;
+    (void)slot;
+}
+
+static void weights_mmap_destroy(void *impl)
+{
+    struct weights_mmap *w = impl;
+    if (!w)
+        return;
+    for (uint32_t i = 0; i < w->n_splits && w->base; i++)
+        if (w->base[i])
+            munmap(w->base[i], w->len[i]);
+    free(w->base);
+    free(w->len);
+    free(w);
+}
+
+static const struct executor_weight_ops weights_mmap_ops = {
+    .tensor = weights_mmap_tensor,
+    .expert_acquire = weights_mmap_acquire,
+    .expert_release = weights_mmap_release,
+    .destroy = weights_mmap_destroy,
+};
+
+int executor_weights_mmap_create(const struct common_model          *m,
+                                 const struct executor_weights_opts *o,
+                                 struct executor_weights **out, struct common_errmsg *e)
+{
+    const struct common_gguf *g = m->gguf;
+    struct weights_mmap      *w = calloc(1, sizeof(*w));
+    struct executor_weights  *ws = calloc(1, sizeof(*ws));
+    if (!w || !ws) {
+        free(w);
+        free(ws);
+        return COMMON_ENOMEM;
+    }
+    w->model = m;
+    w->n_splits = common_gguf_n_splits(g);
+    w->base = calloc(w->n_splits, sizeof(*w->base));
+    w->len = calloc(w->n_splits, sizeof(*w->len));
+    if (!w->base || !w->len) {
+        weights_mmap_destroy(w);
+        free(ws);
+        return COMMON_ENOMEM;
+    }
+    for (uint32_t i = 0; i < w->n_splits; i++) {
+        int fd = common_gguf_split_fd(g, i);
+        if (fd < 0) {
+            weights_mmap_destroy(w);
+            free(ws);
+            return common_errmsg_set(e, COMMON_EINVAL, "model has no file to map (split %u)", i);
+        }
+        size_t len = (size_t)common_gguf_split_size(g, i);
+        if (len == 0)
+            continue;
+        int   flags = MAP_SHARED | (o && o->populate ? MAP_POPULATE : 0);
+        void *p = mmap(NULL, len, PROT_READ, flags, fd, 0);
+        if (p == MAP_FAILED) {
+            weights_mmap_destroy(w);
+            free(ws);
+            return common_errmsg_set(e, COMMON_EIO, "mmap of '%s' (%zu bytes) failed",
+                                     common_gguf_split_path(g, i), len);
+        }
+        w->base[i] = p;
+        w->len[i] = len;
+    }
+    ws->ops = &weights_mmap_ops;
+    ws->impl = w;
+    ws->model = m;
+    *out = ws;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pread source                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+#define WEIGHTS_ALIGN 64
+
+struct weights_slot {
+    uint32_t layer, expert, part; /* key of the bytes held */
+    bool     valid;               /* the bytes of the key are loaded */
+    uint32_t pins;                /* loans not yet released */
+    uint64_t last_use;            /* clock of the last acquire (LRU) */
+};
+
+struct weights_pread {
+    const struct common_model *model;     /* borrowed */
+    executor_read_span_fn      read_span; /* how bytes are read */
+    uint8_t                  **tensors;   /* owned: per tensor index, NULL for expert tensors */
+    uint32_t                   n_slots;
+    size_t                     slot_bytes; /* largest expert part */
+    uint8_t                   *slot_mem;   /* owned: n_slots * slot_bytes */
+    struct weights_slot       *slots;      /* owned: n_slots */
+    uint64_t                   clock;      /* under mu */
+    pthread_mutex_t            mu;         /* guards slots and clock; reads happen under it */
+};
+
+static int weights_pread_tensor(void *impl, uint64_t index, const void **data)
+{
+    struct weights_pread *w = impl;
+    if (index >= common_gguf_n_tensors(w->model->gguf) || !w->tensors[index])
+        return COMMON_EINVAL;
+    *data = w->tensors[index];
+    return 0;
+}
+
+static int weights_pread_acquire(void *impl, uint32_t layer, uint32_t expert,
+                                 enum common_expert_part part, const void **data, uint32_t *slot)
+{
+    struct weights_pread *w = impl;
+    struct common_span    s;
+    int                   rc = common_model_expert_span(w->model, layer, expert, part, &s);
+    if (rc < 0)
+        return rc;
+    if (s.size > w->slot_bytes)
+        return COMMON_EINVAL;
+    pthread_mutex_lock(&w->mu);
+    uint32_t hit = UINT32_MAX, victim = UINT32_MAX;
+    for (uint32_t i = 0; i < w->n_slots; i++) {
+        struct weights_slot *sl = &w->slots[i];
+        if (sl->valid && sl->layer == layer && sl->expert == expert && sl->part == (uint32_t)part)
+            hit = i;
+        if (sl->pins == 0 && (victim == UINT32_MAX || !sl->valid ||
+                              (w->slots[victim].valid && sl->last_use < w->slots[victim].last_use)))
+            victim = i;
+    }
+    if (hit == UINT32_MAX) {
+        if (victim == UINT32_MAX) {
+            pthread_mutex_unlock(&w->mu);
+            return COMMON_EAGAIN;
+        }
+        struct weights_slot *sl = &w->slots[victim];
+        uint8_t             *dst = w->slot_mem + (size_t)victim * w->slot_bytes;
+        sl->valid = false;
+        rc = w->read_span(w->model->gguf, &s, dst, NULL);
+        if (rc < 0) {
+            pthread_mutex_unlock(&w->mu);
+            return rc;
+        }
+        sl->layer = layer;
+        sl->expert = expert;
+        sl->part = (uint32_t)part;
+        sl->valid = true;
+        hit = victim;
+    }
+    w->slots[hit].pins++;
+    w->slots[hit].last_use = ++w->clock;
+    pthread_mutex_unlock(&w->mu);
+    *data = w->slot_mem + (size_t)hit * w->slot_bytes;
+    *slot = hit;
+    return 0;
+}
+
+static void weights_pread_release(void *impl, uint32_t slot)
+{
+    struct weights_pread *w = impl;
+    pthread_mutex_lock(&w->mu);
+    if (slot < w->n_slots && w->slots[slot].pins > 0)
+        w->slots[slot].pins--;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void weights_pread_destroy(void *impl)
+{
+    struct weights_pread *w = impl;
+    if (!w)
+        return;
+    if (w->tensors)
+        for (uint64_t i = 0; i < common_gguf_n_tensors(w->model->gguf); i++)
+            free(w->tensors[i]);
+    free(w->tensors);
+    free(w->slot_mem);
+    free(w->slots);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+static const struct executor_weight_ops weights_pread_ops = {
+    .tensor = weights_pread_tensor,
+    .expert_acquire = weights_pread_acquire,
+    .expert_release = weights_pread_release,
+    .destroy = weights_pread_destroy,
+};
+
+static bool weights_is_expert_tensor(const struct common_model *m, uint64_t index)
+{
+    for (uint32_t il = 0; il < m->hp.n_layer && m->hp.n_expert; il++)
+        for (int r = COMMON_ROLE_FFN_GATE_EXPS; r <= COMMON_ROLE_FFN_DOWN_EXPS; r++)
+            if (m->layers[il].tensor[r] == (int64_t)index)
+                return true;
+    return false;
+}
+
+int executor_weights_pread_create(const struct common_model          *m,
+                                  const struct executor_weights_opts *o,
+                                  struct executor_weights **out, struct common_errmsg *e)
+{
+    if (!o || !o->read_span)
+        return common_errmsg_set(e, COMMON_EINVAL, "pread weights need a read_span function");
+    const struct common_gguf *g = m->gguf;
+    uint64_t                  nt = common_gguf_n_tensors(g);
+    struct weights_pread     *w = calloc(1, sizeof(*w));
+    struct executor_weights  *ws = calloc(1, sizeof(*ws));
+    if (!w || !ws) {
+        free(w);
+        free(ws);
+        return COMMON_ENOMEM;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    w->model = m;
+    w->read_span = o->read_span;
+    w->tensors = calloc(nt ? nt : 1, sizeof(*w->tensors));
+    int rc = COMMON_ENOMEM;
+    if (!w->tensors)
+        goto out_destroy;
+    for (uint64_t i = 0; i < nt; i++) {
+        if (weights_is_expert_tensor(m, i))
+            continue;
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        size_t sz = ((size_t)t->size + WEIGHTS_ALIGN - 1) / WEIGHTS_ALIGN * WEIGHTS_ALIGN;
+        w->tensors[i] = aligned_alloc(WEIGHTS_ALIGN, sz ? sz : WEIGHTS_ALIGN);
+        if (!w->tensors[i]) {
+            rc = COMMON_ENOMEM;
+            goto out_destroy;
+        }
+        struct common_span span = {.split = t->split,
+                                   .type = t->type,
+                                   .offset = t->offset,
+                                   .size = t->size,
+                                   .rows = t->ne[1],
+                                   .cols = t->ne[0]};
+        if ((rc = w->read_span(g, &span, w->tensors[i], e)) < 0)
+            goto out_destroy;
+    }
+    if (m->hp.n_expert) {
+        for (uint32_t il = 0; il < m->hp.n_layer; il++)
+            for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+                struct common_span s;
+                if (common_model_expert_span(m, il, 0, (enum common_expert_part)p, &s) == 0 &&
+                    s.size > w->slot_bytes)
+                    w->slot_bytes = (size_t)s.size;
+            }
+        w->slot_bytes = (w->slot_bytes + WEIGHTS_ALIGN - 1) / WEIGHTS_ALIGN * WEIGHTS_ALIGN;
+        w->n_slots = o->n_expert_slots ? o->n_expert_slots : 6 * m->hp.n_expert_used;
+        w->slots = calloc(w->n_slots, sizeof(*w->slots));
+        w->slot_mem = aligned_alloc(WEIGHTS_ALIGN, w->slot_bytes * w->n_slots);
+        if (!w->slots || !w->slot_mem) {
+            rc = COMMON_ENOMEM;
+            goto out_destroy;
+        }
+    }
+    ws->ops = &weights_pread_ops;
+    ws->impl = w;
+    ws->model = m;
+    *out = ws;
+    return 0;
+
+out_destroy:
+    weights_pread_destroy(w);
+    free(ws);
+    return rc;
+}
+
+void executor_weights_destroy(struct executor_weights *w)
+{
+    if (!w)
+        return;
+    if (w->ops && w->ops->destroy)
+        w->ops->destroy(w->impl);
+    free(w);
+}
