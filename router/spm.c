@@ -45,6 +45,54 @@ static int spm_emit(const struct router_vocab *v, const struct router_tok_scratc
     return 0;
 }
 
+/* Merges and emits the escaped text s->word[a..b). */
+static int spm_chunk(const struct router_vocab *v, struct router_tok_scratch *s, size_t a, size_t b,
+                     struct router_tokens *out)
+{
+    int rc;
+    if ((rc = router_tok_reserve_syms(s, b - a)) < 0)
+        return rc;
+    /* One symbol per UTF-8 character (by lead byte, clipped: invalid bytes stand alone). */
+    size_t n = 0;
+    for (size_t off = a; off < b;) {
+        size_t cl = router_utf8_len((uint8_t)s->word.ptr[off]);
+        if (cl > b - off)
+            cl = b - off;
+        s->syms[n] = (struct router_symbol){
+            .prev = (int32_t)n - 1,
+            .next = off + cl == b ? -1 : (int32_t)n + 1,
+            .off = (uint32_t)off,
+            .n = (uint32_t)cl,
+        };
+        off += cl;
+        n++;
+    }
+    s->n_syms = n;
+    s->heap.n = 0;
+    s->heap.order = ROUTER_BIGRAM_BY_SCORE;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        rc = spm_try_bigram(v, s, (int32_t)i - 1, (int32_t)i);
+
+    struct router_bigram bg;
+    while (rc == 0 && router_bigram_pop(&s->heap, &bg)) {
+        struct router_symbol *l = &s->syms[bg.left];
+        struct router_symbol *r = &s->syms[bg.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != bg.size)
+            continue; /* stale: one side was merged since */
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            s->syms[r->next].prev = bg.left;
+        rc = spm_try_bigram(v, s, l->prev, bg.left);
+        if (rc == 0)
+            rc = spm_try_bigram(v, s, bg.left, l->next);
+    }
+    for (int32_t i = 0; i != -1 && rc == 0; i = s->syms[i].next)
+        rc = spm_emit(v, s, &s->syms[i], out);
+    return rc;
+}
+
 int router_spm_encode(const struct router_vocab *v, struct router_tok_scratch *s, const char *text,
                       size_t len, bool space_prefix, struct router_tokens *out)
 {
@@ -65,50 +113,29 @@ int router_spm_encode(const struct router_vocab *v, struct router_tok_scratch *s
     if (rc < 0)
         return rc;
     const size_t n_bytes = s->word.len;
-    if (n_bytes == 0)
-        return 0;
     if (n_bytes > INT32_MAX)
         return COMMON_ERANGE;
-
-    /* One symbol per UTF-8 character (by lead byte, clipped: invalid bytes stand alone). */
-    if ((rc = router_tok_reserve_syms(s, n_bytes)) < 0)
-        return rc;
-    size_t n = 0;
-    for (size_t off = 0; off < n_bytes;) {
+    if (!v->spm_split_at_space)
+        return n_bytes ? spm_chunk(v, s, 0, n_bytes, out) : 0;
+    /* No token holds U+2581 after another character, so no merge can cross the start of a run
+     * of U+2581 that follows other text: each such piece is merged on its own (same result as
+     * the whole text, with small heaps instead of one huge one). */
+    size_t a = 0;
+    bool   prev_space = false;
+    for (size_t off = 0; off < n_bytes && rc == 0;) {
         size_t cl = router_utf8_len((uint8_t)s->word.ptr[off]);
         if (cl > n_bytes - off)
             cl = n_bytes - off;
-        s->syms[n] = (struct router_symbol){
-            .prev = (int32_t)n - 1,
-            .next = off + cl == n_bytes ? -1 : (int32_t)n + 1,
-            .off = (uint32_t)off,
-            .n = (uint32_t)cl,
-        };
+        /* cut only where the whole-text split into characters has a boundary */
+        const bool space = cl == 3 && memcmp(s->word.ptr + off, k_space, 3) == 0;
+        if (space && off > 0 && !prev_space) {
+            rc = spm_chunk(v, s, a, off, out);
+            a = off;
+        }
+        prev_space = space;
         off += cl;
-        n++;
     }
-    s->n_syms = n;
-    s->heap.n = 0;
-    s->heap.order = ROUTER_BIGRAM_BY_SCORE;
-    for (size_t i = 1; i < n && rc == 0; i++)
-        rc = spm_try_bigram(v, s, (int32_t)i - 1, (int32_t)i);
-
-    struct router_bigram b;
-    while (rc == 0 && router_bigram_pop(&s->heap, &b)) {
-        struct router_symbol *l = &s->syms[b.left];
-        struct router_symbol *r = &s->syms[b.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
-            continue; /* stale: one side was merged since */
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0)
-            s->syms[r->next].prev = b.left;
-        rc = spm_try_bigram(v, s, l->prev, b.left);
-        if (rc == 0)
-            rc = spm_try_bigram(v, s, b.left, l->next);
-    }
-    for (int32_t i = 0; i != -1 && rc == 0; i = s->syms[i].next)
-        rc = spm_emit(v, s, &s->syms[i], out);
+    if (rc == 0 && a < n_bytes)
+        rc = spm_chunk(v, s, a, n_bytes, out);
     return rc;
 }

@@ -475,6 +475,26 @@ static void vocab_build_bytes(struct router_vocab *v)
     }
 }
 
+/* SPM text may be merged piece by piece, cut before each run of U+2581, when no token has U+2581
+ * after another character (then no merge can cross such a cut). */
+static void vocab_check_spm_split(struct router_vocab *v)
+{
+    v->spm_split_at_space = v->type == ROUTER_VOCAB_SPM;
+    for (uint32_t id = 0; id < v->n_tokens && v->spm_split_at_space; id++) {
+        size_t      len;
+        const char *t = router_vocab_str(v, (int32_t)id, &len);
+        size_t      i = 0;
+        while (len - i >= 3 && memcmp(t + i, "\xE2\x96\x81", 3) == 0)
+            i += 3; /* leading run */
+        for (; i + 3 <= len; i++) {
+            if (memcmp(t + i, "\xE2\x96\x81", 3) == 0) {
+                v->spm_split_at_space = false;
+                break;
+            }
+        }
+    }
+}
+
 static int vocab_load(struct router_vocab *v, const struct common_gguf *g, struct common_errmsg *e)
 {
     struct common_gguf_str model;
@@ -567,6 +587,7 @@ static int vocab_load(struct router_vocab *v, const struct common_gguf *g, struc
         return common_errmsg_set(e, COMMON_ECORRUPT,
                                  "tokenizer.ggml.add_eos_token is true but there is no EOS id");
 
+    vocab_check_spm_split(v);
     vocab_find_eog(v);
     if ((rc = vocab_build_special(v, g, e)) < 0)
         return rc;

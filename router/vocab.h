@@ -34,8 +34,9 @@ struct router_vocab {
 
     int32_t bos, eos, eot, pad, unk; /* ROUTER_TOKEN_NULL when absent */
     bool    add_bos, add_eos, add_space_prefix;
-    bool    clean_spaces;  /* detokenizer space clean-up (BPE families that want it) */
-    bool    ignore_merges; /* BPE: a word that is a token is taken whole (llama3) */
+    bool    clean_spaces;       /* detokenizer space clean-up (BPE families that want it) */
+    bool    ignore_merges;      /* BPE: a word that is a token is taken whole (llama3) */
+    bool    spm_split_at_space; /* SPM: no token has U+2581 after another character */
 
     int32_t byte_token[256];  /* SPM: id of <0xXX> (or of the 1-byte string); BPE unused */
     char    byte_enc[256][2]; /* BPE: UTF-8 of the GPT-2 code point of each byte */
