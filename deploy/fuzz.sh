@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60; CI runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 2:1 between the GGUF reader and the
+#        control-message decoder; CI runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
 build=build-fuzz
 fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
-CC=clang cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" --target fuzz_gguf sluice -j"$(nproc)" >/dev/null
+CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
+    -DCMAKE_BUILD_TYPE=Release >/dev/null
+if ! cmake --build "$build" --target fuzz_gguf fuzz_proto sluice -j"$(nproc)" >"$build/build.log" 2>&1; then
+    grep -E 'error' "$build/build.log" | head -20
+    echo "fuzz build failed (log: $build/build.log)"
+    exit 1
+fi
 
 # Seed corpus: the header of every fixture GGUF (first 64 KiB) and small complete models.
 corpus="$build/corpus-gguf"
@@ -24,8 +30,15 @@ fi
 "$build/bin/sluice" mkmodel -q -o "$corpus/moe.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1 \
     --n-expert 4 --type q8_0
 
-log="$build/fuzz_gguf.log"
-"$build/bin/fuzz_gguf" -max_total_time="$secs" -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 "$corpus" >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
-execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
-echo "fuzz_gguf: ${execs:-?} executions in ${secs}s, no crash (corpus $corpus, log $log)"
+# fuzz TARGET CORPUS SECONDS: runs one target, prints its execution count.
+fuzz() {
+    local target=$1 dir=$2 t=$3 log="$build/$1.log"
+    mkdir -p "$dir"
+    "$build/bin/$target" -max_total_time="$t" -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 "$dir" >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
+    local execs
+    execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
+    echo "$target: ${execs:-?} executions in ${t}s, no crash (corpus $dir, log $log)"
+}
+fuzz fuzz_gguf "$corpus" $(( secs * 2 / 3 ))
+fuzz fuzz_proto "$build/corpus-proto" $(( secs - secs * 2 / 3 ))
