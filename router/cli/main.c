@@ -17,6 +17,9 @@ struct cli_command {
 static const struct cli_command commands[] = {
     {"inspect", cli_cmd_inspect, "print a GGUF model's architecture, tensors and byte totals"},
     {"mkmodel", cli_cmd_mkmodel, "write a GGUF model with random weights (demo, benchmarks)"},
+    {"run", cli_cmd_run, "generate text from a prompt"},
+    {"chat", cli_cmd_chat, "chat with a model using its chat template"},
+    {"tokenize", cli_cmd_tokenize, "print the token ids of a text, like llama-tokenize"},
 };
 
 static void cli_usage(FILE *f)
