@@ -223,8 +223,9 @@ int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t 
 /* ------------------------------------------------------------------------------------------ */
 
 struct executor_ppl_opts {
-    uint32_t n_ctx; /* chunk length; 0 = the ctx's n_ctx */
-    int32_t  bos;   /* replaces the first token of every chunk; < 0 = leave it */
+    uint32_t n_ctx;      /* chunk length; 0 = the ctx's n_ctx */
+    int32_t  bos;        /* replaces the first token of every chunk; < 0 = leave it */
+    uint32_t max_chunks; /* score at most this many chunks (llama.cpp --chunks); 0 = all */
     /* Called after each chunk with its 0-based index and the running perplexity; may be NULL. */
     void (*on_chunk)(void *arg, uint32_t chunk, double ppl);
     void *arg;

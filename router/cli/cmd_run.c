@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "executor.h"
+#include "router.h"
 
 static void run_usage(FILE *f)
 {
@@ -28,9 +29,12 @@ static void run_usage(FILE *f)
             "  --seed S             sampling seed; 0 = from the clock        [0]\n"
             "  --ignore-eos         keep generating after an end-of-sequence token\n"
             "  --ids                print token ids instead of text (format below)\n\n"
-            "With --ids, stdout has one line 'prompt_ids: ID ID ...' and then one line\n"
-            "'gen: ID' per generated token, printed as soon as it is chosen. Timings go to\n"
-            "stderr. A prompt longer than the context is refused, never truncated.\n");
+            "Without --ids, stdout gets the text of the generated tokens only (not the prompt),\n"
+            "flushed after each token, then a newline. With --ids, stdout has one line\n"
+            "'prompt_ids: ID ID ...', then one line 'gen: ID' per generated token, printed as\n"
+            "soon as it is chosen. Timings go to stderr. Generation stops after -n tokens, at an\n"
+            "end-of-generation token (unless --ignore-eos) or when the context is full. A prompt\n"
+            "longer than the context is refused, never truncated.\n");
 }
 
 /* Parses "1,2,3" into a malloc'd array. */
@@ -144,22 +148,21 @@ int cli_cmd_run(int argc, char **argv)
         fprintf(stderr, "error: no model given (-m MODEL.gguf); see sluice run --help\n");
         return 2;
     }
-    if (!prompt_ids) {
-        fprintf(stderr,
-                "error: this build has no tokenizer yet: give the prompt as token ids "
-                "with --prompt-ids 1,2,3%s\n",
-                prompt ? " (-p needs the tokenizer)" : "");
+    if (!prompt && !prompt_ids) {
+        fprintf(stderr, "error: no prompt (-p TEXT or --prompt-ids 1,2,3)\n");
         return 2;
     }
-    (void)top_k;
-    (void)top_p;
-    (void)min_p;
-    (void)seed;
-    if (temp > 0.0f)
-        fprintf(stderr, "warning: no sampler in this build yet: decoding greedily\n");
+    if (prompt && prompt_ids) {
+        fprintf(stderr, "error: give either -p or --prompt-ids, not both\n");
+        return 2;
+    }
+    if (!(temp >= 0.0f) || !(top_p >= 0.0f) || !(min_p >= 0.0f && min_p <= 1.0f)) {
+        fprintf(stderr, "error: --temp and --top-p must be >= 0, --min-p in 0..1\n");
+        return 2;
+    }
     uint32_t n_prompt = 0;
-    int32_t *tokens = run_parse_ids(prompt_ids, &n_prompt);
-    if (!tokens) {
+    int32_t *tokens = NULL;
+    if (prompt_ids && !(tokens = run_parse_ids(prompt_ids, &n_prompt))) {
         fprintf(stderr, "error: --prompt-ids expects comma-separated token ids, got '%s'\n",
                 prompt_ids);
         return 2;
@@ -170,12 +173,35 @@ int cli_cmd_run(int argc, char **argv)
     struct executor_pool  *pool = NULL;
     struct executor_model *m = NULL;
     struct executor_ctx   *c = NULL;
+    struct router_vocab   *vocab = NULL;
+    struct router_sampler  smp = {0};
+    struct router_text     piece = {0};
     float                 *logits = NULL;
     int                    rc;
     executor_kernels_init();
     if ((rc = executor_model_open(model, NULL, &m, &e)) < 0) {
         fprintf(stderr, "error: %s: %s\n", model, e.text[0] ? e.text : common_strerror(rc));
         goto out;
+    }
+    if ((rc = router_vocab_load(executor_model_desc(m)->gguf, &vocab, &e)) < 0) {
+        if (prompt) {
+            fprintf(stderr, "error: %s: no usable tokenizer: %s\n", model,
+                    e.text[0] ? e.text : common_strerror(rc));
+            goto out;
+        }
+        vocab = NULL; /* --prompt-ids works without a tokenizer; ids are printed as [id] */
+    }
+    if (prompt) {
+        struct router_tokens toks = {0};
+        rc = router_tokenize(vocab, prompt, strlen(prompt),
+                             &(struct router_tokenize_opts){.add_special = true}, &toks);
+        if (rc < 0 || toks.n == 0 || toks.n > UINT32_MAX) {
+            fprintf(stderr, "error: tokenizing the prompt failed\n");
+            router_tokens_fini(&toks);
+            goto out;
+        }
+        tokens = toks.ids; /* taken over */
+        n_prompt = (uint32_t)toks.n;
     }
     if ((rc = executor_pool_create(n_threads, &pool)) < 0) {
         fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
@@ -193,8 +219,18 @@ int cli_cmd_run(int argc, char **argv)
                 n_prompt, executor_ctx_n_ctx(c));
         goto out;
     }
-    uint32_t eos = UINT32_MAX;
-    common_gguf_get_u32(executor_model_desc(m)->gguf, "tokenizer.ggml.eos_token_id", &eos);
+    struct router_sampler_opts so = {
+        .temperature = temp, .top_k = (int32_t)top_k, .top_p = top_p, .min_p = min_p, .seed = seed};
+    if ((rc = router_sampler_init(&smp, &so, n_vocab)) < 0) {
+        fprintf(stderr, "error: sampler options rejected: %s\n", common_strerror(rc));
+        goto out;
+    }
+    for (uint32_t i = 0; i < n_prompt; i++)
+        router_sampler_accept(&smp, tokens[i]);
+    struct router_detok_stream ds;
+    if (vocab)
+        router_detok_stream_init(&ds, vocab,
+                                 &(struct router_detok_opts){.keep_leading_space = true});
     logits = malloc((size_t)n_vocab * sizeof(*logits));
     if (!logits)
         goto out;
@@ -213,13 +249,25 @@ int cli_cmd_run(int argc, char **argv)
     uint64_t t1 = common_now_ns(), t_gen = 0;
     uint32_t n_gen = 0;
     for (; n_gen < n_predict; n_gen++) {
-        int32_t id = run_argmax(logits, n_vocab);
-        if (ids)
+        int32_t id = 0;
+        if (temp <= 0.0f)
+            id = run_argmax(logits, n_vocab);
+        else if ((rc = router_sampler_pick(&smp, logits, &id)) < 0) {
+            fprintf(stderr, "error: sampling failed: %s\n", common_strerror(rc));
+            goto out;
+        }
+        router_sampler_accept(&smp, id);
+        if (ids) {
             printf("gen: %d\n", id);
-        else
+        } else if (vocab) {
+            router_text_clear(&piece);
+            if (router_detok_stream_push(&ds, id, &piece) > 0)
+                fwrite(piece.ptr, 1, piece.len, stdout);
+        } else {
             printf("[%d]", id);
+        }
         fflush(stdout);
-        if (!ignore_eos && (uint32_t)id == eos) {
+        if (!ignore_eos && vocab && router_vocab_is_eog(vocab, id)) {
             n_gen++;
             break;
         }
@@ -237,8 +285,12 @@ int cli_cmd_run(int argc, char **argv)
         }
         t_gen += common_now_ns() - ts;
     }
-    if (!ids)
+    if (!ids) {
+        router_text_clear(&piece);
+        if (vocab && router_detok_stream_flush(&ds, &piece) > 0)
+            fwrite(piece.ptr, 1, piece.len, stdout);
         printf("\n");
+    }
     fprintf(stderr,
             "run: prompt %u tokens in %.1f ms (%.2f tok/s); generated %u tokens, decode %.2f "
             "tok/s; %u threads, isa %s\n",
@@ -248,6 +300,9 @@ int cli_cmd_run(int argc, char **argv)
     status = 0;
 out:
     free(logits);
+    router_text_fini(&piece);
+    router_sampler_fini(&smp);
+    router_vocab_destroy(vocab);
     executor_ctx_destroy(c);
     executor_model_destroy(m);
     executor_pool_destroy(pool);

@@ -98,3 +98,92 @@ Test(executor_forward, greedy_q8_0_matches_llama_cpp, .timeout = 300)
 {
     check_greedy("q8_0", "moe-tiny-q8_0.gguf", EXECUTOR_CACHE_F16);
 }
+
+/* One prompt of llama-2-tiny-random.reference.txt: ids, then per greedy step the chosen id and
+ * the top-5 (id, logit) pairs. */
+struct tiny_case {
+    int32_t  prompt[64];
+    uint32_t n_prompt;
+    int32_t  step_id[8];
+    int32_t  top_id[8][5];
+    float    top_logit[8][5];
+    uint32_t n_steps;
+};
+
+/* Parses the reference text; returns the number of prompts read (at most max). */
+static size_t tiny_parse(char *text, struct tiny_case *cases, size_t max)
+{
+    size_t            n = 0;
+    struct tiny_case *cur = NULL;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "### prompt:", 11) == 0) {
+            if (n == max)
+                break;
+            cur = &cases[n++];
+            memset(cur, 0, sizeof(*cur));
+        } else if (cur && strncmp(line, "prompt_ids:", 11) == 0) {
+            char *p = line + 11, *end;
+            for (long v = strtol(p, &end, 10); end != p && cur->n_prompt < 64;
+                 v = strtol(p, &end, 10)) {
+                cur->prompt[cur->n_prompt++] = (int32_t)v;
+                p = end;
+            }
+        } else if (cur && line[0] >= '0' && line[0] <= '9' && cur->n_steps < 8) {
+            uint32_t s = cur->n_steps++;
+            char    *p = line, *end;
+            cur->step_id[s] = (int32_t)strtol(p, &end, 10);
+            p = end;
+            for (int k = 0; k < 5; k++) {
+                cur->top_id[s][k] = (int32_t)strtol(p, &end, 10);
+                p = end + 1; /* ':' */
+                cur->top_logit[s][k] = strtof(p, &end);
+                p = end;
+            }
+        }
+    }
+    return n;
+}
+
+Test(executor_forward, llama2_tiny_first_token_and_top5_logits, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(ref_path, "models/llama-2-tiny-random.reference.txt");
+    FIXTURE_OR_SKIP(model_path, "models/llama-2-tiny-random.gguf");
+    char *text = fixture_read_all(ref_path, NULL);
+    cr_assert_not_null(text);
+    struct tiny_case cases[8];
+    size_t           n_cases = tiny_parse(text, cases, 8);
+    cr_assert_gt(n_cases, 0, "no prompts in the reference file");
+
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_create(m, &(struct executor_ctx_opts){.n_ctx = 128}, &c, &e), 0, "%s",
+                 e.text);
+    uint32_t n_vocab = executor_ctx_n_vocab(c);
+    float   *logits = malloc(n_vocab * sizeof(*logits));
+    for (size_t k = 0; k < n_cases; k++) {
+        struct tiny_case *tc = &cases[k];
+        cr_assert_gt(tc->n_steps, 0);
+        executor_ctx_reset(c);
+        cr_assert_eq(executor_ctx_decode(c, tc->prompt, tc->n_prompt, logits, NULL, &e), 0, "%s",
+                     e.text);
+        /* The first step is a robust target: argmax and the five best logits. */
+        int32_t best = 0;
+        for (uint32_t v = 1; v < n_vocab; v++)
+            if (logits[v] > logits[best])
+                best = (int32_t)v;
+        cr_expect_eq(best, tc->step_id[0], "prompt %zu: first token %d, llama.cpp %d", k, best,
+                     tc->step_id[0]);
+        for (int j = 0; j < 5; j++)
+            cr_expect(fabsf(logits[tc->top_id[0][j]] - tc->top_logit[0][j]) <= 1e-3f,
+                      "prompt %zu: logit of %d is %.5f, llama.cpp %.4f", k, tc->top_id[0][j],
+                      (double)logits[tc->top_id[0][j]], (double)tc->top_logit[0][j]);
+    }
+    free(logits);
+    executor_ctx_destroy(c);
+    executor_model_destroy(m);
+    free(text);
+    free(ref_path);
+    free(model_path);
+}
