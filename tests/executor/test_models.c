@@ -1,0 +1,307 @@
+/* tests/executor/test_models.c - synthetic models in every weight type; refusals of bad input. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "executor.h"
+#include "fixture.h"
+
+/* SIMD and scalar kernels differ only in float summation order (single dot products agree to
+ * ~1e-5 relative). With float activations (f32, f16, bf16 weights) the layers amplify that
+ * little: logits agree within MODELS_TOL_FLOAT * max(1, max |logit|). With 8-bit activations
+ * (q8_0, q8_1, q8_K for the quantized types) a last-bit difference can move an activation across
+ * a rounding boundary, a step of amax/127, so random-weight models differ more: MODELS_TOL_Q8.
+ * The argmax must agree unless the reference's two best logits are closer than twice the
+ * observed difference. */
+#define MODELS_TOL_FLOAT 5e-3f
+#define MODELS_TOL_Q8    3e-2f
+
+static char *t_dir;
+
+static void models_setup(void)
+{
+    t_dir = fixture_tmpdir();
+    cr_assert_not_null(t_dir);
+}
+
+static void models_teardown(void)
+{
+    fixture_rmtree(t_dir);
+    free(t_dir);
+    executor_kernels_init();
+}
+
+/* Writes a small model of weight type `type` (dense, or MoE with 4 experts top-2). */
+static char *write_model(const char *name, uint32_t type, uint32_t n_expert)
+{
+    size_t n = strlen(t_dir) + strlen(name) + 2;
+    char  *path = malloc(n);
+    snprintf(path, n, "%s/%s", t_dir, name);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = path,
+                                    .n_ctx = 256,
+                                    .n_embd = 256,
+                                    .n_layer = 2,
+                                    .n_head = 8,
+                                    .n_head_kv = 2,
+                                    .n_ff = 512,
+                                    .n_expert = n_expert,
+                                    .n_expert_used = n_expert ? 2 : 0,
+                                    .type = type,
+                                    .seed = 7};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth %s: %s", name, e.text);
+    return path;
+}
+
+/* Logits of the last token of a fixed 40-token prompt (two batches of 32 + 8). */
+static float *run_logits(const char *path, struct executor_pool *pool, uint32_t *n_vocab)
+{
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
+    cr_assert_eq(
+        executor_ctx_create(
+            m, &(struct executor_ctx_opts){.n_ctx = 64, .n_batch = 32, .pool = pool}, &c, &e),
+        0, "%s", e.text);
+    *n_vocab = executor_ctx_n_vocab(c);
+    float  *l = malloc(*n_vocab * sizeof(*l));
+    int32_t p[40] = {0};
+    for (int i = 0; i < 40; i++)
+        p[i] = (int32_t)((i * 31 + 5) % (int32_t)*n_vocab);
+    cr_assert_eq(executor_ctx_decode(c, p, 40, l, NULL, &e), 0, "%s", e.text);
+    int32_t next = 3;
+    cr_assert_eq(executor_ctx_decode(c, &next, 1, l, NULL, &e), 0, "%s", e.text);
+    executor_ctx_destroy(c);
+    executor_model_destroy(m);
+    return l;
+}
+
+static void compare_isa(uint32_t type, uint32_t n_expert)
+{
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    char                                name[64];
+    snprintf(name, sizeof(name), "m-%s-%u.gguf", ti->name, n_expert);
+    char                 *path = write_model(name, type, n_expert);
+    struct executor_pool *pool = NULL;
+    cr_assert_eq(executor_pool_create(2, &pool), 0);
+    executor_kernels_init();
+    enum executor_isa best = executor_kernels_active();
+    uint32_t          nv = 0;
+    float            *fast = run_logits(path, pool, &nv);
+    cr_assert_eq(executor_kernels_select(EXECUTOR_ISA_REF), 0);
+    float *ref = run_logits(path, pool, &nv);
+    cr_assert_eq(executor_kernels_select(best), 0);
+    float    scale = 1.0f, diff = 0.0f;
+    int32_t  am_f = 0, am_r = 0;
+    uint32_t vdt = executor_vec_dot_type(type);
+    float    tol =
+        vdt == COMMON_GGML_TYPE_F32 || vdt == COMMON_GGML_TYPE_F16 || vdt == COMMON_GGML_TYPE_BF16
+               ? MODELS_TOL_FLOAT
+               : MODELS_TOL_Q8;
+    for (uint32_t i = 0; i < nv; i++) {
+        scale = fmaxf(scale, fabsf(ref[i]));
+        diff = fmaxf(diff, fabsf(ref[i] - fast[i]));
+        cr_assert(isfinite(fast[i]), "%s: logit %u is not finite", name, i);
+        if (fast[i] > fast[am_f])
+            am_f = (int32_t)i;
+        if (ref[i] > ref[am_r])
+            am_r = (int32_t)i;
+    }
+    cr_log_info("%s: %s vs ref max |diff| %.3g (scale %.3g)", name, executor_isa_name(best),
+                (double)diff, (double)scale);
+    float second = -INFINITY;
+    for (uint32_t i = 0; i < nv; i++)
+        if ((int32_t)i != am_r && ref[i] > second)
+            second = ref[i];
+    cr_expect_leq(diff, tol * scale, "%s: %s vs ref logits differ by %g (scale %g)", name,
+                  executor_isa_name(best), (double)diff, (double)scale);
+    if (ref[am_r] - second > 2 * diff)
+        cr_expect_eq(am_f, am_r, "%s: argmax %d (%s) vs %d (ref)", name, am_f,
+                     executor_isa_name(best), am_r);
+    free(fast);
+    free(ref);
+    free(path);
+    executor_pool_destroy(pool);
+}
+
+#define ISA_TEST(tname, type, n_expert)                                                            \
+    Test(executor_models, tname, .init = models_setup, .fini = models_teardown, .timeout = 120)    \
+    {                                                                                              \
+        compare_isa(type, n_expert);                                                               \
+    }
+
+ISA_TEST(simd_matches_ref_f32, COMMON_GGML_TYPE_F32, 0)
+ISA_TEST(simd_matches_ref_f16, COMMON_GGML_TYPE_F16, 0)
+ISA_TEST(simd_matches_ref_bf16, COMMON_GGML_TYPE_BF16, 0)
+ISA_TEST(simd_matches_ref_q8_0, COMMON_GGML_TYPE_Q8_0, 0)
+ISA_TEST(simd_matches_ref_q4_0, COMMON_GGML_TYPE_Q4_0, 0)
+ISA_TEST(simd_matches_ref_q4_1, COMMON_GGML_TYPE_Q4_1, 0)
+ISA_TEST(simd_matches_ref_q5_0, COMMON_GGML_TYPE_Q5_0, 0)
+ISA_TEST(simd_matches_ref_q5_1, COMMON_GGML_TYPE_Q5_1, 0)
+ISA_TEST(simd_matches_ref_q4_K, COMMON_GGML_TYPE_Q4_K, 0)
+ISA_TEST(simd_matches_ref_q5_K, COMMON_GGML_TYPE_Q5_K, 0)
+ISA_TEST(simd_matches_ref_q6_K, COMMON_GGML_TYPE_Q6_K, 0)
+ISA_TEST(simd_matches_ref_moe_q8_0, COMMON_GGML_TYPE_Q8_0, 4)
+ISA_TEST(simd_matches_ref_moe_q4_K, COMMON_GGML_TYPE_Q4_K, 4)
+
+/* pread of experts into a small slot pool gives the same logits as the mmap source. */
+static int test_read_span(const struct common_gguf *g, const struct common_span *s, void *dst,
+                          struct common_errmsg *e)
+{
+    ssize_t r = pread(common_gguf_split_fd(g, s->split), dst, s->size, (off_t)s->offset);
+    return r == (ssize_t)s->size ? 0 : common_errmsg_set(e, COMMON_EIO, "short read");
+}
+
+Test(executor_models, pread_source_matches_mmap, .init = models_setup, .fini = models_teardown,
+     .timeout = 120)
+{
+    char                  *path = write_model("moe.gguf", COMMON_GGML_TYPE_Q4_0, 4);
+    uint32_t               nv = 0;
+    float                 *a = run_logits(path, NULL, &nv);
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(
+        executor_model_open(path,
+                            &(struct executor_model_opts){.weights = EXECUTOR_WEIGHTS_PREAD,
+                                                          .read_span = test_read_span},
+                            &m, &e),
+        0, "%s", e.text);
+    cr_assert_eq(
+        executor_ctx_create(m, &(struct executor_ctx_opts){.n_ctx = 64, .n_batch = 32}, &c, &e), 0);
+    float  *b = malloc(nv * sizeof(*b));
+    int32_t p[40] = {0};
+    for (int i = 0; i < 40; i++)
+        p[i] = (int32_t)((i * 31 + 5) % (int32_t)nv);
+    cr_assert_eq(executor_ctx_decode(c, p, 40, b, NULL, &e), 0, "%s", e.text);
+    int32_t next = 3;
+    cr_assert_eq(executor_ctx_decode(c, &next, 1, b, NULL, &e), 0, "%s", e.text);
+    for (uint32_t i = 0; i < nv; i++)
+        cr_assert_eq(a[i], b[i], "logit %u: mmap %g, pread %g", i, (double)a[i], (double)b[i]);
+    executor_ctx_destroy(c);
+    executor_model_destroy(m);
+    free(a);
+    free(b);
+    free(path);
+}
+
+Test(executor_models, decode_refuses_prompt_longer_than_context, .init = models_setup,
+     .fini = models_teardown)
+{
+    char                  *path = write_model("d.gguf", COMMON_GGML_TYPE_Q8_0, 0);
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_create(m, &(struct executor_ctx_opts){.n_ctx = 16}, &c, &e), 0);
+    int32_t toks[17] = {0};
+    float  *l = malloc(executor_ctx_n_vocab(c) * sizeof(*l));
+    cr_assert_eq(executor_ctx_decode(c, toks, 17, l, NULL, &e), COMMON_ERANGE);
+    cr_expect(strstr(e.text, "17") && strstr(e.text, "16"), "message should give the numbers: %s",
+              e.text);
+    cr_expect_eq(executor_ctx_n_past(c), 0, "nothing may be evaluated");
+    cr_assert_eq(executor_ctx_decode(c, toks, 10, l, NULL, &e), 0);
+    cr_expect_eq(executor_ctx_decode(c, toks, 7, l, NULL, &e), COMMON_ERANGE);
+    cr_expect_eq(executor_ctx_n_past(c), 10);
+    toks[0] = (int32_t)executor_ctx_n_vocab(c);
+    cr_expect_eq(executor_ctx_decode(c, toks, 1, l, NULL, &e), COMMON_EINVAL);
+    free(l);
+    executor_ctx_destroy(c);
+    executor_model_destroy(m);
+    free(path);
+}
+
+Test(executor_models, q8_0_cache_refused_for_narrow_heads)
+{
+    FIXTURE_OR_SKIP(model_path, "models/llama-2-tiny-random.gguf");
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
+    cr_expect_eq(executor_ctx_create(
+                     m, &(struct executor_ctx_opts){.cache_type = EXECUTOR_CACHE_Q8_0}, &c, &e),
+                 COMMON_EINVAL);
+    cr_expect_null(c);
+    executor_model_destroy(m);
+    free(model_path);
+}
+
+/* Rewrites the GGUF at `src` to `dst`, replacing the architecture name (and its key prefix) and
+ * optionally giving tensor `bad` the type `bad_type` (data zero-filled to the new size). */
+static void rewrite_gguf(const char *src, const char *dst, const char *arch, const char *bad,
+                         uint32_t bad_type)
+{
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(src, NULL, &g, NULL), 0);
+    struct common_gguf_writer *w = NULL;
+    cr_assert_eq(common_gguf_writer_create(&w, 32), 0);
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
+        const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
+        if (strcmp(kv->key, "general.architecture") == 0) {
+            cr_assert_eq(common_gguf_writer_set_str(w, kv->key, arch), 0);
+        } else if (strncmp(kv->key, "llama.", 6) == 0) {
+            struct common_gguf_kv copy = *kv;
+            char                  key[256];
+            snprintf(key, sizeof(key), "%s.%s", arch, kv->key + 6);
+            copy.key = key;
+            cr_assert_eq(common_gguf_writer_copy_kv(w, &copy), 0);
+        } else {
+            cr_assert_eq(common_gguf_writer_copy_kv(w, kv), 0);
+        }
+    }
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        uint32_t type = bad && strcmp(t->name, bad) == 0 ? bad_type : t->type;
+        cr_assert_eq(common_gguf_writer_add_tensor(w, t->name, type, t->n_dims, t->ne), 0);
+    }
+    cr_assert_eq(common_gguf_writer_begin(w, dst, NULL), 0);
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        uint64_t                         size = t->size;
+        if (bad && strcmp(t->name, bad) == 0)
+            cr_assert_eq(common_ggml_row_size(bad_type, t->ne[0] * t->ne[1], &size), 0);
+        char *buf = calloc(1, size);
+        if (size == t->size)
+            cr_assert_eq(pread(common_gguf_split_fd(g, 0), buf, size, (off_t)t->offset),
+                         (ssize_t)size);
+        cr_assert_eq(common_gguf_writer_write_data(w, buf, size, NULL), 0);
+        free(buf);
+    }
+    cr_assert_eq(common_gguf_writer_finish(w, NULL), 0);
+    common_gguf_writer_destroy(w);
+    common_gguf_close(g);
+}
+
+Test(executor_models, load_refuses_unsupported_weight_type, .init = models_setup,
+     .fini = models_teardown)
+{
+    char *src = write_model("ok.gguf", COMMON_GGML_TYPE_F32, 0);
+    char  dst[4096];
+    snprintf(dst, sizeof(dst), "%s/bad.gguf", t_dir);
+    rewrite_gguf(src, dst, "llama", "blk.1.attn_q.weight", COMMON_GGML_TYPE_IQ2_XXS);
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ENOTSUP);
+    cr_expect_null(m);
+    cr_expect(strstr(e.text, "blk.1.attn_q.weight") && strstr(e.text, "iq2_xxs"),
+              "message should name the tensor and type: %s", e.text);
+    free(src);
+}
+
+Test(executor_models, load_refuses_unsupported_architecture, .init = models_setup,
+     .fini = models_teardown)
+{
+    char *src = write_model("moe.gguf", COMMON_GGML_TYPE_F32, 4);
+    char  dst[4096];
+    snprintf(dst, sizeof(dst), "%s/olmoe.gguf", t_dir);
+    rewrite_gguf(src, dst, "olmoe", NULL, 0);
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ENOTSUP, "%s", e.text);
+    cr_expect(strstr(e.text, "olmoe"), "message should name the architecture: %s", e.text);
+    free(src);
+}
