@@ -66,7 +66,8 @@ void executor_pool_destroy(struct executor_pool *p);
 uint32_t executor_pool_n_threads(const struct executor_pool *p);
 /* Runs fn over [0, n) in pieces of at most `chunk` items (0 = split n evenly into a few pieces
  * per thread), on every thread of the pool, and returns when all pieces are done; writes made
- * by fn are visible to the caller on return. A NULL pool runs fn(arg, 0, n, 0) on the caller.
+ * by fn are visible to the caller on return. A NULL or 1-thread pool runs the pieces on the
+ * caller.
  * One caller at a time per pool (not reentrant; fn must not call executor_pool_for). */
 void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, executor_pool_fn fn,
                        void *arg);

@@ -233,7 +233,8 @@ void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, execut
         chunk = (n + pieces - 1) / pieces;
     }
     if (nth == 1 || n <= chunk) {
-        fn(arg, 0, n, 0);
+        for (int64_t i0 = 0; i0 < n; i0 += chunk)
+            fn(arg, i0, i0 + chunk < n ? i0 + chunk : n, 0);
         return;
     }
     p->fn = fn;
