@@ -1,11 +1,23 @@
-/* fetcher/fetcher.h - public front door of fetcher/: reading model bytes (experts) from storage. */
+/* fetcher/fetcher.h - public front door of fetcher/: streaming experts into a budgeted pool. */
 #ifndef FETCHER_FETCHER_H
 #define FETCHER_FETCHER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common.h"
+
+/* O_DIRECT granularity: slots, part regions inside slots and direct reads are aligned to it. */
+#define FETCHER_ALIGN 4096u
+
+/* A loan id that fetcher_release() ignores (given out by the mmap mode, which pins nothing). */
+#define FETCHER_LOAN_NONE UINT32_MAX
+
+/* ------------------------------------------------------------------------------------------ */
+/* Blocking span reads (fetcher/read.c)                                                        */
+/* ------------------------------------------------------------------------------------------ */
 
 /* Reads the bytes of `span` (a tensor or one expert part of model `g`) into `dst`, which holds
  * at least span->size bytes, with blocking pread calls. Returns 0, or COMMON_EIO with a message
@@ -13,5 +25,242 @@
  * Thread-safe: pread does not move the file offset. */
 int fetcher_read_span(const struct common_gguf *g, const struct common_span *span, void *dst,
                       struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options shared by the pool, the I/O engine and the front                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Which READY, unpinned slot the pool gives up when it needs room. */
+enum fetcher_policy {
+    FETCHER_POLICY_LRU = 0, /* least recently used (default) */
+    FETCHER_POLICY_LFU,     /* least frequently used, counts halved every `lfu_halflife` uses */
+};
+
+/* How expert bytes reach memory. */
+enum fetcher_io_mode {
+    FETCHER_IO_AUTO = 0, /* io_uring when the kernel allows it, else the pread thread pool */
+    FETCHER_IO_URING,    /* io_uring (fails at create when unavailable) */
+    FETCHER_IO_PREAD,    /* a pool of threads doing preadv (forced fallback) */
+    FETCHER_IO_MMAP,     /* baseline: map the files and let the page cache decide; no pool */
+};
+
+/* Whether reads bypass the page cache. */
+enum fetcher_direct {
+    FETCHER_DIRECT_AUTO = 0, /* O_DIRECT where the file system accepts it, else buffered */
+    FETCHER_DIRECT_OFF,      /* always buffered */
+};
+
+/* Request classes, most urgent first. A prefetch never delays a demand. */
+enum fetcher_priority {
+    FETCHER_PRIO_DEMAND = 0, /* needed now by the forward pass */
+    FETCHER_PRIO_POSTFETCH,  /* picked by the router for this layer, needed shortly */
+    FETCHER_PRIO_PREFETCH,   /* a guess (next layer, next token); dropped when stale */
+    FETCHER_PRIO_COUNT,
+};
+
+/* Static names ("lru", "uring", "demand", ...) and their parsers (0 or COMMON_EINVAL). */
+const char *fetcher_policy_name(enum fetcher_policy p);
+int         fetcher_policy_parse(const char *s, enum fetcher_policy *out);
+const char *fetcher_io_mode_name(enum fetcher_io_mode m);
+int         fetcher_io_mode_parse(const char *s, enum fetcher_io_mode *out);
+const char *fetcher_priority_name(enum fetcher_priority p);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory budget plan (fetcher/plan.c)                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+struct fetcher_plan_opts {
+    uint64_t ram_budget;  /* bytes for everything (resident + pool + KV + overhead); required */
+    uint64_t kv_bytes;    /* KV caches, computed by the caller (executor) */
+    uint64_t act_bytes;   /* activations and scratch; 0 = an estimate from the model */
+    uint64_t base_bytes;  /* code, stacks, allocator slack; 0 = 16 MiB */
+    uint32_t queue_depth; /* I/O queue depth, for ring memory; 0 = 32 */
+    uint32_t min_slots;   /* smallest useful pool; 0 = 2 * n_expert_used */
+};
+
+/* What a budget buys. All byte counts are what the plan reserves, not measured RSS. */
+struct fetcher_plan {
+    uint64_t ram_budget;     /* as given */
+    uint64_t resident_bytes; /* non-expert weights (attention, norms, embeddings, router) */
+    uint64_t kv_bytes;       /* as given */
+    uint64_t act_bytes;      /* activations and scratch */
+    uint64_t io_bytes;       /* rings, slot table, key index */
+    uint64_t base_bytes;     /* fixed overhead */
+    uint64_t slot_bytes;     /* one slot: the largest bundle with its O_DIRECT padding */
+    uint32_t n_slots;        /* pool slots */
+    uint32_t n_bundles;      /* routed expert bundles in the model (n_layer * n_expert) */
+    uint64_t pool_bytes;     /* n_slots * slot_bytes */
+    uint64_t min_budget;     /* smallest budget that fits min_slots */
+    uint32_t min_slots;      /* the minimum pool used for min_budget */
+};
+
+/* Bytes of one pool slot for model `m`: the largest sum, over the experts of one layer, of the
+ * 4096-aligned ranges that enclose its gate, up and down parts. 0 for a dense model. */
+uint64_t fetcher_plan_slot_bytes(const struct common_model *m);
+
+/* Computes the plan for `m` under o->ram_budget: the pool gets what is left after resident
+ * weights, KV, activations, I/O and base overhead, capped at one slot per bundle. Returns 0;
+ * COMMON_ERANGE when fewer than the minimum slots fit, with a message naming the minimum budget
+ * (plan->min_budget is filled in either case); COMMON_EINVAL for a dense model or a zero budget.
+ * Pure function: thread-safe. */
+int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan_opts *o,
+                         struct fetcher_plan *plan, struct common_errmsg *e);
+
+/* Formats the plan as a few lines of text for printing at start. Returns the length that was
+ * (or would have been) written, as snprintf does. */
+int fetcher_plan_format(const struct fetcher_plan *plan, char *buf, size_t len);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Expert-usage tracing (fetcher/trace.c)                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Counters per (layer, expert), faults per token, steady state after a warm-up, peak resident
+ * bundles per layer, the access sequence for an optimal (Belady) replay. Opaque; every function
+ * is thread-safe (one internal mutex, held briefly). */
+struct fetcher_trace;
+
+/* log2 latency buckets: bucket i counts loads of [2^i, 2^(i+1)) microseconds (0 also < 1 us). */
+#define FETCHER_TRACE_LAT_BUCKETS 24
+
+struct fetcher_trace_opts {
+    uint32_t n_layer;       /* required */
+    uint32_t n_expert;      /* required */
+    uint32_t n_slots;       /* pool slots, for the Belady replay; 0 = no replay */
+    uint32_t warmup_tokens; /* tokens counted as cold start; 0 = 8 */
+    uint64_t max_accesses;  /* access sequence kept for Belady; 0 = 4 Mi (16 MiB) */
+};
+
+/* How a bundle access (the first use of (layer, expert) in a token) was served. */
+enum fetcher_trace_outcome {
+    FETCHER_TRACE_HIT = 0,      /* resident (or loading) before the access, not by a prefetch */
+    FETCHER_TRACE_MISS,         /* not in the pool: a fault */
+    FETCHER_TRACE_PREFETCH_HIT, /* first use of a bundle a prefetch brought in */
+};
+
+int fetcher_trace_create(const struct fetcher_trace_opts *o, struct fetcher_trace **out);
+/* Frees the trace; accepts NULL. */
+void fetcher_trace_destroy(struct fetcher_trace *t);
+
+/* Recording (called by the front; usable alone by other weight sources). Out-of-range layer or
+ * expert ids are ignored. */
+void fetcher_trace_token(struct fetcher_trace *t); /* a new token starts */
+void fetcher_trace_access(struct fetcher_trace *t, uint32_t layer, uint32_t expert,
+                          enum fetcher_trace_outcome outcome);
+void fetcher_trace_load(struct fetcher_trace *t, uint32_t layer, uint32_t expert, uint64_t bytes,
+                        uint64_t latency_ns);
+void fetcher_trace_load_error(struct fetcher_trace *t, uint32_t layer, uint32_t expert);
+void fetcher_trace_prefetch(struct fetcher_trace *t, uint32_t layer, uint32_t expert);
+/* A prefetch was dropped (stale, or no slot to spare) before it was read. */
+void fetcher_trace_prefetch_dropped(struct fetcher_trace *t, uint32_t layer, uint32_t expert);
+/* A bundle left the pool; `unused_prefetch` when a prefetch loaded it and nobody used it. */
+void fetcher_trace_evict(struct fetcher_trace *t, uint32_t layer, uint32_t expert,
+                         bool unused_prefetch);
+/* Resident bundles of `layer` changed by `delta` (+1 on load start, -1 on eviction/failure). */
+void fetcher_trace_resident(struct fetcher_trace *t, uint32_t layer, int delta);
+
+struct fetcher_trace_totals {
+    uint64_t accesses, hits, misses, prefetch_hits;
+    uint64_t prefetch_issued, prefetch_wasted, prefetch_dropped;
+    uint64_t loads, load_errors, bytes_read, evictions;
+    uint64_t tokens, faults, max_faults;                      /* every token */
+    uint64_t steady_tokens, steady_faults, steady_max_faults; /* after the warm-up */
+    uint64_t belady_accesses, belady_hits; /* optimal replay of the recorded sequence */
+    bool     belady_truncated;             /* more accesses than max_accesses: replay is partial */
+};
+
+/* Snapshot of the totals (runs the Belady replay: O(n log n) in the recorded accesses). */
+void fetcher_trace_totals(const struct fetcher_trace *t, struct fetcher_trace_totals *out);
+
+/* Hits of Belady's optimal offline policy (evict the key used farthest in the future) on
+ * `keys[0..n)` with a cache of `n_slots` entries. Returns the hit count, or COMMON_ENOMEM as a
+ * negative value. Pure function. */
+int64_t fetcher_trace_belady_hits(const uint32_t *keys, size_t n, uint32_t n_slots);
+
+/* Writes the trace as one JSON object (schema "sluice.fetcher.trace/1", docs/fetcher.md).
+ * Returns 0 or COMMON_EIO. */
+int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *out);
+/* Writes a few lines of text: hit rates, faults per token, Belady, prefetch, bytes, latency. */
+void fetcher_trace_write_summary(const struct fetcher_trace *t, FILE *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The fetcher front (fetcher/fetcher.c)                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Serves "expert e of layer L part P, pinned until released" from a budgeted pool of bundle
+ * slots (one slot holds gate, up and down of one expert), filled by an I/O thread in priority
+ * order. Opaque; every function is thread-safe unless noted. */
+struct fetcher;
+
+struct fetcher_opts {
+    uint64_t ram_budget;                /* pool from fetcher_plan_compute(); 0 = no budget */
+    uint64_t kv_bytes;                  /* for the plan */
+    uint64_t act_bytes;                 /* for the plan; 0 = estimate */
+    uint32_t n_slots;                   /* explicit pool size, overrides the plan; 0 = from the
+                                           budget, or one slot per bundle without a budget */
+    enum fetcher_policy  policy;        /* eviction policy; 0 = LRU */
+    uint32_t             lfu_halflife;  /* LFU decay in pool uses; 0 = 4 * n_slots */
+    enum fetcher_io_mode io;            /* 0 = auto */
+    enum fetcher_direct  direct;        /* 0 = O_DIRECT where possible */
+    uint32_t             queue_depth;   /* reads in flight; 0 = 32 */
+    uint32_t             io_threads;    /* pread mode threads; 0 = min(queue_depth, 8) */
+    uint32_t             prefetch_age;  /* tokens a queued prefetch stays valid; 0 = 1 */
+    uint32_t             warmup_tokens; /* trace warm-up; 0 = 8 */
+    bool                 no_memfd;      /* pool in MAP_SHARED|MAP_ANONYMOUS, not a memfd */
+};
+
+/* Creates a fetcher for model `m` (parsed from `g`, both borrowed: they must outlive it): lays out
+ * the slots, sizes the pool (opts->n_slots, or the plan for opts->ram_budget), opens O_DIRECT
+ * descriptors, starts the I/O thread. Returns 0, COMMON_EINVAL (dense model, model parsed from
+ * memory, bad option), COMMON_ERANGE (budget too small: the minimum is named in e),
+ * COMMON_ENOTSUP (io_uring forced but unavailable), COMMON_ENOMEM, COMMON_EIO, with a message.
+ * `o` may be NULL. */
+int fetcher_create(const struct common_gguf *g, const struct common_model *m,
+                   const struct fetcher_opts *o, struct fetcher **out, struct common_errmsg *e);
+
+/* Stops the I/O thread (waiting for reads in flight) and frees everything; accepts NULL. Every
+ * loan must have been released. */
+void fetcher_destroy(struct fetcher *f);
+
+/* Asks for the bundle of expert `expert` of layer `layer` without waiting. A demand or
+ * post-fetch counts as an access for the trace; a prefetch is a hint (dropped when stale or
+ * when no slot is free to spare). A queued lower-priority load of the same bundle is promoted.
+ * Returns 0 (resident, loading or queued), COMMON_EINVAL (ids out of range), COMMON_EAGAIN (no
+ * slot could be freed: every slot is pinned or loading; prefetches are then dropped). */
+int fetcher_request(struct fetcher *f, uint32_t layer, uint32_t expert, enum fetcher_priority prio);
+
+/* Waits until part `part` of expert `expert` of layer `layer` is in the pool (loading it as a
+ * demand if absent; gate and up may be handed out while down is still being read), pins its
+ * slot and stores the bytes (rows x cols of the part's type, exactly the span in the file) in
+ * *data and the loan id in *loan. The bytes stay valid and unchanged until
+ * fetcher_release(f, *loan). Returns 0, COMMON_EINVAL (ids out of range), COMMON_EAGAIN (every
+ * slot is pinned), COMMON_EIO (the read failed; fetcher_last_error() names file, offset and
+ * errno; the slot went back to FREE). Outputs are unchanged on failure. */
+int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
+                    enum common_expert_part part, const void **data, uint32_t *loan);
+
+/* Ends one loan made by fetcher_acquire(). FETCHER_LOAN_NONE is ignored. */
+void fetcher_release(struct fetcher *f, uint32_t loan);
+
+/* Marks the start of a token (a decode step or one forward pass of a batch): splits faults per
+ * token and ages queued prefetches. Without explicit marks, a demand for a lower layer than the
+ * previous one starts a new token. */
+void fetcher_token_begin(struct fetcher *f);
+
+/* The trace this fetcher records into (owned by f; valid until fetcher_destroy). */
+struct fetcher_trace *fetcher_get_trace(struct fetcher *f);
+/* The plan used to size the pool (zeroed except slot_bytes / n_slots without a budget). */
+const struct fetcher_plan *fetcher_get_plan(const struct fetcher *f);
+/* The I/O mode actually used (AUTO resolved), and whether O_DIRECT is in use for split 0. */
+enum fetcher_io_mode fetcher_get_io_mode(const struct fetcher *f);
+bool                 fetcher_is_direct(const struct fetcher *f);
+/* Copies the message of the latest read error into `out` (empty when none). */
+void fetcher_last_error(struct fetcher *f, struct common_errmsg *out);
+
+/* Pool state, for tests and stats: slots, slot size, and how many slots are in each state. */
+struct fetcher_pool_counts {
+    uint32_t n_slots, n_free, n_loading, n_ready, n_failed, n_pinned;
+    uint64_t slot_bytes;
+};
+void fetcher_get_pool_counts(struct fetcher *f, struct fetcher_pool_counts *out);
 
 #endif /* FETCHER_FETCHER_H */

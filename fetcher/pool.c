@@ -1,0 +1,649 @@
+/* fetcher/pool.c - expert pool: fixed-size slots, slot table, key index in one shared segment. */
+#include "pool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Segment layout (all offsets from the segment start, nothing in it is a pointer):
+ *   [0, table_off)              struct pool_hdr
+ *   [table_off, index_off)      n_slots x struct pool_slot
+ *   [index_off, data_off)       n_layer * n_expert * 4 x _Atomic uint32_t: slot + 1, 0 = absent
+ *   [data_off, segment_bytes)   n_slots x slot_bytes of data, FETCHER_ALIGN-aligned
+ * Writers (the creating process) change the table under pool->mu; attached readers use the
+ * atomics only. */
+struct pool_hdr {
+    uint32_t magic;         /* FETCHER_POOL_MAGIC */
+    uint32_t version;       /* FETCHER_POOL_VERSION */
+    uint32_t n_slots;       /* slots in the table and the data region */
+    uint32_t n_layer;       /* key space: layers */
+    uint32_t n_expert;      /* key space: experts per layer */
+    uint32_t policy;        /* enum fetcher_policy (informational for readers) */
+    uint64_t slot_bytes;    /* bytes per slot, multiple of FETCHER_ALIGN */
+    uint64_t segment_bytes; /* whole segment */
+    uint64_t table_off;     /* slot table */
+    uint64_t index_off;     /* key index */
+    uint64_t data_off;      /* slot data */
+};
+
+struct pool_slot {
+    /* Release stores under pool->mu; pair with the acquire loads in fetcher_pool_read_begin()
+     * and fetcher_pool_read_valid() of attached readers. */
+    _Atomic uint32_t state;      /* enum fetcher_slot_state */
+    _Atomic uint32_t gen;        /* bumped whenever the slot gets a new key or goes FREE */
+    _Atomic uint32_t pins;       /* loans outstanding (creator process only) */
+    _Atomic uint32_t ready_mask; /* bit p: part p readable while LOADING */
+    uint32_t         layer;      /* key, valid unless FREE */
+    uint32_t         expert;
+    uint32_t         part;
+    uint32_t         origin; /* loader's tag (a fetcher_priority) */
+    uint32_t         n_uses; /* acquires since the key was loaded */
+    uint32_t         pad;
+    uint64_t         last_use;  /* pool tick of the latest acquire or the claim */
+    uint64_t         lfu_tick;  /* tick at which lfu_score was last decayed */
+    double           lfu_score; /* decayed use count (LFU policy) */
+    uint64_t         part_off[COMMON_EXPERT_PART_COUNT];  /* from the slot start */
+    uint64_t         part_size[COMMON_EXPERT_PART_COUNT]; /* bytes */
+};
+
+struct fetcher_pool {
+    uint8_t            *base;      /* mapped: the segment, unmapped by fetcher_pool_destroy */
+    uint64_t            map_bytes; /* length of the mapping */
+    int                 fd;        /* owned: memfd, or -1 */
+    bool                attached;  /* read-only view of another process's pool */
+    struct pool_hdr    *hdr;       /* borrowed: into base */
+    struct pool_slot   *slots;     /* borrowed: into base */
+    _Atomic uint32_t   *index;     /* borrowed: into base */
+    uint8_t            *data;      /* borrowed: into base */
+    enum fetcher_policy policy;
+    double              halflife;   /* LFU decay, in ticks */
+    pthread_mutex_t     mu;         /* guards the table, tick and change_seq (creator only) */
+    pthread_cond_t      cv;         /* broadcast on every state change and release */
+    bool                sync_init;  /* mu and cv initialised */
+    uint64_t            tick;       /* use clock; under mu */
+    uint64_t            change_seq; /* under mu */
+};
+
+static uint64_t pool_align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+static bool pool_key_ok(const struct fetcher_pool *p, const struct fetcher_pool_key *k)
+{
+    return k->layer < p->hdr->n_layer && k->expert < p->hdr->n_expert &&
+           k->part <= FETCHER_POOL_BUNDLE;
+}
+
+static uint64_t pool_key_index(const struct fetcher_pool *p, const struct fetcher_pool_key *k)
+{
+    return ((uint64_t)k->layer * p->hdr->n_expert + k->expert) * (FETCHER_POOL_BUNDLE + 1) +
+           k->part;
+}
+
+/* Computes the layout into *h; returns 0 or COMMON_EINVAL on overflow. */
+static int pool_layout(struct pool_hdr *h)
+{
+    uint64_t n_keys, table, index, data;
+    if (!common_mul_u64((uint64_t)h->n_layer * h->n_expert, FETCHER_POOL_BUNDLE + 1, &n_keys) ||
+        !common_mul_u64(h->n_slots, h->slot_bytes, &data))
+        return COMMON_EINVAL;
+    h->table_off = pool_align_up(sizeof(struct pool_hdr), 64);
+    table = (uint64_t)h->n_slots * sizeof(struct pool_slot);
+    h->index_off = h->table_off + table;
+    index = n_keys * sizeof(uint32_t);
+    h->data_off = pool_align_up(h->index_off + index, FETCHER_ALIGN);
+    if (!common_add_u64(h->data_off, data, &h->segment_bytes))
+        return COMMON_EINVAL;
+    return COMMON_OK;
+}
+
+static void pool_bind(struct fetcher_pool *p)
+{
+    p->hdr = (struct pool_hdr *)(void *)p->base;
+    p->slots = (struct pool_slot *)(void *)(p->base + p->hdr->table_off);
+    p->index = (_Atomic uint32_t *)(void *)(p->base + p->hdr->index_off);
+    p->data = p->base + p->hdr->data_off;
+}
+
+int fetcher_pool_create(const struct fetcher_pool_opts *o, struct fetcher_pool **out,
+                        struct common_errmsg *e)
+{
+    if (!o || o->slot_bytes == 0 || o->n_slots == 0 || o->n_layer == 0 || o->n_expert == 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "pool: slot_bytes, n_slots, n_layer and "
+                                 "n_expert must be non-zero");
+    if (o->n_slots >= FETCHER_POOL_NO_SLOT - 1 || o->slot_bytes > (UINT64_C(1) << 40))
+        return common_errmsg_set(e, COMMON_EINVAL, "pool: %u slots of %llu bytes is too large",
+                                 o->n_slots, (unsigned long long)o->slot_bytes);
+    struct pool_hdr h = {
+        .magic = FETCHER_POOL_MAGIC,
+        .version = FETCHER_POOL_VERSION,
+        .n_slots = o->n_slots,
+        .n_layer = o->n_layer,
+        .n_expert = o->n_expert,
+        .policy = (uint32_t)o->policy,
+        .slot_bytes = pool_align_up(o->slot_bytes, FETCHER_ALIGN),
+    };
+    if (pool_layout(&h) != COMMON_OK || h.segment_bytes > (uint64_t)SIZE_MAX)
+        return common_errmsg_set(e, COMMON_EINVAL, "pool: segment size overflows");
+
+    struct fetcher_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return common_errmsg_set(e, COMMON_ENOMEM, "pool: out of memory");
+    p->fd = -1;
+    p->map_bytes = h.segment_bytes;
+    int flags = MAP_SHARED;
+    if (!o->no_memfd) {
+        p->fd = memfd_create("sluice-pool", MFD_CLOEXEC);
+        if (p->fd >= 0 && ftruncate(p->fd, (off_t)h.segment_bytes) != 0) {
+            close(p->fd);
+            p->fd = -1;
+        }
+    }
+    if (p->fd < 0)
+        flags |= MAP_ANONYMOUS;
+    void *base = mmap(NULL, (size_t)h.segment_bytes, PROT_READ | PROT_WRITE, flags, p->fd, 0);
+    if (base == MAP_FAILED) {
+        int err = errno;
+        fetcher_pool_destroy(p);
+        return common_errmsg_set(e, COMMON_ENOMEM, "pool: mmap of %llu bytes failed: %s",
+                                 (unsigned long long)h.segment_bytes, strerror(err));
+    }
+    p->base = base;
+    memcpy(p->base, &h, sizeof(h));
+    pool_bind(p);
+    /* A fresh mapping is zero: every slot FREE, generation 0, index empty. */
+    p->policy = o->policy;
+    p->halflife = o->lfu_halflife ? (double)o->lfu_halflife : 4.0 * (double)o->n_slots;
+    if (pthread_mutex_init(&p->mu, NULL) != 0 || pthread_cond_init(&p->cv, NULL) != 0) {
+        fetcher_pool_destroy(p);
+        return common_errmsg_set(e, COMMON_ENOMEM, "pool: mutex init failed");
+    }
+    p->sync_init = true;
+    *out = p;
+    return COMMON_OK;
+}
+
+void fetcher_pool_destroy(struct fetcher_pool *p)
+{
+    if (!p)
+        return;
+    if (p->base)
+        munmap(p->base, (size_t)p->map_bytes);
+    if (p->fd >= 0)
+        close(p->fd);
+    if (p->sync_init) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+    }
+    free(p);
+}
+
+int fetcher_pool_attach(int fd, struct fetcher_pool **out, struct common_errmsg *e)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return common_errmsg_set(e, COMMON_EIO, "pool attach: fstat failed: %s", strerror(errno));
+    if ((uint64_t)st.st_size < sizeof(struct pool_hdr))
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "pool attach: segment of %lld bytes is smaller than its header",
+                                 (long long)st.st_size);
+    struct pool_hdr h;
+    if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
+        return common_errmsg_set(e, COMMON_EIO, "pool attach: header read failed");
+    if (h.magic != FETCHER_POOL_MAGIC)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "pool attach: bad magic 0x%08x", h.magic);
+    if (h.version != FETCHER_POOL_VERSION)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "pool attach: version %u, expected %u",
+                                 h.version, FETCHER_POOL_VERSION);
+    struct pool_hdr want = h;
+    if (h.slot_bytes == 0 || h.slot_bytes % FETCHER_ALIGN != 0 || h.n_slots == 0 ||
+        h.n_layer == 0 || h.n_expert == 0 || pool_layout(&want) != COMMON_OK ||
+        want.table_off != h.table_off || want.index_off != h.index_off ||
+        want.data_off != h.data_off || want.segment_bytes != h.segment_bytes)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "pool attach: inconsistent layout (slot_bytes %llu, n_slots %u)",
+                                 (unsigned long long)h.slot_bytes, h.n_slots);
+    if (h.segment_bytes > (uint64_t)st.st_size)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "pool attach: header says %llu bytes, segment has %lld",
+                                 (unsigned long long)h.segment_bytes, (long long)st.st_size);
+    struct fetcher_pool *p = calloc(1, sizeof(*p));
+    if (!p)
+        return common_errmsg_set(e, COMMON_ENOMEM, "pool attach: out of memory");
+    void *base = mmap(NULL, (size_t)h.segment_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        free(p);
+        return common_errmsg_set(e, COMMON_EIO, "pool attach: mmap failed: %s", strerror(errno));
+    }
+    p->fd = -1;
+    p->attached = true;
+    p->base = base;
+    p->map_bytes = h.segment_bytes;
+    pool_bind(p);
+    p->policy = (enum fetcher_policy)h.policy;
+    *out = p;
+    return COMMON_OK;
+}
+
+int fetcher_pool_fd(const struct fetcher_pool *p)
+{
+    return p->fd;
+}
+
+uint32_t fetcher_pool_n_slots(const struct fetcher_pool *p)
+{
+    return p->hdr->n_slots;
+}
+
+uint64_t fetcher_pool_slot_bytes(const struct fetcher_pool *p)
+{
+    return p->hdr->slot_bytes;
+}
+
+uint8_t *fetcher_pool_slot_data(const struct fetcher_pool *p, uint32_t slot)
+{
+    return p->data + (uint64_t)slot * p->hdr->slot_bytes;
+}
+
+/* ---- helpers under p->mu ------------------------------------------------------------------ */
+
+static void pool_changed(struct fetcher_pool *p)
+{
+    p->change_seq++;
+    pthread_cond_broadcast(&p->cv);
+}
+
+static bool pool_readable(const struct pool_slot *s, uint32_t part)
+{
+    uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (st == FETCHER_SLOT_READY)
+        return true;
+    if (st != FETCHER_SLOT_LOADING || part >= COMMON_EXPERT_PART_COUNT)
+        return false;
+    return (atomic_load_explicit(&s->ready_mask, memory_order_relaxed) >> part) & 1u;
+}
+
+static double pool_lfu_now(const struct fetcher_pool *p, const struct pool_slot *s)
+{
+    double age = (double)(p->tick - s->lfu_tick);
+    return s->lfu_score * exp2(-age / p->halflife);
+}
+
+static void pool_pin(struct fetcher_pool *p, uint32_t slot, uint32_t part,
+                     struct fetcher_pool_loan *out)
+{
+    struct pool_slot *s = &p->slots[slot];
+    atomic_fetch_add_explicit(&s->pins, 1, memory_order_relaxed);
+    p->tick++;
+    s->last_use = p->tick;
+    s->lfu_score = pool_lfu_now(p, s) + 1.0;
+    s->lfu_tick = p->tick;
+    s->n_uses++;
+    out->slot = slot;
+    out->gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
+    if (part < COMMON_EXPERT_PART_COUNT) {
+        out->data = fetcher_pool_slot_data(p, slot) + s->part_off[part];
+        out->size = s->part_size[part];
+    } else {
+        out->data = fetcher_pool_slot_data(p, slot);
+        out->size = p->hdr->slot_bytes;
+    }
+}
+
+/* Bumps the generation and frees the slot (no key, no pins). */
+static void pool_free_slot(struct fetcher_pool *p, struct pool_slot *s)
+{
+    atomic_store_explicit(&s->ready_mask, 0, memory_order_relaxed);
+    /* Release: pairs with the acquire loads of gen in fetcher_pool_read_valid(). */
+    atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
+    /* Release: pairs with the acquire load of state in fetcher_pool_read_begin(). */
+    atomic_store_explicit(&s->state, FETCHER_SLOT_FREE, memory_order_release);
+    (void)p;
+}
+
+static void pool_unindex(struct fetcher_pool *p, const struct pool_slot *s)
+{
+    struct fetcher_pool_key k = {s->layer, s->expert, s->part};
+    /* Release: pairs with the acquire load of the index in fetcher_pool_read_begin(). */
+    atomic_store_explicit(&p->index[pool_key_index(p, &k)], 0, memory_order_release);
+}
+
+/* ---- readers ------------------------------------------------------------------------------ */
+
+int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct fetcher_pool_key *key,
+                             uint32_t part, struct fetcher_pool_loan *out)
+{
+    if (!pool_key_ok(p, key) || part > FETCHER_POOL_WHOLE || p->attached)
+        return COMMON_EINVAL;
+    int rc;
+    pthread_mutex_lock(&p->mu);
+    uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_relaxed);
+    if (v == 0) {
+        rc = COMMON_ENOENT;
+    } else if (pool_readable(&p->slots[v - 1], part)) {
+        pool_pin(p, v - 1, part, out);
+        rc = COMMON_OK;
+    } else {
+        out->slot = v - 1;
+        out->gen = atomic_load_explicit(&p->slots[v - 1].gen, memory_order_relaxed);
+        rc = COMMON_EAGAIN;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
+                              struct fetcher_pool_loan *out)
+{
+    if (slot >= p->hdr->n_slots || part > FETCHER_POOL_WHOLE || p->attached)
+        return COMMON_EINVAL;
+    struct pool_slot *s = &p->slots[slot];
+    int               rc;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
+        if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen || st == FETCHER_SLOT_FREE ||
+            st == FETCHER_SLOT_FAILED) {
+            rc = COMMON_EIO;
+            break;
+        }
+        if (pool_readable(s, part)) {
+            pool_pin(p, slot, part, out);
+            rc = COMMON_OK;
+            break;
+        }
+        pthread_cond_wait(&p->cv, &p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void fetcher_pool_release(struct fetcher_pool *p, uint32_t slot)
+{
+    if (slot >= p->hdr->n_slots || p->attached)
+        return;
+    struct pool_slot *s = &p->slots[slot];
+    pthread_mutex_lock(&p->mu);
+    uint32_t pins = atomic_load_explicit(&s->pins, memory_order_relaxed);
+    if (pins == 0)
+        common_log_write(COMMON_LOG_LEVEL_ERR, "fetcher.pool", "release of unpinned slot=%u", slot);
+    else
+        atomic_store_explicit(&s->pins, pins - 1, memory_order_relaxed);
+    if (pins == 1 && atomic_load_explicit(&s->state, memory_order_relaxed) == FETCHER_SLOT_FAILED)
+        pool_free_slot(p, s);
+    pool_changed(p);
+    pthread_mutex_unlock(&p->mu);
+}
+
+bool fetcher_pool_loan_is_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l)
+{
+    if (l->slot >= p->hdr->n_slots)
+        return false;
+    /* Acquire: pairs with the release increments of gen in claim and pool_free_slot(). */
+    return atomic_load_explicit(&p->slots[l->slot].gen, memory_order_acquire) == l->gen;
+}
+
+void fetcher_pool_peek(struct fetcher_pool *p, const struct fetcher_pool_key *key,
+                       struct fetcher_pool_peek *out)
+{
+    *out = (struct fetcher_pool_peek){.slot = FETCHER_POOL_NO_SLOT};
+    if (!pool_key_ok(p, key) || p->attached)
+        return;
+    pthread_mutex_lock(&p->mu);
+    uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_relaxed);
+    if (v != 0) {
+        const struct pool_slot *s = &p->slots[v - 1];
+        out->slot = v - 1;
+        out->state = atomic_load_explicit(&s->state, memory_order_relaxed);
+        out->n_uses = s->n_uses;
+        out->origin = s->origin;
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+int fetcher_pool_read_begin(const struct fetcher_pool *p, const struct fetcher_pool_key *key,
+                            uint32_t part, struct fetcher_pool_loan *out)
+{
+    if (!pool_key_ok(p, key) || part > FETCHER_POOL_WHOLE)
+        return COMMON_EINVAL;
+    /* Acquire: pairs with the release store of the index in claim / pool_unindex(). */
+    uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_acquire);
+    if (v == 0 || v > p->hdr->n_slots)
+        return COMMON_ENOENT;
+    const struct pool_slot *s = &p->slots[v - 1];
+    /* Acquire: pairs with the release increments of gen by the writer. */
+    uint32_t gen = atomic_load_explicit(&s->gen, memory_order_acquire);
+    /* Acquire: pairs with the release store of READY in fetcher_pool_complete(). */
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != FETCHER_SLOT_READY ||
+        s->layer != key->layer || s->expert != key->expert || s->part != key->part)
+        return COMMON_ENOENT;
+    uint64_t off = 0, size = p->hdr->slot_bytes;
+    if (part < COMMON_EXPERT_PART_COUNT) {
+        off = s->part_off[part];
+        size = s->part_size[part];
+        if (off > p->hdr->slot_bytes || size > p->hdr->slot_bytes - off)
+            return COMMON_ENOENT; /* torn read of a slot being reused */
+    }
+    out->slot = v - 1;
+    out->gen = gen;
+    out->data = fetcher_pool_slot_data(p, v - 1) + off;
+    out->size = size;
+    return COMMON_OK;
+}
+
+bool fetcher_pool_read_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l)
+{
+    /* Acquire fence: the reader's loads of slot bytes happen before the generation re-check
+     * (the seqlock read side); pairs with the writer's release increment of gen. */
+    atomic_thread_fence(memory_order_acquire);
+    return fetcher_pool_loan_is_valid(p, l);
+}
+
+/* ---- loader side -------------------------------------------------------------------------- */
+
+/* Picks the slot to reuse: the first FREE one, else the policy's minimum among READY unpinned
+ * slots not used since `protect_since`. Returns FETCHER_POOL_NO_SLOT when none qualifies. */
+static uint32_t pool_pick_victim(struct fetcher_pool *p, uint64_t protect_since)
+{
+    uint32_t best = FETCHER_POOL_NO_SLOT;
+    double   best_score = 0.0;
+    uint64_t best_tick = 0;
+    for (uint32_t i = 0; i < p->hdr->n_slots; i++) {
+        const struct pool_slot *s = &p->slots[i];
+        uint32_t                st = atomic_load_explicit(&s->state, memory_order_relaxed);
+        if (st == FETCHER_SLOT_FREE)
+            return i;
+        if (st != FETCHER_SLOT_READY || atomic_load_explicit(&s->pins, memory_order_relaxed))
+            continue;
+        if (protect_since != 0 && s->last_use >= protect_since)
+            continue;
+        double score = p->policy == FETCHER_POLICY_LFU ? pool_lfu_now(p, s) : 0.0;
+        if (best == FETCHER_POOL_NO_SLOT || score < best_score ||
+            (score == best_score && s->last_use < best_tick)) {
+            best = i;
+            best_score = score;
+            best_tick = s->last_use;
+        }
+    }
+    return best;
+}
+
+int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t origin,
+                       uint64_t protect_since, uint32_t *slot, uint32_t *gen,
+                       struct fetcher_pool_victim *victim)
+{
+    if (!pool_key_ok(p, key) || p->attached)
+        return COMMON_EINVAL;
+    int rc;
+    if (victim)
+        *victim = (struct fetcher_pool_victim){0};
+    pthread_mutex_lock(&p->mu);
+    uint64_t ki = pool_key_index(p, key);
+    uint32_t v = atomic_load_explicit(&p->index[ki], memory_order_relaxed);
+    if (v != 0) {
+        *slot = v - 1;
+        *gen = atomic_load_explicit(&p->slots[v - 1].gen, memory_order_relaxed);
+        rc = 1;
+        goto out_unlock;
+    }
+    uint32_t i = pool_pick_victim(p, protect_since);
+    if (i == FETCHER_POOL_NO_SLOT) {
+        rc = COMMON_EAGAIN;
+        goto out_unlock;
+    }
+    struct pool_slot *s = &p->slots[i];
+    if (atomic_load_explicit(&s->state, memory_order_relaxed) == FETCHER_SLOT_READY) {
+        if (victim)
+            *victim = (struct fetcher_pool_victim){
+                .valid = true,
+                .key = {s->layer, s->expert, s->part},
+                .n_uses = s->n_uses,
+                .origin = s->origin,
+            };
+        pool_unindex(p, s);
+    }
+    /* Seqlock write side: the generation moves before the slot gets its new key and bytes.
+     * Release: pairs with the acquire loads of gen in fetcher_pool_read_valid(). */
+    atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
+    atomic_store_explicit(&s->ready_mask, 0, memory_order_relaxed);
+    s->layer = key->layer;
+    s->expert = key->expert;
+    s->part = key->part;
+    s->origin = origin;
+    s->n_uses = 0;
+    p->tick++;
+    s->last_use = p->tick;
+    s->lfu_tick = p->tick;
+    s->lfu_score = 1.0;
+    memset(s->part_off, 0, sizeof(s->part_off));
+    memset(s->part_size, 0, sizeof(s->part_size));
+    /* Release: pairs with the acquire load of state in fetcher_pool_read_begin(). */
+    atomic_store_explicit(&s->state, FETCHER_SLOT_LOADING, memory_order_release);
+    /* Release: pairs with the acquire load of the index in fetcher_pool_read_begin(). */
+    atomic_store_explicit(&p->index[ki], i + 1, memory_order_release);
+    *slot = i;
+    *gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
+    rc = COMMON_OK;
+    pool_changed(p);
+out_unlock:
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void fetcher_pool_set_part(struct fetcher_pool *p, uint32_t slot, uint32_t part, uint64_t offset,
+                           uint64_t size)
+{
+    if (slot >= p->hdr->n_slots || part >= COMMON_EXPERT_PART_COUNT || p->attached)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->slots[slot].part_off[part] = offset;
+    p->slots[slot].part_size[part] = size;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void fetcher_pool_part_ready(struct fetcher_pool *p, uint32_t slot, uint32_t part)
+{
+    if (slot >= p->hdr->n_slots || part >= COMMON_EXPERT_PART_COUNT || p->attached)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_or_explicit(&p->slots[slot].ready_mask, 1u << part, memory_order_relaxed);
+    pool_changed(p);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void fetcher_pool_complete(struct fetcher_pool *p, uint32_t slot)
+{
+    if (slot >= p->hdr->n_slots || p->attached)
+        return;
+    pthread_mutex_lock(&p->mu);
+    struct pool_slot *s = &p->slots[slot];
+    if (atomic_load_explicit(&s->state, memory_order_relaxed) == FETCHER_SLOT_LOADING) {
+        atomic_store_explicit(&s->ready_mask, (1u << COMMON_EXPERT_PART_COUNT) - 1,
+                              memory_order_relaxed);
+        /* Release: the slot bytes and part layout are visible to an attached reader that
+         * sees READY; pairs with the acquire load of state in fetcher_pool_read_begin(). */
+        atomic_store_explicit(&s->state, FETCHER_SLOT_READY, memory_order_release);
+    }
+    pool_changed(p);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void fetcher_pool_fail(struct fetcher_pool *p, uint32_t slot)
+{
+    if (slot >= p->hdr->n_slots || p->attached)
+        return;
+    pthread_mutex_lock(&p->mu);
+    struct pool_slot *s = &p->slots[slot];
+    uint32_t          st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (st == FETCHER_SLOT_LOADING || st == FETCHER_SLOT_READY) {
+        pool_unindex(p, s);
+        if (atomic_load_explicit(&s->pins, memory_order_relaxed) == 0)
+            pool_free_slot(p, s);
+        else
+            atomic_store_explicit(&s->state, FETCHER_SLOT_FAILED, memory_order_release);
+    }
+    pool_changed(p);
+    pthread_mutex_unlock(&p->mu);
+}
+
+uint64_t fetcher_pool_tick(struct fetcher_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    uint64_t t = p->tick;
+    pthread_mutex_unlock(&p->mu);
+    return t;
+}
+
+void fetcher_pool_counts(struct fetcher_pool *p, struct fetcher_pool_counts *out)
+{
+    *out =
+        (struct fetcher_pool_counts){.n_slots = p->hdr->n_slots, .slot_bytes = p->hdr->slot_bytes};
+    if (!p->attached)
+        pthread_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < p->hdr->n_slots; i++) {
+        const struct pool_slot *s = &p->slots[i];
+        switch (atomic_load_explicit(&s->state, memory_order_relaxed)) {
+        case FETCHER_SLOT_FREE:
+            out->n_free++;
+            break;
+        case FETCHER_SLOT_LOADING:
+            out->n_loading++;
+            break;
+        case FETCHER_SLOT_READY:
+            out->n_ready++;
+            break;
+        default:
+            out->n_failed++;
+            break;
+        }
+        if (atomic_load_explicit(&s->pins, memory_order_relaxed))
+            out->n_pinned++;
+    }
+    if (!p->attached)
+        pthread_mutex_unlock(&p->mu);
+}
+
+uint64_t fetcher_pool_change_seq(struct fetcher_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    uint64_t v = p->change_seq;
+    pthread_mutex_unlock(&p->mu);
+    return v;
+}
+
+void fetcher_pool_wait_change(struct fetcher_pool *p, uint64_t seen)
+{
+    pthread_mutex_lock(&p->mu);
+    while (p->change_seq == seen)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}

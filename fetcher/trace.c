@@ -1,0 +1,500 @@
+/* fetcher/trace.c - expert-usage tracing: counters, faults per token, Belady, JSON export. */
+#include "fetcher.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct trace_cell {
+    uint64_t activations;                    /* accesses (first use of the bundle in a token) */
+    uint64_t hits;                           /* served from the pool (prefetch hits included) */
+    uint64_t misses;                         /* faults */
+    uint64_t prefetch_hits;                  /* first use of a prefetched bundle */
+    uint64_t prefetch_issued;                /* prefetch hints that started a load */
+    uint64_t prefetch_wasted;                /* prefetched, evicted unused */
+    uint64_t prefetch_dropped;               /* hints dropped before reading */
+    uint64_t loads;                          /* completed loads */
+    uint64_t load_errors;                    /* failed loads */
+    uint64_t bytes_read;                     /* bytes read from storage */
+    uint64_t evictions;                      /* times the bundle left the pool */
+    uint32_t lat[FETCHER_TRACE_LAT_BUCKETS]; /* load latency histogram, log2 microseconds */
+};
+
+struct fetcher_trace {
+    struct fetcher_trace_opts opts;
+    pthread_mutex_t           mu;       /* guards everything below */
+    struct trace_cell        *cells;    /* owned: n_layer * n_expert */
+    int64_t                  *resident; /* owned: n_layer current resident bundles */
+    int64_t                  *peak;     /* owned: n_layer peak of resident */
+    uint32_t                  lat_all[FETCHER_TRACE_LAT_BUCKETS];
+    uint64_t                  tokens;     /* tokens begun */
+    uint64_t                  cur_faults; /* faults of the open token */
+    uint64_t                  faults, max_faults;
+    uint64_t                  steady_faults, steady_max_faults;
+    uint32_t                 *log; /* owned: access keys (layer * n_expert + expert) */
+    uint64_t                  n_log;
+    bool                      truncated; /* accesses beyond max_accesses were not logged */
+};
+
+int fetcher_trace_create(const struct fetcher_trace_opts *o, struct fetcher_trace **out)
+{
+    if (!o || o->n_layer == 0 || o->n_expert == 0)
+        return COMMON_EINVAL;
+    struct fetcher_trace *t = calloc(1, sizeof(*t));
+    if (!t)
+        return COMMON_ENOMEM;
+    t->opts = *o;
+    if (t->opts.warmup_tokens == 0)
+        t->opts.warmup_tokens = 8;
+    if (t->opts.max_accesses == 0)
+        t->opts.max_accesses = UINT64_C(4) << 20;
+    uint64_t n_cells = (uint64_t)o->n_layer * o->n_expert;
+    t->cells = calloc(n_cells, sizeof(*t->cells));
+    t->resident = calloc(o->n_layer, sizeof(*t->resident));
+    t->peak = calloc(o->n_layer, sizeof(*t->peak));
+    if (!t->cells || !t->resident || !t->peak || pthread_mutex_init(&t->mu, NULL) != 0) {
+        free(t->cells);
+        free(t->resident);
+        free(t->peak);
+        free(t);
+        return COMMON_ENOMEM;
+    }
+    *out = t;
+    return COMMON_OK;
+}
+
+void fetcher_trace_destroy(struct fetcher_trace *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_destroy(&t->mu);
+    free(t->cells);
+    free(t->resident);
+    free(t->peak);
+    free(t->log);
+    free(t);
+}
+
+static struct trace_cell *trace_cell(struct fetcher_trace *t, uint32_t layer, uint32_t expert)
+{
+    if (layer >= t->opts.n_layer || expert >= t->opts.n_expert)
+        return NULL;
+    return &t->cells[(uint64_t)layer * t->opts.n_expert + expert];
+}
+
+/* Closes the open token's fault count into the totals (under mu). */
+static void trace_close_token(struct fetcher_trace *t)
+{
+    if (t->tokens == 0)
+        return;
+    t->faults += t->cur_faults;
+    if (t->cur_faults > t->max_faults)
+        t->max_faults = t->cur_faults;
+    if (t->tokens > t->opts.warmup_tokens) {
+        t->steady_faults += t->cur_faults;
+        if (t->cur_faults > t->steady_max_faults)
+            t->steady_max_faults = t->cur_faults;
+    }
+    t->cur_faults = 0;
+}
+
+void fetcher_trace_token(struct fetcher_trace *t)
+{
+    pthread_mutex_lock(&t->mu);
+    trace_close_token(t);
+    t->tokens++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void fetcher_trace_access(struct fetcher_trace *t, uint32_t layer, uint32_t expert,
+                          enum fetcher_trace_outcome outcome)
+{
+    pthread_mutex_lock(&t->mu);
+    struct trace_cell *c = trace_cell(t, layer, expert);
+    if (c) {
+        if (t->tokens == 0)
+            t->tokens = 1; /* accesses before any mark belong to a first token */
+        c->activations++;
+        if (outcome == FETCHER_TRACE_MISS) {
+            c->misses++;
+            t->cur_faults++;
+        } else {
+            c->hits++;
+            if (outcome == FETCHER_TRACE_PREFETCH_HIT)
+                c->prefetch_hits++;
+        }
+        if (t->n_log < t->opts.max_accesses) {
+            if (!t->log) {
+                uint64_t cap = t->opts.max_accesses;
+                t->log = malloc(cap * sizeof(*t->log));
+            }
+            if (t->log)
+                t->log[t->n_log++] = layer * t->opts.n_expert + expert;
+            else
+                t->truncated = true;
+        } else {
+            t->truncated = true;
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+static uint32_t trace_lat_bucket(uint64_t ns)
+{
+    uint64_t us = ns / 1000;
+    uint32_t b = 0;
+    while (us > 1 && b + 1 < FETCHER_TRACE_LAT_BUCKETS) {
+        us >>= 1;
+        b++;
+    }
+    return b;
+}
+
+void fetcher_trace_load(struct fetcher_trace *t, uint32_t layer, uint32_t expert, uint64_t bytes,
+                        uint64_t latency_ns)
+{
+    pthread_mutex_lock(&t->mu);
+    struct trace_cell *c = trace_cell(t, layer, expert);
+    if (c) {
+        uint32_t b = trace_lat_bucket(latency_ns);
+        c->loads++;
+        c->bytes_read += bytes;
+        c->lat[b]++;
+        t->lat_all[b]++;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+void fetcher_trace_load_error(struct fetcher_trace *t, uint32_t layer, uint32_t expert)
+{
+    pthread_mutex_lock(&t->mu);
+    struct trace_cell *c = trace_cell(t, layer, expert);
+    if (c)
+        c->load_errors++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void fetcher_trace_prefetch(struct fetcher_trace *t, uint32_t layer, uint32_t expert)
+{
+    pthread_mutex_lock(&t->mu);
+    struct trace_cell *c = trace_cell(t, layer, expert);
+    if (c)
+        c->prefetch_issued++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void fetcher_trace_prefetch_dropped(struct fetcher_trace *t, uint32_t layer, uint32_t expert)
+{
+    pthread_mutex_lock(&t->mu);
+    struct trace_cell *c = trace_cell(t, layer, expert);
+    if (c)
+        c->prefetch_dropped++;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void fetcher_trace_evict(struct fetcher_trace *t, uint32_t layer, uint32_t expert,
+                         bool unused_prefetch)
+{
+    pthread_mutex_lock(&t->mu);
+    struct trace_cell *c = trace_cell(t, layer, expert);
+    if (c) {
+        c->evictions++;
+        if (unused_prefetch)
+            c->prefetch_wasted++;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+void fetcher_trace_resident(struct fetcher_trace *t, uint32_t layer, int delta)
+{
+    pthread_mutex_lock(&t->mu);
+    if (layer < t->opts.n_layer) {
+        t->resident[layer] += delta;
+        if (t->resident[layer] > t->peak[layer])
+            t->peak[layer] = t->resident[layer];
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* ---- Belady ------------------------------------------------------------------------------- */
+
+struct belady_ent {
+    uint32_t key;
+    uint8_t  used;   /* hash slot taken */
+    uint8_t  cached; /* key is in the simulated cache */
+    uint64_t next;   /* next use index of the cached key (or scratch during the backward pass) */
+};
+
+struct belady_heap_ent {
+    uint64_t next;
+    uint32_t key;
+};
+
+static struct belady_ent *belady_find(struct belady_ent *h, uint64_t mask, uint32_t key)
+{
+    uint64_t i = ((uint64_t)key * UINT64_C(0x9e3779b97f4a7c15)) >> 20 & mask;
+    while (h[i].used && h[i].key != key)
+        i = (i + 1) & mask;
+    if (!h[i].used) {
+        h[i].used = 1;
+        h[i].key = key;
+        h[i].next = UINT64_MAX;
+    }
+    return &h[i];
+}
+
+static void belady_push(struct belady_heap_ent *hp, uint64_t *n, struct belady_heap_ent v)
+{
+    uint64_t i = (*n)++;
+    while (i > 0) {
+        uint64_t parent = (i - 1) / 2;
+        if (hp[parent].next >= v.next)
+            break;
+        hp[i] = hp[parent];
+        i = parent;
+    }
+    hp[i] = v;
+}
+
+static struct belady_heap_ent belady_pop(struct belady_heap_ent *hp, uint64_t *n)
+{
+    struct belady_heap_ent top = hp[0];
+    struct belady_heap_ent last = hp[--(*n)];
+    uint64_t               i = 0;
+    for (;;) {
+        uint64_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && hp[c + 1].next > hp[c].next)
+            c++;
+        if (hp[c].next <= last.next)
+            break;
+        hp[i] = hp[c];
+        i = c;
+    }
+    if (*n > 0)
+        hp[i] = last;
+    return top;
+}
+
+int64_t fetcher_trace_belady_hits(const uint32_t *keys, size_t n, uint32_t n_slots)
+{
+    if (n == 0 || n_slots == 0)
+        return 0;
+    uint64_t cap = 16;
+    while (cap < 2 * (uint64_t)n)
+        cap <<= 1;
+    struct belady_ent      *h = calloc(cap, sizeof(*h));
+    uint64_t               *next = malloc(n * sizeof(*next));
+    struct belady_heap_ent *hp = malloc(n * sizeof(*hp));
+    int64_t                 hits = 0;
+    if (!h || !next || !hp) {
+        hits = COMMON_ENOMEM;
+        goto out_free;
+    }
+    /* Backward pass: next[i] = index of the next access to keys[i], UINT64_MAX if none. */
+    for (size_t i = n; i-- > 0;) {
+        struct belady_ent *e = belady_find(h, cap - 1, keys[i]);
+        next[i] = e->next;
+        e->next = i;
+    }
+    for (uint64_t i = 0; i < cap; i++)
+        h[i].next = UINT64_MAX;
+    uint64_t n_heap = 0, n_cached = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct belady_ent *e = belady_find(h, cap - 1, keys[i]);
+        if (e->cached) {
+            hits++;
+        } else {
+            /* Demand paging: the missed key must come in; evict the farthest-used one. */
+            while (n_cached >= n_slots) {
+                struct belady_heap_ent v = belady_pop(hp, &n_heap);
+                struct belady_ent     *x = belady_find(h, cap - 1, v.key);
+                if (x->cached && x->next == v.next) {
+                    x->cached = 0;
+                    n_cached--;
+                }
+            }
+            e->cached = 1;
+            n_cached++;
+        }
+        e->next = next[i];
+        belady_push(hp, &n_heap, (struct belady_heap_ent){.next = next[i], .key = keys[i]});
+    }
+out_free:
+    free(h);
+    free(next);
+    free(hp);
+    return hits;
+}
+
+/* ---- export ------------------------------------------------------------------------------- */
+
+/* Snapshot under mu: totals with the open token closed into a copy. */
+static void trace_totals_locked(const struct fetcher_trace *t, struct fetcher_trace_totals *s)
+{
+    *s = (struct fetcher_trace_totals){0};
+    uint64_t n_cells = (uint64_t)t->opts.n_layer * t->opts.n_expert;
+    for (uint64_t i = 0; i < n_cells; i++) {
+        const struct trace_cell *c = &t->cells[i];
+        s->accesses += c->activations;
+        s->hits += c->hits;
+        s->misses += c->misses;
+        s->prefetch_hits += c->prefetch_hits;
+        s->prefetch_issued += c->prefetch_issued;
+        s->prefetch_wasted += c->prefetch_wasted;
+        s->prefetch_dropped += c->prefetch_dropped;
+        s->loads += c->loads;
+        s->load_errors += c->load_errors;
+        s->bytes_read += c->bytes_read;
+        s->evictions += c->evictions;
+    }
+    s->tokens = t->tokens;
+    s->faults = t->faults + t->cur_faults;
+    s->max_faults = t->cur_faults > t->max_faults ? t->cur_faults : t->max_faults;
+    s->steady_tokens = t->tokens > t->opts.warmup_tokens ? t->tokens - t->opts.warmup_tokens : 0;
+    s->steady_faults = t->steady_faults;
+    s->steady_max_faults = t->steady_max_faults;
+    if (t->tokens > t->opts.warmup_tokens) {
+        s->steady_faults += t->cur_faults;
+        if (t->cur_faults > s->steady_max_faults)
+            s->steady_max_faults = t->cur_faults;
+    }
+    s->belady_accesses = t->n_log;
+    s->belady_truncated = t->truncated;
+    if (t->opts.n_slots > 0 && t->n_log > 0) {
+        int64_t h = fetcher_trace_belady_hits(t->log, (size_t)t->n_log, t->opts.n_slots);
+        s->belady_hits = h > 0 ? (uint64_t)h : 0;
+    }
+}
+
+void fetcher_trace_totals(const struct fetcher_trace *t, struct fetcher_trace_totals *out)
+{
+    struct fetcher_trace *mt = (struct fetcher_trace *)(uintptr_t)t;
+    pthread_mutex_lock(&mt->mu);
+    trace_totals_locked(t, out);
+    pthread_mutex_unlock(&mt->mu);
+}
+
+static double trace_ratio(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0.0;
+}
+
+static void trace_write_hist(FILE *f, const uint32_t *lat)
+{
+    fputc('[', f);
+    for (uint32_t b = 0; b < FETCHER_TRACE_LAT_BUCKETS; b++)
+        fprintf(f, "%s%u", b ? "," : "", lat[b]);
+    fputc(']', f);
+}
+
+int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *f)
+{
+    struct fetcher_trace       *mt = (struct fetcher_trace *)(uintptr_t)t;
+    struct fetcher_trace_totals s;
+    pthread_mutex_lock(&mt->mu);
+    trace_totals_locked(t, &s);
+    fprintf(f,
+            "{\"schema\":\"sluice.fetcher.trace/1\",\"n_layer\":%u,\"n_expert\":%u,"
+            "\"n_slots\":%u,\"warmup_tokens\":%u,\n",
+            t->opts.n_layer, t->opts.n_expert, t->opts.n_slots, t->opts.warmup_tokens);
+    fprintf(f,
+            "\"totals\":{\"accesses\":%llu,\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.6f,"
+            "\"prefetch_hits\":%llu,\"prefetch_issued\":%llu,\"prefetch_wasted\":%llu,"
+            "\"prefetch_dropped\":%llu,\"loads\":%llu,\"load_errors\":%llu,\"bytes_read\":%llu,"
+            "\"evictions\":%llu},\n",
+            (unsigned long long)s.accesses, (unsigned long long)s.hits,
+            (unsigned long long)s.misses, trace_ratio(s.hits, s.accesses),
+            (unsigned long long)s.prefetch_hits, (unsigned long long)s.prefetch_issued,
+            (unsigned long long)s.prefetch_wasted, (unsigned long long)s.prefetch_dropped,
+            (unsigned long long)s.loads, (unsigned long long)s.load_errors,
+            (unsigned long long)s.bytes_read, (unsigned long long)s.evictions);
+    fprintf(f,
+            "\"tokens\":{\"all\":{\"tokens\":%llu,\"faults\":%llu,\"faults_per_token\":%.6f,"
+            "\"max_faults\":%llu},\"steady\":{\"tokens\":%llu,\"faults\":%llu,"
+            "\"faults_per_token\":%.6f,\"max_faults\":%llu}},\n",
+            (unsigned long long)s.tokens, (unsigned long long)s.faults,
+            trace_ratio(s.faults, s.tokens), (unsigned long long)s.max_faults,
+            (unsigned long long)s.steady_tokens, (unsigned long long)s.steady_faults,
+            trace_ratio(s.steady_faults, s.steady_tokens), (unsigned long long)s.steady_max_faults);
+    fprintf(f,
+            "\"belady\":{\"n_slots\":%u,\"accesses\":%llu,\"hits\":%llu,\"hit_rate\":%.6f,"
+            "\"truncated\":%s},\n",
+            t->opts.n_slots, (unsigned long long)s.belady_accesses,
+            (unsigned long long)s.belady_hits, trace_ratio(s.belady_hits, s.belady_accesses),
+            s.belady_truncated ? "true" : "false");
+    fputs("\"latency_us_log2\":", f);
+    trace_write_hist(f, t->lat_all);
+    fputs(",\n\"layers\":[", f);
+    for (uint32_t l = 0; l < t->opts.n_layer; l++) {
+        fprintf(f, "%s\n{\"layer\":%u,\"peak_resident\":%lld,\"experts\":[", l ? "," : "", l,
+                (long long)t->peak[l]);
+        for (uint32_t x = 0; x < t->opts.n_expert; x++) {
+            const struct trace_cell *c = &t->cells[(uint64_t)l * t->opts.n_expert + x];
+            fprintf(f,
+                    "%s\n {\"expert\":%u,\"activations\":%llu,\"hits\":%llu,\"misses\":%llu,"
+                    "\"prefetch_hits\":%llu,\"prefetch_issued\":%llu,\"prefetch_wasted\":%llu,"
+                    "\"prefetch_dropped\":%llu,\"loads\":%llu,\"load_errors\":%llu,"
+                    "\"bytes_read\":%llu,\"evictions\":%llu,\"latency_us_log2\":",
+                    x ? "," : "", x, (unsigned long long)c->activations,
+                    (unsigned long long)c->hits, (unsigned long long)c->misses,
+                    (unsigned long long)c->prefetch_hits, (unsigned long long)c->prefetch_issued,
+                    (unsigned long long)c->prefetch_wasted, (unsigned long long)c->prefetch_dropped,
+                    (unsigned long long)c->loads, (unsigned long long)c->load_errors,
+                    (unsigned long long)c->bytes_read, (unsigned long long)c->evictions);
+            trace_write_hist(f, c->lat);
+            fputc('}', f);
+        }
+        fputs("]}", f);
+    }
+    fputs("]}\n", f);
+    pthread_mutex_unlock(&mt->mu);
+    return ferror(f) ? COMMON_EIO : COMMON_OK;
+}
+
+void fetcher_trace_write_summary(const struct fetcher_trace *t, FILE *f)
+{
+    struct fetcher_trace       *mt = (struct fetcher_trace *)(uintptr_t)t;
+    struct fetcher_trace_totals s;
+    char                        b[32];
+    pthread_mutex_lock(&mt->mu);
+    trace_totals_locked(t, &s);
+    fprintf(f, "expert trace: %llu tokens (%llu steady after %u warm-up), %llu accesses\n",
+            (unsigned long long)s.tokens, (unsigned long long)s.steady_tokens,
+            t->opts.warmup_tokens, (unsigned long long)s.accesses);
+    fprintf(f, "  hit rate %.1f%% (%llu hits, %llu by prefetch; %llu misses)",
+            100.0 * trace_ratio(s.hits, s.accesses), (unsigned long long)s.hits,
+            (unsigned long long)s.prefetch_hits, (unsigned long long)s.misses);
+    if (t->opts.n_slots)
+        fprintf(f, "; Belady optimum with %u slots %.1f%%%s", t->opts.n_slots,
+                100.0 * trace_ratio(s.belady_hits, s.belady_accesses),
+                s.belady_truncated ? " (partial trace)" : "");
+    fprintf(f, "\n  faults/token %.2f (max %llu), steady %.2f (max %llu)\n",
+            trace_ratio(s.faults, s.tokens), (unsigned long long)s.max_faults,
+            trace_ratio(s.steady_faults, s.steady_tokens), (unsigned long long)s.steady_max_faults);
+    fprintf(f, "  prefetch: %llu issued, %llu hits, %llu wasted, %llu dropped\n",
+            (unsigned long long)s.prefetch_issued, (unsigned long long)s.prefetch_hits,
+            (unsigned long long)s.prefetch_wasted, (unsigned long long)s.prefetch_dropped);
+    uint64_t n_lat = 0, acc = 0;
+    uint32_t median = 0;
+    for (uint32_t i = 0; i < FETCHER_TRACE_LAT_BUCKETS; i++)
+        n_lat += t->lat_all[i];
+    for (uint32_t i = 0; i < FETCHER_TRACE_LAT_BUCKETS && n_lat; i++) {
+        acc += t->lat_all[i];
+        if (2 * acc >= n_lat) {
+            median = i;
+            break;
+        }
+    }
+    fprintf(f, "  read %s in %llu loads (%llu errors, %llu evictions)",
+            common_format_size(s.bytes_read, b, sizeof(b)), (unsigned long long)s.loads,
+            (unsigned long long)s.load_errors, (unsigned long long)s.evictions);
+    if (n_lat)
+        fprintf(f, ", median load %llu-%llu us", median ? 1ull << median : 0ull, 2ull << median);
+    fputs("\n  peak resident bundles per layer:", f);
+    for (uint32_t l = 0; l < t->opts.n_layer; l++)
+        fprintf(f, " %lld", (long long)t->peak[l]);
+    fputc('\n', f);
+    pthread_mutex_unlock(&mt->mu);
+}
