@@ -273,31 +273,53 @@ static float avx2_dot_bf16(int64_t n, const void *w, const void *a)
 /* Block-32 dots                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
+#define AVX2_Q4_0_ROWS 4
+
+/* Dots of R rows of Q4_0 (stride rb bytes) with one Q8_0 activation. Per block the activation
+ * quants, their 8 * sum correction and scale are loaded once for all R rows; each row's arithmetic
+ * is the same whatever R, so gemv and vec_dot agree bit for bit. */
+static inline __attribute__((always_inline)) void
+avx2_q4_0_rows(const int R, int64_t nb, const char *w, size_t rb,
+               const struct executor_block_q8_0 *y, float *out)
+{
+    const __m256i eight = _mm256_set1_epi8(8);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256        acc[AVX2_Q4_0_ROWS];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i s8 = _mm256_maddubs_epi16(eight, qy); /* 8 * (a0 + a1) per int16 */
+        const float   da = avx2_fp16(y[i].d);
+        for (int r = 0; r < R; r++) {
+            const struct executor_block_q4_0 *xb =
+                (const struct executor_block_q4_0 *)(w + (size_t)r * rb) + i;
+            /* (q - 8) * a summed in pairs = q * a - 8 * a: both fit int16 */
+            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(avx2_nibbles(xb->qs), qy), s8);
+            const __m256  v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(avx2_fp16(xb->d) * da), v, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        out[r] = avx2_hsum_ps(acc[r]);
+}
+
+static void avx2_gemv_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                           float *y)
+{
+    const int64_t nb = n / EXECUTOR_QK;
+    int64_t       r = 0;
+    for (; r + AVX2_Q4_0_ROWS <= n_rows; r += AVX2_Q4_0_ROWS)
+        avx2_q4_0_rows(AVX2_Q4_0_ROWS, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+    for (; r < n_rows; r++)
+        avx2_q4_0_rows(1, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+}
+
 static float avx2_dot_q4_0(int64_t n, const void *w, const void *a)
 {
-    const struct executor_block_q4_0 *x = w;
-    const struct executor_block_q8_0 *y = a;
-    const int64_t                     nb = n / EXECUTOR_QK;
-    const __m256i                     off = _mm256_set1_epi8(8);
-    __m256                            acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t                           i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i qx0 = _mm256_sub_epi8(avx2_nibbles(x[i].qs), off);
-        const __m256i qx1 = _mm256_sub_epi8(avx2_nibbles(x[i + 1].qs), off);
-        const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        const __m256i qy1 = _mm256_loadu_si256((const __m256i *)y[i + 1].qs);
-        const __m256  d0 = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
-        const __m256  d1 = _mm256_set1_ps(avx2_fp16(x[i + 1].d) * avx2_fp16(y[i + 1].d));
-        acc0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(avx2_dot_i8(qx0, qy0)), acc0);
-        acc1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(avx2_dot_i8(qx1, qy1)), acc1);
-    }
-    for (; i < nb; i++) {
-        const __m256i qx = _mm256_sub_epi8(avx2_nibbles(x[i].qs), off);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        const __m256  d = _mm256_set1_ps(avx2_fp16(x[i].d) * avx2_fp16(y[i].d));
-        acc0 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(avx2_dot_i8(qx, qy)), acc0);
-    }
-    return avx2_hsum_ps(_mm256_add_ps(acc0, acc1));
+    float y;
+    avx2_q4_0_rows(1, n / EXECUTOR_QK, w, 0, a, &y);
+    return y;
 }
 
 static float avx2_dot_q8_0(int64_t n, const void *w, const void *a)
@@ -550,6 +572,7 @@ void executor_kernels_fill_avx2(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_F16] = avx2_dot_f16;
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx2_dot_bf16;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_0] = avx2_dot_q4_0;
+    ks->gemv[COMMON_GGML_TYPE_Q4_0] = avx2_gemv_q4_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx2_dot_q4_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx2_dot_q5_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx2_dot_q5_1;

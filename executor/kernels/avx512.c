@@ -45,53 +45,87 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
                               _mm256_loadu_si256((const __m256i *)q1), 1);
 }
 
-static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
+/* [h0 x8, h1 x8] halves -> floats */
+static inline __m512 avx512_fp16_pair(uint16_t h0, uint16_t h1)
 {
-    const struct executor_block_q4_0 *x = w;
-    const struct executor_block_q8_0 *y = a;
-    const int64_t                     nb = n / EXECUTOR_QK;
-    const __m512i                     m4 = _mm512_set1_epi8(0x0F);
-    const __m512i                     off = _mm512_set1_epi8(8);
-    const __m512i                     perm = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
-    __m512                            acc0 = _mm512_setzero_ps(), acc1 = acc0;
-    int64_t                           i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        __m512i v[2];
-        for (int k = 0; k < 2; k++) {
-            const struct executor_block_q4_0 *xb = x + i + 2 * k;
-            const struct executor_block_q8_0 *yb = y + i + 2 * k;
-            const __m256i                     t = _mm256_inserti128_si256(
-                                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xb[0].qs)),
-                                    _mm_loadu_si128((const __m128i *)xb[1].qs), 1);
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
+                                              _mm_set1_epi16((short)h1), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+#define AVX512_Q4_0_ROWS 4
+
+/* Dots of R rows of Q4_0 (stride rb bytes) with one Q8_0 activation, two blocks per step. The
+ * activation's quants, its 8 * sum correction and its scales are loaded once per step for all R
+ * rows; each row's arithmetic is the same whatever R, so gemv and vec_dot agree bit for bit. */
+static inline __attribute__((always_inline)) void
+avx512_q4_0_rows(const int R, int64_t nb, const char *w, size_t rb,
+                 const struct executor_block_q8_0 *y, float *out)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i eight = _mm512_set1_epi8(8);
+    const __m512i perm = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512        acc[AVX512_Q4_0_ROWS];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i qy = avx512_load_pair(y[i].qs, y[i + 1].qs);
+        /* -(sum 8 * a), 4 elements per lane: the accumulator start of every row's dot */
+        const __m512i nds = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, qy));
+        const __m512  da = avx512_fp16_pair(y[i].d, y[i + 1].d);
+        for (int r = 0; r < R; r++) {
+            const struct executor_block_q4_0 *xb =
+                (const struct executor_block_q4_0 *)(w + (size_t)r * rb) + i;
+            const __m256i t = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xb[0].qs)),
+                _mm_loadu_si128((const __m128i *)xb[1].qs), 1);
             /* [b0, b0, b1, b1] -> [b0 low nibbles, b0 high, b1 low, b1 high] */
             __m512i q = _mm512_permutexvar_epi64(perm, _mm512_castsi256_si512(t));
             q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), m4);
-            const __m512i qy = avx512_load_pair(yb[0].qs, yb[1].qs);
-            const __m512i zero = _mm512_setzero_si512();
             /* sum (q - 8) * a = sum q * a - sum 8 * a */
-            v[k] = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy),
-                                    _mm512_dpbusd_epi32(zero, off, qy));
+            const __m512i v = _mm512_dpbusd_epi32(nds, q, qy);
+            const __m512  dw = avx512_fp16_pair(xb[0].d, xb[1].d);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw, da), acc[r]);
         }
-        const __m512 d0 = avx512_scale_pair(avx512_fp16(x[i].d) * avx512_fp16(y[i].d),
-                                            avx512_fp16(x[i + 1].d) * avx512_fp16(y[i + 1].d));
-        const __m512 d1 = avx512_scale_pair(avx512_fp16(x[i + 2].d) * avx512_fp16(y[i + 2].d),
-                                            avx512_fp16(x[i + 3].d) * avx512_fp16(y[i + 3].d));
-        acc0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(v[0]), acc0);
-        acc1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(v[1]), acc1);
     }
-    float sum = avx512_hsum_ps(_mm512_add_ps(acc0, acc1));
-    for (; i < nb; i++) {
-        const __m128i t = _mm_loadu_si128((const __m128i *)x[i].qs);
-        const __m256i q = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
-            _mm256_set1_epi8(0x0F));
+    for (int r = 0; r < R; r++)
+        out[r] = avx512_hsum_ps(acc[r]);
+    if (i < nb) {
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         const __m256i z = _mm256_setzero_si256();
-        const __m256i v = _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, qy),
-                                           _mm256_dpbusd_epi32(z, _mm256_set1_epi8(8), qy));
-        sum += (float)avx512_hsum_epi32_256(v) * (avx512_fp16(x[i].d) * avx512_fp16(y[i].d));
+        const __m256i ds = _mm256_dpbusd_epi32(z, _mm256_set1_epi8(8), qy);
+        const float   da = avx512_fp16(y[i].d);
+        for (int r = 0; r < R; r++) {
+            const struct executor_block_q4_0 *xb =
+                (const struct executor_block_q4_0 *)(w + (size_t)r * rb) + i;
+            const __m128i t = _mm_loadu_si128((const __m128i *)xb->qs);
+            const __m256i q = _mm256_and_si256(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
+                _mm256_set1_epi8(0x0F));
+            const __m256i v = _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, qy), ds);
+            out[r] += (float)avx512_hsum_epi32_256(v) * (avx512_fp16(xb->d) * da);
+        }
     }
-    return sum;
+}
+
+static void avx512_gemv_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             float *y)
+{
+    const int64_t nb = n / EXECUTOR_QK;
+    int64_t       r = 0;
+    for (; r + AVX512_Q4_0_ROWS <= n_rows; r += AVX512_Q4_0_ROWS)
+        avx512_q4_0_rows(AVX512_Q4_0_ROWS, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+    for (; r < n_rows; r++)
+        avx512_q4_0_rows(1, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+}
+
+static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
+{
+    float y;
+    avx512_q4_0_rows(1, n / EXECUTOR_QK, w, 0, a, &y);
+    return y;
 }
 
 static float avx512_dot_q8_0(int64_t n, const void *w, const void *a)
@@ -250,6 +284,7 @@ static float avx512_dot_q6_K(int64_t n, const void *w, const void *a)
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
 {
     ks->vec_dot[COMMON_GGML_TYPE_Q4_0] = avx512_dot_q4_0;
+    ks->gemv[COMMON_GGML_TYPE_Q4_0] = avx512_gemv_q4_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q8_0] = avx512_dot_q8_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx512_dot_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx512_dot_q6_K;

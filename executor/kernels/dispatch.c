@@ -38,14 +38,28 @@ static bool dispatch_isa_available(const struct executor_cpu_features *f, enum e
     return false;
 }
 
+/* Builds `dst` as `base` overridden by `fill`; a gemv inherited from `base` is dropped where
+ * `fill` replaced the vec_dot of its type, so gemv and vec_dot always agree bit for bit. */
+static void dispatch_derive(struct executor_kernel_set *dst, const struct executor_kernel_set *base,
+                            void (*fill)(struct executor_kernel_set *))
+{
+    *dst = *base;
+    for (int t = 0; t < COMMON_GGML_TYPE_COUNT; t++)
+        dst->gemv[t] = NULL;
+    fill(dst);
+    for (int t = 0; t < COMMON_GGML_TYPE_COUNT; t++)
+        if (!dst->gemv[t] && dst->vec_dot[t] == base->vec_dot[t])
+            dst->gemv[t] = base->gemv[t];
+}
+
 static void dispatch_init(void)
 {
     executor_cpu_detect(&g_cpu);
     executor_kernels_fill_ref(&g_sets[EXECUTOR_ISA_REF]);
-    g_sets[EXECUTOR_ISA_AVX2] = g_sets[EXECUTOR_ISA_REF];
-    executor_kernels_fill_avx2(&g_sets[EXECUTOR_ISA_AVX2]);
-    g_sets[EXECUTOR_ISA_AVX512] = g_sets[EXECUTOR_ISA_AVX2];
-    executor_kernels_fill_avx512(&g_sets[EXECUTOR_ISA_AVX512]);
+    dispatch_derive(&g_sets[EXECUTOR_ISA_AVX2], &g_sets[EXECUTOR_ISA_REF],
+                    executor_kernels_fill_avx2);
+    dispatch_derive(&g_sets[EXECUTOR_ISA_AVX512], &g_sets[EXECUTOR_ISA_AVX2],
+                    executor_kernels_fill_avx512);
 
     g_active_isa = EXECUTOR_ISA_REF;
     if (dispatch_isa_available(&g_cpu, EXECUTOR_ISA_AVX2))
@@ -163,8 +177,13 @@ int executor_matvec(uint32_t type, int64_t n_cols, const void *w, size_t row_byt
             y[r] = 0.0f;
         return 0;
     }
-    const executor_vec_dot_fn fn = dispatch_active()->vec_dot[type];
-    const char               *row = (const char *)w + (size_t)row0 * row_bytes;
+    const struct executor_kernel_set *ks = dispatch_active();
+    const char                       *row = (const char *)w + (size_t)row0 * row_bytes;
+    if (ks->gemv[type]) {
+        ks->gemv[type](n_cols, row, row_bytes, row1 - row0, act, y + row0);
+        return 0;
+    }
+    const executor_vec_dot_fn fn = ks->vec_dot[type];
     for (int64_t r = row0; r < row1; r++, row += row_bytes)
         y[r] = fn(n_cols, row, act);
     return 0;
@@ -186,8 +205,10 @@ int executor_matmul(uint32_t type, int64_t n_cols, const void *w, size_t row_byt
                 y[(size_t)j * y_stride + (size_t)r] = 0.0f;
         return 0;
     }
-    const executor_vec_dot_fn fn = dispatch_active()->vec_dot[type];
-    int64_t                   tile = (int64_t)(DISPATCH_TILE_BYTES / row_bytes);
+    const struct executor_kernel_set *ks = dispatch_active();
+    const executor_vec_dot_fn         fn = ks->vec_dot[type];
+    const executor_gemv_fn            gemv = ks->gemv[type];
+    int64_t                           tile = (int64_t)(DISPATCH_TILE_BYTES / row_bytes);
     if (tile < 1)
         tile = 1;
     for (int64_t r0 = row0; r0 < row1; r0 += tile) {
@@ -196,6 +217,10 @@ int executor_matmul(uint32_t type, int64_t n_cols, const void *w, size_t row_byt
             const void *a = (const char *)act + (size_t)j * act_stride;
             float      *yj = y + (size_t)j * y_stride;
             const char *wrow = (const char *)w + (size_t)r0 * row_bytes;
+            if (gemv) {
+                gemv(n_cols, wrow, row_bytes, r1 - r0, a, yj + r0);
+                continue;
+            }
             for (int64_t r = r0; r < r1; r++, wrow += row_bytes)
                 yj[r] = fn(n_cols, wrow, a);
         }

@@ -214,9 +214,17 @@ typedef float (*executor_vec_dot_fn)(int64_t n, const void *w, const void *act);
 /* Converts n activations (a multiple of the activation block size) into dst. */
 typedef void (*executor_quantize_fn)(const float *x, void *dst, int64_t n);
 
-/* One ISA's kernels, indexed by ggml type id. NULL entries are filled from the slower set. */
+/* Dots of n_rows consecutive weight rows (row r at (const char *)w + r * row_bytes) with one
+ * activation vector into y[0..n_rows). Must give each row exactly the bits vec_dot gives it. */
+typedef void (*executor_gemv_fn)(int64_t n, const void *w, size_t row_bytes, int64_t n_rows,
+                                 const void *act, float *y);
+
+/* One ISA's kernels, indexed by ggml type id. NULL entries are filled from the slower set, except
+ * gemv, which is optional (NULL: loop over vec_dot) and reset when a faster set replaces the
+ * vec_dot of its type. */
 struct executor_kernel_set {
     executor_vec_dot_fn  vec_dot[COMMON_GGML_TYPE_COUNT];      /* by weight type */
+    executor_gemv_fn     gemv[COMMON_GGML_TYPE_COUNT];         /* by weight type; may be NULL */
     executor_quantize_fn quantize_act[COMMON_GGML_TYPE_COUNT]; /* by activation type */
 };
 
