@@ -27,6 +27,16 @@ static bool codec_copy_str(const fb::String *s, char *dst, size_t cap)
     return true;
 }
 
+/* Reads a C enum field as an int: C callers may store any value in it, and loading an
+ * out-of-range value through the C++ enum type is undefined behaviour. */
+template <typename E> static int codec_enum(const E *field)
+{
+    static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
+    int v;
+    std::memcpy(&v, field, sizeof(v));
+    return v;
+}
+
 static bool codec_str_fits(const char *s, size_t cap)
 {
     return std::memchr(s, '\0', cap) != nullptr;
@@ -38,11 +48,12 @@ extern "C" int proto_encode(const struct proto_msg *m, uint8_t **buf, size_t *le
         fb::FlatBufferBuilder b(256);
         fb::Offset<void>      body;
         sp::Body              type;
-        switch (m->kind) {
+        switch (codec_enum(&m->kind)) {
         case PROTO_KIND_HELLO: {
             const struct proto_hello *h = &m->u.hello;
+            int role = codec_enum(&h->role);
             if (h->n_shards > PROTO_MAX_SHARDS || !codec_str_fits(h->name, sizeof(h->name)) ||
-                (unsigned)h->role > PROTO_ROLE_CLIENT)
+                role < PROTO_ROLE_FETCHER || role > PROTO_ROLE_CLIENT)
                 return COMMON_EINVAL;
             std::vector<fb::Offset<sp::Shard>> shards;
             for (uint32_t i = 0; i < h->n_shards; i++)
@@ -50,7 +61,7 @@ extern "C" int proto_encode(const struct proto_msg *m, uint8_t **buf, size_t *le
                                                  h->shards[i].n_experts));
             auto name = b.CreateString(h->name);
             auto vec  = b.CreateVector(shards);
-            body = sp::CreateHello(b, h->major, h->minor, static_cast<sp::Role>(h->role), name, vec)
+            body = sp::CreateHello(b, h->major, h->minor, static_cast<sp::Role>(role), name, vec)
                        .Union();
             type = sp::Body_Hello;
             break;
