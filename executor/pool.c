@@ -210,8 +210,9 @@ static void pool_wait(struct executor_pool *p)
 {
     uint64_t t0 = common_now_ns();
     /* Acquire: pairs with the workers' acq_rel decrement, making their outputs visible. */
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
-        if (common_now_ns() - t0 > POOL_SPIN_NS) {
+    for (uint32_t spins = 1; atomic_load_explicit(&p->pending, memory_order_acquire) != 0;
+         spins++) {
+        if (spins % 64 == 0 && common_now_ns() - t0 > POOL_SPIN_NS) {
             pthread_mutex_lock(&p->mu);
             while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0)
                 pthread_cond_wait(&p->cv_done, &p->mu);
