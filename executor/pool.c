@@ -13,26 +13,33 @@
 #define POOL_MAX_THREADS 256
 #define POOL_SPIN_NS     50000u /* a worker spins this long after a job before it sleeps */
 
+/* The job word packs a generation (bits 63..32), a "closed" flag (bit 31) and the number of
+ * workers inside the job (bits 30..0). Workers join an open job of a new generation with a CAS,
+ * so a worker that wakes late (asleep, or descheduled by a busy machine) never holds the caller
+ * up: the caller runs every piece nobody took, waits only for workers that joined, then closes
+ * the job so that no one joins it afterwards. */
+#define POOL_GEN_SHIFT 32
+#define POOL_CLOSED    (1ull << 31)
+#define POOL_ACTIVE    (POOL_CLOSED - 1)
+
 struct executor_pool {
     uint32_t        n_threads; /* caller + workers */
     pthread_t      *threads;   /* owned: n_threads - 1 workers (index 0 unused) */
     uint32_t        n_started; /* workers actually created */
     pthread_mutex_t mu;        /* guards the sleeps and wake-ups below */
     pthread_cond_t  cv_work;   /* workers wait here for a new generation */
-    pthread_cond_t  cv_done;   /* the caller waits here for pending == 0 */
-    /* The job: written by the caller before the release store of `gen`, read by workers after
-     * their acquire load of `gen`. */
+    pthread_cond_t  cv_done;   /* the caller waits here for the joined workers to leave */
+    /* The job: written by the caller before the release store of `word`, read by workers that
+     * joined it; stable until the caller closes the job. */
     executor_pool_fn fn;
     void            *arg;
     int64_t          n;
     int64_t          chunk;
-    /* Release by the caller after writing the job; pairs with the acquire loads in pool_worker.
-     */
-    _Atomic uint64_t gen;
-    _Atomic int64_t  next;    /* next item to hand out (relaxed: ordered by gen) */
-    _Atomic uint32_t pending; /* workers still in the current job; acq_rel decrement pairs with
-                                 the caller's acquire load in pool_wait */
-    _Atomic bool stop;        /* set under mu by executor_pool_destroy */
+    /* Release store by the caller publishes the job; pairs with the acquire CAS in pool_join.
+     * Workers leave with a release decrement; pairs with the caller's acquire CAS in pool_wait. */
+    _Atomic uint64_t word;
+    _Atomic int64_t  next; /* next item to hand out (relaxed: ordered by word) */
+    _Atomic bool     stop; /* set under mu by executor_pool_destroy */
 };
 
 struct pool_worker_arg {
@@ -59,6 +66,30 @@ static void pool_run_pieces(struct executor_pool *p, uint32_t ith)
     }
 }
 
+/* Joins the open job of a generation newer than *seen. Returns false when there is none. */
+static bool pool_join(struct executor_pool *p, uint64_t *seen)
+{
+    uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
+    for (;;) {
+        if ((w >> POOL_GEN_SHIFT) == *seen || (w & POOL_CLOSED))
+            return false;
+        /* Acquire: pairs with the caller's release store of the job. */
+        if (atomic_compare_exchange_weak_explicit(&p->word, &w, w + 1, memory_order_acquire,
+                                                  memory_order_acquire)) {
+            *seen = w >> POOL_GEN_SHIFT;
+            return true;
+        }
+    }
+}
+
+/* True when a job the worker has not seen is open (or the pool stops). */
+static bool pool_has_work(struct executor_pool *p, uint64_t seen)
+{
+    uint64_t w = atomic_load_explicit(&p->word, memory_order_relaxed);
+    return ((w >> POOL_GEN_SHIFT) != seen && !(w & POOL_CLOSED)) ||
+           atomic_load_explicit(&p->stop, memory_order_relaxed);
+}
+
 static void *pool_worker(void *varg)
 {
     struct pool_worker_arg a = *(struct pool_worker_arg *)varg;
@@ -66,31 +97,26 @@ static void *pool_worker(void *varg)
     struct executor_pool *p = a.pool;
     uint64_t              seen = 0;
     for (;;) {
-        /* Acquire: pairs with the release store of gen in executor_pool_for, so the job
-         * fields are visible. */
-        uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (g == seen && !atomic_load_explicit(&p->stop, memory_order_acquire)) {
+        if (!pool_has_work(p, seen)) {
             uint64_t t0 = common_now_ns();
-            while (g == seen && common_now_ns() - t0 < POOL_SPIN_NS) {
-                for (int i = 0; i < 64 && g == seen; i++) {
+            while (!pool_has_work(p, seen) && common_now_ns() - t0 < POOL_SPIN_NS)
+                for (int i = 0; i < 64 && !pool_has_work(p, seen); i++)
                     pool_cpu_relax();
-                    g = atomic_load_explicit(&p->gen, memory_order_acquire);
-                }
-            }
         }
-        if (g == seen) {
+        if (!pool_has_work(p, seen)) {
             pthread_mutex_lock(&p->mu);
-            while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
-                   !atomic_load_explicit(&p->stop, memory_order_acquire))
+            while (!pool_has_work(p, seen))
                 pthread_cond_wait(&p->cv_work, &p->mu);
             pthread_mutex_unlock(&p->mu);
         }
-        if (g == seen)
-            return NULL; /* stop */
-        seen = g;
+        if (atomic_load_explicit(&p->stop, memory_order_acquire))
+            return NULL;
+        if (!pool_join(p, &seen))
+            continue; /* closed before we could join: wait for the next one */
         pool_run_pieces(p, a.ith);
-        /* Release: our writes to the job's outputs happen before the caller's acquire load. */
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+        /* Release: our writes to the job's outputs happen before the caller closes the job. */
+        uint64_t w = atomic_fetch_sub_explicit(&p->word, 1, memory_order_release);
+        if ((w & POOL_ACTIVE) == 1) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->cv_done);
             pthread_mutex_unlock(&p->mu);
@@ -160,9 +186,8 @@ int executor_pool_create(uint32_t n_threads, struct executor_pool **out)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_work, NULL);
     pthread_cond_init(&p->cv_done, NULL);
-    atomic_init(&p->gen, 0);
+    atomic_init(&p->word, POOL_CLOSED); /* generation 0, closed */
     atomic_init(&p->next, 0);
-    atomic_init(&p->pending, 0);
     atomic_init(&p->stop, false);
     for (uint32_t i = 1; i < n_threads; i++) {
         struct pool_worker_arg *a = malloc(sizeof(*a));
@@ -205,16 +230,26 @@ uint32_t executor_pool_n_threads(const struct executor_pool *p)
     return p ? p->n_threads : 1;
 }
 
-/* Waits until every worker has finished the current job. */
+/* Closes the current job once no worker is inside it; then every joined worker's writes are
+ * visible and no late worker can join. */
+static bool pool_try_close(struct executor_pool *p)
+{
+    uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
+    while ((w & POOL_ACTIVE) == 0)
+        /* Acquire: pairs with the workers' release decrements. */
+        if (atomic_compare_exchange_weak_explicit(&p->word, &w, w | POOL_CLOSED,
+                                                  memory_order_acquire, memory_order_acquire))
+            return true;
+    return false;
+}
+
 static void pool_wait(struct executor_pool *p)
 {
     uint64_t t0 = common_now_ns();
-    /* Acquire: pairs with the workers' acq_rel decrement, making their outputs visible. */
-    for (uint32_t spins = 1; atomic_load_explicit(&p->pending, memory_order_acquire) != 0;
-         spins++) {
+    for (uint32_t spins = 1; !pool_try_close(p); spins++) {
         if (spins % 64 == 0 && common_now_ns() - t0 > POOL_SPIN_NS) {
             pthread_mutex_lock(&p->mu);
-            while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0)
+            while (!pool_try_close(p))
                 pthread_cond_wait(&p->cv_done, &p->mu);
             pthread_mutex_unlock(&p->mu);
             return;
@@ -243,10 +278,11 @@ void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, execut
     p->n = n;
     p->chunk = chunk;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, nth - 1, memory_order_relaxed);
+    uint64_t gen = (atomic_load_explicit(&p->word, memory_order_relaxed) >> POOL_GEN_SHIFT) + 1;
     pthread_mutex_lock(&p->mu);
-    /* Release: publishes the job fields above; pairs with the acquire loads in pool_worker. */
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    /* Release: publishes the job fields above; pairs with the acquire CAS in pool_join. The
+     * previous job is closed with no worker inside, so a plain store is safe. */
+    atomic_store_explicit(&p->word, gen << POOL_GEN_SHIFT, memory_order_release);
     pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
     pool_run_pieces(p, 0);
