@@ -1,0 +1,377 @@
+/* tests/fetcher/test_pool.c - expert pool: loans, eviction order, generations, failures, attach. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "pool.h"
+
+static struct fetcher_pool *t_pool;
+
+static struct fetcher_pool *make_pool(uint32_t n_slots, enum fetcher_policy policy,
+                                      uint32_t halflife)
+{
+    struct fetcher_pool_opts o = {.slot_bytes = 3 * FETCHER_ALIGN,
+                                  .n_slots = n_slots,
+                                  .n_layer = 4,
+                                  .n_expert = 8,
+                                  .policy = policy,
+                                  .lfu_halflife = halflife};
+    struct fetcher_pool     *p = NULL;
+    struct common_errmsg     e = {{0}};
+    cr_assert_eq(fetcher_pool_create(&o, &p, &e), COMMON_OK, "%s", e.text);
+    return p;
+}
+
+static void teardown(void)
+{
+    fetcher_pool_destroy(t_pool);
+    t_pool = NULL;
+}
+
+static struct fetcher_pool_key key(uint32_t layer, uint32_t expert)
+{
+    return (struct fetcher_pool_key){layer, expert, FETCHER_POOL_BUNDLE};
+}
+
+/* Claims and completes (layer, expert); returns its slot and, through *victim, what it evicted. */
+static uint32_t load(struct fetcher_pool *p, uint32_t layer, uint32_t expert,
+                     struct fetcher_pool_victim *victim)
+{
+    struct fetcher_pool_key    k = key(layer, expert);
+    struct fetcher_pool_victim v;
+    uint32_t                   slot, gen;
+    cr_assert_eq(fetcher_pool_claim(p, &k, 0, 0, &slot, &gen, &v), COMMON_OK,
+                 "claim of (%u,%u) failed", layer, expert);
+    for (uint32_t part = 0; part < COMMON_EXPERT_PART_COUNT; part++)
+        fetcher_pool_set_part(p, slot, part, part * FETCHER_ALIGN, 100 + part);
+    fetcher_pool_complete(p, slot);
+    if (victim)
+        *victim = v;
+    return slot;
+}
+
+static void use(struct fetcher_pool *p, uint32_t layer, uint32_t expert)
+{
+    struct fetcher_pool_key  k = key(layer, expert);
+    struct fetcher_pool_loan l;
+    cr_assert_eq(fetcher_pool_try_acquire(p, &k, COMMON_EXPERT_GATE, &l), COMMON_OK);
+    fetcher_pool_release(p, l.slot);
+}
+
+Test(fetcher_pool, create_rejects_zero_fields)
+{
+    struct fetcher_pool_opts o = {.slot_bytes = 4096, .n_slots = 0, .n_layer = 1, .n_expert = 1};
+    struct fetcher_pool     *p = NULL;
+    cr_assert_eq(fetcher_pool_create(&o, &p, NULL), COMMON_EINVAL);
+    cr_assert_null(p);
+}
+
+Test(fetcher_pool, slots_are_aligned, .fini = teardown)
+{
+    t_pool = make_pool(3, FETCHER_POLICY_LRU, 0);
+    cr_assert_eq(fetcher_pool_slot_bytes(t_pool) % FETCHER_ALIGN, 0);
+    for (uint32_t i = 0; i < 3; i++)
+        cr_assert_eq((uintptr_t)fetcher_pool_slot_data(t_pool, i) % FETCHER_ALIGN, 0);
+    cr_assert_geq(fetcher_pool_fd(t_pool), 0, "a memfd backs the pool by default");
+}
+
+Test(fetcher_pool, acquire_release_pins_and_unpins, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    uint32_t                   slot = load(t_pool, 1, 2, NULL);
+    struct fetcher_pool_key    k = key(1, 2);
+    struct fetcher_pool_loan   l = {0};
+    struct fetcher_pool_counts c;
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_UP, &l), COMMON_OK);
+    cr_assert_eq(l.slot, slot);
+    cr_assert_eq(l.data, fetcher_pool_slot_data(t_pool, slot) + FETCHER_ALIGN);
+    cr_assert_eq(l.size, 101);
+    fetcher_pool_counts(t_pool, &c);
+    cr_assert_eq(c.n_pinned, 1);
+    cr_assert_eq(c.n_ready, 1);
+    fetcher_pool_release(t_pool, l.slot);
+    fetcher_pool_counts(t_pool, &c);
+    cr_assert_eq(c.n_pinned, 0);
+}
+
+Test(fetcher_pool, acquire_absent_and_bad_keys, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct fetcher_pool_key  k = key(0, 0);
+    struct fetcher_pool_key  bad = key(4, 0);
+    struct fetcher_pool_loan l;
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &bad, 0, &l), COMMON_EINVAL);
+    uint32_t slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &bad, 0, 0, &slot, &gen, NULL), COMMON_EINVAL);
+}
+
+Test(fetcher_pool, parts_readable_while_loading, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct fetcher_pool_key  k = key(0, 3);
+    struct fetcher_pool_loan l;
+    uint32_t                 slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), 1,
+                 "a second claim of the same key finds it");
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_GATE, &l), COMMON_EAGAIN);
+    cr_assert_eq(l.slot, slot);
+    cr_assert_eq(l.gen, gen);
+    fetcher_pool_part_ready(t_pool, slot, COMMON_EXPERT_GATE);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_GATE, &l), COMMON_OK);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_DOWN, &l), COMMON_EAGAIN);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, FETCHER_POOL_WHOLE, &l), COMMON_EAGAIN);
+    fetcher_pool_complete(t_pool, slot);
+    cr_assert_eq(fetcher_pool_wait_acquire(t_pool, slot, gen, COMMON_EXPERT_DOWN, &l), COMMON_OK);
+    fetcher_pool_release(t_pool, slot);
+    fetcher_pool_release(t_pool, slot);
+}
+
+Test(fetcher_pool, eviction_never_evicts_pinned, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    load(t_pool, 0, 0, NULL); /* oldest: LRU's first choice */
+    load(t_pool, 0, 1, NULL);
+    struct fetcher_pool_key  k0 = key(0, 0), k1 = key(0, 1), k2 = key(0, 2), k3 = key(0, 3);
+    struct fetcher_pool_loan l0, l1;
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k0, 0, &l0), COMMON_OK);
+    fetcher_pool_release(t_pool, l0.slot);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k1, 0, &l1), COMMON_OK); /* pin (0,1) */
+    struct fetcher_pool_victim v;
+    uint32_t                   slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k2, 0, 0, &slot, &gen, &v), COMMON_OK);
+    cr_assert(v.valid);
+    cr_assert_eq(v.key.expert, 0, "the unpinned slot goes even though it is more recent");
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k3, 0, 0, &slot, &gen, &v), COMMON_EAGAIN,
+                 "one slot pinned, one loading: nothing to evict");
+    fetcher_pool_release(t_pool, l1.slot);
+}
+
+Test(fetcher_pool, generation_bumps_on_reuse, .fini = teardown)
+{
+    t_pool = make_pool(1, FETCHER_POLICY_LRU, 0);
+    uint32_t                 s0 = load(t_pool, 2, 5, NULL);
+    struct fetcher_pool_key  k = key(2, 5);
+    struct fetcher_pool_loan l;
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_OK);
+    cr_assert(fetcher_pool_loan_is_valid(t_pool, &l));
+    fetcher_pool_release(t_pool, l.slot);
+    cr_assert(fetcher_pool_loan_is_valid(t_pool, &l), "release alone does not reuse the slot");
+    struct fetcher_pool_victim v;
+    uint32_t                   s1 = load(t_pool, 2, 6, &v);
+    cr_assert_eq(s1, s0);
+    cr_assert(v.valid);
+    cr_assert_eq(v.n_uses, 1);
+    cr_assert_not(fetcher_pool_loan_is_valid(t_pool, &l), "reuse must change the generation");
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
+}
+
+Test(fetcher_pool, lru_evicts_least_recent, .fini = teardown)
+{
+    t_pool = make_pool(3, FETCHER_POLICY_LRU, 0);
+    load(t_pool, 0, 0, NULL);
+    load(t_pool, 0, 1, NULL);
+    load(t_pool, 0, 2, NULL);
+    use(t_pool, 0, 0);
+    use(t_pool, 0, 2);
+    use(t_pool, 0, 1);
+    use(t_pool, 0, 0); /* recency now: 0 (newest), 1, 2 (oldest) */
+    struct fetcher_pool_victim v;
+    load(t_pool, 1, 0, &v);
+    cr_assert_eq(v.key.expert, 2);
+    load(t_pool, 1, 1, &v);
+    cr_assert_eq(v.key.expert, 1);
+    use(t_pool, 0, 0);
+    load(t_pool, 1, 2, &v);
+    cr_assert_eq(v.key.layer, 1, "(1,0) is now the least recent");
+    cr_assert_eq(v.key.expert, 0);
+}
+
+Test(fetcher_pool, lfu_evicts_least_frequent, .fini = teardown)
+{
+    t_pool = make_pool(3, FETCHER_POLICY_LFU, 1u << 30); /* no decay to speak of */
+    load(t_pool, 0, 0, NULL);
+    load(t_pool, 0, 1, NULL);
+    load(t_pool, 0, 2, NULL);
+    for (int i = 0; i < 3; i++)
+        use(t_pool, 0, 0);
+    use(t_pool, 0, 1);
+    use(t_pool, 0, 2);
+    use(t_pool, 0, 2); /* uses: e0 3, e1 1, e2 2; e1 is also not the least recent */
+    use(t_pool, 0, 0);
+    struct fetcher_pool_victim v;
+    load(t_pool, 1, 0, &v);
+    cr_assert_eq(v.key.expert, 1);
+    load(t_pool, 1, 1, &v);
+    cr_assert_eq(v.key.layer, 1, "the newcomer (1,0) has the lowest count");
+    cr_assert_eq(v.key.expert, 0);
+}
+
+Test(fetcher_pool, lfu_decay_forgets_old_counts, .fini = teardown)
+{
+    /* (0,0) is used a lot early, (0,1) and (0,2) less but lately: without decay (0,1) goes,
+     * with a short half-life the old counts fade and (0,0) goes. */
+    for (int decay = 0; decay < 2; decay++) {
+        struct fetcher_pool *p = make_pool(3, FETCHER_POLICY_LFU, decay ? 2 : 1u << 30);
+        load(p, 0, 0, NULL);
+        load(p, 0, 1, NULL);
+        load(p, 0, 2, NULL);
+        for (int i = 0; i < 10; i++)
+            use(p, 0, 0);
+        for (int i = 0; i < 5; i++) {
+            use(p, 0, 1);
+            use(p, 0, 2);
+        }
+        struct fetcher_pool_victim v;
+        load(p, 1, 0, &v);
+        cr_assert_eq(v.key.expert, decay ? 0u : 1u, "decay=%d evicted expert %u", decay,
+                     v.key.expert);
+        fetcher_pool_destroy(p);
+    }
+}
+
+Test(fetcher_pool, claim_respects_protect_since, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    load(t_pool, 0, 0, NULL);
+    load(t_pool, 0, 1, NULL);
+    uint64_t t = fetcher_pool_tick(t_pool);
+    use(t_pool, 0, 0);
+    use(t_pool, 0, 1);
+    struct fetcher_pool_key k = key(3, 3);
+    uint32_t                slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, t + 1, &slot, &gen, NULL), COMMON_EAGAIN,
+                 "both slots were used since the protection tick");
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
+}
+
+Test(fetcher_pool, fail_frees_slot_and_wakes_with_eio, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct fetcher_pool_key  k = key(1, 1);
+    struct fetcher_pool_loan l;
+    uint32_t                 slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
+    fetcher_pool_fail(t_pool, slot);
+    struct fetcher_pool_counts c;
+    fetcher_pool_counts(t_pool, &c);
+    cr_assert_eq(c.n_free, 2);
+    cr_assert_eq(fetcher_pool_wait_acquire(t_pool, slot, gen, 0, &l), COMMON_EIO);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
+}
+
+Test(fetcher_pool, fail_while_pinned_frees_on_last_release, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct fetcher_pool_key  k = key(1, 1);
+    struct fetcher_pool_loan l;
+    uint32_t                 slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
+    fetcher_pool_part_ready(t_pool, slot, COMMON_EXPERT_GATE);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_GATE, &l), COMMON_OK);
+    fetcher_pool_fail(t_pool, slot); /* e.g. the down part's read failed */
+    struct fetcher_pool_counts c;
+    fetcher_pool_counts(t_pool, &c);
+    cr_assert_eq(c.n_failed, 1);
+    cr_assert(fetcher_pool_loan_is_valid(t_pool, &l), "the pinned gate bytes stay valid");
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
+    fetcher_pool_release(t_pool, slot);
+    fetcher_pool_counts(t_pool, &c);
+    cr_assert_eq(c.n_free, 2);
+    cr_assert_eq(c.n_failed, 0);
+}
+
+/* Copies the pool segment into a new memfd, lets `edit` change it, and attaches to it. */
+static int attach_copy(struct fetcher_pool  *p, void (*edit)(uint8_t *seg, size_t *len),
+                       struct common_errmsg *e)
+{
+    int   src = fetcher_pool_fd(p);
+    off_t len = lseek(src, 0, SEEK_END);
+    cr_assert_gt(len, 0);
+    uint8_t *buf = malloc((size_t)len);
+    cr_assert_not_null(buf);
+    cr_assert_eq(pread(src, buf, (size_t)len, 0), len);
+    size_t n = (size_t)len;
+    if (edit)
+        edit(buf, &n);
+    int fd = memfd_create("test-pool", MFD_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, buf, n), (ssize_t)n);
+    free(buf);
+    struct fetcher_pool *a = NULL;
+    int                  rc = fetcher_pool_attach(fd, &a, e);
+    fetcher_pool_destroy(a);
+    close(fd);
+    return rc;
+}
+
+static void bad_magic(uint8_t *seg, size_t *len)
+{
+    (void)len;
+    seg[0] ^= 0xff;
+}
+
+static void bad_version(uint8_t *seg, size_t *len)
+{
+    (void)len;
+    uint32_t v = FETCHER_POOL_VERSION + 1;
+    memcpy(seg + 4, &v, 4);
+}
+
+static void truncated(uint8_t *seg, size_t *len)
+{
+    (void)seg;
+    *len -= FETCHER_ALIGN;
+}
+
+static void tiny(uint8_t *seg, size_t *len)
+{
+    (void)seg;
+    *len = 10;
+}
+
+static void bad_slot_count(uint8_t *seg, size_t *len)
+{
+    (void)len;
+    uint32_t n;
+    memcpy(&n, seg + 8, 4);
+    n += 1;
+    memcpy(seg + 8, &n, 4);
+}
+
+Test(fetcher_pool, attach_checks_header, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(attach_copy(t_pool, NULL, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(attach_copy(t_pool, bad_magic, &e), COMMON_ECORRUPT);
+    cr_assert(strstr(e.text, "magic"), "%s", e.text);
+    cr_assert_eq(attach_copy(t_pool, bad_version, &e), COMMON_ECORRUPT);
+    cr_assert(strstr(e.text, "version"), "%s", e.text);
+    cr_assert_eq(attach_copy(t_pool, truncated, &e), COMMON_ECORRUPT);
+    cr_assert_eq(attach_copy(t_pool, tiny, &e), COMMON_ECORRUPT);
+    cr_assert_eq(attach_copy(t_pool, bad_slot_count, &e), COMMON_ECORRUPT);
+}
+
+Test(fetcher_pool, attached_reader_sees_ready_slots_and_reuse, .fini = teardown)
+{
+    t_pool = make_pool(1, FETCHER_POLICY_LRU, 0);
+    uint32_t slot = load(t_pool, 3, 7, NULL);
+    uint8_t *data = fetcher_pool_slot_data(t_pool, slot);
+    memcpy(data + FETCHER_ALIGN, "expert-3-7", 10); /* the up part */
+    struct fetcher_pool *a = NULL;
+    cr_assert_eq(fetcher_pool_attach(fetcher_pool_fd(t_pool), &a, NULL), COMMON_OK);
+    struct fetcher_pool_key  k = key(3, 7);
+    struct fetcher_pool_loan l;
+    cr_assert_eq(fetcher_pool_read_begin(a, &k, COMMON_EXPERT_UP, &l), COMMON_OK);
+    cr_assert_eq(memcmp(l.data, "expert-3-7", 10), 0);
+    cr_assert_eq(l.size, 101);
+    cr_assert(fetcher_pool_read_valid(a, &l));
+    load(t_pool, 0, 0, NULL); /* evicts (3,7) */
+    cr_assert_not(fetcher_pool_read_valid(a, &l), "reuse is visible through the generation");
+    cr_assert_eq(fetcher_pool_read_begin(a, &k, COMMON_EXPERT_UP, &l), COMMON_ENOENT);
+    fetcher_pool_destroy(a);
+}
