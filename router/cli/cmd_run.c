@@ -68,24 +68,12 @@ static int32_t *run_parse_ids(const char *s, uint32_t *n)
     return ids;
 }
 
-static int32_t run_argmax(const float *logits, uint32_t n)
-{
-    int32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best])
-            best = (int32_t)i;
-    return best;
-}
-
 int cli_cmd_run(int argc, char **argv)
 {
-    const char              *model = NULL, *prompt = NULL, *prompt_ids = NULL;
-    uint32_t                 n_predict = 128, n_threads = 0, n_ctx = 0, n_batch = 0;
-    float                    temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
-    uint32_t                 top_k = 40;
-    uint64_t                 seed = 0;
-    bool                     ids = false, ignore_eos = false;
-    enum executor_cache_type cache = EXECUTOR_CACHE_F16;
+    struct cli_session_opts so;
+    const char             *prompt = NULL, *prompt_ids = NULL;
+    bool                    ids = false, ignore_eos = false;
+    cli_session_opts_default(&so);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -107,44 +95,22 @@ int cli_cmd_run(int argc, char **argv)
         }
         if (!(v = cli_next_arg(argc, argv, &i)))
             return 2;
-        bool ok = true;
-        if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0)
-            model = v;
-        else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0)
+        int shared = cli_session_parse_flag(&so, a, v);
+        if (shared < 0)
+            return 2;
+        if (shared > 0)
+            continue;
+        if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0)
             prompt = v;
         else if (strcmp(a, "--prompt-ids") == 0)
             prompt_ids = v;
-        else if (strcmp(a, "-n") == 0 || strcmp(a, "--n-predict") == 0)
-            ok = cli_parse_u32(a, v, 0, 1u << 24, &n_predict);
-        else if (strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0)
-            ok = cli_parse_u32(a, v, 1, 256, &n_threads);
-        else if (strcmp(a, "-c") == 0 || strcmp(a, "--ctx-size") == 0)
-            ok = cli_parse_u32(a, v, 0, 1u << 24, &n_ctx);
-        else if (strcmp(a, "-b") == 0 || strcmp(a, "--batch-size") == 0)
-            ok = cli_parse_u32(a, v, 1, 1u << 16, &n_batch);
-        else if (strcmp(a, "--cache-type") == 0 || strcmp(a, "-ctk") == 0) {
-            ok = executor_cache_type_parse(v, &cache) == 0;
-            if (!ok)
-                fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
-        } else if (strcmp(a, "--temp") == 0)
-            ok = cli_parse_f32(a, v, &temp);
-        else if (strcmp(a, "--top-k") == 0)
-            ok = cli_parse_u32(a, v, 0, 1u << 24, &top_k);
-        else if (strcmp(a, "--top-p") == 0)
-            ok = cli_parse_f32(a, v, &top_p);
-        else if (strcmp(a, "--min-p") == 0)
-            ok = cli_parse_f32(a, v, &min_p);
-        else if (strcmp(a, "--seed") == 0 || strcmp(a, "-s") == 0)
-            ok = cli_parse_u64(a, v, &seed);
         else {
             fprintf(stderr, "error: unknown option '%s'\n", a);
             run_usage(stderr);
             return 2;
         }
-        if (!ok)
-            return 2;
     }
-    if (!model) {
+    if (!so.model) {
         fprintf(stderr, "error: no model given (-m MODEL.gguf); see sluice run --help\n");
         return 2;
     }
@@ -156,10 +122,6 @@ int cli_cmd_run(int argc, char **argv)
         fprintf(stderr, "error: give either -p or --prompt-ids, not both\n");
         return 2;
     }
-    if (!(temp >= 0.0f) || !(top_p >= 0.0f) || !(min_p >= 0.0f && min_p <= 1.0f)) {
-        fprintf(stderr, "error: --temp and --top-p must be >= 0, --min-p in 0..1\n");
-        return 2;
-    }
     uint32_t n_prompt = 0;
     int32_t *tokens = NULL;
     if (prompt_ids && !(tokens = run_parse_ids(prompt_ids, &n_prompt))) {
@@ -168,32 +130,15 @@ int cli_cmd_run(int argc, char **argv)
         return 2;
     }
 
-    int                    status = 1;
-    struct common_errmsg   e = {{0}};
-    struct executor_pool  *pool = NULL;
-    struct executor_model *m = NULL;
-    struct executor_ctx   *c = NULL;
-    struct router_vocab   *vocab = NULL;
-    struct router_sampler  smp = {0};
-    struct router_text     piece = {0};
-    float                 *logits = NULL;
-    int                    rc;
-    executor_kernels_init();
-    if ((rc = executor_model_open(model, NULL, &m, &e)) < 0) {
-        fprintf(stderr, "error: %s: %s\n", model, e.text[0] ? e.text : common_strerror(rc));
+    int                status = 1;
+    struct cli_session s;
+    struct router_text piece = {0};
+    int                rc;
+    if (cli_session_open(&s, &so, prompt != NULL) < 0)
         goto out;
-    }
-    if ((rc = router_vocab_load(executor_model_desc(m)->gguf, &vocab, &e)) < 0) {
-        if (prompt) {
-            fprintf(stderr, "error: %s: no usable tokenizer: %s\n", model,
-                    e.text[0] ? e.text : common_strerror(rc));
-            goto out;
-        }
-        vocab = NULL; /* --prompt-ids works without a tokenizer; ids are printed as [id] */
-    }
     if (prompt) {
         struct router_tokens toks = {0};
-        rc = router_tokenize(vocab, prompt, strlen(prompt),
+        rc = router_tokenize(s.vocab, prompt, strlen(prompt),
                              &(struct router_tokenize_opts){.add_special = true}, &toks);
         if (rc < 0 || toks.n == 0 || toks.n > UINT32_MAX) {
             fprintf(stderr, "error: tokenizing the prompt failed\n");
@@ -203,37 +148,15 @@ int cli_cmd_run(int argc, char **argv)
         tokens = toks.ids; /* taken over */
         n_prompt = (uint32_t)toks.n;
     }
-    if ((rc = executor_pool_create(n_threads, &pool)) < 0) {
-        fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
-        goto out;
-    }
-    struct executor_ctx_opts co = {
-        .n_ctx = n_ctx, .n_batch = n_batch, .cache_type = cache, .pool = pool};
-    if ((rc = executor_ctx_create(m, &co, &c, &e)) < 0) {
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
-        goto out;
-    }
-    const uint32_t n_vocab = executor_ctx_n_vocab(c);
-    if (n_prompt > executor_ctx_n_ctx(c)) {
+    if (n_prompt > executor_ctx_n_ctx(s.ctx)) {
         fprintf(stderr, "error: the prompt has %u tokens but the context holds %u (use -c)\n",
-                n_prompt, executor_ctx_n_ctx(c));
+                n_prompt, executor_ctx_n_ctx(s.ctx));
         goto out;
     }
-    struct router_sampler_opts so = {
-        .temperature = temp, .top_k = (int32_t)top_k, .top_p = top_p, .min_p = min_p, .seed = seed};
-    if ((rc = router_sampler_init(&smp, &so, n_vocab)) < 0) {
-        fprintf(stderr, "error: sampler options rejected: %s\n", common_strerror(rc));
-        goto out;
-    }
-    for (uint32_t i = 0; i < n_prompt; i++)
-        router_sampler_accept(&smp, tokens[i]);
     struct router_detok_stream ds;
-    if (vocab)
-        router_detok_stream_init(&ds, vocab,
+    if (s.vocab)
+        router_detok_stream_init(&ds, s.vocab,
                                  &(struct router_detok_opts){.keep_leading_space = true});
-    logits = malloc((size_t)n_vocab * sizeof(*logits));
-    if (!logits)
-        goto out;
     if (ids) {
         printf("prompt_ids:");
         for (uint32_t i = 0; i < n_prompt; i++)
@@ -242,24 +165,17 @@ int cli_cmd_run(int argc, char **argv)
         fflush(stdout);
     }
     uint64_t t0 = common_now_ns();
-    if ((rc = executor_ctx_decode(c, tokens, n_prompt, logits, NULL, &e)) < 0) {
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
+    if (cli_session_feed(&s, tokens, n_prompt) < 0)
         goto out;
-    }
     uint64_t t1 = common_now_ns(), t_gen = 0;
     uint32_t n_gen = 0;
-    for (; n_gen < n_predict; n_gen++) {
+    for (; n_gen < so.n_predict; n_gen++) {
         int32_t id = 0;
-        if (temp <= 0.0f)
-            id = run_argmax(logits, n_vocab);
-        else if ((rc = router_sampler_pick(&smp, logits, &id)) < 0) {
-            fprintf(stderr, "error: sampling failed: %s\n", common_strerror(rc));
+        if (cli_session_pick(&s, &id) < 0)
             goto out;
-        }
-        router_sampler_accept(&smp, id);
         if (ids) {
             printf("gen: %d\n", id);
-        } else if (vocab) {
+        } else if (s.vocab) {
             router_text_clear(&piece);
             if (router_detok_stream_push(&ds, id, &piece) > 0)
                 fwrite(piece.ptr, 1, piece.len, stdout);
@@ -267,27 +183,26 @@ int cli_cmd_run(int argc, char **argv)
             printf("[%d]", id);
         }
         fflush(stdout);
-        if (!ignore_eos && vocab && router_vocab_is_eog(vocab, id)) {
+        if (!ignore_eos && s.vocab && router_vocab_is_eog(s.vocab, id)) {
             n_gen++;
             break;
         }
-        if (n_gen + 1 == n_predict)
+        if (n_gen + 1 == so.n_predict)
             break;
-        if (executor_ctx_n_past(c) >= executor_ctx_n_ctx(c)) {
-            fprintf(stderr, "\nwarning: context full after %u tokens\n", executor_ctx_n_past(c));
+        if (cli_session_is_full(&s)) {
+            fprintf(stderr, "\nwarning: context full after %u tokens\n",
+                    executor_ctx_n_past(s.ctx));
             n_gen++;
             break;
         }
         uint64_t ts = common_now_ns();
-        if ((rc = executor_ctx_decode(c, &id, 1, logits, NULL, &e)) < 0) {
-            fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
+        if (cli_session_feed(&s, &id, 1) < 0)
             goto out;
-        }
         t_gen += common_now_ns() - ts;
     }
     if (!ids) {
         router_text_clear(&piece);
-        if (vocab && router_detok_stream_flush(&ds, &piece) > 0)
+        if (s.vocab && router_detok_stream_flush(&ds, &piece) > 0)
             fwrite(piece.ptr, 1, piece.len, stdout);
         printf("\n");
     }
@@ -296,16 +211,11 @@ int cli_cmd_run(int argc, char **argv)
             "tok/s; %u threads, isa %s\n",
             n_prompt, (double)(t1 - t0) / 1e6, (double)n_prompt / ((double)(t1 - t0) / 1e9), n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / ((double)t_gen / 1e9) : 0.0,
-            executor_pool_n_threads(pool), executor_isa_name(executor_kernels_active()));
+            executor_pool_n_threads(s.pool), executor_isa_name(executor_kernels_active()));
     status = 0;
 out:
-    free(logits);
     router_text_fini(&piece);
-    router_sampler_fini(&smp);
-    router_vocab_destroy(vocab);
-    executor_ctx_destroy(c);
-    executor_model_destroy(m);
-    executor_pool_destroy(pool);
+    cli_session_close(&s);
     free(tokens);
     return status;
 }
