@@ -37,8 +37,6 @@ struct front_load {
     uint64_t              t_submit;   /* ns of the first part's submission */
     uint64_t              bytes;      /* bytes read so far */
     uint32_t              pf_parts;   /* parts submitted as prefetch and still in flight */
-    uint32_t dropped_gen; /* generation dropped without an error (stale prefetch): waiters retry */
-    bool     dropped_valid;
 };
 
 struct fetcher {
@@ -182,9 +180,7 @@ static void front_drop(struct fetcher *f, uint32_t slot)
     struct front_load *ld = &f->loads[slot];
     if (ld->queued)
         front_unlink(f, slot);
-    ld->dropped_gen = ld->gen;
-    ld->dropped_valid = true;
-    fetcher_pool_fail(f->pool, slot);
+    fetcher_pool_abandon(f->pool, slot);
     fetcher_trace_prefetch_dropped(f->trace, ld->layer, ld->expert);
     fetcher_trace_resident(f->trace, ld->layer, -1);
 }
@@ -289,15 +285,8 @@ static int front_ensure(struct fetcher *f, uint32_t layer, uint32_t expert, uint
         &f->parts[((uint64_t)layer * f->n_expert + expert) * COMMON_EXPERT_PART_COUNT];
     for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
         fetcher_pool_set_part(f->pool, slot, p, pp[p].data_off, pp[p].size);
-    struct front_load *ld = &f->loads[slot];
-    bool               dv = ld->dropped_valid;
-    uint32_t           dg = ld->dropped_gen;
-    *ld = (struct front_load){.layer = layer,
-                              .expert = expert,
-                              .gen = gen,
-                              .epoch = f->epoch,
-                              .dropped_gen = dg,
-                              .dropped_valid = dv};
+    f->loads[slot] =
+        (struct front_load){.layer = layer, .expert = expert, .gen = gen, .epoch = f->epoch};
     front_enqueue(f, slot, prio);
     front_kick(f);
     return COMMON_OK;
@@ -436,7 +425,7 @@ static void *front_thread(void *arg)
                     if (ld->next_part > 0)
                         break; /* partly submitted: let it finish */
                     front_unlink(f, slot);
-                    fetcher_pool_fail(f->pool, slot);
+                    fetcher_pool_abandon(f->pool, slot);
                     fetcher_trace_resident(f->trace, ld->layer, -1);
                 }
         }
@@ -709,16 +698,12 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
             front_promote(f, l.slot, l.gen, FETCHER_PRIO_DEMAND);
             front_kick(f);
             pthread_mutex_unlock(&f->mu);
-            uint32_t slot = l.slot, gen = l.gen;
-            rc = fetcher_pool_wait_acquire(f->pool, slot, gen, part, &l);
+            rc = fetcher_pool_wait_acquire(f->pool, l.slot, l.gen, part, &l);
             if (rc == COMMON_OK)
                 break;
-            pthread_mutex_lock(&f->mu);
-            bool dropped = f->loads[slot].dropped_valid && f->loads[slot].dropped_gen == gen;
-            pthread_mutex_unlock(&f->mu);
-            if (dropped)
-                continue; /* a stale prefetch was dropped under us: ask again */
-            return COMMON_EIO;
+            if (rc == COMMON_EAGAIN)
+                continue; /* evicted before we ran, or a stale prefetch dropped: ask again */
+            return rc;
         }
         pthread_mutex_lock(&f->mu);
         rc = front_ensure(f, layer, expert, FETCHER_PRIO_DEMAND);

@@ -69,6 +69,8 @@ struct fetcher_pool {
     bool                sync_init;  /* mu and cv initialised */
     uint64_t            tick;       /* use clock; under mu */
     uint64_t            change_seq; /* under mu */
+    uint64_t           *failed_gen; /* owned: per slot, 1 + the generation whose load failed
+                                       (0 = none); under mu, creator only */
 };
 
 static uint64_t pool_align_up(uint64_t v, uint64_t a)
@@ -168,6 +170,11 @@ int fetcher_pool_create(const struct fetcher_pool_opts *o, struct fetcher_pool *
         return common_errmsg_set(e, COMMON_ENOMEM, "pool: mutex init failed");
     }
     p->sync_init = true;
+    p->failed_gen = calloc(o->n_slots, sizeof(*p->failed_gen));
+    if (!p->failed_gen) {
+        fetcher_pool_destroy(p);
+        return common_errmsg_set(e, COMMON_ENOMEM, "pool: out of memory");
+    }
     *out = p;
     return COMMON_OK;
 }
@@ -184,6 +191,7 @@ void fetcher_pool_destroy(struct fetcher_pool *p)
         pthread_cond_destroy(&p->cv);
         pthread_mutex_destroy(&p->mu);
     }
+    free(p->failed_gen);
     free(p);
 }
 
@@ -353,7 +361,9 @@ int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t ge
         uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
         if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen || st == FETCHER_SLOT_FREE ||
             st == FETCHER_SLOT_FAILED) {
-            rc = COMMON_EIO;
+            /* Failed loads give EIO; a slot that completed and was then evicted, or a load
+             * abandoned without an error, asks the caller to look again. */
+            rc = p->failed_gen[slot] == (uint64_t)gen + 1 ? COMMON_EIO : COMMON_EAGAIN;
             break;
         }
         if (pool_readable(s, part)) {
@@ -577,7 +587,8 @@ void fetcher_pool_complete(struct fetcher_pool *p, uint32_t slot)
     pthread_mutex_unlock(&p->mu);
 }
 
-void fetcher_pool_fail(struct fetcher_pool *p, uint32_t slot)
+/* Takes a LOADING (or READY) slot out of the index; FREE now, or FAILED until unpinned. */
+static void pool_drop(struct fetcher_pool *p, uint32_t slot, bool failed)
 {
     if (slot >= p->hdr->n_slots || p->attached)
         return;
@@ -585,6 +596,8 @@ void fetcher_pool_fail(struct fetcher_pool *p, uint32_t slot)
     struct pool_slot *s = &p->slots[slot];
     uint32_t          st = atomic_load_explicit(&s->state, memory_order_relaxed);
     if (st == FETCHER_SLOT_LOADING || st == FETCHER_SLOT_READY) {
+        if (failed)
+            p->failed_gen[slot] = (uint64_t)atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
         pool_unindex(p, s);
         if (atomic_load_explicit(&s->pins, memory_order_relaxed) == 0)
             pool_free_slot(p, s);
@@ -593,6 +606,16 @@ void fetcher_pool_fail(struct fetcher_pool *p, uint32_t slot)
     }
     pool_changed(p);
     pthread_mutex_unlock(&p->mu);
+}
+
+void fetcher_pool_fail(struct fetcher_pool *p, uint32_t slot)
+{
+    pool_drop(p, slot, true);
+}
+
+void fetcher_pool_abandon(struct fetcher_pool *p, uint32_t slot)
+{
+    pool_drop(p, slot, false);
 }
 
 uint64_t fetcher_pool_tick(struct fetcher_pool *p)

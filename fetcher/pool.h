@@ -100,8 +100,10 @@ int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct fetcher_pool_k
                              uint32_t part, struct fetcher_pool_loan *out);
 
 /* Blocks until slot `slot` of generation `gen` has part `part` readable, then pins it as
- * fetcher_pool_try_acquire() does. Returns 0, or COMMON_EIO when the load failed or the slot
- * was given to another key meanwhile. Thread-safe. */
+ * fetcher_pool_try_acquire() does. Returns 0, COMMON_EIO when that load failed
+ * (fetcher_pool_fail), or COMMON_EAGAIN when the slot changed hands without a failure (the load
+ * was abandoned, or it completed and was evicted before this waiter ran): look up the key
+ * again. Thread-safe. */
 int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
                               struct fetcher_pool_loan *out);
 
@@ -140,9 +142,12 @@ void fetcher_pool_set_part(struct fetcher_pool *p, uint32_t slot, uint32_t part,
 void fetcher_pool_part_ready(struct fetcher_pool *p, uint32_t slot, uint32_t part);
 /* LOADING -> READY (every part readable); wakes waiters. */
 void fetcher_pool_complete(struct fetcher_pool *p, uint32_t slot);
-/* Abandons a LOADING slot: its key leaves the index, and it becomes FREE with a new generation
+/* A load failed: the slot's key leaves the index, and it becomes FREE with a new generation
  * (or FAILED until its last pin is released). Wakes waiters, which get COMMON_EIO. */
 void fetcher_pool_fail(struct fetcher_pool *p, uint32_t slot);
+/* As fetcher_pool_fail() for a load given up without an error (a stale prefetch): waiters get
+ * COMMON_EAGAIN and look again. */
+void fetcher_pool_abandon(struct fetcher_pool *p, uint32_t slot);
 
 /* The pool's use clock (bumped by every acquire and claim). */
 uint64_t fetcher_pool_tick(struct fetcher_pool *p);

@@ -263,6 +263,18 @@ Test(fetcher_pool, fail_frees_slot_and_wakes_with_eio, .fini = teardown)
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
 }
 
+Test(fetcher_pool, abandon_frees_slot_and_waiters_look_again, .fini = teardown)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct fetcher_pool_key  k = key(1, 2);
+    struct fetcher_pool_loan l;
+    uint32_t                 slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
+    fetcher_pool_abandon(t_pool, slot);
+    cr_assert_eq(fetcher_pool_wait_acquire(t_pool, slot, gen, 0, &l), COMMON_EAGAIN);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
+}
+
 Test(fetcher_pool, fail_while_pinned_frees_on_last_release, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);

@@ -1,0 +1,328 @@
+/* tests/fetcher/test_fetcher.c - the front: loans match the file, eviction, budget, read errors. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fetcher.h"
+#include "fixture.h"
+
+static struct common_gguf *t_g;
+static struct common_model t_m;
+static struct fetcher     *t_f;
+static char               *t_dir;
+
+#define OPEN_MODEL()                                                                               \
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_0.gguf");                                          \
+    cr_assert_eq(common_gguf_open(path, NULL, &t_g, NULL), COMMON_OK);                             \
+    cr_assert_eq(common_model_init(&t_m, t_g, NULL), COMMON_OK);                                   \
+    free(path)
+
+static void teardown(void)
+{
+    fetcher_destroy(t_f);
+    t_f = NULL;
+    common_model_fini(&t_m);
+    common_gguf_close(t_g);
+    t_g = NULL;
+    if (t_dir) {
+        fixture_rmtree(t_dir);
+        free(t_dir);
+        t_dir = NULL;
+    }
+}
+
+static struct fetcher *make(const struct fetcher_opts *o)
+{
+    struct fetcher      *f = NULL;
+    struct common_errmsg e = {{0}};
+    int                  rc = fetcher_create(t_g, &t_m, o, &f, &e);
+    if (rc == COMMON_ENOTSUP && o->io == FETCHER_IO_URING)
+        cr_skip_test("io_uring unavailable: %s", e.text);
+    cr_assert_eq(rc, COMMON_OK, "%s", e.text);
+    return f;
+}
+
+/* Acquires every part of every expert (token by token, layer order) and compares the bytes. */
+static void sweep_and_compare(struct fetcher *f)
+{
+    uint8_t *ref = malloc(t_m.bytes_expert_bundle);
+    for (uint32_t l = 0; l < t_m.hp.n_layer; l++)
+        for (uint32_t x = 0; x < t_m.hp.n_expert; x++)
+            for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+                const void *data = NULL;
+                uint32_t    loan = 0;
+                cr_assert_eq(fetcher_acquire(f, l, x, (enum common_expert_part)p, &data, &loan),
+                             COMMON_OK, "acquire (%u,%u,%d)", l, x, p);
+                struct common_span s;
+                cr_assert_eq(common_model_expert_span(&t_m, l, x, (enum common_expert_part)p, &s),
+                             COMMON_OK);
+                cr_assert_eq(fetcher_read_span(t_g, &s, ref, NULL), COMMON_OK);
+                cr_assert_eq(memcmp(data, ref, s.size), 0, "bytes of (%u,%u,%d)", l, x, p);
+                fetcher_release(f, loan);
+            }
+    free(ref);
+}
+
+static void sweep_case(enum fetcher_io_mode mode, enum fetcher_direct direct)
+{
+    t_f = make(&(struct fetcher_opts){.io = mode, .direct = direct, .n_slots = 4});
+    cr_assert_eq(fetcher_get_io_mode(t_f), mode);
+    sweep_and_compare(t_f);
+    sweep_and_compare(t_f); /* second pass: everything was evicted again (4 slots, 32 bundles) */
+    struct fetcher_trace_totals s;
+    fetcher_trace_totals(fetcher_get_trace(t_f), &s);
+    uint64_t n = 2ull * t_m.hp.n_layer * t_m.hp.n_expert;
+    cr_assert_eq(s.accesses, n, "one access per bundle per token (got %llu)",
+                 (unsigned long long)s.accesses);
+    cr_assert_eq(s.tokens, 2, "a lower layer after a higher one starts a token");
+    if (mode != FETCHER_IO_MMAP) {
+        cr_assert_eq(s.misses, n, "a 4-slot pool cannot hold a sweep");
+        cr_assert_eq(s.loads, n);
+        cr_assert_geq(s.bytes_read, n * (t_m.bytes_expert_bundle / 3 * 3) / 2);
+        struct fetcher_pool_counts c;
+        fetcher_get_pool_counts(t_f, &c);
+        cr_assert_eq(c.n_slots, 4);
+        cr_assert_eq(c.n_pinned, 0);
+        cr_assert_eq(c.n_ready, 4);
+    }
+}
+
+Test(fetcher_front, uring_sweep_matches_read_span, .fini = teardown)
+{
+    OPEN_MODEL();
+    sweep_case(FETCHER_IO_URING, FETCHER_DIRECT_AUTO);
+}
+
+Test(fetcher_front, uring_buffered_sweep_matches_read_span, .fini = teardown)
+{
+    OPEN_MODEL();
+    sweep_case(FETCHER_IO_URING, FETCHER_DIRECT_OFF);
+}
+
+Test(fetcher_front, pread_sweep_matches_read_span, .fini = teardown)
+{
+    OPEN_MODEL();
+    sweep_case(FETCHER_IO_PREAD, FETCHER_DIRECT_AUTO);
+}
+
+Test(fetcher_front, mmap_sweep_matches_read_span, .fini = teardown)
+{
+    OPEN_MODEL();
+    sweep_case(FETCHER_IO_MMAP, FETCHER_DIRECT_AUTO);
+}
+
+Test(fetcher_front, queue_depth_one_works, .fini = teardown)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_PREAD, .queue_depth = 1, .n_slots = 5});
+    sweep_and_compare(t_f);
+}
+
+Test(fetcher_front, bad_ids_are_invalid, .fini = teardown)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_PREAD, .n_slots = 4});
+    const void *data = NULL;
+    uint32_t    loan = 0;
+    cr_assert_eq(fetcher_acquire(t_f, t_m.hp.n_layer, 0, COMMON_EXPERT_GATE, &data, &loan),
+                 COMMON_EINVAL);
+    cr_assert_eq(fetcher_acquire(t_f, 0, t_m.hp.n_expert, COMMON_EXPERT_GATE, &data, &loan),
+                 COMMON_EINVAL);
+    cr_assert_eq(fetcher_acquire(t_f, 0, 0, COMMON_EXPERT_PART_COUNT, &data, &loan), COMMON_EINVAL);
+    cr_assert_eq(fetcher_request(t_f, 0, 99, FETCHER_PRIO_DEMAND), COMMON_EINVAL);
+    cr_assert_null(data);
+}
+
+Test(fetcher_front, every_slot_pinned_gives_eagain, .fini = teardown)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_PREAD, .n_slots = 2});
+    const void *d[3] = {0};
+    uint32_t    l[3] = {0};
+    cr_assert_eq(fetcher_acquire(t_f, 0, 0, COMMON_EXPERT_GATE, &d[0], &l[0]), COMMON_OK);
+    cr_assert_eq(fetcher_acquire(t_f, 0, 1, COMMON_EXPERT_UP, &d[1], &l[1]), COMMON_OK);
+    cr_assert_eq(fetcher_acquire(t_f, 0, 2, COMMON_EXPERT_GATE, &d[2], &l[2]), COMMON_EAGAIN);
+    cr_assert_eq(fetcher_request(t_f, 0, 2, FETCHER_PRIO_PREFETCH), COMMON_EAGAIN);
+    fetcher_release(t_f, l[0]);
+    cr_assert_eq(fetcher_acquire(t_f, 0, 2, COMMON_EXPERT_GATE, &d[2], &l[2]), COMMON_OK);
+    fetcher_release(t_f, l[1]);
+    fetcher_release(t_f, l[2]);
+}
+
+static void wait_idle(struct fetcher *f)
+{
+    struct fetcher_pool_counts c;
+    do {
+        usleep(1000);
+        fetcher_get_pool_counts(f, &c);
+    } while (c.n_loading > 0);
+}
+
+Test(fetcher_front, prefetch_then_acquire_is_a_prefetch_hit, .fini = teardown, .timeout = 30)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_PREAD, .n_slots = 8});
+    fetcher_token_begin(t_f);
+    cr_assert_eq(fetcher_request(t_f, 2, 5, FETCHER_PRIO_PREFETCH), COMMON_OK);
+    wait_idle(t_f);
+    const void *d;
+    uint32_t    l;
+    cr_assert_eq(fetcher_acquire(t_f, 2, 5, COMMON_EXPERT_DOWN, &d, &l), COMMON_OK);
+    fetcher_release(t_f, l);
+    cr_assert_eq(fetcher_acquire(t_f, 2, 5, COMMON_EXPERT_GATE, &d, &l), COMMON_OK);
+    fetcher_release(t_f, l);
+    struct fetcher_trace_totals s;
+    fetcher_trace_totals(fetcher_get_trace(t_f), &s);
+    cr_assert_eq(s.prefetch_issued, 1);
+    cr_assert_eq(s.accesses, 1, "two parts of one bundle in one token: one access");
+    cr_assert_eq(s.hits, 1);
+    cr_assert_eq(s.prefetch_hits, 1);
+    cr_assert_eq(s.misses, 0);
+}
+
+Test(fetcher_front, unused_prefetch_counts_as_wasted, .fini = teardown, .timeout = 30)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_PREAD, .n_slots = 4});
+    fetcher_token_begin(t_f);
+    cr_assert_eq(fetcher_request(t_f, 1, 1, FETCHER_PRIO_PREFETCH), COMMON_OK);
+    wait_idle(t_f);
+    fetcher_token_begin(t_f);
+    for (uint32_t x = 2; x < 6; x++) { /* four demands through four slots evict it */
+        cr_assert_eq(fetcher_request(t_f, 3, x, FETCHER_PRIO_DEMAND), COMMON_OK);
+        wait_idle(t_f);
+    }
+    struct fetcher_trace_totals s;
+    fetcher_trace_totals(fetcher_get_trace(t_f), &s);
+    cr_assert_eq(s.prefetch_wasted, 1);
+    cr_assert_eq(s.misses, 4);
+    cr_assert_eq(s.evictions, 1);
+}
+
+Test(fetcher_front, demand_request_then_acquire, .fini = teardown)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_AUTO, .n_slots = 6});
+    for (uint32_t x = 0; x < 3; x++)
+        cr_assert_eq(fetcher_request(t_f, 0, x, FETCHER_PRIO_POSTFETCH), COMMON_OK);
+    for (uint32_t x = 0; x < 3; x++)
+        cr_assert_eq(fetcher_request(t_f, 1, x, FETCHER_PRIO_PREFETCH), COMMON_OK);
+    const void *d;
+    uint32_t    l;
+    for (uint32_t x = 0; x < 3; x++) {
+        cr_assert_eq(fetcher_acquire(t_f, 0, x, COMMON_EXPERT_DOWN, &d, &l), COMMON_OK);
+        fetcher_release(t_f, l);
+    }
+    for (uint32_t x = 0; x < 3; x++) {
+        cr_assert_eq(fetcher_acquire(t_f, 1, x, COMMON_EXPERT_UP, &d, &l), COMMON_OK);
+        fetcher_release(t_f, l);
+    }
+}
+
+Test(fetcher_front, destroy_with_queued_prefetches, .fini = teardown)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_AUTO, .n_slots = 32, .queue_depth = 2});
+    for (uint32_t l = 0; l < t_m.hp.n_layer; l++)
+        for (uint32_t x = 0; x < t_m.hp.n_expert; x++)
+            fetcher_request(t_f, l, x, FETCHER_PRIO_PREFETCH);
+    fetcher_destroy(t_f);
+    t_f = NULL;
+}
+
+Test(fetcher_front, budget_sizes_the_pool, .fini = teardown)
+{
+    OPEN_MODEL();
+    t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_PREAD, .ram_budget = 1ull << 30});
+    const struct fetcher_plan *p = fetcher_get_plan(t_f);
+    cr_assert_eq(p->n_slots, t_m.hp.n_layer * t_m.hp.n_expert);
+    struct fetcher_pool_counts c;
+    fetcher_get_pool_counts(t_f, &c);
+    cr_assert_eq(c.n_slots, p->n_slots);
+    cr_assert_eq(c.slot_bytes, p->slot_bytes);
+}
+
+Test(fetcher_front, budget_too_small_is_refused, .fini = teardown)
+{
+    OPEN_MODEL();
+    struct fetcher      *f = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(fetcher_create(t_g, &t_m, &(struct fetcher_opts){.ram_budget = 1 << 20}, &f, &e),
+                 COMMON_ERANGE);
+    cr_assert_null(f);
+    cr_assert(strstr(e.text, "minimum"), "%s", e.text);
+}
+
+/* A model file truncated after it was opened: the expert past the new end fails with a message
+ * naming the file, and its slot goes back to FREE; the rest keeps working. */
+static void truncated_case(enum fetcher_io_mode mode)
+{
+    FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-q4_0.gguf");
+    size_t len = 0;
+    char  *data = fixture_read_all(src, &len);
+    cr_assert_not_null(data);
+    free(src);
+    t_dir = fixture_tmpdir();
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/cut.gguf", t_dir);
+    FILE *out = fopen(path, "wb");
+    cr_assert_not_null(out);
+    cr_assert_eq(fwrite(data, 1, len, out), len);
+    fclose(out);
+    free(data);
+    cr_assert_eq(common_gguf_open(path, NULL, &t_g, NULL), COMMON_OK);
+    cr_assert_eq(common_model_init(&t_m, t_g, NULL), COMMON_OK);
+    t_f = make(&(struct fetcher_opts){.io = mode, .n_slots = 4});
+
+    uint32_t           last = t_m.hp.n_layer - 1;
+    struct common_span s;
+    cr_assert_eq(common_model_expert_span(&t_m, last, 7, COMMON_EXPERT_DOWN, &s), COMMON_OK);
+    uint64_t cut = s.offset + s.size / 2;
+    cr_assert_eq(truncate(path, (off_t)cut), 0);
+
+    const void *d = NULL;
+    uint32_t    l = 0;
+    cr_assert_eq(fetcher_acquire(t_f, last, 7, COMMON_EXPERT_DOWN, &d, &l), COMMON_EIO);
+    cr_assert_null(d, "no bytes are lent on failure");
+    struct common_errmsg e;
+    fetcher_last_error(t_f, &e);
+    cr_assert(strstr(e.text, path), "message names the file: %s", e.text);
+    cr_assert(strstr(e.text, "offset"), "%s", e.text);
+    struct fetcher_pool_counts c;
+    fetcher_get_pool_counts(t_f, &c);
+    cr_assert_eq(c.n_free, c.n_slots, "the failed slot is FREE again");
+    cr_assert_eq(c.n_loading + c.n_ready + c.n_failed, 0);
+    struct fetcher_trace_totals t;
+    fetcher_trace_totals(fetcher_get_trace(t_f), &t);
+    cr_assert_eq(t.load_errors, 1);
+
+    cr_assert_eq(fetcher_acquire(t_f, 0, 0, COMMON_EXPERT_GATE, &d, &l), COMMON_OK);
+    fetcher_release(t_f, l);
+}
+
+Test(fetcher_front, uring_truncated_file_fails_cleanly, .fini = teardown)
+{
+    truncated_case(FETCHER_IO_URING);
+}
+
+Test(fetcher_front, pread_truncated_file_fails_cleanly, .fini = teardown)
+{
+    truncated_case(FETCHER_IO_PREAD);
+}
+
+Test(fetcher_front, option_names_parse)
+{
+    enum fetcher_policy  p;
+    enum fetcher_io_mode m;
+    cr_assert_eq(fetcher_policy_parse("LFU", &p), COMMON_OK);
+    cr_assert_eq(p, FETCHER_POLICY_LFU);
+    cr_assert_eq(fetcher_policy_parse("mru", &p), COMMON_EINVAL);
+    cr_assert_eq(fetcher_io_mode_parse("io_uring", &m), COMMON_OK);
+    cr_assert_eq(m, FETCHER_IO_URING);
+    cr_assert_eq(fetcher_io_mode_parse("mmap", &m), COMMON_OK);
+    cr_assert_str_eq(fetcher_io_mode_name(m), "mmap");
+    cr_assert_str_eq(fetcher_priority_name(FETCHER_PRIO_POSTFETCH), "postfetch");
+}
