@@ -443,8 +443,13 @@ int fetcher_io_describe_error(const struct fetcher_io *io, const struct fetcher_
 {
     const char *path = c->file < io->n_files && io->files[c->file].path ? io->files[c->file].path
                                                                         : "(unnamed file)";
-    return common_errmsg_set(e, COMMON_EIO,
-                             "%s: read of %llu bytes at offset %llu failed: %s (errno %d)", path,
-                             (unsigned long long)c->len, (unsigned long long)c->offset,
-                             c->short_read ? "short read (end of file)" : strerror(c->err), c->err);
+    if (c->short_read)
+        return common_errmsg_set(e, COMMON_EIO,
+                                 "%s: read of %llu bytes at offset %llu failed: short read, the "
+                                 "file ends after %llu of them",
+                                 path, (unsigned long long)c->len, (unsigned long long)c->offset,
+                                 (unsigned long long)(c->bytes < c->len ? c->bytes : 0));
+    return common_errmsg_set(
+        e, COMMON_EIO, "%s: read of %llu bytes at offset %llu failed: %s (errno %d)", path,
+        (unsigned long long)c->len, (unsigned long long)c->offset, strerror(c->err), c->err);
 }
