@@ -446,9 +446,9 @@ int fetcher_io_describe_error(const struct fetcher_io *io, const struct fetcher_
     if (c->short_read)
         return common_errmsg_set(e, COMMON_EIO,
                                  "%s: read of %llu bytes at offset %llu failed: short read, the "
-                                 "file ends after %llu of them",
+                                 "file ends before byte %llu",
                                  path, (unsigned long long)c->len, (unsigned long long)c->offset,
-                                 (unsigned long long)(c->bytes < c->len ? c->bytes : 0));
+                                 (unsigned long long)(c->offset + c->len));
     return common_errmsg_set(
         e, COMMON_EIO, "%s: read of %llu bytes at offset %llu failed: %s (errno %d)", path,
         (unsigned long long)c->len, (unsigned long long)c->offset, strerror(c->err), c->err);
