@@ -10,10 +10,16 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_proto sluice -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_proto -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
+fi
+
+# Seed models are written by the regular (gcc, release) build's sluice.
+if [ ! -x build/bin/sluice ]; then
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build --target sluice -j"$(nproc)" >/dev/null
 fi
 
 # Seed corpus: the header of every fixture GGUF (first 64 KiB) and small complete models.
@@ -26,8 +32,8 @@ if [ -d "$fixtures" ]; then
 else
     echo "fuzz: $fixtures absent, seeding from synthetic models only"
 fi
-"$build/bin/sluice" mkmodel -q -o "$corpus/dense.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1
-"$build/bin/sluice" mkmodel -q -o "$corpus/moe.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1 \
+build/bin/sluice mkmodel -q -o "$corpus/dense.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1
+build/bin/sluice mkmodel -q -o "$corpus/moe.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1 \
     --n-expert 4 --type q8_0
 
 # fuzz TARGET CORPUS SECONDS: runs one target, prints its execution count.
