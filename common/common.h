@@ -275,6 +275,8 @@ int64_t common_gguf_arr_i64(const struct common_gguf_value *arr, uint64_t i);
 
 /* Returns a static name for a value type ("uint32", "string", "array", ...). */
 const char *common_gguf_vtype_name(uint32_t type);
+/* Bytes of one scalar of value type `type`; 0 for STRING, ARRAY and unknown types. */
+uint64_t common_gguf_vtype_size(uint32_t type);
 
 /* Tensors, in file order across splits. */
 uint64_t                         common_gguf_n_tensors(const struct common_gguf *g);

@@ -225,7 +225,7 @@ static int gguf_read_str(struct gguf_cursor *c, struct common_gguf_str *s)
     return COMMON_OK;
 }
 
-static uint64_t gguf_vtype_size(uint32_t t)
+uint64_t common_gguf_vtype_size(uint32_t t)
 {
     switch (t) {
     case COMMON_GGUF_UINT8:
@@ -359,7 +359,7 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
             v->v.arr.strs = strs;
             return COMMON_OK;
         }
-        uint64_t es = gguf_vtype_size(et);
+        uint64_t es = common_gguf_vtype_size(et);
         if (es == 0)
             return common_errmsg_set(c->e, COMMON_ECORRUPT,
                                      "key '%s': unknown array element type %u at offset %llu", key,
@@ -374,7 +374,7 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
         c->pos += n * es;
         return COMMON_OK;
     }
-    uint64_t es = gguf_vtype_size(t);
+    uint64_t es = common_gguf_vtype_size(t);
     if (es == 0)
         return common_errmsg_set(c->e, COMMON_ECORRUPT,
                                  "key '%s': unknown value type %u at offset %llu", key, t,
@@ -1046,7 +1046,7 @@ int common_gguf_get_arr(const struct common_gguf *g, const char *key, uint32_t e
 double common_gguf_arr_f64(const struct common_gguf_value *arr, uint64_t i)
 {
     struct common_gguf_value v;
-    uint64_t                 es = gguf_vtype_size(arr->v.arr.type);
+    uint64_t                 es = common_gguf_vtype_size(arr->v.arr.type);
     if (i >= arr->v.arr.n || es == 0)
         return 0.0;
     gguf_decode_scalar(arr->v.arr.type, (const uint8_t *)arr->v.arr.data + i * es, &v);
@@ -1060,7 +1060,7 @@ double common_gguf_arr_f64(const struct common_gguf_value *arr, uint64_t i)
 int64_t common_gguf_arr_i64(const struct common_gguf_value *arr, uint64_t i)
 {
     struct common_gguf_value v;
-    uint64_t                 es = gguf_vtype_size(arr->v.arr.type);
+    uint64_t                 es = common_gguf_vtype_size(arr->v.arr.type);
     if (i >= arr->v.arr.n || es == 0)
         return 0;
     gguf_decode_scalar(arr->v.arr.type, (const uint8_t *)arr->v.arr.data + i * es, &v);

@@ -156,33 +156,10 @@ int common_gguf_writer_set_str(struct common_gguf_writer *w, const char *key, co
     return rc ? rc : wbuf_str(&w->kv, v, strlen(v));
 }
 
-static size_t writer_vtype_size(uint32_t t)
-{
-    switch (t) {
-    case COMMON_GGUF_UINT8:
-    case COMMON_GGUF_INT8:
-    case COMMON_GGUF_BOOL:
-        return 1;
-    case COMMON_GGUF_UINT16:
-    case COMMON_GGUF_INT16:
-        return 2;
-    case COMMON_GGUF_UINT32:
-    case COMMON_GGUF_INT32:
-    case COMMON_GGUF_FLOAT32:
-        return 4;
-    case COMMON_GGUF_UINT64:
-    case COMMON_GGUF_INT64:
-    case COMMON_GGUF_FLOAT64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
 int common_gguf_writer_set_arr(struct common_gguf_writer *w, const char *key, uint32_t elem_type,
                                const void *data, uint64_t n)
 {
-    size_t es = writer_vtype_size(elem_type);
+    size_t es = (size_t)common_gguf_vtype_size(elem_type);
     if (elem_type != COMMON_GGUF_STRING && es == 0)
         return COMMON_EINVAL;
     int rc = writer_kv_begin(w, key, COMMON_GGUF_ARRAY);
@@ -218,7 +195,7 @@ int common_gguf_writer_copy_kv(struct common_gguf_writer *w, const struct common
     case COMMON_GGUF_FLOAT64:
         return writer_set_scalar(w, kv->key, v->type, &v->v.f64, 8);
     default: {
-        size_t es = writer_vtype_size(v->type);
+        size_t es = (size_t)common_gguf_vtype_size(v->type);
         if (es == 0)
             return COMMON_EINVAL;
         /* Integers are stored in the low bytes of the (little-endian) union. */
