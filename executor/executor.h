@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common.h"
 #include "kernels/kernels.h"
@@ -14,23 +15,23 @@
 
 /* Geometry and content of a synthetic model with random weights. Zero fields take defaults. */
 struct executor_synth_opts {
-    const char *path;          /* output GGUF path (required) */
-    const char *name;          /* general.name; NULL = "sluice-synth" */
-    uint32_t    n_vocab;       /* 0 = vocabulary size of vocab_from, else 259 (byte-level) */
-    uint32_t    n_ctx;         /* context_length; 0 = 2048 */
-    uint32_t    n_embd;        /* 0 = 256 */
-    uint32_t    n_layer;       /* 0 = 2 (ignored when target_bytes is set) */
-    uint32_t    n_head;        /* 0 = 8 */
-    uint32_t    n_head_kv;     /* 0 = n_head */
-    uint32_t    n_ff;          /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
-    uint32_t    n_expert;      /* 0 = dense; else Mixtral-layout MoE */
-    uint32_t    n_expert_used; /* 0 = min(2, n_expert) */
-    uint32_t    type;          /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
-    uint64_t    target_bytes;  /* 0 = keep n_layer; else choose n_layer to approach this size */
-    const char *vocab_from;    /* copy tokenizer.* keys from this GGUF; NULL = byte-level vocab */
-    uint64_t    seed;          /* weight RNG seed; 0 = 1 */
+    const char *path;           /* output GGUF path (required) */
+    const char *name;           /* general.name; NULL = "sluice-synth" */
+    uint32_t    n_vocab;        /* 0 = vocabulary size of vocab_from, else 259 (byte-level) */
+    uint32_t    n_ctx;          /* context_length; 0 = 2048 */
+    uint32_t    n_embd;         /* 0 = 256 */
+    uint32_t    n_layer;        /* 0 = 2 (ignored when target_bytes is set) */
+    uint32_t    n_head;         /* 0 = 8 */
+    uint32_t    n_head_kv;      /* 0 = n_head */
+    uint32_t    n_ff;           /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
+    uint32_t    n_expert;       /* 0 = dense; else Mixtral-layout MoE */
+    uint32_t    n_expert_used;  /* 0 = min(2, n_expert) */
+    uint32_t    type;           /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
+    uint64_t    target_bytes;   /* 0 = keep n_layer; else choose n_layer to approach this size */
+    const char *vocab_from;     /* copy tokenizer.* keys from this GGUF; NULL = byte-level vocab */
+    uint64_t    seed;           /* weight RNG seed; 0 = 1 */
     float       rope_freq_base; /* 0 = 10000 */
-    bool        progress;      /* print progress to stderr */
+    bool        progress;       /* print progress to stderr */
 };
 
 /* Writes a llama-architecture GGUF (dense, or MoE in the Mixtral layout) with random weights,
@@ -76,6 +77,12 @@ void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, execut
 /* Weight access (executor/weights.c)                                                          */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Why an expert is asked for before its acquire (DESIGN.md section 2). */
+enum executor_expert_hint {
+    EXECUTOR_HINT_POSTFETCH = 0, /* picked by the router for this layer: needed shortly */
+    EXECUTOR_HINT_PREFETCH,      /* a guess for the next layer or the next token */
+};
+
 /* The forward pass reads weights only through this narrow interface, so where the bytes come
  * from (an mmap of the model files, buffers filled with pread, later the fetcher's budgeted
  * expert pool in shared memory) never touches the kernels:
@@ -98,6 +105,15 @@ struct executor_weight_ops {
     void (*expert_release)(void *impl, uint32_t slot);
     /* Frees the implementation state. */
     void (*destroy)(void *impl);
+    /* Optional (NULL = a source without a pool: every expert is always at hand). */
+    /* Asks for expert e of layer L ahead of its acquire, without waiting (post-fetch or a
+     * prefetch hint). Returns 0 or a negative common_err; failures are not fatal. */
+    int (*expert_request)(void *impl, uint32_t layer, uint32_t expert,
+                          enum executor_expert_hint hint);
+    /* True when every part of expert e of layer L is in memory now (no wait on acquire). */
+    bool (*expert_is_ready)(void *impl, uint32_t layer, uint32_t expert);
+    /* A forward pass of one batch (a decode step, or one wave of a prefill) starts. */
+    void (*token_begin)(void *impl);
 };
 
 /* A weight source: an implementation table and its state. */
@@ -114,7 +130,26 @@ typedef int (*executor_read_span_fn)(const struct common_gguf *g, const struct c
 struct executor_weights_opts {
     bool     populate;               /* mmap: fault every page in at creation (MAP_POPULATE) */
     uint32_t n_expert_slots;         /* pread: expert part buffers; 0 = 6 * expert_used_count */
-    executor_read_span_fn read_span; /* pread: how to read spans (required) */
+    executor_read_span_fn read_span; /* pread: how to read spans (required); stream: resident
+                                        tensors are read with it (NULL = mapped instead) */
+    bool  no_expert_slots;           /* pread: resident tensors only, expert acquires fail */
+    FILE *progress;                  /* pread/stream: progress of the resident read (NULL =
+                                        none); printed only above 256 MiB */
+    FILE *trace_names;               /* stream: one line per expert acquire, as
+                                        "blk.N.ffn_down_exps.weight expert E" (NULL = off) */
+};
+
+/* Routed experts served by someone else (the fetcher's budgeted pool, in one process): the same
+ * shapes as the expert entries of struct executor_weight_ops, with the caller's state. */
+struct executor_expert_source {
+    int (*acquire)(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
+                   const void **data, uint32_t *loan); /* required */
+    void (*release)(void *arg, uint32_t loan);         /* required */
+    int (*request)(void *arg, uint32_t layer, uint32_t expert,
+                   enum executor_expert_hint hint);               /* NULL = no hints */
+    bool (*is_ready)(void *arg, uint32_t layer, uint32_t expert); /* NULL = unknown */
+    void (*token_begin)(void *arg);                               /* NULL = not needed */
+    void *arg; /* borrowed: must outlive the weight source */
 };
 
 /* Maps every split of the model read-only; tensors and experts point into the mapping (an
@@ -131,7 +166,15 @@ int executor_weights_mmap_create(const struct common_model          *m,
 int executor_weights_pread_create(const struct common_model          *m,
                                   const struct executor_weights_opts *o,
                                   struct executor_weights **out, struct common_errmsg *e);
-/* Destroys a source made by either function above; accepts NULL. */
+/* The streaming source: resident tensors (attention, norms, embeddings, router gates) read into
+ * owned buffers once with o->read_span (or mapped when it is NULL), routed experts from `src`
+ * (acquire, release and the optional hints forwarded as they are). Returns 0, COMMON_EINVAL
+ * (dense model, src without acquire/release), COMMON_EIO, COMMON_ENOMEM, with a message. */
+int executor_weights_stream_create(const struct common_model           *m,
+                                   const struct executor_weights_opts  *o,
+                                   const struct executor_expert_source *src,
+                                   struct executor_weights **out, struct common_errmsg *e);
+/* Destroys a source made by any function above; accepts NULL. */
 void executor_weights_destroy(struct executor_weights *w);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -186,11 +229,45 @@ const char *executor_cache_type_name(enum executor_cache_type t);
 struct executor_ctx;
 
 struct executor_ctx_opts {
-    uint32_t                 n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
-    uint32_t                 n_batch;    /* tokens per forward batch; 0 = 512 */
-    enum executor_cache_type cache_type; /* 0 = f16 */
-    struct executor_pool    *pool;       /* borrowed: must outlive the ctx; NULL = caller only */
+    uint32_t                 n_ctx;        /* KV positions; 0 = min(context_length, 4096) */
+    uint32_t                 n_batch;      /* tokens per forward batch; 0 = 512 */
+    enum executor_cache_type cache_type;   /* 0 = f16 */
+    struct executor_pool    *pool;         /* borrowed: must outlive the ctx; NULL = caller only */
+    bool                     no_postfetch; /* do not request a layer's experts before use */
+    bool                     no_prefetch;  /* no hints for the next layer or the next token */
+    uint32_t                 fetch_window; /* experts asked for ahead of use at once; 0 = all
+                                              (set about half the pool when the pool is small) */
 };
+
+/* Memory a ctx allocates, for budget plans (same sizes executor_ctx_create uses). */
+struct executor_ctx_mem {
+    uint64_t kv_bytes;      /* KV cache */
+    uint64_t scratch_bytes; /* activations, routing and per-thread attention scratch */
+};
+
+/* Sizes of a ctx for hyper-parameters `hp`, options `o` (may be NULL) and n_threads threads
+ * (0 = 1). Returns 0 or COMMON_EINVAL (same checks as executor_ctx_create). Pure function. */
+int executor_ctx_mem_estimate(const struct common_hparams *hp, const struct executor_ctx_opts *o,
+                              uint32_t n_threads, struct executor_ctx_mem *out);
+
+/* Expert predictors of the forward pass (DESIGN.md section 2): counts over (token, layer)
+ * pairs of predicted experts, predicted experts the router then picked, and picked experts. */
+enum executor_predictor {
+    EXECUTOR_PRED_GATE = 0,   /* layer L+1's router applied to the hidden state at layer L */
+    EXECUTOR_PRED_PREV_TOKEN, /* the previous token's choices at layer L+1 (L+1 >= 1) */
+    EXECUTOR_PRED_NEXT_TOKEN, /* at the end of a token: its layer-0 choices for the next token */
+    EXECUTOR_PRED_COUNT,
+};
+
+struct executor_predictor_stats {
+    uint64_t predicted, correct, actual; /* precision = correct / predicted, recall = / actual */
+};
+
+/* Static name of a predictor ("gate", "prev_token", "next_token"). */
+const char *executor_predictor_name(enum executor_predictor p);
+/* Copies the counters accumulated since the ctx was created (zero for a dense model). */
+void executor_ctx_predictor_stats(const struct executor_ctx      *c,
+                                  struct executor_predictor_stats out[EXECUTOR_PRED_COUNT]);
 
 /* Allocates the KV cache and every scratch buffer once (decoding never allocates). Returns 0,
  * COMMON_EINVAL (n_ctx or cache type unusable for the model, named in e), COMMON_ENOMEM. */

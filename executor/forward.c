@@ -9,10 +9,11 @@
 #include "kv.h"
 #include "model_impl.h"
 
-#define FWD_N_ACT       3  /* activation buffers: q/k/v may need three vec_dot types */
-#define FWD_ALIGN       64 /* scratch alignment, bytes */
-#define FWD_MIN_CHUNK   8  /* fewest matrix rows handed to a thread at once */
-#define FWD_DEFAULT_CTX 4096
+#define FWD_N_ACT             3  /* activation buffers: q/k/v may need three vec_dot types */
+#define FWD_ALIGN             64 /* scratch alignment, bytes */
+#define FWD_MIN_CHUNK         8  /* fewest matrix rows handed to a thread at once */
+#define FWD_DEFAULT_CTX       4096
+#define FWD_NEXT_TOKEN_LAYERS 2 /* layers of the next token prefetched after the last layer */
 
 struct executor_ctx {
     const struct executor_model *m;    /* borrowed: must outlive the ctx */
@@ -45,6 +46,20 @@ struct executor_ctx {
     int32_t *ex_items; /* owned: (n_batch * n_expert_used) t * n_expert_used + slot, by expert */
     float   *gx;       /* owned: (n_batch, n_embd) rows gathered for one expert */
     float   *moe_out;  /* owned: (n_batch, n_expert_used, n_embd) weighted expert outputs */
+    int32_t *ex_order; /* owned: (n_expert) experts of the batch in compute order */
+    /* Post-fetch and prefetch (only with a source that takes hints). */
+    bool      hints;           /* the weight source has expert_request */
+    bool      no_postfetch;    /* from the options */
+    bool      no_prefetch;     /* from the options */
+    uint32_t  window;          /* experts asked for ahead at once; 0 = all */
+    float    *pred_logits;     /* owned: (n_batch, n_expert) next layer's router on h */
+    int32_t  *pred_gate;       /* owned: (n_batch, n_expert_used) gate predictor's guess */
+    int32_t   pred_gate_layer; /* layer pred_gate is for; -1 = none */
+    int32_t  *prev_sel;        /* owned: (n_layer, n_expert_used) last token's choices */
+    uint8_t  *have_prev;       /* owned: (n_layer) prev_sel of the layer is set */
+    uint32_t *hint_mark;       /* owned: (n_expert) hint_stamp when last hinted */
+    uint32_t  hint_stamp;
+    struct executor_predictor_stats pred_stats[EXECUTOR_PRED_COUNT];
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -365,11 +380,10 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
 /* Feed-forward: dense SwiGLU and Mixtral-style MoE                                            */
 /* ------------------------------------------------------------------------------------------ */
 
-/* gate/up products of rows `xin` (n rows of n_embd) into c->ga / c->up, then ga = silu(ga) * up,
- * then the down product into c->tmp. */
-static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
-                       const struct executor_mat *gate, const struct executor_mat *up,
-                       const struct executor_mat *down)
+/* gate/up products of rows `xin` (n rows of n_embd) into c->ga / c->up, then ga = silu(ga) * up.
+ */
+static void fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                               const struct executor_mat *gate, const struct executor_mat *up)
 {
     const uint32_t    ne = c->m->desc->hp.n_embd;
     const int64_t     nf = gate->rows;
@@ -386,10 +400,25 @@ static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
     fwd_mm_run(c, &job);
     for (size_t i = 0; i < (size_t)n * (size_t)nf; i++)
         c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
+}
+
+/* The down product of c->ga (n rows of down->cols) into c->tmp. */
+static void fwd_swiglu_down(struct executor_ctx *c, uint32_t n, const struct executor_mat *down)
+{
+    const uint32_t    ne = c->m->desc->hp.n_embd;
+    const int64_t     nf = down->cols;
     size_t            ds = fwd_quantize(c, 2, down->type, c->ga, (size_t)nf, n, nf);
     struct fwd_mm_job dj = {.n = 1};
     dj.t[0] = fwd_mm_of(down, c->act[2], ds, n, c->tmp, ne);
     fwd_mm_run(c, &dj);
+}
+
+static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
+                       const struct executor_mat *gate, const struct executor_mat *up,
+                       const struct executor_mat *down)
+{
+    fwd_swiglu_gate_up(c, xin, n, gate, up);
+    fwd_swiglu_down(c, n, down);
 }
 
 /* Picks the top k of p[0..n) (ties: lower index first). */
@@ -406,6 +435,108 @@ static void fwd_topk(const float *p, uint32_t n, uint32_t k, int32_t *out)
         }
         out[j] = best;
     }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* MoE: post-fetch, prefetch (two predictors), expert compute in waves                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *const g_pred_names[EXECUTOR_PRED_COUNT] = {"gate", "prev_token", "next_token"};
+
+const char *executor_predictor_name(enum executor_predictor p)
+{
+    return (unsigned)p < EXECUTOR_PRED_COUNT ? g_pred_names[p] : "?";
+}
+
+void executor_ctx_predictor_stats(const struct executor_ctx      *c,
+                                  struct executor_predictor_stats out[EXECUTOR_PRED_COUNT])
+{
+    memcpy(out, c->pred_stats, sizeof(c->pred_stats));
+}
+
+/* Counts how well `pred` (k ids, -1 = none) matched `actual` (k ids) into predictor p. */
+static void fwd_pred_count(struct executor_ctx *c, enum executor_predictor p, const int32_t *pred,
+                           const int32_t *actual, uint32_t k)
+{
+    struct executor_predictor_stats *st = &c->pred_stats[p];
+    for (uint32_t i = 0; i < k; i++) {
+        if (pred[i] < 0)
+            continue;
+        st->predicted++;
+        for (uint32_t j = 0; j < k; j++)
+            if (actual[j] == pred[i]) {
+                st->correct++;
+                break;
+            }
+    }
+    st->actual += k;
+}
+
+/* Asks the source for expert e of layer il once per (layer, batch, hint) as marked in `mark`. */
+static void fwd_hint(struct executor_ctx *c, uint32_t il, int32_t e, enum executor_expert_hint h)
+{
+    struct executor_weights *w = c->m->w;
+    if (e < 0 || c->hint_mark[e] == c->hint_stamp)
+        return;
+    c->hint_mark[e] = c->hint_stamp;
+    (void)w->ops->expert_request(w->impl, il, (uint32_t)e, h);
+}
+
+/* Prefetch hints for layer il + 1 (or the next token's first layers after the last layer):
+ * layer il+1's router applied to the hidden state now (h, normalised with il+1's ffn_norm), and
+ * the previous token's choices at il+1. Predictions are kept to score them at il+1. */
+static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct executor_model *m = c->m;
+    const struct common_hparams *hp = &m->desc->hp;
+    const uint32_t               ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+    uint32_t                     budget = c->window ? c->window : UINT32_MAX, sent = 0;
+    c->hint_stamp++;
+    if (il + 1 < hp->n_layer) {
+        const struct executor_layer_w *nl = &m->layers[il + 1];
+        for (uint32_t t = 0; t < n; t++)
+            fwd_rmsnorm(c->tmp + (size_t)t * ne, c->x + (size_t)t * ne, nl->ffn_norm, ne,
+                        hp->rms_eps);
+        size_t            rs = fwd_quantize(c, 0, nl->gate_inp.type, c->tmp, ne, n, ne);
+        struct fwd_mm_job rj = {.n = 1};
+        rj.t[0] = fwd_mm_of(&nl->gate_inp, c->act[0], rs, n, c->pred_logits, E);
+        fwd_mm_run(c, &rj);
+        for (uint32_t t = 0; t < n; t++)
+            fwd_topk(c->pred_logits + (size_t)t * E, E, K, c->pred_gate + (size_t)t * K);
+        c->pred_gate_layer = (int32_t)(il + 1);
+        /* Hints in rank order (every token's best guess first), then the previous token's. */
+        for (uint32_t j = 0; j < K; j++)
+            for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
+                fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);
+        if (c->have_prev[il + 1])
+            for (uint32_t j = 0; j < K && sent < budget; j++, sent++)
+                fwd_hint(c, il + 1, c->prev_sel[(size_t)(il + 1) * K + j], EXECUTOR_HINT_PREFETCH);
+        return;
+    }
+    /* Last layer: the next token starts at layer 0; guess it repeats this token's choices. */
+    for (uint32_t l = 0; l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
+        c->hint_stamp++;
+        for (uint32_t j = 0; j < K && sent < budget && c->have_prev[l]; j++, sent++)
+            fwd_hint(c, l, c->prev_sel[(size_t)l * K + j], EXECUTOR_HINT_PREFETCH);
+    }
+}
+
+/* Scores the predictions made for layer il against the router's choices (decode steps only:
+ * a prefill wave reads what it routes anyway), then remembers the last token's choices. */
+static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const uint32_t K = c->m->desc->hp.n_expert_used;
+    const int32_t *sel_last = c->sel + (size_t)(n - 1) * K;
+    if (n == 1 && c->hints) {
+        if (il == 0 && c->have_prev[0])
+            fwd_pred_count(c, EXECUTOR_PRED_NEXT_TOKEN, c->prev_sel, c->sel, K);
+        if (il > 0 && c->have_prev[il])
+            fwd_pred_count(c, EXECUTOR_PRED_PREV_TOKEN, c->prev_sel + (size_t)il * K, c->sel, K);
+        if (il > 0 && c->pred_gate_layer == (int32_t)il)
+            fwd_pred_count(c, EXECUTOR_PRED_GATE, c->pred_gate, c->sel, K);
+    }
+    memcpy(c->prev_sel + (size_t)il * K, sel_last, K * sizeof(*sel_last));
+    c->have_prev[il] = 1;
 }
 
 static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
@@ -448,12 +579,42 @@ static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
             c->ex_items[c->ex_start[e] + c->ex_count[e]++] = (int32_t)(t * K + j);
         }
 
-    /* Each expert used by the batch: pin its parts, run its tokens, release (DESIGN 2). */
-    for (uint32_t e = 0; e < E; e++) {
+    /* The order experts are computed in: those already in memory first, then the others in
+     * expert order (the order their post-fetches are queued). Results do not depend on it:
+     * each (token, slot) output has its own row and the sum below runs in slot order. */
+    uint32_t n_ord = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t e = 0; e < E; e++) {
+            if (c->ex_count[e] == 0)
+                continue;
+            bool ready = !w->ops->expert_is_ready || w->ops->expert_is_ready(w->impl, il, e);
+            if (ready == (pass == 0))
+                c->ex_order[n_ord++] = (int32_t)e;
+        }
+
+    /* Post-fetch: every routed expert of this batch is asked for now, gate/up parts first and
+     * down last (the fetcher's order), at most `window` ahead of the one being computed. */
+    const bool     post = c->hints && !c->no_postfetch;
+    const uint32_t win = c->window ? c->window : n_ord;
+    uint32_t       asked = 0;
+    if (post)
+        for (; asked < n_ord && asked < win; asked++)
+            (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked],
+                                         EXECUTOR_HINT_POSTFETCH);
+    fwd_predict_score(c, il, n);
+    if (c->hints && !c->no_prefetch)
+        fwd_prefetch(c, il, n);
+
+    /* Each expert used by the batch (one wave: its parts are read once for all the batch's
+     * tokens): pin gate and up, compute them while down may still be in flight, then pin down,
+     * compute, release (DESIGN 2). */
+    for (uint32_t oi = 0; oi < n_ord; oi++) {
+        const uint32_t e = (uint32_t)c->ex_order[oi];
+        if (post && asked < n_ord)
+            (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked++],
+                                         EXECUTOR_HINT_POSTFETCH);
         const int32_t  cnt = c->ex_count[e];
         const int32_t *items = c->ex_items + c->ex_start[e];
-        if (cnt == 0)
-            continue;
         for (int32_t i = 0; i < cnt; i++)
             memcpy(c->gx + (size_t)i * ne, c->xn + (size_t)(items[i] / (int32_t)K) * ne,
                    ne * sizeof(float));
@@ -462,6 +623,9 @@ static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
         struct executor_mat mats[COMMON_EXPERT_PART_COUNT];
         int                 rc = 0, got = 0;
         for (; got < COMMON_EXPERT_PART_COUNT; got++) {
+            if (got == COMMON_EXPERT_DOWN)
+                fwd_swiglu_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
+                                   &mats[COMMON_EXPERT_UP]);
             rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
                                         &slot[got]);
             if (rc < 0)
@@ -473,8 +637,7 @@ static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
                                               .row_bytes = lw->exp[got].row_bytes};
         }
         if (rc == 0)
-            fwd_swiglu(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE], &mats[COMMON_EXPERT_UP],
-                       &mats[COMMON_EXPERT_DOWN]);
+            fwd_swiglu_down(c, (uint32_t)cnt, &mats[COMMON_EXPERT_DOWN]);
         for (int p = 0; p < got; p++)
             w->ops->expert_release(w->impl, slot[p]);
         if (rc < 0)
@@ -528,6 +691,8 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
     const struct executor_model *m = c->m;
     const struct common_hparams *hp = &m->desc->hp;
     const uint32_t               ne = hp->n_embd, p0 = c->n_past;
+    if (m->w->ops->token_begin)
+        m->w->ops->token_begin(m->w->impl);
     for (uint32_t t = 0; t < n; t++) {
         const uint8_t *row =
             (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
@@ -692,7 +857,18 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
         c->ex_items = fwd_alloc(nb * K * sizeof(int32_t), &ok);
         c->gx = fwd_alloc(nb * ne * sizeof(float), &ok);
         c->moe_out = fwd_alloc(nb * K * ne * sizeof(float), &ok);
+        c->ex_order = fwd_alloc(E * sizeof(int32_t), &ok);
+        c->pred_logits = fwd_alloc(nb * E * sizeof(float), &ok);
+        c->pred_gate = fwd_alloc(nb * K * sizeof(int32_t), &ok);
+        c->prev_sel = fwd_alloc((size_t)hp->n_layer * K * sizeof(int32_t), &ok);
+        c->have_prev = fwd_alloc(hp->n_layer, &ok);
+        c->hint_mark = fwd_alloc(E * sizeof(uint32_t), &ok);
     }
+    c->hints = E && m->w->ops->expert_request;
+    c->no_postfetch = o->no_postfetch;
+    c->no_prefetch = o->no_prefetch;
+    c->window = o->fetch_window;
+    c->pred_gate_layer = -1;
     if (!ok) {
         executor_ctx_destroy(c);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory for a context of %u tokens",
@@ -707,11 +883,13 @@ void executor_ctx_destroy(struct executor_ctx *c)
     if (!c)
         return;
     executor_kv_fini(&c->kv);
-    void *bufs[] = {c->x,        c->xn,       c->q,        c->k,         c->v,
-                    c->att,      c->tmp,      c->ga,       c->up,        c->act[0],
-                    c->act[1],   c->act[2],   c->rope,     c->th_scores, c->th_p16,
-                    c->th_q,     c->th_v,     c->router,   c->sel,       c->sel_w,
-                    c->ex_count, c->ex_start, c->ex_items, c->gx,        c->moe_out};
+    void *bufs[] = {c->x,        c->xn,          c->q,         c->k,         c->v,
+                    c->att,      c->tmp,         c->ga,        c->up,        c->act[0],
+                    c->act[1],   c->act[2],      c->rope,      c->th_scores, c->th_p16,
+                    c->th_q,     c->th_v,        c->router,    c->sel,       c->sel_w,
+                    c->ex_count, c->ex_start,    c->ex_items,  c->gx,        c->moe_out,
+                    c->ex_order, c->pred_logits, c->pred_gate, c->prev_sel,  c->have_prev,
+                    c->hint_mark};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(c);
@@ -735,4 +913,65 @@ uint32_t executor_ctx_n_past(const struct executor_ctx *c)
 void executor_ctx_reset(struct executor_ctx *c)
 {
     c->n_past = 0;
+    if (c->have_prev)
+        memset(c->have_prev, 0, c->m->desc->hp.n_layer);
+    c->pred_gate_layer = -1;
+}
+
+static uint64_t fwd_round(uint64_t bytes)
+{
+    return (bytes ? (bytes + FWD_ALIGN - 1) / FWD_ALIGN : 1) * FWD_ALIGN;
+}
+
+int executor_ctx_mem_estimate(const struct common_hparams *hp, const struct executor_ctx_opts *o,
+                              uint32_t n_threads, struct executor_ctx_mem *out)
+{
+    struct executor_ctx_opts def = {0};
+    if (!o)
+        o = &def;
+    uint64_t n_ctx = o->n_ctx;
+    if (n_ctx == 0)
+        n_ctx = hp->n_ctx_train < FWD_DEFAULT_CTX ? hp->n_ctx_train : FWD_DEFAULT_CTX;
+    if (n_ctx == 0 || n_ctx > (1u << 24))
+        return COMMON_EINVAL;
+    uint64_t nb = o->n_batch ? o->n_batch : 512;
+    if (nb > n_ctx)
+        nb = n_ctx;
+    const uint64_t nth = n_threads ? n_threads : 1, L = hp->n_layer, hkv = hp->n_head_kv;
+    /* As executor_kv_init. */
+    if (o->cache_type == EXECUTOR_CACHE_F16) {
+        out->kv_bytes = L * n_ctx * hkv * ((uint64_t)hp->head_dim_k + hp->head_dim_v) * 2u;
+    } else if (o->cache_type == EXECUTOR_CACHE_Q8_0) {
+        if (hp->head_dim_k % 32 != 0 || hp->head_dim_v % 32 != 0)
+            return COMMON_EINVAL;
+        out->kv_bytes = L * n_ctx * hkv *
+                        (executor_act_row_size(COMMON_GGML_TYPE_Q8_0, hp->head_dim_k) +
+                         (uint64_t)executor_act_row_size(COMMON_GGML_TYPE_Q8_0, hp->head_dim_v));
+    } else {
+        return COMMON_EINVAL;
+    }
+    /* As executor_ctx_create. */
+    const uint64_t ne = hp->n_embd, qd = (uint64_t)hp->n_head * hp->head_dim_k;
+    const uint64_t kd = hkv * hp->head_dim_k, vd = hkv * hp->head_dim_v;
+    const uint64_t ad = (uint64_t)hp->n_head * hp->head_dim_v;
+    const uint64_t nf = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    uint64_t       wmax = ne > nf ? ne : nf;
+    wmax = wmax > ad ? wmax : ad;
+    const uint64_t K = hp->n_expert_used ? hp->n_expert_used : 1, E = hp->n_expert;
+    const uint64_t f = sizeof(float);
+    uint64_t       s = 0;
+    s += 3 * fwd_round(nb * ne * f) + fwd_round(nb * qd * f) + fwd_round(nb * kd * f);
+    s += fwd_round(nb * vd * f) + fwd_round(nb * ad * f) + 2 * fwd_round(nb * nf * f);
+    s += FWD_N_ACT * fwd_round(nb * (wmax * f + FWD_ALIGN));
+    s += fwd_round(nb * (hp->n_rot ? hp->n_rot : 1) * f);
+    s += fwd_round(nth * n_ctx * f) + fwd_round(nth * n_ctx * 2u);
+    s += fwd_round(nth * (((uint64_t)hp->head_dim_k * 4u + FWD_ALIGN) / FWD_ALIGN * FWD_ALIGN));
+    s += fwd_round(nth * hp->head_dim_v * f);
+    if (E) {
+        s += 2 * fwd_round(nb * E * f) + 4 * fwd_round(nb * K * 4u) + fwd_round(E * 4u);
+        s += fwd_round((E + 1) * 4u) + fwd_round(nb * ne * f) + fwd_round(nb * K * ne * f);
+        s += 2 * fwd_round(E * 4u) + fwd_round(L * K * 4u) + fwd_round(L);
+    }
+    out->scratch_bytes = s;
+    return 0;
 }

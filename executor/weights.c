@@ -126,7 +126,8 @@ int executor_weights_mmap_create(const struct common_model          *m,
 /* pread source                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-#define WEIGHTS_ALIGN 64
+#define WEIGHTS_ALIGN        64
+#define WEIGHTS_PROGRESS_MIN (256ull << 20) /* resident bytes above which progress is shown */
 
 struct weights_slot {
     uint32_t layer, expert, part; /* key of the bytes held */
@@ -164,7 +165,7 @@ static int weights_pread_acquire(void *impl, uint32_t layer, uint32_t expert,
     int                   rc = common_model_expert_span(w->model, layer, expert, part, &s);
     if (rc < 0)
         return rc;
-    if (s.size > w->slot_bytes)
+    if (s.size > w->slot_bytes || w->n_slots == 0)
         return COMMON_EINVAL;
     pthread_mutex_lock(&w->mu);
     uint32_t hit = UINT32_MAX, victim = UINT32_MAX;
@@ -265,6 +266,7 @@ int executor_weights_pread_create(const struct common_model          *m,
     int rc = COMMON_ENOMEM;
     if (!w->tensors)
         goto out_destroy;
+    uint64_t done = 0, last_mib = 0;
     for (uint64_t i = 0; i < nt; i++) {
         if (weights_is_expert_tensor(m, i))
             continue;
@@ -283,8 +285,19 @@ int executor_weights_pread_create(const struct common_model          *m,
                                    .cols = t->ne[0]};
         if ((rc = w->read_span(g, &span, w->tensors[i], e)) < 0)
             goto out_destroy;
+        done += t->size;
+        if (o->progress && m->bytes_resident > WEIGHTS_PROGRESS_MIN &&
+            (done >> 20) >= last_mib + 64) {
+            last_mib = done >> 20;
+            fprintf(o->progress, "\rreading resident weights: %llu / %llu MiB",
+                    (unsigned long long)last_mib, (unsigned long long)(m->bytes_resident >> 20));
+            fflush(o->progress);
+        }
     }
-    if (m->hp.n_expert) {
+    if (o->progress && m->bytes_resident > WEIGHTS_PROGRESS_MIN)
+        fprintf(o->progress, "\rreading resident weights: %llu MiB done\n",
+                (unsigned long long)(done >> 20));
+    if (m->hp.n_expert && !o->no_expert_slots) {
         for (uint32_t il = 0; il < m->hp.n_layer; il++)
             for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
                 struct common_span s;
@@ -311,6 +324,122 @@ out_destroy:
     weights_pread_destroy(w);
     free(ws);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* stream source: resident tensors from a base source, experts from an expert source           */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *const g_part_names[COMMON_EXPERT_PART_COUNT] = {"gate", "up", "down"};
+
+struct weights_stream {
+    const struct common_model    *model; /* borrowed */
+    struct executor_weights      *base;  /* owned: pread (tensors only) or mmap source */
+    struct executor_expert_source src;   /* copied; src.arg borrowed */
+    FILE                         *names; /* borrowed: --trace-names sink, or NULL */
+};
+
+static int weights_stream_tensor(void *impl, uint64_t index, const void **data)
+{
+    struct weights_stream *w = impl;
+    return w->base->ops->tensor(w->base->impl, index, data);
+}
+
+static int weights_stream_acquire(void *impl, uint32_t layer, uint32_t expert,
+                                  enum common_expert_part part, const void **data, uint32_t *slot)
+{
+    struct weights_stream *w = impl;
+    if (layer >= w->model->hp.n_layer || expert >= w->model->hp.n_expert ||
+        (unsigned)part >= COMMON_EXPERT_PART_COUNT)
+        return COMMON_EINVAL;
+    int rc = w->src.acquire(w->src.arg, layer, expert, part, data, slot);
+    if (rc == 0 && w->names)
+        fprintf(w->names, "blk.%u.ffn_%s_exps.weight expert %u\n", layer, g_part_names[part],
+                expert);
+    return rc;
+}
+
+static void weights_stream_release(void *impl, uint32_t slot)
+{
+    struct weights_stream *w = impl;
+    w->src.release(w->src.arg, slot);
+}
+
+static int weights_stream_request(void *impl, uint32_t layer, uint32_t expert,
+                                  enum executor_expert_hint hint)
+{
+    struct weights_stream *w = impl;
+    return w->src.request ? w->src.request(w->src.arg, layer, expert, hint) : 0;
+}
+
+static bool weights_stream_is_ready(void *impl, uint32_t layer, uint32_t expert)
+{
+    struct weights_stream *w = impl;
+    return w->src.is_ready ? w->src.is_ready(w->src.arg, layer, expert) : true;
+}
+
+static void weights_stream_token_begin(void *impl)
+{
+    struct weights_stream *w = impl;
+    if (w->src.token_begin)
+        w->src.token_begin(w->src.arg);
+}
+
+static void weights_stream_destroy(void *impl)
+{
+    struct weights_stream *w = impl;
+    if (!w)
+        return;
+    executor_weights_destroy(w->base);
+    free(w);
+}
+
+static const struct executor_weight_ops weights_stream_ops = {
+    .tensor = weights_stream_tensor,
+    .expert_acquire = weights_stream_acquire,
+    .expert_release = weights_stream_release,
+    .destroy = weights_stream_destroy,
+    .expert_request = weights_stream_request,
+    .expert_is_ready = weights_stream_is_ready,
+    .token_begin = weights_stream_token_begin,
+};
+
+int executor_weights_stream_create(const struct common_model           *m,
+                                   const struct executor_weights_opts  *o,
+                                   const struct executor_expert_source *src,
+                                   struct executor_weights **out, struct common_errmsg *e)
+{
+    struct executor_weights_opts def = {0};
+    if (!o)
+        o = &def;
+    if (!common_model_is_moe(m))
+        return common_errmsg_set(e, COMMON_EINVAL, "a streaming source needs routed experts");
+    if (!src || !src->acquire || !src->release)
+        return common_errmsg_set(e, COMMON_EINVAL, "expert source without acquire/release");
+    struct weights_stream   *w = calloc(1, sizeof(*w));
+    struct executor_weights *ws = calloc(1, sizeof(*ws));
+    if (!w || !ws) {
+        free(w);
+        free(ws);
+        return COMMON_ENOMEM;
+    }
+    w->model = m;
+    w->src = *src;
+    w->names = o->trace_names;
+    struct executor_weights_opts bo = *o;
+    bo.no_expert_slots = true;
+    int rc = o->read_span ? executor_weights_pread_create(m, &bo, &w->base, e)
+                          : executor_weights_mmap_create(m, &bo, &w->base, e);
+    if (rc < 0) {
+        free(w);
+        free(ws);
+        return rc;
+    }
+    ws->ops = &weights_stream_ops;
+    ws->impl = w;
+    ws->model = m;
+    *out = ws;
+    return 0;
 }
 
 void executor_weights_destroy(struct executor_weights *w)

@@ -721,6 +721,18 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
     return COMMON_OK;
 }
 
+bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert)
+{
+    if (!front_ids_ok(f, layer, expert))
+        return false;
+    if (f->mode == FETCHER_IO_MMAP)
+        return true;
+    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct fetcher_pool_peek pk;
+    fetcher_pool_peek(f->pool, &key, &pk);
+    return pk.slot != FETCHER_POOL_NO_SLOT && pk.state == FETCHER_SLOT_READY;
+}
+
 void fetcher_release(struct fetcher *f, uint32_t loan)
 {
     if (loan == FETCHER_LOAN_NONE || !f->pool)

@@ -168,6 +168,16 @@ struct fetcher_trace_totals {
     bool     belady_truncated;             /* more accesses than max_accesses: replay is partial */
 };
 
+/* Expert predictors (of the executor's prefetch) the trace reports, at most this many. */
+#define FETCHER_TRACE_MAX_PREDICTORS 8
+
+/* Sets the counts of predictor `name` (at most 23 bytes): `predicted` guesses, `correct` of them
+ * picked by the router, `actual` picks; precision = correct / predicted, recall = correct /
+ * actual. A later call with the same name replaces the counts. Returns 0, COMMON_EINVAL (bad name,
+ * correct above predicted or actual), COMMON_ENOMEM (FETCHER_TRACE_MAX_PREDICTORS names used). */
+int fetcher_trace_predictor(struct fetcher_trace *t, const char *name, uint64_t predicted,
+                            uint64_t correct, uint64_t actual);
+
 /* Snapshot of the totals (runs the Belady replay: O(n log n) in the recorded accesses). */
 void fetcher_trace_totals(const struct fetcher_trace *t, struct fetcher_trace_totals *out);
 
@@ -237,6 +247,11 @@ int fetcher_request(struct fetcher *f, uint32_t layer, uint32_t expert, enum fet
  * errno; the slot went back to FREE). Outputs are unchanged on failure. */
 int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
                     enum common_expert_part part, const void **data, uint32_t *loan);
+
+/* True when every part of the bundle of expert `expert` of layer `layer` is in the pool now
+ * (an acquire would not wait); in mmap mode always true (the page cache is not asked). False for
+ * ids out of range. Does not count as an access. */
+bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert);
 
 /* Ends one loan made by fetcher_acquire(). FETCHER_LOAN_NONE is ignored. */
 void fetcher_release(struct fetcher *f, uint32_t loan);

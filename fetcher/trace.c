@@ -34,6 +34,10 @@ struct fetcher_trace {
     uint32_t                 *log; /* owned: access keys (layer * n_expert + expert) */
     uint64_t                  n_log;
     bool                      truncated; /* accesses beyond max_accesses were not logged */
+    struct trace_pred {
+        char     name[24];                   /* "" = unused entry */
+        uint64_t predicted, correct, actual; /* as given to fetcher_trace_predictor */
+    } preds[FETCHER_TRACE_MAX_PREDICTORS];
 };
 
 int fetcher_trace_create(const struct fetcher_trace_opts *o, struct fetcher_trace **out)
@@ -381,6 +385,29 @@ static double trace_ratio(uint64_t a, uint64_t b)
     return b ? (double)a / (double)b : 0.0;
 }
 
+int fetcher_trace_predictor(struct fetcher_trace *t, const char *name, uint64_t predicted,
+                            uint64_t correct, uint64_t actual)
+{
+    if (!name || !name[0] || strlen(name) >= sizeof(t->preds[0].name) || correct > predicted ||
+        correct > actual)
+        return COMMON_EINVAL;
+    int rc = COMMON_ENOMEM;
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t i = 0; i < FETCHER_TRACE_MAX_PREDICTORS; i++) {
+        struct trace_pred *p = &t->preds[i];
+        if (p->name[0] && strcmp(p->name, name) != 0)
+            continue;
+        snprintf(p->name, sizeof(p->name), "%s", name);
+        p->predicted = predicted;
+        p->correct = correct;
+        p->actual = actual;
+        rc = COMMON_OK;
+        break;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
 static void trace_write_hist(FILE *f, const uint32_t *lat)
 {
     fputc('[', f);
@@ -424,7 +451,21 @@ int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *f)
             t->opts.n_slots, (unsigned long long)s.belady_accesses,
             (unsigned long long)s.belady_hits, trace_ratio(s.belady_hits, s.belady_accesses),
             s.belady_truncated ? "true" : "false");
-    fputs("\"latency_us_log2\":", f);
+    fputs("\"predictors\":[", f);
+    for (uint32_t i = 0, n = 0; i < FETCHER_TRACE_MAX_PREDICTORS; i++) {
+        const struct trace_pred *p = &t->preds[i];
+        if (!p->name[0])
+            continue;
+        fprintf(f, "%s{\"name\":", n++ ? "," : "");
+        common_json_write_str(f, p->name, strlen(p->name));
+        fprintf(f,
+                ",\"predicted\":%llu,\"correct\":%llu,\"actual\":%llu,\"precision\":%.6f,"
+                "\"recall\":%.6f}",
+                (unsigned long long)p->predicted, (unsigned long long)p->correct,
+                (unsigned long long)p->actual, trace_ratio(p->correct, p->predicted),
+                trace_ratio(p->correct, p->actual));
+    }
+    fputs("],\n\"latency_us_log2\":", f);
     trace_write_hist(f, t->lat_all);
     fputs(",\n\"layers\":[", f);
     for (uint32_t l = 0; l < t->opts.n_layer; l++) {
@@ -492,6 +533,16 @@ void fetcher_trace_write_summary(const struct fetcher_trace *t, FILE *f)
             (unsigned long long)s.load_errors, (unsigned long long)s.evictions);
     if (n_lat)
         fprintf(f, ", median load %llu-%llu us", median ? 1ull << median : 0ull, 2ull << median);
+    for (uint32_t i = 0; i < FETCHER_TRACE_MAX_PREDICTORS; i++) {
+        const struct trace_pred *p = &t->preds[i];
+        if (p->name[0])
+            fprintf(f,
+                    "\n  predictor %s: precision %.1f%%, recall %.1f%% (%llu of %llu guesses, "
+                    "%llu picks)",
+                    p->name, 100.0 * trace_ratio(p->correct, p->predicted),
+                    100.0 * trace_ratio(p->correct, p->actual), (unsigned long long)p->correct,
+                    (unsigned long long)p->predicted, (unsigned long long)p->actual);
+    }
     fputs("\n  peak resident bundles per layer:", f);
     for (uint32_t l = 0; l < t->opts.n_layer; l++)
         fprintf(f, " %lld", (long long)t->peak[l]);

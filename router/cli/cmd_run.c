@@ -28,7 +28,9 @@ static void run_usage(FILE *f)
             "  --min-p P            drop tokens below P * max prob; 0 = off  [0.05]\n"
             "  --seed S             sampling seed; 0 = from the clock        [0]\n"
             "  --ignore-eos         keep generating after an end-of-sequence token\n"
-            "  --ids                print token ids instead of text (format below)\n\n"
+            "  --ids                print token ids instead of text (format below)\n");
+    fputs(CLI_STREAM_USAGE "\n", f);
+    fprintf(f,
             "Without --ids, stdout gets the text of the generated tokens only (not the prompt),\n"
             "flushed after each token, then a newline. With --ids, stdout has one line\n"
             "'prompt_ids: ID ID ...', then one line 'gen: ID' per generated token, printed as\n"
@@ -89,6 +91,8 @@ int cli_cmd_run(int argc, char **argv)
             ignore_eos = true;
             continue;
         }
+        if (cli_stream_parse_switch(&so.stream, a))
+            continue;
         if (a[0] != '-') {
             fprintf(stderr, "error: unexpected argument '%s'\n", a);
             return 2;
