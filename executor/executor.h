@@ -235,8 +235,14 @@ struct executor_ctx_opts {
     struct executor_pool    *pool;         /* borrowed: must outlive the ctx; NULL = caller only */
     bool                     no_postfetch; /* do not request a layer's experts before use */
     bool                     no_prefetch;  /* no hints for the next layer or the next token */
-    uint32_t                 fetch_window; /* experts asked for ahead of use at once; 0 = all
-                                              (set about half the pool when the pool is small) */
+    bool prefetch_history; /* also hint the previous token's choices for the next layer and this
+                              token's for the next token's first layers (more reads: worth it
+                              only when routing repeats across tokens); the default hints only
+                              the gate predictor's guesses. Both predictors are scored anyway. */
+    uint32_t prefetch_top; /* gate predictor: hint its best N guesses per token; 0 = all
+                              n_expert_used (each wrong guess is a wasted read) */
+    uint32_t fetch_window; /* experts asked for ahead of use at once; 0 = all
+                              (set about half the pool when the pool is small) */
 };
 
 /* Memory a ctx allocates, for budget plans (same sizes executor_ctx_create uses). */

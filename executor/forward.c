@@ -51,6 +51,8 @@ struct executor_ctx {
     bool      hints;           /* the weight source has expert_request */
     bool      no_postfetch;    /* from the options */
     bool      no_prefetch;     /* from the options */
+    bool      history;         /* from the options: prefetch_history */
+    uint32_t  pf_top;          /* from the options: prefetch_top */
     uint32_t  window;          /* experts asked for ahead at once; 0 = all */
     float    *pred_logits;     /* owned: (n_batch, n_expert) next layer's router on h */
     int32_t  *pred_gate;       /* owned: (n_batch, n_expert_used) gate predictor's guess */
@@ -505,16 +507,17 @@ static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
             fwd_topk(c->pred_logits + (size_t)t * E, E, K, c->pred_gate + (size_t)t * K);
         c->pred_gate_layer = (int32_t)(il + 1);
         /* Hints in rank order (every token's best guess first), then the previous token's. */
-        for (uint32_t j = 0; j < K; j++)
+        const uint32_t top = c->pf_top && c->pf_top < K ? c->pf_top : K;
+        for (uint32_t j = 0; j < top; j++)
             for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
                 fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);
-        if (c->have_prev[il + 1])
+        if (c->history && c->have_prev[il + 1])
             for (uint32_t j = 0; j < K && sent < budget; j++, sent++)
                 fwd_hint(c, il + 1, c->prev_sel[(size_t)(il + 1) * K + j], EXECUTOR_HINT_PREFETCH);
         return;
     }
     /* Last layer: the next token starts at layer 0; guess it repeats this token's choices. */
-    for (uint32_t l = 0; l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
+    for (uint32_t l = 0; c->history && l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
         c->hint_stamp++;
         for (uint32_t j = 0; j < K && sent < budget && c->have_prev[l]; j++, sent++)
             fwd_hint(c, l, c->prev_sel[(size_t)l * K + j], EXECUTOR_HINT_PREFETCH);
@@ -602,7 +605,8 @@ static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
             (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked],
                                          EXECUTOR_HINT_POSTFETCH);
     fwd_predict_score(c, il, n);
-    if (c->hints && !c->no_prefetch)
+    /* A prefill wave in a pool too small for two layers would evict its own experts. */
+    if (c->hints && !c->no_prefetch && (n == 1 || c->window == 0))
         fwd_prefetch(c, il, n);
 
     /* Each expert used by the batch (one wave: its parts are read once for all the batch's
@@ -867,6 +871,8 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     c->hints = E && m->w->ops->expert_request;
     c->no_postfetch = o->no_postfetch;
     c->no_prefetch = o->no_prefetch;
+    c->history = o->prefetch_history;
+    c->pf_top = o->prefetch_top;
     c->window = o->fetch_window;
     c->pred_gate_layer = -1;
     if (!ok) {

@@ -37,7 +37,9 @@ int executor_perplexity(struct executor_ctx *c, const int32_t *tokens, size_t n_
     int32_t *chunk = malloc(n_ctx * sizeof(*chunk));
     if (!chunk)
         return COMMON_ENOMEM;
-    const size_t   n_chunks = n_tokens / n_ctx;
+    size_t n_chunks = n_tokens / n_ctx;
+    if (o && o->max_chunks && o->max_chunks < n_chunks)
+        n_chunks = o->max_chunks; /* llama-perplexity --chunks */
     const uint32_t first = n_ctx / 2;
     uint32_t       n_vocab = 0;
     float         *logits = NULL;

@@ -278,4 +278,37 @@ struct fetcher_pool_counts {
 };
 void fetcher_get_pool_counts(struct fetcher *f, struct fetcher_pool_counts *out);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Storage limit probe (fetcher/probe.c)                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+struct fetcher_probe_opts {
+    enum fetcher_io_mode io;          /* AUTO, URING or PREAD: the engine the fetcher uses */
+    enum fetcher_direct  direct;      /* 0 = O_DIRECT where possible, as the fetcher */
+    uint32_t             queue_depth; /* reads in flight; 0 = 32 */
+    uint64_t             max_bytes;   /* stop after about this many bytes; 0 = 1 GiB */
+    uint64_t             seed;        /* order of the reads; 0 = 1 */
+};
+
+struct fetcher_probe_result {
+    double               bytes_per_s; /* storage bytes read per second */
+    uint64_t             bytes;       /* storage bytes read (aligned ranges when direct) */
+    uint64_t             reads;       /* expert parts read */
+    uint64_t             read_bytes;  /* mean bytes per read */
+    double               seconds;
+    uint32_t             queue_depth;
+    enum fetcher_io_mode mode; /* engine used (AUTO resolved) */
+    bool                 direct;
+};
+
+/* Measures the read bandwidth the fetcher can get from the model's storage: expert parts (the
+ * read size the fetcher uses), each at most once in a random order, through the same engine at
+ * o->queue_depth reads in flight, until o->max_bytes or every part is read. Drop the page cache
+ * first for a buffered engine. Returns 0, COMMON_EINVAL (dense model, mmap mode), COMMON_ENOTSUP
+ * (io_uring forced but unavailable), COMMON_EIO (a read failed: named in e), COMMON_ENOMEM.
+ * Thread-safe for distinct calls (own engine and buffers). */
+int fetcher_probe_read(const struct common_gguf *g, const struct common_model *m,
+                       const struct fetcher_probe_opts *o, struct fetcher_probe_result *out,
+                       struct common_errmsg *e);
+
 #endif /* FETCHER_FETCHER_H */

@@ -41,7 +41,9 @@ struct cli_stream_opts {
     const char          *trace_out;    /* --trace-out FILE.json; NULL = none */
     bool                 trace_names;  /* --trace-names: log each expert tensor as used */
     bool                 report_rss;   /* --report-rss: print peak RSS (VmHWM) on exit */
-    bool                 no_prefetch;  /* --no-prefetch */
+    bool                 no_prefetch;  /* --no-prefetch / --prefetch none */
+    bool                 prefetch_all; /* --prefetch all: the history predictors hint too */
+    uint32_t             prefetch_top; /* --prefetch-top N: gate predictor's best N; 0 = all */
     bool                 no_postfetch; /* --no-postfetch */
 };
 
@@ -55,7 +57,11 @@ struct cli_stream_opts {
     "  --io-depth N         reads in flight                          [32]\n"                       \
     "  --trace-out FILE     write the expert trace as JSON (docs/fetcher.md) on exit\n"            \
     "  --trace-names        log each expert tensor as used (stderr)\n"                             \
-    "  --no-prefetch        no next-layer / next-token prefetch hints\n"                           \
+    "  --prefetch MODE      gate: hint the next layer's experts from its router on the\n"          \
+    "                       current state; all: also the previous token's choices and the\n"       \
+    "                       next token's first layers; none                [gate]\n"               \
+    "  --prefetch-top N     hint only the gate predictor's best N per token [all]\n"               \
+    "  --no-prefetch        same as --prefetch none\n"                                             \
     "  --no-postfetch       do not request a layer's experts before computing them\n"              \
     "  --report-rss         print the peak resident set (VmHWM) on exit\n"
 
@@ -84,7 +90,8 @@ struct cli_engine {
 struct cli_engine_opts {
     uint32_t                 n_threads;   /* 0 = physical cores */
     struct executor_ctx_opts ctx;         /* pool is filled in by cli_engine_open */
-    uint64_t                 extra_bytes; /* logits and buffers of the command, for the plan */
+    uint64_t                 extra_bytes; /* buffers of the command, for the plan */
+    uint32_t                 logit_rows;  /* n_vocab-float rows the command keeps (plan) */
     bool                     populate;    /* mapped (non-streaming) model: prefault it */
 };
 

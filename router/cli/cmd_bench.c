@@ -25,7 +25,59 @@ static void bench_usage(FILE *f)
             "  -r, --repetitions R  runs of each test                        [5]\n"
             "  -b, --batch-size N   prompt tokens per forward batch          [512]\n"
             "  --cache-type T       KV cache type: f16 or q8_0               [f16]\n"
-            "  --membw-size SIZE    bandwidth probe buffer                   [1G]\n");
+            "  --membw-size SIZE    bandwidth probe buffer                   [1G]\n"
+            "  --io-probe           also measure the storage limit with the fetcher's engine:\n"
+            "                       random expert-part reads at the queue depth used and at 1\n"
+            "  --probe-size SIZE    bytes read by each storage probe          [512M]\n\n"
+            "With --ram-budget or --io the experts stream through the fetcher: no warm-up run\n"
+            "(drop the page cache first for a cold run), no memory-bandwidth probe; each phase\n"
+            "reports bytes read from storage per token (/proc/self/io) and the expert hit rate,\n"
+            "and a last line 'result: key=value ...' sums the run up for scripts.\n");
+    fputs(CLI_STREAM_USAGE, f);
+}
+
+/* Storage bytes this process has read (/proc/self/io read_bytes), 0 when unknown. */
+static uint64_t bench_read_bytes(void)
+{
+    FILE              *f = fopen("/proc/self/io", "r");
+    char               line[128];
+    unsigned long long v = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "read_bytes: %llu", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+/* What one phase (prefill or decode) cost in I/O. */
+struct bench_io {
+    uint64_t read_bytes;              /* storage bytes (/proc/self/io) */
+    uint64_t accesses, hits, fetched; /* expert trace deltas (fetched: bytes the fetcher read) */
+};
+
+static void bench_io_mark(struct cli_engine *en, struct bench_io *b)
+{
+    b->read_bytes = bench_read_bytes();
+    b->accesses = b->hits = b->fetched = 0;
+    if (en->fetcher) {
+        struct fetcher_trace_totals t;
+        fetcher_trace_totals(fetcher_get_trace(en->fetcher), &t);
+        b->accesses = t.accesses;
+        b->hits = t.hits;
+        b->fetched = t.bytes_read;
+    }
+}
+
+static void bench_io_since(struct cli_engine *en, const struct bench_io *a, struct bench_io *d)
+{
+    struct bench_io now;
+    bench_io_mark(en, &now);
+    d->read_bytes += now.read_bytes - a->read_bytes;
+    d->accesses += now.accesses - a->accesses;
+    d->hits += now.hits - a->hits;
+    d->fetched += now.fetched - a->fetched;
 }
 
 struct bench_stat {
@@ -48,8 +100,10 @@ int cli_cmd_bench(int argc, char **argv)
 {
     const char              *model = NULL;
     uint32_t                 n_prompt = 512, n_gen = 128, n_threads = 0, reps = 5, n_batch = 0;
-    uint64_t                 membw_bytes = 1ull << 30;
+    uint64_t                 membw_bytes = 1ull << 30, probe_bytes = 512ull << 20;
     enum executor_cache_type cache = EXECUTOR_CACHE_F16;
+    struct cli_stream_opts   so = {0};
+    bool                     io_probe = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -57,12 +111,23 @@ int cli_cmd_bench(int argc, char **argv)
             bench_usage(stdout);
             return 0;
         }
+        if (strcmp(a, "--io-probe") == 0) {
+            io_probe = true;
+            continue;
+        }
+        if (cli_stream_parse_switch(&so, a))
+            continue;
         if (a[0] != '-') {
             fprintf(stderr, "error: unexpected argument '%s'\n", a);
             return 2;
         }
         if (!(v = cli_next_arg(argc, argv, &i)))
             return 2;
+        int shared = cli_stream_parse_flag(&so, a, v);
+        if (shared < 0)
+            return 2;
+        if (shared > 0)
+            continue;
         bool ok = true;
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0)
             model = v;
@@ -84,6 +149,10 @@ int cli_cmd_bench(int argc, char **argv)
             ok = common_parse_size(v, &membw_bytes) == 0 && membw_bytes > 0;
             if (!ok)
                 fprintf(stderr, "error: --membw-size expects a size like 1G, got '%s'\n", v);
+        } else if (strcmp(a, "--probe-size") == 0) {
+            ok = common_parse_size(v, &probe_bytes) == 0 && probe_bytes > 0;
+            if (!ok)
+                fprintf(stderr, "error: --probe-size expects a size like 512M, got '%s'\n", v);
         } else {
             fprintf(stderr, "error: unknown option '%s'\n", a);
             bench_usage(stderr);
@@ -96,35 +165,28 @@ int cli_cmd_bench(int argc, char **argv)
         fprintf(stderr, "error: no model given (-m MODEL.gguf); see sluice bench --help\n");
         return 2;
     }
-    int                    status = 1, rc;
-    struct common_errmsg   e = {{0}};
-    struct executor_model *m = NULL;
-    struct executor_pool  *pool = NULL;
-    struct executor_ctx   *c = NULL;
-    int32_t               *tokens = NULL;
-    float                 *logits = NULL;
-    double                *pp = calloc(reps, sizeof(double)), *tg = calloc(reps, sizeof(double));
+    const bool           stream = cli_stream_is_on(&so);
+    int                  status = 1, rc;
+    struct common_errmsg e = {{0}};
+    struct cli_engine    en = {0};
+    int32_t             *tokens = NULL;
+    float               *logits = NULL;
+    double              *pp = calloc(reps, sizeof(double)), *tg = calloc(reps, sizeof(double));
+    struct bench_io      io_pp = {0}, io_tg = {0}, mark;
     if (!pp || !tg)
         goto out;
     executor_kernels_init();
-    if ((rc = executor_model_open(model, &(struct executor_model_opts){.populate = true}, &m, &e)) <
-        0) {
-        fprintf(stderr, "error: %s: %s\n", model, e.text[0] ? e.text : common_strerror(rc));
+    uint32_t               n_ctx = (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
+    struct cli_engine_opts eo = {.n_threads = n_threads,
+                                 .ctx = {.n_ctx = n_ctx, .n_batch = n_batch, .cache_type = cache},
+                                 .logit_rows = 1,
+                                 .populate = !stream};
+    if (cli_engine_open(&en, model, &so, &eo) < 0)
         goto out;
-    }
-    if ((rc = executor_pool_create(n_threads, &pool)) < 0) {
-        fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
-        goto out;
-    }
-    const struct common_model *d = executor_model_desc(m);
-    uint32_t                   n_ctx = (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
-    struct executor_ctx_opts   co = {
-          .n_ctx = n_ctx, .n_batch = n_batch, .cache_type = cache, .pool = pool};
-    if ((rc = executor_ctx_create(m, &co, &c, &e)) < 0) {
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
-        goto out;
-    }
-    const uint32_t n_vocab = executor_ctx_n_vocab(c);
+    struct executor_ctx       *c = en.ctx;
+    struct executor_pool      *pool = en.pool;
+    const struct common_model *d = executor_model_desc(en.model);
+    const uint32_t             n_vocab = executor_ctx_n_vocab(c);
     tokens = malloc((size_t)(n_prompt + 1) * sizeof(*tokens));
     logits = malloc((size_t)n_vocab * sizeof(*logits));
     if (!tokens || !logits)
@@ -139,21 +201,26 @@ int cli_cmd_bench(int argc, char **argv)
            executor_pool_n_threads(pool), executor_isa_name(executor_kernels_active()),
            executor_cache_type_name(cache));
     fflush(stdout);
-    /* Warm-up: one short run so page faults and first-touch costs stay out of the timings. */
-    executor_ctx_reset(c);
-    if ((rc = executor_ctx_decode(c, tokens, n_prompt ? (n_prompt < 16 ? n_prompt : 16) : 1, logits,
-                                  NULL, &e)) < 0) {
-        fprintf(stderr, "error: %s\n", e.text);
-        goto out;
+    /* Warm-up: one short run so page faults and first-touch costs stay out of the timings
+     * (not when streaming: the cold start is part of what is measured). */
+    if (!stream) {
+        executor_ctx_reset(c);
+        if ((rc = executor_ctx_decode(c, tokens, n_prompt ? (n_prompt < 16 ? n_prompt : 16) : 1,
+                                      logits, NULL, &e)) < 0) {
+            fprintf(stderr, "error: %s\n", e.text);
+            goto out;
+        }
     }
     for (uint32_t r = 0; r < reps && n_prompt; r++) {
         executor_ctx_reset(c);
+        bench_io_mark(&en, &mark);
         uint64_t t0 = common_now_ns();
         if ((rc = executor_ctx_decode(c, tokens, n_prompt, logits, NULL, &e)) < 0) {
             fprintf(stderr, "error: %s\n", e.text);
             goto out;
         }
         pp[r] = n_prompt / ((double)(common_now_ns() - t0) / 1e9);
+        bench_io_since(&en, &mark, &io_pp);
     }
     for (uint32_t r = 0; r < reps && n_gen; r++) {
         executor_ctx_reset(c);
@@ -162,6 +229,7 @@ int cli_cmd_bench(int argc, char **argv)
             fprintf(stderr, "error: %s\n", e.text);
             goto out;
         }
+        bench_io_mark(&en, &mark);
         uint64_t t0 = common_now_ns();
         for (uint32_t i = 0; i < n_gen; i++) {
             id = tokens[(i + 1) % (n_prompt + 1)];
@@ -171,34 +239,87 @@ int cli_cmd_bench(int argc, char **argv)
             }
         }
         tg[r] = n_gen / ((double)(common_now_ns() - t0) / 1e9);
-    }
-    double bw = 0.0;
-    if ((rc = executor_membw_measure(
-             &(struct executor_membw_opts){.bytes = membw_bytes, .pool = pool}, &bw)) < 0) {
-        fprintf(stderr, "error: bandwidth probe: %s\n", common_strerror(rc));
-        goto out;
+        bench_io_since(&en, &mark, &io_tg);
     }
     struct bench_stat sp = bench_stats(pp, reps), sg = bench_stats(tg, reps);
     if (n_prompt)
         printf("pp%-6u %10.2f ± %.2f tok/s  (prefill, %u reps)\n", n_prompt, sp.mean, sp.sd, reps);
     if (n_gen)
         printf("tg%-6u %10.2f ± %.2f tok/s  (decode, %u reps)\n", n_gen, sg.mean, sg.sd, reps);
-    printf("memory bandwidth (streaming read, %u threads): %.2f GB/s\n",
-           executor_pool_n_threads(pool), bw / 1e9);
-    printf("weights touched per token: %llu bytes (%s)\n", (unsigned long long)d->bytes_active,
-           common_format_size(d->bytes_active, act, sizeof(act)));
-    if (n_gen)
-        printf("decode vs bandwidth limit: %.2f tok/s * %s / %.2f GB/s = %.3f (limit %.2f tok/s)\n",
-               sg.mean, act, bw / 1e9, sg.mean * (double)d->bytes_active / bw,
-               bw / (double)d->bytes_active);
+    if (!stream) {
+        double bw = 0.0;
+        if ((rc = executor_membw_measure(
+                 &(struct executor_membw_opts){.bytes = membw_bytes, .pool = pool}, &bw)) < 0) {
+            fprintf(stderr, "error: bandwidth probe: %s\n", common_strerror(rc));
+            goto out;
+        }
+        printf("memory bandwidth (streaming read, %u threads): %.2f GB/s\n",
+               executor_pool_n_threads(pool), bw / 1e9);
+        printf("weights touched per token: %llu bytes (%s)\n", (unsigned long long)d->bytes_active,
+               common_format_size(d->bytes_active, act, sizeof(act)));
+        if (n_gen)
+            printf("decode vs bandwidth limit: %.2f tok/s * %s / %.2f GB/s = %.3f (limit %.2f "
+                   "tok/s)\n",
+                   sg.mean, act, bw / 1e9, sg.mean * (double)d->bytes_active / bw,
+                   bw / (double)d->bytes_active);
+        status = 0;
+        goto out;
+    }
+
+    /* Streaming: I/O per phase, the storage limit, the ratios. */
+    const double pp_tok = (double)n_prompt * reps, tg_tok = (double)n_gen * reps;
+    const double pp_bpt = pp_tok > 0 ? (double)io_pp.read_bytes / pp_tok : 0.0;
+    const double tg_bpt = tg_tok > 0 ? (double)io_tg.read_bytes / tg_tok : 0.0;
+    const double tg_hit = io_tg.accesses ? (double)io_tg.hits / (double)io_tg.accesses : 0.0;
+    const double pp_hit = io_pp.accesses ? (double)io_pp.hits / (double)io_pp.accesses : 0.0;
+    printf("prefill: %.0f bytes read per token, expert hit rate %.1f%%\n", pp_bpt, 100.0 * pp_hit);
+    printf("decode:  %.0f bytes read per token (%s), expert hit rate %.1f%%\n", tg_bpt,
+           common_format_size((uint64_t)tg_bpt, act, sizeof(act)), 100.0 * tg_hit);
+    fflush(stdout);
+    /* Peak RSS before the probe (its buffers are not part of the run). */
+    (void)cli_engine_report(&en);
+    struct fetcher_probe_result pr = {0}, pr1 = {0};
+    if (io_probe) {
+        enum fetcher_io_mode pm = fetcher_get_io_mode(en.fetcher) == FETCHER_IO_MMAP
+                                      ? FETCHER_IO_AUTO
+                                      : fetcher_get_io_mode(en.fetcher);
+        uint32_t             qd = so.queue_depth ? so.queue_depth : 32;
+        if ((rc = fetcher_probe_read(en.gguf, en.desc,
+                                     &(struct fetcher_probe_opts){
+                                         .io = pm, .queue_depth = qd, .max_bytes = probe_bytes},
+                                     &pr, &e)) < 0 ||
+            (rc = fetcher_probe_read(
+                 en.gguf, en.desc,
+                 &(struct fetcher_probe_opts){
+                     .io = pm, .queue_depth = 1, .max_bytes = probe_bytes / 4, .seed = 2},
+                 &pr1, &e)) < 0) {
+            fprintf(stderr, "error: storage probe: %s\n", e.text[0] ? e.text : common_strerror(rc));
+            goto out;
+        }
+        printf("storage limit (%s%s, random expert parts of %s): %.1f MB/s at queue depth %u, "
+               "%.1f MB/s at depth 1\n",
+               fetcher_io_mode_name(pr.mode), pr.direct ? " O_DIRECT" : "",
+               common_format_size(pr.read_bytes, sz, sizeof(sz)), pr.bytes_per_s / 1e6, qd,
+               pr1.bytes_per_s / 1e6);
+        if (n_gen && tg_bpt > 0)
+            printf("decode vs storage limit: %.2f tok/s vs %.2f MB/s / %.0f bytes per token = %.2f "
+                   "tok/s: ratio %.3f\n",
+                   sg.mean, pr.bytes_per_s / 1e6, tg_bpt, pr.bytes_per_s / tg_bpt,
+                   sg.mean * tg_bpt / pr.bytes_per_s);
+    }
+    printf(
+        "result: io=%s pp_tok_s=%.3f pp_sd=%.3f tg_tok_s=%.3f tg_sd=%.3f pp_bytes_per_tok=%.0f "
+        "tg_bytes_per_tok=%.0f pp_hit_rate=%.4f tg_hit_rate=%.4f probe_bw=%.0f probe_bw_qd1=%.0f "
+        "probe_read_bytes=%llu\n",
+        fetcher_io_mode_name(fetcher_get_io_mode(en.fetcher)), sp.mean, sp.sd, sg.mean, sg.sd,
+        pp_bpt, tg_bpt, pp_hit, tg_hit, pr.bytes_per_s, pr1.bytes_per_s,
+        (unsigned long long)pr.read_bytes);
     status = 0;
 out:
     free(pp);
     free(tg);
     free(tokens);
     free(logits);
-    executor_ctx_destroy(c);
-    executor_pool_destroy(pool);
-    executor_model_destroy(m);
+    cli_engine_close(&en);
     return status;
 }

@@ -25,6 +25,7 @@ static void ppl_usage(FILE *f)
             "  -t, --threads N      threads                                   [physical cores]\n"
             "  --chunks N           score only the first N chunks; 0 = all    [0]\n"
             "  --cache-type T       KV cache type: f16 or q8_0                [f16]\n");
+    fputs(CLI_STREAM_USAGE, f);
 }
 
 static void ppl_on_chunk(void *arg, uint32_t chunk, double ppl)
@@ -39,6 +40,7 @@ int cli_cmd_perplexity(int argc, char **argv)
     const char              *model = NULL, *file = NULL;
     uint32_t                 n_ctx = 512, n_batch = 2048, n_threads = 0, max_chunks = 0;
     enum executor_cache_type cache = EXECUTOR_CACHE_F16;
+    struct cli_stream_opts   so = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -46,12 +48,19 @@ int cli_cmd_perplexity(int argc, char **argv)
             ppl_usage(stdout);
             return 0;
         }
+        if (cli_stream_parse_switch(&so, a))
+            continue;
         if (a[0] != '-') {
             fprintf(stderr, "error: unexpected argument '%s'\n", a);
             return 2;
         }
         if (!(v = cli_next_arg(argc, argv, &i)))
             return 2;
+        int shared = cli_stream_parse_flag(&so, a, v);
+        if (shared < 0)
+            return 2;
+        if (shared > 0)
+            continue;
         bool ok = true;
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0)
             model = v;
@@ -82,15 +91,14 @@ int cli_cmd_perplexity(int argc, char **argv)
         return 2;
     }
 
-    int                    status = 1, rc;
-    struct common_errmsg   e = {{0}};
-    struct executor_model *m = NULL;
-    struct executor_pool  *pool = NULL;
-    struct executor_ctx   *c = NULL;
-    struct router_vocab   *vocab = NULL;
-    struct router_tokens   toks = {0};
-    char                  *text = NULL;
-    size_t                 len = 0;
+    int                  status = 1, rc;
+    struct common_errmsg e = {{0}};
+    struct cli_engine    en = {0};
+    struct executor_ctx *c = NULL;
+    struct router_vocab *vocab = NULL;
+    struct router_tokens toks = {0};
+    char                *text = NULL;
+    size_t               len = 0;
 
     FILE *f = fopen(file, "rb");
     if (!f) {
@@ -113,11 +121,14 @@ int cli_cmd_perplexity(int argc, char **argv)
     text[len] = '\0';
 
     executor_kernels_init();
-    if ((rc = executor_model_open(model, NULL, &m, &e)) < 0) {
-        fprintf(stderr, "error: %s: %s\n", model, e.text[0] ? e.text : common_strerror(rc));
+    struct cli_engine_opts eo = {
+        .n_threads = n_threads,
+        .ctx = {.n_ctx = n_ctx, .n_batch = n_batch, .cache_type = cache},
+        .logit_rows = n_ctx + 1}; /* executor_perplexity keeps every position's logits */
+    if (cli_engine_open(&en, model, &so, &eo) < 0)
         goto out;
-    }
-    if ((rc = router_vocab_load(executor_model_desc(m)->gguf, &vocab, &e)) < 0) {
+    c = en.ctx;
+    if ((rc = router_vocab_load(executor_model_desc(en.model)->gguf, &vocab, &e)) < 0) {
         fprintf(stderr, "error: %s: tokenizer: %s\n", model,
                 e.text[0] ? e.text : common_strerror(rc));
         goto out;
@@ -137,21 +148,11 @@ int cli_cmd_perplexity(int argc, char **argv)
                 2 * n_ctx, n_ctx, toks.n);
         goto out;
     }
-    if ((rc = executor_pool_create(n_threads, &pool)) < 0) {
-        fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
-        goto out;
-    }
-    struct executor_ctx_opts co = {
-        .n_ctx = n_ctx, .n_batch = n_batch, .cache_type = cache, .pool = pool};
-    if ((rc = executor_ctx_create(m, &co, &c, &e)) < 0) {
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
-        goto out;
-    }
     struct router_vocab_special sp;
     router_vocab_special(vocab, &sp);
     fprintf(stderr, "perplexity: calculating perplexity over %zu chunks, n_ctx=%u, threads=%u\n",
             max_chunks && max_chunks < toks.n / n_ctx ? (size_t)max_chunks : toks.n / n_ctx, n_ctx,
-            executor_pool_n_threads(pool));
+            executor_pool_n_threads(en.pool));
     struct executor_ppl_result res = {0};
     uint64_t                   t1 = common_now_ns();
     rc = executor_perplexity(c, toks.ids, toks.n,
@@ -171,12 +172,12 @@ int cli_cmd_perplexity(int argc, char **argv)
             res.n_chunks, (unsigned long long)res.n_scored, secs,
             (double)res.n_chunks * n_ctx / secs);
     status = 0;
+    if (cli_engine_report(&en) < 0)
+        status = 1;
 out:
-    executor_ctx_destroy(c);
-    executor_pool_destroy(pool);
     router_tokens_fini(&toks);
     router_vocab_destroy(vocab);
-    executor_model_destroy(m);
+    cli_engine_close(&en);
     free(text);
     return status;
 }

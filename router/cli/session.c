@@ -31,6 +31,16 @@ int cli_stream_parse_flag(struct cli_stream_opts *o, const char *a, const char *
     } else if (strcmp(a, "--io-depth") == 0) {
         if (!cli_parse_u32(a, v, 1, 4096, &o->queue_depth))
             return -1;
+    } else if (strcmp(a, "--prefetch") == 0) {
+        if (strcmp(v, "gate") != 0 && strcmp(v, "all") != 0 && strcmp(v, "none") != 0) {
+            fprintf(stderr, "error: --prefetch expects gate, all or none, got '%s'\n", v);
+            return -1;
+        }
+        o->no_prefetch = strcmp(v, "none") == 0;
+        o->prefetch_all = strcmp(v, "all") == 0;
+    } else if (strcmp(a, "--prefetch-top") == 0) {
+        if (!cli_parse_u32(a, v, 1, 1024, &o->prefetch_top))
+            return -1;
     } else if (strcmp(a, "--trace-out") == 0) {
         o->trace_out = v;
     } else {
@@ -116,7 +126,9 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
     enum fetcher_io_mode io = so->io_set ? so->io : FETCHER_IO_AUTO;
     struct fetcher_opts  fo = {.ram_budget = so->ram_budget,
                                .kv_bytes = mem.kv_bytes,
-                               .act_bytes = mem.scratch_bytes + o->extra_bytes,
+                               .act_bytes =
+                                   mem.scratch_bytes + o->extra_bytes +
+                                   (uint64_t)o->logit_rows * en->desc->hp.n_vocab * sizeof(float),
                                .policy = so->policy,
                                .io = io,
                                .queue_depth = so->queue_depth};
@@ -184,6 +196,9 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     co.pool = en->pool;
     co.no_prefetch = co.no_prefetch || en->so.no_prefetch;
     co.no_postfetch = co.no_postfetch || en->so.no_postfetch;
+    co.prefetch_history = co.prefetch_history || en->so.prefetch_all;
+    if (!co.prefetch_top)
+        co.prefetch_top = en->so.prefetch_top;
     if (en->fetcher && !co.fetch_window) {
         /* A pool that cannot hold two layers' worth of experts: ask for half of it at a time,
          * so requests made ahead do not evict each other before use. */
@@ -228,8 +243,8 @@ int cli_engine_report(struct cli_engine *en)
         struct fetcher_trace           *t = fetcher_get_trace(en->fetcher);
         struct executor_predictor_stats ps[EXECUTOR_PRED_COUNT];
         executor_ctx_predictor_stats(en->ctx, ps);
-        if (!en->so.no_prefetch)
-            for (int i = 0; i < EXECUTOR_PRED_COUNT; i++)
+        for (int i = 0; i < EXECUTOR_PRED_COUNT; i++)
+            if (!en->so.no_prefetch && ps[i].actual > 0)
                 (void)fetcher_trace_predictor(t,
                                               executor_predictor_name((enum executor_predictor)i),
                                               ps[i].predicted, ps[i].correct, ps[i].actual);
@@ -338,7 +353,7 @@ int cli_session_open(struct cli_session *s, const struct cli_session_opts *o, bo
     struct cli_engine_opts eo = {
         .n_threads = o->n_threads,
         .ctx = {.n_ctx = o->n_ctx, .n_batch = o->n_batch, .cache_type = o->cache},
-        .extra_bytes = 0};
+        .logit_rows = 4}; /* logits and the sampler's candidates */
     if ((rc = cli_engine_open(&s->engine, o->model, &o->stream, &eo)) < 0)
         goto out_close;
     s->pool = s->engine.pool;
