@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# deploy/bench-fetcher.sh - expert streaming benchmark: fetcher (io_uring O_DIRECT) vs mmap under
+# the same memory cap, cold, with the storage limit measured in the same run, and a budget sweep.
+#
+# Needs root (drop_caches, memory cgroup). Not run by CI (deploy/test.sh runs the tests that cover
+# everything used here). See docs/bench.md for what each number means.
+#
+# Environment (all optional):
+#   SLUICE     sluice binary                       [build/bin/sluice]
+#   MODEL      model path, made if missing          [/tmp/sluice-bench/moe-large.gguf]
+#   SIZE       size of the model to make            [6G]
+#   OUT        results directory                    [/tmp/sluice-bench/results-<date>]
+#   FRACTION   budget of the main run, % of model   [25]
+#   N_PROMPT   prefill tokens                       [64]
+#   N_GEN      decode tokens                        [32]
+#   THREADS    threads                              [physical cores]
+#   REPS       cold runs of the main comparison     [3]
+#   SWEEP      budget points, % of model            [100 75 50 35 25 15 10]
+#   SWEEP_MMAP also sweep the mmap baseline (slow)  [0]
+#   EXTRA      extra sluice bench flags for the fetcher runs (e.g. "--prefetch none")
+set -euo pipefail
+
+SLUICE=${SLUICE:-build/bin/sluice}
+MODEL=${MODEL:-/tmp/sluice-bench/moe-large.gguf}
+SIZE=${SIZE:-6G}
+OUT=${OUT:-/tmp/sluice-bench/results-$(date +%Y%m%d-%H%M%S)}
+FRACTION=${FRACTION:-25}
+N_PROMPT=${N_PROMPT:-64}
+N_GEN=${N_GEN:-32}
+THREADS=${THREADS:-}
+REPS=${REPS:-3}
+SWEEP=${SWEEP:-"100 75 50 35 25 15 10"}
+SWEEP_MMAP=${SWEEP_MMAP:-0}
+EXTRA=${EXTRA:-}
+
+[ "$(id -u)" = 0 ] || { echo "bench-fetcher: needs root (drop_caches, memory cgroup)" >&2; exit 1; }
+[ -x "$SLUICE" ] || { echo "bench-fetcher: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
+mkdir -p "$OUT" "$(dirname "$MODEL")"
+
+if [ ! -f "$MODEL" ]; then
+    echo "making $MODEL ($SIZE, moe-large preset)"
+    "$SLUICE" mkmodel -o "$MODEL" --preset moe-large --size "$SIZE" -q
+fi
+MODEL_BYTES=$(stat -c %s "$MODEL")
+THR=()
+[ -n "$THREADS" ] && THR=(-t "$THREADS")
+
+# Memory cgroup whose limit counts the page cache: v1 memory controller, else v2 memory.max.
+CG=""
+setup_cgroup() {
+    if [ -d /sys/fs/cgroup/memory ]; then
+        CG=/sys/fs/cgroup/memory/sluice-bench
+        mkdir -p "$CG"
+        CG_LIMIT=$CG/memory.limit_in_bytes
+    elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        CG=/sys/fs/cgroup/sluice-bench
+        mkdir -p "$CG"
+        CG_LIMIT=$CG/memory.max
+    else
+        echo "bench-fetcher: no memory cgroup found" >&2
+        exit 1
+    fi
+}
+setup_cgroup
+
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# run_capped BYTES LOGFILE ARGS...: runs sluice bench cold inside the cgroup capped at BYTES.
+run_capped() {
+    local limit=$1 log=$2
+    shift 2
+    echo "$limit" > "$CG_LIMIT"
+    drop_caches
+    ( echo $BASHPID > "$CG/cgroup.procs"; exec "$SLUICE" bench "$@" ) > "$log" 2>&1 || {
+        echo "bench-fetcher: run failed, see $log" >&2
+        tail -5 "$log" >&2
+        return 1
+    }
+}
+
+# field LOGFILE KEY: value of KEY in the 'result:' line.
+field() { grep '^result:' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+rss_kb() { sed -n 's/^peak rss: \([0-9]*\) kB.*/\1/p' "$1"; }
+
+BUDGET=$((MODEL_BYTES * FRACTION / 100))
+COMMON=(-m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -r 1 "${THR[@]}" --report-rss)
+echo "model $MODEL ($MODEL_BYTES bytes), budget $FRACTION% = $BUDGET bytes, cgroup $CG"
+echo "load: $(uptime)" | tee "$OUT/load.txt"
+
+summary=$OUT/summary.csv
+echo "run,mode,pp_tok_s,tg_tok_s,tg_bytes_per_tok,tg_hit_rate,peak_rss_kb,probe_bw,probe_bw_qd1" \
+    > "$summary"
+for rep in $(seq 1 "$REPS"); do
+    f=$OUT/fetcher-$rep.txt
+    m=$OUT/mmap-$rep.txt
+    # shellcheck disable=SC2086
+    run_capped "$BUDGET" "$f" "${COMMON[@]}" --ram-budget "$BUDGET" --io uring --io-probe $EXTRA
+    run_capped "$BUDGET" "$m" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap
+    for x in "fetcher $f" "mmap $m"; do
+        set -- $x
+        echo "$rep,$1,$(field "$2" pp_tok_s),$(field "$2" tg_tok_s),$(field "$2" tg_bytes_per_tok),$(field "$2" tg_hit_rate),$(rss_kb "$2"),$(field "$2" probe_bw),$(field "$2" probe_bw_qd1)" >> "$summary"
+    done
+    grep -E '^(pp|tg)|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
+    grep -E '^(pp|tg)' "$m" | sed "s/^/mmap[$rep]    /"
+done
+
+# Ratios over the repetitions: fetcher decode vs its storage limit, vs the mmap baseline.
+awk -F, -v budget="$BUDGET" 'NR > 1 {
+        if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $8; rss[n] = $7; pp[n] = $3 }
+        else { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7 } }
+    function stats(a, c,   i, s, lo, hi) { s = 0; lo = 1e30; hi = -1e30
+        for (i = 1; i <= c; i++) { s += a[i]; if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
+        return sprintf("%.3f (min %.3f, max %.3f, n %d)", s / c, lo, hi, c) }
+    END {
+        for (i = 1; i <= n; i++) { lim[i] = tg[i] * bpt[i] / bw[i]; sp[i] = tg[i] / mtg[i] }
+        print "fetcher decode tok/s:          " stats(tg, n)
+        print "fetcher prefill tok/s:         " stats(pp, n)
+        print "mmap decode tok/s:             " stats(mtg, k)
+        print "mmap prefill tok/s:            " stats(mpp, k)
+        print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.7"
+        print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 5"
+        print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
+        print "mmap peak rss kB:              " stats(mrss, k)
+    }' "$summary" | tee "$OUT/ratios.txt"
+
+# Squeeze sweep: budget from 100% down, tok/s and hit rate per point.
+sweep=$OUT/sweep.csv
+echo "percent,budget_bytes,mode,tg_tok_s,tg_hit_rate,tg_bytes_per_tok,pp_tok_s,peak_rss_kb" > "$sweep"
+for pct in $SWEEP; do
+    b=$((MODEL_BYTES * pct / 100))
+    log=$OUT/sweep-fetcher-$pct.txt
+    # shellcheck disable=SC2086
+    if run_capped "$b" "$log" "${COMMON[@]}" --ram-budget "$b" --io uring $EXTRA; then
+        echo "$pct,$b,fetcher,$(field "$log" tg_tok_s),$(field "$log" tg_hit_rate),$(field "$log" tg_bytes_per_tok),$(field "$log" pp_tok_s),$(rss_kb "$log")" >> "$sweep"
+    fi
+    if [ "$SWEEP_MMAP" = 1 ]; then
+        log=$OUT/sweep-mmap-$pct.txt
+        if run_capped "$b" "$log" "${COMMON[@]}" --ram-budget "$b" --io mmap; then
+            echo "$pct,$b,mmap,$(field "$log" tg_tok_s),$(field "$log" tg_hit_rate),$(field "$log" tg_bytes_per_tok),$(field "$log" pp_tok_s),$(rss_kb "$log")" >> "$sweep"
+        fi
+    fi
+    tail -n 1 "$sweep"
+done
+echo max > "$CG_LIMIT" 2>/dev/null || echo -1 > "$CG_LIMIT" 2>/dev/null || true
+
+if command -v gnuplot > /dev/null; then
+    grep -E ',fetcher,' "$sweep" > "$OUT/sweep-fetcher.dat" || true
+    grep -E ',mmap,' "$sweep" > "$OUT/sweep-mmap.dat" || true
+    plots="'$OUT/sweep-fetcher.dat' using 1:4 with linespoints title 'fetcher decode tok/s' axes x1y1, '$OUT/sweep-fetcher.dat' using 1:(\$5*100) with linespoints dashtype 2 title 'fetcher hit rate %' axes x1y2"
+    [ -s "$OUT/sweep-mmap.dat" ] && plots="$plots, '$OUT/sweep-mmap.dat' using 1:4 with linespoints title 'mmap decode tok/s' axes x1y1"
+    gnuplot <<GP
+set terminal png size 900,560
+set output '$OUT/sweep.png'
+set datafile separator ','
+set title 'sluice squeeze sweep: $(basename "$MODEL"), cold, $N_GEN decode tokens'
+set xlabel 'ram budget (% of model)'
+set ylabel 'decode tok/s'
+set y2label 'expert hit rate (%)'
+set y2range [0:100]
+set ytics nomirror
+set y2tics
+set xrange [*:*] reverse
+set key top right
+plot $plots
+GP
+    echo "plot: $OUT/sweep.png"
+else
+    echo "gnuplot not found (deploy/setup.sh installs gnuplot-nox): no PNG" >&2
+fi
+echo "results in $OUT"
