@@ -96,6 +96,38 @@ static struct bench_stat bench_stats(const double *v, uint32_t n)
     return s;
 }
 
+/* The storage limit with the fetcher's engine at queue depth qd and at 1, on its own model
+ * handle, before the engine exists (its buffers are freed before the budgeted run starts). */
+static int bench_probe(const char *path, const struct cli_stream_opts *so, uint64_t probe_bytes,
+                       struct fetcher_probe_result *pr, struct fetcher_probe_result *pr1)
+{
+    struct common_errmsg e = {{0}};
+    struct common_gguf  *g = NULL;
+    struct common_model  d;
+    int                  rc = common_gguf_open(path, NULL, &g, &e);
+    if (rc < 0 || (rc = common_model_init(&d, g, &e)) < 0) {
+        fprintf(stderr, "error: %s: %s\n", path, e.text[0] ? e.text : common_strerror(rc));
+        common_gguf_close(g);
+        return rc;
+    }
+    enum fetcher_io_mode pm = so->io_set && so->io != FETCHER_IO_MMAP ? so->io : FETCHER_IO_AUTO;
+    uint32_t             qd = so->queue_depth ? so->queue_depth : 32;
+    if ((rc = fetcher_probe_read(
+             g, &d,
+             &(struct fetcher_probe_opts){.io = pm, .queue_depth = qd, .max_bytes = probe_bytes},
+             pr, &e)) >= 0)
+        rc = fetcher_probe_read(
+            g, &d,
+            &(struct fetcher_probe_opts){
+                .io = pm, .queue_depth = 1, .max_bytes = probe_bytes / 4, .seed = 2},
+            pr1, &e);
+    if (rc < 0)
+        fprintf(stderr, "error: storage probe: %s\n", e.text[0] ? e.text : common_strerror(rc));
+    common_model_fini(&d);
+    common_gguf_close(g);
+    return rc;
+}
+
 int cli_cmd_bench(int argc, char **argv)
 {
     const char              *model = NULL;
@@ -176,6 +208,9 @@ int cli_cmd_bench(int argc, char **argv)
     if (!pp || !tg)
         goto out;
     executor_kernels_init();
+    struct fetcher_probe_result pr = {0}, pr1 = {0};
+    if (io_probe && stream && bench_probe(model, &so, probe_bytes, &pr, &pr1) < 0)
+        goto out;
     uint32_t               n_ctx = (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
     struct cli_engine_opts eo = {.n_threads = n_threads,
                                  .ctx = {.n_ctx = n_ctx, .n_batch = n_batch, .cache_type = cache},
@@ -276,31 +311,13 @@ int cli_cmd_bench(int argc, char **argv)
     printf("decode:  %.0f bytes read per token (%s), expert hit rate %.1f%%\n", tg_bpt,
            common_format_size((uint64_t)tg_bpt, act, sizeof(act)), 100.0 * tg_hit);
     fflush(stdout);
-    /* Peak RSS before the probe (its buffers are not part of the run). */
     (void)cli_engine_report(&en);
-    struct fetcher_probe_result pr = {0}, pr1 = {0};
     if (io_probe) {
-        enum fetcher_io_mode pm = fetcher_get_io_mode(en.fetcher) == FETCHER_IO_MMAP
-                                      ? FETCHER_IO_AUTO
-                                      : fetcher_get_io_mode(en.fetcher);
-        uint32_t             qd = so.queue_depth ? so.queue_depth : 32;
-        if ((rc = fetcher_probe_read(en.gguf, en.desc,
-                                     &(struct fetcher_probe_opts){
-                                         .io = pm, .queue_depth = qd, .max_bytes = probe_bytes},
-                                     &pr, &e)) < 0 ||
-            (rc = fetcher_probe_read(
-                 en.gguf, en.desc,
-                 &(struct fetcher_probe_opts){
-                     .io = pm, .queue_depth = 1, .max_bytes = probe_bytes / 4, .seed = 2},
-                 &pr1, &e)) < 0) {
-            fprintf(stderr, "error: storage probe: %s\n", e.text[0] ? e.text : common_strerror(rc));
-            goto out;
-        }
         printf("storage limit (%s%s, random expert parts of %s): %.1f MB/s at queue depth %u, "
                "%.1f MB/s at depth 1\n",
                fetcher_io_mode_name(pr.mode), pr.direct ? " O_DIRECT" : "",
-               common_format_size(pr.read_bytes, sz, sizeof(sz)), pr.bytes_per_s / 1e6, qd,
-               pr1.bytes_per_s / 1e6);
+               common_format_size(pr.read_bytes, sz, sizeof(sz)), pr.bytes_per_s / 1e6,
+               pr.queue_depth, pr1.bytes_per_s / 1e6);
         if (n_gen && tg_bpt > 0)
             printf("decode vs storage limit: %.2f tok/s vs %.2f MB/s / %.0f bytes per token = %.2f "
                    "tok/s: ratio %.3f\n",
