@@ -215,7 +215,9 @@ typedef float (*executor_vec_dot_fn)(int64_t n, const void *w, const void *act);
 typedef void (*executor_quantize_fn)(const float *x, void *dst, int64_t n);
 
 /* Dots of n_rows consecutive weight rows (row r at (const char *)w + r * row_bytes) with one
- * activation vector into y[0..n_rows). Must give each row exactly the bits vec_dot gives it. */
+ * activation vector into y[0..n_rows). Must give each row exactly the bits vec_dot gives it.
+ * Used by executor_matmul on cache-resident row tiles, where sharing the activation work across
+ * rows pays; executor_matvec streams rows from DRAM one at a time (measured faster there). */
 typedef void (*executor_gemv_fn)(int64_t n, const void *w, size_t row_bytes, int64_t n_rows,
                                  const void *act, float *y);
 
