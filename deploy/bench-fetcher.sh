@@ -18,6 +18,8 @@
 #   SWEEP      budget points, % of model            [100 75 50 35 25 15 10]
 #   SWEEP_MMAP also sweep the mmap baseline (slow)  [0]
 #   EXTRA      extra sluice bench flags for the fetcher runs (e.g. "--prefetch none")
+#   SLACK      cgroup cap above the budget, same for both modes: page tables and kernel memory
+#              that VmHWM does not count (a cap of exactly the budget OOM-kills a 100% run) [64M]
 set -euo pipefail
 
 SLUICE=${SLUICE:-build/bin/sluice}
@@ -32,6 +34,7 @@ REPS=${REPS:-3}
 SWEEP=${SWEEP:-"100 75 50 35 25 15 10"}
 SWEEP_MMAP=${SWEEP_MMAP:-0}
 EXTRA=${EXTRA:-}
+SLACK=${SLACK:-$((64 << 20))}
 
 [ "$(id -u)" = 0 ] || { echo "bench-fetcher: needs root (drop_caches, memory cgroup)" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "bench-fetcher: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
@@ -65,11 +68,11 @@ setup_cgroup
 
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
-# run_capped BYTES LOGFILE ARGS...: runs sluice bench cold inside the cgroup capped at BYTES.
+# run_capped BYTES LOGFILE ARGS...: runs sluice bench cold inside the cgroup capped at BYTES + SLACK.
 run_capped() {
     local limit=$1 log=$2
     shift 2
-    echo "$limit" > "$CG_LIMIT"
+    echo $((limit + SLACK)) > "$CG_LIMIT"
     drop_caches
     ( echo $BASHPID > "$CG/cgroup.procs"; exec "$SLUICE" bench "$@" ) > "$log" 2>&1 || {
         echo "bench-fetcher: run failed, see $log" >&2
