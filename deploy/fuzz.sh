@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 2:1 between the GGUF reader and the
-#        control-message decoder; CI runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 3:1:2 between the GGUF reader, the
+#        control-message decoder and the tokenizers; CI runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -10,7 +10,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_proto -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_proto fuzz_tokenize -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -46,5 +46,18 @@ fuzz() {
     execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     echo "$target: ${execs:-?} executions in ${t}s, no crash (corpus $dir, log $log)"
 }
-fuzz fuzz_gguf "$corpus" $(( secs * 2 / 3 ))
-fuzz fuzz_proto "$build/corpus-proto" $(( secs - secs * 2 / 3 ))
+# Tokenizer seeds: the fixture test strings; the first byte picks vocabulary and options.
+tcorpus="$build/corpus-tokenize"
+mkdir -p "$tcorpus"
+if [ -d "$fixtures/tokenizer" ]; then
+    i=0
+    for f in "$fixtures"/tokenizer/*.inp; do
+        { printf "\\$(printf '%03o' $(( i % 16 )))"; cat "$f"; } > "$tcorpus/seed-$i"
+        i=$(( i + 1 ))
+    done
+fi
+t_gguf=$(( secs / 2 ))
+t_proto=$(( secs / 6 ))
+fuzz fuzz_gguf "$corpus" "$t_gguf"
+fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_proto ))

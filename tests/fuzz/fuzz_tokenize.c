@@ -1,0 +1,60 @@
+/* tests/fuzz/fuzz_tokenize.c - libFuzzer target: tokenizing any bytes with the fixture vocabularies
+ * (SentencePiece and byte-level BPE), with and without special-token parsing, then detokenizing. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "router.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FUZZ_N_VOCABS 3
+
+/* Process singleton of the fuzz target: vocabularies loaded on the first input. */
+static struct router_vocab *g_vocabs[FUZZ_N_VOCABS];
+static struct common_gguf  *g_ggufs[FUZZ_N_VOCABS];
+static int                  g_loaded;
+
+static void fuzz_load(void)
+{
+    static const char *names[FUZZ_N_VOCABS] = {
+        "tokenizer/ggml-vocab-llama-spm.gguf",
+        "tokenizer/ggml-vocab-gpt-2.gguf",
+        "tokenizer/ggml-vocab-deepseek-coder.gguf",
+    };
+    const char *dir = getenv("SLUICE_FIXTURES");
+    if (!dir || !*dir)
+        dir = SLUICE_FIXTURES_DIR;
+    for (int i = 0; i < FUZZ_N_VOCABS; i++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        if (common_gguf_open(path, NULL, &g_ggufs[i], NULL) != COMMON_OK ||
+            router_vocab_load(g_ggufs[i], &g_vocabs[i], NULL) != COMMON_OK)
+            g_vocabs[i] = NULL;
+    }
+    g_loaded = 1;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!g_loaded)
+        fuzz_load();
+    if (size == 0)
+        return 0;
+    /* The first byte picks the vocabulary and the options; the rest is the text. */
+    const struct router_vocab *v = g_vocabs[data[0] % FUZZ_N_VOCABS];
+    if (!v)
+        return 0;
+    struct router_tokenize_opts o = {.add_special = (data[0] & 4) != 0,
+                                     .parse_special = (data[0] & 8) != 0};
+    struct router_tokens        toks = {0};
+    if (router_tokenize(v, (const char *)data + 1, size - 1, &o, &toks) >= 0) {
+        struct router_text text = {0};
+        router_detokenize(v, toks.ids, toks.n, NULL, &text);
+        router_text_fini(&text);
+    }
+    router_tokens_fini(&toks);
+    return 0;
+}
