@@ -25,8 +25,8 @@ static void chat_usage(FILE *f)
             "  -t, --threads N      threads                                  [physical cores]\n"
             "  -c, --ctx-size N     context for the whole conversation       [model's, <= 4096]\n"
             "  --temp X, --top-k K, --top-p P, --min-p P, --seed S   sampling, as sluice run\n"
-            "  --dry-run            print the rendered prompt and its token ids, then exit\n"
-            "  -h, --help           this help\n\n"
+            "  --dry-run            print the rendered prompt and its token ids, then "
+            "exit\n" CLI_STREAM_USAGE "  -h, --help           this help\n\n"
             "A reply ends at an end-of-generation token or after -n tokens. When the\n"
             "conversation no longer fits the context, chat says so and stops.\n");
 }
@@ -171,6 +171,8 @@ int cli_cmd_chat(int argc, char **argv)
             dry_run = true;
             continue;
         }
+        if (cli_stream_parse_switch(&so.stream, a))
+            continue;
         if (a[0] != '-') {
             fprintf(stderr, "sluice chat: unexpected argument '%s'\n", a);
             return 2;
