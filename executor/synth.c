@@ -209,7 +209,32 @@ static uint64_t synth_tensor_bytes(const struct synth_tensor *t)
     return row * t->ne[1] * t->ne[2];
 }
 
-/* Writes the byte-level tokenizer: <unk>, <s>, </s>, <0x00>..<0xFF>, then unused fillers. */
+/* Piece k of the self-made vocabulary beyond the bytes: syllables of a made-up language
+ * ("ka", "▁tore", ...), so a random model prints readable gibberish. Returns false past the
+ * syllable space (the caller then writes an unused filler). */
+static bool synth_syllable_piece(uint32_t k, char *s, size_t len)
+{
+    static const char cons[] = "bdfghklmnprstvwzjc";
+    static const char vow[] = "aeiou";
+    const uint32_t    n_syl = (sizeof(cons) - 1) * (sizeof(vow) - 1); /* 90 */
+    uint32_t          base = k / 2;
+    const char       *space = k % 2 == 0 ? "\xE2\x96\x81" : ""; /* U+2581, SentencePiece's space */
+    char              a[3] = {0}, b[3] = {0};
+    if (base >= n_syl + n_syl * n_syl)
+        return false;
+    uint32_t first = base < n_syl ? base : (base - n_syl) / n_syl;
+    a[0] = cons[first / 5];
+    a[1] = vow[first % 5];
+    if (base >= n_syl) {
+        uint32_t second = (base - n_syl) % n_syl;
+        b[0] = cons[second / 5];
+        b[1] = vow[second % 5];
+    }
+    snprintf(s, len, "%s%s%s", space, a, b);
+    return true;
+}
+
+/* Writes the self-made tokenizer: <unk>, <s>, </s>, <0x00>..<0xFF>, then syllable pieces. */
 static int synth_byte_vocab(struct common_gguf_writer *w, uint32_t n_vocab)
 {
     int                     rc = COMMON_ENOMEM;
@@ -229,11 +254,11 @@ static int synth_byte_vocab(struct common_gguf_writer *w, uint32_t n_vocab)
             snprintf(s, 24, "</s>");
         else if (i < SYNTH_BYTE_VOCAB)
             snprintf(s, 24, "<0x%02X>", i - 3);
-        else
+        else if (!synth_syllable_piece(i - SYNTH_BYTE_VOCAB, s, 24))
             snprintf(s, 24, "[UNUSED%u]", i);
         toks[i].ptr = s;
         toks[i].len = strlen(s);
-        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < SYNTH_BYTE_VOCAB ? 6 : 5;
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < SYNTH_BYTE_VOCAB ? 6 : s[0] == '[' ? 5 : 1;
     }
     if ((rc = common_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) ||
         (rc = common_gguf_writer_set_arr(w, "tokenizer.ggml.tokens", COMMON_GGUF_STRING, toks,

@@ -15,7 +15,8 @@ static void mkmodel_usage(FILE *f)
             "weights, streaming with bounded memory whatever the size. Output is gibberish by\n"
             "design: the file exists to exercise loading, kernels and expert streaming.\n\n"
             "  -o, --output PATH    file to write (required)\n"
-            "  --preset NAME        tiny (dense, 2 layers), demo (MoE 8x top-2, 4 layers),\n"
+            "  --preset NAME        tiny (dense, 2 layers), demo (MoE 8x top-2, 4 layers,\n"
+            "                       2048 tokens),\n"
             "                       moe-large (Mixtral-like: 32 experts top-4, Q4_0, ~7 GiB)\n"
             "  --type TYPE          weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K\n"
             "                       q5_K q6_K (norms and router stay f32)   [f32]\n"
@@ -26,7 +27,7 @@ static void mkmodel_usage(FILE *f)
             "  --n-ff N             FFN width (per expert for MoE)            [4*n-embd]\n"
             "  --n-expert N         routed experts per layer (0 = dense)      [0]\n"
             "  --n-expert-used N    experts per token                         [2]\n"
-            "  --n-vocab N          vocabulary (byte-level vocab is padded)   [259]\n"
+            "  --n-vocab N          vocabulary: 259 byte tokens, then syllable pieces [259]\n"
             "  --n-ctx N            context length                            [2048]\n"
             "  --size SIZE          pick the layer count to reach SIZE (e.g. 1.5G)\n"
             "  --vocab-from GGUF    copy the tokenizer of another GGUF\n"
@@ -51,6 +52,7 @@ static bool mkmodel_preset(const char *name, struct executor_synth_opts *o)
         o->n_ff = 256;
         o->n_expert = 8;
         o->n_expert_used = 2;
+        o->n_vocab = 2048;
         o->type = COMMON_GGML_TYPE_Q8_0;
     } else if (strcmp(name, "moe-large") == 0) {
         o->n_embd = 2048;
