@@ -5,10 +5,11 @@
 
 #include "kernels_impl.h"
 
-/* Q4_0, Q8_0, Q4_K and Q6_K get 512-bit kernels (two blocks, or one 64-element chunk, per
- * vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds). Every other entry, and the activation
- * quantizers, come from the AVX2 set, which this CPU also runs. As in avx2.c the integer sums are
- * exact and only the order of the float additions differs from ref.c. */
+/* Q4_0, Q8_0, Q4_K and Q6_K get 512-bit kernels (Q4_0: three raw blocks per load; the others two
+ * blocks, or one 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds).
+ * Every other entry, and the activation quantizers, come from the AVX2 set, which this CPU also
+ * runs. As in avx2.c the integer sums are exact and only the order of the float additions differs
+ * from ref.c. */
 
 static inline float avx512_fp16(uint16_t h)
 {
@@ -45,87 +46,232 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
                               _mm256_loadu_si256((const __m256i *)q1), 1);
 }
 
-/* [h0 x8, h1 x8] halves -> floats */
-static inline __m512 avx512_fp16_pair(uint16_t h0, uint16_t h1)
+/* ------------------------------------------------------------------------------------------ */
+/* Q4_0 x Q8_0                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Weights are read as they lie in memory: one 64-byte load covers a group of three 18-byte blocks
+ * (54 bytes; the other 10 meet zero activations). The activation vector is rearranged once per
+ * call into the same byte positions (struct avx512_q40_act), so the weights need no shuffle:
+ * vpdpbusd multiplies the unsigned nibbles (0..15) by the int8 activations, each int32 lane
+ * starting from -8 * (the sum of its activations), which applies Q4_0's offset of 8. A lane holds
+ * quants of one block only, so lane sums are exact per-block partial sums; they are scaled in
+ * float by that block's d_a (stored per lane) and d_w (picked from the loaded bytes by vpermw).
+ * Only the order and grouping of float operations differ from ref.c. Layout of a group:
+ *   bytes 0..17 block 0 (d at 0), 18..35 block 1 (d at 18), 36..53 block 2 (d at 36);
+ *   lanes 0..4 -> block 0, 5..8 -> block 1, 9..13 -> block 2, 14..15 unused. */
+#define AVX512_Q40_GROUP       3   /* blocks per 64-byte weight load */
+#define AVX512_Q40_CHUNK       128 /* groups prepared at once (384 blocks, 32 KiB of stack) */
+#define AVX512_Q40_NACT        4   /* activations sharing one weight unpack in the matmul kernel */
+#define AVX512_Q40_GROUP_BYTES (AVX512_Q40_GROUP * 18)
+#define AVX512_Q40_PREFETCH    1024 /* bytes ahead of the loads: best of 512..4096 on Zen 4 */
+
+struct avx512_q40_act {
+    int8_t  lo[64]; /* activation meeting the low nibble of weight byte p; 0 under d and past */
+    int8_t  hi[64]; /* activation meeting the high nibble of weight byte p */
+    int32_t c[16];  /* per lane: -8 * sum of the lane's lo and hi activations */
+    float   da[16]; /* per lane: activation scale of the lane's block; 0 for unused lanes */
+};
+
+/* Lane -> block of the group (3: none, whose da is 0). */
+static const int32_t k_avx512_q40_lane_blk[16] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3};
+/* Word l (< 16): the word of the group holding the d of lane l's block (unused lanes: block 2). */
+static const int16_t k_avx512_q40_dw_idx[32] = {0, 0,  0,  0,  0,  9,  9,  9,
+                                                9, 18, 18, 18, 18, 18, 18, 18};
+
+/* Rearranges activation blocks y[0..nb) into ceil(nb / 3) groups at g. */
+static void avx512_q40_prep(const struct executor_block_q8_0 *y, int64_t nb,
+                            struct avx512_q40_act *g)
 {
-    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)),
-                                              _mm_set1_epi16((short)h1), 1);
-    return _mm512_cvtph_ps(h);
+    const __m512i lane_blk = _mm512_loadu_si512(k_avx512_q40_lane_blk);
+    const int64_t ng = (nb + AVX512_Q40_GROUP - 1) / AVX512_Q40_GROUP;
+    for (int64_t k = 0; k < ng; k++, y += AVX512_Q40_GROUP) {
+        const int64_t left = nb - k * AVX512_Q40_GROUP;
+        const int     nbk = left < AVX512_Q40_GROUP ? (int)left : AVX512_Q40_GROUP;
+        float         d[4] = {0, 0, 0, 0};
+        _mm512_store_si512(g[k].lo, _mm512_setzero_si512());
+        _mm512_store_si512(g[k].hi, _mm512_setzero_si512());
+        for (int j = 0; j < nbk; j++) {
+            memcpy(g[k].lo + 18 * j + 2, y[j].qs, 16);
+            memcpy(g[k].hi + 18 * j + 2, y[j].qs + 16, 16);
+            d[j] = avx512_fp16(y[j].d);
+        }
+        _mm512_store_ps(g[k].da,
+                        _mm512_permutexvar_ps(lane_blk, _mm512_castps128_ps512(_mm_loadu_ps(d))));
+    }
+    /* second pass, so the byte stores above have left the store buffer */
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t k = 0; k < ng; k++) {
+        __m512i s = _mm512_dpbusd_epi32(zero, ones, _mm512_load_si512(g[k].lo));
+        s = _mm512_dpbusd_epi32(s, ones, _mm512_load_si512(g[k].hi));
+        _mm512_store_si512(g[k].c, _mm512_sub_epi32(zero, _mm512_slli_epi32(s, 3)));
+    }
 }
 
-#define AVX512_Q4_0_ROWS 4
+/* acc + (lane sums * d_a) * d_w for one group of unpacked weights: the one sequence
+ * of operations every Q4_0 kernel below runs per (row, activation, group), so they agree bit for
+ * bit. */
+static inline __m512 avx512_q40_group(__m512i lo, __m512i hi, __m512 dw,
+                                      const struct avx512_q40_act *g, __m512 acc)
+{
+    __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512(g->c), lo, _mm512_load_si512(g->lo));
+    s = _mm512_dpbusd_epi32(s, hi, _mm512_load_si512(g->hi));
+    return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_load_ps(g->da)), dw, acc);
+}
 
-/* Dots of R rows of Q4_0 (stride rb bytes) with one Q8_0 activation, two blocks per step. The
- * activation's quants, its 8 * sum correction and its scales are loaded once per step for all R
- * rows; each row's arithmetic is the same whatever R, so gemv and vec_dot agree bit for bit. */
-static inline __attribute__((always_inline)) void
-avx512_q4_0_rows(const int R, int64_t nb, const char *w, size_t rb,
-                 const struct executor_block_q8_0 *y, float *out)
+/* Unpacks a group's weight bytes: low nibbles, high nibbles, and d_w per lane. */
+struct avx512_q40_w {
+    __m512i lo, hi;
+    __m512  dw;
+};
+
+static inline struct avx512_q40_w avx512_q40_unpack(__m512i raw)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i eight = _mm512_set1_epi8(8);
-    const __m512i perm = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512        acc[AVX512_Q4_0_ROWS];
-    for (int r = 0; r < R; r++)
-        acc[r] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m512i qy = avx512_load_pair(y[i].qs, y[i + 1].qs);
-        /* -(sum 8 * a), 4 elements per lane: the accumulator start of every row's dot */
-        const __m512i nds = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, qy));
-        const __m512  da = avx512_fp16_pair(y[i].d, y[i + 1].d);
-        for (int r = 0; r < R; r++) {
-            const struct executor_block_q4_0 *xb =
-                (const struct executor_block_q4_0 *)(w + (size_t)r * rb) + i;
-            const __m256i t = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)xb[0].qs)),
-                _mm_loadu_si128((const __m128i *)xb[1].qs), 1);
-            /* [b0, b0, b1, b1] -> [b0 low nibbles, b0 high, b1 low, b1 high] */
-            __m512i q = _mm512_permutexvar_epi64(perm, _mm512_castsi256_si512(t));
-            q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFF00FF00u, q, 4), m4);
-            /* sum (q - 8) * a = sum q * a - sum 8 * a */
-            const __m512i v = _mm512_dpbusd_epi32(nds, q, qy);
-            const __m512  dw = avx512_fp16_pair(xb[0].d, xb[1].d);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(dw, da), acc[r]);
+    const __m512i didx = _mm512_loadu_si512(k_avx512_q40_dw_idx);
+    return (struct avx512_q40_w){
+        .lo = _mm512_and_si512(raw, m4),
+        .hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4),
+        .dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(didx, raw)))};
+}
+
+/* Loads group k of a row of nb blocks; the row's last group is loaded with a byte mask so nothing
+ * past the row is read. */
+static inline __m512i avx512_q40_load(const uint8_t *row, int64_t k, int64_t nb)
+{
+    const uint8_t *p = row + k * AVX512_Q40_GROUP_BYTES;
+    const int64_t  left = nb - k * AVX512_Q40_GROUP;
+    if (left > AVX512_Q40_GROUP)
+        return _mm512_loadu_si512(p);
+    return _mm512_maskz_loadu_epi8((1ull << (18 * left)) - 1, p);
+}
+
+/* Dots of n_rows Q4_0 rows (stride rb) with prepared groups g[0..ng) that start at group k0 of
+ * rows of nb blocks; y[r] = the row's partial sum (first chunk) or y[r] + it (later chunks).
+ * Groups alternate between two accumulators; the software prefetch ahead of the loads doubles
+ * the rate at which a core streams rows from DRAM (the hardware prefetcher alone reached about
+ * half the bandwidth). */
+static void avx512_q40_rows(const char *w, size_t rb, int64_t n_rows, int64_t nb, int64_t k0,
+                            int64_t ng, const struct avx512_q40_act *g, float *y)
+{
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
+        __m512         acc0 = _mm512_setzero_ps(), acc1 = acc0;
+        int64_t        k = 0;
+        for (; k + 2 <= ng; k += 2) {
+            const uint8_t *p = row + (k0 + k) * AVX512_Q40_GROUP_BYTES;
+            _mm_prefetch((const char *)p + AVX512_Q40_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + AVX512_Q40_PREFETCH + 64, _MM_HINT_T0);
+            const struct avx512_q40_w w0 = avx512_q40_unpack(_mm512_loadu_si512(p));
+            const struct avx512_q40_w w1 = avx512_q40_unpack(avx512_q40_load(row, k0 + k + 1, nb));
+            acc0 = avx512_q40_group(w0.lo, w0.hi, w0.dw, g + k, acc0);
+            acc1 = avx512_q40_group(w1.lo, w1.hi, w1.dw, g + k + 1, acc1);
         }
-    }
-    for (int r = 0; r < R; r++)
-        out[r] = avx512_hsum_ps(acc[r]);
-    if (i < nb) {
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        const __m256i z = _mm256_setzero_si256();
-        const __m256i ds = _mm256_dpbusd_epi32(z, _mm256_set1_epi8(8), qy);
-        const float   da = avx512_fp16(y[i].d);
-        for (int r = 0; r < R; r++) {
-            const struct executor_block_q4_0 *xb =
-                (const struct executor_block_q4_0 *)(w + (size_t)r * rb) + i;
-            const __m128i t = _mm_loadu_si128((const __m128i *)xb->qs);
-            const __m256i q = _mm256_and_si256(
-                _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
-                _mm256_set1_epi8(0x0F));
-            const __m256i v = _mm256_sub_epi32(_mm256_dpbusd_epi32(z, q, qy), ds);
-            out[r] += (float)avx512_hsum_epi32_256(v) * (avx512_fp16(xb->d) * da);
+        if (k < ng) {
+            const struct avx512_q40_w w0 = avx512_q40_unpack(avx512_q40_load(row, k0 + k, nb));
+            acc0 = avx512_q40_group(w0.lo, w0.hi, w0.dw, g + k, acc0);
         }
+        const float s = avx512_hsum_ps(_mm512_add_ps(acc0, acc1));
+        y[r] = k0 == 0 ? s : y[r] + s;
     }
 }
 
 static void avx512_gemv_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
                              float *y)
 {
-    const int64_t nb = n / EXECUTOR_QK;
-    int64_t       r = 0;
-    for (; r + AVX512_Q4_0_ROWS <= n_rows; r += AVX512_Q4_0_ROWS)
-        avx512_q4_0_rows(AVX512_Q4_0_ROWS, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
-    for (; r < n_rows; r++)
-        avx512_q4_0_rows(1, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+    _Alignas(64) struct avx512_q40_act g[AVX512_Q40_CHUNK];
+    const int64_t                      nb = n / EXECUTOR_QK;
+    const int64_t                      ng = (nb + AVX512_Q40_GROUP - 1) / AVX512_Q40_GROUP;
+    const struct executor_block_q8_0  *a = act;
+    for (int64_t k0 = 0; k0 < ng; k0 += AVX512_Q40_CHUNK) {
+        const int64_t nk = ng - k0 < AVX512_Q40_CHUNK ? ng - k0 : AVX512_Q40_CHUNK;
+        const int64_t b0 = k0 * AVX512_Q40_GROUP;
+        const int64_t nbk = nb - b0 < nk * AVX512_Q40_GROUP ? nb - b0 : nk * AVX512_Q40_GROUP;
+        avx512_q40_prep(a + b0, nbk, g);
+        avx512_q40_rows(w, rb, n_rows, nb, k0, nk, g, y);
+    }
 }
 
 static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
 {
     float y;
-    avx512_q4_0_rows(1, n / EXECUTOR_QK, w, 0, a, &y);
+    avx512_gemv_q4_0(n, w, 0, 1, a, &y);
     return y;
+}
+
+/* avx512_q40_rows for NA activations at once (prepared groups g[j * AVX512_Q40_CHUNK + k]), each
+ * weight group unpacked once for all of them; y[j * ys + r]. Rows come from L2 (executor_matmul
+ * tiles them), so no prefetch. */
+static inline __attribute__((always_inline)) void
+avx512_q40_rows_multi(const int NA, const char *w, size_t rb, int64_t n_rows, int64_t nb,
+                      int64_t k0, int64_t ng, const struct avx512_q40_act *g, float *y, size_t ys)
+{
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
+        __m512         acc0[AVX512_Q40_NACT], acc1[AVX512_Q40_NACT];
+        for (int j = 0; j < NA; j++)
+            acc0[j] = acc1[j] = _mm512_setzero_ps();
+        int64_t k = 0;
+        for (; k + 2 <= ng; k += 2) {
+            const struct avx512_q40_w w0 =
+                avx512_q40_unpack(_mm512_loadu_si512(row + (k0 + k) * AVX512_Q40_GROUP_BYTES));
+            const struct avx512_q40_w w1 = avx512_q40_unpack(avx512_q40_load(row, k0 + k + 1, nb));
+            for (int j = 0; j < NA; j++) {
+                const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + k;
+                acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
+                acc1[j] = avx512_q40_group(w1.lo, w1.hi, w1.dw, gj + 1, acc1[j]);
+            }
+        }
+        if (k < ng) {
+            const struct avx512_q40_w w0 = avx512_q40_unpack(avx512_q40_load(row, k0 + k, nb));
+            for (int j = 0; j < NA; j++) {
+                const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + k;
+                acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
+            }
+        }
+        for (int j = 0; j < NA; j++) {
+            const float s = avx512_hsum_ps(_mm512_add_ps(acc0[j], acc1[j]));
+            float      *yj = y + (size_t)j * ys + r;
+            *yj = k0 == 0 ? s : *yj + s;
+        }
+    }
+}
+
+static void avx512_gemm_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    _Alignas(64) struct avx512_q40_act g[AVX512_Q40_NACT * AVX512_Q40_CHUNK];
+    const int64_t                      nb = n / EXECUTOR_QK;
+    const int64_t                      ng = (nb + AVX512_Q40_GROUP - 1) / AVX512_Q40_GROUP;
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q40_NACT) {
+        const int na = n_act - j0 < AVX512_Q40_NACT ? (int)(n_act - j0) : AVX512_Q40_NACT;
+        for (int64_t k0 = 0; k0 < ng; k0 += AVX512_Q40_CHUNK) {
+            const int64_t nk = ng - k0 < AVX512_Q40_CHUNK ? ng - k0 : AVX512_Q40_CHUNK;
+            const int64_t b0 = k0 * AVX512_Q40_GROUP;
+            const int64_t nbk = nb - b0 < nk * AVX512_Q40_GROUP ? nb - b0 : nk * AVX512_Q40_GROUP;
+            for (int j = 0; j < na; j++) {
+                const struct executor_block_q8_0 *a =
+                    (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+                avx512_q40_prep(a + b0, nbk, g + (size_t)j * AVX512_Q40_CHUNK);
+            }
+            float *yj = y + (size_t)j0 * ys;
+            switch (na) {
+            case 4:
+                avx512_q40_rows_multi(4, w, rb, n_rows, nb, k0, nk, g, yj, ys);
+                break;
+            case 3:
+                avx512_q40_rows_multi(3, w, rb, n_rows, nb, k0, nk, g, yj, ys);
+                break;
+            case 2:
+                avx512_q40_rows_multi(2, w, rb, n_rows, nb, k0, nk, g, yj, ys);
+                break;
+            default:
+                avx512_q40_rows_multi(1, w, rb, n_rows, nb, k0, nk, g, yj, ys);
+                break;
+            }
+        }
+    }
 }
 
 static float avx512_dot_q8_0(int64_t n, const void *w, const void *a)
@@ -285,6 +431,7 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
 {
     ks->vec_dot[COMMON_GGML_TYPE_Q4_0] = avx512_dot_q4_0;
     ks->gemv[COMMON_GGML_TYPE_Q4_0] = avx512_gemv_q4_0;
+    ks->gemm[COMMON_GGML_TYPE_Q4_0] = avx512_gemm_q4_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q8_0] = avx512_dot_q8_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx512_dot_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx512_dot_q6_K;

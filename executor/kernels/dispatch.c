@@ -8,7 +8,8 @@
 #include "kernels_impl.h"
 
 #define DISPATCH_N_ISA      3
-#define DISPATCH_TILE_BYTES (24u * 1024u) /* weight bytes per matmul tile: about L1d */
+#define DISPATCH_TILE_BYTES (24u * 1024u)  /* weight bytes per matmul tile: about L1d */
+#define DISPATCH_GEMM_BYTES (256u * 1024u) /* weight bytes per gemm tile: a part of L2 */
 
 /* Process singleton: CPU features, filled once by dispatch_init() (through pthread_once, so the
  * first kernel call or executor_kernels_init() fills it); read-only after. */
@@ -38,18 +39,23 @@ static bool dispatch_isa_available(const struct executor_cpu_features *f, enum e
     return false;
 }
 
-/* Builds `dst` as `base` overridden by `fill`; a gemv inherited from `base` is dropped where
- * `fill` replaced the vec_dot of its type, so gemv and vec_dot always agree bit for bit. */
+/* Builds `dst` as `base` overridden by `fill`; a gemv or gemm inherited from `base` is dropped
+ * where `fill` replaced the vec_dot of its type, so they and vec_dot always agree bit for bit. */
 static void dispatch_derive(struct executor_kernel_set *dst, const struct executor_kernel_set *base,
                             void (*fill)(struct executor_kernel_set *))
 {
     *dst = *base;
-    for (int t = 0; t < COMMON_GGML_TYPE_COUNT; t++)
+    for (int t = 0; t < COMMON_GGML_TYPE_COUNT; t++) {
         dst->gemv[t] = NULL;
+        dst->gemm[t] = NULL;
+    }
     fill(dst);
-    for (int t = 0; t < COMMON_GGML_TYPE_COUNT; t++)
+    for (int t = 0; t < COMMON_GGML_TYPE_COUNT; t++) {
         if (!dst->gemv[t] && dst->vec_dot[t] == base->vec_dot[t])
             dst->gemv[t] = base->gemv[t];
+        if (!dst->gemm[t] && dst->vec_dot[t] == base->vec_dot[t])
+            dst->gemm[t] = base->gemm[t];
+    }
 }
 
 static void dispatch_init(void)
@@ -208,7 +214,18 @@ int executor_matmul(uint32_t type, int64_t n_cols, const void *w, size_t row_byt
     const struct executor_kernel_set *ks = dispatch_active();
     const executor_vec_dot_fn         fn = ks->vec_dot[type];
     const executor_gemv_fn            gemv = ks->gemv[type];
-    int64_t                           tile = (int64_t)(DISPATCH_TILE_BYTES / row_bytes);
+    if (ks->gemm[type]) {
+        int64_t gt = (int64_t)(DISPATCH_GEMM_BYTES / row_bytes);
+        if (gt < 1)
+            gt = 1;
+        for (int64_t r0 = row0; r0 < row1; r0 += gt) {
+            const int64_t r1 = r0 + gt < row1 ? r0 + gt : row1;
+            ks->gemm[type](n_cols, (const char *)w + (size_t)r0 * row_bytes, row_bytes, r1 - r0,
+                           act, act_stride, n_act, y + r0, y_stride);
+        }
+        return 0;
+    }
+    int64_t tile = (int64_t)(DISPATCH_TILE_BYTES / row_bytes);
     if (tile < 1)
         tile = 1;
     for (int64_t r0 = row0; r0 < row1; r0 += tile) {

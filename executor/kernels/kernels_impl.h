@@ -221,12 +221,21 @@ typedef void (*executor_quantize_fn)(const float *x, void *dst, int64_t n);
 typedef void (*executor_gemv_fn)(int64_t n, const void *w, size_t row_bytes, int64_t n_rows,
                                  const void *act, float *y);
 
+/* Dots of n_rows weight rows with n_act activation vectors (act j at (const char *)act + j *
+ * act_stride) into y[j * y_stride + r], 0 <= r < n_rows (prefill). Must give each (row, activation)
+ * exactly the bits vec_dot gives it. Optional; executor_matmul runs it on row tiles that stay in
+ * L2 while every activation passes over them. */
+typedef void (*executor_gemm_fn)(int64_t n, const void *w, size_t row_bytes, int64_t n_rows,
+                                 const void *act, size_t act_stride, int64_t n_act, float *y,
+                                 size_t y_stride);
+
 /* One ISA's kernels, indexed by ggml type id. NULL entries are filled from the slower set, except
- * gemv, which is optional (NULL: loop over vec_dot) and reset when a faster set replaces the
- * vec_dot of its type. */
+ * gemv and gemm, which are optional (NULL: loop over vec_dot) and reset when a faster set replaces
+ * the vec_dot of their type. */
 struct executor_kernel_set {
     executor_vec_dot_fn  vec_dot[COMMON_GGML_TYPE_COUNT];      /* by weight type */
     executor_gemv_fn     gemv[COMMON_GGML_TYPE_COUNT];         /* by weight type; may be NULL */
+    executor_gemm_fn     gemm[COMMON_GGML_TYPE_COUNT];         /* by weight type; may be NULL */
     executor_quantize_fn quantize_act[COMMON_GGML_TYPE_COUNT]; /* by activation type */
 };
 
