@@ -10,6 +10,10 @@
  * the per-block float terms are added (8 lanes, then a horizontal sum). Activation quantizers are
  * byte-identical to ref.c. Compiled with -mavx2 -mfma -mf16c; only called when the CPU has them. */
 
+/* Rounding mode of _mm256_round_ps: a macro, since the immediate must be an integer constant
+ * expression (clang rejects a const variable). Half to even, as ggml's activation quantizers. */
+#define AVX2_ROUND_EVEN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
 static inline float avx2_hsum_ps(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -87,11 +91,10 @@ static inline __m256i avx2_q8_block(const float *x, float *d_out, int *sum)
     const float amax = _mm_cvtss_f32(m4);
     *d_out = amax / 127.f;
     const __m256 mul = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
-    const int    rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m256i      i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), rnd));
-    __m256i      i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), rnd));
-    __m256i      i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), rnd));
-    __m256i      i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), rnd));
+    __m256i      i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), AVX2_ROUND_EVEN));
+    __m256i      i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), AVX2_ROUND_EVEN));
+    __m256i      i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), AVX2_ROUND_EVEN));
+    __m256i      i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), AVX2_ROUND_EVEN));
     if (sum)
         *sum =
             avx2_hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
@@ -151,16 +154,15 @@ static void avx2_act_q8_K(const float *x, void *dst, int64_t n)
         }
         const float  iscale = -127.f / max;
         const __m256 mul = _mm256_set1_ps(iscale);
-        const int    rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         for (int j = 0; j < EXECUTOR_QK_K; j += 32) {
             __m256i i0 = _mm256_cvtps_epi32(
-                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), mul), rnd));
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), mul), AVX2_ROUND_EVEN));
             __m256i i1 = _mm256_cvtps_epi32(
-                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), mul), rnd));
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8), mul), AVX2_ROUND_EVEN));
             __m256i i2 = _mm256_cvtps_epi32(
-                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 16), mul), rnd));
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 16), mul), AVX2_ROUND_EVEN));
             __m256i i3 = _mm256_cvtps_epi32(
-                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 24), mul), rnd));
+                _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 24), mul), AVX2_ROUND_EVEN));
             const __m256i lim = _mm256_set1_epi32(127);
             i0 = _mm256_min_epi32(i0, lim);
             i1 = _mm256_min_epi32(i1, lim);

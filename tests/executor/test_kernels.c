@@ -80,10 +80,11 @@ static void restore_isa(void)
 }
 
 /* Element counts to test for a weight type: block-32 types take 1, 31, 32, 33, 255, 256, 257
- * blocks; K-quants 1, 2, 3, 8, 9 super-blocks; float types the block-32 counts plus ragged ones. */
+ * blocks and 383, 384, 385, 769 (AVX-512 Q4_0 prepares activations 384 blocks at a time, in groups
+ * of 3); K-quants 1, 2, 3, 8, 9 super-blocks; float types the block-32 counts plus ragged ones. */
 static int test_sizes(uint32_t type, int64_t *out)
 {
-    static const int64_t                b32[] = {1, 31, 32, 33, 255, 256, 257};
+    static const int64_t                b32[] = {1, 31, 32, 33, 255, 256, 257, 383, 384, 385, 769};
     static const int64_t                bk[] = {1, 2, 3, 8, 9};
     static const int64_t                rag[] = {1, 7, 15, 17, 33, 100};
     int                                 k = 0;
@@ -104,7 +105,7 @@ static int test_sizes(uint32_t type, int64_t *out)
 /* Compares the active kernel set with the reference for weights of `type`. */
 static void check_vec_dot(uint32_t type)
 {
-    int64_t sizes[16];
+    int64_t sizes[24];
     int     ns = test_sizes(type, sizes);
     double  worst = 0;
     for (int s = 0; s < ns; s++) {
@@ -564,14 +565,42 @@ static void check_matrix(uint32_t type, int64_t n_cols, int64_t n_rows, int64_t 
     free(yv);
 }
 
-Test(executor_kernels, matvec_and_matmul_equal_vec_dot)
+/* The matrix cases of one kernel set: Q4_0 with 1..9 activations (the AVX-512 gemm takes them 4 at
+ * a time), rows of 1, 2, 3, 385 and 769 blocks (partial groups, several activation chunks) and a
+ * matrix larger than one gemm row tile (256 KiB). */
+static void check_matrices(void)
 {
-    executor_kernels_init();
-    check_matrix(COMMON_GGML_TYPE_Q4_0, 256, 37, 5);
+    for (int64_t n_act = 1; n_act <= 9; n_act++)
+        check_matrix(COMMON_GGML_TYPE_Q4_0, 256, 37, n_act);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 32, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 64, 5, 2);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 96, 5, 5);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 32 * 385, 6, 5);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 32 * 769, 3, 6);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 4096, 130, 3);
     check_matrix(COMMON_GGML_TYPE_Q8_0, 512, 19, 3);
     check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, 4);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
     check_matrix(COMMON_GGML_TYPE_F16, 40, 9, 2);
+}
+
+Test(executor_kernels, matvec_and_matmul_equal_vec_dot_avx2, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX2);
+    check_matrices();
+}
+
+Test(executor_kernels, matvec_and_matmul_equal_vec_dot_avx512, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX512);
+    check_matrices();
+}
+
+Test(executor_kernels, matvec_and_matmul_equal_vec_dot_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_REF);
+    check_matrix(COMMON_GGML_TYPE_Q4_0, 256, 37, 5);
+    check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, 4);
 }
 
 /* ------------------------------------------------------------------------------------------ */
