@@ -347,52 +347,110 @@ static const int16_t k_avx512_q6k_idx[4][32] = {
      14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
 };
 
-static float avx512_dot_q4_K(int64_t n, const void *w, const void *a)
+#define AVX512_Q4K_NACT 4 /* activations sharing one weight unpack in the Q4_K matmul kernel */
+
+/* Dots of one Q4_K row x with NA Q8_K activations y[j] into out[j]. The weight unpack (scales,
+ * nibbles, per-lane scale vectors) is done once for all NA; each activation then runs the same
+ * operations in the same order whatever NA is, so vec_dot (NA = 1) and gemm agree bit for bit.
+ * NA = 1 streams the row from DRAM (matvec) and prefetches ahead. */
+static inline __attribute__((always_inline)) void
+avx512_q4_K_acts(const int NA, int64_t nb, const struct executor_block_q4_K *x,
+                 const struct executor_block_q8_K *const *y, float *out)
 {
-    const struct executor_block_q4_K *x = w;
-    const struct executor_block_q8_K *y = a;
-    const int64_t                     nb = n / EXECUTOR_QK_K;
-    const __m512i                     m4 = _mm512_set1_epi8(0x0F);
-    __m512i                           idx[4];
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512i       idx[4];
     for (int j = 0; j < 4; j++)
         idx[j] = _mm512_loadu_si512(k_avx512_q4k_idx[j]);
-    __m512 acc = _mm512_setzero_ps();
-    float  accm = 0;
+    __m512 acc[AVX512_Q4K_NACT];
+    float  accm[AVX512_Q4K_NACT];
+    for (int a = 0; a < NA; a++) {
+        acc[a] = _mm512_setzero_ps();
+        accm[a] = 0;
+    }
     for (int64_t i = 0; i < nb; i++) {
-        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        _mm_prefetch(pf + 64, _MM_HINT_T0);
-        _mm_prefetch(pf + 128, _MM_HINT_T0);
+        if (NA == 1) {
+            const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+        }
         uint8_t sc[8], mn[8];
         avx512_k4_scales(x[i].scales, sc, mn);
-        const float d = avx512_fp16(x[i].d) * y[i].d;
-        const float dmin = avx512_fp16(x[i].dmin) * y[i].d;
-
-        /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j+1]) */
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        const __m128i pair =
-            _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const float   xd = avx512_fp16(x[i].d);
+        const float   xdmin = avx512_fp16(x[i].dmin);
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-        __m128i       pm = _mm_madd_epi16(pair, m16);
-        pm = _mm_add_epi32(pm, _mm_unpackhi_epi64(pm, pm));
-        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
-        accm += dmin * (float)_mm_cvtsi128_si32(pm);
-
         const __m512i sc16 =
             _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        const uint8_t *q4 = x[i].qs;
-        const int8_t  *q8 = y[i].qs;
-        __m512i        sumi = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)q4);
-            const __m512i q = _mm512_and_si512(
+        __m512i q[4], s16[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            q[j] = _mm512_and_si512(
                 _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1), m4);
-            const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512(q8));
-            sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[j], sc16));
+            s16[j] = _mm512_permutexvar_epi16(idx[j], sc16);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        for (int a = 0; a < NA; a++) {
+            const struct executor_block_q8_K *ya = y[a] + i;
+            const float                       d = xd * ya->d;
+            const float                       dmin = xdmin * ya->d;
+            /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j+1]) */
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)ya->bsums);
+            const __m128i pair =
+                _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            __m128i pm = _mm_madd_epi16(pair, m16);
+            pm = _mm_add_epi32(pm, _mm_unpackhi_epi64(pm, pm));
+            pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
+            const float m = dmin * (float)_mm_cvtsi128_si32(pm);
+            accm[a] = accm[a] + m;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++) {
+                const __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(ya->qs + 64 * j));
+                sumi = _mm512_dpwssd_epi32(sumi, p, s16[j]);
+            }
+            acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[a]);
+        }
     }
-    return avx512_hsum_ps(acc) - accm;
+    for (int a = 0; a < NA; a++)
+        out[a] = avx512_hsum_ps(acc[a]) - accm[a];
+}
+
+static float avx512_dot_q4_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q8_K *y[1] = {a};
+    float                             out;
+    avx512_q4_K_acts(1, n / EXECUTOR_QK_K, w, y, &out);
+    return out;
+}
+
+static void avx512_gemm_q4_K(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    const int64_t nb = n / EXECUTOR_QK_K;
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q4K_NACT) {
+        const int na = n_act - j0 < AVX512_Q4K_NACT ? (int)(n_act - j0) : AVX512_Q4K_NACT;
+        const struct executor_block_q8_K *ya[AVX512_Q4K_NACT];
+        for (int j = 0; j < na; j++)
+            ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const struct executor_block_q4_K *x = (const void *)((const char *)w + (size_t)r * rb);
+            float                             out[AVX512_Q4K_NACT];
+            switch (na) {
+            case 4:
+                avx512_q4_K_acts(4, nb, x, ya, out);
+                break;
+            case 3:
+                avx512_q4_K_acts(3, nb, x, ya, out);
+                break;
+            case 2:
+                avx512_q4_K_acts(2, nb, x, ya, out);
+                break;
+            default:
+                avx512_q4_K_acts(1, nb, x, ya, out);
+                break;
+            }
+            for (int j = 0; j < na; j++)
+                y[(size_t)(j0 + j) * ys + (size_t)r] = out[j];
+        }
+    }
 }
 
 static float avx512_dot_q6_K(int64_t n, const void *w, const void *a)
@@ -449,5 +507,6 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->gemm[COMMON_GGML_TYPE_Q4_0] = avx512_gemm_q4_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q8_0] = avx512_dot_q8_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx512_dot_q4_K;
+    ks->gemm[COMMON_GGML_TYPE_Q4_K] = avx512_gemm_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx512_dot_q6_K;
 }
