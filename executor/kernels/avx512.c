@@ -65,6 +65,7 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
 #define AVX512_Q40_NACT        4   /* activations sharing one weight unpack in the matmul kernel */
 #define AVX512_Q40_GROUP_BYTES (AVX512_Q40_GROUP * 18)
 #define AVX512_Q40_PREFETCH    1024 /* bytes ahead of the loads: best of 512..4096 on Zen 4 */
+#define AVX512_Q80_PREFETCH    1024 /* Q8_0 matvec, likewise */
 
 struct avx512_q40_act {
     int8_t  lo[64]; /* activation meeting the low nibble of weight byte p; 0 under d and past */
@@ -274,32 +275,91 @@ static void avx512_gemm_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows
     }
 }
 
+#define AVX512_Q80_NACT 4 /* activations sharing one weight load in the Q8_0 matmul kernel */
+
+/* Dots of one Q8_0 row x with NA Q8_0 activations y[j] into out[j], two blocks per vector. The
+ * weight side (|x|, its sign mask, d_w) is made once for all NA; every activation runs the same
+ * operations in the same order whatever NA is, so vec_dot (NA = 1) and gemm agree bit for bit. */
+static inline __attribute__((always_inline)) void
+avx512_q8_0_acts(const int NA, int64_t nb, const struct executor_block_q8_0 *x,
+                 const struct executor_block_q8_0 *const *y, float *out)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    __m512        acc[AVX512_Q80_NACT];
+    for (int a = 0; a < NA; a++)
+        acc[a] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        if (NA == 1) {
+            _mm_prefetch((const char *)(x + i) + AVX512_Q80_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)(x + i) + AVX512_Q80_PREFETCH + 64, _MM_HINT_T0);
+        }
+        const __m512i   qx = avx512_load_pair(x[i].qs, x[i + 1].qs);
+        const __mmask64 neg = _mm512_movepi8_mask(qx);
+        const __m512i   ax = _mm512_abs_epi8(qx);
+        const float     dx0 = avx512_fp16(x[i].d), dx1 = avx512_fp16(x[i + 1].d);
+        for (int a = 0; a < NA; a++) {
+            const struct executor_block_q8_0 *ya = y[a];
+            const __m512i                     qy = avx512_load_pair(ya[i].qs, ya[i + 1].qs);
+            /* |x| * (sign(x) * y): vpdpbusd wants one unsigned operand */
+            const __m512i sy = _mm512_mask_sub_epi8(qy, neg, zero, qy);
+            const __m512i v = _mm512_dpbusd_epi32(zero, ax, sy);
+            const __m512  d =
+                avx512_scale_pair(dx0 * avx512_fp16(ya[i].d), dx1 * avx512_fp16(ya[i + 1].d));
+            acc[a] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(v), acc[a]);
+        }
+    }
+    for (int a = 0; a < NA; a++) {
+        float sum = avx512_hsum_ps(acc[a]);
+        for (int64_t k = i; k < nb; k++) {
+            int s = 0;
+            for (int j = 0; j < EXECUTOR_QK; j++)
+                s += x[k].qs[j] * y[a][k].qs[j];
+            const float d = avx512_fp16(x[k].d) * avx512_fp16(y[a][k].d);
+            sum = sum + (float)s * d;
+        }
+        out[a] = sum;
+    }
+}
+
 static float avx512_dot_q8_0(int64_t n, const void *w, const void *a)
 {
-    const struct executor_block_q8_0 *x = w;
-    const struct executor_block_q8_0 *y = a;
-    const int64_t                     nb = n / EXECUTOR_QK;
-    __m512                            acc = _mm512_setzero_ps();
-    const __m512i                     zero = _mm512_setzero_si512();
-    int64_t                           i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m512i qx = avx512_load_pair(x[i].qs, x[i + 1].qs);
-        const __m512i qy = avx512_load_pair(y[i].qs, y[i + 1].qs);
-        /* |x| * (sign(x) * y): vpdpbusd wants one unsigned operand */
-        const __m512i sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(qx), zero, qy);
-        const __m512i v = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
-        const __m512  d = avx512_scale_pair(avx512_fp16(x[i].d) * avx512_fp16(y[i].d),
-                                            avx512_fp16(x[i + 1].d) * avx512_fp16(y[i + 1].d));
-        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(v), acc);
+    const struct executor_block_q8_0 *y[1] = {a};
+    float                             out;
+    avx512_q8_0_acts(1, n / EXECUTOR_QK, w, y, &out);
+    return out;
+}
+
+static void avx512_gemm_q8_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    const int64_t nb = n / EXECUTOR_QK;
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q80_NACT) {
+        const int na = n_act - j0 < AVX512_Q80_NACT ? (int)(n_act - j0) : AVX512_Q80_NACT;
+        const struct executor_block_q8_0 *ya[AVX512_Q80_NACT];
+        for (int j = 0; j < na; j++)
+            ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const struct executor_block_q8_0 *x = (const void *)((const char *)w + (size_t)r * rb);
+            float                             out[AVX512_Q80_NACT] = {0};
+            switch (na) {
+            case 4:
+                avx512_q8_0_acts(4, nb, x, ya, out);
+                break;
+            case 3:
+                avx512_q8_0_acts(3, nb, x, ya, out);
+                break;
+            case 2:
+                avx512_q8_0_acts(2, nb, x, ya, out);
+                break;
+            default:
+                avx512_q8_0_acts(1, nb, x, ya, out);
+                break;
+            }
+            for (int j = 0; j < na; j++)
+                y[(size_t)(j0 + j) * ys + (size_t)r] = out[j];
+        }
     }
-    float sum = avx512_hsum_ps(acc);
-    for (; i < nb; i++) {
-        int s = 0;
-        for (int j = 0; j < EXECUTOR_QK; j++)
-            s += x[i].qs[j] * y[i].qs[j];
-        sum += (float)s * (avx512_fp16(x[i].d) * avx512_fp16(y[i].d));
-    }
-    return sum;
 }
 
 /* Bytes ahead of the loads that the K-quant dots prefetch (rows stream from DRAM in matvec; the
@@ -432,7 +492,7 @@ static void avx512_gemm_q4_K(int64_t n, const void *w, size_t rb, int64_t n_rows
             ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
         for (int64_t r = 0; r < n_rows; r++) {
             const struct executor_block_q4_K *x = (const void *)((const char *)w + (size_t)r * rb);
-            float                             out[AVX512_Q4K_NACT];
+            float                             out[AVX512_Q4K_NACT] = {0};
             switch (na) {
             case 4:
                 avx512_q4_K_acts(4, nb, x, ya, out);
@@ -506,6 +566,7 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->gemv[COMMON_GGML_TYPE_Q4_0] = avx512_gemv_q4_0;
     ks->gemm[COMMON_GGML_TYPE_Q4_0] = avx512_gemm_q4_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q8_0] = avx512_dot_q8_0;
+    ks->gemm[COMMON_GGML_TYPE_Q8_0] = avx512_gemm_q8_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx512_dot_q4_K;
     ks->gemm[COMMON_GGML_TYPE_Q4_K] = avx512_gemm_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx512_dot_q6_K;

@@ -578,8 +578,13 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q4_0, 32 * 385, 6, 5);
     check_matrix(COMMON_GGML_TYPE_Q4_0, 32 * 769, 3, 6);
     check_matrix(COMMON_GGML_TYPE_Q4_0, 4096, 130, 3);
-    check_matrix(COMMON_GGML_TYPE_Q8_0, 512, 19, 3);
-    check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, 4);
+    for (int64_t n_act = 1; n_act <= 6; n_act++) {
+        check_matrix(COMMON_GGML_TYPE_Q8_0, 512, 19, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 33, 7, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q4_K, 256 * 3, 5, n_act);
+    }
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 70, 2);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
     check_matrix(COMMON_GGML_TYPE_F16, 40, 9, 2);
 }
