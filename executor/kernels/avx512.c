@@ -63,6 +63,7 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
 #define AVX512_Q40_GROUP       3   /* blocks per 64-byte weight load */
 #define AVX512_Q40_CHUNK       128 /* groups prepared at once (384 blocks, 32 KiB of stack) */
 #define AVX512_Q40_NACT        4   /* activations sharing one weight unpack in the matmul kernel */
+#define AVX512_Q40_SPAN        16  /* groups summed before each horizontal add (divides CHUNK) */
 #define AVX512_Q40_GROUP_BYTES (AVX512_Q40_GROUP * 18)
 #define AVX512_Q40_PREFETCH    1024 /* bytes ahead of the loads: best of 512..4096 on Zen 4 */
 #define AVX512_Q80_PREFETCH    1024 /* Q8_0 matvec, likewise */
@@ -148,33 +149,62 @@ static inline __m512i avx512_q40_load(const uint8_t *row, int64_t k, int64_t nb)
     return _mm512_maskz_loadu_epi8((1ull << (18 * left)) - 1, p);
 }
 
+/* Sums of one row over groups [k, k + nk) (nk <= AVX512_Q40_SPAN) for NA activations, whose
+ * prepared groups are g + j * AVX512_Q40_CHUNK (g already at group k); out[j] = the span's sum.
+ * Every kernel sums a row span by span, in order, through this one function, so gemv, gemm and
+ * vec_dot agree bit for bit. Groups alternate between two accumulators per activation. NA = 1
+ * streams rows from DRAM (matvec): the software prefetch ahead of the loads doubles the rate a core
+ * reaches there (the hardware prefetcher alone got about half the bandwidth). */
+static inline __attribute__((always_inline)) void avx512_q40_span(const int NA, const uint8_t *row,
+                                                                  int64_t k, int64_t nk, int64_t nb,
+                                                                  const struct avx512_q40_act *g,
+                                                                  float                       *out)
+{
+    __m512 acc0[AVX512_Q40_NACT], acc1[AVX512_Q40_NACT];
+    for (int j = 0; j < NA; j++)
+        acc0[j] = acc1[j] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nk; i += 2) {
+        const uint8_t *p = row + (k + i) * AVX512_Q40_GROUP_BYTES;
+        if (NA == 1) {
+            _mm_prefetch((const char *)p + AVX512_Q40_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + AVX512_Q40_PREFETCH + 64, _MM_HINT_T0);
+        }
+        const struct avx512_q40_w w0 = avx512_q40_unpack(_mm512_loadu_si512(p));
+        const struct avx512_q40_w w1 = avx512_q40_unpack(avx512_q40_load(row, k + i + 1, nb));
+        for (int j = 0; j < NA; j++) {
+            const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + i;
+            acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
+            acc1[j] = avx512_q40_group(w1.lo, w1.hi, w1.dw, gj + 1, acc1[j]);
+        }
+    }
+    if (i < nk) {
+        const struct avx512_q40_w w0 = avx512_q40_unpack(avx512_q40_load(row, k + i, nb));
+        for (int j = 0; j < NA; j++) {
+            const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + i;
+            acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
+        }
+    }
+    for (int j = 0; j < NA; j++)
+        out[j] = avx512_hsum_ps(_mm512_add_ps(acc0[j], acc1[j]));
+}
+
 /* Dots of n_rows Q4_0 rows (stride rb) with prepared groups g[0..ng) that start at group k0 of
- * rows of nb blocks; y[r] = the row's partial sum (first chunk) or y[r] + it (later chunks).
- * Groups alternate between two accumulators; the software prefetch ahead of the loads doubles
- * the rate at which a core streams rows from DRAM (the hardware prefetcher alone reached about
- * half the bandwidth). */
+ * rows of nb blocks. A row's total is its span sums added in order: y[r] = first span's sum, then
+ * y[r] + each later one. */
 static void avx512_q40_rows(const char *w, size_t rb, int64_t n_rows, int64_t nb, int64_t k0,
                             int64_t ng, const struct avx512_q40_act *g, float *y)
 {
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
-        __m512         acc0 = _mm512_setzero_ps(), acc1 = acc0;
-        int64_t        k = 0;
-        for (; k + 2 <= ng; k += 2) {
-            const uint8_t *p = row + (k0 + k) * AVX512_Q40_GROUP_BYTES;
-            _mm_prefetch((const char *)p + AVX512_Q40_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)p + AVX512_Q40_PREFETCH + 64, _MM_HINT_T0);
-            const struct avx512_q40_w w0 = avx512_q40_unpack(_mm512_loadu_si512(p));
-            const struct avx512_q40_w w1 = avx512_q40_unpack(avx512_q40_load(row, k0 + k + 1, nb));
-            acc0 = avx512_q40_group(w0.lo, w0.hi, w0.dw, g + k, acc0);
-            acc1 = avx512_q40_group(w1.lo, w1.hi, w1.dw, g + k + 1, acc1);
+        float          v = y[r];
+        for (int64_t k = 0; k < ng; k += AVX512_Q40_SPAN) {
+            float s;
+            avx512_q40_span(1, row, k0 + k, ng - k < AVX512_Q40_SPAN ? ng - k : AVX512_Q40_SPAN, nb,
+                            g + k, &s);
+            v = k0 + k == 0 ? s : v + s;
         }
-        if (k < ng) {
-            const struct avx512_q40_w w0 = avx512_q40_unpack(avx512_q40_load(row, k0 + k, nb));
-            acc0 = avx512_q40_group(w0.lo, w0.hi, w0.dw, g + k, acc0);
-        }
-        const float s = avx512_hsum_ps(_mm512_add_ps(acc0, acc1));
-        y[r] = k0 == 0 ? s : y[r] + s;
+        y[r] = v;
     }
 }
 
@@ -202,39 +232,23 @@ static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
 }
 
 /* avx512_q40_rows for NA activations at once (prepared groups g[j * AVX512_Q40_CHUNK + k]), each
- * weight group unpacked once for all of them; y[j * ys + r]. Rows come from L2 (executor_matmul
- * tiles them), so no prefetch. */
+ * weight group unpacked once for all of them; y[j * ys + r]. Spans run outermost so only one span
+ * of the NA activations' tables (16 KiB) is hot in L1 while the rows (in L2: executor_matmul tiles
+ * them) pass; whole-row tables overflowed L1 from about 3072 columns. */
 static inline __attribute__((always_inline)) void
 avx512_q40_rows_multi(const int NA, const char *w, size_t rb, int64_t n_rows, int64_t nb,
                       int64_t k0, int64_t ng, const struct avx512_q40_act *g, float *y, size_t ys)
 {
-    for (int64_t r = 0; r < n_rows; r++) {
-        const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
-        __m512         acc0[AVX512_Q40_NACT], acc1[AVX512_Q40_NACT];
-        for (int j = 0; j < NA; j++)
-            acc0[j] = acc1[j] = _mm512_setzero_ps();
-        int64_t k = 0;
-        for (; k + 2 <= ng; k += 2) {
-            const struct avx512_q40_w w0 =
-                avx512_q40_unpack(_mm512_loadu_si512(row + (k0 + k) * AVX512_Q40_GROUP_BYTES));
-            const struct avx512_q40_w w1 = avx512_q40_unpack(avx512_q40_load(row, k0 + k + 1, nb));
+    for (int64_t k = 0; k < ng; k += AVX512_Q40_SPAN) {
+        const int64_t nk = ng - k < AVX512_Q40_SPAN ? ng - k : AVX512_Q40_SPAN;
+        for (int64_t r = 0; r < n_rows; r++) {
+            const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
+            float          s[AVX512_Q40_NACT];
+            avx512_q40_span(NA, row, k0 + k, nk, nb, g + k, s);
             for (int j = 0; j < NA; j++) {
-                const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + k;
-                acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
-                acc1[j] = avx512_q40_group(w1.lo, w1.hi, w1.dw, gj + 1, acc1[j]);
+                float *yj = y + (size_t)j * ys + r;
+                *yj = k0 + k == 0 ? s[j] : *yj + s[j];
             }
-        }
-        if (k < ng) {
-            const struct avx512_q40_w w0 = avx512_q40_unpack(avx512_q40_load(row, k0 + k, nb));
-            for (int j = 0; j < NA; j++) {
-                const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + k;
-                acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
-            }
-        }
-        for (int j = 0; j < NA; j++) {
-            const float s = avx512_hsum_ps(_mm512_add_ps(acc0[j], acc1[j]));
-            float      *yj = y + (size_t)j * ys + r;
-            *yj = k0 == 0 ? s : *yj + s;
         }
     }
 }
