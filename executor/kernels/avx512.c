@@ -64,6 +64,7 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
 #define AVX512_Q40_CHUNK       128 /* groups prepared at once (384 blocks, 32 KiB of stack) */
 #define AVX512_Q40_NACT        4   /* activations sharing one weight unpack in the matmul kernel */
 #define AVX512_Q40_SPAN        16  /* groups summed before each horizontal add (divides CHUNK) */
+#define AVX512_Q40_GEMM_CHUNK  32  /* groups prepared at once per activation in the gemm (32 KiB) */
 #define AVX512_Q40_GROUP_BYTES (AVX512_Q40_GROUP * 18)
 #define AVX512_Q40_PREFETCH    1024 /* bytes ahead of the loads: best of 512..4096 on Zen 4 */
 #define AVX512_Q80_PREFETCH    1024 /* Q8_0 matvec, likewise */
@@ -150,7 +151,7 @@ static inline __m512i avx512_q40_load(const uint8_t *row, int64_t k, int64_t nb)
 }
 
 /* Sums of one row over groups [k, k + nk) (nk <= AVX512_Q40_SPAN) for NA activations, whose
- * prepared groups are g + j * AVX512_Q40_CHUNK (g already at group k); out[j] = the span's sum.
+ * prepared groups are g + j * gs (g already at group k); out[j] = the span's sum.
  * Every kernel sums a row span by span, in order, through this one function, so gemv, gemm and
  * vec_dot agree bit for bit. Groups alternate between two accumulators per activation. NA = 1
  * streams rows from DRAM (matvec): the software prefetch ahead of the loads doubles the rate a core
@@ -158,7 +159,7 @@ static inline __m512i avx512_q40_load(const uint8_t *row, int64_t k, int64_t nb)
 static inline __attribute__((always_inline)) void avx512_q40_span(const int NA, const uint8_t *row,
                                                                   int64_t k, int64_t nk, int64_t nb,
                                                                   const struct avx512_q40_act *g,
-                                                                  float                       *out)
+                                                                  size_t gs, float *out)
 {
     __m512 acc0[AVX512_Q40_NACT], acc1[AVX512_Q40_NACT];
     for (int j = 0; j < NA; j++)
@@ -173,7 +174,7 @@ static inline __attribute__((always_inline)) void avx512_q40_span(const int NA, 
         const struct avx512_q40_w w0 = avx512_q40_unpack(_mm512_loadu_si512(p));
         const struct avx512_q40_w w1 = avx512_q40_unpack(avx512_q40_load(row, k + i + 1, nb));
         for (int j = 0; j < NA; j++) {
-            const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + i;
+            const struct avx512_q40_act *gj = g + (size_t)j * gs + i;
             acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
             acc1[j] = avx512_q40_group(w1.lo, w1.hi, w1.dw, gj + 1, acc1[j]);
         }
@@ -181,7 +182,7 @@ static inline __attribute__((always_inline)) void avx512_q40_span(const int NA, 
     if (i < nk) {
         const struct avx512_q40_w w0 = avx512_q40_unpack(avx512_q40_load(row, k + i, nb));
         for (int j = 0; j < NA; j++) {
-            const struct avx512_q40_act *gj = g + (size_t)j * AVX512_Q40_CHUNK + i;
+            const struct avx512_q40_act *gj = g + (size_t)j * gs + i;
             acc0[j] = avx512_q40_group(w0.lo, w0.hi, w0.dw, gj, acc0[j]);
         }
     }
@@ -199,9 +200,9 @@ static void avx512_q40_rows(const char *w, size_t rb, int64_t n_rows, int64_t nb
         const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
         float          v = y[r];
         for (int64_t k = 0; k < ng; k += AVX512_Q40_SPAN) {
-            float s;
-            avx512_q40_span(1, row, k0 + k, ng - k < AVX512_Q40_SPAN ? ng - k : AVX512_Q40_SPAN, nb,
-                            g + k, &s);
+            const int64_t nk = ng - k < AVX512_Q40_SPAN ? ng - k : AVX512_Q40_SPAN;
+            float         s;
+            avx512_q40_span(1, row, k0 + k, nk, nb, g + k, 0, &s);
             v = k0 + k == 0 ? s : v + s;
         }
         y[r] = v;
@@ -231,10 +232,10 @@ static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
     return y;
 }
 
-/* avx512_q40_rows for NA activations at once (prepared groups g[j * AVX512_Q40_CHUNK + k]), each
- * weight group unpacked once for all of them; y[j * ys + r]. Spans run outermost so only one span
- * of the NA activations' tables (16 KiB) is hot in L1 while the rows (in L2: executor_matmul tiles
- * them) pass; whole-row tables overflowed L1 from about 3072 columns. */
+/* avx512_q40_rows for NA activations at once (prepared groups g[j * AVX512_Q40_GEMM_CHUNK + k]),
+ * each weight group unpacked once for all of them; y[j * ys + r]. Spans run outermost so only one
+ * span of the NA activations' tables (16 KiB) is hot in L1 while the rows (in L2: executor_matmul
+ * tiles them) pass; whole-row tables overflowed L1 from about 3072 columns. */
 static inline __attribute__((always_inline)) void
 avx512_q40_rows_multi(const int NA, const char *w, size_t rb, int64_t n_rows, int64_t nb,
                       int64_t k0, int64_t ng, const struct avx512_q40_act *g, float *y, size_t ys)
@@ -244,7 +245,7 @@ avx512_q40_rows_multi(const int NA, const char *w, size_t rb, int64_t n_rows, in
         for (int64_t r = 0; r < n_rows; r++) {
             const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
             float          s[AVX512_Q40_NACT];
-            avx512_q40_span(NA, row, k0 + k, nk, nb, g + k, s);
+            avx512_q40_span(NA, row, k0 + k, nk, nb, g + k, AVX512_Q40_GEMM_CHUNK, s);
             for (int j = 0; j < NA; j++) {
                 float *yj = y + (size_t)j * ys + r;
                 *yj = k0 + k == 0 ? s[j] : *yj + s[j];
@@ -256,19 +257,19 @@ avx512_q40_rows_multi(const int NA, const char *w, size_t rb, int64_t n_rows, in
 static void avx512_gemm_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
                              size_t act_stride, int64_t n_act, float *y, size_t ys)
 {
-    _Alignas(64) struct avx512_q40_act g[AVX512_Q40_NACT * AVX512_Q40_CHUNK];
+    _Alignas(64) struct avx512_q40_act g[AVX512_Q40_NACT * AVX512_Q40_GEMM_CHUNK];
     const int64_t                      nb = n / EXECUTOR_QK;
     const int64_t                      ng = (nb + AVX512_Q40_GROUP - 1) / AVX512_Q40_GROUP;
     for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q40_NACT) {
         const int na = n_act - j0 < AVX512_Q40_NACT ? (int)(n_act - j0) : AVX512_Q40_NACT;
-        for (int64_t k0 = 0; k0 < ng; k0 += AVX512_Q40_CHUNK) {
-            const int64_t nk = ng - k0 < AVX512_Q40_CHUNK ? ng - k0 : AVX512_Q40_CHUNK;
+        for (int64_t k0 = 0; k0 < ng; k0 += AVX512_Q40_GEMM_CHUNK) {
+            const int64_t nk = ng - k0 < AVX512_Q40_GEMM_CHUNK ? ng - k0 : AVX512_Q40_GEMM_CHUNK;
             const int64_t b0 = k0 * AVX512_Q40_GROUP;
             const int64_t nbk = nb - b0 < nk * AVX512_Q40_GROUP ? nb - b0 : nk * AVX512_Q40_GROUP;
             for (int j = 0; j < na; j++) {
                 const struct executor_block_q8_0 *a =
                     (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
-                avx512_q40_prep(a + b0, nbk, g + (size_t)j * AVX512_Q40_CHUNK);
+                avx512_q40_prep(a + b0, nbk, g + (size_t)j * AVX512_Q40_GEMM_CHUNK);
             }
             float *yj = y + (size_t)j0 * ys;
             switch (na) {
