@@ -25,6 +25,14 @@ static inline float avx512_hsum_ps(__m512 v)
     return _mm_cvtss_f32(s);
 }
 
+static inline float avx512_hsum_ps256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 static inline int avx512_hsum_epi32_256(__m256i v)
 {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -437,10 +445,10 @@ avx512_q4_K_acts(const int NA, int64_t nb, const struct executor_block_q4_K *x,
     for (int j = 0; j < 4; j++)
         idx[j] = _mm512_loadu_si512(k_avx512_q4k_idx[j]);
     __m512 acc[AVX512_Q4K_NACT];
-    float  accm[AVX512_Q4K_NACT];
+    __m256 accm[AVX512_Q4K_NACT];
     for (int a = 0; a < NA; a++) {
         acc[a] = _mm512_setzero_ps();
-        accm[a] = 0;
+        accm[a] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
         if (NA == 1) {
@@ -451,9 +459,12 @@ avx512_q4_K_acts(const int NA, int64_t nb, const struct executor_block_q4_K *x,
         }
         uint8_t sc[8], mn[8];
         avx512_k4_scales(x[i].scales, sc, mn);
-        const float   xd = avx512_fp16(x[i].d);
-        const float   xdmin = avx512_fp16(x[i].dmin);
-        const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        const float xd = avx512_fp16(x[i].d);
+        const float xdmin = avx512_fp16(x[i].dmin);
+        /* mins as 16 words, each twice: madd with the 16 bsums gives mn[j] * (bsums[2j] +
+         * bsums[2j+1]) in int32 lane j */
+        const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);
+        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
         const __m512i sc16 =
             _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
         __m512i q[4], s16[4];
@@ -465,27 +476,20 @@ avx512_q4_K_acts(const int NA, int64_t nb, const struct executor_block_q4_K *x,
         }
         for (int a = 0; a < NA; a++) {
             const struct executor_block_q8_K *ya = y[a] + i;
-            const float                       d = xd * ya->d;
-            const float                       dmin = xdmin * ya->d;
-            /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j+1]) */
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)ya->bsums);
-            const __m128i pair =
-                _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            __m128i pm = _mm_madd_epi16(pair, m16);
-            pm = _mm_add_epi32(pm, _mm_unpackhi_epi64(pm, pm));
-            pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, _MM_SHUFFLE(2, 3, 0, 1)));
-            const float m = dmin * (float)_mm_cvtsi128_si32(pm);
-            accm[a] = accm[a] + m;
+            const __m256i                     pm =
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)ya->bsums), m16);
+            accm[a] =
+                _mm256_fmadd_ps(_mm256_set1_ps(xdmin * ya->d), _mm256_cvtepi32_ps(pm), accm[a]);
             __m512i sumi = _mm512_setzero_si512();
             for (int j = 0; j < 4; j++) {
                 const __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(ya->qs + 64 * j));
                 sumi = _mm512_dpwssd_epi32(sumi, p, s16[j]);
             }
-            acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[a]);
+            acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(xd * ya->d), _mm512_cvtepi32_ps(sumi), acc[a]);
         }
     }
     for (int a = 0; a < NA; a++)
-        out[a] = avx512_hsum_ps(acc[a]) - accm[a];
+        out[a] = avx512_hsum_ps(acc[a]) - avx512_hsum_ps256(accm[a]);
 }
 
 static float avx512_dot_q4_K(int64_t n, const void *w, const void *a)
