@@ -206,7 +206,7 @@ static void avx512_q40_rows(const char *w, size_t rb, int64_t n_rows, int64_t nb
 {
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *row = (const uint8_t *)(w + (size_t)r * rb);
-        float          v = y[r];
+        float          v = k0 == 0 ? 0.0f : y[r];
         for (int64_t k = 0; k < ng; k += AVX512_Q40_SPAN) {
             const int64_t nk = ng - k < AVX512_Q40_SPAN ? ng - k : AVX512_Q40_SPAN;
             float         s;
