@@ -33,14 +33,6 @@ static inline float avx512_hsum_ps256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-static inline int avx512_hsum_epi32_256(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* Scale vector: d0 in lanes 0..7, d1 in lanes 8..15. */
 static inline __m512 avx512_scale_pair(float d0, float d1)
 {
@@ -532,51 +524,106 @@ static void avx512_gemm_q4_K(int64_t n, const void *w, size_t rb, int64_t n_rows
     }
 }
 
-static float avx512_dot_q6_K(int64_t n, const void *w, const void *a)
+#define AVX512_Q6K_NACT 4 /* activations sharing one weight unpack in the Q6_K matmul kernel */
+
+/* Dots of one Q6_K row x with NA Q8_K activations y[j] into out[j]; weights unpacked once for all
+ * NA, and each activation runs the same operations whatever NA is (vec_dot is NA = 1), as for
+ * Q4_K. The +32 offset of the quants is removed in the integer lanes: 32 * scale * bsum per group
+ * of 16 is subtracted from the first 8 lanes before the one conversion per block. */
+static inline __attribute__((always_inline)) void
+avx512_q6_K_acts(const int NA, int64_t nb, const struct executor_block_q6_K *x,
+                 const struct executor_block_q8_K *const *y, float *out)
 {
-    const struct executor_block_q6_K *x = w;
-    const struct executor_block_q8_K *y = a;
-    const int64_t                     nb = n / EXECUTOR_QK_K;
-    const __m512i                     m4 = _mm512_set1_epi8(0x0F);
-    const __m512i                     m3 = _mm512_set1_epi8(0x03);
-    __m512i                           idx[4];
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m3 = _mm512_set1_epi8(0x03);
+    __m512i       idx[4];
     for (int k = 0; k < 4; k++)
         idx[k] = _mm512_loadu_si512(k_avx512_q6k_idx[k]);
-    float sum = 0;
+    __m512 acc[AVX512_Q6K_NACT];
+    for (int a = 0; a < NA; a++)
+        acc[a] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        _mm_prefetch(pf + 64, _MM_HINT_T0);
-        _mm_prefetch(pf + 128, _MM_HINT_T0);
-        const float   d = avx512_fp16(x[i].d) * y[i].d;
+        if (NA == 1) {
+            const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+        }
+        const float   xd = avx512_fp16(x[i].d);
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        /* quants are stored +32: subtract 32 * sum(scale * bsum) once per block */
-        const int      corr = 32 * avx512_hsum_epi32_256(_mm256_madd_epi16(
-                                       s16, _mm256_loadu_si256((const __m256i *)y[i].bsums)));
-        const __m512i  sc16 = _mm512_castsi256_si512(s16);
-        const uint8_t *ql = x[i].ql;
-        const uint8_t *qh = x[i].qh;
-        const int8_t  *q8 = y[i].qs;
-        __m512i        sumi = _mm512_setzero_si512();
-        for (int c = 0; c < 2; c++, ql += 64, qh += 32, q8 += 128) {
-            const __m512i l = _mm512_loadu_si512(ql);
-            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        const __m512i sc16 = _mm512_castsi256_si512(s16);
+        __m512i       q[4], s[4];
+        for (int c = 0; c < 2; c++) {
+            const __m512i l = _mm512_loadu_si512(x[i].ql + 64 * c);
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * c));
             const __m512i h01 =
                 _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
             const __m512i h23 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_srli_epi16(h, 4)),
                                                    _mm256_srli_epi16(h, 6), 1);
-            const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                                _mm512_slli_epi16(_mm512_and_si512(h01, m3), 4));
-            const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                _mm512_slli_epi16(_mm512_and_si512(h23, m3), 4));
-            const __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512(q8));
-            const __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512(q8 + 64));
-            sumi = _mm512_dpwssd_epi32(sumi, p01, _mm512_permutexvar_epi16(idx[2 * c], sc16));
-            sumi = _mm512_dpwssd_epi32(sumi, p23, _mm512_permutexvar_epi16(idx[2 * c + 1], sc16));
+            q[2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                       _mm512_slli_epi16(_mm512_and_si512(h01, m3), 4));
+            q[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_slli_epi16(_mm512_and_si512(h23, m3), 4));
+            s[2 * c] = _mm512_permutexvar_epi16(idx[2 * c], sc16);
+            s[2 * c + 1] = _mm512_permutexvar_epi16(idx[2 * c + 1], sc16);
         }
-        sum += d * (float)(_mm512_reduce_add_epi32(sumi) - corr);
+        for (int a = 0; a < NA; a++) {
+            const struct executor_block_q8_K *ya = y[a] + i;
+            /* quants are stored +32: start from -32 * scale * bsum (8 lanes of pairs) */
+            const __m256i corr =
+                _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)ya->bsums));
+            __m512i sumi = _mm512_castsi256_si512(
+                _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5)));
+            sumi = _mm512_maskz_mov_epi32(0x00FF, sumi);
+            for (int k = 0; k < 4; k++) {
+                const __m512i p = _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(ya->qs + 64 * k));
+                sumi = _mm512_dpwssd_epi32(sumi, p, s[k]);
+            }
+            acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(xd * ya->d), _mm512_cvtepi32_ps(sumi), acc[a]);
+        }
     }
-    return sum;
+    for (int a = 0; a < NA; a++)
+        out[a] = avx512_hsum_ps(acc[a]);
+}
+
+static float avx512_dot_q6_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q8_K *y[1] = {a};
+    float                             out;
+    avx512_q6_K_acts(1, n / EXECUTOR_QK_K, w, y, &out);
+    return out;
+}
+
+static void avx512_gemm_q6_K(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    const int64_t nb = n / EXECUTOR_QK_K;
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q6K_NACT) {
+        const int na = n_act - j0 < AVX512_Q6K_NACT ? (int)(n_act - j0) : AVX512_Q6K_NACT;
+        const struct executor_block_q8_K *ya[AVX512_Q6K_NACT];
+        for (int j = 0; j < na; j++)
+            ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const struct executor_block_q6_K *x = (const void *)((const char *)w + (size_t)r * rb);
+            float                             out[AVX512_Q6K_NACT] = {0};
+            switch (na) {
+            case 4:
+                avx512_q6_K_acts(4, nb, x, ya, out);
+                break;
+            case 3:
+                avx512_q6_K_acts(3, nb, x, ya, out);
+                break;
+            case 2:
+                avx512_q6_K_acts(2, nb, x, ya, out);
+                break;
+            default:
+                avx512_q6_K_acts(1, nb, x, ya, out);
+                break;
+            }
+            for (int j = 0; j < na; j++)
+                y[(size_t)(j0 + j) * ys + (size_t)r] = out[j];
+        }
+    }
 }
 
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
@@ -589,4 +636,5 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx512_dot_q4_K;
     ks->gemm[COMMON_GGML_TYPE_Q4_K] = avx512_gemm_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx512_dot_q6_K;
+    ks->gemm[COMMON_GGML_TYPE_Q6_K] = avx512_gemm_q6_K;
 }

@@ -583,6 +583,7 @@ static void check_matrices(void)
         check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 33, 7, n_act);
         check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, n_act);
         check_matrix(COMMON_GGML_TYPE_Q4_K, 256 * 3, 5, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q6_K, 256 * 3, 5, n_act);
     }
     check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 70, 2);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
