@@ -1,13 +1,15 @@
-/* executor/kernels/avx512.c - AVX-512 (F/BW/VL/VNNI) dot products for the hot weight types. */
+/* executor/kernels/avx512.c - AVX-512 (F/BW/VL/VNNI) dot products for every weight type but Q2_K
+ * and Q3_K. */
 #include "kernels.h"
 
 #include <immintrin.h>
 
 #include "kernels_impl.h"
 
-/* Q4_0, Q8_0, Q4_K and Q6_K get 512-bit kernels (Q4_0: three raw blocks per load; the others two
- * blocks, or one 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds).
- * Every other entry, and the activation quantizers, come from the AVX2 set, which this CPU also
+/* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K get 512-bit dots (Q4_0: three
+ * raw blocks per load; the other block types two blocks, or one 64-element chunk, per vector; VNNI
+ * vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0, Q4_K and Q6_K also a gemm. Q2_K and Q3_K
+ * (scalar everywhere) and the activation quantizers come from the slower sets, which this CPU also
  * runs. As in avx2.c the integer sums are exact and only the order of the float additions differs
  * from ref.c. */
 
@@ -44,6 +46,105 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)q0)),
                               _mm256_loadu_si256((const __m256i *)q1), 1);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Float dots (F32, F16, BF16)                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Any n: 64 elements per iteration over four accumulators, then 16 at a time, then one masked
+ * load of the last n % 16 elements (masked-off lanes are not read, so nothing past the row is
+ * touched). Products are exact for F16 and BF16 (widened to float); only the order of the float
+ * additions differs from ref.c. BF16 widens with a shift rather than vdpbf16ps, which flushes
+ * subnormals and rounds between the two products of a pair. */
+
+/* Mask of the first k (< 16) lanes. */
+static inline __mmask16 avx512_tail_mask(int64_t k)
+{
+    return (__mmask16)((1u << k) - 1u);
+}
+
+static inline __m512 avx512_load_f16(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline __m512 avx512_maskz_load_f16(__mmask16 m, const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+static inline __m512 avx512_load_bf16(const uint16_t *p)
+{
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+static inline __m512 avx512_maskz_load_bf16(__mmask16 m, const uint16_t *p)
+{
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+static float avx512_dot_f32(int64_t n, const void *w, const void *a)
+{
+    const float *x = w, *y = a;
+    __m512       s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t      i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
+    if (i < n) {
+        const __mmask16 m = avx512_tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), s1);
+    }
+    return avx512_hsum_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static float avx512_dot_f16(int64_t n, const void *w, const void *a)
+{
+    const uint16_t *x = w, *y = a;
+    __m512          s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t         i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(avx512_load_f16(x + i), avx512_load_f16(y + i), s0);
+        s1 = _mm512_fmadd_ps(avx512_load_f16(x + i + 16), avx512_load_f16(y + i + 16), s1);
+        s2 = _mm512_fmadd_ps(avx512_load_f16(x + i + 32), avx512_load_f16(y + i + 32), s2);
+        s3 = _mm512_fmadd_ps(avx512_load_f16(x + i + 48), avx512_load_f16(y + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(avx512_load_f16(x + i), avx512_load_f16(y + i), s0);
+    if (i < n) {
+        const __mmask16 m = avx512_tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(avx512_maskz_load_f16(m, x + i), avx512_maskz_load_f16(m, y + i), s1);
+    }
+    return avx512_hsum_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static float avx512_dot_bf16(int64_t n, const void *w, const void *a)
+{
+    const uint16_t *x = w, *y = a;
+    __m512          s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t         i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(avx512_load_bf16(x + i), avx512_load_bf16(y + i), s0);
+        s1 = _mm512_fmadd_ps(avx512_load_bf16(x + i + 16), avx512_load_bf16(y + i + 16), s1);
+        s2 = _mm512_fmadd_ps(avx512_load_bf16(x + i + 32), avx512_load_bf16(y + i + 32), s2);
+        s3 = _mm512_fmadd_ps(avx512_load_bf16(x + i + 48), avx512_load_bf16(y + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(avx512_load_bf16(x + i), avx512_load_bf16(y + i), s0);
+    if (i < n) {
+        const __mmask16 m = avx512_tail_mask(n - i);
+        s1 =
+            _mm512_fmadd_ps(avx512_maskz_load_bf16(m, x + i), avx512_maskz_load_bf16(m, y + i), s1);
+    }
+    return avx512_hsum_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -626,8 +727,177 @@ static void avx512_gemm_q6_K(int64_t n, const void *w, size_t rb, int64_t n_rows
     }
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Q4_1 x Q8_1, Q5_0 x Q8_0, Q5_1 x Q8_1                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Two blocks per vector, in element order: bytes 0..31 block i, 32..63 block i + 1, so the Q8
+ * quants of the pair load as they lie and the 5th bits of the pair (qh, bit j = element j) are
+ * a 64-bit byte mask as they lie. vpdpbusd multiplies the unsigned 4/5-bit quants by the int8
+ * activations; lanes 0..7 hold block i, 8..15 block i + 1, each an exact integer sum, scaled in
+ * float. An odd last block runs as a pair with itself whose second scale is 0 (the integer lanes
+ * are finite, so they add exactly 0). Q4_1/Q5_1 add m * s per block in float, as ref.c does. */
+#define AVX512_B32_PREFETCH 1024 /* bytes ahead of the weight loads, as the Q8_0 dot */
+
+/* The 32 nibbles of each of two 16-byte quant arrays, in element order (low nibbles first). */
+static inline __m512i avx512_nibbles_pair(const uint8_t *q0, const uint8_t *q1)
+{
+    const __m256i b =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                _mm_loadu_si128((const __m128i *)q1), 1);
+    /* 128-bit lanes q0, q0, q1, q1; the odd ones shifted right by 4 */
+    const __m512i d = _mm512_shuffle_i64x2(_mm512_castsi256_si512(b), _mm512_castsi256_si512(b),
+                                           _MM_SHUFFLE(1, 1, 0, 0));
+    const __m512i sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi64(d, sh), _mm512_set1_epi8(0x0F));
+}
+
+/* The 5th bits of two blocks as a byte mask (bit j: element j of the pair). */
+static inline __mmask64 avx512_qh_pair(const uint8_t *h0, const uint8_t *h1)
+{
+    uint32_t u0, u1;
+    memcpy(&u0, h0, sizeof(u0));
+    memcpy(&u1, h1, sizeof(u1));
+    return (__mmask64)((uint64_t)u0 | ((uint64_t)u1 << 32));
+}
+
+static float avx512_dot_q4_1(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q4_1 *x = w;
+    const struct executor_block_q8_1 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    const __m512i                     zero = _mm512_setzero_si512();
+    __m512                            acc = _mm512_setzero_ps();
+    float                             summs = 0;
+    for (int64_t i = 0; i < nb; i += 2) {
+        _mm_prefetch((const char *)(x + i) + AVX512_B32_PREFETCH, _MM_HINT_T0);
+        const int64_t j = i + 1 < nb ? i + 1 : i; /* second block of the pair */
+        const __m512i qx = avx512_nibbles_pair(x[i].qs, x[j].qs);
+        const __m512i qy = avx512_load_pair(y[i].qs, y[j].qs);
+        const float   d1 = j > i ? avx512_fp16(x[j].d) * avx512_fp16(y[j].d) : 0.0f;
+        const __m512  d = avx512_scale_pair(avx512_fp16(x[i].d) * avx512_fp16(y[i].d), d1);
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, qx, qy)), acc);
+        summs += avx512_fp16(x[i].m) * avx512_fp16(y[i].s);
+        if (j > i)
+            summs += avx512_fp16(x[j].m) * avx512_fp16(y[j].s);
+    }
+    return avx512_hsum_ps(acc) + summs;
+}
+
+static float avx512_dot_q5_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q5_0 *x = w;
+    const struct executor_block_q8_0 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    const __m512i                     zero = _mm512_setzero_si512();
+    const __m512i                     b4 = _mm512_set1_epi8(0x10);
+    __m512                            acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i += 2) {
+        _mm_prefetch((const char *)(x + i) + AVX512_B32_PREFETCH, _MM_HINT_T0);
+        const int64_t j = i + 1 < nb ? i + 1 : i;
+        /* q = (nibble + 16 * bit) - 16: the unsigned 5-bit value times y, less 16 * sum(y) */
+        const __m512i q5 = avx512_nibbles_pair(x[i].qs, x[j].qs);
+        const __m512i qx = _mm512_mask_add_epi8(q5, avx512_qh_pair(x[i].qh, x[j].qh), q5, b4);
+        const __m512i qy = avx512_load_pair(y[i].qs, y[j].qs);
+        const __m512i s =
+            _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, qx, qy), _mm512_dpbusd_epi32(zero, b4, qy));
+        const float  d1 = j > i ? avx512_fp16(x[j].d) * avx512_fp16(y[j].d) : 0.0f;
+        const __m512 d = avx512_scale_pair(avx512_fp16(x[i].d) * avx512_fp16(y[i].d), d1);
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+    }
+    return avx512_hsum_ps(acc);
+}
+
+static float avx512_dot_q5_1(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q5_1 *x = w;
+    const struct executor_block_q8_1 *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK;
+    const __m512i                     zero = _mm512_setzero_si512();
+    const __m512i                     b4 = _mm512_set1_epi8(0x10);
+    __m512                            acc = _mm512_setzero_ps();
+    float                             summs = 0;
+    for (int64_t i = 0; i < nb; i += 2) {
+        _mm_prefetch((const char *)(x + i) + AVX512_B32_PREFETCH, _MM_HINT_T0);
+        const int64_t j = i + 1 < nb ? i + 1 : i;
+        const __m512i q4 = avx512_nibbles_pair(x[i].qs, x[j].qs);
+        const __m512i qx = _mm512_mask_add_epi8(q4, avx512_qh_pair(x[i].qh, x[j].qh), q4, b4);
+        const __m512i qy = avx512_load_pair(y[i].qs, y[j].qs);
+        const float   d1 = j > i ? avx512_fp16(x[j].d) * avx512_fp16(y[j].d) : 0.0f;
+        const __m512  d = avx512_scale_pair(avx512_fp16(x[i].d) * avx512_fp16(y[i].d), d1);
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, qx, qy)), acc);
+        summs += avx512_fp16(x[i].m) * avx512_fp16(y[i].s);
+        if (j > i)
+            summs += avx512_fp16(x[j].m) * avx512_fp16(y[j].s);
+    }
+    return avx512_hsum_ps(acc) + summs;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Q5_K x Q8_K                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* As the Q4_K dot (one 64-element chunk per vector, vpdpwssd with the scales per int16 lane,
+ * mins through bsums), plus the 5th bits: chunk j takes bit 2j of qh[l] for its first 32
+ * elements and bit 2j+1 for the next 32, so one vptestmb of qh (both halves) against those bits
+ * gives the byte mask that adds 16. Quants are 0..31, so maddubs pairs stay within int16. */
+static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q5_K *x = w;
+    const struct executor_block_q8_K *y = a;
+    const int64_t                     nb = n / EXECUTOR_QK_K;
+    const __m512i                     m4 = _mm512_set1_epi8(0x0F);
+    const __m512i                     b4 = _mm512_set1_epi8(0x10);
+    __m512i                           idx[4], hsel[4];
+    for (int j = 0; j < 4; j++) {
+        idx[j] = _mm512_loadu_si512(k_avx512_q4k_idx[j]);
+        hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))),
+                                     _mm256_set1_epi8((char)(1 << (2 * j + 1))), 1);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+        _mm_prefetch(pf, _MM_HINT_T0);
+        _mm_prefetch(pf + 64, _MM_HINT_T0);
+        _mm_prefetch(pf + 128, _MM_HINT_T0);
+        uint8_t sc[8], mn[8];
+        avx512_k4_scales(x[i].scales, sc, mn);
+        const struct executor_block_q8_K *yi = y + i;
+        /* mins as 16 words, each twice: madd with the 16 bsums gives mn[j] * (bsums[2j] +
+         * bsums[2j+1]) in int32 lane j */
+        const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);
+        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yi->bsums), m16);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(avx512_fp16(x[i].dmin) * yi->d),
+                               _mm256_cvtepi32_ps(pm), accm);
+        const __m512i sc16 =
+            _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[i].qh));
+        __m512i       sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            __m512i       q = _mm512_and_si512(
+                      _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1), m4);
+            q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, hsel[j]), q, b4);
+            const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512(yi->qs + 64 * j));
+            sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[j], sc16));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(avx512_fp16(x[i].d) * yi->d), _mm512_cvtepi32_ps(sumi),
+                              acc);
+    }
+    return avx512_hsum_ps(acc) - avx512_hsum_ps256(accm);
+}
+
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
 {
+    ks->vec_dot[COMMON_GGML_TYPE_F32] = avx512_dot_f32;
+    ks->vec_dot[COMMON_GGML_TYPE_F16] = avx512_dot_f16;
+    ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx512_dot_bf16;
+    ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx512_dot_q4_1;
+    ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx512_dot_q5_0;
+    ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
+    ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_0] = avx512_dot_q4_0;
     ks->gemv[COMMON_GGML_TYPE_Q4_0] = avx512_gemv_q4_0;
     ks->gemm[COMMON_GGML_TYPE_Q4_0] = avx512_gemm_q4_0;

@@ -81,12 +81,13 @@ static void restore_isa(void)
 
 /* Element counts to test for a weight type: block-32 types take 1, 31, 32, 33, 255, 256, 257
  * blocks and 383, 384, 385, 769 (AVX-512 Q4_0 prepares activations 384 blocks at a time, in groups
- * of 3); K-quants 1, 2, 3, 8, 9 super-blocks; float types the block-32 counts plus ragged ones. */
+ * of 3); K-quants 1, 2, 3, 8, 9 super-blocks; float types the block-32 counts plus ragged ones
+ * (AVX-512: 64 per iteration, then 16, then a masked tail of n % 16; 47..100 take each path). */
 static int test_sizes(uint32_t type, int64_t *out)
 {
     static const int64_t                b32[] = {1, 31, 32, 33, 255, 256, 257, 383, 384, 385, 769};
     static const int64_t                bk[] = {1, 2, 3, 8, 9};
-    static const int64_t                rag[] = {1, 7, 15, 17, 33, 100};
+    static const int64_t                rag[] = {1, 7, 15, 17, 33, 47, 63, 65, 79, 100};
     int                                 k = 0;
     const struct common_ggml_type_info *ti = common_ggml_type_get(type);
     if (ti->blck == 256) {
@@ -192,6 +193,73 @@ KTEST_DOT(q3_K, COMMON_GGML_TYPE_Q3_K)
 KTEST_DOT(q4_K, COMMON_GGML_TYPE_Q4_K)
 KTEST_DOT(q5_K, COMMON_GGML_TYPE_Q5_K)
 KTEST_DOT(q6_K, COMMON_GGML_TYPE_Q6_K)
+
+/* Weight rows of random bytes reach every quant, 5th-bit and packed-scale pattern, not only the
+ * ones the quantizer emits; the fp16 scale fields (byte offsets in each block) are set to finite
+ * values of either sign so the dot stays finite. */
+static const struct {
+    uint32_t type;
+    int      n_f16;  /* fp16 fields in each block */
+    int      off[2]; /* their byte offsets */
+} k_random_rows[] = {
+    {COMMON_GGML_TYPE_Q4_0, 1, {0, 0}}, {COMMON_GGML_TYPE_Q4_1, 2, {0, 2}},
+    {COMMON_GGML_TYPE_Q5_0, 1, {0, 0}}, {COMMON_GGML_TYPE_Q5_1, 2, {0, 2}},
+    {COMMON_GGML_TYPE_Q8_0, 1, {0, 0}}, {COMMON_GGML_TYPE_Q4_K, 2, {0, 2}},
+    {COMMON_GGML_TYPE_Q5_K, 2, {0, 2}}, {COMMON_GGML_TYPE_Q6_K, 1, {208, 208}},
+};
+
+static void check_random_rows(void)
+{
+    for (size_t t = 0; t < sizeof(k_random_rows) / sizeof(k_random_rows[0]); t++) {
+        const uint32_t                      type = k_random_rows[t].type;
+        const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+        const int64_t                       n = ti->blck == 256 ? 256 * 5 : 32 * 37;
+        const size_t                        wb = row_bytes(type, n);
+        const size_t                        ab = executor_act_row_size(type, n);
+        unsigned char                      *wq = malloc(wb);
+        void                               *aq = malloc(ab);
+        float *x = malloc((size_t)n * sizeof(float)), *wd = malloc((size_t)n * sizeof(float));
+        float *xd = malloc((size_t)n * sizeof(float));
+        cr_assert(wq && aq && x && wd && xd);
+        for (size_t i = 0; i < wb; i++)
+            wq[i] = (unsigned char)rng_next();
+        for (size_t b = 0; b < wb / ti->type_size; b++)
+            for (int f = 0; f < k_random_rows[t].n_f16; f++) {
+                const float    v = (rng_uniform() - 0.5f) * 0.05f;
+                const uint16_t h = executor_fp32_to_fp16(v);
+                memcpy(wq + b * ti->type_size + (size_t)k_random_rows[t].off[f], &h, 2);
+            }
+        fill_data(x, n);
+        cr_assert_eq(executor_quantize_act(type, x, aq, n), 0);
+        cr_assert_eq(executor_dequantize_row(type, wq, wd, n), 0);
+        cr_assert_eq(executor_dequantize_row(executor_vec_dot_type(type), aq, xd, n), 0);
+        double mag = 0;
+        for (int64_t i = 0; i < n; i++)
+            mag += fabs((double)wd[i] * (double)xd[i]);
+        const float simd = executor_vec_dot(type, n, wq, aq);
+        const float ref = executor_vec_dot_ref(type, n, wq, aq);
+        cr_assert(fabs((double)simd - (double)ref) <= KTEST_DOT_RTOL * mag + 1e-30,
+                  "%s/%s random bytes: simd %.9g ref %.9g (sum|w*a| %.6g)", ti->name,
+                  executor_isa_name(executor_kernels_active()), (double)simd, (double)ref, mag);
+        free(wq);
+        free(aq);
+        free(x);
+        free(wd);
+        free(xd);
+    }
+}
+
+Test(executor_kernels, vec_dot_random_bytes_avx2_matches_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX2);
+    check_random_rows();
+}
+
+Test(executor_kernels, vec_dot_random_bytes_avx512_matches_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX512);
+    check_random_rows();
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Activation conversion edge cases                                                            */
@@ -567,7 +635,8 @@ static void check_matrix(uint32_t type, int64_t n_cols, int64_t n_rows, int64_t 
 
 /* The matrix cases of one kernel set: Q4_0 with 1..9 activations (the AVX-512 gemm takes them 4 at
  * a time), rows of 1, 2, 3, 385 and 769 blocks (partial groups, several activation chunks) and a
- * matrix larger than one gemm row tile (256 KiB). */
+ * matrix larger than one gemm row tile (256 KiB); the types without gemv/gemm once each (odd block
+ * counts, ragged float rows), so matvec and matmul never keep a slower set's kernel. */
 static void check_matrices(void)
 {
     for (int64_t n_act = 1; n_act <= 9; n_act++)
@@ -588,6 +657,12 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 70, 2);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
     check_matrix(COMMON_GGML_TYPE_F16, 40, 9, 2);
+    check_matrix(COMMON_GGML_TYPE_F32, 79, 9, 2);
+    check_matrix(COMMON_GGML_TYPE_BF16, 47, 9, 2);
+    check_matrix(COMMON_GGML_TYPE_Q4_1, 32 * 33, 7, 3);
+    check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
+    check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
+    check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, 3);
 }
 
 Test(executor_kernels, matvec_and_matmul_equal_vec_dot_avx2, .fini = restore_isa)
