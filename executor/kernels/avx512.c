@@ -55,8 +55,8 @@ static inline __m512i avx512_load_pair(const int8_t *q0, const int8_t *q1)
 /* Any n: 64 elements per iteration over four accumulators, then 16 at a time, then one masked
  * load of the last n % 16 elements (masked-off lanes are not read, so nothing past the row is
  * touched). Products are exact for F16 and BF16 (widened to float); only the order of the float
- * additions differs from ref.c. BF16 widens with a shift rather than vdpbf16ps, which flushes
- * subnormals and rounds between the two products of a pair. */
+ * additions differs from ref.c. BF16 widens with a shift rather than vdpbf16ps, which treats
+ * subnormal inputs and results as zero (DAZ/FTZ) where ref.c does not. */
 
 /* Mask of the first k (< 16) lanes. */
 static inline __mmask16 avx512_tail_mask(int64_t k)
