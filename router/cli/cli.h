@@ -70,6 +70,13 @@ struct cli_stream_opts {
 int cli_stream_parse_flag(struct cli_stream_opts *o, const char *a, const char *v);
 /* Same for the options without a value (--trace-names, --report-rss, --no-prefetch, ...). */
 int cli_stream_parse_switch(struct cli_stream_opts *o, const char *a);
+/* The common part of every command's option loop, called after the command's own switches:
+ * applies the stream switches, refuses a positional argument, fetches the value of option
+ * argv[*i] (advancing *i) and applies the stream options that take one. Returns 1 when the
+ * option was consumed (go on), 0 when *value holds the value of an option for the command to
+ * parse, -1 on an error (message printed; exit with status 2). */
+int cli_take_option(int argc, char **argv, int *i, struct cli_stream_opts *so, const char **value);
+
 /* True when the options ask for the fetcher (a budget or --io). */
 bool cli_stream_is_on(const struct cli_stream_opts *o);
 

@@ -48,18 +48,10 @@ int cli_cmd_perplexity(int argc, char **argv)
             ppl_usage(stdout);
             return 0;
         }
-        if (cli_stream_parse_switch(&so, a))
-            continue;
-        if (a[0] != '-') {
-            fprintf(stderr, "error: unexpected argument '%s'\n", a);
+        int taken = cli_take_option(argc, argv, &i, &so, &v);
+        if (taken < 0)
             return 2;
-        }
-        if (!(v = cli_next_arg(argc, argv, &i)))
-            return 2;
-        int shared = cli_stream_parse_flag(&so, a, v);
-        if (shared < 0)
-            return 2;
-        if (shared > 0)
+        if (taken > 0)
             continue;
         bool ok = true;
         if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0)

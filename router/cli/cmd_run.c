@@ -91,18 +91,12 @@ int cli_cmd_run(int argc, char **argv)
             ignore_eos = true;
             continue;
         }
-        if (cli_stream_parse_switch(&so.stream, a))
-            continue;
-        if (a[0] != '-') {
-            fprintf(stderr, "error: unexpected argument '%s'\n", a);
+        int taken = cli_take_option(argc, argv, &i, &so.stream, &v);
+        if (taken == 0)
+            taken = cli_session_parse_flag(&so, a, v);
+        if (taken < 0)
             return 2;
-        }
-        if (!(v = cli_next_arg(argc, argv, &i)))
-            return 2;
-        int shared = cli_session_parse_flag(&so, a, v);
-        if (shared < 0)
-            return 2;
-        if (shared > 0)
+        if (taken > 0)
             continue;
         if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0)
             prompt = v;

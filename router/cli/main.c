@@ -20,7 +20,8 @@ static const struct cli_command commands[] = {
     {"run", cli_cmd_run, "generate text from a prompt"},
     {"chat", cli_cmd_chat, "chat with a model using its chat template"},
     {"tokenize", cli_cmd_tokenize, "print the token ids of a text, like llama-tokenize"},
-    {"perplexity", cli_cmd_perplexity, "perplexity of a text file, as llama-perplexity computes it"},
+    {"perplexity", cli_cmd_perplexity,
+     "perplexity of a text file, as llama-perplexity computes it"},
     {"bench", cli_cmd_bench, "prefill/decode tokens per second against measured memory bandwidth"},
 };
 

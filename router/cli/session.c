@@ -304,6 +304,20 @@ void cli_session_opts_default(struct cli_session_opts *o)
         .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
 }
 
+int cli_take_option(int argc, char **argv, int *i, struct cli_stream_opts *so, const char **value)
+{
+    const char *a = argv[*i];
+    if (cli_stream_parse_switch(so, a))
+        return 1;
+    if (a[0] != '-') {
+        fprintf(stderr, "error: unexpected argument '%s'\n", a);
+        return -1;
+    }
+    if (!(*value = cli_next_arg(argc, argv, i)))
+        return -1;
+    return cli_stream_parse_flag(so, a, *value);
+}
+
 int cli_session_parse_flag(struct cli_session_opts *o, const char *a, const char *v)
 {
     bool     ok = true;
