@@ -204,6 +204,7 @@ int cli_cmd_run(int argc, char **argv)
             fwrite(piece.ptr, 1, piece.len, stdout);
         printf("\n");
     }
+    fflush(stdout); /* the text ends before the timing line on a shared terminal */
     fprintf(stderr,
             "run: prompt %u tokens in %.1f ms (%.2f tok/s); generated %u tokens, decode %.2f "
             "tok/s; %u threads, isa %s\n",
