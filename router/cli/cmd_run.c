@@ -185,8 +185,10 @@ int cli_cmd_run(int argc, char **argv)
             n_gen++;
             break;
         }
-        if (n_gen + 1 == so.n_predict)
+        if (n_gen + 1 == so.n_predict) {
+            n_gen++;
             break;
+        }
         if (cli_session_is_full(&s)) {
             fprintf(stderr, "\nwarning: context full after %u tokens\n",
                     executor_ctx_n_past(s.ctx));
