@@ -473,4 +473,122 @@ int common_model_expert_span(const struct common_model *m, uint32_t layer, uint3
  * are written as \u00XX escapes of the byte value so output is always valid JSON. */
 void common_json_write_str(FILE *f, const char *s, size_t len);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Shared-memory rings (common/ring.c)                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Single-producer/single-consumer rings of records of at most `slot_bytes` bytes, living in a
+ * shared segment that two processes (or threads) map: the header below, then n_slots slots of
+ * common_ring_stride() bytes each. Indices are free-running 32-bit counters masked on access.
+ * Everything in the segment is untrusted: each side checks the header on attach and each index
+ * difference on every operation, and answers COMMON_ECORRUPT rather than read out of bounds.
+ * C only (the header uses <stdatomic.h>); C++ callers do not see this section. */
+#ifndef __cplusplus
+#include <stdalign.h>
+#include <stdatomic.h>
+
+#define COMMON_RING_MAGIC          0x474e5253u /* "SRNG" read as a little-endian u32 */
+#define COMMON_RING_VERSION        1u
+#define COMMON_RING_MAX_SLOT_BYTES (1u << 20) /* largest record */
+#define COMMON_RING_MAX_SLOTS      (1u << 24) /* largest slot count */
+
+/* The first bytes of a ring segment. The `_waiting` words let a side that sleeps on a futex ask
+ * its peer for a FUTEX_WAKE, so a peer that never sleeps costs no system calls. Each is a counter
+ * written only by the side that sleeps: odd while it is about to sleep or asleep, even otherwise.
+ */
+struct common_ring_hdr {
+    uint32_t magic;                    /* COMMON_RING_MAGIC */
+    uint32_t version;                  /* COMMON_RING_VERSION */
+    uint32_t slot_bytes;               /* largest record in bytes, 1..COMMON_RING_MAX_SLOT_BYTES */
+    uint32_t n_slots;                  /* power of two, 1..COMMON_RING_MAX_SLOTS */
+    alignas(64) _Atomic uint32_t head; /* records pushed; written only by the producer */
+    _Atomic uint32_t cons_waiting;     /* odd while the consumer sleeps on head; written only by
+                                          the consumer, read by the producer */
+    alignas(64) _Atomic uint32_t tail; /* records popped; written only by the consumer */
+    _Atomic uint32_t prod_waiting;     /* odd while the producer sleeps on tail; written only by
+                                          the producer, read by the consumer */
+};
+
+/* One side's view of a ring. Each side attaches its own; the producer calls only the push
+ * functions on it, the consumer only the pop functions. The numbers are copies checked at attach
+ * time and never re-read from the segment. */
+struct common_ring {
+    struct common_ring_hdr *hdr;        /* mapped: the segment's header; its mapper unmaps it */
+    unsigned char          *slots;      /* mapped: n_slots * stride bytes right after the header */
+    uint32_t                slot_bytes; /* largest record */
+    uint32_t                n_slots;    /* power of two */
+    uint32_t                stride;     /* bytes per slot: length word + padded record */
+    uint32_t tail_seen;  /* producer side: last tail read (no newer than the real tail) */
+    uint32_t head_seen;  /* consumer side: last head read (no newer than the real head) */
+    uint32_t cons_woken; /* producer side: odd cons_waiting value whose sleep a FUTEX_WAKE ended */
+    uint32_t prod_woken; /* consumer side: odd prod_waiting value whose sleep a FUTEX_WAKE ended */
+};
+
+/* Bytes of one slot for records of up to `slot_bytes` bytes (8-byte length word, record padded
+ * to 8 bytes), or 0 when slot_bytes is 0 or above COMMON_RING_MAX_SLOT_BYTES. */
+uint32_t common_ring_stride(uint32_t slot_bytes);
+
+/* Bytes of a segment holding a ring of `n_slots` slots of `slot_bytes`, or 0 when the arguments
+ * are out of range (n_slots not a power of two, zero or too large). */
+size_t common_ring_bytes(uint32_t slot_bytes, uint32_t n_slots);
+
+/* Formats an empty ring in the first common_ring_bytes() bytes of `mem` (64-byte aligned, as
+ * mmap gives). Must
+ * complete before a peer attaches (format, then fork or announce the segment). Returns 0, or
+ * COMMON_EINVAL when n_slots is not a power of two, an argument is out of range or `len` is too
+ * small. Not thread-safe with users of the same memory. */
+int common_ring_init(void *mem, size_t len, uint32_t slot_bytes, uint32_t n_slots);
+
+/* Fills *out to use the ring formatted in `mem` (`len` mapped bytes) after checking that its
+ * magic, version, slot size and count equal what the caller expects, that the segment fits in
+ * `len` and that head - tail <= n_slots. Returns 0, COMMON_EINVAL (bad arguments, `mem` not
+ * 64-byte aligned) or
+ * COMMON_ECORRUPT (any mismatch); *out is unchanged on failure. `mem` must outlive *out. */
+int common_ring_attach(void *mem, size_t len, uint32_t slot_bytes, uint32_t n_slots,
+                       struct common_ring *out);
+
+/* Producer: copies `len` bytes of `rec` into the next slot and publishes it. Non-blocking; wakes
+ * a sleeping consumer. Returns 0, COMMON_EAGAIN when the ring is full, COMMON_EINVAL when len is
+ * above slot_bytes (empty records are allowed), COMMON_ECORRUPT when the indices in the segment are
+ * inconsistent. */
+int common_ring_push(struct common_ring *r, const void *rec, size_t len);
+
+/* Consumer: copies the oldest record into `rec` (`cap` bytes) and frees its slot. Non-blocking;
+ * wakes a sleeping producer. Returns the record length (>= 0), COMMON_EAGAIN when the ring is
+ * empty, COMMON_EINVAL when the record is longer than `cap` (it stays in the ring),
+ * COMMON_ECORRUPT when the indices or the slot's length word are inconsistent. */
+int common_ring_pop(struct common_ring *r, void *rec, size_t cap);
+
+/* Blocking variants: spin briefly, then sleep on a futex in the segment (shared between
+ * processes) until the peer moves its index or `timeout_ms` passes (< 0 waits forever, 0 does not
+ * sleep). Same returns as the non-blocking ones, with COMMON_ETIMEDOUT instead of COMMON_EAGAIN,
+ * and COMMON_EIO if the futex call fails for another reason. */
+int common_ring_push_wait(struct common_ring *r, const void *rec, size_t len, int timeout_ms);
+int common_ring_pop_wait(struct common_ring *r, void *rec, size_t cap, int timeout_ms);
+
+/* A file-backed shared mapping in a private runtime directory. */
+struct common_ring_segment {
+    void  *mem;   /* mapped: MAP_SHARED, read-write; unmapped by common_ring_segment_close() */
+    size_t bytes; /* mapped length */
+    char  *path;  /* owned: set on the creating side only; close unlinks this file */
+};
+
+/* Creates `dir` with mode 0700 when missing, then the file `dir`/`name` (mode 0600, `bytes`
+ * long, zero-filled) and maps it shared. Returns 0, COMMON_EINVAL (name empty or containing '/',
+ * bytes 0, or `dir` not a directory owned by this user, or open to group or others),
+ * COMMON_EBUSY (the file exists), COMMON_EIO / COMMON_ENOMEM. The caller formats it with
+ * common_ring_init(). *seg is unchanged on failure. */
+int common_ring_segment_create(const char *dir, const char *name, size_t bytes,
+                               struct common_ring_segment *seg);
+
+/* Maps an existing segment created by another process, with the same checks on `dir`; the file
+ * must be a regular file owned by this user without group/other permissions. Returns 0,
+ * COMMON_EINVAL, COMMON_ENOENT, COMMON_ECORRUPT (shorter than a ring header), COMMON_EIO. The
+ * mapping covers the file's size at open time; attach checks the ring fits in it. */
+int common_ring_segment_open(const char *dir, const char *name, struct common_ring_segment *seg);
+
+/* Unmaps; on the creating side also removes the file. Accepts a zeroed or closed segment. */
+void common_ring_segment_close(struct common_ring_segment *seg);
+#endif /* __cplusplus */
+
 #endif /* COMMON_COMMON_H */
