@@ -243,18 +243,27 @@ static void quantize_q8_1(const float *x, void *dst, int64_t n)
     }
 }
 
+/* The value of largest magnitude among x[0..n) (the first one on ties); *amax gets |value|. */
+static float kref_signed_absmax(int n, const float *x, float *amax)
+{
+    float max = 0;
+    *amax = 0;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > *amax) {
+            *amax = ax;
+            max = x[i];
+        }
+    }
+    return max;
+}
+
 static void quantize_q8_K(const float *x, void *dst, int64_t n)
 {
     struct executor_block_q8_K *y = dst;
     for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, x += EXECUTOR_QK_K) {
-        float max = 0, amax = 0;
-        for (int j = 0; j < EXECUTOR_QK_K; j++) {
-            const float ax = fabsf(x[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = x[j];
-            }
-        }
+        float amax = 0;
+        float max = kref_signed_absmax(EXECUTOR_QK_K, x, &amax);
         if (!amax) {
             /* ggml leaves bsums unwritten here; they are multiplied by d = 0 anyway. */
             memset(&y[i], 0, sizeof(y[i]));
@@ -358,14 +367,8 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
  * rmse_type 1 and no quant weights). L gets values + nmax. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax = 0;
+    float max = kref_signed_absmax(n, x, &amax);
     if (amax < KREF_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++)
             L[i] = 0;
@@ -410,14 +413,8 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
 /* Q3_K scale search with iterative refinement (ggml make_q3_quants, do_rmse = true). */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax = 0;
+    float max = kref_signed_absmax(n, x, &amax);
     if (amax < KREF_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++)
             L[i] = 0;
