@@ -474,6 +474,43 @@ int common_model_expert_span(const struct common_model *m, uint32_t layer, uint3
 void common_json_write_str(FILE *f, const char *s, size_t len);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Unix sockets and descriptor passing (common/fdpass.c)                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Listens on the Unix stream socket `path` (mode 0600; a stale socket file left by a dead
+ * process is replaced, a live one is COMMON_EBUSY). Returns 0 (*fd set), COMMON_EINVAL (path too
+ * long), COMMON_EBUSY, COMMON_EIO. */
+int common_unix_listen(const char *path, int *fd);
+/* Connects to `path`. Returns 0 (*fd set), COMMON_EINVAL, COMMON_ENOENT (no such socket or
+ * nobody listening), COMMON_EIO. */
+int common_unix_connect(const char *path, int *fd);
+/* Accepts one connection from a process of this user (others are closed and skipped), waiting
+ * up to timeout_ms (< 0 = forever). Returns 0 (*conn set), COMMON_ETIMEDOUT, COMMON_EIO. */
+int common_unix_accept(int listen_fd, int timeout_ms, int *conn);
+/* Sends descriptor `fd` and a 64-bit tag over connected socket `sock` (SCM_RIGHTS). Returns 0 or
+ * COMMON_EIO. */
+int common_fd_send(int sock, int fd, uint64_t tag);
+/* Receives a descriptor and its tag, waiting up to timeout_ms. Returns 0 (*fd is new and
+ * close-on-exec), COMMON_ETIMEDOUT, COMMON_EPROTO (no descriptor or a short message: anything
+ * received is closed), COMMON_ECLOSED (peer closed), COMMON_EIO. */
+int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Configuration files (common/config.c)                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Daemons take a config file of "key = value" lines ('#' starts a comment, blank lines are
+ * skipped; a key is a long option name without its dashes, a line with a key alone is a switch)
+ * and then their command line, which overrides it. common_config_argv() turns the file into
+ * option words placed before the command line's: {argv[0], "--key", "value", ..., argv[1..]}.
+ * Returns 0 (*out_argc, *out_argv: one malloc'd block, free() it), COMMON_ENOENT / COMMON_EIO
+ * (file), COMMON_EINVAL (a bad line, named with its number in e), COMMON_ENOMEM. */
+int common_config_argv(const char *path, int argc, char **argv, int *out_argc, char ***out_argv,
+                       struct common_errmsg *e);
+/* Finds "--config FILE" (or "--config=FILE") in argv; returns FILE or NULL. */
+const char *common_config_find(int argc, char **argv);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Shared-memory rings (common/ring.c)                                                         */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -27,9 +27,26 @@ enum proto_role {
 };
 
 enum proto_kind {
-    PROTO_KIND_HELLO = 1,
-    PROTO_KIND_ERROR = 2,
+    PROTO_KIND_HELLO = 1,    /* handshake, both ways: who is speaking, version, shard map */
+    PROTO_KIND_ERROR = 2,    /* a request failed */
+    PROTO_KIND_OK = 3,       /* a request succeeded and has nothing else to say */
+    PROTO_KIND_CONFIGURE,    /* set one runtime setting (key = value) */
+    PROTO_KIND_LOAD_MODEL,   /* load (or confirm) a model file */
+    PROTO_KIND_STATS,        /* ask for counters */
+    PROTO_KIND_STATS_REPLY,  /* counters: name = value pairs */
+    PROTO_KIND_HEALTH,       /* ask for state */
+    PROTO_KIND_HEALTH_REPLY, /* state, role, pid, uptime */
+    PROTO_KIND_DRAIN,        /* stop taking new work, finish what is in flight */
+    PROTO_KIND_SHUTDOWN,     /* drain, then exit */
+    PROTO_KIND_ATTACH,       /* data plane: "map these ring/slab segments and serve them" */
+    PROTO_KIND_GENERATE,     /* client -> router: a generation request */
+    PROTO_KIND_POLL,         /* client -> router: next token events of a request (long poll) */
+    PROTO_KIND_EVENTS,       /* router -> client: token events, and final stats when done */
+    PROTO_KIND_CANCEL,       /* client -> router: stop a request */
 };
+
+/* Static name of a kind ("hello", "generate", ...), "?" for an unknown value. */
+const char *proto_kind_name(enum proto_kind k);
 
 /* One fetcher's share of the experts: [first_expert, first_expert + n_experts). */
 struct proto_shard {
@@ -45,6 +62,8 @@ struct proto_hello {
     char               name[PROTO_MAX_NAME]; /* NUL-terminated */
     uint32_t           n_shards;
     struct proto_shard shards[PROTO_MAX_SHARDS];
+    uint32_t           pid;      /* process id of the speaker (0 = not told) */
+    uint64_t           instance; /* changes at every start of the speaker: detects restarts */
 };
 
 struct proto_error {
@@ -52,15 +71,157 @@ struct proto_error {
     char    message[PROTO_MAX_ERROR_TEXT]; /* NUL-terminated */
 };
 
-/* A decoded control message: fixed-size, no pointers, safe to copy. */
+#define PROTO_MAX_KEY   64u  /* configure keys and stat names, including the NUL */
+#define PROTO_MAX_VALUE 256u /* configure values, including the NUL */
+#define PROTO_MAX_PATH  1024u
+#define PROTO_MAX_STATS 128u
+
+struct proto_configure {
+    char key[PROTO_MAX_KEY];     /* NUL-terminated, e.g. "log.level" */
+    char value[PROTO_MAX_VALUE]; /* NUL-terminated, e.g. "debug" */
+};
+
+struct proto_load_model {
+    char path[PROTO_MAX_PATH]; /* NUL-terminated */
+};
+
+struct proto_stat {
+    char   name[PROTO_MAX_KEY]; /* NUL-terminated, e.g. "pool.hits" */
+    double value;
+};
+
+struct proto_stats_reply {
+    uint32_t          n_stats;
+    struct proto_stat stats[PROTO_MAX_STATS];
+};
+
+enum proto_health_state {
+    PROTO_HEALTH_STARTING = 0, /* loading; not serving yet */
+    PROTO_HEALTH_READY,        /* serving */
+    PROTO_HEALTH_DRAINING,     /* finishing in-flight work, taking none */
+    PROTO_HEALTH_DEGRADED,     /* serving, but a peer is missing (e.g. waiting for a fetcher) */
+};
+
+struct proto_health_reply {
+    enum proto_health_state state;
+    enum proto_role         role;
+    uint32_t                pid;
+    uint64_t                instance;
+    double                  uptime_s;
+    char                    message[PROTO_MAX_ERROR_TEXT]; /* NUL-terminated; may be empty */
+};
+
+/* Data-plane setup: the sender created ring and slab segments in the run directory (file names
+ * relative to it, proto/records.h gives the record layouts) and asks the receiver to map them
+ * and serve them. A new ATTACH from the same role replaces the previous link. */
+#define PROTO_MAX_SEGMENTS 4u
+struct proto_attach {
+    enum proto_role role;     /* who is attaching */
+    uint32_t        pid;      /* its process id */
+    uint64_t        instance; /* its instance id */
+    uint32_t        n_segments;
+    char            segments[PROTO_MAX_SEGMENTS][PROTO_MAX_NAME]; /* NUL-terminated names */
+    uint32_t        params[8]; /* link-specific numbers (proto/records.h says which) */
+};
+
+/* Client API. Strings over PROTO_MAX_VALUE bytes are heap-owned by a decoded message and freed
+ * by proto_msg_clear(); on encode they are borrowed from the caller. */
+#define PROTO_MAX_PROMPT       (512u * 1024u) /* bytes of a prompt or of all message contents */
+#define PROTO_MAX_MESSAGES     64u
+#define PROTO_MAX_STOPS        8u
+#define PROTO_MAX_STOP_LEN     64u /* bytes, including the NUL */
+#define PROTO_MAX_EVENT_TOKENS 256u
+#define PROTO_MAX_ROLE         16u
+
+struct proto_chat_msg {
+    char  role[PROTO_MAX_ROLE]; /* "system", "user", "assistant"; NUL-terminated */
+    char *content;              /* NUL-terminated UTF-8 */
+};
+
+struct proto_sampling {
+    float    temp;           /* 0 = greedy */
+    int32_t  top_k;          /* <= 0 = off */
+    float    top_p;          /* 1 = off */
+    float    min_p;          /* 0 = off */
+    float    repeat_penalty; /* 1 = off */
+    uint32_t repeat_last_n;
+    uint64_t seed;
+};
+
+struct proto_generate {
+    char                 *prompt;     /* raw prompt (NULL when messages are given) */
+    uint32_t              n_messages; /* chat messages, rendered with the model's template */
+    struct proto_chat_msg messages[PROTO_MAX_MESSAGES];
+    struct proto_sampling sampling;
+    uint32_t              max_tokens; /* 0 = until EOS or the context is full */
+    uint32_t              n_stops;
+    char                  stops[PROTO_MAX_STOPS][PROTO_MAX_STOP_LEN];
+    bool                  stream;  /* token events as they come (else one event at the end) */
+    bool                  special; /* parse special tokens in the prompt */
+};
+
+struct proto_poll {
+    uint32_t max_events; /* tokens per reply at most; 0 = PROTO_MAX_EVENT_TOKENS */
+    uint32_t timeout_ms; /* reply with no token after this long (0 = router default) */
+};
+
+enum proto_stop_reason {
+    PROTO_STOP_NONE = 0, /* not finished */
+    PROTO_STOP_EOS,      /* end-of-generation token */
+    PROTO_STOP_LENGTH,   /* max_tokens reached */
+    PROTO_STOP_STRING,   /* a stop string */
+    PROTO_STOP_CONTEXT,  /* the context is full */
+    PROTO_STOP_CANCEL,   /* cancelled by the client */
+    PROTO_STOP_ERROR,    /* failed: see error_code / error_text */
+};
+
+struct proto_final_stats {
+    uint32_t n_prompt;    /* prompt tokens */
+    uint32_t n_generated; /* tokens generated */
+    double   queue_ms;    /* waiting before the first step */
+    double   prompt_ms;   /* prompt evaluation */
+    double   decode_ms;   /* generation after the first token */
+};
+
+struct proto_events {
+    uint32_t                 n_tokens;
+    int32_t                  tokens[PROTO_MAX_EVENT_TOKENS];
+    char                    *text; /* the detokenized text of those tokens; may be NULL */
+    bool                     done;
+    enum proto_stop_reason   reason;
+    struct proto_final_stats stats;      /* when done */
+    int32_t                  error_code; /* when reason is PROTO_STOP_ERROR */
+    char                     error_text[PROTO_MAX_ERROR_TEXT];
+};
+
+/* A control message. request_id ties a reply to its request; for GENERATE, POLL, EVENTS and
+ * CANCEL it is the generation's id (chosen by the client, unique per client connection). */
 struct proto_msg {
     enum proto_kind kind;
     uint64_t        request_id;
     union {
-        struct proto_hello hello;
-        struct proto_error error;
-    } u;
+        struct proto_hello        hello;
+        struct proto_error        error;
+        struct proto_configure    configure;
+        struct proto_load_model   load_model;
+        struct proto_stats_reply  stats;
+        struct proto_health_reply health;
+        struct proto_attach       attach;
+        struct proto_generate     generate;
+        struct proto_poll         poll;
+        struct proto_events       events;
+    } u; /* OK, STATS, HEALTH, DRAIN, SHUTDOWN and CANCEL have no body */
 };
+
+/* Frees what a decoded message owns (prompt, message contents, event text) and zeroes those
+ * pointers. Call it on every message proto_decode() filled; never on one whose pointers the
+ * caller set itself. Accepts a message of any kind. */
+void proto_msg_clear(struct proto_msg *m);
+
+/* Fills *m as an ERROR reply to request `request_id` with `code` and printf-style text
+ * (truncated to fit). */
+void proto_msg_error(struct proto_msg *m, uint64_t request_id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Encodes `m` into a malloc'd buffer (*buf, *len; the caller frees it). Returns 0,
  * COMMON_EINVAL (unknown kind, too many shards, name or message too long) or COMMON_ENOMEM.
@@ -68,8 +229,9 @@ struct proto_msg {
 int proto_encode(const struct proto_msg *m, uint8_t **buf, size_t *len);
 
 /* Verifies `buf` with the generated FlatBuffers verifier, then decodes it into *out. Returns 0,
- * or COMMON_EPROTO for anything malformed, oversized, of another file identifier, or with a
- * string that does not fit; *out is unchanged on failure. Never reads outside buf[0, len).
+ * or COMMON_EPROTO for anything malformed, oversized, of another file identifier, with a
+ * string that does not fit or an enum value out of range; COMMON_ENOMEM. *out is unchanged on
+ * failure; on success, release it with proto_msg_clear(). Never reads outside buf[0, len).
  * Thread-safe. */
 int proto_decode(const void *buf, size_t len, struct proto_msg *out);
 
