@@ -17,6 +17,8 @@ int cli_cmd_chat(int argc, char **argv);
 int cli_cmd_run(int argc, char **argv);
 int cli_cmd_perplexity(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
+int cli_cmd_generate(int argc, char **argv); /* router/cli/cmd_generate.c: via sluice-router */
+int cli_cmd_ctl(int argc, char **argv);      /* router/cli/cmd_ctl.c: daemon control messages */
 
 /* Parses a decimal unsigned integer in [min, max] for option `name`; prints an error and
  * returns false when it is not one. */
