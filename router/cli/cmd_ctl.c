@@ -1,0 +1,415 @@
+/* router/cli/cmd_ctl.c - `sluice ctl`: one control message to a running daemon, reply printed. */
+#include "cli.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "proto.h"
+#include "wire.h"
+
+/* Declared in cli.h by the dispatch table's owner; repeated here so this file stands alone. */
+int cli_cmd_ctl(int argc, char **argv);
+
+#define CTL_DEFAULT_TIMEOUT_MS 2000u
+#define CTL_MAX_TIMEOUT_MS     600000u
+#define CTL_EXIT_NOT_READY     3
+
+static void ctl_usage(FILE *f)
+{
+    fprintf(f, "usage: sluice ctl [--socket URL | --run-dir DIR --daemon NAME] [--timeout MS]\n"
+               "                  [--json] COMMAND [ARGS]\n"
+               "Sends one control message to a running daemon and prints its reply.\n"
+               "  --socket URL     the daemon's control socket: ipc:///run/dir/executor.ctl,\n"
+               "                   tcp://HOST:PORT; a plain path means ipc://PATH\n"
+               "  --run-dir DIR    the daemons' run directory (default $SLUICE_RUN_DIR) ...\n"
+               "  --daemon NAME    ... and the daemon in it: fetcher-<i>, executor or router\n"
+               "                   (router.sock for the router, NAME.ctl for the others) [router]\n"
+               "  --timeout MS     how long to wait for the reply                       [2000]\n"
+               "  --json           print the reply as one JSON object\n"
+               "  -h, --help       this help\n"
+               "commands:\n"
+               "  hello            who the daemon is: role, name, version, pid, instance, shards\n"
+               "  health           state (STARTING, READY, DRAINING, DEGRADED), pid, uptime;\n"
+               "                   exits 0 only when READY (3 when the daemon answers otherwise)\n"
+               "  stats            the daemon's counters\n"
+               "  drain            stop taking new work, finish what is in flight\n"
+               "  shutdown         drain, then exit\n"
+               "  configure KEY VALUE  set a runtime setting (e.g. log.level debug)\n"
+               "  load-model PATH  confirm the loaded model (another one needs a restart)\n"
+               "exit status: 0 ok, 1 error reply or no reply, 2 usage, 3 health not READY\n");
+}
+
+static const char *ctl_role_name(enum proto_role r)
+{
+    switch (r) {
+    case PROTO_ROLE_FETCHER:
+        return "fetcher";
+    case PROTO_ROLE_EXECUTOR:
+        return "executor";
+    case PROTO_ROLE_ROUTER:
+        return "router";
+    case PROTO_ROLE_CLIENT:
+        return "client";
+    }
+    return "?";
+}
+
+static const char *ctl_state_name(enum proto_health_state s)
+{
+    switch (s) {
+    case PROTO_HEALTH_STARTING:
+        return "STARTING";
+    case PROTO_HEALTH_READY:
+        return "READY";
+    case PROTO_HEALTH_DRAINING:
+        return "DRAINING";
+    case PROTO_HEALTH_DEGRADED:
+        return "DEGRADED";
+    }
+    return "?";
+}
+
+/* True when `name` is fetcher-<digits>, executor or router. */
+static bool ctl_daemon_is_valid(const char *name)
+{
+    if (!strcmp(name, "executor") || !strcmp(name, "router"))
+        return true;
+    if (strncmp(name, "fetcher-", 8) != 0 || name[8] == '\0' || strlen(name) > 8 + 5)
+        return false;
+    for (const char *p = name + 8; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    return true;
+}
+
+/* Builds the control URL into buf; prints why not and returns false on a bad combination. */
+static bool ctl_make_url(char *buf, size_t cap, const char *socket, const char *run_dir,
+                         const char *daemon)
+{
+    int n;
+    if (socket) {
+        if (run_dir || daemon) {
+            fprintf(stderr, "sluice ctl: --socket and --run-dir/--daemon exclude each other\n");
+            return false;
+        }
+        n = strstr(socket, "://") ? snprintf(buf, cap, "%s", socket)
+                                  : snprintf(buf, cap, "ipc://%s", socket);
+    } else {
+        if (!run_dir)
+            run_dir = getenv("SLUICE_RUN_DIR");
+        if (!run_dir || !*run_dir) {
+            fprintf(stderr, "sluice ctl: need --socket URL or --run-dir DIR (or "
+                            "$SLUICE_RUN_DIR)\n");
+            return false;
+        }
+        if (!daemon)
+            daemon = "router";
+        if (!ctl_daemon_is_valid(daemon)) {
+            fprintf(stderr,
+                    "sluice ctl: --daemon expects fetcher-<i>, executor or router, "
+                    "got '%s'\n",
+                    daemon);
+            return false;
+        }
+        const char *file = strcmp(daemon, "router") == 0 ? "router.sock" : NULL;
+        n = file ? snprintf(buf, cap, "ipc://%s/%s", run_dir, file)
+                 : snprintf(buf, cap, "ipc://%s/%s.ctl", run_dir, daemon);
+    }
+    if (n < 0 || (size_t)n >= cap) {
+        fprintf(stderr, "sluice ctl: socket address too long\n");
+        return false;
+    }
+    return true;
+}
+
+/* Copies `src` into dst[cap]; prints an error naming `what` when it does not fit. */
+static bool ctl_copy(char *dst, size_t cap, const char *src, const char *what)
+{
+    size_t n = strlen(src);
+    if (n >= cap) {
+        fprintf(stderr, "sluice ctl: %s too long (%zu bytes, at most %zu)\n", what, n, cap - 1);
+        return false;
+    }
+    memcpy(dst, src, n + 1);
+    return true;
+}
+
+/* Fills *req from the command words; returns false (message printed) on a usage error. */
+static bool ctl_make_request(int argc, char **argv, struct proto_msg *req)
+{
+    const char *cmd = argv[0];
+    int         want = 1;
+    memset(req, 0, sizeof(*req));
+    req->request_id = ((uint64_t)getpid() << 20) ^ (common_now_ns() & 0xfffffu);
+    if (!strcmp(cmd, "hello")) {
+        req->kind = PROTO_KIND_HELLO;
+        req->u.hello.major = PROTO_VERSION_MAJOR;
+        req->u.hello.minor = PROTO_VERSION_MINOR;
+        req->u.hello.role = PROTO_ROLE_CLIENT;
+        snprintf(req->u.hello.name, sizeof(req->u.hello.name), "sluice-ctl");
+        req->u.hello.pid = (uint32_t)getpid();
+    } else if (!strcmp(cmd, "health")) {
+        req->kind = PROTO_KIND_HEALTH;
+    } else if (!strcmp(cmd, "stats")) {
+        req->kind = PROTO_KIND_STATS;
+    } else if (!strcmp(cmd, "drain")) {
+        req->kind = PROTO_KIND_DRAIN;
+    } else if (!strcmp(cmd, "shutdown")) {
+        req->kind = PROTO_KIND_SHUTDOWN;
+    } else if (!strcmp(cmd, "configure")) {
+        want = 3;
+        if (argc != want) {
+            fprintf(stderr, "sluice ctl: configure needs KEY VALUE\n");
+            return false;
+        }
+        req->kind = PROTO_KIND_CONFIGURE;
+        if (!ctl_copy(req->u.configure.key, sizeof(req->u.configure.key), argv[1], "key") ||
+            !ctl_copy(req->u.configure.value, sizeof(req->u.configure.value), argv[2], "value"))
+            return false;
+    } else if (!strcmp(cmd, "load-model")) {
+        want = 2;
+        if (argc != want) {
+            fprintf(stderr, "sluice ctl: load-model needs PATH\n");
+            return false;
+        }
+        req->kind = PROTO_KIND_LOAD_MODEL;
+        /* The daemon's working directory is not ours: send an absolute path when we
+         * can. */
+        char        abs[PATH_MAX];
+        const char *path = realpath(argv[1], abs) ? abs : argv[1];
+        if (!ctl_copy(req->u.load_model.path, sizeof(req->u.load_model.path), path, "path"))
+            return false;
+    } else {
+        fprintf(stderr, "sluice ctl: unknown command '%s'\n", cmd);
+        return false;
+    }
+    if (argc != want) {
+        fprintf(stderr, "sluice ctl: %s takes no argument\n", cmd);
+        return false;
+    }
+    return true;
+}
+
+static void ctl_json_str(const char *s)
+{
+    common_json_write_str(stdout, s, strlen(s));
+}
+
+/* A finite double as a JSON number (integers without a fraction), else null. */
+static void ctl_json_num(double v)
+{
+    if (!isfinite(v))
+        fputs("null", stdout);
+    else if (v == floor(v) && fabs(v) < 9007199254740992.0)
+        printf("%.0f", v);
+    else
+        printf("%.17g", v);
+}
+
+static void ctl_print_hello(const struct proto_hello *h, bool json)
+{
+    const uint32_t n = h->n_shards < PROTO_MAX_SHARDS ? h->n_shards : PROTO_MAX_SHARDS;
+    if (json) {
+        fputs("{\"kind\":\"hello\",\"name\":", stdout);
+        ctl_json_str(h->name);
+        printf(",\"role\":\"%s\",\"major\":%u,\"minor\":%u,\"pid\":%u,\"instance\":"
+               "%llu,"
+               "\"shards\":[",
+               ctl_role_name(h->role), h->major, h->minor, h->pid, (unsigned long long)h->instance);
+        for (uint32_t i = 0; i < n; i++)
+            printf("%s{\"fetcher\":%u,\"first_expert\":%u,\"n_experts\":%u}", i ? "," : "",
+                   h->shards[i].fetcher, h->shards[i].first_expert, h->shards[i].n_experts);
+        fputs("]}\n", stdout);
+        return;
+    }
+    printf("name      %s\n", h->name);
+    printf("role      %s\n", ctl_role_name(h->role));
+    printf("version   %u.%u%s\n", h->major, h->minor,
+           proto_version_is_compatible(h->major, h->minor) ? ""
+                                                           : " (incompatible with this build)");
+    printf("pid       %u\n", h->pid);
+    printf("instance  %llu\n", (unsigned long long)h->instance);
+    if (n == 0)
+        printf("shards    -\n");
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_shard *s = &h->shards[i];
+        printf("%s fetcher-%u: experts %u..%u (%u)\n", i ? "         " : "shards   ", s->fetcher,
+               s->first_expert, s->first_expert + s->n_experts - (s->n_experts ? 1u : 0u),
+               s->n_experts);
+    }
+}
+
+static void ctl_print_health(const struct proto_health_reply *h, bool json)
+{
+    if (json) {
+        printf("{\"kind\":\"health\",\"state\":\"%s\",\"role\":\"%s\",\"pid\":%u,"
+               "\"instance\":%llu,"
+               "\"uptime_s\":",
+               ctl_state_name(h->state), ctl_role_name(h->role), h->pid,
+               (unsigned long long)h->instance);
+        ctl_json_num(h->uptime_s);
+        fputs(",\"message\":", stdout);
+        ctl_json_str(h->message);
+        fputs("}\n", stdout);
+        return;
+    }
+    printf("state     %s\n", ctl_state_name(h->state));
+    printf("role      %s\n", ctl_role_name(h->role));
+    printf("pid       %u\n", h->pid);
+    printf("instance  %llu\n", (unsigned long long)h->instance);
+    printf("uptime    %.1f s\n", h->uptime_s);
+    if (h->message[0])
+        printf("message   %s\n", h->message);
+}
+
+static void ctl_print_stats(const struct proto_stats_reply *s, bool json)
+{
+    const uint32_t n = s->n_stats < PROTO_MAX_STATS ? s->n_stats : PROTO_MAX_STATS;
+    if (json) {
+        fputs("{\"kind\":\"stats\",\"stats\":{", stdout);
+        for (uint32_t i = 0; i < n; i++) {
+            if (i)
+                fputc(',', stdout);
+            ctl_json_str(s->stats[i].name);
+            fputc(':', stdout);
+            ctl_json_num(s->stats[i].value);
+        }
+        fputs("}}\n", stdout);
+        return;
+    }
+    int width = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int len = (int)strnlen(s->stats[i].name, PROTO_MAX_KEY);
+        if (len > width)
+            width = len;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const double v = s->stats[i].value;
+        if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0)
+            printf("%-*s  %.0f\n", width, s->stats[i].name, v);
+        else
+            printf("%-*s  %g\n", width, s->stats[i].name, v);
+    }
+}
+
+/* Prints the reply; returns the exit status. */
+static int ctl_print_reply(const char *url, const struct proto_msg *req,
+                           const struct proto_msg *rep, bool json)
+{
+    if (rep->kind == PROTO_KIND_ERROR) {
+        fprintf(stderr, "sluice ctl: %s: %s: %s\n", url, common_strerror(rep->u.error.code),
+                rep->u.error.message[0] ? rep->u.error.message : "(no message)");
+        if (json) {
+            printf("{\"kind\":\"error\",\"code\":%d,\"error\":\"%s\",\"message\":",
+                   rep->u.error.code, common_strerror(rep->u.error.code));
+            ctl_json_str(rep->u.error.message);
+            fputs("}\n", stdout);
+        }
+        return 1;
+    }
+    enum proto_kind want;
+    switch (req->kind) {
+    case PROTO_KIND_HELLO:
+        want = PROTO_KIND_HELLO;
+        break;
+    case PROTO_KIND_STATS:
+        want = PROTO_KIND_STATS_REPLY;
+        break;
+    case PROTO_KIND_HEALTH:
+        want = PROTO_KIND_HEALTH_REPLY;
+        break;
+    default:
+        want = PROTO_KIND_OK;
+        break;
+    }
+    if (rep->kind != want) {
+        fprintf(stderr, "sluice ctl: %s: unexpected reply '%s' to '%s'\n", url,
+                proto_kind_name(rep->kind), proto_kind_name(req->kind));
+        return 1;
+    }
+    switch (rep->kind) {
+    case PROTO_KIND_HELLO:
+        ctl_print_hello(&rep->u.hello, json);
+        return 0;
+    case PROTO_KIND_STATS_REPLY:
+        ctl_print_stats(&rep->u.stats, json);
+        return 0;
+    case PROTO_KIND_HEALTH_REPLY:
+        ctl_print_health(&rep->u.health, json);
+        return rep->u.health.state == PROTO_HEALTH_READY ? 0 : CTL_EXIT_NOT_READY;
+    default:
+        if (json)
+            fputs("{\"kind\":\"ok\"}\n", stdout);
+        else
+            printf("ok\n");
+        return 0;
+    }
+}
+
+int cli_cmd_ctl(int argc, char **argv)
+{
+    const char *socket = NULL, *run_dir = NULL, *daemon = NULL;
+    uint32_t    timeout_ms = CTL_DEFAULT_TIMEOUT_MS;
+    bool        json = false;
+    int         i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            ctl_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--socket")) {
+            if (!(socket = cli_next_arg(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--run-dir")) {
+            if (!(run_dir = cli_next_arg(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--daemon")) {
+            if (!(daemon = cli_next_arg(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(a, "--timeout")) {
+            const char *v = cli_next_arg(argc, argv, &i);
+            if (!v || !cli_parse_u32("--timeout", v, 1, CTL_MAX_TIMEOUT_MS, &timeout_ms))
+                return 2;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "sluice ctl: unknown option %s\n", a);
+            ctl_usage(stderr);
+            return 2;
+        } else {
+            break;
+        }
+    }
+    if (i >= argc) {
+        fprintf(stderr, "sluice ctl: missing COMMAND\n");
+        ctl_usage(stderr);
+        return 2;
+    }
+    char url[PROTO_MAX_PATH + 64];
+    if (!ctl_make_url(url, sizeof(url), socket, run_dir, daemon))
+        return 2;
+    struct proto_msg req;
+    if (!ctl_make_request(argc - i, argv + i, &req))
+        return 2;
+
+    struct proto_msg     rep;
+    struct common_errmsg e = {{0}};
+    memset(&rep, 0, sizeof(rep));
+    int rc = proto_call(url, &req, &rep, (int)timeout_ms, &e);
+    if (rc < 0) {
+        fprintf(stderr, "sluice ctl: no reply from %s in %u ms (is the daemon running?)\n", url,
+                timeout_ms);
+        if (rc != COMMON_ETIMEDOUT)
+            fprintf(stderr, "sluice ctl: %s%s%s\n", common_strerror(rc), e.text[0] ? ": " : "",
+                    e.text);
+        return 1;
+    }
+    int status = ctl_print_reply(url, &req, &rep, json);
+    proto_msg_clear(&rep);
+    return status;
+}

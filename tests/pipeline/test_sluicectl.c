@@ -1,0 +1,495 @@
+/* tests/pipeline/test_sluicectl.c - deploy/sluicectl and `sluice ctl` against the real daemons:
+ * up, status, a refused second up, stats, a restart after kill -9, down leaving nothing. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "fixture.h"
+
+#define BIN        SLUICE_BINARY_DIR "/bin"
+#define SLUICECTL  SLUICE_SOURCE_DIR "/deploy/sluicectl"
+#define TINY_MODEL "moe-tiny/moe-tiny-q8_0.gguf"
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Runs a shell command (stderr joined to stdout); returns the output (malloc'd) and exit status
+ * (-1 when it did not exit normally). */
+static char *sh(const char *cmd, int *status)
+{
+    size_t n = strlen(cmd) + 16;
+    char  *full = malloc(n);
+    cr_assert_not_null(full);
+    snprintf(full, n, "(%s) 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    free(full);
+    cr_assert_not_null(p, "popen %s", cmd);
+    size_t cap = 1 << 16, len = 0, r;
+    char  *out = malloc(cap);
+    cr_assert_not_null(out);
+    while ((r = fread(out + len, 1, cap - len - 1, p)) > 0) {
+        len += r;
+        if (cap - len < 4096) {
+            cap *= 2;
+            out = realloc(out, cap);
+            cr_assert_not_null(out);
+        }
+    }
+    out[len] = '\0';
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void skip_without_daemons(void)
+{
+    const char *bins[] = {BIN "/sluice", BIN "/sluice-fetcher", BIN "/sluice-executor",
+                          BIN "/sluice-router"};
+    for (size_t i = 0; i < sizeof(bins) / sizeof(bins[0]); i++)
+        if (access(bins[i], X_OK) != 0)
+            cr_skip_test("%s is not built: skipped", bins[i]);
+}
+
+static char *sluicectl_up(const char *dir, const char *model, int fetchers, int *status)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s up --model '%s' --run-dir '%s' --fetchers %d --bin '%s' --start-timeout 120",
+             SLUICECTL, model, dir, fetchers, BIN);
+    return sh(cmd, status);
+}
+
+static void sluicectl_down(const char *dir)
+{
+    char cmd[2048];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s down --run-dir '%s'", SLUICECTL, dir);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "sluicectl down failed: %s", out);
+    free(out);
+}
+
+/* One row of `sluicectl status`. */
+struct row {
+    char name[32];
+    long pid; /* 0 when shown as '-' */
+    char state[16];
+    int  restarts;
+};
+
+/* Runs `sluicectl status`; fills up to cap rows and returns their count (-1 when the output has
+ * no table). *status gets the exit status; *out_text the output (caller frees) when not NULL. */
+static int status_rows(const char *dir, struct row *rows, int cap, int *status, char **out_text)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s status --run-dir '%s' --bin '%s'", SLUICECTL, dir, BIN);
+    char *out = sh(cmd, status);
+    int   n = -1;
+    char *save = NULL;
+    char *copy = strdup(out);
+    cr_assert_not_null(copy);
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "NAME", 4) == 0) {
+            n = 0;
+            continue;
+        }
+        if (n < 0 || n >= cap)
+            continue;
+        char pid[32];
+        if (sscanf(line, "%31s %31s %15s %d", rows[n].name, pid, rows[n].state,
+                   &rows[n].restarts) != 4)
+            continue;
+        rows[n].pid = strcmp(pid, "-") == 0 ? 0 : atol(pid);
+        n++;
+    }
+    free(copy);
+    if (out_text)
+        *out_text = out;
+    else
+        free(out);
+    return n;
+}
+
+static int count_ready(const struct row *rows, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += strcmp(rows[i].state, "READY") == 0;
+    return k;
+}
+
+static const struct row *find_row(const struct row *rows, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return &rows[i];
+    return NULL;
+}
+
+static long read_monitor_pid(const char *dir)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/sluicectl.pid", dir);
+    char *s = fixture_read_all(path, NULL);
+    long  pid = s ? atol(s) : 0;
+    free(s);
+    return pid;
+}
+
+/* True while `pid` exists and is not a zombie. */
+static bool pid_is_alive(long pid)
+{
+    if (pid <= 1 || kill((pid_t)pid, 0) != 0)
+        return false;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char state = 0;
+    int  ok = fscanf(f, "%*d (%*[^)]) %c", &state);
+    fclose(f);
+    return ok == 1 && state != 'Z';
+}
+
+/* Waits up to secs for `pid` to go away. */
+static bool pid_gone_within(long pid, double secs)
+{
+    double t0 = now_s();
+    while (pid_is_alive(pid)) {
+        if (now_s() - t0 > secs)
+            return false;
+        usleep(50 * 1000);
+    }
+    return true;
+}
+
+/* Asserts that no socket, pid, lock or segment file is left in dir (logs/ may stay). */
+static void assert_dir_clean(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "opendir %s", dir);
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        const char *n = ent->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "logs") || !strcmp(n, "up.out"))
+            continue;
+        char path[2048];
+        snprintf(path, sizeof(path), "%s/%s", dir, n);
+        struct stat st;
+        bool        sock = lstat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+        closedir(d);
+        cr_assert_fail("'%s' left in the run directory after down%s", n, sock ? " (a socket)" : "");
+    }
+    closedir(d);
+}
+
+/* Brings the daemons up with `fetchers` fetchers and checks that status shows all READY; returns
+ * the status rows. */
+static int up_and_check(const char *dir, const char *model, int fetchers, struct row *rows, int cap)
+{
+    int   st;
+    char *out = sluicectl_up(dir, model, fetchers, &st);
+    if (st != 0) {
+        char cmd[2048];
+        int  st2;
+        snprintf(cmd, sizeof(cmd), "tail -n 40 '%s'/logs/*.log", dir);
+        char *logs = sh(cmd, &st2);
+        cr_log_error("logs:\n%s", logs);
+        free(logs);
+    }
+    cr_assert_eq(st, 0, "sluicectl up failed: %s", out);
+    char want[1100];
+    snprintf(want, sizeof(want), "client socket: %s/router.sock", dir);
+    cr_assert(strstr(out, want), "up names the client socket: '%s'", out);
+    free(out);
+    char *text = NULL;
+    int   n = status_rows(dir, rows, cap, &st, &text);
+    cr_assert_eq(n, fetchers + 2, "status shows %d daemons, not %d: %s", n, fetchers + 2, text);
+    cr_assert_eq(count_ready(rows, n), fetchers + 2, "not all READY: %s", text);
+    cr_assert_eq(st, 0, "status exits 0 when all are READY: %s", text);
+    free(text);
+    for (int i = 0; i < n; i++) {
+        cr_assert_gt(rows[i].pid, 1);
+        cr_assert_eq(rows[i].restarts, 0);
+    }
+    return n;
+}
+
+/* Runs down and checks that the monitor and every daemon in rows are gone, with their files. */
+static void down_and_check(const char *dir, const struct row *rows, int n)
+{
+    long monitor = read_monitor_pid(dir);
+    cr_assert_gt(monitor, 1, "no sluicectl.pid before down");
+    sluicectl_down(dir);
+    cr_assert(pid_gone_within(monitor, 10), "monitor %ld still runs after down", monitor);
+    for (int i = 0; i < n; i++)
+        cr_assert(pid_gone_within(rows[i].pid, 10), "%s (pid %ld) still runs after down",
+                  rows[i].name, rows[i].pid);
+    assert_dir_clean(dir);
+}
+
+/* ---- sluice ctl without daemons -------------------------------------------------------------- */
+
+Test(pipeline_sluicectl, ctl_missing_socket_says_no_reply, .timeout = 60)
+{
+    if (access(BIN "/sluice", X_OK) != 0)
+        cr_skip_test("%s is not built: skipped", BIN "/sluice");
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char cmd[2048];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice ctl --run-dir '%s' --daemon executor --timeout 300 health", BIN, dir);
+    char *out = sh(cmd, &st);
+    char  want[1200];
+    snprintf(want, sizeof(want),
+             "no reply from ipc://%s/executor.ctl in 300 ms (is the daemon running?)", dir);
+    cr_assert_eq(st, 1, "exit status %d: %s", st, out);
+    cr_assert(strstr(out, want), "message '%s' not in '%s'", want, out);
+    free(out);
+
+    /* --socket with a plain path, and the router's socket name. */
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --socket '%s/router.sock' --timeout 200 stats", BIN,
+             dir);
+    out = sh(cmd, &st);
+    snprintf(want, sizeof(want), "no reply from ipc://%s/router.sock in 200 ms", dir);
+    cr_assert_eq(st, 1, "exit status %d: %s", st, out);
+    cr_assert(strstr(out, want), "message '%s' not in '%s'", want, out);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(pipeline_sluicectl, ctl_usage_errors_exit_2, .timeout = 60)
+{
+    if (access(BIN "/sluice", X_OK) != 0)
+        cr_skip_test("%s is not built: skipped", BIN "/sluice");
+    static const char *bad[] = {
+        "ctl --run-dir /nonexistent",                         /* no command */
+        "ctl --run-dir /nonexistent frobnicate",              /* unknown command */
+        "ctl --run-dir /nonexistent --daemon fetcher health", /* bad daemon name */
+        "ctl --run-dir /nonexistent configure log.level",     /* missing value */
+        "ctl --run-dir /nonexistent --timeout 0 health",      /* bad timeout */
+        "ctl --socket ipc:///x --daemon router health",       /* both addressings */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char cmd[1024];
+        int  st;
+        snprintf(cmd, sizeof(cmd), "env -u SLUICE_RUN_DIR %s/sluice %s", BIN, bad[i]);
+        char *out = sh(cmd, &st);
+        cr_assert_eq(st, 2, "'%s' exited %d: %s", bad[i], st, out);
+        free(out);
+    }
+    char cmd[1024];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --help", BIN);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0);
+    cr_assert(strstr(out, "usage: sluice ctl"), "%s", out);
+    free(out);
+}
+
+Test(pipeline_sluicectl, script_usage_and_missing_binaries, .timeout = 60)
+{
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char cmd[2048];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "%s up --help && %s down --help && %s status --help && %s logs --help", SLUICECTL,
+             SLUICECTL, SLUICECTL, SLUICECTL);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", out);
+    cr_assert(strstr(out, "usage: sluicectl up"), "%s", out);
+    free(out);
+    /* A bin directory without the daemons: a clear message, exit 1, no monitor left. */
+    snprintf(cmd, sizeof(cmd), "%s up --model %s --run-dir '%s/run' --bin '%s'", SLUICECTL,
+             SLUICECTL, dir, dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 1, "%s", out);
+    cr_assert(strstr(out, "is not built"), "%s", out);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* ---- the daemons under sluicectl --------------------------------------------------------------
+ */
+
+Test(pipeline_sluicectl, up_status_stats_restart_down, .timeout = 600)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    struct row rows[8];
+    int        n = up_and_check(dir, model, 1, rows, 8);
+
+    /* The run directory is private. */
+    struct stat sd;
+    cr_assert_eq(stat(dir, &sd), 0);
+    cr_assert_eq(sd.st_mode & 0777, 0700, "run dir mode %o", sd.st_mode & 0777);
+
+    /* A second up on the same directory is refused, and leaves the first alone. */
+    int   st;
+    char *out = sluicectl_up(dir, model, 1, &st);
+    cr_assert_eq(st, 1, "second up exited %d: %s", st, out);
+    cr_assert(strstr(out, "already run by another sluicectl"), "message: '%s'", out);
+    free(out);
+    char      *text = NULL;
+    struct row again[8];
+    cr_assert_eq(status_rows(dir, again, 8, &st, &text), n);
+    cr_assert_eq(count_ready(again, n), n, "the first instance suffered: %s", text);
+    free(text);
+
+    /* sluice ctl reaches a fetcher. */
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 stats", BIN, dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "ctl stats: %s", out);
+    cr_assert_gt(strlen(out), 0);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 --json hello", BIN,
+             dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "ctl hello: %s", out);
+    cr_assert(strstr(out, "\"role\":\"fetcher\""), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --run-dir '%s' --daemon router health", BIN, dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "ctl health: %s", out);
+    cr_assert(strstr(out, "READY"), "%s", out);
+    free(out);
+    /* An unknown configure key is an ERROR reply: stderr, exit 1. */
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice ctl --run-dir '%s' --daemon executor configure no.such.key 1", BIN, dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 1, "configure of an unknown key: %s", out);
+    free(out);
+
+    /* kill -9 of the fetcher: the monitor starts it again. */
+    const struct row *f0 = find_row(rows, n, "fetcher-0");
+    cr_assert_not_null(f0);
+    long old = f0->pid;
+    cr_assert_eq(kill((pid_t)old, SIGKILL), 0);
+    double t0 = now_s();
+    bool   back = false;
+    while (now_s() - t0 < 60) {
+        struct row        now[8];
+        int               m = status_rows(dir, now, 8, &st, NULL);
+        const struct row *r = m > 0 ? find_row(now, m, "fetcher-0") : NULL;
+        if (r && r->restarts == 1 && r->pid != old && r->pid > 1 &&
+            strcmp(r->state, "READY") == 0) {
+            back = true;
+            cr_log_info("fetcher-0 READY again %.1f s after kill -9", now_s() - t0);
+            memcpy(rows, now, sizeof(now[0]) * (size_t)m);
+            n = m;
+            break;
+        }
+        usleep(200 * 1000);
+    }
+    if (!back) {
+        struct row now[8];
+        status_rows(dir, now, 8, &st, &text);
+        cr_assert_fail("fetcher-0 not restarted and READY within 60 s: %s", text);
+    }
+    snprintf(cmd, sizeof(cmd), "grep -c 'fetcher-0.*restart #1' '%s/logs/sluicectl.log'", dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "the restart is not in sluicectl.log");
+    free(out);
+    /* The whole pipeline gets READY again (the executor follows the new fetcher). */
+    t0 = now_s();
+    int ready = 0;
+    while (now_s() - t0 < 60) {
+        struct row now[8];
+        int        m = status_rows(dir, now, 8, &st, NULL);
+        if ((ready = count_ready(now, m)) == n)
+            break;
+        usleep(200 * 1000);
+    }
+    cr_assert_eq(ready, n, "not all daemons READY after the restart");
+
+    down_and_check(dir, rows, n);
+    cr_assert(!pid_is_alive(old));
+    /* After down, status says nothing runs. */
+    snprintf(cmd, sizeof(cmd), "%s status --run-dir '%s' --bin '%s'", SLUICECTL, dir, BIN);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 1, "status after down: %s", out);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+Test(pipeline_sluicectl, two_fetchers_four_ready, .timeout = 600)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    struct row rows[8];
+    int        n = up_and_check(dir, model, 2, rows, 8);
+    cr_assert_not_null(find_row(rows, n, "fetcher-1"));
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --run-dir '%s' --daemon fetcher-1 --json hello", BIN,
+             dir);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "ctl hello: %s", out);
+    cr_assert(strstr(out, "\"shards\":[{"), "fetcher-1 reports its shard: %s", out);
+    free(out);
+    /* logs NAME prints that daemon's log. */
+    snprintf(cmd, sizeof(cmd), "%s logs --run-dir '%s' sluicectl", SLUICECTL, dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", out);
+    cr_assert(strstr(out, "READY"), "%s", out);
+    free(out);
+    down_and_check(dir, rows, n);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char bad[1024];
+    snprintf(bad, sizeof(bad), "%s/bad.gguf", dir);
+    FILE *f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fputs("this is not a GGUF file\n", f);
+    fclose(f);
+    char run[1100];
+    snprintf(run, sizeof(run), "%s/run", dir);
+    int   st;
+    char *out = sluicectl_up(run, bad, 1, &st);
+    cr_assert_eq(st, 1, "up on a bad model exited %d: %s", st, out);
+    cr_assert(strstr(out, "fetcher-0"), "the failure names the daemon: %s", out);
+    cr_assert(strstr(out, "last lines of"), "the failure shows the log tail: %s", out);
+    free(out);
+    /* Nothing is left running or locked: another up is not refused for a lock. */
+    cr_assert_eq(read_monitor_pid(run), 0, "sluicectl.pid left behind");
+    out = sluicectl_up(run, bad, 1, &st);
+    cr_assert(!strstr(out, "already run by"), "%s", out);
+    free(out);
+    assert_dir_clean(run);
+    fixture_rmtree(dir);
+    free(dir);
+}
