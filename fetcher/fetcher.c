@@ -783,3 +783,18 @@ void fetcher_get_pool_counts(struct fetcher *f, struct fetcher_pool_counts *out)
     }
     fetcher_pool_counts(f->pool, out);
 }
+
+int fetcher_get_pool_fd(const struct fetcher *f)
+{
+    return f->pool ? fetcher_pool_fd(f->pool) : -1;
+}
+
+const void *fetcher_get_pool_base(const struct fetcher *f)
+{
+    return f->pool ? fetcher_pool_base(f->pool) : NULL;
+}
+
+uint64_t fetcher_get_pool_bytes(const struct fetcher *f)
+{
+    return f->pool ? fetcher_pool_segment_bytes(f->pool) : 0;
+}

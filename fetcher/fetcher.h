@@ -278,6 +278,13 @@ struct fetcher_pool_counts {
 };
 void fetcher_get_pool_counts(struct fetcher *f, struct fetcher_pool_counts *out);
 
+/* The pool segment, for handing it to another process: its memfd (owned by f: do not close;
+ * -1 in mmap mode or with no_memfd), the start of its mapping in this process (NULL in mmap mode)
+ * and its length in bytes. A loan's bytes lie at (data - base) from the segment start. */
+int         fetcher_get_pool_fd(const struct fetcher *f);
+const void *fetcher_get_pool_base(const struct fetcher *f);
+uint64_t    fetcher_get_pool_bytes(const struct fetcher *f);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Storage limit probe (fetcher/probe.c)                                                       */
 /* ------------------------------------------------------------------------------------------ */

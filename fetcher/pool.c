@@ -257,6 +257,16 @@ uint64_t fetcher_pool_slot_bytes(const struct fetcher_pool *p)
     return p->hdr->slot_bytes;
 }
 
+const uint8_t *fetcher_pool_base(const struct fetcher_pool *p)
+{
+    return p->base;
+}
+
+uint64_t fetcher_pool_segment_bytes(const struct fetcher_pool *p)
+{
+    return p->map_bytes;
+}
+
 uint8_t *fetcher_pool_slot_data(const struct fetcher_pool *p, uint32_t slot)
 {
     return p->data + (uint64_t)slot * p->hdr->slot_bytes;

@@ -87,6 +87,9 @@ int fetcher_pool_attach(int fd, struct fetcher_pool **out, struct common_errmsg 
 int      fetcher_pool_fd(const struct fetcher_pool *p);
 uint32_t fetcher_pool_n_slots(const struct fetcher_pool *p);
 uint64_t fetcher_pool_slot_bytes(const struct fetcher_pool *p);
+/* Start of the whole segment in this process's mapping, and its length in bytes. */
+const uint8_t *fetcher_pool_base(const struct fetcher_pool *p);
+uint64_t       fetcher_pool_segment_bytes(const struct fetcher_pool *p);
 /* Start of slot `slot`'s bytes (FETCHER_ALIGN-aligned) in this process's mapping. */
 uint8_t *fetcher_pool_slot_data(const struct fetcher_pool *p, uint32_t slot);
 
