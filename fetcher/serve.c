@@ -1,0 +1,1051 @@
+/* fetcher/serve.c - the fetcher daemon's service: control socket, pool fd, executor rings. */
+#include "serve.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "records.h"
+#include "wire.h"
+
+#define SERVE_DEFAULT_WORKERS 8u
+#define SERVE_MAX_WORKERS     256u
+#define SERVE_JOB_CAP         4096u /* queued ACQUIREs; the ring reader waits when full */
+#define SERVE_POLL_MS         200   /* ring and socket waits: how soon stop and peer death show */
+#define SERVE_PUSH_MS         100   /* reply push waits on a full ring */
+#define SERVE_PATH_MAX        1024u
+
+/* One executor link: its ring pair and the loans it holds. Found by the server (current link)
+ * and by queued jobs; refs counts both, under srv->mu. */
+struct serve_link {
+    struct fetcher_server     *srv;     /* borrowed: owns the link */
+    struct common_ring_segment req_seg; /* mapped: executor -> fetcher records */
+    struct common_ring_segment rep_seg; /* mapped: fetcher -> executor replies */
+    struct common_ring         req;     /* consumer side, used by the reader thread only */
+    struct common_ring         rep;     /* producer side, under push_mu */
+    uint32_t                   pid;     /* executor pid from ATTACH (0 = not told) */
+    uint64_t                   instance;
+    uint32_t                  *pins;    /* owned: loans held per pool slot; under srv->mu */
+    uint64_t                   n_pins;  /* sum of pins; under srv->mu */
+    uint32_t                   refs;    /* under srv->mu */
+    _Atomic bool               dead;    /* set under srv->mu once; pins are released then */
+    _Atomic bool               stop;    /* asks the reader thread to exit */
+    pthread_mutex_t            push_mu; /* the rep ring has one producer: workers take turns */
+    pthread_t                  thread;
+    bool                       thread_started;
+};
+
+/* An ACQUIRE waiting for a worker. */
+struct serve_job {
+    struct serve_link     *link; /* shared: one ref held by the job */
+    struct proto_fetch_req req;
+};
+
+struct fetcher_server {
+    struct fetcher_serve_opts   o;
+    char                       *run_dir;    /* owned */
+    char                       *model_path; /* owned: as given */
+    char                       *model_real; /* owned: realpath, NULL when unknown */
+    struct common_gguf         *g;          /* owned */
+    struct common_model         m;
+    bool                        m_init;
+    struct fetcher             *f;                             /* owned */
+    uint32_t                    shard, n_shards, first, n_exp; /* this fetcher's experts */
+    uint32_t                    n_layer, n_expert, n_slots;
+    uint64_t                    instance;
+    uint32_t                    pid;
+    uint64_t                    t_start_ns;
+    const uint8_t              *pool_base; /* borrowed: the fetcher's pool mapping */
+    uint64_t                    pool_bytes;
+    char                        name[PROTO_MAX_NAME];
+    char                        ctl_url[SERVE_PATH_MAX + 8];
+    char                        ctl_path[SERVE_PATH_MAX];
+    char                        pool_path[SERVE_PATH_MAX];
+    char                        pid_path[SERVE_PATH_MAX];
+    bool                        pid_written;
+    struct proto_server        *ctl;         /* owned */
+    bool                        ctl_started; /* ctl_path is ours to remove */
+    int                         pool_listen; /* owned: -1 when not listening */
+    pthread_t                   pool_thread; /* hands the pool fd */
+    bool                        pool_started;
+    pthread_t                  *workers;       /* owned: n_workers */
+    uint32_t                    n_workers_run; /* started */
+    pthread_mutex_t             attach_mu;     /* one ATTACH at a time */
+    pthread_mutex_t             mu;            /* guards everything below and the links' pins */
+    pthread_cond_t              cv;            /* jobs queued, stop, shutdown */
+    pthread_cond_t              cv_space;      /* room in the job queue */
+    bool                        sync_init;
+    struct serve_job           *jobs; /* owned: SERVE_JOB_CAP, a circular queue */
+    uint32_t                    job_head, job_n;
+    struct serve_link          *link; /* the current link (one ref), NULL */
+    bool                        stopping, draining, shutdown_req;
+    struct fetcher_serve_counts c;
+    _Atomic bool                stop_flag; /* mirrors `stopping` for threads that poll */
+};
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint64_t serve_random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+        v = common_now_ns() ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
+
+static bool serve_in_shard(const struct fetcher_server *s, uint32_t layer, uint32_t expert)
+{
+    return layer < s->n_layer && expert >= s->first && expert - s->first < s->n_exp;
+}
+
+/* Experts of shard i of n over E experts: [i*E/n, (i+1)*E/n). */
+static void serve_shard_range(uint32_t i, uint32_t n, uint32_t n_expert, uint32_t *first,
+                              uint32_t *count)
+{
+    uint32_t a = (uint32_t)((uint64_t)i * n_expert / n);
+    uint32_t b = (uint32_t)((uint64_t)(i + 1) * n_expert / n);
+    *first = a;
+    *count = b - a;
+}
+
+static int serve_run_dir(const char *dir, struct common_errmsg *e)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT || mkdir(dir, 0700) != 0 || stat(dir, &st) != 0)
+            return common_errmsg_set(e, COMMON_EINVAL, "run dir %s: cannot create: %s", dir,
+                                     strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return common_errmsg_set(e, COMMON_EINVAL, "run dir %s: not a directory", dir);
+    if (st.st_uid != geteuid() || (st.st_mode & 077) != 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "run dir %s: must be owned by this user with mode 0700 (it is "
+                                 "%04o)",
+                                 dir, (unsigned)(st.st_mode & 07777));
+    return COMMON_OK;
+}
+
+static int serve_path(char *buf, size_t len, const char *dir, const char *name, uint32_t i,
+                      const char *suffix)
+{
+    int n = snprintf(buf, len, "%s/%s-%u%s", dir, name, i, suffix);
+    return n > 0 && (size_t)n < len ? COMMON_OK : COMMON_EINVAL;
+}
+
+/* ---- links -------------------------------------------------------------------------------- */
+
+/* Ends `link`'s loans and marks it dead (replies stop). Takes srv->mu. */
+static void link_kill(struct serve_link *l)
+{
+    struct fetcher_server *s = l->srv;
+    pthread_mutex_lock(&s->mu);
+    if (!atomic_load_explicit(&l->dead, memory_order_relaxed)) {
+        atomic_store_explicit(&l->dead, true, memory_order_relaxed);
+        for (uint32_t slot = 0; slot < s->n_slots; slot++)
+            while (l->pins[slot] > 0) {
+                l->pins[slot]--;
+                fetcher_release(s->f, slot);
+            }
+        l->n_pins = 0;
+        s->c.links_dropped++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void link_free(struct serve_link *l)
+{
+    common_ring_segment_close(&l->req_seg);
+    common_ring_segment_close(&l->rep_seg);
+    pthread_mutex_destroy(&l->push_mu);
+    free(l->pins);
+    free(l);
+}
+
+/* Drops one reference; under srv->mu. Returns true when the caller must free the link (after
+ * unlocking). */
+static bool link_unref_locked(struct serve_link *l)
+{
+    return --l->refs == 0;
+}
+
+static void link_unref(struct serve_link *l)
+{
+    struct fetcher_server *s = l->srv;
+    pthread_mutex_lock(&s->mu);
+    bool last = link_unref_locked(l);
+    pthread_mutex_unlock(&s->mu);
+    if (last)
+        link_free(l);
+}
+
+/* Stops the reader thread, ends the loans and drops the server's reference. */
+static void link_drop(struct serve_link *l)
+{
+    if (!l)
+        return;
+    struct fetcher_server *s = l->srv;
+    pthread_mutex_lock(&s->mu);
+    atomic_store_explicit(&l->stop, true, memory_order_relaxed);
+    pthread_cond_broadcast(&s->cv_space); /* the reader may wait for room in the job queue */
+    pthread_mutex_unlock(&s->mu);
+    if (l->thread_started)
+        pthread_join(l->thread, NULL);
+    l->thread_started = false;
+    link_kill(l);
+    link_unref(l);
+}
+
+/* Pushes one reply (rep ring: one producer at a time). A full ring is waited on while the link
+ * lives; a corrupt one kills the link. */
+static void link_reply(struct serve_link *l, const struct proto_fetch_rep *rep)
+{
+    struct fetcher_server *s = l->srv;
+    int                    rc;
+    pthread_mutex_lock(&l->push_mu);
+    for (;;) {
+        if (atomic_load_explicit(&l->dead, memory_order_relaxed)) {
+            rc = COMMON_ECLOSED;
+            break;
+        }
+        rc = common_ring_push_wait(&l->rep, rep, sizeof(*rep), SERVE_PUSH_MS);
+        if (rc != COMMON_ETIMEDOUT)
+            break;
+        if (atomic_load_explicit(&s->stop_flag, memory_order_relaxed))
+            break;
+    }
+    pthread_mutex_unlock(&l->push_mu);
+    if (rc == COMMON_ECORRUPT || rc == COMMON_EINVAL || rc == COMMON_EIO) {
+        COMMON_LOG_WARN("fetcher.serve",
+                        "reply ring of executor pid=%u unusable (%s): link dropped", l->pid,
+                        common_strerror(rc));
+        link_kill(l);
+    }
+}
+
+static void link_reply_error(struct serve_link *l, uint32_t tag, int status)
+{
+    struct proto_fetch_rep rep = {.tag = tag, .status = status, .loan = FETCHER_LOAN_NONE};
+    link_reply(l, &rep);
+}
+
+static bool link_req_valid(const struct fetcher_server *s, const struct proto_fetch_req *r)
+{
+    switch (r->op) {
+    case PROTO_FETCH_ACQUIRE:
+        return serve_in_shard(s, r->layer, r->expert) && r->part < COMMON_EXPERT_PART_COUNT;
+    case PROTO_FETCH_HINT:
+        return serve_in_shard(s, r->layer, r->expert) && r->prio < FETCHER_PRIO_COUNT;
+    case PROTO_FETCH_RELEASE:
+    case PROTO_FETCH_TOKEN:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Queues an ACQUIRE for the workers; waits for room. Returns false when stopping. */
+static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r)
+{
+    struct fetcher_server *s = l->srv;
+    pthread_mutex_lock(&s->mu);
+    while (s->job_n == SERVE_JOB_CAP && !s->stopping &&
+           !atomic_load_explicit(&l->stop, memory_order_relaxed))
+        pthread_cond_wait(&s->cv_space, &s->mu);
+    if (s->stopping || atomic_load_explicit(&l->stop, memory_order_relaxed)) {
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    uint32_t at = (s->job_head + s->job_n) % SERVE_JOB_CAP;
+    s->jobs[at] = (struct serve_job){.link = l, .req = *r};
+    s->job_n++;
+    l->refs++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
+{
+    struct fetcher_server *s = l->srv;
+    if (!link_req_valid(s, r)) {
+        pthread_mutex_lock(&s->mu);
+        s->c.bad_records++;
+        if (r->op == PROTO_FETCH_ACQUIRE)
+            s->c.acquire_errors++;
+        pthread_mutex_unlock(&s->mu);
+        if (r->op == PROTO_FETCH_ACQUIRE)
+            link_reply_error(l, r->tag, COMMON_EINVAL);
+        return;
+    }
+    switch (r->op) {
+    case PROTO_FETCH_ACQUIRE:
+        (void)link_enqueue(l, r);
+        break;
+    case PROTO_FETCH_RELEASE:
+        pthread_mutex_lock(&s->mu);
+        if (r->loan < s->n_slots && l->pins[r->loan] > 0 &&
+            !atomic_load_explicit(&l->dead, memory_order_relaxed)) {
+            l->pins[r->loan]--;
+            l->n_pins--;
+            fetcher_release(s->f, r->loan);
+            s->c.releases++;
+        } else {
+            s->c.bad_records++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        break;
+    case PROTO_FETCH_HINT:
+        (void)fetcher_request(s->f, r->layer, r->expert, (enum fetcher_priority)r->prio);
+        pthread_mutex_lock(&s->mu);
+        s->c.hints++;
+        pthread_mutex_unlock(&s->mu);
+        break;
+    case PROTO_FETCH_TOKEN:
+        fetcher_token_begin(s->f);
+        pthread_mutex_lock(&s->mu);
+        s->c.tokens++;
+        pthread_mutex_unlock(&s->mu);
+        break;
+    default:
+        break;
+    }
+}
+
+/* True when process `pid` is gone (EPERM means it exists under another user). */
+static bool serve_pid_gone(uint32_t pid)
+{
+    return pid != 0 && pid <= (uint32_t)INT_MAX && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* The link's reader: pops records until stopped, the peer dies or the ring is corrupt. */
+static void *link_thread(void *arg)
+{
+    struct serve_link *l = arg;
+    while (!atomic_load_explicit(&l->stop, memory_order_relaxed) &&
+           !atomic_load_explicit(&l->dead, memory_order_relaxed)) {
+        struct proto_fetch_req r;
+        int                    n = common_ring_pop_wait(&l->req, &r, sizeof(r), SERVE_POLL_MS);
+        if (n == COMMON_ETIMEDOUT) {
+            if (serve_pid_gone(l->pid)) {
+                COMMON_LOG_WARN("fetcher.serve", "executor pid=%u is gone: link dropped", l->pid);
+                link_kill(l);
+                break;
+            }
+            continue;
+        }
+        if (n < 0) {
+            COMMON_LOG_WARN("fetcher.serve",
+                            "request ring of executor pid=%u unusable (%s): link dropped", l->pid,
+                            common_strerror(n));
+            link_kill(l);
+            break;
+        }
+        if ((size_t)n != sizeof(r)) {
+            struct fetcher_server *s = l->srv;
+            pthread_mutex_lock(&s->mu);
+            s->c.bad_records++;
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        link_handle(l, &r);
+    }
+    return NULL;
+}
+
+/* ---- workers ------------------------------------------------------------------------------ */
+
+static void worker_run(struct fetcher_server *s, const struct serve_job *j)
+{
+    struct serve_link            *l = j->link;
+    const struct proto_fetch_req *r = &j->req;
+    if (atomic_load_explicit(&l->dead, memory_order_relaxed))
+        return;
+    const void *data = NULL;
+    uint32_t    loan = FETCHER_LOAN_NONE;
+    int         rc =
+        fetcher_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part, &data, &loan);
+    struct proto_fetch_rep rep = {.tag = r->tag, .status = rc, .loan = FETCHER_LOAN_NONE};
+    if (rc == COMMON_OK) {
+        struct common_span sp;
+        const uint8_t     *p = data;
+        if (loan >= s->n_slots || p < s->pool_base || p >= s->pool_base + s->pool_bytes ||
+            common_model_expert_span(&s->m, r->layer, r->expert, (enum common_expert_part)r->part,
+                                     &sp) != COMMON_OK) {
+            fetcher_release(s->f, loan);
+            rc = COMMON_EIO;
+            rep.status = rc;
+        } else {
+            rep.loan = loan;
+            rep.offset = (uint64_t)(p - s->pool_base);
+            rep.size = sp.size;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    if (rc == COMMON_OK) {
+        if (atomic_load_explicit(&l->dead, memory_order_relaxed)) {
+            fetcher_release(s->f, loan);
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        l->pins[loan]++;
+        l->n_pins++;
+        s->c.acquires++;
+    } else {
+        s->c.acquire_errors++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    link_reply(l, &rep);
+}
+
+static void *worker_thread(void *arg)
+{
+    struct fetcher_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->job_n == 0 && !s->stopping)
+            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->job_n == 0)
+            break;
+        struct serve_job j = s->jobs[s->job_head];
+        s->job_head = (s->job_head + 1) % SERVE_JOB_CAP;
+        s->job_n--;
+        pthread_cond_signal(&s->cv_space);
+        pthread_mutex_unlock(&s->mu);
+        worker_run(s, &j);
+        pthread_mutex_lock(&s->mu);
+        if (link_unref_locked(j.link)) {
+            pthread_mutex_unlock(&s->mu);
+            link_free(j.link);
+            pthread_mutex_lock(&s->mu);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- pool descriptor socket --------------------------------------------------------------- */
+
+static void *pool_thread(void *arg)
+{
+    struct fetcher_server *s = arg;
+    int                    fd = fetcher_get_pool_fd(s->f);
+    while (!atomic_load_explicit(&s->stop_flag, memory_order_relaxed)) {
+        int conn = -1;
+        int rc = common_unix_accept(s->pool_listen, SERVE_POLL_MS, &conn);
+        if (rc == COMMON_ETIMEDOUT)
+            continue;
+        if (rc != COMMON_OK) {
+            usleep(10000);
+            continue;
+        }
+        rc = common_fd_send(conn, fd, s->instance);
+        close(conn);
+        pthread_mutex_lock(&s->mu);
+        if (rc == COMMON_OK)
+            s->c.pool_fds_sent++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+/* ---- control messages --------------------------------------------------------------------- */
+
+static void stats_add(struct proto_msg *rep, const char *name, double v)
+{
+    struct proto_stats_reply *st = &rep->u.stats;
+    if (st->n_stats >= PROTO_MAX_STATS)
+        return;
+    snprintf(st->stats[st->n_stats].name, PROTO_MAX_KEY, "%s", name);
+    st->stats[st->n_stats].value = v;
+    st->n_stats++;
+}
+
+static double ratio(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0.0;
+}
+
+static void ctl_stats(struct fetcher_server *s, struct proto_msg *rep)
+{
+    struct fetcher_pool_counts  pc;
+    struct fetcher_trace_totals t;
+    struct fetcher_serve_counts c;
+    uint64_t                    served = 0, refused = 0;
+    fetcher_get_pool_counts(s->f, &pc);
+    fetcher_trace_totals(fetcher_get_trace(s->f), &t);
+    fetcher_serve_counts(s, &c);
+    proto_server_counts(s->ctl, &served, &refused);
+    rep->kind = PROTO_KIND_STATS_REPLY;
+    rep->u.stats.n_stats = 0;
+    stats_add(rep, "shard.index", s->shard);
+    stats_add(rep, "shard.count", s->n_shards);
+    stats_add(rep, "shard.first_expert", s->first);
+    stats_add(rep, "shard.n_experts", s->n_exp);
+    stats_add(rep, "pool.slots", pc.n_slots);
+    stats_add(rep, "pool.slot_bytes", (double)pc.slot_bytes);
+    stats_add(rep, "pool.free", pc.n_free);
+    stats_add(rep, "pool.loading", pc.n_loading);
+    stats_add(rep, "pool.ready", pc.n_ready);
+    stats_add(rep, "pool.failed", pc.n_failed);
+    stats_add(rep, "pool.pinned", pc.n_pinned);
+    stats_add(rep, "trace.accesses", (double)t.accesses);
+    stats_add(rep, "trace.hits", (double)t.hits);
+    stats_add(rep, "trace.misses", (double)t.misses);
+    stats_add(rep, "trace.prefetch_hits", (double)t.prefetch_hits);
+    stats_add(rep, "trace.hit_rate", ratio(t.hits + t.prefetch_hits, t.accesses));
+    stats_add(rep, "trace.prefetch_issued", (double)t.prefetch_issued);
+    stats_add(rep, "trace.prefetch_wasted", (double)t.prefetch_wasted);
+    stats_add(rep, "trace.prefetch_dropped", (double)t.prefetch_dropped);
+    stats_add(rep, "trace.loads", (double)t.loads);
+    stats_add(rep, "trace.load_errors", (double)t.load_errors);
+    stats_add(rep, "trace.bytes_read", (double)t.bytes_read);
+    stats_add(rep, "trace.evictions", (double)t.evictions);
+    stats_add(rep, "trace.tokens", (double)t.tokens);
+    stats_add(rep, "trace.faults", (double)t.faults);
+    stats_add(rep, "trace.belady_accesses", (double)t.belady_accesses);
+    stats_add(rep, "trace.belady_hits", (double)t.belady_hits);
+    stats_add(rep, "trace.belady_hit_rate", ratio(t.belady_hits, t.belady_accesses));
+    stats_add(rep, "serve.acquires", (double)c.acquires);
+    stats_add(rep, "serve.acquire_errors", (double)c.acquire_errors);
+    stats_add(rep, "serve.releases", (double)c.releases);
+    stats_add(rep, "serve.hints", (double)c.hints);
+    stats_add(rep, "serve.tokens", (double)c.tokens);
+    stats_add(rep, "serve.bad_records", (double)c.bad_records);
+    stats_add(rep, "serve.attaches", (double)c.attaches);
+    stats_add(rep, "serve.links_dropped", (double)c.links_dropped);
+    stats_add(rep, "serve.link_pins", (double)c.link_pins);
+    stats_add(rep, "serve.pool_fds_sent", (double)c.pool_fds_sent);
+    stats_add(rep, "ctl.requests", (double)served);
+    stats_add(rep, "ctl.refused", (double)refused);
+    stats_add(rep, "uptime_s", (double)(common_now_ns() - s->t_start_ns) / 1e9);
+}
+
+static void ctl_health(struct fetcher_server *s, struct proto_msg *rep)
+{
+    struct proto_health_reply *h = &rep->u.health;
+    rep->kind = PROTO_KIND_HEALTH_REPLY;
+    h->role = PROTO_ROLE_FETCHER;
+    h->pid = s->pid;
+    h->instance = s->instance;
+    h->uptime_s = (double)(common_now_ns() - s->t_start_ns) / 1e9;
+    pthread_mutex_lock(&s->mu);
+    h->state = s->draining ? PROTO_HEALTH_DRAINING : PROTO_HEALTH_READY;
+    const struct serve_link *l = s->link;
+    bool                     live = l && !atomic_load_explicit(&l->dead, memory_order_relaxed);
+    uint32_t                 pid = l ? l->pid : 0;
+    pthread_mutex_unlock(&s->mu);
+    if (live)
+        snprintf(h->message, sizeof(h->message),
+                 "shard %u/%u experts [%u,%u) pool %u slots; executor pid %u attached", s->shard,
+                 s->n_shards, s->first, s->first + s->n_exp, s->n_slots, pid);
+    else
+        snprintf(h->message, sizeof(h->message),
+                 "shard %u/%u experts [%u,%u) pool %u slots; no executor attached", s->shard,
+                 s->n_shards, s->first, s->first + s->n_exp, s->n_slots);
+}
+
+static void ctl_hello(struct fetcher_server *s, struct proto_msg *rep)
+{
+    struct proto_hello *h = &rep->u.hello;
+    rep->kind = PROTO_KIND_HELLO;
+    h->major = PROTO_VERSION_MAJOR;
+    h->minor = PROTO_VERSION_MINOR;
+    h->role = PROTO_ROLE_FETCHER;
+    snprintf(h->name, sizeof(h->name), "%s", s->name);
+    h->pid = s->pid;
+    h->instance = s->instance;
+    h->n_shards = s->n_shards;
+    for (uint32_t i = 0; i < s->n_shards; i++) {
+        h->shards[i].fetcher = i;
+        serve_shard_range(i, s->n_shards, s->n_expert, &h->shards[i].first_expert,
+                          &h->shards[i].n_experts);
+    }
+}
+
+static int ctl_error(struct proto_msg *rep, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int ctl_error(struct proto_msg *rep, int code, const char *fmt, ...)
+{
+    va_list ap;
+    rep->kind = PROTO_KIND_ERROR;
+    rep->u.error.code = code;
+    va_start(ap, fmt);
+    vsnprintf(rep->u.error.message, sizeof(rep->u.error.message), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, struct proto_msg *rep)
+{
+    if (a->role != PROTO_ROLE_EXECUTOR)
+        return ctl_error(rep, COMMON_EINVAL, "attach: only an executor attaches to a fetcher");
+    if (a->n_segments < 2)
+        return ctl_error(rep, COMMON_EINVAL, "attach: needs 2 segments (req, rep), got %u",
+                         a->n_segments);
+    uint32_t n = a->params[0];
+    if (n == 0 || n > COMMON_RING_MAX_SLOTS || (n & (n - 1)) != 0)
+        return ctl_error(rep, COMMON_EINVAL, "attach: ring slots %u not a power of two", n);
+
+    struct serve_link *l = calloc(1, sizeof(*l));
+    if (!l)
+        return ctl_error(rep, COMMON_ENOMEM, "attach: out of memory");
+    l->srv = s;
+    l->pid = a->pid;
+    l->instance = a->instance;
+    l->refs = 1;
+    l->pins = calloc(s->n_slots, sizeof(*l->pins));
+    if (!l->pins || pthread_mutex_init(&l->push_mu, NULL) != 0) {
+        free(l->pins);
+        free(l);
+        return ctl_error(rep, COMMON_ENOMEM, "attach: out of memory");
+    }
+    int rc = common_ring_segment_open(s->run_dir, a->segments[0], &l->req_seg);
+    if (rc != COMMON_OK) {
+        ctl_error(rep, rc, "attach: segment %s: %s", a->segments[0], common_strerror(rc));
+        goto out_free;
+    }
+    rc = common_ring_segment_open(s->run_dir, a->segments[1], &l->rep_seg);
+    if (rc != COMMON_OK) {
+        ctl_error(rep, rc, "attach: segment %s: %s", a->segments[1], common_strerror(rc));
+        goto out_free;
+    }
+    rc = common_ring_attach(l->req_seg.mem, l->req_seg.bytes, sizeof(struct proto_fetch_req), n,
+                            &l->req);
+    if (rc != COMMON_OK) {
+        ctl_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
+                  a->segments[0], n, sizeof(struct proto_fetch_req));
+        goto out_free;
+    }
+    rc = common_ring_attach(l->rep_seg.mem, l->rep_seg.bytes, sizeof(struct proto_fetch_rep), n,
+                            &l->rep);
+    if (rc != COMMON_OK) {
+        ctl_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
+                  a->segments[1], n, sizeof(struct proto_fetch_rep));
+        goto out_free;
+    }
+
+    pthread_mutex_lock(&s->attach_mu);
+    pthread_mutex_lock(&s->mu);
+    bool refuse = s->stopping || s->draining;
+    pthread_mutex_unlock(&s->mu);
+    if (refuse) {
+        pthread_mutex_unlock(&s->attach_mu);
+        rc = ctl_error(rep, COMMON_EBUSY, "attach: fetcher is draining");
+        goto out_free;
+    }
+    if (pthread_create(&l->thread, NULL, link_thread, l) != 0) {
+        pthread_mutex_unlock(&s->attach_mu);
+        rc = ctl_error(rep, COMMON_EAGAIN, "attach: cannot start the ring thread");
+        goto out_free;
+    }
+    l->thread_started = true;
+    pthread_mutex_lock(&s->mu);
+    struct serve_link *old = s->link;
+    s->link = l;
+    s->c.attaches++;
+    pthread_mutex_unlock(&s->mu);
+    link_drop(old); /* releases every loan the old link held */
+    pthread_mutex_unlock(&s->attach_mu);
+    COMMON_LOG_INFO("fetcher.serve", "executor pid=%u attached ring=%u slots%s", a->pid, n,
+                    old ? " (replaced the previous link)" : "");
+    rep->kind = PROTO_KIND_OK;
+    return COMMON_OK;
+
+out_free:
+    link_free(l);
+    return rc;
+}
+
+static int ctl_handler(void *arg, const struct proto_msg *req, struct proto_msg *rep)
+{
+    struct fetcher_server *s = arg;
+    switch (req->kind) {
+    case PROTO_KIND_HELLO:
+        if (!proto_version_is_compatible(req->u.hello.major, req->u.hello.minor))
+            return ctl_error(rep, COMMON_EPROTO, "hello: protocol %u.%u, this fetcher speaks %u.%u",
+                             req->u.hello.major, req->u.hello.minor, PROTO_VERSION_MAJOR,
+                             PROTO_VERSION_MINOR);
+        ctl_hello(s, rep);
+        return COMMON_OK;
+    case PROTO_KIND_STATS:
+        ctl_stats(s, rep);
+        return COMMON_OK;
+    case PROTO_KIND_HEALTH:
+        ctl_health(s, rep);
+        return COMMON_OK;
+    case PROTO_KIND_DRAIN:
+    case PROTO_KIND_SHUTDOWN:
+        pthread_mutex_lock(&s->mu);
+        s->draining = true;
+        if (req->kind == PROTO_KIND_SHUTDOWN) {
+            s->shutdown_req = true;
+            pthread_cond_broadcast(&s->cv);
+        }
+        pthread_mutex_unlock(&s->mu);
+        rep->kind = PROTO_KIND_OK;
+        return COMMON_OK;
+    case PROTO_KIND_CONFIGURE: {
+        const struct proto_configure *c = &req->u.configure;
+        if (strcmp(c->key, "log.level") == 0) {
+            enum common_log_level lv;
+            if (common_log_parse_level(c->value, &lv) != COMMON_OK)
+                return ctl_error(rep, COMMON_EINVAL,
+                                 "configure: log.level expects err, warn, info or debug");
+            common_log_set_level(lv);
+            rep->kind = PROTO_KIND_OK;
+            return COMMON_OK;
+        }
+        return ctl_error(rep, COMMON_EINVAL, "configure: unknown key '%s'", c->key);
+    }
+    case PROTO_KIND_LOAD_MODEL: {
+        char *real = realpath(req->u.load_model.path, NULL);
+        bool  same = strcmp(req->u.load_model.path, s->model_path) == 0 ||
+                    (real && s->model_real && strcmp(real, s->model_real) == 0);
+        free(real);
+        if (!same)
+            return ctl_error(rep, COMMON_ENOTSUP,
+                             "load model: this fetcher serves %s; restart with -m", s->model_path);
+        rep->kind = PROTO_KIND_OK;
+        return COMMON_OK;
+    }
+    case PROTO_KIND_ATTACH:
+        return ctl_attach(s, &req->u.attach, rep);
+    default:
+        return ctl_error(rep, COMMON_EPROTO, "a fetcher does not serve '%s'",
+                         proto_kind_name(req->kind));
+    }
+}
+
+/* ---- start and stop ----------------------------------------------------------------------- */
+
+static int serve_open_model(struct fetcher_server *s, struct common_errmsg *e)
+{
+    int rc = common_gguf_open(s->model_path, NULL, &s->g, e);
+    if (rc != COMMON_OK)
+        return rc;
+    rc = common_model_init(&s->m, s->g, e);
+    if (rc != COMMON_OK)
+        return rc;
+    s->m_init = true;
+    if (!common_model_is_moe(&s->m))
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "%s: dense model (no routed experts): nothing to serve",
+                                 s->model_path);
+    s->n_layer = s->m.hp.n_layer;
+    s->n_expert = s->m.hp.n_expert;
+    s->model_real = realpath(s->model_path, NULL);
+    return COMMON_OK;
+}
+
+/* This shard's pool slots: explicit, else its share of the plan for the whole budget. */
+static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
+{
+    const struct fetcher_serve_opts *o = &s->o;
+    uint32_t                         shard_bundles = s->n_layer * s->n_exp;
+    if (o->n_slots) {
+        s->n_slots = o->n_slots;
+    } else if (o->ram_budget) {
+        uint64_t kv = 0, act = 0;
+        if (o->mem_estimate) {
+            int rc = o->mem_estimate(&s->m.hp, o->n_ctx, o->n_seq ? o->n_seq : 1, &kv, &act);
+            if (rc != COMMON_OK)
+                return common_errmsg_set(e, rc,
+                                         "context size %u x %u sequences unusable for "
+                                         "this model",
+                                         o->n_ctx, o->n_seq ? o->n_seq : 1);
+        }
+        struct fetcher_plan      plan;
+        struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
+                                       .kv_bytes = kv,
+                                       .act_bytes = act,
+                                       .queue_depth = o->queue_depth};
+        int                      rc = fetcher_plan_compute(&s->m, &po, &plan, e);
+        if (rc != COMMON_OK)
+            return rc;
+        uint32_t n = plan.n_slots / s->n_shards;
+        uint32_t min = (plan.min_slots + s->n_shards - 1) / s->n_shards;
+        s->n_slots = n > min ? n : min;
+        if (o->plan_out) {
+            char buf[2048];
+            fetcher_plan_format(&plan, buf, sizeof(buf));
+            fputs(buf, o->plan_out);
+        }
+    } else {
+        s->n_slots = shard_bundles;
+    }
+    if (s->n_slots > shard_bundles)
+        s->n_slots = shard_bundles;
+    if (s->n_slots == 0)
+        s->n_slots = 1;
+    return COMMON_OK;
+}
+
+static int serve_write_pid(struct fetcher_server *s, struct common_errmsg *e)
+{
+    char  tmp[SERVE_PATH_MAX + 8];
+    FILE *f;
+    snprintf(tmp, sizeof(tmp), "%s.tmp", s->pid_path);
+    if (!(f = fopen(tmp, "w")))
+        return common_errmsg_set(e, COMMON_EIO, "%s: %s", tmp, strerror(errno));
+    int bad = fprintf(f, "%u\n", s->pid) < 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, s->pid_path) != 0) {
+        unlink(tmp);
+        return common_errmsg_set(e, COMMON_EIO, "%s: cannot write", s->pid_path);
+    }
+    s->pid_written = true;
+    return COMMON_OK;
+}
+
+int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_server **out,
+                        struct common_errmsg *e)
+{
+    if (!o || !o->model_path || !o->run_dir || !out)
+        return common_errmsg_set(e, COMMON_EINVAL, "fetcher: model and run dir are required");
+    uint32_t n_shards = o->n_shards ? o->n_shards : 1;
+    if (o->shard >= n_shards || n_shards > PROTO_MAX_SHARDS)
+        return common_errmsg_set(e, COMMON_EINVAL, "shard %u/%u: need 0 <= I < N <= %u", o->shard,
+                                 n_shards, PROTO_MAX_SHARDS);
+    if (o->io == FETCHER_IO_MMAP)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "--io mmap has no pool to share with the executor: use uring or "
+                                 "pread");
+    if (o->n_workers > SERVE_MAX_WORKERS)
+        return common_errmsg_set(e, COMMON_EINVAL, "workers %u: at most %u", o->n_workers,
+                                 SERVE_MAX_WORKERS);
+    int rc = serve_run_dir(o->run_dir, e);
+    if (rc != COMMON_OK)
+        return rc;
+
+    struct fetcher_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
+    s->o = *o;
+    s->pool_listen = -1;
+    s->shard = o->shard;
+    s->n_shards = n_shards;
+    s->pid = (uint32_t)getpid();
+    s->instance = serve_random_u64();
+    s->t_start_ns = common_now_ns();
+    snprintf(s->name, sizeof(s->name), "fetcher-%u", s->shard);
+    s->run_dir = strdup(o->run_dir);
+    s->model_path = strdup(o->model_path);
+    s->jobs = calloc(SERVE_JOB_CAP, sizeof(*s->jobs));
+    if (!s->run_dir || !s->model_path || !s->jobs) {
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
+        goto out_stop;
+    }
+    s->o.model_path = s->model_path;
+    s->o.run_dir = s->run_dir;
+    if (serve_path(s->ctl_path, sizeof(s->ctl_path), s->run_dir, "fetcher", s->shard, ".ctl") ||
+        serve_path(s->pool_path, sizeof(s->pool_path), s->run_dir, "fetcher", s->shard, ".pool") ||
+        serve_path(s->pid_path, sizeof(s->pid_path), s->run_dir, "fetcher", s->shard, ".pid")) {
+        rc = common_errmsg_set(e, COMMON_EINVAL, "run dir %s: path too long", s->run_dir);
+        goto out_stop;
+    }
+    snprintf(s->ctl_url, sizeof(s->ctl_url), "ipc://%s", s->ctl_path);
+    if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_mutex_init(&s->attach_mu, NULL) != 0 ||
+        pthread_cond_init(&s->cv, NULL) != 0 || pthread_cond_init(&s->cv_space, NULL) != 0) {
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: mutex init failed");
+        goto out_stop;
+    }
+    s->sync_init = true;
+
+    if ((rc = serve_open_model(s, e)) != COMMON_OK)
+        goto out_stop;
+    if (n_shards > s->n_expert) {
+        rc = common_errmsg_set(e, COMMON_EINVAL, "%u shards for %u experts: at most one per expert",
+                               n_shards, s->n_expert);
+        goto out_stop;
+    }
+    serve_shard_range(s->shard, n_shards, s->n_expert, &s->first, &s->n_exp);
+    if ((rc = serve_size_pool(s, e)) != COMMON_OK)
+        goto out_stop;
+    struct fetcher_opts fo = {
+        .n_slots = s->n_slots, .policy = o->policy, .io = o->io, .queue_depth = o->queue_depth};
+    if ((rc = fetcher_create(s->g, &s->m, &fo, &s->f, e)) != COMMON_OK)
+        goto out_stop;
+    s->pool_base = fetcher_get_pool_base(s->f);
+    s->pool_bytes = fetcher_get_pool_bytes(s->f);
+    if (fetcher_get_pool_fd(s->f) < 0 || !s->pool_base) {
+        rc = common_errmsg_set(e, COMMON_ENOTSUP, "fetcher: the pool is not a memfd: cannot share");
+        goto out_stop;
+    }
+    if (o->plan_out) {
+        char sz[2][32];
+        fprintf(o->plan_out,
+                "shard %u/%u: experts [%u,%u) of each layer, pool %u slots x %s = %s, io %s%s, "
+                "policy %s\n",
+                s->shard, n_shards, s->first, s->first + s->n_exp, s->n_slots,
+                common_format_size(fetcher_get_plan(s->f)->slot_bytes, sz[0], 32),
+                common_format_size(fetcher_get_plan(s->f)->pool_bytes, sz[1], 32),
+                fetcher_io_mode_name(fetcher_get_io_mode(s->f)),
+                fetcher_is_direct(s->f) ? " (O_DIRECT)" : "", fetcher_policy_name(o->policy));
+    }
+
+    uint32_t nw = o->n_workers ? o->n_workers : SERVE_DEFAULT_WORKERS;
+    if (!(s->workers = calloc(nw, sizeof(*s->workers)))) {
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
+        goto out_stop;
+    }
+    for (; s->n_workers_run < nw; s->n_workers_run++)
+        if (pthread_create(&s->workers[s->n_workers_run], NULL, worker_thread, s) != 0) {
+            rc = common_errmsg_set(e, COMMON_EAGAIN, "fetcher: cannot start worker threads");
+            goto out_stop;
+        }
+
+    rc = common_unix_listen(s->pool_path, &s->pool_listen);
+    if (rc != COMMON_OK) {
+        s->pool_listen = -1;
+        rc = common_errmsg_set(e, rc, "%s: %s", s->pool_path,
+                               rc == COMMON_EBUSY ? "another fetcher listens there"
+                                                  : common_strerror(rc));
+        goto out_stop;
+    }
+    if (pthread_create(&s->pool_thread, NULL, pool_thread, s) != 0) {
+        rc = common_errmsg_set(e, COMMON_EAGAIN, "fetcher: cannot start the pool socket thread");
+        goto out_stop;
+    }
+    s->pool_started = true;
+    if ((rc = proto_server_start(s->ctl_url, &(struct proto_server_opts){0}, ctl_handler, s,
+                                 &s->ctl, e)) != COMMON_OK)
+        goto out_stop;
+    s->ctl_started = true;
+    if ((rc = serve_write_pid(s, e)) != COMMON_OK)
+        goto out_stop;
+    COMMON_LOG_INFO("fetcher.serve", "%s ready pid=%u ctl=%s pool=%s", s->name, s->pid, s->ctl_url,
+                    s->pool_path);
+    *out = s;
+    return COMMON_OK;
+
+out_stop:
+    s->o.trace_out = NULL;
+    s->o.summary_out = NULL;
+    fetcher_serve_stop(s, NULL);
+    return rc;
+}
+
+bool fetcher_serve_wait(struct fetcher_server *s, int timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_ms > 0) {
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    while (!s->shutdown_req && timeout_ms != 0) {
+        int r = timeout_ms < 0 ? pthread_cond_wait(&s->cv, &s->mu)
+                               : pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        if (r == ETIMEDOUT)
+            break;
+    }
+    bool req = s->shutdown_req;
+    pthread_mutex_unlock(&s->mu);
+    return req;
+}
+
+int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
+{
+    int rc = COMMON_OK;
+    if (!s)
+        return rc;
+    if (s->sync_init) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        s->draining = true;
+        atomic_store_explicit(&s->stop_flag, true, memory_order_relaxed);
+        pthread_cond_broadcast(&s->cv);
+        pthread_cond_broadcast(&s->cv_space);
+        pthread_mutex_unlock(&s->mu);
+    }
+    /* Control first: no ATTACH can install a link after this. */
+    proto_server_stop(s->ctl);
+    s->ctl = NULL;
+    if (s->sync_init) {
+        pthread_mutex_lock(&s->mu);
+        struct serve_link *l = s->link;
+        s->link = NULL;
+        pthread_mutex_unlock(&s->mu);
+        link_drop(l);
+    }
+    for (uint32_t i = 0; i < s->n_workers_run; i++)
+        pthread_join(s->workers[i], NULL);
+    s->n_workers_run = 0;
+    if (s->pool_started)
+        pthread_join(s->pool_thread, NULL);
+    s->pool_started = false;
+    if (s->pool_listen >= 0) {
+        close(s->pool_listen);
+        unlink(s->pool_path);
+    }
+    if (s->ctl_started)
+        unlink(s->ctl_path);
+    if (s->pid_written)
+        unlink(s->pid_path);
+    if (s->f) {
+        struct fetcher_trace *t = fetcher_get_trace(s->f);
+        if (s->o.trace_out) {
+            FILE *f = fopen(s->o.trace_out, "w");
+            int   wrc = f ? fetcher_trace_write_json(t, f) : COMMON_EIO;
+            if (f && fclose(f) != 0)
+                wrc = COMMON_EIO;
+            if (wrc != COMMON_OK)
+                rc = common_errmsg_set(e, COMMON_EIO, "trace %s: cannot write", s->o.trace_out);
+        }
+        if (s->o.summary_out)
+            fetcher_trace_write_summary(t, s->o.summary_out);
+    }
+    fetcher_destroy(s->f);
+    if (s->m_init)
+        common_model_fini(&s->m);
+    common_gguf_close(s->g);
+    if (s->sync_init) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_mutex_destroy(&s->attach_mu);
+        pthread_cond_destroy(&s->cv);
+        pthread_cond_destroy(&s->cv_space);
+    }
+    free(s->workers);
+    free(s->jobs);
+    free(s->run_dir);
+    free(s->model_path);
+    free(s->model_real);
+    free(s);
+    return rc;
+}
+
+struct fetcher *fetcher_serve_fetcher(struct fetcher_server *s)
+{
+    return s->f;
+}
+
+void fetcher_serve_shard(const struct fetcher_server *s, uint32_t *first, uint32_t *n)
+{
+    *first = s->first;
+    *n = s->n_exp;
+}
+
+void fetcher_serve_counts(struct fetcher_server *s, struct fetcher_serve_counts *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->c;
+    out->link_pins = s->link ? s->link->n_pins : 0;
+    pthread_mutex_unlock(&s->mu);
+}
