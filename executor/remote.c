@@ -1,0 +1,1007 @@
+/* executor/remote.c - the expert source backed by fetcher daemons: pools, rings, relinks. */
+#include "daemon.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pool.h"
+#include "records.h"
+#include "wire.h"
+
+#define REMOTE_WAIT_MS       200  /* reply-ring wait between liveness checks */
+#define REMOTE_PUSH_WAIT_MS  50   /* request-ring wait (full ring) between checks */
+#define REMOTE_CALL_MS       1000 /* HELLO / ATTACH reply deadline */
+#define REMOTE_FD_MS         2000 /* pool descriptor deadline */
+#define REMOTE_RETRY_MS      100  /* pause between connection attempts */
+#define REMOTE_HELLO_NS      (2ull * 1000000000ull) /* idle HELLO probe period */
+#define REMOTE_LOAN_IDX_BITS 20u
+#define REMOTE_LOAN_IDX_MASK ((1u << REMOTE_LOAN_IDX_BITS) - 1u)
+#define REMOTE_LOAN_SEQ_MASK ((1u << (32u - REMOTE_LOAN_IDX_BITS)) - 1u)
+
+/* One mapping of one fetcher's pool (a pool generation). */
+struct remote_map {
+    const uint8_t       *base;    /* mapped: read-only, unmapped by remote_map_free() */
+    size_t               bytes;   /* mapped length */
+    struct fetcher_pool *view;    /* owned: checked read-only view for read_begin (is_ready) */
+    uint32_t             n_loans; /* loans handed out on it and not yet released (link mu) */
+    struct remote_map   *next;    /* retired list of the link */
+};
+
+/* An ACQUIRE waiting for its reply; lives on the waiter's stack, listed in its link. */
+struct remote_wait {
+    uint32_t            tag;
+    uint32_t            layer, expert, part;
+    bool                done;   /* the reply came (fields below valid) */
+    int32_t             status; /* 0 or a negative common_err */
+    uint32_t            loan;   /* the fetcher's loan id */
+    uint32_t            gen;    /* link generation of the reply */
+    uint64_t            offset, size;
+    struct remote_map  *map; /* borrowed (counted in map->n_loans) when done with status 0 */
+    struct remote_wait *next;
+};
+
+/* The link to fetcher i. Lock order: push_mu, then mu. */
+struct remote_link {
+    struct executor_remote *r; /* borrowed: the owner */
+    uint32_t                index;
+    char                    url[PROTO_MAX_PATH]; /* ipc://RUNDIR/fetcher-<i>.ctl */
+    char                    pool_path[PROTO_MAX_PATH];
+    char                    req_name[32], rep_name[32];
+    struct proto_client    *client; /* owned */
+    pthread_t               thread;
+    bool                    thread_started;
+
+    pthread_mutex_t push_mu;    /* the request ring's producer side */
+    pthread_mutex_t mu;         /* everything below */
+    pthread_cond_t  cond;       /* replies and link changes */
+    _Atomic bool    broken;     /* set before relinking: pushers on a full ring give up */
+    _Atomic bool    want_break; /* a pusher found the request ring corrupt: relink */
+
+    bool                         up;  /* linked: rings and map valid */
+    uint32_t                     gen; /* bumped at every link */
+    uint32_t                     pid; /* fetcher's pid (0 = unknown) */
+    uint64_t                     instance;
+    struct proto_shard           shard;
+    struct remote_map           *map;              /* owned: current pool */
+    struct remote_map           *retired;          /* owned: older pools with loans out */
+    struct common_ring_segment   req_seg, rep_seg; /* owned: files in RUNDIR */
+    struct common_ring           req, rep;
+    struct remote_wait          *waits; /* ACQUIREs in flight */
+    uint32_t                     next_tag;
+    uint64_t                     down_since_ns;
+    uint64_t                     last_seen_ns; /* last reply or HELLO */
+    uint32_t                     hello_misses;
+    bool                         missing_logged;
+    struct executor_remote_stats st;
+};
+
+/* A loan handed to the forward pass. */
+struct remote_loan {
+    bool               used;
+    uint16_t           seq;   /* bumped at every reuse: stale ids are refused */
+    uint32_t           link;  /* fetcher index */
+    uint32_t           gen;   /* link generation it came from */
+    uint32_t           floan; /* the fetcher's loan id */
+    struct remote_map *map;   /* borrowed: counted in map->n_loans */
+};
+
+struct executor_remote {
+    char                      *run_dir; /* owned */
+    const struct common_model *model;   /* borrowed */
+    uint32_t                   connect_timeout_ms, acquire_timeout_ms;
+    uint64_t                   instance;
+    uint32_t                   n_links;
+    struct remote_link        *links; /* owned: n_links */
+    uint32_t                  *owner; /* owned: fetcher index per expert */
+    _Atomic bool               stop;
+
+    pthread_mutex_t     loan_mu; /* the loan table */
+    struct remote_loan *loans;   /* owned: cap entries */
+    uint32_t            n_cap;
+    uint32_t            next_free; /* search start */
+};
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static void remote_sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static bool remote_pid_is_dead(uint32_t pid)
+{
+    return pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static void remote_cond_wait_ms(pthread_cond_t *c, pthread_mutex_t *m, uint32_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    (void)pthread_cond_timedwait(c, m, &ts);
+}
+
+static void remote_map_free(struct remote_map *m)
+{
+    if (!m)
+        return;
+    if (m->base)
+        munmap((void *)(uintptr_t)m->base, m->bytes);
+    fetcher_pool_destroy(m->view);
+    free(m);
+}
+
+/* Drops the current map: freed now, or kept on the retired list while loans are out. Link mu. */
+static void remote_retire_map(struct remote_link *L)
+{
+    struct remote_map *m = L->map;
+    L->map = NULL;
+    if (!m)
+        return;
+    if (m->n_loans == 0) {
+        remote_map_free(m);
+        return;
+    }
+    m->next = L->retired;
+    L->retired = m;
+}
+
+/* One loan on `m` ended. Link mu. */
+static void remote_map_unref(struct remote_link *L, struct remote_map *m)
+{
+    if (m->n_loans > 0)
+        m->n_loans--;
+    if (m->n_loans > 0 || m == L->map)
+        return;
+    for (struct remote_map **pp = &L->retired; *pp; pp = &(*pp)->next)
+        if (*pp == m) {
+            *pp = m->next;
+            remote_map_free(m);
+            return;
+        }
+}
+
+/* Pushes one request record. With `wait`, waits for room while the link stays up. Push mu. */
+static int remote_push(struct remote_link *L, const struct proto_fetch_req *rec, bool wait)
+{
+    if (!L->req.hdr)
+        return COMMON_ECLOSED;
+    for (;;) {
+        int rc = common_ring_push_wait(&L->req, rec, sizeof(*rec), wait ? REMOTE_PUSH_WAIT_MS : 0);
+        if (rc == COMMON_OK)
+            return rc;
+        if (rc != COMMON_ETIMEDOUT && rc != COMMON_EAGAIN) {
+            atomic_store_explicit(&L->want_break, true, memory_order_release);
+            return rc;
+        }
+        if (!wait || atomic_load_explicit(&L->broken, memory_order_acquire) ||
+            atomic_load_explicit(&L->r->stop, memory_order_acquire))
+            return COMMON_EAGAIN;
+    }
+}
+
+/* ---- connecting ---------------------------------------------------------------------------- */
+
+/* What one connection attempt produced, before it is installed. */
+struct remote_conn {
+    uint32_t                   pid;
+    uint64_t                   instance;
+    struct proto_shard         shard;
+    struct remote_map         *map;
+    struct common_ring_segment req_seg, rep_seg;
+    struct common_ring         req, rep;
+};
+
+static void remote_conn_fini(struct remote_conn *c)
+{
+    remote_map_free(c->map);
+    common_ring_segment_close(&c->req_seg);
+    common_ring_segment_close(&c->rep_seg);
+    memset(c, 0, sizeof(*c));
+}
+
+/* HELLO to fetcher i: checks role, version and its shard. */
+static int remote_hello(struct remote_link *L, struct proto_msg *rep, struct common_errmsg *e)
+{
+    struct proto_msg req = {.kind = PROTO_KIND_HELLO};
+    req.u.hello = (struct proto_hello){.major = PROTO_VERSION_MAJOR,
+                                       .minor = PROTO_VERSION_MINOR,
+                                       .role = PROTO_ROLE_EXECUTOR,
+                                       .pid = (uint32_t)getpid(),
+                                       .instance = L->r->instance};
+    snprintf(req.u.hello.name, sizeof(req.u.hello.name), "executor");
+    int rc = proto_client_call(L->client, &req, rep, REMOTE_CALL_MS, e);
+    if (rc < 0)
+        return rc;
+    if (rep->kind == PROTO_KIND_ERROR) {
+        rc = common_errmsg_set(e, COMMON_EPROTO, "fetcher %u refused HELLO: %s", L->index,
+                               rep->u.error.message);
+        proto_msg_clear(rep);
+        return rc;
+    }
+    if (rep->kind != PROTO_KIND_HELLO) {
+        rc = common_errmsg_set(e, COMMON_EPROTO, "fetcher %u answered HELLO with %s", L->index,
+                               proto_kind_name(rep->kind));
+        proto_msg_clear(rep);
+        return rc;
+    }
+    const struct proto_hello *h = &rep->u.hello;
+    if (!proto_version_is_compatible(h->major, h->minor) || h->role != PROTO_ROLE_FETCHER)
+        return common_errmsg_set(e, COMMON_EPROTO,
+                                 "%s speaks protocol %u.%u as role %d, expected a fetcher %u.x",
+                                 L->url, h->major, h->minor, (int)h->role, PROTO_VERSION_MAJOR);
+    return COMMON_OK;
+}
+
+/* Finds fetcher i's own shard in its HELLO and checks it against the model. */
+static int remote_hello_shard(struct remote_link *L, const struct proto_hello *h,
+                              struct proto_shard *out, struct common_errmsg *e)
+{
+    uint32_t n_expert = L->r->model->hp.n_expert;
+    for (uint32_t k = 0; k < h->n_shards && k < PROTO_MAX_SHARDS; k++) {
+        const struct proto_shard *s = &h->shards[k];
+        if (s->fetcher != L->index)
+            continue;
+        if (s->n_experts == 0 || s->first_expert >= n_expert ||
+            s->n_experts > n_expert - s->first_expert)
+            return common_errmsg_set(
+                e, COMMON_EPROTO, "fetcher %u announces experts [%u, %u+%u) of a model with %u",
+                L->index, s->first_expert, s->first_expert, s->n_experts, n_expert);
+        *out = *s;
+        return COMMON_OK;
+    }
+    return common_errmsg_set(e, COMMON_EPROTO, "fetcher %u's HELLO has no shard for index %u",
+                             L->index, L->index);
+}
+
+/* Receives and maps the pool of the instance that answered HELLO. */
+static int remote_get_pool(struct remote_link *L, uint64_t instance, struct remote_map **out,
+                           struct common_errmsg *e)
+{
+    int sock = -1, fd = -1, rc;
+    if ((rc = common_unix_connect(L->pool_path, &sock)) < 0)
+        return common_errmsg_set(e, rc, "cannot connect to %s: %s", L->pool_path,
+                                 common_strerror(rc));
+    uint64_t tag = 0;
+    rc = common_fd_recv(sock, &fd, &tag, REMOTE_FD_MS);
+    close(sock);
+    if (rc < 0)
+        return common_errmsg_set(e, rc, "no pool descriptor from %s: %s", L->pool_path,
+                                 common_strerror(rc));
+    if (tag != instance) {
+        close(fd);
+        return common_errmsg_set(
+            e, COMMON_EAGAIN, "pool of %s belongs to instance %llx, HELLO said %llx", L->pool_path,
+            (unsigned long long)tag, (unsigned long long)instance);
+    }
+    struct remote_map *m = calloc(1, sizeof(*m));
+    struct stat        st;
+    if (!m) {
+        close(fd);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    if ((rc = fetcher_pool_attach(fd, &m->view, e)) < 0)
+        goto out_free;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (uint64_t)st.st_size > SIZE_MAX) {
+        rc = common_errmsg_set(e, COMMON_EIO, "fstat of fetcher %u's pool failed", L->index);
+        goto out_free;
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        rc = common_errmsg_set(e, COMMON_EIO, "mmap of fetcher %u's pool failed: %s", L->index,
+                               strerror(errno));
+        goto out_free;
+    }
+    m->base = base;
+    m->bytes = (size_t)st.st_size;
+    close(fd);
+    *out = m;
+    return COMMON_OK;
+
+out_free:
+    close(fd);
+    remote_map_free(m);
+    return rc;
+}
+
+/* Creates a fresh, formatted ring segment `name` in the run directory (removing a stale one). */
+static int remote_ring_create(struct remote_link *L, const char *name, uint32_t slot_bytes,
+                              struct common_ring_segment *seg, struct common_ring *ring,
+                              struct common_errmsg *e)
+{
+    size_t bytes = common_ring_bytes(slot_bytes, PROTO_FETCH_RING_SLOTS);
+    char   path[PROTO_MAX_PATH];
+    snprintf(path, sizeof(path), "%s/%s", L->r->run_dir, name);
+    (void)unlink(path); /* a previous executor's, or our previous link's */
+    int rc = common_ring_segment_create(L->r->run_dir, name, bytes, seg);
+    if (rc < 0)
+        return common_errmsg_set(e, rc, "cannot create ring %s: %s", path, common_strerror(rc));
+    if ((rc = common_ring_init(seg->mem, seg->bytes, slot_bytes, PROTO_FETCH_RING_SLOTS)) < 0 ||
+        (rc = common_ring_attach(seg->mem, seg->bytes, slot_bytes, PROTO_FETCH_RING_SLOTS, ring)) <
+            0) {
+        common_ring_segment_close(seg);
+        return common_errmsg_set(e, rc, "cannot format ring %s", path);
+    }
+    return COMMON_OK;
+}
+
+/* One connection attempt: HELLO, pool, rings, ATTACH. */
+static int remote_try_connect(struct remote_link *L, struct remote_conn *c, struct common_errmsg *e)
+{
+    struct proto_msg rep;
+    int              rc;
+    memset(c, 0, sizeof(*c));
+    if ((rc = remote_hello(L, &rep, e)) < 0)
+        return rc;
+    c->pid = rep.u.hello.pid;
+    c->instance = rep.u.hello.instance;
+    rc = remote_hello_shard(L, &rep.u.hello, &c->shard, e);
+    proto_msg_clear(&rep);
+    if (rc < 0)
+        return rc;
+    if ((rc = remote_get_pool(L, c->instance, &c->map, e)) < 0)
+        goto out_fini;
+    if ((rc = remote_ring_create(L, L->req_name, sizeof(struct proto_fetch_req), &c->req_seg,
+                                 &c->req, e)) < 0 ||
+        (rc = remote_ring_create(L, L->rep_name, sizeof(struct proto_fetch_rep), &c->rep_seg,
+                                 &c->rep, e)) < 0)
+        goto out_fini;
+    struct proto_msg req = {.kind = PROTO_KIND_ATTACH};
+    req.u.attach = (struct proto_attach){.role = PROTO_ROLE_EXECUTOR,
+                                         .pid = (uint32_t)getpid(),
+                                         .instance = L->r->instance,
+                                         .n_segments = 2,
+                                         .params = {PROTO_FETCH_RING_SLOTS}};
+    snprintf(req.u.attach.segments[0], PROTO_MAX_NAME, "%s", L->req_name);
+    snprintf(req.u.attach.segments[1], PROTO_MAX_NAME, "%s", L->rep_name);
+    if ((rc = proto_client_call(L->client, &req, &rep, REMOTE_CALL_MS, e)) < 0)
+        goto out_fini;
+    if (rep.kind != PROTO_KIND_OK) {
+        rc = common_errmsg_set(e, COMMON_EPROTO, "fetcher %u refused ATTACH: %s", L->index,
+                               rep.kind == PROTO_KIND_ERROR ? rep.u.error.message
+                                                            : proto_kind_name(rep.kind));
+        proto_msg_clear(&rep);
+        goto out_fini;
+    }
+    proto_msg_clear(&rep);
+    return COMMON_OK;
+
+out_fini:
+    remote_conn_fini(c);
+    return rc;
+}
+
+/* Installs a connection: rings, map, ids; re-sends the ACQUIREs in flight. */
+static void remote_install(struct remote_link *L, struct remote_conn *c)
+{
+    pthread_mutex_lock(&L->push_mu);
+    pthread_mutex_lock(&L->mu);
+    remote_retire_map(L);
+    common_ring_segment_close(&L->req_seg);
+    common_ring_segment_close(&L->rep_seg);
+    L->map = c->map;
+    L->req_seg = c->req_seg;
+    L->rep_seg = c->rep_seg;
+    L->req = c->req;
+    L->rep = c->rep;
+    if (L->gen != 0 && L->instance != c->instance)
+        L->st.relinks++;
+    L->pid = c->pid;
+    L->instance = c->instance;
+    L->shard = c->shard;
+    L->gen++;
+    L->up = true;
+    L->st.up = true;
+    L->hello_misses = 0;
+    L->missing_logged = false;
+    L->last_seen_ns = common_now_ns();
+    memset(c, 0, sizeof(*c));
+    atomic_store_explicit(&L->broken, false, memory_order_release);
+    for (struct remote_wait *w = L->waits; w; w = w->next) {
+        if (w->done)
+            continue;
+        struct proto_fetch_req rec = {.op = PROTO_FETCH_ACQUIRE,
+                                      .tag = w->tag,
+                                      .layer = w->layer,
+                                      .expert = w->expert,
+                                      .part = w->part};
+        (void)common_ring_push(&L->req, &rec, sizeof(rec)); /* a fresh ring has room */
+    }
+    pthread_cond_broadcast(&L->cond);
+    pthread_mutex_unlock(&L->mu);
+    pthread_mutex_unlock(&L->push_mu);
+}
+
+/* Marks the link down: rings closed (their files removed), the pool retired. */
+static void remote_break(struct remote_link *L, const char *why)
+{
+    atomic_store_explicit(&L->broken, true, memory_order_release);
+    pthread_mutex_lock(&L->push_mu);
+    pthread_mutex_lock(&L->mu);
+    if (L->up)
+        COMMON_LOG_WARN("executor.remote", "fetcher=%u lost (%s) pid=%u; relinking", L->index, why,
+                        L->pid);
+    L->up = false;
+    L->st.up = false;
+    L->down_since_ns = common_now_ns();
+    remote_retire_map(L);
+    common_ring_segment_close(&L->req_seg);
+    common_ring_segment_close(&L->rep_seg);
+    memset(&L->req, 0, sizeof(L->req));
+    memset(&L->rep, 0, sizeof(L->rep));
+    pthread_cond_broadcast(&L->cond);
+    pthread_mutex_unlock(&L->mu);
+    pthread_mutex_unlock(&L->push_mu);
+}
+
+/* ---- reader thread ------------------------------------------------------------------------- */
+
+/* Hands a reply to its waiter, or releases a loan nobody waits for any more. */
+static void remote_dispatch(struct remote_link *L, const struct proto_fetch_rep *rec)
+{
+    bool orphan = false;
+    pthread_mutex_lock(&L->mu);
+    struct remote_wait *w = L->waits;
+    while (w && (w->tag != rec->tag || w->done))
+        w = w->next;
+    if (w) {
+        w->done = true;
+        w->status = rec->status > 0 ? COMMON_EPROTO : rec->status;
+        w->loan = rec->loan;
+        w->offset = rec->offset;
+        w->size = rec->size;
+        w->gen = L->gen;
+        w->map = NULL;
+        if (rec->status == 0 && L->map) {
+            w->map = L->map;
+            L->map->n_loans++;
+        }
+        pthread_cond_broadcast(&L->cond);
+    } else {
+        L->st.bad_replies++;
+        orphan = rec->status == 0;
+    }
+    pthread_mutex_unlock(&L->mu);
+    if (orphan) { /* its waiter gave up: the fetcher still pins the slot */
+        struct proto_fetch_req rel = {.op = PROTO_FETCH_RELEASE, .loan = rec->loan};
+        pthread_mutex_lock(&L->push_mu);
+        (void)remote_push(L, &rel, true);
+        pthread_mutex_unlock(&L->push_mu);
+    }
+}
+
+/* Checks a silent fetcher: dead pid, or a HELLO from another instance. True when it is gone. */
+static bool remote_is_gone(struct remote_link *L, const char **why)
+{
+    if (remote_pid_is_dead(L->pid)) {
+        *why = "process gone";
+        return true;
+    }
+    uint64_t now = common_now_ns();
+    if (now - L->last_seen_ns < REMOTE_HELLO_NS)
+        return false;
+    struct proto_msg rep;
+    int              rc = remote_hello(L, &rep, NULL);
+    L->last_seen_ns = now;
+    if (rc < 0) {
+        /* No pid to watch: three silent probes in a row mean gone. */
+        if (++L->hello_misses >= 3 && L->pid == 0) {
+            *why = "no HELLO reply";
+            return true;
+        }
+        return false;
+    }
+    L->hello_misses = 0;
+    bool other = rep.u.hello.instance != L->instance;
+    proto_msg_clear(&rep);
+    if (other)
+        *why = "restarted (new instance)";
+    return other;
+}
+
+/* Reconnects until a fetcher answers, or the service stops. */
+static void remote_relink(struct remote_link *L)
+{
+    struct executor_remote *r = L->r;
+    while (!atomic_load_explicit(&r->stop, memory_order_acquire)) {
+        struct remote_conn   c;
+        struct common_errmsg e = {{0}};
+        int                  rc = remote_try_connect(L, &c, &e);
+        if (rc == COMMON_OK && (c.shard.first_expert != L->shard.first_expert ||
+                                c.shard.n_experts != L->shard.n_experts)) {
+            rc = common_errmsg_set(
+                &e, COMMON_EPROTO, "restarted with experts [%u,+%u), was [%u,+%u)",
+                c.shard.first_expert, c.shard.n_experts, L->shard.first_expert, L->shard.n_experts);
+            remote_conn_fini(&c);
+        }
+        if (rc == COMMON_OK) {
+            remote_install(L, &c);
+            COMMON_LOG_INFO("executor.remote", "fetcher=%u linked pid=%u instance=%llx", L->index,
+                            L->pid, (unsigned long long)L->instance);
+            return;
+        }
+        pthread_mutex_lock(&L->mu);
+        bool late = common_now_ns() - L->down_since_ns > (uint64_t)r->connect_timeout_ms * 1000000u;
+        bool log = late && !L->missing_logged;
+        if (log)
+            L->missing_logged = true;
+        pthread_mutex_unlock(&L->mu);
+        if (log)
+            COMMON_LOG_ERR("executor.remote", "fetcher=%u missing for %u s (%s); still trying",
+                           L->index, r->connect_timeout_ms / 1000,
+                           e.text[0] ? e.text : common_strerror(rc));
+        remote_sleep_ms(REMOTE_RETRY_MS);
+    }
+}
+
+static void *remote_reader(void *arg)
+{
+    struct remote_link     *L = arg;
+    struct executor_remote *r = L->r;
+    while (!atomic_load_explicit(&r->stop, memory_order_acquire)) {
+        if (!L->up) {
+            remote_relink(L);
+            continue;
+        }
+        struct proto_fetch_rep rec;
+        int rc = common_ring_pop_wait(&L->rep, &rec, sizeof(rec), REMOTE_WAIT_MS);
+        if (rc == (int)sizeof(rec)) {
+            L->last_seen_ns = common_now_ns();
+            remote_dispatch(L, &rec);
+            continue;
+        }
+        if (rc >= 0) { /* a record of another size */
+            pthread_mutex_lock(&L->mu);
+            L->st.bad_replies++;
+            pthread_mutex_unlock(&L->mu);
+            continue;
+        }
+        const char *why = NULL;
+        if (atomic_exchange_explicit(&L->want_break, false, memory_order_acq_rel)) {
+            remote_break(L, "request ring corrupt");
+        } else if (rc == COMMON_ETIMEDOUT) {
+            if (remote_is_gone(L, &why))
+                remote_break(L, why);
+        } else {
+            remote_break(L, common_strerror(rc));
+        }
+    }
+    return NULL;
+}
+
+/* ---- the expert source --------------------------------------------------------------------- */
+
+static struct remote_link *remote_owner(struct executor_remote *r, uint32_t layer, uint32_t expert)
+{
+    if (layer >= r->model->hp.n_layer || expert >= r->model->hp.n_expert)
+        return NULL;
+    return &r->links[r->owner[expert]];
+}
+
+/* Takes a free loan id for (link, gen, floan, map); returns 0 or COMMON_ENOMEM. */
+static int remote_loan_take(struct executor_remote *r, const struct remote_loan *l, uint32_t *id)
+{
+    pthread_mutex_lock(&r->loan_mu);
+    uint32_t i = r->next_free, n = r->n_cap;
+    uint32_t k = 0;
+    for (; k < n; k++)
+        if (!r->loans[(i + k) % n].used)
+            break;
+    if (k == n) {
+        uint32_t            cap = n * 2;
+        struct remote_loan *nl =
+            cap <= REMOTE_LOAN_IDX_MASK + 1u ? realloc(r->loans, (size_t)cap * sizeof(*nl)) : NULL;
+        if (!nl) {
+            pthread_mutex_unlock(&r->loan_mu);
+            return COMMON_ENOMEM;
+        }
+        memset(nl + n, 0, (size_t)(cap - n) * sizeof(*nl));
+        r->loans = nl;
+        r->n_cap = cap;
+        i = n;
+        k = 0;
+        n = cap;
+    }
+    uint32_t            idx = (i + k) % n;
+    struct remote_loan *s = &r->loans[idx];
+    uint16_t            seq = (uint16_t)((s->seq + 1u) & REMOTE_LOAN_SEQ_MASK);
+    *s = *l;
+    s->used = true;
+    s->seq = seq;
+    r->next_free = (idx + 1) % r->n_cap;
+    *id = idx | ((uint32_t)seq << REMOTE_LOAN_IDX_BITS);
+    pthread_mutex_unlock(&r->loan_mu);
+    return COMMON_OK;
+}
+
+/* Ends a fetcher loan of generation `gen` on map `m`: RELEASE when the link is the same. */
+static void remote_end_loan(struct remote_link *L, uint32_t gen, uint32_t floan,
+                            struct remote_map *m)
+{
+    pthread_mutex_lock(&L->push_mu);
+    pthread_mutex_lock(&L->mu);
+    bool same = L->up && L->gen == gen;
+    if (m)
+        remote_map_unref(L, m);
+    pthread_mutex_unlock(&L->mu);
+    if (same) { /* a loan of a dead fetcher's pool is just dropped */
+        struct proto_fetch_req rel = {.op = PROTO_FETCH_RELEASE, .loan = floan};
+        (void)remote_push(L, &rel, true);
+    }
+    pthread_mutex_unlock(&L->push_mu);
+}
+
+static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
+                          const void **data, uint32_t *loan)
+{
+    struct executor_remote *r = arg;
+    struct remote_link     *L = remote_owner(r, layer, expert);
+    struct common_span      span;
+    if (!L || common_model_expert_span(r->model, layer, expert, part, &span) < 0)
+        return COMMON_EINVAL;
+    struct remote_wait w = {.layer = layer, .expert = expert, .part = (uint32_t)part};
+    uint64_t           t0 = common_now_ns();
+
+    pthread_mutex_lock(&L->push_mu);
+    pthread_mutex_lock(&L->mu);
+    if (++L->next_tag == 0)
+        L->next_tag = 1;
+    w.tag = L->next_tag;
+    w.next = L->waits;
+    L->waits = &w;
+    bool up = L->up;
+    pthread_mutex_unlock(&L->mu);
+    if (up) { /* when down (or the push gives up), the relink sends it */
+        struct proto_fetch_req rec = {.op = PROTO_FETCH_ACQUIRE,
+                                      .tag = w.tag,
+                                      .layer = layer,
+                                      .expert = expert,
+                                      .part = part};
+        (void)remote_push(L, &rec, true);
+    }
+    pthread_mutex_unlock(&L->push_mu);
+
+    pthread_mutex_lock(&L->mu);
+    int rc = COMMON_OK;
+    while (!w.done) {
+        uint64_t now = common_now_ns();
+        if (atomic_load_explicit(&r->stop, memory_order_acquire)) {
+            rc = COMMON_ECLOSED;
+            break;
+        }
+        if (L->up && now - t0 > (uint64_t)r->acquire_timeout_ms * 1000000u) {
+            rc = COMMON_ETIMEDOUT;
+            break;
+        }
+        if (!L->up && now - (L->down_since_ns > t0 ? L->down_since_ns : t0) >
+                          (uint64_t)r->connect_timeout_ms * 1000000u) {
+            rc = COMMON_ECLOSED;
+            break;
+        }
+        remote_cond_wait_ms(&L->cond, &L->mu, REMOTE_WAIT_MS);
+    }
+    for (struct remote_wait **pp = &L->waits; *pp; pp = &(*pp)->next)
+        if (*pp == &w) {
+            *pp = w.next;
+            break;
+        }
+    L->st.wait_ns += common_now_ns() - t0;
+    if (rc == COMMON_OK && w.status < 0)
+        rc = w.status;
+    if (rc == COMMON_OK && !w.map)
+        rc = COMMON_ECLOSED; /* the reply came on a link without a pool: cannot happen */
+    if (rc == COMMON_OK &&
+        (w.size != span.size || w.offset > w.map->bytes || w.size > w.map->bytes - w.offset)) {
+        L->st.bad_replies++;
+        COMMON_LOG_ERR("executor.remote",
+                       "fetcher=%u bad reply layer=%u expert=%u part=%d offset=%llu size=%llu "
+                       "(expected %llu bytes in a pool of %zu)",
+                       L->index, layer, expert, (int)part, (unsigned long long)w.offset,
+                       (unsigned long long)w.size, (unsigned long long)span.size, w.map->bytes);
+        rc = COMMON_EPROTO;
+    }
+    if (rc < 0)
+        L->st.errors++;
+    else
+        L->st.acquires++;
+    pthread_mutex_unlock(&L->mu);
+
+    if (rc == COMMON_EPROTO && w.map) { /* a loan we cannot use */
+        remote_end_loan(L, w.gen, w.loan, w.map);
+        return rc;
+    }
+    if (rc < 0)
+        return rc;
+    struct remote_loan l = {.link = L->index, .gen = w.gen, .floan = w.loan, .map = w.map};
+    if ((rc = remote_loan_take(r, &l, loan)) < 0) {
+        remote_end_loan(L, w.gen, w.loan, w.map);
+        return rc;
+    }
+    *data = w.map->base + w.offset;
+    return COMMON_OK;
+}
+
+static void remote_release(void *arg, uint32_t loan)
+{
+    struct executor_remote *r = arg;
+    uint32_t                idx = loan & REMOTE_LOAN_IDX_MASK;
+    uint16_t                seq = (uint16_t)(loan >> REMOTE_LOAN_IDX_BITS);
+    pthread_mutex_lock(&r->loan_mu);
+    if (idx >= r->n_cap || !r->loans[idx].used || r->loans[idx].seq != seq) {
+        pthread_mutex_unlock(&r->loan_mu);
+        COMMON_LOG_WARN("executor.remote", "release of unknown loan %u ignored", loan);
+        return;
+    }
+    struct remote_loan l = r->loans[idx];
+    r->loans[idx].used = false;
+    pthread_mutex_unlock(&r->loan_mu);
+    remote_end_loan(&r->links[l.link], l.gen, l.floan, l.map);
+}
+
+static int remote_request(void *arg, uint32_t layer, uint32_t expert,
+                          enum executor_expert_hint hint)
+{
+    struct executor_remote *r = arg;
+    struct remote_link     *L = remote_owner(r, layer, expert);
+    if (!L)
+        return COMMON_EINVAL;
+    struct proto_fetch_req rec = {.op = PROTO_FETCH_HINT,
+                                  .layer = layer,
+                                  .expert = expert,
+                                  .prio = hint == EXECUTOR_HINT_PREFETCH ? FETCHER_PRIO_PREFETCH
+                                                                         : FETCHER_PRIO_POSTFETCH};
+    pthread_mutex_lock(&L->push_mu);
+    int rc = L->up ? remote_push(L, &rec, false) : COMMON_EAGAIN; /* hints are never waited for */
+    pthread_mutex_unlock(&L->push_mu);
+    if (rc == COMMON_OK) {
+        pthread_mutex_lock(&L->mu);
+        L->st.hints++;
+        pthread_mutex_unlock(&L->mu);
+    }
+    return rc;
+}
+
+static bool remote_is_ready(void *arg, uint32_t layer, uint32_t expert)
+{
+    struct executor_remote *r = arg;
+    struct remote_link     *L = remote_owner(r, layer, expert);
+    if (!L)
+        return false;
+    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct fetcher_pool_loan pl;
+    pthread_mutex_lock(&L->mu);
+    bool ready = L->up && L->map &&
+                 fetcher_pool_read_begin(L->map->view, &key, FETCHER_POOL_WHOLE, &pl) == 0;
+    pthread_mutex_unlock(&L->mu);
+    return ready;
+}
+
+static void remote_token_begin(void *arg)
+{
+    struct executor_remote *r = arg;
+    struct proto_fetch_req  rec = {.op = PROTO_FETCH_TOKEN};
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        struct remote_link *L = &r->links[i];
+        pthread_mutex_lock(&L->push_mu);
+        if (L->up)
+            (void)remote_push(L, &rec, false);
+        pthread_mutex_unlock(&L->push_mu);
+    }
+}
+
+void executor_remote_source(struct executor_remote *r, struct executor_expert_source *out)
+{
+    *out = (struct executor_expert_source){.acquire = remote_acquire,
+                                           .release = remote_release,
+                                           .request = remote_request,
+                                           .is_ready = remote_is_ready,
+                                           .token_begin = remote_token_begin,
+                                           .arg = r};
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+/* First connection of every fetcher, within the deadline. */
+static int remote_connect_all(struct executor_remote *r, struct common_errmsg *e)
+{
+    uint64_t deadline = common_now_ns() + (uint64_t)r->connect_timeout_ms * 1000000u;
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        struct remote_link  *L = &r->links[i];
+        struct common_errmsg le = {{0}};
+        int                  rc;
+        for (;;) {
+            struct remote_conn c;
+            memset(&le, 0, sizeof(le));
+            rc = remote_try_connect(L, &c, &le);
+            if (rc == COMMON_OK) {
+                remote_install(L, &c);
+                break;
+            }
+            /* A refusal that a retry cannot fix ends the wait now. */
+            if (rc == COMMON_EPROTO || rc == COMMON_EINVAL || rc == COMMON_ENOMEM)
+                return common_errmsg_set(e, rc, "fetcher %u: %s", i, le.text);
+            if (common_now_ns() > deadline)
+                return common_errmsg_set(e, COMMON_ETIMEDOUT,
+                                         "fetcher %u (%s) did not answer within %u s: %s", i,
+                                         L->url, r->connect_timeout_ms / 1000,
+                                         le.text[0] ? le.text : common_strerror(rc));
+            remote_sleep_ms(REMOTE_RETRY_MS);
+        }
+        COMMON_LOG_INFO("executor.remote", "fetcher=%u linked pid=%u instance=%llx experts=[%u,%u)",
+                        i, L->pid, (unsigned long long)L->instance, L->shard.first_expert,
+                        L->shard.first_expert + L->shard.n_experts);
+    }
+    /* Every expert must have exactly one owner. */
+    uint32_t n_expert = r->model->hp.n_expert;
+    for (uint32_t x = 0; x < n_expert; x++)
+        r->owner[x] = UINT32_MAX;
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        const struct proto_shard *s = &r->links[i].shard;
+        for (uint32_t x = s->first_expert; x < s->first_expert + s->n_experts; x++) {
+            if (r->owner[x] != UINT32_MAX)
+                return common_errmsg_set(e, COMMON_EPROTO,
+                                         "expert %u is claimed by fetchers %u and %u", x,
+                                         r->owner[x], i);
+            r->owner[x] = i;
+        }
+    }
+    for (uint32_t x = 0; x < n_expert; x++)
+        if (r->owner[x] == UINT32_MAX)
+            return common_errmsg_set(e, COMMON_EPROTO,
+                                     "expert %u has no fetcher (%u fetchers linked: is --fetchers "
+                                     "the same for every daemon?)",
+                                     x, r->n_links);
+    return COMMON_OK;
+}
+
+int executor_remote_create(const struct executor_remote_opts *o, struct executor_remote **out,
+                           struct common_errmsg *e)
+{
+    if (!o || !o->run_dir || !o->model || !common_model_is_moe(o->model))
+        return common_errmsg_set(e, COMMON_EINVAL, "remote experts need a run dir and a MoE model");
+    uint32_t n = o->n_fetchers ? o->n_fetchers : 1;
+    if (n > PROTO_MAX_SHARDS || n > o->model->hp.n_expert)
+        return common_errmsg_set(e, COMMON_EINVAL, "%u fetchers: at most %u for this model", n,
+                                 o->model->hp.n_expert < PROTO_MAX_SHARDS ? o->model->hp.n_expert
+                                                                          : PROTO_MAX_SHARDS);
+    struct executor_remote *r = calloc(1, sizeof(*r));
+    if (!r)
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    int rc = COMMON_ENOMEM;
+    r->model = o->model;
+    r->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 30000;
+    r->acquire_timeout_ms = o->acquire_timeout_ms ? o->acquire_timeout_ms : 120000;
+    r->instance = o->instance;
+    r->n_cap = 1024;
+    pthread_mutex_init(&r->loan_mu, NULL);
+    r->run_dir = strdup(o->run_dir);
+    r->links = calloc(n, sizeof(*r->links));
+    r->owner = calloc(o->model->hp.n_expert, sizeof(*r->owner));
+    r->loans = calloc(r->n_cap, sizeof(*r->loans));
+    if (!r->run_dir || !r->links || !r->owner || !r->loans) {
+        common_errmsg_set(e, rc, "out of memory");
+        goto out_destroy;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct remote_link *L = &r->links[i];
+        L->r = r;
+        L->index = i;
+        pthread_mutex_init(&L->push_mu, NULL);
+        pthread_mutex_init(&L->mu, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&L->cond, &ca);
+        pthread_condattr_destroy(&ca);
+        r->n_links = i + 1;
+        if ((size_t)snprintf(L->url, sizeof(L->url), "ipc://%s/fetcher-%u.ctl", r->run_dir, i) >=
+                sizeof(L->url) ||
+            (size_t)snprintf(L->pool_path, sizeof(L->pool_path), "%s/fetcher-%u.pool", r->run_dir,
+                             i) >= sizeof(L->pool_path)) {
+            rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
+            goto out_destroy;
+        }
+        snprintf(L->req_name, sizeof(L->req_name), "exec-fetch-%u.req", i);
+        snprintf(L->rep_name, sizeof(L->rep_name), "exec-fetch-%u.rep", i);
+        if ((rc = proto_client_open(L->url, &L->client, e)) < 0)
+            goto out_destroy;
+    }
+    if ((rc = remote_connect_all(r, e)) < 0)
+        goto out_destroy;
+    for (uint32_t i = 0; i < n; i++) {
+        struct remote_link *L = &r->links[i];
+        if (pthread_create(&L->thread, NULL, remote_reader, L) != 0) {
+            rc = common_errmsg_set(e, COMMON_EAGAIN, "cannot start a reader thread");
+            goto out_destroy;
+        }
+        L->thread_started = true;
+    }
+    *out = r;
+    return COMMON_OK;
+
+out_destroy:
+    executor_remote_destroy(r);
+    return rc;
+}
+
+void executor_remote_destroy(struct executor_remote *r)
+{
+    if (!r)
+        return;
+    atomic_store_explicit(&r->stop, true, memory_order_release);
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        struct remote_link *L = &r->links[i];
+        atomic_store_explicit(&L->broken, true, memory_order_release);
+        if (L->thread_started)
+            pthread_join(L->thread, NULL);
+    }
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        struct remote_link *L = &r->links[i];
+        proto_client_close(L->client);
+        common_ring_segment_close(&L->req_seg);
+        common_ring_segment_close(&L->rep_seg);
+        remote_map_free(L->map);
+        while (L->retired) {
+            struct remote_map *m = L->retired;
+            L->retired = m->next;
+            remote_map_free(m);
+        }
+        pthread_cond_destroy(&L->cond);
+        pthread_mutex_destroy(&L->mu);
+        pthread_mutex_destroy(&L->push_mu);
+    }
+    pthread_mutex_destroy(&r->loan_mu);
+    free(r->loans);
+    free(r->owner);
+    free(r->links);
+    free(r->run_dir);
+    free(r);
+}
+
+uint32_t executor_remote_shards(struct executor_remote *r, struct proto_shard *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->n_links && n < cap; i++) {
+        pthread_mutex_lock(&r->links[i].mu);
+        out[n++] = r->links[i].shard;
+        pthread_mutex_unlock(&r->links[i].mu);
+    }
+    return n;
+}
+
+uint32_t executor_remote_n_down(struct executor_remote *r)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        pthread_mutex_lock(&r->links[i].mu);
+        n += !r->links[i].up;
+        pthread_mutex_unlock(&r->links[i].mu);
+    }
+    return n;
+}
+
+int executor_remote_stats(struct executor_remote *r, uint32_t i, struct executor_remote_stats *out)
+{
+    if (i >= r->n_links)
+        return COMMON_EINVAL;
+    pthread_mutex_lock(&r->links[i].mu);
+    *out = r->links[i].st;
+    pthread_mutex_unlock(&r->links[i].mu);
+    return COMMON_OK;
+}

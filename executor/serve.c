@@ -1,0 +1,650 @@
+/* executor/serve.c - the executor's control socket and the step service for the router. */
+#include "daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "records.h"
+#include "wire.h"
+
+#define SERVE_WAIT_MS 100 /* step-ring wait between checks of the router and of a new link */
+
+/* The router's link: two rings and two slabs it created in the run directory. */
+struct serve_link {
+    struct common_ring_segment seg[4]; /* mapped: req, rep, tokens, logits (router's files) */
+    struct common_ring         req;    /* consumer side: proto_step_req */
+    struct common_ring         rep;    /* producer side: proto_step_rep */
+    const int32_t             *tokens; /* mapped: (n_seq, n_ctx), router writes */
+    float                     *logits; /* mapped: (n_seq, n_vocab), executor writes */
+    uint32_t                   n_seq, n_ctx;
+    uint32_t                   pid;
+    uint64_t                   instance;
+};
+
+struct executor_serve {
+    char                         name[PROTO_MAX_NAME];
+    char                        *run_dir;    /* owned */
+    char                        *model_path; /* owned: realpath of the model, or NULL */
+    char                        *pid_path;   /* owned: NULL when no pid file was written */
+    const struct executor_model *model;      /* borrowed */
+    struct executor_remote      *remote;     /* borrowed, NULL for a dense model */
+    uint32_t                     n_seq, n_ctx, n_vocab;
+    struct executor_ctx        **ctx;     /* owned: n_seq contexts */
+    float                       *logits;  /* owned: n_vocab scratch */
+    int32_t                     *tokens;  /* owned: n_ctx scratch (a copy of the router's ids) */
+    struct proto_server         *server;  /* owned */
+    pthread_t                    thread;  /* the step thread */
+    bool                         started; /* thread running */
+    uint64_t                     instance;
+    uint64_t                     start_ns;
+
+    pthread_mutex_t    mu;       /* everything below */
+    pthread_cond_t     cond;     /* a new link, or stop */
+    struct serve_link *pending;  /* owned: attached, not yet taken by the step thread */
+    bool               has_link; /* the step thread serves a link */
+    bool               stop, draining, shutdown;
+    uint64_t           steps, tokens_done, step_ns, errors, bad_records, attaches, dropped;
+    double             last_ms;
+};
+
+/* ---- the router link ----------------------------------------------------------------------- */
+
+static void serve_link_free(struct serve_link *l)
+{
+    if (!l)
+        return;
+    for (int i = 0; i < 4; i++)
+        common_ring_segment_close(&l->seg[i]);
+    free(l);
+}
+
+/* Formats the reason of a refusal into why[why_len] and returns rc. */
+static int serve_refuse(char *why, size_t why_len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int serve_refuse(char *why, size_t why_len, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Maps the segments named in an ATTACH and checks them; fills the error text on refusal. */
+static int serve_link_open(struct executor_serve *s, const struct proto_attach *a,
+                           struct serve_link **out, char *why, size_t why_len)
+{
+    if (a->role != PROTO_ROLE_ROUTER)
+        return serve_refuse(why, why_len, COMMON_EINVAL,
+                            "ATTACH from role %d: only a router attaches here", (int)a->role);
+    if (a->n_segments != 4)
+        return serve_refuse(why, why_len, COMMON_EINVAL, "ATTACH with %u segments, expected 4",
+                            a->n_segments);
+    uint32_t slots = a->params[0], n_seq = a->params[1], n_ctx = a->params[2],
+             n_vocab = a->params[3];
+    if (n_vocab != s->n_vocab)
+        return serve_refuse(why, why_len, COMMON_EINVAL, "n_vocab %u does not match the model's %u",
+                            n_vocab, s->n_vocab);
+    if (n_seq == 0 || n_seq > s->n_seq)
+        return serve_refuse(why, why_len, COMMON_EINVAL,
+                            "n_seq %u is not in 1..%u (executor --parallel)", n_seq, s->n_seq);
+    if (n_ctx == 0 || n_ctx > s->n_ctx)
+        return serve_refuse(why, why_len, COMMON_EINVAL,
+                            "n_ctx %u is not in 1..%u (executor --ctx-size)", n_ctx, s->n_ctx);
+    if (slots == 0 || slots > COMMON_RING_MAX_SLOTS || (slots & (slots - 1)) != 0)
+        return serve_refuse(why, why_len, COMMON_EINVAL, "ring slots %u is not a power of two",
+                            slots);
+    struct serve_link *l = calloc(1, sizeof(*l));
+    if (!l)
+        return serve_refuse(why, why_len, COMMON_ENOMEM, "out of memory");
+    int rc = COMMON_OK;
+    for (int i = 0; i < 4; i++) {
+        if ((rc = common_ring_segment_open(s->run_dir, a->segments[i], &l->seg[i])) < 0) {
+            snprintf(why, why_len, "cannot map segment '%s': %s", a->segments[i],
+                     common_strerror(rc));
+            goto out_free;
+        }
+    }
+    if ((rc = common_ring_attach(l->seg[0].mem, l->seg[0].bytes, sizeof(struct proto_step_req),
+                                 slots, &l->req)) < 0 ||
+        (rc = common_ring_attach(l->seg[1].mem, l->seg[1].bytes, sizeof(struct proto_step_rep),
+                                 slots, &l->rep)) < 0) {
+        snprintf(why, why_len, "step rings do not hold %u slots of step records", slots);
+        goto out_free;
+    }
+    uint64_t tok_bytes = (uint64_t)n_seq * n_ctx * sizeof(int32_t);
+    uint64_t log_bytes = (uint64_t)n_seq * n_vocab * sizeof(float);
+    if (l->seg[2].bytes < tok_bytes || l->seg[3].bytes < log_bytes) {
+        rc = COMMON_EINVAL;
+        snprintf(why, why_len, "slabs of %zu and %zu bytes, need %llu and %llu", l->seg[2].bytes,
+                 l->seg[3].bytes, (unsigned long long)tok_bytes, (unsigned long long)log_bytes);
+        goto out_free;
+    }
+    l->tokens = l->seg[2].mem;
+    l->logits = l->seg[3].mem;
+    l->n_seq = n_seq;
+    l->n_ctx = n_ctx;
+    l->pid = a->pid;
+    l->instance = a->instance;
+    *out = l;
+    return COMMON_OK;
+
+out_free:
+    serve_link_free(l);
+    return rc;
+}
+
+/* ---- the step thread ----------------------------------------------------------------------- */
+
+static bool serve_pid_is_dead(uint32_t pid)
+{
+    return pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static void serve_reset_all(struct executor_serve *s)
+{
+    for (uint32_t i = 0; i < s->n_seq; i++)
+        executor_ctx_reset(s->ctx[i]);
+}
+
+/* Runs one EVAL; returns the status of the reply. */
+static int serve_eval(struct executor_serve *s, struct serve_link *l,
+                      const struct proto_step_req *q)
+{
+    if (q->n == 0)
+        return COMMON_EINVAL;
+    if ((uint64_t)q->pos + q->n > l->n_ctx)
+        return COMMON_ERANGE;
+    struct executor_ctx *c = s->ctx[q->seq];
+    if (q->pos != 0 && q->pos != executor_ctx_n_past(c))
+        return COMMON_EINVAL;
+    /* A private copy: the router's slab may change under us. */
+    memcpy(s->tokens, l->tokens + (size_t)q->seq * l->n_ctx + q->pos, q->n * sizeof(int32_t));
+    for (uint32_t i = 0; i < q->n; i++)
+        if (s->tokens[i] < 0 || (uint32_t)s->tokens[i] >= s->n_vocab)
+            return COMMON_EINVAL;
+    if (q->pos == 0)
+        executor_ctx_reset(c);
+    struct common_errmsg e = {{0}};
+    int                  rc = executor_ctx_decode(c, s->tokens, q->n, s->logits, NULL, &e);
+    if (rc < 0) {
+        COMMON_LOG_WARN("executor.serve", "eval failed seq=%u pos=%u n=%u: %s", q->seq, q->pos,
+                        q->n, e.text[0] ? e.text : common_strerror(rc));
+        executor_ctx_reset(c); /* the cache may be half-written */
+        return rc;
+    }
+    memcpy(l->logits + (size_t)q->seq * s->n_vocab, s->logits, s->n_vocab * sizeof(float));
+    return COMMON_OK;
+}
+
+/* Serves one request record and pushes its reply. Returns false when the link must be dropped. */
+static bool serve_step(struct executor_serve *s, struct serve_link *l,
+                       const struct proto_step_req *q)
+{
+    uint64_t              t0 = common_now_ns();
+    struct proto_step_rep rep = {.tag = q->tag, .seq = q->seq};
+    bool                  seq_ok = q->seq < l->n_seq;
+    bool                  bad = false;
+    if (q->op == PROTO_STEP_EVAL && seq_ok) {
+        rep.status = serve_eval(s, l, q);
+        bad = rep.status == COMMON_EINVAL || rep.status == COMMON_ERANGE;
+    } else if (q->op == PROTO_STEP_FREE && seq_ok) {
+        executor_ctx_reset(s->ctx[q->seq]);
+        rep.status = COMMON_OK;
+    } else {
+        rep.status = COMMON_EINVAL;
+        bad = true;
+    }
+    if (seq_ok)
+        rep.n_past = executor_ctx_n_past(s->ctx[q->seq]);
+    uint64_t dt = common_now_ns() - t0;
+    rep.ms = (double)dt / 1e6;
+    pthread_mutex_lock(&s->mu);
+    if (bad)
+        s->bad_records++;
+    else if (rep.status < 0)
+        s->errors++;
+    if (q->op == PROTO_STEP_EVAL && rep.status == 0) {
+        s->steps++;
+        s->tokens_done += q->n;
+        s->step_ns += dt;
+        s->last_ms = rep.ms;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (;;) {
+        int rc = common_ring_push_wait(&l->rep, &rep, sizeof(rep), SERVE_WAIT_MS);
+        if (rc == COMMON_OK)
+            return true;
+        if (rc != COMMON_ETIMEDOUT || serve_pid_is_dead(l->pid))
+            return false;
+        pthread_mutex_lock(&s->mu);
+        bool stop = s->stop || s->pending;
+        pthread_mutex_unlock(&s->mu);
+        if (stop)
+            return true; /* the router moved on (or we stop): the reply is moot */
+    }
+}
+
+static void *serve_thread(void *arg)
+{
+    struct executor_serve *s = arg;
+    struct serve_link     *l = NULL;
+    for (;;) {
+        struct serve_link *old = NULL;
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->pending && !l) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += SERVE_WAIT_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            (void)pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+        }
+        if (s->stop) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        if (s->pending) { /* a new ATTACH replaces the link: every sequence starts over */
+            old = l;
+            l = s->pending;
+            s->pending = NULL;
+            s->has_link = true;
+            serve_reset_all(s);
+            COMMON_LOG_INFO("executor.serve", "router attached pid=%u n_seq=%u n_ctx=%u", l->pid,
+                            l->n_seq, l->n_ctx);
+        }
+        pthread_mutex_unlock(&s->mu);
+        serve_link_free(old);
+
+        struct proto_step_req q;
+        int                   rc = common_ring_pop_wait(&l->req, &q, sizeof(q), SERVE_WAIT_MS);
+        const char           *drop = NULL;
+        if (rc == (int)sizeof(q)) {
+            if (!serve_step(s, l, &q))
+                drop = "reply ring unusable or router gone";
+        } else if (rc >= 0 || rc == COMMON_EINVAL) {
+            pthread_mutex_lock(&s->mu);
+            s->bad_records++;
+            pthread_mutex_unlock(&s->mu);
+            if (rc == COMMON_EINVAL) /* longer than a record: it stays in the ring */
+                drop = "oversized record";
+        } else if (rc == COMMON_ETIMEDOUT) {
+            if (serve_pid_is_dead(l->pid))
+                drop = "router gone";
+        } else {
+            drop = common_strerror(rc);
+        }
+        if (drop) {
+            COMMON_LOG_WARN("executor.serve", "router link dropped (%s)", drop);
+            serve_link_free(l);
+            l = NULL;
+            serve_reset_all(s);
+            pthread_mutex_lock(&s->mu);
+            s->has_link = false;
+            s->dropped++;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    serve_link_free(l);
+    return NULL;
+}
+
+/* ---- control messages ---------------------------------------------------------------------- */
+
+static void serve_stat(struct proto_stats_reply *r, const char *name, double v)
+{
+    if (r->n_stats >= PROTO_MAX_STATS)
+        return;
+    struct proto_stat *st = &r->stats[r->n_stats++];
+    snprintf(st->name, sizeof(st->name), "%s", name);
+    st->value = v;
+}
+
+static void serve_stats(struct executor_serve *s, struct proto_stats_reply *r)
+{
+    pthread_mutex_lock(&s->mu);
+    serve_stat(r, "steps", (double)s->steps);
+    serve_stat(r, "tokens", (double)s->tokens_done);
+    serve_stat(r, "step_ms_total", (double)s->step_ns / 1e6);
+    serve_stat(r, "step_ms_mean", s->steps ? (double)s->step_ns / 1e6 / (double)s->steps : 0.0);
+    serve_stat(r, "step_ms_last", s->last_ms);
+    serve_stat(r, "errors", (double)s->errors);
+    serve_stat(r, "bad_records", (double)s->bad_records);
+    serve_stat(r, "attaches", (double)s->attaches);
+    serve_stat(r, "links_dropped", (double)s->dropped);
+    serve_stat(r, "router_linked", s->has_link || s->pending ? 1.0 : 0.0);
+    pthread_mutex_unlock(&s->mu);
+    serve_stat(r, "sequences", (double)s->n_seq);
+    serve_stat(r, "n_ctx", (double)s->n_ctx);
+    if (!s->remote)
+        return;
+    struct proto_shard shards[PROTO_MAX_SHARDS];
+    uint32_t           n = executor_remote_shards(s->remote, shards, PROTO_MAX_SHARDS);
+    serve_stat(r, "fetchers_down", (double)executor_remote_n_down(s->remote));
+    for (uint32_t i = 0; i < n; i++) {
+        struct executor_remote_stats st;
+        char                         key[PROTO_MAX_KEY];
+        if (executor_remote_stats(s->remote, i, &st) < 0)
+            continue;
+        snprintf(key, sizeof(key), "fetcher.%u.acquires", i);
+        serve_stat(r, key, (double)st.acquires);
+        snprintf(key, sizeof(key), "fetcher.%u.wait_ms", i);
+        serve_stat(r, key, (double)st.wait_ns / 1e6);
+        snprintf(key, sizeof(key), "fetcher.%u.errors", i);
+        serve_stat(r, key, (double)st.errors);
+        snprintf(key, sizeof(key), "fetcher.%u.hints", i);
+        serve_stat(r, key, (double)st.hints);
+        snprintf(key, sizeof(key), "fetcher.%u.relinks", i);
+        serve_stat(r, key, (double)st.relinks);
+        snprintf(key, sizeof(key), "fetcher.%u.up", i);
+        serve_stat(r, key, st.up ? 1.0 : 0.0);
+    }
+}
+
+static void serve_health(struct executor_serve *s, struct proto_health_reply *h)
+{
+    uint32_t down = s->remote ? executor_remote_n_down(s->remote) : 0;
+    pthread_mutex_lock(&s->mu);
+    bool draining = s->draining, linked = s->has_link || s->pending;
+    pthread_mutex_unlock(&s->mu);
+    h->role = PROTO_ROLE_EXECUTOR;
+    h->pid = (uint32_t)getpid();
+    h->instance = s->instance;
+    h->uptime_s = (double)(common_now_ns() - s->start_ns) / 1e9;
+    if (draining) {
+        h->state = PROTO_HEALTH_DRAINING;
+        snprintf(h->message, sizeof(h->message), "draining");
+    } else if (down) {
+        h->state = PROTO_HEALTH_DEGRADED;
+        snprintf(h->message, sizeof(h->message), "%u fetcher(s) missing", down);
+    } else {
+        h->state = PROTO_HEALTH_READY;
+        snprintf(h->message, sizeof(h->message), "%s", linked ? "router linked" : "no router yet");
+    }
+}
+
+static int serve_attach(struct executor_serve *s, const struct proto_attach *a,
+                        struct proto_msg *rep)
+{
+    pthread_mutex_lock(&s->mu);
+    bool draining = s->draining;
+    pthread_mutex_unlock(&s->mu);
+    if (draining) {
+        snprintf(rep->u.error.message, sizeof(rep->u.error.message), "draining: no new link");
+        return COMMON_EBUSY;
+    }
+    struct serve_link *l = NULL;
+    char               why[PROTO_MAX_ERROR_TEXT] = "";
+    int                rc = serve_link_open(s, a, &l, why, sizeof(why));
+    if (rc < 0) {
+        COMMON_LOG_WARN("executor.serve", "ATTACH refused: %s", why);
+        snprintf(rep->u.error.message, sizeof(rep->u.error.message), "%s", why);
+        return rc;
+    }
+    pthread_mutex_lock(&s->mu);
+    struct serve_link *old = s->pending;
+    s->pending = l;
+    s->attaches++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    serve_link_free(old);
+    rep->kind = PROTO_KIND_OK;
+    return COMMON_OK;
+}
+
+static int serve_handle(void *arg, const struct proto_msg *req, struct proto_msg *rep)
+{
+    struct executor_serve *s = arg;
+    switch (req->kind) {
+    case PROTO_KIND_HELLO: {
+        rep->kind = PROTO_KIND_HELLO;
+        struct proto_hello *h = &rep->u.hello;
+        h->major = PROTO_VERSION_MAJOR;
+        h->minor = PROTO_VERSION_MINOR;
+        h->role = PROTO_ROLE_EXECUTOR;
+        snprintf(h->name, sizeof(h->name), "%s", s->name);
+        h->pid = (uint32_t)getpid();
+        h->instance = s->instance;
+        h->n_shards =
+            s->remote ? executor_remote_shards(s->remote, h->shards, PROTO_MAX_SHARDS) : 0;
+        return COMMON_OK;
+    }
+    case PROTO_KIND_STATS:
+        rep->kind = PROTO_KIND_STATS_REPLY;
+        serve_stats(s, &rep->u.stats);
+        return COMMON_OK;
+    case PROTO_KIND_HEALTH:
+        rep->kind = PROTO_KIND_HEALTH_REPLY;
+        serve_health(s, &rep->u.health);
+        return COMMON_OK;
+    case PROTO_KIND_DRAIN:
+        executor_serve_drain(s);
+        rep->kind = PROTO_KIND_OK;
+        return COMMON_OK;
+    case PROTO_KIND_SHUTDOWN:
+        pthread_mutex_lock(&s->mu);
+        s->draining = true;
+        s->shutdown = true;
+        pthread_mutex_unlock(&s->mu);
+        rep->kind = PROTO_KIND_OK;
+        return COMMON_OK;
+    case PROTO_KIND_CONFIGURE: {
+        const struct proto_configure *c = &req->u.configure;
+        enum common_log_level         lvl;
+        if (strcmp(c->key, "log.level") != 0) {
+            snprintf(rep->u.error.message, sizeof(rep->u.error.message),
+                     "unknown setting '%s' (known: log.level)", c->key);
+            return COMMON_EINVAL;
+        }
+        if (common_log_parse_level(c->value, &lvl) < 0) {
+            snprintf(rep->u.error.message, sizeof(rep->u.error.message),
+                     "log.level expects err, warn, info or debug, got '%.64s'", c->value);
+            return COMMON_EINVAL;
+        }
+        common_log_set_level(lvl);
+        rep->kind = PROTO_KIND_OK;
+        return COMMON_OK;
+    }
+    case PROTO_KIND_LOAD_MODEL: {
+        char *path = realpath(req->u.load_model.path, NULL);
+        bool  same = path && s->model_path && strcmp(path, s->model_path) == 0;
+        free(path);
+        if (!same) {
+            snprintf(rep->u.error.message, sizeof(rep->u.error.message),
+                     "restart with -m to load another model");
+            return COMMON_ENOTSUP;
+        }
+        rep->kind = PROTO_KIND_OK;
+        return COMMON_OK;
+    }
+    case PROTO_KIND_ATTACH:
+        return serve_attach(s, &req->u.attach, rep);
+    default:
+        snprintf(rep->u.error.message, sizeof(rep->u.error.message),
+                 "the executor does not serve '%s'", proto_kind_name(req->kind));
+        return COMMON_EINVAL;
+    }
+}
+
+/* The server's handler: a refusal is an ERROR reply carrying the text written into it. */
+static int serve_handler(void *arg, const struct proto_msg *req, struct proto_msg *rep)
+{
+    int rc = serve_handle(arg, req, rep);
+    if (rc < 0) {
+        rep->kind = PROTO_KIND_ERROR;
+        rep->u.error.code = rc;
+    }
+    return rc;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+static int serve_write_pid(struct executor_serve *s, struct common_errmsg *e)
+{
+    size_t n = strlen(s->run_dir) + 32;
+    if (!(s->pid_path = malloc(n)))
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    snprintf(s->pid_path, n, "%s/executor.pid", s->run_dir);
+    int fd = open(s->pid_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        int rc =
+            common_errmsg_set(e, COMMON_EIO, "cannot write %s: %s", s->pid_path, strerror(errno));
+        free(s->pid_path);
+        s->pid_path = NULL;
+        return rc;
+    }
+    char buf[32];
+    int  len = snprintf(buf, sizeof(buf), "%ld\n", (long)getpid());
+    bool ok = write(fd, buf, (size_t)len) == len;
+    close(fd);
+    return ok ? COMMON_OK : common_errmsg_set(e, COMMON_EIO, "cannot write %s", s->pid_path);
+}
+
+int executor_serve_start(const struct executor_serve_opts *o, struct executor_serve **out,
+                         struct common_errmsg *e)
+{
+    if (!o || !o->run_dir || !o->model)
+        return common_errmsg_set(e, COMMON_EINVAL, "the step service needs a run dir and a model");
+    struct executor_serve *s = calloc(1, sizeof(*s));
+    if (!s)
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    int rc = COMMON_ENOMEM;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    snprintf(s->name, sizeof(s->name), "%s", o->name ? o->name : "executor");
+    s->model = o->model;
+    s->remote = o->remote;
+    s->start_ns = common_now_ns();
+    s->instance = o->instance;
+    if (!s->instance) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s->instance =
+            ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40);
+    }
+    s->n_seq = o->n_seq ? o->n_seq : 4;
+    s->n_vocab = executor_model_hparams(o->model)->n_vocab;
+    if (s->n_seq > 256) {
+        rc = common_errmsg_set(e, COMMON_EINVAL, "--parallel %u: at most 256 sequences", s->n_seq);
+        goto out_stop;
+    }
+    if (!(s->run_dir = strdup(o->run_dir)) || !(s->ctx = calloc(s->n_seq, sizeof(*s->ctx)))) {
+        common_errmsg_set(e, rc, "out of memory");
+        goto out_stop;
+    }
+    if (o->model_path)
+        s->model_path = realpath(o->model_path, NULL);
+    struct executor_ctx_opts co = {
+        .n_ctx = o->n_ctx, .n_batch = o->n_batch, .cache_type = o->cache_type, .pool = o->pool};
+    for (uint32_t i = 0; i < s->n_seq; i++)
+        if ((rc = executor_ctx_create(o->model, &co, &s->ctx[i], e)) < 0)
+            goto out_stop;
+    s->n_ctx = executor_ctx_n_ctx(s->ctx[0]);
+    s->logits = malloc((size_t)s->n_vocab * sizeof(float));
+    s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
+    if (!s->logits || !s->tokens) {
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+        goto out_stop;
+    }
+    if (pthread_create(&s->thread, NULL, serve_thread, s) != 0) {
+        rc = common_errmsg_set(e, COMMON_EAGAIN, "cannot start the step thread");
+        goto out_stop;
+    }
+    s->started = true;
+    char url[PROTO_MAX_PATH + 16];
+    if ((size_t)snprintf(url, sizeof(url), "ipc://%s/executor.ctl", s->run_dir) >= sizeof(url)) {
+        rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
+        goto out_stop;
+    }
+    if ((rc = proto_server_start(url, &(struct proto_server_opts){.n_workers = 4}, serve_handler, s,
+                                 &s->server, e)) < 0)
+        goto out_stop;
+    if (!o->no_pidfile && (rc = serve_write_pid(s, e)) < 0)
+        goto out_stop;
+    *out = s;
+    return COMMON_OK;
+
+out_stop:
+    executor_serve_stop(s);
+    return rc;
+}
+
+bool executor_serve_shutdown_requested(struct executor_serve *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool v = s->shutdown;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+void executor_serve_drain(struct executor_serve *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void executor_serve_stop(struct executor_serve *s)
+{
+    if (!s)
+        return;
+    bool listened = s->server != NULL;
+    proto_server_stop(s->server); /* no handler runs after this */
+    s->server = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    if (s->started)
+        pthread_join(s->thread, NULL);
+    serve_link_free(s->pending);
+    if (s->run_dir && listened) {
+        char path[PROTO_MAX_PATH + 32];
+        snprintf(path, sizeof(path), "%s/executor.ctl", s->run_dir);
+        (void)unlink(path); /* nng may leave the socket file behind */
+    }
+    if (s->pid_path) {
+        (void)unlink(s->pid_path);
+        free(s->pid_path);
+    }
+    for (uint32_t i = 0; s->ctx && i < s->n_seq; i++)
+        executor_ctx_destroy(s->ctx[i]);
+    free(s->ctx);
+    free(s->logits);
+    free(s->tokens);
+    free(s->model_path);
+    free(s->run_dir);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+uint32_t executor_serve_n_ctx(const struct executor_serve *s)
+{
+    return s->n_ctx;
+}
+
+uint32_t executor_serve_n_seq(const struct executor_serve *s)
+{
+    return s->n_seq;
+}
+
+uint64_t executor_serve_instance(const struct executor_serve *s)
+{
+    return s->instance;
+}

@@ -1,0 +1,536 @@
+/* tests/executor/test_serve.c - the executor daemon's services in-process: fetcher services
+ * in a temp run dir, the executor's remote expert source and step service, the test as router. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "executor.h"
+#include "fetcher.h"
+#include "fixture.h"
+#include "records.h"
+#include "wire.h"
+
+#if __has_include("serve.h")
+#include "serve.h" /* fetcher/serve.h: the in-process fetcher service */
+#define SERVE_HAVE_FETCHER 1
+#else
+#define SERVE_HAVE_FETCHER 0
+#endif
+
+#define T_MODEL    "moe-tiny/moe-tiny-q8_0.gguf"
+#define T_N_SEQ    2u
+#define T_N_CTX    128u
+#define T_SLOTS    PROTO_STEP_RING_SLOTS
+#define T_THREADS  2u
+#define T_GEN      16u
+#define T_WAIT_MS  60000
+#define T_FETCHERS 2u /* at most */
+
+static const int32_t t_prompt_a[] = {1, 826, 262, 927, 265, 808};
+static const int32_t t_prompt_b[] = {1, 450, 310, 271, 509};
+
+/* Everything a test starts; file-static because Criterion fixtures take no arguments. */
+struct t_env {
+    char                   *model_path;
+    char                   *dir;
+    uint32_t                n_fetchers;
+    struct common_gguf     *gguf;
+    struct common_model     desc;
+    bool                    desc_ok;
+    struct executor_remote *remote;
+    struct executor_model  *model;
+    struct executor_pool   *pool;
+    struct executor_serve  *serve;
+    uint32_t                n_vocab;
+    char                    url[512];
+    /* router side */
+    struct common_ring_segment seg[4];
+    struct common_ring         req, rep;
+    int32_t                   *tokens;
+    float                     *logits;
+    uint64_t                   next_tag;
+#if SERVE_HAVE_FETCHER
+    struct fetcher_server *fetchers[T_FETCHERS];
+#endif
+};
+static struct t_env t;
+
+#if SERVE_HAVE_FETCHER
+static void t_fetcher_start(uint32_t i)
+{
+    struct common_errmsg      e = {{0}};
+    struct fetcher_serve_opts fo = {.model_path = t.model_path,
+                                    .run_dir = t.dir,
+                                    .shard = i,
+                                    .n_shards = t.n_fetchers,
+                                    .io = FETCHER_IO_PREAD};
+    cr_assert_eq(fetcher_serve_start(&fo, &t.fetchers[i], &e), 0, "fetcher %u: %s", i, e.text);
+}
+#endif
+
+/* Starts n fetcher services and the executor over them. */
+static void t_start(uint32_t n_fetchers)
+{
+#if !SERVE_HAVE_FETCHER
+    cr_skip_test("fetcher/serve.h not available: skipped");
+#else
+    memset(&t, 0, sizeof(t));
+    t.model_path = fixture_path(T_MODEL);
+    if (!t.model_path)
+        cr_skip_test("fixture %s not found: skipped", T_MODEL);
+    t.dir = fixture_tmpdir();
+    cr_assert_not_null(t.dir);
+    t.n_fetchers = n_fetchers;
+    for (uint32_t i = 0; i < n_fetchers; i++)
+        t_fetcher_start(i);
+
+    struct common_errmsg e = {{0}};
+    executor_kernels_init();
+    cr_assert_eq(common_gguf_open(t.model_path, NULL, &t.gguf, &e), 0, "%s", e.text);
+    cr_assert_eq(common_model_init(&t.desc, t.gguf, &e), 0, "%s", e.text);
+    t.desc_ok = true;
+    struct executor_remote_opts ro = {.run_dir = t.dir,
+                                      .n_fetchers = n_fetchers,
+                                      .model = &t.desc,
+                                      .connect_timeout_ms = 10000,
+                                      .instance = 42};
+    cr_assert_eq(executor_remote_create(&ro, &t.remote, &e), 0, "%s", e.text);
+    struct executor_expert_source src;
+    executor_remote_source(t.remote, &src);
+    struct executor_weights *w = NULL;
+    cr_assert_eq(
+        executor_weights_stream_create(
+            &t.desc, &(struct executor_weights_opts){.read_span = fetcher_read_span}, &src, &w, &e),
+        0, "%s", e.text);
+    cr_assert_eq(executor_model_create(&t.desc, w, &t.model, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_pool_create(T_THREADS, &t.pool), 0);
+    struct executor_serve_opts so = {.run_dir = t.dir,
+                                     .model_path = t.model_path,
+                                     .model = t.model,
+                                     .remote = t.remote,
+                                     .pool = t.pool,
+                                     .n_seq = T_N_SEQ,
+                                     .n_ctx = T_N_CTX,
+                                     .instance = 42};
+    cr_assert_eq(executor_serve_start(&so, &t.serve, &e), 0, "%s", e.text);
+    t.n_vocab = executor_model_hparams(t.model)->n_vocab;
+    snprintf(t.url, sizeof(t.url), "ipc://%s/executor.ctl", t.dir);
+#endif
+}
+
+static void t_setup1(void)
+{
+    t_start(1);
+}
+
+static void t_setup2(void)
+{
+    t_start(2);
+}
+
+static void t_router_close(void)
+{
+    for (int i = 0; i < 4; i++)
+        common_ring_segment_close(&t.seg[i]);
+    memset(t.seg, 0, sizeof(t.seg));
+}
+
+static void t_teardown(void)
+{
+    t_router_close();
+    executor_serve_stop(t.serve);
+    struct executor_weights *w = t.model ? executor_model_weights(t.model) : NULL;
+    executor_model_destroy(t.model);
+    executor_weights_destroy(w);
+    executor_remote_destroy(t.remote);
+    executor_pool_destroy(t.pool);
+    if (t.desc_ok)
+        common_model_fini(&t.desc);
+    common_gguf_close(t.gguf);
+#if SERVE_HAVE_FETCHER
+    for (uint32_t i = 0; i < T_FETCHERS; i++)
+        (void)fetcher_serve_stop(t.fetchers[i], NULL);
+#endif
+    fixture_rmtree(t.dir);
+    free(t.dir);
+    free(t.model_path);
+    memset(&t, 0, sizeof(t));
+}
+
+/* ---- acting as the router ------------------------------------------------------------------ */
+
+/* Sends ATTACH with the given numbers; returns the reply (caller clears it). */
+static void t_attach_with(uint32_t n_seq, uint32_t n_ctx, uint32_t n_vocab, struct proto_msg *rep)
+{
+    struct proto_msg     req = {.kind = PROTO_KIND_ATTACH};
+    struct common_errmsg e = {{0}};
+    req.u.attach = (struct proto_attach){.role = PROTO_ROLE_ROUTER,
+                                         .pid = (uint32_t)getpid(),
+                                         .instance = 7,
+                                         .n_segments = 4,
+                                         .params = {T_SLOTS, n_seq, n_ctx, n_vocab}};
+    snprintf(req.u.attach.segments[0], PROTO_MAX_NAME, "router-exec.req");
+    snprintf(req.u.attach.segments[1], PROTO_MAX_NAME, "router-exec.rep");
+    snprintf(req.u.attach.segments[2], PROTO_MAX_NAME, "router-exec.tokens");
+    snprintf(req.u.attach.segments[3], PROTO_MAX_NAME, "router-exec.logits");
+    cr_assert_eq(proto_call(t.url, &req, rep, 5000, &e), 0, "ATTACH: %s", e.text);
+}
+
+/* Creates the four segments and attaches them to the executor. */
+static void t_router_attach(void)
+{
+    size_t rb = common_ring_bytes(sizeof(struct proto_step_req), T_SLOTS);
+    size_t pb = common_ring_bytes(sizeof(struct proto_step_rep), T_SLOTS);
+    cr_assert_eq(common_ring_segment_create(t.dir, "router-exec.req", rb, &t.seg[0]), 0);
+    cr_assert_eq(common_ring_segment_create(t.dir, "router-exec.rep", pb, &t.seg[1]), 0);
+    cr_assert_eq(common_ring_segment_create(t.dir, "router-exec.tokens",
+                                            T_N_SEQ * T_N_CTX * sizeof(int32_t), &t.seg[2]),
+                 0);
+    cr_assert_eq(common_ring_segment_create(t.dir, "router-exec.logits",
+                                            T_N_SEQ * t.n_vocab * sizeof(float), &t.seg[3]),
+                 0);
+    cr_assert_eq(common_ring_init(t.seg[0].mem, rb, sizeof(struct proto_step_req), T_SLOTS), 0);
+    cr_assert_eq(common_ring_init(t.seg[1].mem, pb, sizeof(struct proto_step_rep), T_SLOTS), 0);
+    cr_assert_eq(
+        common_ring_attach(t.seg[0].mem, rb, sizeof(struct proto_step_req), T_SLOTS, &t.req), 0);
+    cr_assert_eq(
+        common_ring_attach(t.seg[1].mem, pb, sizeof(struct proto_step_rep), T_SLOTS, &t.rep), 0);
+    t.tokens = t.seg[2].mem;
+    t.logits = t.seg[3].mem;
+    struct proto_msg rep;
+    t_attach_with(T_N_SEQ, T_N_CTX, t.n_vocab, &rep);
+    cr_assert_eq(rep.kind, PROTO_KIND_OK, "ATTACH refused: %s",
+                 rep.kind == PROTO_KIND_ERROR ? rep.u.error.message : "?");
+    proto_msg_clear(&rep);
+}
+
+/* Sends one record and waits for its reply. */
+static struct proto_step_rep t_step_raw(struct proto_step_req q)
+{
+    q.tag = ++t.next_tag;
+    cr_assert_eq(common_ring_push(&t.req, &q, sizeof(q)), 0);
+    struct proto_step_rep r;
+    cr_assert_eq(common_ring_pop_wait(&t.rep, &r, sizeof(r), T_WAIT_MS), (int)sizeof(r),
+                 "no step reply");
+    cr_assert_eq(r.tag, q.tag, "reply tag %llu for request %llu", (unsigned long long)r.tag,
+                 (unsigned long long)q.tag);
+    return r;
+}
+
+/* EVAL of ids[0..n) at pos for seq; returns the greedy next token. */
+static int32_t t_eval(uint32_t seq, uint32_t pos, const int32_t *ids, uint32_t n)
+{
+    memcpy(t.tokens + (size_t)seq * T_N_CTX + pos, ids, n * sizeof(int32_t));
+    struct proto_step_rep r =
+        t_step_raw((struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = seq, .pos = pos, .n = n});
+    cr_assert_eq(r.status, 0, "EVAL seq=%u pos=%u n=%u: %s", seq, pos, n,
+                 common_strerror(r.status));
+    cr_assert_eq(r.n_past, pos + n);
+    const float *l = t.logits + (size_t)seq * t.n_vocab;
+    int32_t      best = 0;
+    for (uint32_t v = 1; v < t.n_vocab; v++)
+        if (l[v] > l[best])
+            best = (int32_t)v;
+    return best;
+}
+
+/* ---- the reference: an in-process model over mmap weights ---------------------------------- */
+
+static void t_reference(const int32_t *prompt, uint32_t n_prompt, int32_t *out)
+{
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(t.model_path, NULL, &m, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_create(
+                     m, &(struct executor_ctx_opts){.n_ctx = T_N_CTX, .pool = t.pool}, &c, &e),
+                 0, "%s", e.text);
+    uint32_t nv = executor_ctx_n_vocab(c);
+    float   *logits = malloc(nv * sizeof(float));
+    cr_assert_eq(executor_ctx_decode(c, prompt, n_prompt, logits, NULL, &e), 0, "%s", e.text);
+    for (uint32_t i = 0; i < T_GEN; i++) {
+        int32_t best = 0;
+        for (uint32_t v = 1; v < nv; v++)
+            if (logits[v] > logits[best])
+                best = (int32_t)v;
+        out[i] = best;
+        if (i + 1 < T_GEN)
+            cr_assert_eq(executor_ctx_decode(c, &best, 1, logits, NULL, &e), 0, "%s", e.text);
+    }
+    free(logits);
+    executor_ctx_destroy(c);
+    executor_model_destroy(m);
+}
+
+/* Greedy generation through the step service on `seq`. */
+static void t_generate(uint32_t seq, const int32_t *prompt, uint32_t n_prompt, int32_t *out)
+{
+    int32_t  next = t_eval(seq, 0, prompt, n_prompt);
+    uint32_t pos = n_prompt;
+    for (uint32_t i = 0; i < T_GEN; i++) {
+        out[i] = next;
+        if (i + 1 < T_GEN)
+            next = t_eval(seq, pos++, &next, 1);
+    }
+}
+
+static void t_expect_same(const int32_t *got, const int32_t *want, const char *what)
+{
+    for (uint32_t i = 0; i < T_GEN; i++)
+        cr_expect_eq(got[i], want[i], "%s: token %u is %d, in-process gives %d", what, i, got[i],
+                     want[i]);
+}
+
+#define N_OF(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+Test(executor_serve, greedy_matches_in_process, .init = t_setup1, .fini = t_teardown,
+     .timeout = 120)
+{
+    int32_t want[T_GEN], got[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want);
+    t_router_attach();
+    t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "one fetcher");
+    struct executor_remote_stats st;
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st), 0);
+    cr_expect_gt(st.acquires, 0, "experts came from the fetcher");
+    cr_expect(st.up);
+}
+
+Test(executor_serve, two_fetchers_share_the_experts, .init = t_setup2, .fini = t_teardown,
+     .timeout = 120)
+{
+    int32_t want[T_GEN], got[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want);
+    t_router_attach();
+    t_generate(1, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "two fetchers");
+    struct proto_shard sh[4];
+    cr_assert_eq(executor_remote_shards(t.remote, sh, 4), 2);
+    cr_expect_eq(sh[0].first_expert, 0);
+    cr_expect_eq(sh[1].first_expert, sh[0].n_experts);
+    cr_expect_eq(sh[0].n_experts + sh[1].n_experts, t.desc.hp.n_expert);
+    for (uint32_t i = 0; i < 2; i++) {
+        struct executor_remote_stats st;
+        cr_assert_eq(executor_remote_stats(t.remote, i, &st), 0);
+        cr_expect_gt(st.acquires, 0, "fetcher %u served nothing", i);
+    }
+}
+
+Test(executor_serve, interleaved_sequences_match_each_alone, .init = t_setup1, .fini = t_teardown,
+     .timeout = 180)
+{
+    int32_t want_a[T_GEN], want_b[T_GEN], got_a[T_GEN], got_b[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want_a);
+    t_reference(t_prompt_b, N_OF(t_prompt_b), want_b);
+    t_router_attach();
+    int32_t  na = t_eval(0, 0, t_prompt_a, N_OF(t_prompt_a));
+    int32_t  nb = t_eval(1, 0, t_prompt_b, N_OF(t_prompt_b));
+    uint32_t pa = N_OF(t_prompt_a), pb = N_OF(t_prompt_b);
+    for (uint32_t i = 0; i < T_GEN; i++) {
+        got_a[i] = na;
+        got_b[i] = nb;
+        if (i + 1 < T_GEN) {
+            na = t_eval(0, pa++, &na, 1);
+            nb = t_eval(1, pb++, &nb, 1);
+        }
+    }
+    t_expect_same(got_a, want_a, "sequence 0 interleaved");
+    t_expect_same(got_b, want_b, "sequence 1 interleaved");
+}
+
+Test(executor_serve, bad_records_get_errors_and_service_goes_on, .init = t_setup1,
+     .fini = t_teardown, .timeout = 120)
+{
+    t_router_attach();
+    struct proto_step_rep r;
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = T_N_SEQ, .n = 1});
+    cr_expect_eq(r.status, COMMON_EINVAL, "seq out of range");
+    r = t_step_raw((struct proto_step_req){.op = 99, .seq = 0, .n = 1});
+    cr_expect_eq(r.status, COMMON_EINVAL, "unknown op");
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = 0, .n = 0});
+    cr_expect_eq(r.status, COMMON_EINVAL, "n = 0");
+    r = t_step_raw(
+        (struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = T_N_CTX - 1, .n = 2});
+    cr_expect_eq(r.status, COMMON_ERANGE, "pos + n beyond n_ctx");
+    r = t_step_raw(
+        (struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = UINT32_MAX, .n = 2});
+    cr_expect_eq(r.status, COMMON_ERANGE, "pos + n overflowing");
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = 3, .n = 1});
+    cr_expect_eq(r.status, COMMON_EINVAL, "pos beyond the sequence's length");
+    t.tokens[0] = (int32_t)t.n_vocab;
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = 0, .n = 1});
+    cr_expect_eq(r.status, COMMON_EINVAL, "token id out of range");
+    t.tokens[0] = -5;
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = 0, .n = 1});
+    cr_expect_eq(r.status, COMMON_EINVAL, "negative token id");
+
+    /* The service goes on: a good prompt, a pos mismatch, then the right pos. */
+    (void)t_eval(0, 0, t_prompt_a, N_OF(t_prompt_a));
+    r = t_step_raw((struct proto_step_req){
+        .op = PROTO_STEP_EVAL, .seq = 0, .pos = N_OF(t_prompt_a) - 1, .n = 1});
+    cr_expect_eq(r.status, COMMON_EINVAL, "pos behind the sequence's length");
+    cr_expect_eq(r.n_past, N_OF(t_prompt_a), "a refused step leaves the sequence alone");
+    int32_t id = 262;
+    (void)t_eval(0, N_OF(t_prompt_a), &id, 1);
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_FREE, .seq = 0});
+    cr_expect_eq(r.status, 0);
+    cr_expect_eq(r.n_past, 0);
+    r = t_step_raw((struct proto_step_req){.op = PROTO_STEP_FREE, .seq = 77});
+    cr_expect_eq(r.status, COMMON_EINVAL, "FREE of a sequence out of range");
+}
+
+Test(executor_serve, attach_with_wrong_numbers_is_refused, .init = t_setup1, .fini = t_teardown,
+     .timeout = 60)
+{
+    t_router_attach(); /* the segments exist; a refused ATTACH names what is wrong */
+    struct proto_msg rep;
+    t_attach_with(T_N_SEQ, T_N_CTX, t.n_vocab + 1, &rep);
+    cr_assert_eq(rep.kind, PROTO_KIND_ERROR);
+    cr_expect_eq(rep.u.error.code, COMMON_EINVAL);
+    cr_expect(strstr(rep.u.error.message, "n_vocab") != NULL, "message: %s", rep.u.error.message);
+    proto_msg_clear(&rep);
+    t_attach_with(T_N_SEQ + 1, T_N_CTX, t.n_vocab, &rep);
+    cr_assert_eq(rep.kind, PROTO_KIND_ERROR);
+    cr_expect(strstr(rep.u.error.message, "n_seq") != NULL, "message: %s", rep.u.error.message);
+    proto_msg_clear(&rep);
+    t_attach_with(T_N_SEQ, T_N_CTX * 2, t.n_vocab, &rep);
+    cr_assert_eq(rep.kind, PROTO_KIND_ERROR);
+    cr_expect(strstr(rep.u.error.message, "n_ctx") != NULL, "message: %s", rep.u.error.message);
+    proto_msg_clear(&rep);
+    /* The link attached first still serves. */
+    (void)t_eval(0, 0, t_prompt_a, N_OF(t_prompt_a));
+}
+
+Test(executor_serve, control_messages, .init = t_setup1, .fini = t_teardown, .timeout = 60)
+{
+    struct proto_msg     req = {.kind = PROTO_KIND_HELLO}, rep;
+    struct common_errmsg e = {{0}};
+    req.u.hello.role = PROTO_ROLE_ROUTER;
+    req.u.hello.major = PROTO_VERSION_MAJOR;
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_HELLO);
+    cr_expect_eq(rep.u.hello.role, PROTO_ROLE_EXECUTOR);
+    cr_expect_eq(rep.u.hello.pid, (uint32_t)getpid());
+    cr_expect_eq(rep.u.hello.instance, 42);
+    cr_expect_eq(rep.u.hello.n_shards, 1);
+    cr_expect_eq(rep.u.hello.shards[0].n_experts, t.desc.hp.n_expert);
+    proto_msg_clear(&rep);
+
+    req = (struct proto_msg){.kind = PROTO_KIND_HEALTH};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_HEALTH_REPLY);
+    cr_expect_eq(rep.u.health.state, PROTO_HEALTH_READY);
+    proto_msg_clear(&rep);
+
+    req = (struct proto_msg){.kind = PROTO_KIND_STATS};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_STATS_REPLY);
+    bool has_steps = false, has_acq = false;
+    for (uint32_t i = 0; i < rep.u.stats.n_stats; i++) {
+        has_steps |= strcmp(rep.u.stats.stats[i].name, "steps") == 0;
+        has_acq |= strcmp(rep.u.stats.stats[i].name, "fetcher.0.acquires") == 0;
+    }
+    cr_expect(has_steps && has_acq, "stats lack steps or fetcher.0.acquires");
+    proto_msg_clear(&rep);
+
+    req = (struct proto_msg){.kind = PROTO_KIND_CONFIGURE};
+    snprintf(req.u.configure.key, sizeof(req.u.configure.key), "no.such.key");
+    snprintf(req.u.configure.value, sizeof(req.u.configure.value), "1");
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_ERROR);
+    cr_expect_eq(rep.u.error.code, COMMON_EINVAL);
+    proto_msg_clear(&rep);
+    snprintf(req.u.configure.key, sizeof(req.u.configure.key), "log.level");
+    snprintf(req.u.configure.value, sizeof(req.u.configure.value), "%s",
+             common_log_get_level() == COMMON_LOG_LEVEL_DEBUG ? "debug" : "warn");
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_OK);
+    proto_msg_clear(&rep);
+
+    req = (struct proto_msg){.kind = PROTO_KIND_LOAD_MODEL};
+    snprintf(req.u.load_model.path, sizeof(req.u.load_model.path), "%s", t.model_path);
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_OK, "LOAD_MODEL of the loaded model");
+    proto_msg_clear(&rep);
+    snprintf(req.u.load_model.path, sizeof(req.u.load_model.path), "/nonexistent.gguf");
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_ERROR);
+    cr_expect_eq(rep.u.error.code, COMMON_ENOTSUP);
+    proto_msg_clear(&rep);
+
+    req = (struct proto_msg){.kind = PROTO_KIND_GENERATE};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_ERROR, "the executor does not generate");
+    proto_msg_clear(&rep);
+
+    req = (struct proto_msg){.kind = PROTO_KIND_DRAIN};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_OK);
+    proto_msg_clear(&rep);
+    req = (struct proto_msg){.kind = PROTO_KIND_HEALTH};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.u.health.state, PROTO_HEALTH_DRAINING);
+    proto_msg_clear(&rep);
+    cr_expect(!executor_serve_shutdown_requested(t.serve));
+    req = (struct proto_msg){.kind = PROTO_KIND_SHUTDOWN};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_expect_eq(rep.kind, PROTO_KIND_OK);
+    proto_msg_clear(&rep);
+    cr_expect(executor_serve_shutdown_requested(t.serve));
+}
+
+#if SERVE_HAVE_FETCHER
+Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1, .fini = t_teardown,
+     .timeout = 180)
+{
+    int32_t want[T_GEN], got[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want);
+    t_router_attach();
+    t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "before the restart");
+
+    cr_assert_eq(fetcher_serve_stop(t.fetchers[0], NULL), 0);
+    t.fetchers[0] = NULL;
+    t_fetcher_start(0);
+    /* The reader notices the new instance (HELLO probe) and relinks. */
+    struct executor_remote_stats st = {0};
+    for (int i = 0; i < 200; i++) {
+        cr_assert_eq(executor_remote_stats(t.remote, 0, &st), 0);
+        if (st.relinks > 0 && st.up)
+            break;
+        usleep(50 * 1000);
+    }
+    cr_assert_eq(st.relinks, 1, "the executor did not follow the restart");
+    cr_assert(st.up);
+    t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "after the restart");
+}
+#endif
+
+Test(executor_serve, binary_help_exits_zero, .timeout = 30)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice-executor --help", SLUICE_BINARY_DIR);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    char   out[8192];
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "--help exit status %d", st);
+    cr_expect(strstr(out, "usage: sluice-executor") != NULL, "output: %s", out);
+    cr_expect(strstr(out, "--run-dir") != NULL);
+
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice-executor --bogus 2>/dev/null", SLUICE_BINARY_DIR);
+    f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    st = pclose(f);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a bad option exits 1");
+}
