@@ -207,6 +207,12 @@ static void link_drop(struct serve_link *l)
     link_unref(l);
 }
 
+/* True when process `pid` is gone (EPERM means it exists under another user). */
+static bool serve_pid_gone(uint32_t pid)
+{
+    return pid != 0 && pid <= (uint32_t)INT_MAX && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 /* Pushes one reply (rep ring: one producer at a time). A full ring is waited on while the link
  * lives; a corrupt one kills the link. */
 static void link_reply(struct serve_link *l, const struct proto_fetch_rep *rep)
@@ -222,10 +228,22 @@ static void link_reply(struct serve_link *l, const struct proto_fetch_rep *rep)
         rc = common_ring_push_wait(&l->rep, rep, sizeof(*rep), SERVE_PUSH_MS);
         if (rc != COMMON_ETIMEDOUT)
             break;
-        if (atomic_load_explicit(&s->stop_flag, memory_order_relaxed))
+        /* The executor does not read its replies: give up when the link is being replaced or
+         * stopped, or when the executor is gone (the reader thread may be blocked meanwhile). */
+        if (atomic_load_explicit(&s->stop_flag, memory_order_relaxed) ||
+            atomic_load_explicit(&l->stop, memory_order_relaxed))
             break;
+        if (serve_pid_gone(l->pid)) {
+            rc = COMMON_ECLOSED;
+            break;
+        }
     }
     pthread_mutex_unlock(&l->push_mu);
+    if (rc == COMMON_ECLOSED && serve_pid_gone(l->pid)) {
+        COMMON_LOG_WARN("fetcher.serve", "executor pid=%u is gone: link dropped", l->pid);
+        link_kill(l);
+        return;
+    }
     if (rc == COMMON_ECORRUPT || rc == COMMON_EINVAL || rc == COMMON_EIO) {
         COMMON_LOG_WARN("fetcher.serve",
                         "reply ring of executor pid=%u unusable (%s): link dropped", l->pid,
@@ -321,12 +339,6 @@ static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
     default:
         break;
     }
-}
-
-/* True when process `pid` is gone (EPERM means it exists under another user). */
-static bool serve_pid_gone(uint32_t pid)
-{
-    return pid != 0 && pid <= (uint32_t)INT_MAX && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
 }
 
 /* The link's reader: pops records until stopped, the peer dies or the ring is corrupt. */

@@ -391,6 +391,30 @@ Test(fetcher_serve, second_attach_releases_the_first_links_loans)
     link_close(&b);
 }
 
+Test(fetcher_serve, attach_replaces_a_link_that_stopped_reading_replies)
+{
+    START(0, 1);
+    struct exec_link a, b;
+    attach(0, &a, "exec-fetch-0.req", "exec-fetch-0.rep");
+    /* More ACQUIREs than the reply ring holds, never popped: workers block on the full ring. */
+    for (uint32_t i = 0; i < 3 * RING_SLOTS; i++)
+        push(&a, (struct proto_fetch_req){.op = PROTO_FETCH_ACQUIRE, .tag = i, .part = i % 3});
+    for (int i = 0; i < 250 && stat_of("serve.acquires") < RING_SLOTS; i++)
+        usleep(20000);
+    cr_assert_geq(stat_of("serve.acquires"), RING_SLOTS, "replies fill the ring");
+    cr_assert_gt(pinned(), 0);
+    attach(0, &b, "exec-fetch-0b.req", "exec-fetch-0b.rep");
+    for (int i = 0; i < 250 && pinned() != 0; i++)
+        usleep(20000);
+    cr_assert_eq(pinned(), 0, "every loan of the replaced link is released");
+    struct proto_fetch_rep r = acquire(&b, 1, 1, 1, COMMON_EXPERT_GATE);
+    cr_assert_eq(r.status, COMMON_OK);
+    release(&b, r.loan);
+    wait_stat("serve.link_pins", 0);
+    link_close(&a);
+    link_close(&b);
+}
+
 Test(fetcher_serve, dead_executor_link_is_dropped)
 {
     START(0, 1);
