@@ -205,8 +205,9 @@ int main(int argc, char **argv)
                 return 1;
             }
     }
-    struct fetcher_serve_opts o = {.plan_out = stderr, .summary_out = stderr};
-    int                       prc = parse_args(cargc, cargv, &o);
+    struct fetcher_serve_opts o = {
+        .plan_out = stderr, .summary_out = stderr, .mem_estimate = mem_estimate};
+    int prc = parse_args(cargc, cargv, &o);
     if (prc != 0) {
         free(owned);
         return prc == 2 ? 0 : 1;
