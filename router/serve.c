@@ -154,6 +154,8 @@ static int reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
 static int reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
 {
     va_list ap;
+    rep->kind = PROTO_KIND_ERROR;
+    rep->u.error.code = code;
     va_start(ap, fmt);
     vsnprintf(rep->u.error.message, sizeof(rep->u.error.message), fmt, ap);
     va_end(ap);
@@ -1189,9 +1191,10 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
         goto fail;
     }
     s->sched_started = true;
-    uint32_t                 queue_max = o->queue_max ? o->queue_max : 64;
-    uint32_t                 workers = s->n_seq + queue_max + 8;
-    struct proto_server_opts so = {.n_workers = workers > 512 ? 512 : workers};
+    /* Long polls hold a worker each but return within their timeout; requests beyond the
+     * workers wait in nng's queue. */
+    uint32_t                 workers = 2 * s->n_seq + 8;
+    struct proto_server_opts so = {.n_workers = workers > 64 ? 64 : workers};
     if ((rc = proto_server_start(s->listen_url, &so, serve_handler, s, &s->srv, e)) < 0)
         goto fail; /* the socket file may be another router's: leave it */
     if (!o->listen_url)
@@ -1248,7 +1251,7 @@ bool router_serve_wait_idle(struct router_serve *s, int timeout_ms)
     return idle;
 }
 
-void router_serve_wait_stop(struct router_serve *s, volatile int *stop)
+void router_serve_wait_stop(struct router_serve *s, volatile sig_atomic_t *stop)
 {
     while (!(stop && *stop) && !router_serve_shutdown_requested(s))
         sleep_ms(100);

@@ -3,6 +3,7 @@
 #ifndef ROUTER_SERVE_H
 #define ROUTER_SERVE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -42,7 +43,7 @@ bool router_serve_wait_idle(struct router_serve *s, int timeout_ms);
 
 /* Sleeps until SHUTDOWN arrives or `stop` (set from a signal handler) becomes true, polling
  * every 100 ms. */
-void router_serve_wait_stop(struct router_serve *s, volatile int *stop);
+void router_serve_wait_stop(struct router_serve *s, volatile sig_atomic_t *stop);
 
 /* The url it listens on (static while s lives). */
 const char *router_serve_url(const struct router_serve *s);

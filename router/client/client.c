@@ -1,0 +1,331 @@
+/* router/client/client.c - the sluice client library: GENERATE, then long POLLs until done. */
+#include "sluice_client.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "proto.h"
+#include "wire.h"
+
+#define CLIENT_POLL_MS       250  /* router-side long poll; also the cancel-flag latency */
+#define CLIENT_CALL_SLACK_MS 5000 /* on top of the poll, for a busy router */
+#define CLIENT_MAX_TIMEOUTS  3    /* calls in a row without an answer: the router is gone */
+
+_Static_assert((int)SLUICE_ECLOSED == (int)COMMON_ECLOSED &&
+                   (int)SLUICE_ERANGE == (int)COMMON_ERANGE &&
+                   (int)SLUICE_ENOENT == (int)COMMON_ENOENT &&
+                   (int)SLUICE_EBUSY == (int)COMMON_EBUSY,
+               "sluice_status mirrors common_err");
+
+struct sluice_client {
+    struct proto_client *pc;
+    char                 url[PROTO_MAX_PATH + 16];
+    char                 sock_path[PROTO_MAX_PATH]; /* ipc socket file, "" for tcp */
+    _Atomic uint64_t     current_id;                /* generation running, 0 = none */
+    atomic_int           cancel_flag;               /* set by sluice_client_request_cancel */
+};
+
+static _Thread_local char client_err[512];
+
+const char *sluice_last_error(void)
+{
+    return client_err;
+}
+
+static int client_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int client_fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(client_err, sizeof(client_err), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *sluice_strerror(int status)
+{
+    return common_strerror(status);
+}
+
+static uint64_t client_random_id(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+        v = common_now_ns() ^ ((uint64_t)getpid() << 40);
+    return v ? v : 1;
+}
+
+/* The proto structs hold `char *` for borrowed strings on encode. */
+static char *client_unconst(const char *p)
+{
+    char *q;
+    memcpy(&q, &p, sizeof(q));
+    return q;
+}
+
+static bool client_socket_exists(const struct sluice_client *c)
+{
+    struct stat st;
+    return !c->sock_path[0] || (stat(c->sock_path, &st) == 0 && S_ISSOCK(st.st_mode));
+}
+
+/* One call; ERROR replies become their code with the router's message. */
+static int client_call(struct sluice_client *c, const struct proto_msg *req, struct proto_msg *rep,
+                       int timeout_ms)
+{
+    struct common_errmsg e = {{0}};
+    int                  rc = proto_client_call(c->pc, req, rep, timeout_ms, &e);
+    if (rc == COMMON_ETIMEDOUT && !client_socket_exists(c))
+        return client_fail(SLUICE_ECLOSED, "router not running: %s is gone", c->sock_path);
+    if (rc < 0)
+        return client_fail(rc, "%s: %s", c->url, e.text[0] ? e.text : common_strerror(rc));
+    if (rep->kind == PROTO_KIND_ERROR) {
+        int code = rep->u.error.code < 0 ? rep->u.error.code : SLUICE_EPROTO;
+        client_fail(code, "router: %s (%s)", rep->u.error.message, common_strerror(code));
+        proto_msg_clear(rep);
+        return code;
+    }
+    return 0;
+}
+
+int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
+{
+    client_err[0] = '\0';
+    if (!path_or_url || !*path_or_url || !out)
+        return client_fail(SLUICE_EINVAL, "no router socket given");
+    struct sluice_client *c = calloc(1, sizeof(*c));
+    if (!c)
+        return client_fail(SLUICE_ENOMEM, "out of memory");
+    const char *path = NULL;
+    if (!strstr(path_or_url, "://"))
+        path = path_or_url;
+    else if (strncmp(path_or_url, "ipc://", 6) == 0)
+        path = path_or_url + 6;
+    if ((path && strlen(path) >= sizeof(c->sock_path)) ||
+        strlen(path_or_url) + 7 > sizeof(c->url)) {
+        free(c);
+        return client_fail(SLUICE_EINVAL, "router socket path too long");
+    }
+    if (path) {
+        snprintf(c->sock_path, sizeof(c->sock_path), "%s", path);
+        snprintf(c->url, sizeof(c->url), "ipc://%s", path);
+    } else {
+        snprintf(c->url, sizeof(c->url), "%s", path_or_url);
+    }
+    if (!client_socket_exists(c)) {
+        int rc = client_fail(SLUICE_ECLOSED, "router not running: no socket at %s", c->sock_path);
+        free(c);
+        return rc;
+    }
+    struct common_errmsg e = {{0}};
+    int                  rc = proto_client_open(c->url, &c->pc, &e);
+    if (rc < 0) {
+        free(c);
+        return client_fail(rc, "%s", e.text);
+    }
+    struct proto_msg req = {.kind = PROTO_KIND_HELLO, .request_id = client_random_id()}, rep;
+    req.u.hello.major = PROTO_VERSION_MAJOR;
+    req.u.hello.minor = PROTO_VERSION_MINOR;
+    req.u.hello.role = PROTO_ROLE_CLIENT;
+    snprintf(req.u.hello.name, sizeof(req.u.hello.name), "client");
+    req.u.hello.pid = (uint32_t)getpid();
+    rc = client_call(c, &req, &rep, 2000);
+    if (rc == SLUICE_ETIMEDOUT)
+        rc = client_fail(SLUICE_ECLOSED, "router not running: nobody answers at %s", c->url);
+    if (rc == 0) {
+        if (rep.kind != PROTO_KIND_HELLO || rep.u.hello.role != PROTO_ROLE_ROUTER)
+            rc = client_fail(SLUICE_EPROTO, "%s is not a sluice router", c->url);
+        else if (!proto_version_is_compatible(rep.u.hello.major, rep.u.hello.minor))
+            rc = client_fail(SLUICE_EPROTO, "the router speaks protocol %u.%u, this is %u.%u",
+                             rep.u.hello.major, rep.u.hello.minor, PROTO_VERSION_MAJOR,
+                             PROTO_VERSION_MINOR);
+        proto_msg_clear(&rep);
+    }
+    if (rc < 0) {
+        sluice_client_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void sluice_client_close(struct sluice_client *c)
+{
+    if (!c)
+        return;
+    proto_client_close(c->pc);
+    free(c);
+}
+
+void sluice_generate_opts_init(struct sluice_generate_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->max_tokens = 128;
+    o->temp = 0.8f;
+    o->top_k = 40;
+    o->top_p = 0.95f;
+    o->min_p = 0.05f;
+    o->repeat_penalty = 1.0f;
+}
+
+static int client_send_cancel(struct sluice_client *c, uint64_t id)
+{
+    struct proto_msg req = {.kind = PROTO_KIND_CANCEL, .request_id = id}, rep;
+    int              rc = client_call(c, &req, &rep, 2000);
+    if (rc == 0)
+        proto_msg_clear(&rep);
+    return rc;
+}
+
+int sluice_client_cancel(struct sluice_client *c, uint64_t id)
+{
+    if (!c)
+        return client_fail(SLUICE_EINVAL, "no client");
+    if (id == 0)
+        id = atomic_load_explicit(&c->current_id, memory_order_acquire);
+    if (id == 0)
+        return client_fail(SLUICE_ENOENT, "no generation is running");
+    return client_send_cancel(c, id);
+}
+
+void sluice_client_request_cancel(struct sluice_client *c)
+{
+    if (c)
+        atomic_store_explicit(&c->cancel_flag, 1, memory_order_release);
+}
+
+static int client_submit(struct sluice_client *c, const struct sluice_generate_opts *o, uint64_t id)
+{
+    if ((o->prompt != NULL) == (o->n_messages != 0))
+        return client_fail(SLUICE_EINVAL, "give a prompt or messages");
+    if (o->n_messages > PROTO_MAX_MESSAGES || o->n_stops > PROTO_MAX_STOPS)
+        return client_fail(SLUICE_EINVAL, "at most %u messages and %u stop strings",
+                           PROTO_MAX_MESSAGES, PROTO_MAX_STOPS);
+    struct proto_msg *req = calloc(1, sizeof(*req));
+    if (!req)
+        return client_fail(SLUICE_ENOMEM, "out of memory");
+    req->kind = PROTO_KIND_GENERATE;
+    req->request_id = id;
+    struct proto_generate *g = &req->u.generate;
+    int                    rc = 0;
+    g->prompt = o->prompt ? client_unconst(o->prompt) : NULL;
+    for (size_t i = 0; i < o->n_messages && rc == 0; i++) {
+        const struct sluice_chat_message *m = &o->messages[i];
+        if (!m->role || !m->content || strlen(m->role) >= PROTO_MAX_ROLE)
+            rc = client_fail(SLUICE_EINVAL, "message %zu: missing or too long role/content", i);
+        else {
+            snprintf(g->messages[i].role, PROTO_MAX_ROLE, "%s", m->role);
+            g->messages[i].content = client_unconst(m->content);
+        }
+    }
+    g->n_messages = (uint32_t)o->n_messages;
+    for (size_t i = 0; i < o->n_stops && rc == 0; i++) {
+        if (!o->stops[i] || strlen(o->stops[i]) >= PROTO_MAX_STOP_LEN)
+            rc = client_fail(SLUICE_EINVAL, "stop string %zu missing or longer than %u bytes", i,
+                             PROTO_MAX_STOP_LEN - 1);
+        else
+            snprintf(g->stops[i], PROTO_MAX_STOP_LEN, "%s", o->stops[i]);
+    }
+    g->n_stops = (uint32_t)o->n_stops;
+    g->sampling = (struct proto_sampling){.temp = o->temp,
+                                          .top_k = o->top_k,
+                                          .top_p = o->top_p,
+                                          .min_p = o->min_p,
+                                          .repeat_penalty = o->repeat_penalty,
+                                          .repeat_last_n = o->repeat_last_n,
+                                          .seed = o->seed};
+    g->max_tokens = o->max_tokens;
+    g->stream = !o->no_stream;
+    g->special = o->special;
+    struct proto_msg rep;
+    if (rc == 0 && (rc = client_call(c, req, &rep, 30000)) == 0) {
+        if (rep.kind != PROTO_KIND_OK)
+            rc = client_fail(SLUICE_EPROTO, "router answered GENERATE with %s",
+                             proto_kind_name(rep.kind));
+        proto_msg_clear(&rep);
+    }
+    free(req); /* borrowed strings: never proto_msg_clear'd */
+    return rc;
+}
+
+int sluice_client_generate(struct sluice_client *c, const struct sluice_generate_opts *o,
+                           sluice_piece_fn cb, void *arg, struct sluice_generate_result *out)
+{
+    client_err[0] = '\0';
+    if (!c || !o || !out)
+        return client_fail(SLUICE_EINVAL, "missing client, options or result");
+    memset(out, 0, sizeof(*out));
+    uint64_t id = o->id ? o->id : client_random_id();
+    out->id = id;
+    atomic_store_explicit(&c->cancel_flag, 0, memory_order_relaxed);
+    int rc = client_submit(c, o, id);
+    if (rc < 0)
+        return rc;
+    atomic_store_explicit(&c->current_id, id, memory_order_release);
+    bool     cancel_sent = false;
+    unsigned timeouts = 0;
+    for (;;) {
+        if (!cancel_sent && atomic_load_explicit(&c->cancel_flag, memory_order_acquire)) {
+            cancel_sent = true;
+            if ((rc = client_send_cancel(c, id)) < 0 && rc != SLUICE_ENOENT)
+                break;
+        }
+        struct proto_msg req = {.kind = PROTO_KIND_POLL, .request_id = id}, rep;
+        req.u.poll.timeout_ms = CLIENT_POLL_MS;
+        rc = client_call(c, &req, &rep, CLIENT_POLL_MS + CLIENT_CALL_SLACK_MS);
+        if (rc == SLUICE_ETIMEDOUT && ++timeouts < CLIENT_MAX_TIMEOUTS)
+            continue;
+        if (rc == SLUICE_ETIMEDOUT) {
+            rc = client_fail(SLUICE_ECLOSED, "router not running: no answer from %s in %u calls",
+                             c->url, CLIENT_MAX_TIMEOUTS);
+            break;
+        }
+        if (rc == SLUICE_ENOENT) {
+            client_fail(rc,
+                        "the router no longer knows request %llu (restarted, or dropped "
+                        "it after the client timeout)",
+                        (unsigned long long)id);
+            break;
+        }
+        if (rc < 0)
+            break;
+        timeouts = 0;
+        if (rep.kind != PROTO_KIND_EVENTS) {
+            proto_msg_clear(&rep);
+            rc = client_fail(SLUICE_EPROTO, "router answered POLL with %s",
+                             proto_kind_name(rep.kind));
+            break;
+        }
+        const struct proto_events *ev = &rep.u.events;
+        size_t                     tlen = ev->text ? strlen(ev->text) : 0;
+        if ((tlen || ev->n_tokens) && cb && !cancel_sent &&
+            cb(arg, ev->text ? ev->text : "", tlen, ev->tokens, ev->n_tokens) != 0)
+            sluice_client_request_cancel(c);
+        bool done = ev->done;
+        if (done) {
+            out->reason = (enum sluice_stop)ev->reason;
+            out->n_prompt = ev->stats.n_prompt;
+            out->n_generated = ev->stats.n_generated;
+            out->queue_ms = ev->stats.queue_ms;
+            out->prompt_ms = ev->stats.prompt_ms;
+            out->decode_ms = ev->stats.decode_ms;
+            out->error_code = ev->error_code;
+            snprintf(out->error, sizeof(out->error), "%s", ev->error_text);
+        }
+        proto_msg_clear(&rep);
+        if (done) {
+            rc = 0;
+            break;
+        }
+    }
+    atomic_store_explicit(&c->current_id, 0, memory_order_release);
+    return rc;
+}

@@ -1,0 +1,250 @@
+/* tests/router/test_client.c - the sluice client library against an in-process router and a
+ * fake executor: streamed pieces in order, result stats, cancel, clear errors. */
+#include <criterion/criterion.h>
+
+#include "fake_exec.h"
+#include "fixture.h"
+#include "serve.h"
+#include "sluice_client.h"
+
+#define MODEL "moe-tiny/moe-tiny-q8_0.gguf"
+
+static char                *t_dir;
+static char                *t_model;
+static char                 t_sock[700];
+static struct fake_exec     t_exec;
+static struct router_serve *t_serve;
+static struct router_vocab *t_vocab;
+
+static void client_setup(void)
+{
+    t_model = fixture_path(MODEL);
+    if (!t_model)
+        return;
+    t_dir = fixture_tmpdir();
+    cr_assert_eq(fake_exec_start(&t_exec, t_dir), 0);
+    struct router_serve_opts o = {
+        .model_path = t_model, .run_dir = t_dir, .n_ctx = 64, .n_seq = 2, .connect_timeout_s = 5};
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(router_serve_create(&o, &t_serve, &e), 0, "%s", e.text);
+    snprintf(t_sock, sizeof(t_sock), "%s/router.sock", t_dir);
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(t_model, NULL, &g, NULL), 0);
+    cr_assert_eq(router_vocab_load(g, &t_vocab, NULL), 0);
+    common_gguf_close(g);
+}
+
+static void client_teardown(void)
+{
+    if (!t_model)
+        return;
+    router_serve_destroy(t_serve);
+    fake_exec_stop(&t_exec);
+    router_vocab_destroy(t_vocab);
+    fixture_rmtree(t_dir);
+    free(t_dir);
+    free(t_model);
+    t_model = NULL;
+}
+
+#define SKIP_WITHOUT_MODEL()                                                                       \
+    if (!t_model)                                                                                  \
+    cr_skip_test("fixture %s not found: skipped", MODEL)
+
+struct collect {
+    struct router_tokens toks;
+    struct router_text   text;
+    int                  calls;
+    int                  cancel_after; /* return 1 after this many tokens; 0 = never */
+};
+
+static int collect_piece(void *arg, const char *text, size_t len, const int32_t *tokens,
+                         size_t n_tokens)
+{
+    struct collect *c = arg;
+    c->calls++;
+    router_text_append(&c->text, text, len);
+    for (size_t i = 0; i < n_tokens; i++)
+        router_tokens_push(&c->toks, tokens[i]);
+    return c->cancel_after && c->toks.n >= (size_t)c->cancel_after;
+}
+
+static struct sluice_generate_opts greedy(const char *prompt, uint32_t n)
+{
+    struct sluice_generate_opts o;
+    sluice_generate_opts_init(&o);
+    o.prompt = prompt;
+    o.temp = 0.0f;
+    o.max_tokens = n;
+    return o;
+}
+
+Test(router_client, generate_streams_in_order, .init = client_setup, .fini = client_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 3000); /* several polls, several pieces */
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0, "%s", sluice_last_error());
+    struct sluice_generate_opts   o = greedy("Once upon a time", 20);
+    struct collect                col = {0};
+    struct sluice_generate_result res;
+    cr_assert_eq(sluice_client_generate(c, &o, collect_piece, &col, &res), 0, "%s",
+                 sluice_last_error());
+    cr_assert_eq(res.reason, SLUICE_STOP_LENGTH);
+    cr_assert_eq(res.n_generated, 20);
+    cr_assert_eq(col.toks.n, 20);
+    cr_assert_gt(col.calls, 1, "streamed in one piece");
+    struct router_tokens p = {0};
+    router_tokenize(t_vocab, o.prompt, strlen(o.prompt),
+                    &(struct router_tokenize_opts){.add_special = true}, &p);
+    cr_assert_eq(res.n_prompt, p.n);
+    int32_t want[20];
+    fake_expected(p.ids, (uint32_t)p.n, 20, router_vocab_n_tokens(t_vocab), want);
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(col.toks.ids[i], want[i], "token %d out of order or wrong", i);
+    struct router_text text = {0};
+    cr_assert_eq(router_detokenize(t_vocab, col.toks.ids, col.toks.n,
+                                   &(struct router_detok_opts){.keep_leading_space = true}, &text),
+                 0);
+    cr_assert_eq(col.text.len, text.len);
+    cr_assert(text.len == 0 || memcmp(col.text.ptr, text.ptr, text.len) == 0);
+    cr_assert_geq(res.decode_ms, 0.0);
+    cr_assert_geq(res.prompt_ms, 0.0);
+    router_tokens_fini(&p);
+    router_tokens_fini(&col.toks);
+    router_text_fini(&col.text);
+    router_text_fini(&text);
+    sluice_client_close(c);
+}
+
+Test(router_client, no_stream_gives_one_piece, .init = client_setup, .fini = client_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0, "%s", sluice_last_error());
+    struct sluice_generate_opts o = greedy("Hello", 10);
+    o.no_stream = true;
+    struct collect                col = {0};
+    struct sluice_generate_result res;
+    cr_assert_eq(sluice_client_generate(c, &o, collect_piece, &col, &res), 0);
+    cr_assert_eq(col.calls, 1);
+    cr_assert_eq(col.toks.n, 10);
+    router_tokens_fini(&col.toks);
+    router_text_fini(&col.text);
+    sluice_client_close(c);
+}
+
+Test(router_client, callback_cancels, .init = client_setup, .fini = client_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 10000);
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0);
+    struct sluice_generate_opts   o = greedy("Once upon a time", 0);
+    struct collect                col = {.cancel_after = 3};
+    struct sluice_generate_result res;
+    cr_assert_eq(sluice_client_generate(c, &o, collect_piece, &col, &res), 0, "%s",
+                 sluice_last_error());
+    cr_assert_eq(res.reason, SLUICE_STOP_CANCEL);
+    cr_assert_lt(res.n_generated, 60);
+    cr_assert_eq(sluice_client_cancel(c, 0), SLUICE_ENOENT); /* nothing running */
+    router_tokens_fini(&col.toks);
+    router_text_fini(&col.text);
+    sluice_client_close(c);
+}
+
+struct canceller {
+    struct sluice_client *c;
+};
+
+static void *cancel_later(void *arg)
+{
+    struct canceller *k = arg;
+    usleep(150000);
+    sluice_client_request_cancel(k->c);
+    return NULL;
+}
+
+Test(router_client, request_cancel_from_another_thread, .init = client_setup,
+     .fini = client_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 10000);
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0);
+    struct canceller k = {c};
+    pthread_t        t;
+    pthread_create(&t, NULL, cancel_later, &k);
+    struct sluice_generate_opts   o = greedy("Once upon a time", 0);
+    struct sluice_generate_result res;
+    cr_assert_eq(sluice_client_generate(c, &o, NULL, NULL, &res), 0);
+    pthread_join(t, NULL);
+    cr_assert_eq(res.reason, SLUICE_STOP_CANCEL);
+    sluice_client_close(c);
+}
+
+Test(router_client, refused_request_has_code_and_message, .init = client_setup,
+     .fini = client_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0);
+    char big[1024] = {0};
+    for (size_t i = 0; i + 4 < sizeof(big); i += 4)
+        memcpy(big + i, "abc ", 4);
+    struct sluice_generate_opts   o = greedy(big, 4);
+    struct sluice_generate_result res;
+    cr_assert_eq(sluice_client_generate(c, &o, NULL, NULL, &res), SLUICE_ERANGE);
+    cr_assert(strstr(sluice_last_error(), "context holds 64"), "%s", sluice_last_error());
+    o = greedy("x", 4);
+    o.top_p = 3.0f;
+    cr_assert_eq(sluice_client_generate(c, &o, NULL, NULL, &res), SLUICE_EINVAL);
+    sluice_client_close(c);
+}
+
+Test(router_client, missing_socket_fails_fast, .timeout = 10)
+{
+    char *dir = fixture_tmpdir();
+    char  path[600];
+    snprintf(path, sizeof(path), "%s/router.sock", dir);
+    struct sluice_client *c = NULL;
+    uint64_t              t0 = common_now_ns();
+    cr_assert_eq(sluice_client_connect(path, &c), SLUICE_ECLOSED);
+    cr_assert_lt(common_now_ns() - t0, 1000000000ull);
+    cr_assert(strstr(sluice_last_error(), "not running"), "%s", sluice_last_error());
+    cr_assert_null(c);
+    /* A socket file nobody listens on: still a clear error, within the HELLO timeout. */
+    struct proto_server *srv = NULL;
+    char                 url[700];
+    snprintf(url, sizeof(url), "ipc://%s", path);
+    cr_assert_eq(proto_server_start(url, NULL, fake_exec_handler, NULL, &srv, NULL), 0);
+    proto_server_stop(srv); /* a stale socket file, or none */
+    t0 = common_now_ns();
+    cr_assert_eq(sluice_client_connect(path, &c), SLUICE_ECLOSED);
+    cr_assert_lt(common_now_ns() - t0, 4000000000ull);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(router_client, router_gone_mid_generation_is_closed, .init = client_setup,
+     .fini = client_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 10000);
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0);
+    struct sluice_generate_opts   o = greedy("Once upon a time", 0);
+    struct sluice_generate_result res;
+    struct collect                col = {0};
+    router_serve_destroy(t_serve); /* the router goes away after the client connected */
+    t_serve = NULL;
+    uint64_t t0 = common_now_ns();
+    int      rc = sluice_client_generate(c, &o, collect_piece, &col, &res);
+    cr_assert(rc == SLUICE_ECLOSED || rc == SLUICE_ETIMEDOUT, "rc %d: %s", rc, sluice_last_error());
+    cr_assert_lt(common_now_ns() - t0, 40000000000ull);
+    router_tokens_fini(&col.toks);
+    router_text_fini(&col.text);
+    sluice_client_close(c);
+}

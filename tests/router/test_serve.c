@@ -1,0 +1,468 @@
+/* tests/router/test_serve.c - the router service against a fake executor: generation, cancel,
+ * bad requests, garbage, executor restart. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "fake_exec.h"
+#include "fixture.h"
+#include "serve.h"
+
+#define MODEL "moe-tiny/moe-tiny-q8_0.gguf"
+
+static char                *t_dir;
+static char                *t_model;
+static char                 t_url[600];
+static struct fake_exec     t_exec;
+static struct router_serve *t_serve;
+static struct router_vocab *t_vocab;
+static uint32_t             t_n_vocab;
+
+static void serve_setup_with(uint32_t n_seq, uint32_t queue, uint32_t client_timeout_s)
+{
+    t_model = fixture_path(MODEL);
+    if (!t_model)
+        return;
+    t_dir = fixture_tmpdir();
+    cr_assert_not_null(t_dir);
+    cr_assert_eq(fake_exec_start(&t_exec, t_dir), 0);
+    struct router_serve_opts o = {.model_path = t_model,
+                                  .run_dir = t_dir,
+                                  .n_ctx = 64,
+                                  .n_seq = n_seq,
+                                  .queue_max = queue,
+                                  .client_timeout_s = client_timeout_s,
+                                  .connect_timeout_s = 5};
+    struct common_errmsg     e = {{0}};
+    int                      rc = router_serve_create(&o, &t_serve, &e);
+    cr_assert_eq(rc, 0, "router_serve_create: %s", e.text);
+    snprintf(t_url, sizeof(t_url), "%s", router_serve_url(t_serve));
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(t_model, NULL, &g, NULL), 0);
+    cr_assert_eq(router_vocab_load(g, &t_vocab, NULL), 0);
+    common_gguf_close(g);
+    t_n_vocab = router_vocab_n_tokens(t_vocab);
+}
+
+static void serve_setup(void)
+{
+    serve_setup_with(2, 2, 60);
+}
+
+static void serve_teardown(void)
+{
+    if (!t_model)
+        return;
+    router_serve_destroy(t_serve);
+    t_serve = NULL;
+    fake_exec_stop(&t_exec);
+    router_vocab_destroy(t_vocab);
+    t_vocab = NULL;
+    fixture_rmtree(t_dir);
+    free(t_dir);
+    free(t_model);
+    t_model = NULL;
+}
+
+#define SKIP_WITHOUT_MODEL()                                                                       \
+    if (!t_model)                                                                                  \
+    cr_skip_test("fixture %s not found: skipped", MODEL)
+
+static struct proto_msg greedy_req(uint64_t id, const char *prompt, uint32_t max_tokens)
+{
+    struct proto_msg m = {.kind = PROTO_KIND_GENERATE, .request_id = id};
+    m.u.generate.prompt = (char *)(uintptr_t)prompt;
+    m.u.generate.sampling = (struct proto_sampling){.temp = 0.0f, .top_p = 1.0f};
+    m.u.generate.max_tokens = max_tokens;
+    m.u.generate.stream = true;
+    return m;
+}
+
+/* Sends `m` and returns the reply kind (ERROR code in *code). */
+static int call(const struct proto_msg *m, struct proto_msg *rep)
+{
+    struct common_errmsg e = {{0}};
+    int                  rc = proto_call(t_url, m, rep, 10000, &e);
+    cr_assert_eq(rc, 0, "call failed: %s", e.text);
+    return rep->kind == PROTO_KIND_ERROR ? rep->u.error.code : 0;
+}
+
+static int submit(const struct proto_msg *m)
+{
+    struct proto_msg rep;
+    int              rc = call(m, &rep);
+    if (rc == 0)
+        cr_assert_eq(rep.kind, PROTO_KIND_OK);
+    proto_msg_clear(&rep);
+    return rc;
+}
+
+/* Polls `id` to the end; collects tokens and text. Returns the stop reason. */
+static enum proto_stop_reason poll_all(uint64_t id, struct router_tokens *toks,
+                                       struct router_text *text, struct proto_final_stats *st)
+{
+    for (int i = 0; i < 1000; i++) {
+        struct proto_msg m = {.kind = PROTO_KIND_POLL, .request_id = id}, rep;
+        m.u.poll.timeout_ms = 500;
+        cr_assert_eq(call(&m, &rep), 0, "poll: %s", rep.u.error.message);
+        cr_assert_eq(rep.kind, PROTO_KIND_EVENTS);
+        for (uint32_t k = 0; k < rep.u.events.n_tokens; k++)
+            router_tokens_push(toks, rep.u.events.tokens[k]);
+        if (rep.u.events.text)
+            router_text_append(text, rep.u.events.text, strlen(rep.u.events.text));
+        bool                   done = rep.u.events.done;
+        enum proto_stop_reason r = rep.u.events.reason;
+        if (st)
+            *st = rep.u.events.stats;
+        proto_msg_clear(&rep);
+        if (done)
+            return r;
+    }
+    cr_assert_fail("request %llu never finished", (unsigned long long)id);
+    return PROTO_STOP_NONE;
+}
+
+/* The tokens `sluice run` would feed: BOS + the prompt. */
+static struct router_tokens tokenize(const char *prompt)
+{
+    struct router_tokens t = {0};
+    cr_assert_eq(router_tokenize(t_vocab, prompt, strlen(prompt),
+                                 &(struct router_tokenize_opts){.add_special = true}, &t),
+                 0);
+    return t;
+}
+
+static void check_greedy(const char *prompt, const struct router_tokens *got, uint32_t n)
+{
+    struct router_tokens p = tokenize(prompt);
+    int32_t              want[64];
+    cr_assert_leq(n, 64);
+    fake_expected(p.ids, (uint32_t)p.n, n, t_n_vocab, want);
+    cr_assert_eq(got->n, n, "%zu tokens, want %u", got->n, n);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(got->ids[i], want[i], "token %u: %d, want %d", i, got->ids[i], want[i]);
+    router_tokens_fini(&p);
+}
+
+Test(router_serve, generate_matches_greedy_decoding, .init = serve_setup, .fini = serve_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct proto_msg m = greedy_req(11, "Once upon a time", 12);
+    cr_assert_eq(submit(&m), 0);
+    struct router_tokens     toks = {0};
+    struct router_text       text = {0};
+    struct proto_final_stats st;
+    cr_assert_eq(poll_all(11, &toks, &text, &st), PROTO_STOP_LENGTH);
+    check_greedy("Once upon a time", &toks, 12);
+    /* The text is the streaming detokenization of the tokens. */
+    struct router_text         want = {0};
+    struct router_detok_stream ds;
+    router_detok_stream_init(&ds, t_vocab, &(struct router_detok_opts){.keep_leading_space = true});
+    for (size_t i = 0; i < toks.n; i++)
+        router_detok_stream_push(&ds, toks.ids[i], &want);
+    router_detok_stream_flush(&ds, &want);
+    cr_assert_eq(text.len, want.len);
+    if (want.len)
+        cr_assert_arr_eq(text.ptr, want.ptr, want.len);
+    struct router_tokens p = tokenize("Once upon a time");
+    cr_assert_eq(st.n_prompt, p.n);
+    cr_assert_eq(st.n_generated, 12);
+    /* Finished and polled: the id is gone. */
+    struct proto_msg q = {.kind = PROTO_KIND_POLL, .request_id = 11}, rep;
+    cr_assert_eq(call(&q, &rep), COMMON_ENOENT);
+    router_tokens_fini(&p);
+    router_tokens_fini(&toks);
+    router_text_fini(&text);
+    router_text_fini(&want);
+}
+
+Test(router_serve, no_stream_replies_once_when_done, .init = serve_setup, .fini = serve_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct proto_msg m = greedy_req(12, "Hello world", 8);
+    m.u.generate.stream = false;
+    cr_assert_eq(submit(&m), 0);
+    struct proto_msg q = {.kind = PROTO_KIND_POLL, .request_id = 12}, rep;
+    q.u.poll.timeout_ms = 10000;
+    cr_assert_eq(call(&q, &rep), 0);
+    cr_assert(rep.u.events.done);
+    cr_assert_eq(rep.u.events.n_tokens, 8);
+    struct router_tokens got = {0};
+    for (uint32_t i = 0; i < 8; i++)
+        router_tokens_push(&got, rep.u.events.tokens[i]);
+    check_greedy("Hello world", &got, 8);
+    proto_msg_clear(&rep);
+    router_tokens_fini(&got);
+}
+
+struct poller {
+    uint64_t               id;
+    struct router_tokens   toks;
+    struct router_text     text;
+    enum proto_stop_reason reason;
+};
+
+static void *poller_main(void *arg)
+{
+    struct poller *p = arg;
+    p->reason = poll_all(p->id, &p->toks, &p->text, NULL);
+    return NULL;
+}
+
+Test(router_serve, two_concurrent_requests, .init = serve_setup, .fini = serve_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 500);
+    struct proto_msg a = greedy_req(21, "The quick brown fox", 20);
+    struct proto_msg b = greedy_req(22, "A completely different prompt", 16);
+    cr_assert_eq(submit(&a), 0);
+    cr_assert_eq(submit(&b), 0);
+    struct poller pa = {.id = 21}, pb = {.id = 22};
+    pthread_t     ta, tb;
+    pthread_create(&ta, NULL, poller_main, &pa);
+    pthread_create(&tb, NULL, poller_main, &pb);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_assert_eq(pa.reason, PROTO_STOP_LENGTH);
+    cr_assert_eq(pb.reason, PROTO_STOP_LENGTH);
+    check_greedy("The quick brown fox", &pa.toks, 20);
+    check_greedy("A completely different prompt", &pb.toks, 16);
+    router_tokens_fini(&pa.toks);
+    router_tokens_fini(&pb.toks);
+    router_text_fini(&pa.text);
+    router_text_fini(&pb.text);
+}
+
+Test(router_serve, cancel_ends_with_cancel, .init = serve_setup, .fini = serve_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 20000);
+    struct proto_msg m = greedy_req(31, "Once upon a time", 0);
+    cr_assert_eq(submit(&m), 0);
+    struct proto_msg q = {.kind = PROTO_KIND_POLL, .request_id = 31}, rep;
+    q.u.poll.timeout_ms = 5000;
+    cr_assert_eq(call(&q, &rep), 0);
+    cr_assert_not(rep.u.events.done);
+    proto_msg_clear(&rep);
+    struct proto_msg c = {.kind = PROTO_KIND_CANCEL, .request_id = 31};
+    cr_assert_eq(call(&c, &rep), 0);
+    cr_assert_eq(rep.kind, PROTO_KIND_OK);
+    struct router_tokens toks = {0};
+    struct router_text   text = {0};
+    cr_assert_eq(poll_all(31, &toks, &text, NULL), PROTO_STOP_CANCEL);
+    cr_assert_eq(call(&c, &rep), COMMON_ENOENT);
+    router_tokens_fini(&toks);
+    router_text_fini(&text);
+}
+
+Test(router_serve, context_full_stops, .init = serve_setup, .fini = serve_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct proto_msg m = greedy_req(32, "Once upon a time", 0); /* until the context is full */
+    cr_assert_eq(submit(&m), 0);
+    struct router_tokens toks = {0};
+    struct router_text   text = {0};
+    cr_assert_eq(poll_all(32, &toks, &text, NULL), PROTO_STOP_CONTEXT);
+    struct router_tokens p = tokenize("Once upon a time");
+    /* As `sluice run`: the last token is picked when every position is used. */
+    cr_assert_eq(p.n + toks.n, 64 + 1);
+    check_greedy("Once upon a time", &toks, (uint32_t)toks.n);
+    router_tokens_fini(&p);
+    router_tokens_fini(&toks);
+    router_text_fini(&text);
+}
+
+static int generate_error(struct proto_msg *m, char *msg, size_t len)
+{
+    struct proto_msg rep;
+    int              rc = call(m, &rep);
+    if (msg)
+        snprintf(msg, len, "%s", rc ? rep.u.error.message : "");
+    proto_msg_clear(&rep);
+    return rc;
+}
+
+Test(router_serve, bad_requests_get_error_codes, .init = serve_setup, .fini = serve_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct proto_msg m = greedy_req(41, "Hello", 4);
+    m.u.generate.sampling.temp = NAN;
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, "Hello", 4);
+    m.u.generate.sampling.top_p = 2.0f;
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, "Hello", 4);
+    m.u.generate.sampling.min_p = -0.5f;
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, "Hello", 4);
+    m.u.generate.sampling.top_k = -3;
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, "", 4);
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, NULL, 4);
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, "Hello", 4);
+    m.u.generate.n_stops = 1; /* an empty stop string */
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+
+    char big[2048] = {0};
+    for (size_t i = 0; i + 6 < sizeof(big); i += 6)
+        memcpy(big + i, "hello ", 6);
+    m = greedy_req(42, big, 4);
+    char msg[PROTO_MAX_ERROR_TEXT];
+    cr_assert_eq(generate_error(&m, msg, sizeof(msg)), COMMON_ERANGE);
+    cr_assert(strstr(msg, "context holds 64"), "message: %s", msg);
+
+    struct proto_msg q = {.kind = PROTO_KIND_POLL, .request_id = 999}, rep;
+    cr_assert_eq(call(&q, &rep), COMMON_ENOENT);
+    q.kind = PROTO_KIND_CANCEL;
+    cr_assert_eq(call(&q, &rep), COMMON_ENOENT);
+    q.kind = PROTO_KIND_ATTACH; /* not the router's business */
+    memset(&q.u, 0, sizeof(q.u));
+    cr_assert_eq(call(&q, &rep), COMMON_EPROTO);
+    struct proto_msg cfg = {.kind = PROTO_KIND_CONFIGURE};
+    snprintf(cfg.u.configure.key, PROTO_MAX_KEY, "no.such.key");
+    cr_assert_eq(call(&cfg, &rep), COMMON_EINVAL);
+    snprintf(cfg.u.configure.key, PROTO_MAX_KEY, "log.level");
+    snprintf(cfg.u.configure.value, PROTO_MAX_VALUE, "warn");
+    cr_assert_eq(call(&cfg, &rep), 0);
+    struct proto_msg lm = {.kind = PROTO_KIND_LOAD_MODEL};
+    snprintf(lm.u.load_model.path, PROTO_MAX_PATH, "/nonexistent.gguf");
+    cr_assert_eq(call(&lm, &rep), COMMON_ENOTSUP);
+    snprintf(lm.u.load_model.path, PROTO_MAX_PATH, "%s", t_model);
+    cr_assert_eq(call(&lm, &rep), 0);
+}
+
+Test(router_serve, garbage_gets_error_and_service_continues, .init = serve_setup,
+     .fini = serve_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 5000);
+    cr_assert_eq(nng_dial(s, t_url, NULL, 0), 0);
+    const char junk[] = "\x01\x02garbage, not a flatbuffer\xff\xfe";
+    cr_assert_eq(nng_send(s, (void *)(uintptr_t)junk, sizeof(junk), 0), 0);
+    void  *buf = NULL;
+    size_t len = 0;
+    cr_assert_eq(nng_recv(s, &buf, &len, NNG_FLAG_ALLOC), 0);
+    struct proto_msg rep;
+    cr_assert_eq(proto_decode(buf, len, &rep), 0);
+    cr_assert_eq(rep.kind, PROTO_KIND_ERROR);
+    cr_assert_eq(rep.u.error.code, COMMON_EPROTO);
+    nng_free(buf, len);
+    nng_close(s);
+    struct proto_msg h = {.kind = PROTO_KIND_HELLO}, hr;
+    h.u.hello.major = PROTO_VERSION_MAJOR;
+    h.u.hello.role = PROTO_ROLE_CLIENT;
+    cr_assert_eq(call(&h, &hr), 0);
+    cr_assert_eq(hr.kind, PROTO_KIND_HELLO);
+    cr_assert_eq(hr.u.hello.role, PROTO_ROLE_ROUTER);
+    struct proto_msg m = greedy_req(51, "Still alive", 3);
+    cr_assert_eq(submit(&m), 0);
+    struct router_tokens toks = {0};
+    struct router_text   text = {0};
+    cr_assert_eq(poll_all(51, &toks, &text, NULL), PROTO_STOP_LENGTH);
+    router_tokens_fini(&toks);
+    router_text_fini(&text);
+}
+
+static double stat_of(const char *name)
+{
+    struct proto_msg m = {.kind = PROTO_KIND_STATS}, rep;
+    cr_assert_eq(call(&m, &rep), 0);
+    cr_assert_eq(rep.kind, PROTO_KIND_STATS_REPLY);
+    for (uint32_t i = 0; i < rep.u.stats.n_stats; i++)
+        if (strcmp(rep.u.stats.stats[i].name, name) == 0)
+            return rep.u.stats.stats[i].value;
+    cr_assert_fail("no stat %s", name);
+    return -1;
+}
+
+static void serve_setup_small(void)
+{
+    serve_setup_with(1, 1, 60);
+}
+
+Test(router_serve, queue_full_is_busy_and_drain_refuses, .init = serve_setup_small,
+     .fini = serve_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 20000);
+    struct proto_msg a = greedy_req(61, "one", 0), b = greedy_req(62, "two", 0),
+                     c = greedy_req(63, "three", 0);
+    cr_assert_eq(submit(&a), 0);
+    for (int i = 0; i < 100 && stat_of("requests.active") < 1; i++)
+        usleep(10000);
+    cr_assert_eq(submit(&b), 0); /* queued */
+    char msg[PROTO_MAX_ERROR_TEXT];
+    cr_assert_eq(generate_error(&c, msg, sizeof(msg)), COMMON_EBUSY);
+    cr_assert(strstr(msg, "queue"), "message: %s", msg);
+    struct proto_msg d = {.kind = PROTO_KIND_DRAIN}, rep;
+    cr_assert_eq(call(&d, &rep), 0);
+    struct proto_msg h = {.kind = PROTO_KIND_HEALTH};
+    cr_assert_eq(call(&h, &rep), 0);
+    cr_assert_eq(rep.u.health.state, PROTO_HEALTH_DRAINING);
+    struct proto_msg e = greedy_req(64, "four", 1);
+    cr_assert_eq(generate_error(&e, NULL, 0), COMMON_EBUSY);
+    struct proto_msg x = {.kind = PROTO_KIND_CANCEL, .request_id = 61};
+    cr_assert_eq(call(&x, &rep), 0);
+    x.request_id = 62;
+    cr_assert_eq(call(&x, &rep), 0);
+    cr_assert_eq(stat_of("requests.cancelled"), 2.0);
+}
+
+Test(router_serve, executor_restart_replays_bit_identical, .init = serve_setup,
+     .fini = serve_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 2000);
+    struct proto_msg m = greedy_req(71, "Once upon a time there was", 30);
+    cr_assert_eq(submit(&m), 0);
+    struct router_tokens toks = {0};
+    struct router_text   text = {0};
+    /* Wait for a few tokens, then "restart" the executor. */
+    while (toks.n < 5) {
+        struct proto_msg q = {.kind = PROTO_KIND_POLL, .request_id = 71}, rep;
+        q.u.poll.timeout_ms = 2000;
+        cr_assert_eq(call(&q, &rep), 0);
+        for (uint32_t k = 0; k < rep.u.events.n_tokens; k++)
+            router_tokens_push(&toks, rep.u.events.tokens[k]);
+        cr_assert_not(rep.u.events.done);
+        proto_msg_clear(&rep);
+    }
+    fake_exec_restart(&t_exec);
+    cr_assert_eq(poll_all(71, &toks, &text, NULL), PROTO_STOP_LENGTH);
+    check_greedy("Once upon a time there was", &toks, 30);
+    cr_assert_geq(atomic_load(&t_exec.n_attaches), 2);
+    cr_assert_geq(stat_of("replays"), 1.0);
+    cr_assert_geq(stat_of("executor.restarts"), 1.0);
+    router_tokens_fini(&toks);
+    router_text_fini(&text);
+}
+
+static void serve_setup_short_timeout(void)
+{
+    serve_setup_with(1, 4, 1);
+}
+
+Test(router_serve, abandoned_request_is_dropped, .init = serve_setup_short_timeout,
+     .fini = serve_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 20000);
+    struct proto_msg m = greedy_req(81, "nobody polls this", 0);
+    cr_assert_eq(submit(&m), 0);
+    for (int i = 0; i < 400 && stat_of("requests.dropped") < 1; i++)
+        usleep(10000);
+    cr_assert_eq(stat_of("requests.dropped"), 1.0);
+    cr_assert_eq(stat_of("requests.active"), 0.0);
+    struct proto_msg q = {.kind = PROTO_KIND_POLL, .request_id = 81}, rep;
+    cr_assert_eq(call(&q, &rep), COMMON_ENOENT);
+}
