@@ -23,6 +23,8 @@ static const struct cli_command commands[] = {
     {"perplexity", cli_cmd_perplexity,
      "perplexity of a text file, as llama-perplexity computes it"},
     {"bench", cli_cmd_bench, "prefill/decode tokens per second against measured memory bandwidth"},
+    {"generate", cli_cmd_generate, "generate text through a running sluice-router"},
+    {"ctl", cli_cmd_ctl, "send one control message to a daemon (health, stats, drain, ...)"},
 };
 
 static void cli_usage(FILE *f)
