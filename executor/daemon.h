@@ -3,6 +3,7 @@
 #ifndef EXECUTOR_DAEMON_H
 #define EXECUTOR_DAEMON_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -30,7 +31,9 @@ struct executor_remote_opts {
     uint32_t                   connect_timeout_ms; /* startup and relink deadline; 0 = 30 s */
     uint32_t                   acquire_timeout_ms; /* an ACQUIRE unanswered by a live fetcher;
                                                       0 = 120 s */
-    uint64_t instance;                             /* this executor's instance id, for ATTACH */
+    uint64_t                     instance;         /* this executor's instance id, for ATTACH */
+    const volatile sig_atomic_t *cancel; /* borrowed: the startup wait gives up (COMMON_ECLOSED)
+                                            once *cancel is set (a signal); NULL = never */
 };
 
 /* Connects to every fetcher (retrying until the deadline), checks that their shards cover each

@@ -195,7 +195,8 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
                                       .n_fetchers = c->n_fetchers,
                                       .model = st->desc,
                                       .connect_timeout_ms = c->connect_timeout_s * 1000u,
-                                      .instance = instance};
+                                      .instance = instance,
+                                      .cancel = &g_stop};
     if ((rc = executor_remote_create(&ro, &st->remote, e)) < 0)
         return rc;
     struct executor_expert_source src;
@@ -232,8 +233,10 @@ static int main_run(const struct main_config *c)
         return 1;
     }
     if ((rc = main_load(&st, c, instance, &e)) < 0) {
-        fprintf(stderr, "error: %s: %s\n", c->model, e.text[0] ? e.text : common_strerror(rc));
         main_close(&st);
+        if (g_stop) /* SIGTERM while waiting for the fetchers: a clean stop */
+            return 0;
+        fprintf(stderr, "error: %s: %s\n", c->model, e.text[0] ? e.text : common_strerror(rc));
         return 1;
     }
     struct executor_serve_opts so = {.run_dir = c->run_dir,

@@ -95,14 +95,15 @@ struct remote_loan {
 };
 
 struct executor_remote {
-    char                      *run_dir; /* owned */
-    const struct common_model *model;   /* borrowed */
-    uint32_t                   connect_timeout_ms, acquire_timeout_ms;
-    uint64_t                   instance;
-    uint32_t                   n_links;
-    struct remote_link        *links; /* owned: n_links */
-    uint32_t                  *owner; /* owned: fetcher index per expert */
-    _Atomic bool               stop;
+    char                        *run_dir; /* owned */
+    const struct common_model   *model;   /* borrowed */
+    uint32_t                     connect_timeout_ms, acquire_timeout_ms;
+    uint64_t                     instance;
+    const volatile sig_atomic_t *cancel; /* borrowed: startup wait ends when set; may be NULL */
+    uint32_t                     n_links;
+    struct remote_link          *links; /* owned: n_links */
+    uint32_t                    *owner; /* owned: fetcher index per expert */
+    _Atomic bool                 stop;
 
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */
@@ -119,9 +120,23 @@ static void remote_sleep_ms(uint32_t ms)
         ;
 }
 
+/* True when process `pid` is gone or a zombie (killed, not reaped yet by its parent). */
 static bool remote_pid_is_dead(uint32_t pid)
 {
-    return pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    if (pid == 0)
+        return false;
+    if (kill((pid_t)pid, 0) != 0)
+        return errno == ESRCH;
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
 static void remote_cond_wait_ms(pthread_cond_t *c, pthread_mutex_t *m, uint32_t ms)
@@ -500,8 +515,8 @@ static bool remote_is_gone(struct remote_link *L, const char **why)
     int              rc = remote_hello(L, &rep, NULL);
     L->last_seen_ns = now;
     if (rc < 0) {
-        /* No pid to watch: three silent probes in a row mean gone. */
-        if (++L->hello_misses >= 3 && L->pid == 0) {
+        /* Three silent probes in a row (6 s): gone, whatever its pid says. */
+        if (++L->hello_misses >= 3) {
             *why = "no HELLO reply";
             return true;
         }
@@ -836,6 +851,9 @@ static int remote_connect_all(struct executor_remote *r, struct common_errmsg *e
             /* A refusal that a retry cannot fix ends the wait now. */
             if (rc == COMMON_EPROTO || rc == COMMON_EINVAL || rc == COMMON_ENOMEM)
                 return common_errmsg_set(e, rc, "fetcher %u: %s", i, le.text);
+            if (r->cancel && *r->cancel)
+                return common_errmsg_set(e, COMMON_ECLOSED,
+                                         "interrupted while waiting for fetcher %u", i);
             if (common_now_ns() > deadline)
                 return common_errmsg_set(e, COMMON_ETIMEDOUT,
                                          "fetcher %u (%s) did not answer within %u s: %s", i,
@@ -888,6 +906,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 30000;
     r->acquire_timeout_ms = o->acquire_timeout_ms ? o->acquire_timeout_ms : 120000;
     r->instance = o->instance;
+    r->cancel = o->cancel;
     r->n_cap = 1024;
     pthread_mutex_init(&r->loan_mu, NULL);
     r->run_dir = strdup(o->run_dir);
