@@ -487,6 +487,18 @@ Test(executor_serve, control_messages, .init = t_setup1, .fini = t_teardown, .ti
 }
 
 #if SERVE_HAVE_FETCHER
+/* HEALTH state of the executor. */
+static enum proto_health_state t_health(void)
+{
+    struct proto_msg     req = {.kind = PROTO_KIND_HEALTH}, rep;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_HEALTH_REPLY);
+    enum proto_health_state st = rep.u.health.state;
+    proto_msg_clear(&rep);
+    return st;
+}
+
 Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1, .fini = t_teardown,
      .timeout = 180)
 {
@@ -496,21 +508,44 @@ Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1, 
     t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
     t_expect_same(got, want, "before the restart");
 
+    /* The fetcher goes away with a step in flight: its ACQUIREs wait for the new fetcher. */
     cr_assert_eq(fetcher_serve_stop(t.fetchers[0], NULL), 0);
     t.fetchers[0] = NULL;
-    t_fetcher_start(0);
-    /* The reader notices the new instance (HELLO probe) and relinks. */
-    struct executor_remote_stats st = {0};
-    for (int i = 0; i < 200; i++) {
-        cr_assert_eq(executor_remote_stats(t.remote, 0, &st), 0);
-        if (st.relinks > 0 && st.up)
-            break;
+    memcpy(t.tokens, t_prompt_a, sizeof(t_prompt_a));
+    struct proto_step_req q = {
+        .op = PROTO_STEP_EVAL, .seq = 0, .tag = ++t.next_tag, .pos = 0, .n = N_OF(t_prompt_a)};
+    cr_assert_eq(common_ring_push(&t.req, &q, sizeof(q)), 0);
+    enum proto_health_state hs = PROTO_HEALTH_READY;
+    for (int i = 0; i < 300 && hs != PROTO_HEALTH_DEGRADED; i++) {
         usleep(50 * 1000);
+        hs = t_health();
     }
-    cr_assert_eq(st.relinks, 1, "the executor did not follow the restart");
-    cr_assert(st.up);
-    t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
-    t_expect_same(got, want, "after the restart");
+    cr_assert_eq(hs, PROTO_HEALTH_DEGRADED, "HEALTH while the fetcher is missing");
+
+    t_fetcher_start(0);
+    struct proto_step_rep r;
+    cr_assert_eq(common_ring_pop_wait(&t.rep, &r, sizeof(r), T_WAIT_MS), (int)sizeof(r));
+    cr_assert_eq(r.tag, q.tag);
+    cr_assert_eq(r.status, 0, "the step in flight failed: %s", common_strerror(r.status));
+    struct executor_remote_stats st = {0};
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st), 0);
+    cr_expect_eq(st.relinks, 1, "the executor did not follow the restart");
+    cr_expect(st.up);
+    cr_expect_eq(t_health(), PROTO_HEALTH_READY);
+
+    /* The rest of the generation: the same tokens. */
+    const float *l = t.logits;
+    int32_t      next = 0;
+    for (uint32_t v = 1; v < t.n_vocab; v++)
+        if (l[v] > l[next])
+            next = (int32_t)v;
+    uint32_t pos = N_OF(t_prompt_a);
+    for (uint32_t i = 0; i < T_GEN; i++) {
+        got[i] = next;
+        if (i + 1 < T_GEN)
+            next = t_eval(0, pos++, &next, 1);
+    }
+    t_expect_same(got, want, "across the restart");
 }
 #endif
 
