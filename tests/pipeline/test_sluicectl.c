@@ -20,6 +20,21 @@
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
+/* The run directory of the test in progress: the fixture stops its daemons even when an
+ * assertion failed half-way, so no monitor or daemon outlives a failed test. */
+static char t_dir[2048];
+
+static void stop_leftovers(void)
+{
+    if (!t_dir[0])
+        return;
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s down --run-dir '%s' >/dev/null 2>&1", SLUICECTL, t_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_sluicectl: cleanup down in %s failed\n", t_dir);
+    t_dir[0] = '\0';
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -66,6 +81,7 @@ static void skip_without_daemons(void)
 
 static char *sluicectl_up(const char *dir, const char *model, int fetchers, int *status)
 {
+    snprintf(t_dir, sizeof(t_dir), "%s", dir);
     char cmd[4096];
     snprintf(cmd, sizeof(cmd),
              "%s up --model '%s' --run-dir '%s' --fetchers %d --bin '%s' --start-timeout 120",
@@ -331,7 +347,7 @@ Test(pipeline_sluicectl, script_usage_and_missing_binaries, .timeout = 60)
 /* ---- the daemons under sluicectl --------------------------------------------------------------
  */
 
-Test(pipeline_sluicectl, up_status_stats_restart_down, .timeout = 600)
+Test(pipeline_sluicectl, up_status_stats_restart_down, .timeout = 600, .fini = stop_leftovers)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
@@ -431,12 +447,13 @@ Test(pipeline_sluicectl, up_status_stats_restart_down, .timeout = 600)
     out = sh(cmd, &st);
     cr_assert_eq(st, 1, "status after down: %s", out);
     free(out);
+    t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
     free(model);
 }
 
-Test(pipeline_sluicectl, two_fetchers_four_ready, .timeout = 600)
+Test(pipeline_sluicectl, two_fetchers_four_ready, .timeout = 600, .fini = stop_leftovers)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
@@ -460,12 +477,13 @@ Test(pipeline_sluicectl, two_fetchers_four_ready, .timeout = 600)
     cr_assert(strstr(out, "READY"), "%s", out);
     free(out);
     down_and_check(dir, rows, n);
+    t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
     free(model);
 }
 
-Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300)
+Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300, .fini = stop_leftovers)
 {
     skip_without_daemons();
     char *dir = fixture_tmpdir();
@@ -490,6 +508,7 @@ Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300)
     cr_assert(!strstr(out, "already run by"), "%s", out);
     free(out);
     assert_dir_clean(run);
+    t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
 }
