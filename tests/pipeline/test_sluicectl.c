@@ -512,3 +512,36 @@ Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300, .fini 
     fixture_rmtree(dir);
     free(dir);
 }
+
+Test(pipeline_sluicectl, down_stops_daemons_of_a_killed_monitor, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    struct row rows[8];
+    int        n = up_and_check(dir, model, 1, rows, 8);
+    long       monitor = read_monitor_pid(dir);
+    cr_assert_gt(monitor, 1);
+    cr_assert_eq(kill((pid_t)monitor, SIGKILL), 0);
+    cr_assert(pid_gone_within(monitor, 10));
+    /* The daemons go on without it; a new up refuses to start a second set beside them. */
+    int   st;
+    char *out = sluicectl_up(dir, model, 1, &st);
+    cr_assert_eq(st, 1, "up beside orphaned daemons exited %d: %s", st, out);
+    cr_assert(strstr(out, "without a monitor"), "message: '%s'", out);
+    free(out);
+    for (int i = 0; i < n; i++)
+        cr_assert(pid_is_alive(rows[i].pid), "%s died with the monitor", rows[i].name);
+    /* down stops them all the same. */
+    sluicectl_down(dir);
+    for (int i = 0; i < n; i++)
+        cr_assert(pid_gone_within(rows[i].pid, 10), "%s (pid %ld) still runs after down",
+                  rows[i].name, rows[i].pid);
+    assert_dir_clean(dir);
+    t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
