@@ -1,0 +1,490 @@
+/* tests/pipeline/test_faults.c - the real daemons under sluicectl: same tokens as one process,
+ * kill -9 of each daemon mid-generation, many clients, garbage on every socket. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "common.h"
+#include "fixture.h"
+#include "proto.h"
+
+#define BIN        SLUICE_BINARY_DIR "/bin"
+#define SLUICECTL  SLUICE_SOURCE_DIR "/deploy/sluicectl"
+#define TINY_MODEL "moe-tiny/moe-tiny-q8_0.gguf"
+
+static const char *k_prompt = "Now it happened that";
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Runs a shell command; returns its stdout (malloc'd) and exit status. */
+static char *sh(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p, "popen %s", cmd);
+    size_t cap = 1 << 20, n = 0, r;
+    char  *out = malloc(cap);
+    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0)
+        n += r;
+    out[n] = '\0';
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void skip_without_daemons(void)
+{
+    const char *bins[] = {BIN "/sluice-fetcher", BIN "/sluice-executor", BIN "/sluice-router"};
+    for (size_t i = 0; i < 3; i++)
+        if (access(bins[i], X_OK) != 0)
+            cr_skip_test("%s is not built: skipped", bins[i]);
+}
+
+/* The run directory of the running test, stopped by fini() even after a failed assertion. */
+static char g_dir[1024];
+
+static void down(const char *dir);
+
+static void fini(void)
+{
+    if (g_dir[0])
+        down(g_dir);
+    g_dir[0] = '\0';
+}
+
+/* Starts the daemons on `model` in `dir` with `fetchers` fetchers; asserts success. */
+static void up(const char *dir, const char *model, int fetchers, const char *extra)
+{
+    char cmd[4096];
+    int  st;
+    snprintf(g_dir, sizeof(g_dir), "%s", dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s up --model %s --run-dir %s --fetchers %d --bin %s %s >%s/up.out 2>&1; "
+             "st=$?; [ $st -eq 0 ] || cat %s/up.out %s/logs/*.log >&2; exit $st",
+             SLUICECTL, model, dir, fetchers, BIN, extra ? extra : "", dir, dir, dir);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "sluicectl up failed (see stderr)");
+}
+
+static void down(const char *dir)
+{
+    char cmd[1024];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s down --run-dir %s >/dev/null 2>&1", SLUICECTL, dir);
+    free(sh(cmd, &st));
+}
+
+static pid_t read_pid(const char *dir, const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s.pid", dir, name);
+    char *s = fixture_read_all(path, NULL);
+    cr_assert_not_null(s, "no pid file %s", path);
+    pid_t pid = (pid_t)atol(s);
+    free(s);
+    cr_assert_gt(pid, 1);
+    return pid;
+}
+
+/* Waits until `name`'s pid file names a live process other than `old`. */
+static void wait_restarted(const char *dir, const char *name, pid_t old, double secs)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < secs) {
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/%s.pid", dir, name);
+        char *s = fixture_read_all(path, NULL);
+        pid_t pid = s ? (pid_t)atol(s) : 0;
+        free(s);
+        if (pid > 1 && pid != old && kill(pid, 0) == 0)
+            return;
+        usleep(50 * 1000);
+    }
+    cr_assert_fail("%s was not restarted within %.0f s", name, secs);
+}
+
+/* The text `sluice run` (one process) prints for the prompt. */
+static char *one_process(const char *model, int n, const char *sampling)
+{
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s/sluice run -m %s -p '%s' -n %d %s 2>/dev/null", BIN, model,
+             k_prompt, n, sampling);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "sluice run failed");
+    return out;
+}
+
+/* A `sluice generate` child whose stdout we read. */
+struct gen {
+    pid_t pid;
+    int   out; /* read end of its stdout */
+};
+
+static struct gen gen_start(const char *dir, int n, const char *sampling)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "exec %s/sluice generate --run-dir %s -p '%s' -n %d %s 2>>%s/gen.err", BIN, dir,
+             k_prompt, n, sampling, dir);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    return (struct gen){pid, fds[0]};
+}
+
+/* Reads until at least `want` bytes arrived (or EOF); returns the count read into buf. */
+static size_t gen_read(struct gen *g, char *buf, size_t cap, size_t have, size_t want, double secs)
+{
+    double t0 = now_s();
+    while (have < want && have + 1 < cap && now_s() - t0 < secs) {
+        struct pollfd p = {.fd = g->out, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t r = read(g->out, buf + have, cap - have - 1);
+        if (r <= 0)
+            break;
+        have += (size_t)r;
+    }
+    buf[have] = '\0';
+    return have;
+}
+
+/* Reads to EOF and reaps; returns the exit status (-1 on a signal or timeout). */
+static int gen_finish(struct gen *g, char *buf, size_t cap, size_t have, double secs)
+{
+    have = gen_read(g, buf, cap, have, cap, secs);
+    (void)have;
+    close(g->out);
+    int    st = 0;
+    double t0 = now_s();
+    while (waitpid(g->pid, &st, WNOHANG) == 0) {
+        if (now_s() - t0 > secs) {
+            kill(g->pid, SIGKILL);
+            waitpid(g->pid, &st, 0);
+            return -1;
+        }
+        usleep(20 * 1000);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A model big enough that a generation lasts a while (random weights, made once per run). */
+static char *slow_model(const char *dir)
+{
+    char *path = malloc(strlen(dir) + 32);
+    sprintf(path, "%s/slow.gguf", dir);
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s/sluice mkmodel --preset demo --size 96M -o %s >/dev/null 2>&1",
+             BIN, path);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "mkmodel failed");
+    return path;
+}
+
+/* ---- same tokens as one process ------------------------------------------------------------ */
+
+static void check_same_as_one_process(int fetchers, const char *sampling)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    up(dir, model, fetchers, NULL);
+    char *want = one_process(model, 48, sampling);
+    char  cmd[4096];
+    int   st;
+    snprintf(cmd, sizeof(cmd), "%s/sluice generate --run-dir %s -p '%s' -n 48 %s 2>%s/gen.err", BIN,
+             dir, k_prompt, sampling, dir);
+    char *got = sh(cmd, &st);
+    down(dir);
+    cr_assert_eq(st, 0, "sluice generate failed");
+    cr_assert_gt(strlen(want), 20);
+    cr_assert_str_eq(got, want, "daemons: '%s'\none process: '%s'", got, want);
+    free(got);
+    free(want);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+Test(pipeline_faults, greedy_tokens_equal_one_process, .timeout = 300, .fini = fini)
+{
+    check_same_as_one_process(1, "--temp 0");
+}
+
+Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 300, .fini = fini)
+{
+    check_same_as_one_process(2, "--temp 0.8 --seed 42");
+}
+
+/* ---- kill -9 mid-generation ---------------------------------------------------------------- */
+
+static void check_kill_midway(const char *victim)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    char *want = one_process(model, 300, "--temp 0");
+    up(dir, model, 2, NULL);
+
+    struct gen  g = gen_start(dir, 300, "--temp 0");
+    static char buf[1 << 16];
+    size_t      have = gen_read(&g, buf, sizeof(buf), 0, 8, 120);
+    cr_assert_gt(have, 0, "no output before the kill");
+    pid_t pid = read_pid(dir, victim);
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    int st = gen_finish(&g, buf, sizeof(buf), have, 240);
+    wait_restarted(dir, victim, pid, 30);
+    down(dir);
+    cr_assert_eq(st, 0, "generate failed after kill -9 %s (%s/gen.err)", victim, dir);
+    cr_assert_str_eq(buf, want, "after kill -9 %s: '%s'\nundisturbed: '%s'", victim, buf, want);
+    free(want);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(pipeline_faults, kill_fetcher_midway_same_tokens, .timeout = 600, .fini = fini)
+{
+    check_kill_midway("fetcher-1");
+}
+
+Test(pipeline_faults, kill_executor_midway_same_tokens, .timeout = 600, .fini = fini)
+{
+    check_kill_midway("executor");
+}
+
+Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 600, .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    up(dir, model, 1, NULL);
+    struct gen  g = gen_start(dir, 400, "--temp 0");
+    static char buf[1 << 16];
+    size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
+    cr_assert_gt(have, 0);
+    pid_t pid = read_pid(dir, "router");
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    double t0 = now_s();
+    int    st = gen_finish(&g, buf, sizeof(buf), have, 60);
+    cr_assert_neq(st, 0, "generate must fail when the router dies");
+    cr_assert_neq(st, -1, "generate hung or crashed after the router died");
+    cr_assert_lt(now_s() - t0, 30, "the client took too long to notice");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/gen.err", dir);
+    char *err = fixture_read_all(path, NULL);
+    cr_assert_not_null(err);
+    cr_assert(strstr(err, "router"), "the error names the router: '%s'", err);
+    free(err);
+    wait_restarted(dir, "router", pid, 30);
+    /* After the restart, a new request works. */
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "for i in $(seq 50); do %s/sluice ctl --run-dir %s --daemon router health "
+             ">/dev/null 2>&1 && break; sleep 0.2; done; "
+             "%s/sluice generate --run-dir %s -p hello -n 8 --temp 0 2>>%s/gen.err",
+             BIN, dir, BIN, dir, dir);
+    char *out = sh(cmd, &st);
+    down(dir);
+    cr_assert_eq(st, 0, "generate after the router restart failed");
+    cr_assert_gt(strlen(out), 0);
+    free(out);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* ---- many clients ---------------------------------------------------------------------------- */
+
+Test(pipeline_faults, sixteen_clients_complete_or_get_errors, .timeout = 900, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    const char *env = getenv("SLUICE_SOAK_SECONDS");
+    int         secs = env ? atoi(env) : 60;
+    char       *dir = fixture_tmpdir();
+    up(dir, model, 2, NULL);
+    /* 16 shell loops, each issuing requests back to back for `secs` seconds and counting
+     * completions (exit 0) and explicit errors (exit 1 with a message); anything else (a
+     * signal, a hang past the loop's timeout) is a failure. */
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "end=$(( $(date +%%s) + %d )); pids=; "
+             "for c in $(seq 16); do ( ok=0; err=0; bad=0; "
+             "while [ $(date +%%s) -lt $end ]; do "
+             "timeout 120 %s/sluice generate --run-dir %s -p \"client $c says\" -n $((4 + c)) "
+             "--temp 0.7 --seed $c >/dev/null 2>>%s/c$c.err; st=$?; "
+             "if [ $st -eq 0 ]; then ok=$((ok+1)); elif [ $st -eq 1 ]; then err=$((err+1)); "
+             "else bad=$((bad+1)); fi; done; echo \"$ok $err $bad\" >%s/c$c.res ) & "
+             "pids=\"$pids $!\"; done; wait $pids; cat %s/c*.res",
+             secs, BIN, dir, dir, dir, dir);
+    int   st;
+    char *res = sh(cmd, &st);
+    cr_assert_eq(st, 0);
+    long ok = 0, err = 0, bad = 0;
+    int  lines = 0;
+    for (char *line = strtok(res, "\n"); line; line = strtok(NULL, "\n")) {
+        long a, b, c;
+        cr_assert_eq(sscanf(line, "%ld %ld %ld", &a, &b, &c), 3, "line '%s'", line);
+        ok += a;
+        err += b;
+        bad += c;
+        lines++;
+    }
+    /* The daemons are still healthy afterwards. */
+    snprintf(cmd, sizeof(cmd), "%s status --run-dir %s", SLUICECTL, dir);
+    char *status = sh(cmd, &st);
+    down(dir);
+    cr_log_info("16 clients for %d s: %ld completed, %ld explicit errors", secs, ok, err);
+    cr_assert_eq(lines, 16);
+    cr_assert_eq(bad, 0, "%ld requests ended without completing or an explicit error", bad);
+    cr_assert_gt(ok, 16, "too few completions: %ld", ok);
+    cr_assert_eq(st, 0, "status after the soak: %s", status);
+    free(status);
+    free(res);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+/* ---- garbage on every socket --------------------------------------------------------------- */
+
+/* Sends `len` bytes on a raw req0 socket to `url` and checks the reply: an ERROR for bytes that
+ * do not decode (bytes that happen to form a valid message may get any reply). */
+static void send_garbage(const char *url, const void *bytes, size_t len)
+{
+    struct proto_msg local;
+    bool             valid = proto_decode(bytes, len, &local) == COMMON_OK;
+    if (valid)
+        proto_msg_clear(&local);
+    nng_socket s;
+    cr_assert_eq(nng_req0_open(&s), 0);
+    nng_setopt_ms(s, NNG_OPT_RECVTIMEO, 5000);
+    nng_setopt_ms(s, NNG_OPT_SENDTIMEO, 5000);
+    cr_assert_eq(nng_dial(s, url, NULL, 0), 0, "dial %s", url);
+    void *copy = nng_alloc(len ? len : 1);
+    cr_assert_not_null(copy);
+    if (len)
+        memcpy(copy, bytes, len);
+    cr_assert_eq(nng_send(s, copy, len, NNG_FLAG_ALLOC), 0); /* takes the buffer */
+    void  *rep = NULL;
+    size_t rlen = 0;
+    int    rc = nng_recv(s, &rep, &rlen, NNG_FLAG_ALLOC);
+    cr_assert_eq(rc, 0, "%s gave no reply to %zu garbage bytes: %s", url, len, nng_strerror(rc));
+    struct proto_msg m;
+    cr_assert_eq(proto_decode(rep, rlen, &m), COMMON_OK, "%s: the reply does not verify", url);
+    if (!valid)
+        cr_assert_eq(m.kind, PROTO_KIND_ERROR, "%s: a %s reply to %zu garbage bytes", url,
+                     proto_kind_name(m.kind), len);
+    proto_msg_clear(&m);
+    nng_free(rep, rlen);
+    nng_close(s);
+}
+
+Test(pipeline_faults, garbage_on_every_socket_gets_errors, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    up(dir, model, 2, NULL);
+    const char *names[] = {"fetcher-0.ctl", "fetcher-1.ctl", "executor.ctl", "router.sock"};
+    /* A valid message, then truncations and flips of it, then random bytes and an empty one. */
+    struct proto_msg hello = {.kind = PROTO_KIND_HELLO, .request_id = 7};
+    hello.u.hello.major = PROTO_VERSION_MAJOR;
+    hello.u.hello.role = PROTO_ROLE_CLIENT;
+    uint8_t *enc = NULL;
+    size_t   enc_len = 0;
+    cr_assert_eq(proto_encode(&hello, &enc, &enc_len), COMMON_OK);
+    srand(12345);
+    for (size_t i = 0; i < 4; i++) {
+        char url[1024];
+        snprintf(url, sizeof(url), "ipc://%s/%s", dir, names[i]);
+        for (size_t cut = 0; cut < enc_len; cut += 3)
+            send_garbage(url, enc, cut);
+        for (int k = 0; k < 20; k++) {
+            uint8_t junk[512];
+            size_t  n = 1 + (size_t)(rand() % (int)sizeof(junk));
+            for (size_t j = 0; j < n; j++)
+                junk[j] = (uint8_t)rand();
+            if (k < 8) {
+                memcpy(junk, enc, enc_len < n ? enc_len : n);
+                junk[(size_t)rand() % n] ^= (uint8_t)(1 + rand() % 255);
+            }
+            send_garbage(url, junk, n);
+        }
+        /* Oversized: a little above the largest message. */
+        size_t     big = PROTO_MAX_MESSAGE_BYTES + 64;
+        uint8_t   *b = calloc(1, big);
+        nng_socket s;
+        cr_assert_eq(nng_req0_open(&s), 0);
+        nng_setopt_ms(s, NNG_OPT_RECVTIMEO, 2000);
+        cr_assert_eq(nng_dial(s, url, NULL, 0), 0);
+        (void)nng_send(s, b, big, 0); /* the daemon may drop it or answer: either is fine */
+        void  *rep = NULL;
+        size_t rlen = 0;
+        if (nng_recv(s, &rep, &rlen, NNG_FLAG_ALLOC) == 0)
+            nng_free(rep, rlen);
+        nng_close(s);
+        free(b);
+    }
+    /* Raw bytes into the pool handover sockets (a client that sends instead of receiving). */
+    for (int i = 0; i < 2; i++) {
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/fetcher-%d.pool", dir, i);
+        int fd;
+        if (common_unix_connect(path, &fd) == COMMON_OK) {
+            (void)!write(fd, "garbage", 7);
+            close(fd);
+        }
+    }
+    free(enc);
+    /* Every daemon still answers and serves a generation. */
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "%s status --run-dir %s && %s/sluice generate --run-dir %s -p hi -n 4", SLUICECTL, dir,
+             BIN, dir);
+    char *out = sh(cmd, &st);
+    snprintf(cmd, sizeof(cmd), "grep -c 'restart' %s/logs/sluicectl.log 2>/dev/null || true", dir);
+    int   st2;
+    char *restarts = sh(cmd, &st2);
+    down(dir);
+    cr_assert_eq(st, 0, "after garbage: %s", out);
+    cr_assert_eq(atoi(restarts), 0, "a daemon was restarted during the garbage test");
+    free(restarts);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
