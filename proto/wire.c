@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -58,6 +59,21 @@ struct proto_server {
     struct wire_worker *workers;   /* owned: n_workers */
     _Atomic uint64_t    served;    /* requests that reached the handler */
     _Atomic uint64_t    refused;   /* requests that did not decode */
+    _Atomic uint64_t    restarts;  /* listeners replaced by the watchdog */
+
+    /* The listener and its watchdog (see wire_watchdog_main). */
+    char           *url;         /* owned: copy of the url */
+    nng_listener    listener;    /* valid while listening */
+    bool            listening;   /* listener is started (watchdog thread only after start) */
+    _Atomic int     listener_id; /* id of listener: pipe events of other listeners are ignored */
+    pthread_mutex_t mu;          /* guards the fields below */
+    pthread_cond_t  cond;        /* signals stopping and pipe events (CLOCK_MONOTONIC) */
+    bool            sync_ready;  /* mu and cond are initialized */
+    bool            stopping;    /* proto_server_stop was called */
+    uint64_t        added;       /* pipes of listener that completed the handshake */
+    bool            probe_added; /* the probe's own handshake completed (client side) */
+    pthread_t       watchdog;    /* valid when watchdog_started */
+    bool            watchdog_started;
 };
 
 /* Builds the reply to one inbound message in w->rep, encoded into (*buf, *len). Never fails: a
@@ -174,6 +190,204 @@ static int wire_ipc_prepare(const char *url, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+/* ---- listener watchdog ---------------------------------------------------------------------
+ * nng 1.5.2 (nanomsg/nng#1518): when a peer connects and disconnects (with or without sending a
+ * few bytes) before the SP handshake completes, the transport fails the listener's pending accept
+ * with an error after which the core does not accept again (a silent peer that times out does no
+ * harm; a reset one sometimes does not either, it depends on the error seen first): the
+ * listener stays bound, the kernel still queues connections and the transport still completes
+ * their handshakes (so a client's dial succeeds), but no new pipe ever reaches the socket and
+ * every request on it times out. No option of the ipc transport avoids it.
+ *
+ * Detection: every WIRE_WATCH_TICK_MS the watchdog reads the listener's error counters (nng
+ * statistics); when they moved (each such failure bumps one), or every WIRE_WATCH_FULL_MS anyway,
+ * it probes: a private req0 socket dials the url and the watchdog waits for the server socket's
+ * NNG_PIPE_EV_ADD_POST of this listener. That event is fired by nng itself once the pipe is
+ * attached, whether or not a worker is free, so busy or blocked handlers never look like a broken
+ * listener. When the probe's own dial completed its handshake but the server socket got no pipe
+ * within WIRE_PROBE_MS, the listener is broken: it is closed (which also closes the connections
+ * accepted through it: calls in flight on them fail with COMMON_ECLOSED and nng reconnects the
+ * clients) and a new one is started on the same url. Recovery takes about a second (the tick,
+ * then the probe's wait). nng 1.5.2 leaks a few KB per replaced listener when connections were
+ * stuck in it (its transport never reaps them); ASan builds report that at exit. */
+
+#define WIRE_WATCH_TICK_MS 500u
+#define WIRE_WATCH_FULL_MS 2000u
+#define WIRE_PROBE_MS      500u
+
+/* Creates and starts s->listener on s->url (mode 0600 for ipc://). On failure names the step in
+ * *what and leaves s->listening false. */
+static int wire_listen(struct proto_server *s, const char **what)
+{
+    nng_listener l;
+    *what = "listener";
+    int rv = nng_listener_create(&l, s->sock, s->url);
+    if (rv != 0)
+        return rv;
+    atomic_store(&s->listener_id, nng_listener_id(l));
+    if (strncmp(s->url, WIRE_IPC_PREFIX, strlen(WIRE_IPC_PREFIX)) == 0) {
+        *what = "ipc permissions";
+        rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
+    }
+    if (rv == 0) {
+        *what = "listen";
+        rv = nng_listener_start(l, 0);
+    }
+    if (rv != 0) {
+        nng_listener_close(l);
+        return rv;
+    }
+    s->listener = l;
+    s->listening = true;
+    return 0;
+}
+
+/* Server socket: a pipe completed its handshake and was attached. */
+static void wire_pipe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    struct proto_server *s = arg;
+    if (ev != NNG_PIPE_EV_ADD_POST ||
+        nng_listener_id(nng_pipe_listener(p)) != atomic_load(&s->listener_id))
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->added++;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Probe socket: its own handshake completed. */
+static void wire_probe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    struct proto_server *s = arg;
+    if (ev != NNG_PIPE_EV_ADD_POST)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->probe_added = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* A CLOCK_MONOTONIC deadline `ms` from now. */
+static struct timespec wire_deadline(unsigned ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000u);
+    ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* Sum of the listener's failed-accept counters, or -1 when nng keeps no statistics for it. */
+static int64_t wire_listener_errors(struct proto_server *s)
+{
+    nng_stat *root = NULL;
+    if (nng_stats_get(&root) != 0)
+        return -1;
+    int64_t   sum = -1;
+    nng_stat *ls = nng_stat_find_listener(root, s->listener);
+    if (ls) {
+        sum = 0;
+        for (nng_stat *x = nng_stat_child(ls); x; x = nng_stat_next(x))
+            if (nng_stat_type(x) == NNG_STAT_COUNTER && strcmp(nng_stat_name(x), "accept") != 0)
+                sum += (int64_t)nng_stat_value(x);
+    }
+    nng_stats_free(root);
+    return sum;
+}
+
+/* 1: the listener attaches new pipes; 0: it is broken (a dial completed its handshake, the
+ * socket got no pipe); -1: no answer either way (the dial did not complete, or stopping). */
+static int wire_probe(struct proto_server *s)
+{
+    nng_socket p;
+    if (nng_req0_open(&p) != 0)
+        return -1;
+    pthread_mutex_lock(&s->mu);
+    uint64_t base = s->added;
+    s->probe_added = false;
+    pthread_mutex_unlock(&s->mu);
+    int rv = nng_pipe_notify(p, NNG_PIPE_EV_ADD_POST, wire_probe_added, s);
+    if (rv == 0)
+        rv = nng_dial(p, s->url, NULL, NNG_FLAG_NONBLOCK);
+    if (rv != 0) {
+        nng_close(p);
+        return -1;
+    }
+    struct timespec until = wire_deadline(WIRE_PROBE_MS);
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping && s->added == base &&
+           pthread_cond_timedwait(&s->cond, &s->mu, &until) != ETIMEDOUT) {
+    }
+    int result = s->added != base ? 1 : s->stopping || !s->probe_added ? -1 : 0;
+    pthread_mutex_unlock(&s->mu);
+    nng_close(p);
+    return result;
+}
+
+/* Replaces a broken listener: close it (nng removes its socket file), start a new one. */
+static void wire_relisten(struct proto_server *s)
+{
+    if (s->listening) {
+        nng_listener_close(s->listener);
+        s->listening = false;
+        atomic_fetch_add(&s->restarts, 1);
+    }
+    if (strncmp(s->url, WIRE_IPC_PREFIX, strlen(WIRE_IPC_PREFIX)) == 0) {
+        const char *path = s->url + strlen(WIRE_IPC_PREFIX);
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+            unlink(path);
+    }
+    const char *what = "";
+    int         rv = wire_listen(s, &what);
+    if (rv != 0)
+        COMMON_LOG_ERR("wire", "%s: restarting the listener: %s: %s (retrying)", s->url, what,
+                       nng_strerror(rv));
+    else
+        COMMON_LOG_WARN("wire", "%s: the listener stopped accepting (nng#1518); restarted it",
+                        s->url);
+}
+
+static void *wire_watchdog_main(void *p)
+{
+    struct proto_server *s = p;
+    int64_t              base = wire_listener_errors(s);
+    unsigned             since_full = 0;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        struct timespec until = wire_deadline(WIRE_WATCH_TICK_MS);
+        while (!s->stopping && pthread_cond_timedwait(&s->cond, &s->mu, &until) != ETIMEDOUT) {
+        }
+        if (s->stopping)
+            break;
+        pthread_mutex_unlock(&s->mu);
+        since_full += WIRE_WATCH_TICK_MS;
+        if (!s->listening) {
+            wire_relisten(s); /* the last restart failed */
+            base = 0;
+        } else {
+            /* Read before probing: a failure after this read moves the counters again. */
+            int64_t errs = wire_listener_errors(s);
+            if (errs < 0 || errs != base || since_full >= WIRE_WATCH_FULL_MS) {
+                since_full = 0;
+                if (wire_probe(s) == 0) {
+                    wire_relisten(s);
+                    errs = 0; /* a new listener's counters start at 0 */
+                }
+            }
+            base = errs;
+        }
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
 int proto_server_start(const char *url, const struct proto_server_opts *o, proto_handler_fn handler,
                        void *arg, struct proto_server **out, struct common_errmsg *e)
 {
@@ -192,18 +406,45 @@ int proto_server_start(const char *url, const struct proto_server_opts *o, proto
     s->arg = arg;
     s->n_workers = n_workers;
     s->workers = calloc(n_workers, sizeof(*s->workers));
-    if (!s->workers) {
+    s->url = strdup(url);
+    pthread_condattr_t ca;
+    bool               sync_ok = false;
+    if (pthread_condattr_init(&ca) == 0) {
+        if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+            pthread_mutex_init(&s->mu, NULL) == 0) {
+            sync_ok = pthread_cond_init(&s->cond, &ca) == 0;
+            if (!sync_ok)
+                pthread_mutex_destroy(&s->mu);
+        }
+        pthread_condattr_destroy(&ca);
+    }
+    if (!s->workers || !s->url || !sync_ok) {
+        if (sync_ok) {
+            pthread_cond_destroy(&s->cond);
+            pthread_mutex_destroy(&s->mu);
+        }
+        free(s->workers);
+        free(s->url);
         free(s);
         return common_errmsg_set(e, COMMON_ENOMEM, "%s: out of memory", url);
     }
+    s->sync_ready = true;
+    atomic_store(&s->listener_id, -1);
     int rv = nng_rep0_open(&s->sock);
     if (rv != 0) {
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->mu);
         free(s->workers);
+        free(s->url);
         free(s);
         return common_errmsg_set(e, wire_err(rv), "%s: rep socket: %s", url, nng_strerror(rv));
     }
-    rv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, recv_max);
-    const char *what = "recv-size-max";
+    const char *what = "pipe notify";
+    rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_POST, wire_pipe_added, s);
+    if (rv == 0) {
+        what = "recv-size-max";
+        rv = nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, recv_max);
+    }
     for (uint32_t i = 0; rv == 0 && i < n_workers; i++) {
         struct wire_worker *w = &s->workers[i];
         w->server = s;
@@ -217,19 +458,8 @@ int proto_server_start(const char *url, const struct proto_server_opts *o, proto
         if (rv == 0)
             rv = nng_ctx_open(&w->ctx, s->sock);
     }
-    nng_listener l;
-    if (rv == 0) {
-        what = "listener";
-        rv = nng_listener_create(&l, s->sock, url);
-    }
-    if (rv == 0 && strncmp(url, WIRE_IPC_PREFIX, strlen(WIRE_IPC_PREFIX)) == 0) {
-        what = "ipc permissions";
-        rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0600);
-    }
-    if (rv == 0) {
-        what = "listen";
-        rv = nng_listener_start(l, 0);
-    }
+    if (rv == 0)
+        rv = wire_listen(s, &what);
     if (rv != 0) {
         rc = wire_err(rv);
         common_errmsg_set(e,
@@ -248,6 +478,15 @@ int proto_server_start(const char *url, const struct proto_server_opts *o, proto
         }
         w->started = true;
     }
+    /* Only ipc:// urls are watched: a tcp:// listener may be bound to a wildcard address that
+     * cannot be dialed as it is written. */
+    if (strncmp(url, WIRE_IPC_PREFIX, strlen(WIRE_IPC_PREFIX)) == 0) {
+        if (pthread_create(&s->watchdog, NULL, wire_watchdog_main, s) != 0) {
+            proto_server_stop(s);
+            return common_errmsg_set(e, COMMON_ENOMEM, "%s: cannot start the watchdog", url);
+        }
+        s->watchdog_started = true;
+    }
     *out = s;
     return COMMON_OK;
 }
@@ -256,6 +495,13 @@ void proto_server_stop(struct proto_server *s)
 {
     if (!s)
         return;
+    if (s->watchdog_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->watchdog, NULL);
+    }
     /* Stopping an aio cancels its pending receive or send and makes every later operation on it
      * fail with NNG_ECANCELED, so each worker leaves after its current handler. The socket is
      * closed only once no thread can touch its contexts: in nng 1.5.2 an operation on a context
@@ -276,7 +522,12 @@ void proto_server_stop(struct proto_server *s)
         free(w->req);
         free(w->rep);
     }
+    if (s->sync_ready) {
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->mu);
+    }
     free(s->workers);
+    free(s->url);
     free(s);
 }
 
@@ -286,6 +537,11 @@ void proto_server_counts(const struct proto_server *s, uint64_t *served, uint64_
         *served = atomic_load_explicit(&s->served, memory_order_relaxed);
     if (refused)
         *refused = atomic_load_explicit(&s->refused, memory_order_relaxed);
+}
+
+uint64_t proto_server_listener_restarts(const struct proto_server *s)
+{
+    return s ? atomic_load_explicit(&s->restarts, memory_order_relaxed) : 0;
 }
 
 /* ---- client --------------------------------------------------------------------------------- */

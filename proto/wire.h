@@ -39,6 +39,12 @@ int proto_server_start(const char *url, const struct proto_server_opts *o, proto
 void proto_server_stop(struct proto_server *s);
 /* Counters: requests served, malformed requests refused. */
 void proto_server_counts(const struct proto_server *s, uint64_t *served, uint64_t *refused);
+/* Listeners replaced by the server's watchdog (ipc:// only). nng 1.5.2 stops accepting on a
+ * listener whose peer disconnects during the SP handshake (nanomsg/nng#1518); the server checks
+ * its listener every 500 ms and replaces a broken one within about a second. Replacing it closes
+ * the connections accepted through it: calls in flight on them fail with COMMON_ECLOSED, and nng
+ * reconnects the clients. 0 for NULL. */
+uint64_t proto_server_listener_restarts(const struct proto_server *s);
 
 /* ---- client: req0 --------------------------------------------------------------------------- */
 
