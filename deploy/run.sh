@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# deploy/run.sh - sets up, builds and generates text; makes a demo model when none is given.
-# usage: deploy/run.sh [MODEL.gguf] ["prompt"] [extra sluice run options...]
+# deploy/run.sh - sets up, builds, starts the daemons (fetcher, executor, router) through the
+# supervisor and runs one generation through the client; makes a demo model when none is given.
+# usage: deploy/run.sh [MODEL.gguf] ["prompt"] [extra `sluice generate` options...]
+#        SLUICE_ONE_PROCESS=1 deploy/run.sh ...   the same generation with `sluice run` instead
+# The daemons keep running afterwards (run dir: $SLUICE_RUN_DIR, default build/run);
+# `deploy/sluicectl down --run-dir build/run` stops them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh >/dev/null
@@ -14,7 +18,7 @@ fi
 
 model="${1:-}"
 prompt="${2:-Once upon a time}"
-shift $(( $# > 2 ? 2 : $# ))
+shift $(($# > 2 ? 2 : $#))
 if [ -z "$model" ]; then
     model=build/demo.gguf
     if [ ! -f "$model" ]; then
@@ -24,4 +28,17 @@ if [ -z "$model" ]; then
     echo "run: the demo model has random weights, so its text is gibberish by design;"
     echo "     pass a real GGUF (e.g. from llama.cpp or Ollama) as the first argument."
 fi
-exec build/bin/sluice run -m "$model" -p "$prompt" -n 64 "$@"
+if [ -n "${SLUICE_ONE_PROCESS:-}" ]; then
+    exec build/bin/sluice run -m "$model" -p "$prompt" -n 64 "$@"
+fi
+
+run_dir=$(realpath -m -- "${SLUICE_RUN_DIR:-build/run}")
+model=$(realpath -- "$model")
+# A previous run may serve another model: stop it, then start the daemons on this one.
+if [ -f "$run_dir/sluicectl.pid" ]; then
+    deploy/sluicectl down --run-dir "$run_dir" >/dev/null 2>&1 || true
+fi
+deploy/sluicectl up --model "$model" --run-dir "$run_dir" --bin build/bin
+build/bin/sluice generate --run-dir "$run_dir" -p "$prompt" -n 64 "$@"
+echo "run: the daemons keep running; more: build/bin/sluice generate --run-dir $run_dir -p TEXT"
+echo "     stop them: deploy/sluicectl down --run-dir $run_dir"

@@ -65,6 +65,7 @@ struct rq {
     uint32_t               n_generated;
     uint64_t               last_seen_ns;
     uint64_t               t_submit, t_start, t_prompt, t_end;
+    uint64_t               t_push; /* when the pending EVAL was pushed */
 };
 
 struct router_serve {
@@ -98,6 +99,10 @@ struct router_serve {
     bool            draining, shutdown, stopping, degraded;
     uint64_t c_submitted, c_done, c_cancelled, c_failed, c_dropped, c_prompt_tokens, c_gen_tokens,
         c_replays, c_exec_restarts;
+    /* Step round trips: EVAL records answered, wall time from push to reply, and the executor's
+     * own time for them (the difference is the cost of the rings and wake-ups). */
+    uint64_t c_steps, step_wall_ns;
+    double   step_exec_ms;
 
     pthread_t            sched;
     bool                 sched_started;
@@ -633,6 +638,7 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
             r->t_start = common_now_ns();
             pthread_mutex_unlock(&s->mu);
         }
+        r->t_push = common_now_ns();
         int rc = common_ring_push_wait(&s->req_ring, &q, sizeof(q), 5000);
         if (rc < 0) {
             COMMON_LOG_WARN(SERVE_COMP, "step ring push failed: %s", common_strerror(rc));
@@ -673,6 +679,11 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
         }
         outstanding--;
         r->tag = 0;
+        pthread_mutex_lock(&s->mu);
+        s->c_steps++;
+        s->step_wall_ns += common_now_ns() - r->t_push;
+        s->step_exec_ms += p.ms;
+        pthread_mutex_unlock(&s->mu);
         uint32_t want = r->n_past == 0 ? r->n_prompt : r->n_past + 1;
         if (p.status < 0 || p.n_past != want) {
             char msg[PROTO_MAX_ERROR_TEXT];
@@ -1006,6 +1017,9 @@ static int handle_control(struct router_serve *s, const struct proto_msg *req,
         add_stat(st, "tokens.prompt", (double)s->c_prompt_tokens);
         add_stat(st, "tokens.generated", (double)s->c_gen_tokens);
         add_stat(st, "replays", (double)s->c_replays);
+        add_stat(st, "steps", (double)s->c_steps);
+        add_stat(st, "steps.wall_ms", (double)s->step_wall_ns / 1e6);
+        add_stat(st, "steps.exec_ms", s->step_exec_ms);
         add_stat(st, "executor.restarts", (double)s->c_exec_restarts);
         add_stat(st, "sequences", s->n_seq);
         add_stat(st, "n_ctx", s->n_ctx);

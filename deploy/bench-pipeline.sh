@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# deploy/bench-pipeline.sh - decode speed of the daemons (sluicectl + sluice generate) against one
+# process (sluice run) on the same model, prompt and seed, and the cost of the IPC per token.
+# usage: deploy/bench-pipeline.sh [--model M.gguf] [-n N] [-r REPS] [-t THREADS] [--fetchers N]
+#                                 [--bin DIR] [--out FILE.csv]
+# Without --model, a MoE with random weights is written to build/bench-pipeline.gguf
+# (sluice mkmodel --preset demo --size 512M). Each repetition runs one process, then the daemons,
+# after one warm-up generation of each (so both read the experts from the page cache or the pool,
+# not from storage). Prints the decode tok/s of both, their ratio, and per generated token: the
+# router<->executor round trip beyond the executor's own time, and the executor's wait for expert
+# replies from the fetchers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --model | -m) model=$2 && shift ;;
+    -n) n=$2 && shift ;;
+    -r) reps=$2 && shift ;;
+    -t) threads=$2 && shift ;;
+    --fetchers) fetchers=$2 && shift ;;
+    --bin) bin=$2 && shift ;;
+    --out) out=$2 && shift ;;
+    -h | --help) sed -n 2,12p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    *) echo "bench-pipeline: unknown option $1" >&2 && exit 2 ;;
+    esac
+    shift
+done
+for b in sluice sluice-fetcher sluice-executor sluice-router; do
+    [ -x "$bin/$b" ] || { echo "bench-pipeline: $bin/$b is not built" >&2; exit 1; }
+done
+if [ -z "$model" ]; then
+    model=build/bench-pipeline.gguf
+    [ -f "$model" ] || "$bin/sluice" mkmodel --preset demo --size 512M -q -o "$model"
+fi
+model=$(realpath -- "$model")
+run_dir=$(mktemp -d /tmp/sluice-bench-XXXXXX)
+trap 'deploy/sluicectl down --run-dir "$run_dir" >/dev/null 2>&1 || true; rm -rf "$run_dir"' EXIT
+prompt="The history of the kingdom begins"
+targs=()
+[ -z "$threads" ] || targs=(-t "$threads")
+
+# calc EXPR: arithmetic on decimals.
+calc() { awk "BEGIN { printf \"%.6f\", $1 }"; }
+# decode_rate: reads "... decode X tok/s ..." from stdin.
+decode_rate() { sed -n 's/.*decode \([0-9.]*\) tok\/s.*/\1/p' | tail -n 1; }
+# stat NAME DAEMON: one value of `sluice ctl stats`.
+stat() {
+    "$bin/sluice" ctl --run-dir "$run_dir" --daemon "$2" stats |
+        awk -v k="$1" '$1 == k { print $2 }'
+}
+
+one_process() {
+    "$bin/sluice" run -m "$model" -p "$prompt" -n "$n" --temp 0 ${targs[@]+"${targs[@]}"} \
+        2>&1 >/dev/null | decode_rate
+}
+daemons() {
+    "$bin/sluice" generate --run-dir "$run_dir" -p "$prompt" -n "$n" --temp 0 2>&1 >/dev/null |
+        decode_rate
+}
+
+echo "== model $model, $n tokens, $reps reps, $fetchers fetcher(s)"
+deploy/sluicectl up --model "$model" --run-dir "$run_dir" --fetchers "$fetchers" --bin "$bin" \
+    ${targs[@]+"${targs[@]}"} >/dev/null
+one_process >/dev/null
+daemons >/dev/null
+results=()
+for ((r = 1; r <= reps; r++)); do
+    a=$(one_process)
+    s0=$(stat steps router) w0=$(stat steps.wall_ms router) e0=$(stat steps.exec_ms router)
+    q0=0
+    for ((i = 0; i < fetchers; i++)); do
+        q0=$(calc "$q0 + $(stat fetcher.$i.wait_ms executor)")
+    done
+    b=$(daemons)
+    s1=$(stat steps router) w1=$(stat steps.wall_ms router) e1=$(stat steps.exec_ms router)
+    q1=0
+    for ((i = 0; i < fetchers; i++)); do
+        q1=$(calc "$q1 + $(stat fetcher.$i.wait_ms executor)")
+    done
+    steps=$(calc "$s1 - $s0")
+    rt_us=$(calc "($w1 - $w0 - ($e1 - $e0)) * 1000 / $steps")
+    fw_us=$(calc "($q1 - $q0) * 1000 / $steps")
+    ratio=$(calc "$b / $a")
+    printf 'rep %d: one process %8.2f tok/s   daemons %8.2f tok/s   ratio %.3f   ' "$r" "$a" "$b" "$ratio"
+    printf 'step round trip beyond the executor %.1f us/token   expert wait %.1f us/token\n' \
+        "$rt_us" "$fw_us"
+    results+=("$r,$a,$b,$ratio,$rt_us,$fw_us")
+done
+if [ -n "$out" ]; then
+    echo "rep,one_process_tok_s,daemons_tok_s,ratio,step_rt_us,expert_wait_us" >"$out"
+    printf '%s\n' "${results[@]}" >>"$out"
+    echo "== wrote $out"
+fi
