@@ -325,6 +325,37 @@ Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 
     free(dir);
 }
 
+/* ---- Ctrl-C cancels ------------------------------------------------------------------------ */
+
+Test(pipeline_faults, ctrl_c_cancels_the_request, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    up(dir, model, 1, NULL);
+    struct gen  g = gen_start(dir, 2000, "--temp 0");
+    static char buf[1 << 16];
+    size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
+    cr_assert_gt(have, 0, "no output before Ctrl-C");
+    /* The shell exec'd sluice generate, so the child pid is the generator itself. */
+    cr_assert_eq(kill(g.pid, SIGINT), 0);
+    int st = gen_finish(&g, buf, sizeof(buf), have, 60);
+    cr_assert_eq(st, 130, "sluice generate should exit 130 after Ctrl-C, got %d", st);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice ctl --run-dir %s --daemon router stats | awk '$1 == \"requests.cancelled\" "
+             "{ print $2 }'",
+             BIN, dir);
+    int   st2;
+    char *cancelled = sh(cmd, &st2);
+    down(dir);
+    cr_assert_eq(atoi(cancelled), 1, "router counted %s cancelled requests", cancelled);
+    free(cancelled);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* ---- many clients ---------------------------------------------------------------------------- */
 
 Test(pipeline_faults, sixteen_clients_complete_or_get_errors, .timeout = 900, .fini = fini)
