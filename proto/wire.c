@@ -320,7 +320,9 @@ static int wire_probe(struct proto_server *s)
     }
     struct timespec until = wire_deadline(WIRE_PROBE_MS);
     pthread_mutex_lock(&s->mu);
-    while (!s->stopping && s->added == base &&
+    /* Also wait for the probe's own side: nng 1.5.2 leaks the dialer's pipe when its socket is
+     * closed before the dialer finished the handshake. */
+    while (!s->stopping && (s->added == base || !s->probe_added) &&
            pthread_cond_timedwait(&s->cond, &s->mu, &until) != ETIMEDOUT) {
     }
     int result = s->added != base ? 1 : s->stopping || !s->probe_added ? -1 : 0;
