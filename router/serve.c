@@ -927,13 +927,16 @@ static int handle_poll(struct router_serve *s, const struct proto_msg *req, stru
             ev->text[tlen] = '\0';
         }
         ev->n_tokens = (uint32_t)k;
-        memcpy(ev->tokens, r->ev_tokens.ids, k * sizeof(int32_t));
-        memmove(r->ev_tokens.ids, r->ev_tokens.ids + k, (r->ev_tokens.n - k) * sizeof(int32_t));
+        if (k) { /* ids is NULL until a token came (memcpy/memmove want non-NULL) */
+            memcpy(ev->tokens, r->ev_tokens.ids, k * sizeof(int32_t));
+            memmove(r->ev_tokens.ids, r->ev_tokens.ids + k, (r->ev_tokens.n - k) * sizeof(int32_t));
+        }
         r->ev_tokens.n -= k;
         for (size_t i = k; i < r->ev_off.n; i++)
             r->ev_off.ids[i - k] = r->ev_off.ids[i] - (int32_t)tlen;
         r->ev_off.n -= k;
-        memmove(r->ev_text.ptr, r->ev_text.ptr + tlen, r->ev_text.len - tlen);
+        if (tlen)
+            memmove(r->ev_text.ptr, r->ev_text.ptr + tlen, r->ev_text.len - tlen);
         r->ev_text.len -= tlen;
         if (r->ev_text.ptr)
             r->ev_text.ptr[r->ev_text.len] = '\0';
