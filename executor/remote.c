@@ -17,7 +17,9 @@
 #include "records.h"
 #include "wire.h"
 
-#define REMOTE_WAIT_MS       200  /* reply-ring wait between liveness checks */
+#define REMOTE_WAIT_MS       200  /* silence on a link before its fetcher is checked */
+#define REMOTE_POLL_MS       50   /* a waiter's reply-ring wait between its own checks */
+#define REMOTE_WATCH_MS      50   /* the reader thread's period (liveness, stray replies) */
 #define REMOTE_PUSH_WAIT_MS  50   /* request-ring wait (full ring) between checks */
 #define REMOTE_CALL_MS       1000 /* HELLO / ATTACH reply deadline */
 #define REMOTE_FD_MS         2000 /* pool descriptor deadline */
@@ -49,7 +51,8 @@ struct remote_wait {
     struct remote_wait *next;
 };
 
-/* The link to fetcher i. Lock order: push_mu, then mu. */
+/* The link to fetcher i. Lock order: the reply ring's consumer role (`popping`, taken under mu
+ * and held without it), then push_mu, then mu. */
 struct remote_link {
     struct executor_remote *r; /* borrowed: the owner */
     uint32_t                index;
@@ -66,19 +69,21 @@ struct remote_link {
     _Atomic bool    broken;     /* set before relinking: pushers on a full ring give up */
     _Atomic bool    want_break; /* a pusher found the request ring corrupt: relink */
 
-    bool                         up;  /* linked: rings and map valid */
-    uint32_t                     gen; /* bumped at every link */
-    uint32_t                     pid; /* fetcher's pid (0 = unknown) */
-    uint64_t                     instance;
-    struct proto_shard           shard;
-    struct remote_map           *map;              /* owned: current pool */
-    struct remote_map           *retired;          /* owned: older pools with loans out */
-    struct common_ring_segment   req_seg, rep_seg; /* owned: files in RUNDIR */
-    struct common_ring           req, rep;
-    struct remote_wait          *waits; /* ACQUIREs in flight */
-    uint32_t                     next_tag;
-    uint64_t                     down_since_ns;
-    uint64_t                     last_seen_ns; /* last reply or HELLO */
+    bool                       up;  /* linked: rings and map valid */
+    uint32_t                   gen; /* bumped at every link */
+    uint32_t                   pid; /* fetcher's pid (0 = unknown) */
+    uint64_t                   instance;
+    struct proto_shard         shard;
+    struct remote_map         *map;              /* owned: current pool */
+    struct remote_map         *retired;          /* owned: older pools with loans out */
+    struct common_ring_segment req_seg, rep_seg; /* owned: files in RUNDIR */
+    struct common_ring         req, rep;
+    struct remote_wait        *waits; /* ACQUIREs in flight */
+    bool popping; /* a thread consumes the reply ring (rep and its cached indices are its own) */
+    uint32_t pop_wanted; /* relinks/breaks waiting for the consumer role: waiters leave it */
+    uint32_t next_tag;
+    uint64_t down_since_ns;
+    _Atomic uint64_t             last_seen_ns; /* last reply or HELLO */
     uint32_t                     hello_misses;
     bool                         missing_logged;
     struct executor_remote_stats st;
@@ -402,9 +407,29 @@ out_fini:
     return rc;
 }
 
+/* Takes the reply ring's consumer role, waiting for the thread that has it. Without locks. */
+static void remote_pop_claim(struct remote_link *L)
+{
+    pthread_mutex_lock(&L->mu);
+    L->pop_wanted++;
+    while (L->popping)
+        pthread_cond_wait(&L->cond, &L->mu);
+    L->pop_wanted--;
+    L->popping = true;
+    pthread_mutex_unlock(&L->mu);
+}
+
+/* Gives the consumer role back and wakes the waiters (one of them may take it). Link mu. */
+static void remote_pop_unclaim_locked(struct remote_link *L)
+{
+    L->popping = false;
+    pthread_cond_broadcast(&L->cond);
+}
+
 /* Installs a connection: rings, map, ids; re-sends the ACQUIREs in flight. */
 static void remote_install(struct remote_link *L, struct remote_conn *c)
 {
+    remote_pop_claim(L); /* nobody reads the old reply ring while it is replaced */
     pthread_mutex_lock(&L->push_mu);
     pthread_mutex_lock(&L->mu);
     remote_retire_map(L);
@@ -425,7 +450,7 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
     L->st.up = true;
     L->hello_misses = 0;
     L->missing_logged = false;
-    L->last_seen_ns = common_now_ns();
+    atomic_store_explicit(&L->last_seen_ns, common_now_ns(), memory_order_relaxed);
     memset(c, 0, sizeof(*c));
     atomic_store_explicit(&L->broken, false, memory_order_release);
     for (struct remote_wait *w = L->waits; w; w = w->next) {
@@ -438,7 +463,7 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
                                       .part = w->part};
         (void)common_ring_push(&L->req, &rec, sizeof(rec)); /* a fresh ring has room */
     }
-    pthread_cond_broadcast(&L->cond);
+    remote_pop_unclaim_locked(L);
     pthread_mutex_unlock(&L->mu);
     pthread_mutex_unlock(&L->push_mu);
 }
@@ -447,6 +472,7 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
 static void remote_break(struct remote_link *L, const char *why)
 {
     atomic_store_explicit(&L->broken, true, memory_order_release);
+    remote_pop_claim(L); /* a waiter polling the reply ring finishes its turn first */
     pthread_mutex_lock(&L->push_mu);
     pthread_mutex_lock(&L->mu);
     if (L->up)
@@ -460,17 +486,20 @@ static void remote_break(struct remote_link *L, const char *why)
     common_ring_segment_close(&L->rep_seg);
     memset(&L->req, 0, sizeof(L->req));
     memset(&L->rep, 0, sizeof(L->rep));
-    pthread_cond_broadcast(&L->cond);
+    remote_pop_unclaim_locked(L);
     pthread_mutex_unlock(&L->mu);
     pthread_mutex_unlock(&L->push_mu);
 }
 
 /* ---- reader thread ------------------------------------------------------------------------- */
 
-/* Hands a reply to its waiter, or releases a loan nobody waits for any more. */
-static void remote_dispatch(struct remote_link *L, const struct proto_fetch_rep *rec)
+/* Hands a reply to its waiter, or releases a loan nobody waits for any more. Called by the
+ * holder of the consumer role. True when the reply was the one `mine` waits for. */
+static bool remote_dispatch(struct remote_link *L, const struct proto_fetch_rep *rec,
+                            const struct remote_wait *mine)
 {
     bool orphan = false;
+    atomic_store_explicit(&L->last_seen_ns, common_now_ns(), memory_order_relaxed);
     pthread_mutex_lock(&L->mu);
     struct remote_wait *w = L->waits;
     while (w && (w->tag != rec->tag || w->done))
@@ -487,7 +516,8 @@ static void remote_dispatch(struct remote_link *L, const struct proto_fetch_rep 
             w->map = L->map;
             L->map->n_loans++;
         }
-        pthread_cond_broadcast(&L->cond);
+        if (w != mine)
+            pthread_cond_broadcast(&L->cond);
     } else {
         L->st.bad_replies++;
         orphan = rec->status == 0;
@@ -499,6 +529,36 @@ static void remote_dispatch(struct remote_link *L, const struct proto_fetch_rep 
         (void)remote_push(L, &rel, true);
         pthread_mutex_unlock(&L->push_mu);
     }
+    return w && w == mine;
+}
+
+/* Pops replies and dispatches them until `mine` (may be NULL) has its reply, or `ms` passed
+ * (0: only what is there now). Called by the holder of the consumer role on a link that is up.
+ * A corrupt ring is left to the reader thread (want_break). */
+static void remote_poll(struct remote_link *L, const struct remote_wait *mine, uint32_t ms)
+{
+    uint64_t deadline = common_now_ns() + (uint64_t)ms * 1000000u;
+    for (;;) {
+        struct proto_fetch_rep rec;
+        uint64_t               now = common_now_ns();
+        int                    left = now >= deadline ? 0 : (int)((deadline - now) / 1000000u) + 1;
+        int                    rc = ms == 0 ? common_ring_pop(&L->rep, &rec, sizeof(rec))
+                                            : common_ring_pop_wait(&L->rep, &rec, sizeof(rec), left);
+        if (rc == (int)sizeof(rec)) {
+            if (remote_dispatch(L, &rec, mine))
+                return;
+            continue;
+        }
+        if (rc >= 0) { /* a record of another size */
+            pthread_mutex_lock(&L->mu);
+            L->st.bad_replies++;
+            pthread_mutex_unlock(&L->mu);
+            continue;
+        }
+        if (rc != COMMON_ETIMEDOUT && rc != COMMON_EAGAIN)
+            atomic_store_explicit(&L->want_break, true, memory_order_release);
+        return;
+    }
 }
 
 /* Checks a silent fetcher: dead pid, or a HELLO from another instance. True when it is gone. */
@@ -509,11 +569,11 @@ static bool remote_is_gone(struct remote_link *L, const char **why)
         return true;
     }
     uint64_t now = common_now_ns();
-    if (now - L->last_seen_ns < REMOTE_HELLO_NS)
+    if (now - atomic_load_explicit(&L->last_seen_ns, memory_order_relaxed) < REMOTE_HELLO_NS)
         return false;
     struct proto_msg rep;
     int              rc = remote_hello(L, &rep, NULL);
-    L->last_seen_ns = now;
+    atomic_store_explicit(&L->last_seen_ns, now, memory_order_relaxed);
     if (rc < 0) {
         /* Three silent probes in a row (6 s): gone, whatever its pid says. */
         if (++L->hello_misses >= 3) {
@@ -565,37 +625,38 @@ static void remote_relink(struct remote_link *L)
     }
 }
 
+/* The link's watcher: relinks, checks a silent fetcher, and collects replies nobody is polling
+ * for (waiters pop their own replies: the fetcher's push wakes the waiting thread directly). */
 static void *remote_reader(void *arg)
 {
     struct remote_link     *L = arg;
     struct executor_remote *r = L->r;
     while (!atomic_load_explicit(&r->stop, memory_order_acquire)) {
-        if (!L->up) {
+        if (!L->up) { /* only this thread changes `up` after the first link */
             remote_relink(L);
             continue;
         }
-        struct proto_fetch_rep rec;
-        int rc = common_ring_pop_wait(&L->rep, &rec, sizeof(rec), REMOTE_WAIT_MS);
-        if (rc == (int)sizeof(rec)) {
-            L->last_seen_ns = common_now_ns();
-            remote_dispatch(L, &rec);
+        if (atomic_exchange_explicit(&L->want_break, false, memory_order_acq_rel)) {
+            remote_break(L, "ring corrupt");
             continue;
         }
-        if (rc >= 0) { /* a record of another size */
+        remote_sleep_ms(REMOTE_WATCH_MS);
+        pthread_mutex_lock(&L->mu);
+        bool mine = !L->popping && L->up;
+        if (mine)
+            L->popping = true;
+        pthread_mutex_unlock(&L->mu);
+        if (mine) {
+            remote_poll(L, NULL, 0);
             pthread_mutex_lock(&L->mu);
-            L->st.bad_replies++;
+            remote_pop_unclaim_locked(L);
             pthread_mutex_unlock(&L->mu);
-            continue;
         }
         const char *why = NULL;
-        if (atomic_exchange_explicit(&L->want_break, false, memory_order_acq_rel)) {
-            remote_break(L, "request ring corrupt");
-        } else if (rc == COMMON_ETIMEDOUT) {
-            if (remote_is_gone(L, &why))
-                remote_break(L, why);
-        } else {
-            remote_break(L, common_strerror(rc));
-        }
+        uint64_t    seen = atomic_load_explicit(&L->last_seen_ns, memory_order_relaxed);
+        if (common_now_ns() - seen >= (uint64_t)REMOTE_WAIT_MS * 1000000u &&
+            remote_is_gone(L, &why))
+            remote_break(L, why);
     }
     return NULL;
 }
@@ -708,6 +769,16 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
                           (uint64_t)r->connect_timeout_ms * 1000000u) {
             rc = COMMON_ECLOSED;
             break;
+        }
+        /* Pop the replies here (no hand-over from the reader thread), unless a relink or break
+         * waits for the ring. */
+        if (L->up && !L->popping && L->pop_wanted == 0) {
+            L->popping = true;
+            pthread_mutex_unlock(&L->mu);
+            remote_poll(L, &w, REMOTE_POLL_MS);
+            pthread_mutex_lock(&L->mu);
+            remote_pop_unclaim_locked(L);
+            continue;
         }
         remote_cond_wait_ms(&L->cond, &L->mu, REMOTE_WAIT_MS);
     }

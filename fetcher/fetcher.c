@@ -721,6 +721,25 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
     return COMMON_OK;
 }
 
+int fetcher_try_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
+                        enum common_expert_part part, const void **data, uint32_t *loan)
+{
+    if (!front_ids_ok(f, layer, expert) || (unsigned)part >= COMMON_EXPERT_PART_COUNT)
+        return COMMON_EINVAL;
+    if (f->mode == FETCHER_IO_MMAP)
+        return fetcher_acquire(f, layer, expert, part, data, loan);
+    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct fetcher_pool_loan l;
+    pthread_mutex_lock(&f->mu);
+    front_note_access(f, layer, expert); /* once per token and expert: a later acquire skips it */
+    pthread_mutex_unlock(&f->mu);
+    if (fetcher_pool_try_acquire(f->pool, &key, part, &l) != COMMON_OK)
+        return COMMON_EAGAIN;
+    *data = l.data;
+    *loan = l.slot;
+    return COMMON_OK;
+}
+
 bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert)
 {
     if (!front_ids_ok(f, layer, expert))

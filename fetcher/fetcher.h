@@ -248,6 +248,13 @@ int fetcher_request(struct fetcher *f, uint32_t layer, uint32_t expert, enum fet
 int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
                     enum common_expert_part part, const void **data, uint32_t *loan);
 
+/* fetcher_acquire() when part `part` is readable in the pool right now: pins it and returns 0
+ * (the access counts as with fetcher_acquire()). Otherwise returns COMMON_EAGAIN at once (absent,
+ * loading or failed: nothing is pinned, nothing is loaded; call fetcher_acquire() to wait), or
+ * COMMON_EINVAL (ids out of range). In mmap mode the same as fetcher_acquire(). */
+int fetcher_try_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
+                        enum common_expert_part part, const void **data, uint32_t *loan);
+
 /* True when every part of the bundle of expert `expert` of layer `layer` is in the pool now
  * (an acquire would not wait); in mmap mode always true (the page cache is not asked). False for
  * ids out of range. Does not count as an access. */

@@ -294,6 +294,9 @@ static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r)
     return true;
 }
 
+static void link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
+                          const void *data, uint32_t loan);
+
 static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
 {
     struct fetcher_server *s = l->srv;
@@ -308,9 +311,19 @@ static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
         return;
     }
     switch (r->op) {
-    case PROTO_FETCH_ACQUIRE:
-        (void)link_enqueue(l, r);
+    case PROTO_FETCH_ACQUIRE: {
+        /* Fast path: a part already readable is pinned and answered here, without a hand-over
+         * to a worker (two thread wake-ups fewer); only acquires that must wait go to workers. */
+        const void *data = NULL;
+        uint32_t    loan = FETCHER_LOAN_NONE;
+        int rc = fetcher_try_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part,
+                                     &data, &loan);
+        if (rc == COMMON_EAGAIN)
+            (void)link_enqueue(l, r);
+        else
+            link_acquired(l, r, rc, data, loan);
         break;
+    }
     case PROTO_FETCH_RELEASE:
         pthread_mutex_lock(&s->mu);
         if (r->loan < s->n_slots && l->pins[r->loan] > 0 &&
@@ -378,16 +391,12 @@ static void *link_thread(void *arg)
 
 /* ---- workers ------------------------------------------------------------------------------ */
 
-static void worker_run(struct fetcher_server *s, const struct serve_job *j)
+/* Replies to ACQUIRE `r`, which the fetcher answered with `rc` (and `data`, `loan` when 0): the
+ * pin is counted on the link, or released when the link died meanwhile. */
+static void link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
+                          const void *data, uint32_t loan)
 {
-    struct serve_link            *l = j->link;
-    const struct proto_fetch_req *r = &j->req;
-    if (atomic_load_explicit(&l->dead, memory_order_relaxed))
-        return;
-    const void *data = NULL;
-    uint32_t    loan = FETCHER_LOAN_NONE;
-    int         rc =
-        fetcher_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part, &data, &loan);
+    struct fetcher_server *s = l->srv;
     struct proto_fetch_rep rep = {.tag = r->tag, .status = rc, .loan = FETCHER_LOAN_NONE};
     if (rc == COMMON_OK) {
         struct common_span sp;
@@ -419,6 +428,19 @@ static void worker_run(struct fetcher_server *s, const struct serve_job *j)
     }
     pthread_mutex_unlock(&s->mu);
     link_reply(l, &rep);
+}
+
+static void worker_run(struct fetcher_server *s, const struct serve_job *j)
+{
+    struct serve_link            *l = j->link;
+    const struct proto_fetch_req *r = &j->req;
+    if (atomic_load_explicit(&l->dead, memory_order_relaxed))
+        return;
+    const void *data = NULL;
+    uint32_t    loan = FETCHER_LOAN_NONE;
+    int         rc =
+        fetcher_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part, &data, &loan);
+    link_acquired(l, r, rc, data, loan);
 }
 
 static void *worker_thread(void *arg)
