@@ -50,6 +50,8 @@ struct serve_link {
 struct serve_job {
     struct serve_link     *link; /* shared: one ref held by the job */
     struct proto_fetch_req req;
+    bool                   done; /* acquired by the reader already: only `rep` is to be pushed */
+    struct proto_fetch_rep rep;
 };
 
 struct fetcher_server {
@@ -273,8 +275,10 @@ static bool link_req_valid(const struct fetcher_server *s, const struct proto_fe
     }
 }
 
-/* Queues an ACQUIRE for the workers; waits for room. Returns false when stopping. */
-static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r)
+/* Queues an ACQUIRE for the workers, or with `rep` its reply to push; waits for room. Returns
+ * false when stopping. */
+static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r,
+                         const struct proto_fetch_rep *rep)
 {
     struct fetcher_server *s = l->srv;
     pthread_mutex_lock(&s->mu);
@@ -286,7 +290,9 @@ static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r)
         return false;
     }
     uint32_t at = (s->job_head + s->job_n) % SERVE_JOB_CAP;
-    s->jobs[at] = (struct serve_job){.link = l, .req = *r};
+    s->jobs[at] = (struct serve_job){.link = l, .req = *r, .done = rep != NULL};
+    if (rep)
+        s->jobs[at].rep = *rep;
     s->job_n++;
     l->refs++;
     pthread_cond_signal(&s->cv);
@@ -294,8 +300,29 @@ static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r)
     return true;
 }
 
-static void link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
-                          const void *data, uint32_t loan);
+static bool link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
+                          const void *data, uint32_t loan, struct proto_fetch_rep *rep);
+
+/* Pushes one reply when the ring has room now (or drops it when the link is dead): true; false
+ * when the ring is full or a worker is pushing (it may wait there for room). */
+static bool link_reply_now(struct serve_link *l, const struct proto_fetch_rep *rep)
+{
+    if (pthread_mutex_trylock(&l->push_mu) != 0)
+        return false;
+    int rc = atomic_load_explicit(&l->dead, memory_order_relaxed)
+                 ? COMMON_ECLOSED
+                 : common_ring_push(&l->rep, rep, sizeof(*rep));
+    pthread_mutex_unlock(&l->push_mu);
+    if (rc == COMMON_EAGAIN)
+        return false;
+    if (rc == COMMON_ECORRUPT || rc == COMMON_EINVAL) {
+        COMMON_LOG_WARN("fetcher.serve",
+                        "reply ring of executor pid=%u unusable (%s): link dropped", l->pid,
+                        common_strerror(rc));
+        link_kill(l);
+    }
+    return true;
+}
 
 static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
 {
@@ -318,10 +345,13 @@ static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
         uint32_t    loan = FETCHER_LOAN_NONE;
         int rc = fetcher_try_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part,
                                      &data, &loan);
+        /* A full reply ring (an executor that does not read) must not stall this reader: the
+         * reply then waits in a worker. */
+        struct proto_fetch_rep rep;
         if (rc == COMMON_EAGAIN)
-            (void)link_enqueue(l, r);
-        else
-            link_acquired(l, r, rc, data, loan);
+            (void)link_enqueue(l, r, NULL);
+        else if (link_acquired(l, r, rc, data, loan, &rep) && !link_reply_now(l, &rep))
+            (void)link_enqueue(l, r, &rep);
         break;
     }
     case PROTO_FETCH_RELEASE:
@@ -391,10 +421,11 @@ static void *link_thread(void *arg)
 
 /* ---- workers ------------------------------------------------------------------------------ */
 
-/* Replies to ACQUIRE `r`, which the fetcher answered with `rc` (and `data`, `loan` when 0): the
- * pin is counted on the link, or released when the link died meanwhile. */
-static void link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
-                          const void *data, uint32_t loan)
+/* The reply to ACQUIRE `r`, which the fetcher answered with `rc` (and `data`, `loan` when 0),
+ * in *out: the pin is counted on the link. False (nothing to send) when the link died
+ * meanwhile: the pin is released. */
+static bool link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
+                          const void *data, uint32_t loan, struct proto_fetch_rep *out)
 {
     struct fetcher_server *s = l->srv;
     struct proto_fetch_rep rep = {.tag = r->tag, .status = rc, .loan = FETCHER_LOAN_NONE};
@@ -418,7 +449,7 @@ static void link_acquired(struct serve_link *l, const struct proto_fetch_req *r,
         if (atomic_load_explicit(&l->dead, memory_order_relaxed)) {
             fetcher_release(s->f, loan);
             pthread_mutex_unlock(&s->mu);
-            return;
+            return false;
         }
         l->pins[loan]++;
         l->n_pins++;
@@ -427,7 +458,8 @@ static void link_acquired(struct serve_link *l, const struct proto_fetch_req *r,
         s->c.acquire_errors++;
     }
     pthread_mutex_unlock(&s->mu);
-    link_reply(l, &rep);
+    *out = rep;
+    return true;
 }
 
 static void worker_run(struct fetcher_server *s, const struct serve_job *j)
@@ -436,11 +468,17 @@ static void worker_run(struct fetcher_server *s, const struct serve_job *j)
     const struct proto_fetch_req *r = &j->req;
     if (atomic_load_explicit(&l->dead, memory_order_relaxed))
         return;
+    if (j->done) {
+        link_reply(l, &j->rep);
+        return;
+    }
     const void *data = NULL;
     uint32_t    loan = FETCHER_LOAN_NONE;
     int         rc =
         fetcher_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part, &data, &loan);
-    link_acquired(l, r, rc, data, loan);
+    struct proto_fetch_rep rep;
+    if (link_acquired(l, r, rc, data, loan, &rep))
+        link_reply(l, &rep);
 }
 
 static void *worker_thread(void *arg)
