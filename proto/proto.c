@@ -88,3 +88,14 @@ void proto_msg_error(struct proto_msg *m, uint64_t request_id, int code, const c
     (void)vsnprintf(m->u.error.message, sizeof(m->u.error.message), fmt, ap);
     va_end(ap);
 }
+
+int proto_reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
+{
+    rep->kind = PROTO_KIND_ERROR;
+    rep->u.error.code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(rep->u.error.message, sizeof(rep->u.error.message), fmt, ap);
+    va_end(ap);
+    return code;
+}

@@ -218,6 +218,11 @@ struct proto_msg {
  * caller set itself. Accepts a message of any kind. */
 void proto_msg_clear(struct proto_msg *m);
 
+/* For handlers (proto/wire.h): turns *rep into an ERROR reply with `code` and printf-style text,
+ * keeping its request_id, and returns `code` (so `return proto_reply_error(rep, ...);`). */
+int proto_reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Fills *m as an ERROR reply to request `request_id` with `code` and printf-style text
  * (truncated to fit). */
 void proto_msg_error(struct proto_msg *m, uint64_t request_id, int code, const char *fmt, ...)

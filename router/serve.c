@@ -153,20 +153,6 @@ static uint64_t random_u64(void)
     return v ? v : 1;
 }
 
-/* Fills the error text of a reply and returns code (the handler's ERROR reply). */
-static int reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
-{
-    va_list ap;
-    rep->kind = PROTO_KIND_ERROR;
-    rep->u.error.code = code;
-    va_start(ap, fmt);
-    vsnprintf(rep->u.error.message, sizeof(rep->u.error.message), fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 static bool pid_alive(uint32_t pid)
 {
     if (pid == 0)
@@ -768,24 +754,24 @@ static int handle_generate(struct router_serve *s, const struct proto_msg *req,
     const struct proto_generate *g = &req->u.generate;
     const struct proto_sampling *p = &g->sampling;
     if (req->request_id == 0)
-        return reply_error(rep, COMMON_EINVAL, "request id 0 is reserved");
+        return proto_reply_error(rep, COMMON_EINVAL, "request id 0 is reserved");
     if (!finite_in(p->temp, -1e9f, 100.0f) || p->top_k < 0 || !finite_in(p->top_p, 0.0f, 1.0f) ||
         !finite_in(p->min_p, 0.0f, 1.0f) || !finite_in(p->repeat_penalty, 0.0f, 100.0f) ||
         p->repeat_last_n > 4096)
-        return reply_error(rep, COMMON_EINVAL,
-                           "sampling values out of range: temp <= 100, top_k >= 0, top_p and "
-                           "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096");
+        return proto_reply_error(rep, COMMON_EINVAL,
+                                 "sampling values out of range: temp <= 100, top_k >= 0, top_p and "
+                                 "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096");
     if (!g->prompt && g->n_messages == 0)
-        return reply_error(rep, COMMON_EINVAL, "no prompt and no messages");
+        return proto_reply_error(rep, COMMON_EINVAL, "no prompt and no messages");
     if (g->prompt && g->n_messages)
-        return reply_error(rep, COMMON_EINVAL, "give a prompt or messages, not both");
+        return proto_reply_error(rep, COMMON_EINVAL, "give a prompt or messages, not both");
     if (g->prompt && !g->prompt[0])
-        return reply_error(rep, COMMON_EINVAL, "empty prompt");
+        return proto_reply_error(rep, COMMON_EINVAL, "empty prompt");
     if (g->n_stops > PROTO_MAX_STOPS)
-        return reply_error(rep, COMMON_EINVAL, "too many stop strings");
+        return proto_reply_error(rep, COMMON_EINVAL, "too many stop strings");
     for (uint32_t i = 0; i < g->n_stops; i++)
         if (!g->stops[i][0] || !memchr(g->stops[i], 0, PROTO_MAX_STOP_LEN))
-            return reply_error(rep, COMMON_EINVAL, "stop string %u is empty or too long", i);
+            return proto_reply_error(rep, COMMON_EINVAL, "stop string %u is empty or too long", i);
 
     struct router_text   text = {0};
     struct router_tokens toks = {0};
@@ -799,14 +785,15 @@ static int handle_generate(struct router_serve *s, const struct proto_msg *req,
         for (uint32_t i = 0; i < nm; i++) {
             const struct proto_chat_msg *m = &g->messages[i];
             if (!memchr(m->role, 0, sizeof(m->role)) || !m->role[0] || !m->content)
-                return reply_error(rep, COMMON_EINVAL, "message %u has no role or content", i);
+                return proto_reply_error(rep, COMMON_EINVAL, "message %u has no role or content",
+                                         i);
             msgs[i] = (struct router_chat_msg){.role = m->role, .content = m->content};
         }
         rc = router_chat_render(s->tmpl, msgs, nm,
                                 &(struct router_chat_opts){.add_generation_prompt = true}, &text);
         if (rc < 0) {
             router_text_fini(&text);
-            return reply_error(rep, rc, "chat template %s failed", router_chat_name(s->tmpl));
+            return proto_reply_error(rep, rc, "chat template %s failed", router_chat_name(s->tmpl));
         }
         src = text.ptr ? text.ptr : "";
         src_len = text.len;
@@ -818,17 +805,17 @@ static int handle_generate(struct router_serve *s, const struct proto_msg *req,
     router_text_fini(&text);
     if (rc < 0) {
         router_tokens_fini(&toks);
-        return reply_error(rep, rc, "tokenizing the prompt failed");
+        return proto_reply_error(rep, rc, "tokenizing the prompt failed");
     }
     if (toks.n == 0) {
         router_tokens_fini(&toks);
-        return reply_error(rep, COMMON_EINVAL, "the prompt has no tokens");
+        return proto_reply_error(rep, COMMON_EINVAL, "the prompt has no tokens");
     }
     if (toks.n > s->n_ctx) {
         size_t n = toks.n;
         router_tokens_fini(&toks);
-        return reply_error(rep, COMMON_ERANGE, "the prompt has %zu tokens but the context holds %u",
-                           n, s->n_ctx);
+        return proto_reply_error(rep, COMMON_ERANGE,
+                                 "the prompt has %zu tokens but the context holds %u", n, s->n_ctx);
     }
 
     struct rq *r = calloc(1, sizeof(*r));
@@ -855,13 +842,13 @@ static int handle_generate(struct router_serve *s, const struct proto_msg *req,
     pthread_mutex_lock(&s->mu);
     uint32_t queue_max = s->o.queue_max ? s->o.queue_max : 64;
     if (s->draining) {
-        rc = reply_error(rep, COMMON_EBUSY, "the router is draining: no new requests");
+        rc = proto_reply_error(rep, COMMON_EBUSY, "the router is draining: no new requests");
     } else if (s->n_queued >= queue_max) {
-        rc = reply_error(rep, COMMON_EBUSY, "queue full: %u requests waiting (--queue)",
-                         s->n_queued);
+        rc = proto_reply_error(rep, COMMON_EBUSY, "queue full: %u requests waiting (--queue)",
+                               s->n_queued);
     } else if (rq_find(s, r->id)) {
-        rc =
-            reply_error(rep, COMMON_EINVAL, "request id %llu is in use", (unsigned long long)r->id);
+        rc = proto_reply_error(rep, COMMON_EINVAL, "request id %llu is in use",
+                               (unsigned long long)r->id);
     } else {
         struct rq **pp = &s->head;
         while (*pp)
@@ -899,8 +886,8 @@ static int handle_poll(struct router_serve *s, const struct proto_msg *req, stru
     struct rq *r = rq_find(s, req->request_id);
     if (!r) {
         pthread_mutex_unlock(&s->mu);
-        return reply_error(rep, COMMON_ENOENT, "no request with id %llu",
-                           (unsigned long long)req->request_id);
+        return proto_reply_error(rep, COMMON_ENOENT, "no request with id %llu",
+                                 (unsigned long long)req->request_id);
     }
     r->n_pollers++;
     for (;;) {
@@ -973,8 +960,8 @@ static int handle_cancel(struct router_serve *s, const struct proto_msg *req, st
     }
     pthread_mutex_unlock(&s->mu);
     if (!r)
-        return reply_error(rep, COMMON_ENOENT, "no request with id %llu",
-                           (unsigned long long)req->request_id);
+        return proto_reply_error(rep, COMMON_ENOENT, "no request with id %llu",
+                                 (unsigned long long)req->request_id);
     rep->kind = PROTO_KIND_OK;
     return 0;
 }
@@ -1067,14 +1054,14 @@ static int handle_control(struct router_serve *s, const struct proto_msg *req,
         if (strcmp(c->key, "log.level") == 0) {
             enum common_log_level lvl;
             if (common_log_parse_level(c->value, &lvl) < 0)
-                return reply_error(rep, COMMON_EINVAL,
-                                   "log.level expects err, warn, info or debug, got '%s'",
-                                   c->value);
+                return proto_reply_error(rep, COMMON_EINVAL,
+                                         "log.level expects err, warn, info or debug, got '%s'",
+                                         c->value);
             common_log_set_level(lvl);
             rep->kind = PROTO_KIND_OK;
             return 0;
         }
-        return reply_error(rep, COMMON_EINVAL, "unknown setting '%s'", c->key);
+        return proto_reply_error(rep, COMMON_EINVAL, "unknown setting '%s'", c->key);
     }
     case PROTO_KIND_LOAD_MODEL: {
         char real[PATH_MAX];
@@ -1082,12 +1069,12 @@ static int handle_control(struct router_serve *s, const struct proto_msg *req,
             rep->kind = PROTO_KIND_OK;
             return 0;
         }
-        return reply_error(rep, COMMON_ENOTSUP, "%s is not the loaded model: restart with -m",
-                           req->u.load_model.path);
+        return proto_reply_error(rep, COMMON_ENOTSUP, "%s is not the loaded model: restart with -m",
+                                 req->u.load_model.path);
     }
     default:
-        return reply_error(rep, COMMON_EPROTO, "the router does not take %s messages",
-                           proto_kind_name(req->kind));
+        return proto_reply_error(rep, COMMON_EPROTO, "the router does not take %s messages",
+                                 proto_kind_name(req->kind));
     }
 }
 
