@@ -87,12 +87,26 @@ static void up(const char *dir, const char *model, int fetchers, const char *ext
     cr_assert_eq(st, 0, "sluicectl up failed (see stderr)");
 }
 
+/* Stops the daemons, then fails the test if a sanitizer reported anything in their logs (the
+ * ASan build runs the daemons instrumented: leaks are reported at their exit). */
 static void down(const char *dir)
 {
-    char cmd[1024];
+    char cmd[2048];
     int  st;
     snprintf(cmd, sizeof(cmd), "%s down --run-dir %s >/dev/null 2>&1", SLUICECTL, dir);
     free(sh(cmd, &st));
+    if (strcmp(dir, g_dir) == 0)
+        g_dir[0] = '\0';
+    snprintf(cmd, sizeof(cmd),
+             "grep -h -m 3 -E '(Address|Leak|Thread|UndefinedBehavior)Sanitizer|runtime error:' "
+             "%s/logs/*.log 2>/dev/null || true",
+             dir);
+    char *reports = sh(cmd, &st);
+    bool  clean = reports[0] == '\0';
+    if (!clean)
+        cr_log_error("sanitizer reports in %s/logs: %s", dir, reports);
+    free(reports);
+    cr_assert(clean, "a daemon reported a sanitizer error (logs in %s/logs)", dir);
 }
 
 static pid_t read_pid(const char *dir, const char *name)
@@ -444,6 +458,45 @@ static void send_garbage(const char *url, const void *bytes, size_t len)
     nng_close(s);
 }
 
+/* Sends one request of `size` zero bytes on the nng ipc socket `path` by hand: the SP header
+ * (req0), then a frame (type 1, 64-bit big-endian length, 4-byte request id, body), and reads
+ * whatever comes back until the peer closes or 5 s pass. Best effort: errors are ignored. */
+static void raw_oversized(const char *path, size_t size)
+{
+    int fd;
+    if (common_unix_connect(path, &fd) != COMMON_OK)
+        return;
+    const uint8_t hdr[8] = {0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00};
+    uint8_t       peer[8];
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL) != (ssize_t)sizeof(hdr) ||
+        poll(&p, 1, 5000) <= 0 ||
+        recv(fd, peer, sizeof(peer), MSG_WAITALL) != (ssize_t)sizeof(peer)) {
+        close(fd);
+        return;
+    }
+    uint8_t  frame[13] = {1};
+    uint64_t len = size + 4;
+    for (int k = 0; k < 8; k++)
+        frame[1 + k] = (uint8_t)(len >> (56 - 8 * k));
+    frame[9] = 0x80; /* request id 0x80000001 */
+    frame[12] = 0x01;
+    static uint8_t zeros[1 << 16];
+    bool           ok = send(fd, frame, sizeof(frame), MSG_NOSIGNAL) == (ssize_t)sizeof(frame);
+    for (size_t sent = 0; ok && sent < size;) {
+        size_t  n = size - sent < sizeof(zeros) ? size - sent : sizeof(zeros);
+        ssize_t w = send(fd, zeros, n, MSG_NOSIGNAL);
+        ok = w > 0;
+        sent += ok ? (size_t)w : 0;
+    }
+    uint8_t sink[4096];
+    double  t0 = now_s();
+    while (now_s() - t0 < 5 && poll(&p, 1, 200) >= 0)
+        if (p.revents && recv(fd, sink, sizeof(sink), 0) <= 0)
+            break;
+    close(fd);
+}
+
 Test(pipeline_faults, garbage_on_every_socket_gets_errors, .timeout = 300, .fini = fini)
 {
     skip_without_daemons();
@@ -475,35 +528,11 @@ Test(pipeline_faults, garbage_on_every_socket_gets_errors, .timeout = 300, .fini
             }
             send_garbage(url, junk, n);
         }
-        /* Oversized: a little above the largest message. The daemon may drop the connection or
-         * answer; nng 1.5.2's client can then hang in nng_close, so the sender is a child process
-         * that exits without closing (the daemon's health is checked below). */
-        pid_t child = fork();
-        cr_assert_geq(child, 0);
-        if (child == 0) {
-            size_t     big = PROTO_MAX_MESSAGE_BYTES + 64;
-            uint8_t   *b = calloc(1, big);
-            nng_socket s;
-            if (!b || nng_req0_open(&s) != 0)
-                _exit(1);
-            nng_setopt_ms(s, NNG_OPT_RECVTIMEO, 2000);
-            nng_setopt_ms(s, NNG_OPT_SENDTIMEO, 2000);
-            if (nng_dial(s, url, NULL, 0) != 0)
-                _exit(1);
-            (void)nng_send(s, b, big, 0);
-            void  *rep = NULL;
-            size_t rlen = 0;
-            (void)nng_recv(s, &rep, &rlen, NNG_FLAG_ALLOC);
-            _exit(0);
-        }
-        int    cst = 0;
-        double t0 = now_s();
-        while (waitpid(child, &cst, WNOHANG) == 0 && now_s() - t0 < 20)
-            usleep(20 * 1000);
-        if (now_s() - t0 >= 20) {
-            kill(child, SIGKILL);
-            waitpid(child, &cst, 0);
-        }
+        /* Oversized: a little above the largest message, spoken by hand in SP-over-IPC framing
+         * (nng's own client may hang closing a socket whose message was refused, and nng may not
+         * be used after fork). The daemon may drop the connection or answer; its health is
+         * checked below. */
+        raw_oversized(url + strlen("ipc://"), PROTO_MAX_MESSAGE_BYTES + 64);
     }
     /* Raw bytes into the pool handover sockets (a client that sends instead of receiving). */
     for (int i = 0; i < 2; i++) {
