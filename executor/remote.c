@@ -25,6 +25,7 @@
 #define REMOTE_FD_MS         2000 /* pool descriptor deadline */
 #define REMOTE_RETRY_MS      100  /* pause between connection attempts */
 #define REMOTE_HELLO_NS      (2ull * 1000000000ull) /* idle HELLO probe period */
+#define REMOTE_PRE_EXPERTS   16u /* most experts prefetched (pinned ahead) per link */
 #define REMOTE_LOAN_IDX_BITS 20u
 #define REMOTE_LOAN_IDX_MASK ((1u << REMOTE_LOAN_IDX_BITS) - 1u)
 #define REMOTE_LOAN_SEQ_MASK ((1u << (32u - REMOTE_LOAN_IDX_BITS)) - 1u)
@@ -38,14 +39,20 @@ struct remote_map {
     struct remote_map   *next;    /* retired list of the link */
 };
 
-/* An ACQUIRE waiting for its reply; lives on the waiter's stack, listed in its link. */
+/* An ACQUIRE waiting for its reply; lives on the waiter's stack, listed in its link. A prefetched
+ * ACQUIRE (sent with a POSTFETCH hint, `pre`) is allocated, listed in its link until an acquire()
+ * claims it (then it is that waiter's), token_begin or a break ends it; a cancelled one waits in
+ * the list for its reply, whose loan is then released. */
 struct remote_wait {
     uint32_t            tag;
     uint32_t            layer, expert, part;
-    bool                done;   /* the reply came (fields below valid) */
-    int32_t             status; /* 0 or a negative common_err */
-    uint32_t            loan;   /* the fetcher's loan id */
-    uint32_t            gen;    /* link generation of the reply */
+    bool                pre;       /* allocated prefetch entry */
+    bool                claimed;   /* pre: an acquire() waits for it / took it */
+    bool                cancelled; /* pre: unused; release the loan when the reply comes */
+    bool                done;      /* the reply came (fields below valid) */
+    int32_t             status;    /* 0 or a negative common_err */
+    uint32_t            loan;      /* the fetcher's loan id */
+    uint32_t            gen;       /* link generation of the reply */
     uint64_t            offset, size;
     struct remote_map  *map; /* borrowed (counted in map->n_loans) when done with status 0 */
     struct remote_wait *next;
@@ -78,7 +85,9 @@ struct remote_link {
     struct remote_map         *retired;          /* owned: older pools with loans out */
     struct common_ring_segment req_seg, rep_seg; /* owned: files in RUNDIR */
     struct common_ring         req, rep;
-    struct remote_wait        *waits; /* ACQUIREs in flight */
+    struct remote_wait        *waits;   /* ACQUIREs in flight, and prefetched replies */
+    uint32_t                   n_pre;   /* unclaimed prefetch entries in `waits` */
+    uint32_t                   pre_cap; /* most unclaimed prefetch entries (pool pins) */
     bool popping; /* a thread consumes the reply ring (rep and its cached indices are its own) */
     uint32_t pop_wanted; /* relinks/breaks waiting for the consumer role: waiters leave it */
     uint32_t next_tag;
@@ -447,6 +456,11 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
     L->shard = c->shard;
     L->gen++;
     L->up = true;
+    /* Prefetched loans pin slots: at most half the pool (16 experts), the rest stays free for
+     * the acquires of every sequence. */
+    uint32_t slots = L->map && L->map->view ? fetcher_pool_n_slots(L->map->view) : 0;
+    L->pre_cap = (slots / 2 < REMOTE_PRE_EXPERTS ? slots / 2 : REMOTE_PRE_EXPERTS) *
+                 COMMON_EXPERT_PART_COUNT;
     L->st.up = true;
     L->hello_misses = 0;
     L->missing_logged = false;
@@ -481,6 +495,20 @@ static void remote_break(struct remote_link *L, const char *why)
     L->up = false;
     L->st.up = false;
     L->down_since_ns = common_now_ns();
+    /* Unused prefetched loans of the dead link are dropped (the fetcher releases what the old
+     * link held); one an acquire() claimed is re-sent at the relink like any wait. */
+    for (struct remote_wait **pp = &L->waits; *pp;) {
+        struct remote_wait *w = *pp;
+        if (!w->pre || w->claimed) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        if (w->done && w->map)
+            remote_map_unref(L, w->map);
+        L->n_pre--;
+        free(w);
+    }
     remote_retire_map(L);
     common_ring_segment_close(&L->req_seg);
     common_ring_segment_close(&L->rep_seg);
@@ -501,10 +529,17 @@ static bool remote_dispatch(struct remote_link *L, const struct proto_fetch_rep 
     bool orphan = false;
     atomic_store_explicit(&L->last_seen_ns, common_now_ns(), memory_order_relaxed);
     pthread_mutex_lock(&L->mu);
-    struct remote_wait *w = L->waits;
-    while (w && (w->tag != rec->tag || w->done))
-        w = w->next;
-    if (w) {
+    struct remote_wait **pp = &L->waits;
+    while (*pp && ((*pp)->tag != rec->tag || (*pp)->done))
+        pp = &(*pp)->next;
+    struct remote_wait *w = *pp;
+    if (w && w->pre && w->cancelled) { /* an unused prefetch: ours, its loan ends now */
+        *pp = w->next;
+        L->n_pre--;
+        free(w);
+        w = NULL;
+        orphan = rec->status == 0;
+    } else if (w) {
         w->done = true;
         w->status = rec->status > 0 ? COMMON_EPROTO : rec->status;
         w->loan = rec->loan;
@@ -723,6 +758,101 @@ static void remote_end_loan(struct remote_link *L, uint32_t gen, uint32_t floan,
     pthread_mutex_unlock(&L->push_mu);
 }
 
+/* A fresh ACQUIRE tag. Link mu. */
+static uint32_t remote_next_tag_locked(struct remote_link *L)
+{
+    if (++L->next_tag == 0)
+        L->next_tag = 1;
+    return L->next_tag;
+}
+
+/* The unclaimed, live prefetch entry of (layer, expert, part), or NULL. Link mu. */
+static struct remote_wait *remote_pre_find_locked(struct remote_link *L, uint32_t layer,
+                                                  uint32_t expert, uint32_t part)
+{
+    if (L->n_pre == 0)
+        return NULL;
+    for (struct remote_wait *w = L->waits; w; w = w->next)
+        if (w->pre && !w->claimed && !w->cancelled && w->layer == layer && w->expert == expert &&
+            w->part == part)
+            return w;
+    return NULL;
+}
+
+/* Sends the ACQUIREs of every part of (layer, expert) ahead of its acquire() calls, within the
+ * link's cap, unless they are out already. Push mu. */
+static void remote_prefetch_locked(struct remote_link *L, uint32_t layer, uint32_t expert)
+{
+    struct remote_wait *e[COMMON_EXPERT_PART_COUNT] = {NULL};
+    pthread_mutex_lock(&L->mu);
+    bool go = L->up && L->n_pre + COMMON_EXPERT_PART_COUNT <= L->pre_cap;
+    for (uint32_t p = 0; go && p < COMMON_EXPERT_PART_COUNT; p++)
+        if (remote_pre_find_locked(L, layer, expert, p))
+            go = false;
+    for (uint32_t p = 0; go && p < COMMON_EXPERT_PART_COUNT; p++) {
+        e[p] = calloc(1, sizeof(*e[p]));
+        go = e[p] != NULL;
+    }
+    if (!go) {
+        pthread_mutex_unlock(&L->mu);
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
+            free(e[p]);
+        return;
+    }
+    for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+        *e[p] = (struct remote_wait){.tag = remote_next_tag_locked(L),
+                                     .layer = layer,
+                                     .expert = expert,
+                                     .part = p,
+                                     .pre = true,
+                                     .next = L->waits};
+        L->waits = e[p];
+        L->n_pre++;
+    }
+    uint32_t tags[COMMON_EXPERT_PART_COUNT];
+    for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
+        tags[p] = e[p]->tag; /* e[] may be claimed and freed once mu is let go */
+    pthread_mutex_unlock(&L->mu);
+    /* If a push gives up, the link is breaking: the break drops the unclaimed entries and the
+     * relink re-sends the claimed ones. */
+    for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+        struct proto_fetch_req rec = {
+            .op = PROTO_FETCH_ACQUIRE, .tag = tags[p], .layer = layer, .expert = expert, .part = p};
+        if (remote_push(L, &rec, true) != COMMON_OK)
+            break;
+    }
+}
+
+/* Ends the unclaimed prefetches of a link: loans that came are released, the others are
+ * released when their replies come. */
+static void remote_pre_drop(struct remote_link *L)
+{
+    for (;;) {
+        pthread_mutex_lock(&L->mu);
+        struct remote_wait *got = NULL;
+        if (L->n_pre > 0)
+            for (struct remote_wait **pp = &L->waits; *pp; pp = &(*pp)->next) {
+                struct remote_wait *w = *pp;
+                if (!w->pre || w->claimed || w->cancelled)
+                    continue;
+                if (!w->done) {
+                    w->cancelled = true;
+                    continue;
+                }
+                *pp = w->next;
+                L->n_pre--;
+                got = w;
+                break;
+            }
+        pthread_mutex_unlock(&L->mu);
+        if (!got)
+            return;
+        if (got->status == 0 && got->map)
+            remote_end_loan(L, got->gen, got->loan, got->map);
+        free(got);
+    }
+}
+
 static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
                           const void **data, uint32_t *loan)
 {
@@ -731,31 +861,42 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
     struct common_span      span;
     if (!L || common_model_expert_span(r->model, layer, expert, part, &span) < 0)
         return COMMON_EINVAL;
-    struct remote_wait w = {.layer = layer, .expert = expert, .part = (uint32_t)part};
-    uint64_t           t0 = common_now_ns();
+    struct remote_wait  own = {.layer = layer, .expert = expert, .part = (uint32_t)part};
+    struct remote_wait *w = &own;
+    uint64_t            t0 = common_now_ns();
 
-    pthread_mutex_lock(&L->push_mu);
+    /* A prefetched ACQUIRE for this part is taken over (its reply may be there already). */
     pthread_mutex_lock(&L->mu);
-    if (++L->next_tag == 0)
-        L->next_tag = 1;
-    w.tag = L->next_tag;
-    w.next = L->waits;
-    L->waits = &w;
-    bool up = L->up;
-    pthread_mutex_unlock(&L->mu);
-    if (up) { /* when down (or the push gives up), the relink sends it */
-        struct proto_fetch_req rec = {.op = PROTO_FETCH_ACQUIRE,
-                                      .tag = w.tag,
-                                      .layer = layer,
-                                      .expert = expert,
-                                      .part = part};
-        (void)remote_push(L, &rec, true);
+    struct remote_wait *pre = remote_pre_find_locked(L, layer, expert, (uint32_t)part);
+    if (pre) {
+        pre->claimed = true;
+        L->n_pre--;
+        w = pre;
     }
-    pthread_mutex_unlock(&L->push_mu);
+    pthread_mutex_unlock(&L->mu);
+
+    if (!pre) {
+        pthread_mutex_lock(&L->push_mu);
+        pthread_mutex_lock(&L->mu);
+        own.tag = remote_next_tag_locked(L);
+        own.next = L->waits;
+        L->waits = &own;
+        bool up = L->up;
+        pthread_mutex_unlock(&L->mu);
+        if (up) { /* when down (or the push gives up), the relink sends it */
+            struct proto_fetch_req rec = {.op = PROTO_FETCH_ACQUIRE,
+                                          .tag = own.tag,
+                                          .layer = layer,
+                                          .expert = expert,
+                                          .part = part};
+            (void)remote_push(L, &rec, true);
+        }
+        pthread_mutex_unlock(&L->push_mu);
+    }
 
     pthread_mutex_lock(&L->mu);
     int rc = COMMON_OK;
-    while (!w.done) {
+    while (!w->done) {
         uint64_t now = common_now_ns();
         if (atomic_load_explicit(&r->stop, memory_order_acquire)) {
             rc = COMMON_ECLOSED;
@@ -775,7 +916,7 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
         if (L->up && !L->popping && L->pop_wanted == 0) {
             L->popping = true;
             pthread_mutex_unlock(&L->mu);
-            remote_poll(L, &w, REMOTE_POLL_MS);
+            remote_poll(L, w, REMOTE_POLL_MS);
             pthread_mutex_lock(&L->mu);
             remote_pop_unclaim_locked(L);
             continue;
@@ -783,23 +924,27 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
         remote_cond_wait_ms(&L->cond, &L->mu, REMOTE_WAIT_MS);
     }
     for (struct remote_wait **pp = &L->waits; *pp; pp = &(*pp)->next)
-        if (*pp == &w) {
-            *pp = w.next;
+        if (*pp == w) {
+            *pp = w->next;
             break;
         }
+    if (w != &own) {
+        own = *w;
+        free(w);
+    }
     L->st.wait_ns += common_now_ns() - t0;
-    if (rc == COMMON_OK && w.status < 0)
-        rc = w.status;
-    if (rc == COMMON_OK && !w.map)
+    if (rc == COMMON_OK && own.status < 0)
+        rc = own.status;
+    if (rc == COMMON_OK && !own.map)
         rc = COMMON_ECLOSED; /* the reply came on a link without a pool: cannot happen */
-    if (rc == COMMON_OK &&
-        (w.size != span.size || w.offset > w.map->bytes || w.size > w.map->bytes - w.offset)) {
+    if (rc == COMMON_OK && (own.size != span.size || own.offset > own.map->bytes ||
+                            own.size > own.map->bytes - own.offset)) {
         L->st.bad_replies++;
         COMMON_LOG_ERR("executor.remote",
                        "fetcher=%u bad reply layer=%u expert=%u part=%d offset=%llu size=%llu "
                        "(expected %llu bytes in a pool of %zu)",
-                       L->index, layer, expert, (int)part, (unsigned long long)w.offset,
-                       (unsigned long long)w.size, (unsigned long long)span.size, w.map->bytes);
+                       L->index, layer, expert, (int)part, (unsigned long long)own.offset,
+                       (unsigned long long)own.size, (unsigned long long)span.size, own.map->bytes);
         rc = COMMON_EPROTO;
     }
     if (rc < 0)
@@ -808,18 +953,18 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
         L->st.acquires++;
     pthread_mutex_unlock(&L->mu);
 
-    if (rc == COMMON_EPROTO && w.map) { /* a loan we cannot use */
-        remote_end_loan(L, w.gen, w.loan, w.map);
+    if (rc == COMMON_EPROTO && own.map) { /* a loan we cannot use */
+        remote_end_loan(L, own.gen, own.loan, own.map);
         return rc;
     }
     if (rc < 0)
         return rc;
-    struct remote_loan l = {.link = L->index, .gen = w.gen, .floan = w.loan, .map = w.map};
+    struct remote_loan l = {.link = L->index, .gen = own.gen, .floan = own.loan, .map = own.map};
     if ((rc = remote_loan_take(r, &l, loan)) < 0) {
-        remote_end_loan(L, w.gen, w.loan, w.map);
+        remote_end_loan(L, own.gen, own.loan, own.map);
         return rc;
     }
-    *data = w.map->base + w.offset;
+    *data = own.map->base + own.offset;
     return COMMON_OK;
 }
 
@@ -854,6 +999,9 @@ static int remote_request(void *arg, uint32_t layer, uint32_t expert,
                                                                          : FETCHER_PRIO_POSTFETCH};
     pthread_mutex_lock(&L->push_mu);
     int rc = L->up ? remote_push(L, &rec, false) : COMMON_EAGAIN; /* hints are never waited for */
+    /* Post-fetch: the expert is computed next, its parts are asked for now (pipelining). */
+    if (rc == COMMON_OK && hint == EXECUTOR_HINT_POSTFETCH)
+        remote_prefetch_locked(L, layer, expert);
     pthread_mutex_unlock(&L->push_mu);
     if (rc == COMMON_OK) {
         pthread_mutex_lock(&L->mu);
@@ -884,6 +1032,7 @@ static void remote_token_begin(void *arg)
     struct proto_fetch_req  rec = {.op = PROTO_FETCH_TOKEN};
     for (uint32_t i = 0; i < r->n_links; i++) {
         struct remote_link *L = &r->links[i];
+        remote_pre_drop(L);
         pthread_mutex_lock(&L->push_mu);
         if (L->up)
             (void)remote_push(L, &rec, false);
@@ -1034,6 +1183,9 @@ void executor_remote_destroy(struct executor_remote *r)
 {
     if (!r)
         return;
+    for (uint32_t i = 0; i < r->n_links; i++)
+        if (r->links[i].thread_started)
+            remote_pre_drop(&r->links[i]); /* prefetched loans nobody took */
     atomic_store_explicit(&r->stop, true, memory_order_release);
     for (uint32_t i = 0; i < r->n_links; i++) {
         struct remote_link *L = &r->links[i];
@@ -1043,6 +1195,14 @@ void executor_remote_destroy(struct executor_remote *r)
     }
     for (uint32_t i = 0; i < r->n_links; i++) {
         struct remote_link *L = &r->links[i];
+        while (L->waits) { /* only prefetch entries are left */
+            struct remote_wait *w = L->waits;
+            L->waits = w->next;
+            if (w->done && w->map)
+                remote_map_unref(L, w->map);
+            if (w->pre)
+                free(w);
+        }
         proto_client_close(L->client);
         common_ring_segment_close(&L->req_seg);
         common_ring_segment_close(&L->rep_seg);
