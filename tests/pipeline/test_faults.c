@@ -371,6 +371,52 @@ Test(pipeline_faults, ctrl_c_cancels_the_request, .timeout = 300, .fini = fini)
     free(dir);
 }
 
+/* ---- config files and SIGTERM ---------------------------------------------------------------- */
+
+/* Each daemon reads `key = value` lines from --config (the command line overrides them), refuses
+ * an unknown key naming it, and on SIGTERM exits 0 and removes its files. */
+Test(pipeline_faults, daemons_read_config_files_and_stop_on_sigterm, .timeout = 300)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char  cmd[8192];
+    int   st;
+    snprintf(
+        cmd, sizeof(cmd),
+        "set -e; cd %s; mkdir -m 700 run; "
+        "printf 'model = %s\\n# a comment\\npolicy = lfu\\npool-slots = 3\\n"
+        "run-dir = %s/run\\n' >good.conf; "
+        "printf 'model = %s\\nbogus-key = 1\\n' >bad.conf; "
+        /* An unknown key stops each daemon with a message naming it. */
+        "for d in sluice-fetcher sluice-executor sluice-router; do "
+        "  if %s/$d --config bad.conf --run-dir %s/run >/dev/null 2>err.txt; then exit 11; fi; "
+        "  grep -q bogus-key err.txt || exit 12; done; "
+        /* A good file: the fetcher starts from it (the command line's --pool-slots wins over
+         * the file's), answers, and stops on SIGTERM. */
+        "%s/sluice-fetcher --config good.conf --pool-slots 4 >fetcher.out 2>fetcher.log & "
+        "pid=$!; "
+        "for i in $(seq 100); do %s/sluice ctl --run-dir %s/run --daemon fetcher-0 health "
+        ">/dev/null 2>&1 && break; sleep 0.1; done; "
+        "%s/sluice ctl --run-dir %s/run --daemon fetcher-0 stats >stats.txt "
+        "|| { kill -9 $pid; exit 13; }; "
+        "grep -q 'policy lfu' fetcher.log || { kill -9 $pid; exit 14; }; "
+        "awk '$1 == \"pool.slots\" && $2 == 4 { ok = 1 } END { exit !ok }' stats.txt "
+        "|| { kill -9 $pid; exit 17; }; "
+        "kill -TERM $pid; wait $pid || exit 15; "
+        "[ ! -e run/fetcher-0.ctl ] && [ ! -e run/fetcher-0.pid ] && [ ! -e run/fetcher-0.pool ] "
+        "|| exit 16",
+        dir, model, dir, model, BIN, dir, BIN, BIN, dir, BIN, dir);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0,
+                 "step %d failed (11/12 bad key, 13 no stats, 14 policy from the file, 15 exit "
+                 "status, 16 files left, 17 pool slots from the command line; see %s)",
+                 st, dir);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 /* ---- many clients ---------------------------------------------------------------------------- */
 
 Test(pipeline_faults, sixteen_clients_complete_or_get_errors, .timeout = 900, .fini = fini)
