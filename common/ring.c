@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,22 +15,7 @@
 /* Polls of the peer's index before a blocking call sleeps (kept short: on 2 cores a spinning
  * reader takes the compute threads' CPU; 32 measured better than 256): a peer in a burst
  * answers within this, and a futex round trip costs far more than these loads. */
-#define RING_SPIN_DEFAULT 32
-
-/* SLUICE_RING_SPIN overrides the spin count (measurements); read once. */
-static int ring_spin(void)
-{
-    static _Atomic int spin = -1;
-    int                v = atomic_load_explicit(&spin, memory_order_relaxed);
-    if (v >= 0)
-        return v;
-    const char *env = getenv("SLUICE_RING_SPIN");
-    v = env && *env ? atoi(env) : RING_SPIN_DEFAULT;
-    if (v < 0)
-        v = 0;
-    atomic_store_explicit(&spin, v, memory_order_relaxed);
-    return v;
-}
+#define RING_SPIN 32
 
 /* Each slot: the record length as a u32, padding to 8 bytes, then the record. */
 #define RING_SLOT_DATA 8u
@@ -263,7 +247,7 @@ int common_ring_push_wait(struct common_ring *r, const void *rec, size_t len, in
 {
     uint64_t deadline = ring_deadline(timeout_ms);
     for (;;) {
-        for (int i = 0, n = ring_spin(); i <= n; i++) { /* one try at least */
+        for (int i = 0; i <= RING_SPIN; i++) { /* one try at least */
             int rc = common_ring_push(r, rec, len);
             if (rc != COMMON_EAGAIN)
                 return rc;
@@ -279,7 +263,7 @@ int common_ring_pop_wait(struct common_ring *r, void *rec, size_t cap, int timeo
 {
     uint64_t deadline = ring_deadline(timeout_ms);
     for (;;) {
-        for (int i = 0, n = ring_spin(); i <= n; i++) { /* one try at least */
+        for (int i = 0; i <= RING_SPIN; i++) { /* one try at least */
             int rc = common_ring_pop(r, rec, cap);
             if (rc != COMMON_EAGAIN)
                 return rc;
