@@ -646,33 +646,21 @@ static void ctl_hello(struct fetcher_server *s, struct proto_msg *rep)
     }
 }
 
-static int ctl_error(struct proto_msg *rep, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int ctl_error(struct proto_msg *rep, int code, const char *fmt, ...)
-{
-    va_list ap;
-    rep->kind = PROTO_KIND_ERROR;
-    rep->u.error.code = code;
-    va_start(ap, fmt);
-    vsnprintf(rep->u.error.message, sizeof(rep->u.error.message), fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, struct proto_msg *rep)
 {
     if (a->role != PROTO_ROLE_EXECUTOR)
-        return ctl_error(rep, COMMON_EINVAL, "attach: only an executor attaches to a fetcher");
+        return proto_reply_error(rep, COMMON_EINVAL,
+                                 "attach: only an executor attaches to a fetcher");
     if (a->n_segments < 2)
-        return ctl_error(rep, COMMON_EINVAL, "attach: needs 2 segments (req, rep), got %u",
-                         a->n_segments);
+        return proto_reply_error(rep, COMMON_EINVAL, "attach: needs 2 segments (req, rep), got %u",
+                                 a->n_segments);
     uint32_t n = a->params[0];
     if (n == 0 || n > COMMON_RING_MAX_SLOTS || (n & (n - 1)) != 0)
-        return ctl_error(rep, COMMON_EINVAL, "attach: ring slots %u not a power of two", n);
+        return proto_reply_error(rep, COMMON_EINVAL, "attach: ring slots %u not a power of two", n);
 
     struct serve_link *l = calloc(1, sizeof(*l));
     if (!l)
-        return ctl_error(rep, COMMON_ENOMEM, "attach: out of memory");
+        return proto_reply_error(rep, COMMON_ENOMEM, "attach: out of memory");
     l->srv = s;
     l->pid = a->pid;
     l->instance = a->instance;
@@ -681,30 +669,30 @@ static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, st
     if (!l->pins || pthread_mutex_init(&l->push_mu, NULL) != 0) {
         free(l->pins);
         free(l);
-        return ctl_error(rep, COMMON_ENOMEM, "attach: out of memory");
+        return proto_reply_error(rep, COMMON_ENOMEM, "attach: out of memory");
     }
     int rc = common_ring_segment_open(s->run_dir, a->segments[0], &l->req_seg);
     if (rc != COMMON_OK) {
-        ctl_error(rep, rc, "attach: segment %s: %s", a->segments[0], common_strerror(rc));
+        proto_reply_error(rep, rc, "attach: segment %s: %s", a->segments[0], common_strerror(rc));
         goto out_free;
     }
     rc = common_ring_segment_open(s->run_dir, a->segments[1], &l->rep_seg);
     if (rc != COMMON_OK) {
-        ctl_error(rep, rc, "attach: segment %s: %s", a->segments[1], common_strerror(rc));
+        proto_reply_error(rep, rc, "attach: segment %s: %s", a->segments[1], common_strerror(rc));
         goto out_free;
     }
     rc = common_ring_attach(l->req_seg.mem, l->req_seg.bytes, sizeof(struct proto_fetch_req), n,
                             &l->req);
     if (rc != COMMON_OK) {
-        ctl_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
-                  a->segments[0], n, sizeof(struct proto_fetch_req));
+        proto_reply_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
+                          a->segments[0], n, sizeof(struct proto_fetch_req));
         goto out_free;
     }
     rc = common_ring_attach(l->rep_seg.mem, l->rep_seg.bytes, sizeof(struct proto_fetch_rep), n,
                             &l->rep);
     if (rc != COMMON_OK) {
-        ctl_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
-                  a->segments[1], n, sizeof(struct proto_fetch_rep));
+        proto_reply_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
+                          a->segments[1], n, sizeof(struct proto_fetch_rep));
         goto out_free;
     }
 
@@ -714,12 +702,12 @@ static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, st
     pthread_mutex_unlock(&s->mu);
     if (refuse) {
         pthread_mutex_unlock(&s->attach_mu);
-        rc = ctl_error(rep, COMMON_EBUSY, "attach: fetcher is draining");
+        rc = proto_reply_error(rep, COMMON_EBUSY, "attach: fetcher is draining");
         goto out_free;
     }
     if (pthread_create(&l->thread, NULL, link_thread, l) != 0) {
         pthread_mutex_unlock(&s->attach_mu);
-        rc = ctl_error(rep, COMMON_EAGAIN, "attach: cannot start the ring thread");
+        rc = proto_reply_error(rep, COMMON_EAGAIN, "attach: cannot start the ring thread");
         goto out_free;
     }
     l->thread_started = true;
@@ -746,9 +734,9 @@ static int ctl_handler(void *arg, const struct proto_msg *req, struct proto_msg 
     switch (req->kind) {
     case PROTO_KIND_HELLO:
         if (!proto_version_is_compatible(req->u.hello.major, req->u.hello.minor))
-            return ctl_error(rep, COMMON_EPROTO, "hello: protocol %u.%u, this fetcher speaks %u.%u",
-                             req->u.hello.major, req->u.hello.minor, PROTO_VERSION_MAJOR,
-                             PROTO_VERSION_MINOR);
+            return proto_reply_error(
+                rep, COMMON_EPROTO, "hello: protocol %u.%u, this fetcher speaks %u.%u",
+                req->u.hello.major, req->u.hello.minor, PROTO_VERSION_MAJOR, PROTO_VERSION_MINOR);
         ctl_hello(s, rep);
         return COMMON_OK;
     case PROTO_KIND_STATS:
@@ -773,13 +761,13 @@ static int ctl_handler(void *arg, const struct proto_msg *req, struct proto_msg 
         if (strcmp(c->key, "log.level") == 0) {
             enum common_log_level lv;
             if (common_log_parse_level(c->value, &lv) != COMMON_OK)
-                return ctl_error(rep, COMMON_EINVAL,
-                                 "configure: log.level expects err, warn, info or debug");
+                return proto_reply_error(rep, COMMON_EINVAL,
+                                         "configure: log.level expects err, warn, info or debug");
             common_log_set_level(lv);
             rep->kind = PROTO_KIND_OK;
             return COMMON_OK;
         }
-        return ctl_error(rep, COMMON_EINVAL, "configure: unknown key '%s'", c->key);
+        return proto_reply_error(rep, COMMON_EINVAL, "configure: unknown key '%s'", c->key);
     }
     case PROTO_KIND_LOAD_MODEL: {
         char *real = realpath(req->u.load_model.path, NULL);
@@ -787,16 +775,17 @@ static int ctl_handler(void *arg, const struct proto_msg *req, struct proto_msg 
                     (real && s->model_real && strcmp(real, s->model_real) == 0);
         free(real);
         if (!same)
-            return ctl_error(rep, COMMON_ENOTSUP,
-                             "load model: this fetcher serves %s; restart with -m", s->model_path);
+            return proto_reply_error(rep, COMMON_ENOTSUP,
+                                     "load model: this fetcher serves %s; restart with -m",
+                                     s->model_path);
         rep->kind = PROTO_KIND_OK;
         return COMMON_OK;
     }
     case PROTO_KIND_ATTACH:
         return ctl_attach(s, &req->u.attach, rep);
     default:
-        return ctl_error(rep, COMMON_EPROTO, "a fetcher does not serve '%s'",
-                         proto_kind_name(req->kind));
+        return proto_reply_error(rep, COMMON_EPROTO, "a fetcher does not serve '%s'",
+                                 proto_kind_name(req->kind));
     }
 }
 
