@@ -11,24 +11,11 @@
 #include "fixture.h"
 #include "tjson.h"
 
-/* Runs a shell command and returns its stdout (malloc'd) and exit status. */
+/* Runs a shell command; returns its stdout (malloc'd) and exit status. */
 static char *run_capture(const char *cmd, int *status)
 {
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t cap = 1 << 16, n = 0;
-    char  *out = malloc(cap);
-    size_t r;
-    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 4096) {
-            cap *= 2;
-            out = realloc(out, cap);
-        }
-    }
-    out[n] = '\0';
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char *out = fixture_run(cmd, status);
+    cr_assert_not_null(out, "could not run %s", cmd);
     return out;
 }
 

@@ -214,21 +214,11 @@ Test(executor_stream, mem_estimate_counts_kv_and_rejects_bad_ctx)
 
 /* ---- through the CLI: the fetcher behind the executor ------------------------------------- */
 
-/* Runs `cmd`, returns its stdout (malloc'd) and exit status. */
+/* Runs a shell command; returns its stdout (malloc'd) and exit status. */
 static char *run_cmd(const char *cmd, int *status)
 {
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t cap = 1 << 16, len = 0;
-    char  *out = malloc(cap);
-    size_t r;
-    while ((r = fread(out + len, 1, cap - len - 1, p)) > 0) {
-        len += r;
-        if (len + 1 == cap)
-            out = realloc(out, cap *= 2);
-    }
-    out[len] = '\0';
-    *status = pclose(p);
+    char *out = fixture_run(cmd, status);
+    cr_assert_not_null(out, "could not run %s", cmd);
     return out;
 }
 

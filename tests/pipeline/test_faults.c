@@ -41,15 +41,8 @@ static double now_s(void)
 /* Runs a shell command; returns its stdout (malloc'd) and exit status. */
 static char *sh(const char *cmd, int *status)
 {
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t cap = 1 << 20, n = 0, r;
-    char  *out = malloc(cap);
-    while ((r = fread(out + n, 1, cap - n - 1, p)) > 0)
-        n += r;
-    out[n] = '\0';
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char *out = fixture_run(cmd, status);
+    cr_assert_not_null(out, "could not run %s", cmd);
     return out;
 }
 

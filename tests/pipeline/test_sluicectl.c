@@ -50,23 +50,9 @@ static char *sh(const char *cmd, int *status)
     char  *full = malloc(n);
     cr_assert_not_null(full);
     snprintf(full, n, "(%s) 2>&1", cmd);
-    FILE *p = popen(full, "r");
+    char *out = fixture_run(full, status);
     free(full);
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t cap = 1 << 16, len = 0, r;
-    char  *out = malloc(cap);
-    cr_assert_not_null(out);
-    while ((r = fread(out + len, 1, cap - len - 1, p)) > 0) {
-        len += r;
-        if (cap - len < 4096) {
-            cap *= 2;
-            out = realloc(out, cap);
-            cr_assert_not_null(out);
-        }
-    }
-    out[len] = '\0';
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    cr_assert_not_null(out, "could not run %s", cmd);
     return out;
 }
 

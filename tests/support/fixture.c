@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 char *fixture_path(const char *rel)
@@ -78,4 +79,31 @@ void fixture_rmtree(const char *dir)
     if (system(cmd) != 0)
         fprintf(stderr, "fixture_rmtree: could not remove %s\n", dir);
     free(cmd);
+}
+
+char *fixture_run(const char *cmd, int *status)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, r;
+    char  *out = malloc(cap);
+    while (out && (r = fread(out + len, 1, cap - len - 1, p)) > 0) {
+        len += r;
+        if (cap - len < 4096) {
+            char *grown = realloc(out, cap * 2);
+            if (!grown) {
+                free(out);
+                out = NULL;
+                break;
+            }
+            out = grown;
+            cap *= 2;
+        }
+    }
+    int st = pclose(p);
+    if (out)
+        out[len] = '\0';
+    *status = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
 }

@@ -19,6 +19,10 @@ char *fixture_path(const char *rel);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); returns NULL on failure. */
 char *fixture_read_all(const char *path, size_t *len);
 
+/* Runs `cmd` with /bin/sh and returns everything it wrote to stdout (malloc'd, NUL-terminated),
+ * and in *status its exit status (-1 when a signal ended it). NULL when popen or malloc failed. */
+char *fixture_run(const char *cmd, int *status);
+
 /* Creates a fresh temporary directory and returns its malloc'd path. */
 char *fixture_tmpdir(void);
 
