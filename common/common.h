@@ -590,6 +590,11 @@ int common_ring_attach(void *mem, size_t len, uint32_t slot_bytes, uint32_t n_sl
  * inconsistent. */
 int common_ring_push(struct common_ring *r, const void *rec, size_t len);
 
+/* As common_ring_push(), but leaves a sleeping consumer asleep: the record is seen at the
+ * consumer's next wake-up (a later common_ring_push() or its own timeout). For records that are
+ * not urgent (a release), so that they cost the peer no wake-up of their own. */
+int common_ring_push_quiet(struct common_ring *r, const void *rec, size_t len);
+
 /* Consumer: copies the oldest record into `rec` (`cap` bytes) and frees its slot. Non-blocking;
  * wakes a sleeping producer. Returns the record length (>= 0), COMMON_EAGAIN when the ring is
  * empty, COMMON_EINVAL when the record is longer than `cap` (it stays in the ring),

@@ -126,7 +126,7 @@ static void ring_wake(_Atomic uint32_t *waiting, _Atomic uint32_t *word, uint32_
         *woken = w;
 }
 
-int common_ring_push(struct common_ring *r, const void *rec, size_t len)
+static int ring_push(struct common_ring *r, const void *rec, size_t len, bool wake)
 {
     if (len > r->slot_bytes)
         return COMMON_EINVAL;
@@ -154,8 +154,19 @@ int common_ring_push(struct common_ring *r, const void *rec, size_t len)
      * (pairs with the acquire load of head in common_ring_pop() and common_ring_attach()), and
      * the store is ordered before ring_wake()'s load of cons_waiting (pairs with ring_sleep()). */
     atomic_store_explicit(&h->head, head + 1, memory_order_seq_cst);
-    ring_wake(&h->cons_waiting, &h->head, &r->cons_woken);
+    if (wake)
+        ring_wake(&h->cons_waiting, &h->head, &r->cons_woken);
     return COMMON_OK;
+}
+
+int common_ring_push(struct common_ring *r, const void *rec, size_t len)
+{
+    return ring_push(r, rec, len, true);
+}
+
+int common_ring_push_quiet(struct common_ring *r, const void *rec, size_t len)
+{
+    return ring_push(r, rec, len, false);
 }
 
 int common_ring_pop(struct common_ring *r, void *rec, size_t cap)

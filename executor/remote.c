@@ -206,6 +206,11 @@ static void remote_map_unref(struct remote_link *L, struct remote_map *m)
         }
 }
 
+/* Pushes a record that is not urgent without waking the fetcher: it rides along with the next
+ * record that does (or the fetcher's own timeout); a full ring falls back to remote_push().
+ * Push mu. */
+static int remote_push_quiet(struct remote_link *L, const struct proto_fetch_req *rec);
+
 /* Pushes one request record. With `wait`, waits for room while the link stays up. Push mu. */
 static int remote_push(struct remote_link *L, const struct proto_fetch_req *rec, bool wait)
 {
@@ -223,6 +228,14 @@ static int remote_push(struct remote_link *L, const struct proto_fetch_req *rec,
             atomic_load_explicit(&L->r->stop, memory_order_acquire))
             return COMMON_EAGAIN;
     }
+}
+
+static int remote_push_quiet(struct remote_link *L, const struct proto_fetch_req *rec)
+{
+    if (!L->req.hdr)
+        return COMMON_ECLOSED;
+    int rc = common_ring_push_quiet(&L->req, rec, sizeof(*rec));
+    return rc == COMMON_EAGAIN ? remote_push(L, rec, true) : rc;
 }
 
 /* ---- connecting ---------------------------------------------------------------------------- */
@@ -753,7 +766,7 @@ static void remote_end_loan(struct remote_link *L, uint32_t gen, uint32_t floan,
     pthread_mutex_unlock(&L->mu);
     if (same) { /* a loan of a dead fetcher's pool is just dropped */
         struct proto_fetch_req rel = {.op = PROTO_FETCH_RELEASE, .loan = floan};
-        (void)remote_push(L, &rel, true);
+        (void)remote_push_quiet(L, &rel); /* the next ACQUIRE or TOKEN delivers it */
     }
     pthread_mutex_unlock(&L->push_mu);
 }
@@ -998,7 +1011,17 @@ static int remote_request(void *arg, uint32_t layer, uint32_t expert,
                                   .prio = hint == EXECUTOR_HINT_PREFETCH ? FETCHER_PRIO_PREFETCH
                                                                          : FETCHER_PRIO_POSTFETCH};
     pthread_mutex_lock(&L->push_mu);
-    int rc = L->up ? remote_push(L, &rec, false) : COMMON_EAGAIN; /* hints are never waited for */
+    /* Hints are never waited for; a post-fetch hint is followed by the expert's ACQUIREs, whose
+     * push wakes the fetcher, so the hint itself does not. */
+    int rc = COMMON_EAGAIN;
+    if (L->up) {
+        pthread_mutex_lock(&L->mu);
+        bool acquires_follow =
+            hint == EXECUTOR_HINT_POSTFETCH && L->n_pre + COMMON_EXPERT_PART_COUNT <= L->pre_cap;
+        pthread_mutex_unlock(&L->mu);
+        rc = acquires_follow && L->req.hdr ? common_ring_push_quiet(&L->req, &rec, sizeof(rec))
+                                           : remote_push(L, &rec, false);
+    }
     /* Post-fetch: the expert is computed next, its parts are asked for now (pipelining). */
     if (rc == COMMON_OK && hint == EXECUTOR_HINT_POSTFETCH)
         remote_prefetch_locked(L, layer, expert);

@@ -88,7 +88,9 @@ struct sluice_generate_result {
 };
 
 /* Called with each piece of text as it comes (valid UTF-8, possibly empty) and the token ids it
- * came with. Return 0 to go on, anything else to cancel the request. */
+ * came with. Return 0 to go on, anything else to cancel the request. Once this call has sent
+ * the cancel (a non-zero return, or sluice_client_request_cancel()), no more pieces are passed on,
+ * so the result's n_generated may exceed the tokens the callback saw. */
 typedef int (*sluice_piece_fn)(void *arg, const char *text, size_t len, const int32_t *tokens,
                                size_t n_tokens);
 

@@ -293,7 +293,9 @@ static void *p_client_main(void *arg)
         switch (r.reason) {
         case SLUICE_STOP_CANCEL:
             cl->cancelled++;
-            if (k.n != r.n_generated || r.n_generated > o.max_tokens) {
+            /* Tokens the router made after the client sent CANCEL are not handed to the
+             * callback (sluice_client drops output once it cancels), so fewer may arrive. */
+            if (k.n > r.n_generated || r.n_generated > o.max_tokens) {
                 cl->bad++;
                 fprintf(stderr, "client %d: cancelled after %u tokens, %zu received\n", cl->idx,
                         r.n_generated, k.n);
