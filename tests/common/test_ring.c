@@ -1,6 +1,8 @@
 /* tests/common/test_ring.c - shared-memory SPSC rings: header checks, full/empty, corruption,
  * index wraparound, futex timeouts, runtime-directory rules and a two-process stress run. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -492,4 +494,43 @@ Test(common_ring, two_process_stress, .timeout = 300)
     common_ring_segment_close(&seg);
     rmdir(dir);
     rmdir(tmp);
+}
+
+/* ---- quiet pushes -----------------------------------------------------------------------------
+ */
+
+static void *quiet_pusher(void *arg)
+{
+    usleep(50 * 1000);
+    uint64_t x = 77;
+    return (void *)(intptr_t)common_ring_push_quiet(arg, &x, sizeof(x));
+}
+
+/* Quiet pushes keep FIFO order with ordinary ones, report a full ring, and a consumer asleep in
+ * pop_wait still gets a quietly pushed record (at the latest when its wait times out). */
+Test(common_ring, quiet_push_keeps_order_and_is_seen_by_a_sleeper, .timeout = 30)
+{
+    struct common_ring p, c;
+    void              *mem = ring_new(16, 4, &p);
+    cr_assert_eq(common_ring_attach(mem, common_ring_bytes(16, 4), 16, 4, &c), COMMON_OK);
+    for (uint64_t v = 1; v <= 4; v++)
+        cr_assert_eq((v & 1) ? common_ring_push_quiet(&p, &v, sizeof(v))
+                             : common_ring_push(&p, &v, sizeof(v)),
+                     COMMON_OK);
+    uint64_t v = 5, w = 0;
+    cr_assert_eq(common_ring_push_quiet(&p, &v, sizeof(v)), COMMON_EAGAIN, "the ring is full");
+    for (uint64_t k = 1; k <= 4; k++) {
+        cr_assert_eq(common_ring_pop(&c, &w, sizeof(w)), (int)sizeof(w));
+        cr_assert_eq(w, k);
+    }
+    /* Nothing queued: the consumer sleeps; a quiet push lands while it waits. */
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, quiet_pusher, &p), 0);
+    int   rc = common_ring_pop_wait(&c, &w, sizeof(w), 2000);
+    void *pushed = NULL;
+    pthread_join(t, &pushed);
+    cr_assert_eq((intptr_t)pushed, COMMON_OK);
+    cr_assert_eq(rc, (int)sizeof(w), "pop_wait returned %d", rc);
+    cr_assert_eq(w, 77);
+    free(mem);
 }
