@@ -509,6 +509,12 @@ int common_config_argv(const char *path, int argc, char **argv, int *out_argc, c
                        struct common_errmsg *e);
 /* Finds "--config FILE" (or "--config=FILE") in argv; returns FILE or NULL. */
 const char *common_config_find(int argc, char **argv);
+/* The config step of every daemon's main: when argv names --config FILE, reads it with
+ * common_config_argv() into *owned (free() it) and points *out_argv at it; otherwise *out_argv is
+ * argv and *owned NULL. A bad or missing file, or --config without a value, prints
+ * "PROG: error: ..." on stderr and returns its negative common_err; else 0. */
+int common_config_load(const char *prog, int argc, char **argv, int *out_argc, char ***out_argv,
+                       char ***owned);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared-memory rings (common/ring.c)                                                         */

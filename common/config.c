@@ -126,3 +126,29 @@ int common_config_argv(const char *path, int argc, char **argv, int *out_argc, c
     *out_argv = out;
     return COMMON_OK;
 }
+
+int common_config_load(const char *prog, int argc, char **argv, int *out_argc, char ***out_argv,
+                       char ***owned)
+{
+    *out_argc = argc;
+    *out_argv = argv;
+    *owned = NULL;
+    const char *cfg = common_config_find(argc, argv);
+    if (!cfg) {
+        for (int i = 1; i < argc; i++)
+            if (strcmp(argv[i], "--config") == 0) {
+                fprintf(stderr, "%s: error: --config needs a value\n", prog);
+                return COMMON_EINVAL;
+            }
+        return COMMON_OK;
+    }
+    struct common_errmsg e = {{0}};
+    int                  rc = common_config_argv(cfg, argc, argv, out_argc, owned, &e);
+    if (rc != COMMON_OK) {
+        fprintf(stderr, "%s: error: %s\n", prog, e.text[0] ? e.text : common_strerror(rc));
+        *out_argc = argc;
+        return rc;
+    }
+    *out_argv = *owned;
+    return COMMON_OK;
+}

@@ -271,19 +271,10 @@ int main(int argc, char **argv)
 {
     struct main_config c = {
         .n_fetchers = 1, .n_seq = 4, .connect_timeout_s = 30, .log_level = COMMON_LOG_LEVEL_INFO};
-    char      **cargv = NULL;
-    int         cargc = argc;
-    const char *cfg = common_config_find(argc, argv);
-    if (cfg) {
-        struct common_errmsg e = {{0}};
-        int                  rc = common_config_argv(cfg, argc, argv, &cargc, &cargv, &e);
-        if (rc < 0) {
-            fprintf(stderr, "error: --config %s: %s\n", cfg,
-                    e.text[0] ? e.text : common_strerror(rc));
-            return 1;
-        }
-        argv = cargv;
-    }
+    char **cargv = NULL;
+    int    cargc;
+    if (common_config_load("sluice-executor", argc, argv, &cargc, &argv, &cargv) < 0)
+        return 1;
     int p = main_parse(cargc, argv, &c);
     if (p <= 0) {
         if (p == 0)

@@ -186,25 +186,10 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o)
 int main(int argc, char **argv)
 {
     struct common_errmsg e = {{0}};
-    int                  cargc = argc;
-    char               **cargv = argv;
-    char               **owned = NULL;
-    const char          *cfg = common_config_find(argc, argv);
-    if (cfg) {
-        int rc = common_config_argv(cfg, argc, argv, &cargc, &owned, &e);
-        if (rc != COMMON_OK) {
-            fprintf(stderr, "sluice-fetcher: error: %s\n",
-                    e.text[0] ? e.text : common_strerror(rc));
-            return 1;
-        }
-        cargv = owned;
-    } else {
-        for (int i = 1; i < argc; i++)
-            if (strcmp(argv[i], "--config") == 0) {
-                fprintf(stderr, "sluice-fetcher: error: --config needs a value\n");
-                return 1;
-            }
-    }
+    int                  cargc;
+    char               **cargv, **owned;
+    if (common_config_load("sluice-fetcher", argc, argv, &cargc, &cargv, &owned) < 0)
+        return 1;
     struct fetcher_serve_opts o = {
         .plan_out = stderr, .summary_out = stderr, .mem_estimate = mem_estimate};
     int prc = parse_args(cargc, cargv, &o);

@@ -72,19 +72,10 @@ static int router_write_pid(const char *path)
 int main(int argc, char **argv)
 {
     struct router_serve_opts o = {0};
-    int                      cargc = argc;
-    char                   **cargv = argv, **owned = NULL;
-    struct common_errmsg     e = {{0}};
-    const char              *cfg = common_config_find(argc, argv);
-    if (cfg) {
-        int rc = common_config_argv(cfg, argc, argv, &cargc, &owned, &e);
-        if (rc < 0) {
-            fprintf(stderr, "sluice-router: --config %s: %s\n", cfg,
-                    e.text[0] ? e.text : common_strerror(rc));
-            return 2;
-        }
-        cargv = owned;
-    }
+    int                      cargc;
+    char                   **cargv, **owned;
+    if (common_config_load("sluice-router", argc, argv, &cargc, &cargv, &owned) < 0)
+        return 2;
     int status = 2;
     for (int i = 1; i < cargc; i++) {
         const char *a = cargv[i];
@@ -145,6 +136,7 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    struct common_errmsg e = {{0}};
     struct router_serve *s = NULL;
     int                  rc = router_serve_create(&o, &s, &e);
     if (rc < 0) {

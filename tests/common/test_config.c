@@ -126,3 +126,32 @@ Test(common_config, find_reads_both_forms)
     char *a4[] = {"d", "--other", NULL};
     cr_assert_null(common_config_find(2, a4));
 }
+
+Test(common_config, load_passes_argv_through_or_reads_the_file)
+{
+    char  *plain[] = {"prog", "-m", "x", NULL};
+    int    argc2;
+    char **argv2, **owned;
+    cr_assert_eq(common_config_load("prog", 3, plain, &argc2, &argv2, &owned), COMMON_OK);
+    cr_assert_eq(argv2, plain);
+    cr_assert_null(owned);
+    cr_assert_eq(argc2, 3);
+
+    char *dangling[] = {"prog", "--config", NULL};
+    cr_assert_eq(common_config_load("prog", 2, dangling, &argc2, &argv2, &owned), COMMON_EINVAL);
+    cr_assert_null(owned);
+
+    write_file("model = m.gguf\n");
+    char *with[] = {"prog", "--config", t_path, "-t", "2", NULL};
+    cr_assert_eq(common_config_load("prog", 5, with, &argc2, &argv2, &owned), COMMON_OK);
+    cr_assert_eq(argv2, owned);
+    const char *const want[] = {"prog", "--model", "m.gguf", "-t", "2"};
+    cr_assert_eq(argc2, 5);
+    for (int i = 0; i < 5; i++)
+        cr_assert_str_eq(argv2[i], want[i], "word %d", i);
+    free(owned);
+
+    char *missing[] = {"prog", "--config", "/nonexistent/sluice.conf", NULL};
+    cr_assert_eq(common_config_load("prog", 3, missing, &argc2, &argv2, &owned), COMMON_ENOENT);
+    cr_assert_null(owned);
+}
