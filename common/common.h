@@ -97,6 +97,14 @@ bool common_mul_u64(uint64_t a, uint64_t b, uint64_t *out);
 /* Monotonic clock in nanoseconds. */
 uint64_t common_now_ns(void);
 
+/* True when process `pid` has exited or is a zombie (killed, not yet reaped by its parent): a
+ * peer that will never answer again. False for 0 (no pid known) and for a live process, also one
+ * of another user. (common/proc.c) */
+bool common_pid_gone(uint32_t pid);
+/* A random non-zero 64-bit id (getrandom; the clock and pid when that fails): instance ids that
+ * tell a restarted daemon from its predecessor, request ids. */
+uint64_t common_random_id(void);
+
 /* ------------------------------------------------------------------------------------------ */
 /* ggml tensor types (common/ggml_type.c)                                                      */
 /* ------------------------------------------------------------------------------------------ */

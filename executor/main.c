@@ -212,20 +212,11 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
     return COMMON_OK;
 }
 
-static uint64_t main_instance(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t v =
-        ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40);
-    return v ? v : 1;
-}
-
 static int main_run(const struct main_config *c)
 {
     struct main_state    st = {0};
     struct common_errmsg e = {{0}};
-    uint64_t             instance = main_instance();
+    uint64_t             instance = common_random_id();
     int                  rc;
     executor_kernels_init();
     if ((rc = executor_pool_create(c->n_threads, &st.pool)) < 0) {

@@ -134,25 +134,6 @@ static void remote_sleep_ms(uint32_t ms)
         ;
 }
 
-/* True when process `pid` is gone or a zombie (killed, not reaped yet by its parent). */
-static bool remote_pid_is_dead(uint32_t pid)
-{
-    if (pid == 0)
-        return false;
-    if (kill((pid_t)pid, 0) != 0)
-        return errno == ESRCH;
-    char path[64], buf[256];
-    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ..." */
-    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
-}
-
 static void remote_cond_wait_ms(pthread_cond_t *c, pthread_mutex_t *m, uint32_t ms)
 {
     struct timespec ts;
@@ -612,7 +593,7 @@ static void remote_poll(struct remote_link *L, const struct remote_wait *mine, u
 /* Checks a silent fetcher: dead pid, or a HELLO from another instance. True when it is gone. */
 static bool remote_is_gone(struct remote_link *L, const char **why)
 {
-    if (remote_pid_is_dead(L->pid)) {
+    if (common_pid_gone(L->pid)) {
         *why = "process gone";
         return true;
     }

@@ -145,11 +145,6 @@ out_free:
 
 /* ---- the step thread ----------------------------------------------------------------------- */
 
-static bool serve_pid_is_dead(uint32_t pid)
-{
-    return pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
 static void serve_reset_all(struct executor_serve *s)
 {
     for (uint32_t i = 0; i < s->n_seq; i++)
@@ -224,7 +219,7 @@ static bool serve_step(struct executor_serve *s, struct serve_link *l,
         int rc = common_ring_push_wait(&l->rep, &rep, sizeof(rep), SERVE_WAIT_MS);
         if (rc == COMMON_OK)
             return true;
-        if (rc != COMMON_ETIMEDOUT || serve_pid_is_dead(l->pid))
+        if (rc != COMMON_ETIMEDOUT || common_pid_gone(l->pid))
             return false;
         pthread_mutex_lock(&s->mu);
         bool stop = s->stop || s->pending;
@@ -280,7 +275,7 @@ static void *serve_thread(void *arg)
             if (rc == COMMON_EINVAL) /* longer than a record: it stays in the ring */
                 drop = "oversized record";
         } else if (rc == COMMON_ETIMEDOUT) {
-            if (serve_pid_is_dead(l->pid))
+            if (common_pid_gone(l->pid))
                 drop = "router gone";
         } else {
             drop = common_strerror(rc);

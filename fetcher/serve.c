@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
@@ -97,14 +96,6 @@ struct fetcher_server {
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static uint64_t serve_random_u64(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-        v = common_now_ns() ^ ((uint64_t)getpid() << 32);
-    return v ? v : 1;
-}
 
 static bool serve_in_shard(const struct fetcher_server *s, uint32_t layer, uint32_t expert)
 {
@@ -209,12 +200,6 @@ static void link_drop(struct serve_link *l)
     link_unref(l);
 }
 
-/* True when process `pid` is gone (EPERM means it exists under another user). */
-static bool serve_pid_gone(uint32_t pid)
-{
-    return pid != 0 && pid <= (uint32_t)INT_MAX && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-}
-
 /* Pushes one reply (rep ring: one producer at a time). A full ring is waited on while the link
  * lives; a corrupt one kills the link. */
 static void link_reply(struct serve_link *l, const struct proto_fetch_rep *rep)
@@ -235,13 +220,13 @@ static void link_reply(struct serve_link *l, const struct proto_fetch_rep *rep)
         if (atomic_load_explicit(&s->stop_flag, memory_order_relaxed) ||
             atomic_load_explicit(&l->stop, memory_order_relaxed))
             break;
-        if (serve_pid_gone(l->pid)) {
+        if (common_pid_gone(l->pid)) {
             rc = COMMON_ECLOSED;
             break;
         }
     }
     pthread_mutex_unlock(&l->push_mu);
-    if (rc == COMMON_ECLOSED && serve_pid_gone(l->pid)) {
+    if (rc == COMMON_ECLOSED && common_pid_gone(l->pid)) {
         COMMON_LOG_WARN("fetcher.serve", "executor pid=%u is gone: link dropped", l->pid);
         link_kill(l);
         return;
@@ -393,7 +378,7 @@ static void *link_thread(void *arg)
         struct proto_fetch_req r;
         int                    n = common_ring_pop_wait(&l->req, &r, sizeof(r), SERVE_POLL_MS);
         if (n == COMMON_ETIMEDOUT) {
-            if (serve_pid_gone(l->pid)) {
+            if (common_pid_gone(l->pid)) {
                 COMMON_LOG_WARN("fetcher.serve", "executor pid=%u is gone: link dropped", l->pid);
                 link_kill(l);
                 break;
@@ -898,7 +883,7 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     s->shard = o->shard;
     s->n_shards = n_shards;
     s->pid = (uint32_t)getpid();
-    s->instance = serve_random_u64();
+    s->instance = common_random_id();
     s->t_start_ns = common_now_ns();
     snprintf(s->name, sizeof(s->name), "fetcher-%u", s->shard);
     s->run_dir = strdup(o->run_dir);

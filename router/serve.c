@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -145,21 +144,6 @@ static void sleep_ms(unsigned ms)
     }
 }
 
-static uint64_t random_u64(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-        v = common_now_ns() ^ ((uint64_t)getpid() << 32);
-    return v ? v : 1;
-}
-
-static bool pid_alive(uint32_t pid)
-{
-    if (pid == 0)
-        return true; /* not told: only HELLO can say */
-    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
-}
-
 /* ---- requests ----------------------------------------------------------------------------- */
 
 static void rq_free(struct rq *r)
@@ -234,7 +218,7 @@ static int rq_emit(struct rq *r, const int32_t *id, const char *text, size_t len
 static int exec_hello(struct router_serve *s, int timeout_ms, uint32_t *pid, uint64_t *instance,
                       struct common_errmsg *e)
 {
-    struct proto_msg req = {.kind = PROTO_KIND_HELLO, .request_id = random_u64()}, rep;
+    struct proto_msg req = {.kind = PROTO_KIND_HELLO, .request_id = common_random_id()}, rep;
     req.u.hello.major = PROTO_VERSION_MAJOR;
     req.u.hello.minor = PROTO_VERSION_MINOR;
     req.u.hello.role = PROTO_ROLE_ROUTER;
@@ -312,7 +296,7 @@ static int exec_attach(struct router_serve *s, struct common_errmsg *e)
     s->tokens = s->seg[SERVE_SEG_TOKENS].mem;
     s->logits = s->seg[SERVE_SEG_LOGITS].mem;
 
-    struct proto_msg req = {.kind = PROTO_KIND_ATTACH, .request_id = random_u64()}, rep;
+    struct proto_msg req = {.kind = PROTO_KIND_ATTACH, .request_id = common_random_id()}, rep;
     req.u.attach.role = PROTO_ROLE_ROUTER;
     req.u.attach.pid = (uint32_t)getpid();
     req.u.attach.instance = s->instance;
@@ -352,7 +336,7 @@ static int exec_connect(struct router_serve *s, uint32_t timeout_s, bool want_ne
         uint32_t pid = 0;
         uint64_t inst = 0;
         int      rc = exec_hello(s, 500, &pid, &inst, e);
-        if (rc == 0 && (!want_new || inst != old || pid_alive(old_pid))) {
+        if (rc == 0 && (!want_new || inst != old || !common_pid_gone(old_pid))) {
             s->exec_pid = pid;
             s->exec_instance = inst;
             return 0;
@@ -476,7 +460,7 @@ static void sched_assign(struct router_serve *s)
 
 static bool exec_is_alive(struct router_serve *s, uint64_t *last_hello_ns)
 {
-    if (!pid_alive(s->exec_pid))
+    if (common_pid_gone(s->exec_pid))
         return false;
     uint64_t now = common_now_ns();
     if (now - *last_hello_ns < 2000000000ull)
@@ -1150,7 +1134,7 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
     snprintf(s->run_dir, sizeof(s->run_dir), "%s", o->run_dir);
     s->n_seq = o->n_seq ? o->n_seq : 4;
     s->n_ctx = o->n_ctx;
-    s->instance = random_u64();
+    s->instance = common_random_id();
     s->t0_ns = common_now_ns();
     if (o->listen_url) {
         snprintf(s->listen_url, sizeof(s->listen_url), "%s", o->listen_url);

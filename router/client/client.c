@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,14 +52,6 @@ static int client_fail(int code, const char *fmt, ...)
 const char *sluice_strerror(int status)
 {
     return common_strerror(status);
-}
-
-static uint64_t client_random_id(void)
-{
-    uint64_t v = 0;
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-        v = common_now_ns() ^ ((uint64_t)getpid() << 40);
-    return v ? v : 1;
 }
 
 /* The proto structs hold `char *` for borrowed strings on encode. */
@@ -131,7 +122,7 @@ int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
         free(c);
         return client_fail(rc, "%s", e.text);
     }
-    struct proto_msg req = {.kind = PROTO_KIND_HELLO, .request_id = client_random_id()}, rep;
+    struct proto_msg req = {.kind = PROTO_KIND_HELLO, .request_id = common_random_id()}, rep;
     req.u.hello.major = PROTO_VERSION_MAJOR;
     req.u.hello.minor = PROTO_VERSION_MINOR;
     req.u.hello.role = PROTO_ROLE_CLIENT;
@@ -263,7 +254,7 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
     if (!c || !o || !out)
         return client_fail(SLUICE_EINVAL, "missing client, options or result");
     memset(out, 0, sizeof(*out));
-    uint64_t id = o->id ? o->id : client_random_id();
+    uint64_t id = o->id ? o->id : common_random_id();
     out->id = id;
     atomic_store_explicit(&c->cancel_flag, 0, memory_order_relaxed);
     int rc = client_submit(c, o, id);
