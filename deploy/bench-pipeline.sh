@@ -2,17 +2,18 @@
 # deploy/bench-pipeline.sh - decode speed of the daemons (sluicectl + sluice generate) against one
 # process (sluice run) on the same model, prompt and seed, and the cost of the IPC per token.
 # usage: deploy/bench-pipeline.sh [--model M.gguf] [-n N] [-r REPS] [-t THREADS] [--fetchers N]
-#                                 [--bin DIR] [--out FILE.csv]
+#                                 [--bin DIR] [--out FILE.csv] [--executor-args "..."]
 # Without --model, a MoE with random weights is written to build/bench-pipeline.gguf
 # (sluice mkmodel --preset demo --size 512M). Each repetition runs one process, then the daemons,
 # after one warm-up generation of each (so both read the experts from the page cache or the pool,
 # not from storage). Prints the decode tok/s of both, their ratio, and per generated token: the
 # router<->executor round trip beyond the executor's own time, and the executor's wait for expert
-# replies from the fetchers.
+# replies from the fetchers. --executor-args passes options to the executor daemon (for example
+# "--direct-reads off" to pin every expert part through a request to the fetcher).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out=""
+model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out="" exec_args=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --model | -m) model=$2 && shift ;;
@@ -22,7 +23,8 @@ while [ $# -gt 0 ]; do
     --fetchers) fetchers=$2 && shift ;;
     --bin) bin=$2 && shift ;;
     --out) out=$2 && shift ;;
-    -h | --help) sed -n 2,12p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    --executor-args) exec_args=$2 && shift ;;
+    -h | --help) sed -n 2,14p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     *) echo "bench-pipeline: unknown option $1" >&2 && exit 2 ;;
     esac
     shift
@@ -62,7 +64,7 @@ daemons() {
 
 echo "== model $model, $n tokens, $reps reps, $fetchers fetcher(s)"
 deploy/sluicectl up --model "$model" --run-dir "$run_dir" --fetchers "$fetchers" --bin "$bin" \
-    ${targs[@]+"${targs[@]}"} >/dev/null
+    --executor-args "$exec_args" ${targs[@]+"${targs[@]}"} >/dev/null
 one_process >/dev/null
 daemons >/dev/null
 results=()

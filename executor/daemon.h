@@ -34,6 +34,8 @@ struct executor_remote_opts {
     uint64_t                     instance;         /* this executor's instance id, for ATTACH */
     const volatile sig_atomic_t *cancel; /* borrowed: the startup wait gives up (COMMON_ECLOSED)
                                             once *cancel is set (a signal); NULL = never */
+    bool no_direct_reads; /* pin every part through an ACQUIRE, even while the pool is settled
+                             (always so under ThreadSanitizer) */
 };
 
 /* Connects to every fetcher (retrying until the deadline), checks that their shards cover each
@@ -61,6 +63,8 @@ struct executor_remote_stats {
     uint64_t errors;      /* ACQUIREs failed (fetcher error, bad reply, timeout, link down) */
     uint64_t wait_ns;     /* time spent waiting for ACQUIRE replies */
     uint64_t hints;       /* HINTs sent */
+    uint64_t direct;      /* parts read in place from the pool (no ACQUIRE, no pin) */
+    uint64_t torn;        /* direct reads whose slot was reused meanwhile (computed again) */
     uint64_t relinks;     /* restarts of the fetcher followed */
     uint64_t bad_replies; /* replies refused (unknown tag, out-of-bounds offsets) */
     bool     up;          /* linked now */

@@ -90,7 +90,10 @@ enum executor_expert_hint {
  *   the bytes of a GGUF tensor, valid until the source is destroyed;
  * - routed experts: `expert_acquire` pins one part (gate, up or down) of expert e of layer L
  *   and gives its bytes (rows x cols of the part's type, rows contiguous), valid until the
- *   matching `expert_release`; every successful acquire is released exactly once.
+ *   matching `expert_release`; every successful acquire is released exactly once. A source
+ *   may lend a part without pinning it (a seqlock read of a shared pool): its release then
+ *   says whether the bytes stayed the same during the loan, and when they did not, what was
+ *   computed from them is thrown away and the part acquired again.
  * Implementations are thread-safe: any thread may call any entry at any time. */
 struct executor_weight_ops {
     /* Bytes of GGUF tensor `index` (file order). Returns 0, COMMON_EINVAL (bad index),
@@ -101,8 +104,10 @@ struct executor_weight_ops {
      * COMMON_EIO. */
     int (*expert_acquire)(void *impl, uint32_t layer, uint32_t expert, enum common_expert_part part,
                           const void **data, uint32_t *slot);
-    /* Ends the loan made by expert_acquire (the bytes may then be reused). */
-    void (*expert_release)(void *impl, uint32_t slot);
+    /* Ends the loan made by expert_acquire (the bytes may then be reused). Returns 0, or
+     * COMMON_EAGAIN when the loan was not pinned and its bytes were reused during it: results
+     * computed from them are wrong; compute again with a new acquire. */
+    int (*expert_release)(void *impl, uint32_t slot);
     /* Frees the implementation state. */
     void (*destroy)(void *impl);
     /* Optional (NULL = a source without a pool: every expert is always at hand). */
@@ -144,7 +149,8 @@ struct executor_weights_opts {
 struct executor_expert_source {
     int (*acquire)(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
                    const void **data, uint32_t *loan); /* required */
-    void (*release)(void *arg, uint32_t loan);         /* required */
+    int (*release)(void *arg, uint32_t loan);          /* required; returns as
+                                                          expert_release */
     int (*request)(void *arg, uint32_t layer, uint32_t expert,
                    enum executor_expert_hint hint);               /* NULL = no hints */
     bool (*is_ready)(void *arg, uint32_t layer, uint32_t expert); /* NULL = unknown */

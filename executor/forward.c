@@ -14,6 +14,7 @@
 #define FWD_MIN_CHUNK         8  /* fewest matrix rows handed to a thread at once */
 #define FWD_DEFAULT_CTX       4096
 #define FWD_NEXT_TOKEN_LAYERS 2 /* layers of the next token prefetched after the last layer */
+#define FWD_TORN_RETRIES      8 /* computations of one expert whose unpinned bytes changed */
 
 struct executor_ctx {
     const struct executor_model *m;    /* borrowed: must outlive the ctx */
@@ -622,28 +623,41 @@ static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
         for (int32_t i = 0; i < cnt; i++)
             memcpy(c->gx + (size_t)i * ne, c->xn + (size_t)(items[i] / (int32_t)K) * ne,
                    ne * sizeof(float));
-        const void         *data[COMMON_EXPERT_PART_COUNT];
-        uint32_t            slot[COMMON_EXPERT_PART_COUNT];
-        struct executor_mat mats[COMMON_EXPERT_PART_COUNT];
-        int                 rc = 0, got = 0;
-        for (; got < COMMON_EXPERT_PART_COUNT; got++) {
-            if (got == COMMON_EXPERT_DOWN)
-                fwd_swiglu_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
-                                   &mats[COMMON_EXPERT_UP]);
-            rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
-                                        &slot[got]);
-            if (rc < 0)
+        int rc = 0;
+        /* A part lent without a pin whose bytes were reused meanwhile (its release says so)
+         * gave a wrong result: the expert is computed again (the source pins parts then). */
+        for (uint32_t attempt = 0;; attempt++) {
+            const void         *data[COMMON_EXPERT_PART_COUNT];
+            uint32_t            slot[COMMON_EXPERT_PART_COUNT];
+            struct executor_mat mats[COMMON_EXPERT_PART_COUNT];
+            int                 got = 0;
+            bool                torn = false;
+            for (rc = 0; got < COMMON_EXPERT_PART_COUNT; got++) {
+                if (got == COMMON_EXPERT_DOWN)
+                    fwd_swiglu_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
+                                       &mats[COMMON_EXPERT_UP]);
+                rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got,
+                                            &data[got], &slot[got]);
+                if (rc < 0)
+                    break;
+                mats[got] = (struct executor_mat){.data = data[got],
+                                                  .type = lw->exp[got].type,
+                                                  .rows = lw->exp[got].rows,
+                                                  .cols = lw->exp[got].cols,
+                                                  .row_bytes = lw->exp[got].row_bytes};
+            }
+            if (rc == 0)
+                fwd_swiglu_down(c, (uint32_t)cnt, &mats[COMMON_EXPERT_DOWN]);
+            for (int p = 0; p < got; p++)
+                if (w->ops->expert_release(w->impl, slot[p]) == COMMON_EAGAIN)
+                    torn = true;
+            if (rc < 0 || !torn)
                 break;
-            mats[got] = (struct executor_mat){.data = data[got],
-                                              .type = lw->exp[got].type,
-                                              .rows = lw->exp[got].rows,
-                                              .cols = lw->exp[got].cols,
-                                              .row_bytes = lw->exp[got].row_bytes};
+            if (attempt + 1 >= FWD_TORN_RETRIES) {
+                rc = COMMON_EIO; /* a source that keeps lending changing bytes */
+                break;
+            }
         }
-        if (rc == 0)
-            fwd_swiglu_down(c, (uint32_t)cnt, &mats[COMMON_EXPERT_DOWN]);
-        for (int p = 0; p < got; p++)
-            w->ops->expert_release(w->impl, slot[p]);
         if (rc < 0)
             return rc;
         for (int32_t i = 0; i < cnt; i++) {

@@ -31,6 +31,7 @@ struct main_config {
     uint32_t                 n_batch;
     enum executor_cache_type cache_type;
     uint32_t                 connect_timeout_s;
+    bool                     no_direct_reads;
     enum common_log_level    log_level;
 };
 
@@ -51,6 +52,9 @@ static void main_usage(FILE *f)
             "  -b, --batch-size N       prompt tokens per forward batch          [512]\n"
             "  --cache-type T           KV cache type: f16 or q8_0               [f16]\n"
             "  --connect-timeout SEC    wait this long for the fetchers          [30]\n"
+            "  --direct-reads on|off    read experts already in a fetcher's pool in place,\n"
+            "                           while the pool evicts nothing (off: every expert\n"
+            "                           part is pinned by a request to the fetcher)  [on]\n"
             "  --log-level L            err, warn, info or debug                 [info]\n"
             "  --config FILE            'key = value' lines (long option names); the command\n"
             "                           line overrides them\n"
@@ -117,7 +121,12 @@ static int main_parse(int argc, char **argv, struct main_config *c)
             ok = main_u32(a, v, 1, 1u << 16, &c->n_batch);
         else if (strcmp(a, "--connect-timeout") == 0)
             ok = main_u32(a, v, 1, 86400, &c->connect_timeout_s);
-        else if (strcmp(a, "--cache-type") == 0) {
+        else if (strcmp(a, "--direct-reads") == 0) {
+            ok = strcmp(v, "on") == 0 || strcmp(v, "off") == 0;
+            c->no_direct_reads = strcmp(v, "off") == 0;
+            if (!ok)
+                fprintf(stderr, "error: --direct-reads expects on or off, got '%s'\n", v);
+        } else if (strcmp(a, "--cache-type") == 0) {
             ok = executor_cache_type_parse(v, &c->cache_type) == 0;
             if (!ok)
                 fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
@@ -196,7 +205,8 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
                                       .model = st->desc,
                                       .connect_timeout_ms = c->connect_timeout_s * 1000u,
                                       .instance = instance,
-                                      .cancel = &g_stop};
+                                      .cancel = &g_stop,
+                                      .no_direct_reads = c->no_direct_reads};
     if ((rc = executor_remote_create(&ro, &st->remote, e)) < 0)
         return rc;
     struct executor_expert_source src;

@@ -26,6 +26,20 @@
 #define REMOTE_RETRY_MS      100  /* pause between connection attempts */
 #define REMOTE_HELLO_NS      (2ull * 1000000000ull) /* idle HELLO probe period */
 #define REMOTE_PRE_EXPERTS   16u /* most experts prefetched (pinned ahead) per link */
+/* ThreadSanitizer cannot tell a seqlock read from a race (the bytes are read while an eviction
+ * may overwrite them; the generation check throws such results away): under it, every part is
+ * pinned. */
+#if defined(__SANITIZE_THREAD__)
+#define REMOTE_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define REMOTE_TSAN 1
+#endif
+#endif
+#ifndef REMOTE_TSAN
+#define REMOTE_TSAN 0
+#endif
+#define REMOTE_QUIET_MAX     (PROTO_FETCH_RING_SLOTS / 2) /* quiet pushes before one wakes */
 #define REMOTE_LOAN_IDX_BITS 20u
 #define REMOTE_LOAN_IDX_MASK ((1u << REMOTE_LOAN_IDX_BITS) - 1u)
 #define REMOTE_LOAN_SEQ_MASK ((1u << (32u - REMOTE_LOAN_IDX_BITS)) - 1u)
@@ -91,16 +105,24 @@ struct remote_link {
     bool popping; /* a thread consumes the reply ring (rep and its cached indices are its own) */
     uint32_t pop_wanted; /* relinks/breaks waiting for the consumer role: waiters leave it */
     uint32_t next_tag;
-    uint64_t down_since_ns;
+    uint32_t quiet_n;        /* quiet pushes since the fetcher was last woken (push mu) */
+    uint64_t evictions_seen; /* the pool's eviction count at the last token_begin */
+    /* Parts READY in the pool are read straight from the mapping (no ACQUIRE, no pin) during
+     * this token: the pool evicted nothing during the previous one. Atomic: read unlocked. */
+    _Atomic bool direct;
+    uint64_t     down_since_ns;
     _Atomic uint64_t             last_seen_ns; /* last reply or HELLO */
     uint32_t                     hello_misses;
     bool                         missing_logged;
     struct executor_remote_stats st;
 };
 
-/* A loan handed to the forward pass. */
+/* A loan handed to the forward pass: a fetcher's loan, or a direct read of a READY slot (no
+ * pin: checked for reuse at release, seqlock style). */
 struct remote_loan {
     bool               used;
+    bool               direct; /* a direct read: `pl` names the slot and its generation */
+    struct fetcher_pool_loan pl;
     uint16_t           seq;   /* bumped at every reuse: stale ids are refused */
     uint32_t           link;  /* fetcher index */
     uint32_t           gen;   /* link generation it came from */
@@ -118,6 +140,7 @@ struct executor_remote {
     struct remote_link          *links; /* owned: n_links */
     uint32_t                    *owner; /* owned: fetcher index per expert */
     _Atomic bool                 stop;
+    bool                         no_direct; /* every part is pinned through an ACQUIRE */
 
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */
@@ -199,8 +222,10 @@ static int remote_push(struct remote_link *L, const struct proto_fetch_req *rec,
         return COMMON_ECLOSED;
     for (;;) {
         int rc = common_ring_push_wait(&L->req, rec, sizeof(*rec), wait ? REMOTE_PUSH_WAIT_MS : 0);
-        if (rc == COMMON_OK)
+        if (rc == COMMON_OK) {
+            L->quiet_n = 0;
             return rc;
+        }
         if (rc != COMMON_ETIMEDOUT && rc != COMMON_EAGAIN) {
             atomic_store_explicit(&L->want_break, true, memory_order_release);
             return rc;
@@ -215,7 +240,13 @@ static int remote_push_quiet(struct remote_link *L, const struct proto_fetch_req
 {
     if (!L->req.hdr)
         return COMMON_ECLOSED;
+    /* The fetcher is woken now and then so that quiet records never fill the ring (a producer
+     * then waits for the fetcher's next wake-up). */
+    if (L->quiet_n >= REMOTE_QUIET_MAX)
+        return remote_push(L, rec, true);
     int rc = common_ring_push_quiet(&L->req, rec, sizeof(*rec));
+    if (rc == COMMON_OK)
+        L->quiet_n++;
     return rc == COMMON_EAGAIN ? remote_push(L, rec, true) : rc;
 }
 
@@ -450,6 +481,10 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
     L->shard = c->shard;
     L->gen++;
     L->up = true;
+    L->quiet_n = 0;
+    /* A new pool: parts are pinned until a token has gone by without an eviction. */
+    L->evictions_seen = UINT64_MAX;
+    atomic_store_explicit(&L->direct, false, memory_order_relaxed);
     /* Prefetched loans pin slots: at most half the pool (16 experts), the rest stays free for
      * the acquires of every sequence. */
     uint32_t slots = L->map && L->map->view ? fetcher_pool_n_slots(L->map->view) : 0;
@@ -488,6 +523,7 @@ static void remote_break(struct remote_link *L, const char *why)
                         L->pid);
     L->up = false;
     L->st.up = false;
+    atomic_store_explicit(&L->direct, false, memory_order_relaxed);
     L->down_since_ns = common_now_ns();
     /* Unused prefetched loans of the dead link are dropped (the fetcher releases what the old
      * link held); one an acquire() claimed is re-sent at the relink like any wait. */
@@ -847,6 +883,28 @@ static void remote_pre_drop(struct remote_link *L)
     }
 }
 
+/* A direct read of part `part` of (layer, expert) when its slot is READY in the current pool:
+ * a loan without a pin, checked at release. Returns 0 or COMMON_ENOENT (take the ACQUIRE path).
+ * Link mu. */
+static int remote_direct_locked(struct executor_remote *r, struct remote_link *L, uint32_t layer,
+                                uint32_t expert, uint32_t part, uint64_t size, const void **data,
+                                uint32_t *loan)
+{
+    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct fetcher_pool_loan pl;
+    if (!L->up || !L->map || !L->map->view ||
+        fetcher_pool_read_begin(L->map->view, &key, part, &pl) != COMMON_OK || pl.size != size)
+        return COMMON_ENOENT;
+    struct remote_loan l = {.direct = true, .pl = pl, .link = L->index, .gen = L->gen,
+                            .map = L->map};
+    if (remote_loan_take(r, &l, loan) < 0)
+        return COMMON_ENOENT;
+    L->map->n_loans++;
+    L->st.direct++;
+    *data = pl.data;
+    return COMMON_OK;
+}
+
 static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
                           const void **data, uint32_t *loan)
 {
@@ -859,13 +917,26 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
     struct remote_wait *w = &own;
     uint64_t            t0 = common_now_ns();
 
-    /* A prefetched ACQUIRE for this part is taken over (its reply may be there already). */
+    /* A prefetched ACQUIRE for this part is taken over (its reply may be there already); else,
+     * while the pool is settled, a READY part is read in place and the fetcher only told of
+     * the use, without waking it (DESIGN.md section 3: the seqlock read). */
     pthread_mutex_lock(&L->mu);
     struct remote_wait *pre = remote_pre_find_locked(L, layer, expert, (uint32_t)part);
     if (pre) {
         pre->claimed = true;
         L->n_pre--;
         w = pre;
+    } else if (atomic_load_explicit(&L->direct, memory_order_relaxed) &&
+               remote_direct_locked(r, L, layer, expert, (uint32_t)part, span.size, data, loan) ==
+                   COMMON_OK) {
+        pthread_mutex_unlock(&L->mu);
+        struct proto_fetch_req rec = {
+            .op = PROTO_FETCH_USE, .layer = layer, .expert = expert, .part = part};
+        pthread_mutex_lock(&L->push_mu);
+        if (L->up)
+            (void)remote_push_quiet(L, &rec);
+        pthread_mutex_unlock(&L->push_mu);
+        return COMMON_OK;
     }
     pthread_mutex_unlock(&L->mu);
 
@@ -962,7 +1033,7 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
     return COMMON_OK;
 }
 
-static void remote_release(void *arg, uint32_t loan)
+static int remote_release(void *arg, uint32_t loan)
 {
     struct executor_remote *r = arg;
     uint32_t                idx = loan & REMOTE_LOAN_IDX_MASK;
@@ -971,13 +1042,31 @@ static void remote_release(void *arg, uint32_t loan)
     if (idx >= r->n_cap || !r->loans[idx].used || r->loans[idx].seq != seq) {
         pthread_mutex_unlock(&r->loan_mu);
         COMMON_LOG_WARN("executor.remote", "release of unknown loan %u ignored", loan);
-        return;
+        return COMMON_OK;
     }
     struct remote_loan l = r->loans[idx];
     r->loans[idx].used = false;
     pthread_mutex_unlock(&r->loan_mu);
-    remote_end_loan(&r->links[l.link], l.gen, l.floan, l.map);
+    struct remote_link *L = &r->links[l.link];
+    if (!l.direct) {
+        remote_end_loan(L, l.gen, l.floan, l.map);
+        return COMMON_OK;
+    }
+    /* A direct read: valid when the slot kept its generation all along (a dead fetcher's pool
+     * stays mapped and unchanged). A reuse means the caller computed from changing bytes: it
+     * computes again, and parts are pinned until the pool is settled again. */
+    pthread_mutex_lock(&L->mu);
+    bool valid = fetcher_pool_read_valid(l.map->view, &l.pl);
+    if (!valid) {
+        L->st.torn++;
+        atomic_store_explicit(&L->direct, false, memory_order_relaxed);
+    }
+    remote_map_unref(L, l.map);
+    pthread_mutex_unlock(&L->mu);
+    return valid ? COMMON_OK : COMMON_EAGAIN;
 }
+
+static bool remote_is_ready(void *arg, uint32_t layer, uint32_t expert);
 
 static int remote_request(void *arg, uint32_t layer, uint32_t expert,
                           enum executor_expert_hint hint)
@@ -986,6 +1075,11 @@ static int remote_request(void *arg, uint32_t layer, uint32_t expert,
     struct remote_link     *L = remote_owner(r, layer, expert);
     if (!L)
         return COMMON_EINVAL;
+    /* While the pool is settled, an expert already READY needs nothing: its parts are read in
+     * place and their uses reported then. */
+    if (atomic_load_explicit(&L->direct, memory_order_relaxed) &&
+        remote_is_ready(arg, layer, expert))
+        return COMMON_OK;
     struct proto_fetch_req rec = {.op = PROTO_FETCH_HINT,
                                   .layer = layer,
                                   .expert = expert,
@@ -1038,8 +1132,19 @@ static void remote_token_begin(void *arg)
         struct remote_link *L = &r->links[i];
         remote_pre_drop(L);
         pthread_mutex_lock(&L->push_mu);
-        if (L->up)
-            (void)remote_push(L, &rec, false);
+        pthread_mutex_lock(&L->mu);
+        /* Direct reads for this token when the pool evicted nothing during the previous one. */
+        if (L->up && L->map && L->map->view) {
+            uint64_t ev = fetcher_pool_evictions(L->map->view);
+            atomic_store_explicit(&L->direct, !r->no_direct && ev == L->evictions_seen,
+                                  memory_order_relaxed);
+            L->evictions_seen = ev;
+        }
+        bool up = L->up;
+        pthread_mutex_unlock(&L->mu);
+        /* Not urgent: the fetcher sees it before the token's first ACQUIRE or USE. */
+        if (up)
+            (void)remote_push_quiet(L, &rec);
         pthread_mutex_unlock(&L->push_mu);
     }
 }
@@ -1131,6 +1236,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->acquire_timeout_ms = o->acquire_timeout_ms ? o->acquire_timeout_ms : 120000;
     r->instance = o->instance;
     r->cancel = o->cancel;
+    r->no_direct = o->no_direct_reads || REMOTE_TSAN;
     r->n_cap = 1024;
     pthread_mutex_init(&r->loan_mu, NULL);
     r->run_dir = strdup(o->run_dir);

@@ -340,6 +340,10 @@ static void serve_stats(struct executor_serve *s, struct proto_stats_reply *r)
         serve_stat(r, key, (double)st.errors);
         snprintf(key, sizeof(key), "fetcher.%u.hints", i);
         serve_stat(r, key, (double)st.hints);
+        snprintf(key, sizeof(key), "fetcher.%u.direct", i);
+        serve_stat(r, key, (double)st.direct);
+        snprintf(key, sizeof(key), "fetcher.%u.torn", i);
+        serve_stat(r, key, (double)st.torn);
         snprintf(key, sizeof(key), "fetcher.%u.relinks", i);
         serve_stat(r, key, (double)st.relinks);
         snprintf(key, sizeof(key), "fetcher.%u.up", i);

@@ -47,10 +47,11 @@ static int weights_mmap_acquire(void *impl, uint32_t layer, uint32_t expert,
     return 0;
 }
 
-static void weights_mmap_release(void *impl, uint32_t slot)
+static int weights_mmap_release(void *impl, uint32_t slot)
 {
     (void)impl;
     (void)slot;
+    return COMMON_OK;
 }
 
 static void weights_mmap_destroy(void *impl)
@@ -204,13 +205,14 @@ static int weights_pread_acquire(void *impl, uint32_t layer, uint32_t expert,
     return 0;
 }
 
-static void weights_pread_release(void *impl, uint32_t slot)
+static int weights_pread_release(void *impl, uint32_t slot)
 {
     struct weights_pread *w = impl;
     pthread_mutex_lock(&w->mu);
     if (slot < w->n_slots && w->slots[slot].pins > 0)
         w->slots[slot].pins--;
     pthread_mutex_unlock(&w->mu);
+    return COMMON_OK;
 }
 
 static void weights_pread_destroy(void *impl)
@@ -359,10 +361,10 @@ static int weights_stream_acquire(void *impl, uint32_t layer, uint32_t expert,
     return rc;
 }
 
-static void weights_stream_release(void *impl, uint32_t slot)
+static int weights_stream_release(void *impl, uint32_t slot)
 {
     struct weights_stream *w = impl;
-    w->src.release(w->src.arg, slot);
+    return w->src.release(w->src.arg, slot);
 }
 
 static int weights_stream_request(void *impl, uint32_t layer, uint32_t expert,

@@ -740,6 +740,19 @@ int fetcher_try_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
     return COMMON_OK;
 }
 
+int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert)
+{
+    if (!front_ids_ok(f, layer, expert))
+        return COMMON_EINVAL;
+    pthread_mutex_lock(&f->mu);
+    front_note_access(f, layer, expert);
+    pthread_mutex_unlock(&f->mu);
+    if (f->mode == FETCHER_IO_MMAP)
+        return COMMON_OK;
+    struct fetcher_pool_key key = {layer, expert, FETCHER_POOL_BUNDLE};
+    return fetcher_pool_touch(f->pool, &key);
+}
+
 bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert)
 {
     if (!front_ids_ok(f, layer, expert))

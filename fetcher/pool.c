@@ -31,6 +31,9 @@ struct pool_hdr {
     uint64_t table_off;     /* slot table */
     uint64_t index_off;     /* key index */
     uint64_t data_off;      /* slot data */
+    /* READY slots given a new key so far. Release increments under pool->mu (creator); attached
+     * readers load it to tell a pool under eviction pressure from a settled one. */
+    _Atomic uint64_t evictions;
 };
 
 struct pool_slot {
@@ -296,16 +299,22 @@ static double pool_lfu_now(const struct fetcher_pool *p, const struct pool_slot 
     return s->lfu_score * exp2(-age / p->halflife);
 }
 
-static void pool_pin(struct fetcher_pool *p, uint32_t slot, uint32_t part,
-                     struct fetcher_pool_loan *out)
+/* One use of a slot: the use clock, its recency, its decayed frequency and its use count. */
+static void pool_count_use(struct fetcher_pool *p, struct pool_slot *s)
 {
-    struct pool_slot *s = &p->slots[slot];
-    atomic_fetch_add_explicit(&s->pins, 1, memory_order_relaxed);
     p->tick++;
     s->last_use = p->tick;
     s->lfu_score = pool_lfu_now(p, s) + 1.0;
     s->lfu_tick = p->tick;
     s->n_uses++;
+}
+
+static void pool_pin(struct fetcher_pool *p, uint32_t slot, uint32_t part,
+                     struct fetcher_pool_loan *out)
+{
+    struct pool_slot *s = &p->slots[slot];
+    atomic_fetch_add_explicit(&s->pins, 1, memory_order_relaxed);
+    pool_count_use(p, s);
     out->slot = slot;
     out->gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
     if (part < COMMON_EXPERT_PART_COUNT) {
@@ -460,6 +469,27 @@ int fetcher_pool_read_begin(const struct fetcher_pool *p, const struct fetcher_p
     return COMMON_OK;
 }
 
+uint64_t fetcher_pool_evictions(const struct fetcher_pool *p)
+{
+    /* Acquire: pairs with the release increment in fetcher_pool_claim(). */
+    return atomic_load_explicit(&p->hdr->evictions, memory_order_acquire);
+}
+
+int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key)
+{
+    if (!pool_key_ok(p, key) || p->attached)
+        return COMMON_EINVAL;
+    int rc = COMMON_ENOENT;
+    pthread_mutex_lock(&p->mu);
+    uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_relaxed);
+    if (v != 0 && pool_readable(&p->slots[v - 1], FETCHER_POOL_WHOLE)) {
+        pool_count_use(p, &p->slots[v - 1]);
+        rc = COMMON_OK;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 bool fetcher_pool_read_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l)
 {
     /* Acquire fence: the reader's loads of slot bytes happen before the generation re-check
@@ -530,6 +560,7 @@ int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *ke
                 .origin = s->origin,
             };
         pool_unindex(p, s);
+        atomic_fetch_add_explicit(&p->hdr->evictions, 1, memory_order_release);
     }
     /* Seqlock write side: the generation moves before the slot gets its new key and bytes.
      * Release: pairs with the acquire loads of gen in fetcher_pool_read_valid(). */

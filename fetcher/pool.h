@@ -8,7 +8,7 @@
 #include "fetcher.h"
 
 #define FETCHER_POOL_MAGIC   0x4c505353u /* "SSPL" read as a little-endian u32 */
-#define FETCHER_POOL_VERSION 1u
+#define FETCHER_POOL_VERSION 2u
 /* Key part meaning "the whole bundle" (gate, up and down of one expert in one slot). */
 #define FETCHER_POOL_BUNDLE COMMON_EXPERT_PART_COUNT
 /* Part index of fetcher_pool_try_acquire() asking for the whole slot (state READY). */
@@ -126,6 +126,14 @@ void fetcher_pool_peek(struct fetcher_pool *p, const struct fetcher_pool_key *ke
 int  fetcher_pool_read_begin(const struct fetcher_pool *p, const struct fetcher_pool_key *key,
                              uint32_t part, struct fetcher_pool_loan *out);
 bool fetcher_pool_read_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l);
+/* READY slots evicted (given a new key) since the pool was created; readable from an attached
+ * view. A reader that sees it unchanged over a while knows the pool is settled. */
+uint64_t fetcher_pool_evictions(const struct fetcher_pool *p);
+
+/* Counts a use of the READY slot holding `key` (as an acquire does) without pinning it: what a
+ * cross-process reader reports after reading the slot directly. Returns 0, COMMON_ENOENT (not
+ * READY in the pool), COMMON_EINVAL (bad key, attached view). Thread-safe. */
+int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key);
 
 /* ---- loader side ------------------------------------------------------------------------- */
 

@@ -252,6 +252,8 @@ static bool link_req_valid(const struct fetcher_server *s, const struct proto_fe
         return serve_in_shard(s, r->layer, r->expert) && r->part < COMMON_EXPERT_PART_COUNT;
     case PROTO_FETCH_HINT:
         return serve_in_shard(s, r->layer, r->expert) && r->prio < FETCHER_PRIO_COUNT;
+    case PROTO_FETCH_USE:
+        return serve_in_shard(s, r->layer, r->expert) && r->part < COMMON_EXPERT_PART_COUNT;
     case PROTO_FETCH_RELEASE:
     case PROTO_FETCH_TOKEN:
         return true;
@@ -356,6 +358,12 @@ static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
         (void)fetcher_request(s->f, r->layer, r->expert, (enum fetcher_priority)r->prio);
         pthread_mutex_lock(&s->mu);
         s->c.hints++;
+        pthread_mutex_unlock(&s->mu);
+        break;
+    case PROTO_FETCH_USE:
+        (void)fetcher_note_use(s->f, r->layer, r->expert);
+        pthread_mutex_lock(&s->mu);
+        s->c.uses++;
         pthread_mutex_unlock(&s->mu);
         break;
     case PROTO_FETCH_TOKEN:
@@ -578,6 +586,7 @@ static void ctl_stats(struct fetcher_server *s, struct proto_msg *rep)
     stats_add(rep, "serve.acquire_errors", (double)c.acquire_errors);
     stats_add(rep, "serve.releases", (double)c.releases);
     stats_add(rep, "serve.hints", (double)c.hints);
+    stats_add(rep, "serve.uses", (double)c.uses);
     stats_add(rep, "serve.tokens", (double)c.tokens);
     stats_add(rep, "serve.bad_records", (double)c.bad_records);
     stats_add(rep, "serve.attaches", (double)c.attaches);

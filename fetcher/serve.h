@@ -71,6 +71,7 @@ struct fetcher_serve_counts {
     uint64_t acquire_errors; /* ACQUIREs answered with an error status */
     uint64_t releases;       /* RELEASEs of loans the link held */
     uint64_t hints;          /* HINTs passed to fetcher_request */
+    uint64_t uses;           /* USEs (direct reads of the pool) passed to fetcher_note_use */
     uint64_t tokens;         /* TOKENs */
     uint64_t bad_records;    /* records refused: unknown op, ids out of range, foreign shard,
                                 bad length, a RELEASE of a loan the link does not hold */

@@ -77,9 +77,10 @@ static int engine_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
     return fetcher_acquire(arg, layer, expert, part, data, loan);
 }
 
-static void engine_release(void *arg, uint32_t loan)
+static int engine_release(void *arg, uint32_t loan)
 {
     fetcher_release(arg, loan);
+    return COMMON_OK;
 }
 
 static int engine_request(void *arg, uint32_t layer, uint32_t expert,

@@ -35,6 +35,8 @@ static const int32_t t_prompt_b[] = {1, 450, 310, 271, 509};
 
 /* Everything a test starts; file-static because Criterion fixtures take no arguments. */
 struct t_env {
+    bool                    no_direct; /* executor_remote_opts.no_direct_reads */
+    uint32_t                n_slots;   /* fetcher pool slots; 0 = one per bundle */
     char                   *model_path;
     char                   *dir;
     uint32_t                n_fetchers;
@@ -67,18 +69,24 @@ static void t_fetcher_start(uint32_t i)
                                     .run_dir = t.dir,
                                     .shard = i,
                                     .n_shards = t.n_fetchers,
+                                    .n_slots = t.n_slots,
                                     .io = FETCHER_IO_PREAD};
     cr_assert_eq(fetcher_serve_start(&fo, &t.fetchers[i], &e), 0, "fetcher %u: %s", i, e.text);
 }
 #endif
 
-/* Starts n fetcher services and the executor over them. */
-static void t_start(uint32_t n_fetchers)
+/* Starts n fetcher services (pools of n_slots slots; 0 = room for every expert) and the
+ * executor over them, reading READY parts in place unless no_direct. */
+static void t_start(uint32_t n_fetchers, bool no_direct, uint32_t n_slots)
 {
 #if !SERVE_HAVE_FETCHER
+    (void)no_direct;
+    (void)n_slots;
     cr_skip_test("fetcher/serve.h not available: skipped");
 #else
     memset(&t, 0, sizeof(t));
+    t.no_direct = no_direct;
+    t.n_slots = n_slots;
     t.model_path = fixture_path(T_MODEL);
     if (!t.model_path)
         cr_skip_test("fixture %s not found: skipped", T_MODEL);
@@ -97,7 +105,8 @@ static void t_start(uint32_t n_fetchers)
                                       .n_fetchers = n_fetchers,
                                       .model = &t.desc,
                                       .connect_timeout_ms = 10000,
-                                      .instance = 42};
+                                      .instance = 42,
+                                      .no_direct_reads = t.no_direct};
     cr_assert_eq(executor_remote_create(&ro, &t.remote, &e), 0, "%s", e.text);
     struct executor_expert_source src;
     executor_remote_source(t.remote, &src);
@@ -124,12 +133,22 @@ static void t_start(uint32_t n_fetchers)
 
 static void t_setup1(void)
 {
-    t_start(1);
+    t_start(1, false, 0);
+}
+
+static void t_setup1_pinned(void)
+{
+    t_start(1, true, 0);
+}
+
+static void t_setup1_small(void)
+{
+    t_start(1, false, 4);
 }
 
 static void t_setup2(void)
 {
-    t_start(2);
+    t_start(2, false, 0);
 }
 
 static void t_router_close(void)
@@ -301,6 +320,78 @@ Test(executor_serve, greedy_matches_in_process, .init = t_setup1, .fini = t_tear
     cr_assert_eq(executor_remote_stats(t.remote, 0, &st), 0);
     cr_expect_gt(st.acquires, 0, "experts came from the fetcher");
     cr_expect(st.up);
+}
+
+/* Once the pool has evicted nothing for a token, parts READY in it are read in place: a second
+ * run of the same prompt sends no ACQUIRE, and the fetcher hears of every use. */
+Test(executor_serve, settled_pool_is_read_in_place, .init = t_setup1, .fini = t_teardown,
+     .timeout = 120)
+{
+    int32_t want[T_GEN], got[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want);
+    t_router_attach();
+    t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "first run");
+    struct executor_remote_stats st0, st1;
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st0), 0);
+    cr_expect_gt(st0.acquires, 0, "the cold pool was filled through ACQUIREs");
+    t_generate(1, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "second run, read in place");
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st1), 0);
+    cr_expect_eq(st1.acquires, st0.acquires, "a settled pool needs no ACQUIRE");
+    cr_expect_gt(st1.direct, st0.direct, "parts were read in place");
+    cr_expect_eq(st1.torn, 0);
+    /* USE records are quiet: the fetcher reads them at its next wake-up (at most 200 ms). */
+    struct fetcher_serve_counts fc = {0};
+    for (int i = 0; i < 50; i++) {
+        fetcher_serve_counts(t.fetchers[0], &fc);
+        if (fc.uses == st1.direct)
+            break;
+        usleep(100 * 1000);
+    }
+    cr_expect_eq(fc.uses, st1.direct, "the fetcher counted %llu uses of %llu direct reads",
+                 (unsigned long long)fc.uses, (unsigned long long)st1.direct);
+    cr_expect_eq(fc.bad_records, 0);
+}
+
+/* A direct read whose slot is evicted during the loan: its release says so, later parts are
+ * pinned, and a generation through a pool that keeps evicting still gives the same tokens. */
+Test(executor_serve, reused_direct_read_is_reported, .init = t_setup1_small, .fini = t_teardown,
+     .timeout = 120)
+{
+    struct executor_expert_source src;
+    executor_remote_source(t.remote, &src);
+    const void *d = NULL;
+    uint32_t    loan = 0, other = 0;
+    src.token_begin(src.arg);
+    cr_assert_eq(src.acquire(src.arg, 0, 0, COMMON_EXPERT_GATE, &d, &loan), 0);
+    cr_assert_eq(src.release(src.arg, loan), 0, "a pinned loan is always valid");
+    src.token_begin(src.arg); /* the pool's eviction count is noted */
+    src.token_begin(src.arg); /* unchanged over a token: direct reads */
+    struct executor_remote_stats st0, st1;
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st0), 0);
+    cr_assert_eq(src.acquire(src.arg, 0, 0, COMMON_EXPERT_GATE, &d, &loan), 0);
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st1), 0);
+    cr_assert_eq(st1.direct, st0.direct + 1, "expert 0 of layer 0 was read in place");
+    /* Demand loads of five other experts through a pool of four slots evict it. */
+    for (uint32_t x = 0; x < 5; x++) {
+        cr_assert_eq(src.acquire(src.arg, 1, x, COMMON_EXPERT_GATE, &d, &other), 0);
+        cr_assert_eq(src.release(src.arg, other), 0);
+    }
+    cr_expect_eq(src.release(src.arg, loan), COMMON_EAGAIN, "the reuse went unnoticed");
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st0), 0);
+    cr_expect_eq(st0.torn, 1);
+    cr_assert_eq(src.acquire(src.arg, 0, 0, COMMON_EXPERT_GATE, &d, &loan), 0);
+    cr_assert_eq(executor_remote_stats(t.remote, 0, &st1), 0);
+    cr_expect_eq(st1.direct, st0.direct, "after a reuse, parts are pinned");
+    cr_expect_eq(st1.acquires, st0.acquires + 1);
+    cr_expect_eq(src.release(src.arg, loan), 0);
+
+    int32_t want[T_GEN], got[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want);
+    t_router_attach();
+    t_generate(0, t_prompt_a, N_OF(t_prompt_a), got);
+    t_expect_same(got, want, "a pool of four slots");
 }
 
 Test(executor_serve, two_fetchers_share_the_experts, .init = t_setup2, .fini = t_teardown,
@@ -499,8 +590,10 @@ static enum proto_health_state t_health(void)
     return st;
 }
 
-Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1, .fini = t_teardown,
-     .timeout = 180)
+/* Pinned parts: the step in flight needs the fetcher (direct reads of a settled pool would
+ * finish it from the old mapping before the restart). */
+Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1_pinned,
+     .fini = t_teardown, .timeout = 180)
 {
     int32_t want[T_GEN], got[T_GEN];
     t_reference(t_prompt_a, N_OF(t_prompt_a), want);

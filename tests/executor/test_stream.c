@@ -21,7 +21,14 @@ struct counting_src {
     uint32_t max_acquires;            /* most acquires of one key in one batch */
     uint32_t acquired_unrequested;    /* acquires without a post-fetch first */
     uint32_t prefetches, postfetches, batches, pins;
+    /* Unpinned loans whose bytes "changed": every tear_every-th acquire (0 = none) hands out
+     * junk whose release answers COMMON_EAGAIN. */
+    uint32_t tear_every, n_acquired, torn_out, torn_back;
 };
+
+static uint8_t cs_junk[1u << 20]; /* larger than any part of the fixture (checked) */
+
+#define CS_JUNK_LOAN 0x80000000u
 
 static int cs_acquire(void *arg, uint32_t l, uint32_t x, enum common_expert_part p,
                       const void **data, uint32_t *loan)
@@ -33,14 +40,28 @@ static int cs_acquire(void *arg, uint32_t l, uint32_t x, enum common_expert_part
     if (!s->requested[l * s->n_expert + x])
         s->acquired_unrequested++;
     s->pins++;
+    if (s->tear_every && ++s->n_acquired % s->tear_every == 0) {
+        struct common_span sp;
+        cr_assert_eq(common_model_expert_span(s->base->model, l, x, p, &sp), 0);
+        cr_assert_leq(sp.size, sizeof(cs_junk));
+        memset(cs_junk, 0x5a, sizeof(cs_junk)); /* plausible numbers, wrong ones */
+        *data = cs_junk;
+        *loan = CS_JUNK_LOAN | s->n_acquired;
+        s->torn_out++;
+        return 0;
+    }
     return s->base->ops->expert_acquire(s->base->impl, l, x, p, data, loan);
 }
 
-static void cs_release(void *arg, uint32_t loan)
+static int cs_release(void *arg, uint32_t loan)
 {
     struct counting_src *s = arg;
     s->pins--;
-    s->base->ops->expert_release(s->base->impl, loan);
+    if (loan & CS_JUNK_LOAN) {
+        s->torn_back++;
+        return COMMON_EAGAIN;
+    }
+    return s->base->ops->expert_release(s->base->impl, loan);
 }
 
 static int cs_request(void *arg, uint32_t l, uint32_t x, enum executor_expert_hint h)
@@ -170,6 +191,44 @@ Test(executor_stream, hints_off_sends_no_requests, .timeout = 120)
     executor_ctx_destroy(c);
     stream_close(&t);
     free(path);
+}
+
+/* Loans whose release reports changed bytes (a seqlock read that raced with a reuse) are
+ * computed again: junk handed out on every fifth acquire leaves the logits exact. */
+Test(executor_stream, torn_loans_are_computed_again, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
+    executor_kernels_init();
+    static struct stream_fixture t;
+    stream_open(&t, path);
+    t.src.tear_every = 5;
+    struct common_errmsg     e = {{0}};
+    struct executor_ctx     *c = NULL, *r = NULL;
+    struct executor_ctx_opts co = {.n_ctx = 64, .n_batch = 64};
+    cr_assert_eq(executor_ctx_create(t.m, &co, &c, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_create(t.ref, &co, &r, &e), 0, "%s", e.text);
+    uint32_t nv = executor_ctx_n_vocab(c);
+    float   *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
+    int32_t  tok[12];
+    for (int i = 0; i < 12; i++)
+        tok[i] = 7 + i * 31;
+    cr_assert_eq(executor_ctx_decode(c, tok, 12, l1, NULL, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_decode(r, tok, 12, l2, NULL, &e), 0, "%s", e.text);
+    cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "prefill logits differ");
+    for (int i = 0; i < 4; i++) {
+        int32_t id = 11 + i;
+        cr_assert_eq(executor_ctx_decode(c, &id, 1, l1, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(r, &id, 1, l2, NULL, &e), 0, "%s", e.text);
+        cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "decode %d differs", i);
+    }
+    cr_expect_gt(t.src.torn_out, 0);
+    cr_expect_eq(t.src.torn_back, t.src.torn_out, "every junk loan was released");
+    cr_expect_eq(t.src.pins, 0);
+    free(l1);
+    free(l2);
+    executor_ctx_destroy(c);
+    executor_ctx_destroy(r);
+    stream_close(&t);
 }
 
 Test(executor_stream, create_rejects_source_without_acquire)

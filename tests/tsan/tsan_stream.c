@@ -16,9 +16,10 @@ static int ts_acquire(void *arg, uint32_t l, uint32_t x, enum common_expert_part
     return fetcher_acquire(arg, l, x, p, data, loan);
 }
 
-static void ts_release(void *arg, uint32_t loan)
+static int ts_release(void *arg, uint32_t loan)
 {
     fetcher_release(arg, loan);
+    return COMMON_OK;
 }
 
 static int ts_request(void *arg, uint32_t l, uint32_t x, enum executor_expert_hint h)
