@@ -33,6 +33,8 @@ static void router_usage(FILE *f)
                "  --queue N                requests waiting for a sequence at most  [64]\n"
                "  --client-timeout SEC     drop a request its client stopped polling [60]\n"
                "  --connect-timeout SEC    wait this long for the executor          [30]\n"
+               "  --stream-interval MS     a streaming client gets the tokens made during\n"
+               "                           each interval together; 0 = every token at once [20]\n"
                "  --log-level LEVEL        err, warn, info or debug                 [info]\n"
                "  --config FILE            'key = value' lines (long option names), then the\n"
                "                           command line overrides them\n"
@@ -71,7 +73,7 @@ static int router_write_pid(const char *path)
 
 int main(int argc, char **argv)
 {
-    struct router_serve_opts o = {0};
+    struct router_serve_opts o = {.stream_ms = 20};
     int                      cargc;
     char                   **cargv, **owned;
     if (common_config_load("sluice-router", argc, argv, &cargc, &cargv, &owned) < 0)
@@ -108,6 +110,8 @@ int main(int argc, char **argv)
             bad = router_parse_u32(a, v, 1, 86400, &o.client_timeout_s);
         else if (strcmp(a, "--connect-timeout") == 0)
             bad = router_parse_u32(a, v, 1, 86400, &o.connect_timeout_s);
+        else if (strcmp(a, "--stream-interval") == 0)
+            bad = router_parse_u32(a, v, 0, 1000, &o.stream_ms);
         else if (strcmp(a, "--log-level") == 0) {
             enum common_log_level lvl;
             if ((bad = common_log_parse_level(v, &lvl)) < 0)

@@ -63,6 +63,9 @@ struct rq {
     uint32_t               n_pollers;
     uint32_t               n_generated;
     uint64_t               last_seen_ns;
+    uint64_t               last_reply_ns; /* the latest poll answered with tokens (0 = none) */
+    bool                   gathering;     /* a poller waits out its stream interval: tokens do
+                                             not wake it */
     uint64_t               t_submit, t_start, t_prompt, t_end;
     uint64_t               t_push; /* when the pending EVAL was pushed */
 };
@@ -577,7 +580,7 @@ static void sched_sample(struct router_serve *s, struct rq *r, struct router_tex
             rq_finish(s, r, PROTO_STOP_ERROR, rc, "sampling failed");
         else if (pr != PROTO_STOP_NONE)
             rq_finish(s, r, pr, 0, NULL);
-        else
+        else if (!r->gathering)
             pthread_cond_broadcast(&s->cv_events);
     }
     pthread_mutex_unlock(&s->mu);
@@ -881,6 +884,21 @@ static int handle_poll(struct router_serve *s, const struct proto_msg *req, stru
         if (pthread_cond_timedwait(&s->cv_events, &s->mu, &ts) == ETIMEDOUT)
             break;
     }
+    /* A stream answered less than stream_ms ago gathers tokens until the interval ends (or the
+     * request ends, or max_events are there): a fast generation then costs its client one
+     * round trip per interval instead of one per token. */
+    if (s->o.stream_ms && r->stream && r->last_reply_ns && !r->done && !s->stopping) {
+        uint64_t until = r->last_reply_ns + (uint64_t)s->o.stream_ms * 1000000ull;
+        if (until > common_now_ns()) {
+            struct timespec gts;
+            deadline_after(&gts, (until - common_now_ns()) / 1000000ull + 1);
+            r->gathering = true;
+            while (!r->done && !s->stopping && r->ev_tokens.n < max_events &&
+                   pthread_cond_timedwait(&s->cv_events, &s->mu, &gts) != ETIMEDOUT)
+                ;
+            r->gathering = false;
+        }
+    }
     struct proto_events *ev = &rep->u.events;
     memset(ev, 0, sizeof(*ev));
     rep->kind = PROTO_KIND_EVENTS;
@@ -930,6 +948,8 @@ static int handle_poll(struct router_serve *s, const struct proto_msg *req, stru
 out:
     r->n_pollers--;
     r->last_seen_ns = common_now_ns();
+    if (rep->u.events.n_tokens)
+        r->last_reply_ns = r->last_seen_ns;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
