@@ -34,8 +34,8 @@ struct executor_remote_opts {
     uint64_t                     instance;         /* this executor's instance id, for ATTACH */
     const volatile sig_atomic_t *cancel; /* borrowed: the startup wait gives up (COMMON_ECLOSED)
                                             once *cancel is set (a signal); NULL = never */
-    bool no_direct_reads; /* pin every part through an ACQUIRE, even while the pool is settled
-                             (always so under ThreadSanitizer) */
+    bool direct_reads; /* read READY parts of a settled pool in place instead of pinning them
+                          through an ACQUIRE (never under ThreadSanitizer); experimental */
 };
 
 /* Connects to every fetcher (retrying until the deadline), checks that their shards cover each

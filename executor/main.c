@@ -31,7 +31,7 @@ struct main_config {
     uint32_t                 n_batch;
     enum executor_cache_type cache_type;
     uint32_t                 connect_timeout_s;
-    bool                     no_direct_reads;
+    bool                     direct_reads;
     enum common_log_level    log_level;
 };
 
@@ -53,8 +53,8 @@ static void main_usage(FILE *f)
             "  --cache-type T           KV cache type: f16 or q8_0               [f16]\n"
             "  --connect-timeout SEC    wait this long for the fetchers          [30]\n"
             "  --direct-reads on|off    read experts already in a fetcher's pool in place,\n"
-            "                           while the pool evicts nothing (off: every expert\n"
-            "                           part is pinned by a request to the fetcher)  [on]\n"
+            "                           while the pool evicts nothing, instead of pinning\n"
+            "                           each part by a request (experimental)      [off]\n"
             "  --log-level L            err, warn, info or debug                 [info]\n"
             "  --config FILE            'key = value' lines (long option names); the command\n"
             "                           line overrides them\n"
@@ -123,7 +123,7 @@ static int main_parse(int argc, char **argv, struct main_config *c)
             ok = main_u32(a, v, 1, 86400, &c->connect_timeout_s);
         else if (strcmp(a, "--direct-reads") == 0) {
             ok = strcmp(v, "on") == 0 || strcmp(v, "off") == 0;
-            c->no_direct_reads = strcmp(v, "off") == 0;
+            c->direct_reads = strcmp(v, "on") == 0;
             if (!ok)
                 fprintf(stderr, "error: --direct-reads expects on or off, got '%s'\n", v);
         } else if (strcmp(a, "--cache-type") == 0) {
@@ -206,7 +206,7 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
                                       .connect_timeout_ms = c->connect_timeout_s * 1000u,
                                       .instance = instance,
                                       .cancel = &g_stop,
-                                      .no_direct_reads = c->no_direct_reads};
+                                      .direct_reads = c->direct_reads};
     if ((rc = executor_remote_create(&ro, &st->remote, e)) < 0)
         return rc;
     struct executor_expert_source src;

@@ -1236,7 +1236,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->acquire_timeout_ms = o->acquire_timeout_ms ? o->acquire_timeout_ms : 120000;
     r->instance = o->instance;
     r->cancel = o->cancel;
-    r->no_direct = o->no_direct_reads || REMOTE_TSAN;
+    r->no_direct = !o->direct_reads || REMOTE_TSAN;
     r->n_cap = 1024;
     pthread_mutex_init(&r->loan_mu, NULL);
     r->run_dir = strdup(o->run_dir);

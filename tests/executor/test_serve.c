@@ -106,7 +106,7 @@ static void t_start(uint32_t n_fetchers, bool no_direct, uint32_t n_slots)
                                       .model = &t.desc,
                                       .connect_timeout_ms = 10000,
                                       .instance = 42,
-                                      .no_direct_reads = t.no_direct};
+                                      .direct_reads = !t.no_direct};
     cr_assert_eq(executor_remote_create(&ro, &t.remote, &e), 0, "%s", e.text);
     struct executor_expert_source src;
     executor_remote_source(t.remote, &src);
@@ -366,6 +366,10 @@ Test(executor_serve, reused_direct_read_is_reported, .init = t_setup1_small, .fi
     src.token_begin(src.arg);
     cr_assert_eq(src.acquire(src.arg, 0, 0, COMMON_EXPERT_GATE, &d, &loan), 0);
     cr_assert_eq(src.release(src.arg, loan), 0, "a pinned loan is always valid");
+    /* The loan came when its part was readable; the bundle is READY once every part is. */
+    for (int i = 0; i < 500 && !src.is_ready(src.arg, 0, 0); i++)
+        usleep(10 * 1000);
+    cr_assert(src.is_ready(src.arg, 0, 0));
     src.token_begin(src.arg); /* the pool's eviction count is noted */
     src.token_begin(src.arg); /* unchanged over a token: direct reads */
     struct executor_remote_stats st0, st1;
