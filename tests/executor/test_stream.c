@@ -229,6 +229,7 @@ Test(executor_stream, torn_loans_are_computed_again, .timeout = 120)
     executor_ctx_destroy(c);
     executor_ctx_destroy(r);
     stream_close(&t);
+    free(path);
 }
 
 Test(executor_stream, create_rejects_source_without_acquire)
