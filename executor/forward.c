@@ -585,16 +585,25 @@ static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
 
     /* The order experts are computed in: those already in memory first, then the others in
      * expert order (the order their post-fetches are queued). Results do not depend on it:
-     * each (token, slot) output has its own row and the sum below runs in slot order. */
-    uint32_t n_ord = 0;
-    for (int pass = 0; pass < 2; pass++)
-        for (uint32_t e = 0; e < E; e++) {
-            if (c->ex_count[e] == 0)
-                continue;
-            bool ready = !w->ops->expert_is_ready || w->ops->expert_is_ready(w->impl, il, e);
-            if (ready == (pass == 0))
-                c->ex_order[n_ord++] = (int32_t)e;
-        }
+     * each (token, slot) output has its own row and the sum below runs in slot order. A load
+     * may complete while we look, so each expert's readiness is read once: ready ones from the
+     * front, the others from the back (then put back in expert order). */
+    uint32_t n_ord = 0, n_used = 0;
+    for (uint32_t e = 0; e < E; e++)
+        n_used += c->ex_count[e] != 0;
+    uint32_t back = n_used;
+    for (uint32_t e = 0; e < E; e++) {
+        if (c->ex_count[e] == 0)
+            continue;
+        bool ready = !w->ops->expert_is_ready || w->ops->expert_is_ready(w->impl, il, e);
+        c->ex_order[ready ? n_ord++ : --back] = (int32_t)e;
+    }
+    for (uint32_t i = n_ord, j = n_used; i + 1 < j; i++, j--) {
+        int32_t tmp = c->ex_order[i];
+        c->ex_order[i] = c->ex_order[j - 1];
+        c->ex_order[j - 1] = tmp;
+    }
+    n_ord = n_used;
 
     /* Post-fetch: every routed expert of this batch is asked for now, gate/up parts first and
      * down last (the fetcher's order), at most `window` ahead of the one being computed. */

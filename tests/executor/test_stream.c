@@ -24,6 +24,10 @@ struct counting_src {
     /* Unpinned loans whose bytes "changed": every tear_every-th acquire (0 = none) hands out
      * junk whose release answers COMMON_EAGAIN. */
     uint32_t tear_every, n_acquired, torn_out, torn_back;
+    /* is_ready answers false the first time an expert is asked about in a batch and true after:
+     * a load that completes while the forward pass looks (0 = always ready). */
+    uint32_t ready_after_ask, ready_asks;
+    uint8_t  asked[MAX_KEYS / 3];
 };
 
 static uint8_t cs_junk[1u << 20]; /* larger than any part of the fixture (checked) */
@@ -76,12 +80,24 @@ static int cs_request(void *arg, uint32_t l, uint32_t x, enum executor_expert_hi
     return 0;
 }
 
+static bool cs_is_ready(void *arg, uint32_t l, uint32_t x)
+{
+    struct counting_src *s = arg;
+    if (!s->ready_after_ask)
+        return true;
+    s->ready_asks++;
+    bool ready = s->asked[l * s->n_expert + x] != 0;
+    s->asked[l * s->n_expert + x] = 1;
+    return ready;
+}
+
 static void cs_token_begin(void *arg)
 {
     struct counting_src *s = arg;
     s->batches++;
     memset(s->acquires, 0, sizeof(s->acquires));
     memset(s->requested, 0, sizeof(s->requested));
+    memset(s->asked, 0, sizeof(s->asked));
 }
 
 struct stream_fixture {
@@ -105,6 +121,7 @@ static void stream_open(struct stream_fixture *t, const char *path)
     struct executor_expert_source es = {.acquire = cs_acquire,
                                         .release = cs_release,
                                         .request = cs_request,
+                                        .is_ready = cs_is_ready,
                                         .token_begin = cs_token_begin,
                                         .arg = &t->src};
     cr_assert_eq(executor_weights_stream_create(
@@ -223,6 +240,46 @@ Test(executor_stream, torn_loans_are_computed_again, .timeout = 120)
     }
     cr_expect_gt(t.src.torn_out, 0);
     cr_expect_eq(t.src.torn_back, t.src.torn_out, "every junk loan was released");
+    cr_expect_eq(t.src.pins, 0);
+    free(l1);
+    free(l2);
+    executor_ctx_destroy(c);
+    executor_ctx_destroy(r);
+    stream_close(&t);
+    free(path);
+}
+
+/* An expert whose load completes while the forward pass orders the layer's experts (ready ones
+ * first) is still computed exactly once: readiness is read once per expert. */
+Test(executor_stream, readiness_changing_mid_layer_computes_every_expert, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
+    executor_kernels_init();
+    static struct stream_fixture t;
+    stream_open(&t, path);
+    t.src.ready_after_ask = 1;
+    struct common_errmsg     e = {{0}};
+    struct executor_ctx     *c = NULL, *r = NULL;
+    struct executor_ctx_opts co = {.n_ctx = 64, .n_batch = 64};
+    cr_assert_eq(executor_ctx_create(t.m, &co, &c, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_create(t.ref, &co, &r, &e), 0, "%s", e.text);
+    uint32_t nv = executor_ctx_n_vocab(c);
+    float   *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
+    int32_t  tok[16];
+    for (int i = 0; i < 16; i++)
+        tok[i] = 5 + i * 23;
+    cr_assert_eq(executor_ctx_decode(c, tok, 16, l1, NULL, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_decode(r, tok, 16, l2, NULL, &e), 0, "%s", e.text);
+    cr_expect_eq(t.src.max_acquires, 1, "an expert part was read twice in one wave");
+    cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "prefill logits differ");
+    for (int i = 0; i < 4; i++) {
+        int32_t id = 9 + i;
+        cr_assert_eq(executor_ctx_decode(c, &id, 1, l1, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(r, &id, 1, l2, NULL, &e), 0, "%s", e.text);
+        cr_expect_eq(t.src.max_acquires, 1, "decode %d read an expert part twice", i);
+        cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "decode %d differs", i);
+    }
+    cr_expect_gt(t.src.ready_asks, 0, "the forward pass never asked for readiness");
     cr_expect_eq(t.src.pins, 0);
     free(l1);
     free(l2);
