@@ -54,7 +54,7 @@ static void main_usage(FILE *f)
             "  --connect-timeout SEC    wait this long for the fetchers          [30]\n"
             "  --direct-reads on|off    read experts already in a fetcher's pool in place,\n"
             "                           while the pool evicts nothing, instead of pinning\n"
-            "                           each part by a request (experimental)      [off]\n"
+            "                           each part by a request                   [on]\n"
             "  --log-level L            err, warn, info or debug                 [info]\n"
             "  --config FILE            'key = value' lines (long option names); the command\n"
             "                           line overrides them\n"
@@ -270,10 +270,13 @@ static int main_run(const struct main_config *c)
 
 int main(int argc, char **argv)
 {
-    struct main_config c = {
-        .n_fetchers = 1, .n_seq = 4, .connect_timeout_s = 30, .log_level = COMMON_LOG_LEVEL_INFO};
-    char **cargv = NULL;
-    int    cargc;
+    struct main_config c = {.n_fetchers = 1,
+                            .n_seq = 4,
+                            .connect_timeout_s = 30,
+                            .direct_reads = true,
+                            .log_level = COMMON_LOG_LEVEL_INFO};
+    char             **cargv = NULL;
+    int                cargc;
     if (common_config_load("sluice-executor", argc, argv, &cargc, &argv, &cargv) < 0)
         return 1;
     int p = main_parse(cargc, argv, &c);

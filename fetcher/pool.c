@@ -330,10 +330,12 @@ static void pool_pin(struct fetcher_pool *p, uint32_t slot, uint32_t part,
 static void pool_free_slot(struct fetcher_pool *p, struct pool_slot *s)
 {
     atomic_store_explicit(&s->ready_mask, 0, memory_order_relaxed);
-    /* Release: pairs with the acquire loads of gen in fetcher_pool_read_valid(). */
+    /* The state leaves READY before the generation moves: a reader that sees the new
+     * generation sees the slot not READY (see fetcher_pool_claim). */
+    atomic_store_explicit(&s->state, FETCHER_SLOT_FREE, memory_order_relaxed);
+    /* Release: pairs with the acquire loads of gen in fetcher_pool_read_begin() and
+     * fetcher_pool_read_valid(). */
     atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
-    /* Release: pairs with the acquire load of state in fetcher_pool_read_begin(). */
-    atomic_store_explicit(&s->state, FETCHER_SLOT_FREE, memory_order_release);
     (void)p;
 }
 
@@ -562,9 +564,17 @@ int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *ke
         pool_unindex(p, s);
         atomic_fetch_add_explicit(&p->hdr->evictions, 1, memory_order_release);
     }
-    /* Seqlock write side: the generation moves before the slot gets its new key and bytes.
-     * Release: pairs with the acquire loads of gen in fetcher_pool_read_valid(). */
+    /* Seqlock write side: the slot stops being READY, then the generation moves, before the
+     * slot gets its new key and bytes. In that order, a reader that loads the new generation
+     * (acquire) then the state cannot see the old READY with the old key, and take bytes about
+     * to be overwritten under a generation that will not change again.
+     * Release: pairs with the acquire loads of gen in fetcher_pool_read_begin() and
+     * fetcher_pool_read_valid(). */
+    atomic_store_explicit(&s->state, FETCHER_SLOT_LOADING, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
+    /* And the new bytes (written after this returns) are not seen before the new generation:
+     * pairs with the acquire fence in fetcher_pool_read_valid(). */
+    atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&s->ready_mask, 0, memory_order_relaxed);
     s->layer = key->layer;
     s->expert = key->expert;

@@ -1,5 +1,7 @@
 /* tests/fetcher/test_pool.c - expert pool: loans, eviction order, generations, failures, attach. */
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -386,4 +388,76 @@ Test(fetcher_pool, attached_reader_sees_ready_slots_and_reuse, .fini = teardown)
     cr_assert_not(fetcher_pool_read_valid(a, &l), "reuse is visible through the generation");
     cr_assert_eq(fetcher_pool_read_begin(a, &k, COMMON_EXPERT_UP, &l), COMMON_ENOENT);
     fetcher_pool_destroy(a);
+}
+
+/* ---- seqlock reads racing with reuse ------------------------------------------------------ */
+
+struct reuse_race {
+    struct fetcher_pool *p;
+    _Atomic bool         stop;
+    uint64_t             loads;
+};
+
+/* Loads (0, e) for e = 0, 1, 2, ... into a 2-slot pool: every load evicts; each slot's bytes
+ * are all equal to the expert id. */
+static void *reuse_writer(void *arg)
+{
+    struct reuse_race *r = arg;
+    for (uint32_t e = 0; !atomic_load(&r->stop); e = (e + 1) % 8) {
+        struct fetcher_pool_key k = key(0, e);
+        uint32_t                slot, gen;
+        int                     rc = fetcher_pool_claim(r->p, &k, 0, 0, &slot, &gen, NULL);
+        if (rc != COMMON_OK)
+            continue; /* still indexed (rc 1) */
+        memset(fetcher_pool_slot_data(r->p, slot), (int)e, 3 * FETCHER_ALIGN);
+        for (uint32_t part = 0; part < COMMON_EXPERT_PART_COUNT; part++)
+            fetcher_pool_set_part(r->p, slot, part, part * FETCHER_ALIGN, FETCHER_ALIGN);
+        fetcher_pool_complete(r->p, slot);
+        r->loads++;
+    }
+    return NULL;
+}
+
+/* A reader of an attached view that copies a part and finds the generation unchanged has the
+ * bytes of the key it asked for, however the writer's reuse interleaves with it. */
+Test(fetcher_pool, seqlock_reads_racing_reuse_are_exact_or_refused, .fini = teardown, .timeout = 60)
+{
+    t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
+    struct fetcher_pool *a = NULL;
+    cr_assert_eq(fetcher_pool_attach(fetcher_pool_fd(t_pool), &a, NULL), COMMON_OK);
+    static struct reuse_race r;
+    r.p = t_pool;
+    atomic_store(&r.stop, false);
+    r.loads = 0;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, reuse_writer, &r), 0);
+    static uint8_t copy[FETCHER_ALIGN];
+    uint64_t       valid = 0, refused = 0, wrong = 0;
+    for (uint32_t i = 0; i < 2000000 && (valid < 1000 || refused < 1000 || i < 200000); i++) {
+        uint32_t                 e = i % 8;
+        struct fetcher_pool_key  k = key(0, e);
+        struct fetcher_pool_loan l;
+        if (fetcher_pool_read_begin(a, &k, (uint32_t)(i % 3), &l) != COMMON_OK)
+            continue;
+        memcpy(copy, l.data, l.size < sizeof(copy) ? l.size : sizeof(copy));
+        if (!fetcher_pool_read_valid(a, &l)) {
+            refused++;
+            continue;
+        }
+        valid++;
+        for (size_t b = 0; b < sizeof(copy); b++)
+            if (copy[b] != e) {
+                wrong++;
+                break;
+            }
+    }
+    atomic_store(&r.stop, true);
+    pthread_join(th, NULL);
+    fetcher_pool_destroy(a);
+    cr_log_info("seqlock race: %llu loads, %llu valid reads, %llu refused",
+                (unsigned long long)r.loads, (unsigned long long)valid,
+                (unsigned long long)refused);
+    cr_assert_eq(wrong, 0, "%llu of %llu reads accepted bytes of another expert",
+                 (unsigned long long)wrong, (unsigned long long)valid);
+    cr_assert_gt(valid, 0);
 }
