@@ -17,15 +17,15 @@
 #include "records.h"
 #include "wire.h"
 
-#define REMOTE_WAIT_MS       200  /* silence on a link before its fetcher is checked */
-#define REMOTE_POLL_MS       50   /* a waiter's reply-ring wait between its own checks */
-#define REMOTE_WATCH_MS      50   /* the reader thread's period (liveness, stray replies) */
-#define REMOTE_PUSH_WAIT_MS  50   /* request-ring wait (full ring) between checks */
-#define REMOTE_CALL_MS       1000 /* HELLO / ATTACH reply deadline */
-#define REMOTE_FD_MS         2000 /* pool descriptor deadline */
-#define REMOTE_RETRY_MS      100  /* pause between connection attempts */
-#define REMOTE_HELLO_NS      (2ull * 1000000000ull) /* idle HELLO probe period */
-#define REMOTE_PRE_EXPERTS   16u /* most experts prefetched (pinned ahead) per link */
+#define REMOTE_WAIT_MS      200  /* silence on a link before its fetcher is checked */
+#define REMOTE_POLL_MS      50   /* a waiter's reply-ring wait between its own checks */
+#define REMOTE_WATCH_MS     50   /* the reader thread's period (liveness, stray replies) */
+#define REMOTE_PUSH_WAIT_MS 50   /* request-ring wait (full ring) between checks */
+#define REMOTE_CALL_MS      1000 /* HELLO / ATTACH reply deadline */
+#define REMOTE_FD_MS        2000 /* pool descriptor deadline */
+#define REMOTE_RETRY_MS     100  /* pause between connection attempts */
+#define REMOTE_HELLO_NS     (2ull * 1000000000ull) /* idle HELLO probe period */
+#define REMOTE_PRE_EXPERTS  16u /* most experts prefetched (pinned ahead) per link */
 /* ThreadSanitizer cannot tell a seqlock read from a race (the bytes are read while an eviction
  * may overwrite them; the generation check throws such results away): under it, every part is
  * pinned. */
@@ -110,7 +110,11 @@ struct remote_link {
     /* Parts READY in the pool are read straight from the mapping (no ACQUIRE, no pin) during
      * this token: the pool evicted nothing during the previous one. Atomic: read unlocked. */
     _Atomic bool direct;
-    uint64_t     down_since_ns;
+    /* Direct reads of one expert not yet reported: a USE with the mask of its parts is pushed
+     * when its down part is released, or another expert's or the next token's comes first
+     * (push mu and mu). */
+    uint32_t                     use_layer, use_expert, use_mask, use_gen;
+    uint64_t                     down_since_ns;
     _Atomic uint64_t             last_seen_ns; /* last reply or HELLO */
     uint32_t                     hello_misses;
     bool                         missing_logged;
@@ -120,14 +124,15 @@ struct remote_link {
 /* A loan handed to the forward pass: a fetcher's loan, or a direct read of a READY slot (no
  * pin: checked for reuse at release, seqlock style). */
 struct remote_loan {
-    bool               used;
-    bool               direct; /* a direct read: `pl` names the slot and its generation */
+    bool                     used;
+    bool                     direct; /* a direct read: `pl` names the slot and its generation */
     struct fetcher_pool_loan pl;
-    uint16_t           seq;   /* bumped at every reuse: stale ids are refused */
-    uint32_t           link;  /* fetcher index */
-    uint32_t           gen;   /* link generation it came from */
-    uint32_t           floan; /* the fetcher's loan id */
-    struct remote_map *map;   /* borrowed: counted in map->n_loans */
+    uint32_t                 layer, expert, part; /* direct: what was read (for the USE) */
+    uint16_t                 seq;                 /* bumped at every reuse: stale ids are refused */
+    uint32_t                 link;                /* fetcher index */
+    uint32_t                 gen;                 /* link generation it came from */
+    uint32_t                 floan;               /* the fetcher's loan id */
+    struct remote_map       *map;                 /* borrowed: counted in map->n_loans */
 };
 
 struct executor_remote {
@@ -788,6 +793,20 @@ static void remote_end_loan(struct remote_link *L, uint32_t gen, uint32_t floan,
     pthread_mutex_unlock(&L->push_mu);
 }
 
+/* Takes the pending USE (direct reads of one expert) into *rec; true when there is one to push
+ * on the link the reads were made on. Link mu. */
+static bool remote_use_take_locked(struct remote_link *L, struct proto_fetch_req *rec)
+{
+    bool push = L->use_mask && L->up && L->gen == L->use_gen;
+    if (push)
+        *rec = (struct proto_fetch_req){.op = PROTO_FETCH_USE,
+                                        .layer = L->use_layer,
+                                        .expert = L->use_expert,
+                                        .part = L->use_mask};
+    L->use_mask = 0;
+    return push;
+}
+
 /* A fresh ACQUIRE tag. Link mu. */
 static uint32_t remote_next_tag_locked(struct remote_link *L)
 {
@@ -895,7 +914,13 @@ static int remote_direct_locked(struct executor_remote *r, struct remote_link *L
     if (!L->up || !L->map || !L->map->view ||
         fetcher_pool_read_begin(L->map->view, &key, part, &pl) != COMMON_OK || pl.size != size)
         return COMMON_ENOENT;
-    struct remote_loan l = {.direct = true, .pl = pl, .link = L->index, .gen = L->gen,
+    struct remote_loan l = {.direct = true,
+                            .pl = pl,
+                            .layer = layer,
+                            .expert = expert,
+                            .part = part,
+                            .link = L->index,
+                            .gen = L->gen,
                             .map = L->map};
     if (remote_loan_take(r, &l, loan) < 0)
         return COMMON_ENOENT;
@@ -919,7 +944,7 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
 
     /* A prefetched ACQUIRE for this part is taken over (its reply may be there already); else,
      * while the pool is settled, a READY part is read in place and the fetcher only told of
-     * the use, without waking it (DESIGN.md section 3: the seqlock read). */
+     * the use at its release, without waking it (DESIGN.md section 3: the seqlock read). */
     pthread_mutex_lock(&L->mu);
     struct remote_wait *pre = remote_pre_find_locked(L, layer, expert, (uint32_t)part);
     if (pre) {
@@ -930,12 +955,6 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
                remote_direct_locked(r, L, layer, expert, (uint32_t)part, span.size, data, loan) ==
                    COMMON_OK) {
         pthread_mutex_unlock(&L->mu);
-        struct proto_fetch_req rec = {
-            .op = PROTO_FETCH_USE, .layer = layer, .expert = expert, .part = part};
-        pthread_mutex_lock(&L->push_mu);
-        if (L->up)
-            (void)remote_push_quiet(L, &rec);
-        pthread_mutex_unlock(&L->push_mu);
         return COMMON_OK;
     }
     pthread_mutex_unlock(&L->mu);
@@ -1054,15 +1073,34 @@ static int remote_release(void *arg, uint32_t loan)
     }
     /* A direct read: valid when the slot kept its generation all along (a dead fetcher's pool
      * stays mapped and unchanged). A reuse means the caller computed from changing bytes: it
-     * computes again, and parts are pinned until the pool is settled again. */
+     * computes again, and parts are pinned until the pool is settled again. A valid read is
+     * reported to the fetcher with the expert's other parts, in one USE. */
+    struct proto_fetch_req use[2];
+    int                    n_use = 0;
+    pthread_mutex_lock(&L->push_mu);
     pthread_mutex_lock(&L->mu);
     bool valid = fetcher_pool_read_valid(l.map->view, &l.pl);
     if (!valid) {
         L->st.torn++;
         atomic_store_explicit(&L->direct, false, memory_order_relaxed);
+    } else {
+        if (L->use_mask &&
+            (L->use_layer != l.layer || L->use_expert != l.expert || L->use_gen != l.gen) &&
+            remote_use_take_locked(L, &use[n_use]))
+            n_use++;
+        L->use_layer = l.layer;
+        L->use_expert = l.expert;
+        L->use_gen = l.gen;
+        L->use_mask |= 1u << l.part;
+        /* Down is the forward pass's last part of an expert. */
+        if (l.part == COMMON_EXPERT_DOWN && remote_use_take_locked(L, &use[n_use]))
+            n_use++;
     }
     remote_map_unref(L, l.map);
     pthread_mutex_unlock(&L->mu);
+    for (int i = 0; i < n_use; i++)
+        (void)remote_push_quiet(L, &use[i]);
+    pthread_mutex_unlock(&L->push_mu);
     return valid ? COMMON_OK : COMMON_EAGAIN;
 }
 
@@ -1140,8 +1178,13 @@ static void remote_token_begin(void *arg)
                                   memory_order_relaxed);
             L->evictions_seen = ev;
         }
-        bool up = L->up;
+        /* The previous token's last uses come before TOKEN. */
+        struct proto_fetch_req use;
+        bool                   have_use = remote_use_take_locked(L, &use);
+        bool                   up = L->up;
         pthread_mutex_unlock(&L->mu);
+        if (have_use)
+            (void)remote_push_quiet(L, &use);
         /* Not urgent: the fetcher sees it before the token's first ACQUIRE or USE. */
         if (up)
             (void)remote_push_quiet(L, &rec);

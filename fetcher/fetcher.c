@@ -740,9 +740,9 @@ int fetcher_try_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
     return COMMON_OK;
 }
 
-int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert)
+int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert, uint32_t n_parts)
 {
-    if (!front_ids_ok(f, layer, expert))
+    if (!front_ids_ok(f, layer, expert) || n_parts == 0)
         return COMMON_EINVAL;
     pthread_mutex_lock(&f->mu);
     front_note_access(f, layer, expert);
@@ -750,7 +750,7 @@ int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert)
     if (f->mode == FETCHER_IO_MMAP)
         return COMMON_OK;
     struct fetcher_pool_key key = {layer, expert, FETCHER_POOL_BUNDLE};
-    return fetcher_pool_touch(f->pool, &key);
+    return fetcher_pool_touch(f->pool, &key, n_parts);
 }
 
 bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert)

@@ -255,11 +255,12 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
 int fetcher_try_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
                         enum common_expert_part part, const void **data, uint32_t *loan);
 
-/* Counts a use of (layer, expert) that its reader made straight from the shared pool, without a
- * loan (another process reading a READY slot seqlock style): the access is traced and the slot's
- * recency and frequency are updated as an acquire would. Returns 0, COMMON_ENOENT (the expert is
- * no longer READY: only the access is traced), COMMON_EINVAL (ids out of range). */
-int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert);
+/* Counts the use of `n_parts` parts of (layer, expert) that its reader made straight from the
+ * shared pool, without a loan (another process reading a READY slot seqlock style): the access
+ * is traced and the slot's recency and frequency are updated as n_parts acquires would. Returns
+ * 0, COMMON_ENOENT (the expert is no longer READY: only the access is traced), COMMON_EINVAL
+ * (ids out of range, n_parts 0). */
+int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert, uint32_t n_parts);
 
 /* True when every part of the bundle of expert `expert` of layer `layer` is in the pool now
  * (an acquire would not wait); in mmap mode always true (the page cache is not asked). False for

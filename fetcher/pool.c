@@ -477,7 +477,7 @@ uint64_t fetcher_pool_evictions(const struct fetcher_pool *p)
     return atomic_load_explicit(&p->hdr->evictions, memory_order_acquire);
 }
 
-int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key)
+int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t n)
 {
     if (!pool_key_ok(p, key) || p->attached)
         return COMMON_EINVAL;
@@ -485,7 +485,8 @@ int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *ke
     pthread_mutex_lock(&p->mu);
     uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_relaxed);
     if (v != 0 && pool_readable(&p->slots[v - 1], FETCHER_POOL_WHOLE)) {
-        pool_count_use(p, &p->slots[v - 1]);
+        for (uint32_t i = 0; i < n; i++)
+            pool_count_use(p, &p->slots[v - 1]);
         rc = COMMON_OK;
     }
     pthread_mutex_unlock(&p->mu);

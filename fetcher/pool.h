@@ -130,10 +130,10 @@ bool fetcher_pool_read_valid(const struct fetcher_pool *p, const struct fetcher_
  * view. A reader that sees it unchanged over a while knows the pool is settled. */
 uint64_t fetcher_pool_evictions(const struct fetcher_pool *p);
 
-/* Counts a use of the READY slot holding `key` (as an acquire does) without pinning it: what a
- * cross-process reader reports after reading the slot directly. Returns 0, COMMON_ENOENT (not
- * READY in the pool), COMMON_EINVAL (bad key, attached view). Thread-safe. */
-int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key);
+/* Counts `n` uses of the READY slot holding `key` (as n acquires do) without pinning it: what a
+ * cross-process reader reports after reading n parts of the slot directly. Returns 0,
+ * COMMON_ENOENT (not READY in the pool), COMMON_EINVAL (bad key, attached view). Thread-safe. */
+int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t n);
 
 /* ---- loader side ------------------------------------------------------------------------- */
 

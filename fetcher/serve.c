@@ -253,7 +253,8 @@ static bool link_req_valid(const struct fetcher_server *s, const struct proto_fe
     case PROTO_FETCH_HINT:
         return serve_in_shard(s, r->layer, r->expert) && r->prio < FETCHER_PRIO_COUNT;
     case PROTO_FETCH_USE:
-        return serve_in_shard(s, r->layer, r->expert) && r->part < COMMON_EXPERT_PART_COUNT;
+        return serve_in_shard(s, r->layer, r->expert) && r->part != 0 &&
+               r->part < (1u << COMMON_EXPERT_PART_COUNT);
     case PROTO_FETCH_RELEASE:
     case PROTO_FETCH_TOKEN:
         return true;
@@ -360,12 +361,14 @@ static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
         s->c.hints++;
         pthread_mutex_unlock(&s->mu);
         break;
-    case PROTO_FETCH_USE:
-        (void)fetcher_note_use(s->f, r->layer, r->expert);
+    case PROTO_FETCH_USE: {
+        uint32_t n = (uint32_t)__builtin_popcount(r->part); /* parts read */
+        (void)fetcher_note_use(s->f, r->layer, r->expert, n);
         pthread_mutex_lock(&s->mu);
-        s->c.uses++;
+        s->c.uses += n;
         pthread_mutex_unlock(&s->mu);
         break;
+    }
     case PROTO_FETCH_TOKEN:
         fetcher_token_begin(s->f);
         pthread_mutex_lock(&s->mu);

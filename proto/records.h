@@ -23,8 +23,9 @@ enum proto_fetch_op {
     PROTO_FETCH_RELEASE = 2, /* end loan `loan`; no reply */
     PROTO_FETCH_HINT = 3,    /* fetcher_request(layer, expert, prio); no reply */
     PROTO_FETCH_TOKEN = 4,   /* a new token starts (fetcher_token_begin); no reply */
-    PROTO_FETCH_USE = 5,     /* part `part` of (layer, expert) was read straight from the mapped
-                                pool without a loan (fetcher_note_use); no reply */
+    PROTO_FETCH_USE = 5,     /* the parts in mask `part` (bit p: part p; 1..7) of (layer, expert)
+                                were read straight from the mapped pool without a loan
+                                (fetcher_note_use); no reply */
 };
 
 struct proto_fetch_req {
@@ -32,7 +33,7 @@ struct proto_fetch_req {
     uint32_t tag;    /* ACQUIRE: echoed in the reply */
     uint32_t layer;  /* ACQUIRE, HINT, USE */
     uint32_t expert; /* ACQUIRE, HINT, USE: the model's expert id (not shard-relative) */
-    uint32_t part;   /* ACQUIRE, USE: enum common_expert_part */
+    uint32_t part;   /* ACQUIRE: enum common_expert_part; USE: a mask of parts */
     uint32_t prio;   /* HINT: enum fetcher_priority */
     uint32_t loan;   /* RELEASE */
     uint32_t pad;

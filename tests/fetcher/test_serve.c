@@ -306,9 +306,15 @@ Test(fetcher_serve, acquire_returns_the_file_bytes)
     push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_TOKEN});
     push(&l, (struct proto_fetch_req){
                  .op = PROTO_FETCH_HINT, .layer = 1, .expert = 1, .prio = FETCHER_PRIO_PREFETCH});
+    /* A USE names the parts read in place by a mask: gate and down count two uses. */
+    push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_USE,
+                                      .layer = 0,
+                                      .expert = 0,
+                                      .part = 1u << COMMON_EXPERT_GATE | 1u << COMMON_EXPERT_DOWN});
     wait_stat("serve.releases", n);
     wait_stat("serve.tokens", 1);
     wait_stat("serve.hints", 1);
+    wait_stat("serve.uses", 2);
     cr_assert_eq(stat_of("serve.acquires"), n);
     cr_assert_eq(stat_of("serve.bad_records"), 0);
     cr_assert_eq(stat_of("pool.pinned"), 0);
@@ -344,10 +350,14 @@ Test(fetcher_serve, garbage_records_get_errors_and_service_goes_on)
     push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_RELEASE, .loan = UINT32_MAX});
     push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_HINT, .layer = 0, .expert = E, .prio = 0});
     push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_HINT, .layer = 0, .expert = 0, .prio = 9});
+    /* USE masks: empty, a bit beyond the three parts, an expert out of range. */
+    push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_USE, .layer = 0, .expert = 0, .part = 0});
+    push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_USE, .layer = 0, .expert = 0, .part = 8});
+    push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_USE, .layer = 0, .expert = E, .part = 1});
     /* A short record: the ring allows it; the fetcher counts it. */
     uint32_t shortrec = PROTO_FETCH_ACQUIRE;
     cr_assert_eq(common_ring_push(&l.req, &shortrec, sizeof(shortrec)), COMMON_OK);
-    wait_stat("serve.bad_records", 11);
+    wait_stat("serve.bad_records", 14);
     /* Still serving. */
     r = acquire(&l, 6, 1, 2, COMMON_EXPERT_DOWN);
     cr_assert_eq(r.status, COMMON_OK);
@@ -355,7 +365,8 @@ Test(fetcher_serve, garbage_records_get_errors_and_service_goes_on)
     /* A second RELEASE of the same loan is refused: the loan was ended once. */
     release(&l, r.loan);
     release(&l, r.loan);
-    wait_stat("serve.bad_records", 12);
+    wait_stat("serve.bad_records", 15);
+    cr_assert_eq(stat_of("serve.uses"), 0);
     cr_assert_eq(stat_of("serve.releases"), 1);
     cr_assert_eq(stat_of("serve.acquire_errors"), 4);
     cr_assert_eq(pinned(), 0);
