@@ -90,6 +90,23 @@ for ((r = 1; r <= reps; r++)); do
         "$rt_us" "$fw_us"
     results+=("$r,$a,$b,$ratio,$rt_us,$fw_us")
 done
+# Summary: means and medians over the reps (one process alone varies by several percent between
+# reps on a small VM, so the median of the per-rep ratios is the steadier figure).
+printf '%s\n' "${results[@]}" | awk -F, '
+    function median(a, n,    i, j, t) {
+        for (i = 2; i <= n; i++)
+            for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    { n++; oa[n] = $2; ob[n] = $3; or[n] = $4; ort[n] = $5; sa += $2; sb += $3; if ($4 >= 0.97) k++ }
+    END {
+        if (!n) exit
+        printf "== one process: mean %.2f median %.2f tok/s; daemons: mean %.2f median %.2f tok/s\n",
+            sa / n, median(oa, n), sb / n, median(ob, n)
+        printf "== ratio: of the means %.3f, median of the reps %.3f (%d of %d reps >= 0.97); ",
+            sb / sa, median(or, n), k, n
+        printf "step round trip median %.1f us/token\n", median(ort, n)
+    }'
 if [ -n "$out" ]; then
     echo "rep,one_process_tok_s,daemons_tok_s,ratio,step_rt_us,expert_wait_us" >"$out"
     printf '%s\n' "${results[@]}" >>"$out"

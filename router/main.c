@@ -34,7 +34,7 @@ static void router_usage(FILE *f)
                "  --client-timeout SEC     drop a request its client stopped polling [60]\n"
                "  --connect-timeout SEC    wait this long for the executor          [30]\n"
                "  --stream-interval MS     a streaming client gets the tokens made during\n"
-               "                           each interval together; 0 = every token at once [20]\n"
+               "                           each interval together; 0 = every token at once [50]\n"
                "  --log-level LEVEL        err, warn, info or debug                 [info]\n"
                "  --config FILE            'key = value' lines (long option names), then the\n"
                "                           command line overrides them\n"
@@ -73,7 +73,7 @@ static int router_write_pid(const char *path)
 
 int main(int argc, char **argv)
 {
-    struct router_serve_opts o = {.stream_ms = 20};
+    struct router_serve_opts o = {.stream_ms = 50};
     int                      cargc;
     char                   **cargv, **owned;
     if (common_config_load("sluice-router", argc, argv, &cargc, &cargv, &owned) < 0)
