@@ -91,7 +91,7 @@ echo "model $MODEL ($MODEL_BYTES bytes), budget $FRACTION% = $BUDGET bytes, cgro
 echo "load: $(uptime)" | tee "$OUT/load.txt"
 
 summary=$OUT/summary.csv
-echo "run,mode,pp_tok_s,tg_tok_s,tg_bytes_per_tok,tg_hit_rate,peak_rss_kb,probe_bw,probe_bw_qd1" \
+echo "run,mode,pp_tok_s,tg_tok_s,tg_bytes_per_tok,tg_hit_rate,peak_rss_kb,probe_bw,probe_bw_qd1,replay_bw" \
     > "$summary"
 for rep in $(seq 1 "$REPS"); do
     f=$OUT/fetcher-$rep.txt
@@ -101,7 +101,7 @@ for rep in $(seq 1 "$REPS"); do
     run_capped "$BUDGET" "$m" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap
     for x in "fetcher $f" "mmap $m"; do
         set -- $x
-        echo "$rep,$1,$(field "$2" pp_tok_s),$(field "$2" tg_tok_s),$(field "$2" tg_bytes_per_tok),$(field "$2" tg_hit_rate),$(rss_kb "$2"),$(field "$2" probe_bw),$(field "$2" probe_bw_qd1)" >> "$summary"
+        echo "$rep,$1,$(field "$2" pp_tok_s),$(field "$2" tg_tok_s),$(field "$2" tg_bytes_per_tok),$(field "$2" tg_hit_rate),$(rss_kb "$2"),$(field "$2" probe_bw),$(field "$2" probe_bw_qd1),$(field "$2" replay_bw)" >> "$summary"
     done
     grep -E '^(pp|tg)|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
     grep -E '^(pp|tg)' "$m" | sed "s/^/mmap[$rep]    /"
@@ -109,7 +109,7 @@ done
 
 # Ratios over the repetitions: fetcher decode vs its storage limit, vs the mmap baseline.
 awk -F, -v budget="$BUDGET" 'NR > 1 {
-        if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $8; rss[n] = $7; pp[n] = $3 }
+        if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $10 > 0 ? $10 : $8; rss[n] = $7; pp[n] = $3 }
         else { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7 } }
     function stats(a, c,   i, s, lo, hi) { s = 0; lo = 1e30; hi = -1e30
         for (i = 1; i <= c; i++) { s += a[i]; if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
@@ -120,7 +120,7 @@ awk -F, -v budget="$BUDGET" 'NR > 1 {
         print "fetcher prefill tok/s:         " stats(pp, n)
         print "mmap decode tok/s:             " stats(mtg, k)
         print "mmap prefill tok/s:            " stats(mpp, k)
-        print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.7"
+        print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.7 (limit: the replay of the decode loads)"
         print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 5"
         print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
         print "mmap peak rss kB:              " stats(mrss, k)

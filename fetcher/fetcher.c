@@ -74,6 +74,9 @@ struct fetcher {
     struct fetcher_io_req     *reqs; /* owned: qd, the I/O thread's submit batch */
     struct fetcher_io_cqe     *cqes; /* owned: qd, the I/O thread's completions */
     struct common_errmsg       last_error;
+    /* Load log (fetcher_load_log_start): keys of the completed loads, in completion order. */
+    struct fetcher_probe_key *log;
+    uint64_t                  log_n, log_cap;
 };
 
 /* ---- names -------------------------------------------------------------------------------- */
@@ -348,6 +351,8 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         fetcher_trace_resident(f->trace, ld->layer, -1);
     } else {
         fetcher_pool_complete(f->pool, slot);
+        if (f->log && f->log_n < f->log_cap)
+            f->log[f->log_n++] = (struct fetcher_probe_key){ld->layer, ld->expert};
         fetcher_trace_load(f->trace, ld->layer, ld->expert, ld->bytes,
                            common_now_ns() - ld->t_submit);
     }
@@ -631,6 +636,7 @@ void fetcher_destroy(struct fetcher *f)
         pthread_cond_destroy(&f->cv);
         pthread_mutex_destroy(&f->mu);
     }
+    free(f->log);
     free(f->loads);
     free(f->reqs);
     free(f->cqes);
@@ -829,4 +835,39 @@ const void *fetcher_get_pool_base(const struct fetcher *f)
 uint64_t fetcher_get_pool_bytes(const struct fetcher *f)
 {
     return f->pool ? fetcher_pool_segment_bytes(f->pool) : 0;
+}
+
+int fetcher_load_log_start(struct fetcher *f, uint64_t cap)
+{
+    if (!f || cap == 0 || cap > (UINT64_C(1) << 32))
+        return COMMON_EINVAL;
+    struct fetcher_probe_key *log = calloc((size_t)cap, sizeof(*log));
+    if (!log)
+        return COMMON_ENOMEM;
+    pthread_mutex_lock(&f->mu);
+    free(f->log);
+    f->log = log;
+    f->log_n = 0;
+    f->log_cap = cap;
+    pthread_mutex_unlock(&f->mu);
+    return COMMON_OK;
+}
+
+uint64_t fetcher_load_log_count(struct fetcher *f)
+{
+    pthread_mutex_lock(&f->mu);
+    uint64_t n = f->log_n;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+uint64_t fetcher_load_log_take(struct fetcher *f, struct fetcher_probe_key **out)
+{
+    pthread_mutex_lock(&f->mu);
+    *out = f->log;
+    uint64_t n = f->log_n;
+    f->log = NULL;
+    f->log_n = f->log_cap = 0;
+    pthread_mutex_unlock(&f->mu);
+    return n;
 }

@@ -303,12 +303,22 @@ uint64_t    fetcher_get_pool_bytes(const struct fetcher *f);
 /* Storage limit probe (fetcher/probe.c)                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
+/* An expert of one layer, as the load log records it and a replay probe reads it. */
+struct fetcher_probe_key {
+    uint32_t layer, expert;
+};
+
 struct fetcher_probe_opts {
     enum fetcher_io_mode io;          /* AUTO, URING or PREAD: the engine the fetcher uses */
     enum fetcher_direct  direct;      /* 0 = O_DIRECT where possible, as the fetcher */
     uint32_t             queue_depth; /* reads in flight; 0 = 32 */
-    uint64_t             max_bytes;   /* stop after about this many bytes; 0 = 1 GiB */
-    uint64_t             seed;        /* order of the reads; 0 = 1 */
+    uint64_t             max_bytes;   /* stop after about this many bytes; 0 = 1 GiB (random
+                                         order only: a replay reads every key) */
+    uint64_t seed;                    /* order of the reads; 0 = 1 */
+    /* Replay: read the three parts of each of these experts, in this order (repeats included),
+     * instead of every part once in a random order. Borrowed. */
+    const struct fetcher_probe_key *keys;
+    uint64_t                        n_keys;
 };
 
 struct fetcher_probe_result {
@@ -331,5 +341,14 @@ struct fetcher_probe_result {
 int fetcher_probe_read(const struct common_gguf *g, const struct common_model *m,
                        const struct fetcher_probe_opts *o, struct fetcher_probe_result *out,
                        struct common_errmsg *e);
+
+/* Load log: from fetcher_load_log_start() on, the key of every completed load is recorded (at
+ * most `cap`, in completion order), so that a benchmark can replay a run's reads with the probe
+ * (o->keys) and get the storage limit for exactly those reads. start returns 0, COMMON_EINVAL,
+ * COMMON_ENOMEM (and restarts an active log); count returns the keys recorded so far; take hands
+ * over the array (free() it; NULL when none) and stops the log. Thread-safe. */
+int      fetcher_load_log_start(struct fetcher *f, uint64_t cap);
+uint64_t fetcher_load_log_count(struct fetcher *f);
+uint64_t fetcher_load_log_take(struct fetcher *f, struct fetcher_probe_key **out);
 
 #endif /* FETCHER_FETCHER_H */

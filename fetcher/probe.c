@@ -31,9 +31,19 @@ int fetcher_probe_read(const struct common_gguf *g, const struct common_model *m
         o = &def;
     if (!g || !m || !common_model_is_moe(m) || o->io == FETCHER_IO_MMAP)
         return common_errmsg_set(e, COMMON_EINVAL, "probe: needs an MoE model and an I/O engine");
-    const uint32_t          qd = o->queue_depth ? o->queue_depth : 32;
-    const uint64_t          max_bytes = o->max_bytes ? o->max_bytes : UINT64_C(1) << 30;
-    const uint64_t          n = (uint64_t)m->hp.n_layer * m->hp.n_expert * COMMON_EXPERT_PART_COUNT;
+    const uint32_t qd = o->queue_depth ? o->queue_depth : 32;
+    const bool     replay = o->keys != NULL;
+    const uint64_t max_bytes = replay         ? UINT64_MAX
+                               : o->max_bytes ? o->max_bytes
+                                              : UINT64_C(1) << 30;
+    const uint64_t n_keys = replay ? o->n_keys : (uint64_t)m->hp.n_layer * m->hp.n_expert;
+    if (replay && (n_keys == 0 || n_keys > UINT64_MAX / (2 * COMMON_EXPERT_PART_COUNT)))
+        return common_errmsg_set(e, COMMON_EINVAL, "probe: nothing to replay");
+    for (uint64_t i = 0; replay && i < n_keys; i++)
+        if (o->keys[i].layer >= m->hp.n_layer || o->keys[i].expert >= m->hp.n_expert)
+            return common_errmsg_set(e, COMMON_EINVAL, "probe: replay key %llu out of range",
+                                     (unsigned long long)i);
+    const uint64_t          n = n_keys * COMMON_EXPERT_PART_COUNT;
     const uint32_t          n_files = common_gguf_n_splits(g);
     struct probe_part      *parts = calloc(n, sizeof(*parts));
     struct fetcher_io_file *files = calloc(n_files, sizeof(*files));
@@ -46,21 +56,23 @@ int fetcher_probe_read(const struct common_gguf *g, const struct common_model *m
     if (!parts || !files || !reqs || !cqes || !free_bufs)
         goto out_free;
     uint64_t region = 0;
-    for (uint32_t l = 0, i = 0; l < m->hp.n_layer; l++)
-        for (uint32_t x = 0; x < m->hp.n_expert; x++)
-            for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++, i++) {
-                struct common_span s;
-                if ((rc = common_model_expert_span(m, l, x, (enum common_expert_part)p, &s)) < 0)
-                    goto out_free;
-                parts[i] = (struct probe_part){s.split, s.offset, s.size};
-                uint64_t r =
-                    (s.offset + s.size + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN -
-                    s.offset / FETCHER_ALIGN * FETCHER_ALIGN;
-                region = r > region ? r : region;
-            }
-    /* Random order, each part at most once: no read finds its bytes cached by an earlier one. */
+    for (uint64_t k = 0, i = 0; k < n_keys; k++) {
+        uint32_t l = replay ? o->keys[k].layer : (uint32_t)(k / m->hp.n_expert);
+        uint32_t x = replay ? o->keys[k].expert : (uint32_t)(k % m->hp.n_expert);
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++, i++) {
+            struct common_span s;
+            if ((rc = common_model_expert_span(m, l, x, (enum common_expert_part)p, &s)) < 0)
+                goto out_free;
+            parts[i] = (struct probe_part){s.split, s.offset, s.size};
+            uint64_t r = (s.offset + s.size + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN -
+                         s.offset / FETCHER_ALIGN * FETCHER_ALIGN;
+            region = r > region ? r : region;
+        }
+    }
+    /* Random order, each part at most once: no read finds its bytes cached by an earlier one.
+     * A replay keeps the run's order. */
     uint64_t seed = o->seed ? o->seed : 1;
-    for (uint64_t i = n - 1; i > 0; i--) {
+    for (uint64_t i = n - 1; !replay && i > 0; i--) {
         uint64_t          j = probe_rand(&seed) % (i + 1);
         struct probe_part t = parts[i];
         parts[i] = parts[j];

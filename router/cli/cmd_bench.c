@@ -27,7 +27,9 @@ static void bench_usage(FILE *f)
             "  --cache-type T       KV cache type: f16 or q8_0               [f16]\n"
             "  --membw-size SIZE    bandwidth probe buffer                   [1G]\n"
             "  --io-probe           also measure the storage limit with the fetcher's engine:\n"
-            "                       random expert-part reads at the queue depth used and at 1\n"
+            "                       cold random expert-part reads at the queue depth used and\n"
+            "                       at 1 (before the run), and the decode's own loads read\n"
+            "                       again at that depth, nothing computed (after it)\n"
             "  --probe-size SIZE    bytes read by each storage probe          [512M]\n\n"
             "With --ram-budget or --io the experts stream through the fetcher: no warm-up run\n"
             "(drop the page cache first for a cold run), no memory-bandwidth probe; each phase\n"
@@ -96,9 +98,12 @@ static struct bench_stat bench_stats(const double *v, uint32_t n)
     return s;
 }
 
-/* The storage limit with the fetcher's engine at queue depth qd and at 1, on its own model
- * handle, before the engine exists (its buffers are freed before the budgeted run starts). */
+/* The storage limit with the fetcher's engine, on its own model handle while no engine exists
+ * (its buffers count against the same memory cap): without keys, cold random reads at queue
+ * depth qd into *pr and at depth 1 into *pr1; with keys, a replay of those loads at qd into *pr.
+ */
 static int bench_probe(const char *path, const struct cli_stream_opts *so, uint64_t probe_bytes,
+                       const struct fetcher_probe_key *keys, uint64_t n_keys,
                        struct fetcher_probe_result *pr, struct fetcher_probe_result *pr1)
 {
     struct common_errmsg e = {{0}};
@@ -112,10 +117,15 @@ static int bench_probe(const char *path, const struct cli_stream_opts *so, uint6
     }
     enum fetcher_io_mode pm = so->io_set && so->io != FETCHER_IO_MMAP ? so->io : FETCHER_IO_AUTO;
     uint32_t             qd = so->queue_depth ? so->queue_depth : 32;
-    if ((rc = fetcher_probe_read(
-             g, &d,
-             &(struct fetcher_probe_opts){.io = pm, .queue_depth = qd, .max_bytes = probe_bytes},
-             pr, &e)) >= 0)
+    if (keys)
+        rc = fetcher_probe_read(g, &d,
+                                &(struct fetcher_probe_opts){
+                                    .io = pm, .queue_depth = qd, .keys = keys, .n_keys = n_keys},
+                                pr, &e);
+    else if ((rc = fetcher_probe_read(g, &d,
+                                      &(struct fetcher_probe_opts){
+                                          .io = pm, .queue_depth = qd, .max_bytes = probe_bytes},
+                                      pr, &e)) >= 0)
         rc = fetcher_probe_read(
             g, &d,
             &(struct fetcher_probe_opts){
@@ -197,11 +207,14 @@ int cli_cmd_bench(int argc, char **argv)
     float               *logits = NULL;
     double              *pp = calloc(reps, sizeof(double)), *tg = calloc(reps, sizeof(double));
     struct bench_io      io_pp = {0}, io_tg = {0}, mark;
+    struct fetcher_probe_result rp = {0};
+    struct fetcher_probe_key   *log = NULL; /* the timed decode steps' loads (--io-probe) */
+    uint64_t                    n_log = 0;
     if (!pp || !tg)
         goto out;
     executor_kernels_init();
     struct fetcher_probe_result pr = {0}, pr1 = {0};
-    if (io_probe && stream && bench_probe(model, &so, probe_bytes, &pr, &pr1) < 0)
+    if (io_probe && stream && bench_probe(model, &so, probe_bytes, NULL, 0, &pr, &pr1) < 0)
         goto out;
     uint32_t               n_ctx = (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
     struct cli_engine_opts eo = {.n_threads = n_threads,
@@ -249,25 +262,49 @@ int cli_cmd_bench(int argc, char **argv)
         pp[r] = n_prompt / ((double)(common_now_ns() - t0) / 1e9);
         bench_io_since(&en, &mark, &io_pp);
     }
+    /* The loads of the timed decode steps are logged for the replay probe: [from, to) of the
+     * log per repetition. */
+    uint64_t *log_from = calloc(reps, sizeof(uint64_t)), *log_to = calloc(reps, sizeof(uint64_t));
+    bool      logging = io_probe && stream && n_gen && en.fetcher && log_from && log_to &&
+                   fetcher_load_log_start(en.fetcher, (uint64_t)(n_gen + 1) * reps * d->hp.n_layer *
+                                                          d->hp.n_expert) == 0;
     for (uint32_t r = 0; r < reps && n_gen; r++) {
         executor_ctx_reset(c);
         int32_t id = tokens[0];
         if ((rc = executor_ctx_decode(c, &id, 1, logits, NULL, &e)) < 0) {
             fprintf(stderr, "error: %s\n", e.text);
+            free(log_from);
+            free(log_to);
             goto out;
         }
         bench_io_mark(&en, &mark);
+        if (logging)
+            log_from[r] = fetcher_load_log_count(en.fetcher);
         uint64_t t0 = common_now_ns();
         for (uint32_t i = 0; i < n_gen; i++) {
             id = tokens[(i + 1) % (n_prompt + 1)];
             if ((rc = executor_ctx_decode(c, &id, 1, logits, NULL, &e)) < 0) {
                 fprintf(stderr, "error: %s\n", e.text);
+                free(log_from);
+                free(log_to);
                 goto out;
             }
         }
         tg[r] = n_gen / ((double)(common_now_ns() - t0) / 1e9);
         bench_io_since(&en, &mark, &io_tg);
+        if (logging)
+            log_to[r] = fetcher_load_log_count(en.fetcher);
     }
+    if (logging) { /* keep the timed steps' loads only */
+        n_log = fetcher_load_log_take(en.fetcher, &log);
+        uint64_t k = 0;
+        for (uint32_t r = 0; r < reps && log; r++)
+            for (uint64_t i = log_from[r]; i < log_to[r] && i < n_log; i++)
+                log[k++] = log[i];
+        n_log = log ? k : 0;
+    }
+    free(log_from);
+    free(log_to);
     struct bench_stat sp = bench_stats(pp, reps), sg = bench_stats(tg, reps);
     if (n_prompt)
         printf("pp%-6u %10.2f ± %.2f tok/s  (prefill, %u reps)\n", n_prompt, sp.mean, sp.sd, reps);
@@ -304,27 +341,43 @@ int cli_cmd_bench(int argc, char **argv)
            common_format_size((uint64_t)tg_bpt, act, sizeof(act)), 100.0 * tg_hit);
     fflush(stdout);
     (void)cli_engine_report(&en);
+    const char *io_name = fetcher_io_mode_name(fetcher_get_io_mode(en.fetcher));
     if (io_probe) {
-        printf("storage limit (%s%s, random expert parts of %s): %.1f MB/s at queue depth %u, "
-               "%.1f MB/s at depth 1\n",
+        printf("storage limit, cold (%s%s, random expert parts of %s): %.1f MB/s at queue depth "
+               "%u, %.1f MB/s at depth 1\n",
                fetcher_io_mode_name(pr.mode), pr.direct ? " O_DIRECT" : "",
                common_format_size(pr.read_bytes, sz, sizeof(sz)), pr.bytes_per_s / 1e6,
                pr.queue_depth, pr1.bytes_per_s / 1e6);
-        if (n_gen && tg_bpt > 0)
-            printf("decode vs storage limit: %.2f tok/s vs %.2f MB/s / %.0f bytes per token = %.2f "
-                   "tok/s: ratio %.3f\n",
-                   sg.mean, pr.bytes_per_s / 1e6, tg_bpt, pr.bytes_per_s / tg_bpt,
-                   sg.mean * tg_bpt / pr.bytes_per_s);
+        fflush(stdout);
+        /* The decode's own loads read again, same order and depth, nothing computed: the storage
+         * limit for exactly these reads (with whatever caches below us hold them, as they did
+         * during the run). The engine is closed first: the probe's buffers fit the same cap. */
+        cli_engine_close(&en);
+        if (n_log > 0 && bench_probe(model, &so, 0, log, n_log, &rp, NULL) < 0)
+            goto out;
+        if (n_log > 0)
+            printf("storage limit, replay of the decode's %llu loads (%s in %s reads, queue depth "
+                   "%u): %.1f MB/s\n",
+                   (unsigned long long)n_log, common_format_size(rp.bytes, sz, sizeof(sz)),
+                   common_format_size(rp.read_bytes, act, sizeof(act)), rp.queue_depth,
+                   rp.bytes_per_s / 1e6);
+        const double lim = n_log > 0 ? rp.bytes_per_s : pr.bytes_per_s;
+        if (n_gen && tg_bpt > 0 && lim > 0)
+            printf("decode vs storage limit (%s): %.2f tok/s vs %.2f MB/s / %.0f bytes per token "
+                   "= %.2f tok/s: ratio %.3f\n",
+                   n_log > 0 ? "replay" : "cold", sg.mean, lim / 1e6, tg_bpt, lim / tg_bpt,
+                   sg.mean * tg_bpt / lim);
     }
     printf(
         "result: io=%s pp_tok_s=%.3f pp_sd=%.3f tg_tok_s=%.3f tg_sd=%.3f pp_bytes_per_tok=%.0f "
         "tg_bytes_per_tok=%.0f pp_hit_rate=%.4f tg_hit_rate=%.4f probe_bw=%.0f probe_bw_qd1=%.0f "
-        "probe_read_bytes=%llu\n",
-        fetcher_io_mode_name(fetcher_get_io_mode(en.fetcher)), sp.mean, sp.sd, sg.mean, sg.sd,
-        pp_bpt, tg_bpt, pp_hit, tg_hit, pr.bytes_per_s, pr1.bytes_per_s,
-        (unsigned long long)pr.read_bytes);
+        "probe_read_bytes=%llu replay_bw=%.0f replay_loads=%llu\n",
+        io_name, sp.mean, sp.sd, sg.mean, sg.sd, pp_bpt, tg_bpt, pp_hit, tg_hit, pr.bytes_per_s,
+        pr1.bytes_per_s, (unsigned long long)pr.read_bytes, rp.bytes_per_s,
+        (unsigned long long)n_log);
     status = 0;
 out:
+    free(log);
     free(pp);
     free(tg);
     free(tokens);

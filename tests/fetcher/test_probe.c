@@ -119,3 +119,69 @@ Test(fetcher_probe, trace_predictors_in_json_and_summary)
     cr_assert_eq(fetcher_trace_predictor(t, "one-too-many", 1, 1, 1), COMMON_ENOMEM);
     fetcher_trace_destroy(t);
 }
+
+/* The load log records each completed load; replaying it reads the three parts of each logged
+ * expert, repeats included, and nothing else. */
+Test(fetcher_probe, load_log_replays_the_runs_reads, .fini = teardown, .timeout = 60)
+{
+    open_model();
+    struct fetcher *f = NULL;
+    cr_assert_eq(fetcher_create(t_g, &t_m,
+                                &(struct fetcher_opts){.io = FETCHER_IO_PREAD, .n_slots = 2}, &f,
+                                NULL),
+                 COMMON_OK);
+    cr_assert_eq(fetcher_load_log_start(f, 0), COMMON_EINVAL);
+    cr_assert_eq(fetcher_load_log_start(f, 16), COMMON_OK);
+    /* Three experts through a 2-slot pool, then the first again: four loads. */
+    const uint32_t want[4][2] = {{0, 1}, {1, 2}, {2, 3}, {0, 1}};
+    uint64_t       bytes = 0;
+    for (int i = 0; i < 4; i++) {
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+            const void        *data;
+            uint32_t           loan;
+            struct common_span s;
+            cr_assert_eq(fetcher_acquire(f, want[i][0], want[i][1], (enum common_expert_part)p,
+                                         &data, &loan),
+                         COMMON_OK);
+            fetcher_release(f, loan);
+            cr_assert_eq(common_model_expert_span(&t_m, want[i][0], want[i][1],
+                                                  (enum common_expert_part)p, &s),
+                         COMMON_OK);
+            bytes += s.size;
+        }
+    }
+    cr_assert_eq(fetcher_load_log_count(f), 4);
+    struct fetcher_probe_key *log = NULL;
+    uint64_t                  n = fetcher_load_log_take(f, &log);
+    cr_assert_eq(n, 4);
+    cr_assert_not_null(log);
+    for (int i = 0; i < 4; i++)
+        cr_assert(log[i].layer == want[i][0] && log[i].expert == want[i][1], "log[%d] = (%u,%u)", i,
+                  log[i].layer, log[i].expert);
+    cr_assert_eq(fetcher_load_log_count(f), 0, "take stops the log");
+    fetcher_destroy(f);
+
+    struct fetcher_probe_result r;
+    struct common_errmsg        e = {{0}};
+    cr_assert_eq(
+        fetcher_probe_read(t_g, &t_m,
+                           &(struct fetcher_probe_opts){
+                               .io = FETCHER_IO_PREAD, .queue_depth = 2, .keys = log, .n_keys = n},
+                           &r, &e),
+        COMMON_OK, "%s", e.text);
+    cr_assert_eq(r.reads, 4 * COMMON_EXPERT_PART_COUNT);
+    cr_assert_geq(r.bytes, bytes);
+    /* Keys out of range, or none, are refused. */
+    log[2].expert = t_m.hp.n_expert;
+    cr_assert_eq(fetcher_probe_read(
+                     t_g, &t_m,
+                     &(struct fetcher_probe_opts){.io = FETCHER_IO_PREAD, .keys = log, .n_keys = n},
+                     &r, NULL),
+                 COMMON_EINVAL);
+    cr_assert_eq(fetcher_probe_read(
+                     t_g, &t_m,
+                     &(struct fetcher_probe_opts){.io = FETCHER_IO_PREAD, .keys = log, .n_keys = 0},
+                     &r, NULL),
+                 COMMON_EINVAL);
+    free(log);
+}
