@@ -107,15 +107,33 @@ for rep in $(seq 1 "$REPS"); do
     grep -E '^(pp|tg)' "$m" | sed "s/^/mmap[$rep]    /"
 done
 
-# Ratios over the repetitions: fetcher decode vs its storage limit, vs the mmap baseline.
-awk -F, -v budget="$BUDGET" 'NR > 1 {
+# The compute limit: the same decode with every weight in RAM (no cap, page cache warm, no
+# streaming), for the overlap figure below.
+c=$OUT/compute.txt
+"$SLUICE" bench -m "$MODEL" -p 0 -n "$N_GEN" -r 1 "${THR[@]}" > "$c" 2>&1 || {
+    echo "bench-fetcher: all-resident run failed, see $c" >&2
+    exit 1
+}
+CTOK=$(sed -n 's/^tg[0-9]* *\([0-9.]*\) .*/\1/p' "$c" | tail -n 1)
+echo "compute limit (all weights in RAM): $CTOK tok/s"
+
+# Ratios over the repetitions: fetcher decode vs its storage limit, vs the mmap baseline, and how
+# much of the I/O time the decode hides behind compute: per token, decode time t, compute-only
+# time tc (all resident), I/O-only time tio (bytes per token / replay bandwidth); hidden =
+# (tc + tio - t) / min(tc, tio): 1 = the shorter of the two is fully overlapped, 0 = none.
+awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $10 > 0 ? $10 : $8; rss[n] = $7; pp[n] = $3 }
         else { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7 } }
     function stats(a, c,   i, s, lo, hi) { s = 0; lo = 1e30; hi = -1e30
         for (i = 1; i <= c; i++) { s += a[i]; if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
         return sprintf("%.3f (min %.3f, max %.3f, n %d)", s / c, lo, hi, c) }
     END {
-        for (i = 1; i <= n; i++) { lim[i] = tg[i] * bpt[i] / bw[i]; sp[i] = tg[i] / mtg[i] }
+        for (i = 1; i <= n; i++) {
+            lim[i] = tg[i] * bpt[i] / bw[i]; sp[i] = tg[i] / mtg[i]
+            t[i] = 1000 / tg[i]; tio[i] = 1000 * bpt[i] / bw[i]; tc[i] = ctok > 0 ? 1000 / ctok : 0
+            m = tc[i] < tio[i] ? tc[i] : tio[i]
+            hid[i] = m > 0 ? (tc[i] + tio[i] - t[i]) / m : 0
+        }
         print "fetcher decode tok/s:          " stats(tg, n)
         print "fetcher prefill tok/s:         " stats(pp, n)
         print "mmap decode tok/s:             " stats(mtg, k)
@@ -124,6 +142,10 @@ awk -F, -v budget="$BUDGET" 'NR > 1 {
         print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 5"
         print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
         print "mmap peak rss kB:              " stats(mrss, k)
+        print "decode ms/token:               " stats(t, n)
+        print "  compute only (all resident): " stats(tc, n)
+        print "  I/O only (replay):           " stats(tio, n)
+        print "  share of the shorter hidden: " stats(hid, n)
     }' "$summary" | tee "$OUT/ratios.txt"
 
 # Squeeze sweep: budget from 100% down, tok/s and hit rate per point.
