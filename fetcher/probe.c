@@ -85,7 +85,12 @@ int fetcher_probe_read(const struct common_gguf *g, const struct common_model *m
     for (uint32_t i = 0; i < n_files; i++)
         files[i] = (struct fetcher_io_file){.fd = common_gguf_split_fd(g, i),
                                             .path = common_gguf_split_path(g, i)};
-    struct fetcher_io_opts io_o = {.mode = o->io, .direct = o->direct, .queue_depth = qd};
+    /* The buffers are registered with io_uring as the fetcher registers its pool. */
+    struct fetcher_io_opts io_o = {.mode = o->io,
+                                   .direct = o->direct,
+                                   .queue_depth = qd,
+                                   .reg_base = mem,
+                                   .reg_bytes = region * qd};
     if ((rc = fetcher_io_create(&io_o, files, n_files, &io, e)) < 0)
         goto out_free;
     for (uint32_t i = 0; i < qd; i++)
