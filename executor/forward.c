@@ -508,7 +508,7 @@ static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
             fwd_topk(c->pred_logits + (size_t)t * E, E, K, c->pred_gate + (size_t)t * K);
         c->pred_gate_layer = (int32_t)(il + 1);
         /* Hints in rank order (every token's best guess first), then the previous token's. */
-        const uint32_t top = c->pf_top && c->pf_top < K ? c->pf_top : K;
+        const uint32_t top = c->pf_top ? (c->pf_top < K ? c->pf_top : K) : 1;
         for (uint32_t j = 0; j < top; j++)
             for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
                 fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);

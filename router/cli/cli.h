@@ -45,7 +45,7 @@ struct cli_stream_opts {
     bool                 report_rss;   /* --report-rss: print peak RSS (VmHWM) on exit */
     bool                 no_prefetch;  /* --no-prefetch / --prefetch none */
     bool                 prefetch_all; /* --prefetch all: the history predictors hint too */
-    uint32_t             prefetch_top; /* --prefetch-top N: gate predictor's best N; 0 = all */
+    uint32_t             prefetch_top; /* --prefetch-top N: gate predictor's best N; 0 = 1 */
     bool                 no_postfetch; /* --no-postfetch */
 };
 
@@ -62,7 +62,7 @@ struct cli_stream_opts {
     "  --prefetch MODE      gate: hint the next layer's experts from its router on the\n"          \
     "                       current state; all: also the previous token's choices and the\n"       \
     "                       next token's first layers; none                [gate]\n"               \
-    "  --prefetch-top N     hint only the gate predictor's best N per token [all]\n"               \
+    "  --prefetch-top N     hint the gate predictor's best N per token      [1]\n"                 \
     "  --no-prefetch        same as --prefetch none\n"                                             \
     "  --no-postfetch       do not request a layer's experts before computing them\n"              \
     "  --report-rss         print the peak resident set (VmHWM) on exit\n"
