@@ -210,6 +210,43 @@ Test(executor_stream, hints_off_sends_no_requests, .timeout = 120)
     free(path);
 }
 
+/* Runs a prefill of n_prompt tokens (ids first, first + step, ...) then 4 decode steps through the
+ * streaming model and the mmap reference, expecting the same logits each time; with
+ * `one_read`, also that no expert part was acquired twice in one step. */
+static void stream_matches_reference(struct stream_fixture *t, int n_prompt, int32_t first,
+                                     int32_t step, bool one_read)
+{
+    struct common_errmsg     e = {{0}};
+    struct executor_ctx     *c = NULL, *r = NULL;
+    struct executor_ctx_opts co = {.n_ctx = 64, .n_batch = 64};
+    cr_assert_eq(executor_ctx_create(t->m, &co, &c, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_create(t->ref, &co, &r, &e), 0, "%s", e.text);
+    uint32_t nv = executor_ctx_n_vocab(c);
+    float   *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
+    int32_t  tok[32];
+    cr_assert_leq(n_prompt, 32);
+    for (int i = 0; i < n_prompt; i++)
+        tok[i] = first + i * step;
+    cr_assert_eq(executor_ctx_decode(c, tok, (uint32_t)n_prompt, l1, NULL, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_decode(r, tok, (uint32_t)n_prompt, l2, NULL, &e), 0, "%s", e.text);
+    if (one_read)
+        cr_expect_eq(t->src.max_acquires, 1, "an expert part was read twice in one wave");
+    cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "prefill logits differ");
+    for (int i = 0; i < 4; i++) {
+        int32_t id = first + 4 + i;
+        cr_assert_eq(executor_ctx_decode(c, &id, 1, l1, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(r, &id, 1, l2, NULL, &e), 0, "%s", e.text);
+        if (one_read)
+            cr_expect_eq(t->src.max_acquires, 1, "decode %d read an expert part twice", i);
+        cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "decode %d differs", i);
+    }
+    cr_expect_eq(t->src.pins, 0);
+    free(l1);
+    free(l2);
+    executor_ctx_destroy(c);
+    executor_ctx_destroy(r);
+}
+
 /* Loans whose release reports changed bytes (a seqlock read that raced with a reuse) are
  * computed again: junk handed out on every fifth acquire leaves the logits exact. */
 Test(executor_stream, torn_loans_are_computed_again, .timeout = 120)
@@ -219,32 +256,9 @@ Test(executor_stream, torn_loans_are_computed_again, .timeout = 120)
     static struct stream_fixture t;
     stream_open(&t, path);
     t.src.tear_every = 5;
-    struct common_errmsg     e = {{0}};
-    struct executor_ctx     *c = NULL, *r = NULL;
-    struct executor_ctx_opts co = {.n_ctx = 64, .n_batch = 64};
-    cr_assert_eq(executor_ctx_create(t.m, &co, &c, &e), 0, "%s", e.text);
-    cr_assert_eq(executor_ctx_create(t.ref, &co, &r, &e), 0, "%s", e.text);
-    uint32_t nv = executor_ctx_n_vocab(c);
-    float   *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
-    int32_t  tok[12];
-    for (int i = 0; i < 12; i++)
-        tok[i] = 7 + i * 31;
-    cr_assert_eq(executor_ctx_decode(c, tok, 12, l1, NULL, &e), 0, "%s", e.text);
-    cr_assert_eq(executor_ctx_decode(r, tok, 12, l2, NULL, &e), 0, "%s", e.text);
-    cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "prefill logits differ");
-    for (int i = 0; i < 4; i++) {
-        int32_t id = 11 + i;
-        cr_assert_eq(executor_ctx_decode(c, &id, 1, l1, NULL, &e), 0, "%s", e.text);
-        cr_assert_eq(executor_ctx_decode(r, &id, 1, l2, NULL, &e), 0, "%s", e.text);
-        cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "decode %d differs", i);
-    }
+    stream_matches_reference(&t, 12, 7, 31, false);
     cr_expect_gt(t.src.torn_out, 0);
     cr_expect_eq(t.src.torn_back, t.src.torn_out, "every junk loan was released");
-    cr_expect_eq(t.src.pins, 0);
-    free(l1);
-    free(l2);
-    executor_ctx_destroy(c);
-    executor_ctx_destroy(r);
     stream_close(&t);
     free(path);
 }
@@ -258,33 +272,8 @@ Test(executor_stream, readiness_changing_mid_layer_computes_every_expert, .timeo
     static struct stream_fixture t;
     stream_open(&t, path);
     t.src.ready_after_ask = 1;
-    struct common_errmsg     e = {{0}};
-    struct executor_ctx     *c = NULL, *r = NULL;
-    struct executor_ctx_opts co = {.n_ctx = 64, .n_batch = 64};
-    cr_assert_eq(executor_ctx_create(t.m, &co, &c, &e), 0, "%s", e.text);
-    cr_assert_eq(executor_ctx_create(t.ref, &co, &r, &e), 0, "%s", e.text);
-    uint32_t nv = executor_ctx_n_vocab(c);
-    float   *l1 = malloc(nv * sizeof(float)), *l2 = malloc(nv * sizeof(float));
-    int32_t  tok[16];
-    for (int i = 0; i < 16; i++)
-        tok[i] = 5 + i * 23;
-    cr_assert_eq(executor_ctx_decode(c, tok, 16, l1, NULL, &e), 0, "%s", e.text);
-    cr_assert_eq(executor_ctx_decode(r, tok, 16, l2, NULL, &e), 0, "%s", e.text);
-    cr_expect_eq(t.src.max_acquires, 1, "an expert part was read twice in one wave");
-    cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "prefill logits differ");
-    for (int i = 0; i < 4; i++) {
-        int32_t id = 9 + i;
-        cr_assert_eq(executor_ctx_decode(c, &id, 1, l1, NULL, &e), 0, "%s", e.text);
-        cr_assert_eq(executor_ctx_decode(r, &id, 1, l2, NULL, &e), 0, "%s", e.text);
-        cr_expect_eq(t.src.max_acquires, 1, "decode %d read an expert part twice", i);
-        cr_expect_eq(memcmp(l1, l2, nv * sizeof(float)), 0, "decode %d differs", i);
-    }
+    stream_matches_reference(&t, 16, 5, 23, true);
     cr_expect_gt(t.src.ready_asks, 0, "the forward pass never asked for readiness");
-    cr_expect_eq(t.src.pins, 0);
-    free(l1);
-    free(l2);
-    executor_ctx_destroy(c);
-    executor_ctx_destroy(r);
     stream_close(&t);
     free(path);
 }
