@@ -681,6 +681,8 @@ static void remote_relink(struct remote_link *L)
                             L->pid, (unsigned long long)L->instance);
             return;
         }
+        if (rc == COMMON_ETIMEDOUT) /* silent: the next try dials afresh (proto_client_reopen) */
+            (void)proto_client_reopen(L->client, NULL);
         pthread_mutex_lock(&L->mu);
         bool late = common_now_ns() - L->down_since_ns > (uint64_t)r->connect_timeout_ms * 1000000u;
         bool log = late && !L->missing_logged;

@@ -555,6 +555,42 @@ struct proto_client {
     char       url[WIRE_MAX_URL]; /* for messages */
 };
 
+/* Opens a req0 socket dialing `url` in the background into *out. */
+static int wire_client_sock(const char *url, nng_socket *out, struct common_errmsg *e)
+{
+    nng_socket  sock;
+    const char *what = "req socket";
+    int         rv = nng_req0_open(&sock);
+    if (rv != 0)
+        return common_errmsg_set(e, wire_err(rv) == COMMON_ENOMEM ? COMMON_ENOMEM : COMMON_EIO,
+                                 "%s: %s: %s", url, what, nng_strerror(rv));
+    /* A request goes out once: after a reconnection to a restarted server it is not re-sent
+     * behind the caller's back (the call fails with COMMON_ECLOSED instead). */
+    what = "resend time";
+    rv = nng_socket_set_ms(sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+    if (rv == 0) {
+        what = "recv-size-max";
+        rv = nng_socket_set_size(sock, NNG_OPT_RECVMAXSZ, PROTO_MAX_MESSAGE_BYTES);
+    }
+    if (rv == 0) {
+        what = "reconnect time";
+        rv = nng_socket_set_ms(sock, NNG_OPT_RECONNMINT, 20);
+    }
+    if (rv == 0)
+        rv = nng_socket_set_ms(sock, NNG_OPT_RECONNMAXT, 500);
+    if (rv == 0) {
+        what = "dial";
+        rv = nng_dial(sock, url, NULL, NNG_FLAG_NONBLOCK);
+    }
+    if (rv != 0) {
+        nng_close(sock);
+        return common_errmsg_set(e, wire_err(rv) == COMMON_ENOMEM ? COMMON_ENOMEM : COMMON_EIO,
+                                 "%s: %s: %s", url, what, nng_strerror(rv));
+    }
+    *out = sock;
+    return COMMON_OK;
+}
+
 int proto_client_open(const char *url, struct proto_client **out, struct common_errmsg *e)
 {
     if (!url || !out || strlen(url) >= WIRE_MAX_URL)
@@ -563,38 +599,23 @@ int proto_client_open(const char *url, struct proto_client **out, struct common_
     if (!c)
         return common_errmsg_set(e, COMMON_ENOMEM, "%s: out of memory", url);
     memcpy(c->url, url, strlen(url) + 1);
-    const char *what = "req socket";
-    int         rv = nng_req0_open(&c->sock);
-    if (rv != 0) {
+    int rc = wire_client_sock(url, &c->sock, e);
+    if (rc < 0) {
         free(c);
-        return common_errmsg_set(e, wire_err(rv) == COMMON_ENOMEM ? COMMON_ENOMEM : COMMON_EIO,
-                                 "%s: %s: %s", url, what, nng_strerror(rv));
-    }
-    /* A request goes out once: after a reconnection to a restarted server it is not re-sent
-     * behind the caller's back (the call fails with COMMON_ECLOSED instead). */
-    what = "resend time";
-    rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-    if (rv == 0) {
-        what = "recv-size-max";
-        rv = nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, PROTO_MAX_MESSAGE_BYTES);
-    }
-    if (rv == 0) {
-        what = "reconnect time";
-        rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 20);
-    }
-    if (rv == 0)
-        rv = nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 500);
-    if (rv == 0) {
-        what = "dial";
-        rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK);
-    }
-    if (rv != 0) {
-        nng_close(c->sock);
-        free(c);
-        return common_errmsg_set(e, wire_err(rv) == COMMON_ENOMEM ? COMMON_ENOMEM : COMMON_EIO,
-                                 "%s: %s: %s", url, what, nng_strerror(rv));
+        return rc;
     }
     *out = c;
+    return COMMON_OK;
+}
+
+int proto_client_reopen(struct proto_client *c, struct common_errmsg *e)
+{
+    nng_socket fresh;
+    int        rc = wire_client_sock(c->url, &fresh, e);
+    if (rc < 0)
+        return rc;
+    nng_close(c->sock);
+    c->sock = fresh;
     return COMMON_OK;
 }
 

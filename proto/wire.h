@@ -54,6 +54,13 @@ struct proto_client;
  * wait for the peer: the first call does. */
 int  proto_client_open(const char *url, struct proto_client **out, struct common_errmsg *e);
 void proto_client_close(struct proto_client *c);
+/* Replaces the client's socket with a fresh one dialing the same url (calls in flight on the old
+ * one fail). For a peer that stopped answering: once, under load, an executor got no reply from
+ * a restarted fetcher for 30 s while that fetcher's listener accepted new connections (its
+ * watchdog probes passed), i.e. the client's dialer was stuck; so callers waiting for a restarted
+ * server start over with a new dialer after a call times out. Returns 0 or COMMON_EIO /
+ * COMMON_ENOMEM (the old socket is kept). Not thread-safe against calls on the same client. */
+int proto_client_reopen(struct proto_client *c, struct common_errmsg *e);
 
 /* Sends `req` and waits up to `timeout_ms` for the reply, decoded into *rep (release it with
  * proto_msg_clear). An ERROR reply is returned as 0 with rep->kind == PROTO_KIND_ERROR. Returns

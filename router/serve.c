@@ -66,8 +66,8 @@ struct rq {
     uint64_t               last_reply_ns; /* the latest poll answered with tokens (0 = none) */
     bool                   gathering;     /* a poller waits out its stream interval: tokens do
                                              not wake it */
-    uint64_t               t_submit, t_start, t_prompt, t_end;
-    uint64_t               t_push; /* when the pending EVAL was pushed */
+    uint64_t t_submit, t_start, t_prompt, t_end;
+    uint64_t t_push; /* when the pending EVAL was pushed */
 };
 
 struct router_serve {
@@ -357,6 +357,8 @@ static int exec_connect(struct router_serve *s, uint32_t timeout_s, bool want_ne
                                      s->exec_url, timeout_s);
         if (rc != COMMON_ETIMEDOUT)
             sleep_ms(100);
+        else /* silent: the next try dials afresh (proto_client_reopen) */
+            (void)proto_client_reopen(s->exec, NULL);
     }
 }
 

@@ -362,6 +362,30 @@ Test(proto_wire, client_reaches_a_server_started_later_and_restarted)
     proto_server_stop(s);
 }
 
+/* A reopened client dials afresh: it reaches the server whether it was reopened while the server
+ * was down or up, and keeps its url for messages. */
+Test(proto_wire, reopened_client_reaches_the_server)
+{
+    struct proto_client *c = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(proto_client_open(t_url, &c, &e), COMMON_OK, "%s", e.text);
+    struct proto_msg req = hello_req(1), rep;
+    cr_assert_eq(proto_client_call(c, &req, &rep, 100, &e), COMMON_ETIMEDOUT);
+    cr_assert_eq(proto_client_reopen(c, &e), COMMON_OK, "%s", e.text); /* server down */
+    struct proto_server *s = start_server(NULL);
+    cr_assert_eq(proto_client_call(c, &req, &rep, 5000, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_HELLO);
+    proto_msg_clear(&rep);
+    cr_assert_eq(proto_client_reopen(c, &e), COMMON_OK, "%s", e.text); /* server up */
+    cr_assert_eq(proto_client_call(c, &req, &rep, 5000, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_HELLO);
+    proto_msg_clear(&rep);
+    proto_server_stop(s);
+    cr_assert_eq(proto_client_call(c, &req, &rep, 100, &e) < 0, true);
+    cr_assert_not_null(strstr(e.text, t_url), "%s", e.text);
+    proto_client_close(c);
+}
+
 /* A LOAD_MODEL call (its handler sleeps 300 ms) on its own client; *arg gets the result. */
 static void *slow_call(void *arg)
 {
