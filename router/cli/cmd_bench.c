@@ -210,6 +210,8 @@ int cli_cmd_bench(int argc, char **argv)
     struct fetcher_probe_result rp = {0};
     struct fetcher_probe_key   *log = NULL; /* the timed decode steps' loads (--io-probe) */
     uint64_t                    n_log = 0;
+    /* [log_from[r], log_to[r]) of the load log: repetition r's timed decode steps */
+    uint64_t *log_from = calloc(reps, sizeof(uint64_t)), *log_to = calloc(reps, sizeof(uint64_t));
     if (!pp || !tg)
         goto out;
     executor_kernels_init();
@@ -262,10 +264,8 @@ int cli_cmd_bench(int argc, char **argv)
         pp[r] = n_prompt / ((double)(common_now_ns() - t0) / 1e9);
         bench_io_since(&en, &mark, &io_pp);
     }
-    /* The loads of the timed decode steps are logged for the replay probe: [from, to) of the
-     * log per repetition. */
-    uint64_t *log_from = calloc(reps, sizeof(uint64_t)), *log_to = calloc(reps, sizeof(uint64_t));
-    bool      logging = io_probe && stream && n_gen && en.fetcher && log_from && log_to &&
+    /* The loads of the timed decode steps are logged for the replay probe. */
+    bool logging = io_probe && stream && n_gen && en.fetcher && log_from && log_to &&
                    fetcher_load_log_start(en.fetcher, (uint64_t)(n_gen + 1) * reps * d->hp.n_layer *
                                                           d->hp.n_expert) == 0;
     for (uint32_t r = 0; r < reps && n_gen; r++) {
@@ -273,8 +273,6 @@ int cli_cmd_bench(int argc, char **argv)
         int32_t id = tokens[0];
         if ((rc = executor_ctx_decode(c, &id, 1, logits, NULL, &e)) < 0) {
             fprintf(stderr, "error: %s\n", e.text);
-            free(log_from);
-            free(log_to);
             goto out;
         }
         bench_io_mark(&en, &mark);
@@ -285,8 +283,6 @@ int cli_cmd_bench(int argc, char **argv)
             id = tokens[(i + 1) % (n_prompt + 1)];
             if ((rc = executor_ctx_decode(c, &id, 1, logits, NULL, &e)) < 0) {
                 fprintf(stderr, "error: %s\n", e.text);
-                free(log_from);
-                free(log_to);
                 goto out;
             }
         }
@@ -303,8 +299,6 @@ int cli_cmd_bench(int argc, char **argv)
                 log[k++] = log[i];
         n_log = log ? k : 0;
     }
-    free(log_from);
-    free(log_to);
     struct bench_stat sp = bench_stats(pp, reps), sg = bench_stats(tg, reps);
     if (n_prompt)
         printf("pp%-6u %10.2f ± %.2f tok/s  (prefill, %u reps)\n", n_prompt, sp.mean, sp.sd, reps);
@@ -378,6 +372,8 @@ int cli_cmd_bench(int argc, char **argv)
     status = 0;
 out:
     free(log);
+    free(log_from);
+    free(log_to);
     free(pp);
     free(tg);
     free(tokens);
