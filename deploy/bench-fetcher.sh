@@ -17,6 +17,10 @@
 #   REPS       cold runs of the main comparison     [3]
 #   SWEEP      budget points, % of model            [100 75 50 35 25 15 10]
 #   SWEEP_MMAP also sweep the mmap baseline (slow)  [0]
+#   ADVISE     also run mmap with --mmap-advise in the main comparison (our routing's requests
+#              given to the page cache as madvise(WILLNEED): a stronger baseline than llama.cpp) [1]
+#   MMAP_RA_KB read-ahead (KiB) of the model's block device during the mmap runs, restored after;
+#              each mmap page fault reads about this much. Empty = leave it as it is  []
 #   EXTRA      extra sluice bench flags for the fetcher runs (e.g. "--prefetch none")
 #   SLACK      cgroup cap above the budget, same for both modes: page tables and kernel memory
 #              that VmHWM does not count (a cap of exactly the budget OOM-kills a 100% run) [64M]
@@ -35,6 +39,8 @@ SWEEP=${SWEEP:-"100 75 50 35 25 15 10"}
 SWEEP_MMAP=${SWEEP_MMAP:-0}
 EXTRA=${EXTRA:-}
 SLACK=${SLACK:-$((64 << 20))}
+ADVISE=${ADVISE:-1}
+MMAP_RA_KB=${MMAP_RA_KB:-}
 
 [ "$(id -u)" = 0 ] || { echo "bench-fetcher: needs root (drop_caches, memory cgroup)" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "bench-fetcher: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
@@ -81,6 +87,28 @@ run_capped() {
     }
 }
 
+# The read-ahead setting of the block device that holds the model (a partition's parent), if any.
+RA_FILE=""
+dev=$(basename "$(df --output=source "$MODEL" | tail -n 1)")
+[ -e "/sys/class/block/$dev/partition" ] && dev=$(basename "$(readlink -f "/sys/class/block/$dev/..")")
+[ -w "/sys/block/$dev/queue/read_ahead_kb" ] && RA_FILE=/sys/block/$dev/queue/read_ahead_kb
+RA_KB=$([ -n "$RA_FILE" ] && cat "$RA_FILE" || echo unknown)
+if [ -n "$MMAP_RA_KB" ] && [ -z "$RA_FILE" ]; then
+    echo "bench-fetcher: MMAP_RA_KB set but no read-ahead setting found for $MODEL" >&2
+    exit 1
+fi
+restore_ra() { [ -n "$MMAP_RA_KB" ] && echo "$RA_KB" > "$RA_FILE"; true; }
+trap restore_ra EXIT
+
+# run_mmap BYTES LOGFILE ARGS...: run_capped with the mmap read-ahead (MMAP_RA_KB) in force.
+run_mmap() {
+    local rc=0
+    [ -n "$MMAP_RA_KB" ] && echo "$MMAP_RA_KB" > "$RA_FILE"
+    run_capped "$@" || rc=$?
+    restore_ra
+    return $rc
+}
+
 # field LOGFILE KEY: value of KEY in the 'result:' line.
 field() { grep '^result:' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 rss_kb() { sed -n 's/^peak rss: \([0-9]*\) kB.*/\1/p' "$1"; }
@@ -88,6 +116,7 @@ rss_kb() { sed -n 's/^peak rss: \([0-9]*\) kB.*/\1/p' "$1"; }
 BUDGET=$((MODEL_BYTES * FRACTION / 100))
 COMMON=(-m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -r 1 "${THR[@]}" --report-rss)
 echo "model $MODEL ($MODEL_BYTES bytes), budget $FRACTION% = $BUDGET bytes, cgroup $CG"
+echo "read-ahead of ${RA_FILE:-the model device}: $RA_KB KiB${MMAP_RA_KB:+ ($MMAP_RA_KB KiB during the mmap runs)}" | tee "$OUT/readahead.txt"
 echo "load: $(uptime)" | tee "$OUT/load.txt"
 
 summary=$OUT/summary.csv
@@ -98,13 +127,21 @@ for rep in $(seq 1 "$REPS"); do
     m=$OUT/mmap-$rep.txt
     # shellcheck disable=SC2086
     run_capped "$BUDGET" "$f" "${COMMON[@]}" --ram-budget "$BUDGET" --io uring --io-probe $EXTRA
-    run_capped "$BUDGET" "$m" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap
-    for x in "fetcher $f" "mmap $m"; do
+    run_mmap "$BUDGET" "$m" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap
+    runs=("fetcher $f" "mmap $m")
+    if [ "$ADVISE" = 1 ]; then
+        a=$OUT/mmap-advise-$rep.txt
+        run_mmap "$BUDGET" "$a" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap --mmap-advise
+        runs+=("mmap-advise $a")
+    fi
+    for x in "${runs[@]}"; do
+        # shellcheck disable=SC2086
         set -- $x
         echo "$rep,$1,$(field "$2" pp_tok_s),$(field "$2" tg_tok_s),$(field "$2" tg_bytes_per_tok),$(field "$2" tg_hit_rate),$(rss_kb "$2"),$(field "$2" probe_bw),$(field "$2" probe_bw_qd1),$(field "$2" replay_bw)" >> "$summary"
     done
     grep -E '^(pp|tg)|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
     grep -E '^(pp|tg)' "$m" | sed "s/^/mmap[$rep]    /"
+    [ "$ADVISE" = 1 ] && grep -E '^(pp|tg)' "$a" | sed "s/^/mmap-advise[$rep] /"
 done
 
 # The compute limit: the same decode with every weight in RAM (no cap, page cache warm, no
@@ -123,7 +160,8 @@ echo "compute limit (all weights in RAM): $CTOK tok/s"
 # (tc + tio - t) / min(tc, tio): 1 = the shorter of the two is fully overlapped, 0 = none.
 awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $10 > 0 ? $10 : $8; rss[n] = $7; pp[n] = $3 }
-        else { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7 } }
+        else if ($2 == "mmap") { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7; mbpt[k] = $5 }
+        else { j++; atg[j] = $4; app[j] = $3; abpt[j] = $5; asp[j] = tg[j] / $4 } }
     function stats(a, c,   i, s, lo, hi) { s = 0; lo = 1e30; hi = -1e30
         for (i = 1; i <= c; i++) { s += a[i]; if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
         return sprintf("%.3f (min %.3f, max %.3f, n %d)", s / c, lo, hi, c) }
@@ -138,8 +176,16 @@ awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         print "fetcher prefill tok/s:         " stats(pp, n)
         print "mmap decode tok/s:             " stats(mtg, k)
         print "mmap prefill tok/s:            " stats(mpp, k)
+        print "mmap decode bytes/token:       " stats(mbpt, k)
+        if (j > 0) {
+            print "mmap-advise decode tok/s:      " stats(atg, j)
+            print "mmap-advise prefill tok/s:     " stats(app, j)
+            print "mmap-advise decode bytes/token:" stats(abpt, j)
+        }
         print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.7 (limit: the replay of the decode loads)"
         print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 5"
+        if (j > 0)
+            print "fetcher / mmap-advise speedup  " stats(asp, j)
         print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
         print "mmap peak rss kB:              " stats(mrss, k)
         print "decode ms/token:               " stats(t, n)
@@ -160,7 +206,7 @@ for pct in $SWEEP; do
     fi
     if [ "$SWEEP_MMAP" = 1 ]; then
         log=$OUT/sweep-mmap-$pct.txt
-        if run_capped "$b" "$log" "${COMMON[@]}" --ram-budget "$b" --io mmap; then
+        if run_mmap "$b" "$log" "${COMMON[@]}" --ram-budget "$b" --io mmap; then
             echo "$pct,$b,mmap,$(field "$log" tg_tok_s),$(field "$log" tg_hit_rate),$(field "$log" tg_bytes_per_tok),$(field "$log" pp_tok_s),$(rss_kb "$log")" >> "$sweep"
         fi
     fi

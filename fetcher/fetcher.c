@@ -661,13 +661,15 @@ int fetcher_request(struct fetcher *f, uint32_t layer, uint32_t expert, enum fet
     if (prio != FETCHER_PRIO_PREFETCH)
         front_note_access(f, layer, expert);
     if (f->mode == FETCHER_IO_MMAP) {
-        const struct front_part *pp =
-            &f->parts[((uint64_t)layer * f->n_expert + expert) * COMMON_EXPERT_PART_COUNT];
-        long page = sysconf(_SC_PAGESIZE);
-        for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
-            uint64_t start = pp[p].offset / (uint64_t)page * (uint64_t)page;
-            (void)madvise(f->maps[pp[p].file] + start, pp[p].offset + pp[p].size - start,
-                          MADV_WILLNEED);
+        if (f->o.mmap_advise) { /* else plain faults at use, as llama.cpp */
+            const struct front_part *pp =
+                &f->parts[((uint64_t)layer * f->n_expert + expert) * COMMON_EXPERT_PART_COUNT];
+            long page = sysconf(_SC_PAGESIZE);
+            for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+                uint64_t start = pp[p].offset / (uint64_t)page * (uint64_t)page;
+                (void)madvise(f->maps[pp[p].file] + start, pp[p].offset + pp[p].size - start,
+                              MADV_WILLNEED);
+            }
         }
     } else {
         rc = front_ensure(f, layer, expert, prio);

@@ -216,6 +216,9 @@ struct fetcher_opts {
     uint32_t             prefetch_age;  /* tokens a queued prefetch stays valid; 0 = 1 */
     uint32_t             warmup_tokens; /* trace warm-up; 0 = 8 */
     bool                 no_memfd;      /* pool in MAP_SHARED|MAP_ANONYMOUS, not a memfd */
+    bool                 mmap_advise;   /* io mmap: madvise(WILLNEED) each requested bundle (our
+                                           routing's knowledge given to the page cache); off =
+                                           plain page faults, as llama.cpp */
 };
 
 /* Creates a fetcher for model `m` (parsed from `g`, both borrowed: they must outlive it): lays out

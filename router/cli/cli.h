@@ -47,6 +47,7 @@ struct cli_stream_opts {
     bool                 prefetch_all; /* --prefetch all: the history predictors hint too */
     uint32_t             prefetch_top; /* --prefetch-top N: gate predictor's best N; 0 = 1 */
     bool                 no_postfetch; /* --no-postfetch */
+    bool                 mmap_advise;  /* --mmap-advise: io mmap madvises requested experts */
 };
 
 /* Usage lines of the options above, for the commands' --help. */
@@ -55,6 +56,8 @@ struct cli_stream_opts {
     "                       to SIZE (e.g. 1.5G); prints the plan, refuses below the minimum\n"     \
     "  --io MODE            expert reads: uring (O_DIRECT), pread, or mmap (page cache decides,\n" \
     "                       as llama.cpp)                            [uring when a budget]\n"      \
+    "  --mmap-advise        with --io mmap: madvise(WILLNEED) each expert the router picks or\n"  \
+    "                       the predictor guesses (llama.cpp only faults pages in at use)\n"      \
     "  --policy P           expert pool eviction: lru or lfu         [lru]\n"                      \
     "  --io-depth N         reads in flight                          [32]\n"                       \
     "  --trace-out FILE     write the expert trace as JSON (docs/fetcher.md) on exit\n"            \

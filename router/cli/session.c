@@ -59,6 +59,8 @@ int cli_stream_parse_switch(struct cli_stream_opts *o, const char *a)
         o->no_prefetch = true;
     else if (strcmp(a, "--no-postfetch") == 0)
         o->no_postfetch = true;
+    else if (strcmp(a, "--mmap-advise") == 0)
+        o->mmap_advise = true;
     else
         return 0;
     return 1;
@@ -66,7 +68,7 @@ int cli_stream_parse_switch(struct cli_stream_opts *o, const char *a)
 
 bool cli_stream_is_on(const struct cli_stream_opts *o)
 {
-    return o->ram_budget != 0 || o->io_set;
+    return o->ram_budget != 0 || o->io_set || o->mmap_advise; /* the last one refused later */
 }
 
 /* ---- engine: the fetcher plugged into the executor as its expert source ------------------- */
@@ -125,6 +127,8 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                                         &mem)) < 0)
         return common_errmsg_set(e, rc, "context options unusable for this model");
     enum fetcher_io_mode io = so->io_set ? so->io : FETCHER_IO_AUTO;
+    if (so->mmap_advise && io != FETCHER_IO_MMAP)
+        return common_errmsg_set(e, COMMON_EINVAL, "--mmap-advise applies to --io mmap only");
     struct fetcher_opts  fo = {.ram_budget = so->ram_budget,
                                .kv_bytes = mem.kv_bytes,
                                .act_bytes =
@@ -132,7 +136,8 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                                    (uint64_t)o->logit_rows * en->desc->hp.n_vocab * sizeof(float),
                                .policy = so->policy,
                                .io = io,
-                               .queue_depth = so->queue_depth};
+                               .queue_depth = so->queue_depth,
+                               .mmap_advise = so->mmap_advise};
     if ((rc = fetcher_create(en->gguf, en->desc, &fo, &en->fetcher, e)) < 0)
         return rc;
     const struct fetcher_plan *plan = fetcher_get_plan(en->fetcher);
@@ -144,8 +149,10 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
     enum fetcher_io_mode mode = fetcher_get_io_mode(en->fetcher);
     char                 sz[32];
     if (mode == FETCHER_IO_MMAP)
-        fprintf(stderr, "experts: io mmap (the page cache decides what stays; the budget is not "
-                        "enforced in-process: run under a memory cgroup)\n");
+        fprintf(stderr,
+                "experts: io mmap%s (the page cache decides what stays; the budget is not "
+                "enforced in-process: run under a memory cgroup)\n",
+                so->mmap_advise ? ", madvise(WILLNEED) on requested experts" : "");
     else
         fprintf(stderr, "experts: io %s%s, policy %s, pool %u slots of %s, queue depth %u\n",
                 fetcher_io_mode_name(mode), fetcher_is_direct(en->fetcher) ? " (O_DIRECT)" : "",

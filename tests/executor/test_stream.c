@@ -392,6 +392,10 @@ Test(executor_stream, greedy_mmap_baseline, .timeout = 300)
 {
     greedy_case("mmap", "lru");
 }
+Test(executor_stream, greedy_mmap_advised, .timeout = 300)
+{
+    greedy_case("mmap --mmap-advise", "lru");
+}
 
 static char *final_ppl(const char *model, const char *eval, const char *extra)
 {
@@ -437,6 +441,22 @@ Test(executor_stream, budget_too_small_is_refused_with_minimum, .timeout = 60)
     char *out = run_cmd(cmd, &st);
     cr_assert_neq(st, 0);
     cr_assert_not_null(strstr(out, "the minimum is"), "%s", out);
+    free(out);
+    free(model);
+}
+
+/* --mmap-advise without --io mmap is refused, not ignored. */
+Test(executor_stream, mmap_advise_needs_io_mmap, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q8_0.gguf");
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s/bin/sluice run -m %s --prompt-ids 1,2 -n 2 --mmap-advise 2>&1 >/dev/null",
+             SLUICE_BINARY_DIR, model);
+    int   st = 0;
+    char *out = run_cmd(cmd, &st);
+    cr_assert_neq(st, 0);
+    cr_assert_not_null(strstr(out, "--mmap-advise applies to --io mmap only"), "%s", out);
     free(out);
     free(model);
 }

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fetcher.h"
@@ -256,9 +258,9 @@ Test(fetcher_front, budget_too_small_is_refused, .fini = teardown)
     cr_assert(strstr(e.text, "minimum"), "%s", e.text);
 }
 
-/* A model file truncated after it was opened: the expert past the new end fails with a message
- * naming the file, and its slot goes back to FREE; the rest keeps working. */
-static void truncated_case(enum fetcher_io_mode mode)
+/* Copies the moe-tiny q4_0 fixture to `name` in a fresh t_dir (flushed to disk, so its pages can
+ * be dropped from the page cache) and opens the copy as t_g / t_m; `path` gets its path. */
+static void open_copy(const char *name, char *path, size_t path_len)
 {
     FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-q4_0.gguf");
     size_t len = 0;
@@ -266,15 +268,24 @@ static void truncated_case(enum fetcher_io_mode mode)
     cr_assert_not_null(data);
     free(src);
     t_dir = fixture_tmpdir();
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/cut.gguf", t_dir);
+    snprintf(path, path_len, "%s/%s", t_dir, name);
     FILE *out = fopen(path, "wb");
     cr_assert_not_null(out);
     cr_assert_eq(fwrite(data, 1, len, out), len);
+    cr_assert_eq(fflush(out), 0);
+    cr_assert_eq(fsync(fileno(out)), 0);
     fclose(out);
     free(data);
     cr_assert_eq(common_gguf_open(path, NULL, &t_g, NULL), COMMON_OK);
     cr_assert_eq(common_model_init(&t_m, t_g, NULL), COMMON_OK);
+}
+
+/* A model file truncated after it was opened: the expert past the new end fails with a message
+ * naming the file, and its slot goes back to FREE; the rest keeps working. */
+static void truncated_case(enum fetcher_io_mode mode)
+{
+    char path[1024];
+    open_copy("cut.gguf", path, sizeof(path));
     t_f = make(&(struct fetcher_opts){.io = mode, .n_slots = 4});
 
     uint32_t           last = t_m.hp.n_layer - 1;
@@ -311,6 +322,76 @@ Test(fetcher_front, uring_truncated_file_fails_cleanly, .fini = teardown)
 Test(fetcher_front, pread_truncated_file_fails_cleanly, .fini = teardown)
 {
     truncated_case(FETCHER_IO_PREAD);
+}
+
+/* Pages of bundle (l, x) in the page cache, seen through `map` (the whole file mapped); the
+ * bundle's page count in *total. */
+static uint64_t bundle_cached_pages(uint8_t *map, uint32_t l, uint32_t x, uint64_t *total)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t       in = 0;
+    *total = 0;
+    for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+        struct common_span sp;
+        cr_assert_eq(common_model_expert_span(&t_m, l, x, (enum common_expert_part)p, &sp),
+                     COMMON_OK);
+        uint64_t       a = sp.offset / page * page, n = (sp.offset + sp.size - a + page - 1) / page;
+        unsigned char *v = malloc(n);
+        cr_assert_not_null(v);
+        cr_assert_eq(mincore(map + a, n * page, v), 0);
+        for (uint64_t i = 0; i < n; i++)
+            in += v[i] & 1;
+        *total += n;
+        free(v);
+    }
+    return in;
+}
+
+/* io mmap: a request reads nothing ahead unless mmap_advise is on (then the bundle comes into the
+ * page cache without being touched); plain mmap is the llama.cpp baseline, pages come in at use. */
+Test(fetcher_front, mmap_requests_read_ahead_only_when_advised, .fini = teardown, .timeout = 60)
+{
+    char path[1024];
+    open_copy("advise.gguf", path, sizeof(path));
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    uint8_t *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    cr_assert_neq(map, MAP_FAILED);
+    const uint32_t l = t_m.hp.n_layer - 1, x = t_m.hp.n_expert - 1;
+    uint64_t       total = 0;
+    for (int advise = 0; advise <= 1; advise++) {
+        cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+        if (bundle_cached_pages(map, l, x, &total) != 0) {
+            munmap(map, (size_t)st.st_size);
+            close(fd);
+            cr_skip_test("the page cache of %s cannot be dropped here (tmpfs?)", path);
+        }
+        t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_MMAP, .mmap_advise = advise});
+        cr_assert_eq(fetcher_request(t_f, l, x, FETCHER_PRIO_POSTFETCH), COMMON_OK);
+        uint64_t in = 0;
+        for (int ms = 0; ms < 5000 && in < total; ms += 10) {
+            usleep(10000);
+            in = bundle_cached_pages(map, l, x, &total);
+            if (!advise && ms >= 200)
+                break;
+        }
+        if (advise)
+            cr_assert_eq(in, total, "advised: %llu of %llu pages cached", (unsigned long long)in,
+                         (unsigned long long)total);
+        else
+            cr_assert_eq(in, 0, "plain: %llu of %llu pages read ahead", (unsigned long long)in,
+                         (unsigned long long)total);
+        const void *d = NULL;
+        uint32_t    loan = 0;
+        cr_assert_eq(fetcher_acquire(t_f, l, x, COMMON_EXPERT_DOWN, &d, &loan), COMMON_OK);
+        fetcher_release(t_f, loan);
+        fetcher_destroy(t_f);
+        t_f = NULL;
+    }
+    munmap(map, (size_t)st.st_size);
+    close(fd);
 }
 
 Test(fetcher_front, option_names_parse)
