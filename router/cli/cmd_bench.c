@@ -335,8 +335,8 @@ int cli_cmd_bench(int argc, char **argv)
            common_format_size((uint64_t)tg_bpt, act, sizeof(act)), 100.0 * tg_hit);
     fflush(stdout);
     (void)cli_engine_report(&en);
-    const char *io_name = so.mmap_advise ? "mmap-advise"
-                                         : fetcher_io_mode_name(fetcher_get_io_mode(en.fetcher));
+    const char *io_name =
+        so.mmap_advise ? "mmap-advise" : fetcher_io_mode_name(fetcher_get_io_mode(en.fetcher));
     if (io_probe) {
         printf("storage limit, cold (%s%s, random expert parts of %s): %.1f MB/s at queue depth "
                "%u, %.1f MB/s at depth 1\n",

@@ -129,15 +129,15 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
     enum fetcher_io_mode io = so->io_set ? so->io : FETCHER_IO_AUTO;
     if (so->mmap_advise && io != FETCHER_IO_MMAP)
         return common_errmsg_set(e, COMMON_EINVAL, "--mmap-advise applies to --io mmap only");
-    struct fetcher_opts  fo = {.ram_budget = so->ram_budget,
-                               .kv_bytes = mem.kv_bytes,
-                               .act_bytes =
-                                   mem.scratch_bytes + o->extra_bytes +
-                                   (uint64_t)o->logit_rows * en->desc->hp.n_vocab * sizeof(float),
-                               .policy = so->policy,
-                               .io = io,
-                               .queue_depth = so->queue_depth,
-                               .mmap_advise = so->mmap_advise};
+    struct fetcher_opts fo = {.ram_budget = so->ram_budget,
+                              .kv_bytes = mem.kv_bytes,
+                              .act_bytes =
+                                  mem.scratch_bytes + o->extra_bytes +
+                                  (uint64_t)o->logit_rows * en->desc->hp.n_vocab * sizeof(float),
+                              .policy = so->policy,
+                              .io = io,
+                              .queue_depth = so->queue_depth,
+                              .mmap_advise = so->mmap_advise};
     if ((rc = fetcher_create(en->gguf, en->desc, &fo, &en->fetcher, e)) < 0)
         return rc;
     const struct fetcher_plan *plan = fetcher_get_plan(en->fetcher);

@@ -429,36 +429,31 @@ Test(executor_stream, perplexity_tiny_pool_identical, .timeout = 300)
     free(eval);
 }
 
-/* A budget below the plan's minimum is refused with the minimum named; exit status 1. */
-Test(executor_stream, budget_too_small_is_refused_with_minimum, .timeout = 60)
+/* `sluice run` on the q8_0 fixture with `flags` exits non-zero with `message` on stderr. */
+static void run_is_refused(const char *flags, const char *message)
 {
     FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q8_0.gguf");
     char cmd[4096];
-    snprintf(cmd, sizeof(cmd),
-             "%s/bin/sluice run -m %s --prompt-ids 1,2 -n 2 --ram-budget 3M 2>&1 >/dev/null",
-             SLUICE_BINARY_DIR, model);
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice run -m %s --prompt-ids 1,2 -n 2 %s 2>&1 >/dev/null",
+             SLUICE_BINARY_DIR, model, flags);
     int   st = 0;
     char *out = run_cmd(cmd, &st);
     cr_assert_neq(st, 0);
-    cr_assert_not_null(strstr(out, "the minimum is"), "%s", out);
+    cr_assert_not_null(strstr(out, message), "%s", out);
     free(out);
     free(model);
+}
+
+/* A budget below the plan's minimum is refused with the minimum named; exit status 1. */
+Test(executor_stream, budget_too_small_is_refused_with_minimum, .timeout = 60)
+{
+    run_is_refused("--ram-budget 3M", "the minimum is");
 }
 
 /* --mmap-advise without --io mmap is refused, not ignored. */
 Test(executor_stream, mmap_advise_needs_io_mmap, .timeout = 60)
 {
-    FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q8_0.gguf");
-    char cmd[4096];
-    snprintf(cmd, sizeof(cmd),
-             "%s/bin/sluice run -m %s --prompt-ids 1,2 -n 2 --mmap-advise 2>&1 >/dev/null",
-             SLUICE_BINARY_DIR, model);
-    int   st = 0;
-    char *out = run_cmd(cmd, &st);
-    cr_assert_neq(st, 0);
-    cr_assert_not_null(strstr(out, "--mmap-advise applies to --io mmap only"), "%s", out);
-    free(out);
-    free(model);
+    run_is_refused("--mmap-advise", "--mmap-advise applies to --io mmap only");
 }
 
 /* Peak RSS (VmHWM) of a generation with a budget of half a synthetic MoE model stays within the
