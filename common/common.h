@@ -473,6 +473,104 @@ bool common_model_is_moe(const struct common_model *m);
 int common_model_expert_span(const struct common_model *m, uint32_t layer, uint32_t expert,
                              enum common_expert_part part, struct common_span *out);
 
+/* Reads the bytes of `span` (a tensor or one expert part of model `g`) into `dst`, which holds
+ * at least span->size bytes, with blocking pread calls. Returns 0, or COMMON_EINVAL (no open file
+ * for the split), COMMON_EIO with a message naming the file, offset and errno (a short read is an
+ * error; `dst` is then undefined). Thread-safe: pread does not move the file offset. */
+int common_gguf_read_span(const struct common_gguf *g, const struct common_span *span, void *dst,
+                          struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inference context layout: the sizes the executor allocates and the plan counts              */
+/* (common/ctx_layout.c)                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* KV cache element types. */
+enum common_cache_type {
+    COMMON_CACHE_F16 = 0, /* llama.cpp's default: K and V stored as f16 */
+    COMMON_CACHE_Q8_0,    /* K and V as q8_0 blocks (head widths must be multiples of 32) */
+};
+
+/* Parses "f16" / "q8_0" (either case); returns 0 or COMMON_EINVAL. */
+int common_cache_type_parse(const char *s, enum common_cache_type *out);
+/* Static name of a cache type ("f16", "q8_0"). */
+const char *common_cache_type_name(enum common_cache_type t);
+
+/* The scratch buffers of one inference context (the executor's struct executor_ctx), in the
+ * order the layout table lists them. Buffers marked MoE exist only for models with experts. */
+enum common_ctx_buf {
+    COMMON_CTX_X = 0,       /* (n_batch, n_embd) f32 residual stream */
+    COMMON_CTX_XN,          /* (n_batch, n_embd) f32 normalised input of a block */
+    COMMON_CTX_Q,           /* (n_batch, n_head * head_dim_k) f32 */
+    COMMON_CTX_K,           /* (n_batch, n_head_kv * head_dim_k) f32 */
+    COMMON_CTX_V,           /* (n_batch, n_head_kv * head_dim_v) f32 */
+    COMMON_CTX_ATT,         /* (n_batch, n_head * head_dim_v) f32 attention output */
+    COMMON_CTX_TMP,         /* (n_batch, n_embd) f32 block output */
+    COMMON_CTX_GATE,        /* (n_batch, n_ff_max) f32 FFN gate */
+    COMMON_CTX_UP,          /* (n_batch, n_ff_max) f32 FFN up */
+    COMMON_CTX_ACT0,        /* (n_batch, act_row) bytes: activations in a vec_dot type */
+    COMMON_CTX_ACT1,        /* as ACT0 (q, k and v may need three types) */
+    COMMON_CTX_ACT2,        /* as ACT0 */
+    COMMON_CTX_ROPE,        /* (n_batch, n_rot) f32 cos, sin pairs */
+    COMMON_CTX_TH_SCORES,   /* (n_threads, n_ctx) f32 attention scores per thread */
+    COMMON_CTX_TH_P16,      /* (n_threads, n_ctx) f16 probabilities per thread */
+    COMMON_CTX_TH_Q,        /* (n_threads, th_q_bytes) query in the cache's dot type */
+    COMMON_CTX_TH_V,        /* (n_threads, head_dim_v) f32 dequantized V row */
+    COMMON_CTX_ROUTER,      /* MoE: (n_batch, n_expert) f32 gate logits */
+    COMMON_CTX_SEL,         /* MoE: (n_batch, n_expert_used) i32 chosen experts */
+    COMMON_CTX_SEL_W,       /* MoE: (n_batch, n_expert_used) f32 their weights */
+    COMMON_CTX_EX_COUNT,    /* MoE: (n_expert) i32 tokens per expert */
+    COMMON_CTX_EX_START,    /* MoE: (n_expert + 1) i32 offsets into EX_ITEMS */
+    COMMON_CTX_EX_ITEMS,    /* MoE: (n_batch, n_expert_used) i32 items by expert */
+    COMMON_CTX_GX,          /* MoE: (n_batch, n_embd) f32 rows gathered for one expert */
+    COMMON_CTX_MOE_OUT,     /* MoE: (n_batch, n_expert_used, n_embd) f32 expert outputs */
+    COMMON_CTX_EX_ORDER,    /* MoE: (n_expert) i32 compute order */
+    COMMON_CTX_PRED_LOGITS, /* MoE: (n_batch, n_expert) f32 next layer's router */
+    COMMON_CTX_PRED_GATE,   /* MoE: (n_batch, n_expert_used) i32 gate predictor's guess */
+    COMMON_CTX_PREV_SEL,    /* MoE: (n_layer, n_expert_used) i32 last token's choices */
+    COMMON_CTX_HAVE_PREV,   /* MoE: (n_layer) bytes */
+    COMMON_CTX_HINT_MARK,   /* MoE: (n_expert) u32 hint stamps */
+    COMMON_CTX_BUF_COUNT,
+};
+
+#define COMMON_CTX_ALIGN       64u   /* every scratch buffer is allocated in multiples of this */
+#define COMMON_CTX_DEFAULT_CTX 4096u /* n_ctx when neither the caller nor the model caps it */
+#define COMMON_CTX_MAX_CTX     (1u << 24)
+
+struct common_ctx_layout_opts {
+    uint32_t               n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
+    uint32_t               n_batch;    /* tokens per forward batch; 0 = 512 (at most n_ctx) */
+    uint32_t               n_threads;  /* threads with per-thread scratch; 0 = 1 */
+    enum common_cache_type cache_type; /* 0 = f16 */
+};
+
+/* What one context allocates: the KV cache and every scratch buffer. The executor allocates
+ * exactly these sizes and the memory plan adds them up, so the two cannot drift apart. */
+struct common_ctx_layout {
+    uint32_t               n_ctx, n_batch, n_threads; /* resolved from the options */
+    enum common_cache_type cache_type;                /* as given */
+    uint64_t               kv_k_head_bytes;           /* one kv head of one position's K row */
+    uint64_t               kv_v_head_bytes;        /* q8_0: one kv head of one position's V row */
+    uint64_t               kv_k_bytes, kv_v_bytes; /* the K and V arrays of all layers */
+    uint64_t               act_row_bytes;          /* bytes per token row of ACT0..2 */
+    uint64_t               th_q_bytes;             /* bytes per thread of TH_Q */
+    uint64_t               buf[COMMON_CTX_BUF_COUNT]; /* bytes of each buffer; 0 = not allocated */
+    uint64_t               kv_bytes;                  /* kv_k_bytes + kv_v_bytes */
+    uint64_t               scratch_bytes; /* sum of buf, each rounded up to COMMON_CTX_ALIGN */
+    uint64_t               logits_bytes;  /* one row of n_vocab f32 logits (the caller's) */
+};
+
+/* Static name of a buffer ("x", "th_scores", ...). */
+const char *common_ctx_buf_name(enum common_ctx_buf b);
+
+/* Computes the layout of a context for hyper-parameters `hp` and options `o` (NULL = defaults).
+ * Returns 0, or COMMON_EINVAL with a message (n_ctx out of 1..2^24, a q8_0 cache with head widths
+ * that are not multiples of 32, an unknown cache type) or COMMON_ERANGE (a size overflows).
+ * *out is unchanged on failure. Pure function. */
+int common_ctx_layout_compute(const struct common_hparams         *hp,
+                              const struct common_ctx_layout_opts *o, struct common_ctx_layout *out,
+                              struct common_errmsg *e);
+
 /* ------------------------------------------------------------------------------------------ */
 /* JSON writer (common/json.c)                                                                 */
 /* ------------------------------------------------------------------------------------------ */
@@ -645,6 +743,150 @@ int common_ring_segment_open(const char *dir, const char *name, struct common_ri
 
 /* Unmaps; on the creating side also removes the file. Accepts a zeroed or closed segment. */
 void common_ring_segment_close(struct common_ring_segment *seg);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Expert pool segment: layout and reader side (common/pool_view.c)                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The fetcher's expert pool is one shared segment that the executor maps read-only in another
+ * process, so its layout is an ABI between two daemons, checked on attach like a ring header.
+ * The fetcher (fetcher/pool.c) is the only writer: it claims, fills and evicts slots under its
+ * own mutex. Any process may read READY slots seqlock style through a struct common_pool_view:
+ * common_pool_read_begin() before using the bytes, common_pool_read_valid() after. Everything in
+ * the segment is untrusted by a reader: indices and offsets are range-checked on every read. */
+
+#define COMMON_POOL_MAGIC   0x4c505353u /* "SSPL" read as a little-endian u32 */
+#define COMMON_POOL_VERSION 2u
+/* O_DIRECT granularity: slots, part regions inside slots and direct reads are aligned to it. */
+#define COMMON_POOL_ALIGN 4096u
+/* Key part meaning "the whole bundle" (gate, up and down of one expert in one slot). */
+#define COMMON_POOL_BUNDLE COMMON_EXPERT_PART_COUNT
+/* Part index asking for the whole slot (state READY) rather than one part. */
+#define COMMON_POOL_WHOLE   COMMON_EXPERT_PART_COUNT
+#define COMMON_POOL_NO_SLOT UINT32_MAX
+
+/* Slot states. Eviction only takes FREE slots and unpinned READY slots. */
+enum common_pool_slot_state {
+    COMMON_POOL_SLOT_FREE = 0, /* no key; may be claimed */
+    COMMON_POOL_SLOT_LOADING,  /* claimed by a loader; parts become readable one by one */
+    COMMON_POOL_SLOT_READY,    /* every part loaded */
+    COMMON_POOL_SLOT_FAILED,   /* load failed while pinned: becomes FREE on the last release */
+};
+
+/* What a slot holds: part 0..2 (one matrix) or COMMON_POOL_BUNDLE (all three). */
+struct common_pool_key {
+    uint32_t layer;
+    uint32_t expert;
+    uint32_t part;
+};
+
+/* Segment layout (all offsets from the segment start, nothing in it is a pointer):
+ *   [0, table_off)              struct common_pool_hdr
+ *   [table_off, index_off)      n_slots x struct common_pool_slot
+ *   [index_off, data_off)       n_layer * n_expert * 4 x _Atomic uint32_t: slot + 1, 0 = absent
+ *   [data_off, segment_bytes)   n_slots x slot_bytes of data, COMMON_POOL_ALIGN-aligned */
+struct common_pool_hdr {
+    uint32_t magic;         /* COMMON_POOL_MAGIC */
+    uint32_t version;       /* COMMON_POOL_VERSION */
+    uint32_t n_slots;       /* slots in the table and the data region */
+    uint32_t n_layer;       /* key space: layers */
+    uint32_t n_expert;      /* key space: experts per layer */
+    uint32_t policy;        /* the writer's eviction policy (informational for readers) */
+    uint64_t slot_bytes;    /* bytes per slot, multiple of COMMON_POOL_ALIGN */
+    uint64_t segment_bytes; /* whole segment */
+    uint64_t table_off;     /* slot table */
+    uint64_t index_off;     /* key index */
+    uint64_t data_off;      /* slot data */
+    /* READY slots given a new key so far. The writer increments it (release); readers load it
+     * (acquire) to tell a pool under eviction pressure from a settled one. */
+    _Atomic uint64_t evictions;
+};
+
+/* One slot of the table. The writer changes it under its mutex; the atomics are what readers of
+ * other processes may look at. */
+struct common_pool_slot {
+    /* Release stores by the writer; pair with the acquire loads in common_pool_read_begin() and
+     * common_pool_read_valid(). */
+    _Atomic uint32_t state;      /* enum common_pool_slot_state */
+    _Atomic uint32_t gen;        /* bumped whenever the slot gets a new key or goes FREE */
+    _Atomic uint32_t pins;       /* loans outstanding (writer process only) */
+    _Atomic uint32_t ready_mask; /* bit p: part p readable while LOADING */
+    uint32_t         layer;      /* key, valid unless FREE */
+    uint32_t         expert;
+    uint32_t         part;
+    uint32_t         origin; /* loader's tag (a fetcher priority) */
+    uint32_t         n_uses; /* acquires since the key was loaded */
+    uint32_t         pad;
+    uint64_t         last_use;  /* writer's tick of the latest acquire or the claim */
+    uint64_t         lfu_tick;  /* tick at which lfu_score was last decayed */
+    double           lfu_score; /* decayed use count (LFU policy) */
+    uint64_t         part_off[COMMON_EXPERT_PART_COUNT];  /* from the slot start */
+    uint64_t         part_size[COMMON_EXPERT_PART_COUNT]; /* bytes */
+};
+
+/* Fills the offsets and segment_bytes of `h` from its n_slots, n_layer, n_expert and slot_bytes.
+ * Returns 0 or COMMON_EINVAL on overflow. Pure function. */
+int common_pool_layout(struct common_pool_hdr *h);
+
+/* A process's view of a pool segment: where its parts lie in this process's mapping. The writer
+ * binds one over the segment it created; a reader gets one from common_pool_view_attach(). */
+struct common_pool_view {
+    uint8_t                 *base;      /* mapped: the segment (see map_owned) */
+    uint64_t                 map_bytes; /* length of the mapping */
+    bool                     map_owned; /* attached: common_pool_view_detach() unmaps base */
+    struct common_pool_hdr  *hdr;       /* borrowed: into base */
+    struct common_pool_slot *slots;     /* borrowed: into base */
+    _Atomic uint32_t        *index;     /* borrowed: into base */
+    uint8_t                 *data;      /* borrowed: into base */
+    /* Copies of the header's numbers taken when the view was made: a reader never re-reads them
+     * from a segment that another process writes. */
+    uint32_t n_slots, n_layer, n_expert;
+    uint64_t slot_bytes;
+};
+
+/* True when `k` lies in the key space of the pool (layer, expert, part <= COMMON_POOL_BUNDLE). */
+bool common_pool_key_ok(const struct common_pool_view *v, const struct common_pool_key *k);
+/* Position of key `k` (checked with common_pool_key_ok) in the key index. */
+uint64_t common_pool_key_index(const struct common_pool_view *v, const struct common_pool_key *k);
+
+/* Points the view's parts into `base`, whose header is already laid out (the writer's side).
+ * `base` stays owned by the caller. */
+void common_pool_view_bind(struct common_pool_view *v, uint8_t *base, uint64_t map_bytes);
+
+/* Maps the segment behind `fd` (the fetcher's pool memfd, handed over a Unix socket) read-only
+ * and checks its header: magic, version, slot size, slot count and offsets against the segment
+ * size. Returns 0, COMMON_ECORRUPT (mismatch, named in e), COMMON_EIO (fstat/mmap failed),
+ * COMMON_ENOMEM. *v is unchanged on failure. */
+int common_pool_view_attach(int fd, struct common_pool_view *v, struct common_errmsg *e);
+/* Unmaps an attached view (a bound one is left to its owner); accepts a zeroed view. */
+void common_pool_view_detach(struct common_pool_view *v);
+
+uint32_t common_pool_n_slots(const struct common_pool_view *v);
+uint64_t common_pool_slot_bytes(const struct common_pool_view *v);
+/* Start of slot `slot`'s bytes (COMMON_POOL_ALIGN-aligned) in this process's mapping. */
+uint8_t *common_pool_slot_data(const struct common_pool_view *v, uint32_t slot);
+
+/* A part of a slot lent to a reader (pinned by the writer's own readers, or read seqlock style
+ * by another process). */
+struct common_pool_loan {
+    uint32_t       slot; /* slot index */
+    uint32_t       gen;  /* slot generation when lent; see common_pool_loan_is_valid() */
+    const uint8_t *data; /* borrowed: the part's bytes in the mapping */
+    uint64_t       size; /* bytes at data */
+};
+
+/* Seqlock read side: fills *out for a READY slot holding `key` (part 0..2, or COMMON_POOL_WHOLE)
+ * and returns 0, else COMMON_ENOENT (absent, not READY, or a torn read of a slot being reused),
+ * COMMON_EINVAL (bad key). After copying or using the bytes, common_pool_read_valid() tells
+ * whether the slot was not reused meanwhile. Lock-free; any thread. */
+int  common_pool_read_begin(const struct common_pool_view *v, const struct common_pool_key *key,
+                            uint32_t part, struct common_pool_loan *out);
+bool common_pool_read_valid(const struct common_pool_view *v, const struct common_pool_loan *l);
+/* True while the generation of the loaned slot is unchanged (the bytes are those lent). */
+bool common_pool_loan_is_valid(const struct common_pool_view *v, const struct common_pool_loan *l);
+/* READY slots evicted (given a new key) since the pool was created. A reader that sees it
+ * unchanged over a while knows the pool is settled. */
+uint64_t common_pool_evictions(const struct common_pool_view *v);
 #endif /* __cplusplus */
 
 #endif /* COMMON_COMMON_H */

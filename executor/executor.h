@@ -2,12 +2,49 @@
 #ifndef EXECUTOR_EXECUTOR_H
 #define EXECUTOR_EXECUTOR_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "common.h"
-#include "kernels/kernels.h"
+#include "proto.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* CPU features and kernel selection (executor/kernels/cpu.c, dispatch.c)                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* CPU features that pick the kernel set. */
+struct executor_cpu_features {
+    bool avx2;
+    bool fma;
+    bool f16c;
+    bool avx512f;
+    bool avx512dq;
+    bool avx512bw;
+    bool avx512vl;
+    bool avx512vnni;
+    bool avx512bf16;
+};
+
+/* Kernel sets, from slowest to fastest. */
+enum executor_isa {
+    EXECUTOR_ISA_REF = 0, /* portable scalar reference (kernels/ref.c) */
+    EXECUTOR_ISA_AVX2,    /* AVX2 + FMA + F16C (kernels/avx2.c) */
+    EXECUTOR_ISA_AVX512,  /* AVX-512 F/DQ/BW/VL + VNNI (kernels/avx512.c); CPUs with AVX-512 but
+                             no VNNI (Skylake-X) use the AVX2 set */
+};
+
+/* Detects the CPU once and selects the fastest supported kernel set (process singleton; call
+ * before threads start; later calls are no-ops). */
+void executor_kernels_init(void);
+/* Features found by executor_kernels_init(). */
+const struct executor_cpu_features *executor_cpu_features(void);
+/* Forces a kernel set (tests, benchmarks, --isa flag). Returns 0, or COMMON_ENOTSUP when the CPU
+ * lacks it. Not thread-safe: call while no kernel runs. */
+int               executor_kernels_select(enum executor_isa isa);
+enum executor_isa executor_kernels_active(void);
+const char       *executor_isa_name(enum executor_isa isa);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Model synthesis: `sluice mkmodel` (executor/synth.c)                                        */
@@ -41,17 +78,17 @@ struct executor_synth_opts {
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Thread pool (executor/pool.c)                                                               */
+/* Thread pool (executor/threadpool.c)                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
 /* A fixed set of worker threads created once and reused for every operation: the caller's
  * thread plus n_threads - 1 workers. Idle workers spin for a few microseconds after a job, then
  * sleep on a condition variable, so an idle pool costs no CPU. Opaque. */
-struct executor_pool;
+struct executor_threadpool;
 
 /* One piece of a parallel loop: handles items [i0, i1) on thread `ith` (0 = the caller's
  * thread, 1..n_threads-1 the workers), so `ith` can index per-thread scratch. */
-typedef void (*executor_pool_fn)(void *arg, int64_t i0, int64_t i1, uint32_t ith);
+typedef void (*executor_threadpool_fn)(void *arg, int64_t i0, int64_t i1, uint32_t ith);
 
 /* Number of physical cores available to this process (SMT siblings counted once, limited by
  * the affinity mask); at least 1. */
@@ -59,19 +96,19 @@ uint32_t executor_physical_cores(void);
 
 /* Starts n_threads - 1 workers (n_threads 0 = executor_physical_cores(); at most 256).
  * Returns 0, COMMON_EINVAL (n_threads > 256), COMMON_ENOMEM, or COMMON_EAGAIN (thread creation
- * failed). Free with executor_pool_destroy(). */
-int executor_pool_create(uint32_t n_threads, struct executor_pool **out);
+ * failed). Free with executor_threadpool_destroy(). */
+int executor_threadpool_create(uint32_t n_threads, struct executor_threadpool **out);
 /* Stops and joins the workers; accepts NULL. */
-void executor_pool_destroy(struct executor_pool *p);
+void executor_threadpool_destroy(struct executor_threadpool *p);
 /* Threads taking part in each loop, the caller included (1 for a NULL pool). */
-uint32_t executor_pool_n_threads(const struct executor_pool *p);
+uint32_t executor_threadpool_n_threads(const struct executor_threadpool *p);
 /* Runs fn over [0, n) in pieces of at most `chunk` items (0 = split n evenly into a few pieces
  * per thread), on every thread of the pool, and returns when all pieces are done; writes made
  * by fn are visible to the caller on return. A NULL or 1-thread pool runs the pieces on the
  * caller.
- * One caller at a time per pool (not reentrant; fn must not call executor_pool_for). */
-void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, executor_pool_fn fn,
-                       void *arg);
+ * One caller at a time per pool (not reentrant; fn must not call executor_threadpool_for). */
+void executor_threadpool_for(struct executor_threadpool *p, int64_t n, int64_t chunk,
+                             executor_threadpool_fn fn, void *arg);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Weight access (executor/weights.c)                                                          */
@@ -128,7 +165,7 @@ struct executor_weights {
     const struct common_model        *model; /* borrowed: must outlive the source */
 };
 
-/* Reads span bytes into dst; fetcher_read_span() has this signature. */
+/* Reads span bytes into dst; common_gguf_read_span() has this signature. */
 typedef int (*executor_read_span_fn)(const struct common_gguf *g, const struct common_span *span,
                                      void *dst, struct common_errmsg *e);
 
@@ -221,26 +258,16 @@ const struct common_model   *executor_model_desc(const struct executor_model *m)
 const struct common_hparams *executor_model_hparams(const struct executor_model *m);
 struct executor_weights     *executor_model_weights(const struct executor_model *m);
 
-/* KV cache element types. */
-enum executor_cache_type {
-    EXECUTOR_CACHE_F16 = 0, /* llama.cpp's default: K and V stored as f16 */
-    EXECUTOR_CACHE_Q8_0,    /* K and V as q8_0 blocks (head widths must be multiples of 32) */
-};
-
-/* Parses "f16" / "q8_0"; returns 0 or COMMON_EINVAL. */
-int         executor_cache_type_parse(const char *s, enum executor_cache_type *out);
-const char *executor_cache_type_name(enum executor_cache_type t);
-
 /* One sequence being evaluated: KV cache, position, scratch buffers. Opaque. */
 struct executor_ctx;
 
 struct executor_ctx_opts {
-    uint32_t                 n_ctx;        /* KV positions; 0 = min(context_length, 4096) */
-    uint32_t                 n_batch;      /* tokens per forward batch; 0 = 512 */
-    enum executor_cache_type cache_type;   /* 0 = f16 */
-    struct executor_pool    *pool;         /* borrowed: must outlive the ctx; NULL = caller only */
-    bool                     no_postfetch; /* do not request a layer's experts before use */
-    bool                     no_prefetch;  /* no hints for the next layer or the next token */
+    uint32_t                    n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
+    uint32_t                    n_batch;    /* tokens per forward batch; 0 = 512 */
+    enum common_cache_type      cache_type; /* 0 = f16 */
+    struct executor_threadpool *pool;       /* borrowed: must outlive the ctx; NULL = caller only */
+    bool                        no_postfetch; /* do not request a layer's experts before use */
+    bool                        no_prefetch;  /* no hints for the next layer or the next token */
     bool prefetch_history; /* also hint the previous token's choices for the next layer and this
                               token's for the next token's first layers (more reads: worth it
                               only when routing repeats across tokens); the default hints only
@@ -253,17 +280,6 @@ struct executor_ctx_opts {
     uint32_t fetch_window; /* experts asked for ahead of use at once; 0 = all
                               (set about half the pool when the pool is small) */
 };
-
-/* Memory a ctx allocates, for budget plans (same sizes executor_ctx_create uses). */
-struct executor_ctx_mem {
-    uint64_t kv_bytes;      /* KV cache */
-    uint64_t scratch_bytes; /* activations, routing and per-thread attention scratch */
-};
-
-/* Sizes of a ctx for hyper-parameters `hp`, options `o` (may be NULL) and n_threads threads
- * (0 = 1). Returns 0 or COMMON_EINVAL (same checks as executor_ctx_create). Pure function. */
-int executor_ctx_mem_estimate(const struct common_hparams *hp, const struct executor_ctx_opts *o,
-                              uint32_t n_threads, struct executor_ctx_mem *out);
 
 /* Expert predictors of the forward pass (DESIGN.md section 2): counts over (token, layer)
  * pairs of predicted experts, predicted experts the router then picked, and picked experts. */
@@ -346,13 +362,121 @@ int executor_perplexity(struct executor_ctx *c, const int32_t *tokens, size_t n_
 /* ------------------------------------------------------------------------------------------ */
 
 struct executor_membw_opts {
-    uint64_t              bytes; /* buffer size; 0 = 1 GiB (far above any cache) */
-    uint32_t              reps;  /* timed passes, the best is kept; 0 = 5 */
-    struct executor_pool *pool;  /* threads reading in parallel; NULL = caller only */
+    uint64_t                    bytes; /* buffer size; 0 = 1 GiB (far above any cache) */
+    uint32_t                    reps;  /* timed passes, the best is kept; 0 = 5 */
+    struct executor_threadpool *pool;  /* threads reading in parallel; NULL = caller only */
 };
 
 /* Measures the streaming read bandwidth of main memory with every pool thread reading its part
  * of a large buffer. Returns 0 and *bytes_per_s, COMMON_ENOMEM. */
 int executor_membw_measure(const struct executor_membw_opts *o, double *bytes_per_s);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The executor as a daemon: experts from fetcher daemons, steps for the router (remote.c,
+ * serve.c)*/
+/* ------------------------------------------------------------------------------------------ */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Expert source backed by fetcher daemons (executor/remote.c)                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Links to N fetcher daemons of one run directory (pipeline-brief.md): for each, HELLO on
+ * ipc://RUNDIR/fetcher-<i>.ctl (version, pid, instance, shard map), the pool memfd received over
+ * RUNDIR/fetcher-<i>.pool and mapped read-only, a ring pair exec-fetch-<i>.req/.rep created in
+ * RUNDIR and announced with ATTACH. One reader thread per fetcher pops replies, watches the
+ * fetcher (kill(pid, 0) every 200 ms of silence, HELLO now and then) and relinks after a restart:
+ * new pool mapped (old mappings kept while loans on them are out), fresh rings, ACQUIREs in
+ * flight sent again. Opaque; every function is thread-safe. */
+struct executor_remote;
+
+struct executor_remote_opts {
+    const char                *run_dir;            /* required; borrowed during create */
+    uint32_t                   n_fetchers;         /* 1..PROTO_MAX_SHARDS; 0 = 1 */
+    const struct common_model *model;              /* required; borrowed: must outlive it */
+    uint32_t                   connect_timeout_ms; /* startup and relink deadline; 0 = 30 s */
+    uint32_t                   acquire_timeout_ms; /* an ACQUIRE unanswered by a live fetcher;
+                                                      0 = 120 s */
+    uint64_t                     instance;         /* this executor's instance id, for ATTACH */
+    const volatile sig_atomic_t *cancel; /* borrowed: the startup wait gives up (COMMON_ECLOSED)
+                                            once *cancel is set (a signal); NULL = never */
+    bool direct_reads; /* read READY parts of a settled pool in place instead of pinning them
+                          through an ACQUIRE (never under ThreadSanitizer); experimental */
+};
+
+/* Connects to every fetcher (retrying until the deadline), checks that their shards cover each
+ * expert of the model exactly once and starts the reader threads. Returns 0, COMMON_ETIMEDOUT
+ * (a fetcher did not answer in time: named in e), COMMON_EPROTO (bad HELLO, version, shard map,
+ * pool or ATTACH refused: named), COMMON_EINVAL, COMMON_ENOMEM, COMMON_EIO. */
+int executor_remote_create(const struct executor_remote_opts *o, struct executor_remote **out,
+                           struct common_errmsg *e);
+/* Stops the readers, closes the links, removes the ring files it created, unmaps the pools.
+ * Every loan must have been released. Accepts NULL. */
+void executor_remote_destroy(struct executor_remote *r);
+
+/* The expert source to give executor_weights_stream_create() (arg = r: r must outlive it). */
+void executor_remote_source(struct executor_remote *r, struct executor_expert_source *out);
+
+/* The shard map in use (one entry per fetcher, by fetcher index); returns the count. */
+uint32_t executor_remote_shards(struct executor_remote *r, struct proto_shard *out, uint32_t cap);
+
+/* Number of fetchers not linked right now (0 = all serving). */
+uint32_t executor_remote_n_down(struct executor_remote *r);
+
+/* Counters of one fetcher link. */
+struct executor_remote_stats {
+    uint64_t acquires;    /* ACQUIREs answered with a loan */
+    uint64_t errors;      /* ACQUIREs failed (fetcher error, bad reply, timeout, link down) */
+    uint64_t wait_ns;     /* time spent waiting for ACQUIRE replies */
+    uint64_t hints;       /* HINTs sent */
+    uint64_t direct;      /* parts read in place from the pool (no ACQUIRE, no pin) */
+    uint64_t torn;        /* direct reads whose slot was reused meanwhile (computed again) */
+    uint64_t relinks;     /* restarts of the fetcher followed */
+    uint64_t bad_replies; /* replies refused (unknown tag, out-of-bounds offsets) */
+    bool     up;          /* linked now */
+};
+/* Copies the counters of fetcher `i`; returns 0 or COMMON_EINVAL. */
+int executor_remote_stats(struct executor_remote *r, uint32_t i, struct executor_remote_stats *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Step service for the router (executor/serve.c)                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The control socket ipc://RUNDIR/executor.ctl (HELLO, STATS, HEALTH, DRAIN, SHUTDOWN,
+ * CONFIGURE, LOAD_MODEL, ATTACH) and one step thread serving the router's step rings (EVAL,
+ * FREE) with one executor_ctx per sequence. Opaque. */
+struct executor_serve;
+
+struct executor_serve_opts {
+    const char                  *run_dir;    /* required; borrowed during start */
+    const char                  *model_path; /* what LOAD_MODEL compares; borrowed during start */
+    const char                  *name;       /* HELLO name; NULL = "executor" */
+    const struct executor_model *model;      /* borrowed: must outlive the service */
+    struct executor_remote      *remote;     /* borrowed, NULL for a dense model */
+    struct executor_threadpool  *pool;       /* borrowed: threads of the forward pass */
+    uint32_t                     n_seq;      /* sequences (contexts); 0 = 4 */
+    uint32_t                     n_ctx;      /* positions per sequence; 0 = min(train, 4096) */
+    uint32_t                     n_batch;    /* 0 = 512 */
+    enum common_cache_type       cache_type;
+    uint64_t                     instance;   /* 0 = derived from the clock and pid */
+    bool                         no_pidfile; /* do not write RUNDIR/executor.pid (tests) */
+};
+
+/* Creates the contexts, writes the pid file, starts the step thread and listens on
+ * ipc://RUNDIR/executor.ctl. Returns 0, COMMON_EBUSY (another executor listens there),
+ * COMMON_EINVAL (options unusable for the model: named in e), COMMON_ENOMEM, COMMON_EIO. */
+int executor_serve_start(const struct executor_serve_opts *o, struct executor_serve **out,
+                         struct common_errmsg *e);
+/* True once a SHUTDOWN request was answered (the caller then stops the service). */
+bool executor_serve_shutdown_requested(struct executor_serve *s);
+/* Stops taking new work (ATTACH refused; steps already queued are served). */
+void executor_serve_drain(struct executor_serve *s);
+/* Stops listening and the step thread (finishing the step in progress), closes the router link,
+ * removes the socket and pid file. Accepts NULL. */
+void executor_serve_stop(struct executor_serve *s);
+/* The n_ctx and n_seq in use (after defaults). */
+uint32_t executor_serve_n_ctx(const struct executor_serve *s);
+uint32_t executor_serve_n_seq(const struct executor_serve *s);
+/* The service's instance id. */
+uint64_t executor_serve_instance(const struct executor_serve *s);
 
 #endif /* EXECUTOR_EXECUTOR_H */

@@ -6,19 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "kv.h"
 #include "model_impl.h"
 
-#define FWD_N_ACT             3  /* activation buffers: q/k/v may need three vec_dot types */
-#define FWD_ALIGN             64 /* scratch alignment, bytes */
-#define FWD_MIN_CHUNK         8  /* fewest matrix rows handed to a thread at once */
-#define FWD_DEFAULT_CTX       4096
+#define FWD_N_ACT             3 /* activation buffers: q/k/v may need three vec_dot types */
+#define FWD_ALIGN             COMMON_CTX_ALIGN /* scratch alignment, bytes */
+#define FWD_MIN_CHUNK         8                /* fewest matrix rows handed to a thread at once */
 #define FWD_NEXT_TOKEN_LAYERS 2 /* layers of the next token prefetched after the last layer */
 #define FWD_TORN_RETRIES      8 /* computations of one expert whose unpinned bytes changed */
 
 struct executor_ctx {
     const struct executor_model *m;    /* borrowed: must outlive the ctx */
-    struct executor_pool        *pool; /* borrowed: may be NULL */
+    struct executor_threadpool  *pool; /* borrowed: may be NULL */
     uint32_t                     nth;  /* threads of the pool */
     uint32_t                     n_ctx, n_batch, n_past;
     struct executor_kv           kv;
@@ -191,7 +191,7 @@ static void fwd_mm_run(struct executor_ctx *c, struct fwd_mm_job *job)
     int64_t chunk = total / ((int64_t)c->nth * 8);
     if (chunk < FWD_MIN_CHUNK)
         chunk = FWD_MIN_CHUNK;
-    executor_pool_for(c->pool, total, c->nth == 1 ? total : chunk, fwd_mm_piece, job);
+    executor_threadpool_for(c->pool, total, c->nth == 1 ? total : chunk, fwd_mm_piece, job);
 }
 
 static struct fwd_mm fwd_mm_of(const struct executor_mat *w, const void *act, size_t act_stride,
@@ -239,7 +239,7 @@ static size_t fwd_quantize(struct executor_ctx *c, int slot, uint32_t type, cons
                               .dst = c->act[slot],
                               .dst_stride = executor_act_row_size(type, cols)};
     if (n >= 8)
-        executor_pool_for(c->pool, n, 0, fwd_quant_piece, &j);
+        executor_threadpool_for(c->pool, n, 0, fwd_quant_piece, &j);
     else
         fwd_quant_piece(&j, 0, n, 0);
     return j.dst_stride;
@@ -275,7 +275,7 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         const float   *qv = c->q + (size_t)t * hp->n_head * hk + (size_t)h * hk;
         float         *out = c->att + (size_t)t * hp->n_head * hv + (size_t)h * hv;
         const uint8_t *kb = executor_kv_k_base(kv, j->il, kvh);
-        if (kv->type == EXECUTOR_CACHE_F16) {
+        if (kv->type == COMMON_CACHE_F16) {
             uint16_t *q16 = (uint16_t *)(void *)qb;
             for (uint32_t i = 0; i < hk; i++)
                 q16[i] = executor_fp32_to_fp16(qv[i]);
@@ -287,7 +287,7 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         for (uint32_t i = 0; i < n_kv; i++)
             scores[i] *= j->scale;
         fwd_softmax(scores, n_kv);
-        if (kv->type == EXECUTOR_CACHE_F16) {
+        if (kv->type == COMMON_CACHE_F16) {
             for (uint32_t i = 0; i < n_kv; i++)
                 p16[i] = executor_fp32_to_fp16(scores[i]);
             executor_matvec(COMMON_GGML_TYPE_F16, n_kv, executor_kv_vt_base(kv, j->il, kvh),
@@ -369,7 +369,7 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
 
     struct fwd_att_job aj = {
         .c = c, .il = il, .p0 = p0, .scale = 1.0f / sqrtf((float)hp->head_dim_k)};
-    executor_pool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
+    executor_threadpool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
 
     size_t            as = fwd_quantize(c, 0, lw->wo.type, c->att, ad, n, ad);
     struct fwd_mm_job oj = {.n = 1};
@@ -789,24 +789,6 @@ static void *fwd_alloc(size_t bytes, bool *ok)
     return p;
 }
 
-int executor_cache_type_parse(const char *s, enum executor_cache_type *out)
-{
-    if (strcmp(s, "f16") == 0 || strcmp(s, "F16") == 0) {
-        *out = EXECUTOR_CACHE_F16;
-        return 0;
-    }
-    if (strcmp(s, "q8_0") == 0 || strcmp(s, "Q8_0") == 0) {
-        *out = EXECUTOR_CACHE_Q8_0;
-        return 0;
-    }
-    return COMMON_EINVAL;
-}
-
-const char *executor_cache_type_name(enum executor_cache_type t)
-{
-    return t == EXECUTOR_CACHE_Q8_0 ? "q8_0" : "f16";
-}
-
 int executor_ctx_create(const struct executor_model *m, const struct executor_ctx_opts *o,
                         struct executor_ctx **out, struct common_errmsg *e)
 {
@@ -814,84 +796,69 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     const struct common_hparams *hp = &m->desc->hp;
     if (!o)
         o = &def;
-    uint32_t n_ctx = o->n_ctx;
-    if (n_ctx == 0)
-        n_ctx = hp->n_ctx_train < FWD_DEFAULT_CTX ? hp->n_ctx_train : FWD_DEFAULT_CTX;
-    if (n_ctx == 0 || n_ctx > (1u << 24))
-        return common_errmsg_set(e, COMMON_EINVAL, "context size %u is not in 1..%u", n_ctx,
-                                 1u << 24);
-    uint32_t n_batch = o->n_batch ? o->n_batch : 512;
-    if (n_batch > n_ctx)
-        n_batch = n_ctx;
+    /* Every size comes from the layout table the memory plan uses too. */
+    struct common_ctx_layout lay;
+    int                      rc = common_ctx_layout_compute(
+                             hp,
+                             &(struct common_ctx_layout_opts){.n_ctx = o->n_ctx,
+                                                              .n_batch = o->n_batch,
+                                                              .n_threads = executor_threadpool_n_threads(o->pool),
+                                                              .cache_type = o->cache_type},
+                             &lay, e);
+    if (rc < 0)
+        return rc;
     struct executor_ctx *c = calloc(1, sizeof(*c));
     if (!c)
         return COMMON_ENOMEM;
     c->m = m;
     c->pool = o->pool;
-    c->nth = executor_pool_n_threads(o->pool);
-    c->n_ctx = n_ctx;
-    c->n_batch = n_batch;
-    int rc = executor_kv_init(&c->kv, o->cache_type, hp->n_layer, n_ctx, hp->n_head_kv,
-                              hp->head_dim_k, hp->head_dim_v);
-    if (rc < 0) {
+    c->nth = lay.n_threads;
+    c->n_ctx = lay.n_ctx;
+    c->n_batch = lay.n_batch;
+    if ((rc = executor_kv_init(&c->kv, &lay, hp)) < 0) {
         free(c);
-        if (rc == COMMON_EINVAL)
-            return common_errmsg_set(e, rc,
-                                     "cache type %s needs head widths that are multiples of 32 "
-                                     "(model: %u, %u)",
-                                     executor_cache_type_name(o->cache_type), hp->head_dim_k,
-                                     hp->head_dim_v);
-        return rc;
+        return common_errmsg_set(e, rc, "out of memory for a KV cache of %u tokens", lay.n_ctx);
     }
-    const size_t nb = n_batch, ne = hp->n_embd;
-    const size_t qd = (size_t)hp->n_head * hp->head_dim_k,
-                 kd = (size_t)hp->n_head_kv * hp->head_dim_k;
-    const size_t vd = (size_t)hp->n_head_kv * hp->head_dim_v,
-                 ad = (size_t)hp->n_head * hp->head_dim_v;
-    size_t nf = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
-    size_t wmax = ne;
-    if (nf > wmax)
-        wmax = nf;
-    if (ad > wmax)
-        wmax = ad;
-    const size_t K = hp->n_expert_used ? hp->n_expert_used : 1, E = hp->n_expert;
-    bool         ok = true;
-    c->x = fwd_alloc(nb * ne * sizeof(float), &ok);
-    c->xn = fwd_alloc(nb * ne * sizeof(float), &ok);
-    c->q = fwd_alloc(nb * qd * sizeof(float), &ok);
-    c->k = fwd_alloc(nb * kd * sizeof(float), &ok);
-    c->v = fwd_alloc(nb * vd * sizeof(float), &ok);
-    c->att = fwd_alloc(nb * ad * sizeof(float), &ok);
-    c->tmp = fwd_alloc(nb * ne * sizeof(float), &ok);
-    c->ga = fwd_alloc(nb * nf * sizeof(float), &ok);
-    c->up = fwd_alloc(nb * nf * sizeof(float), &ok);
-    /* An activation row is at most 4 bytes per element (f32); K-quant rows a bit over 1. */
-    c->act_cap = nb * (wmax * sizeof(float) + FWD_ALIGN);
-    for (int i = 0; i < FWD_N_ACT; i++)
-        c->act[i] = fwd_alloc(c->act_cap, &ok);
-    c->rope = fwd_alloc(nb * (hp->n_rot ? hp->n_rot : 1) * sizeof(float), &ok);
-    c->th_scores = fwd_alloc((size_t)c->nth * n_ctx * sizeof(float), &ok);
-    c->th_p16 = fwd_alloc((size_t)c->nth * n_ctx * sizeof(uint16_t), &ok);
-    c->th_q_bytes = ((size_t)hp->head_dim_k * 4u + FWD_ALIGN) / FWD_ALIGN * FWD_ALIGN;
-    c->th_q = fwd_alloc((size_t)c->nth * c->th_q_bytes, &ok);
-    c->th_v = fwd_alloc((size_t)c->nth * hp->head_dim_v * sizeof(float), &ok);
-    if (E) {
-        c->router = fwd_alloc(nb * E * sizeof(float), &ok);
-        c->sel = fwd_alloc(nb * K * sizeof(int32_t), &ok);
-        c->sel_w = fwd_alloc(nb * K * sizeof(float), &ok);
-        c->ex_count = fwd_alloc(E * sizeof(int32_t), &ok);
-        c->ex_start = fwd_alloc((E + 1) * sizeof(int32_t), &ok);
-        c->ex_items = fwd_alloc(nb * K * sizeof(int32_t), &ok);
-        c->gx = fwd_alloc(nb * ne * sizeof(float), &ok);
-        c->moe_out = fwd_alloc(nb * K * ne * sizeof(float), &ok);
-        c->ex_order = fwd_alloc(E * sizeof(int32_t), &ok);
-        c->pred_logits = fwd_alloc(nb * E * sizeof(float), &ok);
-        c->pred_gate = fwd_alloc(nb * K * sizeof(int32_t), &ok);
-        c->prev_sel = fwd_alloc((size_t)hp->n_layer * K * sizeof(int32_t), &ok);
-        c->have_prev = fwd_alloc(hp->n_layer, &ok);
-        c->hint_mark = fwd_alloc(E * sizeof(uint32_t), &ok);
+    bool ok = true;
+    /* Allocates buffer b of the layout (the MoE ones only for a model with experts). */
+#define FWD_BUF(b) fwd_alloc((size_t)lay.buf[b], &ok)
+    c->x = FWD_BUF(COMMON_CTX_X);
+    c->xn = FWD_BUF(COMMON_CTX_XN);
+    c->q = FWD_BUF(COMMON_CTX_Q);
+    c->k = FWD_BUF(COMMON_CTX_K);
+    c->v = FWD_BUF(COMMON_CTX_V);
+    c->att = FWD_BUF(COMMON_CTX_ATT);
+    c->tmp = FWD_BUF(COMMON_CTX_TMP);
+    c->ga = FWD_BUF(COMMON_CTX_GATE);
+    c->up = FWD_BUF(COMMON_CTX_UP);
+    c->act_cap = lay.buf[COMMON_CTX_ACT0];
+    c->act[0] = FWD_BUF(COMMON_CTX_ACT0);
+    c->act[1] = FWD_BUF(COMMON_CTX_ACT1);
+    c->act[2] = FWD_BUF(COMMON_CTX_ACT2);
+    c->rope = FWD_BUF(COMMON_CTX_ROPE);
+    c->th_scores = FWD_BUF(COMMON_CTX_TH_SCORES);
+    c->th_p16 = FWD_BUF(COMMON_CTX_TH_P16);
+    c->th_q_bytes = lay.th_q_bytes;
+    c->th_q = FWD_BUF(COMMON_CTX_TH_Q);
+    c->th_v = FWD_BUF(COMMON_CTX_TH_V);
+    if (hp->n_expert) {
+        c->router = FWD_BUF(COMMON_CTX_ROUTER);
+        c->sel = FWD_BUF(COMMON_CTX_SEL);
+        c->sel_w = FWD_BUF(COMMON_CTX_SEL_W);
+        c->ex_count = FWD_BUF(COMMON_CTX_EX_COUNT);
+        c->ex_start = FWD_BUF(COMMON_CTX_EX_START);
+        c->ex_items = FWD_BUF(COMMON_CTX_EX_ITEMS);
+        c->gx = FWD_BUF(COMMON_CTX_GX);
+        c->moe_out = FWD_BUF(COMMON_CTX_MOE_OUT);
+        c->ex_order = FWD_BUF(COMMON_CTX_EX_ORDER);
+        c->pred_logits = FWD_BUF(COMMON_CTX_PRED_LOGITS);
+        c->pred_gate = FWD_BUF(COMMON_CTX_PRED_GATE);
+        c->prev_sel = FWD_BUF(COMMON_CTX_PREV_SEL);
+        c->have_prev = FWD_BUF(COMMON_CTX_HAVE_PREV);
+        c->hint_mark = FWD_BUF(COMMON_CTX_HINT_MARK);
     }
-    c->hints = E && m->w->ops->expert_request;
+#undef FWD_BUF
+    c->hints = hp->n_expert && m->w->ops->expert_request;
     c->no_postfetch = o->no_postfetch;
     c->no_prefetch = o->no_prefetch;
     c->history = o->prefetch_history;
@@ -901,7 +868,7 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     if (!ok) {
         executor_ctx_destroy(c);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory for a context of %u tokens",
-                                 n_ctx);
+                                 lay.n_ctx);
     }
     *out = c;
     return 0;
@@ -945,62 +912,4 @@ void executor_ctx_reset(struct executor_ctx *c)
     if (c->have_prev)
         memset(c->have_prev, 0, c->m->desc->hp.n_layer);
     c->pred_gate_layer = -1;
-}
-
-static uint64_t fwd_round(uint64_t bytes)
-{
-    return (bytes ? (bytes + FWD_ALIGN - 1) / FWD_ALIGN : 1) * FWD_ALIGN;
-}
-
-int executor_ctx_mem_estimate(const struct common_hparams *hp, const struct executor_ctx_opts *o,
-                              uint32_t n_threads, struct executor_ctx_mem *out)
-{
-    struct executor_ctx_opts def = {0};
-    if (!o)
-        o = &def;
-    uint64_t n_ctx = o->n_ctx;
-    if (n_ctx == 0)
-        n_ctx = hp->n_ctx_train < FWD_DEFAULT_CTX ? hp->n_ctx_train : FWD_DEFAULT_CTX;
-    if (n_ctx == 0 || n_ctx > (1u << 24))
-        return COMMON_EINVAL;
-    uint64_t nb = o->n_batch ? o->n_batch : 512;
-    if (nb > n_ctx)
-        nb = n_ctx;
-    const uint64_t nth = n_threads ? n_threads : 1, L = hp->n_layer, hkv = hp->n_head_kv;
-    /* As executor_kv_init. */
-    if (o->cache_type == EXECUTOR_CACHE_F16) {
-        out->kv_bytes = L * n_ctx * hkv * ((uint64_t)hp->head_dim_k + hp->head_dim_v) * 2u;
-    } else if (o->cache_type == EXECUTOR_CACHE_Q8_0) {
-        if (hp->head_dim_k % 32 != 0 || hp->head_dim_v % 32 != 0)
-            return COMMON_EINVAL;
-        out->kv_bytes = L * n_ctx * hkv *
-                        (executor_act_row_size(COMMON_GGML_TYPE_Q8_0, hp->head_dim_k) +
-                         (uint64_t)executor_act_row_size(COMMON_GGML_TYPE_Q8_0, hp->head_dim_v));
-    } else {
-        return COMMON_EINVAL;
-    }
-    /* As executor_ctx_create. */
-    const uint64_t ne = hp->n_embd, qd = (uint64_t)hp->n_head * hp->head_dim_k;
-    const uint64_t kd = hkv * hp->head_dim_k, vd = hkv * hp->head_dim_v;
-    const uint64_t ad = (uint64_t)hp->n_head * hp->head_dim_v;
-    const uint64_t nf = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
-    uint64_t       wmax = ne > nf ? ne : nf;
-    wmax = wmax > ad ? wmax : ad;
-    const uint64_t K = hp->n_expert_used ? hp->n_expert_used : 1, E = hp->n_expert;
-    const uint64_t f = sizeof(float);
-    uint64_t       s = 0;
-    s += 3 * fwd_round(nb * ne * f) + fwd_round(nb * qd * f) + fwd_round(nb * kd * f);
-    s += fwd_round(nb * vd * f) + fwd_round(nb * ad * f) + 2 * fwd_round(nb * nf * f);
-    s += FWD_N_ACT * fwd_round(nb * (wmax * f + FWD_ALIGN));
-    s += fwd_round(nb * (hp->n_rot ? hp->n_rot : 1) * f);
-    s += fwd_round(nth * n_ctx * f) + fwd_round(nth * n_ctx * 2u);
-    s += fwd_round(nth * (((uint64_t)hp->head_dim_k * 4u + FWD_ALIGN) / FWD_ALIGN * FWD_ALIGN));
-    s += fwd_round(nth * hp->head_dim_v * f);
-    if (E) {
-        s += 2 * fwd_round(nb * E * f) + 4 * fwd_round(nb * K * 4u) + fwd_round(E * 4u);
-        s += fwd_round((E + 1) * 4u) + fwd_round(nb * ne * f) + fwd_round(nb * K * ne * f);
-        s += 2 * fwd_round(E * 4u) + fwd_round(L * K * 4u) + fwd_round(L);
-    }
-    out->scratch_bytes = s;
-    return 0;
 }

@@ -4,34 +4,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-int executor_kv_init(struct executor_kv *kv, enum executor_cache_type type, uint32_t n_layer,
-                     uint32_t n_ctx, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v)
+#include "kernels/kernels.h"
+
+int executor_kv_init(struct executor_kv *kv, const struct common_ctx_layout *lay,
+                     const struct common_hparams *hp)
 {
     memset(kv, 0, sizeof(*kv));
-    kv->type = type;
-    kv->n_layer = n_layer;
-    kv->n_ctx = n_ctx;
-    kv->n_head_kv = n_head_kv;
-    kv->head_dim_k = head_dim_k;
-    kv->head_dim_v = head_dim_v;
-    size_t n_v = (size_t)n_layer * n_ctx * n_head_kv * head_dim_v;
-    size_t v_bytes;
-    if (type == EXECUTOR_CACHE_F16) {
-        kv->k_head_bytes = (size_t)head_dim_k * 2u;
-        v_bytes = n_v * 2u;
-    } else if (type == EXECUTOR_CACHE_Q8_0) {
-        if (head_dim_k % 32 != 0 || head_dim_v % 32 != 0)
-            return COMMON_EINVAL;
-        kv->k_head_bytes = executor_act_row_size(COMMON_GGML_TYPE_Q8_0, head_dim_k);
-        kv->v_head_bytes = executor_act_row_size(COMMON_GGML_TYPE_Q8_0, head_dim_v);
-        kv->v_pos_bytes = kv->v_head_bytes * n_head_kv;
-        v_bytes = (size_t)n_layer * n_ctx * kv->v_pos_bytes;
-    } else {
-        return COMMON_EINVAL;
-    }
-    kv->k_pos_bytes = kv->k_head_bytes * n_head_kv;
-    kv->k = calloc((size_t)n_layer * n_ctx, kv->k_pos_bytes);
-    kv->v = calloc(v_bytes ? v_bytes : 1, 1);
+    kv->type = lay->cache_type;
+    kv->n_layer = hp->n_layer;
+    kv->n_ctx = lay->n_ctx;
+    kv->n_head_kv = hp->n_head_kv;
+    kv->head_dim_k = hp->head_dim_k;
+    kv->head_dim_v = hp->head_dim_v;
+    kv->k_head_bytes = (size_t)lay->kv_k_head_bytes;
+    kv->k_pos_bytes = kv->k_head_bytes * kv->n_head_kv;
+    kv->v_head_bytes = (size_t)lay->kv_v_head_bytes;
+    kv->v_pos_bytes = kv->v_head_bytes * kv->n_head_kv;
+    kv->k = calloc(lay->kv_k_bytes ? (size_t)lay->kv_k_bytes : 1, 1);
+    kv->v = calloc(lay->kv_v_bytes ? (size_t)lay->kv_v_bytes : 1, 1);
     if (!kv->k || !kv->v) {
         executor_kv_fini(kv);
         return COMMON_ENOMEM;
@@ -54,7 +44,7 @@ void executor_kv_store(struct executor_kv *kv, uint32_t layer, uint32_t pos, con
 {
     uint8_t *krow = kv->k + ((size_t)layer * kv->n_ctx + pos) * kv->k_pos_bytes;
     uint32_t nk = kv->n_head_kv * kv->head_dim_k;
-    if (kv->type == EXECUTOR_CACHE_F16) {
+    if (kv->type == COMMON_CACHE_F16) {
         uint16_t *kh = (uint16_t *)krow;
         for (uint32_t i = 0; i < nk; i++)
             kh[i] = executor_fp32_to_fp16(k[i]);

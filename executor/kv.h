@@ -15,21 +15,21 @@
  *   one f16 dot product over positions;
  * - V q8_0: (layer, pos, n_head_kv * head_dim_v) rows of q8_0 blocks. */
 struct executor_kv {
-    enum executor_cache_type type;
-    uint32_t                 n_layer, n_ctx, n_head_kv, head_dim_k, head_dim_v;
-    size_t                   k_pos_bytes;  /* bytes of one position's K row (all kv heads) */
-    size_t                   k_head_bytes; /* bytes of one kv head inside a K row */
-    size_t                   v_pos_bytes;  /* q8_0: bytes of one position's V row */
-    size_t                   v_head_bytes; /* q8_0: bytes of one kv head inside a V row */
-    uint8_t                 *k;            /* owned: n_layer * n_ctx * k_pos_bytes */
-    uint8_t                 *v;            /* owned: n_layer * n_ctx * n_head_kv * head_dim_v
-                                              elements (f16 or q8_0) */
+    enum common_cache_type type;
+    uint32_t               n_layer, n_ctx, n_head_kv, head_dim_k, head_dim_v;
+    size_t                 k_pos_bytes;  /* bytes of one position's K row (all kv heads) */
+    size_t                 k_head_bytes; /* bytes of one kv head inside a K row */
+    size_t                 v_pos_bytes;  /* q8_0: bytes of one position's V row */
+    size_t                 v_head_bytes; /* q8_0: bytes of one kv head inside a V row */
+    uint8_t               *k;            /* owned: n_layer * n_ctx * k_pos_bytes */
+    uint8_t               *v;            /* owned: n_layer * n_ctx * n_head_kv * head_dim_v
+                                            elements (f16 or q8_0) */
 };
 
-/* Allocates a zeroed cache. Returns 0, COMMON_EINVAL (q8_0 with head widths not multiples of
- * 32) or COMMON_ENOMEM. */
-int  executor_kv_init(struct executor_kv *kv, enum executor_cache_type type, uint32_t n_layer,
-                      uint32_t n_ctx, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v);
+/* Allocates a zeroed cache of the sizes in `lay` (common_ctx_layout_compute() for the model's
+ * hyper-parameters `hp`). Returns 0 or COMMON_ENOMEM. */
+int  executor_kv_init(struct executor_kv *kv, const struct common_ctx_layout *lay,
+                      const struct common_hparams *hp);
 void executor_kv_fini(struct executor_kv *kv);
 
 /* Stores one position's K (n_head_kv * head_dim_k floats) and V. */

@@ -8,9 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "daemon.h"
 #include "executor.h"
-#include "fetcher.h"
 
 /* Process singleton: set by the SIGTERM/SIGINT handler, read by the main loop. */
 static volatile sig_atomic_t g_stop;
@@ -22,17 +20,17 @@ static void main_on_signal(int sig)
 }
 
 struct main_config {
-    const char              *model;
-    const char              *run_dir;
-    uint32_t                 n_fetchers;
-    uint32_t                 n_threads;
-    uint32_t                 n_ctx;
-    uint32_t                 n_seq;
-    uint32_t                 n_batch;
-    enum executor_cache_type cache_type;
-    uint32_t                 connect_timeout_s;
-    bool                     direct_reads;
-    enum common_log_level    log_level;
+    const char            *model;
+    const char            *run_dir;
+    uint32_t               n_fetchers;
+    uint32_t               n_threads;
+    uint32_t               n_ctx;
+    uint32_t               n_seq;
+    uint32_t               n_batch;
+    enum common_cache_type cache_type;
+    uint32_t               connect_timeout_s;
+    bool                   direct_reads;
+    enum common_log_level  log_level;
 };
 
 static void main_usage(FILE *f)
@@ -127,7 +125,7 @@ static int main_parse(int argc, char **argv, struct main_config *c)
             if (!ok)
                 fprintf(stderr, "error: --direct-reads expects on or off, got '%s'\n", v);
         } else if (strcmp(a, "--cache-type") == 0) {
-            ok = executor_cache_type_parse(v, &c->cache_type) == 0;
+            ok = common_cache_type_parse(v, &c->cache_type) == 0;
             if (!ok)
                 fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
         } else if (strcmp(a, "--log-level") == 0) {
@@ -151,12 +149,12 @@ static int main_parse(int argc, char **argv, struct main_config *c)
 
 /* What the executor loaded; freed in reverse order by main_close(). */
 struct main_state {
-    struct common_gguf     *gguf;   /* owned (MoE: the remote path) */
-    struct common_model    *desc;   /* owned (MoE) */
-    struct executor_remote *remote; /* owned (MoE) */
-    struct executor_model  *model;  /* owned */
-    struct executor_pool   *pool;   /* owned */
-    struct executor_serve  *serve;  /* owned */
+    struct common_gguf         *gguf;   /* owned (MoE: the remote path) */
+    struct common_model        *desc;   /* owned (MoE) */
+    struct executor_remote     *remote; /* owned (MoE) */
+    struct executor_model      *model;  /* owned */
+    struct executor_threadpool *pool;   /* owned */
+    struct executor_serve      *serve;  /* owned */
 };
 
 static void main_close(struct main_state *st)
@@ -173,7 +171,7 @@ static void main_close(struct main_state *st)
         executor_model_destroy(st->model);
     }
     common_gguf_close(st->gguf);
-    executor_pool_destroy(st->pool);
+    executor_threadpool_destroy(st->pool);
     memset(st, 0, sizeof(*st));
 }
 
@@ -211,7 +209,7 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
         return rc;
     struct executor_expert_source src;
     executor_remote_source(st->remote, &src);
-    struct executor_weights_opts wo = {.read_span = fetcher_read_span, .progress = stderr};
+    struct executor_weights_opts wo = {.read_span = common_gguf_read_span, .progress = stderr};
     struct executor_weights     *w = NULL;
     if ((rc = executor_weights_stream_create(st->desc, &wo, &src, &w, e)) < 0)
         return rc;
@@ -229,7 +227,7 @@ static int main_run(const struct main_config *c)
     uint64_t             instance = common_random_id();
     int                  rc;
     executor_kernels_init();
-    if ((rc = executor_pool_create(c->n_threads, &st.pool)) < 0) {
+    if ((rc = executor_threadpool_create(c->n_threads, &st.pool)) < 0) {
         fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
         return 1;
     }

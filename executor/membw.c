@@ -55,7 +55,7 @@ int executor_membw_measure(const struct executor_membw_opts *o, double *bytes_pe
     double        best = 0.0;
     for (uint32_t r = 0; r <= reps; r++) {
         uint64_t t0 = common_now_ns();
-        executor_pool_for(o->pool, n, 16, membw_piece, j);
+        executor_threadpool_for(o->pool, n, 16, membw_piece, j);
         uint64_t dt = common_now_ns() - t0;
         double   bw = (double)bytes / ((double)dt * 1e-9);
         if (r > 0 && bw > best) /* pass 0 warms up the threads and the TLB */

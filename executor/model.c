@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
+
 /* Resolves tensor `index` into a matrix view; checks the kernels can multiply it. */
 static int model_mat(const struct common_model *d, struct executor_weights *w, int64_t index,
                      struct executor_mat *out, struct common_errmsg *e)

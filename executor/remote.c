@@ -1,5 +1,6 @@
 /* executor/remote.c - the expert source backed by fetcher daemons: pools, rings, relinks. */
-#include "daemon.h"
+#include "executor.h"
+#include "proto.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -12,10 +13,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "pool.h"
-#include "records.h"
-#include "wire.h"
 
 #define REMOTE_WAIT_MS      200  /* silence on a link before its fetcher is checked */
 #define REMOTE_POLL_MS      50   /* a waiter's reply-ring wait between its own checks */
@@ -46,11 +43,11 @@
 
 /* One mapping of one fetcher's pool (a pool generation). */
 struct remote_map {
-    const uint8_t       *base;    /* mapped: read-only, unmapped by remote_map_free() */
-    size_t               bytes;   /* mapped length */
-    struct fetcher_pool *view;    /* owned: checked read-only view for read_begin (is_ready) */
-    uint32_t             n_loans; /* loans handed out on it and not yet released (link mu) */
-    struct remote_map   *next;    /* retired list of the link */
+    const uint8_t          *base;    /* mapped: read-only, unmapped by remote_map_free() */
+    size_t                  bytes;   /* mapped length */
+    struct common_pool_view view;    /* owned: checked read-only view for read_begin (is_ready) */
+    uint32_t                n_loans; /* loans handed out on it and not yet released (link mu) */
+    struct remote_map      *next;    /* retired list of the link */
 };
 
 /* An ACQUIRE waiting for its reply; lives on the waiter's stack, listed in its link. A prefetched
@@ -124,15 +121,15 @@ struct remote_link {
 /* A loan handed to the forward pass: a fetcher's loan, or a direct read of a READY slot (no
  * pin: checked for reuse at release, seqlock style). */
 struct remote_loan {
-    bool                     used;
-    bool                     direct; /* a direct read: `pl` names the slot and its generation */
-    struct fetcher_pool_loan pl;
-    uint32_t                 layer, expert, part; /* direct: what was read (for the USE) */
-    uint16_t                 seq;                 /* bumped at every reuse: stale ids are refused */
-    uint32_t                 link;                /* fetcher index */
-    uint32_t                 gen;                 /* link generation it came from */
-    uint32_t                 floan;               /* the fetcher's loan id */
-    struct remote_map       *map;                 /* borrowed: counted in map->n_loans */
+    bool                    used;
+    bool                    direct; /* a direct read: `pl` names the slot and its generation */
+    struct common_pool_loan pl;
+    uint32_t                layer, expert, part; /* direct: what was read (for the USE) */
+    uint16_t                seq;                 /* bumped at every reuse: stale ids are refused */
+    uint32_t                link;                /* fetcher index */
+    uint32_t                gen;                 /* link generation it came from */
+    uint32_t                floan;               /* the fetcher's loan id */
+    struct remote_map      *map;                 /* borrowed: counted in map->n_loans */
 };
 
 struct executor_remote {
@@ -181,7 +178,7 @@ static void remote_map_free(struct remote_map *m)
         return;
     if (m->base)
         munmap((void *)(uintptr_t)m->base, m->bytes);
-    fetcher_pool_destroy(m->view);
+    common_pool_view_detach(&m->view);
     free(m);
 }
 
@@ -355,7 +352,7 @@ static int remote_get_pool(struct remote_link *L, uint64_t instance, struct remo
         close(fd);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
-    if ((rc = fetcher_pool_attach(fd, &m->view, e)) < 0)
+    if ((rc = common_pool_view_attach(fd, &m->view, e)) < 0)
         goto out_free;
     if (fstat(fd, &st) != 0 || st.st_size <= 0 || (uint64_t)st.st_size > SIZE_MAX) {
         rc = common_errmsg_set(e, COMMON_EIO, "fstat of fetcher %u's pool failed", L->index);
@@ -492,7 +489,7 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
     atomic_store_explicit(&L->direct, false, memory_order_relaxed);
     /* Prefetched loans pin slots: at most half the pool (16 experts), the rest stays free for
      * the acquires of every sequence. */
-    uint32_t slots = L->map && L->map->view ? fetcher_pool_n_slots(L->map->view) : 0;
+    uint32_t slots = L->map && L->map->view.base ? common_pool_n_slots(&L->map->view) : 0;
     L->pre_cap = (slots / 2 < REMOTE_PRE_EXPERTS ? slots / 2 : REMOTE_PRE_EXPERTS) *
                  COMMON_EXPERT_PART_COUNT;
     L->st.up = true;
@@ -911,10 +908,10 @@ static int remote_direct_locked(struct executor_remote *r, struct remote_link *L
                                 uint32_t expert, uint32_t part, uint64_t size, const void **data,
                                 uint32_t *loan)
 {
-    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
-    struct fetcher_pool_loan pl;
-    if (!L->up || !L->map || !L->map->view ||
-        fetcher_pool_read_begin(L->map->view, &key, part, &pl) != COMMON_OK || pl.size != size)
+    struct common_pool_key  key = {layer, expert, COMMON_POOL_BUNDLE};
+    struct common_pool_loan pl;
+    if (!L->up || !L->map || !L->map->view.base ||
+        common_pool_read_begin(&L->map->view, &key, part, &pl) != COMMON_OK || pl.size != size)
         return COMMON_ENOENT;
     struct remote_loan l = {.direct = true,
                             .pl = pl,
@@ -1081,7 +1078,7 @@ static int remote_release(void *arg, uint32_t loan)
     int                    n_use = 0;
     pthread_mutex_lock(&L->push_mu);
     pthread_mutex_lock(&L->mu);
-    bool valid = fetcher_pool_read_valid(l.map->view, &l.pl);
+    bool valid = common_pool_read_valid(&l.map->view, &l.pl);
     if (!valid) {
         L->st.torn++;
         atomic_store_explicit(&L->direct, false, memory_order_relaxed);
@@ -1123,8 +1120,9 @@ static int remote_request(void *arg, uint32_t layer, uint32_t expert,
     struct proto_fetch_req rec = {.op = PROTO_FETCH_HINT,
                                   .layer = layer,
                                   .expert = expert,
-                                  .prio = hint == EXECUTOR_HINT_PREFETCH ? FETCHER_PRIO_PREFETCH
-                                                                         : FETCHER_PRIO_POSTFETCH};
+                                  .prio = hint == EXECUTOR_HINT_PREFETCH
+                                              ? PROTO_FETCH_PRIO_PREFETCH
+                                              : PROTO_FETCH_PRIO_POSTFETCH};
     pthread_mutex_lock(&L->push_mu);
     /* Hints are never waited for; a post-fetch hint is followed by the expert's ACQUIREs, whose
      * push wakes the fetcher, so the hint itself does not. */
@@ -1155,11 +1153,11 @@ static bool remote_is_ready(void *arg, uint32_t layer, uint32_t expert)
     struct remote_link     *L = remote_owner(r, layer, expert);
     if (!L)
         return false;
-    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
-    struct fetcher_pool_loan pl;
+    struct common_pool_key  key = {layer, expert, COMMON_POOL_BUNDLE};
+    struct common_pool_loan pl;
     pthread_mutex_lock(&L->mu);
-    bool ready = L->up && L->map &&
-                 fetcher_pool_read_begin(L->map->view, &key, FETCHER_POOL_WHOLE, &pl) == 0;
+    bool ready =
+        L->up && L->map && common_pool_read_begin(&L->map->view, &key, COMMON_POOL_WHOLE, &pl) == 0;
     pthread_mutex_unlock(&L->mu);
     return ready;
 }
@@ -1174,8 +1172,8 @@ static void remote_token_begin(void *arg)
         pthread_mutex_lock(&L->push_mu);
         pthread_mutex_lock(&L->mu);
         /* Direct reads for this token when the pool evicted nothing during the previous one. */
-        if (L->up && L->map && L->map->view) {
-            uint64_t ev = fetcher_pool_evictions(L->map->view);
+        if (L->up && L->map && L->map->view.base) {
+            uint64_t ev = common_pool_evictions(&L->map->view);
             atomic_store_explicit(&L->direct, !r->no_direct && ev == L->evictions_seen,
                                   memory_order_relaxed);
             L->evictions_seen = ev;

@@ -1,5 +1,6 @@
 /* executor/serve.c - the executor's control socket and the step service for the router. */
-#include "daemon.h"
+#include "executor.h"
+#include "proto.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,9 +13,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "records.h"
-#include "wire.h"
 
 #define SERVE_WAIT_MS 100 /* step-ring wait between checks of the router and of a new link */
 

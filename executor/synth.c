@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
+
 #define SYNTH_CHUNK_BYTES (8u << 20) /* float scratch per chunk of rows */
 #define SYNTH_BYTE_VOCAB  259u       /* <unk>, <s>, </s>, 256 byte tokens */
 #define SYNTH_MAX_THREADS 16u        /* quantizer threads per chunk */

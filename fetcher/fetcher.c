@@ -235,12 +235,13 @@ static void front_note_access(struct fetcher *f, uint32_t layer, uint32_t expert
             if (!front_mmap_resident(f, &pp[p]))
                 outcome = FETCHER_TRACE_MISS;
     } else {
-        struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
+        struct common_pool_key   key = {layer, expert, COMMON_POOL_BUNDLE};
         struct fetcher_pool_peek pk;
         fetcher_pool_peek(f->pool, &key, &pk);
-        const struct front_load *ld = pk.slot != FETCHER_POOL_NO_SLOT ? &f->loads[pk.slot] : NULL;
+        const struct front_load *ld = pk.slot != COMMON_POOL_NO_SLOT ? &f->loads[pk.slot] : NULL;
         /* A load still queued and not started gains nothing over a fault: count a miss. */
-        bool unstarted = ld && pk.state == FETCHER_SLOT_LOADING && ld->queued && ld->next_part == 0;
+        bool unstarted =
+            ld && pk.state == COMMON_POOL_SLOT_LOADING && ld->queued && ld->next_part == 0;
         if (ld && !unstarted)
             outcome = pk.origin == FETCHER_PRIO_PREFETCH && pk.n_uses == 0
                           ? FETCHER_TRACE_PREFETCH_HIT
@@ -253,7 +254,7 @@ static void front_note_access(struct fetcher *f, uint32_t layer, uint32_t expert
  * load, or promotes a queued one. Returns 0 or COMMON_EAGAIN (no slot can be freed). */
 static int front_ensure(struct fetcher *f, uint32_t layer, uint32_t expert, uint32_t prio)
 {
-    struct fetcher_pool_key    key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct common_pool_key     key = {layer, expert, COMMON_POOL_BUNDLE};
     struct fetcher_pool_victim victim;
     uint32_t                   slot, gen;
     uint64_t                   protect = prio == FETCHER_PRIO_PREFETCH ? f->token_tick + 1 : 0;
@@ -693,8 +694,8 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
         *loan = FETCHER_LOAN_NONE;
         return COMMON_OK;
     }
-    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
-    struct fetcher_pool_loan l;
+    struct common_pool_key  key = {layer, expert, COMMON_POOL_BUNDLE};
+    struct common_pool_loan l;
     for (;;) {
         uint64_t seq = fetcher_pool_change_seq(f->pool);
         int      rc = fetcher_pool_try_acquire(f->pool, &key, part, &l);
@@ -736,8 +737,8 @@ int fetcher_try_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
         return COMMON_EINVAL;
     if (f->mode == FETCHER_IO_MMAP)
         return fetcher_acquire(f, layer, expert, part, data, loan);
-    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
-    struct fetcher_pool_loan l;
+    struct common_pool_key  key = {layer, expert, COMMON_POOL_BUNDLE};
+    struct common_pool_loan l;
     pthread_mutex_lock(&f->mu);
     front_note_access(f, layer, expert); /* once per token and expert: a later acquire skips it */
     pthread_mutex_unlock(&f->mu);
@@ -757,7 +758,7 @@ int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert, uint32_
     pthread_mutex_unlock(&f->mu);
     if (f->mode == FETCHER_IO_MMAP)
         return COMMON_OK;
-    struct fetcher_pool_key key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct common_pool_key key = {layer, expert, COMMON_POOL_BUNDLE};
     return fetcher_pool_touch(f->pool, &key, n_parts);
 }
 
@@ -767,10 +768,10 @@ bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert)
         return false;
     if (f->mode == FETCHER_IO_MMAP)
         return true;
-    struct fetcher_pool_key  key = {layer, expert, FETCHER_POOL_BUNDLE};
+    struct common_pool_key   key = {layer, expert, COMMON_POOL_BUNDLE};
     struct fetcher_pool_peek pk;
     fetcher_pool_peek(f->pool, &key, &pk);
-    return pk.slot != FETCHER_POOL_NO_SLOT && pk.state == FETCHER_SLOT_READY;
+    return pk.slot != COMMON_POOL_NO_SLOT && pk.state == COMMON_POOL_SLOT_READY;
 }
 
 void fetcher_release(struct fetcher *f, uint32_t loan)

@@ -9,9 +9,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "executor.h"
 #include "fetcher.h"
-#include "serve.h"
 
 static void usage(FILE *f)
 {
@@ -39,21 +37,6 @@ static void usage(FILE *f)
            "Files in DIR: fetcher-I.ctl (control socket), fetcher-I.pool (hands the pool memfd),\n"
            "fetcher-I.pid. SIGTERM/SIGINT or a SHUTDOWN message: stop, print the trace summary,\n"
            "remove those files, exit 0.\n");
-}
-
-/* KV caches and scratch of the executor's n_seq contexts (what the executor will allocate). */
-static int mem_estimate(const struct common_hparams *hp, uint32_t n_ctx, uint32_t n_seq,
-                        uint64_t *kv_bytes, uint64_t *act_bytes)
-{
-    struct executor_ctx_mem mem = {0};
-    long                    ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int rc = executor_ctx_mem_estimate(hp, &(struct executor_ctx_opts){.n_ctx = n_ctx},
-                                       ncpu > 0 ? (uint32_t)ncpu : 1, &mem);
-    if (rc != COMMON_OK)
-        return rc;
-    *kv_bytes = mem.kv_bytes * n_seq;
-    *act_bytes = (mem.scratch_bytes + (uint64_t)hp->n_vocab * sizeof(float)) * n_seq;
-    return COMMON_OK;
 }
 
 static bool parse_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
@@ -190,9 +173,8 @@ int main(int argc, char **argv)
     char               **cargv, **owned;
     if (common_config_load("sluice-fetcher", argc, argv, &cargc, &cargv, &owned) < 0)
         return 1;
-    struct fetcher_serve_opts o = {
-        .plan_out = stderr, .summary_out = stderr, .mem_estimate = mem_estimate};
-    int prc = parse_args(cargc, cargv, &o);
+    struct fetcher_serve_opts o = {.plan_out = stderr, .summary_out = stderr};
+    int                       prc = parse_args(cargc, cargv, &o);
     if (prc != 0) {
         free(owned);
         return prc == 2 ? 0 : 1;

@@ -12,110 +12,43 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Segment layout (all offsets from the segment start, nothing in it is a pointer):
- *   [0, table_off)              struct pool_hdr
- *   [table_off, index_off)      n_slots x struct pool_slot
- *   [index_off, data_off)       n_layer * n_expert * 4 x _Atomic uint32_t: slot + 1, 0 = absent
- *   [data_off, segment_bytes)   n_slots x slot_bytes of data, FETCHER_ALIGN-aligned
- * Writers (the creating process) change the table under pool->mu; attached readers use the
- * atomics only. */
-struct pool_hdr {
-    uint32_t magic;         /* FETCHER_POOL_MAGIC */
-    uint32_t version;       /* FETCHER_POOL_VERSION */
-    uint32_t n_slots;       /* slots in the table and the data region */
-    uint32_t n_layer;       /* key space: layers */
-    uint32_t n_expert;      /* key space: experts per layer */
-    uint32_t policy;        /* enum fetcher_policy (informational for readers) */
-    uint64_t slot_bytes;    /* bytes per slot, multiple of FETCHER_ALIGN */
-    uint64_t segment_bytes; /* whole segment */
-    uint64_t table_off;     /* slot table */
-    uint64_t index_off;     /* key index */
-    uint64_t data_off;      /* slot data */
-    /* READY slots given a new key so far. Release increments under pool->mu (creator); attached
-     * readers load it to tell a pool under eviction pressure from a settled one. */
-    _Atomic uint64_t evictions;
-};
-
-struct pool_slot {
-    /* Release stores under pool->mu; pair with the acquire loads in fetcher_pool_read_begin()
-     * and fetcher_pool_read_valid() of attached readers. */
-    _Atomic uint32_t state;      /* enum fetcher_slot_state */
-    _Atomic uint32_t gen;        /* bumped whenever the slot gets a new key or goes FREE */
-    _Atomic uint32_t pins;       /* loans outstanding (creator process only) */
-    _Atomic uint32_t ready_mask; /* bit p: part p readable while LOADING */
-    uint32_t         layer;      /* key, valid unless FREE */
-    uint32_t         expert;
-    uint32_t         part;
-    uint32_t         origin; /* loader's tag (a fetcher_priority) */
-    uint32_t         n_uses; /* acquires since the key was loaded */
-    uint32_t         pad;
-    uint64_t         last_use;  /* pool tick of the latest acquire or the claim */
-    uint64_t         lfu_tick;  /* tick at which lfu_score was last decayed */
-    double           lfu_score; /* decayed use count (LFU policy) */
-    uint64_t         part_off[COMMON_EXPERT_PART_COUNT];  /* from the slot start */
-    uint64_t         part_size[COMMON_EXPERT_PART_COUNT]; /* bytes */
-};
-
+/* The segment layout is common.h's (struct common_pool_hdr); this file is its only writer. It
+ * changes the slot table under pool->mu; readers of other processes use the atomics only. */
 struct fetcher_pool {
-    uint8_t            *base;      /* mapped: the segment, unmapped by fetcher_pool_destroy */
-    uint64_t            map_bytes; /* length of the mapping */
-    int                 fd;        /* owned: memfd, or -1 */
-    bool                attached;  /* read-only view of another process's pool */
-    struct pool_hdr    *hdr;       /* borrowed: into base */
-    struct pool_slot   *slots;     /* borrowed: into base */
-    _Atomic uint32_t   *index;     /* borrowed: into base */
-    uint8_t            *data;      /* borrowed: into base */
-    enum fetcher_policy policy;
-    double              halflife;   /* LFU decay, in ticks */
-    pthread_mutex_t     mu;         /* guards the table, tick and change_seq (creator only) */
-    pthread_cond_t      cv;         /* broadcast on every state change and release */
-    bool                sync_init;  /* mu and cv initialised */
-    uint64_t            tick;       /* use clock; under mu */
-    uint64_t            change_seq; /* under mu */
-    uint64_t           *failed_gen; /* owned: per slot, 1 + the generation whose load failed
-                                       (0 = none); under mu, creator only */
+    struct common_pool_view  v;         /* the segment, bound over base */
+    uint8_t                 *base;      /* mapped: the segment, unmapped by fetcher_pool_destroy */
+    uint64_t                 map_bytes; /* length of the mapping */
+    int                      fd;        /* owned: memfd, or -1 */
+    struct common_pool_hdr  *hdr;       /* borrowed: v.hdr */
+    struct common_pool_slot *slots;     /* borrowed: v.slots */
+    _Atomic uint32_t        *index;     /* borrowed: v.index */
+    enum fetcher_policy      policy;
+    double                   halflife;   /* LFU decay, in ticks */
+    pthread_mutex_t          mu;         /* guards the table, tick and change_seq (creator only) */
+    pthread_cond_t           cv;         /* broadcast on every state change and release */
+    bool                     sync_init;  /* mu and cv initialised */
+    uint64_t                 tick;       /* use clock; under mu */
+    uint64_t                 change_seq; /* under mu */
+    uint64_t                *failed_gen; /* owned: per slot, 1 + the generation whose load failed
+                                            (0 = none); under mu, creator only */
 };
 
-static uint64_t pool_align_up(uint64_t v, uint64_t a)
+static bool pool_key_ok(const struct fetcher_pool *p, const struct common_pool_key *k)
 {
-    return (v + a - 1) / a * a;
+    return common_pool_key_ok(&p->v, k);
 }
 
-static bool pool_key_ok(const struct fetcher_pool *p, const struct fetcher_pool_key *k)
+static uint64_t pool_key_index(const struct fetcher_pool *p, const struct common_pool_key *k)
 {
-    return k->layer < p->hdr->n_layer && k->expert < p->hdr->n_expert &&
-           k->part <= FETCHER_POOL_BUNDLE;
-}
-
-static uint64_t pool_key_index(const struct fetcher_pool *p, const struct fetcher_pool_key *k)
-{
-    return ((uint64_t)k->layer * p->hdr->n_expert + k->expert) * (FETCHER_POOL_BUNDLE + 1) +
-           k->part;
-}
-
-/* Computes the layout into *h; returns 0 or COMMON_EINVAL on overflow. */
-static int pool_layout(struct pool_hdr *h)
-{
-    uint64_t n_keys, table, index, data;
-    if (!common_mul_u64((uint64_t)h->n_layer * h->n_expert, FETCHER_POOL_BUNDLE + 1, &n_keys) ||
-        !common_mul_u64(h->n_slots, h->slot_bytes, &data))
-        return COMMON_EINVAL;
-    h->table_off = pool_align_up(sizeof(struct pool_hdr), 64);
-    table = (uint64_t)h->n_slots * sizeof(struct pool_slot);
-    h->index_off = h->table_off + table;
-    index = n_keys * sizeof(uint32_t);
-    h->data_off = pool_align_up(h->index_off + index, FETCHER_ALIGN);
-    if (!common_add_u64(h->data_off, data, &h->segment_bytes))
-        return COMMON_EINVAL;
-    return COMMON_OK;
+    return common_pool_key_index(&p->v, k);
 }
 
 static void pool_bind(struct fetcher_pool *p)
 {
-    p->hdr = (struct pool_hdr *)(void *)p->base;
-    p->slots = (struct pool_slot *)(void *)(p->base + p->hdr->table_off);
-    p->index = (_Atomic uint32_t *)(void *)(p->base + p->hdr->index_off);
-    p->data = p->base + p->hdr->data_off;
+    common_pool_view_bind(&p->v, p->base, p->map_bytes);
+    p->hdr = p->v.hdr;
+    p->slots = p->v.slots;
+    p->index = p->v.index;
 }
 
 int fetcher_pool_create(const struct fetcher_pool_opts *o, struct fetcher_pool **out,
@@ -125,19 +58,19 @@ int fetcher_pool_create(const struct fetcher_pool_opts *o, struct fetcher_pool *
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "pool: slot_bytes, n_slots, n_layer and "
                                  "n_expert must be non-zero");
-    if (o->n_slots >= FETCHER_POOL_NO_SLOT - 1 || o->slot_bytes > (UINT64_C(1) << 40))
+    if (o->n_slots >= COMMON_POOL_NO_SLOT - 1 || o->slot_bytes > (UINT64_C(1) << 40))
         return common_errmsg_set(e, COMMON_EINVAL, "pool: %u slots of %llu bytes is too large",
                                  o->n_slots, (unsigned long long)o->slot_bytes);
-    struct pool_hdr h = {
-        .magic = FETCHER_POOL_MAGIC,
-        .version = FETCHER_POOL_VERSION,
+    struct common_pool_hdr h = {
+        .magic = COMMON_POOL_MAGIC,
+        .version = COMMON_POOL_VERSION,
         .n_slots = o->n_slots,
         .n_layer = o->n_layer,
         .n_expert = o->n_expert,
         .policy = (uint32_t)o->policy,
-        .slot_bytes = pool_align_up(o->slot_bytes, FETCHER_ALIGN),
+        .slot_bytes = (o->slot_bytes + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN,
     };
-    if (pool_layout(&h) != COMMON_OK || h.segment_bytes > (uint64_t)SIZE_MAX)
+    if (common_pool_layout(&h) != COMMON_OK || h.segment_bytes > (uint64_t)SIZE_MAX)
         return common_errmsg_set(e, COMMON_EINVAL, "pool: segment size overflows");
 
     struct fetcher_pool *p = calloc(1, sizeof(*p));
@@ -198,53 +131,6 @@ void fetcher_pool_destroy(struct fetcher_pool *p)
     free(p);
 }
 
-int fetcher_pool_attach(int fd, struct fetcher_pool **out, struct common_errmsg *e)
-{
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-        return common_errmsg_set(e, COMMON_EIO, "pool attach: fstat failed: %s", strerror(errno));
-    if ((uint64_t)st.st_size < sizeof(struct pool_hdr))
-        return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "pool attach: segment of %lld bytes is smaller than its header",
-                                 (long long)st.st_size);
-    struct pool_hdr h;
-    if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
-        return common_errmsg_set(e, COMMON_EIO, "pool attach: header read failed");
-    if (h.magic != FETCHER_POOL_MAGIC)
-        return common_errmsg_set(e, COMMON_ECORRUPT, "pool attach: bad magic 0x%08x", h.magic);
-    if (h.version != FETCHER_POOL_VERSION)
-        return common_errmsg_set(e, COMMON_ECORRUPT, "pool attach: version %u, expected %u",
-                                 h.version, FETCHER_POOL_VERSION);
-    struct pool_hdr want = h;
-    if (h.slot_bytes == 0 || h.slot_bytes % FETCHER_ALIGN != 0 || h.n_slots == 0 ||
-        h.n_layer == 0 || h.n_expert == 0 || pool_layout(&want) != COMMON_OK ||
-        want.table_off != h.table_off || want.index_off != h.index_off ||
-        want.data_off != h.data_off || want.segment_bytes != h.segment_bytes)
-        return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "pool attach: inconsistent layout (slot_bytes %llu, n_slots %u)",
-                                 (unsigned long long)h.slot_bytes, h.n_slots);
-    if (h.segment_bytes > (uint64_t)st.st_size)
-        return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "pool attach: header says %llu bytes, segment has %lld",
-                                 (unsigned long long)h.segment_bytes, (long long)st.st_size);
-    struct fetcher_pool *p = calloc(1, sizeof(*p));
-    if (!p)
-        return common_errmsg_set(e, COMMON_ENOMEM, "pool attach: out of memory");
-    void *base = mmap(NULL, (size_t)h.segment_bytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        free(p);
-        return common_errmsg_set(e, COMMON_EIO, "pool attach: mmap failed: %s", strerror(errno));
-    }
-    p->fd = -1;
-    p->attached = true;
-    p->base = base;
-    p->map_bytes = h.segment_bytes;
-    pool_bind(p);
-    p->policy = (enum fetcher_policy)h.policy;
-    *out = p;
-    return COMMON_OK;
-}
-
 int fetcher_pool_fd(const struct fetcher_pool *p)
 {
     return p->fd;
@@ -272,7 +158,12 @@ uint64_t fetcher_pool_segment_bytes(const struct fetcher_pool *p)
 
 uint8_t *fetcher_pool_slot_data(const struct fetcher_pool *p, uint32_t slot)
 {
-    return p->data + (uint64_t)slot * p->hdr->slot_bytes;
+    return common_pool_slot_data(&p->v, slot);
+}
+
+const struct common_pool_view *fetcher_pool_view(const struct fetcher_pool *p)
+{
+    return &p->v;
 }
 
 /* ---- helpers under p->mu ------------------------------------------------------------------ */
@@ -283,24 +174,24 @@ static void pool_changed(struct fetcher_pool *p)
     pthread_cond_broadcast(&p->cv);
 }
 
-static bool pool_readable(const struct pool_slot *s, uint32_t part)
+static bool pool_readable(const struct common_pool_slot *s, uint32_t part)
 {
     uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
-    if (st == FETCHER_SLOT_READY)
+    if (st == COMMON_POOL_SLOT_READY)
         return true;
-    if (st != FETCHER_SLOT_LOADING || part >= COMMON_EXPERT_PART_COUNT)
+    if (st != COMMON_POOL_SLOT_LOADING || part >= COMMON_EXPERT_PART_COUNT)
         return false;
     return (atomic_load_explicit(&s->ready_mask, memory_order_relaxed) >> part) & 1u;
 }
 
-static double pool_lfu_now(const struct fetcher_pool *p, const struct pool_slot *s)
+static double pool_lfu_now(const struct fetcher_pool *p, const struct common_pool_slot *s)
 {
     double age = (double)(p->tick - s->lfu_tick);
     return s->lfu_score * exp2(-age / p->halflife);
 }
 
 /* One use of a slot: the use clock, its recency, its decayed frequency and its use count. */
-static void pool_count_use(struct fetcher_pool *p, struct pool_slot *s)
+static void pool_count_use(struct fetcher_pool *p, struct common_pool_slot *s)
 {
     p->tick++;
     s->last_use = p->tick;
@@ -310,9 +201,9 @@ static void pool_count_use(struct fetcher_pool *p, struct pool_slot *s)
 }
 
 static void pool_pin(struct fetcher_pool *p, uint32_t slot, uint32_t part,
-                     struct fetcher_pool_loan *out)
+                     struct common_pool_loan *out)
 {
-    struct pool_slot *s = &p->slots[slot];
+    struct common_pool_slot *s = &p->slots[slot];
     atomic_fetch_add_explicit(&s->pins, 1, memory_order_relaxed);
     pool_count_use(p, s);
     out->slot = slot;
@@ -327,31 +218,31 @@ static void pool_pin(struct fetcher_pool *p, uint32_t slot, uint32_t part,
 }
 
 /* Bumps the generation and frees the slot (no key, no pins). */
-static void pool_free_slot(struct fetcher_pool *p, struct pool_slot *s)
+static void pool_free_slot(struct fetcher_pool *p, struct common_pool_slot *s)
 {
     atomic_store_explicit(&s->ready_mask, 0, memory_order_relaxed);
     /* The state leaves READY before the generation moves: a reader that sees the new
      * generation sees the slot not READY (see fetcher_pool_claim). */
-    atomic_store_explicit(&s->state, FETCHER_SLOT_FREE, memory_order_relaxed);
-    /* Release: pairs with the acquire loads of gen in fetcher_pool_read_begin() and
-     * fetcher_pool_read_valid(). */
+    atomic_store_explicit(&s->state, COMMON_POOL_SLOT_FREE, memory_order_relaxed);
+    /* Release: pairs with the acquire loads of gen in common_pool_read_begin() and
+     * common_pool_read_valid(). */
     atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
     (void)p;
 }
 
-static void pool_unindex(struct fetcher_pool *p, const struct pool_slot *s)
+static void pool_unindex(struct fetcher_pool *p, const struct common_pool_slot *s)
 {
-    struct fetcher_pool_key k = {s->layer, s->expert, s->part};
-    /* Release: pairs with the acquire load of the index in fetcher_pool_read_begin(). */
+    struct common_pool_key k = {s->layer, s->expert, s->part};
+    /* Release: pairs with the acquire load of the index in common_pool_read_begin(). */
     atomic_store_explicit(&p->index[pool_key_index(p, &k)], 0, memory_order_release);
 }
 
 /* ---- readers ------------------------------------------------------------------------------ */
 
-int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct fetcher_pool_key *key,
-                             uint32_t part, struct fetcher_pool_loan *out)
+int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct common_pool_key *key,
+                             uint32_t part, struct common_pool_loan *out)
 {
-    if (!pool_key_ok(p, key) || part > FETCHER_POOL_WHOLE || p->attached)
+    if (!pool_key_ok(p, key) || part > COMMON_POOL_WHOLE)
         return COMMON_EINVAL;
     int rc;
     pthread_mutex_lock(&p->mu);
@@ -371,17 +262,17 @@ int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct fetcher_pool_k
 }
 
 int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
-                              struct fetcher_pool_loan *out)
+                              struct common_pool_loan *out)
 {
-    if (slot >= p->hdr->n_slots || part > FETCHER_POOL_WHOLE || p->attached)
+    if (slot >= p->hdr->n_slots || part > COMMON_POOL_WHOLE)
         return COMMON_EINVAL;
-    struct pool_slot *s = &p->slots[slot];
-    int               rc;
+    struct common_pool_slot *s = &p->slots[slot];
+    int                      rc;
     pthread_mutex_lock(&p->mu);
     for (;;) {
         uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
-        if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen || st == FETCHER_SLOT_FREE ||
-            st == FETCHER_SLOT_FAILED) {
+        if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen ||
+            st == COMMON_POOL_SLOT_FREE || st == COMMON_POOL_SLOT_FAILED) {
             /* Failed loads give EIO; a slot that completed and was then evicted, or a load
              * abandoned without an error, asks the caller to look again. */
             rc = p->failed_gen[slot] == (uint64_t)gen + 1 ? COMMON_EIO : COMMON_EAGAIN;
@@ -400,39 +291,37 @@ int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t ge
 
 void fetcher_pool_release(struct fetcher_pool *p, uint32_t slot)
 {
-    if (slot >= p->hdr->n_slots || p->attached)
+    if (slot >= p->hdr->n_slots)
         return;
-    struct pool_slot *s = &p->slots[slot];
+    struct common_pool_slot *s = &p->slots[slot];
     pthread_mutex_lock(&p->mu);
     uint32_t pins = atomic_load_explicit(&s->pins, memory_order_relaxed);
     if (pins == 0)
         common_log_write(COMMON_LOG_LEVEL_ERR, "fetcher.pool", "release of unpinned slot=%u", slot);
     else
         atomic_store_explicit(&s->pins, pins - 1, memory_order_relaxed);
-    if (pins == 1 && atomic_load_explicit(&s->state, memory_order_relaxed) == FETCHER_SLOT_FAILED)
+    if (pins == 1 &&
+        atomic_load_explicit(&s->state, memory_order_relaxed) == COMMON_POOL_SLOT_FAILED)
         pool_free_slot(p, s);
     pool_changed(p);
     pthread_mutex_unlock(&p->mu);
 }
 
-bool fetcher_pool_loan_is_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l)
+bool fetcher_pool_loan_is_valid(const struct fetcher_pool *p, const struct common_pool_loan *l)
 {
-    if (l->slot >= p->hdr->n_slots)
-        return false;
-    /* Acquire: pairs with the release increments of gen in claim and pool_free_slot(). */
-    return atomic_load_explicit(&p->slots[l->slot].gen, memory_order_acquire) == l->gen;
+    return common_pool_loan_is_valid(&p->v, l);
 }
 
-void fetcher_pool_peek(struct fetcher_pool *p, const struct fetcher_pool_key *key,
+void fetcher_pool_peek(struct fetcher_pool *p, const struct common_pool_key *key,
                        struct fetcher_pool_peek *out)
 {
-    *out = (struct fetcher_pool_peek){.slot = FETCHER_POOL_NO_SLOT};
-    if (!pool_key_ok(p, key) || p->attached)
+    *out = (struct fetcher_pool_peek){.slot = COMMON_POOL_NO_SLOT};
+    if (!pool_key_ok(p, key))
         return;
     pthread_mutex_lock(&p->mu);
     uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_relaxed);
     if (v != 0) {
-        const struct pool_slot *s = &p->slots[v - 1];
+        const struct common_pool_slot *s = &p->slots[v - 1];
         out->slot = v - 1;
         out->state = atomic_load_explicit(&s->state, memory_order_relaxed);
         out->n_uses = s->n_uses;
@@ -441,50 +330,14 @@ void fetcher_pool_peek(struct fetcher_pool *p, const struct fetcher_pool_key *ke
     pthread_mutex_unlock(&p->mu);
 }
 
-int fetcher_pool_read_begin(const struct fetcher_pool *p, const struct fetcher_pool_key *key,
-                            uint32_t part, struct fetcher_pool_loan *out)
+int fetcher_pool_touch(struct fetcher_pool *p, const struct common_pool_key *key, uint32_t n)
 {
-    if (!pool_key_ok(p, key) || part > FETCHER_POOL_WHOLE)
-        return COMMON_EINVAL;
-    /* Acquire: pairs with the release store of the index in claim / pool_unindex(). */
-    uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_acquire);
-    if (v == 0 || v > p->hdr->n_slots)
-        return COMMON_ENOENT;
-    const struct pool_slot *s = &p->slots[v - 1];
-    /* Acquire: pairs with the release increments of gen by the writer. */
-    uint32_t gen = atomic_load_explicit(&s->gen, memory_order_acquire);
-    /* Acquire: pairs with the release store of READY in fetcher_pool_complete(). */
-    if (atomic_load_explicit(&s->state, memory_order_acquire) != FETCHER_SLOT_READY ||
-        s->layer != key->layer || s->expert != key->expert || s->part != key->part)
-        return COMMON_ENOENT;
-    uint64_t off = 0, size = p->hdr->slot_bytes;
-    if (part < COMMON_EXPERT_PART_COUNT) {
-        off = s->part_off[part];
-        size = s->part_size[part];
-        if (off > p->hdr->slot_bytes || size > p->hdr->slot_bytes - off)
-            return COMMON_ENOENT; /* torn read of a slot being reused */
-    }
-    out->slot = v - 1;
-    out->gen = gen;
-    out->data = fetcher_pool_slot_data(p, v - 1) + off;
-    out->size = size;
-    return COMMON_OK;
-}
-
-uint64_t fetcher_pool_evictions(const struct fetcher_pool *p)
-{
-    /* Acquire: pairs with the release increment in fetcher_pool_claim(). */
-    return atomic_load_explicit(&p->hdr->evictions, memory_order_acquire);
-}
-
-int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t n)
-{
-    if (!pool_key_ok(p, key) || p->attached)
+    if (!pool_key_ok(p, key))
         return COMMON_EINVAL;
     int rc = COMMON_ENOENT;
     pthread_mutex_lock(&p->mu);
     uint32_t v = atomic_load_explicit(&p->index[pool_key_index(p, key)], memory_order_relaxed);
-    if (v != 0 && pool_readable(&p->slots[v - 1], FETCHER_POOL_WHOLE)) {
+    if (v != 0 && pool_readable(&p->slots[v - 1], COMMON_POOL_WHOLE)) {
         for (uint32_t i = 0; i < n; i++)
             pool_count_use(p, &p->slots[v - 1]);
         rc = COMMON_OK;
@@ -493,34 +346,26 @@ int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *ke
     return rc;
 }
 
-bool fetcher_pool_read_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l)
-{
-    /* Acquire fence: the reader's loads of slot bytes happen before the generation re-check
-     * (the seqlock read side); pairs with the writer's release increment of gen. */
-    atomic_thread_fence(memory_order_acquire);
-    return fetcher_pool_loan_is_valid(p, l);
-}
-
 /* ---- loader side -------------------------------------------------------------------------- */
 
 /* Picks the slot to reuse: the first FREE one, else the policy's minimum among READY unpinned
- * slots not used since `protect_since`. Returns FETCHER_POOL_NO_SLOT when none qualifies. */
+ * slots not used since `protect_since`. Returns COMMON_POOL_NO_SLOT when none qualifies. */
 static uint32_t pool_pick_victim(struct fetcher_pool *p, uint64_t protect_since)
 {
-    uint32_t best = FETCHER_POOL_NO_SLOT;
+    uint32_t best = COMMON_POOL_NO_SLOT;
     double   best_score = 0.0;
     uint64_t best_tick = 0;
     for (uint32_t i = 0; i < p->hdr->n_slots; i++) {
-        const struct pool_slot *s = &p->slots[i];
-        uint32_t                st = atomic_load_explicit(&s->state, memory_order_relaxed);
-        if (st == FETCHER_SLOT_FREE)
+        const struct common_pool_slot *s = &p->slots[i];
+        uint32_t                       st = atomic_load_explicit(&s->state, memory_order_relaxed);
+        if (st == COMMON_POOL_SLOT_FREE)
             return i;
-        if (st != FETCHER_SLOT_READY || atomic_load_explicit(&s->pins, memory_order_relaxed))
+        if (st != COMMON_POOL_SLOT_READY || atomic_load_explicit(&s->pins, memory_order_relaxed))
             continue;
         if (protect_since != 0 && s->last_use >= protect_since)
             continue;
         double score = p->policy == FETCHER_POLICY_LFU ? pool_lfu_now(p, s) : 0.0;
-        if (best == FETCHER_POOL_NO_SLOT || score < best_score ||
+        if (best == COMMON_POOL_NO_SLOT || score < best_score ||
             (score == best_score && s->last_use < best_tick)) {
             best = i;
             best_score = score;
@@ -530,11 +375,11 @@ static uint32_t pool_pick_victim(struct fetcher_pool *p, uint64_t protect_since)
     return best;
 }
 
-int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t origin,
+int fetcher_pool_claim(struct fetcher_pool *p, const struct common_pool_key *key, uint32_t origin,
                        uint64_t protect_since, uint32_t *slot, uint32_t *gen,
                        struct fetcher_pool_victim *victim)
 {
-    if (!pool_key_ok(p, key) || p->attached)
+    if (!pool_key_ok(p, key))
         return COMMON_EINVAL;
     int rc;
     if (victim)
@@ -549,12 +394,12 @@ int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *ke
         goto out_unlock;
     }
     uint32_t i = pool_pick_victim(p, protect_since);
-    if (i == FETCHER_POOL_NO_SLOT) {
+    if (i == COMMON_POOL_NO_SLOT) {
         rc = COMMON_EAGAIN;
         goto out_unlock;
     }
-    struct pool_slot *s = &p->slots[i];
-    if (atomic_load_explicit(&s->state, memory_order_relaxed) == FETCHER_SLOT_READY) {
+    struct common_pool_slot *s = &p->slots[i];
+    if (atomic_load_explicit(&s->state, memory_order_relaxed) == COMMON_POOL_SLOT_READY) {
         if (victim)
             *victim = (struct fetcher_pool_victim){
                 .valid = true,
@@ -569,12 +414,12 @@ int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *ke
      * slot gets its new key and bytes. In that order, a reader that loads the new generation
      * (acquire) then the state cannot see the old READY with the old key, and take bytes about
      * to be overwritten under a generation that will not change again.
-     * Release: pairs with the acquire loads of gen in fetcher_pool_read_begin() and
-     * fetcher_pool_read_valid(). */
-    atomic_store_explicit(&s->state, FETCHER_SLOT_LOADING, memory_order_relaxed);
+     * Release: pairs with the acquire loads of gen in common_pool_read_begin() and
+     * common_pool_read_valid(). */
+    atomic_store_explicit(&s->state, COMMON_POOL_SLOT_LOADING, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
     /* And the new bytes (written after this returns) are not seen before the new generation:
-     * pairs with the acquire fence in fetcher_pool_read_valid(). */
+     * pairs with the acquire fence in common_pool_read_valid(). */
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&s->ready_mask, 0, memory_order_relaxed);
     s->layer = key->layer;
@@ -588,9 +433,9 @@ int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *ke
     s->lfu_score = 1.0;
     memset(s->part_off, 0, sizeof(s->part_off));
     memset(s->part_size, 0, sizeof(s->part_size));
-    /* Release: pairs with the acquire load of state in fetcher_pool_read_begin(). */
-    atomic_store_explicit(&s->state, FETCHER_SLOT_LOADING, memory_order_release);
-    /* Release: pairs with the acquire load of the index in fetcher_pool_read_begin(). */
+    /* Release: pairs with the acquire load of state in common_pool_read_begin(). */
+    atomic_store_explicit(&s->state, COMMON_POOL_SLOT_LOADING, memory_order_release);
+    /* Release: pairs with the acquire load of the index in common_pool_read_begin(). */
     atomic_store_explicit(&p->index[ki], i + 1, memory_order_release);
     *slot = i;
     *gen = atomic_load_explicit(&s->gen, memory_order_relaxed);
@@ -604,7 +449,7 @@ out_unlock:
 void fetcher_pool_set_part(struct fetcher_pool *p, uint32_t slot, uint32_t part, uint64_t offset,
                            uint64_t size)
 {
-    if (slot >= p->hdr->n_slots || part >= COMMON_EXPERT_PART_COUNT || p->attached)
+    if (slot >= p->hdr->n_slots || part >= COMMON_EXPERT_PART_COUNT)
         return;
     pthread_mutex_lock(&p->mu);
     p->slots[slot].part_off[part] = offset;
@@ -614,7 +459,7 @@ void fetcher_pool_set_part(struct fetcher_pool *p, uint32_t slot, uint32_t part,
 
 void fetcher_pool_part_ready(struct fetcher_pool *p, uint32_t slot, uint32_t part)
 {
-    if (slot >= p->hdr->n_slots || part >= COMMON_EXPERT_PART_COUNT || p->attached)
+    if (slot >= p->hdr->n_slots || part >= COMMON_EXPERT_PART_COUNT)
         return;
     pthread_mutex_lock(&p->mu);
     atomic_fetch_or_explicit(&p->slots[slot].ready_mask, 1u << part, memory_order_relaxed);
@@ -624,16 +469,16 @@ void fetcher_pool_part_ready(struct fetcher_pool *p, uint32_t slot, uint32_t par
 
 void fetcher_pool_complete(struct fetcher_pool *p, uint32_t slot)
 {
-    if (slot >= p->hdr->n_slots || p->attached)
+    if (slot >= p->hdr->n_slots)
         return;
     pthread_mutex_lock(&p->mu);
-    struct pool_slot *s = &p->slots[slot];
-    if (atomic_load_explicit(&s->state, memory_order_relaxed) == FETCHER_SLOT_LOADING) {
+    struct common_pool_slot *s = &p->slots[slot];
+    if (atomic_load_explicit(&s->state, memory_order_relaxed) == COMMON_POOL_SLOT_LOADING) {
         atomic_store_explicit(&s->ready_mask, (1u << COMMON_EXPERT_PART_COUNT) - 1,
                               memory_order_relaxed);
         /* Release: the slot bytes and part layout are visible to an attached reader that
-         * sees READY; pairs with the acquire load of state in fetcher_pool_read_begin(). */
-        atomic_store_explicit(&s->state, FETCHER_SLOT_READY, memory_order_release);
+         * sees READY; pairs with the acquire load of state in common_pool_read_begin(). */
+        atomic_store_explicit(&s->state, COMMON_POOL_SLOT_READY, memory_order_release);
     }
     pool_changed(p);
     pthread_mutex_unlock(&p->mu);
@@ -642,19 +487,19 @@ void fetcher_pool_complete(struct fetcher_pool *p, uint32_t slot)
 /* Takes a LOADING (or READY) slot out of the index; FREE now, or FAILED until unpinned. */
 static void pool_drop(struct fetcher_pool *p, uint32_t slot, bool failed)
 {
-    if (slot >= p->hdr->n_slots || p->attached)
+    if (slot >= p->hdr->n_slots)
         return;
     pthread_mutex_lock(&p->mu);
-    struct pool_slot *s = &p->slots[slot];
-    uint32_t          st = atomic_load_explicit(&s->state, memory_order_relaxed);
-    if (st == FETCHER_SLOT_LOADING || st == FETCHER_SLOT_READY) {
+    struct common_pool_slot *s = &p->slots[slot];
+    uint32_t                 st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (st == COMMON_POOL_SLOT_LOADING || st == COMMON_POOL_SLOT_READY) {
         if (failed)
             p->failed_gen[slot] = (uint64_t)atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
         pool_unindex(p, s);
         if (atomic_load_explicit(&s->pins, memory_order_relaxed) == 0)
             pool_free_slot(p, s);
         else
-            atomic_store_explicit(&s->state, FETCHER_SLOT_FAILED, memory_order_release);
+            atomic_store_explicit(&s->state, COMMON_POOL_SLOT_FAILED, memory_order_release);
     }
     pool_changed(p);
     pthread_mutex_unlock(&p->mu);
@@ -682,18 +527,17 @@ void fetcher_pool_counts(struct fetcher_pool *p, struct fetcher_pool_counts *out
 {
     *out =
         (struct fetcher_pool_counts){.n_slots = p->hdr->n_slots, .slot_bytes = p->hdr->slot_bytes};
-    if (!p->attached)
-        pthread_mutex_lock(&p->mu);
+    pthread_mutex_lock(&p->mu);
     for (uint32_t i = 0; i < p->hdr->n_slots; i++) {
-        const struct pool_slot *s = &p->slots[i];
+        const struct common_pool_slot *s = &p->slots[i];
         switch (atomic_load_explicit(&s->state, memory_order_relaxed)) {
-        case FETCHER_SLOT_FREE:
+        case COMMON_POOL_SLOT_FREE:
             out->n_free++;
             break;
-        case FETCHER_SLOT_LOADING:
+        case COMMON_POOL_SLOT_LOADING:
             out->n_loading++;
             break;
-        case FETCHER_SLOT_READY:
+        case COMMON_POOL_SLOT_READY:
             out->n_ready++;
             break;
         default:
@@ -703,8 +547,7 @@ void fetcher_pool_counts(struct fetcher_pool *p, struct fetcher_pool_counts *out
         if (atomic_load_explicit(&s->pins, memory_order_relaxed))
             out->n_pinned++;
     }
-    if (!p->attached)
-        pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->mu);
 }
 
 uint64_t fetcher_pool_change_seq(struct fetcher_pool *p)

@@ -7,33 +7,10 @@
 
 #include "fetcher.h"
 
-#define FETCHER_POOL_MAGIC   0x4c505353u /* "SSPL" read as a little-endian u32 */
-#define FETCHER_POOL_VERSION 2u
-/* Key part meaning "the whole bundle" (gate, up and down of one expert in one slot). */
-#define FETCHER_POOL_BUNDLE COMMON_EXPERT_PART_COUNT
-/* Part index of fetcher_pool_try_acquire() asking for the whole slot (state READY). */
-#define FETCHER_POOL_WHOLE   COMMON_EXPERT_PART_COUNT
-#define FETCHER_POOL_NO_SLOT UINT32_MAX
-
-/* Slot states. Eviction only takes FREE slots and unpinned READY slots. */
-enum fetcher_slot_state {
-    FETCHER_SLOT_FREE = 0, /* no key; may be claimed */
-    FETCHER_SLOT_LOADING,  /* claimed by a loader; parts become readable one by one */
-    FETCHER_SLOT_READY,    /* every part loaded */
-    FETCHER_SLOT_FAILED,   /* load failed while pinned: becomes FREE on the last release */
-};
-
-/* What a slot holds: part 0..2 (one matrix) or FETCHER_POOL_BUNDLE (all three). */
-struct fetcher_pool_key {
-    uint32_t layer;
-    uint32_t expert;
-    uint32_t part;
-};
-
-/* The expert pool: a segment (memfd or anonymous shared mapping) laid out as header, slot table,
- * key index and slot data, all addressed by offsets. The creating process owns the mutex and
- * condition variable (process-local); another process attaching read-only checks the header and
- * reads slots seqlock style (generation before and after). Opaque. */
+/* The expert pool, writer side: a segment (memfd or anonymous shared mapping) in the layout of
+ * common.h (struct common_pool_hdr: header, slot table, key index and slot data, all addressed by
+ * offsets). This process owns the mutex and condition variable; another process maps the segment
+ * with common_pool_view_attach() and reads READY slots seqlock style. Opaque. */
 struct fetcher_pool;
 
 struct fetcher_pool_opts {
@@ -46,26 +23,18 @@ struct fetcher_pool_opts {
     bool                no_memfd;     /* anonymous shared mapping instead of a memfd */
 };
 
-/* A pinned slot, or the slot a waiter waits on. */
-struct fetcher_pool_loan {
-    uint32_t       slot; /* slot index */
-    uint32_t       gen;  /* slot generation when lent; see fetcher_pool_loan_is_valid() */
-    const uint8_t *data; /* borrowed: the part's bytes in the arena, valid while pinned */
-    uint64_t       size; /* bytes at data */
-};
-
 /* What a claim displaced, for tracing. */
 struct fetcher_pool_victim {
-    bool                    valid;  /* a READY slot was evicted */
-    struct fetcher_pool_key key;    /* its key */
-    uint32_t                n_uses; /* acquires since it was loaded */
-    uint32_t                origin; /* what its loader passed to fetcher_pool_claim() */
+    bool                   valid;  /* a READY slot was evicted */
+    struct common_pool_key key;    /* its key */
+    uint32_t               n_uses; /* acquires since it was loaded */
+    uint32_t               origin; /* what its loader passed to fetcher_pool_claim() */
 };
 
 /* State of a slot by key, without pinning. */
 struct fetcher_pool_peek {
-    uint32_t slot;   /* FETCHER_POOL_NO_SLOT when the key is not in the pool */
-    uint32_t state;  /* enum fetcher_slot_state */
+    uint32_t slot;   /* COMMON_POOL_NO_SLOT when the key is not in the pool */
+    uint32_t state;  /* enum common_pool_slot_state */
     uint32_t n_uses; /* acquires since load */
     uint32_t origin; /* loader's tag */
 };
@@ -76,12 +45,6 @@ int fetcher_pool_create(const struct fetcher_pool_opts *o, struct fetcher_pool *
                         struct common_errmsg *e);
 /* Unmaps and frees; accepts NULL. */
 void fetcher_pool_destroy(struct fetcher_pool *p);
-
-/* Maps the segment behind `fd` (from fetcher_pool_fd() of another process) read-only and checks
- * its header: magic, version, slot size, slot count and offsets against the segment size.
- * Returns 0, COMMON_ECORRUPT (mismatch, named in e), COMMON_EIO (fstat/mmap failed). An attached
- * pool only supports fetcher_pool_read_begin()/_read_valid() and the getters. */
-int fetcher_pool_attach(int fd, struct fetcher_pool **out, struct common_errmsg *e);
 
 /* The memfd of the segment (owned by the pool), or -1 for an anonymous one. */
 int      fetcher_pool_fd(const struct fetcher_pool *p);
@@ -95,12 +58,12 @@ uint8_t *fetcher_pool_slot_data(const struct fetcher_pool *p, uint32_t slot);
 
 /* ---- readers (creator process) ----------------------------------------------------------- */
 
-/* Pins the slot holding `key` if part `part` (0..2, or FETCHER_POOL_WHOLE) is readable, and
+/* Pins the slot holding `key` if part `part` (0..2, or COMMON_POOL_WHOLE) is readable, and
  * counts a use. Returns 0 (pinned, *out filled), COMMON_EAGAIN (loading, part not ready yet:
  * out->slot and out->gen name what to wait on), COMMON_ENOENT (not in the pool),
  * COMMON_EINVAL (bad key). Thread-safe. */
-int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct fetcher_pool_key *key,
-                             uint32_t part, struct fetcher_pool_loan *out);
+int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct common_pool_key *key,
+                             uint32_t part, struct common_pool_loan *out);
 
 /* Blocks until slot `slot` of generation `gen` has part `part` readable, then pins it as
  * fetcher_pool_try_acquire() does. Returns 0, COMMON_EIO when that load failed
@@ -108,32 +71,26 @@ int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct fetcher_pool_k
  * was abandoned, or it completed and was evicted before this waiter ran): look up the key
  * again. Thread-safe. */
 int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
-                              struct fetcher_pool_loan *out);
+                              struct common_pool_loan *out);
 
 /* Unpins one loan of `slot`. Thread-safe. */
 void fetcher_pool_release(struct fetcher_pool *p, uint32_t slot);
 
 /* True while the generation of the loaned slot is unchanged (the bytes are those lent). */
-bool fetcher_pool_loan_is_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l);
+bool fetcher_pool_loan_is_valid(const struct fetcher_pool *p, const struct common_pool_loan *l);
 
 /* Looks up `key` without pinning or counting a use. Thread-safe. */
-void fetcher_pool_peek(struct fetcher_pool *p, const struct fetcher_pool_key *key,
+void fetcher_pool_peek(struct fetcher_pool *p, const struct common_pool_key *key,
                        struct fetcher_pool_peek *out);
 
-/* Cross-process readers (attached, no pins): read_begin fills *out for a READY slot of `key` and
- * returns 0 (else COMMON_ENOENT); after copying or using the bytes, read_valid tells whether the
- * slot was not reused meanwhile (seqlock). */
-int  fetcher_pool_read_begin(const struct fetcher_pool *p, const struct fetcher_pool_key *key,
-                             uint32_t part, struct fetcher_pool_loan *out);
-bool fetcher_pool_read_valid(const struct fetcher_pool *p, const struct fetcher_pool_loan *l);
-/* READY slots evicted (given a new key) since the pool was created; readable from an attached
- * view. A reader that sees it unchanged over a while knows the pool is settled. */
-uint64_t fetcher_pool_evictions(const struct fetcher_pool *p);
+/* This process's view of the segment (borrowed from p): what another process's attached view
+ * sees, for tests and for reading evictions. */
+const struct common_pool_view *fetcher_pool_view(const struct fetcher_pool *p);
 
 /* Counts `n` uses of the READY slot holding `key` (as n acquires do) without pinning it: what a
  * cross-process reader reports after reading n parts of the slot directly. Returns 0,
  * COMMON_ENOENT (not READY in the pool), COMMON_EINVAL (bad key, attached view). Thread-safe. */
-int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t n);
+int fetcher_pool_touch(struct fetcher_pool *p, const struct common_pool_key *key, uint32_t n);
 
 /* ---- loader side ------------------------------------------------------------------------- */
 
@@ -142,7 +99,7 @@ int fetcher_pool_touch(struct fetcher_pool *p, const struct fetcher_pool_key *ke
  * new generation; `origin` is stored for tracing. Returns 0 (claimed: *slot, *gen, *victim set),
  * 1 (the key is already in the pool: *slot and *gen name it), COMMON_EAGAIN (no slot can be
  * freed), COMMON_EINVAL (bad key). Thread-safe. */
-int fetcher_pool_claim(struct fetcher_pool *p, const struct fetcher_pool_key *key, uint32_t origin,
+int fetcher_pool_claim(struct fetcher_pool *p, const struct common_pool_key *key, uint32_t origin,
                        uint64_t protect_since, uint32_t *slot, uint32_t *gen,
                        struct fetcher_pool_victim *victim);
 

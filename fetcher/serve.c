@@ -1,5 +1,5 @@
 /* fetcher/serve.c - the fetcher daemon's service: control socket, pool fd, executor rings. */
-#include "serve.h"
+#include "fetcher.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -15,8 +15,6 @@
 #include <unistd.h>
 
 #include "proto.h"
-#include "records.h"
-#include "wire.h"
 
 #define SERVE_DEFAULT_WORKERS 8u
 #define SERVE_MAX_WORKERS     256u
@@ -251,7 +249,7 @@ static bool link_req_valid(const struct fetcher_server *s, const struct proto_fe
     case PROTO_FETCH_ACQUIRE:
         return serve_in_shard(s, r->layer, r->expert) && r->part < COMMON_EXPERT_PART_COUNT;
     case PROTO_FETCH_HINT:
-        return serve_in_shard(s, r->layer, r->expert) && r->prio < FETCHER_PRIO_COUNT;
+        return serve_in_shard(s, r->layer, r->expert) && r->prio < PROTO_FETCH_PRIO_COUNT;
     case PROTO_FETCH_USE:
         return serve_in_shard(s, r->layer, r->expert) && r->part != 0 &&
                r->part < (1u << COMMON_EXPERT_PART_COUNT);
@@ -815,15 +813,20 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     if (o->n_slots) {
         s->n_slots = o->n_slots;
     } else if (o->ram_budget) {
-        uint64_t kv = 0, act = 0;
-        if (o->mem_estimate) {
-            int rc = o->mem_estimate(&s->m.hp, o->n_ctx, o->n_seq ? o->n_seq : 1, &kv, &act);
-            if (rc != COMMON_OK)
-                return common_errmsg_set(e, rc,
-                                         "context size %u x %u sequences unusable for "
-                                         "this model",
-                                         o->n_ctx, o->n_seq ? o->n_seq : 1);
-        }
+        /* The executor's contexts, sized by the same table it allocates from. */
+        long                     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        uint32_t                 n_seq = o->n_seq ? o->n_seq : 1;
+        struct common_ctx_layout lay;
+        int                      lrc = common_ctx_layout_compute(
+                                 &s->m.hp,
+                                 &(struct common_ctx_layout_opts){
+                                     .n_ctx = o->n_ctx,
+                                     .n_threads = o->n_threads ? o->n_threads : (ncpu > 0 ? (uint32_t)ncpu : 1)},
+                                 &lay, e);
+        if (lrc != COMMON_OK)
+            return lrc;
+        uint64_t                 kv = lay.kv_bytes * n_seq;
+        uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
         struct fetcher_plan      plan;
         struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
                                        .kv_bytes = kv,

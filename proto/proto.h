@@ -1,10 +1,12 @@
-/* proto/proto.h - public front door of proto/: protocol version and the control messages in C. */
+/* proto/proto.h - face of proto/: protocol version, control messages in C, ring records, wire. */
 #ifndef PROTO_PROTO_H
 #define PROTO_PROTO_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common.h"
 
 /* Protocol version spoken by this build; bumped on any incompatible message change. */
 #define PROTO_VERSION_MAJOR 0
@@ -239,5 +241,168 @@ int proto_encode(const struct proto_msg *m, uint8_t **buf, size_t *len);
  * failure; on success, release it with proto_msg_clear(). Never reads outside buf[0, len).
  * Thread-safe. */
 int proto_decode(const void *buf, size_t len, struct proto_msg *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Data-plane ring records: the fixed records of the rings between the daemons                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Everything read from a ring is untrusted: check op, ids, ranges and sizes before use.
+ * Records are plain little-endian structs of fixed size (the ring's slot size is their size). */
+
+/* ---- executor <-> fetcher i ----------------------------------------------------------------- *
+ * The executor creates two ring segments in the run directory, "exec-fetch-<i>.req" (executor
+ * produces proto_fetch_req) and "exec-fetch-<i>.rep" (fetcher produces proto_fetch_rep), and
+ * sends ATTACH to fetcher i's control socket with segments[0] = req, segments[1] = rep,
+ * params[0] = ring slots. The pool segment (a memfd) is handed over the Unix socket
+ * "fetcher-<i>.pool" in the run directory (SCM_RIGHTS, peer of the same uid only) and mapped
+ * read-only; reply offsets are relative to its start. A new ATTACH replaces the old link and
+ * the fetcher releases every loan the old link still held. */
+
+#define PROTO_FETCH_RING_SLOTS 1024u
+
+enum proto_fetch_op {
+    PROTO_FETCH_ACQUIRE = 1, /* pin part `part` of (layer, expert); reply when readable */
+    PROTO_FETCH_RELEASE = 2, /* end loan `loan`; no reply */
+    PROTO_FETCH_HINT = 3,    /* fetcher_request(layer, expert, prio); no reply */
+    PROTO_FETCH_TOKEN = 4,   /* a new token starts (fetcher_token_begin); no reply */
+    PROTO_FETCH_USE = 5,     /* the parts in mask `part` (bit p: part p; 1..7) of (layer, expert)
+                                were read straight from the mapped pool without a loan
+                                (fetcher_note_use); no reply */
+};
+
+/* Priority of a HINT (the fetcher's request classes, most urgent first: the same values as its
+ * enum fetcher_priority). */
+enum proto_fetch_prio {
+    PROTO_FETCH_PRIO_DEMAND = 0, /* needed now by the forward pass */
+    PROTO_FETCH_PRIO_POSTFETCH,  /* picked by the router for this layer, needed shortly */
+    PROTO_FETCH_PRIO_PREFETCH,   /* a guess (next layer, next token); dropped when stale */
+    PROTO_FETCH_PRIO_COUNT,
+};
+
+struct proto_fetch_req {
+    uint32_t op;     /* enum proto_fetch_op */
+    uint32_t tag;    /* ACQUIRE: echoed in the reply */
+    uint32_t layer;  /* ACQUIRE, HINT, USE */
+    uint32_t expert; /* ACQUIRE, HINT, USE: the model's expert id (not shard-relative) */
+    uint32_t part;   /* ACQUIRE: enum common_expert_part; USE: a mask of parts */
+    uint32_t prio;   /* HINT: enum proto_fetch_prio */
+    uint32_t loan;   /* RELEASE */
+    uint32_t pad;
+};
+
+struct proto_fetch_rep {
+    uint32_t tag;    /* the ACQUIRE's tag */
+    int32_t  status; /* 0, or a negative common_err (the acquire failed; nothing is pinned) */
+    uint32_t loan;   /* for RELEASE */
+    uint32_t pad;
+    uint64_t offset; /* the part's bytes: [offset, offset + size) of the pool segment */
+    uint64_t size;
+};
+
+/* ---- router <-> executor -------------------------------------------------------------------- *
+ * The router creates four segments: "router-exec.req" (ring of proto_step_req, router
+ * produces), "router-exec.rep" (ring of proto_step_rep, executor produces), "router-exec.tokens"
+ * (slab: n_seq rows of n_ctx int32 token ids, router writes) and "router-exec.logits" (slab:
+ * n_seq rows of n_vocab floats, executor writes), and sends ATTACH to the executor with those
+ * four names and params[0] = ring slots, params[1] = n_seq, params[2] = n_ctx,
+ * params[3] = n_vocab. The executor refuses numbers that do not match its model and
+ * configuration (n_seq and n_ctx at most its own). */
+
+#define PROTO_STEP_RING_SLOTS 256u
+
+enum proto_step_op {
+    PROTO_STEP_EVAL = 1, /* evaluate tokens[seq][pos, pos + n) at positions pos..; pos 0 resets
+                            the sequence first; pos must be 0 or the sequence's length */
+    PROTO_STEP_FREE = 2, /* forget sequence `seq`; replied to */
+};
+
+struct proto_step_req {
+    uint32_t op;  /* enum proto_step_op */
+    uint32_t seq; /* sequence slot, < n_seq */
+    uint64_t tag; /* echoed */
+    uint32_t pos; /* EVAL: first position */
+    uint32_t n;   /* EVAL: tokens, >= 1, pos + n <= n_ctx */
+    uint32_t pad[2];
+};
+
+struct proto_step_rep {
+    uint64_t tag;    /* the request's tag */
+    uint32_t seq;    /* the request's sequence */
+    int32_t  status; /* 0: logits of token pos+n-1 are in row `seq` of the logits slab; or a
+                        negative common_err */
+    uint32_t n_past; /* the sequence's length after the step */
+    uint32_t pad;
+    double   ms; /* executor time of the step */
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* Control messages over nng: request/reply server and client call (proto/wire.c)              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* URLs are nng's: "ipc:///run/dir/router.sock" (the socket file is created with mode 0600) or
+ * "tcp://host:port". */
+
+/* ---- server: rep0 with several contexts ----------------------------------------------------- */
+
+/* Called once per verified inbound message, from one of the server's worker contexts (several
+ * may run at once: the handler must be thread-safe). Fill *rep (its request_id defaults to the
+ * request's) and return 0 to send it; a handler may block (a long poll) up to the server's
+ * `max_block_ms`. Returning a negative common_err sends an ERROR reply with that code and
+ * rep->u.error.message if set. The request is cleared (proto_msg_clear) after the call; the
+ * reply too, after it was sent, so a handler may hand over malloc'd text in it. */
+typedef int (*proto_handler_fn)(void *arg, const struct proto_msg *req, struct proto_msg *rep);
+
+struct proto_server_opts {
+    uint32_t n_workers; /* requests served at once (contexts); 0 = 4 */
+    uint32_t recv_max;  /* largest inbound message; 0 = PROTO_MAX_MESSAGE_BYTES */
+};
+
+struct proto_server;
+
+/* Listens on `url` (for ipc://, the socket file gets mode 0600 and a stale file left by a dead
+ * process is replaced) and serves it with `handler` on nng's threads. Malformed, oversized or
+ * unverifiable requests get an ERROR reply (COMMON_EPROTO) without reaching the handler; the
+ * server carries on. Returns 0, COMMON_EBUSY (another live server listens there),
+ * COMMON_EIO (nng failure, named in e), COMMON_ENOMEM. */
+int proto_server_start(const char *url, const struct proto_server_opts *o, proto_handler_fn handler,
+                       void *arg, struct proto_server **out, struct common_errmsg *e);
+/* Stops listening, waits for handlers in flight, frees; accepts NULL. */
+void proto_server_stop(struct proto_server *s);
+/* Counters: requests served, malformed requests refused. */
+void proto_server_counts(const struct proto_server *s, uint64_t *served, uint64_t *refused);
+/* Listeners replaced by the server's watchdog (ipc:// only). nng 1.5.2 stops accepting on a
+ * listener whose peer disconnects during the SP handshake (nanomsg/nng#1518); the server checks
+ * its listener every 500 ms and replaces a broken one within about a second. Replacing it closes
+ * the connections accepted through it: calls in flight on them fail with COMMON_ECLOSED, and nng
+ * reconnects the clients. 0 for NULL. */
+uint64_t proto_server_listener_restarts(const struct proto_server *s);
+
+/* ---- client: req0 --------------------------------------------------------------------------- */
+
+struct proto_client;
+
+/* Dials `url` (nng reconnects in the background). Returns 0, COMMON_EIO with a message. Does not
+ * wait for the peer: the first call does. */
+int  proto_client_open(const char *url, struct proto_client **out, struct common_errmsg *e);
+void proto_client_close(struct proto_client *c);
+/* Replaces the client's socket with a fresh one dialing the same url (calls in flight on the old
+ * one fail). For a peer that stopped answering: once, under load, an executor got no reply from
+ * a restarted fetcher for 30 s while that fetcher's listener accepted new connections (its
+ * watchdog probes passed), i.e. the client's dialer was stuck; so callers waiting for a restarted
+ * server start over with a new dialer after a call times out. Returns 0 or COMMON_EIO /
+ * COMMON_ENOMEM (the old socket is kept). Not thread-safe against calls on the same client. */
+int proto_client_reopen(struct proto_client *c, struct common_errmsg *e);
+
+/* Sends `req` and waits up to `timeout_ms` for the reply, decoded into *rep (release it with
+ * proto_msg_clear). An ERROR reply is returned as 0 with rep->kind == PROTO_KIND_ERROR. Returns
+ * 0, COMMON_ETIMEDOUT (no reply in time: the peer is gone, busy or not started; e says which
+ * url), COMMON_EPROTO (the reply did not verify), COMMON_EIO, COMMON_ENOMEM. Thread-safe: calls
+ * from several threads each get their own nng context. */
+int proto_client_call(struct proto_client *c, const struct proto_msg *req, struct proto_msg *rep,
+                      int timeout_ms, struct common_errmsg *e);
+
+/* One-shot: open, call, close. */
+int proto_call(const char *url, const struct proto_msg *req, struct proto_msg *rep, int timeout_ms,
+               struct common_errmsg *e);
 
 #endif /* PROTO_PROTO_H */

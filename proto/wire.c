@@ -1,5 +1,5 @@
 /* proto/wire.c - control messages over nng: a rep0 server with worker threads, a req0 client. */
-#include "wire.h"
+#include "proto.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "serve.h"
+#include "router.h"
 
 static volatile sig_atomic_t router_stop_flag;
 

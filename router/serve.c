@@ -1,6 +1,6 @@
 /* router/serve.c - the router service: client requests on router.sock, a scheduler stepping
  * every active sequence on the executor's rings, replay after an executor restart. */
-#include "serve.h"
+#include "router.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -14,9 +14,6 @@
 #include <unistd.h>
 
 #include "proto.h"
-#include "records.h"
-#include "router.h"
-#include "wire.h"
 
 #define SERVE_COMP        "router"
 #define SERVE_MAX_POLL_MS 30000u

@@ -1,5 +1,4 @@
-/* executor/kernels/kernels.h - quantize, dequantize and dot-product kernels for every weight type.
- */
+/* executor/kernels/kernels.h - private to executor/: quantize, dequantize and dot kernels. */
 #ifndef EXECUTOR_KERNELS_KERNELS_H
 #define EXECUTOR_KERNELS_KERNELS_H
 
@@ -7,37 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* CPU features that pick the kernel set. */
-struct executor_cpu_features {
-    bool avx2;
-    bool fma;
-    bool f16c;
-    bool avx512f;
-    bool avx512dq;
-    bool avx512bw;
-    bool avx512vl;
-    bool avx512vnni;
-    bool avx512bf16;
-};
-
-/* Kernel sets, from slowest to fastest. */
-enum executor_isa {
-    EXECUTOR_ISA_REF = 0, /* portable scalar reference (kernels/ref.c) */
-    EXECUTOR_ISA_AVX2,    /* AVX2 + FMA + F16C (kernels/avx2.c) */
-    EXECUTOR_ISA_AVX512,  /* AVX-512 F/DQ/BW/VL + VNNI (kernels/avx512.c); CPUs with AVX-512 but
-                             no VNNI (Skylake-X) use the AVX2 set */
-};
-
-/* Detects the CPU once and selects the fastest supported kernel set (process singleton; call
- * before threads start; later calls are no-ops). */
-void executor_kernels_init(void);
-/* Features found by executor_kernels_init(). */
-const struct executor_cpu_features *executor_cpu_features(void);
-/* Forces a kernel set (tests, benchmarks, --isa flag). Returns 0, or COMMON_ENOTSUP when the CPU
- * lacks it. Not thread-safe: call while no kernel runs. */
-int               executor_kernels_select(enum executor_isa isa);
-enum executor_isa executor_kernels_active(void);
-const char       *executor_isa_name(enum executor_isa isa);
+#include "executor.h"
 
 /* fp16 / bf16 conversions (IEEE half, round to nearest even; bf16 rounds to nearest even). */
 float    executor_fp16_to_fp32(uint16_t h);

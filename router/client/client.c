@@ -12,7 +12,6 @@
 
 #include "common.h"
 #include "proto.h"
-#include "wire.h"
 
 #define CLIENT_POLL_MS       250  /* router-side long poll; also the cancel-flag latency */
 #define CLIENT_CALL_SLACK_MS 5000 /* on top of the poll, for a busy router */

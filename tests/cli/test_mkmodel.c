@@ -9,6 +9,7 @@
 #include "executor.h"
 #include "fetcher.h"
 #include "fixture.h"
+#include "kernels/kernels.h"
 #include "tjson.h"
 
 /* Runs a shell command; returns its stdout (malloc'd) and exit status. */
@@ -41,7 +42,7 @@ static void check_model(const char *path, const struct executor_synth_opts *o)
         /* The last expert's bytes decode to finite values of the expected scale. */
         void  *buf = malloc(sp.size);
         float *row = malloc(sp.cols * sizeof(float));
-        cr_assert_eq(fetcher_read_span(g, &sp, buf, &e), COMMON_OK, "%s", e.text);
+        cr_assert_eq(common_gguf_read_span(g, &sp, buf, &e), COMMON_OK, "%s", e.text);
         cr_assert_eq(executor_dequantize_row(sp.type, buf, row, (int64_t)sp.cols), COMMON_OK);
         double ss = 0;
         for (uint64_t i = 0; i < sp.cols; i++) {

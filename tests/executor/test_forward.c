@@ -46,7 +46,7 @@ static int32_t *json_ids(const struct tjson *arr, uint32_t *n)
 }
 
 /* Checks every greedy continuation listed under reference.json "greedy"/<quant>. */
-static void check_greedy(const char *quant, const char *file, enum executor_cache_type cache)
+static void check_greedy(const char *quant, const char *file, enum common_cache_type cache)
 {
     FIXTURE_OR_SKIP(ref_path, "moe-tiny/reference.json");
     char rel[128];
@@ -57,11 +57,11 @@ static void check_greedy(const char *quant, const char *file, enum executor_cach
     const struct tjson *cases = tjson_get(tjson_get(ref, "greedy"), quant);
     cr_assert(cases && cases->kind == TJSON_ARR && cases->len > 0, "no greedy cases for %s", quant);
 
-    struct executor_pool  *pool = NULL;
-    struct executor_model *m = NULL;
-    struct executor_ctx   *c = NULL;
-    struct common_errmsg   e = {{0}};
-    cr_assert_eq(executor_pool_create(FWD_TEST_THREADS, &pool), 0);
+    struct executor_threadpool *pool = NULL;
+    struct executor_model      *m = NULL;
+    struct executor_ctx        *c = NULL;
+    struct common_errmsg        e = {{0}};
+    cr_assert_eq(executor_threadpool_create(FWD_TEST_THREADS, &pool), 0);
     cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
     cr_assert_eq(executor_ctx_create(
                      m,
@@ -83,7 +83,7 @@ static void check_greedy(const char *quant, const char *file, enum executor_cach
     }
     executor_ctx_destroy(c);
     executor_model_destroy(m);
-    executor_pool_destroy(pool);
+    executor_threadpool_destroy(pool);
     tjson_free(ref);
     free(ref_path);
     free(model_path);
@@ -91,12 +91,12 @@ static void check_greedy(const char *quant, const char *file, enum executor_cach
 
 Test(executor_forward, greedy_f32_matches_llama_cpp, .timeout = 300)
 {
-    check_greedy("f32", "moe-tiny-f32.gguf", EXECUTOR_CACHE_F16);
+    check_greedy("f32", "moe-tiny-f32.gguf", COMMON_CACHE_F16);
 }
 
 Test(executor_forward, greedy_q8_0_matches_llama_cpp, .timeout = 300)
 {
-    check_greedy("q8_0", "moe-tiny-q8_0.gguf", EXECUTOR_CACHE_F16);
+    check_greedy("q8_0", "moe-tiny-q8_0.gguf", COMMON_CACHE_F16);
 }
 
 /* One prompt of llama-2-tiny-random.reference.txt: ids, then per greedy step the chosen id and

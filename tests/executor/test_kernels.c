@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "executor.h"
+#include "kernels/kernels.h"
 
 /* Tolerance of a SIMD dot against executor_vec_dot_ref on the same bytes: both compute exact
  * integer sums per block and differ only in the order of float additions, so we require

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "executor.h"
 #include "fixture.h"
+#include "kernels/kernels.h"
 
 /* moe-tiny-f32.gguf and its llama-quantize conversions hold the same weights; quantizing the F32
  * tensors with executor_quantize_row_ref must give the converted files' blocks byte for byte

@@ -8,6 +8,7 @@
 
 #include "executor.h"
 #include "fixture.h"
+#include "kernels/kernels.h"
 
 /* SIMD and scalar kernels differ only in float summation order (single dot products agree to
  * ~1e-5 relative). With float activations (f32, f16, bf16 weights) the layers amplify that
@@ -57,7 +58,7 @@ static char *write_model(const char *name, uint32_t type, uint32_t n_expert)
 }
 
 /* Logits of the last token of a fixed 40-token prompt (two batches of 32 + 8). */
-static float *run_logits(const char *path, struct executor_pool *pool, uint32_t *n_vocab)
+static float *run_logits(const char *path, struct executor_threadpool *pool, uint32_t *n_vocab)
 {
     struct executor_model *m = NULL;
     struct executor_ctx   *c = NULL;
@@ -85,9 +86,9 @@ static void compare_isa(uint32_t type, uint32_t n_expert)
     const struct common_ggml_type_info *ti = common_ggml_type_get(type);
     char                                name[64];
     snprintf(name, sizeof(name), "m-%s-%u.gguf", ti->name, n_expert);
-    char                 *path = write_model(name, type, n_expert);
-    struct executor_pool *pool = NULL;
-    cr_assert_eq(executor_pool_create(2, &pool), 0);
+    char                       *path = write_model(name, type, n_expert);
+    struct executor_threadpool *pool = NULL;
+    cr_assert_eq(executor_threadpool_create(2, &pool), 0);
     executor_kernels_init();
     enum executor_isa best = executor_kernels_active();
     uint32_t          nv = 0;
@@ -125,7 +126,7 @@ static void compare_isa(uint32_t type, uint32_t n_expert)
     free(fast);
     free(ref);
     free(path);
-    executor_pool_destroy(pool);
+    executor_threadpool_destroy(pool);
 }
 
 #define ISA_TEST(tname, type, n_expert)                                                            \
@@ -223,7 +224,7 @@ Test(executor_models, q8_0_cache_refused_for_narrow_heads)
     struct common_errmsg   e = {{0}};
     cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
     cr_expect_eq(executor_ctx_create(
-                     m, &(struct executor_ctx_opts){.cache_type = EXECUTOR_CACHE_Q8_0}, &c, &e),
+                     m, &(struct executor_ctx_opts){.cache_type = COMMON_CACHE_Q8_0}, &c, &e),
                  COMMON_EINVAL);
     cr_expect_null(c);
     executor_model_destroy(m);

@@ -43,7 +43,7 @@ static void check_ppl(const char *quant)
     }
     int status = pclose(p);
     if (unknown)
-        cr_skip_test("`sluice perplexity` is not registered in router/cli/main.c yet: skipped");
+        cr_skip_test("`sluice perplexity` is not registered in cli/main.c yet: skipped");
     cr_assert_eq(status, 0, "sluice perplexity failed (%s)", cmd);
     cr_assert_gt(ppl, 0.0, "no 'Final estimate: PPL = ' line");
     double rel_err = fabs(ppl - want->num) / want->num;

@@ -7,19 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon.h"
 #include "executor.h"
 #include "fetcher.h"
 #include "fixture.h"
-#include "records.h"
-#include "wire.h"
 
-#if __has_include("serve.h")
-#include "serve.h" /* fetcher/serve.h: the in-process fetcher service */
-#define SERVE_HAVE_FETCHER 1
-#else
-#define SERVE_HAVE_FETCHER 0
-#endif
+#include "proto.h"
 
 #define T_MODEL    "moe-tiny/moe-tiny-q8_0.gguf"
 #define T_N_SEQ    2u
@@ -35,33 +27,30 @@ static const int32_t t_prompt_b[] = {1, 450, 310, 271, 509};
 
 /* Everything a test starts; file-static because Criterion fixtures take no arguments. */
 struct t_env {
-    bool                    no_direct; /* executor_remote_opts.no_direct_reads */
-    uint32_t                n_slots;   /* fetcher pool slots; 0 = one per bundle */
-    char                   *model_path;
-    char                   *dir;
-    uint32_t                n_fetchers;
-    struct common_gguf     *gguf;
-    struct common_model     desc;
-    bool                    desc_ok;
-    struct executor_remote *remote;
-    struct executor_model  *model;
-    struct executor_pool   *pool;
-    struct executor_serve  *serve;
-    uint32_t                n_vocab;
-    char                    url[512];
+    bool                        no_direct; /* executor_remote_opts.no_direct_reads */
+    uint32_t                    n_slots;   /* fetcher pool slots; 0 = one per bundle */
+    char                       *model_path;
+    char                       *dir;
+    uint32_t                    n_fetchers;
+    struct common_gguf         *gguf;
+    struct common_model         desc;
+    bool                        desc_ok;
+    struct executor_remote     *remote;
+    struct executor_model      *model;
+    struct executor_threadpool *pool;
+    struct executor_serve      *serve;
+    uint32_t                    n_vocab;
+    char                        url[512];
     /* router side */
     struct common_ring_segment seg[4];
     struct common_ring         req, rep;
     int32_t                   *tokens;
     float                     *logits;
     uint64_t                   next_tag;
-#if SERVE_HAVE_FETCHER
-    struct fetcher_server *fetchers[T_FETCHERS];
-#endif
+    struct fetcher_server     *fetchers[T_FETCHERS];
 };
 static struct t_env t;
 
-#if SERVE_HAVE_FETCHER
 static void t_fetcher_start(uint32_t i)
 {
     struct common_errmsg      e = {{0}};
@@ -73,17 +62,11 @@ static void t_fetcher_start(uint32_t i)
                                     .io = FETCHER_IO_PREAD};
     cr_assert_eq(fetcher_serve_start(&fo, &t.fetchers[i], &e), 0, "fetcher %u: %s", i, e.text);
 }
-#endif
 
 /* Starts n fetcher services (pools of n_slots slots; 0 = room for every expert) and the
  * executor over them, reading READY parts in place unless no_direct. */
 static void t_start(uint32_t n_fetchers, bool no_direct, uint32_t n_slots)
 {
-#if !SERVE_HAVE_FETCHER
-    (void)no_direct;
-    (void)n_slots;
-    cr_skip_test("fetcher/serve.h not available: skipped");
-#else
     memset(&t, 0, sizeof(t));
     t.no_direct = no_direct;
     t.n_slots = n_slots;
@@ -111,12 +94,12 @@ static void t_start(uint32_t n_fetchers, bool no_direct, uint32_t n_slots)
     struct executor_expert_source src;
     executor_remote_source(t.remote, &src);
     struct executor_weights *w = NULL;
-    cr_assert_eq(
-        executor_weights_stream_create(
-            &t.desc, &(struct executor_weights_opts){.read_span = fetcher_read_span}, &src, &w, &e),
-        0, "%s", e.text);
+    cr_assert_eq(executor_weights_stream_create(
+                     &t.desc, &(struct executor_weights_opts){.read_span = common_gguf_read_span},
+                     &src, &w, &e),
+                 0, "%s", e.text);
     cr_assert_eq(executor_model_create(&t.desc, w, &t.model, &e), 0, "%s", e.text);
-    cr_assert_eq(executor_pool_create(T_THREADS, &t.pool), 0);
+    cr_assert_eq(executor_threadpool_create(T_THREADS, &t.pool), 0);
     struct executor_serve_opts so = {.run_dir = t.dir,
                                      .model_path = t.model_path,
                                      .model = t.model,
@@ -128,7 +111,6 @@ static void t_start(uint32_t n_fetchers, bool no_direct, uint32_t n_slots)
     cr_assert_eq(executor_serve_start(&so, &t.serve, &e), 0, "%s", e.text);
     t.n_vocab = executor_model_hparams(t.model)->n_vocab;
     snprintf(t.url, sizeof(t.url), "ipc://%s/executor.ctl", t.dir);
-#endif
 }
 
 static void t_setup1(void)
@@ -166,14 +148,12 @@ static void t_teardown(void)
     executor_model_destroy(t.model);
     executor_weights_destroy(w);
     executor_remote_destroy(t.remote);
-    executor_pool_destroy(t.pool);
+    executor_threadpool_destroy(t.pool);
     if (t.desc_ok)
         common_model_fini(&t.desc);
     common_gguf_close(t.gguf);
-#if SERVE_HAVE_FETCHER
     for (uint32_t i = 0; i < T_FETCHERS; i++)
         (void)fetcher_serve_stop(t.fetchers[i], NULL);
-#endif
     fixture_rmtree(t.dir);
     free(t.dir);
     free(t.model_path);
@@ -581,7 +561,6 @@ Test(executor_serve, control_messages, .init = t_setup1, .fini = t_teardown, .ti
     cr_expect(executor_serve_shutdown_requested(t.serve));
 }
 
-#if SERVE_HAVE_FETCHER
 /* HEALTH state of the executor. */
 static enum proto_health_state t_health(void)
 {
@@ -644,7 +623,6 @@ Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1_p
     }
     t_expect_same(got, want, "across the restart");
 }
-#endif
 
 Test(executor_serve, binary_help_exits_zero, .timeout = 30)
 {

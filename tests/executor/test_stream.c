@@ -294,30 +294,6 @@ Test(executor_stream, create_rejects_source_without_acquire)
     free(path);
 }
 
-Test(executor_stream, mem_estimate_counts_kv_and_rejects_bad_ctx)
-{
-    struct common_hparams   hp = {.n_layer = 4,
-                                  .n_embd = 256,
-                                  .n_head = 8,
-                                  .n_head_kv = 2,
-                                  .head_dim_k = 32,
-                                  .head_dim_v = 32,
-                                  .n_ff_exp = 256,
-                                  .n_expert = 8,
-                                  .n_expert_used = 2,
-                                  .n_rot = 32,
-                                  .n_ctx_train = 256,
-                                  .n_vocab = 1024};
-    struct executor_ctx_mem m;
-    cr_assert_eq(executor_ctx_mem_estimate(&hp, &(struct executor_ctx_opts){.n_ctx = 128}, 2, &m),
-                 0);
-    cr_assert_eq(m.kv_bytes, 4ull * 128 * 2 * (32 + 32) * 2); /* f16 K and V */
-    cr_assert_gt(m.scratch_bytes, 0);
-    cr_assert_eq(
-        executor_ctx_mem_estimate(&hp, &(struct executor_ctx_opts){.n_ctx = 1u << 25}, 1, &m),
-        COMMON_EINVAL);
-}
-
 /* ---- through the CLI: the fetcher behind the executor ------------------------------------- */
 
 /* Runs a shell command; returns its stdout (malloc'd) and exit status. */

@@ -61,7 +61,7 @@ static void sweep_and_compare(struct fetcher *f)
                 struct common_span s;
                 cr_assert_eq(common_model_expert_span(&t_m, l, x, (enum common_expert_part)p, &s),
                              COMMON_OK);
-                cr_assert_eq(fetcher_read_span(t_g, &s, ref, NULL), COMMON_OK);
+                cr_assert_eq(common_gguf_read_span(t_g, &s, ref, NULL), COMMON_OK);
                 cr_assert_eq(memcmp(data, ref, s.size), 0, "bytes of (%u,%u,%d)", l, x, p);
                 fetcher_release(f, loan);
             }

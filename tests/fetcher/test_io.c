@@ -53,7 +53,7 @@ static uint64_t align_up(uint64_t v)
 }
 
 /* Reads every part of every expert through `io`, at most qd in flight, and compares each with
- * fetcher_read_span(). */
+ * common_gguf_read_span(). */
 static void read_all_and_compare(struct fetcher_io *io)
 {
     uint32_t         n = t_m.hp.n_layer * t_m.hp.n_expert * COMMON_EXPERT_PART_COUNT;
@@ -98,7 +98,7 @@ static void read_all_and_compare(struct fetcher_io *io)
     cr_assert_eq(fetcher_io_in_flight(io), 0);
     uint8_t *ref = malloc(t_m.bytes_expert_bundle);
     for (uint32_t i = 0; i < n; i++) {
-        cr_assert_eq(fetcher_read_span(t_g, &pb[i].span, ref, NULL), COMMON_OK);
+        cr_assert_eq(common_gguf_read_span(t_g, &pb[i].span, ref, NULL), COMMON_OK);
         cr_assert_eq(memcmp(ref, pb[i].data, pb[i].span.size), 0, "part %u differs", i);
         free(pb[i].region);
     }
@@ -180,7 +180,7 @@ static void merged_case(enum fetcher_io_mode mode)
     for (uint32_t i = 0; i < ne; i++) {
         cr_assert_eq(c[i].err, 0);
         uint32_t x = (uint32_t)c[i].user;
-        cr_assert_eq(fetcher_read_span(t_g, &sp[x], ref, NULL), COMMON_OK);
+        cr_assert_eq(common_gguf_read_span(t_g, &sp[x], ref, NULL), COMMON_OK);
         cr_assert_eq(memcmp(ref, buf[x], sp[x].size), 0, "expert %u", x);
     }
     for (uint32_t x = 0; x < ne; x++)

@@ -1,6 +1,7 @@
 /* tests/fetcher/test_pool.c - expert pool: loans, eviction order, generations, failures, attach. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,16 +33,16 @@ static void teardown(void)
     t_pool = NULL;
 }
 
-static struct fetcher_pool_key key(uint32_t layer, uint32_t expert)
+static struct common_pool_key key(uint32_t layer, uint32_t expert)
 {
-    return (struct fetcher_pool_key){layer, expert, FETCHER_POOL_BUNDLE};
+    return (struct common_pool_key){layer, expert, COMMON_POOL_BUNDLE};
 }
 
 /* Claims and completes (layer, expert); returns its slot and, through *victim, what it evicted. */
 static uint32_t load(struct fetcher_pool *p, uint32_t layer, uint32_t expert,
                      struct fetcher_pool_victim *victim)
 {
-    struct fetcher_pool_key    k = key(layer, expert);
+    struct common_pool_key     k = key(layer, expert);
     struct fetcher_pool_victim v;
     uint32_t                   slot, gen;
     cr_assert_eq(fetcher_pool_claim(p, &k, 0, 0, &slot, &gen, &v), COMMON_OK,
@@ -56,8 +57,8 @@ static uint32_t load(struct fetcher_pool *p, uint32_t layer, uint32_t expert,
 
 static void use(struct fetcher_pool *p, uint32_t layer, uint32_t expert)
 {
-    struct fetcher_pool_key  k = key(layer, expert);
-    struct fetcher_pool_loan l;
+    struct common_pool_key  k = key(layer, expert);
+    struct common_pool_loan l;
     cr_assert_eq(fetcher_pool_try_acquire(p, &k, COMMON_EXPERT_GATE, &l), COMMON_OK);
     fetcher_pool_release(p, l.slot);
 }
@@ -83,8 +84,8 @@ Test(fetcher_pool, acquire_release_pins_and_unpins, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
     uint32_t                   slot = load(t_pool, 1, 2, NULL);
-    struct fetcher_pool_key    k = key(1, 2);
-    struct fetcher_pool_loan   l = {0};
+    struct common_pool_key     k = key(1, 2);
+    struct common_pool_loan    l = {0};
     struct fetcher_pool_counts c;
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_UP, &l), COMMON_OK);
     cr_assert_eq(l.slot, slot);
@@ -101,9 +102,9 @@ Test(fetcher_pool, acquire_release_pins_and_unpins, .fini = teardown)
 Test(fetcher_pool, acquire_absent_and_bad_keys, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
-    struct fetcher_pool_key  k = key(0, 0);
-    struct fetcher_pool_key  bad = key(4, 0);
-    struct fetcher_pool_loan l;
+    struct common_pool_key  k = key(0, 0);
+    struct common_pool_key  bad = key(4, 0);
+    struct common_pool_loan l;
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_ENOENT);
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &bad, 0, &l), COMMON_EINVAL);
     uint32_t slot, gen;
@@ -113,9 +114,9 @@ Test(fetcher_pool, acquire_absent_and_bad_keys, .fini = teardown)
 Test(fetcher_pool, parts_readable_while_loading, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
-    struct fetcher_pool_key  k = key(0, 3);
-    struct fetcher_pool_loan l;
-    uint32_t                 slot, gen;
+    struct common_pool_key  k = key(0, 3);
+    struct common_pool_loan l;
+    uint32_t                slot, gen;
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), 1,
                  "a second claim of the same key finds it");
@@ -125,7 +126,7 @@ Test(fetcher_pool, parts_readable_while_loading, .fini = teardown)
     fetcher_pool_part_ready(t_pool, slot, COMMON_EXPERT_GATE);
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_GATE, &l), COMMON_OK);
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_DOWN, &l), COMMON_EAGAIN);
-    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, FETCHER_POOL_WHOLE, &l), COMMON_EAGAIN);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_POOL_WHOLE, &l), COMMON_EAGAIN);
     fetcher_pool_complete(t_pool, slot);
     cr_assert_eq(fetcher_pool_wait_acquire(t_pool, slot, gen, COMMON_EXPERT_DOWN, &l), COMMON_OK);
     fetcher_pool_release(t_pool, slot);
@@ -137,8 +138,8 @@ Test(fetcher_pool, eviction_never_evicts_pinned, .fini = teardown)
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
     load(t_pool, 0, 0, NULL); /* oldest: LRU's first choice */
     load(t_pool, 0, 1, NULL);
-    struct fetcher_pool_key  k0 = key(0, 0), k1 = key(0, 1), k2 = key(0, 2), k3 = key(0, 3);
-    struct fetcher_pool_loan l0, l1;
+    struct common_pool_key  k0 = key(0, 0), k1 = key(0, 1), k2 = key(0, 2), k3 = key(0, 3);
+    struct common_pool_loan l0, l1;
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k0, 0, &l0), COMMON_OK);
     fetcher_pool_release(t_pool, l0.slot);
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k1, 0, &l1), COMMON_OK); /* pin (0,1) */
@@ -155,9 +156,9 @@ Test(fetcher_pool, eviction_never_evicts_pinned, .fini = teardown)
 Test(fetcher_pool, generation_bumps_on_reuse, .fini = teardown)
 {
     t_pool = make_pool(1, FETCHER_POLICY_LRU, 0);
-    uint32_t                 s0 = load(t_pool, 2, 5, NULL);
-    struct fetcher_pool_key  k = key(2, 5);
-    struct fetcher_pool_loan l;
+    uint32_t                s0 = load(t_pool, 2, 5, NULL);
+    struct common_pool_key  k = key(2, 5);
+    struct common_pool_loan l;
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, 0, &l), COMMON_OK);
     cr_assert(fetcher_pool_loan_is_valid(t_pool, &l));
     fetcher_pool_release(t_pool, l.slot);
@@ -243,8 +244,8 @@ Test(fetcher_pool, claim_respects_protect_since, .fini = teardown)
     uint64_t t = fetcher_pool_tick(t_pool);
     use(t_pool, 0, 0);
     use(t_pool, 0, 1);
-    struct fetcher_pool_key k = key(3, 3);
-    uint32_t                slot, gen;
+    struct common_pool_key k = key(3, 3);
+    uint32_t               slot, gen;
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, t + 1, &slot, &gen, NULL), COMMON_EAGAIN,
                  "both slots were used since the protection tick");
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
@@ -253,9 +254,9 @@ Test(fetcher_pool, claim_respects_protect_since, .fini = teardown)
 Test(fetcher_pool, fail_frees_slot_and_wakes_with_eio, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
-    struct fetcher_pool_key  k = key(1, 1);
-    struct fetcher_pool_loan l;
-    uint32_t                 slot, gen;
+    struct common_pool_key  k = key(1, 1);
+    struct common_pool_loan l;
+    uint32_t                slot, gen;
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
     fetcher_pool_fail(t_pool, slot);
     struct fetcher_pool_counts c;
@@ -268,9 +269,9 @@ Test(fetcher_pool, fail_frees_slot_and_wakes_with_eio, .fini = teardown)
 Test(fetcher_pool, abandon_frees_slot_and_waiters_look_again, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
-    struct fetcher_pool_key  k = key(1, 2);
-    struct fetcher_pool_loan l;
-    uint32_t                 slot, gen;
+    struct common_pool_key  k = key(1, 2);
+    struct common_pool_loan l;
+    uint32_t                slot, gen;
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
     fetcher_pool_abandon(t_pool, slot);
     cr_assert_eq(fetcher_pool_wait_acquire(t_pool, slot, gen, 0, &l), COMMON_EAGAIN);
@@ -280,9 +281,9 @@ Test(fetcher_pool, abandon_frees_slot_and_waiters_look_again, .fini = teardown)
 Test(fetcher_pool, fail_while_pinned_frees_on_last_release, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
-    struct fetcher_pool_key  k = key(1, 1);
-    struct fetcher_pool_loan l;
-    uint32_t                 slot, gen;
+    struct common_pool_key  k = key(1, 1);
+    struct common_pool_loan l;
+    uint32_t                slot, gen;
     cr_assert_eq(fetcher_pool_claim(t_pool, &k, 0, 0, &slot, &gen, NULL), COMMON_OK);
     fetcher_pool_part_ready(t_pool, slot, COMMON_EXPERT_GATE);
     cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k, COMMON_EXPERT_GATE, &l), COMMON_OK);
@@ -315,9 +316,9 @@ static int attach_copy(struct fetcher_pool  *p, void (*edit)(uint8_t *seg, size_
     cr_assert_geq(fd, 0);
     cr_assert_eq(write(fd, buf, n), (ssize_t)n);
     free(buf);
-    struct fetcher_pool *a = NULL;
-    int                  rc = fetcher_pool_attach(fd, &a, e);
-    fetcher_pool_destroy(a);
+    struct common_pool_view a = {0};
+    int                     rc = common_pool_view_attach(fd, &a, e);
+    common_pool_view_detach(&a);
     close(fd);
     return rc;
 }
@@ -331,7 +332,7 @@ static void bad_magic(uint8_t *seg, size_t *len)
 static void bad_version(uint8_t *seg, size_t *len)
 {
     (void)len;
-    uint32_t v = FETCHER_POOL_VERSION + 1;
+    uint32_t v = COMMON_POOL_VERSION + 1;
     memcpy(seg + 4, &v, 4);
 }
 
@@ -376,18 +377,18 @@ Test(fetcher_pool, attached_reader_sees_ready_slots_and_reuse, .fini = teardown)
     uint32_t slot = load(t_pool, 3, 7, NULL);
     uint8_t *data = fetcher_pool_slot_data(t_pool, slot);
     memcpy(data + FETCHER_ALIGN, "expert-3-7", 10); /* the up part */
-    struct fetcher_pool *a = NULL;
-    cr_assert_eq(fetcher_pool_attach(fetcher_pool_fd(t_pool), &a, NULL), COMMON_OK);
-    struct fetcher_pool_key  k = key(3, 7);
-    struct fetcher_pool_loan l;
-    cr_assert_eq(fetcher_pool_read_begin(a, &k, COMMON_EXPERT_UP, &l), COMMON_OK);
+    struct common_pool_view a = {0};
+    cr_assert_eq(common_pool_view_attach(fetcher_pool_fd(t_pool), &a, NULL), COMMON_OK);
+    struct common_pool_key  k = key(3, 7);
+    struct common_pool_loan l;
+    cr_assert_eq(common_pool_read_begin(&a, &k, COMMON_EXPERT_UP, &l), COMMON_OK);
     cr_assert_eq(memcmp(l.data, "expert-3-7", 10), 0);
     cr_assert_eq(l.size, 101);
-    cr_assert(fetcher_pool_read_valid(a, &l));
+    cr_assert(common_pool_read_valid(&a, &l));
     load(t_pool, 0, 0, NULL); /* evicts (3,7) */
-    cr_assert_not(fetcher_pool_read_valid(a, &l), "reuse is visible through the generation");
-    cr_assert_eq(fetcher_pool_read_begin(a, &k, COMMON_EXPERT_UP, &l), COMMON_ENOENT);
-    fetcher_pool_destroy(a);
+    cr_assert_not(common_pool_read_valid(&a, &l), "reuse is visible through the generation");
+    cr_assert_eq(common_pool_read_begin(&a, &k, COMMON_EXPERT_UP, &l), COMMON_ENOENT);
+    common_pool_view_detach(&a);
 }
 
 /* ---- seqlock reads racing with reuse ------------------------------------------------------ */
@@ -395,52 +396,63 @@ Test(fetcher_pool, attached_reader_sees_ready_slots_and_reuse, .fini = teardown)
 struct reuse_race {
     struct fetcher_pool *p;
     _Atomic bool         stop;
-    uint64_t             loads;
+    _Atomic uint64_t     loads;    /* loads completed by the writer */
+    _Atomic uint64_t     attempts; /* read attempts made by the reader */
 };
 
 /* Loads (0, e) for e = 0, 1, 2, ... into a 2-slot pool: every load evicts; each slot's bytes
- * are all equal to the expert id. */
+ * are all equal to the expert id. After each load it waits for one more read attempt of the
+ * reader, so that however the threads are scheduled (a busy machine, one core) both make
+ * progress and their steps interleave. */
 static void *reuse_writer(void *arg)
 {
     struct reuse_race *r = arg;
     for (uint32_t e = 0; !atomic_load(&r->stop); e = (e + 1) % 8) {
-        struct fetcher_pool_key k = key(0, e);
-        uint32_t                slot, gen;
-        int                     rc = fetcher_pool_claim(r->p, &k, 0, 0, &slot, &gen, NULL);
+        struct common_pool_key k = key(0, e);
+        uint32_t               slot, gen;
+        int                    rc = fetcher_pool_claim(r->p, &k, 0, 0, &slot, &gen, NULL);
         if (rc != COMMON_OK)
             continue; /* still indexed (rc 1) */
         memset(fetcher_pool_slot_data(r->p, slot), (int)e, 3 * FETCHER_ALIGN);
         for (uint32_t part = 0; part < COMMON_EXPERT_PART_COUNT; part++)
             fetcher_pool_set_part(r->p, slot, part, part * FETCHER_ALIGN, FETCHER_ALIGN);
         fetcher_pool_complete(r->p, slot);
-        r->loads++;
+        atomic_fetch_add(&r->loads, 1);
+        uint64_t seen = atomic_load(&r->attempts);
+        while (atomic_load(&r->attempts) == seen && !atomic_load(&r->stop))
+            sched_yield();
     }
     return NULL;
 }
 
 /* A reader of an attached view that copies a part and finds the generation unchanged has the
- * bytes of the key it asked for, however the writer's reuse interleaves with it. */
-Test(fetcher_pool, seqlock_reads_racing_reuse_are_exact_or_refused, .fini = teardown, .timeout = 60)
+ * bytes of the key it asked for, however the writer's reuse interleaves with it. The loop is
+ * bounded by progress (valid reads and writer loads), never by a count of iterations or time. */
+Test(fetcher_pool, seqlock_reads_racing_reuse_are_exact_or_refused, .fini = teardown,
+     .timeout = 600)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);
-    struct fetcher_pool *a = NULL;
-    cr_assert_eq(fetcher_pool_attach(fetcher_pool_fd(t_pool), &a, NULL), COMMON_OK);
+    struct common_pool_view a = {0};
+    cr_assert_eq(common_pool_view_attach(fetcher_pool_fd(t_pool), &a, NULL), COMMON_OK);
     static struct reuse_race r;
     r.p = t_pool;
     atomic_store(&r.stop, false);
-    r.loads = 0;
+    atomic_store(&r.loads, 0);
+    atomic_store(&r.attempts, 0);
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, reuse_writer, &r), 0);
     static uint8_t copy[FETCHER_ALIGN];
     uint64_t       valid = 0, refused = 0, wrong = 0;
-    for (uint32_t i = 0; i < 2000000 && (valid < 1000 || refused < 1000 || i < 200000); i++) {
-        uint32_t                 e = i % 8;
-        struct fetcher_pool_key  k = key(0, e);
-        struct fetcher_pool_loan l;
-        if (fetcher_pool_read_begin(a, &k, (uint32_t)(i % 3), &l) != COMMON_OK)
+    for (uint32_t i = 0; valid < 2000 || atomic_load(&r.loads) < 20000; i++) {
+        uint32_t                e = i % 8;
+        struct common_pool_key  k = key(0, e);
+        struct common_pool_loan l;
+        int                     rc = common_pool_read_begin(&a, &k, (uint32_t)(i % 3), &l);
+        atomic_fetch_add(&r.attempts, 1);
+        if (rc != COMMON_OK)
             continue;
         memcpy(copy, l.data, l.size < sizeof(copy) ? l.size : sizeof(copy));
-        if (!fetcher_pool_read_valid(a, &l)) {
+        if (!common_pool_read_valid(&a, &l)) {
             refused++;
             continue;
         }
@@ -453,9 +465,9 @@ Test(fetcher_pool, seqlock_reads_racing_reuse_are_exact_or_refused, .fini = tear
     }
     atomic_store(&r.stop, true);
     pthread_join(th, NULL);
-    fetcher_pool_destroy(a);
+    common_pool_view_detach(&a);
     cr_log_info("seqlock race: %llu loads, %llu valid reads, %llu refused",
-                (unsigned long long)r.loads, (unsigned long long)valid,
+                (unsigned long long)atomic_load(&r.loads), (unsigned long long)valid,
                 (unsigned long long)refused);
     cr_assert_eq(wrong, 0, "%llu of %llu reads accepted bytes of another expert",
                  (unsigned long long)wrong, (unsigned long long)valid);

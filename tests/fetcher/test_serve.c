@@ -15,9 +15,6 @@
 #include "fetcher.h"
 #include "fixture.h"
 #include "proto.h"
-#include "records.h"
-#include "serve.h"
-#include "wire.h"
 
 extern char **environ;
 
@@ -246,7 +243,7 @@ static void compare_part(const uint8_t *pool, size_t pool_len, const struct prot
     cr_assert_eq(r->size, s.size, "size of (%u,%u,%u)", layer, expert, part);
     cr_assert(r->offset <= pool_len && r->size <= pool_len - r->offset, "reply inside the pool");
     uint8_t *ref = malloc(s.size);
-    cr_assert_eq(fetcher_read_span(t_g, &s, ref, NULL), COMMON_OK);
+    cr_assert_eq(common_gguf_read_span(t_g, &s, ref, NULL), COMMON_OK);
     cr_assert_eq(memcmp(pool + r->offset, ref, s.size), 0, "bytes of (%u,%u,%u)", layer, expert,
                  part);
     free(ref);

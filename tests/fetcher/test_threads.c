@@ -30,11 +30,11 @@ static void *pool_worker(void *arg)
 {
     uint64_t s = (uint64_t)(uintptr_t)arg * 7919 + 1;
     for (int i = 0; i < POOL_ITERS; i++) {
-        uint32_t                 k = (uint32_t)(rng_next(&s) % POOL_KEYS);
-        struct fetcher_pool_key  key = {k / 8, k % 8, FETCHER_POOL_BUNDLE};
-        uint32_t                 part = (uint32_t)(rng_next(&s) % 3);
-        struct fetcher_pool_loan l;
-        int                      rc = fetcher_pool_try_acquire(t_pool, &key, part, &l);
+        uint32_t                k = (uint32_t)(rng_next(&s) % POOL_KEYS);
+        struct common_pool_key  key = {k / 8, k % 8, COMMON_POOL_BUNDLE};
+        uint32_t                part = (uint32_t)(rng_next(&s) % 3);
+        struct common_pool_loan l;
+        int                     rc = fetcher_pool_try_acquire(t_pool, &key, part, &l);
         if (rc == COMMON_ENOENT) {
             uint32_t slot, gen;
             rc = fetcher_pool_claim(t_pool, &key, 0, 0, &slot, &gen, NULL);
@@ -100,7 +100,7 @@ Test(fetcher_threads, pool_concurrent_acquire_release, .timeout = 120)
 static struct common_gguf *t_g;
 static struct common_model t_m;
 static struct fetcher     *t_f;
-static uint8_t           **t_ref; /* per (layer, expert, part): the bytes from fetcher_read_span */
+static uint8_t **t_ref; /* per (layer, expert, part): the bytes from common_gguf_read_span */
 
 static void *front_worker(void *arg)
 {
@@ -146,7 +146,7 @@ static void front_case(enum fetcher_io_mode mode, enum fetcher_policy policy)
         common_model_expert_span(&t_m, i / 3 / t_m.hp.n_expert, i / 3 % t_m.hp.n_expert,
                                  (enum common_expert_part)(i % 3), &sp);
         t_ref[i] = malloc(sp.size);
-        cr_assert_eq(fetcher_read_span(t_g, &sp, t_ref[i], NULL), COMMON_OK);
+        cr_assert_eq(common_gguf_read_span(t_g, &sp, t_ref[i], NULL), COMMON_OK);
     }
     struct common_errmsg e = {{0}};
     struct fetcher_opts  o = {.io = mode, .policy = policy, .n_slots = 6, .queue_depth = 8};

@@ -16,7 +16,6 @@
 #include "common.h"
 #include "fixture.h"
 #include "proto.h"
-#include "wire.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 /* LeakSanitizer hook, for this executable only: the listener-restart tests below recover from

@@ -16,9 +16,7 @@
 
 #include "common.h"
 #include "proto.h"
-#include "records.h"
 #include "router.h"
-#include "wire.h"
 
 #define FAKE_MAX_SEQ 8
 #define FAKE_MAX_CTX 512

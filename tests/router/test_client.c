@@ -4,7 +4,7 @@
 
 #include "fake_exec.h"
 #include "fixture.h"
-#include "serve.h"
+#include "router.h"
 #include "sluice_client.h"
 
 #define MODEL "moe-tiny/moe-tiny-q8_0.gguf"

@@ -7,7 +7,7 @@
 
 #include "fake_exec.h"
 #include "fixture.h"
-#include "serve.h"
+#include "router.h"
 
 #define MODEL "moe-tiny/moe-tiny-q8_0.gguf"
 

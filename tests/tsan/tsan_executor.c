@@ -21,11 +21,11 @@ static void add_one(void *arg, int64_t i0, int64_t i1, uint32_t ith)
  * the workers fall asleep and wake again. */
 static void pool_loops(void)
 {
-    struct executor_pool *p = NULL;
-    CHECK(executor_pool_create(3, &p) == COMMON_OK, "pool_create");
+    struct executor_threadpool *p = NULL;
+    CHECK(executor_threadpool_create(3, &p) == COMMON_OK, "pool_create");
     int *v = calloc(1000, sizeof(*v));
     for (int it = 0; it < 3000; it++) {
-        executor_pool_for(p, 1000, 7, add_one, v);
+        executor_threadpool_for(p, 1000, 7, add_one, v);
         if (it % 500 == 0)
             nanosleep(&(struct timespec){0, 20000000}, NULL);
     }
@@ -34,7 +34,7 @@ static void pool_loops(void)
         bad += v[i] != 3000;
     CHECK(bad == 0, "%d items not visited 3000 times", bad);
     free(v);
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
 }
 
 /* A 2-thread forward pass (prefill in batches, then decode) on the MoE fixture, both cache types,
@@ -47,8 +47,8 @@ static void forward_threads(const char *path)
         CHECK(0, "open %s: %s", path, e.text);
         return;
     }
-    struct executor_pool *p = NULL;
-    CHECK(executor_pool_create(2, &p) == COMMON_OK, "pool_create");
+    struct executor_threadpool *p = NULL;
+    CHECK(executor_threadpool_create(2, &p) == COMMON_OK, "pool_create");
     for (int ct = 0; ct < 2; ct++) {
         float *last[2] = {NULL, NULL};
         for (int threaded = 0; threaded < 2; threaded++) {
@@ -57,7 +57,7 @@ static void forward_threads(const char *path)
                                  m,
                                  &(struct executor_ctx_opts){.n_ctx = 64,
                                                              .n_batch = 16,
-                                                             .cache_type = (enum executor_cache_type)ct,
+                                                             .cache_type = (enum common_cache_type)ct,
                                                              .pool = threaded ? p : NULL},
                                  &c, &e);
             CHECK(rc == COMMON_OK, "ctx_create: %s", e.text);
@@ -87,7 +87,7 @@ static void forward_threads(const char *path)
         free(last[0]);
         free(last[1]);
     }
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
     executor_model_destroy(m);
 }
 

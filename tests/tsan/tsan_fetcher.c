@@ -28,11 +28,11 @@ static void *pool_worker(void *arg)
 {
     uint64_t s = (uint64_t)(uintptr_t)arg * 7919 + 1;
     for (int i = 0; i < 3000; i++) {
-        uint32_t                 k = (uint32_t)(rng_next(&s) % 12);
-        uint32_t                 part = (uint32_t)(rng_next(&s) % 3);
-        struct fetcher_pool_key  key = {k / 4, k % 4, FETCHER_POOL_BUNDLE};
-        struct fetcher_pool_loan l;
-        int                      rc = fetcher_pool_try_acquire(g_pool, &key, part, &l);
+        uint32_t                k = (uint32_t)(rng_next(&s) % 12);
+        uint32_t                part = (uint32_t)(rng_next(&s) % 3);
+        struct common_pool_key  key = {k / 4, k % 4, COMMON_POOL_BUNDLE};
+        struct common_pool_loan l;
+        int                     rc = fetcher_pool_try_acquire(g_pool, &key, part, &l);
         if (rc == COMMON_ENOENT) {
             uint32_t slot, gen;
             if (fetcher_pool_claim(g_pool, &key, 0, 0, &slot, &gen, NULL) == COMMON_OK) {
@@ -89,7 +89,7 @@ static void pool_threads(void)
 static struct common_gguf *g_g;
 static struct common_model g_m;
 static struct fetcher     *g_f;
-static uint8_t           **g_ref; /* per (layer, expert, part) bytes from fetcher_read_span */
+static uint8_t           **g_ref; /* per (layer, expert, part) bytes from common_gguf_read_span */
 
 static void *front_worker(void *arg)
 {
@@ -132,7 +132,7 @@ static void front_threads(const char *path, enum fetcher_io_mode mode, enum fetc
         common_model_expert_span(&g_m, i / 3 / g_m.hp.n_expert, i / 3 % g_m.hp.n_expert,
                                  (enum common_expert_part)(i % 3), &sp);
         g_ref[i] = malloc(sp.size);
-        fetcher_read_span(g_g, &sp, g_ref[i], NULL);
+        common_gguf_read_span(g_g, &sp, g_ref[i], NULL);
     }
     struct fetcher_opts  o = {.io = mode, .policy = pol, .n_slots = 6, .queue_depth = 4};
     struct common_errmsg e = {{0}};

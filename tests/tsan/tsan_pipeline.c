@@ -9,14 +9,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../fetcher/serve.h"
-#include "../../router/serve.h"
 #include "check.h"
 #include "common.h"
-#include "daemon.h"
 #include "executor.h"
 #include "fetcher.h"
 #include "fixture.h"
+#include "router.h"
 #include "sluice_client.h"
 
 #define P_MODEL      "moe-tiny/moe-tiny-q8_0.gguf"
@@ -37,18 +35,18 @@ static const char *const p_prompts[] = {"In the beginning", "And God said",
 
 /* The services, started and stopped by main. */
 struct p_env {
-    char                   *model_path;
-    char                   *dir;
-    char                    sock[600];
-    struct fetcher_server  *fetchers[P_FETCHERS];
-    struct common_gguf     *gguf;
-    struct common_model     desc;
-    bool                    desc_ok;
-    struct executor_remote *remote;
-    struct executor_model  *model;
-    struct executor_pool   *pool;
-    struct executor_serve  *exec;
-    struct router_serve    *router;
+    char                       *model_path;
+    char                       *dir;
+    char                        sock[600];
+    struct fetcher_server      *fetchers[P_FETCHERS];
+    struct common_gguf         *gguf;
+    struct common_model         desc;
+    bool                        desc_ok;
+    struct executor_remote     *remote;
+    struct executor_model      *model;
+    struct executor_threadpool *pool;
+    struct executor_serve      *exec;
+    struct router_serve        *router;
 };
 
 /* One client thread: its connection (opened and closed by main), the request it runs now and
@@ -129,15 +127,15 @@ static bool p_start(struct p_env *v)
     executor_remote_source(v->remote, &src);
     struct executor_weights *w = NULL;
     if (executor_weights_stream_create(
-            &v->desc, &(struct executor_weights_opts){.read_span = fetcher_read_span}, &src, &w,
+            &v->desc, &(struct executor_weights_opts){.read_span = common_gguf_read_span}, &src, &w,
             &e) ||
         executor_model_create(&v->desc, w, &v->model, &e)) {
         executor_weights_destroy(w);
         CHECK(0, "executor model: %s", e.text);
         return false;
     }
-    if (executor_pool_create(P_THREADS, &v->pool)) {
-        CHECK(0, "executor_pool_create");
+    if (executor_threadpool_create(P_THREADS, &v->pool)) {
+        CHECK(0, "executor_threadpool_create");
         return false;
     }
     struct executor_serve_opts so = {.run_dir = v->dir,
@@ -194,7 +192,7 @@ static void p_stop(struct p_env *v)
         }
     }
     executor_remote_destroy(v->remote);
-    executor_pool_destroy(v->pool);
+    executor_threadpool_destroy(v->pool);
     if (v->desc_ok)
         common_model_fini(&v->desc);
     common_gguf_close(v->gguf);

@@ -9,7 +9,7 @@
 #include "fetcher.h"
 #include "fixture.h"
 
-/* The glue router/cli/session.c uses: fetcher calls behind the executor's expert source. */
+/* The glue cli/session.c uses: fetcher calls behind the executor's expert source. */
 static int ts_acquire(void *arg, uint32_t l, uint32_t x, enum common_expert_part p,
                       const void **data, uint32_t *loan)
 {
@@ -44,14 +44,14 @@ static void stream_matches(const char *path, const float *ref_prefill, const flo
                            enum fetcher_io_mode io, enum fetcher_policy policy, uint32_t n_slots,
                            bool history)
 {
-    struct common_gguf      *g = NULL;
-    struct common_model      d;
-    struct fetcher          *f = NULL;
-    struct executor_weights *w = NULL;
-    struct executor_model   *m = NULL;
-    struct executor_pool    *p = NULL;
-    struct executor_ctx     *c = NULL;
-    struct common_errmsg     e = {{0}};
+    struct common_gguf         *g = NULL;
+    struct common_model         d;
+    struct fetcher             *f = NULL;
+    struct executor_weights    *w = NULL;
+    struct executor_model      *m = NULL;
+    struct executor_threadpool *p = NULL;
+    struct executor_ctx        *c = NULL;
+    struct common_errmsg        e = {{0}};
     if (common_gguf_open(path, NULL, &g, &e) != 0 || common_model_init(&d, g, &e) != 0) {
         CHECK(0, "open: %s", e.text);
         return;
@@ -72,11 +72,11 @@ static void stream_matches(const char *path, const float *ref_prefill, const flo
                                          .token_begin = ts_token_begin,
                                          .arg = f};
     CHECK(executor_weights_stream_create(
-              &d, &(struct executor_weights_opts){.read_span = fetcher_read_span}, &src, &w, &e) ==
-              0,
+              &d, &(struct executor_weights_opts){.read_span = common_gguf_read_span}, &src, &w,
+              &e) == 0,
           "stream: %s", e.text);
     CHECK(executor_model_create(&d, w, &m, &e) == 0, "model: %s", e.text);
-    CHECK(executor_pool_create(2, &p) == 0, "pool");
+    CHECK(executor_threadpool_create(2, &p) == 0, "pool");
     CHECK(executor_ctx_create(m,
                               &(struct executor_ctx_opts){.n_ctx = 64,
                                                           .n_batch = 16,
@@ -108,7 +108,7 @@ static void stream_matches(const char *path, const float *ref_prefill, const flo
     CHECK(pc.n_pinned == 0, "%u slots still pinned", pc.n_pinned);
     free(l);
     executor_ctx_destroy(c);
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
     executor_model_destroy(m);
     executor_weights_destroy(w);
     fetcher_destroy(f);

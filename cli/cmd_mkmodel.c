@@ -1,4 +1,4 @@
-/* router/cli/cmd_mkmodel.c - `sluice mkmodel`: write a GGUF model with random weights. */
+/* cli/cmd_mkmodel.c - `sluice mkmodel`: write a GGUF model with random weights. */
 #include "cli.h"
 
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* router/cli/cmd_tokenize.c - `sluice tokenize`: text to token ids, like llama-tokenize. */
+/* cli/cmd_tokenize.c - `sluice tokenize`: text to token ids, like llama-tokenize. */
 #include "cli.h"
 
 #include <stdio.h>

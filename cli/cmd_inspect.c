@@ -1,4 +1,4 @@
-/* router/cli/cmd_inspect.c - `sluice inspect MODEL [--json]`: what a GGUF holds and what it costs.
+/* cli/cmd_inspect.c - `sluice inspect MODEL [--json]`: what a GGUF holds and what it costs.
  */
 #include "cli.h"
 

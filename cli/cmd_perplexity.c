@@ -1,4 +1,4 @@
-/* router/cli/cmd_perplexity.c - `sluice perplexity`: llama-perplexity's protocol on a text file. */
+/* cli/cmd_perplexity.c - `sluice perplexity`: llama-perplexity's protocol on a text file. */
 #include "cli.h"
 
 #include <stdio.h>
@@ -37,10 +37,10 @@ static void ppl_on_chunk(void *arg, uint32_t chunk, double ppl)
 
 int cli_cmd_perplexity(int argc, char **argv)
 {
-    const char              *model = NULL, *file = NULL;
-    uint32_t                 n_ctx = 512, n_batch = 2048, n_threads = 0, max_chunks = 0;
-    enum executor_cache_type cache = EXECUTOR_CACHE_F16;
-    struct cli_stream_opts   so = {0};
+    const char            *model = NULL, *file = NULL;
+    uint32_t               n_ctx = 512, n_batch = 2048, n_threads = 0, max_chunks = 0;
+    enum common_cache_type cache = COMMON_CACHE_F16;
+    struct cli_stream_opts so = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -67,7 +67,7 @@ int cli_cmd_perplexity(int argc, char **argv)
         else if (strcmp(a, "--chunks") == 0)
             ok = cli_parse_u32(a, v, 0, UINT32_MAX, &max_chunks);
         else if (strcmp(a, "--cache-type") == 0 || strcmp(a, "-ctk") == 0) {
-            ok = executor_cache_type_parse(v, &cache) == 0;
+            ok = common_cache_type_parse(v, &cache) == 0;
             if (!ok)
                 fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
         } else {
@@ -144,7 +144,7 @@ int cli_cmd_perplexity(int argc, char **argv)
     router_vocab_special(vocab, &sp);
     fprintf(stderr, "perplexity: calculating perplexity over %zu chunks, n_ctx=%u, threads=%u\n",
             max_chunks && max_chunks < toks.n / n_ctx ? (size_t)max_chunks : toks.n / n_ctx, n_ctx,
-            executor_pool_n_threads(en.pool));
+            executor_threadpool_n_threads(en.pool));
     struct executor_ppl_result res = {0};
     uint64_t                   t1 = common_now_ns();
     rc = executor_perplexity(c, toks.ids, toks.n,

@@ -1,6 +1,6 @@
-/* router/cli/cli.h - the sluice CLI: one entry point per subcommand, shared option helpers. */
-#ifndef ROUTER_CLI_CLI_H
-#define ROUTER_CLI_CLI_H
+/* cli/cli.h - the sluice CLI: one entry point per subcommand, shared option helpers. */
+#ifndef CLI_CLI_H
+#define CLI_CLI_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -17,8 +17,8 @@ int cli_cmd_chat(int argc, char **argv);
 int cli_cmd_run(int argc, char **argv);
 int cli_cmd_perplexity(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
-int cli_cmd_generate(int argc, char **argv); /* router/cli/cmd_generate.c: via sluice-router */
-int cli_cmd_ctl(int argc, char **argv);      /* router/cli/cmd_ctl.c: daemon control messages */
+int cli_cmd_generate(int argc, char **argv); /* cli/cmd_generate.c: via sluice-router */
+int cli_cmd_ctl(int argc, char **argv);      /* cli/cmd_ctl.c: daemon control messages */
 
 /* Parses a decimal unsigned integer in [min, max] for option `name`; prints an error and
  * returns false when it is not one. */
@@ -30,7 +30,7 @@ bool cli_parse_f32(const char *name, const char *s, float *out);
  * NULL when it is missing. */
 const char *cli_next_arg(int argc, char **argv, int *i);
 
-/* ---- model loading shared by run, chat, perplexity and bench (router/cli/session.c) ------- */
+/* ---- model loading shared by run, chat, perplexity and bench (cli/session.c) ------- */
 
 /* Where weights come from and how much memory they may use (--ram-budget, --io, --policy, the
  * trace flags). All zero = the whole model mapped, as before (no fetcher). */
@@ -56,8 +56,8 @@ struct cli_stream_opts {
     "                       to SIZE (e.g. 1.5G); prints the plan, refuses below the minimum\n"     \
     "  --io MODE            expert reads: uring (O_DIRECT), pread, or mmap (page cache decides,\n" \
     "                       as llama.cpp)                            [uring when a budget]\n"      \
-    "  --mmap-advise        with --io mmap: madvise(WILLNEED) each expert the router picks or\n"  \
-    "                       the predictor guesses (llama.cpp only faults pages in at use)\n"      \
+    "  --mmap-advise        with --io mmap: madvise(WILLNEED) each expert the router picks or\n"   \
+    "                       the predictor guesses (llama.cpp only faults pages in at use)\n"       \
     "  --policy P           expert pool eviction: lru or lfu         [lru]\n"                      \
     "  --io-depth N         reads in flight                          [32]\n"                       \
     "  --trace-out FILE     write the expert trace as JSON (docs/fetcher.md) on exit\n"            \
@@ -88,14 +88,14 @@ bool cli_stream_is_on(const struct cli_stream_opts *o);
 /* A model, its weight source (mapped, or streamed through a fetcher), a thread pool and one
  * context. Caller-owned; fields are read-only for callers. */
 struct cli_engine {
-    struct common_gguf    *gguf;    /* owned when streaming (else inside model) */
-    struct common_model   *desc;    /* owned when streaming (else inside model) */
-    struct fetcher        *fetcher; /* owned; NULL without streaming */
-    struct executor_pool  *pool;    /* owned */
-    struct executor_model *model;   /* owned (owns desc, gguf and weights when not streaming) */
-    struct executor_ctx   *ctx;     /* owned */
-    struct cli_stream_opts so;      /* copied at open; trace_out borrowed from argv */
-    bool                   reported;
+    struct common_gguf         *gguf;    /* owned when streaming (else inside model) */
+    struct common_model        *desc;    /* owned when streaming (else inside model) */
+    struct fetcher             *fetcher; /* owned; NULL without streaming */
+    struct executor_threadpool *pool;    /* owned */
+    struct executor_model      *model; /* owned (owns desc, gguf and weights when not streaming) */
+    struct executor_ctx        *ctx;   /* owned */
+    struct cli_stream_opts      so;    /* copied at open; trace_out borrowed from argv */
+    bool                        reported;
 };
 
 /* What the engine's context looks like and what else the command will allocate. */
@@ -120,7 +120,7 @@ int cli_engine_report(struct cli_engine *en);
 /* Reports (if not done) and frees everything; accepts an empty engine. */
 void cli_engine_close(struct cli_engine *en);
 
-/* ---- one-process generation shared by run and chat (router/cli/session.c) ---------------- */
+/* ---- one-process generation shared by run and chat (cli/session.c) ---------------- */
 
 /* Options common to the generating commands (-m -n -t -c -b --cache-type and the sampler). */
 struct cli_session_opts {
@@ -129,7 +129,7 @@ struct cli_session_opts {
     uint32_t                   n_threads; /* -t: 0 = physical cores */
     uint32_t                   n_ctx;     /* -c: 0 = the model's, capped by the executor */
     uint32_t                   n_batch;   /* -b: 0 = executor default */
-    enum executor_cache_type   cache;     /* --cache-type */
+    enum common_cache_type     cache;     /* --cache-type */
     struct router_sampler_opts sampler;   /* --temp --top-k --top-p --min-p --seed */
     struct cli_stream_opts     stream;    /* --ram-budget --io --policy --trace-* ... */
 };
@@ -144,15 +144,15 @@ int cli_session_parse_flag(struct cli_session_opts *o, const char *a, const char
 
 /* A model loaded for generation. Caller-owned; fields are read-only for callers. */
 struct cli_session {
-    struct cli_engine      engine;  /* owned: model, weights, pool, ctx */
-    struct executor_pool  *pool;    /* borrowed from engine */
-    struct executor_model *model;   /* borrowed from engine */
-    struct executor_ctx   *ctx;     /* borrowed from engine: one sequence */
-    struct router_vocab   *vocab;   /* owned; NULL when the model has no usable tokenizer */
-    struct router_sampler  sampler; /* owned */
-    float                 *logits;  /* owned: n_vocab logits of the last fed token */
-    uint32_t               n_vocab;
-    bool                   greedy; /* --temp 0: argmax, ties to the lowest id */
+    struct cli_engine           engine;  /* owned: model, weights, pool, ctx */
+    struct executor_threadpool *pool;    /* borrowed from engine */
+    struct executor_model      *model;   /* borrowed from engine */
+    struct executor_ctx        *ctx;     /* borrowed from engine: one sequence */
+    struct router_vocab        *vocab;   /* owned; NULL when the model has no usable tokenizer */
+    struct router_sampler       sampler; /* owned */
+    float                      *logits;  /* owned: n_vocab logits of the last fed token */
+    uint32_t                    n_vocab;
+    bool                        greedy; /* --temp 0: argmax, ties to the lowest id */
 };
 
 /* Opens the model, tokenizer (required when need_vocab), thread pool, context and sampler,
@@ -168,4 +168,4 @@ int cli_session_pick(struct cli_session *s, int32_t *id);
 /* True when every context position is used. */
 bool cli_session_is_full(const struct cli_session *s);
 
-#endif /* ROUTER_CLI_CLI_H */
+#endif /* CLI_CLI_H */

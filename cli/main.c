@@ -1,4 +1,4 @@
-/* router/cli/main.c - the sluice command: dispatches to one subcommand per file. */
+/* cli/main.c - the sluice command: dispatches to one subcommand per file. */
 #include "cli.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* router/cli/cmd_run.c - `sluice run`: generate a continuation of a prompt in one process. */
+/* cli/cmd_run.c - `sluice run`: generate a continuation of a prompt in one process. */
 #include "cli.h"
 
 #include <stdio.h>
@@ -212,7 +212,7 @@ int cli_cmd_run(int argc, char **argv)
             "tok/s; %u threads, isa %s\n",
             n_prompt, (double)(t1 - t0) / 1e6, (double)n_prompt / ((double)(t1 - t0) / 1e9), n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / ((double)t_gen / 1e9) : 0.0,
-            executor_pool_n_threads(s.pool), executor_isa_name(executor_kernels_active()));
+            executor_threadpool_n_threads(s.pool), executor_isa_name(executor_kernels_active()));
     status = 0;
 out:
     router_text_fini(&piece);

@@ -1,4 +1,4 @@
-/* tests/executor/test_pool.c - the thread pool: every item once, wake-ups after sleeping. */
+/* tests/executor/test_threadpool.c - the thread pool: every item once, wake-ups after sleeping. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -25,85 +25,85 @@ static void count_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         ;
 }
 
-static void run_and_check(struct executor_pool *p, int64_t n, int64_t chunk)
+static void run_and_check(struct executor_threadpool *p, int64_t n, int64_t chunk)
 {
     struct pool_count c = {.hits = calloc((size_t)n + 1, sizeof(*c.hits)), .chunk = chunk};
-    executor_pool_for(p, n, chunk, count_piece, &c);
+    executor_threadpool_for(p, n, chunk, count_piece, &c);
     for (int64_t i = 0; i < n; i++)
         cr_assert_eq(atomic_load(&c.hits[i]), 1, "item %lld ran %u times", (long long)i,
                      atomic_load(&c.hits[i]));
-    cr_assert_leq(atomic_load(&c.max_th), executor_pool_n_threads(p));
+    cr_assert_leq(atomic_load(&c.max_th), executor_threadpool_n_threads(p));
     cr_assert(!atomic_load(&c.too_big), "a piece was larger than the chunk");
     free(c.hits);
 }
 
-Test(executor_pool, covers_every_item_once, .timeout = 60)
+Test(executor_threadpool, covers_every_item_once, .timeout = 60)
 {
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(4, &p), 0);
-    cr_assert_eq(executor_pool_n_threads(p), 4);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(4, &p), 0);
+    cr_assert_eq(executor_threadpool_n_threads(p), 4);
     for (int64_t n = 1; n < 300; n += 7)
         for (int64_t chunk = 0; chunk < 9; chunk += 4)
             run_and_check(p, n, chunk);
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
 }
 
-Test(executor_pool, many_small_jobs_back_to_back, .timeout = 60)
+Test(executor_threadpool, many_small_jobs_back_to_back, .timeout = 60)
 {
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(3, &p), 0);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(3, &p), 0);
     for (int i = 0; i < 2000; i++)
         run_and_check(p, 16, 1);
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
 }
 
-Test(executor_pool, wakes_sleeping_workers, .timeout = 60)
+Test(executor_threadpool, wakes_sleeping_workers, .timeout = 60)
 {
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(2, &p), 0);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(2, &p), 0);
     for (int i = 0; i < 5; i++) {
         /* Longer than the spin window, so the workers are asleep on the condition variable. */
         nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
         run_and_check(p, 64, 1);
     }
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
 }
 
-Test(executor_pool, null_and_single_thread_pools_run_inline)
+Test(executor_threadpool, null_and_single_thread_pools_run_inline)
 {
     run_and_check(NULL, 10, 3);
-    cr_assert_eq(executor_pool_n_threads(NULL), 1);
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(1, &p), 0);
+    cr_assert_eq(executor_threadpool_n_threads(NULL), 1);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(1, &p), 0);
     run_and_check(p, 10, 3);
-    executor_pool_destroy(p);
-    executor_pool_destroy(NULL);
+    executor_threadpool_destroy(p);
+    executor_threadpool_destroy(NULL);
 }
 
-Test(executor_pool, create_rejects_too_many_threads)
+Test(executor_threadpool, create_rejects_too_many_threads)
 {
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(100000, &p), COMMON_EINVAL);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(100000, &p), COMMON_EINVAL);
     cr_assert_null(p);
     cr_assert_geq(executor_physical_cores(), 1);
 }
 
-Test(executor_pool, default_is_physical_cores)
+Test(executor_threadpool, default_is_physical_cores)
 {
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(0, &p), 0);
-    cr_assert_eq(executor_pool_n_threads(p), executor_physical_cores());
-    executor_pool_destroy(p);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(0, &p), 0);
+    cr_assert_eq(executor_threadpool_n_threads(p), executor_physical_cores());
+    executor_threadpool_destroy(p);
 }
 
-Test(executor_pool, membw_probe_reports_a_rate, .timeout = 60)
+Test(executor_threadpool, membw_probe_reports_a_rate, .timeout = 60)
 {
-    struct executor_pool *p = NULL;
-    cr_assert_eq(executor_pool_create(2, &p), 0);
+    struct executor_threadpool *p = NULL;
+    cr_assert_eq(executor_threadpool_create(2, &p), 0);
     double bw = 0;
     cr_assert_eq(executor_membw_measure(
                      &(struct executor_membw_opts){.bytes = 8u << 20, .reps = 2, .pool = p}, &bw),
                  0);
     cr_assert_gt(bw, 1e8, "implausible bandwidth %g B/s", bw);
-    executor_pool_destroy(p);
+    executor_threadpool_destroy(p);
 }

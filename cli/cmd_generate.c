@@ -1,4 +1,4 @@
-/* router/cli/cmd_generate.c - `sluice generate`: a prompt sent to a running
+/* cli/cmd_generate.c - `sluice generate`: a prompt sent to a running
  * router, text streamed back. */
 #include "cli.h"
 

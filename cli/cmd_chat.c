@@ -1,4 +1,4 @@
-/* router/cli/cmd_chat.c - `sluice chat`: a conversation rendered with the model's template. */
+/* cli/cmd_chat.c - `sluice chat`: a conversation rendered with the model's template. */
 #include "cli.h"
 
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* router/cli/cmd_bench.c - `sluice bench`: prefill and decode tokens/s against memory bandwidth. */
+/* cli/cmd_bench.c - `sluice bench`: prefill and decode tokens/s against memory bandwidth. */
 #include "cli.h"
 
 #include <math.h>
@@ -140,12 +140,12 @@ static int bench_probe(const char *path, const struct cli_stream_opts *so, uint6
 
 int cli_cmd_bench(int argc, char **argv)
 {
-    const char              *model = NULL;
-    uint32_t                 n_prompt = 512, n_gen = 128, n_threads = 0, reps = 5, n_batch = 0;
-    uint64_t                 membw_bytes = 1ull << 30, probe_bytes = 512ull << 20;
-    enum executor_cache_type cache = EXECUTOR_CACHE_F16;
-    struct cli_stream_opts   so = {0};
-    bool                     io_probe = false;
+    const char            *model = NULL;
+    uint32_t               n_prompt = 512, n_gen = 128, n_threads = 0, reps = 5, n_batch = 0;
+    uint64_t               membw_bytes = 1ull << 30, probe_bytes = 512ull << 20;
+    enum common_cache_type cache = COMMON_CACHE_F16;
+    struct cli_stream_opts so = {0};
+    bool                   io_probe = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
@@ -176,7 +176,7 @@ int cli_cmd_bench(int argc, char **argv)
         else if (strcmp(a, "-b") == 0 || strcmp(a, "--batch-size") == 0)
             ok = cli_parse_u32(a, v, 1, 1u << 16, &n_batch);
         else if (strcmp(a, "--cache-type") == 0) {
-            ok = executor_cache_type_parse(v, &cache) == 0;
+            ok = common_cache_type_parse(v, &cache) == 0;
             if (!ok)
                 fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
         } else if (strcmp(a, "--membw-size") == 0) {
@@ -225,10 +225,10 @@ int cli_cmd_bench(int argc, char **argv)
                                  .populate = !stream};
     if (cli_engine_open(&en, model, &so, &eo) < 0)
         goto out;
-    struct executor_ctx       *c = en.ctx;
-    struct executor_pool      *pool = en.pool;
-    const struct common_model *d = executor_model_desc(en.model);
-    const uint32_t             n_vocab = executor_ctx_n_vocab(c);
+    struct executor_ctx        *c = en.ctx;
+    struct executor_threadpool *pool = en.pool;
+    const struct common_model  *d = executor_model_desc(en.model);
+    const uint32_t              n_vocab = executor_ctx_n_vocab(c);
     tokens = malloc((size_t)(n_prompt + 1) * sizeof(*tokens));
     logits = malloc((size_t)n_vocab * sizeof(*logits));
     if (!tokens || !logits)
@@ -240,8 +240,8 @@ int cli_cmd_bench(int argc, char **argv)
     char sz[32], act[32];
     printf("model: %s (%s, %s, %s), %u threads, isa %s, cache %s\n", model, d->arch_name,
            common_model_is_moe(d) ? "moe" : "dense", common_format_size(d->bytes_total, sz, 32),
-           executor_pool_n_threads(pool), executor_isa_name(executor_kernels_active()),
-           executor_cache_type_name(cache));
+           executor_threadpool_n_threads(pool), executor_isa_name(executor_kernels_active()),
+           common_cache_type_name(cache));
     fflush(stdout);
     /* Warm-up: one short run so page faults and first-touch costs stay out of the timings
      * (not when streaming: the cold start is part of what is measured). */
@@ -312,7 +312,7 @@ int cli_cmd_bench(int argc, char **argv)
             goto out;
         }
         printf("memory bandwidth (streaming read, %u threads): %.2f GB/s\n",
-               executor_pool_n_threads(pool), bw / 1e9);
+               executor_threadpool_n_threads(pool), bw / 1e9);
         printf("weights touched per token: %llu bytes (%s)\n", (unsigned long long)d->bytes_active,
                common_format_size(d->bytes_active, act, sizeof(act)));
         if (n_gen)

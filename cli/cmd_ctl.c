@@ -1,4 +1,4 @@
-/* router/cli/cmd_ctl.c - `sluice ctl`: one control message to a running daemon, reply printed. */
+/* cli/cmd_ctl.c - `sluice ctl`: one control message to a running daemon, reply printed. */
 #include "cli.h"
 
 #include <limits.h>
@@ -10,7 +10,6 @@
 
 #include "common.h"
 #include "proto.h"
-#include "wire.h"
 
 /* Declared in cli.h by the dispatch table's owner; repeated here so this file stands alone. */
 int cli_cmd_ctl(int argc, char **argv);

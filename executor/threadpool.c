@@ -1,4 +1,5 @@
-/* executor/pool.c - the thread pool: workers created once, parallel loops, sleep when idle. */
+/* executor/threadpool.c - the thread pool: workers created once, parallel loops, sleep when idle.
+ */
 #include "executor.h"
 
 #include <dirent.h>
@@ -22,7 +23,7 @@
 #define POOL_CLOSED    (1ull << 31)
 #define POOL_ACTIVE    (POOL_CLOSED - 1)
 
-struct executor_pool {
+struct executor_threadpool {
     uint32_t        n_threads; /* caller + workers */
     pthread_t      *threads;   /* owned: n_threads - 1 workers (index 0 unused) */
     uint32_t        n_started; /* workers actually created */
@@ -31,20 +32,20 @@ struct executor_pool {
     pthread_cond_t  cv_done;   /* the caller waits here for the joined workers to leave */
     /* The job: written by the caller before the release store of `word`, read by workers that
      * joined it; stable until the caller closes the job. */
-    executor_pool_fn fn;
-    void            *arg;
-    int64_t          n;
-    int64_t          chunk;
+    executor_threadpool_fn fn;
+    void                  *arg;
+    int64_t                n;
+    int64_t                chunk;
     /* Release store by the caller publishes the job; pairs with the acquire CAS in pool_join.
      * Workers leave with a release decrement; pairs with the caller's acquire CAS in pool_wait. */
     _Atomic uint64_t word;
     _Atomic int64_t  next; /* next item to hand out (relaxed: ordered by word) */
-    _Atomic bool     stop; /* set under mu by executor_pool_destroy */
+    _Atomic bool     stop; /* set under mu by executor_threadpool_destroy */
 };
 
 struct pool_worker_arg {
-    struct executor_pool *pool; /* borrowed */
-    uint32_t              ith;
+    struct executor_threadpool *pool; /* borrowed */
+    uint32_t                    ith;
 };
 
 static void pool_cpu_relax(void)
@@ -55,7 +56,7 @@ static void pool_cpu_relax(void)
 }
 
 /* Takes pieces of the current job until none is left. */
-static void pool_run_pieces(struct executor_pool *p, uint32_t ith)
+static void pool_run_pieces(struct executor_threadpool *p, uint32_t ith)
 {
     for (;;) {
         int64_t i0 = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
@@ -67,7 +68,7 @@ static void pool_run_pieces(struct executor_pool *p, uint32_t ith)
 }
 
 /* Joins the open job of a generation newer than *seen. Returns false when there is none. */
-static bool pool_join(struct executor_pool *p, uint64_t *seen)
+static bool pool_join(struct executor_threadpool *p, uint64_t *seen)
 {
     uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
     for (;;) {
@@ -83,7 +84,7 @@ static bool pool_join(struct executor_pool *p, uint64_t *seen)
 }
 
 /* True when a job the worker has not seen is open (or the pool stops). */
-static bool pool_has_work(struct executor_pool *p, uint64_t seen)
+static bool pool_has_work(struct executor_threadpool *p, uint64_t seen)
 {
     uint64_t w = atomic_load_explicit(&p->word, memory_order_relaxed);
     return ((w >> POOL_GEN_SHIFT) != seen && !(w & POOL_CLOSED)) ||
@@ -94,8 +95,8 @@ static void *pool_worker(void *varg)
 {
     struct pool_worker_arg a = *(struct pool_worker_arg *)varg;
     free(varg);
-    struct executor_pool *p = a.pool;
-    uint64_t              seen = 0;
+    struct executor_threadpool *p = a.pool;
+    uint64_t                    seen = 0;
     for (;;) {
         if (!pool_has_work(p, seen)) {
             uint64_t t0 = common_now_ns();
@@ -168,13 +169,13 @@ uint32_t executor_physical_cores(void)
     return n_seen > 0 ? n_seen : 1;
 }
 
-int executor_pool_create(uint32_t n_threads, struct executor_pool **out)
+int executor_threadpool_create(uint32_t n_threads, struct executor_threadpool **out)
 {
     if (n_threads == 0)
         n_threads = executor_physical_cores();
     if (n_threads > POOL_MAX_THREADS)
         return COMMON_EINVAL;
-    struct executor_pool *p = calloc(1, sizeof(*p));
+    struct executor_threadpool *p = calloc(1, sizeof(*p));
     if (!p)
         return COMMON_ENOMEM;
     p->n_threads = n_threads;
@@ -192,14 +193,14 @@ int executor_pool_create(uint32_t n_threads, struct executor_pool **out)
     for (uint32_t i = 1; i < n_threads; i++) {
         struct pool_worker_arg *a = malloc(sizeof(*a));
         if (!a) {
-            executor_pool_destroy(p);
+            executor_threadpool_destroy(p);
             return COMMON_ENOMEM;
         }
         a->pool = p;
         a->ith = i;
         if (pthread_create(&p->threads[i], NULL, pool_worker, a) != 0) {
             free(a);
-            executor_pool_destroy(p);
+            executor_threadpool_destroy(p);
             return COMMON_EAGAIN;
         }
         p->n_started++;
@@ -208,7 +209,7 @@ int executor_pool_create(uint32_t n_threads, struct executor_pool **out)
     return 0;
 }
 
-void executor_pool_destroy(struct executor_pool *p)
+void executor_threadpool_destroy(struct executor_threadpool *p)
 {
     if (!p)
         return;
@@ -225,14 +226,14 @@ void executor_pool_destroy(struct executor_pool *p)
     free(p);
 }
 
-uint32_t executor_pool_n_threads(const struct executor_pool *p)
+uint32_t executor_threadpool_n_threads(const struct executor_threadpool *p)
 {
     return p ? p->n_threads : 1;
 }
 
 /* Closes the current job once no worker is inside it; then every joined worker's writes are
  * visible and no late worker can join. */
-static bool pool_try_close(struct executor_pool *p)
+static bool pool_try_close(struct executor_threadpool *p)
 {
     uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
     while ((w & POOL_ACTIVE) == 0)
@@ -243,7 +244,7 @@ static bool pool_try_close(struct executor_pool *p)
     return false;
 }
 
-static void pool_wait(struct executor_pool *p)
+static void pool_wait(struct executor_threadpool *p)
 {
     uint64_t t0 = common_now_ns();
     for (uint32_t spins = 1; !pool_try_close(p); spins++) {
@@ -258,8 +259,8 @@ static void pool_wait(struct executor_pool *p)
     }
 }
 
-void executor_pool_for(struct executor_pool *p, int64_t n, int64_t chunk, executor_pool_fn fn,
-                       void *arg)
+void executor_threadpool_for(struct executor_threadpool *p, int64_t n, int64_t chunk,
+                             executor_threadpool_fn fn, void *arg)
 {
     if (n <= 0)
         return;

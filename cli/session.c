@@ -1,4 +1,4 @@
-/* router/cli/session.c - a model loaded for generation in one process: the part `sluice run`
+/* cli/session.c - a model loaded for generation in one process: the part `sluice run`
  * and `sluice chat` share (options, model, context, tokenizer, sampler, token picking). */
 #include "cli.h"
 
@@ -122,18 +122,22 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "--ram-budget and --io stream routed experts; this model is "
                                  "dense (run it without them)");
-    struct executor_ctx_mem mem = {0};
-    if ((rc = executor_ctx_mem_estimate(&en->desc->hp, &o->ctx, executor_pool_n_threads(en->pool),
-                                        &mem)) < 0)
-        return common_errmsg_set(e, rc, "context options unusable for this model");
+    struct common_ctx_layout lay;
+    if ((rc = common_ctx_layout_compute(
+             &en->desc->hp,
+             &(struct common_ctx_layout_opts){.n_ctx = o->ctx.n_ctx,
+                                              .n_batch = o->ctx.n_batch,
+                                              .n_threads = executor_threadpool_n_threads(en->pool),
+                                              .cache_type = o->ctx.cache_type},
+             &lay, e)) < 0)
+        return rc;
     enum fetcher_io_mode io = so->io_set ? so->io : FETCHER_IO_AUTO;
     if (so->mmap_advise && io != FETCHER_IO_MMAP)
         return common_errmsg_set(e, COMMON_EINVAL, "--mmap-advise applies to --io mmap only");
     struct fetcher_opts fo = {.ram_budget = so->ram_budget,
-                              .kv_bytes = mem.kv_bytes,
-                              .act_bytes =
-                                  mem.scratch_bytes + o->extra_bytes +
-                                  (uint64_t)o->logit_rows * en->desc->hp.n_vocab * sizeof(float),
+                              .kv_bytes = lay.kv_bytes,
+                              .act_bytes = lay.scratch_bytes + o->extra_bytes +
+                                           (uint64_t)o->logit_rows * lay.logits_bytes,
                               .policy = so->policy,
                               .io = io,
                               .queue_depth = so->queue_depth,
@@ -166,7 +170,7 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                                          .token_begin = engine_token_begin,
                                          .arg = en->fetcher};
     struct executor_weights_opts  wo = {.read_span =
-                                           mode == FETCHER_IO_MMAP ? NULL : fetcher_read_span,
+                                           mode == FETCHER_IO_MMAP ? NULL : common_gguf_read_span,
                                         .progress = stderr,
                                         .trace_names = so->trace_names ? stderr : NULL};
     struct executor_weights      *w = NULL;
@@ -187,7 +191,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     memset(en, 0, sizeof(*en));
     if (so)
         en->so = *so;
-    if ((rc = executor_pool_create(o->n_threads, &en->pool)) < 0) {
+    if ((rc = executor_threadpool_create(o->n_threads, &en->pool)) < 0) {
         fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
         goto out_close;
     }
@@ -298,7 +302,7 @@ void cli_engine_close(struct cli_engine *en)
         executor_model_destroy(en->model);
     }
     common_gguf_close(en->gguf);
-    executor_pool_destroy(en->pool);
+    executor_threadpool_destroy(en->pool);
     memset(en, 0, sizeof(*en));
 }
 
@@ -341,7 +345,7 @@ int cli_session_parse_flag(struct cli_session_opts *o, const char *a, const char
     else if (strcmp(a, "-b") == 0 || strcmp(a, "--batch-size") == 0)
         ok = cli_parse_u32(a, v, 1, 1u << 16, &o->n_batch);
     else if (strcmp(a, "--cache-type") == 0 || strcmp(a, "-ctk") == 0) {
-        ok = executor_cache_type_parse(v, &o->cache) == 0;
+        ok = common_cache_type_parse(v, &o->cache) == 0;
         if (!ok)
             fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
     } else if (strcmp(a, "--temp") == 0)
