@@ -64,8 +64,14 @@ void                  common_log_set_level(enum common_log_level level);
 enum common_log_level common_log_get_level(void);
 /* Parses "err", "warn", "info", "debug"; returns 0 or COMMON_EINVAL. */
 int common_log_parse_level(const char *s, enum common_log_level *out);
+/* The same as an option callback (common_opt_parse_fn, struct common_opt's `parse`): `arg`
+ * points at an enum common_log_level. Every daemon's --log-level uses it. */
+int common_log_level_opt(void *arg, const char *value, struct common_errmsg *e);
 
-/* Writes one line "LEVEL component message" to stderr. Thread-safe (one write per line). */
+/* Writes one line "TIME LEVEL component message" to stderr, TIME being the UTC wall clock in
+ * ISO 8601 with milliseconds ("2026-11-24T01:28:34.123Z") and LEVEL one of ERR, WARN, INFO,
+ * DEBUG; newlines in the message become spaces and a line is cut at 1023 bytes. Thread-safe:
+ * one write() per line, so lines of concurrent threads and processes do not interleave. */
 void common_log_write(enum common_log_level level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -104,6 +110,22 @@ bool common_pid_gone(uint32_t pid);
 /* A random non-zero 64-bit id (getrandom; the clock and pid when that fails): instance ids that
  * tell a restarted daemon from its predecessor, request ids. */
 uint64_t common_random_id(void);
+
+/* Makes sure `dir` is a run directory the daemons may trust: created with mode 0700 when absent
+ * (its parent must exist), else a real directory (not a symbolic link) owned by this user without
+ * any group or other permission. Nothing is changed on an existing directory. Returns 0,
+ * COMMON_EINVAL (a message says what is wrong: not a directory, another owner, open to others),
+ * or the mapped errno (COMMON_ENOENT, COMMON_EIO), with a message naming `dir`. (common/proc.c) */
+int common_run_dir_prepare(const char *dir, struct common_errmsg *e);
+
+/* Writes this process's pid as "PID\n" to the file `name` of run directory `dir` atomically: a
+ * temporary file created with O_EXCL | O_NOFOLLOW (mode 0600) in the directory, then renamed over
+ * `name`, so a reader never sees a partial file and no symbolic link planted in the directory
+ * is followed. Returns 0, or COMMON_EINVAL (bad name), COMMON_EIO with a message. */
+int common_pid_file_write(const char *dir, const char *name, struct common_errmsg *e);
+/* Removes the pid file `name` of `dir` when it still holds this process's pid (a successor's is
+ * left alone). Never follows a symbolic link. */
+void common_pid_file_remove(const char *dir, const char *name);
 
 /* ------------------------------------------------------------------------------------------ */
 /* ggml tensor types (common/ggml_type.c)                                                      */
@@ -602,25 +624,219 @@ int common_fd_send(int sock, int fd, uint64_t tag);
 int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Command-line options: one table-driven parser for every binary (common/opts.c)              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A program describes its options as tables of rows (designated initializers, zero = default)
+ * and hands them to common_opts_parse(), which converts and range-checks every value, writes it
+ * through the row's target and prints --help from the same tables:
+ *
+ *     static const char *const io_names[] = {"uring", "pread", "mmap", NULL};
+ *     const struct common_opt rows[] = {
+ *         {.name = "model", .short_name = "m", .type = COMMON_OPT_STR, .target = &o.model,
+ *          .metavar = "PATH", .help = "GGUF model", .required = true},
+ *         {.name = "threads", .short_name = "t", .type = COMMON_OPT_U32, .target = &o.n_threads,
+ *          .min = 1, .max = 256, .help = "threads", .def = "physical cores"},
+ *         {.name = "io", .type = COMMON_OPT_CHOICE, .target = &o.io, .choices = io_names,
+ *          .choice_values = io_modes, .help = "expert reads"},
+ *         {.name = "ids", .type = COMMON_OPT_SWITCH, .target = &o.ids, .help = "print ids"},
+ *         {0},
+ *     };
+ *     int rc = common_opts_parse(&(struct common_opts_spec){.prog = "sluice run", .opts = rows,
+ *                                                           .groups = shared_groups},
+ *                                argc, argv);
+ *     if (rc != 0)
+ *         return common_opts_exit_status(rc); // 0 after --help, 2 for a usage error
+ *
+ * Accepted forms: "--name VALUE", "--name=VALUE", "-s VALUE", "-s=VALUE"; a short name is a whole
+ * word (llama.cpp's "-ngl", "-sys"), so short switches are not bundled ("-ab" is not "-a -b") and
+ * values are not glued ("-t4" is unknown). The word after an option taking a value is its value
+ * even when it starts with '-'. "--" ends the options; "-" alone is a positional. Options and
+ * positionals may mix unless spec->stop_at_positional. The last occurrence of a scalar wins.
+ * "-h" and "--help" are built in (a row may not use them).
+ *
+ * Exit status convention of every sluice binary and subcommand: 0 success (and --help), 1 a
+ * runtime failure, 2 a usage error (bad option, bad value, missing argument). */
+
+/* What a row's value is, and what its `target` points at. */
+enum common_opt_type {
+    COMMON_OPT_SWITCH = 1, /* bool: set true; takes no value ("--ids") */
+    COMMON_OPT_SWITCH_OFF, /* bool: set false; takes no value ("--no-bos" beside a "--bos" row) */
+    COMMON_OPT_BOOL,       /* bool: value on|off, true|false, yes|no or 1|0 */
+    COMMON_OPT_STR,        /* const char *: the value itself, borrowed from argv */
+    COMMON_OPT_STRS,       /* struct common_opt_strs: each occurrence appends one value */
+    COMMON_OPT_U32,        /* uint32_t: decimal digits only */
+    COMMON_OPT_U64,        /* uint64_t: decimal digits only */
+    COMMON_OPT_I32,        /* int32_t: optional '-', then decimal digits */
+    COMMON_OPT_I64,        /* int64_t: optional '-', then decimal digits */
+    COMMON_OPT_F32,        /* float: a finite decimal number ("0.7", "1e-3") */
+    COMMON_OPT_SIZE,       /* uint64_t bytes: "4096", "512M", "1.5G" (common_parse_size) */
+    COMMON_OPT_CHOICE,     /* int, uint32_t or an int-sized enum: one of `choices` */
+    COMMON_OPT_U32_LIST,   /* struct common_opt_u32_list: "16,64,128"; a repeat replaces it */
+    COMMON_OPT_CALLBACK,   /* anything: `parse(target, value, e)` converts the value */
+};
+
+/* Converts `value` for a COMMON_OPT_CALLBACK row; `arg` is the row's target. Returns >= 0 to
+ * accept it, or a negative common_err. On failure write into `e` what was expected, phrased to
+ * follow the option name, e.g. "expects I/N with 0 <= I < N, got '3/2'": the parser prints
+ * "PROG: error: --shard expects I/N ...". An empty `e` prints "--shard: invalid value '3/2'".
+ * COMMON_ENOMEM is passed on as is; any other failure is a usage error (COMMON_EINVAL). */
+typedef int (*common_opt_parse_fn)(void *arg, const char *value, struct common_errmsg *e);
+
+/* A fixed-capacity list of strings: repeated options (COMMON_OPT_STRS) and positionals. */
+struct common_opt_strs {
+    const char **v;   /* borrowed: `cap` slots; the strings are borrowed from argv */
+    uint32_t     cap; /* slots in v; one more value is a usage error */
+    uint32_t     n;   /* slots filled; the parser appends after what is there */
+};
+
+/* A list of numbers given as one comma-separated value ("16,64,128"). */
+struct common_opt_u32_list {
+    uint32_t *v;   /* borrowed: `cap` slots, written by the parser */
+    uint32_t  cap; /* most items accepted */
+    uint32_t  n;   /* items of the last occurrence */
+};
+
+/* One option. Rows end with a zeroed row (name NULL). */
+struct common_opt {
+    const char *name;            /* long name without dashes ("model"); NULL ends the table */
+    const char *short_name;      /* single-dash name without the dash ("m", "sys"); NULL = none */
+    enum common_opt_type type;   /* what the value is */
+    void                *target; /* borrowed: receives the value (type above); NULL = check the
+                                    value, then drop it (e.g. --config, read before parsing) */
+    double min; /* numbers, sizes, list items: smallest accepted; 0 by default, so a row taking
+                   negative numbers sets a negative min */
+    double max; /* numbers, sizes, list items: largest accepted; 0 = the type's largest (floats:
+                   any finite value). Integer limits are exact up to 2^53 */
+    const char *const  *choices;       /* CHOICE: names, NULL-terminated; static */
+    const int          *choice_values; /* CHOICE: value of each name; NULL = the name's index */
+    common_opt_parse_fn parse;         /* CALLBACK: converts the value */
+    const char         *metavar;       /* value name in --help ("PATH"); NULL = from the type: "N",
+                                          "X", "SIZE", "TEXT", "N,N,...", choices joined by '|' */
+    const char *help;                  /* description for --help; wrapped; '\n' forces a break */
+    const char *def;                   /* shown as "[def]" after the help text; NULL = nothing */
+    bool        required; /* absent after parsing: a usage error; "(required)" in help */
+    bool       *seen;     /* borrowed: set true when the option is given; NULL = none */
+};
+
+/* A titled table of rows, e.g. the streaming options that four subcommands share. */
+struct common_opt_group {
+    const char              *title; /* heading in --help ("Streaming options"); NULL = "Options" */
+    const struct common_opt *opts;  /* borrowed: rows; NULL ends an array of groups */
+};
+
+/* A program: its tables, its help text and where output goes. */
+struct common_opts_spec {
+    const char *prog;        /* name in messages and the default usage line ("sluice bench") */
+    const char *usage;       /* usage line after "usage: "; NULL = "PROG [options]" */
+    const char *description; /* text after the usage line; NULL = none. Lines longer than 100
+                                columns are wrapped, shorter ones kept as written */
+    const char              *epilog; /* text after the options, wrapped the same way; NULL = none */
+    const struct common_opt *opts;   /* borrowed: the program's own rows, listed first (under
+                                        "Options"); NULL = none */
+    const struct common_opt_group *groups; /* borrowed: more tables, up to a group with NULL opts;
+                                              NULL = none */
+    struct common_opt_strs *positional;    /* borrowed: receives the positional arguments in
+                                              order; NULL = a positional is a usage error */
+    bool stop_at_positional; /* the first positional ends the options: every later word is a
+                                positional (a subcommand and its own options) */
+    FILE *out;               /* --help is printed here; NULL = stdout */
+    FILE *err;               /* usage errors are printed here; NULL = stderr */
+};
+
+/* common_opts_parse() printed --help: the caller exits with status 0. */
+#define COMMON_OPTS_HELP 1
+/* Most rows a program may have in all its tables (a programming error beyond: assert). */
+#define COMMON_OPTS_MAX_ROWS 256
+/* --help is wrapped at this column. */
+#define COMMON_OPTS_HELP_WIDTH 100
+
+/* Parses argv[1..argc-1] (argv[0] is the program or subcommand name and is skipped) against
+ * spec's tables, writing each value through its row's target and setting its `seen`.
+ * Returns:
+ *   0                 every option was valid: run;
+ *   COMMON_OPTS_HELP  "-h" or "--help" was given and the help was printed to spec->out: exit 0;
+ *   COMMON_EINVAL     a usage error, printed to spec->err as two lines,
+ *                         PROG: error: MESSAGE
+ *                         Try 'PROG --help' for more information.
+ *                     with MESSAGE one of "unknown option '--x'", "option '--temp' needs a value",
+ *                     "option '--ids' takes no value", "--temp expects a number in [0, 100], got
+ *                     'abc'", "option '--model' is required", "unexpected argument 'x'": exit 2;
+ *   COMMON_ENOMEM     from a callback, printed: exit 1.
+ * Values are written as they are parsed: after a failure, targets before the bad word may be
+ * set. Allocates nothing; strings stored are borrowed from argv. No global state: thread-safe
+ * for calls with distinct targets and streams. */
+int common_opts_parse(const struct common_opts_spec *spec, int argc, char *const *argv);
+
+/* The exit status for a non-zero result of common_opts_parse(): 0 for COMMON_OPTS_HELP, 2 for
+ * COMMON_EINVAL, 1 for anything else. */
+int common_opts_exit_status(int rc);
+
+/* Prints the help generated from spec's tables to `f`: "usage: ...", the description, each
+ * group's title and aligned rows "  -m, --model PATH   help text   [default]", the epilog. */
+void common_opts_help(const struct common_opts_spec *spec, FILE *f);
+
+/* Reports a usage error found after parsing (two options that exclude each other, a missing
+ * positional) in the parser's style: "PROG: error: MESSAGE" and the "Try 'PROG --help'" line on
+ * spec->err. Returns COMMON_EINVAL, so callers write `return common_opts_exit_status(
+ * common_opts_error(&spec, "give either -p or --prompt-ids, not both"));`. */
+int common_opts_error(const struct common_opts_spec *spec, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Parses a comma-separated list of decimal numbers in [min, max] ("16,64,128") into out->v,
+ * setting out->n. Returns 0, COMMON_EINVAL (an empty item, a non-number, a number out of range)
+ * or COMMON_ERANGE (more than out->cap items), with a message in `e` phrased to follow an option
+ * name ("expects comma-separated numbers in [1, 4096], got '16,,64' (item 2 is empty)"). On
+ * failure out->v and out->n are unchanged. Allocates nothing. */
+int common_opt_parse_u32_list(const char *s, uint32_t min, uint32_t max,
+                              struct common_opt_u32_list *out, struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Configuration files (common/config.c)                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Daemons take a config file of "key = value" lines ('#' starts a comment, blank lines are
- * skipped; a key is a long option name without its dashes, a line with a key alone is a switch)
- * and then their command line, which overrides it. common_config_argv() turns the file into
- * option words placed before the command line's: {argv[0], "--key", "value", ..., argv[1..]}.
- * Returns 0 (*out_argc, *out_argv: one malloc'd block, free() it), COMMON_ENOENT / COMMON_EIO
- * (file), COMMON_EINVAL (a bad line, named with its number in e), COMMON_ENOMEM. */
-int common_config_argv(const char *path, int argc, char **argv, int *out_argc, char ***out_argv,
-                       struct common_errmsg *e);
+/* Daemons take a config file (--config FILE) and then their command line, which overrides it.
+ * One file serves a whole deployment:
+ *
+ *     # global keys: every daemon reads them
+ *     model = /var/lib/sluice/models/model.gguf
+ *     [fetcher]
+ *     ram-budget = 8G
+ *     [executor]
+ *     threads = 8
+ *     [router]
+ *     template = "chatml # not a comment"
+ *
+ * Each line is blank, a comment, a section header "[fetcher]", "[executor]" or "[router]", a
+ * "key = value" line or a key alone (a switch). A key is a long option name without its dashes
+ * ('_' is read as '-'). A daemon reads the keys before the first section header and those of its
+ * own section; other sections are checked, then skipped; an unknown section name is an error. A
+ * section may appear more than once. '#' starts a comment only at the start of a line, after a
+ * key or a section header, at the start of a value or after a quoted value: anywhere else it is
+ * part of the value, so `model = /m/a#b.gguf` keeps it. A value is the rest of the line with
+ * surrounding blanks removed, or a double-quoted string where \" and \\ stand for " and \ (any
+ * other backslash is an error), and where only blanks or a comment may follow the closing quote.
+ * An empty value is written "". Every error names the file and the line: "config FILE:LINE: ...".
+ */
+
+/* Turns the global keys and those of `section` ("fetcher", "executor", "router"; NULL = the
+ * global keys only) into option words placed before the command line's (whose --config FILE is
+ * dropped): {argv[0], "--key", "value", ..., argv[1..]}. Returns 0 (*out_argc, *out_argv: one
+ * malloc'd block, free() it), COMMON_ENOENT / COMMON_EIO (file), COMMON_EINVAL (a bad line,
+ * named with its number in e; or an unknown `section`), COMMON_ENOMEM. The out-parameters are
+ * unchanged on failure. */
+int common_config_argv(const char *path, const char *section, int argc, char **argv, int *out_argc,
+                       char ***out_argv, struct common_errmsg *e);
 /* Finds "--config FILE" (or "--config=FILE") in argv; returns FILE or NULL. */
 const char *common_config_find(int argc, char **argv);
-/* The config step of every daemon's main: when argv names --config FILE, reads it with
- * common_config_argv() into *owned (free() it) and points *out_argv at it; otherwise *out_argv is
- * argv and *owned NULL. A bad or missing file, or --config without a value, prints
- * "PROG: error: ..." on stderr and returns its negative common_err; else 0. */
-int common_config_load(const char *prog, int argc, char **argv, int *out_argc, char ***out_argv,
-                       char ***owned);
+/* The config step of every daemon's main: when argv names --config FILE, reads its global keys
+ * and those of `section` with common_config_argv() into *owned (free() it) and points *out_argv
+ * at it; otherwise *out_argv is argv and *owned NULL. A bad or missing file prints "PROG: error:
+ * config FILE:LINE: ..." on stderr; --config without a value prints "PROG: error: option
+ * '--config' needs a value" and the "Try 'PROG --help'" line. Returns 0 or the negative
+ * common_err (COMMON_EINVAL: exit 2; others: exit 1, see common_opts_exit_status()). */
+int common_config_load(const char *prog, const char *section, int argc, char **argv, int *out_argc,
+                       char ***out_argv, char ***owned);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared-memory rings (common/ring.c)                                                         */

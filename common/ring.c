@@ -299,17 +299,9 @@ static bool ring_name_ok(const char *name)
 static int ring_dir_check(const char *dir, bool create)
 {
     struct stat st;
-    if (lstat(dir, &st) != 0) {
-        if (errno != ENOENT || !create)
-            return common_err_from_errno(errno);
-        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-            return common_err_from_errno(errno);
-        if (lstat(dir, &st) != 0)
-            return common_err_from_errno(errno);
-    }
-    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0)
-        return COMMON_EINVAL;
-    return COMMON_OK;
+    if (!create && lstat(dir, &st) != 0)
+        return common_err_from_errno(errno);
+    return common_run_dir_prepare(dir, NULL);
 }
 
 static char *ring_path(const char *dir, const char *name)

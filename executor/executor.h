@@ -396,11 +396,11 @@ struct executor_remote_opts {
     uint32_t                   connect_timeout_ms; /* startup and relink deadline; 0 = 30 s */
     uint32_t                   acquire_timeout_ms; /* an ACQUIRE unanswered by a live fetcher;
                                                       0 = 120 s */
-    uint64_t                     instance;         /* this executor's instance id, for ATTACH */
-    const volatile sig_atomic_t *cancel; /* borrowed: the startup wait gives up (COMMON_ECLOSED)
-                                            once *cancel is set (a signal); NULL = never */
-    bool direct_reads; /* read READY parts of a settled pool in place instead of pinning them
-                          through an ACQUIRE (never under ThreadSanitizer); experimental */
+    uint64_t instance;                             /* this executor's instance id, for ATTACH */
+    bool (*cancelled)(void); /* the startup wait gives up (COMMON_ECLOSED) once it returns true
+                                (proto_daemon_stopping: a signal); NULL = never */
+    bool direct_reads;       /* read READY parts of a settled pool in place instead of pinning them
+                                through an ACQUIRE (never under ThreadSanitizer); experimental */
 };
 
 /* Connects to every fetcher (retrying until the deadline), checks that their shards cover each
@@ -449,7 +449,6 @@ struct executor_serve;
 struct executor_serve_opts {
     const char                  *run_dir;    /* required; borrowed during start */
     const char                  *model_path; /* what LOAD_MODEL compares; borrowed during start */
-    const char                  *name;       /* HELLO name; NULL = "executor" */
     const struct executor_model *model;      /* borrowed: must outlive the service */
     struct executor_remote      *remote;     /* borrowed, NULL for a dense model */
     struct executor_threadpool  *pool;       /* borrowed: threads of the forward pass */
@@ -457,7 +456,7 @@ struct executor_serve_opts {
     uint32_t                     n_ctx;      /* positions per sequence; 0 = min(train, 4096) */
     uint32_t                     n_batch;    /* 0 = 512 */
     enum common_cache_type       cache_type;
-    uint64_t                     instance;   /* 0 = derived from the clock and pid */
+    uint64_t                     instance;   /* 0 = a random one */
     bool                         no_pidfile; /* do not write RUNDIR/executor.pid (tests) */
 };
 
@@ -466,9 +465,10 @@ struct executor_serve_opts {
  * COMMON_EINVAL (options unusable for the model: named in e), COMMON_ENOMEM, COMMON_EIO. */
 int executor_serve_start(const struct executor_serve_opts *o, struct executor_serve **out,
                          struct common_errmsg *e);
-/* True once a SHUTDOWN request was answered (the caller then stops the service). */
-bool executor_serve_shutdown_requested(struct executor_serve *s);
-/* Stops taking new work (ATTACH refused; steps already queued are served). */
+/* The control service of the executor (owned by s): proto_service_run() waits for SHUTDOWN or a
+ * signal. */
+struct proto_service *executor_serve_service(struct executor_serve *s);
+/* Stops taking new links and steps (what DRAIN does). Thread-safe. */
 void executor_serve_drain(struct executor_serve *s);
 /* Stops listening and the step thread (finishing the step in progress), closes the router link,
  * removes the socket and pid file. Accepts NULL. */

@@ -133,16 +133,16 @@ struct remote_loan {
 };
 
 struct executor_remote {
-    char                        *run_dir; /* owned */
-    const struct common_model   *model;   /* borrowed */
-    uint32_t                     connect_timeout_ms, acquire_timeout_ms;
-    uint64_t                     instance;
-    const volatile sig_atomic_t *cancel; /* borrowed: startup wait ends when set; may be NULL */
-    uint32_t                     n_links;
-    struct remote_link          *links; /* owned: n_links */
-    uint32_t                    *owner; /* owned: fetcher index per expert */
-    _Atomic bool                 stop;
-    bool                         no_direct; /* every part is pinned through an ACQUIRE */
+    char                      *run_dir; /* owned */
+    const struct common_model *model;   /* borrowed */
+    uint32_t                   connect_timeout_ms, acquire_timeout_ms;
+    uint64_t                   instance;
+    bool (*cancelled)(void); /* startup wait ends when it returns true; may be NULL */
+    uint32_t            n_links;
+    struct remote_link *links; /* owned: n_links */
+    uint32_t           *owner; /* owned: fetcher index per expert */
+    _Atomic bool        stop;
+    bool                no_direct; /* every part is pinned through an ACQUIRE */
 
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */
@@ -276,12 +276,7 @@ static void remote_conn_fini(struct remote_conn *c)
 static int remote_hello(struct remote_link *L, struct proto_msg *rep, struct common_errmsg *e)
 {
     struct proto_msg req = {.kind = PROTO_KIND_HELLO};
-    req.u.hello = (struct proto_hello){.major = PROTO_VERSION_MAJOR,
-                                       .minor = PROTO_VERSION_MINOR,
-                                       .role = PROTO_ROLE_EXECUTOR,
-                                       .pid = (uint32_t)getpid(),
-                                       .instance = L->r->instance};
-    snprintf(req.u.hello.name, sizeof(req.u.hello.name), "executor");
+    proto_hello_init(&req.u.hello, PROTO_ROLE_EXECUTOR, "executor", L->r->instance);
     int rc = proto_client_call(L->client, &req, rep, REMOTE_CALL_MS, e);
     if (rc < 0)
         return rc;
@@ -297,11 +292,11 @@ static int remote_hello(struct remote_link *L, struct proto_msg *rep, struct com
         proto_msg_clear(rep);
         return rc;
     }
-    const struct proto_hello *h = &rep->u.hello;
-    if (!proto_version_is_compatible(h->major, h->minor) || h->role != PROTO_ROLE_FETCHER)
-        return common_errmsg_set(e, COMMON_EPROTO,
-                                 "%s speaks protocol %u.%u as role %d, expected a fetcher %u.x",
-                                 L->url, h->major, h->minor, (int)h->role, PROTO_VERSION_MAJOR);
+    struct common_errmsg he = {{0}};
+    if ((rc = proto_hello_check(&rep->u.hello, PROTO_ROLE_FETCHER, &he)) < 0) {
+        proto_msg_clear(rep);
+        return common_errmsg_set(e, rc, "%s: %s", L->url, he.text);
+    }
     return COMMON_OK;
 }
 
@@ -1223,7 +1218,7 @@ static int remote_connect_all(struct executor_remote *r, struct common_errmsg *e
             /* A refusal that a retry cannot fix ends the wait now. */
             if (rc == COMMON_EPROTO || rc == COMMON_EINVAL || rc == COMMON_ENOMEM)
                 return common_errmsg_set(e, rc, "fetcher %u: %s", i, le.text);
-            if (r->cancel && *r->cancel)
+            if (r->cancelled && r->cancelled())
                 return common_errmsg_set(e, COMMON_ECLOSED,
                                          "interrupted while waiting for fetcher %u", i);
             if (common_now_ns() > deadline)
@@ -1278,7 +1273,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 30000;
     r->acquire_timeout_ms = o->acquire_timeout_ms ? o->acquire_timeout_ms : 120000;
     r->instance = o->instance;
-    r->cancel = o->cancel;
+    r->cancelled = o->cancelled;
     r->no_direct = !o->direct_reads || REMOTE_TSAN;
     r->n_cap = 1024;
     pthread_mutex_init(&r->loan_mu, NULL);

@@ -29,27 +29,23 @@ struct serve_link {
 };
 
 struct executor_serve {
-    char                         name[PROTO_MAX_NAME];
-    char                        *run_dir;    /* owned */
-    char                        *model_path; /* owned: realpath of the model, or NULL */
-    char                        *pid_path;   /* owned: NULL when no pid file was written */
-    const struct executor_model *model;      /* borrowed */
-    struct executor_remote      *remote;     /* borrowed, NULL for a dense model */
+    char                        *run_dir; /* owned */
+    const struct executor_model *model;   /* borrowed */
+    struct executor_remote      *remote;  /* borrowed, NULL for a dense model */
     uint32_t                     n_seq, n_ctx, n_vocab;
     struct executor_ctx        **ctx;     /* owned: n_seq contexts */
     float                       *logits;  /* owned: n_vocab scratch */
     int32_t                     *tokens;  /* owned: n_ctx scratch (a copy of the router's ids) */
-    struct proto_server         *server;  /* owned */
+    struct proto_service        *svc;     /* owned: control socket, pid file */
     pthread_t                    thread;  /* the step thread */
     bool                         started; /* thread running */
     uint64_t                     instance;
-    uint64_t                     start_ns;
 
     pthread_mutex_t    mu;       /* everything below */
     pthread_cond_t     cond;     /* a new link, or stop */
     struct serve_link *pending;  /* owned: attached, not yet taken by the step thread */
     bool               has_link; /* the step thread serves a link */
-    bool               stop, draining, shutdown;
+    bool               stop, draining;
     uint64_t           steps, tokens_done, step_ns, errors, bad_records, attaches, dropped;
     double             last_ms;
 };
@@ -295,70 +291,60 @@ static void *serve_thread(void *arg)
 
 /* ---- control messages ---------------------------------------------------------------------- */
 
-static void serve_stat(struct proto_stats_reply *r, const char *name, double v)
+static void serve_stats(void *arg, struct proto_stats_reply *r)
 {
-    if (r->n_stats >= PROTO_MAX_STATS)
-        return;
-    struct proto_stat *st = &r->stats[r->n_stats++];
-    snprintf(st->name, sizeof(st->name), "%s", name);
-    st->value = v;
-}
-
-static void serve_stats(struct executor_serve *s, struct proto_stats_reply *r)
-{
+    struct executor_serve *s = arg;
     pthread_mutex_lock(&s->mu);
-    serve_stat(r, "steps", (double)s->steps);
-    serve_stat(r, "tokens", (double)s->tokens_done);
-    serve_stat(r, "step_ms_total", (double)s->step_ns / 1e6);
-    serve_stat(r, "step_ms_mean", s->steps ? (double)s->step_ns / 1e6 / (double)s->steps : 0.0);
-    serve_stat(r, "step_ms_last", s->last_ms);
-    serve_stat(r, "errors", (double)s->errors);
-    serve_stat(r, "bad_records", (double)s->bad_records);
-    serve_stat(r, "attaches", (double)s->attaches);
-    serve_stat(r, "links_dropped", (double)s->dropped);
-    serve_stat(r, "router_linked", s->has_link || s->pending ? 1.0 : 0.0);
+    proto_stats_add(r, "steps", (double)s->steps);
+    proto_stats_add(r, "tokens", (double)s->tokens_done);
+    proto_stats_add(r, "step_ms_total", (double)s->step_ns / 1e6);
+    proto_stats_add(r, "step_ms_mean",
+                    s->steps ? (double)s->step_ns / 1e6 / (double)s->steps : 0.0);
+    proto_stats_add(r, "step_ms_last", s->last_ms);
+    proto_stats_add(r, "errors", (double)s->errors);
+    proto_stats_add(r, "bad_records", (double)s->bad_records);
+    proto_stats_add(r, "attaches", (double)s->attaches);
+    proto_stats_add(r, "links_dropped", (double)s->dropped);
+    proto_stats_add(r, "router_linked", s->has_link || s->pending ? 1.0 : 0.0);
     pthread_mutex_unlock(&s->mu);
-    serve_stat(r, "sequences", (double)s->n_seq);
-    serve_stat(r, "n_ctx", (double)s->n_ctx);
+    proto_stats_add(r, "sequences", (double)s->n_seq);
+    proto_stats_add(r, "n_ctx", (double)s->n_ctx);
     if (!s->remote)
         return;
     struct proto_shard shards[PROTO_MAX_SHARDS];
     uint32_t           n = executor_remote_shards(s->remote, shards, PROTO_MAX_SHARDS);
-    serve_stat(r, "fetchers_down", (double)executor_remote_n_down(s->remote));
+    proto_stats_add(r, "fetchers_down", (double)executor_remote_n_down(s->remote));
     for (uint32_t i = 0; i < n; i++) {
         struct executor_remote_stats st;
         char                         key[PROTO_MAX_KEY];
         if (executor_remote_stats(s->remote, i, &st) < 0)
             continue;
         snprintf(key, sizeof(key), "fetcher.%u.acquires", i);
-        serve_stat(r, key, (double)st.acquires);
+        proto_stats_add(r, key, (double)st.acquires);
         snprintf(key, sizeof(key), "fetcher.%u.wait_ms", i);
-        serve_stat(r, key, (double)st.wait_ns / 1e6);
+        proto_stats_add(r, key, (double)st.wait_ns / 1e6);
         snprintf(key, sizeof(key), "fetcher.%u.errors", i);
-        serve_stat(r, key, (double)st.errors);
+        proto_stats_add(r, key, (double)st.errors);
         snprintf(key, sizeof(key), "fetcher.%u.hints", i);
-        serve_stat(r, key, (double)st.hints);
+        proto_stats_add(r, key, (double)st.hints);
         snprintf(key, sizeof(key), "fetcher.%u.direct", i);
-        serve_stat(r, key, (double)st.direct);
+        proto_stats_add(r, key, (double)st.direct);
         snprintf(key, sizeof(key), "fetcher.%u.torn", i);
-        serve_stat(r, key, (double)st.torn);
+        proto_stats_add(r, key, (double)st.torn);
         snprintf(key, sizeof(key), "fetcher.%u.relinks", i);
-        serve_stat(r, key, (double)st.relinks);
+        proto_stats_add(r, key, (double)st.relinks);
         snprintf(key, sizeof(key), "fetcher.%u.up", i);
-        serve_stat(r, key, st.up ? 1.0 : 0.0);
+        proto_stats_add(r, key, st.up ? 1.0 : 0.0);
     }
 }
 
-static void serve_health(struct executor_serve *s, struct proto_health_reply *h)
+static void serve_health(void *arg, struct proto_health_reply *h)
 {
-    uint32_t down = s->remote ? executor_remote_n_down(s->remote) : 0;
+    struct executor_serve *s = arg;
+    uint32_t               down = s->remote ? executor_remote_n_down(s->remote) : 0;
     pthread_mutex_lock(&s->mu);
     bool draining = s->draining, linked = s->has_link || s->pending;
     pthread_mutex_unlock(&s->mu);
-    h->role = PROTO_ROLE_EXECUTOR;
-    h->pid = (uint32_t)getpid();
-    h->instance = s->instance;
-    h->uptime_s = (double)(common_now_ns() - s->start_ns) / 1e9;
     if (draining) {
         h->state = PROTO_HEALTH_DRAINING;
         snprintf(h->message, sizeof(h->message), "draining");
@@ -400,113 +386,44 @@ static int serve_attach(struct executor_serve *s, const struct proto_attach *a,
     return COMMON_OK;
 }
 
-static int serve_handle(void *arg, const struct proto_msg *req, struct proto_msg *rep)
+static void serve_hello(void *arg, struct proto_hello *h)
 {
     struct executor_serve *s = arg;
-    switch (req->kind) {
-    case PROTO_KIND_HELLO: {
-        rep->kind = PROTO_KIND_HELLO;
-        struct proto_hello *h = &rep->u.hello;
-        h->major = PROTO_VERSION_MAJOR;
-        h->minor = PROTO_VERSION_MINOR;
-        h->role = PROTO_ROLE_EXECUTOR;
-        snprintf(h->name, sizeof(h->name), "%s", s->name);
-        h->pid = (uint32_t)getpid();
-        h->instance = s->instance;
-        h->n_shards =
-            s->remote ? executor_remote_shards(s->remote, h->shards, PROTO_MAX_SHARDS) : 0;
-        return COMMON_OK;
-    }
-    case PROTO_KIND_STATS:
-        rep->kind = PROTO_KIND_STATS_REPLY;
-        serve_stats(s, &rep->u.stats);
-        return COMMON_OK;
-    case PROTO_KIND_HEALTH:
-        rep->kind = PROTO_KIND_HEALTH_REPLY;
-        serve_health(s, &rep->u.health);
-        return COMMON_OK;
-    case PROTO_KIND_DRAIN:
-        executor_serve_drain(s);
-        rep->kind = PROTO_KIND_OK;
-        return COMMON_OK;
-    case PROTO_KIND_SHUTDOWN:
-        pthread_mutex_lock(&s->mu);
-        s->draining = true;
-        s->shutdown = true;
-        pthread_mutex_unlock(&s->mu);
-        rep->kind = PROTO_KIND_OK;
-        return COMMON_OK;
-    case PROTO_KIND_CONFIGURE: {
-        const struct proto_configure *c = &req->u.configure;
-        enum common_log_level         lvl;
-        if (strcmp(c->key, "log.level") != 0) {
-            snprintf(rep->u.error.message, sizeof(rep->u.error.message),
-                     "unknown setting '%s' (known: log.level)", c->key);
-            return COMMON_EINVAL;
-        }
-        if (common_log_parse_level(c->value, &lvl) < 0) {
-            snprintf(rep->u.error.message, sizeof(rep->u.error.message),
-                     "log.level expects err, warn, info or debug, got '%.64s'", c->value);
-            return COMMON_EINVAL;
-        }
-        common_log_set_level(lvl);
-        rep->kind = PROTO_KIND_OK;
-        return COMMON_OK;
-    }
-    case PROTO_KIND_LOAD_MODEL: {
-        char *path = realpath(req->u.load_model.path, NULL);
-        bool  same = path && s->model_path && strcmp(path, s->model_path) == 0;
-        free(path);
-        if (!same) {
-            snprintf(rep->u.error.message, sizeof(rep->u.error.message),
-                     "restart with -m to load another model");
-            return COMMON_ENOTSUP;
-        }
-        rep->kind = PROTO_KIND_OK;
-        return COMMON_OK;
-    }
-    case PROTO_KIND_ATTACH:
-        return serve_attach(s, &req->u.attach, rep);
-    default:
-        snprintf(rep->u.error.message, sizeof(rep->u.error.message),
-                 "the executor does not serve '%s'", proto_kind_name(req->kind));
-        return COMMON_EINVAL;
-    }
+    h->n_shards = s->remote ? executor_remote_shards(s->remote, h->shards, PROTO_MAX_SHARDS) : 0;
 }
 
-/* The server's handler: a refusal is an ERROR reply carrying the text written into it. */
+static void serve_drain(void *arg)
+{
+    executor_serve_drain(arg);
+}
+
+/* The messages beyond the skeleton's: ATTACH of the router. A refusal is an ERROR reply carrying
+ * the text written into it. */
 static int serve_handler(void *arg, const struct proto_msg *req, struct proto_msg *rep)
 {
-    int rc = serve_handle(arg, req, rep);
-    if (rc < 0) {
-        rep->kind = PROTO_KIND_ERROR;
-        rep->u.error.code = rc;
-    }
-    return rc;
-}
-
-/* ---- lifetime ------------------------------------------------------------------------------ */
-
-static int serve_write_pid(struct executor_serve *s, struct common_errmsg *e)
-{
-    size_t n = strlen(s->run_dir) + 32;
-    if (!(s->pid_path = malloc(n)))
-        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
-    snprintf(s->pid_path, n, "%s/executor.pid", s->run_dir);
-    int fd = open(s->pid_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-        int rc =
-            common_errmsg_set(e, COMMON_EIO, "cannot write %s: %s", s->pid_path, strerror(errno));
-        free(s->pid_path);
-        s->pid_path = NULL;
+    struct executor_serve *s = arg;
+    if (req->kind == PROTO_KIND_ATTACH) {
+        int rc = serve_attach(s, &req->u.attach, rep);
+        if (rc < 0) {
+            rep->kind = PROTO_KIND_ERROR;
+            rep->u.error.code = rc;
+        }
         return rc;
     }
-    char buf[32];
-    int  len = snprintf(buf, sizeof(buf), "%ld\n", (long)getpid());
-    bool ok = write(fd, buf, (size_t)len) == len;
-    close(fd);
-    return ok ? COMMON_OK : common_errmsg_set(e, COMMON_EIO, "cannot write %s", s->pid_path);
+    return proto_reply_error(rep, COMMON_EPROTO, "the executor does not serve '%s'",
+                             proto_kind_name(req->kind));
 }
+
+/* The executor's part of the daemon skeleton. */
+static const struct proto_service_ops g_executor_ops = {
+    .hello = serve_hello,
+    .health = serve_health,
+    .stats = serve_stats,
+    .drain = serve_drain,
+    .handle = serve_handler,
+};
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
 
 int executor_serve_start(const struct executor_serve_opts *o, struct executor_serve **out,
                          struct common_errmsg *e)
@@ -523,17 +440,9 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cond, &ca);
     pthread_condattr_destroy(&ca);
-    snprintf(s->name, sizeof(s->name), "%s", o->name ? o->name : "executor");
     s->model = o->model;
     s->remote = o->remote;
-    s->start_ns = common_now_ns();
-    s->instance = o->instance;
-    if (!s->instance) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        s->instance =
-            ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40);
-    }
+    s->instance = o->instance ? o->instance : common_random_id();
     s->n_seq = o->n_seq ? o->n_seq : 4;
     s->n_vocab = executor_model_hparams(o->model)->n_vocab;
     if (s->n_seq > 256) {
@@ -544,8 +453,6 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
         common_errmsg_set(e, rc, "out of memory");
         goto out_stop;
     }
-    if (o->model_path)
-        s->model_path = realpath(o->model_path, NULL);
     struct executor_ctx_opts co = {
         .n_ctx = o->n_ctx, .n_batch = o->n_batch, .cache_type = o->cache_type, .pool = o->pool};
     for (uint32_t i = 0; i < s->n_seq; i++)
@@ -563,15 +470,14 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
         goto out_stop;
     }
     s->started = true;
-    char url[PROTO_MAX_PATH + 16];
-    if ((size_t)snprintf(url, sizeof(url), "ipc://%s/executor.ctl", s->run_dir) >= sizeof(url)) {
-        rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
-        goto out_stop;
-    }
-    if ((rc = proto_server_start(url, &(struct proto_server_opts){.n_workers = 4}, serve_handler, s,
-                                 &s->server, e)) < 0)
-        goto out_stop;
-    if (!o->no_pidfile && (rc = serve_write_pid(s, e)) < 0)
+    struct proto_service_opts so = {.run_dir = s->run_dir,
+                                    .name = "executor",
+                                    .role = PROTO_ROLE_EXECUTOR,
+                                    .model_path = o->model_path,
+                                    .instance = s->instance,
+                                    .n_workers = 4,
+                                    .no_pidfile = o->no_pidfile};
+    if ((rc = proto_service_start(&so, &g_executor_ops, s, &s->svc, e)) < 0)
         goto out_stop;
     *out = s;
     return COMMON_OK;
@@ -581,12 +487,9 @@ out_stop:
     return rc;
 }
 
-bool executor_serve_shutdown_requested(struct executor_serve *s)
+struct proto_service *executor_serve_service(struct executor_serve *s)
 {
-    pthread_mutex_lock(&s->mu);
-    bool v = s->shutdown;
-    pthread_mutex_unlock(&s->mu);
-    return v;
+    return s->svc;
 }
 
 void executor_serve_drain(struct executor_serve *s)
@@ -600,9 +503,8 @@ void executor_serve_stop(struct executor_serve *s)
 {
     if (!s)
         return;
-    bool listened = s->server != NULL;
-    proto_server_stop(s->server); /* no handler runs after this */
-    s->server = NULL;
+    proto_service_stop(s->svc); /* no handler runs after this */
+    s->svc = NULL;
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_broadcast(&s->cond);
@@ -610,21 +512,11 @@ void executor_serve_stop(struct executor_serve *s)
     if (s->started)
         pthread_join(s->thread, NULL);
     serve_link_free(s->pending);
-    if (s->run_dir && listened) {
-        char path[PROTO_MAX_PATH + 32];
-        snprintf(path, sizeof(path), "%s/executor.ctl", s->run_dir);
-        (void)unlink(path); /* nng may leave the socket file behind */
-    }
-    if (s->pid_path) {
-        (void)unlink(s->pid_path);
-        free(s->pid_path);
-    }
     for (uint32_t i = 0; s->ctx && i < s->n_seq; i++)
         executor_ctx_destroy(s->ctx[i]);
     free(s->ctx);
     free(s->logits);
     free(s->tokens);
-    free(s->model_path);
     free(s->run_dir);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->mu);

@@ -369,6 +369,7 @@ struct fetcher_serve_opts {
     FILE                *plan_out;    /* borrowed: the plan is printed here; NULL = silent */
     const char          *trace_out;   /* borrowed: trace JSON written at stop; NULL = none */
     FILE                *summary_out; /* borrowed: trace summary printed at stop; NULL = none */
+    bool                 no_pidfile;  /* do not write RUN_DIR/fetcher-I.pid (tests) */
 };
 
 /* A running fetcher service. Opaque. */
@@ -385,8 +386,9 @@ struct fetcher_server;
 int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_server **out,
                         struct common_errmsg *e);
 
-/* Waits up to timeout_ms (< 0 = forever) for a SHUTDOWN request; true when one came. */
-bool fetcher_serve_wait(struct fetcher_server *s, int timeout_ms);
+/* The control service of the fetcher (owned by s): proto_service_run() waits for SHUTDOWN or a
+ * signal. */
+struct proto_service *fetcher_serve_service(struct fetcher_server *s);
 
 /* Stops: refuses new work, drops the executor link (releasing its loans), waits for the worker
  * threads, closes the sockets and removes the socket and pid files, writes the trace JSON and

@@ -55,7 +55,6 @@ struct fetcher_server {
     struct fetcher_serve_opts   o;
     char                       *run_dir;    /* owned */
     char                       *model_path; /* owned: as given */
-    char                       *model_real; /* owned: realpath, NULL when unknown */
     struct common_gguf         *g;          /* owned */
     struct common_model         m;
     bool                        m_init;
@@ -63,18 +62,11 @@ struct fetcher_server {
     uint32_t                    shard, n_shards, first, n_exp; /* this fetcher's experts */
     uint32_t                    n_layer, n_expert, n_slots;
     uint64_t                    instance;
-    uint32_t                    pid;
-    uint64_t                    t_start_ns;
     const uint8_t              *pool_base; /* borrowed: the fetcher's pool mapping */
     uint64_t                    pool_bytes;
     char                        name[PROTO_MAX_NAME];
-    char                        ctl_url[SERVE_PATH_MAX + 8];
-    char                        ctl_path[SERVE_PATH_MAX];
     char                        pool_path[SERVE_PATH_MAX];
-    char                        pid_path[SERVE_PATH_MAX];
-    bool                        pid_written;
-    struct proto_server        *ctl;         /* owned */
-    bool                        ctl_started; /* ctl_path is ours to remove */
+    struct proto_service       *svc;         /* owned: control socket, pid file */
     int                         pool_listen; /* owned: -1 when not listening */
     pthread_t                   pool_thread; /* hands the pool fd */
     bool                        pool_started;
@@ -88,7 +80,7 @@ struct fetcher_server {
     struct serve_job           *jobs; /* owned: SERVE_JOB_CAP, a circular queue */
     uint32_t                    job_head, job_n;
     struct serve_link          *link; /* the current link (one ref), NULL */
-    bool                        stopping, draining, shutdown_req;
+    bool                        stopping, draining;
     struct fetcher_serve_counts c;
     _Atomic bool                stop_flag; /* mirrors `stopping` for threads that poll */
 };
@@ -108,24 +100,6 @@ static void serve_shard_range(uint32_t i, uint32_t n, uint32_t n_expert, uint32_
     uint32_t b = (uint32_t)((uint64_t)(i + 1) * n_expert / n);
     *first = a;
     *count = b - a;
-}
-
-static int serve_run_dir(const char *dir, struct common_errmsg *e)
-{
-    struct stat st;
-    if (stat(dir, &st) != 0) {
-        if (errno != ENOENT || mkdir(dir, 0700) != 0 || stat(dir, &st) != 0)
-            return common_errmsg_set(e, COMMON_EINVAL, "run dir %s: cannot create: %s", dir,
-                                     strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode))
-        return common_errmsg_set(e, COMMON_EINVAL, "run dir %s: not a directory", dir);
-    if (st.st_uid != geteuid() || (st.st_mode & 077) != 0)
-        return common_errmsg_set(e, COMMON_EINVAL,
-                                 "run dir %s: must be owned by this user with mode 0700 (it is "
-                                 "%04o)",
-                                 dir, (unsigned)(st.st_mode & 07777));
-    return COMMON_OK;
 }
 
 static int serve_path(char *buf, size_t len, const char *dir, const char *name, uint32_t i,
@@ -528,87 +502,65 @@ static void *pool_thread(void *arg)
 
 /* ---- control messages --------------------------------------------------------------------- */
 
-static void stats_add(struct proto_msg *rep, const char *name, double v)
-{
-    struct proto_stats_reply *st = &rep->u.stats;
-    if (st->n_stats >= PROTO_MAX_STATS)
-        return;
-    snprintf(st->stats[st->n_stats].name, PROTO_MAX_KEY, "%s", name);
-    st->stats[st->n_stats].value = v;
-    st->n_stats++;
-}
-
 static double ratio(uint64_t a, uint64_t b)
 {
     return b ? (double)a / (double)b : 0.0;
 }
 
-static void ctl_stats(struct fetcher_server *s, struct proto_msg *rep)
+static void ctl_stats(void *arg, struct proto_stats_reply *st)
 {
+    struct fetcher_server      *s = arg;
     struct fetcher_pool_counts  pc;
     struct fetcher_trace_totals t;
     struct fetcher_serve_counts c;
-    uint64_t                    served = 0, refused = 0;
     fetcher_get_pool_counts(s->f, &pc);
     fetcher_trace_totals(fetcher_get_trace(s->f), &t);
     fetcher_serve_counts(s, &c);
-    proto_server_counts(s->ctl, &served, &refused);
-    rep->kind = PROTO_KIND_STATS_REPLY;
-    rep->u.stats.n_stats = 0;
-    stats_add(rep, "shard.index", s->shard);
-    stats_add(rep, "shard.count", s->n_shards);
-    stats_add(rep, "shard.first_expert", s->first);
-    stats_add(rep, "shard.n_experts", s->n_exp);
-    stats_add(rep, "pool.slots", pc.n_slots);
-    stats_add(rep, "pool.slot_bytes", (double)pc.slot_bytes);
-    stats_add(rep, "pool.free", pc.n_free);
-    stats_add(rep, "pool.loading", pc.n_loading);
-    stats_add(rep, "pool.ready", pc.n_ready);
-    stats_add(rep, "pool.failed", pc.n_failed);
-    stats_add(rep, "pool.pinned", pc.n_pinned);
-    stats_add(rep, "trace.accesses", (double)t.accesses);
-    stats_add(rep, "trace.hits", (double)t.hits);
-    stats_add(rep, "trace.misses", (double)t.misses);
-    stats_add(rep, "trace.prefetch_hits", (double)t.prefetch_hits);
-    stats_add(rep, "trace.hit_rate", ratio(t.hits + t.prefetch_hits, t.accesses));
-    stats_add(rep, "trace.prefetch_issued", (double)t.prefetch_issued);
-    stats_add(rep, "trace.prefetch_wasted", (double)t.prefetch_wasted);
-    stats_add(rep, "trace.prefetch_dropped", (double)t.prefetch_dropped);
-    stats_add(rep, "trace.loads", (double)t.loads);
-    stats_add(rep, "trace.load_errors", (double)t.load_errors);
-    stats_add(rep, "trace.bytes_read", (double)t.bytes_read);
-    stats_add(rep, "trace.evictions", (double)t.evictions);
-    stats_add(rep, "trace.tokens", (double)t.tokens);
-    stats_add(rep, "trace.faults", (double)t.faults);
-    stats_add(rep, "trace.belady_accesses", (double)t.belady_accesses);
-    stats_add(rep, "trace.belady_hits", (double)t.belady_hits);
-    stats_add(rep, "trace.belady_hit_rate", ratio(t.belady_hits, t.belady_accesses));
-    stats_add(rep, "serve.acquires", (double)c.acquires);
-    stats_add(rep, "serve.acquire_errors", (double)c.acquire_errors);
-    stats_add(rep, "serve.releases", (double)c.releases);
-    stats_add(rep, "serve.hints", (double)c.hints);
-    stats_add(rep, "serve.uses", (double)c.uses);
-    stats_add(rep, "serve.tokens", (double)c.tokens);
-    stats_add(rep, "serve.bad_records", (double)c.bad_records);
-    stats_add(rep, "serve.attaches", (double)c.attaches);
-    stats_add(rep, "serve.links_dropped", (double)c.links_dropped);
-    stats_add(rep, "serve.link_pins", (double)c.link_pins);
-    stats_add(rep, "serve.pool_fds_sent", (double)c.pool_fds_sent);
-    stats_add(rep, "ctl.requests", (double)served);
-    stats_add(rep, "ctl.refused", (double)refused);
-    stats_add(rep, "uptime_s", (double)(common_now_ns() - s->t_start_ns) / 1e9);
+    proto_stats_add(st, "shard.index", s->shard);
+    proto_stats_add(st, "shard.count", s->n_shards);
+    proto_stats_add(st, "shard.first_expert", s->first);
+    proto_stats_add(st, "shard.n_experts", s->n_exp);
+    proto_stats_add(st, "pool.slots", pc.n_slots);
+    proto_stats_add(st, "pool.slot_bytes", (double)pc.slot_bytes);
+    proto_stats_add(st, "pool.free", pc.n_free);
+    proto_stats_add(st, "pool.loading", pc.n_loading);
+    proto_stats_add(st, "pool.ready", pc.n_ready);
+    proto_stats_add(st, "pool.failed", pc.n_failed);
+    proto_stats_add(st, "pool.pinned", pc.n_pinned);
+    proto_stats_add(st, "trace.accesses", (double)t.accesses);
+    proto_stats_add(st, "trace.hits", (double)t.hits);
+    proto_stats_add(st, "trace.misses", (double)t.misses);
+    proto_stats_add(st, "trace.prefetch_hits", (double)t.prefetch_hits);
+    proto_stats_add(st, "trace.hit_rate", ratio(t.hits + t.prefetch_hits, t.accesses));
+    proto_stats_add(st, "trace.prefetch_issued", (double)t.prefetch_issued);
+    proto_stats_add(st, "trace.prefetch_wasted", (double)t.prefetch_wasted);
+    proto_stats_add(st, "trace.prefetch_dropped", (double)t.prefetch_dropped);
+    proto_stats_add(st, "trace.loads", (double)t.loads);
+    proto_stats_add(st, "trace.load_errors", (double)t.load_errors);
+    proto_stats_add(st, "trace.bytes_read", (double)t.bytes_read);
+    proto_stats_add(st, "trace.evictions", (double)t.evictions);
+    proto_stats_add(st, "trace.tokens", (double)t.tokens);
+    proto_stats_add(st, "trace.faults", (double)t.faults);
+    proto_stats_add(st, "trace.belady_accesses", (double)t.belady_accesses);
+    proto_stats_add(st, "trace.belady_hits", (double)t.belady_hits);
+    proto_stats_add(st, "trace.belady_hit_rate", ratio(t.belady_hits, t.belady_accesses));
+    proto_stats_add(st, "serve.acquires", (double)c.acquires);
+    proto_stats_add(st, "serve.acquire_errors", (double)c.acquire_errors);
+    proto_stats_add(st, "serve.releases", (double)c.releases);
+    proto_stats_add(st, "serve.hints", (double)c.hints);
+    proto_stats_add(st, "serve.uses", (double)c.uses);
+    proto_stats_add(st, "serve.tokens", (double)c.tokens);
+    proto_stats_add(st, "serve.bad_records", (double)c.bad_records);
+    proto_stats_add(st, "serve.attaches", (double)c.attaches);
+    proto_stats_add(st, "serve.links_dropped", (double)c.links_dropped);
+    proto_stats_add(st, "serve.link_pins", (double)c.link_pins);
+    proto_stats_add(st, "serve.pool_fds_sent", (double)c.pool_fds_sent);
 }
 
-static void ctl_health(struct fetcher_server *s, struct proto_msg *rep)
+static void ctl_health(void *arg, struct proto_health_reply *h)
 {
-    struct proto_health_reply *h = &rep->u.health;
-    rep->kind = PROTO_KIND_HEALTH_REPLY;
-    h->role = PROTO_ROLE_FETCHER;
-    h->pid = s->pid;
-    h->instance = s->instance;
-    h->uptime_s = (double)(common_now_ns() - s->t_start_ns) / 1e9;
+    struct fetcher_server *s = arg;
     pthread_mutex_lock(&s->mu);
-    h->state = s->draining ? PROTO_HEALTH_DRAINING : PROTO_HEALTH_READY;
     const struct serve_link *l = s->link;
     bool                     live = l && !atomic_load_explicit(&l->dead, memory_order_relaxed);
     uint32_t                 pid = l ? l->pid : 0;
@@ -623,22 +575,23 @@ static void ctl_health(struct fetcher_server *s, struct proto_msg *rep)
                  s->n_shards, s->first, s->first + s->n_exp, s->n_slots);
 }
 
-static void ctl_hello(struct fetcher_server *s, struct proto_msg *rep)
+static void ctl_hello(void *arg, struct proto_hello *h)
 {
-    struct proto_hello *h = &rep->u.hello;
-    rep->kind = PROTO_KIND_HELLO;
-    h->major = PROTO_VERSION_MAJOR;
-    h->minor = PROTO_VERSION_MINOR;
-    h->role = PROTO_ROLE_FETCHER;
-    snprintf(h->name, sizeof(h->name), "%s", s->name);
-    h->pid = s->pid;
-    h->instance = s->instance;
+    struct fetcher_server *s = arg;
     h->n_shards = s->n_shards;
     for (uint32_t i = 0; i < s->n_shards; i++) {
         h->shards[i].fetcher = i;
         serve_shard_range(i, s->n_shards, s->n_expert, &h->shards[i].first_expert,
                           &h->shards[i].n_experts);
     }
+}
+
+static void ctl_drain(void *arg)
+{
+    struct fetcher_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    pthread_mutex_unlock(&s->mu);
 }
 
 static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, struct proto_msg *rep)
@@ -726,63 +679,20 @@ out_free:
 static int ctl_handler(void *arg, const struct proto_msg *req, struct proto_msg *rep)
 {
     struct fetcher_server *s = arg;
-    switch (req->kind) {
-    case PROTO_KIND_HELLO:
-        if (!proto_version_is_compatible(req->u.hello.major, req->u.hello.minor))
-            return proto_reply_error(
-                rep, COMMON_EPROTO, "hello: protocol %u.%u, this fetcher speaks %u.%u",
-                req->u.hello.major, req->u.hello.minor, PROTO_VERSION_MAJOR, PROTO_VERSION_MINOR);
-        ctl_hello(s, rep);
-        return COMMON_OK;
-    case PROTO_KIND_STATS:
-        ctl_stats(s, rep);
-        return COMMON_OK;
-    case PROTO_KIND_HEALTH:
-        ctl_health(s, rep);
-        return COMMON_OK;
-    case PROTO_KIND_DRAIN:
-    case PROTO_KIND_SHUTDOWN:
-        pthread_mutex_lock(&s->mu);
-        s->draining = true;
-        if (req->kind == PROTO_KIND_SHUTDOWN) {
-            s->shutdown_req = true;
-            pthread_cond_broadcast(&s->cv);
-        }
-        pthread_mutex_unlock(&s->mu);
-        rep->kind = PROTO_KIND_OK;
-        return COMMON_OK;
-    case PROTO_KIND_CONFIGURE: {
-        const struct proto_configure *c = &req->u.configure;
-        if (strcmp(c->key, "log.level") == 0) {
-            enum common_log_level lv;
-            if (common_log_parse_level(c->value, &lv) != COMMON_OK)
-                return proto_reply_error(rep, COMMON_EINVAL,
-                                         "configure: log.level expects err, warn, info or debug");
-            common_log_set_level(lv);
-            rep->kind = PROTO_KIND_OK;
-            return COMMON_OK;
-        }
-        return proto_reply_error(rep, COMMON_EINVAL, "configure: unknown key '%s'", c->key);
-    }
-    case PROTO_KIND_LOAD_MODEL: {
-        char *real = realpath(req->u.load_model.path, NULL);
-        bool  same = strcmp(req->u.load_model.path, s->model_path) == 0 ||
-                    (real && s->model_real && strcmp(real, s->model_real) == 0);
-        free(real);
-        if (!same)
-            return proto_reply_error(rep, COMMON_ENOTSUP,
-                                     "load model: this fetcher serves %s; restart with -m",
-                                     s->model_path);
-        rep->kind = PROTO_KIND_OK;
-        return COMMON_OK;
-    }
-    case PROTO_KIND_ATTACH:
+    if (req->kind == PROTO_KIND_ATTACH)
         return ctl_attach(s, &req->u.attach, rep);
-    default:
-        return proto_reply_error(rep, COMMON_EPROTO, "a fetcher does not serve '%s'",
-                                 proto_kind_name(req->kind));
-    }
+    return proto_reply_error(rep, COMMON_EPROTO, "a fetcher does not serve '%s'",
+                             proto_kind_name(req->kind));
 }
+
+/* The fetcher's part of the daemon skeleton. */
+static const struct proto_service_ops g_fetcher_ops = {
+    .hello = ctl_hello,
+    .health = ctl_health,
+    .stats = ctl_stats,
+    .drain = ctl_drain,
+    .handle = ctl_handler,
+};
 
 /* ---- start and stop ----------------------------------------------------------------------- */
 
@@ -801,7 +711,6 @@ static int serve_open_model(struct fetcher_server *s, struct common_errmsg *e)
                                  s->model_path);
     s->n_layer = s->m.hp.n_layer;
     s->n_expert = s->m.hp.n_expert;
-    s->model_real = realpath(s->model_path, NULL);
     return COMMON_OK;
 }
 
@@ -853,23 +762,6 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     return COMMON_OK;
 }
 
-static int serve_write_pid(struct fetcher_server *s, struct common_errmsg *e)
-{
-    char  tmp[SERVE_PATH_MAX + 8];
-    FILE *f;
-    snprintf(tmp, sizeof(tmp), "%s.tmp", s->pid_path);
-    if (!(f = fopen(tmp, "w")))
-        return common_errmsg_set(e, COMMON_EIO, "%s: %s", tmp, strerror(errno));
-    int bad = fprintf(f, "%u\n", s->pid) < 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, s->pid_path) != 0) {
-        unlink(tmp);
-        return common_errmsg_set(e, COMMON_EIO, "%s: cannot write", s->pid_path);
-    }
-    s->pid_written = true;
-    return COMMON_OK;
-}
-
 int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_server **out,
                         struct common_errmsg *e)
 {
@@ -886,7 +778,7 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     if (o->n_workers > SERVE_MAX_WORKERS)
         return common_errmsg_set(e, COMMON_EINVAL, "workers %u: at most %u", o->n_workers,
                                  SERVE_MAX_WORKERS);
-    int rc = serve_run_dir(o->run_dir, e);
+    int rc = common_run_dir_prepare(o->run_dir, e);
     if (rc != COMMON_OK)
         return rc;
 
@@ -897,9 +789,7 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     s->pool_listen = -1;
     s->shard = o->shard;
     s->n_shards = n_shards;
-    s->pid = (uint32_t)getpid();
     s->instance = common_random_id();
-    s->t_start_ns = common_now_ns();
     snprintf(s->name, sizeof(s->name), "fetcher-%u", s->shard);
     s->run_dir = strdup(o->run_dir);
     s->model_path = strdup(o->model_path);
@@ -910,13 +800,10 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     }
     s->o.model_path = s->model_path;
     s->o.run_dir = s->run_dir;
-    if (serve_path(s->ctl_path, sizeof(s->ctl_path), s->run_dir, "fetcher", s->shard, ".ctl") ||
-        serve_path(s->pool_path, sizeof(s->pool_path), s->run_dir, "fetcher", s->shard, ".pool") ||
-        serve_path(s->pid_path, sizeof(s->pid_path), s->run_dir, "fetcher", s->shard, ".pid")) {
+    if (serve_path(s->pool_path, sizeof(s->pool_path), s->run_dir, "fetcher", s->shard, ".pool")) {
         rc = common_errmsg_set(e, COMMON_EINVAL, "run dir %s: path too long", s->run_dir);
         goto out_stop;
     }
-    snprintf(s->ctl_url, sizeof(s->ctl_url), "ipc://%s", s->ctl_path);
     if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_mutex_init(&s->attach_mu, NULL) != 0 ||
         pthread_cond_init(&s->cv, NULL) != 0 || pthread_cond_init(&s->cv_space, NULL) != 0) {
         rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: mutex init failed");
@@ -980,14 +867,16 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         goto out_stop;
     }
     s->pool_started = true;
-    if ((rc = proto_server_start(s->ctl_url, &(struct proto_server_opts){0}, ctl_handler, s,
-                                 &s->ctl, e)) != COMMON_OK)
+    struct proto_service_opts so = {.run_dir = s->run_dir,
+                                    .name = s->name,
+                                    .role = PROTO_ROLE_FETCHER,
+                                    .model_path = s->model_path,
+                                    .instance = s->instance,
+                                    .no_pidfile = o->no_pidfile};
+    if ((rc = proto_service_start(&so, &g_fetcher_ops, s, &s->svc, e)) != COMMON_OK)
         goto out_stop;
-    s->ctl_started = true;
-    if ((rc = serve_write_pid(s, e)) != COMMON_OK)
-        goto out_stop;
-    COMMON_LOG_INFO("fetcher.serve", "%s ready pid=%u ctl=%s pool=%s", s->name, s->pid, s->ctl_url,
-                    s->pool_path);
+    COMMON_LOG_INFO("fetcher.serve", "%s ready pid=%d ctl=%s pool=%s", s->name, (int)getpid(),
+                    proto_service_url(s->svc), s->pool_path);
     *out = s;
     return COMMON_OK;
 
@@ -998,28 +887,9 @@ out_stop:
     return rc;
 }
 
-bool fetcher_serve_wait(struct fetcher_server *s, int timeout_ms)
+struct proto_service *fetcher_serve_service(struct fetcher_server *s)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (timeout_ms > 0) {
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-    }
-    pthread_mutex_lock(&s->mu);
-    while (!s->shutdown_req && timeout_ms != 0) {
-        int r = timeout_ms < 0 ? pthread_cond_wait(&s->cv, &s->mu)
-                               : pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-        if (r == ETIMEDOUT)
-            break;
-    }
-    bool req = s->shutdown_req;
-    pthread_mutex_unlock(&s->mu);
-    return req;
+    return s->svc;
 }
 
 int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
@@ -1037,8 +907,8 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
         pthread_mutex_unlock(&s->mu);
     }
     /* Control first: no ATTACH can install a link after this. */
-    proto_server_stop(s->ctl);
-    s->ctl = NULL;
+    proto_service_stop(s->svc);
+    s->svc = NULL;
     if (s->sync_init) {
         pthread_mutex_lock(&s->mu);
         struct serve_link *l = s->link;
@@ -1056,10 +926,6 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
         close(s->pool_listen);
         unlink(s->pool_path);
     }
-    if (s->ctl_started)
-        unlink(s->ctl_path);
-    if (s->pid_written)
-        unlink(s->pid_path);
     if (s->f) {
         struct fetcher_trace *t = fetcher_get_trace(s->f);
         if (s->o.trace_out) {
@@ -1087,7 +953,6 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
     free(s->jobs);
     free(s->run_dir);
     free(s->model_path);
-    free(s->model_real);
     free(s);
     return rc;
 }

@@ -405,4 +405,103 @@ int proto_client_call(struct proto_client *c, const struct proto_msg *req, struc
 int proto_call(const char *url, const struct proto_msg *req, struct proto_msg *rep, int timeout_ms,
                struct common_errmsg *e);
 
+/* ------------------------------------------------------------------------------------------ */
+/* The daemon skeleton: control socket, common messages, pid file, signals (proto/service.c)   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every daemon (fetcher, executor, router) is one struct proto_service plus a table of handlers,
+ * the shape of nng's protocol ops tables: the skeleton checks (or creates) the run directory,
+ * listens on the control socket, answers HELLO (version and role checked, the daemon adds its
+ * shard map), HEALTH (role, pid, instance, uptime; the daemon says its state), STATS (the
+ * daemon's counters, then ctl.* and uptime_s), DRAIN, SHUTDOWN, CONFIGURE log.level and
+ * LOAD_MODEL of the model it serves, hands every other message to the daemon, writes the pid
+ * file atomically and removes it and the socket at stop. */
+
+/* What the daemon adds to the skeleton. Every entry may be NULL and is called on the server's
+ * threads (several at once): each must be thread-safe. */
+struct proto_service_ops {
+    /* Adds the daemon's part of a HELLO reply (its shard map); the rest is filled. */
+    void (*hello)(void *arg, struct proto_hello *h);
+    /* Sets h->state (READY before the call) and h->message; the skeleton reports DRAINING once a
+     * DRAIN or SHUTDOWN came, whatever the daemon says. */
+    void (*health)(void *arg, struct proto_health_reply *h);
+    /* Adds the daemon's counters with proto_stats_add(). */
+    void (*stats)(void *arg, struct proto_stats_reply *st);
+    /* DRAIN or SHUTDOWN came (or a signal): stop taking new work. May be called more than once. */
+    void (*drain)(void *arg);
+    /* CONFIGURE keys other than log.level: apply, or refuse with proto_reply_error(). */
+    int (*configure)(void *arg, const struct proto_configure *c, struct proto_msg *rep);
+    /* Every other message (ATTACH, GENERATE, POLL, CANCEL); as a proto_handler_fn. NULL = such
+     * messages are refused (COMMON_EPROTO). */
+    proto_handler_fn handle;
+};
+
+struct proto_service_opts {
+    const char *run_dir;        /* required: created 0700 when absent, else must be ours, 0700 */
+    const char *name;           /* required: "fetcher-0", "executor", "router": HELLO's name,
+                                   the socket RUN_DIR/NAME.ctl and the pid file RUN_DIR/NAME.pid */
+    enum proto_role role;       /* who this daemon is */
+    const char     *url;        /* where to listen; NULL = ipc://RUN_DIR/NAME.ctl */
+    const char     *model_path; /* the model served: LOAD_MODEL of another one is refused */
+    uint64_t        instance;   /* 0 = a random one */
+    uint32_t        n_workers;  /* messages served at once; 0 = the server's default */
+    bool            no_pidfile; /* tests running several daemons in one process */
+};
+
+/* A running control service. Opaque. */
+struct proto_service;
+
+/* Why proto_service_run() returned. */
+enum proto_service_stop {
+    PROTO_SERVICE_STOP_SIGNAL = 0, /* SIGTERM or SIGINT */
+    PROTO_SERVICE_STOP_MESSAGE,    /* a SHUTDOWN message */
+};
+
+/* Checks the run directory, starts serving `ops` (with `arg`, borrowed: must outlive the
+ * service) on the control socket and writes the pid file. Call it once the daemon is ready to
+ * answer. Returns 0, COMMON_EINVAL (bad options, run dir unusable: named in e), COMMON_EBUSY
+ * (another live daemon listens there), COMMON_EIO, COMMON_ENOMEM. */
+int proto_service_start(const struct proto_service_opts *o, const struct proto_service_ops *ops,
+                        void *arg, struct proto_service **out, struct common_errmsg *e);
+/* Stops listening (waiting for handlers in flight), removes the socket file and the pid file
+ * (when it still holds this pid), frees. Accepts NULL. */
+void proto_service_stop(struct proto_service *s);
+
+/* Blocks until SHUTDOWN arrives or the process gets SIGTERM/SIGINT (proto_daemon_signals()),
+ * then drains (ops->drain) and returns why. */
+int proto_service_run(struct proto_service *s);
+/* True once DRAIN or SHUTDOWN came (or proto_service_run() returned). Thread-safe. */
+bool proto_service_is_draining(struct proto_service *s);
+/* True once SHUTDOWN came. Thread-safe. */
+bool proto_service_shutdown_requested(struct proto_service *s);
+/* As if SHUTDOWN had come (drain, and proto_service_run() returns). Thread-safe. */
+void        proto_service_request_shutdown(struct proto_service *s);
+uint64_t    proto_service_instance(const struct proto_service *s);
+const char *proto_service_url(const struct proto_service *s);
+/* The server behind the service (owned by it), for its counters. */
+struct proto_server *proto_service_server(struct proto_service *s);
+
+/* Takes SIGTERM and SIGINT for the process: blocks them in the calling thread (threads started
+ * later inherit that, so no system call of theirs is interrupted) and starts a thread that
+ * waits for them and raises the stop flag; ignores SIGPIPE. Call once at the start of main,
+ * before any other thread starts. */
+void proto_daemon_signals(void);
+/* True once SIGTERM or SIGINT arrived (the process's stop flag). Startup waits (the executor
+ * waiting for its fetchers) give up when it is set. Thread-safe. */
+bool proto_daemon_stopping(void);
+
+/* The HELLO of this process: version, role, name, pid and instance, no shards. Both sides of a
+ * handshake build theirs with it. */
+void proto_hello_init(struct proto_hello *h, enum proto_role role, const char *name,
+                      uint64_t instance);
+/* Checks a peer's HELLO: a compatible version, the role `want_role` (an enum proto_role, or -1
+ * for any) and a sane shard count. Returns 0 or COMMON_EPROTO with a message. */
+int proto_hello_check(const struct proto_hello *h, int want_role, struct common_errmsg *e);
+
+/* Appends one counter to a STATS reply (dropped beyond PROTO_MAX_STATS); the name is cut at
+ * PROTO_MAX_KEY - 1 bytes. proto_stats_addf() formats the name. */
+void proto_stats_add(struct proto_stats_reply *st, const char *name, double value);
+void proto_stats_addf(struct proto_stats_reply *st, double value, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif /* PROTO_PROTO_H */

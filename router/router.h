@@ -341,6 +341,7 @@ struct router_serve_opts {
     uint32_t    exec_wait_ms;      /* ring wait before checking the executor; 0 = 200 */
     const char *listen_url;        /* NULL = "ipc://RUN_DIR/router.sock" */
     const char *executor_url;      /* NULL = "ipc://RUN_DIR/executor.ctl" */
+    bool        no_pidfile;        /* do not write RUN_DIR/router.pid (tests) */
 };
 
 struct router_serve;
@@ -354,16 +355,13 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
 /* Stops taking new requests (GENERATE -> COMMON_EBUSY); queued and active ones finish. */
 void router_serve_drain(struct router_serve *s);
 
-/* True once a SHUTDOWN message asked the service to exit. */
-bool router_serve_shutdown_requested(struct router_serve *s);
+/* The service behind router.sock (owned by s): proto_service_run() waits for SHUTDOWN or a
+ * signal. */
+struct proto_service *router_serve_service(struct router_serve *s);
 
 /* Waits up to timeout_ms (< 0 = forever) until no request is queued or active, or a SHUTDOWN
  * was asked for and the work drained. Returns true when idle. */
 bool router_serve_wait_idle(struct router_serve *s, int timeout_ms);
-
-/* Sleeps until SHUTDOWN arrives or `stop` (set from a signal handler) becomes true, polling
- * every 100 ms. */
-void router_serve_wait_stop(struct router_serve *s, volatile sig_atomic_t *stop);
 
 /* The url it listens on (static while s lives). */
 const char *router_serve_url(const struct router_serve *s);

@@ -72,12 +72,10 @@ struct router_serve {
     char                     run_dir[PROTO_MAX_PATH];
     char                     listen_url[PROTO_MAX_PATH + 64];
     char                     exec_url[PROTO_MAX_PATH + 64];
-    char                     sock_path[PROTO_MAX_PATH + 64]; /* file to remove, "" = none */
-    char                     model_real[PATH_MAX];
     struct router_vocab     *vocab;
     enum router_chat_tmpl    tmpl;
     uint32_t                 n_vocab, n_ctx, n_seq;
-    uint64_t                 instance, t0_ns;
+    uint64_t                 instance;
 
     /* executor link (scheduler thread after create) */
     struct proto_client       *exec;
@@ -95,7 +93,7 @@ struct router_serve {
     struct rq      *head;
     struct rq     **slots;
     uint32_t        n_queued, n_active;
-    bool            draining, shutdown, stopping, degraded;
+    bool            draining, stopping, degraded;
     uint64_t c_submitted, c_done, c_cancelled, c_failed, c_dropped, c_prompt_tokens, c_gen_tokens,
         c_replays, c_exec_restarts;
     /* Step round trips: EVAL records answered, wall time from push to reply, and the executor's
@@ -103,9 +101,9 @@ struct router_serve {
     uint64_t c_steps, step_wall_ns;
     double   step_exec_ms;
 
-    pthread_t            sched;
-    bool                 sched_started;
-    struct proto_server *srv;
+    pthread_t             sched;
+    bool                  sched_started;
+    struct proto_service *svc; /* owned: router.sock (clients and control), pid file */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -219,24 +217,18 @@ static int exec_hello(struct router_serve *s, int timeout_ms, uint32_t *pid, uin
                       struct common_errmsg *e)
 {
     struct proto_msg req = {.kind = PROTO_KIND_HELLO, .request_id = common_random_id()}, rep;
-    req.u.hello.major = PROTO_VERSION_MAJOR;
-    req.u.hello.minor = PROTO_VERSION_MINOR;
-    req.u.hello.role = PROTO_ROLE_ROUTER;
-    snprintf(req.u.hello.name, sizeof(req.u.hello.name), "router");
-    req.u.hello.pid = (uint32_t)getpid();
-    req.u.hello.instance = s->instance;
+    proto_hello_init(&req.u.hello, PROTO_ROLE_ROUTER, "router", s->instance);
     int rc = proto_client_call(s->exec, &req, &rep, timeout_ms, e);
     if (rc < 0)
         return rc;
     if (rep.kind == PROTO_KIND_ERROR) {
         rc = common_errmsg_set(e, rep.u.error.code < 0 ? rep.u.error.code : COMMON_EPROTO,
                                "executor refused HELLO: %s", rep.u.error.message);
-    } else if (rep.kind != PROTO_KIND_HELLO || rep.u.hello.role != PROTO_ROLE_EXECUTOR) {
-        rc = common_errmsg_set(e, COMMON_EPROTO, "%s: the peer is not an executor", s->exec_url);
-    } else if (!proto_version_is_compatible(rep.u.hello.major, rep.u.hello.minor)) {
-        rc = common_errmsg_set(e, COMMON_EPROTO, "executor speaks protocol %u.%u, this is %u.%u",
-                               rep.u.hello.major, rep.u.hello.minor, PROTO_VERSION_MAJOR,
-                               PROTO_VERSION_MINOR);
+    } else if (rep.kind != PROTO_KIND_HELLO) {
+        rc = common_errmsg_set(e, COMMON_EPROTO, "%s: answered HELLO with %s", s->exec_url,
+                               proto_kind_name(rep.kind));
+    } else if ((rc = proto_hello_check(&rep.u.hello, PROTO_ROLE_EXECUTOR, e)) < 0) {
+        /* a peer that is not a compatible executor: e says what it is */
     } else {
         *pid = rep.u.hello.pid;
         *instance = rep.u.hello.instance;
@@ -969,118 +961,49 @@ static int handle_cancel(struct router_serve *s, const struct proto_msg *req, st
     return 0;
 }
 
-static void add_stat(struct proto_stats_reply *st, const char *name, double v)
+static void serve_stats(void *arg, struct proto_stats_reply *st)
 {
-    if (st->n_stats >= PROTO_MAX_STATS)
-        return;
-    snprintf(st->stats[st->n_stats].name, PROTO_MAX_KEY, "%s", name);
-    st->stats[st->n_stats].value = v;
-    st->n_stats++;
+    struct router_serve *s = arg;
+    pthread_mutex_lock(&s->mu);
+    proto_stats_add(st, "requests.queued", s->n_queued);
+    proto_stats_add(st, "requests.active", s->n_active);
+    proto_stats_add(st, "requests.submitted", (double)s->c_submitted);
+    proto_stats_add(st, "requests.done", (double)s->c_done);
+    proto_stats_add(st, "requests.cancelled", (double)s->c_cancelled);
+    proto_stats_add(st, "requests.failed", (double)s->c_failed);
+    proto_stats_add(st, "requests.dropped", (double)s->c_dropped);
+    proto_stats_add(st, "tokens.prompt", (double)s->c_prompt_tokens);
+    proto_stats_add(st, "tokens.generated", (double)s->c_gen_tokens);
+    proto_stats_add(st, "replays", (double)s->c_replays);
+    proto_stats_add(st, "steps", (double)s->c_steps);
+    proto_stats_add(st, "steps.wall_ms", (double)s->step_wall_ns / 1e6);
+    proto_stats_add(st, "steps.exec_ms", s->step_exec_ms);
+    proto_stats_add(st, "executor.restarts", (double)s->c_exec_restarts);
+    proto_stats_add(st, "sequences", s->n_seq);
+    proto_stats_add(st, "n_ctx", s->n_ctx);
+    pthread_mutex_unlock(&s->mu);
 }
 
-static int handle_control(struct router_serve *s, const struct proto_msg *req,
-                          struct proto_msg *rep)
+static void serve_health(void *arg, struct proto_health_reply *h)
 {
-    switch (req->kind) {
-    case PROTO_KIND_HELLO: {
-        struct proto_hello *h = &rep->u.hello;
-        memset(h, 0, sizeof(*h));
-        rep->kind = PROTO_KIND_HELLO;
-        h->major = PROTO_VERSION_MAJOR;
-        h->minor = PROTO_VERSION_MINOR;
-        h->role = PROTO_ROLE_ROUTER;
-        snprintf(h->name, sizeof(h->name), "router");
-        h->pid = (uint32_t)getpid();
-        h->instance = s->instance;
-        return 0;
-    }
-    case PROTO_KIND_STATS: {
-        struct proto_stats_reply *st = &rep->u.stats;
-        memset(st, 0, sizeof(*st));
-        rep->kind = PROTO_KIND_STATS_REPLY;
-        uint64_t served = 0, refused = 0;
-        pthread_mutex_lock(&s->mu);
-        add_stat(st, "requests.queued", s->n_queued);
-        add_stat(st, "requests.active", s->n_active);
-        add_stat(st, "requests.submitted", (double)s->c_submitted);
-        add_stat(st, "requests.done", (double)s->c_done);
-        add_stat(st, "requests.cancelled", (double)s->c_cancelled);
-        add_stat(st, "requests.failed", (double)s->c_failed);
-        add_stat(st, "requests.dropped", (double)s->c_dropped);
-        add_stat(st, "tokens.prompt", (double)s->c_prompt_tokens);
-        add_stat(st, "tokens.generated", (double)s->c_gen_tokens);
-        add_stat(st, "replays", (double)s->c_replays);
-        add_stat(st, "steps", (double)s->c_steps);
-        add_stat(st, "steps.wall_ms", (double)s->step_wall_ns / 1e6);
-        add_stat(st, "steps.exec_ms", s->step_exec_ms);
-        add_stat(st, "executor.restarts", (double)s->c_exec_restarts);
-        add_stat(st, "sequences", s->n_seq);
-        add_stat(st, "n_ctx", s->n_ctx);
-        pthread_mutex_unlock(&s->mu);
-        if (s->srv)
-            proto_server_counts(s->srv, &served, &refused);
-        add_stat(st, "messages.served", (double)served);
-        add_stat(st, "messages.refused", (double)refused);
-        return 0;
-    }
-    case PROTO_KIND_HEALTH: {
-        struct proto_health_reply *h = &rep->u.health;
-        memset(h, 0, sizeof(*h));
-        rep->kind = PROTO_KIND_HEALTH_REPLY;
-        pthread_mutex_lock(&s->mu);
-        h->state = s->draining   ? PROTO_HEALTH_DRAINING
-                   : s->degraded ? PROTO_HEALTH_DEGRADED
-                                 : PROTO_HEALTH_READY;
+    struct router_serve *s = arg;
+    pthread_mutex_lock(&s->mu);
+    if (s->degraded) {
+        h->state = PROTO_HEALTH_DEGRADED;
+        snprintf(h->message, sizeof(h->message), "waiting for the executor");
+    } else {
         snprintf(h->message, sizeof(h->message), "%u active, %u queued, %u sequences", s->n_active,
                  s->n_queued, s->n_seq);
-        if (s->degraded)
-            snprintf(h->message, sizeof(h->message), "waiting for the executor");
-        pthread_mutex_unlock(&s->mu);
-        h->role = PROTO_ROLE_ROUTER;
-        h->pid = (uint32_t)getpid();
-        h->instance = s->instance;
-        h->uptime_s = ms_between(s->t0_ns, common_now_ns()) / 1000.0;
-        return 0;
     }
-    case PROTO_KIND_DRAIN:
-    case PROTO_KIND_SHUTDOWN:
-        pthread_mutex_lock(&s->mu);
-        s->draining = true;
-        if (req->kind == PROTO_KIND_SHUTDOWN)
-            s->shutdown = true;
-        pthread_cond_broadcast(&s->cv_events);
-        pthread_mutex_unlock(&s->mu);
-        rep->kind = PROTO_KIND_OK;
-        return 0;
-    case PROTO_KIND_CONFIGURE: {
-        const struct proto_configure *c = &req->u.configure;
-        if (strcmp(c->key, "log.level") == 0) {
-            enum common_log_level lvl;
-            if (common_log_parse_level(c->value, &lvl) < 0)
-                return proto_reply_error(rep, COMMON_EINVAL,
-                                         "log.level expects err, warn, info or debug, got '%s'",
-                                         c->value);
-            common_log_set_level(lvl);
-            rep->kind = PROTO_KIND_OK;
-            return 0;
-        }
-        return proto_reply_error(rep, COMMON_EINVAL, "unknown setting '%s'", c->key);
-    }
-    case PROTO_KIND_LOAD_MODEL: {
-        char real[PATH_MAX];
-        if (realpath(req->u.load_model.path, real) && strcmp(real, s->model_real) == 0) {
-            rep->kind = PROTO_KIND_OK;
-            return 0;
-        }
-        return proto_reply_error(rep, COMMON_ENOTSUP, "%s is not the loaded model: restart with -m",
-                                 req->u.load_model.path);
-    }
-    default:
-        return proto_reply_error(rep, COMMON_EPROTO, "the router does not take %s messages",
-                                 proto_kind_name(req->kind));
-    }
+    pthread_mutex_unlock(&s->mu);
 }
 
+static void serve_drain(void *arg)
+{
+    router_serve_drain(arg);
+}
+
+/* The client API beside the skeleton's control messages. */
 static int serve_handler(void *arg, const struct proto_msg *req, struct proto_msg *rep)
 {
     struct router_serve *s = arg;
@@ -1092,9 +1015,18 @@ static int serve_handler(void *arg, const struct proto_msg *req, struct proto_ms
     case PROTO_KIND_CANCEL:
         return handle_cancel(s, req, rep);
     default:
-        return handle_control(s, req, rep);
+        return proto_reply_error(rep, COMMON_EPROTO, "the router does not take %s messages",
+                                 proto_kind_name(req->kind));
     }
 }
+
+/* The router's part of the daemon skeleton. */
+static const struct proto_service_ops g_router_ops = {
+    .health = serve_health,
+    .stats = serve_stats,
+    .drain = serve_drain,
+    .handle = serve_handler,
+};
 
 /* ---- lifetime ----------------------------------------------------------------------------- */
 
@@ -1136,8 +1068,6 @@ static int serve_load_model(struct router_serve *s, struct common_errmsg *e)
     if (!s->n_ctx)
         s->n_ctx = model_n_ctx(g);
     common_gguf_close(g);
-    if (!realpath(s->o.model_path, s->model_real))
-        snprintf(s->model_real, sizeof(s->model_real), "%s", s->o.model_path);
     return 0;
 }
 
@@ -1154,7 +1084,6 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
     s->n_seq = o->n_seq ? o->n_seq : 4;
     s->n_ctx = o->n_ctx;
     s->instance = common_random_id();
-    s->t0_ns = common_now_ns();
     if (o->listen_url) {
         snprintf(s->listen_url, sizeof(s->listen_url), "%s", o->listen_url);
     } else {
@@ -1200,12 +1129,17 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
     s->sched_started = true;
     /* Long polls hold a worker each but return within their timeout; requests beyond the
      * workers wait in nng's queue. */
-    uint32_t                 workers = 2 * s->n_seq + 8;
-    struct proto_server_opts so = {.n_workers = workers > 64 ? 64 : workers};
-    if ((rc = proto_server_start(s->listen_url, &so, serve_handler, s, &s->srv, e)) < 0)
+    uint32_t                  workers = 2 * s->n_seq + 8;
+    struct proto_service_opts so = {.run_dir = s->run_dir,
+                                    .name = "router",
+                                    .role = PROTO_ROLE_ROUTER,
+                                    .url = s->listen_url,
+                                    .model_path = s->o.model_path,
+                                    .instance = s->instance,
+                                    .n_workers = workers > 64 ? 64 : workers,
+                                    .no_pidfile = o->no_pidfile};
+    if ((rc = proto_service_start(&so, &g_router_ops, s, &s->svc, e)) < 0)
         goto fail; /* the socket file may be another router's: leave it */
-    if (!o->listen_url)
-        snprintf(s->sock_path, sizeof(s->sock_path), "%s/router.sock", s->run_dir);
     COMMON_LOG_INFO(SERVE_COMP, "listening on %s", s->listen_url);
     *out = s;
     return 0;
@@ -1222,12 +1156,9 @@ void router_serve_drain(struct router_serve *s)
     pthread_mutex_unlock(&s->mu);
 }
 
-bool router_serve_shutdown_requested(struct router_serve *s)
+struct proto_service *router_serve_service(struct router_serve *s)
 {
-    pthread_mutex_lock(&s->mu);
-    bool v = s->shutdown;
-    pthread_mutex_unlock(&s->mu);
-    return v;
+    return s->svc;
 }
 
 bool router_serve_wait_idle(struct router_serve *s, int timeout_ms)
@@ -1258,12 +1189,6 @@ bool router_serve_wait_idle(struct router_serve *s, int timeout_ms)
     return idle;
 }
 
-void router_serve_wait_stop(struct router_serve *s, volatile sig_atomic_t *stop)
-{
-    while (!(stop && *stop) && !router_serve_shutdown_requested(s))
-        sleep_ms(100);
-}
-
 const char *router_serve_url(const struct router_serve *s)
 {
     return s->listen_url;
@@ -1279,12 +1204,10 @@ void router_serve_destroy(struct router_serve *s)
     pthread_cond_broadcast(&s->cv_events);
     pthread_cond_broadcast(&s->cv_sched);
     pthread_mutex_unlock(&s->mu);
-    proto_server_stop(s->srv); /* waits for handlers: none touches s afterwards */
-    s->srv = NULL;
+    proto_service_stop(s->svc); /* waits for handlers: none touches s afterwards */
+    s->svc = NULL;
     if (s->sched_started)
         pthread_join(s->sched, NULL);
-    if (s->sock_path[0])
-        unlink(s->sock_path);
     exec_segments_close(s);
     proto_client_close(s->exec);
     while (s->head) {

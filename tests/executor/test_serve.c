@@ -553,12 +553,12 @@ Test(executor_serve, control_messages, .init = t_setup1, .fini = t_teardown, .ti
     cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
     cr_expect_eq(rep.u.health.state, PROTO_HEALTH_DRAINING);
     proto_msg_clear(&rep);
-    cr_expect(!executor_serve_shutdown_requested(t.serve));
+    cr_expect(!proto_service_shutdown_requested(executor_serve_service(t.serve)));
     req = (struct proto_msg){.kind = PROTO_KIND_SHUTDOWN};
     cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
     cr_expect_eq(rep.kind, PROTO_KIND_OK);
     proto_msg_clear(&rep);
-    cr_expect(executor_serve_shutdown_requested(t.serve));
+    cr_expect(proto_service_shutdown_requested(executor_serve_service(t.serve)));
 }
 
 /* HEALTH state of the executor. */
@@ -638,9 +638,13 @@ Test(executor_serve, binary_help_exits_zero, .timeout = 30)
     cr_expect(strstr(out, "usage: sluice-executor") != NULL, "output: %s", out);
     cr_expect(strstr(out, "--run-dir") != NULL);
 
-    snprintf(cmd, sizeof(cmd), "%s/bin/sluice-executor --bogus 2>/dev/null", SLUICE_BINARY_DIR);
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice-executor --bogus 2>&1", SLUICE_BINARY_DIR);
     f = popen(cmd, "r");
     cr_assert_not_null(f);
+    n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
     st = pclose(f);
-    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a bad option exits 1");
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "a bad option exits 2 (usage error)");
+    cr_expect(strstr(out, "sluice-executor: error: unknown option '--bogus'") != NULL, "%s", out);
+    cr_expect(strstr(out, "usage:") == NULL, "one line and a hint, not the whole usage: %s", out);
 }

@@ -556,10 +556,10 @@ Test(fetcher_serve, control_messages)
     cr_assert_eq(rep.u.error.code, COMMON_EBUSY);
     link_close(&l);
 
-    cr_assert_not(fetcher_serve_wait(t_srv, 0));
+    cr_assert_not(proto_service_shutdown_requested(fetcher_serve_service(t_srv)));
     req = (struct proto_msg){.kind = PROTO_KIND_SHUTDOWN};
     cr_assert_eq(call(0, &req, &rep), PROTO_KIND_OK);
-    cr_assert(fetcher_serve_wait(t_srv, WAIT_MS));
+    cr_assert(proto_service_shutdown_requested(fetcher_serve_service(t_srv)));
     common_log_set_level(COMMON_LOG_LEVEL_INFO);
 }
 
@@ -707,13 +707,27 @@ Test(fetcher_serve, binary_help_and_bad_model)
     cr_assert(txt && count_lines(txt) == 1 && strstr(txt, "error"), "stderr: %s", txt);
     free(txt);
 
+    /* Usage errors: exit 2, one line naming the problem and one hint line. */
     cr_assert_eq(run_bin(out, err, NULL, bin, "-m", bad, "--run-dir", run, "--io", "mmap", NULL),
-                 1);
+                 2);
     txt = fixture_read_all(err, NULL);
-    cr_assert(txt && count_lines(txt) == 1 && strstr(txt, "mmap"), "stderr: %s", txt);
+    cr_assert(txt && count_lines(txt) == 2 && strstr(txt, "sluice-fetcher: error: --io") &&
+                  strstr(txt, "mmap") && strstr(txt, "--help"),
+              "stderr: %s", txt);
     free(txt);
-
-    cr_assert_eq(run_bin(out, err, NULL, bin, "--run-dir", run, NULL), 1);
+    cr_assert_eq(run_bin(out, err, NULL, bin, "--run-dir", run, NULL), 2);
+    txt = fixture_read_all(err, NULL);
+    cr_assert(txt && strstr(txt, "'--model' is required"), "stderr: %s", txt);
+    free(txt);
+    cr_assert_eq(run_bin(out, err, NULL, bin, "-m", bad, "--run-dir", run, "--verbose", NULL), 2);
+    txt = fixture_read_all(err, NULL);
+    cr_assert(txt && strstr(txt, "unknown option '--verbose'"), "stderr: %s", txt);
+    free(txt);
+    cr_assert_eq(run_bin(out, err, NULL, bin, "-m", bad, "--run-dir", run, "--io-depth=0", NULL),
+                 2);
+    txt = fixture_read_all(err, NULL);
+    cr_assert(txt && strstr(txt, "--io-depth"), "stderr: %s", txt);
+    free(txt);
 }
 
 Test(fetcher_serve, binary_serves_and_stops_on_sigterm)
