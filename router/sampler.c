@@ -160,11 +160,36 @@ void router_sampler_reset(struct router_sampler *s)
     s->hist_head = 0;
 }
 
+/* The argmax of the logits as they are (ties -> lowest id, -inf and NaN never win): what the
+ * chain gives at temperature <= 0 without bias or penalties, without copying the candidates. */
+static int sampler_argmax(const float *logits, uint32_t n, int32_t *id)
+{
+    int64_t best = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!(logits[i] > -INFINITY)) /* -inf and NaN */
+            continue;
+        if (best < 0 || logits[i] > logits[best])
+            best = i;
+    }
+    if (best < 0)
+        return COMMON_EINVAL;
+    *id = (int32_t)best;
+    return 0;
+}
+
 int router_sampler_pick(struct router_sampler *s, const float *logits, int32_t *id)
 {
     const struct router_sampler_opts *o = &s->opts;
     struct router_sampler_cand       *c = s->cand;
     const uint32_t                    n = s->n_vocab;
+
+    /* Greedy is this sampler's temperature-0 case, for every caller (the router daemon and the
+     * one-process session alike). Without bias or penalties it needs no candidate list. */
+    const bool penalised =
+        s->hist_n && ((o->repeat_penalty != 0.0f && o->repeat_penalty != 1.0f) ||
+                      o->frequency_penalty != 0.0f || o->presence_penalty != 0.0f);
+    if (o->temperature <= 0.0f && o->n_bias == 0 && !penalised)
+        return sampler_argmax(logits, n, id);
 
     /* Working logits live in cand[].logit indexed by id until sorting. */
     for (uint32_t i = 0; i < n; i++)

@@ -33,6 +33,35 @@ Test(router_sampler, greedy_picks_argmax_lowest_id_on_ties, .fini = fini)
     cr_expect_eq(id, 1);
 }
 
+Test(router_sampler, greedy_skips_nan_and_minus_inf, .fini = fini)
+{
+    const float logits[4] = {NAN, -INFINITY, -3.0f, -5.0f};
+    cr_assert_eq(router_sampler_init(&t_s, NULL, 4), 0);
+    int32_t id = -1;
+    cr_assert_eq(router_sampler_pick(&t_s, logits, &id), 0);
+    cr_expect_eq(id, 2);
+    const float none[2] = {NAN, -INFINITY};
+    router_sampler_fini(&t_s);
+    cr_assert_eq(router_sampler_init(&t_s, NULL, 2), 0);
+    cr_expect_eq(router_sampler_pick(&t_s, none, &id), COMMON_EINVAL);
+}
+
+/* Greedy is the sampler's temperature-0 case also with penalties: the argmax after them. */
+Test(router_sampler, greedy_with_repeat_penalty_takes_the_penalised_argmax, .fini = fini)
+{
+    const float logits[3] = {1.0f, 3.0f, 2.0f};
+    cr_assert_eq(
+        router_sampler_init(
+            &t_s, &(struct router_sampler_opts){.temperature = 0.0f, .repeat_penalty = 2.0f}, 3),
+        0);
+    int32_t id = -1;
+    cr_assert_eq(router_sampler_pick(&t_s, logits, &id), 0);
+    cr_expect_eq(id, 1, "no history: the plain argmax");
+    router_sampler_accept(&t_s, 1);
+    cr_assert_eq(router_sampler_pick(&t_s, logits, &id), 0);
+    cr_expect_eq(id, 2, "3 / 2 < 2: the repeated token loses");
+}
+
 Test(router_sampler, logit_bias_changes_the_argmax_and_bans, .fini = fini)
 {
     const float                    logits[4] = {3.0f, 2.0f, 1.0f, 0.0f};

@@ -1,0 +1,247 @@
+/* router/handlers.c - the router's client API: GENERATE (tokenize, queue), POLL, CANCEL. */
+#include "serve_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool finite_in(float v, float lo, float hi)
+{
+    return isfinite(v) && v >= lo && v <= hi;
+}
+
+int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
+                           struct proto_msg *rep)
+{
+    const struct proto_generate *g = &req->u.generate;
+    const struct proto_sampling *p = &g->sampling;
+    if (req->request_id == 0)
+        return proto_reply_error(rep, COMMON_EINVAL, "request id 0 is reserved");
+    if (!finite_in(p->temp, -1e9f, 100.0f) || p->top_k < 0 || !finite_in(p->top_p, 0.0f, 1.0f) ||
+        !finite_in(p->min_p, 0.0f, 1.0f) || !finite_in(p->repeat_penalty, 0.0f, 100.0f) ||
+        p->repeat_last_n > 4096)
+        return proto_reply_error(rep, COMMON_EINVAL,
+                                 "sampling values out of range: temp <= 100, top_k >= 0, top_p and "
+                                 "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096");
+    if (!g->prompt && g->n_messages == 0)
+        return proto_reply_error(rep, COMMON_EINVAL, "no prompt and no messages");
+    if (g->prompt && g->n_messages)
+        return proto_reply_error(rep, COMMON_EINVAL, "give a prompt or messages, not both");
+    if (g->prompt && !g->prompt[0])
+        return proto_reply_error(rep, COMMON_EINVAL, "empty prompt");
+    if (g->n_stops > PROTO_MAX_STOPS)
+        return proto_reply_error(rep, COMMON_EINVAL, "too many stop strings");
+    for (uint32_t i = 0; i < g->n_stops; i++)
+        if (!g->stops[i][0] || !memchr(g->stops[i], 0, PROTO_MAX_STOP_LEN))
+            return proto_reply_error(rep, COMMON_EINVAL, "stop string %u is empty or too long", i);
+
+    struct router_text   text = {0};
+    struct router_tokens toks = {0};
+    int                  rc = 0;
+    const char          *src = g->prompt;
+    size_t               src_len = g->prompt ? strlen(g->prompt) : 0;
+    bool                 parse_special = g->special;
+    if (g->n_messages) {
+        struct router_chat_msg msgs[PROTO_MAX_MESSAGES];
+        uint32_t               nm = g->n_messages < PROTO_MAX_MESSAGES ? g->n_messages : 0;
+        for (uint32_t i = 0; i < nm; i++) {
+            const struct proto_chat_msg *m = &g->messages[i];
+            if (!memchr(m->role, 0, sizeof(m->role)) || !m->role[0] || !m->content)
+                return proto_reply_error(rep, COMMON_EINVAL, "message %u has no role or content",
+                                         i);
+            msgs[i] = (struct router_chat_msg){.role = m->role, .content = m->content};
+        }
+        rc = router_chat_render(s->tmpl, msgs, nm,
+                                &(struct router_chat_opts){.add_generation_prompt = true}, &text);
+        if (rc < 0) {
+            router_text_fini(&text);
+            return proto_reply_error(rep, rc, "chat template %s failed", router_chat_name(s->tmpl));
+        }
+        src = text.ptr ? text.ptr : "";
+        src_len = text.len;
+        parse_special = true; /* as `sluice chat` tokenizes a rendered conversation */
+    }
+    rc = router_tokenize(
+        s->vocab, src, src_len,
+        &(struct router_tokenize_opts){.add_special = true, .parse_special = parse_special}, &toks);
+    router_text_fini(&text);
+    if (rc < 0) {
+        router_tokens_fini(&toks);
+        return proto_reply_error(rep, rc, "tokenizing the prompt failed");
+    }
+    if (toks.n == 0) {
+        router_tokens_fini(&toks);
+        return proto_reply_error(rep, COMMON_EINVAL, "the prompt has no tokens");
+    }
+    if (toks.n > s->n_ctx) {
+        size_t n = toks.n;
+        router_tokens_fini(&toks);
+        return proto_reply_error(rep, COMMON_ERANGE,
+                                 "the prompt has %zu tokens but the context holds %u", n, s->n_ctx);
+    }
+
+    struct rq *r = calloc(1, sizeof(*r));
+    if (!r) {
+        router_tokens_fini(&toks);
+        return COMMON_ENOMEM;
+    }
+    r->id = req->request_id;
+    r->seq = -1;
+    r->sampling = *p;
+    r->max_tokens = g->max_tokens;
+    r->stream = g->stream;
+    r->all = toks;
+    r->n_prompt = (uint32_t)toks.n;
+    for (uint32_t i = 0; i < g->n_stops; i++) {
+        if (!(r->stops[i] = strdup(g->stops[i]))) {
+            router_rq_free(r);
+            return COMMON_ENOMEM;
+        }
+        r->n_stops++;
+    }
+    r->t_submit = r->last_seen_ns = common_now_ns();
+
+    pthread_mutex_lock(&s->mu);
+    uint32_t queue_max = s->o.queue_max ? s->o.queue_max : 64;
+    if (s->draining) {
+        rc = proto_reply_error(rep, COMMON_EBUSY, "the router is draining: no new requests");
+    } else if (s->n_queued >= queue_max) {
+        rc = proto_reply_error(rep, COMMON_EBUSY, "queue full: %u requests waiting (--queue)",
+                               s->n_queued);
+    } else if (router_rq_find(s, r->id)) {
+        rc = proto_reply_error(rep, COMMON_EINVAL, "request id %llu is in use",
+                               (unsigned long long)r->id);
+    } else {
+        struct rq **pp = &s->head;
+        while (*pp)
+            pp = &(*pp)->next;
+        *pp = r;
+        s->n_queued++;
+        s->c_submitted++;
+        s->c_prompt_tokens += r->n_prompt;
+        pthread_cond_signal(&s->cv_sched);
+        r = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (r) {
+        router_rq_free(r);
+        return rc;
+    }
+    rep->kind = PROTO_KIND_OK;
+    return 0;
+}
+
+int router_handle_poll(struct router_serve *s, const struct proto_msg *req, struct proto_msg *rep)
+{
+    uint32_t max_events = req->u.poll.max_events;
+    if (max_events == 0 || max_events > PROTO_MAX_EVENT_TOKENS)
+        max_events = PROTO_MAX_EVENT_TOKENS;
+    uint32_t timeout_ms = req->u.poll.timeout_ms;
+    if (timeout_ms == 0)
+        timeout_ms = s->o.poll_default_ms ? s->o.poll_default_ms : 2000;
+    if (timeout_ms > SERVE_MAX_POLL_MS)
+        timeout_ms = SERVE_MAX_POLL_MS;
+    struct timespec ts;
+    serve_deadline_after(&ts, timeout_ms);
+
+    pthread_mutex_lock(&s->mu);
+    struct rq *r = router_rq_find(s, req->request_id);
+    if (!r) {
+        pthread_mutex_unlock(&s->mu);
+        return proto_reply_error(rep, COMMON_ENOENT, "no request with id %llu",
+                                 (unsigned long long)req->request_id);
+    }
+    r->n_pollers++;
+    for (;;) {
+        bool ready = r->done || (r->stream && r->ev_tokens.n > 0);
+        if (ready || s->stopping)
+            break;
+        if (pthread_cond_timedwait(&s->cv_events, &s->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    /* A stream answered less than stream_ms ago gathers tokens until the interval ends (or the
+     * request ends, or max_events are there): a fast generation then costs its client one
+     * round trip per interval instead of one per token. */
+    if (s->o.stream_ms && r->stream && r->last_reply_ns && !r->done && !s->stopping) {
+        uint64_t until = r->last_reply_ns + (uint64_t)s->o.stream_ms * 1000000ull;
+        if (until > common_now_ns()) {
+            struct timespec gts;
+            serve_deadline_after(&gts, (until - common_now_ns()) / 1000000ull + 1);
+            r->gathering = true;
+            while (!r->done && !s->stopping && r->ev_tokens.n < max_events &&
+                   pthread_cond_timedwait(&s->cv_events, &s->mu, &gts) != ETIMEDOUT)
+                ;
+            r->gathering = false;
+        }
+    }
+    struct proto_events *ev = &rep->u.events;
+    memset(ev, 0, sizeof(*ev));
+    rep->kind = PROTO_KIND_EVENTS;
+    int rc = 0;
+    if (r->stream || r->done) {
+        size_t k = r->ev_tokens.n < max_events ? r->ev_tokens.n : max_events;
+        bool   all = k == r->ev_tokens.n;
+        size_t tlen = all ? r->ev_text.len : (size_t)r->ev_off.ids[k - 1];
+        if (tlen) {
+            if (!(ev->text = malloc(tlen + 1))) {
+                rc = COMMON_ENOMEM;
+                goto out;
+            }
+            memcpy(ev->text, r->ev_text.ptr, tlen);
+            ev->text[tlen] = '\0';
+        }
+        ev->n_tokens = (uint32_t)k;
+        if (k) { /* ids is NULL until a token came (memcpy/memmove want non-NULL) */
+            memcpy(ev->tokens, r->ev_tokens.ids, k * sizeof(int32_t));
+            memmove(r->ev_tokens.ids, r->ev_tokens.ids + k, (r->ev_tokens.n - k) * sizeof(int32_t));
+        }
+        r->ev_tokens.n -= k;
+        for (size_t i = k; i < r->ev_off.n; i++)
+            r->ev_off.ids[i - k] = r->ev_off.ids[i] - (int32_t)tlen;
+        r->ev_off.n -= k;
+        if (tlen)
+            memmove(r->ev_text.ptr, r->ev_text.ptr + tlen, r->ev_text.len - tlen);
+        r->ev_text.len -= tlen;
+        if (r->ev_text.ptr)
+            r->ev_text.ptr[r->ev_text.len] = '\0';
+        if (r->done && r->ev_tokens.n == 0 && r->ev_text.len == 0) {
+            ev->done = true;
+            ev->reason = r->reason;
+            ev->error_code = r->err_code;
+            snprintf(ev->error_text, sizeof(ev->error_text), "%s", r->err_text);
+            ev->stats = (struct proto_final_stats){
+                .n_prompt = r->n_prompt,
+                .n_generated = r->n_generated,
+                .queue_ms = serve_ms_between(r->t_submit, r->t_start ? r->t_start : r->t_end),
+                .prompt_ms = r->t_prompt ? serve_ms_between(r->t_start, r->t_prompt) : 0.0,
+                .decode_ms = r->t_prompt ? serve_ms_between(r->t_prompt, r->t_end) : 0.0,
+            };
+            r->delivered = true;
+            pthread_cond_signal(&s->cv_sched);
+        }
+    }
+out:
+    r->n_pollers--;
+    r->last_seen_ns = common_now_ns();
+    if (rep->u.events.n_tokens)
+        r->last_reply_ns = r->last_seen_ns;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int router_handle_cancel(struct router_serve *s, const struct proto_msg *req, struct proto_msg *rep)
+{
+    pthread_mutex_lock(&s->mu);
+    struct rq *r = router_rq_find(s, req->request_id);
+    if (r) {
+        r->last_seen_ns = common_now_ns();
+        router_rq_finish(s, r, PROTO_STOP_CANCEL, 0, NULL);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!r)
+        return proto_reply_error(rep, COMMON_ENOENT, "no request with id %llu",
+                                 (unsigned long long)req->request_id);
+    rep->kind = PROTO_KIND_OK;
+    return 0;
+}

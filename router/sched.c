@@ -1,0 +1,416 @@
+/* router/sched.c - the router's requests and its scheduler thread: sequences stepped on the
+ * executor's rings, tokens sampled and emitted, replay after an executor restart. */
+#include "serve_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- requests ----------------------------------------------------------------------------- */
+
+void router_rq_free(struct rq *r)
+{
+    if (!r)
+        return;
+    for (uint32_t i = 0; i < r->n_stops; i++)
+        free(r->stops[i]);
+    router_tokens_fini(&r->all);
+    if (r->sampler_ok)
+        router_sampler_fini(&r->sampler);
+    if (r->stop_ok)
+        router_stop_fini(&r->stop);
+    router_tokens_fini(&r->ev_tokens);
+    router_tokens_fini(&r->ev_off);
+    router_text_fini(&r->ev_text);
+    free(r);
+}
+
+/* Under the lock: the request with `id` that a client may still poll, or NULL. */
+struct rq *router_rq_find(struct router_serve *s, uint64_t id)
+{
+    for (struct rq *r = s->head; r; r = r->next)
+        if (r->id == id && !r->delivered)
+            return r;
+    return NULL;
+}
+
+/* Under the lock: ends a request (first reason wins) and wakes its pollers. */
+void router_rq_finish(struct router_serve *s, struct rq *r, enum proto_stop_reason reason, int code,
+                      const char *text)
+{
+    if (r->done)
+        return;
+    r->done = true;
+    r->reason = reason;
+    r->t_end = common_now_ns();
+    if (reason == PROTO_STOP_ERROR) {
+        r->err_code = code;
+        snprintf(r->err_text, sizeof(r->err_text), "%s", text ? text : "");
+        s->c_failed++;
+    } else if (reason == PROTO_STOP_CANCEL) {
+        s->c_cancelled++;
+    } else {
+        s->c_done++;
+    }
+    pthread_cond_broadcast(&s->cv_events);
+    pthread_cond_signal(&s->cv_sched);
+}
+
+/* Under the lock: queues the text and token of one step for the pollers. */
+int router_rq_emit(struct rq *r, const int32_t *id, const char *text, size_t len)
+{
+    int rc = 0;
+    if (len && (rc = router_text_append(&r->ev_text, text, len)) < 0)
+        return rc;
+    if (id) {
+        if ((rc = router_tokens_push(&r->ev_tokens, *id)) < 0)
+            return rc;
+        if ((rc = router_tokens_push(&r->ev_off, (int32_t)r->ev_text.len)) < 0) {
+            r->ev_tokens.n--;
+            return rc;
+        }
+    } else if (r->ev_off.n) {
+        r->ev_off.ids[r->ev_off.n - 1] = (int32_t)r->ev_text.len; /* tail text rides along */
+    }
+    return 0;
+}
+
+/* ---- scheduler ---------------------------------------------------------------------------- */
+
+static uint32_t serve_client_timeout_ms(const struct router_serve *s)
+{
+    return (s->o.client_timeout_s ? s->o.client_timeout_s : 60) * 1000u;
+}
+
+/* Under the lock: releases finished requests' slots, drops abandoned ones, frees polled ones. */
+static void sched_reap(struct router_serve *s, uint64_t now)
+{
+    struct rq **pp = &s->head;
+    while (*pp) {
+        struct rq *r = *pp;
+        bool       stale = r->n_pollers == 0 && now > r->last_seen_ns &&
+                     now - r->last_seen_ns > (uint64_t)serve_client_timeout_ms(s) * 1000000ull;
+        if (stale && !r->done) {
+            COMMON_LOG_INFO(SERVE_COMP, "dropping request id=%llu: no poll for %u s",
+                            (unsigned long long)r->id, serve_client_timeout_ms(s) / 1000);
+            s->c_dropped++;
+            router_rq_finish(s, r, PROTO_STOP_CANCEL, 0, NULL);
+        }
+        if (r->done && r->state == RQ_ACTIVE && r->tag == 0) {
+            s->slots[r->seq] = NULL;
+            r->seq = -1;
+            r->state = RQ_DONE;
+            s->n_active--;
+            pthread_cond_broadcast(&s->cv_events);
+        } else if (r->done && r->state == RQ_QUEUED) {
+            r->state = RQ_DONE;
+            s->n_queued--;
+            pthread_cond_broadcast(&s->cv_events);
+        }
+        if (r->state == RQ_DONE && r->n_pollers == 0 && (r->delivered || stale)) {
+            *pp = r->next;
+            router_rq_free(r);
+            pthread_cond_broadcast(&s->cv_events);
+            continue;
+        }
+        pp = &r->next;
+    }
+}
+
+/* Sets up sampler and stop tracking of a request becoming active. Scheduler, unlocked. */
+static int sched_activate(struct router_serve *s, struct rq *r, char *err, size_t err_len)
+{
+    const struct proto_sampling *p = &r->sampling;
+    struct router_sampler_opts   so = {
+          .temperature = p->temp,
+          .top_k = p->top_k,
+          .top_p = p->top_p,
+          .min_p = p->min_p,
+          .repeat_penalty = p->repeat_penalty,
+          .penalty_last_n = (int32_t)p->repeat_last_n,
+          .seed = p->seed,
+    };
+    int rc = router_sampler_init(&r->sampler, &so, s->n_vocab);
+    if (rc < 0) {
+        snprintf(err, err_len, "sampler options rejected: %s", common_strerror(rc));
+        return rc;
+    }
+    r->sampler_ok = true;
+    for (uint32_t i = 0; i < r->n_prompt; i++)
+        router_sampler_accept(&r->sampler, r->all.ids[i]);
+    struct router_stop_opts to = {
+        .stop = (const char *const *)r->stops, .n_stop = r->n_stops, .max_tokens = r->max_tokens};
+    if ((rc = router_stop_init(&r->stop, s->vocab, &to)) < 0) {
+        snprintf(err, err_len, "stop strings rejected: %s", common_strerror(rc));
+        return rc;
+    }
+    r->stop_ok = true;
+    return 0;
+}
+
+/* Under the lock: moves queued requests into free slots, in arrival order. */
+static void sched_assign(struct router_serve *s)
+{
+    for (struct rq *r = s->head; r && s->n_queued; r = r->next) {
+        if (r->state != RQ_QUEUED || r->done)
+            continue;
+        uint32_t slot = 0;
+        while (slot < s->n_seq && s->slots[slot])
+            slot++;
+        if (slot == s->n_seq)
+            return;
+        char err[PROTO_MAX_ERROR_TEXT];
+        pthread_mutex_unlock(&s->mu);
+        int rc = sched_activate(s, r, err, sizeof(err));
+        pthread_mutex_lock(&s->mu);
+        r->state = RQ_ACTIVE;
+        r->seq = (int)slot;
+        s->slots[slot] = r;
+        s->n_queued--;
+        s->n_active++;
+        if (rc < 0)
+            router_rq_finish(s, r, PROTO_STOP_ERROR, rc, err);
+    }
+}
+
+/* The executor died or restarted: wait for it, re-create the link, and rewind every active
+ * request so the next rounds replay its prompt and tokens. */
+static void sched_recover(struct router_serve *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->degraded = true;
+    pthread_mutex_unlock(&s->mu);
+    router_exec_segments_close(s);
+    COMMON_LOG_WARN(SERVE_COMP, "executor lost (pid %u); waiting for it to come back", s->exec_pid);
+    uint32_t timeout_s = s->o.connect_timeout_s ? s->o.connect_timeout_s : 30;
+    bool     failed = false;
+    for (;;) {
+        struct common_errmsg e = {{0}};
+        int                  rc = router_exec_connect(s, timeout_s, true, &e);
+        if (rc == 0)
+            rc = router_exec_attach(s, &e);
+        pthread_mutex_lock(&s->mu);
+        bool stopping = s->stopping;
+        if (rc < 0 && !failed && !stopping) {
+            /* Too long: fail the work in flight, keep waiting for new work's sake. */
+            COMMON_LOG_ERR(SERVE_COMP, "executor did not come back: %s", e.text);
+            for (struct rq *r = s->head; r; r = r->next)
+                if (!r->done)
+                    router_rq_finish(s, r, PROTO_STOP_ERROR, COMMON_ECLOSED,
+                                     "the executor died and did not come back");
+            failed = true;
+        }
+        if (rc == 0 || stopping) {
+            if (rc == 0) {
+                s->degraded = false;
+                s->c_exec_restarts++;
+                for (uint32_t i = 0; i < s->n_seq; i++) {
+                    struct rq *r = s->slots[i];
+                    if (r) {
+                        r->tag = 0;
+                        if (r->n_past) {
+                            r->n_past = 0;
+                            s->c_replays++;
+                        }
+                    }
+                }
+                COMMON_LOG_INFO(SERVE_COMP, "executor back (pid %u); replaying %u sequences",
+                                s->exec_pid, s->n_active);
+            }
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        pthread_mutex_unlock(&s->mu);
+        serve_sleep_ms(200);
+    }
+}
+
+/* Picks and records the next token of `r` from its logits row; emits it. Scheduler thread. */
+static void sched_sample(struct router_serve *s, struct rq *r, struct router_text *piece)
+{
+    const float *row = s->logits + (size_t)r->seq * s->n_vocab;
+    int32_t      id = 0;
+    int          rc = 0;
+    rc = router_sampler_pick(&r->sampler, row, &id); /* greedy at temperature 0 */
+    router_text_clear(piece);
+    int reason = ROUTER_STOP_NONE;
+    if (rc == 0 && (rc = router_tokens_push(&r->all, id)) == 0) {
+        router_sampler_accept(&r->sampler, id);
+        reason = router_stop_push(&r->stop, id, piece);
+        if (reason < 0)
+            rc = reason;
+    }
+    enum proto_stop_reason pr = PROTO_STOP_NONE;
+    if (rc == 0) {
+        if (reason == ROUTER_STOP_EOS)
+            pr = PROTO_STOP_EOS;
+        else if (reason == ROUTER_STOP_STRING)
+            pr = PROTO_STOP_STRING;
+        else if (reason == ROUTER_STOP_MAX_TOKENS)
+            pr = PROTO_STOP_LENGTH;
+        else if (r->all.n - 1 >= s->n_ctx)
+            pr = PROTO_STOP_CONTEXT; /* every position used: the token cannot be fed */
+    }
+    size_t tail = piece->len;
+    if (rc == 0 && pr != PROTO_STOP_NONE && pr != PROTO_STOP_STRING)
+        rc = router_stop_finish(&r->stop, piece);
+    pthread_mutex_lock(&s->mu);
+    if (!r->done) {
+        if (rc == 0) {
+            r->n_generated++;
+            s->c_gen_tokens++;
+            rc = router_rq_emit(r, &id, piece->ptr, tail);
+            if (rc == 0 && piece->len > tail)
+                rc = router_rq_emit(r, NULL, piece->ptr + tail, piece->len - tail);
+        }
+        if (rc < 0)
+            router_rq_finish(s, r, PROTO_STOP_ERROR, rc, "sampling failed");
+        else if (pr != PROTO_STOP_NONE)
+            router_rq_finish(s, r, pr, 0, NULL);
+        else if (!r->gathering)
+            pthread_cond_broadcast(&s->cv_events);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* One round: an EVAL for every request in batch[0..n), then their replies. Returns false when
+ * the executor was lost (the caller recovers). */
+static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
+                        struct router_text *piece)
+{
+    uint32_t outstanding = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct rq            *r = batch[i];
+        int32_t              *row = s->tokens + (size_t)r->seq * s->n_ctx;
+        struct proto_step_req q = {.op = PROTO_STEP_EVAL, .seq = (uint32_t)r->seq};
+        if (r->n_past == 0) {
+            memcpy(row, r->all.ids, (size_t)r->n_prompt * sizeof(*row));
+            q.pos = 0;
+            q.n = r->n_prompt;
+        } else {
+            row[r->n_past] = r->all.ids[r->n_past];
+            q.pos = r->n_past;
+            q.n = 1;
+        }
+        q.tag = ++s->next_tag;
+        if (r->t_start == 0) {
+            pthread_mutex_lock(&s->mu);
+            r->t_start = common_now_ns();
+            pthread_mutex_unlock(&s->mu);
+        }
+        r->t_push = common_now_ns();
+        int rc = common_ring_push_wait(&s->req_ring, &q, sizeof(q), 5000);
+        if (rc < 0) {
+            COMMON_LOG_WARN(SERVE_COMP, "step ring push failed: %s", common_strerror(rc));
+            return false;
+        }
+        r->tag = q.tag;
+        outstanding++;
+    }
+    uint64_t last_hello = common_now_ns();
+    int      wait_ms = (int)(s->o.exec_wait_ms ? s->o.exec_wait_ms : 200);
+    while (outstanding) {
+        struct proto_step_rep p;
+        int                   rc = common_ring_pop_wait(&s->rep_ring, &p, sizeof(p), wait_ms);
+        if (rc == COMMON_ETIMEDOUT) {
+            pthread_mutex_lock(&s->mu);
+            bool stopping = s->stopping;
+            pthread_mutex_unlock(&s->mu);
+            if (stopping || !router_exec_is_alive(s, &last_hello))
+                return false;
+            continue;
+        }
+        if (rc < 0) {
+            COMMON_LOG_WARN(SERVE_COMP, "step ring broken: %s", common_strerror(rc));
+            return false;
+        }
+        if (rc != (int)sizeof(p)) {
+            COMMON_LOG_WARN(SERVE_COMP, "step reply of %d bytes ignored", rc);
+            continue;
+        }
+        struct rq *r = NULL;
+        for (uint32_t i = 0; i < n && !r; i++)
+            if (batch[i]->tag == p.tag && p.tag != 0 && batch[i]->seq == (int)p.seq)
+                r = batch[i];
+        if (!r) {
+            COMMON_LOG_DEBUG(SERVE_COMP, "stale step reply tag=%llu ignored",
+                             (unsigned long long)p.tag);
+            continue;
+        }
+        outstanding--;
+        r->tag = 0;
+        pthread_mutex_lock(&s->mu);
+        s->c_steps++;
+        s->step_wall_ns += common_now_ns() - r->t_push;
+        s->step_exec_ms += p.ms;
+        pthread_mutex_unlock(&s->mu);
+        uint32_t want = r->n_past == 0 ? r->n_prompt : r->n_past + 1;
+        if (p.status < 0 || p.n_past != want) {
+            char msg[PROTO_MAX_ERROR_TEXT];
+            if (p.status < 0)
+                snprintf(msg, sizeof(msg), "executor step failed: %s", common_strerror(p.status));
+            else
+                snprintf(msg, sizeof(msg), "executor holds %u positions, expected %u", p.n_past,
+                         want);
+            pthread_mutex_lock(&s->mu);
+            router_rq_finish(s, r, PROTO_STOP_ERROR, p.status < 0 ? p.status : COMMON_EPROTO, msg);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        r->n_past = want;
+        if (r->n_past == r->n_prompt && r->t_prompt == 0) {
+            pthread_mutex_lock(&s->mu);
+            r->t_prompt = common_now_ns();
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (r->n_past < r->all.n)
+            continue; /* replaying after an executor restart */
+        pthread_mutex_lock(&s->mu);
+        bool done = r->done;
+        pthread_mutex_unlock(&s->mu);
+        if (!done)
+            sched_sample(s, r, piece);
+    }
+    return true;
+}
+
+void *router_sched_main(void *arg)
+{
+    struct router_serve *s = arg;
+    struct router_text   piece = {0};
+    struct rq          **batch = calloc(s->n_seq, sizeof(*batch));
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping && batch) {
+        sched_reap(s, common_now_ns());
+        if (!s->degraded)
+            sched_assign(s);
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < s->n_seq; i++)
+            if (s->slots[i] && !s->slots[i]->done)
+                batch[n++] = s->slots[i];
+        if (n == 0) {
+            struct timespec ts;
+            serve_deadline_after(&ts, 100);
+            pthread_cond_timedwait(&s->cv_sched, &s->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        bool ok = sched_round(s, batch, n, &piece);
+        if (!ok) {
+            pthread_mutex_lock(&s->mu);
+            bool stopping = s->stopping;
+            pthread_mutex_unlock(&s->mu);
+            if (!stopping)
+                sched_recover(s);
+        }
+        pthread_mutex_lock(&s->mu);
+        if (!ok && s->stopping) {
+            for (uint32_t i = 0; i < n; i++)
+                batch[i]->tag = 0;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(batch);
+    router_text_fini(&piece);
+    return NULL;
+}

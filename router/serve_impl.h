@@ -1,0 +1,176 @@
+/* router/serve_impl.h - private to router/: the router service's state, shared by its files. */
+#ifndef ROUTER_SERVE_IMPL_H
+#define ROUTER_SERVE_IMPL_H
+
+/* Not for use outside router/: other folders go through struct router_serve in router.h. The
+ * service is split along its seams: serve.c (lifetime, control, dispatch), sched.c (requests and
+ * the scheduler thread), exec_link.c (the executor's handshake and rings), handlers.c (the
+ * client API: GENERATE, POLL, CANCEL). */
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "common.h"
+#include "proto.h"
+#include "router.h"
+
+#define SERVE_COMP        "router"
+#define SERVE_MAX_POLL_MS 30000u
+#define SERVE_SEG_REQ     0
+#define SERVE_SEG_REP     1
+#define SERVE_SEG_TOKENS  2
+#define SERVE_SEG_LOGITS  3
+#define SERVE_N_SEG       4
+
+enum rq_state { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
+
+/* One generation request. Fields marked (sched) belong to the scheduler thread once the request
+ * is active; the rest are guarded by the service mutex. Only the scheduler frees requests. */
+struct rq {
+    struct rq    *next;
+    uint64_t      id;
+    enum rq_state state;
+    int           seq; /* slot while active, else -1 */
+    /* set by the GENERATE handler, read-only afterwards */
+    struct proto_sampling sampling;
+    uint32_t              max_tokens;
+    char                 *stops[PROTO_MAX_STOPS];
+    uint32_t              n_stops;
+    bool                  stream;
+    uint32_t              n_prompt;
+    /* (sched) */
+    struct router_tokens  all;    /* prompt, then every generated token */
+    uint32_t              n_past; /* positions the executor holds for this request */
+    uint64_t              tag;    /* step in flight, 0 = none */
+    struct router_sampler sampler;
+    bool                  sampler_ok, stop_ok;
+    struct router_stop    stop;
+    /* shared */
+    struct router_tokens   ev_tokens; /* tokens not yet polled */
+    struct router_tokens   ev_off;    /* end offset in ev_text of each pending token's text */
+    struct router_text     ev_text;   /* text not yet polled */
+    bool                   done, delivered, counted;
+    enum proto_stop_reason reason;
+    int32_t                err_code;
+    char                   err_text[PROTO_MAX_ERROR_TEXT];
+    uint32_t               n_pollers;
+    uint32_t               n_generated;
+    uint64_t               last_seen_ns;
+    uint64_t               last_reply_ns; /* the latest poll answered with tokens (0 = none) */
+    bool                   gathering;     /* a poller waits out its stream interval: tokens do
+                                             not wake it */
+    uint64_t t_submit, t_start, t_prompt, t_end;
+    uint64_t t_push; /* when the pending EVAL was pushed */
+};
+
+struct router_serve {
+    struct router_serve_opts o;
+    char                     run_dir[PROTO_MAX_PATH];
+    char                     listen_url[PROTO_MAX_PATH + 64];
+    char                     exec_url[PROTO_MAX_PATH + 64];
+    struct router_vocab     *vocab;
+    enum router_chat_tmpl    tmpl;
+    uint32_t                 n_vocab, n_ctx, n_seq;
+    uint64_t                 instance;
+
+    /* executor link (scheduler thread after create) */
+    struct proto_client       *exec;
+    uint32_t                   exec_pid;
+    uint64_t                   exec_instance;
+    struct common_ring_segment seg[SERVE_N_SEG];
+    struct common_ring         req_ring, rep_ring;
+    int32_t                   *tokens; /* n_seq rows of n_ctx */
+    float                     *logits; /* n_seq rows of n_vocab */
+    uint64_t                   next_tag;
+
+    pthread_mutex_t mu;
+    pthread_cond_t  cv_events; /* a request got events or finished; work count changed */
+    pthread_cond_t  cv_sched;  /* new work or a cancel */
+    struct rq      *head;
+    struct rq     **slots;
+    uint32_t        n_queued, n_active;
+    bool            draining, stopping, degraded;
+    uint64_t c_submitted, c_done, c_cancelled, c_failed, c_dropped, c_prompt_tokens, c_gen_tokens,
+        c_replays, c_exec_restarts;
+    /* Step round trips: EVAL records answered, wall time from push to reply, and the executor's
+     * own time for them (the difference is the cost of the rings and wake-ups). */
+    uint64_t c_steps, step_wall_ns;
+    double   step_exec_ms;
+
+    pthread_t             sched;
+    bool                  sched_started;
+    struct proto_service *svc; /* owned: router.sock (clients and control), pid file */
+};
+
+/* Names of the four router-exec segments in the run directory, by SERVE_SEG_*. */
+extern const char *const router_serve_seg_names[SERVE_N_SEG];
+
+/* Milliseconds from a to b (0 when b is not later). */
+static inline double serve_ms_between(uint64_t a, uint64_t b)
+{
+    return b > a ? (double)(b - a) / 1e6 : 0.0;
+}
+
+/* An absolute CLOCK_MONOTONIC deadline `ms` from now (the service's condition variables use it). */
+static inline void serve_deadline_after(struct timespec *ts, uint64_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)(ms / 1000);
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Sleeps `ms` milliseconds, through signals. */
+static inline void serve_sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---- requests (sched.c); each under s->mu unless said otherwise --------------------------- */
+
+/* Frees a request and everything it owns; accepts NULL. */
+void router_rq_free(struct rq *r);
+/* The request with `id` that a client may still poll, or NULL. Under the lock. */
+struct rq *router_rq_find(struct router_serve *s, uint64_t id);
+/* Ends a request (the first reason wins) and wakes its pollers. Under the lock. */
+void router_rq_finish(struct router_serve *s, struct rq *r, enum proto_stop_reason reason, int code,
+                      const char *text);
+/* Queues the text and token of one step for the pollers. Under the lock. */
+int router_rq_emit(struct rq *r, const int32_t *id, const char *text, size_t len);
+
+/* The scheduler thread: assigns queued requests to sequences, steps them on the executor, samples
+ * and emits tokens, replays after an executor restart. `arg` is the service. */
+void *router_sched_main(void *arg);
+
+/* ---- the executor link (exec_link.c); scheduler thread, or create before it starts ---------- */
+
+/* HELLO to the executor: its pid and instance. Returns 0 or a negative common_err (e says why). */
+int router_exec_hello(struct router_serve *s, int timeout_ms, uint32_t *pid, uint64_t *instance,
+                      struct common_errmsg *e);
+/* Unmaps and removes the four segments. */
+void router_exec_segments_close(struct router_serve *s);
+/* Creates the four segments (replacing stale files of a dead router) and ATTACHes them. */
+int router_exec_attach(struct router_serve *s, struct common_errmsg *e);
+/* Waits for the executor (any HELLO; a new instance when want_new) up to timeout_s or a stop. */
+int router_exec_connect(struct router_serve *s, uint32_t timeout_s, bool want_new,
+                        struct common_errmsg *e);
+/* True while the executor is alive and the same instance (HELLO every 2 s of silence). */
+bool router_exec_is_alive(struct router_serve *s, uint64_t *last_hello_ns);
+
+/* ---- the client API (handlers.c); server threads ------------------------------------------ */
+
+int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
+                           struct proto_msg *rep);
+int router_handle_poll(struct router_serve *s, const struct proto_msg *req, struct proto_msg *rep);
+int router_handle_cancel(struct router_serve *s, const struct proto_msg *req,
+                         struct proto_msg *rep);
+
+#endif /* ROUTER_SERVE_IMPL_H */
