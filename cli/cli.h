@@ -5,11 +5,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common.h"
 #include "executor.h"
 #include "fetcher.h"
 #include "router.h"
 
-/* Each subcommand gets argv with argv[0] = subcommand name; returns the process exit code. */
+/* Each subcommand gets argv with argv[0] = subcommand name, parses it with common_opts_parse()
+ * against its option tables (--help generated from them) and returns the process exit status:
+ * 0 success (and --help), 1 a failure, 2 a usage error (ctl: 3 when health is not READY;
+ * generate: 130 when cancelled). Every message is "sluice CMD: error: ..." on stderr. */
 int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_mkmodel(int argc, char **argv);
 int cli_cmd_tokenize(int argc, char **argv);
@@ -20,17 +24,31 @@ int cli_cmd_bench(int argc, char **argv);
 int cli_cmd_generate(int argc, char **argv); /* cli/cmd_generate.c: via sluice-router */
 int cli_cmd_ctl(int argc, char **argv);      /* cli/cmd_ctl.c: daemon control messages */
 
-/* Parses a decimal unsigned integer in [min, max] for option `name`; prints an error and
- * returns false when it is not one. */
-bool cli_parse_u32(const char *name, const char *s, uint32_t min, uint32_t max, uint32_t *out);
-bool cli_parse_u64(const char *name, const char *s, uint64_t *out);
-bool cli_parse_f32(const char *name, const char *s, float *out);
+/* ---- errors (cli/error.c) -------------------------------------------------------------------- */
 
-/* Returns the value following option argv[*i] (advancing *i), or prints an error and returns
- * NULL when it is missing. */
-const char *cli_next_arg(int argc, char **argv, int *i);
+/* Prints "PROG: error: MESSAGE" and a newline on stderr: the style of every error a subcommand
+ * reports once its options are parsed (usage errors go through common_opts_error(), which adds
+ * the "Try 'PROG --help'" line). `prog` is the subcommand's name in messages ("sluice run"). */
+void cli_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* ---- model loading shared by run, chat, perplexity and bench (cli/session.c) ------- */
+/* Reports a failure to open or read `path` with cli_error(), naming the file once: the message
+ * alone when it already names it (common_gguf_open's messages do), else "PATH: MESSAGE". */
+void cli_error_path(const char *prog, const char *path, int rc, const struct common_errmsg *e);
+
+/* ---- text files given with -f (cli/text_file.c) ---------------------------------------------- */
+
+/* Largest prompt `sluice run -f` and `sluice tokenize -f` read. */
+#define CLI_PROMPT_MAX_BYTES (64u << 20)
+
+/* Reads the regular file `path` (at most `max_bytes`) into *text, malloc'd and NUL-terminated,
+ * its length in *len. Anything but a regular file (a FIFO, /dev/zero, a directory) is refused
+ * without blocking or reading. Prints what went wrong with cli_error() and returns COMMON_ENOENT
+ * / COMMON_EIO (open or read failed), COMMON_EINVAL (not a regular file), COMMON_ERANGE (larger
+ * than max_bytes) or COMMON_ENOMEM; the out-parameters are unchanged on failure. */
+int cli_text_file_read(const char *prog, const char *path, size_t max_bytes, char **text,
+                       size_t *len);
+
+/* ---- model loading shared by run, chat, perplexity and bench (cli/session.c) ----------------- */
 
 /* Where weights come from and how much memory they may use (--ram-budget, --io, --policy, the
  * trace flags). All zero = the whole model mapped, as before (no fetcher). */
@@ -50,37 +68,20 @@ struct cli_stream_opts {
     bool                 mmap_advise;  /* --mmap-advise: io mmap madvises requested experts */
 };
 
-/* Usage lines of the options above, for the commands' --help. */
-#define CLI_STREAM_USAGE                                                                           \
-    "  --ram-budget SIZE    bound everything resident (weights, expert pool, KV, scratch, i/o)\n"  \
-    "                       to SIZE (e.g. 1.5G); prints the plan, refuses below the minimum\n"     \
-    "  --io MODE            expert reads: uring (O_DIRECT), pread, or mmap (page cache decides,\n" \
-    "                       as llama.cpp)                            [uring when a budget]\n"      \
-    "  --mmap-advise        with --io mmap: madvise(WILLNEED) each expert the router picks or\n"   \
-    "                       the predictor guesses (llama.cpp only faults pages in at use)\n"       \
-    "  --policy P           expert pool eviction: lru or lfu         [lru]\n"                      \
-    "  --io-depth N         reads in flight                          [32]\n"                       \
-    "  --trace-out FILE     write the expert trace as JSON (docs/fetcher.md) on exit\n"            \
-    "  --trace-names        log each expert tensor as used (stderr)\n"                             \
-    "  --prefetch MODE      gate: hint the next layer's experts from its router on the\n"          \
-    "                       current state; all: also the previous token's choices and the\n"       \
-    "                       next token's first layers; none                [gate]\n"               \
-    "  --prefetch-top N     hint the gate predictor's best N per token      [1]\n"                 \
-    "  --no-prefetch        same as --prefetch none\n"                                             \
-    "  --no-postfetch       do not request a layer's experts before computing them\n"              \
-    "  --report-rss         print the peak resident set (VmHWM) on exit\n"
+/* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
+#define CLI_STREAM_N_ROWS 12
 
-/* Applies value option `a` = `v` when it is one of the options above: returns 1 when consumed,
- * 0 when not ours, -1 on a bad value (message printed). */
-int cli_stream_parse_flag(struct cli_stream_opts *o, const char *a, const char *v);
-/* Same for the options without a value (--trace-names, --report-rss, --no-prefetch, ...). */
-int cli_stream_parse_switch(struct cli_stream_opts *o, const char *a);
-/* The common part of every command's option loop, called after the command's own switches:
- * applies the stream switches, refuses a positional argument, fetches the value of option
- * argv[*i] (advancing *i) and applies the stream options that take one. Returns 1 when the
- * option was consumed (go on), 0 when *value holds the value of an option for the command to
- * parse, -1 on an error (message printed; exit with status 2). */
-int cli_take_option(int argc, char **argv, int *i, struct cli_stream_opts *so, const char **value);
+/* The option table of the streaming options that run, chat, perplexity and bench share. */
+struct cli_stream_table {
+    struct common_opt rows[CLI_STREAM_N_ROWS + 1]; /* targets borrow the options; zeroed last row */
+};
+
+/* Fills `t` with rows writing into `o` (which must outlive the parse); list it as a group:
+ * {.title = CLI_STREAM_TITLE, .opts = t->rows}. */
+void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o);
+
+/* Title of the streaming group in --help. */
+#define CLI_STREAM_TITLE "Streaming options (experts read from storage under a memory budget)"
 
 /* True when the options ask for the fetcher (a budget or --io). */
 bool cli_stream_is_on(const struct cli_stream_opts *o);
@@ -95,11 +96,13 @@ struct cli_engine {
     struct executor_model      *model; /* owned (owns desc, gguf and weights when not streaming) */
     struct executor_ctx        *ctx;   /* owned */
     struct cli_stream_opts      so;    /* copied at open; trace_out borrowed from argv */
-    bool                        reported;
+    const char                 *prog;  /* borrowed (static): the subcommand, for messages */
+    bool                        reported; /* the exit report was printed (or nothing ran) */
 };
 
 /* What the engine's context looks like and what else the command will allocate. */
 struct cli_engine_opts {
+    const char              *prog;        /* static: subcommand name in messages ("sluice run") */
     uint32_t                 n_threads;   /* 0 = physical cores */
     struct executor_ctx_opts ctx;         /* pool is filled in by cli_engine_open */
     uint64_t                 extra_bytes; /* buffers of the command, for the plan */
@@ -120,27 +123,43 @@ int cli_engine_report(struct cli_engine *en);
 /* Reports (if not done) and frees everything; accepts an empty engine. */
 void cli_engine_close(struct cli_engine *en);
 
-/* ---- one-process generation shared by run and chat (cli/session.c) ---------------- */
+/* ---- one-process generation shared by run and chat (cli/session.c) --------------------------- */
 
 /* Options common to the generating commands (-m -n -t -c -b --cache-type and the sampler). */
 struct cli_session_opts {
+    const char                *prog;      /* static: subcommand name in messages ("sluice run") */
     const char                *model;     /* -m */
     uint32_t                   n_predict; /* -n: tokens to generate per reply */
     uint32_t                   n_threads; /* -t: 0 = physical cores */
     uint32_t                   n_ctx;     /* -c: 0 = the model's, capped by the executor */
     uint32_t                   n_batch;   /* -b: 0 = executor default */
     enum common_cache_type     cache;     /* --cache-type */
-    struct router_sampler_opts sampler;   /* --temp --top-k --top-p --min-p --seed */
-    struct cli_stream_opts     stream;    /* --ram-budget --io --policy --trace-* ... */
+    struct router_sampler_opts sampler;   /* --temp --top-k --top-p --min-p --seed and the
+                                             penalties; penalty_last_n comes from the field below */
+    uint32_t repeat_last_n;               /* --repeat-last-n: penalty window as llama.cpp's, 0 =
+                                             no penalties (the sampler keeps at most 4096) */
+    struct cli_stream_opts stream;        /* --ram-budget --io --policy --trace-* ... */
 };
 
-/* Fills llama.cpp's defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05. */
-void cli_session_opts_default(struct cli_session_opts *o);
+/* Fills llama.cpp's defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05,
+ * --repeat-penalty 1 (off), --repeat-last-n 64; `prog` names the subcommand in messages. */
+void cli_session_opts_default(struct cli_session_opts *o, const char *prog);
 
-/* Applies option `a` with value `v` when it is one of the shared options (the stream options
- * with a value included). Returns 1 when it was consumed, 0 when `a` is not a shared option, -1
- * when the value is bad (message printed). */
-int cli_session_parse_flag(struct cli_session_opts *o, const char *a, const char *v);
+/* Option tables of the shared options, writing into one struct cli_session_opts. */
+struct cli_session_table {
+    struct common_opt       model[8];     /* -m -n -t -c -b --cache-type; zeroed last row */
+    struct common_opt       sampling[10]; /* --temp ... --frequency-penalty; zeroed last row */
+    struct cli_stream_table stream;       /* the streaming options */
+    struct common_opt_group groups[4];    /* the three tables above, then the end */
+};
+
+/* COMMON_OPT_CALLBACK parser of --cache-type: f16 or q8_0 (either case) into the enum
+ * common_cache_type at `arg`. */
+int cli_parse_cache_type(void *arg, const char *v, struct common_errmsg *e);
+
+/* Fills `t` with rows writing into `o` (which must outlive the parse); pass t->groups as the
+ * spec's groups. The sampling values are range-checked as they are parsed. */
+void cli_session_table_init(struct cli_session_table *t, struct cli_session_opts *o);
 
 /* A model loaded for generation. Caller-owned; fields are read-only for callers. */
 struct cli_session {
@@ -151,8 +170,7 @@ struct cli_session {
     struct router_vocab        *vocab;   /* owned; NULL when the model has no usable tokenizer */
     struct router_sampler       sampler; /* owned */
     float                      *logits;  /* owned: n_vocab logits of the last fed token */
-    uint32_t                    n_vocab;
-    bool                        greedy; /* --temp 0: argmax, ties to the lowest id */
+    uint32_t                    n_vocab; /* logits per token */
 };
 
 /* Opens the model, tokenizer (required when need_vocab), thread pool, context and sampler,
@@ -163,7 +181,8 @@ void cli_session_close(struct cli_session *s);
  * penalties); the logits of the last one are then in s->logits. Refuses with COMMON_ERANGE and
  * the numbers when they do not fit the context. */
 int cli_session_feed(struct cli_session *s, const int32_t *tokens, uint32_t n);
-/* Picks the next token from s->logits (greedy or sampled). */
+/* Picks the next token from s->logits with the sampler (--temp 0: the argmax, ties to the lowest
+ * id, after the penalties if any); prints why not. */
 int cli_session_pick(struct cli_session *s, int32_t *id);
 /* True when every context position is used. */
 bool cli_session_is_full(const struct cli_session *s);

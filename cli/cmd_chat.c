@@ -9,26 +9,64 @@
 #include "common.h"
 #include "router.h"
 
-static void chat_usage(FILE *f)
+#define CHAT_PROG "sluice chat"
+
+static const char chat_description[] =
+    "Chats with a model, rendering the conversation with its chat template. With -p it answers "
+    "that one message and exits; otherwise each line read from stdin is a user turn (interactive "
+    "when stdin is a terminal), until end of input.";
+
+static const char chat_epilog[] =
+    "A reply ends at an end-of-generation token or after -n tokens. When the conversation no "
+    "longer fits the context, chat says so and stops.";
+
+/* What the command line asked for. */
+struct chat_args {
+    struct cli_session_opts so;        /* shared options; strings borrowed from argv */
+    const char             *prompt;    /* -p: borrowed from argv */
+    const char             *system;    /* -sys: borrowed from argv */
+    const char             *tmpl_name; /* --template: borrowed from argv */
+    bool                    dry_run;   /* --dry-run */
+};
+
+/* Parses the options; returns 0, or the result to pass to common_opts_exit_status(). */
+static int chat_parse(int argc, char **argv, struct chat_args *a)
 {
-    fprintf(f,
-            "usage: sluice chat -m MODEL [options]\n\n"
-            "Chats with a model, rendering the conversation with its chat template. With -p it\n"
-            "answers that one message and exits; otherwise each line read from stdin is a user\n"
-            "turn (interactive when stdin is a terminal), until end of input.\n\n"
-            "  -m, --model PATH     GGUF model\n"
-            "  -p, --prompt TEXT    one user message: answer it and exit\n"
-            "  -sys, --system TEXT  a system message\n"
-            "  --template NAME      chatml, llama2, llama3, mistral-v7, gemma, phi3, deepseek3,\n"
-            "                       ... (default: from tokenizer.chat_template, else chatml)\n"
-            "  -n, --n-predict N    most tokens per reply                    [128]\n"
-            "  -t, --threads N      threads                                  [physical cores]\n"
-            "  -c, --ctx-size N     context for the whole conversation       [model's, <= 4096]\n"
-            "  --temp X, --top-k K, --top-p P, --min-p P, --seed S   sampling, as sluice run\n"
-            "  --dry-run            print the rendered prompt and its token ids, then "
-            "exit\n" CLI_STREAM_USAGE "  -h, --help           this help\n\n"
-            "A reply ends at an end-of-generation token or after -n tokens. When the\n"
-            "conversation no longer fits the context, chat says so and stops.\n");
+    struct cli_session_table t;
+    cli_session_opts_default(&a->so, CHAT_PROG);
+    cli_session_table_init(&t, &a->so);
+    const struct common_opt rows[] = {
+        {.name = "prompt",
+         .short_name = "p",
+         .type = COMMON_OPT_STR,
+         .target = &a->prompt,
+         .help = "one user message: answer it and exit"},
+        {.name = "system",
+         .short_name = "sys",
+         .type = COMMON_OPT_STR,
+         .target = &a->system,
+         .help = "a system message"},
+        {.name = "template",
+         .type = COMMON_OPT_STR,
+         .target = &a->tmpl_name,
+         .metavar = "NAME",
+         .help = "chatml, llama2, llama3, mistral-v7, gemma, phi3, deepseek3, ...",
+         .def = "from tokenizer.chat_template, else chatml"},
+        {.name = "dry-run",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->dry_run,
+         .help = "print the rendered prompt and its token ids, then exit"},
+        {0},
+    };
+    const struct common_opts_spec spec = {
+        .prog = CHAT_PROG,
+        .usage = CHAT_PROG " -m MODEL.gguf [-p MESSAGE] [options]",
+        .description = chat_description,
+        .epilog = chat_epilog,
+        .opts = rows,
+        .groups = t.groups,
+    };
+    return common_opts_parse(&spec, argc, argv);
 }
 
 /* The conversation so far: owned copies of every message. */
@@ -133,8 +171,9 @@ static int chat_reply(struct cli_session *s, const struct router_tokens *prompt,
         if (reason != ROUTER_STOP_NONE)
             break;
         if (cli_session_is_full(s)) {
-            fprintf(stderr, "\nchat: the context is full (%u tokens; use -c)\n",
-                    executor_ctx_n_past(s->ctx));
+            fputc('\n', stderr);
+            cli_error(CHAT_PROG, "the context is full (%u tokens; use -c)",
+                      executor_ctx_n_past(s->ctx));
             rc = COMMON_ERANGE;
             break;
         }
@@ -154,47 +193,55 @@ static int chat_reply(struct cli_session *s, const struct router_tokens *prompt,
     return rc < 0 ? rc : COMMON_OK;
 }
 
+/* Picks the template: --template, else the model's. */
+static int chat_pick_template(const struct cli_session *s, const char *name,
+                              enum router_chat_tmpl *tmpl)
+{
+    if (!name) {
+        router_chat_for_model(executor_model_desc(s->model)->gguf, tmpl);
+        return COMMON_OK;
+    }
+    if (router_chat_detect(name, strlen(name), tmpl) < 0) {
+        cli_error(CHAT_PROG, "unknown template '%s'", name);
+        return COMMON_EINVAL;
+    }
+    return COMMON_OK;
+}
+
+/* Prints what --dry-run shows: the template, the rendered prompt and its token ids. */
+static void chat_print_dry_run(enum router_chat_tmpl tmpl, const struct router_text *text,
+                               const struct router_tokens *toks)
+{
+    printf("template: %s\n%s\n[", router_chat_name(tmpl), text->ptr ? text->ptr : "");
+    for (size_t i = 0; i < toks->n; i++)
+        printf(i ? ", %d" : "%d", toks->ids[i]);
+    printf("]\n");
+}
+
+/* Adds the next user turn to the history: -p, else a line of stdin. Returns 1 when one was added,
+ * 0 at the end of input, or a negative common_err. */
+static int chat_next_turn(struct chat_history *hist, const char *prompt, bool interactive,
+                          struct router_text *line)
+{
+    if (prompt)
+        return chat_add(hist, "user", prompt, strlen(prompt)) < 0 ? COMMON_ENOMEM : 1;
+    do {
+        if (interactive) {
+            printf("> ");
+            fflush(stdout);
+        }
+        if (!chat_read_line(line))
+            return 0;
+    } while (line->len == 0);
+    return chat_add(hist, "user", line->ptr, line->len) < 0 ? COMMON_ENOMEM : 1;
+}
+
 int cli_cmd_chat(int argc, char **argv)
 {
-    struct cli_session_opts so;
-    const char             *prompt = NULL, *system = NULL, *tmpl_name = NULL;
-    bool                    dry_run = false;
-    cli_session_opts_default(&so);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            chat_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--dry-run")) {
-            dry_run = true;
-            continue;
-        }
-        int taken = cli_take_option(argc, argv, &i, &so.stream, &v);
-        if (taken == 0)
-            taken = cli_session_parse_flag(&so, a, v);
-        if (taken < 0)
-            return 2;
-        if (taken > 0)
-            continue;
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt"))
-            prompt = v;
-        else if (!strcmp(a, "-sys") || !strcmp(a, "--system"))
-            system = v;
-        else if (!strcmp(a, "--template"))
-            tmpl_name = v;
-        else {
-            fprintf(stderr, "sluice chat: unknown argument %s\n", a);
-            chat_usage(stderr);
-            return 2;
-        }
-    }
-    if (!so.model) {
-        fprintf(stderr, "sluice chat: need -m MODEL\n");
-        chat_usage(stderr);
-        return 2;
-    }
+    struct chat_args a = {0};
+    int              rc = chat_parse(argc, argv, &a);
+    if (rc != 0)
+        return common_opts_exit_status(rc);
 
     int                   status = 1;
     struct cli_session    s;
@@ -202,57 +249,36 @@ int cli_cmd_chat(int argc, char **argv)
     struct router_text    text = {0}, line = {0}, reply = {0};
     struct router_tokens  toks = {0}, in_ctx = {0};
     enum router_chat_tmpl tmpl;
-    bool                  interactive = !prompt && isatty(STDIN_FILENO);
-    if (cli_session_open(&s, &so, true) < 0)
+    bool                  interactive = !a.prompt && isatty(STDIN_FILENO);
+    if (cli_session_open(&s, &a.so, true) < 0)
         goto out;
-    const struct common_gguf *g = executor_model_desc(s.model)->gguf;
-    if (tmpl_name) {
-        if (router_chat_detect(tmpl_name, strlen(tmpl_name), &tmpl) < 0) {
-            fprintf(stderr, "sluice chat: unknown template '%s'\n", tmpl_name);
-            goto out;
-        }
-    } else {
-        router_chat_for_model(g, &tmpl);
-    }
-    if (system && chat_add(&hist, "system", system, strlen(system)) < 0)
+    if (chat_pick_template(&s, a.tmpl_name, &tmpl) < 0)
         goto out;
+    if (a.system && chat_add(&hist, "system", a.system, strlen(a.system)) < 0)
+        goto out_nomem;
     for (;;) {
-        if (prompt) {
-            if (chat_add(&hist, "user", prompt, strlen(prompt)) < 0)
-                goto out;
-        } else {
-            if (interactive) {
-                printf("> ");
-                fflush(stdout);
-            }
-            if (!chat_read_line(&line))
-                break;
-            if (line.len == 0)
-                continue;
-            if (chat_add(&hist, "user", line.ptr, line.len) < 0)
-                goto out;
-        }
-        if (chat_render(tmpl, s.vocab, &hist, &text, &toks) < 0) {
-            fprintf(stderr, "sluice chat: out of memory\n");
-            goto out;
-        }
-        if (dry_run) {
-            printf("template: %s\n%s\n[", router_chat_name(tmpl), text.ptr ? text.ptr : "");
-            for (size_t i = 0; i < toks.n; i++)
-                printf(i ? ", %d" : "%d", toks.ids[i]);
-            printf("]\n");
-            status = 0;
-            goto out;
+        if ((rc = chat_next_turn(&hist, a.prompt, interactive, &line)) < 0)
+            goto out_nomem;
+        if (rc == 0)
+            break;
+        if (chat_render(tmpl, s.vocab, &hist, &text, &toks) < 0)
+            goto out_nomem;
+        if (a.dry_run) {
+            chat_print_dry_run(tmpl, &text, &toks);
+            break;
         }
         router_text_clear(&reply);
-        if (chat_reply(&s, &toks, &in_ctx, so.n_predict, &reply) < 0)
+        if (chat_reply(&s, &toks, &in_ctx, a.so.n_predict, &reply) < 0)
             goto out;
         if (chat_add(&hist, "assistant", reply.ptr ? reply.ptr : "", reply.len) < 0)
-            goto out;
-        if (prompt)
+            goto out_nomem;
+        if (a.prompt)
             break;
     }
     status = 0;
+    goto out;
+out_nomem:
+    cli_error(CHAT_PROG, "out of memory");
 out:
     router_tokens_fini(&in_ctx);
     router_tokens_fini(&toks);

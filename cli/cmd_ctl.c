@@ -18,30 +18,31 @@ int cli_cmd_ctl(int argc, char **argv);
 #define CTL_MAX_TIMEOUT_MS     600000u
 #define CTL_EXIT_NOT_READY     3
 
-static void ctl_usage(FILE *f)
-{
-    fprintf(f, "usage: sluice ctl [--socket URL | --run-dir DIR --daemon NAME] [--timeout MS]\n"
-               "                  [--json] COMMAND [ARGS]\n"
-               "Sends one control message to a running daemon and prints its reply.\n"
-               "  --socket URL     the daemon's control socket: ipc:///run/dir/executor.ctl,\n"
-               "                   tcp://HOST:PORT; a plain path means ipc://PATH\n"
-               "  --run-dir DIR    the daemons' run directory (default $SLUICE_RUN_DIR) ...\n"
-               "  --daemon NAME    ... and the daemon in it: fetcher-<i>, executor or router\n"
-               "                   (router.sock for the router, NAME.ctl for the others) [router]\n"
-               "  --timeout MS     how long to wait for the reply                       [2000]\n"
-               "  --json           print the reply as one JSON object\n"
-               "  -h, --help       this help\n"
-               "commands:\n"
-               "  hello            who the daemon is: role, name, version, pid, instance, shards\n"
-               "  health           state (STARTING, READY, DRAINING, DEGRADED), pid, uptime;\n"
-               "                   exits 0 only when READY (3 when the daemon answers otherwise)\n"
-               "  stats            the daemon's counters\n"
-               "  drain            stop taking new work, finish what is in flight\n"
-               "  shutdown         drain, then exit\n"
-               "  configure KEY VALUE  set a runtime setting (e.g. log.level debug)\n"
-               "  load-model PATH  confirm the loaded model (another one needs a restart)\n"
-               "exit status: 0 ok, 1 error reply or no reply, 2 usage, 3 health not READY\n");
-}
+#define CTL_PROG "sluice ctl"
+
+static const char ctl_epilog[] =
+    "Commands:\n"
+    "  hello            who the daemon is: role, name, version, pid, instance, shards\n"
+    "  health           state (STARTING, READY, DRAINING, DEGRADED), pid, uptime;\n"
+    "                   exits 0 only when READY (3 when the daemon answers otherwise)\n"
+    "  stats            the daemon's counters\n"
+    "  drain            stop taking new work, finish what is in flight\n"
+    "  shutdown         drain, then exit\n"
+    "  configure KEY VALUE  set a runtime setting (e.g. log.level debug)\n"
+    "  load-model PATH  confirm the loaded model (another one needs a restart)\n"
+    "\n"
+    "Exit status: 0 ok, 1 error reply or no reply, 2 usage, 3 health not READY.";
+
+/* What the command line asked for. */
+struct ctl_args {
+    const char            *socket;     /* --socket: borrowed from argv */
+    const char            *run_dir;    /* --run-dir: borrowed from argv */
+    const char            *daemon;     /* --daemon: borrowed from argv */
+    uint32_t               timeout_ms; /* --timeout */
+    bool                   json;       /* --json */
+    const char            *words_v[3]; /* COMMAND [ARGS]: borrowed from argv */
+    struct common_opt_strs words;      /* into words_v */
+};
 
 static const char *ctl_role_name(enum proto_role r)
 {
@@ -86,14 +87,15 @@ static bool ctl_daemon_is_valid(const char *name)
     return true;
 }
 
-/* Builds the control URL into buf; prints why not and returns false on a bad combination. */
-static bool ctl_make_url(char *buf, size_t cap, const char *socket, const char *run_dir,
-                         const char *daemon)
+/* Builds the control URL into buf; reports a bad combination as a usage error and returns
+ * false. */
+static bool ctl_make_url(const struct common_opts_spec *spec, char *buf, size_t cap,
+                         const char *socket, const char *run_dir, const char *daemon)
 {
     int n;
     if (socket) {
         if (run_dir || daemon) {
-            fprintf(stderr, "sluice ctl: --socket and --run-dir/--daemon exclude each other\n");
+            common_opts_error(spec, "--socket and --run-dir/--daemon exclude each other");
             return false;
         }
         n = strstr(socket, "://") ? snprintf(buf, cap, "%s", socket)
@@ -102,17 +104,14 @@ static bool ctl_make_url(char *buf, size_t cap, const char *socket, const char *
         if (!run_dir)
             run_dir = getenv("SLUICE_RUN_DIR");
         if (!run_dir || !*run_dir) {
-            fprintf(stderr, "sluice ctl: need --socket URL or --run-dir DIR (or "
-                            "$SLUICE_RUN_DIR)\n");
+            common_opts_error(spec, "need --socket URL or --run-dir DIR (or $SLUICE_RUN_DIR)");
             return false;
         }
         if (!daemon)
             daemon = "router";
         if (!ctl_daemon_is_valid(daemon)) {
-            fprintf(stderr,
-                    "sluice ctl: --daemon expects fetcher-<i>, executor or router, "
-                    "got '%s'\n",
-                    daemon);
+            common_opts_error(spec, "--daemon expects fetcher-<i>, executor or router, got '%s'",
+                              daemon);
             return false;
         }
         const char *file = strcmp(daemon, "router") == 0 ? "router.sock" : NULL;
@@ -120,18 +119,19 @@ static bool ctl_make_url(char *buf, size_t cap, const char *socket, const char *
                  : snprintf(buf, cap, "ipc://%s/%s.ctl", run_dir, daemon);
     }
     if (n < 0 || (size_t)n >= cap) {
-        fprintf(stderr, "sluice ctl: socket address too long\n");
+        common_opts_error(spec, "socket address too long");
         return false;
     }
     return true;
 }
 
-/* Copies `src` into dst[cap]; prints an error naming `what` when it does not fit. */
-static bool ctl_copy(char *dst, size_t cap, const char *src, const char *what)
+/* Copies `src` into dst[cap]; reports a usage error naming `what` when it does not fit. */
+static bool ctl_copy(const struct common_opts_spec *spec, char *dst, size_t cap, const char *src,
+                     const char *what)
 {
     size_t n = strlen(src);
     if (n >= cap) {
-        fprintf(stderr, "sluice ctl: %s too long (%zu bytes, at most %zu)\n", what, n, cap - 1);
+        common_opts_error(spec, "%s too long (%zu bytes, at most %zu)", what, n, cap - 1);
         return false;
     }
     memcpy(dst, src, n + 1);
@@ -139,7 +139,8 @@ static bool ctl_copy(char *dst, size_t cap, const char *src, const char *what)
 }
 
 /* Fills *req from the command words; returns false (message printed) on a usage error. */
-static bool ctl_make_request(int argc, char **argv, struct proto_msg *req)
+static bool ctl_make_request(const struct common_opts_spec *spec, int argc, const char *const *argv,
+                             struct proto_msg *req)
 {
     const char *cmd = argv[0];
     int         want = 1;
@@ -163,17 +164,18 @@ static bool ctl_make_request(int argc, char **argv, struct proto_msg *req)
     } else if (!strcmp(cmd, "configure")) {
         want = 3;
         if (argc != want) {
-            fprintf(stderr, "sluice ctl: configure needs KEY VALUE\n");
+            common_opts_error(spec, "configure needs KEY VALUE");
             return false;
         }
         req->kind = PROTO_KIND_CONFIGURE;
-        if (!ctl_copy(req->u.configure.key, sizeof(req->u.configure.key), argv[1], "key") ||
-            !ctl_copy(req->u.configure.value, sizeof(req->u.configure.value), argv[2], "value"))
+        if (!ctl_copy(spec, req->u.configure.key, sizeof(req->u.configure.key), argv[1], "key") ||
+            !ctl_copy(spec, req->u.configure.value, sizeof(req->u.configure.value), argv[2],
+                      "value"))
             return false;
     } else if (!strcmp(cmd, "load-model")) {
         want = 2;
         if (argc != want) {
-            fprintf(stderr, "sluice ctl: load-model needs PATH\n");
+            common_opts_error(spec, "load-model needs PATH");
             return false;
         }
         req->kind = PROTO_KIND_LOAD_MODEL;
@@ -181,14 +183,14 @@ static bool ctl_make_request(int argc, char **argv, struct proto_msg *req)
          * can. */
         char        abs[PATH_MAX];
         const char *path = realpath(argv[1], abs) ? abs : argv[1];
-        if (!ctl_copy(req->u.load_model.path, sizeof(req->u.load_model.path), path, "path"))
+        if (!ctl_copy(spec, req->u.load_model.path, sizeof(req->u.load_model.path), path, "path"))
             return false;
     } else {
-        fprintf(stderr, "sluice ctl: unknown command '%s'\n", cmd);
+        common_opts_error(spec, "unknown command '%s'", cmd);
         return false;
     }
     if (argc != want) {
-        fprintf(stderr, "sluice ctl: %s takes no argument\n", cmd);
+        common_opts_error(spec, "%s takes no argument", cmd);
         return false;
     }
     return true;
@@ -301,8 +303,8 @@ static int ctl_print_reply(const char *url, const struct proto_msg *req,
                            const struct proto_msg *rep, bool json)
 {
     if (rep->kind == PROTO_KIND_ERROR) {
-        fprintf(stderr, "sluice ctl: %s: %s: %s\n", url, common_strerror(rep->u.error.code),
-                rep->u.error.message[0] ? rep->u.error.message : "(no message)");
+        cli_error(CTL_PROG, "%s: %s: %s", url, common_strerror(rep->u.error.code),
+                  rep->u.error.message[0] ? rep->u.error.message : "(no message)");
         if (json) {
             printf("{\"kind\":\"error\",\"code\":%d,\"error\":\"%s\",\"message\":",
                    rep->u.error.code, common_strerror(rep->u.error.code));
@@ -327,8 +329,8 @@ static int ctl_print_reply(const char *url, const struct proto_msg *req,
         break;
     }
     if (rep->kind != want) {
-        fprintf(stderr, "sluice ctl: %s: unexpected reply '%s' to '%s'\n", url,
-                proto_kind_name(rep->kind), proto_kind_name(req->kind));
+        cli_error(CTL_PROG, "%s: unexpected reply '%s' to '%s'", url, proto_kind_name(rep->kind),
+                  proto_kind_name(req->kind));
         return 1;
     }
     switch (rep->kind) {
@@ -352,63 +354,78 @@ static int ctl_print_reply(const char *url, const struct proto_msg *req,
 
 int cli_cmd_ctl(int argc, char **argv)
 {
-    const char *socket = NULL, *run_dir = NULL, *daemon = NULL;
-    uint32_t    timeout_ms = CTL_DEFAULT_TIMEOUT_MS;
-    bool        json = false;
-    int         i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            ctl_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--socket")) {
-            if (!(socket = cli_next_arg(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--run-dir")) {
-            if (!(run_dir = cli_next_arg(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--daemon")) {
-            if (!(daemon = cli_next_arg(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(a, "--timeout")) {
-            const char *v = cli_next_arg(argc, argv, &i);
-            if (!v || !cli_parse_u32("--timeout", v, 1, CTL_MAX_TIMEOUT_MS, &timeout_ms))
-                return 2;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "sluice ctl: unknown option %s\n", a);
-            ctl_usage(stderr);
-            return 2;
-        } else {
-            break;
-        }
-    }
-    if (i >= argc) {
-        fprintf(stderr, "sluice ctl: missing COMMAND\n");
-        ctl_usage(stderr);
-        return 2;
-    }
+    struct ctl_args a = {.timeout_ms = CTL_DEFAULT_TIMEOUT_MS};
+    a.words = (struct common_opt_strs){.v = a.words_v, .cap = 3};
+    const struct common_opt rows[] = {
+        {.name = "socket",
+         .type = COMMON_OPT_STR,
+         .target = &a.socket,
+         .metavar = "URL",
+         .help = "the daemon's control socket: ipc:///run/dir/executor.ctl, tcp://HOST:PORT; a "
+                 "plain path means ipc://PATH"},
+        {.name = "run-dir",
+         .type = COMMON_OPT_STR,
+         .target = &a.run_dir,
+         .metavar = "DIR",
+         .help = "the daemons' run directory ...",
+         .def = "$SLUICE_RUN_DIR"},
+        {.name = "daemon",
+         .type = COMMON_OPT_STR,
+         .target = &a.daemon,
+         .metavar = "NAME",
+         .help = "... and the daemon in it: fetcher-<i>, executor or router (router.sock for the "
+                 "router, NAME.ctl for the others)",
+         .def = "router"},
+        {.name = "timeout",
+         .type = COMMON_OPT_U32,
+         .target = &a.timeout_ms,
+         .min = 1,
+         .max = CTL_MAX_TIMEOUT_MS,
+         .metavar = "MS",
+         .help = "how long to wait for the reply",
+         .def = "2000"},
+        {.name = "json",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a.json,
+         .help = "print the reply as one JSON object"},
+        {0},
+    };
+    const struct common_opts_spec spec = {
+        .prog = CTL_PROG,
+        .usage = CTL_PROG " [--socket URL | --run-dir DIR --daemon NAME] [--timeout MS] [--json] "
+                          "COMMAND [ARGS]",
+        .description = "Sends one control message to a running daemon and prints its reply.",
+        .epilog = ctl_epilog,
+        .opts = rows,
+        .positional = &a.words,
+        .stop_at_positional = true, /* a configure VALUE may start with '-' */
+    };
+    int rc = common_opts_parse(&spec, argc, argv);
+    if (rc != 0)
+        return common_opts_exit_status(rc);
+    if (a.words.n == 0)
+        return common_opts_exit_status(common_opts_error(&spec, "missing COMMAND"));
     char url[PROTO_MAX_PATH + 64];
-    if (!ctl_make_url(url, sizeof(url), socket, run_dir, daemon))
+    if (!ctl_make_url(&spec, url, sizeof(url), a.socket, a.run_dir, a.daemon))
         return 2;
     struct proto_msg req;
-    if (!ctl_make_request(argc - i, argv + i, &req))
+    if (!ctl_make_request(&spec, (int)a.words.n, a.words_v, &req))
         return 2;
 
     struct proto_msg     rep;
     struct common_errmsg e = {{0}};
     memset(&rep, 0, sizeof(rep));
-    int rc = proto_call(url, &req, &rep, (int)timeout_ms, &e);
+    rc = proto_call(url, &req, &rep, (int)a.timeout_ms, &e);
     if (rc < 0) {
-        fprintf(stderr, "sluice ctl: no reply from %s in %u ms (is the daemon running?)\n", url,
-                timeout_ms);
-        if (rc != COMMON_ETIMEDOUT)
-            fprintf(stderr, "sluice ctl: %s%s%s\n", common_strerror(rc), e.text[0] ? ": " : "",
-                    e.text);
+        if (rc == COMMON_ETIMEDOUT)
+            cli_error(CTL_PROG, "no reply from %s in %u ms (is the daemon running?)", url,
+                      a.timeout_ms);
+        else
+            cli_error(CTL_PROG, "no reply from %s in %u ms (is the daemon running?): %s%s%s", url,
+                      a.timeout_ms, common_strerror(rc), e.text[0] ? ": " : "", e.text);
         return 1;
     }
-    int status = ctl_print_reply(url, &req, &rep, json);
+    int status = ctl_print_reply(url, &req, &rep, a.json);
     proto_msg_clear(&rep);
     return status;
 }

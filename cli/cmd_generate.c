@@ -2,6 +2,7 @@
  * router, text streamed back. */
 #include "cli.h"
 
+#include <assert.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,41 +25,151 @@ static void generate_on_sigint(int sig)
         sluice_client_request_cancel(generate_client);
 }
 
-static void generate_usage(FILE *f)
+#define GENERATE_PROG "sluice generate"
+
+/* What the command line asked for. */
+struct generate_args {
+    struct sluice_generate_opts o;           /* the request; strings borrowed from argv */
+    const char                 *socket_path; /* --socket: borrowed from argv */
+    const char                 *run_dir;     /* --run-dir, else $SLUICE_RUN_DIR: borrowed */
+    const char                 *system_msg;  /* --system: borrowed from argv */
+    const char                 *stops_v[GENERATE_MAX_STOPS]; /* --stop: borrowed from argv */
+    struct common_opt_strs      stops;                       /* --stop: into stops_v */
+    bool                        chat;                        /* --chat */
+};
+
+/* The sampling rows, as `sluice run` names them. */
+static void generate_sampling_rows(struct common_opt *rows, size_t cap,
+                                   struct sluice_generate_opts *o)
 {
-    fprintf(f, "usage: sluice generate [--socket PATH | --run-dir DIR] -p PROMPT "
-               "[options]\n\n"
-               "Sends the prompt to a running sluice-router and prints the generated "
-               "text as it\n"
-               "comes. The same prompt, options and seed give the same tokens as "
-               "`sluice run`.\n\n"
-               "  --socket PATH        the router's socket (or an ipc:// / tcp:// url)\n"
-               "  --run-dir DIR        run directory: its router.sock       "
-               "[$SLUICE_RUN_DIR]\n"
-               "  -p, --prompt TEXT    prompt (BOS added)\n"
-               "  -n, --n-predict N    tokens to generate; 0 = until EOS or a full "
-               "context [128]\n"
-               "  --temp X             temperature; 0 = greedy (argmax)     [0.8]\n"
-               "  --top-k K            keep the K most likely tokens; 0 = off [40]\n"
-               "  --top-p P            nucleus sampling; 1 = off            [0.95]\n"
-               "  --min-p P            drop tokens below P * max prob; 0 = off [0.05]\n"
-               "  --repeat-penalty X   penalise repeats of the last 64 tokens; 1 = off "
-               "[1]\n"
-               "  --seed S             sampling seed; 0 = from the clock    [0]\n"
-               "  --stop S             stop before this text (up to 8 times)\n"
-               "  --chat               send the prompt as a user message rendered with "
-               "the\n"
-               "                       model's chat template\n"
-               "  --system TEXT        with --chat: a system message first\n"
-               "  --no-stream          print the text once, when it is complete\n"
-               "  --special            parse special-token text (<|im_start|>...) in "
-               "the prompt\n"
-               "  -h, --help           this text\n\n"
-               "Stats go to stderr. Ctrl-C cancels the request (exit 130 once the "
-               "router confirms;\n"
-               "a second Ctrl-C exits at once). Exit 1 when the router is not running "
-               "or refuses\n"
-               "the request (the reason is printed), 2 on bad options.\n");
+    const struct common_opt r[] = {
+        {.name = "temp",
+         .type = COMMON_OPT_F32,
+         .target = &o->temp,
+         .help = "temperature; 0 = greedy (argmax)",
+         .def = "0.8"},
+        {.name = "top-k",
+         .type = COMMON_OPT_I32,
+         .target = &o->top_k,
+         .max = 1u << 24,
+         .metavar = "K",
+         .help = "keep the K most likely tokens; 0 = off",
+         .def = "40"},
+        {.name = "top-p",
+         .type = COMMON_OPT_F32,
+         .target = &o->top_p,
+         .metavar = "P",
+         .help = "nucleus sampling; 1 = off",
+         .def = "0.95"},
+        {.name = "min-p",
+         .type = COMMON_OPT_F32,
+         .target = &o->min_p,
+         .max = 1,
+         .metavar = "P",
+         .help = "drop tokens below P * max prob; 0 = off",
+         .def = "0.05"},
+        {.name = "repeat-penalty",
+         .type = COMMON_OPT_F32,
+         .target = &o->repeat_penalty,
+         .max = 100,
+         .help = "penalise repeats of the last 64 tokens; 1 = off",
+         .def = "1"},
+        {.name = "seed",
+         .short_name = "s",
+         .type = COMMON_OPT_U64,
+         .target = &o->seed,
+         .help = "sampling seed; 0 = from the clock",
+         .def = "0"},
+        {0},
+    };
+    assert(sizeof(r) <= cap * sizeof(*rows));
+    (void)cap;
+    memcpy(rows, r, sizeof(r));
+}
+
+/* Parses the options; returns 0, or the result to pass to common_opts_exit_status(). */
+static int generate_parse(int argc, char **argv, struct generate_args *a)
+{
+    struct common_opt sampling[7];
+    sluice_generate_opts_init(&a->o);
+    a->run_dir = getenv("SLUICE_RUN_DIR");
+    a->stops = (struct common_opt_strs){.v = a->stops_v, .cap = GENERATE_MAX_STOPS};
+    generate_sampling_rows(sampling, sizeof(sampling) / sizeof(sampling[0]), &a->o);
+    const struct common_opt rows[] = {
+        {.name = "socket",
+         .type = COMMON_OPT_STR,
+         .target = &a->socket_path,
+         .metavar = "PATH",
+         .help = "the router's socket (or an ipc:// / tcp:// url)"},
+        {.name = "run-dir",
+         .type = COMMON_OPT_STR,
+         .target = &a->run_dir,
+         .metavar = "DIR",
+         .help = "run directory: its router.sock",
+         .def = "$SLUICE_RUN_DIR"},
+        {.name = "prompt",
+         .short_name = "p",
+         .type = COMMON_OPT_STR,
+         .target = &a->o.prompt,
+         .help = "prompt (BOS added)",
+         .required = true},
+        {.name = "n-predict",
+         .short_name = "n",
+         .type = COMMON_OPT_U32,
+         .target = &a->o.max_tokens,
+         .max = 1u << 24,
+         .help = "tokens to generate; 0 = until EOS or a full context",
+         .def = "128"},
+        {.name = "stop",
+         .type = COMMON_OPT_STRS,
+         .target = &a->stops,
+         .metavar = "TEXT",
+         .help = "stop before this text (1..63 bytes; up to 8 times)"},
+        {.name = "chat",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->chat,
+         .help = "send the prompt as a user message rendered with the model's chat template"},
+        {.name = "system",
+         .type = COMMON_OPT_STR,
+         .target = &a->system_msg,
+         .help = "with --chat: a system message first"},
+        {.name = "no-stream",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->o.no_stream,
+         .help = "print the text once, when it is complete"},
+        {.name = "special",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->o.special,
+         .help = "parse special-token text (<|im_start|>...) in the prompt"},
+        {0},
+    };
+    const struct common_opt_group groups[] = {{.title = "Sampling options", .opts = sampling}, {0}};
+    const struct common_opts_spec spec = {
+        .prog = GENERATE_PROG,
+        .usage = GENERATE_PROG " [--socket PATH | --run-dir DIR] -p PROMPT [options]",
+        .description = "Sends the prompt to a running sluice-router and prints the generated text "
+                       "as it comes. The same prompt, options and seed give the same tokens as "
+                       "`sluice run`.",
+        .epilog = "Stats go to stderr. Ctrl-C cancels the request (exit 130 once the router "
+                  "confirms; a second Ctrl-C exits at once). Exit 1 when the router is not "
+                  "running or refuses the request (the reason is printed), 2 on bad options.",
+        .opts = rows,
+        .groups = groups,
+    };
+    int rc = common_opts_parse(&spec, argc, argv);
+    if (rc != 0)
+        return rc;
+    for (uint32_t i = 0; i < a->stops.n; i++)
+        if (!a->stops_v[i][0] || strlen(a->stops_v[i]) >= 64)
+            return common_opts_error(&spec, "--stop takes 1..63 bytes, got '%s'", a->stops_v[i]);
+    if (a->system_msg && !a->chat)
+        return common_opts_error(&spec, "--system needs --chat");
+    if (!a->socket_path && (!a->run_dir || !*a->run_dir))
+        return common_opts_error(&spec, "no router: give --socket PATH or --run-dir DIR (or set "
+                                        "SLUICE_RUN_DIR)");
+    a->o.stops = a->stops_v;
+    a->o.n_stops = a->stops.n;
+    return 0;
 }
 
 static int generate_print(void *arg, const char *text, size_t len, const int32_t *tokens,
@@ -97,101 +208,22 @@ static const char *generate_reason_name(enum sluice_stop r)
 
 int cli_cmd_generate(int argc, char **argv)
 {
-    struct sluice_generate_opts o;
-    const char                 *socket_path = NULL, *run_dir = getenv("SLUICE_RUN_DIR");
-    const char                 *system_msg = NULL;
-    const char                 *stops[GENERATE_MAX_STOPS];
-    bool                        chat = false;
-    uint32_t                    u = 0;
-    sluice_generate_opts_init(&o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            generate_usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--chat") == 0) {
-            chat = true;
-            continue;
-        }
-        if (strcmp(a, "--no-stream") == 0) {
-            o.no_stream = true;
-            continue;
-        }
-        if (strcmp(a, "--special") == 0) {
-            o.special = true;
-            continue;
-        }
-        if (a[0] != '-') {
-            fprintf(stderr, "error: unexpected argument '%s'\n", a);
-            return 2;
-        }
-        const char *v = cli_next_arg(argc, argv, &i);
-        bool        ok = v != NULL;
-        if (!ok)
-            return 2;
-        if (strcmp(a, "--socket") == 0)
-            socket_path = v;
-        else if (strcmp(a, "--run-dir") == 0)
-            run_dir = v;
-        else if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0)
-            o.prompt = v;
-        else if (strcmp(a, "--system") == 0)
-            system_msg = v;
-        else if (strcmp(a, "-n") == 0 || strcmp(a, "--n-predict") == 0)
-            ok = cli_parse_u32(a, v, 0, 1u << 24, &o.max_tokens);
-        else if (strcmp(a, "--temp") == 0)
-            ok = cli_parse_f32(a, v, &o.temp);
-        else if (strcmp(a, "--top-k") == 0) {
-            ok = cli_parse_u32(a, v, 0, 1u << 24, &u);
-            o.top_k = (int32_t)u;
-        } else if (strcmp(a, "--top-p") == 0)
-            ok = cli_parse_f32(a, v, &o.top_p);
-        else if (strcmp(a, "--min-p") == 0)
-            ok = cli_parse_f32(a, v, &o.min_p);
-        else if (strcmp(a, "--repeat-penalty") == 0)
-            ok = cli_parse_f32(a, v, &o.repeat_penalty);
-        else if (strcmp(a, "--seed") == 0 || strcmp(a, "-s") == 0)
-            ok = cli_parse_u64(a, v, &o.seed);
-        else if (strcmp(a, "--stop") == 0) {
-            if (o.n_stops == GENERATE_MAX_STOPS || !*v || strlen(v) >= 64) {
-                fprintf(stderr, "error: --stop takes 1..63 bytes, at most %d times\n",
-                        GENERATE_MAX_STOPS);
-                return 2;
-            }
-            stops[o.n_stops++] = v;
-        } else {
-            fprintf(stderr, "error: unknown option '%s'\n", a);
-            generate_usage(stderr);
-            return 2;
-        }
-        if (!ok)
-            return 2;
-    }
-    if (!o.prompt) {
-        fprintf(stderr, "error: no prompt (-p TEXT); see sluice generate --help\n");
-        return 2;
-    }
-    if (system_msg && !chat) {
-        fprintf(stderr, "error: --system needs --chat\n");
-        return 2;
-    }
-    char path[4096];
+    struct generate_args a = {0};
+    int                  rc = generate_parse(argc, argv, &a);
+    if (rc != 0)
+        return common_opts_exit_status(rc);
+    struct sluice_generate_opts o = a.o;
+    const char                 *socket_path = a.socket_path;
+    char                        path[4096];
     if (!socket_path) {
-        if (!run_dir || !*run_dir) {
-            fprintf(stderr, "error: no router: give --socket PATH or --run-dir DIR (or set "
-                            "SLUICE_RUN_DIR)\n");
-            return 2;
-        }
-        snprintf(path, sizeof(path), "%s/router.sock", run_dir);
+        snprintf(path, sizeof(path), "%s/router.sock", a.run_dir);
         socket_path = path;
     }
-    o.stops = stops;
     struct sluice_chat_message msgs[2];
-    if (chat) {
+    if (a.chat) {
         size_t n = 0;
-        if (system_msg)
-            msgs[n++] = (struct sluice_chat_message){.role = "system", .content = system_msg};
+        if (a.system_msg)
+            msgs[n++] = (struct sluice_chat_message){.role = "system", .content = a.system_msg};
         msgs[n++] = (struct sluice_chat_message){.role = "user", .content = o.prompt};
         o.prompt = NULL;
         o.messages = msgs;
@@ -199,9 +231,8 @@ int cli_cmd_generate(int argc, char **argv)
     }
 
     struct sluice_client *c = NULL;
-    int                   rc = sluice_client_connect(socket_path, &c);
-    if (rc < 0) {
-        fprintf(stderr, "error: %s\n", sluice_last_error());
+    if ((rc = sluice_client_connect(socket_path, &c)) < 0) {
+        cli_error(GENERATE_PROG, "%s", sluice_last_error());
         return 1;
     }
     generate_client = c;
@@ -216,7 +247,7 @@ int cli_cmd_generate(int argc, char **argv)
     if (rc < 0) {
         fprintf(stdout, "\n");
         fflush(stdout);
-        fprintf(stderr, "error: %s\n", sluice_last_error());
+        cli_error(GENERATE_PROG, "%s", sluice_last_error());
         status = 1;
     } else {
         printf("\n");
@@ -231,7 +262,7 @@ int cli_cmd_generate(int argc, char **argv)
                 res.n_prompt, res.prompt_ms, res.n_generated, tps, res.queue_ms,
                 generate_reason_name(res.reason));
         if (res.reason == SLUICE_STOP_ERROR) {
-            fprintf(stderr, "error: %s (%s)\n", res.error, sluice_strerror(res.error_code));
+            cli_error(GENERATE_PROG, "%s (%s)", res.error, sluice_strerror(res.error_code));
             status = 1;
         } else if (res.reason == SLUICE_STOP_CANCEL) {
             status = 130;

@@ -8,16 +8,62 @@
 
 #include "common.h"
 
-static void inspect_usage(FILE *f)
+#define INSPECT_PROG "sluice inspect"
+
+/* What the command line asked for. */
+struct inspect_args {
+    const char             *path;     /* MODEL or -m: borrowed from argv */
+    bool                    json;     /* --json */
+    bool                    metadata; /* --metadata */
+    struct common_gguf_opts gguf;     /* --no-splits */
+};
+
+/* Parses the options; returns 0, or the result to pass to common_opts_exit_status(). */
+static int inspect_parse(int argc, char **argv, struct inspect_args *a)
 {
-    fprintf(f, "usage: sluice inspect MODEL.gguf [--json] [--metadata] [--no-splits]\n\n"
-               "Prints the architecture, hyper-parameters, tokenizer, a tensor table (name, type,\n"
-               "shape, bytes, offset) and totals: resident bytes, expert bytes, the per-expert\n"
-               "bundle (gate+up+down of one expert) and the bytes a token touches.\n\n"
-               "  --json        machine-readable output (schema: docs/inspect.md)\n"
-               "  --metadata    also list every metadata key (arrays are summarised)\n"
-               "  --no-splits   open only the named file of a split model\n"
-               "  -h, --help    this text\n");
+    const char             *words_v[1];
+    struct common_opt_strs  words = {.v = words_v, .cap = 1};
+    const struct common_opt rows[] = {
+        {.name = "model",
+         .short_name = "m",
+         .type = COMMON_OPT_STR,
+         .target = &a->path,
+         .metavar = "PATH",
+         .help = "the model (same as the positional MODEL.gguf)"},
+        {.name = "json",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->json,
+         .help = "machine-readable output (schema: docs/inspect.md)"},
+        {.name = "metadata",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->metadata,
+         .help = "also list every metadata key (arrays are summarised)"},
+        {.name = "no-splits",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->gguf.no_splits,
+         .help = "open only the named file of a split model"},
+        {0},
+    };
+    const struct common_opts_spec spec = {
+        .prog = INSPECT_PROG,
+        .usage = INSPECT_PROG " MODEL.gguf [--json] [--metadata] [--no-splits]",
+        .description =
+            "Prints the architecture, hyper-parameters, tokenizer, a tensor table (name, type, "
+            "shape, bytes, offset) and totals: resident bytes, expert bytes, the per-expert bundle "
+            "(gate+up+down of one expert) and the bytes a token touches.",
+        .opts = rows,
+        .positional = &words,
+    };
+    int rc = common_opts_parse(&spec, argc, argv);
+    if (rc != 0)
+        return rc;
+    if (words.n && a->path)
+        return common_opts_error(&spec, "give the model once: MODEL.gguf or -m MODEL.gguf");
+    if (words.n)
+        a->path = words_v[0];
+    if (!a->path)
+        return common_opts_error(&spec, "no model (MODEL.gguf)");
+    return 0;
 }
 
 /* Prints a scalar or summarised array value, human form. */
@@ -251,43 +297,14 @@ static void inspect_json(const char *path, const struct common_gguf *g,
 
 int cli_cmd_inspect(int argc, char **argv)
 {
-    const char             *path = NULL;
-    bool                    json = false;
-    bool                    metadata = false;
-    struct common_gguf_opts opts = {0};
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            inspect_usage(stdout);
-            return 0;
-        } else if (strcmp(argv[i], "--json") == 0) {
-            json = true;
-        } else if (strcmp(argv[i], "--metadata") == 0) {
-            metadata = true;
-        } else if (strcmp(argv[i], "--no-splits") == 0) {
-            opts.no_splits = true;
-        } else if (strcmp(argv[i], "-m") == 0 || strcmp(argv[i], "--model") == 0) {
-            if (!(path = cli_next_arg(argc, argv, &i)))
-                return 2;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
-            inspect_usage(stderr);
-            return 2;
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "error: more than one model given ('%s')\n", argv[i]);
-            return 2;
-        }
-    }
-    if (!path) {
-        inspect_usage(stderr);
-        return 2;
-    }
+    struct inspect_args a = {0};
+    int                 rc = inspect_parse(argc, argv, &a);
+    if (rc != 0)
+        return common_opts_exit_status(rc);
     struct common_errmsg e = {{0}};
     struct common_gguf  *g = NULL;
-    int                  rc = common_gguf_open(path, &opts, &g, &e);
-    if (rc != COMMON_OK) {
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
+    if ((rc = common_gguf_open(a.path, &a.gguf, &g, &e)) != COMMON_OK) {
+        cli_error_path(INSPECT_PROG, a.path, rc, &e);
         return 1;
     }
     struct common_model  m;
@@ -296,17 +313,17 @@ int cli_cmd_inspect(int argc, char **argv)
     int                  mrc = vocab_only ? COMMON_ENOENT : common_model_init(&m, g, &me);
     if (vocab_only)
         snprintf(me.text, sizeof(me.text), "no tensors (vocabulary-only file)");
-    if (json)
-        inspect_json(path, g, &m, mrc == COMMON_OK, me.text);
+    if (a.json)
+        inspect_json(a.path, g, &m, mrc == COMMON_OK, me.text);
     else
-        inspect_text(path, g, &m, mrc == COMMON_OK, metadata);
+        inspect_text(a.path, g, &m, mrc == COMMON_OK, a.metadata);
     int status = 0;
     if (mrc == COMMON_OK) {
         common_model_fini(&m);
     } else if (!vocab_only) {
-        fprintf(stderr, "error: %s: %s\n", path, me.text);
+        cli_error_path(INSPECT_PROG, a.path, mrc, &me);
         status = 1;
-    } else if (!json) {
+    } else if (!a.json) {
         printf("note:           %s\n", me.text);
     }
     common_gguf_close(g);

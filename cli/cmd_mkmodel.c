@@ -1,44 +1,20 @@
 /* cli/cmd_mkmodel.c - `sluice mkmodel`: write a GGUF model with random weights. */
 #include "cli.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common.h"
 #include "executor.h"
 
-static void mkmodel_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: sluice mkmodel -o OUT.gguf [--preset NAME] [options]\n\n"
-            "Writes a llama-architecture GGUF (dense, or MoE in the Mixtral layout) with random\n"
-            "weights, streaming with bounded memory whatever the size. Output is gibberish by\n"
-            "design: the file exists to exercise loading, kernels and expert streaming.\n\n"
-            "  -o, --output PATH    file to write (required)\n"
-            "  --preset NAME        tiny (dense, 2 layers), demo (MoE 8x top-2, 4 layers,\n"
-            "                       2048 tokens),\n"
-            "                       moe-large (Mixtral-like: 32 experts top-4, Q4_0, ~7 GiB)\n"
-            "  --type TYPE          weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K\n"
-            "                       q5_K q6_K (norms and router stay f32)   [f32]\n"
-            "  --n-embd N           model width                               [256]\n"
-            "  --n-layer N          blocks                                    [2]\n"
-            "  --n-head N           query heads                               [8]\n"
-            "  --n-head-kv N        key/value heads                           [n-head]\n"
-            "  --n-ff N             FFN width (per expert for MoE)            [4*n-embd]\n"
-            "  --n-expert N         routed experts per layer (0 = dense)      [0]\n"
-            "  --n-expert-used N    experts per token                         [2]\n"
-            "  --n-vocab N          vocabulary: 259 byte tokens, then syllable pieces [259]\n"
-            "  --n-ctx N            context length                            [2048]\n"
-            "  --size SIZE          pick the layer count to reach SIZE (e.g. 1.5G)\n"
-            "  --vocab-from GGUF    copy the tokenizer of another GGUF\n"
-            "  --seed N             weight seed                               [1]\n"
-            "  --name NAME          general.name                              [sluice-synth]\n"
-            "  -q, --quiet          no progress output\n");
-}
+#define MKMODEL_PROG "sluice mkmodel"
 
-/* Applies a named geometry; explicit options given later override it. */
-static bool mkmodel_preset(const char *name, struct executor_synth_opts *o)
+/* Applies a named geometry (--preset) to the synth options at `arg`; options given later
+ * override it. */
+static int mkmodel_parse_preset(void *arg, const char *name, struct common_errmsg *e)
 {
+    struct executor_synth_opts *o = arg;
     if (strcmp(name, "tiny") == 0) {
         o->n_embd = 256;
         o->n_layer = 2;
@@ -65,86 +41,171 @@ static bool mkmodel_preset(const char *name, struct executor_synth_opts *o)
         o->type = COMMON_GGML_TYPE_Q4_0;
         o->target_bytes = 7ull << 30;
     } else {
-        fprintf(stderr, "error: unknown preset '%s' (tiny, demo, moe-large)\n", name);
-        return false;
+        return common_errmsg_set(e, COMMON_EINVAL, "expects tiny, demo or moe-large, got '%s'",
+                                 name);
     }
-    return true;
+    return COMMON_OK;
+}
+
+/* --type: a ggml type name (either case) into the uint32_t at `arg`. */
+static int mkmodel_parse_type(void *arg, const char *name, struct common_errmsg *e)
+{
+    if (common_ggml_type_from_name(name, arg) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "expects f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
+                                 "q5_K or q6_K, got '%s'",
+                                 name);
+    return COMMON_OK;
+}
+
+/* The geometry rows: sizes of the model. */
+static void mkmodel_geometry_rows(struct common_opt *rows, size_t cap,
+                                  struct executor_synth_opts *o)
+{
+    const struct common_opt r[] = {
+        {.name = "n-embd",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_embd,
+         .min = 2,
+         .max = 1u << 16,
+         .help = "model width",
+         .def = "256"},
+        {.name = "n-layer",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_layer,
+         .min = 1,
+         .max = 4096,
+         .help = "blocks",
+         .def = "2"},
+        {.name = "n-head",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_head,
+         .min = 1,
+         .max = 1024,
+         .help = "query heads",
+         .def = "8"},
+        {.name = "n-head-kv",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_head_kv,
+         .min = 1,
+         .max = 1024,
+         .help = "key/value heads",
+         .def = "n-head"},
+        {.name = "n-ff",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_ff,
+         .min = 1,
+         .max = 1u << 20,
+         .help = "FFN width (per expert for MoE)",
+         .def = "4*n-embd"},
+        {.name = "n-expert",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_expert,
+         .max = 1024,
+         .help = "routed experts per layer; 0 = dense",
+         .def = "0"},
+        {.name = "n-expert-used",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_expert_used,
+         .min = 1,
+         .max = 1024,
+         .help = "experts per token",
+         .def = "2"},
+        {.name = "n-vocab",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_vocab,
+         .min = 1,
+         .max = 1u << 22,
+         .help = "vocabulary: 259 byte tokens, then syllable pieces",
+         .def = "259"},
+        {.name = "n-ctx",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_ctx,
+         .min = 1,
+         .max = 1u << 24,
+         .help = "context length",
+         .def = "2048"},
+        {.name = "size",
+         .type = COMMON_OPT_SIZE,
+         .target = &o->target_bytes,
+         .min = 1,
+         .help = "pick the layer count to reach SIZE (e.g. 1.5G)"},
+        {0},
+    };
+    assert(sizeof(r) <= cap * sizeof(*rows));
+    (void)cap;
+    memcpy(rows, r, sizeof(r));
 }
 
 int cli_cmd_mkmodel(int argc, char **argv)
 {
     struct executor_synth_opts o = {.progress = true};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            mkmodel_usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
-            o.progress = false;
-            continue;
-        }
-        if (a[0] != '-') {
-            fprintf(stderr, "error: unexpected argument '%s'\n", a);
-            return 2;
-        }
-        if (!(v = cli_next_arg(argc, argv, &i)))
-            return 2;
-        bool ok = true;
-        if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0)
-            o.path = v;
-        else if (strcmp(a, "--preset") == 0)
-            ok = mkmodel_preset(v, &o);
-        else if (strcmp(a, "--type") == 0) {
-            ok = common_ggml_type_from_name(v, &o.type) == COMMON_OK;
-            if (!ok)
-                fprintf(stderr, "error: unknown type '%s'\n", v);
-        } else if (strcmp(a, "--n-embd") == 0)
-            ok = cli_parse_u32(a, v, 2, 1u << 16, &o.n_embd);
-        else if (strcmp(a, "--n-layer") == 0)
-            ok = cli_parse_u32(a, v, 1, 4096, &o.n_layer);
-        else if (strcmp(a, "--n-head") == 0)
-            ok = cli_parse_u32(a, v, 1, 1024, &o.n_head);
-        else if (strcmp(a, "--n-head-kv") == 0)
-            ok = cli_parse_u32(a, v, 1, 1024, &o.n_head_kv);
-        else if (strcmp(a, "--n-ff") == 0)
-            ok = cli_parse_u32(a, v, 1, 1u << 20, &o.n_ff);
-        else if (strcmp(a, "--n-expert") == 0)
-            ok = cli_parse_u32(a, v, 0, 1024, &o.n_expert);
-        else if (strcmp(a, "--n-expert-used") == 0)
-            ok = cli_parse_u32(a, v, 1, 1024, &o.n_expert_used);
-        else if (strcmp(a, "--n-vocab") == 0)
-            ok = cli_parse_u32(a, v, 1, 1u << 22, &o.n_vocab);
-        else if (strcmp(a, "--n-ctx") == 0)
-            ok = cli_parse_u32(a, v, 1, 1u << 24, &o.n_ctx);
-        else if (strcmp(a, "--size") == 0) {
-            ok = common_parse_size(v, &o.target_bytes) == COMMON_OK && o.target_bytes > 0;
-            if (!ok)
-                fprintf(stderr, "error: --size expects a size like 1.5G, got '%s'\n", v);
-        } else if (strcmp(a, "--vocab-from") == 0)
-            o.vocab_from = v;
-        else if (strcmp(a, "--seed") == 0)
-            ok = cli_parse_u64(a, v, &o.seed);
-        else if (strcmp(a, "--name") == 0)
-            o.name = v;
-        else {
-            fprintf(stderr, "error: unknown option '%s'\n", a);
-            mkmodel_usage(stderr);
-            return 2;
-        }
-        if (!ok)
-            return 2;
-    }
-    if (!o.path) {
-        fprintf(stderr, "error: no output file (-o OUT.gguf)\n");
-        mkmodel_usage(stderr);
-        return 2;
-    }
+    struct common_opt          geometry[11];
+    const struct common_opt    rows[] = {
+           {.name = "output",
+            .short_name = "o",
+            .type = COMMON_OPT_STR,
+            .target = &o.path,
+            .metavar = "PATH",
+            .help = "file to write",
+            .required = true},
+           {.name = "preset",
+            .type = COMMON_OPT_CALLBACK,
+            .target = &o,
+            .parse = mkmodel_parse_preset,
+            .metavar = "NAME",
+            .help = "tiny (dense, 2 layers), demo (MoE 8x top-2, 4 layers, 2048 tokens), "
+                       "moe-large (Mixtral-like: 32 experts top-4, Q4_0, ~7 GiB); options given "
+                       "after it override it"},
+           {.name = "type",
+            .type = COMMON_OPT_CALLBACK,
+            .target = &o.type,
+            .parse = mkmodel_parse_type,
+            .metavar = "TYPE",
+            .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K (norms and "
+                       "router stay f32)",
+            .def = "f32"},
+           {.name = "vocab-from",
+            .type = COMMON_OPT_STR,
+            .target = &o.vocab_from,
+            .metavar = "GGUF",
+            .help = "copy the tokenizer of another GGUF"},
+           {.name = "seed",
+            .type = COMMON_OPT_U64,
+            .target = &o.seed,
+            .help = "weight seed",
+            .def = "1"},
+           {.name = "name",
+            .type = COMMON_OPT_STR,
+            .target = &o.name,
+            .metavar = "NAME",
+            .help = "general.name",
+            .def = "sluice-synth"},
+           {.name = "quiet",
+            .short_name = "q",
+            .type = COMMON_OPT_SWITCH_OFF,
+            .target = &o.progress,
+            .help = "no progress output"},
+           {0},
+    };
+    mkmodel_geometry_rows(geometry, sizeof(geometry) / sizeof(geometry[0]), &o);
+    const struct common_opt_group groups[] = {{.title = "Geometry", .opts = geometry}, {0}};
+    const struct common_opts_spec spec = {
+        .prog = MKMODEL_PROG,
+        .usage = MKMODEL_PROG " -o OUT.gguf [--preset NAME] [options]",
+        .description =
+            "Writes a llama-architecture GGUF (dense, or MoE in the Mixtral layout) with random "
+            "weights, streaming with bounded memory whatever the size. Output is gibberish by "
+            "design: the file exists to exercise loading, kernels and expert streaming.",
+        .opts = rows,
+        .groups = groups,
+    };
+    int rc = common_opts_parse(&spec, argc, argv);
+    if (rc != 0)
+        return common_opts_exit_status(rc);
     struct common_errmsg e = {{0}};
-    int                  rc = executor_synth_write(&o, &e);
-    if (rc) {
-        fprintf(stderr, "error: mkmodel: %s\n", e.text[0] ? e.text : common_strerror(rc));
+    if ((rc = executor_synth_write(&o, &e)) != 0) {
+        cli_error(MKMODEL_PROG, "%s", e.text[0] ? e.text : common_strerror(rc));
         return 1;
     }
     if (o.progress)

@@ -9,37 +9,90 @@
 #include "executor.h"
 #include "router.h"
 
-static void run_usage(FILE *f)
+#define RUN_PROG "sluice run"
+
+static const char run_description[] =
+    "Generates a continuation of the prompt on the CPU and prints it as it is made.";
+
+static const char run_epilog[] =
+    "Without --ids, stdout gets the text of the generated tokens only (not the prompt), flushed "
+    "after each token, then a newline. With --ids, stdout has one line 'prompt_ids: ID ID ...', "
+    "then one line 'gen: ID' per generated token, printed as soon as it is chosen. Timings go to "
+    "stderr. Generation stops after -n tokens, at an end-of-generation token (unless "
+    "--ignore-eos) or when the context is full. A prompt longer than the context is refused, "
+    "never truncated.";
+
+/* What the command line asked for. */
+struct run_args {
+    struct cli_session_opts so;         /* shared options; strings borrowed from argv */
+    const char             *prompt;     /* -p: borrowed from argv */
+    const char             *file;       /* -f: borrowed from argv */
+    const char             *prompt_ids; /* --prompt-ids: borrowed from argv */
+    bool                    ids;        /* --ids */
+    bool                    ignore_eos; /* --ignore-eos */
+    int32_t                *tokens;     /* owned: the ids of --prompt-ids, malloc'd */
+    uint32_t                n_tokens;   /* entries of tokens */
+};
+
+static int32_t *run_parse_ids(const char *s, uint32_t *n);
+
+/* Parses the options; returns 0, or the result to pass to common_opts_exit_status(). */
+static int run_parse(int argc, char **argv, struct run_args *a)
 {
-    fprintf(f,
-            "usage: sluice run -m MODEL.gguf (-p PROMPT | --prompt-ids 1,2,3) [options]\n\n"
-            "Generates a continuation of the prompt on the CPU and prints it as it is made.\n\n"
-            "  -m, --model PATH     GGUF model (first split of a split model)\n"
-            "  -p, --prompt TEXT    prompt text (tokenized with the model's tokenizer, BOS added)\n"
-            "  --prompt-ids LIST    prompt as comma-separated token ids (no tokenizer needed)\n"
-            "  -n, --n-predict N    tokens to generate                       [128]\n"
-            "  -t, --threads N      threads                                  [physical cores]\n"
-            "  -c, --ctx-size N     context (KV cache) size; 0 = model's, at most 4096 [0]\n"
-            "  -b, --batch-size N   prompt tokens per forward batch          [512]\n"
-            "  --cache-type T       KV cache type: f16 or q8_0               [f16]\n"
-            "  --temp X             temperature; 0 = greedy (argmax)         [0.8]\n"
-            "  --top-k K            keep the K most likely tokens; 0 = off   [40]\n"
-            "  --top-p P            nucleus sampling; 1 = off                [0.95]\n"
-            "  --min-p P            drop tokens below P * max prob; 0 = off  [0.05]\n"
-            "  --seed S             sampling seed; 0 = from the clock        [0]\n"
-            "  --ignore-eos         keep generating after an end-of-sequence token\n"
-            "  --ids                print token ids instead of text (format below)\n");
-    fputs(CLI_STREAM_USAGE "\n", f);
-    fprintf(f,
-            "Without --ids, stdout gets the text of the generated tokens only (not the prompt),\n"
-            "flushed after each token, then a newline. With --ids, stdout has one line\n"
-            "'prompt_ids: ID ID ...', then one line 'gen: ID' per generated token, printed as\n"
-            "soon as it is chosen. Timings go to stderr. Generation stops after -n tokens, at an\n"
-            "end-of-generation token (unless --ignore-eos) or when the context is full. A prompt\n"
-            "longer than the context is refused, never truncated.\n");
+    struct cli_session_table t;
+    cli_session_opts_default(&a->so, RUN_PROG);
+    cli_session_table_init(&t, &a->so);
+    const struct common_opt rows[] = {
+        {.name = "prompt",
+         .short_name = "p",
+         .type = COMMON_OPT_STR,
+         .target = &a->prompt,
+         .help = "prompt text (tokenized with the model's tokenizer, BOS added)"},
+        {.name = "file",
+         .short_name = "f",
+         .type = COMMON_OPT_STR,
+         .target = &a->file,
+         .metavar = "FILE",
+         .help = "read the prompt from a regular file (at most 64 MiB; one trailing newline is "
+                 "dropped, as llama.cpp does)"},
+        {.name = "prompt-ids",
+         .type = COMMON_OPT_STR,
+         .target = &a->prompt_ids,
+         .metavar = "ID,ID,...",
+         .help = "prompt as comma-separated token ids (no tokenizer needed)"},
+        {.name = "ignore-eos",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->ignore_eos,
+         .help = "keep generating after an end-of-sequence token"},
+        {.name = "ids",
+         .type = COMMON_OPT_SWITCH,
+         .target = &a->ids,
+         .help = "print token ids instead of text (format below)"},
+        {0},
+    };
+    const struct common_opts_spec spec = {
+        .prog = RUN_PROG,
+        .usage = RUN_PROG " -m MODEL.gguf (-p PROMPT | -f FILE | --prompt-ids 1,2,3) [options]",
+        .description = run_description,
+        .epilog = run_epilog,
+        .opts = rows,
+        .groups = t.groups,
+    };
+    int rc = common_opts_parse(&spec, argc, argv);
+    if (rc != 0)
+        return rc;
+    int n_sources = (a->prompt != NULL) + (a->file != NULL) + (a->prompt_ids != NULL);
+    if (n_sources == 0)
+        return common_opts_error(&spec, "no prompt (-p TEXT, -f FILE or --prompt-ids 1,2,3)");
+    if (n_sources > 1)
+        return common_opts_error(&spec, "give one of -p, -f and --prompt-ids, not several");
+    if (a->prompt_ids && !(a->tokens = run_parse_ids(a->prompt_ids, &a->n_tokens)))
+        return common_opts_error(&spec, "--prompt-ids expects comma-separated token ids, got '%s'",
+                                 a->prompt_ids);
+    return 0;
 }
 
-/* Parses "1,2,3" into a malloc'd array. */
+/* Parses "1,2,3" into a malloc'd array; NULL when it is not a list of ids (or out of memory). */
 static int32_t *run_parse_ids(const char *s, uint32_t *n)
 {
     size_t   cap = 16, len = 0;
@@ -70,92 +123,50 @@ static int32_t *run_parse_ids(const char *s, uint32_t *n)
     return ids;
 }
 
-int cli_cmd_run(int argc, char **argv)
+/* Tokenizes `text` with BOS into a malloc'd array (*tokens, *n); prints why not. */
+static int run_tokenize(const struct cli_session *s, const char *text, size_t len, int32_t **tokens,
+                        uint32_t *n)
 {
-    struct cli_session_opts so;
-    const char             *prompt = NULL, *prompt_ids = NULL;
-    bool                    ids = false, ignore_eos = false;
-    cli_session_opts_default(&so);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            run_usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--ids") == 0) {
-            ids = true;
-            continue;
-        }
-        if (strcmp(a, "--ignore-eos") == 0) {
-            ignore_eos = true;
-            continue;
-        }
-        int taken = cli_take_option(argc, argv, &i, &so.stream, &v);
-        if (taken == 0)
-            taken = cli_session_parse_flag(&so, a, v);
-        if (taken < 0)
-            return 2;
-        if (taken > 0)
-            continue;
-        if (strcmp(a, "-p") == 0 || strcmp(a, "--prompt") == 0)
-            prompt = v;
-        else if (strcmp(a, "--prompt-ids") == 0)
-            prompt_ids = v;
-        else {
-            fprintf(stderr, "error: unknown option '%s'\n", a);
-            run_usage(stderr);
-            return 2;
-        }
+    struct router_tokens toks = {0};
+    int                  rc = router_tokenize(s->vocab, text, len,
+                                              &(struct router_tokenize_opts){.add_special = true}, &toks);
+    if (rc < 0 || toks.n == 0 || toks.n > UINT32_MAX) {
+        cli_error(RUN_PROG, "tokenizing the prompt failed%s", rc < 0 ? "" : " (no tokens)");
+        router_tokens_fini(&toks);
+        return rc < 0 ? rc : COMMON_EINVAL;
     }
-    if (!so.model) {
-        fprintf(stderr, "error: no model given (-m MODEL.gguf); see sluice run --help\n");
-        return 2;
-    }
-    if (!prompt && !prompt_ids) {
-        fprintf(stderr, "error: no prompt (-p TEXT or --prompt-ids 1,2,3)\n");
-        return 2;
-    }
-    if (prompt && prompt_ids) {
-        fprintf(stderr, "error: give either -p or --prompt-ids, not both\n");
-        return 2;
-    }
-    uint32_t n_prompt = 0;
-    int32_t *tokens = NULL;
-    if (prompt_ids && !(tokens = run_parse_ids(prompt_ids, &n_prompt))) {
-        fprintf(stderr, "error: --prompt-ids expects comma-separated token ids, got '%s'\n",
-                prompt_ids);
-        return 2;
-    }
+    *tokens = toks.ids; /* taken over */
+    *n = (uint32_t)toks.n;
+    return COMMON_OK;
+}
 
-    int                status = 1;
-    struct cli_session s;
-    struct router_text piece = {0};
-    int                rc;
-    if (cli_session_open(&s, &so, prompt != NULL) < 0)
-        goto out;
-    if (prompt) {
-        struct router_tokens toks = {0};
-        rc = router_tokenize(s.vocab, prompt, strlen(prompt),
-                             &(struct router_tokenize_opts){.add_special = true}, &toks);
-        if (rc < 0 || toks.n == 0 || toks.n > UINT32_MAX) {
-            fprintf(stderr, "error: tokenizing the prompt failed\n");
-            router_tokens_fini(&toks);
-            goto out;
-        }
-        tokens = toks.ids; /* taken over */
-        n_prompt = (uint32_t)toks.n;
-    }
-    if (n_prompt > executor_ctx_n_ctx(s.ctx)) {
-        fprintf(stderr, "error: the prompt has %u tokens but the context holds %u (use -c)\n",
-                n_prompt, executor_ctx_n_ctx(s.ctx));
-        goto out;
-    }
-    struct router_detok_stream ds;
-    if (s.vocab)
-        router_detok_stream_init(&ds, s.vocab,
-                                 &(struct router_detok_opts){.keep_leading_space = true});
+/* Prints one generated token: its id with --ids, else its text (or [id] without a tokenizer). */
+static void run_print_token(const struct cli_session *s, bool ids, struct router_detok_stream *ds,
+                            struct router_text *piece, int32_t id)
+{
     if (ids) {
+        printf("gen: %d\n", id);
+    } else if (s->vocab) {
+        router_text_clear(piece);
+        if (router_detok_stream_push(ds, id, piece) > 0)
+            fwrite(piece->ptr, 1, piece->len, stdout);
+    } else {
+        printf("[%d]", id);
+    }
+    fflush(stdout);
+}
+
+/* Feeds the prompt, then generates and prints up to -n tokens; timings on stderr. */
+static int run_generate(struct cli_session *s, const struct run_args *a, const int32_t *tokens,
+                        uint32_t n_prompt)
+{
+    struct router_detok_stream ds;
+    struct router_text         piece = {0};
+    int                        rc = COMMON_OK;
+    if (s->vocab)
+        router_detok_stream_init(&ds, s->vocab,
+                                 &(struct router_detok_opts){.keep_leading_space = true});
+    if (a->ids) {
         printf("prompt_ids:");
         for (uint32_t i = 0; i < n_prompt; i++)
             printf(" %d", tokens[i]);
@@ -163,46 +174,32 @@ int cli_cmd_run(int argc, char **argv)
         fflush(stdout);
     }
     uint64_t t0 = common_now_ns();
-    if (cli_session_feed(&s, tokens, n_prompt) < 0)
+    if ((rc = cli_session_feed(s, tokens, n_prompt)) < 0)
         goto out;
     uint64_t t1 = common_now_ns(), t_gen = 0;
     uint32_t n_gen = 0;
-    for (; n_gen < so.n_predict; n_gen++) {
+    while (n_gen < a->so.n_predict) {
         int32_t id = 0;
-        if (cli_session_pick(&s, &id) < 0)
+        if ((rc = cli_session_pick(s, &id)) < 0)
             goto out;
-        if (ids) {
-            printf("gen: %d\n", id);
-        } else if (s.vocab) {
-            router_text_clear(&piece);
-            if (router_detok_stream_push(&ds, id, &piece) > 0)
-                fwrite(piece.ptr, 1, piece.len, stdout);
-        } else {
-            printf("[%d]", id);
-        }
-        fflush(stdout);
-        if (!ignore_eos && s.vocab && router_vocab_is_eog(s.vocab, id)) {
-            n_gen++;
+        run_print_token(s, a->ids, &ds, &piece, id);
+        n_gen++;
+        if ((!a->ignore_eos && s->vocab && router_vocab_is_eog(s->vocab, id)) ||
+            n_gen == a->so.n_predict)
             break;
-        }
-        if (n_gen + 1 == so.n_predict) {
-            n_gen++;
-            break;
-        }
-        if (cli_session_is_full(&s)) {
-            fprintf(stderr, "\nwarning: context full after %u tokens\n",
-                    executor_ctx_n_past(s.ctx));
-            n_gen++;
+        if (cli_session_is_full(s)) {
+            fprintf(stderr, "\n" RUN_PROG ": warning: the context is full after %u tokens\n",
+                    executor_ctx_n_past(s->ctx));
             break;
         }
         uint64_t ts = common_now_ns();
-        if (cli_session_feed(&s, &id, 1) < 0)
+        if ((rc = cli_session_feed(s, &id, 1)) < 0)
             goto out;
         t_gen += common_now_ns() - ts;
     }
-    if (!ids) {
+    if (!a->ids) {
         router_text_clear(&piece);
-        if (s.vocab && router_detok_stream_flush(&ds, &piece) > 0)
+        if (s->vocab && router_detok_stream_flush(&ds, &piece) > 0)
             fwrite(piece.ptr, 1, piece.len, stdout);
         printf("\n");
     }
@@ -212,11 +209,47 @@ int cli_cmd_run(int argc, char **argv)
             "tok/s; %u threads, isa %s\n",
             n_prompt, (double)(t1 - t0) / 1e6, (double)n_prompt / ((double)(t1 - t0) / 1e9), n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / ((double)t_gen / 1e9) : 0.0,
-            executor_threadpool_n_threads(s.pool), executor_isa_name(executor_kernels_active()));
-    status = 0;
+            executor_threadpool_n_threads(s->pool), executor_isa_name(executor_kernels_active()));
 out:
     router_text_fini(&piece);
+    return rc;
+}
+
+int cli_cmd_run(int argc, char **argv)
+{
+    struct run_args a = {0};
+    int             rc = run_parse(argc, argv, &a);
+    if (rc != 0)
+        return common_opts_exit_status(rc);
+    uint32_t n_prompt = a.n_tokens;
+    int32_t *tokens = a.tokens; /* taken over */
+    char    *text = NULL;
+    size_t   len = 0;
+    if (a.file) {
+        if (cli_text_file_read(RUN_PROG, a.file, CLI_PROMPT_MAX_BYTES, &text, &len) < 0)
+            return 1;
+        if (len > 0 && text[len - 1] == '\n')
+            text[--len] = '\0'; /* llama.cpp's -f drops one trailing newline */
+    }
+
+    int                status = 1;
+    struct cli_session s;
+    if (cli_session_open(&s, &a.so, a.prompt_ids == NULL) < 0)
+        goto out;
+    if (a.prompt && run_tokenize(&s, a.prompt, strlen(a.prompt), &tokens, &n_prompt) < 0)
+        goto out;
+    if (a.file && run_tokenize(&s, text, len, &tokens, &n_prompt) < 0)
+        goto out;
+    if (n_prompt > executor_ctx_n_ctx(s.ctx)) {
+        cli_error(RUN_PROG, "the prompt has %u tokens but the context holds %u (use -c)", n_prompt,
+                  executor_ctx_n_ctx(s.ctx));
+        goto out;
+    }
+    if (run_generate(&s, &a, tokens, n_prompt) == COMMON_OK)
+        status = 0;
+out:
     cli_session_close(&s);
     free(tokens);
+    free(text);
     return status;
 }

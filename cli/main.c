@@ -1,7 +1,6 @@
 /* cli/main.c - the sluice command: dispatches to one subcommand per file. */
 #include "cli.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +8,9 @@
 #include "common.h"
 
 struct cli_command {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *summary;
+    const char *name;                 /* the word after "sluice" */
+    int (*fn)(int argc, char **argv); /* argv[0] is the name; returns the exit status */
+    const char *summary;              /* one line for `sluice --help` */
 };
 
 static const struct cli_command commands[] = {
@@ -26,86 +25,90 @@ static const struct cli_command commands[] = {
     {"generate", cli_cmd_generate, "generate text through a running sluice-router"},
     {"ctl", cli_cmd_ctl, "send one control message to a daemon (health, stats, drain, ...)"},
 };
+#define CLI_N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 
-static void cli_usage(FILE *f)
+/* The list of commands for --help, from the table above. */
+static void main_describe(char *buf, size_t cap)
 {
-    fprintf(f, "usage: sluice COMMAND [options]   (sluice COMMAND --help for details)\n\n"
-               "commands:\n");
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    size_t n = (size_t)snprintf(buf, cap, "Commands:\n");
+    for (size_t i = 0; i < CLI_N_COMMANDS && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "  %-12s %s\n", commands[i].name,
+                              commands[i].summary);
 }
 
-bool cli_parse_u64(const char *name, const char *s, uint64_t *out)
+static const struct cli_command *main_find(const char *name)
 {
-    char *end = NULL;
-    errno = 0;
-    if (!s || !*s || *s == '-') {
-        fprintf(stderr, "error: %s expects a non-negative integer, got '%s'\n", name, s ? s : "");
-        return false;
-    }
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0') {
-        fprintf(stderr, "error: %s expects a non-negative integer, got '%s'\n", name, s);
-        return false;
-    }
-    *out = v;
-    return true;
+    for (size_t i = 0; i < CLI_N_COMMANDS; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return &commands[i];
+    return NULL;
 }
 
-bool cli_parse_u32(const char *name, const char *s, uint32_t min, uint32_t max, uint32_t *out)
+/* `sluice help [COMMAND]`: the command's --help, or the list of commands. */
+static int main_help(const struct common_opts_spec *spec, int argc, char **argv)
 {
-    uint64_t v;
-    if (!cli_parse_u64(name, s, &v))
-        return false;
-    if (v < min || v > max) {
-        fprintf(stderr, "error: %s must be in %u..%u, got %s\n", name, min, max, s);
-        return false;
+    if (argc < 2) {
+        common_opts_help(spec, stdout);
+        return 0;
     }
-    *out = (uint32_t)v;
-    return true;
-}
-
-bool cli_parse_f32(const char *name, const char *s, float *out)
-{
-    char *end = NULL;
-    errno = 0;
-    float v = s ? strtof(s, &end) : 0.0f;
-    if (!s || !*s || errno != 0 || *end != '\0' || v != v) {
-        fprintf(stderr, "error: %s expects a number, got '%s'\n", name, s ? s : "");
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-const char *cli_next_arg(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "error: option %s needs a value\n", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
+    const struct cli_command *c = main_find(argv[1]);
+    if (!c || argc > 2)
+        return common_opts_exit_status(
+            c ? common_opts_error(spec, "help takes one command, got '%s'", argv[2])
+              : common_opts_error(spec, "unknown command '%s'", argv[1]));
+    char *help_argv[] = {argv[1], "--help", NULL};
+    return c->fn(2, help_argv);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        cli_usage(stderr);
-        return 2;
+    char                    desc[2048];
+    bool                    version = false;
+    struct common_opt_strs  words = {.v = calloc((size_t)argc, sizeof(char *)),
+                                     .cap = (uint32_t)argc};
+    const struct common_opt rows[] = {
+        {.name = "version",
+         .type = COMMON_OPT_SWITCH,
+         .target = &version,
+         .help = "print the version and exit"},
+        {0},
+    };
+    main_describe(desc, sizeof(desc));
+    struct common_opts_spec spec = {
+        .prog = "sluice",
+        .usage = "sluice COMMAND [options]",
+        .description = desc,
+        .epilog = "Run 'sluice COMMAND --help' (or 'sluice help COMMAND') for the options of a "
+                  "command.\nExit status: 0 success, 1 a failure, 2 a usage error.",
+        .opts = rows,
+        .positional = &words,
+        .stop_at_positional = true, /* the command's own options follow it */
+    };
+    if (!words.v) {
+        cli_error("sluice", "out of memory");
+        return 1;
     }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        strcmp(argv[1], "help") == 0) {
-        cli_usage(stdout);
-        return 0;
-    }
-    if (strcmp(argv[1], "--version") == 0) {
+    int rc = common_opts_parse(&spec, argc, argv);
+    int status;
+    if (rc != 0) {
+        status = common_opts_exit_status(rc);
+    } else if (version) {
         printf("sluice 0.1.0\n");
-        return 0;
+        status = 0;
+    } else if (words.n == 0) {
+        status = common_opts_exit_status(common_opts_error(&spec, "missing COMMAND"));
+    } else {
+        /* Every word from the command on is a positional: the command is argv[argc - n]. */
+        char                    **sub = argv + (argc - (int)words.n);
+        const struct cli_command *c = main_find(sub[0]);
+        if (strcmp(sub[0], "help") == 0)
+            status = main_help(&spec, (int)words.n, sub);
+        else if (!c)
+            status =
+                common_opts_exit_status(common_opts_error(&spec, "unknown command '%s'", sub[0]));
+        else
+            status = c->fn((int)words.n, sub);
     }
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
-    cli_usage(stderr);
-    return 2;
+    free(words.v);
+    return status;
 }

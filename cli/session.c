@@ -2,68 +2,122 @@
  * and `sluice chat` share (options, model, context, tokenizer, sampler, token picking). */
 #include "cli.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 
-/* ---- stream options ----------------------------------------------------------------------- */
+/* ---- stream options -------------------------------------------------------------------------- */
 
-int cli_stream_parse_flag(struct cli_stream_opts *o, const char *a, const char *v)
+/* --io: uring, pread or mmap (either case, "io_uring" too); sets io_set. */
+static int stream_parse_io(void *arg, const char *v, struct common_errmsg *e)
 {
-    if (strcmp(a, "--ram-budget") == 0) {
-        if (common_parse_size(v, &o->ram_budget) != 0 || o->ram_budget == 0) {
-            fprintf(stderr, "error: --ram-budget expects a size like 1.5G, got '%s'\n", v);
-            return -1;
-        }
-    } else if (strcmp(a, "--io") == 0) {
-        if (fetcher_io_mode_parse(v, &o->io) != 0 || o->io == FETCHER_IO_AUTO) {
-            fprintf(stderr, "error: --io expects uring, pread or mmap, got '%s'\n", v);
-            return -1;
-        }
-        o->io_set = true;
-    } else if (strcmp(a, "--policy") == 0) {
-        if (fetcher_policy_parse(v, &o->policy) != 0) {
-            fprintf(stderr, "error: --policy expects lru or lfu, got '%s'\n", v);
-            return -1;
-        }
-    } else if (strcmp(a, "--io-depth") == 0) {
-        if (!cli_parse_u32(a, v, 1, 4096, &o->queue_depth))
-            return -1;
-    } else if (strcmp(a, "--prefetch") == 0) {
-        if (strcmp(v, "gate") != 0 && strcmp(v, "all") != 0 && strcmp(v, "none") != 0) {
-            fprintf(stderr, "error: --prefetch expects gate, all or none, got '%s'\n", v);
-            return -1;
-        }
-        o->no_prefetch = strcmp(v, "none") == 0;
-        o->prefetch_all = strcmp(v, "all") == 0;
-    } else if (strcmp(a, "--prefetch-top") == 0) {
-        if (!cli_parse_u32(a, v, 1, 1024, &o->prefetch_top))
-            return -1;
-    } else if (strcmp(a, "--trace-out") == 0) {
-        o->trace_out = v;
-    } else {
-        return 0;
-    }
-    return 1;
+    struct cli_stream_opts *o = arg;
+    enum fetcher_io_mode    io;
+    if (fetcher_io_mode_parse(v, &io) != COMMON_OK || io == FETCHER_IO_AUTO)
+        return common_errmsg_set(e, COMMON_EINVAL, "expects uring, pread or mmap, got '%s'", v);
+    o->io = io;
+    o->io_set = true;
+    return COMMON_OK;
 }
 
-int cli_stream_parse_switch(struct cli_stream_opts *o, const char *a)
+/* --policy: lru or lfu (either case). */
+static int stream_parse_policy(void *arg, const char *v, struct common_errmsg *e)
 {
-    if (strcmp(a, "--trace-names") == 0)
-        o->trace_names = true;
-    else if (strcmp(a, "--report-rss") == 0)
-        o->report_rss = true;
-    else if (strcmp(a, "--no-prefetch") == 0)
-        o->no_prefetch = true;
-    else if (strcmp(a, "--no-postfetch") == 0)
-        o->no_postfetch = true;
-    else if (strcmp(a, "--mmap-advise") == 0)
-        o->mmap_advise = true;
-    else
-        return 0;
-    return 1;
+    if (fetcher_policy_parse(v, arg) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_EINVAL, "expects lru or lfu, got '%s'", v);
+    return COMMON_OK;
+}
+
+/* --prefetch: gate, all or none; the last of --prefetch and --no-prefetch wins. */
+static int stream_parse_prefetch(void *arg, const char *v, struct common_errmsg *e)
+{
+    struct cli_stream_opts *o = arg;
+    if (strcmp(v, "gate") != 0 && strcmp(v, "all") != 0 && strcmp(v, "none") != 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "expects gate, all or none, got '%s'", v);
+    o->no_prefetch = strcmp(v, "none") == 0;
+    o->prefetch_all = strcmp(v, "all") == 0;
+    return COMMON_OK;
+}
+
+void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o)
+{
+    const struct common_opt rows[] = {
+        {.name = "ram-budget",
+         .type = COMMON_OPT_SIZE,
+         .target = &o->ram_budget,
+         .min = 1,
+         .help = "bound everything resident (weights, expert pool, KV, scratch, i/o) to SIZE "
+                 "(e.g. 1.5G); prints the plan, refuses below the minimum"},
+        {.name = "io",
+         .type = COMMON_OPT_CALLBACK,
+         .target = o,
+         .parse = stream_parse_io,
+         .metavar = "uring|pread|mmap",
+         .help = "expert reads: uring (O_DIRECT), pread, or mmap (the page cache decides, as "
+                 "llama.cpp)",
+         .def = "uring when a budget"},
+        {.name = "mmap-advise",
+         .type = COMMON_OPT_SWITCH,
+         .target = &o->mmap_advise,
+         .help = "with --io mmap: madvise(WILLNEED) each expert the router picks or the "
+                 "predictor guesses (llama.cpp only faults pages in at use)"},
+        {.name = "policy",
+         .type = COMMON_OPT_CALLBACK,
+         .target = &o->policy,
+         .parse = stream_parse_policy,
+         .metavar = "lru|lfu",
+         .help = "expert pool eviction",
+         .def = "lru"},
+        {.name = "io-depth",
+         .type = COMMON_OPT_U32,
+         .target = &o->queue_depth,
+         .min = 1,
+         .max = 4096,
+         .help = "reads in flight",
+         .def = "32"},
+        {.name = "trace-out",
+         .type = COMMON_OPT_STR,
+         .target = &o->trace_out,
+         .metavar = "FILE",
+         .help = "write the expert trace as JSON (docs/fetcher.md) on exit"},
+        {.name = "trace-names",
+         .type = COMMON_OPT_SWITCH,
+         .target = &o->trace_names,
+         .help = "log each expert tensor as used (stderr)"},
+        {.name = "prefetch",
+         .type = COMMON_OPT_CALLBACK,
+         .target = o,
+         .parse = stream_parse_prefetch,
+         .metavar = "gate|all|none",
+         .help = "gate: hint the next layer's experts from its router on the current state; all: "
+                 "also the previous token's choices and the next token's first layers",
+         .def = "gate"},
+        {.name = "prefetch-top",
+         .type = COMMON_OPT_U32,
+         .target = &o->prefetch_top,
+         .min = 1,
+         .max = 1024,
+         .help = "hint the gate predictor's best N per token",
+         .def = "1"},
+        {.name = "no-prefetch",
+         .type = COMMON_OPT_SWITCH,
+         .target = &o->no_prefetch,
+         .help = "same as --prefetch none"},
+        {.name = "no-postfetch",
+         .type = COMMON_OPT_SWITCH,
+         .target = &o->no_postfetch,
+         .help = "do not request a layer's experts before computing them"},
+        {.name = "report-rss",
+         .type = COMMON_OPT_SWITCH,
+         .target = &o->report_rss,
+         .help = "print the peak resident set (VmHWM) on exit"},
+        {0},
+    };
+    static_assert(sizeof(rows) == sizeof(t->rows), "CLI_STREAM_N_ROWS is the number of rows");
+    memcpy(t->rows, rows, sizeof(rows));
 }
 
 bool cli_stream_is_on(const struct cli_stream_opts *o)
@@ -71,7 +125,7 @@ bool cli_stream_is_on(const struct cli_stream_opts *o)
     return o->ram_budget != 0 || o->io_set || o->mmap_advise; /* the last one refused later */
 }
 
-/* ---- engine: the fetcher plugged into the executor as its expert source ------------------- */
+/* ---- engine: the fetcher plugged into the executor as its expert source ---------------------- */
 
 static int engine_acquire(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
                           const void **data, uint32_t *loan)
@@ -189,10 +243,11 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     struct common_errmsg e = {{0}};
     int                  rc;
     memset(en, 0, sizeof(*en));
+    en->prog = o->prog ? o->prog : "sluice";
     if (so)
         en->so = *so;
     if ((rc = executor_threadpool_create(o->n_threads, &en->pool)) < 0) {
-        fprintf(stderr, "error: thread pool: %s\n", common_strerror(rc));
+        cli_error(en->prog, "thread pool: %s", common_strerror(rc));
         goto out_close;
     }
     if (cli_stream_is_on(&en->so))
@@ -201,7 +256,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         rc = executor_model_open(path, &(struct executor_model_opts){.populate = o->populate},
                                  &en->model, &e);
     if (rc < 0) {
-        fprintf(stderr, "error: %s: %s\n", path, e.text[0] ? e.text : common_strerror(rc));
+        cli_error_path(en->prog, path, rc, &e);
         goto out_close;
     }
     struct executor_ctx_opts co = o->ctx;
@@ -219,7 +274,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
             co.fetch_window = n_slots / 2 ? n_slots / 2 : 1;
     }
     if ((rc = executor_ctx_create(en->model, &co, &en->ctx, &e)) < 0) {
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
+        cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
         goto out_close;
     }
     return COMMON_OK;
@@ -264,11 +319,11 @@ int cli_engine_report(struct cli_engine *en)
         if (en->so.trace_out) {
             FILE *f = fopen(en->so.trace_out, "w");
             if (!f || fetcher_trace_write_json(t, f) < 0) {
-                fprintf(stderr, "error: cannot write the trace to '%s'\n", en->so.trace_out);
+                cli_error(en->prog, "cannot write the trace to '%s'", en->so.trace_out);
                 rc = COMMON_EIO;
             }
             if (f && fclose(f) != 0 && rc == COMMON_OK) {
-                fprintf(stderr, "error: cannot write the trace to '%s'\n", en->so.trace_out);
+                cli_error(en->prog, "cannot write the trace to '%s'", en->so.trace_out);
                 rc = COMMON_EIO;
             }
         }
@@ -306,67 +361,170 @@ void cli_engine_close(struct cli_engine *en)
     memset(en, 0, sizeof(*en));
 }
 
-/* ---- session -------------------------------------------------------------------------------- */
+/* ---- session --------------------------------------------------------------------------------- */
 
-void cli_session_opts_default(struct cli_session_opts *o)
+void cli_session_opts_default(struct cli_session_opts *o, const char *prog)
 {
     memset(o, 0, sizeof(*o));
+    o->prog = prog;
     o->n_predict = 128;
+    o->repeat_last_n = 64;
     o->sampler = (struct router_sampler_opts){
-        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
+        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f};
 }
 
-int cli_take_option(int argc, char **argv, int *i, struct cli_stream_opts *so, const char **value)
+int cli_parse_cache_type(void *arg, const char *v, struct common_errmsg *e)
 {
-    const char *a = argv[*i];
-    if (cli_stream_parse_switch(so, a))
-        return 1;
-    if (a[0] != '-') {
-        fprintf(stderr, "error: unexpected argument '%s'\n", a);
-        return -1;
-    }
-    if (!(*value = cli_next_arg(argc, argv, i)))
-        return -1;
-    return cli_stream_parse_flag(so, a, *value);
+    if (common_cache_type_parse(v, arg) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_EINVAL, "expects f16 or q8_0, got '%s'", v);
+    return COMMON_OK;
 }
 
-int cli_session_parse_flag(struct cli_session_opts *o, const char *a, const char *v)
+/* The model and context rows of the session table. */
+static void session_model_rows(struct common_opt *rows, size_t cap, struct cli_session_opts *o)
 {
-    bool     ok = true;
-    uint32_t u = 0;
-    if (strcmp(a, "-m") == 0 || strcmp(a, "--model") == 0)
-        o->model = v;
-    else if (strcmp(a, "-n") == 0 || strcmp(a, "--n-predict") == 0)
-        ok = cli_parse_u32(a, v, 0, 1u << 24, &o->n_predict);
-    else if (strcmp(a, "-t") == 0 || strcmp(a, "--threads") == 0)
-        ok = cli_parse_u32(a, v, 1, 256, &o->n_threads);
-    else if (strcmp(a, "-c") == 0 || strcmp(a, "--ctx-size") == 0)
-        ok = cli_parse_u32(a, v, 0, 1u << 24, &o->n_ctx);
-    else if (strcmp(a, "-b") == 0 || strcmp(a, "--batch-size") == 0)
-        ok = cli_parse_u32(a, v, 1, 1u << 16, &o->n_batch);
-    else if (strcmp(a, "--cache-type") == 0 || strcmp(a, "-ctk") == 0) {
-        ok = common_cache_type_parse(v, &o->cache) == 0;
-        if (!ok)
-            fprintf(stderr, "error: --cache-type expects f16 or q8_0, got '%s'\n", v);
-    } else if (strcmp(a, "--temp") == 0)
-        ok = cli_parse_f32(a, v, &o->sampler.temperature);
-    else if (strcmp(a, "--top-k") == 0) {
-        ok = cli_parse_u32(a, v, 0, 1u << 24, &u);
-        o->sampler.top_k = (int32_t)u;
-    } else if (strcmp(a, "--top-p") == 0)
-        ok = cli_parse_f32(a, v, &o->sampler.top_p);
-    else if (strcmp(a, "--min-p") == 0)
-        ok = cli_parse_f32(a, v, &o->sampler.min_p);
-    else if (strcmp(a, "--seed") == 0 || strcmp(a, "-s") == 0)
-        ok = cli_parse_u64(a, v, &o->sampler.seed);
-    else
-        return cli_stream_parse_flag(&o->stream, a, v);
-    if (ok && (!(o->sampler.temperature >= 0.0f) || !(o->sampler.top_p >= 0.0f) ||
-               !(o->sampler.min_p >= 0.0f && o->sampler.min_p <= 1.0f))) {
-        fprintf(stderr, "error: --temp and --top-p must be >= 0, --min-p in 0..1\n");
-        ok = false;
-    }
-    return ok ? 1 : -1;
+    const struct common_opt r[] = {
+        {.name = "model",
+         .short_name = "m",
+         .type = COMMON_OPT_STR,
+         .target = &o->model,
+         .metavar = "PATH",
+         .help = "GGUF model (the first split of a split model)",
+         .required = true},
+        {.name = "n-predict",
+         .short_name = "n",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_predict,
+         .max = 1u << 24,
+         .help = "tokens to generate (chat: most tokens per reply)",
+         .def = "128"},
+        {.name = "threads",
+         .short_name = "t",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_threads,
+         .min = 1,
+         .max = 256,
+         .help = "threads",
+         .def = "physical cores"},
+        {.name = "ctx-size",
+         .short_name = "c",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_ctx,
+         .max = 1u << 24,
+         .help = "context (KV cache) size, for the whole conversation in chat; 0 = the model's, "
+                 "at most 4096",
+         .def = "0"},
+        {.name = "batch-size",
+         .short_name = "b",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_batch,
+         .min = 1,
+         .max = 1u << 16,
+         .help = "prompt tokens per forward batch",
+         .def = "512"},
+        {.name = "cache-type",
+         .short_name = "ctk",
+         .type = COMMON_OPT_CALLBACK,
+         .target = &o->cache,
+         .parse = cli_parse_cache_type,
+         .metavar = "f16|q8_0",
+         .help = "KV cache type",
+         .def = "f16"},
+        {0},
+    };
+    assert(sizeof(r) <= cap * sizeof(*rows));
+    (void)cap;
+    memcpy(rows, r, sizeof(r));
+}
+
+/* The sampler rows of the session table, llama.cpp's names and meanings. */
+static void session_sampling_rows(struct common_opt *rows, size_t cap, struct cli_session_opts *o)
+{
+    struct router_sampler_opts *so = &o->sampler;
+    const struct common_opt     r[] = {
+            {.name = "temp",
+             .type = COMMON_OPT_F32,
+             .target = &so->temperature,
+             .help = "temperature; 0 = greedy (argmax)",
+             .def = "0.8"},
+            {.name = "top-k",
+             .type = COMMON_OPT_I32,
+             .target = &so->top_k,
+             .max = 1u << 24,
+             .metavar = "K",
+             .help = "keep the K most likely tokens; 0 = off",
+             .def = "40"},
+            {.name = "top-p",
+             .type = COMMON_OPT_F32,
+             .target = &so->top_p,
+             .metavar = "P",
+             .help = "nucleus sampling; 1 = off",
+             .def = "0.95"},
+            {.name = "min-p",
+             .type = COMMON_OPT_F32,
+             .target = &so->min_p,
+             .max = 1,
+             .metavar = "P",
+             .help = "drop tokens below P * max prob; 0 = off",
+             .def = "0.05"},
+            {.name = "seed",
+             .short_name = "s",
+             .type = COMMON_OPT_U64,
+             .target = &so->seed,
+             .help = "sampling seed; 0 = from the clock",
+             .def = "0"},
+            {.name = "repeat-penalty",
+             .type = COMMON_OPT_F32,
+             .target = &so->repeat_penalty,
+             .max = 100,
+             .help = "penalise the tokens of the last --repeat-last-n: positive logits divided "
+                         "by X, negative ones multiplied; 1 = off",
+             .def = "1"},
+            {.name = "repeat-last-n",
+             .type = COMMON_OPT_U32,
+             .target = &o->repeat_last_n,
+             .max = 1u << 24,
+             .help = "tokens the penalties look back at; 0 = no penalties (at most 4096 are kept)",
+             .def = "64"},
+            {.name = "presence-penalty",
+             .type = COMMON_OPT_F32,
+             .target = &so->presence_penalty,
+             .min = -100,
+             .max = 100,
+             .help = "subtract X from the logit of each token present in that window; 0 = off",
+             .def = "0"},
+            {.name = "frequency-penalty",
+             .type = COMMON_OPT_F32,
+             .target = &so->frequency_penalty,
+             .min = -100,
+             .max = 100,
+             .help = "subtract X times its count from the logit of each token in that window; "
+                         "0 = off",
+             .def = "0"},
+            {0},
+    };
+    assert(sizeof(r) <= cap * sizeof(*rows));
+    (void)cap;
+    memcpy(rows, r, sizeof(r));
+}
+
+void cli_session_table_init(struct cli_session_table *t, struct cli_session_opts *o)
+{
+    session_model_rows(t->model, sizeof(t->model) / sizeof(t->model[0]), o);
+    session_sampling_rows(t->sampling, sizeof(t->sampling) / sizeof(t->sampling[0]), o);
+    cli_stream_table_init(&t->stream, &o->stream);
+    t->groups[0] = (struct common_opt_group){.title = "Model options", .opts = t->model};
+    t->groups[1] = (struct common_opt_group){.title = "Sampling options", .opts = t->sampling};
+    t->groups[2] = (struct common_opt_group){.title = CLI_STREAM_TITLE, .opts = t->stream.rows};
+    t->groups[3] = (struct common_opt_group){0};
+}
+
+/* True when the penalties change the logits (llama.cpp: --repeat-last-n 0 turns them off). */
+static bool session_has_penalties(const struct cli_session_opts *o)
+{
+    const struct router_sampler_opts *so = &o->sampler;
+    return o->repeat_last_n > 0 && ((so->repeat_penalty != 0.0f && so->repeat_penalty != 1.0f) ||
+                                    so->presence_penalty != 0.0f || so->frequency_penalty != 0.0f);
 }
 
 int cli_session_open(struct cli_session *s, const struct cli_session_opts *o, bool need_vocab)
@@ -374,9 +532,9 @@ int cli_session_open(struct cli_session *s, const struct cli_session_opts *o, bo
     struct common_errmsg e = {{0}};
     int                  rc;
     memset(s, 0, sizeof(*s));
-    s->greedy = o->sampler.temperature <= 0.0f;
     executor_kernels_init();
     struct cli_engine_opts eo = {
+        .prog = o->prog,
         .n_threads = o->n_threads,
         .ctx = {.n_ctx = o->n_ctx, .n_batch = o->n_batch, .cache_type = o->cache},
         .logit_rows = 4}; /* logits and the sampler's candidates */
@@ -388,20 +546,27 @@ int cli_session_open(struct cli_session *s, const struct cli_session_opts *o, bo
     if ((rc = router_vocab_load(executor_model_desc(s->model)->gguf, &s->vocab, &e)) < 0) {
         s->vocab = NULL;
         if (need_vocab) {
-            fprintf(stderr, "error: %s: no usable tokenizer: %s\n", o->model,
-                    e.text[0] ? e.text : common_strerror(rc));
+            cli_error(s->engine.prog, "%s: no usable tokenizer: %s", o->model,
+                      e.text[0] ? e.text : common_strerror(rc));
             goto out_close;
         }
     }
     s->n_vocab = executor_ctx_n_vocab(s->ctx);
-    if ((rc = router_sampler_init(&s->sampler, &o->sampler, s->n_vocab)) < 0) {
-        fprintf(stderr, "error: sampler options rejected: %s\n", common_strerror(rc));
+    struct router_sampler_opts so = o->sampler;
+    so.penalty_last_n = (int32_t)o->repeat_last_n;
+    if (!session_has_penalties(o)) {
+        so.repeat_penalty = 1.0f;
+        so.presence_penalty = so.frequency_penalty = 0.0f;
+        so.penalty_last_n = 0;
+    }
+    if ((rc = router_sampler_init(&s->sampler, &so, s->n_vocab)) < 0) {
+        cli_error(s->engine.prog, "sampler options rejected: %s", common_strerror(rc));
         goto out_close;
     }
     s->logits = malloc((size_t)s->n_vocab * sizeof(*s->logits));
     if (!s->logits) {
         rc = COMMON_ENOMEM;
-        fprintf(stderr, "error: out of memory\n");
+        cli_error(s->engine.prog, "out of memory");
         goto out_close;
     }
     return COMMON_OK;
@@ -424,36 +589,26 @@ int cli_session_feed(struct cli_session *s, const int32_t *tokens, uint32_t n)
 {
     struct common_errmsg e = {{0}};
     if (executor_ctx_n_past(s->ctx) + (uint64_t)n > executor_ctx_n_ctx(s->ctx)) {
-        fprintf(stderr,
-                "error: %u more tokens do not fit: %u of the %u context positions are "
-                "used (use -c)\n",
-                n, executor_ctx_n_past(s->ctx), executor_ctx_n_ctx(s->ctx));
+        cli_error(s->engine.prog,
+                  "%u more tokens do not fit: %u of the %u context positions are used (use -c)", n,
+                  executor_ctx_n_past(s->ctx), executor_ctx_n_ctx(s->ctx));
         return COMMON_ERANGE;
     }
     for (uint32_t i = 0; i < n; i++)
         router_sampler_accept(&s->sampler, tokens[i]);
     int rc = executor_ctx_decode(s->ctx, tokens, n, s->logits, NULL, &e);
     if (rc < 0)
-        fprintf(stderr, "error: %s\n", e.text[0] ? e.text : common_strerror(rc));
+        cli_error(s->engine.prog, "%s", e.text[0] ? e.text : common_strerror(rc));
     return rc;
 }
 
 int cli_session_pick(struct cli_session *s, int32_t *id)
 {
-    int32_t best = 0;
-    if (s->greedy) {
-        for (uint32_t i = 1; i < s->n_vocab; i++)
-            if (s->logits[i] > s->logits[best])
-                best = (int32_t)i;
-    } else {
-        int rc = router_sampler_pick(&s->sampler, s->logits, &best);
-        if (rc < 0) {
-            fprintf(stderr, "error: sampling failed: %s\n", common_strerror(rc));
-            return rc;
-        }
-    }
-    *id = best;
-    return COMMON_OK;
+    /* Greedy (--temp 0) is the sampler's own case: argmax, after the penalties if any. */
+    int rc = router_sampler_pick(&s->sampler, s->logits, id);
+    if (rc < 0)
+        cli_error(s->engine.prog, "sampling failed: %s", common_strerror(rc));
+    return rc;
 }
 
 bool cli_session_is_full(const struct cli_session *s)

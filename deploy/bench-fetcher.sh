@@ -139,9 +139,9 @@ for rep in $(seq 1 "$REPS"); do
         set -- $x
         echo "$rep,$1,$(field "$2" pp_tok_s),$(field "$2" tg_tok_s),$(field "$2" tg_bytes_per_tok),$(field "$2" tg_hit_rate),$(rss_kb "$2"),$(field "$2" probe_bw),$(field "$2" probe_bw_qd1),$(field "$2" replay_bw)" >> "$summary"
     done
-    grep -E '^(pp|tg)|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
-    grep -E '^(pp|tg)' "$m" | sed "s/^/mmap[$rep]    /"
-    [ "$ADVISE" = 1 ] && grep -E '^(pp|tg)' "$a" | sed "s/^/mmap-advise[$rep] /"
+    grep -E '^\| [a-z]|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
+    grep -E '^\| [a-z]' "$m" | sed "s/^/mmap[$rep]    /"
+    [ "$ADVISE" = 1 ] && grep -E '^\| [a-z]' "$a" | sed "s/^/mmap-advise[$rep] /"
 done
 
 # The compute limit: the same decode with every weight in RAM (no cap, page cache warm, no
@@ -151,7 +151,7 @@ c=$OUT/compute.txt
     echo "bench-fetcher: all-resident run failed, see $c" >&2
     exit 1
 }
-CTOK=$(sed -n 's/^tg[0-9]* *\([0-9.]*\) .*/\1/p' "$c" | tail -n 1)
+CTOK=$(field "$c" tg_tok_s)
 echo "compute limit (all weights in RAM): $CTOK tok/s"
 
 # Ratios over the repetitions: fetcher decode vs its storage limit, vs the mmap baseline, and how

@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(
     build-essential cmake pkg-config git
     clang libclang-rt-14-dev
-    libnng-dev liblz4-dev liburing-dev libcriterion-dev
+    libnng-dev liburing-dev libcriterion-dev libjansson-dev
     flatbuffers-compiler libflatbuffers-dev
     gnuplot-nox
 )

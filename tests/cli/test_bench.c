@@ -1,0 +1,99 @@
+/* tests/cli/test_bench.c - `sluice bench`: -p and -n lists give one test each, in the md, csv and
+ * json formats. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+
+#define SLUICE SLUICE_BINARY_DIR "/bin/sluice"
+#define MODEL  "moe-tiny/moe-tiny-q4_0.gguf"
+/* Small and quick: two prefill and two decode tests, one repetition, a small bandwidth probe. */
+#define LISTS "-p 16,32 -n 4,8 -r 1 -t 2 --membw-size 16M"
+
+/* `sluice bench -m MODEL ARGS`: stdout. */
+static char *bench(const char *model, const char *args)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s bench -m %s %s 2>/dev/null", SLUICE, model, args);
+    char *out = fixture_run(cmd, &st);
+    cr_assert_not_null(out, "could not run %s", cmd);
+    cr_assert_eq(st, 0, "%s exited %d:\n%s", cmd, st, out);
+    return out;
+}
+
+/* Lines of `s`, and in *commas the number of commas of each (-1 when they differ). */
+static int count_lines(const char *s, int *commas)
+{
+    int lines = 0, c = 0;
+    *commas = -2;
+    for (; *s; s++) {
+        c += *s == ',';
+        if (*s == '\n') {
+            *commas = *commas == -2 || *commas == c ? c : -1;
+            lines++;
+            c = 0;
+        }
+    }
+    return lines;
+}
+
+Test(cli_bench, csv_has_one_header_and_a_row_per_test, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *out = bench(model, LISTS " -o csv");
+    int   commas = 0;
+    cr_assert_eq(count_lines(out, &commas), 5, "a header and 4 rows expected:\n%s", out);
+    cr_assert_gt(commas, 10, "every line has the same fields:\n%s", out);
+    cr_assert(strncmp(out, "model_filename,", 15) == 0, "%s", out);
+    free(out);
+    free(model);
+}
+
+Test(cli_bench, json_is_an_array_of_one_record_per_test, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char        *out = bench(model, LISTS " -o json");
+    json_error_t err;
+    json_t      *root = json_loads(out, 0, &err);
+    cr_assert_not_null(root, "invalid JSON (line %d: %s):\n%s", err.line, err.text, out);
+    cr_assert(json_is_array(root));
+    cr_assert_eq(json_array_size(root), 4);
+    static const struct {
+        const char *key;
+        int         value;
+    } want[] = {{"n_prompt", 16}, {"n_prompt", 32}, {"n_gen", 4}, {"n_gen", 8}};
+    for (size_t i = 0; i < 4; i++) {
+        json_t *rec = json_array_get(root, i);
+        cr_assert_eq(json_integer_value(json_object_get(rec, want[i].key)), want[i].value,
+                     "record %zu", i);
+        cr_assert_gt(json_real_value(json_object_get(rec, "avg_ts")), 0.0, "record %zu", i);
+        cr_assert_eq(json_array_size(json_object_get(rec, "samples_ns")), 1, "record %zu", i);
+    }
+    /* Decode tests carry the memory-bandwidth ratio; prefill tests do not. */
+    cr_assert(json_is_null(json_object_get(json_array_get(root, 0), "bw_ratio")));
+    cr_assert_gt(json_real_value(json_object_get(json_array_get(root, 2), "bw_ratio")), 0.0);
+    json_decref(root);
+    free(out);
+    free(model);
+}
+
+Test(cli_bench, md_has_a_row_per_test_and_the_result_line, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char       *out = bench(model, LISTS);
+    int         rows = 0;
+    const char *tests[] = {"| pp16 ", "| pp32 ", "| tg4 ", "| tg8 "};
+    for (size_t i = 0; i < 4; i++)
+        cr_expect(strstr(out, tests[i]), "no row %s:\n%s", tests[i], out);
+    for (const char *p = out; (p = strstr(p, "\n| llama")) != NULL; p++)
+        rows++;
+    cr_assert_eq(rows, 4, "%s", out);
+    cr_assert(strstr(out, "bw ratio"), "the bandwidth ratio column is missing:\n%s", out);
+    cr_assert(strstr(out, "\nresult: io=none pp_tok_s="), "%s", out);
+    free(out);
+    free(model);
+}

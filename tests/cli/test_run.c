@@ -1,0 +1,143 @@
+/* tests/cli/test_run.c - `sluice run`: the prompt from a file (-f) and the repetition penalties,
+ * greedy on the MoE fixture. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fixture.h"
+
+#define SLUICE SLUICE_BINARY_DIR "/bin/sluice"
+#define MODEL  "moe-tiny/moe-tiny-q4_0.gguf"
+#define PROMPT "Once upon a time there was a king"
+
+/* Runs a shell command; returns its stdout (malloc'd) and exit status. */
+static char *sh(const char *cmd, int *status)
+{
+    char *out = fixture_run(cmd, status);
+    cr_assert_not_null(out, "could not run %s", cmd);
+    return out;
+}
+
+/* `sluice run -m MODEL ARGS --ids --temp 0 -n 16`: the prompt ids and the generated ids. */
+static char *greedy_ids(const char *model, const char *args)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s run -m %s %s --ids --temp 0 -n 16 -t 2 2>/dev/null", SLUICE,
+             model, args);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s exited %d", cmd, st);
+    cr_assert(strstr(out, "gen: "), "no tokens from %s:\n%s", cmd, out);
+    return out;
+}
+
+/* Writes `text` to DIR/NAME; returns the malloc'd path. */
+static char *write_file(const char *dir, const char *name, const char *text)
+{
+    char *path = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+Test(cli_run, file_prompt_gives_the_tokens_of_the_text, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *dir = fixture_tmpdir();
+    char *path = write_file(dir, "prompt.txt", PROMPT "\n"); /* the newline is dropped */
+    char  args[1024];
+    snprintf(args, sizeof(args), "-f %s", path);
+    char *from_file = greedy_ids(model, args);
+    char *from_text = greedy_ids(model, "-p '" PROMPT "'");
+    cr_assert_str_eq(from_file, from_text);
+    snprintf(args, sizeof(args), "--file=%s", path);
+    char *long_form = greedy_ids(model, args);
+    cr_assert_str_eq(long_form, from_text);
+    free(long_form);
+    free(from_file);
+    free(from_text);
+    free(path);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+/* `sluice run -f PATH` is refused with `message`, exit status 1, without loading anything. */
+static void file_is_refused(const char *model, const char *path, const char *message)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -f %s 2>&1 >/dev/null", SLUICE, model, path);
+    char *err = sh(cmd, &st);
+    cr_assert_eq(st, 1, "%s exited %d: %s", cmd, st, err);
+    cr_assert(strncmp(err, "sluice run: error: ", 19) == 0, "%s", err);
+    cr_assert(strstr(err, message), "'%s' not in: %s", message, err);
+    free(err);
+}
+
+Test(cli_run, file_from_dev_zero_is_refused_quickly, .timeout = 10)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    file_is_refused(model, "/dev/zero", "'/dev/zero' is not a regular file");
+    free(model);
+}
+
+Test(cli_run, file_that_is_a_fifo_is_refused_without_blocking, .timeout = 10)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *dir = fixture_tmpdir();
+    char  path[1024];
+    snprintf(path, sizeof(path), "%s/fifo", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    file_is_refused(model, path, "is not a regular file");
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+Test(cli_run, missing_file_is_named_once, .timeout = 10)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    file_is_refused(model, "/nonexistent-sluice-dir/prompt.txt",
+                    "cannot open '/nonexistent-sluice-dir/prompt.txt': No such file");
+    free(model);
+}
+
+Test(cli_run, repeat_penalty_of_one_changes_nothing, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *plain = greedy_ids(model, "-p '" PROMPT "'");
+    char *one = greedy_ids(model, "-p '" PROMPT "' --repeat-penalty 1.0 --repeat-last-n 32");
+    cr_assert_str_eq(one, plain);
+    free(one);
+    free(plain);
+    free(model);
+}
+
+Test(cli_run, strong_repeat_penalty_changes_greedy_tokens, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *plain = greedy_ids(model, "-p '" PROMPT "'");
+    char *penalised = greedy_ids(model, "-p '" PROMPT "' --repeat-penalty 5");
+    cr_assert_str_neq(penalised, plain, "greedy decoding ignored the penalty");
+    free(penalised);
+    free(plain);
+    free(model);
+}
+
+Test(cli_run, repeat_last_n_zero_turns_the_penalties_off, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *plain = greedy_ids(model, "-p '" PROMPT "'");
+    char *off = greedy_ids(model, "-p '" PROMPT "' --repeat-penalty 5 --presence-penalty 1 "
+                                  "--frequency-penalty 1 --repeat-last-n 0");
+    cr_assert_str_eq(off, plain);
+    free(off);
+    free(plain);
+    free(model);
+}
