@@ -1,106 +1,13 @@
-/* executor/forward.c - the forward pass of one sequence: batches, attention, FFN and MoE, logits.
- */
-#include "executor.h"
+/* executor/forward.c - the forward pass of one sequence: batches, attention, dense FFN, logits. */
+#include "forward_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
-#include "kv.h"
-#include "model_impl.h"
-
-#define FWD_N_ACT             3 /* activation buffers: q/k/v may need three vec_dot types */
-#define FWD_ALIGN             COMMON_CTX_ALIGN /* scratch alignment, bytes */
-#define FWD_MIN_CHUNK         8                /* fewest matrix rows handed to a thread at once */
-#define FWD_NEXT_TOKEN_LAYERS 2 /* layers of the next token prefetched after the last layer */
-#define FWD_TORN_RETRIES      8 /* computations of one expert whose unpinned bytes changed */
-
-struct executor_ctx {
-    const struct executor_model *m;    /* borrowed: must outlive the ctx */
-    struct executor_threadpool  *pool; /* borrowed: may be NULL */
-    uint32_t                     nth;  /* threads of the pool */
-    uint32_t                     n_ctx, n_batch, n_past;
-    struct executor_kv           kv;
-    /* Scratch, row-major (n_batch, width); allocated once in executor_ctx_create. */
-    float   *x;              /* owned: (n_batch, n_embd) residual stream */
-    float   *xn;             /* owned: (n_batch, n_embd) normalised input of a block */
-    float   *q, *k, *v;      /* owned: (n_batch, q_dim), (n_batch, k_dim), (n_batch, v_dim) */
-    float   *att;            /* owned: (n_batch, n_head * head_dim_v) attention output */
-    float   *tmp;            /* owned: (n_batch, n_embd) block output */
-    float   *ga, *up;        /* owned: (n_batch, n_ff_max) FFN gate and up */
-    uint8_t *act[FWD_N_ACT]; /* owned: act_cap bytes each, activations in vec_dot types */
-    size_t   act_cap;
-    float   *rope; /* owned: (n_batch, n_rot) cos, sin pairs per token */
-    /* Per-thread attention scratch, indexed by the pool's thread index. */
-    float    *th_scores;  /* owned: (nth, n_ctx) */
-    uint16_t *th_p16;     /* owned: (nth, n_ctx) f16 probabilities */
-    uint8_t  *th_q;       /* owned: (nth, th_q_bytes) query in the cache's dot type */
-    size_t    th_q_bytes; /* bytes per thread in th_q */
-    float    *th_v;       /* owned: (nth, head_dim_v) dequantized V row (q8_0 cache) */
-    /* MoE routing, (n_batch, n_expert_used) unless said otherwise. */
-    float   *router;   /* owned: (n_batch, n_expert) gate logits, then probabilities */
-    int32_t *sel;      /* owned: chosen experts */
-    float   *sel_w;    /* owned: their weights */
-    int32_t *ex_count; /* owned: (n_expert) tokens routed to each expert */
-    int32_t *ex_start; /* owned: (n_expert + 1) offsets into ex_items */
-    int32_t *ex_items; /* owned: (n_batch * n_expert_used) t * n_expert_used + slot, by expert */
-    float   *gx;       /* owned: (n_batch, n_embd) rows gathered for one expert */
-    float   *moe_out;  /* owned: (n_batch, n_expert_used, n_embd) weighted expert outputs */
-    int32_t *ex_order; /* owned: (n_expert) experts of the batch in compute order */
-    /* Post-fetch and prefetch (only with a source that takes hints). */
-    bool      hints;           /* the weight source has expert_request */
-    bool      no_postfetch;    /* from the options */
-    bool      no_prefetch;     /* from the options */
-    bool      history;         /* from the options: prefetch_history */
-    uint32_t  pf_top;          /* from the options: prefetch_top */
-    uint32_t  window;          /* experts asked for ahead at once; 0 = all */
-    float    *pred_logits;     /* owned: (n_batch, n_expert) next layer's router on h */
-    int32_t  *pred_gate;       /* owned: (n_batch, n_expert_used) gate predictor's guess */
-    int32_t   pred_gate_layer; /* layer pred_gate is for; -1 = none */
-    int32_t  *prev_sel;        /* owned: (n_layer, n_expert_used) last token's choices */
-    uint8_t  *have_prev;       /* owned: (n_layer) prev_sel of the layer is set */
-    uint32_t *hint_mark;       /* owned: (n_expert) hint_stamp when last hinted */
-    uint32_t  hint_stamp;
-    struct executor_predictor_stats pred_stats[EXECUTOR_PRED_COUNT];
-};
-
 /* ------------------------------------------------------------------------------------------ */
 /* Small numeric helpers (llama.cpp CPU semantics)                                             */
 /* ------------------------------------------------------------------------------------------ */
-
-/* y = x / sqrt(mean(x^2) + eps) * w, the sum of squares accumulated in double as ggml does. */
-static void fwd_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps)
-{
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n; i++)
-        sum += (double)(x[i] * x[i]);
-    const float mean = (float)(sum / (double)n);
-    const float scale = 1.0f / sqrtf(mean + eps);
-    for (uint32_t i = 0; i < n; i++)
-        y[i] = (x[i] * scale) * w[i];
-}
-
-static float fwd_silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
-/* In-place softmax as ggml_soft_max: exp in float, sum in double, scaled by (float)(1/sum). */
-static void fwd_softmax(float *x, uint32_t n)
-{
-    float max = -INFINITY;
-    for (uint32_t i = 0; i < n; i++)
-        max = x[i] > max ? x[i] : max;
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += (double)x[i];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] *= inv;
-}
 
 /* cos/sin table of one position as ggml's rope cache: theta starts at pos and is multiplied by
  * base^(-2/n_rot) in float for each pair. */
@@ -142,26 +49,6 @@ static void fwd_rope_apply(float *v, uint32_t n_heads, uint32_t head_dim, uint32
 /* Parallel building blocks                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* One matrix product of a job: y[j * y_stride + r] = W[r] . act_j. */
-struct fwd_mm {
-    const void *w;
-    uint32_t    type;
-    int64_t     rows, cols;
-    size_t      row_bytes;
-    const void *act;
-    size_t      act_stride;
-    int64_t     n_act;
-    float      *y;
-    size_t      y_stride;
-};
-
-/* Up to three products sharing one parallel loop over their concatenated rows. */
-struct fwd_mm_job {
-    struct fwd_mm t[3];
-    int           n;
-    int64_t       start[4]; /* first concatenated row of each product, start[n] = total */
-};
-
 static void fwd_mm_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
 {
     (void)ith;
@@ -182,7 +69,7 @@ static void fwd_mm_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
     }
 }
 
-static void fwd_mm_run(struct executor_ctx *c, struct fwd_mm_job *job)
+void executor_fwd_mm_run(struct executor_ctx *c, struct fwd_mm_job *job)
 {
     job->start[0] = 0;
     for (int k = 0; k < job->n; k++)
@@ -192,21 +79,6 @@ static void fwd_mm_run(struct executor_ctx *c, struct fwd_mm_job *job)
     if (chunk < FWD_MIN_CHUNK)
         chunk = FWD_MIN_CHUNK;
     executor_threadpool_for(c->pool, total, c->nth == 1 ? total : chunk, fwd_mm_piece, job);
-}
-
-static struct fwd_mm fwd_mm_of(const struct executor_mat *w, const void *act, size_t act_stride,
-                               int64_t n_act, float *y, size_t y_stride)
-{
-    return (struct fwd_mm){.w = w->data,
-                           .type = w->type,
-                           .rows = w->rows,
-                           .cols = w->cols,
-                           .row_bytes = w->row_bytes,
-                           .act = act,
-                           .act_stride = act_stride,
-                           .n_act = n_act,
-                           .y = y,
-                           .y_stride = y_stride};
 }
 
 struct fwd_quant_job {
@@ -229,8 +101,8 @@ static void fwd_quant_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
 
 /* Converts n rows of x to the activation type of weights of `type` into act slot `slot`;
  * returns the row stride in bytes. */
-static size_t fwd_quantize(struct executor_ctx *c, int slot, uint32_t type, const float *x,
-                           size_t x_stride, int64_t n, int64_t cols)
+size_t executor_fwd_quantize(struct executor_ctx *c, int slot, uint32_t type, const float *x,
+                             size_t x_stride, int64_t n, int64_t cols)
 {
     struct fwd_quant_job j = {.type = type,
                               .x = x,
@@ -335,12 +207,12 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
                 break;
             }
         if (slot_of[i] == i)
-            strides[i] = fwd_quantize(c, i, ws[i]->type, c->xn, ne, n, ne);
+            strides[i] = executor_fwd_quantize(c, i, ws[i]->type, c->xn, ne, n, ne);
         else
             strides[i] = strides[slot_of[i]];
         job.t[i] = fwd_mm_of(ws[i], c->act[slot_of[i]], strides[i], n, ys[i], yd[i]);
     }
-    fwd_mm_run(c, &job);
+    executor_fwd_mm_run(c, &job);
 
     for (uint32_t t = 0; t < n; t++) {
         float *q = c->q + (size_t)t * qd, *k = c->k + (size_t)t * kd, *v = c->v + (size_t)t * vd;
@@ -371,324 +243,57 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
         .c = c, .il = il, .p0 = p0, .scale = 1.0f / sqrtf((float)hp->head_dim_k)};
     executor_threadpool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
 
-    size_t            as = fwd_quantize(c, 0, lw->wo.type, c->att, ad, n, ad);
+    size_t            as = executor_fwd_quantize(c, 0, lw->wo.type, c->att, ad, n, ad);
     struct fwd_mm_job oj = {.n = 1};
     oj.t[0] = fwd_mm_of(&lw->wo, c->act[0], as, n, c->tmp, ne);
-    fwd_mm_run(c, &oj);
+    executor_fwd_mm_run(c, &oj);
     for (size_t i = 0; i < (size_t)n * ne; i++)
         c->x[i] = c->tmp[i] + c->x[i];
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Feed-forward: dense SwiGLU and Mixtral-style MoE                                            */
+/* Feed-forward: dense SwiGLU (the MoE layer is moe.c)                                            */
 /* ------------------------------------------------------------------------------------------ */
 
 /* gate/up products of rows `xin` (n rows of n_embd) into c->ga / c->up, then ga = silu(ga) * up.
  */
-static void fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
-                               const struct executor_mat *gate, const struct executor_mat *up)
+void executor_fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                                 const struct executor_mat *gate, const struct executor_mat *up)
 {
     const uint32_t    ne = c->m->desc->hp.n_embd;
     const int64_t     nf = gate->rows;
     struct fwd_mm_job job = {.n = 2};
-    size_t            gs = fwd_quantize(c, 0, gate->type, xin, ne, n, ne);
+    size_t            gs = executor_fwd_quantize(c, 0, gate->type, xin, ne, n, ne);
     int               us = 0;
     size_t            ust = gs;
     if (executor_vec_dot_type(up->type) != executor_vec_dot_type(gate->type)) {
         us = 1;
-        ust = fwd_quantize(c, 1, up->type, xin, ne, n, ne);
+        ust = executor_fwd_quantize(c, 1, up->type, xin, ne, n, ne);
     }
     job.t[0] = fwd_mm_of(gate, c->act[0], gs, n, c->ga, (size_t)nf);
     job.t[1] = fwd_mm_of(up, c->act[us], ust, n, c->up, (size_t)nf);
-    fwd_mm_run(c, &job);
+    executor_fwd_mm_run(c, &job);
     for (size_t i = 0; i < (size_t)n * (size_t)nf; i++)
         c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
 }
 
 /* The down product of c->ga (n rows of down->cols) into c->tmp. */
-static void fwd_swiglu_down(struct executor_ctx *c, uint32_t n, const struct executor_mat *down)
+void executor_fwd_swiglu_down(struct executor_ctx *c, uint32_t n, const struct executor_mat *down)
 {
     const uint32_t    ne = c->m->desc->hp.n_embd;
     const int64_t     nf = down->cols;
-    size_t            ds = fwd_quantize(c, 2, down->type, c->ga, (size_t)nf, n, nf);
+    size_t            ds = executor_fwd_quantize(c, 2, down->type, c->ga, (size_t)nf, n, nf);
     struct fwd_mm_job dj = {.n = 1};
     dj.t[0] = fwd_mm_of(down, c->act[2], ds, n, c->tmp, ne);
-    fwd_mm_run(c, &dj);
+    executor_fwd_mm_run(c, &dj);
 }
 
 static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
                        const struct executor_mat *gate, const struct executor_mat *up,
                        const struct executor_mat *down)
 {
-    fwd_swiglu_gate_up(c, xin, n, gate, up);
-    fwd_swiglu_down(c, n, down);
-}
-
-/* Picks the top k of p[0..n) (ties: lower index first). */
-static void fwd_topk(const float *p, uint32_t n, uint32_t k, int32_t *out)
-{
-    for (uint32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (uint32_t e = 0; e < n; e++) {
-            bool taken = false;
-            for (uint32_t i = 0; i < j && !taken; i++)
-                taken = out[i] == (int32_t)e;
-            if (!taken && (best < 0 || p[e] > p[best]))
-                best = (int32_t)e;
-        }
-        out[j] = best;
-    }
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* MoE: post-fetch, prefetch (two predictors), expert compute in waves                         */
-/* ------------------------------------------------------------------------------------------ */
-
-static const char *const g_pred_names[EXECUTOR_PRED_COUNT] = {"gate", "prev_token", "next_token"};
-
-const char *executor_predictor_name(enum executor_predictor p)
-{
-    return (unsigned)p < EXECUTOR_PRED_COUNT ? g_pred_names[p] : "?";
-}
-
-void executor_ctx_predictor_stats(const struct executor_ctx      *c,
-                                  struct executor_predictor_stats out[EXECUTOR_PRED_COUNT])
-{
-    memcpy(out, c->pred_stats, sizeof(c->pred_stats));
-}
-
-/* Counts how well `pred` (k ids, -1 = none) matched `actual` (k ids) into predictor p. */
-static void fwd_pred_count(struct executor_ctx *c, enum executor_predictor p, const int32_t *pred,
-                           const int32_t *actual, uint32_t k)
-{
-    struct executor_predictor_stats *st = &c->pred_stats[p];
-    for (uint32_t i = 0; i < k; i++) {
-        if (pred[i] < 0)
-            continue;
-        st->predicted++;
-        for (uint32_t j = 0; j < k; j++)
-            if (actual[j] == pred[i]) {
-                st->correct++;
-                break;
-            }
-    }
-    st->actual += k;
-}
-
-/* Asks the source for expert e of layer il once per (layer, batch, hint) as marked in `mark`. */
-static void fwd_hint(struct executor_ctx *c, uint32_t il, int32_t e, enum executor_expert_hint h)
-{
-    struct executor_weights *w = c->m->w;
-    if (e < 0 || c->hint_mark[e] == c->hint_stamp)
-        return;
-    c->hint_mark[e] = c->hint_stamp;
-    (void)w->ops->expert_request(w->impl, il, (uint32_t)e, h);
-}
-
-/* Prefetch hints for layer il + 1 (or the next token's first layers after the last layer):
- * layer il+1's router applied to the hidden state now (h, normalised with il+1's ffn_norm), and
- * the previous token's choices at il+1. Predictions are kept to score them at il+1. */
-static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
-{
-    const struct executor_model *m = c->m;
-    const struct common_hparams *hp = &m->desc->hp;
-    const uint32_t               ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    uint32_t                     budget = c->window ? c->window : UINT32_MAX, sent = 0;
-    c->hint_stamp++;
-    if (il + 1 < hp->n_layer) {
-        const struct executor_layer_w *nl = &m->layers[il + 1];
-        for (uint32_t t = 0; t < n; t++)
-            fwd_rmsnorm(c->tmp + (size_t)t * ne, c->x + (size_t)t * ne, nl->ffn_norm, ne,
-                        hp->rms_eps);
-        size_t            rs = fwd_quantize(c, 0, nl->gate_inp.type, c->tmp, ne, n, ne);
-        struct fwd_mm_job rj = {.n = 1};
-        rj.t[0] = fwd_mm_of(&nl->gate_inp, c->act[0], rs, n, c->pred_logits, E);
-        fwd_mm_run(c, &rj);
-        for (uint32_t t = 0; t < n; t++)
-            fwd_topk(c->pred_logits + (size_t)t * E, E, K, c->pred_gate + (size_t)t * K);
-        c->pred_gate_layer = (int32_t)(il + 1);
-        /* Hints in rank order (every token's best guess first), then the previous token's. */
-        const uint32_t top = c->pf_top ? (c->pf_top < K ? c->pf_top : K) : 1;
-        for (uint32_t j = 0; j < top; j++)
-            for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
-                fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);
-        if (c->history && c->have_prev[il + 1])
-            for (uint32_t j = 0; j < K && sent < budget; j++, sent++)
-                fwd_hint(c, il + 1, c->prev_sel[(size_t)(il + 1) * K + j], EXECUTOR_HINT_PREFETCH);
-        return;
-    }
-    /* Last layer: the next token starts at layer 0; guess it repeats this token's choices. */
-    for (uint32_t l = 0; c->history && l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
-        c->hint_stamp++;
-        for (uint32_t j = 0; j < K && sent < budget && c->have_prev[l]; j++, sent++)
-            fwd_hint(c, l, c->prev_sel[(size_t)l * K + j], EXECUTOR_HINT_PREFETCH);
-    }
-}
-
-/* Scores the predictions made for layer il against the router's choices (decode steps only:
- * a prefill wave reads what it routes anyway), then remembers the last token's choices. */
-static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
-{
-    const uint32_t K = c->m->desc->hp.n_expert_used;
-    const int32_t *sel_last = c->sel + (size_t)(n - 1) * K;
-    if (n == 1 && c->hints) {
-        if (il == 0 && c->have_prev[0])
-            fwd_pred_count(c, EXECUTOR_PRED_NEXT_TOKEN, c->prev_sel, c->sel, K);
-        if (il > 0 && c->have_prev[il])
-            fwd_pred_count(c, EXECUTOR_PRED_PREV_TOKEN, c->prev_sel + (size_t)il * K, c->sel, K);
-        if (il > 0 && c->pred_gate_layer == (int32_t)il)
-            fwd_pred_count(c, EXECUTOR_PRED_GATE, c->pred_gate, c->sel, K);
-    }
-    memcpy(c->prev_sel + (size_t)il * K, sel_last, K * sizeof(*sel_last));
-    c->have_prev[il] = 1;
-}
-
-static int fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
-{
-    const struct executor_model   *m = c->m;
-    const struct common_hparams   *hp = &m->desc->hp;
-    const struct executor_layer_w *lw = &m->layers[il];
-    struct executor_weights       *w = m->w;
-    const uint32_t                 ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-
-    /* Router: softmax over all experts, top-k, optional renormalisation of the k weights. */
-    size_t            rs = fwd_quantize(c, 0, lw->gate_inp.type, c->xn, ne, n, ne);
-    struct fwd_mm_job rj = {.n = 1};
-    rj.t[0] = fwd_mm_of(&lw->gate_inp, c->act[0], rs, n, c->router, E);
-    fwd_mm_run(c, &rj);
-    memset(c->ex_count, 0, E * sizeof(*c->ex_count));
-    for (uint32_t t = 0; t < n; t++) {
-        float   *p = c->router + (size_t)t * E;
-        int32_t *sel = c->sel + (size_t)t * K;
-        float   *sw = c->sel_w + (size_t)t * K;
-        fwd_softmax(p, E);
-        fwd_topk(p, E, K, sel);
-        double sum = 0.0;
-        for (uint32_t j = 0; j < K; j++) {
-            sw[j] = p[sel[j]];
-            sum += (double)sw[j];
-            c->ex_count[sel[j]]++;
-        }
-        if (hp->norm_topk_prob)
-            for (uint32_t j = 0; j < K; j++)
-                sw[j] = sw[j] / (float)sum;
-    }
-    c->ex_start[0] = 0;
-    for (uint32_t e = 0; e < E; e++)
-        c->ex_start[e + 1] = c->ex_start[e] + c->ex_count[e];
-    memset(c->ex_count, 0, E * sizeof(*c->ex_count));
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t j = 0; j < K; j++) {
-            int32_t e = c->sel[(size_t)t * K + j];
-            c->ex_items[c->ex_start[e] + c->ex_count[e]++] = (int32_t)(t * K + j);
-        }
-
-    /* The order experts are computed in: those already in memory first, then the others in
-     * expert order (the order their post-fetches are queued). Results do not depend on it:
-     * each (token, slot) output has its own row and the sum below runs in slot order. A load
-     * may complete while we look, so each expert's readiness is read once: ready ones from the
-     * front, the others from the back (then put back in expert order). */
-    uint32_t n_ord = 0, n_used = 0;
-    for (uint32_t e = 0; e < E; e++)
-        n_used += c->ex_count[e] != 0;
-    uint32_t back = n_used;
-    for (uint32_t e = 0; e < E; e++) {
-        if (c->ex_count[e] == 0)
-            continue;
-        bool ready = !w->ops->expert_is_ready || w->ops->expert_is_ready(w->impl, il, e);
-        c->ex_order[ready ? n_ord++ : --back] = (int32_t)e;
-    }
-    for (uint32_t i = n_ord, j = n_used; i + 1 < j; i++, j--) {
-        int32_t tmp = c->ex_order[i];
-        c->ex_order[i] = c->ex_order[j - 1];
-        c->ex_order[j - 1] = tmp;
-    }
-    n_ord = n_used;
-
-    /* Post-fetch: every routed expert of this batch is asked for now, gate/up parts first and
-     * down last (the fetcher's order), at most `window` ahead of the one being computed. */
-    const bool     post = c->hints && !c->no_postfetch;
-    const uint32_t win = c->window ? c->window : n_ord;
-    uint32_t       asked = 0;
-    if (post)
-        for (; asked < n_ord && asked < win; asked++)
-            (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked],
-                                         EXECUTOR_HINT_POSTFETCH);
-    fwd_predict_score(c, il, n);
-    /* A prefill wave in a pool too small for two layers would evict its own experts. */
-    if (c->hints && !c->no_prefetch && (n == 1 || c->window == 0))
-        fwd_prefetch(c, il, n);
-
-    /* Each expert used by the batch (one wave: its parts are read once for all the batch's
-     * tokens): pin gate and up, compute them while down may still be in flight, then pin down,
-     * compute, release (DESIGN 2). */
-    for (uint32_t oi = 0; oi < n_ord; oi++) {
-        const uint32_t e = (uint32_t)c->ex_order[oi];
-        if (post && asked < n_ord)
-            (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked++],
-                                         EXECUTOR_HINT_POSTFETCH);
-        const int32_t  cnt = c->ex_count[e];
-        const int32_t *items = c->ex_items + c->ex_start[e];
-        for (int32_t i = 0; i < cnt; i++)
-            memcpy(c->gx + (size_t)i * ne, c->xn + (size_t)(items[i] / (int32_t)K) * ne,
-                   ne * sizeof(float));
-        int rc = 0;
-        /* A part lent without a pin whose bytes were reused meanwhile (its release says so)
-         * gave a wrong result: the expert is computed again (the source pins parts then). */
-        for (uint32_t attempt = 0;; attempt++) {
-            const void         *data[COMMON_EXPERT_PART_COUNT];
-            uint32_t            slot[COMMON_EXPERT_PART_COUNT];
-            struct executor_mat mats[COMMON_EXPERT_PART_COUNT];
-            int                 got = 0;
-            bool                torn = false;
-            for (rc = 0; got < COMMON_EXPERT_PART_COUNT; got++) {
-                if (got == COMMON_EXPERT_DOWN)
-                    fwd_swiglu_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
-                                       &mats[COMMON_EXPERT_UP]);
-                rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got,
-                                            &data[got], &slot[got]);
-                if (rc < 0)
-                    break;
-                mats[got] = (struct executor_mat){.data = data[got],
-                                                  .type = lw->exp[got].type,
-                                                  .rows = lw->exp[got].rows,
-                                                  .cols = lw->exp[got].cols,
-                                                  .row_bytes = lw->exp[got].row_bytes};
-            }
-            if (rc == 0)
-                fwd_swiglu_down(c, (uint32_t)cnt, &mats[COMMON_EXPERT_DOWN]);
-            for (int p = 0; p < got; p++)
-                if (w->ops->expert_release(w->impl, slot[p]) == COMMON_EAGAIN)
-                    torn = true;
-            if (rc < 0 || !torn)
-                break;
-            if (attempt + 1 >= FWD_TORN_RETRIES) {
-                rc = COMMON_EIO; /* a source that keeps lending changing bytes */
-                break;
-            }
-        }
-        if (rc < 0)
-            return rc;
-        for (int32_t i = 0; i < cnt; i++) {
-            const float  wt = c->sel_w[items[i]];
-            const float *src = c->tmp + (size_t)i * ne;
-            float       *dst = c->moe_out + (size_t)items[i] * ne;
-            for (uint32_t d = 0; d < ne; d++)
-                dst[d] = src[d] * wt;
-        }
-    }
-    /* Sum the k weighted outputs in slot order, then add the residual (as llama.cpp's graph). */
-    for (uint32_t t = 0; t < n; t++) {
-        const float *mo = c->moe_out + (size_t)t * K * ne;
-        float       *x = c->x + (size_t)t * ne;
-        for (uint32_t d = 0; d < ne; d++) {
-            float acc = mo[d];
-            for (uint32_t j = 1; j < K; j++)
-                acc += mo[(size_t)j * ne + d];
-            x[d] = acc + x[d];
-        }
-    }
-    return 0;
+    executor_fwd_swiglu_gate_up(c, xin, n, gate, up);
+    executor_fwd_swiglu_down(c, n, down);
 }
 
 static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
@@ -699,7 +304,7 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
     for (uint32_t t = 0; t < n; t++)
         fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->ffn_norm, ne, hp->rms_eps);
     if (hp->n_expert)
-        return fwd_moe(c, il, n);
+        return executor_fwd_moe(c, il, n);
     fwd_swiglu(c, c->xn, n, &lw->gate, &lw->up, &lw->down);
     for (size_t i = 0; i < (size_t)n * ne; i++)
         c->x[i] = c->tmp[i] + c->x[i];
@@ -739,10 +344,10 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
     const uint32_t t0 = all ? 0 : n - 1, n_out = n - t0;
     for (uint32_t t = t0; t < n; t++)
         fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, m->output_norm, ne, hp->rms_eps);
-    size_t os = fwd_quantize(c, 0, m->output.type, c->xn + (size_t)t0 * ne, ne, n_out, ne);
+    size_t os = executor_fwd_quantize(c, 0, m->output.type, c->xn + (size_t)t0 * ne, ne, n_out, ne);
     struct fwd_mm_job oj = {.n = 1};
     oj.t[0] = fwd_mm_of(&m->output, c->act[0], os, n_out, logits, hp->n_vocab);
-    fwd_mm_run(c, &oj);
+    executor_fwd_mm_run(c, &oj);
     return 0;
 }
 

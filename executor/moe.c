@@ -1,0 +1,295 @@
+/* executor/moe.c - the MoE layer: routing, post-fetch, prefetch predictors, experts in waves. */
+#include "forward_impl.h"
+
+#include <string.h>
+
+/* Picks the top k of p[0..n) (ties: lower index first). */
+static void fwd_topk(const float *p, uint32_t n, uint32_t k, int32_t *out)
+{
+    for (uint32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++)
+                taken = out[i] == (int32_t)e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = (int32_t)e;
+        }
+        out[j] = best;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* MoE: post-fetch, prefetch (two predictors), expert compute in waves                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *const g_pred_names[EXECUTOR_PRED_COUNT] = {"gate", "prev_token", "next_token"};
+
+const char *executor_predictor_name(enum executor_predictor p)
+{
+    return (unsigned)p < EXECUTOR_PRED_COUNT ? g_pred_names[p] : "?";
+}
+
+void executor_ctx_predictor_stats(const struct executor_ctx      *c,
+                                  struct executor_predictor_stats out[EXECUTOR_PRED_COUNT])
+{
+    memcpy(out, c->pred_stats, sizeof(c->pred_stats));
+}
+
+/* Counts how well `pred` (k ids, -1 = none) matched `actual` (k ids) into predictor p. */
+static void fwd_pred_count(struct executor_ctx *c, enum executor_predictor p, const int32_t *pred,
+                           const int32_t *actual, uint32_t k)
+{
+    struct executor_predictor_stats *st = &c->pred_stats[p];
+    for (uint32_t i = 0; i < k; i++) {
+        if (pred[i] < 0)
+            continue;
+        st->predicted++;
+        for (uint32_t j = 0; j < k; j++)
+            if (actual[j] == pred[i]) {
+                st->correct++;
+                break;
+            }
+    }
+    st->actual += k;
+}
+
+/* Asks the source for expert e of layer il once per (layer, batch, hint) as marked in `mark`. */
+static void fwd_hint(struct executor_ctx *c, uint32_t il, int32_t e, enum executor_expert_hint h)
+{
+    struct executor_weights *w = c->m->w;
+    if (e < 0 || c->hint_mark[e] == c->hint_stamp)
+        return;
+    c->hint_mark[e] = c->hint_stamp;
+    (void)w->ops->expert_request(w->impl, il, (uint32_t)e, h);
+}
+
+/* Prefetch hints for layer il + 1 (or the next token's first layers after the last layer):
+ * layer il+1's router applied to the hidden state now (h, normalised with il+1's ffn_norm), and
+ * the previous token's choices at il+1. Predictions are kept to score them at il+1. */
+static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct executor_model *m = c->m;
+    const struct common_hparams *hp = &m->desc->hp;
+    const uint32_t               ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+    uint32_t                     budget = c->window ? c->window : UINT32_MAX, sent = 0;
+    c->hint_stamp++;
+    if (il + 1 < hp->n_layer) {
+        const struct executor_layer_w *nl = &m->layers[il + 1];
+        for (uint32_t t = 0; t < n; t++)
+            fwd_rmsnorm(c->tmp + (size_t)t * ne, c->x + (size_t)t * ne, nl->ffn_norm, ne,
+                        hp->rms_eps);
+        size_t            rs = executor_fwd_quantize(c, 0, nl->gate_inp.type, c->tmp, ne, n, ne);
+        struct fwd_mm_job rj = {.n = 1};
+        rj.t[0] = fwd_mm_of(&nl->gate_inp, c->act[0], rs, n, c->pred_logits, E);
+        executor_fwd_mm_run(c, &rj);
+        for (uint32_t t = 0; t < n; t++)
+            fwd_topk(c->pred_logits + (size_t)t * E, E, K, c->pred_gate + (size_t)t * K);
+        c->pred_gate_layer = (int32_t)(il + 1);
+        /* Hints in rank order (every token's best guess first), then the previous token's. */
+        const uint32_t top = c->pf_top ? (c->pf_top < K ? c->pf_top : K) : 1;
+        for (uint32_t j = 0; j < top; j++)
+            for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
+                fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);
+        if (c->history && c->have_prev[il + 1])
+            for (uint32_t j = 0; j < K && sent < budget; j++, sent++)
+                fwd_hint(c, il + 1, c->prev_sel[(size_t)(il + 1) * K + j], EXECUTOR_HINT_PREFETCH);
+        return;
+    }
+    /* Last layer: the next token starts at layer 0; guess it repeats this token's choices. */
+    for (uint32_t l = 0; c->history && l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
+        c->hint_stamp++;
+        for (uint32_t j = 0; j < K && sent < budget && c->have_prev[l]; j++, sent++)
+            fwd_hint(c, l, c->prev_sel[(size_t)l * K + j], EXECUTOR_HINT_PREFETCH);
+    }
+}
+
+/* Scores the predictions made for layer il against the router's choices (decode steps only:
+ * a prefill wave reads what it routes anyway), then remembers the last token's choices. */
+static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const uint32_t K = c->m->desc->hp.n_expert_used;
+    const int32_t *sel_last = c->sel + (size_t)(n - 1) * K;
+    if (n == 1 && c->hints) {
+        if (il == 0 && c->have_prev[0])
+            fwd_pred_count(c, EXECUTOR_PRED_NEXT_TOKEN, c->prev_sel, c->sel, K);
+        if (il > 0 && c->have_prev[il])
+            fwd_pred_count(c, EXECUTOR_PRED_PREV_TOKEN, c->prev_sel + (size_t)il * K, c->sel, K);
+        if (il > 0 && c->pred_gate_layer == (int32_t)il)
+            fwd_pred_count(c, EXECUTOR_PRED_GATE, c->pred_gate, c->sel, K);
+    }
+    memcpy(c->prev_sel + (size_t)il * K, sel_last, K * sizeof(*sel_last));
+    c->have_prev[il] = 1;
+}
+
+/* Router of layer il: softmax over all experts, top-k, optional renormalisation of the k
+ * weights; then the (token, slot) items grouped by expert (ex_start, ex_items, ex_count). */
+static void moe_route(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct common_hparams   *hp = &c->m->desc->hp;
+    const struct executor_layer_w *lw = &c->m->layers[il];
+    const uint32_t                 ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+    size_t            rs = executor_fwd_quantize(c, 0, lw->gate_inp.type, c->xn, ne, n, ne);
+    struct fwd_mm_job rj = {.n = 1};
+    rj.t[0] = fwd_mm_of(&lw->gate_inp, c->act[0], rs, n, c->router, E);
+    executor_fwd_mm_run(c, &rj);
+    memset(c->ex_count, 0, E * sizeof(*c->ex_count));
+    for (uint32_t t = 0; t < n; t++) {
+        float   *p = c->router + (size_t)t * E;
+        int32_t *sel = c->sel + (size_t)t * K;
+        float   *sw = c->sel_w + (size_t)t * K;
+        fwd_softmax(p, E);
+        fwd_topk(p, E, K, sel);
+        double sum = 0.0;
+        for (uint32_t j = 0; j < K; j++) {
+            sw[j] = p[sel[j]];
+            sum += (double)sw[j];
+            c->ex_count[sel[j]]++;
+        }
+        if (hp->norm_topk_prob)
+            for (uint32_t j = 0; j < K; j++)
+                sw[j] = sw[j] / (float)sum;
+    }
+    c->ex_start[0] = 0;
+    for (uint32_t e = 0; e < E; e++)
+        c->ex_start[e + 1] = c->ex_start[e] + c->ex_count[e];
+    memset(c->ex_count, 0, E * sizeof(*c->ex_count));
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t j = 0; j < K; j++) {
+            int32_t e = c->sel[(size_t)t * K + j];
+            c->ex_items[c->ex_start[e] + c->ex_count[e]++] = (int32_t)(t * K + j);
+        }
+}
+
+/* The order experts are computed in (c->ex_order; returns how many): those already in memory
+ * first, then the others in expert order (the order their post-fetches are queued). Results do
+ * not depend on it: each (token, slot) output has its own row and the sum runs in slot order. A
+ * load may complete while we look, so each expert's readiness is read once: ready ones from the
+ * front, the others from the back (then put back in expert order). */
+static uint32_t moe_order(struct executor_ctx *c, uint32_t il)
+{
+    struct executor_weights *w = c->m->w;
+    const uint32_t           E = c->m->desc->hp.n_expert;
+    uint32_t                 n_ord = 0, n_used = 0;
+    for (uint32_t e = 0; e < E; e++)
+        n_used += c->ex_count[e] != 0;
+    uint32_t back = n_used;
+    for (uint32_t e = 0; e < E; e++) {
+        if (c->ex_count[e] == 0)
+            continue;
+        bool ready = !w->ops->expert_is_ready || w->ops->expert_is_ready(w->impl, il, e);
+        c->ex_order[ready ? n_ord++ : --back] = (int32_t)e;
+    }
+    for (uint32_t i = n_ord, j = n_used; i + 1 < j; i++, j--) {
+        int32_t tmp = c->ex_order[i];
+        c->ex_order[i] = c->ex_order[j - 1];
+        c->ex_order[j - 1] = tmp;
+    }
+    return n_used;
+}
+
+/* One pass over expert e of layer il for its `cnt` rows gathered in c->gx: pin gate and up,
+ * compute them while down may still be in flight, then pin down, compute, release (DESIGN 2).
+ * Returns 0, 1 when a part lent without a pin changed during the pass (the result is wrong),
+ * or an error of the weight source. */
+static int moe_expert_pass(struct executor_ctx *c, uint32_t il, uint32_t e, int32_t cnt)
+{
+    const struct executor_layer_w *lw = &c->m->layers[il];
+    struct executor_weights       *w = c->m->w;
+    const void                    *data[COMMON_EXPERT_PART_COUNT];
+    uint32_t                       slot[COMMON_EXPERT_PART_COUNT];
+    struct executor_mat            mats[COMMON_EXPERT_PART_COUNT];
+    int                            got = 0, rc = 0;
+    bool                           torn = false;
+    for (; got < COMMON_EXPERT_PART_COUNT; got++) {
+        if (got == COMMON_EXPERT_DOWN)
+            executor_fwd_swiglu_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
+                                        &mats[COMMON_EXPERT_UP]);
+        rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
+                                    &slot[got]);
+        if (rc < 0)
+            break;
+        mats[got] = (struct executor_mat){.data = data[got],
+                                          .type = lw->exp[got].type,
+                                          .rows = lw->exp[got].rows,
+                                          .cols = lw->exp[got].cols,
+                                          .row_bytes = lw->exp[got].row_bytes};
+    }
+    if (rc == 0)
+        executor_fwd_swiglu_down(c, (uint32_t)cnt, &mats[COMMON_EXPERT_DOWN]);
+    for (int p = 0; p < got; p++)
+        if (w->ops->expert_release(w->impl, slot[p]) == COMMON_EAGAIN)
+            torn = true;
+    return rc < 0 ? rc : torn ? 1 : 0;
+}
+
+/* Expert e of layer il over the batch's rows routed to it (one wave: its parts are read once
+ * for all of them); the weighted outputs go to their (token, slot) rows of c->moe_out. A part
+ * lent without a pin whose bytes were reused meanwhile gave a wrong result: the expert is
+ * computed again (the source pins parts then). */
+static int moe_expert(struct executor_ctx *c, uint32_t il, uint32_t e)
+{
+    const uint32_t ne = c->m->desc->hp.n_embd, K = c->m->desc->hp.n_expert_used;
+    const int32_t  cnt = c->ex_count[e];
+    const int32_t *items = c->ex_items + c->ex_start[e];
+    for (int32_t i = 0; i < cnt; i++)
+        memcpy(c->gx + (size_t)i * ne, c->xn + (size_t)(items[i] / (int32_t)K) * ne,
+               ne * sizeof(float));
+    int rc;
+    for (uint32_t attempt = 0; (rc = moe_expert_pass(c, il, e, cnt)) == 1; attempt++)
+        if (attempt + 1 >= FWD_TORN_RETRIES)
+            return COMMON_EIO; /* a source that keeps lending changing bytes */
+    if (rc < 0)
+        return rc;
+    for (int32_t i = 0; i < cnt; i++) {
+        const float  wt = c->sel_w[items[i]];
+        const float *src = c->tmp + (size_t)i * ne;
+        float       *dst = c->moe_out + (size_t)items[i] * ne;
+        for (uint32_t d = 0; d < ne; d++)
+            dst[d] = src[d] * wt;
+    }
+    return 0;
+}
+
+int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    struct executor_weights *w = c->m->w;
+    const uint32_t           ne = c->m->desc->hp.n_embd, K = c->m->desc->hp.n_expert_used;
+    moe_route(c, il, n);
+    const uint32_t n_ord = moe_order(c, il);
+
+    /* Post-fetch: every routed expert of this batch is asked for now, gate/up parts first and
+     * down last (the fetcher's order), at most `window` ahead of the one being computed. */
+    const bool     post = c->hints && !c->no_postfetch;
+    const uint32_t win = c->window ? c->window : n_ord;
+    uint32_t       asked = 0;
+    if (post)
+        for (; asked < n_ord && asked < win; asked++)
+            (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked],
+                                         EXECUTOR_HINT_POSTFETCH);
+    fwd_predict_score(c, il, n);
+    /* A prefill wave in a pool too small for two layers would evict its own experts. */
+    if (c->hints && !c->no_prefetch && (n == 1 || c->window == 0))
+        fwd_prefetch(c, il, n);
+
+    for (uint32_t oi = 0; oi < n_ord; oi++) {
+        if (post && asked < n_ord)
+            (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked++],
+                                         EXECUTOR_HINT_POSTFETCH);
+        int rc = moe_expert(c, il, (uint32_t)c->ex_order[oi]);
+        if (rc < 0)
+            return rc;
+    }
+    /* Sum the k weighted outputs in slot order, then add the residual (as llama.cpp's graph). */
+    for (uint32_t t = 0; t < n; t++) {
+        const float *mo = c->moe_out + (size_t)t * K * ne;
+        float       *x = c->x + (size_t)t * ne;
+        for (uint32_t d = 0; d < ne; d++) {
+            float acc = mo[d];
+            for (uint32_t j = 1; j < K; j++)
+                acc += mo[(size_t)j * ne + d];
+            x[d] = acc + x[d];
+        }
+    }
+    return 0;
+}
