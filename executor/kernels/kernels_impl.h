@@ -241,8 +241,10 @@ struct executor_kernel_set {
 
 /* Fill the entries each file implements (ref fills all supported types). */
 void executor_kernels_fill_ref(struct executor_kernel_set *ks);
-void executor_kernels_fill_avx2(struct executor_kernel_set *ks);
-void executor_kernels_fill_avx512(struct executor_kernel_set *ks);
+/* The reference weight quantizer of `type` (kernels/quant_ref.c), NULL when there is none. */
+executor_quantize_fn executor_ref_quantizer(uint32_t type);
+void                 executor_kernels_fill_avx2(struct executor_kernel_set *ks);
+void                 executor_kernels_fill_avx512(struct executor_kernel_set *ks);
 
 /* CPU detection (kernels/cpu.c): fills *out from cpuid / the OS-enabled state. */
 void executor_cpu_detect(struct executor_cpu_features *out);
