@@ -404,14 +404,12 @@ static void gguf_header_free(struct gguf_header *h)
     memset(h, 0, sizeof(*h));
 }
 
-/* Parses a header from c; names go into g's arena; tensor offsets become absolute. Returns 0,
- * GGUF_NEED_MORE, or a negative error with a message. */
-static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint32_t split,
-                             struct gguf_header *h)
+/* The fixed start of a header: magic, version, tensor and metadata counts (checked against
+ * what the file can hold). Returns 0, GGUF_NEED_MORE, or a negative error with a message. */
+static int gguf_parse_prelude(struct gguf_cursor *c, struct gguf_header *h)
 {
     int      rc;
     uint32_t magic;
-    memset(h, 0, sizeof(*h));
     c->what = "magic";
     if ((rc = gguf_read_u32(c, &magic)) != COMMON_OK)
         return rc;
@@ -448,11 +446,14 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
                                  "tensor count %llu at offset 8 cannot fit in the file",
                                  (unsigned long long)h->n_tensors);
 
-    h->kvs = calloc(h->n_kv ? h->n_kv : 1, sizeof(*h->kvs));
-    h->tensors = calloc(h->n_tensors ? h->n_tensors : 1, sizeof(*h->tensors));
-    if (!h->kvs || !h->tensors)
-        return COMMON_ENOMEM;
+    return COMMON_OK;
+}
 
+/* The metadata of a header: keys unique and NUL-free (into g's arena), values decoded,
+ * general.alignment checked. Returns 0, GGUF_NEED_MORE, or a negative error with a message. */
+static int gguf_parse_kvs(struct gguf_cursor *c, struct common_gguf *g, struct gguf_header *h)
+{
+    int               rc;
     struct gguf_index kix = {0};
     if ((rc = gguf_index_init(&kix, h->n_kv)) != COMMON_OK)
         return rc;
@@ -500,69 +501,83 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
         }
     }
     free(kix.slots);
-    kix.slots = NULL;
+    return COMMON_OK;
 
-    for (uint64_t i = 0; i < h->n_tensors; i++) {
-        struct common_gguf_tensor *ti = &h->tensors[i];
-        struct common_gguf_str     name;
-        uint64_t                   at = c->pos;
-        c->what = "tensor name";
-        if ((rc = gguf_read_str(c, &name)) != COMMON_OK)
+out_kix:
+    free(kix.slots);
+    return rc;
+}
+
+/* Tensor info `i`: name, dimensions, type and data offset, its size computed and checked; the
+ * offset stays relative to the data section. Returns 0, GGUF_NEED_MORE, or a negative error. */
+static int gguf_parse_tensor_info(struct gguf_cursor *c, struct common_gguf *g, uint32_t split,
+                                  const struct gguf_header *h, uint64_t i,
+                                  struct common_gguf_tensor *ti)
+{
+    int                    rc;
+    struct common_gguf_str name;
+    uint64_t               at = c->pos;
+    c->what = "tensor name";
+    if ((rc = gguf_read_str(c, &name)) != COMMON_OK)
+        return rc;
+    if (name.len == 0 || name.len > GGUF_MAX_NAME || memchr(name.ptr, '\0', name.len))
+        return common_errmsg_set(
+            c->e, COMMON_ECORRUPT, "tensor %llu at offset %llu: bad name (length %llu)",
+            (unsigned long long)i, (unsigned long long)at, (unsigned long long)name.len);
+    ti->name = gguf_arena_strdup(&g->arena, name.ptr, name.len);
+    if (!ti->name)
+        return COMMON_ENOMEM;
+    c->what = ti->name;
+    if ((rc = gguf_read_u32(c, &ti->n_dims)) != COMMON_OK)
+        return rc;
+    if (ti->n_dims == 0 || ti->n_dims > COMMON_GGUF_MAX_DIMS)
+        return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                 "tensor '%s' at offset %llu: %u dimensions (1..4 allowed)",
+                                 ti->name, (unsigned long long)at, ti->n_dims);
+    uint64_t nel = 1;
+    for (uint32_t d = 0; d < COMMON_GGUF_MAX_DIMS; d++) {
+        ti->ne[d] = 1;
+        if (d < ti->n_dims && (rc = gguf_read_u64(c, &ti->ne[d])) != COMMON_OK)
             return rc;
-        if (name.len == 0 || name.len > GGUF_MAX_NAME || memchr(name.ptr, '\0', name.len))
-            return common_errmsg_set(
-                c->e, COMMON_ECORRUPT, "tensor %llu at offset %llu: bad name (length %llu)",
-                (unsigned long long)i, (unsigned long long)at, (unsigned long long)name.len);
-        ti->name = gguf_arena_strdup(&g->arena, name.ptr, name.len);
-        if (!ti->name)
-            return COMMON_ENOMEM;
-        c->what = ti->name;
-        if ((rc = gguf_read_u32(c, &ti->n_dims)) != COMMON_OK)
-            return rc;
-        if (ti->n_dims == 0 || ti->n_dims > COMMON_GGUF_MAX_DIMS)
+        if (ti->ne[d] > (uint64_t)INT64_MAX || !common_mul_u64(nel, ti->ne[d], &nel) ||
+            nel > (uint64_t)INT64_MAX)
             return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                     "tensor '%s' at offset %llu: %u dimensions (1..4 allowed)",
-                                     ti->name, (unsigned long long)at, ti->n_dims);
-        uint64_t nel = 1;
-        for (uint32_t d = 0; d < COMMON_GGUF_MAX_DIMS; d++) {
-            ti->ne[d] = 1;
-            if (d < ti->n_dims && (rc = gguf_read_u64(c, &ti->ne[d])) != COMMON_OK)
-                return rc;
-            if (ti->ne[d] > (uint64_t)INT64_MAX || !common_mul_u64(nel, ti->ne[d], &nel) ||
-                nel > (uint64_t)INT64_MAX)
-                return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                         "tensor '%s' at offset %llu: element count overflows",
-                                         ti->name, (unsigned long long)at);
-        }
-        uint64_t rel;
-        if ((rc = gguf_read_u32(c, &ti->type)) != COMMON_OK ||
-            (rc = gguf_read_u64(c, &rel)) != COMMON_OK)
-            return rc;
-        const struct common_ggml_type_info *tt = common_ggml_type_get(ti->type);
-        if (!tt)
-            return common_errmsg_set(c->e, COMMON_ENOTSUP,
-                                     "tensor '%s': unknown ggml type id %u (offset %llu)", ti->name,
-                                     ti->type, (unsigned long long)at);
-        if (ti->ne[0] % tt->blck != 0)
-            return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                     "tensor '%s': row of %llu elements is not a multiple of the "
-                                     "%s block size %u",
-                                     ti->name, (unsigned long long)ti->ne[0], tt->name, tt->blck);
-        uint64_t size = 0;
-        if (nel > 0 && (!common_mul_u64(nel / tt->blck, tt->type_size, &size)))
-            return common_errmsg_set(c->e, COMMON_ECORRUPT, "tensor '%s': size overflows",
-                                     ti->name);
-        if (rel % h->alignment != 0)
-            return common_errmsg_set(c->e, COMMON_ECORRUPT,
-                                     "tensor '%s': data offset %llu is not a multiple of the "
-                                     "alignment %llu",
-                                     ti->name, (unsigned long long)rel,
-                                     (unsigned long long)h->alignment);
-        ti->size = size;
-        ti->offset = rel; /* made absolute below, once the data section start is known */
-        ti->split = split;
+                                     "tensor '%s' at offset %llu: element count overflows",
+                                     ti->name, (unsigned long long)at);
     }
+    uint64_t rel;
+    if ((rc = gguf_read_u32(c, &ti->type)) != COMMON_OK ||
+        (rc = gguf_read_u64(c, &rel)) != COMMON_OK)
+        return rc;
+    const struct common_ggml_type_info *tt = common_ggml_type_get(ti->type);
+    if (!tt)
+        return common_errmsg_set(c->e, COMMON_ENOTSUP,
+                                 "tensor '%s': unknown ggml type id %u (offset %llu)", ti->name,
+                                 ti->type, (unsigned long long)at);
+    if (ti->ne[0] % tt->blck != 0)
+        return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                 "tensor '%s': row of %llu elements is not a multiple of the "
+                                 "%s block size %u",
+                                 ti->name, (unsigned long long)ti->ne[0], tt->name, tt->blck);
+    uint64_t size = 0;
+    if (nel > 0 && (!common_mul_u64(nel / tt->blck, tt->type_size, &size)))
+        return common_errmsg_set(c->e, COMMON_ECORRUPT, "tensor '%s': size overflows", ti->name);
+    if (rel % h->alignment != 0)
+        return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                 "tensor '%s': data offset %llu is not a multiple of the "
+                                 "alignment %llu",
+                                 ti->name, (unsigned long long)rel,
+                                 (unsigned long long)h->alignment);
+    ti->size = size;
+    ti->offset = rel; /* made absolute below, once the data section start is known */
+    ti->split = split;
+    return COMMON_OK;
+}
 
+/* Places the data section after the infos (padded to the alignment) and makes every tensor's
+ * offset absolute after checking that its data lies inside the file. */
+static int gguf_place_tensors(struct gguf_cursor *c, struct gguf_header *h)
+{
     /* The data section starts after the infos, padded to the alignment. */
     uint64_t pad = (h->alignment - c->pos % h->alignment) % h->alignment;
     h->data_offset = c->pos + pad;
@@ -584,10 +599,27 @@ static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint3
         ti->offset += h->data_offset;
     }
     return COMMON_OK;
+}
 
-out_kix:
-    free(kix.slots);
-    return rc;
+/* Parses a header from c; names go into g's arena; tensor offsets become absolute. Returns 0,
+ * GGUF_NEED_MORE, or a negative error with a message. */
+static int gguf_parse_header(struct gguf_cursor *c, struct common_gguf *g, uint32_t split,
+                             struct gguf_header *h)
+{
+    int rc;
+    memset(h, 0, sizeof(*h));
+    if ((rc = gguf_parse_prelude(c, h)) != COMMON_OK)
+        return rc;
+    h->kvs = calloc(h->n_kv ? h->n_kv : 1, sizeof(*h->kvs));
+    h->tensors = calloc(h->n_tensors ? h->n_tensors : 1, sizeof(*h->tensors));
+    if (!h->kvs || !h->tensors)
+        return COMMON_ENOMEM;
+    if ((rc = gguf_parse_kvs(c, g, h)) != COMMON_OK)
+        return rc;
+    for (uint64_t i = 0; i < h->n_tensors; i++)
+        if ((rc = gguf_parse_tensor_info(c, g, split, h, i, &h->tensors[i])) != COMMON_OK)
+            return rc;
+    return gguf_place_tensors(c, h);
 }
 
 /* ---- building the model object --------------------------------------------------------------- */
