@@ -414,6 +414,141 @@ static int synth_chunk(const struct synth_tensor *t, uint64_t tensor_seed, uint6
     return rc;
 }
 
+/* The tokenizer of the model (copied from o->vocab_from, or a byte-level one) into `w`; sets
+ * g->n_vocab, which its size fixes. Returns 0 or a negative common_err with a message. */
+static int synth_vocab(const struct executor_synth_opts *o, struct common_gguf_writer *w,
+                       struct synth_geom *g, struct common_errmsg *e)
+{
+    uint32_t n_vocab = o->n_vocab ? o->n_vocab : SYNTH_BYTE_VOCAB;
+    int      rc;
+    if (o->vocab_from) {
+        uint32_t have = 0;
+        if ((rc = synth_copy_vocab(w, o->vocab_from, &have, e)))
+            return rc;
+        if (o->n_vocab && o->n_vocab != have)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "--n-vocab %u differs from the %u tokens of %s", o->n_vocab,
+                                     have, o->vocab_from);
+        n_vocab = have;
+    } else {
+        if (n_vocab < SYNTH_BYTE_VOCAB)
+            return common_errmsg_set(e, COMMON_EINVAL, "n_vocab must be at least %u (byte vocab)",
+                                     SYNTH_BYTE_VOCAB);
+        if ((rc = synth_byte_vocab(w, n_vocab)))
+            return rc;
+    }
+    g->n_vocab = n_vocab;
+    return COMMON_OK;
+}
+
+/* With a target size, the layer count that approaches it, from the bytes of one layer. */
+static int synth_layers_for_target(struct synth_geom *g, uint64_t target_bytes)
+{
+    struct synth_geom one = *g;
+    one.n_layer = 1;
+    struct synth_plan p1 = {0};
+    int               rc = synth_plan_build(&one, &p1);
+    if (rc) {
+        free(p1.t);
+        return rc;
+    }
+    uint64_t fixed = 0, layer = 0;
+    for (size_t i = 0; i < p1.n; i++) {
+        if (strncmp(p1.t[i].name, "blk.", 4) == 0)
+            layer += synth_tensor_bytes(&p1.t[i]);
+        else
+            fixed += synth_tensor_bytes(&p1.t[i]);
+    }
+    free(p1.t);
+    uint64_t n = target_bytes > fixed ? (target_bytes - fixed + layer / 2) / layer : 1;
+    g->n_layer = (uint32_t)(n < 1 ? 1 : n > 4096 ? 4096 : n);
+    return COMMON_OK;
+}
+
+/* The llama hyper-parameter keys of geometry `g`. */
+static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom *g,
+                          const char *name)
+{
+    int rc;
+    if ((rc = common_gguf_writer_set_str(w, "general.architecture", "llama")) ||
+        (rc = common_gguf_writer_set_str(w, "general.name", name)) ||
+        (rc = common_gguf_writer_set_u32(w, "general.file_type", synth_file_type(g->type))) ||
+        (rc = common_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.vocab_size", g->n_vocab)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.context_length", g->n_ctx)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.embedding_length", g->n_embd)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.block_count", g->n_layer)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.feed_forward_length", g->n_ff)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count", g->n_head)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count_kv", g->n_head_kv)) ||
+        (rc = common_gguf_writer_set_u32(w, "llama.rope.dimension_count", g->n_embd / g->n_head)) ||
+        (rc = common_gguf_writer_set_f32(w, "llama.rope.freq_base", g->rope_freq_base)) ||
+        (rc = common_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+        return rc;
+    if (g->n_expert &&
+        ((rc = common_gguf_writer_set_u32(w, "llama.expert_count", g->n_expert)) ||
+         (rc = common_gguf_writer_set_u32(w, "llama.expert_used_count", g->n_expert_used))))
+        return rc;
+    return COMMON_OK;
+}
+
+/* Progress of the tensor data: on a terminal one line rewritten in place each percent; in a log
+ * (not a terminal) a plain line every 10 percent, so no carriage returns reach a file. */
+struct synth_progress {
+    bool     on;       /* o->progress */
+    bool     tty;      /* stderr is a terminal */
+    uint64_t total;    /* bytes of tensor data */
+    uint64_t next;     /* bytes at which to report again */
+    uint64_t step;     /* bytes between reports */
+    bool     reported; /* something was printed */
+};
+
+static void synth_progress_report(struct synth_progress *p, uint64_t done)
+{
+    if (!p->on || done < p->next)
+        return;
+    char b1[32], b2[32];
+    fprintf(stderr, p->tty ? "\rmkmodel: %3.0f%% (%s of %s)" : "mkmodel: %3.0f%% (%s of %s)\n",
+            100.0 * (double)done / (double)p->total, common_format_size(done, b1, sizeof(b1)),
+            common_format_size(p->total, b2, sizeof(b2)));
+    p->next = done + p->step;
+    p->reported = true;
+}
+
+/* Generates, quantizes and writes every tensor's data in plan order, chunk by chunk. */
+static int synth_tensors(const struct executor_synth_opts *o, const struct synth_plan *plan,
+                         struct common_gguf_writer *w, struct synth_progress *pr, float *buf,
+                         void *qbuf, struct common_errmsg *e)
+{
+    uint64_t done = 0;
+    uint64_t seed = o->seed ? o->seed : 1;
+    long     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned n_threads = ncpu < 1                   ? 1u
+                         : ncpu > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS
+                                                    : (unsigned)ncpu;
+    int      rc;
+    for (size_t i = 0; i < plan->n; i++) {
+        const struct synth_tensor *t = &plan->t[i];
+        uint64_t                   rows = t->ne[1] * t->ne[2];
+        uint64_t                   per = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
+        uint64_t                   row_size = 0;
+        common_ggml_row_size(t->type, t->ne[0], &row_size);
+        if (per == 0)
+            return common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
+        for (uint64_t r = 0; r < rows; r += per) {
+            uint64_t n = rows - r < per ? rows - r : per;
+            if ((rc = synth_chunk(t, seed ^ (0x9E3779B97F4A7C15ull * (i + 1)), r, n, buf, qbuf,
+                                  row_size, n_threads)))
+                return common_errmsg_set(e, rc, "quantizing %s failed", t->name);
+            if ((rc = common_gguf_writer_write_data(w, qbuf, (size_t)(n * row_size), e)))
+                return rc;
+            done += n * row_size;
+            synth_progress_report(pr, done);
+        }
+    }
+    return COMMON_OK;
+}
+
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e)
 {
     struct synth_geom          g;
@@ -430,129 +565,34 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
         return rc;
     if ((rc = common_gguf_writer_create(&w, 32)))
         return rc;
-
-    /* Tokenizer first: its size fixes n_vocab. */
-    uint32_t n_vocab = o->n_vocab ? o->n_vocab : SYNTH_BYTE_VOCAB;
-    if (o->vocab_from) {
-        uint32_t have = 0;
-        if ((rc = synth_copy_vocab(w, o->vocab_from, &have, e)))
-            goto out_free;
-        if (o->n_vocab && o->n_vocab != have) {
-            rc =
-                common_errmsg_set(e, COMMON_EINVAL, "--n-vocab %u differs from the %u tokens of %s",
-                                  o->n_vocab, have, o->vocab_from);
-            goto out_free;
-        }
-        n_vocab = have;
-    } else {
-        if (n_vocab < SYNTH_BYTE_VOCAB) {
-            rc = common_errmsg_set(e, COMMON_EINVAL, "n_vocab must be at least %u (byte vocab)",
-                                   SYNTH_BYTE_VOCAB);
-            goto out_free;
-        }
-        if ((rc = synth_byte_vocab(w, n_vocab)))
-            goto out_free;
-    }
-    g.n_vocab = n_vocab;
-
-    /* With a target size, pick the layer count from the bytes of one layer. */
-    if (o->target_bytes) {
-        struct synth_geom one = g;
-        one.n_layer = 1;
-        struct synth_plan p1 = {0};
-        if ((rc = synth_plan_build(&one, &p1))) {
-            free(p1.t);
-            goto out_free;
-        }
-        uint64_t fixed = 0, layer = 0;
-        for (size_t i = 0; i < p1.n; i++) {
-            if (strncmp(p1.t[i].name, "blk.", 4) == 0)
-                layer += synth_tensor_bytes(&p1.t[i]);
-            else
-                fixed += synth_tensor_bytes(&p1.t[i]);
-        }
-        free(p1.t);
-        uint64_t n = o->target_bytes > fixed ? (o->target_bytes - fixed + layer / 2) / layer : 1;
-        g.n_layer = (uint32_t)(n < 1 ? 1 : n > 4096 ? 4096 : n);
-    }
+    if ((rc = synth_vocab(o, w, &g, e)))
+        goto out_free;
+    if (o->target_bytes && (rc = synth_layers_for_target(&g, o->target_bytes)))
+        goto out_free;
     if ((rc = synth_plan_build(&g, &plan)))
         goto out_free;
-
-    const char *name = o->name ? o->name : "sluice-synth";
-    if ((rc = common_gguf_writer_set_str(w, "general.architecture", "llama")) ||
-        (rc = common_gguf_writer_set_str(w, "general.name", name)) ||
-        (rc = common_gguf_writer_set_u32(w, "general.file_type", synth_file_type(g.type))) ||
-        (rc = common_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.vocab_size", g.n_vocab)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.context_length", g.n_ctx)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.embedding_length", g.n_embd)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.block_count", g.n_layer)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.feed_forward_length", g.n_ff)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count", g.n_head)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count_kv", g.n_head_kv)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.rope.dimension_count", g.n_embd / g.n_head)) ||
-        (rc = common_gguf_writer_set_f32(w, "llama.rope.freq_base", g.rope_freq_base)) ||
-        (rc = common_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+    if ((rc = synth_metadata(w, &g, o->name ? o->name : "sluice-synth")))
         goto out_free;
-    if (g.n_expert &&
-        ((rc = common_gguf_writer_set_u32(w, "llama.expert_count", g.n_expert)) ||
-         (rc = common_gguf_writer_set_u32(w, "llama.expert_used_count", g.n_expert_used))))
-        goto out_free;
-
-    uint64_t total = 0;
+    struct synth_progress pr = {.on = o->progress, .tty = isatty(STDERR_FILENO) == 1};
     for (size_t i = 0; i < plan.n; i++) {
         const struct synth_tensor *t = &plan.t[i];
         if ((rc = common_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne)))
             goto out_free;
-        total += synth_tensor_bytes(t);
+        pr.total += synth_tensor_bytes(t);
     }
+    pr.step = pr.total / (pr.tty ? 100 : 10);
     if ((rc = common_gguf_writer_begin(w, o->path, e)))
         goto out_free;
     begun = true;
-
     buf = malloc(SYNTH_CHUNK_BYTES);
     qbuf = malloc(SYNTH_CHUNK_BYTES);
     if (!buf || !qbuf) {
         rc = COMMON_ENOMEM;
         goto out_free;
     }
-    uint64_t done = 0, next_report = 0;
-    uint64_t seed = o->seed ? o->seed : 1;
-    long     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned n_threads = ncpu < 1                   ? 1u
-                         : ncpu > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS
-                                                    : (unsigned)ncpu;
-    for (size_t i = 0; i < plan.n; i++) {
-        const struct synth_tensor *t = &plan.t[i];
-        uint64_t                   rows = t->ne[1] * t->ne[2];
-        uint64_t                   per = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
-        uint64_t                   row_size = 0;
-        common_ggml_row_size(t->type, t->ne[0], &row_size);
-        if (per == 0) {
-            rc = common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
-            goto out_free;
-        }
-        for (uint64_t r = 0; r < rows; r += per) {
-            uint64_t n = rows - r < per ? rows - r : per;
-            if ((rc = synth_chunk(t, seed ^ (0x9E3779B97F4A7C15ull * (i + 1)), r, n, buf, qbuf,
-                                  row_size, n_threads))) {
-                common_errmsg_set(e, rc, "quantizing %s failed", t->name);
-                goto out_free;
-            }
-            if ((rc = common_gguf_writer_write_data(w, qbuf, (size_t)(n * row_size), e)))
-                goto out_free;
-            done += n * row_size;
-            if (o->progress && done >= next_report) {
-                char b1[32], b2[32];
-                fprintf(stderr, "\rmkmodel: %3.0f%% (%s of %s)",
-                        100.0 * (double)done / (double)total,
-                        common_format_size(done, b1, sizeof(b1)),
-                        common_format_size(total, b2, sizeof(b2)));
-                next_report = done + total / 100;
-            }
-        }
-    }
-    if (o->progress)
+    if ((rc = synth_tensors(o, &plan, w, &pr, buf, qbuf, e)))
+        goto out_free;
+    if (pr.reported && pr.tty)
         fprintf(stderr, "\n");
     rc = common_gguf_writer_finish(w, e);
 

@@ -180,3 +180,20 @@ Test(cli_inspect, corrupt_file_exits_nonzero_with_message)
     fixture_rmtree(dir);
     free(dir);
 }
+
+/* Progress goes to a log as plain lines: no carriage return reaches a file. */
+Test(cli_mkmodel, progress_to_a_file_has_no_carriage_returns, .timeout = 300)
+{
+    char *dir = fixture_tmpdir();
+    char  cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s/bin/sluice mkmodel --preset demo -o %s/p.gguf 2>%s/err.txt; cat %s/err.txt",
+             SLUICE_BINARY_DIR, dir, dir, dir);
+    int   status;
+    char *out = run_capture(cmd, &status);
+    cr_assert_not_null(strstr(out, "% ("), "progress lines expected: %s", out);
+    cr_assert_null(strchr(out, '\r'), "a carriage return in a file: %s", out);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+}
