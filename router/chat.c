@@ -260,9 +260,82 @@ static void render_gemma(struct sink *k, const struct router_chat_msg *msgs, siz
     router_text_fini(&sys);
 }
 
+/* Templates of one shape: PRE role MID content POST per message, then GEN for the reply. */
+struct chat_tagged {
+    const char *pre, *mid, *post, *gen;
+    bool        trim; /* content trimmed of surrounding blanks (llama3) */
+};
+
+static void render_tagged(struct sink *k, const struct chat_tagged *tg,
+                          const struct router_chat_msg *msgs, size_t n, bool gen)
+{
+    for (size_t i = 0; i < n; i++) {
+        put(k, tg->pre);
+        put(k, msgs[i].role);
+        put(k, tg->mid);
+        if (tg->trim)
+            put_trim(k, msgs[i].content);
+        else
+            put(k, msgs[i].content);
+        put(k, tg->post);
+    }
+    if (gen)
+        put(k, tg->gen);
+}
+
+/* DeepSeek's three templates: plain-text turns (v1), "User: / Assistant:" (v2), fullwidth-bar
+ * tags (v3). */
+static void render_deepseek(struct sink *k, enum router_chat_tmpl t,
+                            const struct router_chat_msg *msgs, size_t n, bool gen)
+{
+#define DS_EOS                                                                                     \
+    "<\xEF\xBD\x9C"                                                                                \
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"
+#define DS_USER                                                                                    \
+    "<\xEF\xBD\x9C"                                                                                \
+    "User\xEF\xBD\x9C>"
+#define DS_ASST                                                                                    \
+    "<\xEF\xBD\x9C"                                                                                \
+    "Assistant\xEF\xBD\x9C>"
+    static const char *const sys_post[] = {"", "\n\n", "\n\n"};
+    static const char *const user_pre[] = {"### Instruction:\n", "User: ", DS_USER};
+    static const char *const user_post[] = {"\n", "\n\n", ""};
+    static const char *const asst_pre[] = {"### Response:\n", "Assistant: ", DS_ASST};
+    static const char *const asst_post[] = {"\n<|EOT|>\n", DS_EOS, DS_EOS};
+    static const char *const gen_text[] = {"### Response:\n", "Assistant:", DS_ASST};
+    const int                v = t == ROUTER_CHAT_DEEPSEEK ? 0 : t == ROUTER_CHAT_DEEPSEEK2 ? 1 : 2;
+    for (size_t i = 0; i < n; i++) {
+        if (is_role(&msgs[i], "system")) {
+            put(k, msgs[i].content);
+            put(k, sys_post[v]);
+        } else if (is_role(&msgs[i], "user")) {
+            put(k, user_pre[v]);
+            put(k, msgs[i].content);
+            put(k, user_post[v]);
+        } else if (is_role(&msgs[i], "assistant")) {
+            put(k, asst_pre[v]);
+            put(k, msgs[i].content);
+            put(k, asst_post[v]);
+        }
+    }
+    if (gen)
+        put(k, gen_text[v]);
+#undef DS_EOS
+#undef DS_USER
+#undef DS_ASST
+}
+
 int router_chat_render(enum router_chat_tmpl t, const struct router_chat_msg *msgs, size_t n,
                        const struct router_chat_opts *o, struct router_text *out)
 {
+    static const struct chat_tagged chatml = {"<|im_start|>", "\n", "<|im_end|>\n",
+                                              "<|im_start|>assistant\n", false};
+    static const struct chat_tagged phi4 = {"<|im_start|>", "<|im_sep|>", "<|im_end|>",
+                                            "<|im_start|>assistant<|im_sep|>", false};
+    static const struct chat_tagged phi3 = {"<|", "|>\n", "<|end|>\n", "<|assistant|>\n", false};
+    static const struct chat_tagged llama3 = {
+        "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
+        "<|start_header_id|>assistant<|end_header_id|>\n\n", true};
     const struct router_chat_opts dflt = {0};
     if (!o)
         o = &dflt;
@@ -277,26 +350,16 @@ int router_chat_render(enum router_chat_tmpl t, const struct router_chat_msg *ms
     const bool   gen = o->add_generation_prompt;
     switch (t) {
     case ROUTER_CHAT_CHATML:
-        for (size_t i = 0; i < n; i++) {
-            put(&k, "<|im_start|>");
-            put(&k, msgs[i].role);
-            put(&k, "\n");
-            put(&k, msgs[i].content);
-            put(&k, "<|im_end|>\n");
-        }
-        if (gen)
-            put(&k, "<|im_start|>assistant\n");
+        render_tagged(&k, &chatml, msgs, n, gen);
         break;
     case ROUTER_CHAT_PHI4:
-        for (size_t i = 0; i < n; i++) {
-            put(&k, "<|im_start|>");
-            put(&k, msgs[i].role);
-            put(&k, "<|im_sep|>");
-            put(&k, msgs[i].content);
-            put(&k, "<|im_end|>");
-        }
-        if (gen)
-            put(&k, "<|im_start|>assistant<|im_sep|>");
+        render_tagged(&k, &phi4, msgs, n, gen);
+        break;
+    case ROUTER_CHAT_PHI3:
+        render_tagged(&k, &phi3, msgs, n, gen);
+        break;
+    case ROUTER_CHAT_LLAMA3:
+        render_tagged(&k, &llama3, msgs, n, gen);
         break;
     case ROUTER_CHAT_MISTRAL_V1:
     case ROUTER_CHAT_MISTRAL_V3:
@@ -311,87 +374,13 @@ int router_chat_render(enum router_chat_tmpl t, const struct router_chat_msg *ms
     case ROUTER_CHAT_LLAMA2_SYS_STRIP:
         render_llama2(&k, t, msgs, n);
         break;
-    case ROUTER_CHAT_PHI3:
-        for (size_t i = 0; i < n; i++) {
-            put(&k, "<|");
-            put(&k, msgs[i].role);
-            put(&k, "|>\n");
-            put(&k, msgs[i].content);
-            put(&k, "<|end|>\n");
-        }
-        if (gen)
-            put(&k, "<|assistant|>\n");
-        break;
     case ROUTER_CHAT_GEMMA:
         render_gemma(&k, msgs, n, gen);
         break;
-    case ROUTER_CHAT_LLAMA3:
-        for (size_t i = 0; i < n; i++) {
-            put(&k, "<|start_header_id|>");
-            put(&k, msgs[i].role);
-            put(&k, "<|end_header_id|>\n\n");
-            put_trim(&k, msgs[i].content);
-            put(&k, "<|eot_id|>");
-        }
-        if (gen)
-            put(&k, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        break;
     case ROUTER_CHAT_DEEPSEEK:
-        for (size_t i = 0; i < n; i++) {
-            if (is_role(&msgs[i], "system")) {
-                put(&k, msgs[i].content);
-            } else if (is_role(&msgs[i], "user")) {
-                put(&k, "### Instruction:\n");
-                put(&k, msgs[i].content);
-                put(&k, "\n");
-            } else if (is_role(&msgs[i], "assistant")) {
-                put(&k, "### Response:\n");
-                put(&k, msgs[i].content);
-                put(&k, "\n<|EOT|>\n");
-            }
-        }
-        if (gen)
-            put(&k, "### Response:\n");
-        break;
     case ROUTER_CHAT_DEEPSEEK2:
-        for (size_t i = 0; i < n; i++) {
-            if (is_role(&msgs[i], "system")) {
-                put(&k, msgs[i].content);
-                put(&k, "\n\n");
-            } else if (is_role(&msgs[i], "user")) {
-                put(&k, "User: ");
-                put(&k, msgs[i].content);
-                put(&k, "\n\n");
-            } else if (is_role(&msgs[i], "assistant")) {
-                put(&k, "Assistant: ");
-                put(&k, msgs[i].content);
-                put(&k, "<\xEF\xBD\x9C"
-                        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>");
-            }
-        }
-        if (gen)
-            put(&k, "Assistant:");
-        break;
     case ROUTER_CHAT_DEEPSEEK3:
-        for (size_t i = 0; i < n; i++) {
-            if (is_role(&msgs[i], "system")) {
-                put(&k, msgs[i].content);
-                put(&k, "\n\n");
-            } else if (is_role(&msgs[i], "user")) {
-                put(&k, "<\xEF\xBD\x9C"
-                        "User\xEF\xBD\x9C>");
-                put(&k, msgs[i].content);
-            } else if (is_role(&msgs[i], "assistant")) {
-                put(&k, "<\xEF\xBD\x9C"
-                        "Assistant\xEF\xBD\x9C>");
-                put(&k, msgs[i].content);
-                put(&k, "<\xEF\xBD\x9C"
-                        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>");
-            }
-        }
-        if (gen)
-            put(&k, "<\xEF\xBD\x9C"
-                    "Assistant\xEF\xBD\x9C>");
+        render_deepseek(&k, t, msgs, n, gen);
         break;
     case ROUTER_CHAT_COUNT:
         return COMMON_EINVAL;

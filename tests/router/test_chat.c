@@ -182,3 +182,33 @@ Test(router_chat, render_rejects_bad_input)
     cr_expect_eq(router_chat_render(ROUTER_CHAT_COUNT, k_conv, 1, NULL, &out), COMMON_EINVAL);
     cr_expect_eq(out.len, 0);
 }
+
+/* Renders k_conv with template t and a generation prompt, and compares. */
+static void expect_direct(enum router_chat_tmpl t, const char *want)
+{
+    struct router_text out = {0};
+    cr_assert_eq(router_chat_render(t, k_conv, N_CONV,
+                                    &(struct router_chat_opts){.add_generation_prompt = true},
+                                    &out),
+                 0);
+    cr_expect_str_eq(out.ptr, want, "%s rendered:\n%s", router_chat_name(t), out.ptr);
+    router_text_fini(&out);
+}
+
+Test(router_chat, phi4_renders_like_llama_cpp)
+{
+    expect_direct(ROUTER_CHAT_PHI4,
+                  "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|><|im_start|>"
+                  "user<|im_sep|>Hello<|im_end|><|im_start|>assistant<|im_sep|>Hi there<|im_end|>"
+                  "<|im_start|>user<|im_sep|>Who are you<|im_end|><|im_start|>assistant<|im_sep|>"
+                  "   I am an assistant   <|im_end|><|im_start|>user<|im_sep|>Another question"
+                  "<|im_end|><|im_start|>assistant<|im_sep|>");
+}
+
+Test(router_chat, deepseek2_renders_like_llama_cpp)
+{
+    expect_direct(ROUTER_CHAT_DEEPSEEK2,
+                  "You are a helpful assistant\n\nUser: Hello\n\nAssistant: Hi "
+                  "there<｜end▁of▁sentence｜>User: Who are you\n\nAssistant:    I am an assistant   "
+                  "<｜end▁of▁sentence｜>User: Another question\n\nAssistant:");
+}
