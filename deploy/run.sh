@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deploy/run.sh - sets up, builds, starts the daemons (fetcher, executor, router) through the
-# supervisor and runs one generation through the client; makes a demo model when none is given.
+# supervisor and runs one generation through the client; without a model it uses the small trained
+# model shipped in deploy/models/ (readable text).
 # usage: deploy/run.sh [MODEL.gguf] ["prompt"] [extra `sluice generate` options...]
 #        SLUICE_ONE_PROCESS=1 deploy/run.sh ...   the same generation with `sluice run` instead
 # The daemons keep running afterwards (run dir: $SLUICE_RUN_DIR, default build/run);
@@ -17,17 +18,16 @@ if ! cmake --build build -j"$(nproc)" >build/build.log 2>&1; then
 fi
 
 model="${1:-}"
-prompt="${2:-Once upon a time}"
+prompt="${2:-}"
 shift $(($# > 2 ? 2 : $#))
 if [ -z "$model" ]; then
-    model=build/demo.gguf
-    if [ ! -f "$model" ]; then
-        echo "run: no model given; writing a demo MoE model with random weights to $model"
-        build/bin/sluice mkmodel --preset demo -o "$model"
-    fi
-    echo "run: the demo model has random weights, so its text is gibberish by design;"
-    echo "     pass a real GGUF (e.g. from llama.cpp or Ollama) as the first argument."
+    model=deploy/models/moe-tiny-q4_0.gguf
+    prompt="${prompt:-In the beginning}"
+    echo "run: no model given; using $model, a 7.5M-parameter MoE trained on the World English"
+    echo "     Bible (deploy/models/README.md). Pass any GGUF (llama.cpp, Ollama) as the first"
+    echo "     argument for another model."
 fi
+prompt="${prompt:-Once upon a time}"
 if [ -n "${SLUICE_ONE_PROCESS:-}" ]; then
     exec build/bin/sluice run -m "$model" -p "$prompt" -n 64 "$@"
 fi
