@@ -22,7 +22,6 @@ struct main_config {
     enum common_cache_type cache_type;
     uint32_t               connect_timeout_s;
     bool                   direct_reads;
-    enum common_log_level  log_level;
 };
 
 #define PROG "sluice-executor"
@@ -37,22 +36,9 @@ static int main_cache_type(void *arg, const char *v, struct common_errmsg *e)
 
 /* Parses the command line (after the config file's words). Returns 0 (run), COMMON_OPTS_HELP or
  * a negative common_err (printed). */
-static int main_parse(int argc, char **argv, struct main_config *c)
+static int main_parse(int argc, char **argv, struct main_config *c, char ***owned)
 {
     const struct common_opt rows[] = {
-        {.name = "model",
-         .short_name = "m",
-         .type = COMMON_OPT_STR,
-         .target = &c->model,
-         .metavar = "PATH",
-         .help = "GGUF model (first split of a split model)",
-         .required = true},
-        {.name = "run-dir",
-         .type = COMMON_OPT_STR,
-         .target = &c->run_dir,
-         .metavar = "DIR",
-         .help = "run directory shared by the daemons (mode 0700)",
-         .required = true},
         {.name = "fetchers",
          .type = COMMON_OPT_U32,
          .target = &c->n_fetchers,
@@ -112,18 +98,6 @@ static int main_parse(int argc, char **argv, struct main_config *c)
          .help = "read experts already in a fetcher's pool in place, while the pool evicts "
                  "nothing, instead of pinning each part by a request",
          .def = "on"},
-        {.name = "log-level",
-         .type = COMMON_OPT_CALLBACK,
-         .target = &c->log_level,
-         .parse = common_log_level_opt,
-         .metavar = "L",
-         .help = "err, warn, info or debug",
-         .def = "info"},
-        {.name = "config",
-         .type = COMMON_OPT_STR,
-         .metavar = "FILE",
-         .help = "settings file: global keys and an [executor] section of 'key = value' lines "
-                 "(long option names); the command line overrides them"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -139,7 +113,11 @@ static int main_parse(int argc, char **argv, struct main_config *c)
                   "unusable model, or a fetcher that did not answer within --connect-timeout.",
         .opts = rows,
     };
-    return common_opts_parse(&spec, argc, argv);
+    struct proto_daemon_args da = {0};
+    int                      rc = proto_daemon_parse(&spec, "executor", argc, argv, &da, owned);
+    c->model = da.model;
+    c->run_dir = da.run_dir;
+    return rc;
 }
 
 /* What the executor loaded; freed in reverse order by main_close(). */
@@ -259,21 +237,14 @@ static int main_run(const struct main_config *c)
 
 int main(int argc, char **argv)
 {
-    struct main_config c = {.n_fetchers = 1,
-                            .n_seq = 4,
-                            .connect_timeout_s = 30,
-                            .direct_reads = true,
-                            .log_level = COMMON_LOG_LEVEL_INFO};
-    char             **owned = NULL, **cargv;
-    int                cargc;
-    int rc = common_config_load(PROG, "executor", argc, argv, &cargc, &cargv, &owned);
-    if (rc < 0)
-        return common_opts_exit_status(rc);
-    if ((rc = main_parse(cargc, cargv, &c)) != 0) {
+    struct main_config c = {
+        .n_fetchers = 1, .n_seq = 4, .connect_timeout_s = 30, .direct_reads = true};
+    char **owned = NULL;
+    int    rc = main_parse(argc, argv, &c, &owned);
+    if (rc != 0) {
         free(owned);
         return common_opts_exit_status(rc);
     }
-    common_log_set_level(c.log_level);
     proto_daemon_signals();
     rc = main_run(&c);
     free(owned);

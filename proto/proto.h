@@ -490,6 +490,24 @@ void proto_daemon_signals(void);
  * waiting for its fetchers) give up when it is set. Thread-safe. */
 bool proto_daemon_stopping(void);
 
+/* The options every daemon takes, besides its own: -m/--model, --run-dir (both required),
+ * --log-level and --config. */
+struct proto_daemon_args {
+    const char           *model;     /* borrowed from argv or the config file's words */
+    const char           *run_dir;   /* borrowed likewise */
+    enum common_log_level log_level; /* applied by proto_daemon_parse() */
+};
+
+/* The command line of a daemon: reads --config FILE (its global keys and `section`: "fetcher",
+ * "executor" or "router") before argv, then parses both with the daemon's own rows in `spec`
+ * (spec->opts; spec->groups must be NULL: this adds the common options as a group) and the
+ * common ones into *a, and sets the log level. *owned receives the config file's words (free()
+ * it after the daemon stops; the strings in *a and the daemon's options point into it). Returns
+ * 0 (run), COMMON_OPTS_HELP, or a negative common_err already printed; exit with
+ * common_opts_exit_status() unless 0. */
+int proto_daemon_parse(const struct common_opts_spec *spec, const char *section, int argc,
+                       char **argv, struct proto_daemon_args *a, char ***owned);
+
 /* The HELLO of this process: version, role, name, pid and instance, no shards. Both sides of a
  * handshake build theirs with it. */
 void proto_hello_init(struct proto_hello *h, enum proto_role role, const char *name,

@@ -414,3 +414,53 @@ int proto_service_run(struct proto_service *s)
         service_set_drain(s, true);
     return by_message ? PROTO_SERVICE_STOP_MESSAGE : PROTO_SERVICE_STOP_SIGNAL;
 }
+
+/* ---- the command line of a daemon --------------------------------------------------------- */
+
+int proto_daemon_parse(const struct common_opts_spec *spec, const char *section, int argc,
+                       char **argv, struct proto_daemon_args *a, char ***owned)
+{
+    char config_help[160];
+    snprintf(config_help, sizeof(config_help),
+             "settings file: global keys and a [%s] section of 'key = value' lines (long option "
+             "names), read before the command line, which overrides them",
+             section);
+    const struct common_opt rows[] = {
+        {.name = "model",
+         .short_name = "m",
+         .type = COMMON_OPT_STR,
+         .target = &a->model,
+         .metavar = "PATH",
+         .help = "GGUF model (first split of a split model)",
+         .required = true},
+        {.name = "run-dir",
+         .type = COMMON_OPT_STR,
+         .target = &a->run_dir,
+         .metavar = "DIR",
+         .help = "run directory shared by the daemons: created with mode 0700 when absent, else "
+                 "it must be this user's with mode 0700",
+         .required = true},
+        {.name = "log-level",
+         .type = COMMON_OPT_CALLBACK,
+         .target = &a->log_level,
+         .parse = common_log_level_opt,
+         .metavar = "L",
+         .help = "err, warn, info or debug",
+         .def = "info"},
+        {.name = "config", .type = COMMON_OPT_STR, .metavar = "FILE", .help = config_help},
+        {0},
+    };
+    const struct common_opt_group groups[] = {{.title = "Options of every daemon", .opts = rows},
+                                              {0}};
+    struct common_opts_spec       full = *spec;
+    full.groups = groups;
+    int    cargc;
+    char **cargv;
+    a->log_level = COMMON_LOG_LEVEL_INFO;
+    int rc = common_config_load(spec->prog, section, argc, argv, &cargc, &cargv, owned);
+    if (rc < 0)
+        return rc;
+    if ((rc = common_opts_parse(&full, cargc, cargv)) == 0)
+        common_log_set_level(a->log_level);
+    return rc;
+}

@@ -10,23 +10,9 @@
 
 /* Parses the command line (after the config file's words). Returns 0 (run), COMMON_OPTS_HELP or
  * a negative common_err (printed). */
-static int router_parse(int argc, char **argv, struct router_serve_opts *o,
-                        enum common_log_level *level)
+static int router_parse(int argc, char **argv, struct router_serve_opts *o, char ***owned)
 {
     const struct common_opt rows[] = {
-        {.name = "model",
-         .short_name = "m",
-         .type = COMMON_OPT_STR,
-         .target = &o->model_path,
-         .metavar = "PATH",
-         .help = "GGUF model (its tokenizer and chat template)",
-         .required = true},
-        {.name = "run-dir",
-         .type = COMMON_OPT_STR,
-         .target = &o->run_dir,
-         .metavar = "DIR",
-         .help = "run directory shared by the daemons (mode 0700)",
-         .required = true},
         {.name = "ctx-size",
          .short_name = "c",
          .type = COMMON_OPT_U32,
@@ -73,18 +59,6 @@ static int router_parse(int argc, char **argv, struct router_serve_opts *o,
          .help = "a streaming client gets the tokens made during each interval together; 0 = "
                  "every token at once",
          .def = "50"},
-        {.name = "log-level",
-         .type = COMMON_OPT_CALLBACK,
-         .target = level,
-         .parse = common_log_level_opt,
-         .metavar = "L",
-         .help = "err, warn, info or debug",
-         .def = "info"},
-        {.name = "config",
-         .type = COMMON_OPT_STR,
-         .metavar = "FILE",
-         .help = "settings file: global keys and a [router] section of 'key = value' lines "
-                 "(long option names); the command line overrides them"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -98,23 +72,22 @@ static int router_parse(int argc, char **argv, struct router_serve_opts *o,
                   "exit 0. Exit status 2 for a usage error, 1 for a failure.",
         .opts = rows,
     };
-    return common_opts_parse(&spec, argc, argv);
+    struct proto_daemon_args da = {0};
+    int                      rc = proto_daemon_parse(&spec, "router", argc, argv, &da, owned);
+    o->model_path = da.model;
+    o->run_dir = da.run_dir;
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
     struct router_serve_opts o = {.stream_ms = 50};
-    enum common_log_level    level = COMMON_LOG_LEVEL_INFO;
-    int                      cargc;
-    char                   **cargv, **owned;
-    int rc = common_config_load(PROG, "router", argc, argv, &cargc, &cargv, &owned);
-    if (rc < 0)
-        return common_opts_exit_status(rc);
-    if ((rc = router_parse(cargc, cargv, &o, &level)) != 0) {
+    char                   **owned = NULL;
+    int                      rc = router_parse(argc, argv, &o, &owned);
+    if (rc != 0) {
         free(owned);
         return common_opts_exit_status(rc);
     }
-    common_log_set_level(level);
     proto_daemon_signals();
 
     struct common_errmsg e = {{0}};
