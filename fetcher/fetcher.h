@@ -221,8 +221,10 @@ struct fetcher_opts {
 int fetcher_create(const struct common_gguf *g, const struct common_model *m,
                    const struct fetcher_opts *o, struct fetcher **out, struct common_errmsg *e);
 
-/* Stops the I/O thread (waiting for reads in flight) and frees everything; accepts NULL. Every
- * loan must have been released. */
+/* Stops the I/O thread (waiting for reads in flight; their waiters are answered), answers every
+ * asynchronous acquire still waiting with COMMON_ECLOSED (on the calling thread), and frees
+ * everything; accepts NULL. Every loan must have been released (or be released by those
+ * callbacks), and no other thread may call into f meanwhile. */
 void fetcher_destroy(struct fetcher *f);
 
 /* Asks for the bundle of expert `expert` of layer `layer` without waiting. A demand or
@@ -241,6 +243,29 @@ int fetcher_request(struct fetcher *f, uint32_t layer, uint32_t expert, enum fet
  * errno; the slot went back to FREE). Outputs are unchanged on failure. */
 int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
                     enum common_expert_part part, const void **data, uint32_t *loan);
+
+/* Outcome of fetcher_acquire_async(): rc 0 with the part's bytes in `data` (valid until
+ * fetcher_release(f, loan)), or a negative common_err with data NULL and loan FETCHER_LOAN_NONE.
+ * Runs on the thread that called fetcher_acquire_async() (an answer known at once) or on the
+ * fetcher's I/O thread, never with a fetcher lock held: it must not block (it holds up every
+ * other read's completion), it may take its own locks, call fetcher_release() and call
+ * fetcher_acquire_async() again; it must not call fetcher_destroy(). */
+typedef void (*fetcher_acquire_cb)(void *arg, int rc, const void *data, uint32_t loan);
+
+/* fetcher_acquire() without the wait: the access is traced the same way and an absent bundle is
+ * loaded as a demand (a queued or in-flight load of it is promoted), then `cb(arg, ...)` is
+ * called exactly once with the outcome. Before this returns when the answer is known now: the
+ * part is readable (rc 0, pinned) or every slot is pinned and none is loading (COMMON_EAGAIN);
+ * in mmap mode always (rc 0, loan FETCHER_LOAN_NONE). Otherwise later, on the I/O thread: rc 0
+ * once the part is read (gate and up may be answered while down is still in flight), COMMON_EIO
+ * when the load failed (fetcher_last_error() says why), COMMON_EAGAIN when every slot ends up
+ * pinned with none loading, or COMMON_ECLOSED from fetcher_destroy() for a call still waiting
+ * then. When no slot can be claimed but loads are in flight or failed slots await their last
+ * release, the call waits for a completion or a release and tries again. Returns 0 (accepted),
+ * COMMON_EINVAL (ids out of range, NULL cb) or COMMON_ENOMEM (no memory for the waiter); cb is
+ * not called then. No allocation in steady state (waiter nodes are reused). Thread-safe. */
+int fetcher_acquire_async(struct fetcher *f, uint32_t layer, uint32_t expert,
+                          enum common_expert_part part, fetcher_acquire_cb cb, void *arg);
 
 /* fetcher_acquire() when part `part` is readable in the pool right now: pins it and returns 0
  * (the access counts as with fetcher_acquire()). Otherwise returns COMMON_EAGAIN at once (absent,
@@ -261,7 +286,9 @@ int fetcher_note_use(struct fetcher *f, uint32_t layer, uint32_t expert, uint32_
  * ids out of range. Does not count as an access. */
 bool fetcher_is_ready(struct fetcher *f, uint32_t layer, uint32_t expert);
 
-/* Ends one loan made by fetcher_acquire(). FETCHER_LOAN_NONE is ignored. */
+/* Ends one loan made by fetcher_acquire(), fetcher_try_acquire() or fetcher_acquire_async().
+ * FETCHER_LOAN_NONE is ignored. Never runs a callback; when asynchronous acquires wait for a
+ * slot it wakes the I/O thread, which retries them. */
 void fetcher_release(struct fetcher *f, uint32_t loan);
 
 /* Marks the start of a token (a decode step or one forward pass of a batch): splits faults per
@@ -346,7 +373,7 @@ uint64_t fetcher_load_log_count(struct fetcher *f);
 uint64_t fetcher_load_log_take(struct fetcher *f, struct fetcher_probe_key **out);
 
 /* ------------------------------------------------------------------------------------------ */
-/* The fetcher daemon's service: control socket, pool fd, executor rings (fetcher/serve.c)     */
+/* The fetcher daemon: control socket, pool fd (fetcher/serve.c), executor rings (link.c)      */
 /* ------------------------------------------------------------------------------------------ */
 
 struct fetcher_serve_opts {
@@ -365,7 +392,6 @@ struct fetcher_serve_opts {
     enum fetcher_policy  policy;      /* 0 = LRU */
     enum fetcher_io_mode io;          /* AUTO, URING or PREAD (MMAP is refused: no pool) */
     uint32_t             queue_depth; /* reads in flight; 0 = 32 */
-    uint32_t             n_workers;   /* threads running ACQUIREs; 0 = 8 */
     FILE                *plan_out;    /* borrowed: the plan is printed here; NULL = silent */
     const char          *trace_out;   /* borrowed: trace JSON written at stop; NULL = none */
     FILE                *summary_out; /* borrowed: trace summary printed at stop; NULL = none */
@@ -390,10 +416,10 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
  * signal. */
 struct proto_service *fetcher_serve_service(struct fetcher_server *s);
 
-/* Stops: refuses new work, drops the executor link (releasing its loans), waits for the worker
- * threads, closes the sockets and removes the socket and pid files, writes the trace JSON and
- * summary if asked, frees everything. Returns 0, or COMMON_EIO when the trace file could not be
- * written (named in e; everything is freed anyway). Accepts NULL. */
+/* Stops: refuses new work, drops the executor link (releasing its loans), closes the sockets
+ * and removes the socket and pid files, writes the trace JSON and summary if asked, frees
+ * everything (ACQUIREs still waiting for a read go unanswered). Returns 0, or COMMON_EIO when
+ * the trace file could not be written (named in e; everything is freed anyway). Accepts NULL. */
 int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e);
 
 /* The fetcher behind the service (owned by s; valid until fetcher_serve_stop). */

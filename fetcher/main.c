@@ -44,25 +44,11 @@ static int parse_policy(void *arg, const char *v, struct common_errmsg *e)
     return COMMON_OK;
 }
 
-/* Parses the command line (after the config file's words) into *o and *level. Returns 0 (run),
- * COMMON_OPTS_HELP or a negative common_err (printed). */
-static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o,
-                      enum common_log_level *level)
+/* Parses the config file and the command line into *o (*owned: the config words). Returns 0
+ * (run), COMMON_OPTS_HELP or a negative common_err (printed). */
+static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char ***owned)
 {
     const struct common_opt rows[] = {
-        {.name = "model",
-         .short_name = "m",
-         .type = COMMON_OPT_STR,
-         .target = &o->model_path,
-         .metavar = "FILE",
-         .help = "GGUF model (first split of a split model)",
-         .required = true},
-        {.name = "run-dir",
-         .type = COMMON_OPT_STR,
-         .target = &o->run_dir,
-         .metavar = "DIR",
-         .help = "run directory, created with mode 0700",
-         .required = true},
         {.name = "shard",
          .type = COMMON_OPT_CALLBACK,
          .target = o,
@@ -118,30 +104,11 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o,
          .max = 4096,
          .help = "reads in flight",
          .def = "32"},
-        {.name = "workers",
-         .type = COMMON_OPT_U32,
-         .target = &o->n_workers,
-         .min = 1,
-         .max = 256,
-         .help = "threads serving ACQUIREs",
-         .def = "8"},
         {.name = "trace-out",
          .type = COMMON_OPT_STR,
          .target = &o->trace_out,
          .metavar = "FILE",
          .help = "write the expert trace JSON at exit"},
-        {.name = "log-level",
-         .type = COMMON_OPT_CALLBACK,
-         .target = level,
-         .parse = common_log_level_opt,
-         .metavar = "L",
-         .help = "err, warn, info or debug",
-         .def = "info"},
-        {.name = "config",
-         .type = COMMON_OPT_STR,
-         .metavar = "FILE",
-         .help = "settings file: global keys and a [fetcher] section of 'key = value' lines "
-                 "(long option names), read before the command line"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -156,24 +123,23 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o,
                   "for a failure.",
         .opts = rows,
     };
-    return common_opts_parse(&spec, argc, argv);
+    struct proto_daemon_args da = {0};
+    int                      rc = proto_daemon_parse(&spec, "fetcher", argc, argv, &da, owned);
+    o->model_path = da.model;
+    o->run_dir = da.run_dir;
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
-    struct common_errmsg e = {{0}};
-    int                  cargc;
-    char               **cargv, **owned;
-    int rc = common_config_load(PROG, "fetcher", argc, argv, &cargc, &cargv, &owned);
-    if (rc < 0)
-        return common_opts_exit_status(rc);
+    struct common_errmsg      e = {{0}};
+    char                    **owned = NULL;
     struct fetcher_serve_opts o = {.plan_out = stderr, .summary_out = stderr};
-    enum common_log_level     level = COMMON_LOG_LEVEL_INFO;
-    if ((rc = parse_args(cargc, cargv, &o, &level)) != 0) {
+    int                       rc = parse_args(argc, argv, &o, &owned);
+    if (rc != 0) {
         free(owned);
         return common_opts_exit_status(rc);
     }
-    common_log_set_level(level);
     proto_daemon_signals();
 
     struct fetcher_server *srv = NULL;

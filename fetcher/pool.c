@@ -261,30 +261,46 @@ int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct common_pool_ke
     return rc;
 }
 
+/* Pins slot `slot` of generation `gen` when part `part` is readable (under p->mu). Returns 0,
+ * COMMON_EAGAIN (still loading, part not readable yet), COMMON_EIO (that load failed) or
+ * COMMON_ENOENT (the slot changed hands without a failure). */
+static int pool_slot_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
+                             struct common_pool_loan *out)
+{
+    struct common_pool_slot *s = &p->slots[slot];
+    uint32_t                 st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen || st == COMMON_POOL_SLOT_FREE ||
+        st == COMMON_POOL_SLOT_FAILED) {
+        /* Failed loads give EIO; a slot that completed and was then evicted, or a load
+         * abandoned without an error, asks the caller to look again. */
+        return p->failed_gen[slot] == (uint64_t)gen + 1 ? COMMON_EIO : COMMON_ENOENT;
+    }
+    if (!pool_readable(s, part))
+        return COMMON_EAGAIN;
+    pool_pin(p, slot, part, out);
+    return COMMON_OK;
+}
+
 int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
                               struct common_pool_loan *out)
 {
     if (slot >= p->hdr->n_slots || part > COMMON_POOL_WHOLE)
         return COMMON_EINVAL;
-    struct common_pool_slot *s = &p->slots[slot];
-    int                      rc;
+    int rc;
     pthread_mutex_lock(&p->mu);
-    for (;;) {
-        uint32_t st = atomic_load_explicit(&s->state, memory_order_relaxed);
-        if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen ||
-            st == COMMON_POOL_SLOT_FREE || st == COMMON_POOL_SLOT_FAILED) {
-            /* Failed loads give EIO; a slot that completed and was then evicted, or a load
-             * abandoned without an error, asks the caller to look again. */
-            rc = p->failed_gen[slot] == (uint64_t)gen + 1 ? COMMON_EIO : COMMON_EAGAIN;
-            break;
-        }
-        if (pool_readable(s, part)) {
-            pool_pin(p, slot, part, out);
-            rc = COMMON_OK;
-            break;
-        }
+    while ((rc = pool_slot_acquire(p, slot, gen, part, out)) == COMMON_EAGAIN)
         pthread_cond_wait(&p->cv, &p->mu);
-    }
+    pthread_mutex_unlock(&p->mu);
+    return rc == COMMON_ENOENT ? COMMON_EAGAIN : rc;
+}
+
+int fetcher_pool_poll_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
+                              struct common_pool_loan *out)
+{
+    if (slot >= p->hdr->n_slots || part > COMMON_POOL_WHOLE)
+        return COMMON_EINVAL;
+    pthread_mutex_lock(&p->mu);
+    int rc = pool_slot_acquire(p, slot, gen, part, out);
     pthread_mutex_unlock(&p->mu);
     return rc;
 }

@@ -73,6 +73,13 @@ int fetcher_pool_try_acquire(struct fetcher_pool *p, const struct common_pool_ke
 int fetcher_pool_wait_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
                               struct common_pool_loan *out);
 
+/* fetcher_pool_wait_acquire() without the wait: pins slot `slot` of generation `gen` if part
+ * `part` is readable now. Returns 0 (pinned, *out filled), COMMON_EAGAIN (still loading, the part
+ * is not readable yet), COMMON_EIO (that load failed), COMMON_ENOENT (the slot changed hands
+ * without a failure: look up the key again), COMMON_EINVAL (bad slot or part). Thread-safe. */
+int fetcher_pool_poll_acquire(struct fetcher_pool *p, uint32_t slot, uint32_t gen, uint32_t part,
+                              struct common_pool_loan *out);
+
 /* Unpins one loan of `slot`. Thread-safe. */
 void fetcher_pool_release(struct fetcher_pool *p, uint32_t slot);
 

@@ -1,4 +1,4 @@
-/* fetcher/serve.c - the fetcher daemon's service: control socket, pool fd, executor rings. */
+/* fetcher/serve.c - the fetcher daemon's service: control socket, pool fd, start and stop. */
 #include "fetcher.h"
 
 #include <errno.h>
@@ -14,83 +14,48 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "link.h"
 #include "proto.h"
 
-#define SERVE_DEFAULT_WORKERS 8u
-#define SERVE_MAX_WORKERS     256u
-#define SERVE_JOB_CAP         4096u /* queued ACQUIREs; the ring reader waits when full */
-#define SERVE_POLL_MS         200   /* ring and socket waits: how soon stop and peer death show */
-#define SERVE_PUSH_MS         100   /* reply push waits on a full ring */
-#define SERVE_PATH_MAX        1024u
-
-/* One executor link: its ring pair and the loans it holds. Found by the server (current link)
- * and by queued jobs; refs counts both, under srv->mu. */
-struct serve_link {
-    struct fetcher_server     *srv;     /* borrowed: owns the link */
-    struct common_ring_segment req_seg; /* mapped: executor -> fetcher records */
-    struct common_ring_segment rep_seg; /* mapped: fetcher -> executor replies */
-    struct common_ring         req;     /* consumer side, used by the reader thread only */
-    struct common_ring         rep;     /* producer side, under push_mu */
-    uint32_t                   pid;     /* executor pid from ATTACH (0 = not told) */
-    uint64_t                   instance;
-    uint32_t                  *pins;    /* owned: loans held per pool slot; under srv->mu */
-    uint64_t                   n_pins;  /* sum of pins; under srv->mu */
-    uint32_t                   refs;    /* under srv->mu */
-    _Atomic bool               dead;    /* set under srv->mu once; pins are released then */
-    _Atomic bool               stop;    /* asks the reader thread to exit */
-    pthread_mutex_t            push_mu; /* the rep ring has one producer: workers take turns */
-    pthread_t                  thread;
-    bool                       thread_started;
-};
-
-/* An ACQUIRE waiting for a worker. */
-struct serve_job {
-    struct serve_link     *link; /* shared: one ref held by the job */
-    struct proto_fetch_req req;
-    bool                   done; /* acquired by the reader already: only `rep` is to be pushed */
-    struct proto_fetch_rep rep;
-};
+#define SERVE_POLL_MS  200 /* pool socket waits: how soon stop shows */
+#define SERVE_PATH_MAX 1024u
 
 struct fetcher_server {
-    struct fetcher_serve_opts   o;
+    struct fetcher_serve_opts   o;          /* as given; strings point at the copies below */
     char                       *run_dir;    /* owned */
     char                       *model_path; /* owned: as given */
     struct common_gguf         *g;          /* owned */
-    struct common_model         m;
-    bool                        m_init;
-    struct fetcher             *f;                             /* owned */
-    uint32_t                    shard, n_shards, first, n_exp; /* this fetcher's experts */
-    uint32_t                    n_layer, n_expert, n_slots;
-    uint64_t                    instance;
-    const uint8_t              *pool_base; /* borrowed: the fetcher's pool mapping */
-    uint64_t                    pool_bytes;
-    char                        name[PROTO_MAX_NAME];
-    char                        pool_path[SERVE_PATH_MAX];
-    struct proto_service       *svc;         /* owned: control socket, pid file */
-    int                         pool_listen; /* owned: -1 when not listening */
-    pthread_t                   pool_thread; /* hands the pool fd */
-    bool                        pool_started;
-    pthread_t                  *workers;       /* owned: n_workers */
-    uint32_t                    n_workers_run; /* started */
-    pthread_mutex_t             attach_mu;     /* one ATTACH at a time */
-    pthread_mutex_t             mu;            /* guards everything below and the links' pins */
-    pthread_cond_t              cv;            /* jobs queued, stop, shutdown */
-    pthread_cond_t              cv_space;      /* room in the job queue */
-    bool                        sync_init;
-    struct serve_job           *jobs; /* owned: SERVE_JOB_CAP, a circular queue */
-    uint32_t                    job_head, job_n;
-    struct serve_link          *link; /* the current link (one ref), NULL */
-    bool                        stopping, draining;
-    struct fetcher_serve_counts c;
+    struct common_model         m;          /* parsed from g */
+    bool                        m_init;     /* m needs common_model_fini */
+    struct fetcher             *f;          /* owned */
+    uint32_t                    shard;      /* this fetcher's index */
+    uint32_t                    n_shards;   /* fetchers in all */
+    uint32_t                    first;      /* first expert of this shard */
+    uint32_t                    n_exp;      /* experts of this shard */
+    uint32_t                    n_layer;    /* of the model */
+    uint32_t                    n_expert;   /* of the model */
+    uint32_t                    n_slots;    /* pool slots of this shard */
+    uint64_t                    instance;   /* random id, the pool fd's tag */
+    const uint8_t              *pool_base;  /* borrowed: the fetcher's pool mapping */
+    uint64_t                    pool_bytes; /* its length */
+    char                        name[PROTO_MAX_NAME];      /* "fetcher-I" */
+    char                        pool_path[SERVE_PATH_MAX]; /* RUN_DIR/fetcher-I.pool */
+    struct proto_service       *svc;                       /* owned: control socket, pid file */
+    int                         pool_listen;               /* owned: -1 when not listening */
+    pthread_t                   pool_thread;               /* hands the pool fd */
+    bool                        pool_started;              /* pool_thread runs */
+    struct fetcher_link_host    host;      /* what the links borrow; filled once f exists */
+    pthread_mutex_t             attach_mu; /* one ATTACH at a time */
+    pthread_mutex_t             mu;        /* guards everything below and the links' pins */
+    bool                        sync_init; /* mu and attach_mu initialised */
+    struct fetcher_link        *link;      /* shared: the current link (one ref), NULL */
+    bool                        stopping;  /* fetcher_serve_stop() began */
+    bool                        draining;  /* no new ATTACH */
+    struct fetcher_serve_counts c;         /* data-plane counters (the links write them) */
     _Atomic bool                stop_flag; /* mirrors `stopping` for threads that poll */
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static bool serve_in_shard(const struct fetcher_server *s, uint32_t layer, uint32_t expert)
-{
-    return layer < s->n_layer && expert >= s->first && expert - s->first < s->n_exp;
-}
 
 /* Experts of shard i of n over E experts: [i*E/n, (i+1)*E/n). */
 static void serve_shard_range(uint32_t i, uint32_t n, uint32_t n_expert, uint32_t *first,
@@ -107,372 +72,6 @@ static int serve_path(char *buf, size_t len, const char *dir, const char *name, 
 {
     int n = snprintf(buf, len, "%s/%s-%u%s", dir, name, i, suffix);
     return n > 0 && (size_t)n < len ? COMMON_OK : COMMON_EINVAL;
-}
-
-/* ---- links -------------------------------------------------------------------------------- */
-
-/* Ends `link`'s loans and marks it dead (replies stop). Takes srv->mu. */
-static void link_kill(struct serve_link *l)
-{
-    struct fetcher_server *s = l->srv;
-    pthread_mutex_lock(&s->mu);
-    if (!atomic_load_explicit(&l->dead, memory_order_relaxed)) {
-        atomic_store_explicit(&l->dead, true, memory_order_relaxed);
-        for (uint32_t slot = 0; slot < s->n_slots; slot++)
-            while (l->pins[slot] > 0) {
-                l->pins[slot]--;
-                fetcher_release(s->f, slot);
-            }
-        l->n_pins = 0;
-        s->c.links_dropped++;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void link_free(struct serve_link *l)
-{
-    common_ring_segment_close(&l->req_seg);
-    common_ring_segment_close(&l->rep_seg);
-    pthread_mutex_destroy(&l->push_mu);
-    free(l->pins);
-    free(l);
-}
-
-/* Drops one reference; under srv->mu. Returns true when the caller must free the link (after
- * unlocking). */
-static bool link_unref_locked(struct serve_link *l)
-{
-    return --l->refs == 0;
-}
-
-static void link_unref(struct serve_link *l)
-{
-    struct fetcher_server *s = l->srv;
-    pthread_mutex_lock(&s->mu);
-    bool last = link_unref_locked(l);
-    pthread_mutex_unlock(&s->mu);
-    if (last)
-        link_free(l);
-}
-
-/* Stops the reader thread, ends the loans and drops the server's reference. */
-static void link_drop(struct serve_link *l)
-{
-    if (!l)
-        return;
-    struct fetcher_server *s = l->srv;
-    pthread_mutex_lock(&s->mu);
-    atomic_store_explicit(&l->stop, true, memory_order_relaxed);
-    pthread_cond_broadcast(&s->cv_space); /* the reader may wait for room in the job queue */
-    pthread_mutex_unlock(&s->mu);
-    if (l->thread_started)
-        pthread_join(l->thread, NULL);
-    l->thread_started = false;
-    link_kill(l);
-    link_unref(l);
-}
-
-/* Pushes one reply (rep ring: one producer at a time). A full ring is waited on while the link
- * lives; a corrupt one kills the link. */
-static void link_reply(struct serve_link *l, const struct proto_fetch_rep *rep)
-{
-    struct fetcher_server *s = l->srv;
-    int                    rc;
-    pthread_mutex_lock(&l->push_mu);
-    for (;;) {
-        if (atomic_load_explicit(&l->dead, memory_order_relaxed)) {
-            rc = COMMON_ECLOSED;
-            break;
-        }
-        rc = common_ring_push_wait(&l->rep, rep, sizeof(*rep), SERVE_PUSH_MS);
-        if (rc != COMMON_ETIMEDOUT)
-            break;
-        /* The executor does not read its replies: give up when the link is being replaced or
-         * stopped, or when the executor is gone (the reader thread may be blocked meanwhile). */
-        if (atomic_load_explicit(&s->stop_flag, memory_order_relaxed) ||
-            atomic_load_explicit(&l->stop, memory_order_relaxed))
-            break;
-        if (common_pid_gone(l->pid)) {
-            rc = COMMON_ECLOSED;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&l->push_mu);
-    if (rc == COMMON_ECLOSED && common_pid_gone(l->pid)) {
-        COMMON_LOG_WARN("fetcher.serve", "executor pid=%u is gone: link dropped", l->pid);
-        link_kill(l);
-        return;
-    }
-    if (rc == COMMON_ECORRUPT || rc == COMMON_EINVAL || rc == COMMON_EIO) {
-        COMMON_LOG_WARN("fetcher.serve",
-                        "reply ring of executor pid=%u unusable (%s): link dropped", l->pid,
-                        common_strerror(rc));
-        link_kill(l);
-    }
-}
-
-static void link_reply_error(struct serve_link *l, uint32_t tag, int status)
-{
-    struct proto_fetch_rep rep = {.tag = tag, .status = status, .loan = FETCHER_LOAN_NONE};
-    link_reply(l, &rep);
-}
-
-static bool link_req_valid(const struct fetcher_server *s, const struct proto_fetch_req *r)
-{
-    switch (r->op) {
-    case PROTO_FETCH_ACQUIRE:
-        return serve_in_shard(s, r->layer, r->expert) && r->part < COMMON_EXPERT_PART_COUNT;
-    case PROTO_FETCH_HINT:
-        return serve_in_shard(s, r->layer, r->expert) && r->prio < PROTO_FETCH_PRIO_COUNT;
-    case PROTO_FETCH_USE:
-        return serve_in_shard(s, r->layer, r->expert) && r->part != 0 &&
-               r->part < (1u << COMMON_EXPERT_PART_COUNT);
-    case PROTO_FETCH_RELEASE:
-    case PROTO_FETCH_TOKEN:
-        return true;
-    default:
-        return false;
-    }
-}
-
-/* Queues an ACQUIRE for the workers, or with `rep` its reply to push; waits for room. Returns
- * false when stopping. */
-static bool link_enqueue(struct serve_link *l, const struct proto_fetch_req *r,
-                         const struct proto_fetch_rep *rep)
-{
-    struct fetcher_server *s = l->srv;
-    pthread_mutex_lock(&s->mu);
-    while (s->job_n == SERVE_JOB_CAP && !s->stopping &&
-           !atomic_load_explicit(&l->stop, memory_order_relaxed))
-        pthread_cond_wait(&s->cv_space, &s->mu);
-    if (s->stopping || atomic_load_explicit(&l->stop, memory_order_relaxed)) {
-        pthread_mutex_unlock(&s->mu);
-        return false;
-    }
-    uint32_t at = (s->job_head + s->job_n) % SERVE_JOB_CAP;
-    s->jobs[at] = (struct serve_job){.link = l, .req = *r, .done = rep != NULL};
-    if (rep)
-        s->jobs[at].rep = *rep;
-    s->job_n++;
-    l->refs++;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return true;
-}
-
-static bool link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
-                          const void *data, uint32_t loan, struct proto_fetch_rep *rep);
-
-/* Pushes one reply when the ring has room now (or drops it when the link is dead): true; false
- * when the ring is full or a worker is pushing (it may wait there for room). */
-static bool link_reply_now(struct serve_link *l, const struct proto_fetch_rep *rep)
-{
-    if (pthread_mutex_trylock(&l->push_mu) != 0)
-        return false;
-    int rc = atomic_load_explicit(&l->dead, memory_order_relaxed)
-                 ? COMMON_ECLOSED
-                 : common_ring_push(&l->rep, rep, sizeof(*rep));
-    pthread_mutex_unlock(&l->push_mu);
-    if (rc == COMMON_EAGAIN)
-        return false;
-    if (rc == COMMON_ECORRUPT || rc == COMMON_EINVAL) {
-        COMMON_LOG_WARN("fetcher.serve",
-                        "reply ring of executor pid=%u unusable (%s): link dropped", l->pid,
-                        common_strerror(rc));
-        link_kill(l);
-    }
-    return true;
-}
-
-static void link_handle(struct serve_link *l, const struct proto_fetch_req *r)
-{
-    struct fetcher_server *s = l->srv;
-    if (!link_req_valid(s, r)) {
-        pthread_mutex_lock(&s->mu);
-        s->c.bad_records++;
-        if (r->op == PROTO_FETCH_ACQUIRE)
-            s->c.acquire_errors++;
-        pthread_mutex_unlock(&s->mu);
-        if (r->op == PROTO_FETCH_ACQUIRE)
-            link_reply_error(l, r->tag, COMMON_EINVAL);
-        return;
-    }
-    switch (r->op) {
-    case PROTO_FETCH_ACQUIRE: {
-        /* Fast path: a part already readable is pinned and answered here, without a hand-over
-         * to a worker (two thread wake-ups fewer); only acquires that must wait go to workers. */
-        const void *data = NULL;
-        uint32_t    loan = FETCHER_LOAN_NONE;
-        int rc = fetcher_try_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part,
-                                     &data, &loan);
-        /* A full reply ring (an executor that does not read) must not stall this reader: the
-         * reply then waits in a worker. */
-        struct proto_fetch_rep rep;
-        if (rc == COMMON_EAGAIN)
-            (void)link_enqueue(l, r, NULL);
-        else if (link_acquired(l, r, rc, data, loan, &rep) && !link_reply_now(l, &rep))
-            (void)link_enqueue(l, r, &rep);
-        break;
-    }
-    case PROTO_FETCH_RELEASE:
-        pthread_mutex_lock(&s->mu);
-        if (r->loan < s->n_slots && l->pins[r->loan] > 0 &&
-            !atomic_load_explicit(&l->dead, memory_order_relaxed)) {
-            l->pins[r->loan]--;
-            l->n_pins--;
-            fetcher_release(s->f, r->loan);
-            s->c.releases++;
-        } else {
-            s->c.bad_records++;
-        }
-        pthread_mutex_unlock(&s->mu);
-        break;
-    case PROTO_FETCH_HINT:
-        (void)fetcher_request(s->f, r->layer, r->expert, (enum fetcher_priority)r->prio);
-        pthread_mutex_lock(&s->mu);
-        s->c.hints++;
-        pthread_mutex_unlock(&s->mu);
-        break;
-    case PROTO_FETCH_USE: {
-        uint32_t n = (uint32_t)__builtin_popcount(r->part); /* parts read */
-        (void)fetcher_note_use(s->f, r->layer, r->expert, n);
-        pthread_mutex_lock(&s->mu);
-        s->c.uses += n;
-        pthread_mutex_unlock(&s->mu);
-        break;
-    }
-    case PROTO_FETCH_TOKEN:
-        fetcher_token_begin(s->f);
-        pthread_mutex_lock(&s->mu);
-        s->c.tokens++;
-        pthread_mutex_unlock(&s->mu);
-        break;
-    default:
-        break;
-    }
-}
-
-/* The link's reader: pops records until stopped, the peer dies or the ring is corrupt. */
-static void *link_thread(void *arg)
-{
-    struct serve_link *l = arg;
-    while (!atomic_load_explicit(&l->stop, memory_order_relaxed) &&
-           !atomic_load_explicit(&l->dead, memory_order_relaxed)) {
-        struct proto_fetch_req r;
-        int                    n = common_ring_pop_wait(&l->req, &r, sizeof(r), SERVE_POLL_MS);
-        if (n == COMMON_ETIMEDOUT) {
-            if (common_pid_gone(l->pid)) {
-                COMMON_LOG_WARN("fetcher.serve", "executor pid=%u is gone: link dropped", l->pid);
-                link_kill(l);
-                break;
-            }
-            continue;
-        }
-        if (n < 0) {
-            COMMON_LOG_WARN("fetcher.serve",
-                            "request ring of executor pid=%u unusable (%s): link dropped", l->pid,
-                            common_strerror(n));
-            link_kill(l);
-            break;
-        }
-        if ((size_t)n != sizeof(r)) {
-            struct fetcher_server *s = l->srv;
-            pthread_mutex_lock(&s->mu);
-            s->c.bad_records++;
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        link_handle(l, &r);
-    }
-    return NULL;
-}
-
-/* ---- workers ------------------------------------------------------------------------------ */
-
-/* The reply to ACQUIRE `r`, which the fetcher answered with `rc` (and `data`, `loan` when 0),
- * in *out: the pin is counted on the link. False (nothing to send) when the link died
- * meanwhile: the pin is released. */
-static bool link_acquired(struct serve_link *l, const struct proto_fetch_req *r, int rc,
-                          const void *data, uint32_t loan, struct proto_fetch_rep *out)
-{
-    struct fetcher_server *s = l->srv;
-    struct proto_fetch_rep rep = {.tag = r->tag, .status = rc, .loan = FETCHER_LOAN_NONE};
-    if (rc == COMMON_OK) {
-        struct common_span sp;
-        const uint8_t     *p = data;
-        if (loan >= s->n_slots || p < s->pool_base || p >= s->pool_base + s->pool_bytes ||
-            common_model_expert_span(&s->m, r->layer, r->expert, (enum common_expert_part)r->part,
-                                     &sp) != COMMON_OK) {
-            fetcher_release(s->f, loan);
-            rc = COMMON_EIO;
-            rep.status = rc;
-        } else {
-            rep.loan = loan;
-            rep.offset = (uint64_t)(p - s->pool_base);
-            rep.size = sp.size;
-        }
-    }
-    pthread_mutex_lock(&s->mu);
-    if (rc == COMMON_OK) {
-        if (atomic_load_explicit(&l->dead, memory_order_relaxed)) {
-            fetcher_release(s->f, loan);
-            pthread_mutex_unlock(&s->mu);
-            return false;
-        }
-        l->pins[loan]++;
-        l->n_pins++;
-        s->c.acquires++;
-    } else {
-        s->c.acquire_errors++;
-    }
-    pthread_mutex_unlock(&s->mu);
-    *out = rep;
-    return true;
-}
-
-static void worker_run(struct fetcher_server *s, const struct serve_job *j)
-{
-    struct serve_link            *l = j->link;
-    const struct proto_fetch_req *r = &j->req;
-    if (atomic_load_explicit(&l->dead, memory_order_relaxed))
-        return;
-    if (j->done) {
-        link_reply(l, &j->rep);
-        return;
-    }
-    const void *data = NULL;
-    uint32_t    loan = FETCHER_LOAN_NONE;
-    int         rc =
-        fetcher_acquire(s->f, r->layer, r->expert, (enum common_expert_part)r->part, &data, &loan);
-    struct proto_fetch_rep rep;
-    if (link_acquired(l, r, rc, data, loan, &rep))
-        link_reply(l, &rep);
-}
-
-static void *worker_thread(void *arg)
-{
-    struct fetcher_server *s = arg;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (s->job_n == 0 && !s->stopping)
-            pthread_cond_wait(&s->cv, &s->mu);
-        if (s->job_n == 0)
-            break;
-        struct serve_job j = s->jobs[s->job_head];
-        s->job_head = (s->job_head + 1) % SERVE_JOB_CAP;
-        s->job_n--;
-        pthread_cond_signal(&s->cv_space);
-        pthread_mutex_unlock(&s->mu);
-        worker_run(s, &j);
-        pthread_mutex_lock(&s->mu);
-        if (link_unref_locked(j.link)) {
-            pthread_mutex_unlock(&s->mu);
-            link_free(j.link);
-            pthread_mutex_lock(&s->mu);
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
 }
 
 /* ---- pool descriptor socket --------------------------------------------------------------- */
@@ -561,9 +160,9 @@ static void ctl_health(void *arg, struct proto_health_reply *h)
 {
     struct fetcher_server *s = arg;
     pthread_mutex_lock(&s->mu);
-    const struct serve_link *l = s->link;
-    bool                     live = l && !atomic_load_explicit(&l->dead, memory_order_relaxed);
-    uint32_t                 pid = l ? l->pid : 0;
+    const struct fetcher_link *l = s->link;
+    bool                       live = l && fetcher_link_is_live(l);
+    uint32_t                   pid = l ? fetcher_link_pid(l) : 0;
     pthread_mutex_unlock(&s->mu);
     if (live)
         snprintf(h->message, sizeof(h->message),
@@ -602,77 +201,39 @@ static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, st
     if (a->n_segments < 2)
         return proto_reply_error(rep, COMMON_EINVAL, "attach: needs 2 segments (req, rep), got %u",
                                  a->n_segments);
-    uint32_t n = a->params[0];
-    if (n == 0 || n > COMMON_RING_MAX_SLOTS || (n & (n - 1)) != 0)
-        return proto_reply_error(rep, COMMON_EINVAL, "attach: ring slots %u not a power of two", n);
-
-    struct serve_link *l = calloc(1, sizeof(*l));
-    if (!l)
-        return proto_reply_error(rep, COMMON_ENOMEM, "attach: out of memory");
-    l->srv = s;
-    l->pid = a->pid;
-    l->instance = a->instance;
-    l->refs = 1;
-    l->pins = calloc(s->n_slots, sizeof(*l->pins));
-    if (!l->pins || pthread_mutex_init(&l->push_mu, NULL) != 0) {
-        free(l->pins);
-        free(l);
-        return proto_reply_error(rep, COMMON_ENOMEM, "attach: out of memory");
-    }
-    int rc = common_ring_segment_open(s->run_dir, a->segments[0], &l->req_seg);
-    if (rc != COMMON_OK) {
-        proto_reply_error(rep, rc, "attach: segment %s: %s", a->segments[0], common_strerror(rc));
-        goto out_free;
-    }
-    rc = common_ring_segment_open(s->run_dir, a->segments[1], &l->rep_seg);
-    if (rc != COMMON_OK) {
-        proto_reply_error(rep, rc, "attach: segment %s: %s", a->segments[1], common_strerror(rc));
-        goto out_free;
-    }
-    rc = common_ring_attach(l->req_seg.mem, l->req_seg.bytes, sizeof(struct proto_fetch_req), n,
-                            &l->req);
-    if (rc != COMMON_OK) {
-        proto_reply_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
-                          a->segments[0], n, sizeof(struct proto_fetch_req));
-        goto out_free;
-    }
-    rc = common_ring_attach(l->rep_seg.mem, l->rep_seg.bytes, sizeof(struct proto_fetch_rep), n,
-                            &l->rep);
-    if (rc != COMMON_OK) {
-        proto_reply_error(rep, rc, "attach: ring %s is not a ring of %u records of %zu bytes",
-                          a->segments[1], n, sizeof(struct proto_fetch_rep));
-        goto out_free;
-    }
+    struct fetcher_link *l = NULL;
+    struct common_errmsg e = {{0}};
+    int                  rc = fetcher_link_create(&s->host, a, &l, &e);
+    if (rc != COMMON_OK)
+        return proto_reply_error(rep, rc, "%s", e.text);
 
     pthread_mutex_lock(&s->attach_mu);
     pthread_mutex_lock(&s->mu);
     bool refuse = s->stopping || s->draining;
     pthread_mutex_unlock(&s->mu);
     if (refuse) {
-        pthread_mutex_unlock(&s->attach_mu);
         rc = proto_reply_error(rep, COMMON_EBUSY, "attach: fetcher is draining");
-        goto out_free;
+        goto out_drop;
     }
-    if (pthread_create(&l->thread, NULL, link_thread, l) != 0) {
-        pthread_mutex_unlock(&s->attach_mu);
+    if (fetcher_link_start(l) != COMMON_OK) {
         rc = proto_reply_error(rep, COMMON_EAGAIN, "attach: cannot start the ring thread");
-        goto out_free;
+        goto out_drop;
     }
-    l->thread_started = true;
     pthread_mutex_lock(&s->mu);
-    struct serve_link *old = s->link;
+    struct fetcher_link *old = s->link;
     s->link = l;
     s->c.attaches++;
     pthread_mutex_unlock(&s->mu);
-    link_drop(old); /* releases every loan the old link held */
+    fetcher_link_drop(old); /* releases every loan the old link held */
     pthread_mutex_unlock(&s->attach_mu);
-    COMMON_LOG_INFO("fetcher.serve", "executor pid=%u attached ring=%u slots%s", a->pid, n,
-                    old ? " (replaced the previous link)" : "");
+    COMMON_LOG_INFO("fetcher.serve", "executor pid=%u attached ring=%u slots%s", a->pid,
+                    a->params[0], old ? " (replaced the previous link)" : "");
     rep->kind = PROTO_KIND_OK;
     return COMMON_OK;
 
-out_free:
-    link_free(l);
+out_drop:
+    pthread_mutex_unlock(&s->attach_mu);
+    fetcher_link_drop(l);
     return rc;
 }
 
@@ -762,6 +323,47 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+/* Creates the fetcher over this shard's pool, checks that the pool can be shared, prints the
+ * shard's line to o->plan_out and fills what the links borrow. */
+static int serve_open_fetcher(struct fetcher_server *s, struct common_errmsg *e)
+{
+    const struct fetcher_serve_opts *o = &s->o;
+
+    struct fetcher_opts fo = {
+        .n_slots = s->n_slots, .policy = o->policy, .io = o->io, .queue_depth = o->queue_depth};
+    int rc = fetcher_create(s->g, &s->m, &fo, &s->f, e);
+    if (rc != COMMON_OK)
+        return rc;
+    s->pool_base = fetcher_get_pool_base(s->f);
+    s->pool_bytes = fetcher_get_pool_bytes(s->f);
+    if (fetcher_get_pool_fd(s->f) < 0 || !s->pool_base)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "fetcher: the pool is not a memfd: cannot share");
+    if (o->plan_out) {
+        char sz[2][32];
+        fprintf(o->plan_out,
+                "shard %u/%u: experts [%u,%u) of each layer, pool %u slots x %s = %s, io %s%s, "
+                "policy %s\n",
+                s->shard, s->n_shards, s->first, s->first + s->n_exp, s->n_slots,
+                common_format_size(fetcher_get_plan(s->f)->slot_bytes, sz[0], 32),
+                common_format_size(fetcher_get_plan(s->f)->pool_bytes, sz[1], 32),
+                fetcher_io_mode_name(fetcher_get_io_mode(s->f)),
+                fetcher_is_direct(s->f) ? " (O_DIRECT)" : "", fetcher_policy_name(o->policy));
+    }
+    s->host = (struct fetcher_link_host){.f = s->f,
+                                         .m = &s->m,
+                                         .pool_base = s->pool_base,
+                                         .pool_bytes = s->pool_bytes,
+                                         .n_slots = s->n_slots,
+                                         .n_layer = s->n_layer,
+                                         .first = s->first,
+                                         .n_exp = s->n_exp,
+                                         .run_dir = s->run_dir,
+                                         .mu = &s->mu,
+                                         .c = &s->c};
+    return COMMON_OK;
+}
+
 int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_server **out,
                         struct common_errmsg *e)
 {
@@ -775,9 +377,6 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "--io mmap has no pool to share with the executor: use uring or "
                                  "pread");
-    if (o->n_workers > SERVE_MAX_WORKERS)
-        return common_errmsg_set(e, COMMON_EINVAL, "workers %u: at most %u", o->n_workers,
-                                 SERVE_MAX_WORKERS);
     int rc = common_run_dir_prepare(o->run_dir, e);
     if (rc != COMMON_OK)
         return rc;
@@ -793,8 +392,7 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     snprintf(s->name, sizeof(s->name), "fetcher-%u", s->shard);
     s->run_dir = strdup(o->run_dir);
     s->model_path = strdup(o->model_path);
-    s->jobs = calloc(SERVE_JOB_CAP, sizeof(*s->jobs));
-    if (!s->run_dir || !s->model_path || !s->jobs) {
+    if (!s->run_dir || !s->model_path) {
         rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
         goto out_stop;
     }
@@ -804,8 +402,7 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         rc = common_errmsg_set(e, COMMON_EINVAL, "run dir %s: path too long", s->run_dir);
         goto out_stop;
     }
-    if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_mutex_init(&s->attach_mu, NULL) != 0 ||
-        pthread_cond_init(&s->cv, NULL) != 0 || pthread_cond_init(&s->cv_space, NULL) != 0) {
+    if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_mutex_init(&s->attach_mu, NULL) != 0) {
         rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: mutex init failed");
         goto out_stop;
     }
@@ -821,39 +418,8 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     serve_shard_range(s->shard, n_shards, s->n_expert, &s->first, &s->n_exp);
     if ((rc = serve_size_pool(s, e)) != COMMON_OK)
         goto out_stop;
-    struct fetcher_opts fo = {
-        .n_slots = s->n_slots, .policy = o->policy, .io = o->io, .queue_depth = o->queue_depth};
-    if ((rc = fetcher_create(s->g, &s->m, &fo, &s->f, e)) != COMMON_OK)
+    if ((rc = serve_open_fetcher(s, e)) != COMMON_OK)
         goto out_stop;
-    s->pool_base = fetcher_get_pool_base(s->f);
-    s->pool_bytes = fetcher_get_pool_bytes(s->f);
-    if (fetcher_get_pool_fd(s->f) < 0 || !s->pool_base) {
-        rc = common_errmsg_set(e, COMMON_ENOTSUP, "fetcher: the pool is not a memfd: cannot share");
-        goto out_stop;
-    }
-    if (o->plan_out) {
-        char sz[2][32];
-        fprintf(o->plan_out,
-                "shard %u/%u: experts [%u,%u) of each layer, pool %u slots x %s = %s, io %s%s, "
-                "policy %s\n",
-                s->shard, n_shards, s->first, s->first + s->n_exp, s->n_slots,
-                common_format_size(fetcher_get_plan(s->f)->slot_bytes, sz[0], 32),
-                common_format_size(fetcher_get_plan(s->f)->pool_bytes, sz[1], 32),
-                fetcher_io_mode_name(fetcher_get_io_mode(s->f)),
-                fetcher_is_direct(s->f) ? " (O_DIRECT)" : "", fetcher_policy_name(o->policy));
-    }
-
-    uint32_t nw = o->n_workers ? o->n_workers : SERVE_DEFAULT_WORKERS;
-    if (!(s->workers = calloc(nw, sizeof(*s->workers)))) {
-        rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
-        goto out_stop;
-    }
-    for (; s->n_workers_run < nw; s->n_workers_run++)
-        if (pthread_create(&s->workers[s->n_workers_run], NULL, worker_thread, s) != 0) {
-            rc = common_errmsg_set(e, COMMON_EAGAIN, "fetcher: cannot start worker threads");
-            goto out_stop;
-        }
-
     rc = common_unix_listen(s->pool_path, &s->pool_listen);
     if (rc != COMMON_OK) {
         s->pool_listen = -1;
@@ -902,8 +468,6 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
         s->stopping = true;
         s->draining = true;
         atomic_store_explicit(&s->stop_flag, true, memory_order_relaxed);
-        pthread_cond_broadcast(&s->cv);
-        pthread_cond_broadcast(&s->cv_space);
         pthread_mutex_unlock(&s->mu);
     }
     /* Control first: no ATTACH can install a link after this. */
@@ -911,14 +475,11 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
     s->svc = NULL;
     if (s->sync_init) {
         pthread_mutex_lock(&s->mu);
-        struct serve_link *l = s->link;
+        struct fetcher_link *l = s->link;
         s->link = NULL;
         pthread_mutex_unlock(&s->mu);
-        link_drop(l);
+        fetcher_link_drop(l); /* ACQUIREs still waiting are answered by fetcher_destroy() */
     }
-    for (uint32_t i = 0; i < s->n_workers_run; i++)
-        pthread_join(s->workers[i], NULL);
-    s->n_workers_run = 0;
     if (s->pool_started)
         pthread_join(s->pool_thread, NULL);
     s->pool_started = false;
@@ -946,11 +507,7 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
     if (s->sync_init) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->attach_mu);
-        pthread_cond_destroy(&s->cv);
-        pthread_cond_destroy(&s->cv_space);
     }
-    free(s->workers);
-    free(s->jobs);
     free(s->run_dir);
     free(s->model_path);
     free(s);
@@ -972,6 +529,6 @@ void fetcher_serve_counts(struct fetcher_server *s, struct fetcher_serve_counts 
 {
     pthread_mutex_lock(&s->mu);
     *out = s->c;
-    out->link_pins = s->link ? s->link->n_pins : 0;
+    out->link_pins = s->link ? fetcher_link_pins(s->link) : 0;
     pthread_mutex_unlock(&s->mu);
 }

@@ -404,7 +404,8 @@ Test(fetcher_serve, attach_replaces_a_link_that_stopped_reading_replies)
     START(0, 1);
     struct exec_link a, b;
     attach(0, &a, "exec-fetch-0.req", "exec-fetch-0.rep");
-    /* More ACQUIREs than the reply ring holds, never popped: workers block on the full ring. */
+    /* More ACQUIREs than the reply ring holds, never popped: the replies past the ring's room
+     * wait in the link's backlog, and the link is replaced with them. */
     for (uint32_t i = 0; i < 3 * RING_SLOTS; i++)
         push(&a, (struct proto_fetch_req){.op = PROTO_FETCH_ACQUIRE, .tag = i, .part = i % 3});
     for (int i = 0; i < 250 && stat_of("serve.acquires") < RING_SLOTS; i++)
@@ -421,6 +422,56 @@ Test(fetcher_serve, attach_replaces_a_link_that_stopped_reading_replies)
     wait_stat("serve.link_pins", 0);
     link_close(&a);
     link_close(&b);
+}
+
+/* The executor pops no reply until every ACQUIRE is answered (the reply ring fills, the rest
+ * waits in the backlog), then pops them all: each ACQUIRE gets exactly one reply. */
+Test(fetcher_serve, full_reply_ring_backlogs_and_answers_each_acquire_once)
+{
+    START(0, 1);
+    uint64_t         tag;
+    size_t           len;
+    const uint8_t   *pool = map_pool(0, &tag, &len);
+    struct exec_link l;
+    attach(0, &l, "exec-fetch-0.req", "exec-fetch-0.rep");
+    const uint32_t n = 3 * RING_SLOTS; /* the ring holds a third: the rest waits in the backlog */
+    for (uint32_t i = 0; i < n; i++)   /* four bundles, one per slot: every acquire can pin */
+        push(&l, (struct proto_fetch_req){.op = PROTO_FETCH_ACQUIRE,
+                                          .tag = i,
+                                          .layer = i % 4 / 2,
+                                          .expert = i % 2,
+                                          .part = i / 4 % COMMON_EXPERT_PART_COUNT});
+    while (stat_of("serve.acquires") < n) /* progress, bounded by the suite's .timeout */
+        usleep(1000);
+    cr_assert_eq(stat_of("serve.acquire_errors"), 0);
+    uint8_t  *seen = calloc(n, 1);
+    uint32_t *loans = calloc(n, sizeof(*loans));
+    for (uint32_t k = 0; k < n; k++) {
+        struct proto_fetch_rep r;
+        cr_assert_eq(common_ring_pop_wait(&l.rep, &r, sizeof(r), -1), (int)sizeof(r));
+        cr_assert_lt(r.tag, n, "tag %u", r.tag);
+        cr_assert_eq(seen[r.tag], 0, "tag %u answered twice", r.tag);
+        seen[r.tag] = 1;
+        cr_assert_eq(r.status, COMMON_OK, "tag %u: %d", r.tag, r.status);
+        compare_part(pool, len, &r, r.tag % 4 / 2, r.tag % 2, r.tag / 4 % COMMON_EXPERT_PART_COUNT);
+        loans[r.tag] = r.loan;
+    }
+    /* A last ACQUIRE after the backlog drained: its reply is the next one, nothing came twice. */
+    struct proto_fetch_rep last = acquire(&l, n, 1, 1, COMMON_EXPERT_GATE);
+    cr_assert_eq(last.status, COMMON_OK);
+    cr_assert_eq(stat_of("serve.acquires"), n + 1);
+    for (uint32_t i = 0; i < n; i++)
+        release(&l, loans[i]);
+    release(&l, last.loan);
+    while (stat_of("serve.releases") < n + 1)
+        usleep(1000);
+    cr_assert_eq(stat_of("serve.link_pins"), 0);
+    cr_assert_eq(stat_of("serve.bad_records"), 0);
+    cr_assert_eq(pinned(), 0);
+    free(seen);
+    free(loans);
+    link_close(&l);
+    munmap((void *)(uintptr_t)pool, len);
 }
 
 Test(fetcher_serve, dead_executor_link_is_dropped)

@@ -1,5 +1,5 @@
-/* tests/tsan/tsan_fetcher.c - the fetcher's pool and front under many threads, as a plain program
- * so it runs under ThreadSanitizer. */
+/* tests/tsan/tsan_fetcher.c - the fetcher's pool and front (blocking and asynchronous acquires)
+ * under many threads, as a plain program so it runs under ThreadSanitizer. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -121,6 +121,73 @@ static void *front_worker(void *arg)
     return NULL;
 }
 
+/* ---- front: asynchronous acquires from 4 threads, answered inline or on the I/O thread ------- */
+
+static _Atomic uint64_t g_async_left; /* accepted and not yet answered: acq_rel, see async_cb */
+
+/* Checks an answer and releases its loan; `arg` encodes the part's index in g_ref. */
+static void async_cb(void *arg, int rc, const void *data, uint32_t loan)
+{
+    uint32_t           k = (uint32_t)(uintptr_t)arg;
+    uint32_t           ne = g_m.hp.n_expert;
+    struct common_span sp;
+    common_model_expert_span(&g_m, k / 3 / ne, k / 3 % ne, (enum common_expert_part)(k % 3), &sp);
+    if (rc == COMMON_OK) {
+        if (memcmp(data, g_ref[k], sp.size) != 0)
+            atomic_fetch_add_explicit(&g_bad, 1, memory_order_relaxed);
+        fetcher_release(g_f, loan);
+    } else if (rc != COMMON_EAGAIN && rc != COMMON_ECLOSED) {
+        atomic_fetch_add_explicit(&g_bad, 1, memory_order_relaxed);
+    }
+    /* Release: this answer's reads and writes happen before the waiter sees the count drop;
+     * pairs with the acquire load in async_phase(). */
+    atomic_fetch_sub_explicit(&g_async_left, 1, memory_order_release);
+}
+
+static void *async_worker(void *arg)
+{
+    uint64_t s = (uint64_t)(uintptr_t)arg * 15485863 + 5;
+    uint32_t nl = g_m.hp.n_layer, ne = g_m.hp.n_expert;
+    for (int i = 0; i < 300; i++) {
+        uint32_t l = (uint32_t)(rng_next(&s) % nl), x = (uint32_t)(rng_next(&s) % ne);
+        uint32_t p = (uint32_t)(rng_next(&s) % 3);
+        if (rng_next(&s) % 6 == 0)
+            fetcher_request(g_f, (l + 1) % nl, (x + 2) % ne, FETCHER_PRIO_PREFETCH);
+        if (rng_next(&s) % 40 == 0)
+            fetcher_token_begin(g_f);
+        if (rng_next(&s) % 5 == 0) { /* a blocking acquire among the asynchronous ones */
+            const void *d;
+            uint32_t    loan;
+            if (fetcher_acquire(g_f, l, x, (enum common_expert_part)p, &d, &loan) == COMMON_OK)
+                fetcher_release(g_f, loan);
+            continue;
+        }
+        uint32_t k = (l * ne + x) * 3 + p;
+        atomic_fetch_add_explicit(&g_async_left, 1, memory_order_relaxed);
+        if (fetcher_acquire_async(g_f, l, x, (enum common_expert_part)p, async_cb,
+                                  (void *)(uintptr_t)k) != COMMON_OK) {
+            atomic_fetch_add_explicit(&g_bad, 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&g_async_left, 1, memory_order_relaxed);
+        }
+    }
+    return NULL;
+}
+
+/* Four threads of asynchronous (and some blocking) acquires on g_f; with `wait`, until every
+ * one is answered, else the answers still due are left to fetcher_destroy(). */
+static void async_phase(bool wait)
+{
+    atomic_store(&g_async_left, 0);
+    pthread_t th[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, async_worker, (void *)(i + (wait ? 0 : 4)));
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    /* Acquire: pairs with the release decrement in async_cb(). */
+    while (wait && atomic_load_explicit(&g_async_left, memory_order_acquire) > 0)
+        sched_yield();
+}
+
 static void front_threads(const char *path, enum fetcher_io_mode mode, enum fetcher_policy pol)
 {
     CHECK(common_gguf_open(path, NULL, &g_g, NULL) == COMMON_OK, "open");
@@ -152,8 +219,19 @@ static void front_threads(const char *path, enum fetcher_io_mode mode, enum fetc
         struct fetcher_trace_totals t;
         fetcher_trace_totals(fetcher_get_trace(g_f), &t);
         CHECK(t.hits + t.misses == t.accesses, "trace totals add up");
+        async_phase(true);
+        CHECK(atomic_load(&g_bad) == 0, "%s: %llu bad async answers", fetcher_io_mode_name(mode),
+              (unsigned long long)atomic_load(&g_bad));
+        struct fetcher_pool_counts c;
+        fetcher_get_pool_counts(g_f, &c);
+        CHECK(c.n_pinned == 0, "%s: %u slots still pinned", fetcher_io_mode_name(mode), c.n_pinned);
+        async_phase(false); /* then destroy with answers still due */
         fetcher_destroy(g_f);
         g_f = NULL;
+        CHECK(atomic_load(&g_async_left) == 0, "%s: %llu async acquires never answered",
+              fetcher_io_mode_name(mode), (unsigned long long)atomic_load(&g_async_left));
+        CHECK(atomic_load(&g_bad) == 0, "%s: %llu bad async answers at destroy",
+              fetcher_io_mode_name(mode), (unsigned long long)atomic_load(&g_bad));
     }
     for (uint32_t i = 0; i < n; i++)
         free(g_ref[i]);
