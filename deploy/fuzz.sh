@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 3:1:2 between the GGUF reader, the
-#        control-message decoder and the tokenizers; CI runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 6:2:1:3 between the GGUF reader, the
+#        control-message decoder, config files with the option parser, and the tokenizers; CI
+#        runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -10,7 +11,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_proto fuzz_tokenize -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_proto fuzz_config fuzz_tokenize -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -56,8 +57,16 @@ if [ -d "$fixtures/tokenizer" ]; then
         i=$(( i + 1 ))
     done
 fi
+# Config seeds: the sample config, for each section.
+ccorpus="$build/corpus-config"
+mkdir -p "$ccorpus"
+for i in 0 1 2 3; do
+    { printf "\\$(printf '%03o' "$i")"; cat deploy/sluice.conf.example; } > "$ccorpus/seed-$i"
+done
 t_gguf=$(( secs / 2 ))
 t_proto=$(( secs / 6 ))
+t_config=$(( secs / 12 ))
 fuzz fuzz_gguf "$corpus" "$t_gguf"
 fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
-fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_proto ))
+fuzz fuzz_config "$ccorpus" "$t_config"
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_proto - t_config ))
