@@ -381,7 +381,11 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         }
     } else {
         ld->bytes += c->bytes;
-        fetcher_pool_part_ready(f->pool, slot, part);
+        /* The last part of a sound load is not made readable alone: fetcher_pool_complete()
+         * below marks every part readable and the slot READY under one lock, so whoever waited
+         * for that part sees the bundle READY (fetcher_is_ready) when it wakes. */
+        if (ld->parts_done + 1 < COMMON_EXPERT_PART_COUNT || ld->err)
+            fetcher_pool_part_ready(f->pool, slot, part);
     }
     if (++ld->parts_done < COMMON_EXPERT_PART_COUNT) {
         if (ld->waiters.head && !c->err)
