@@ -323,7 +323,7 @@ Test(executor_serve, settled_pool_is_read_in_place, .init = t_setup1, .fini = t_
     cr_expect_eq(st1.torn, 0);
     /* USE records are quiet: the fetcher reads them at its next wake-up (at most 200 ms). */
     struct fetcher_serve_counts fc = {0};
-    for (int i = 0; i < 50; i++) {
+    for (;;) { /* the USE records reach the fetcher at its next wake-up; the timeout bounds it */
         fetcher_serve_counts(t.fetchers[0], &fc);
         if (fc.uses == st1.direct)
             break;
@@ -347,7 +347,7 @@ Test(executor_serve, reused_direct_read_is_reported, .init = t_setup1_small, .fi
     cr_assert_eq(src.acquire(src.arg, 0, 0, COMMON_EXPERT_GATE, &d, &loan), 0);
     cr_assert_eq(src.release(src.arg, loan), 0, "a pinned loan is always valid");
     /* The loan came when its part was readable; the bundle is READY once every part is. */
-    for (int i = 0; i < 500 && !src.is_ready(src.arg, 0, 0); i++)
+    while (!src.is_ready(src.arg, 0, 0))
         usleep(10 * 1000);
     cr_assert(src.is_ready(src.arg, 0, 0));
     src.token_begin(src.arg); /* the pool's eviction count is noted */
@@ -592,7 +592,7 @@ Test(executor_serve, fetcher_restart_relinks_and_tokens_stay, .init = t_setup1_p
         .op = PROTO_STEP_EVAL, .seq = 0, .tag = ++t.next_tag, .pos = 0, .n = N_OF(t_prompt_a)};
     cr_assert_eq(common_ring_push(&t.req, &q, sizeof(q)), 0);
     enum proto_health_state hs = PROTO_HEALTH_READY;
-    for (int i = 0; i < 300 && hs != PROTO_HEALTH_DEGRADED; i++) {
+    while (hs != PROTO_HEALTH_DEGRADED) { /* bounded by the test's timeout */
         usleep(50 * 1000);
         hs = t_health();
     }

@@ -374,7 +374,8 @@ Test(fetcher_front, mmap_requests_read_ahead_only_when_advised, .fini = teardown
         t_f = make(&(struct fetcher_opts){.io = FETCHER_IO_MMAP, .mmap_advise = advise});
         cr_assert_eq(fetcher_request(t_f, l, x, FETCHER_PRIO_POSTFETCH), COMMON_OK);
         uint64_t in = 0;
-        for (int ms = 0; ms < 5000 && in < total; ms += 10) {
+        for (int ms = 0; in < total;
+             ms += 10) { /* advised: until it is all in (the timeout bounds it) */
             usleep(10000);
             in = bundle_cached_pages(map, l, x, &total);
             if (!advise && ms >= 200)

@@ -222,7 +222,7 @@ static double stat_of(const char *name)
 /* Waits until stat `name` equals v (counters move on the server's threads). */
 static void wait_stat(const char *name, double v)
 {
-    for (int i = 0; i < 250 && stat_of(name) != v; i++)
+    while (stat_of(name) != v)
         usleep(20000);
     cr_assert_eq(stat_of(name), v, "stat %s: %g, want %g", name, stat_of(name), v);
 }
@@ -408,12 +408,12 @@ Test(fetcher_serve, attach_replaces_a_link_that_stopped_reading_replies)
      * wait in the link's backlog, and the link is replaced with them. */
     for (uint32_t i = 0; i < 3 * RING_SLOTS; i++)
         push(&a, (struct proto_fetch_req){.op = PROTO_FETCH_ACQUIRE, .tag = i, .part = i % 3});
-    for (int i = 0; i < 250 && stat_of("serve.acquires") < RING_SLOTS; i++)
+    while (stat_of("serve.acquires") < RING_SLOTS)
         usleep(20000);
     cr_assert_geq(stat_of("serve.acquires"), RING_SLOTS, "replies fill the ring");
     cr_assert_gt(pinned(), 0);
     attach(0, &b, "exec-fetch-0b.req", "exec-fetch-0b.rep");
-    for (int i = 0; i < 250 && pinned() != 0; i++)
+    while (pinned() != 0)
         usleep(20000);
     cr_assert_eq(pinned(), 0, "every loan of the replaced link is released");
     struct proto_fetch_rep r = acquire(&b, 1, 1, 1, COMMON_EXPERT_GATE);
@@ -798,7 +798,7 @@ Test(fetcher_serve, binary_serves_and_stops_on_sigterm)
     pid_t pid;
     run_bin(out, err, &pid, bin, "-m", model, "--run-dir", t_run, "--ram-budget", "256M", "-c",
             "256", "--trace-out", trace, NULL);
-    for (int i = 0; i < 500 && access(pidf, F_OK) != 0; i++)
+    while (access(pidf, F_OK) != 0)
         usleep(10000);
     cr_assert_eq(access(pidf, F_OK), 0, "the daemon never wrote its pid file");
     struct proto_msg req = hello_req(), rep;

@@ -1,6 +1,7 @@
 /* tests/proto/test_wire.c - the nng request/reply server and client over ipc:// in a temp dir. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,13 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* The blocking LOAD_MODEL handler's state, reset by each test that uses it. */
+static struct {
+    _Atomic bool entered; /* the handler runs */
+    _Atomic bool release; /* the test lets it return */
+    _Atomic bool done;    /* slow_call() got its reply */
+} t_slow;
+
 /* A test server: answers by kind (see the cases). */
 static int test_handler(void *arg, const struct proto_msg *req, struct proto_msg *rep)
 {
@@ -88,7 +96,11 @@ static int test_handler(void *arg, const struct proto_msg *req, struct proto_msg
         return 0;
     }
     case PROTO_KIND_LOAD_MODEL:
-        sleep_ms(300); /* a blocking handler */
+        /* A blocking handler: it holds its worker until the test lets it go (or 10 s pass, so
+         * that a broken test cannot hang the server). */
+        atomic_store(&t_slow.entered, true);
+        for (int i = 0; i < 10000 && !atomic_load(&t_slow.release); i++)
+            sleep_ms(1);
         return 0;
     case PROTO_KIND_DRAIN:
         sleep_ms(2600); /* a long poll: longer than the watchdog's full-probe period */
@@ -385,21 +397,29 @@ Test(proto_wire, reopened_client_reaches_the_server)
     proto_client_close(c);
 }
 
-/* A LOAD_MODEL call (its handler sleeps 300 ms) on its own client; *arg gets the result. */
+/* A LOAD_MODEL call (its handler blocks until released) on its own client; *arg gets the
+ * result. */
 static void *slow_call(void *arg)
 {
     struct proto_msg     slow = {.kind = PROTO_KIND_LOAD_MODEL, .request_id = 9}, r;
     struct common_errmsg e;
-    int                  rc = proto_call(t_url, &slow, &r, 5000, &e);
+    int                  rc = proto_call(t_url, &slow, &r, 15000, &e);
     *(int *)arg = rc == COMMON_OK && r.kind != PROTO_KIND_OK ? COMMON_EPROTO : rc;
+    atomic_store(&t_slow.done, true);
     return NULL;
 }
 
-Test(proto_wire, blocking_handler_does_not_stall_other_workers)
+/* While one worker is held by a blocking handler, another request is answered: the fast call
+ * returns while the slow one is still inside its handler (ordered by the handler's flags, not by
+ * a clock). */
+Test(proto_wire, blocking_handler_does_not_stall_other_workers, .timeout = 60)
 {
     struct proto_server *s = start_server(&(struct proto_server_opts){.n_workers = 2});
     struct proto_client *c = NULL;
     struct common_errmsg e = {{0}};
+    atomic_store(&t_slow.entered, false);
+    atomic_store(&t_slow.release, false);
+    atomic_store(&t_slow.done, false);
     cr_assert_eq(proto_client_open(t_url, &c, &e), COMMON_OK, "%s", e.text);
     struct proto_msg req = hello_req(1), rep;
     cr_assert_eq(proto_client_call(c, &req, &rep, 5000, &e), COMMON_OK, "%s", e.text);
@@ -407,10 +427,11 @@ Test(proto_wire, blocking_handler_does_not_stall_other_workers)
     pthread_t th;
     int       slow_rc = -100;
     cr_assert_eq(pthread_create(&th, NULL, slow_call, &slow_rc), 0);
-    sleep_ms(100); /* the slow call is in its handler now */
-    uint64_t t0 = common_now_ns();
+    while (!atomic_load(&t_slow.entered))
+        sleep_ms(1); /* the slow call is in its handler now */
     cr_assert_eq(proto_client_call(c, &req, &rep, 5000, &e), COMMON_OK, "%s", e.text);
-    cr_assert_lt((common_now_ns() - t0) / 1000000u, 150, "the fast call waited for the slow one");
+    cr_assert_not(atomic_load(&t_slow.done), "the fast call waited for the slow one");
+    atomic_store(&t_slow.release, true);
     pthread_join(th, NULL);
     cr_assert_eq(slow_rc, COMMON_OK);
     proto_client_close(c);
