@@ -120,8 +120,9 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
  * trace (--trace-out) and the peak RSS (--report-rss). Once per engine; returns 0 or COMMON_EIO
  * (trace file not written). */
 int cli_engine_report(struct cli_engine *en);
-/* Reports (if not done) and frees everything; accepts an empty engine. */
-void cli_engine_close(struct cli_engine *en);
+/* Reports (if not done) and frees everything; accepts an empty engine. Returns the report's
+ * result (0, or COMMON_EIO when the trace file could not be written: the command then exits 1). */
+int cli_engine_close(struct cli_engine *en);
 
 /* ---- one-process generation shared by run and chat (cli/session.c) --------------------------- */
 
@@ -175,8 +176,9 @@ struct cli_session {
 
 /* Opens the model, tokenizer (required when need_vocab), thread pool, context and sampler,
  * printing what went wrong. Returns 0 or a negative common_err (the session is then empty). */
-int  cli_session_open(struct cli_session *s, const struct cli_session_opts *o, bool need_vocab);
-void cli_session_close(struct cli_session *s);
+int cli_session_open(struct cli_session *s, const struct cli_session_opts *o, bool need_vocab);
+/* Frees the session (reporting as cli_engine_close() does); returns its result. */
+int cli_session_close(struct cli_session *s);
 /* Evaluates tokens after those already in the context (recording them for the sampler's
  * penalties); the logits of the last one are then in s->logits. Refuses with COMMON_ERANGE and
  * the numbers when they do not fit the context. */

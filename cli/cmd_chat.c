@@ -286,6 +286,7 @@ out:
     router_text_fini(&text);
     router_text_fini(&line);
     chat_history_fini(&hist);
-    cli_session_close(&s);
+    if (cli_session_close(&s) < 0)
+        status = 1; /* the trace (--trace-out) was not written */
     return status;
 }

@@ -248,7 +248,8 @@ int cli_cmd_run(int argc, char **argv)
     if (run_generate(&s, &a, tokens, n_prompt) == COMMON_OK)
         status = 0;
 out:
-    cli_session_close(&s);
+    if (cli_session_close(&s) < 0)
+        status = 1; /* the trace (--trace-out) was not written */
     free(tokens);
     free(text);
     return status;

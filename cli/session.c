@@ -340,10 +340,9 @@ int cli_engine_report(struct cli_engine *en)
     return rc;
 }
 
-void cli_engine_close(struct cli_engine *en)
+int cli_engine_close(struct cli_engine *en)
 {
-    if (en->ctx)
-        (void)cli_engine_report(en);
+    int rc = en->ctx ? cli_engine_report(en) : COMMON_OK;
     executor_ctx_destroy(en->ctx);
     if (en->desc) {
         /* Streaming: the model borrows desc and its weights; free them in order. */
@@ -359,6 +358,7 @@ void cli_engine_close(struct cli_engine *en)
     common_gguf_close(en->gguf);
     executor_threadpool_destroy(en->pool);
     memset(en, 0, sizeof(*en));
+    return rc;
 }
 
 /* ---- session --------------------------------------------------------------------------------- */
@@ -576,13 +576,14 @@ out_close:
     return rc < 0 ? rc : COMMON_EINVAL;
 }
 
-void cli_session_close(struct cli_session *s)
+int cli_session_close(struct cli_session *s)
 {
     free(s->logits);
     router_sampler_fini(&s->sampler);
     router_vocab_destroy(s->vocab);
-    cli_engine_close(&s->engine);
+    int rc = cli_engine_close(&s->engine);
     memset(s, 0, sizeof(*s));
+    return rc;
 }
 
 int cli_session_feed(struct cli_session *s, const int32_t *tokens, uint32_t n)

@@ -486,6 +486,10 @@ static int gguf_place_tensors(struct gguf_cursor *c, struct gguf_header *h)
         return common_errmsg_set(
             c->e, COMMON_ECORRUPT, "truncated: data section starts at %llu, file has %llu bytes",
             (unsigned long long)h->data_offset, (unsigned long long)c->file_size);
+    /* Each tensor's data starts where the previous one's ends, padded to the alignment, as
+     * llama.cpp requires: overlapping, out-of-order or gapped data is refused, so no tensor's
+     * bytes can be another's (or a type id changed in place be computed on garbage). */
+    uint64_t expect = 0;
     for (uint64_t i = 0; i < h->n_tensors; i++) {
         struct common_gguf_tensor *ti = &h->tensors[i];
         uint64_t                   end;
@@ -496,6 +500,14 @@ static int gguf_place_tensors(struct gguf_cursor *c, struct gguf_header *h)
                                      ti->name, (unsigned long long)ti->offset,
                                      (unsigned long long)ti->size, (unsigned long long)data_bytes,
                                      (unsigned long long)h->data_offset);
+        if (ti->offset != expect)
+            return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                     "tensor '%s': data offset %llu, expected %llu (tensor data "
+                                     "must follow the infos' order without overlap or gap)",
+                                     ti->name, (unsigned long long)ti->offset,
+                                     (unsigned long long)expect);
+        /* end <= data_bytes: neither the padding nor the sum can overflow. */
+        expect = (end + h->alignment - 1) / h->alignment * h->alignment;
         ti->offset += h->data_offset;
     }
     return COMMON_OK;
@@ -672,7 +684,9 @@ static int gguf_load_file(struct common_gguf *g, uint32_t split, const char *pat
     s->path = strdup(path);
     if (!s->path)
         return COMMON_ENOMEM;
-    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; anything but a
+     * regular file is refused below, before a byte is read. */
+    s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (s->fd < 0)
         return common_errmsg_set(e, common_err_from_errno(errno), "cannot open: %s",
                                  strerror(errno));
@@ -680,7 +694,13 @@ static int gguf_load_file(struct common_gguf *g, uint32_t split, const char *pat
     if (fstat(s->fd, &st) != 0)
         return common_errmsg_set(e, COMMON_EIO, "cannot stat: %s", strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return common_errmsg_set(e, COMMON_EINVAL, "not a regular file");
+        return common_errmsg_set(e, COMMON_EINVAL, "not a regular file (%s)",
+                                 S_ISFIFO(st.st_mode)  ? "a FIFO"
+                                 : S_ISDIR(st.st_mode) ? "a directory"
+                                                       : "a device or socket");
+    int fl = fcntl(s->fd, F_GETFL);
+    if (fl < 0 || fcntl(s->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return common_errmsg_set(e, COMMON_EIO, "cannot set blocking reads: %s", strerror(errno));
     s->size = (uint64_t)st.st_size;
 
     uint64_t want = s->size < GGUF_FIRST_READ ? s->size : GGUF_FIRST_READ;

@@ -335,6 +335,23 @@ static void model_totals(struct common_model *m)
     m->bytes_active = active + active_experts;
 }
 
+/* Widths that no tensor backs are cleared: feed_forward_length of a model without a dense FFN
+ * layer (a MoE file may carry any number there, and buffers are sized from it) and the shared
+ * expert width of a model without shared experts. Every width left is checked against the
+ * tensors of its layers. */
+static void model_drop_unbacked(struct common_model *m)
+{
+    bool dense = false, shexp = false;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        dense = dense || m->layers[il].tensor[COMMON_ROLE_FFN_GATE] >= 0;
+        shexp = shexp || m->layers[il].tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0;
+    }
+    if (!dense)
+        m->hp.n_ff = 0;
+    if (!shexp)
+        m->hp.n_ff_shexp = 0;
+}
+
 int common_model_init(struct common_model *m, const struct common_gguf *g, struct common_errmsg *e)
 {
     memset(m, 0, sizeof(*m));
@@ -397,6 +414,7 @@ int common_model_init(struct common_model *m, const struct common_gguf *g, struc
             return rc;
         }
     }
+    model_drop_unbacked(m);
     model_totals(m);
     return COMMON_OK;
 }

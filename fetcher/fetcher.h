@@ -63,7 +63,7 @@ const char *fetcher_priority_name(enum fetcher_priority p);
 struct fetcher_plan_opts {
     uint64_t ram_budget;  /* bytes for everything (resident + pool + KV + overhead); required */
     uint64_t kv_bytes;    /* KV caches, computed by the caller (executor) */
-    uint64_t act_bytes;   /* activations and scratch; 0 = an estimate from the model */
+    uint64_t act_bytes;   /* activations and scratch; 0 = one default context (common_ctx_layout) */
     uint64_t base_bytes;  /* code, stacks, allocator slack; 0 = 16 MiB */
     uint32_t queue_depth; /* I/O queue depth, for ring memory; 0 = 32 */
     uint32_t min_slots;   /* smallest useful pool; 0 = 2 * n_expert_used */

@@ -38,18 +38,15 @@ uint64_t fetcher_plan_slot_bytes(const struct common_model *m)
     return best;
 }
 
-/* A rough upper bound of activations and scratch for batch 1: logits, residual and norm
- * buffers, attention scores over the trained context, FFN intermediates. */
-static uint64_t plan_act_estimate(const struct common_hparams *hp)
+/* Activations and scratch when the caller gives none: what one context of the default shape
+ * allocates (common/ctx_layout.c, the table executor_ctx_create() allocates from) plus its
+ * logits row. 0 when the hyper-parameters admit no context (the KV of the caller fails then). */
+static uint64_t plan_act_default(const struct common_hparams *hp)
 {
-    uint64_t ff = hp->n_ff;
-    if ((uint64_t)hp->n_ff_exp * hp->n_expert_used > ff)
-        ff = (uint64_t)hp->n_ff_exp * hp->n_expert_used;
-    if (hp->n_ff_shexp > ff)
-        ff = hp->n_ff_shexp;
-    uint64_t floats = 2 * (uint64_t)hp->n_vocab + 16 * (uint64_t)hp->n_embd + 4 * ff +
-                      (uint64_t)hp->n_head * hp->n_ctx_train;
-    return plan_align_up(floats * 4, UINT64_C(1) << 20);
+    struct common_ctx_layout lay;
+    if (common_ctx_layout_compute(hp, NULL, &lay, NULL) != COMMON_OK)
+        return 0;
+    return lay.scratch_bytes + lay.logits_bytes;
 }
 
 int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan_opts *o,
@@ -63,7 +60,7 @@ int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan
         .ram_budget = o->ram_budget,
         .resident_bytes = m->bytes_resident,
         .kv_bytes = o->kv_bytes,
-        .act_bytes = o->act_bytes ? o->act_bytes : plan_act_estimate(&m->hp),
+        .act_bytes = o->act_bytes ? o->act_bytes : plan_act_default(&m->hp),
         .base_bytes = o->base_bytes ? o->base_bytes : PLAN_DEFAULT_BASE,
         .slot_bytes = fetcher_plan_slot_bytes(m),
         .n_bundles = m->hp.n_layer * m->hp.n_expert,

@@ -18,12 +18,13 @@ int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
     const struct proto_sampling *p = &g->sampling;
     if (req->request_id == 0)
         return proto_reply_error(rep, COMMON_EINVAL, "request id 0 is reserved");
-    if (!finite_in(p->temp, -1e9f, 100.0f) || p->top_k < 0 || !finite_in(p->top_p, 0.0f, 1.0f) ||
+    if (!finite_in(p->temp, 0.0f, 100.0f) || p->top_k < 0 || !finite_in(p->top_p, 0.0f, 1.0f) ||
         !finite_in(p->min_p, 0.0f, 1.0f) || !finite_in(p->repeat_penalty, 0.0f, 100.0f) ||
         p->repeat_last_n > 4096)
-        return proto_reply_error(rep, COMMON_EINVAL,
-                                 "sampling values out of range: temp <= 100, top_k >= 0, top_p and "
-                                 "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096");
+        return proto_reply_error(
+            rep, COMMON_EINVAL,
+            "sampling values out of range: temp in 0..100, top_k >= 0, top_p and "
+            "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096");
     if (!g->prompt && g->n_messages == 0)
         return proto_reply_error(rep, COMMON_EINVAL, "no prompt and no messages");
     if (g->prompt && g->n_messages)

@@ -141,3 +141,20 @@ Test(cli_run, repeat_last_n_zero_turns_the_penalties_off, .timeout = 60)
     free(plain);
     free(model);
 }
+
+/* A trace file that cannot be written is a failure: the message and exit status 1, not 0. */
+Test(cli_run, unwritable_trace_out_exits_1, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd),
+             "%s run -m %s -p hi -n 2 -t 2 --ram-budget 64M --trace-out /nonexistent/dir/t.json "
+             "2>&1 >/dev/null",
+             SLUICE, model);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 1, "exit %d: %s", st, out);
+    cr_assert(strstr(out, "sluice run: error: cannot write the trace"), "%s", out);
+    free(out);
+    free(model);
+}

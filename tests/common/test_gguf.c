@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -657,6 +658,74 @@ Test(common_gguf, split_files_open_as_one_model)
     struct common_errmsg e = {{0}};
     cr_assert_eq(common_gguf_open(p1, NULL, &g, &e), COMMON_ENOENT);
     cr_assert_not_null(strstr(e.text, "m-00002-of-00002.gguf"), "%s", e.text);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* An image with two f32 tensors "a" [8] and "b" [8] at data offsets off_a and off_b (the data
+ * section holds 64 bytes), tensor b of type type_b. */
+static struct bb make_two(uint64_t off_a, uint64_t off_b, uint32_t type_b)
+{
+    struct bb b = {0};
+    bb_u32(&b, COMMON_GGUF_MAGIC);
+    bb_u32(&b, 3);
+    bb_u64(&b, 2); /* tensors */
+    bb_u64(&b, 1); /* kvs */
+    bb_str(&b, "general.architecture");
+    bb_u32(&b, COMMON_GGUF_STRING);
+    bb_str(&b, "llama");
+    const char *names[2] = {"a", "b"};
+    uint64_t    offs[2] = {off_a, off_b};
+    uint32_t    types[2] = {COMMON_GGML_TYPE_F32, type_b};
+    for (int t = 0; t < 2; t++) {
+        bb_str(&b, names[t]);
+        bb_u32(&b, 1);
+        bb_u64(&b, 8);
+        bb_u32(&b, types[t]);
+        bb_u64(&b, offs[t]);
+    }
+    bb_pad(&b, 32);
+    static const uint8_t data[64];
+    bb_put(&b, data, sizeof(data));
+    return b;
+}
+
+static void expect_two(uint64_t off_a, uint64_t off_b, uint32_t type_b, int want,
+                       const char *needle)
+{
+    struct bb            b = make_two(off_a, off_b, type_b);
+    struct common_errmsg e = {{0}};
+    int                  rc = parse(&b, &e);
+    cr_assert_eq(rc, want, "offsets %llu, %llu: rc %d (%s)", (unsigned long long)off_a,
+                 (unsigned long long)off_b, rc, e.text);
+    if (needle)
+        cr_assert_not_null(strstr(e.text, needle), "message '%s' lacks '%s'", e.text, needle);
+    free(b.p);
+}
+
+/* As llama.cpp: each tensor's data follows the previous one's, padded to the alignment. */
+Test(common_gguf, overlapping_or_out_of_order_tensor_data_is_refused)
+{
+    expect_two(0, 32, COMMON_GGML_TYPE_F32, COMMON_OK, NULL);
+    expect_two(0, 0, COMMON_GGML_TYPE_F32, COMMON_ECORRUPT,
+               "tensor 'b': data offset 0, expected 32");
+    expect_two(32, 0, COMMON_GGML_TYPE_F32, COMMON_ECORRUPT, "tensor 'a'");
+}
+
+/* A FIFO (or a directory) as a model is refused at once, never waited on. */
+Test(common_gguf, fifo_or_directory_is_refused_without_waiting, .timeout = 30)
+{
+    char *dir = fixture_tmpdir();
+    char  path[600];
+    snprintf(path, sizeof(path), "%s/f.gguf", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(path, NULL, &g, &e), COMMON_EINVAL);
+    cr_assert_null(g);
+    cr_assert(strstr(e.text, "FIFO"), "%s", e.text);
+    cr_assert_eq(common_gguf_open(dir, NULL, &g, &e), COMMON_EINVAL);
+    cr_assert(strstr(e.text, "directory") || strstr(e.text, "regular"), "%s", e.text);
     fixture_rmtree(dir);
     free(dir);
 }

@@ -276,3 +276,31 @@ Test(common_model, inconsistent_shape_is_named)
     cr_assert_not_null(strstr(e.text, "head_count_kv"), "%s", e.text);
     common_gguf_close(g);
 }
+
+/* A MoE file's feed_forward_length backs no tensor: a huge one must not size any buffer (it is
+ * cleared), and the widths left are those of the tensors. */
+Test(common_model, moe_feed_forward_length_without_a_dense_layer_is_dropped)
+{
+    struct arch_spec     s = {.arch = "qwen3moe",
+                              .n_embd = 64,
+                              .n_layer = 1,
+                              .n_head = 4,
+                              .n_head_kv = 4,
+                              .head_dim = 16,
+                              .n_ff = 1u << 24,
+                              .n_expert = 4,
+                              .n_used = 2,
+                              .n_ff_exp = 32,
+                              .qk_norm = true};
+    struct common_model  m;
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(describe(&s, &m, &g, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(m.hp.n_ff, 0, "no dense FFN tensor backs feed_forward_length");
+    cr_assert_eq(m.hp.n_ff_exp, 32);
+    struct common_ctx_layout lay;
+    cr_assert_eq(common_ctx_layout_compute(&m.hp, NULL, &lay, NULL), COMMON_OK);
+    cr_assert_lt(lay.buf[COMMON_CTX_GATE], 1u << 20, "FFN scratch sized by the experts' width");
+    common_model_fini(&m);
+    common_gguf_close(g);
+}

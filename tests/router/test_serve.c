@@ -295,6 +295,9 @@ Test(router_serve, bad_requests_get_error_codes, .init = serve_setup, .fini = se
     m.u.generate.sampling.temp = NAN;
     cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
     m = greedy_req(41, "Hello", 4);
+    m.u.generate.sampling.temp = -1.0f; /* as the CLI: a negative temperature is refused */
+    cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
+    m = greedy_req(41, "Hello", 4);
     m.u.generate.sampling.top_p = 2.0f;
     cr_assert_eq(generate_error(&m, NULL, 0), COMMON_EINVAL);
     m = greedy_req(41, "Hello", 4);
