@@ -58,3 +58,22 @@ Test(cli_tokenize, file_equals_positional_text)
     free(dir);
     free(model);
 }
+
+/* -f of a device is refused at once (it read /dev/zero without limit before), in tokenize and in
+ * perplexity alike. */
+Test(cli_tokenize, file_that_is_a_device_is_refused, .timeout = 30)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    const char *cmds[] = {"tokenize", "perplexity"};
+    for (size_t i = 0; i < 2; i++) {
+        char cmd[4096];
+        int  st = 0;
+        snprintf(cmd, sizeof(cmd), "%s %s -m %s -f /dev/zero 2>&1", SLUICE, cmds[i], model);
+        char *out = fixture_run(cmd, &st);
+        cr_assert_not_null(out);
+        cr_assert_neq(st, 0, "%s: %s", cmds[i], out);
+        cr_assert(strstr(out, "not a regular file"), "%s: %s", cmds[i], out);
+        free(out);
+    }
+    free(model);
+}
