@@ -488,6 +488,9 @@ Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300, .fini 
     cr_assert(strstr(out, "fetcher-0"), "the failure names the daemon: %s", out);
     cr_assert(strstr(out, "last lines of"), "the failure shows the log tail: %s", out);
     free(out);
+    struct stat rs;
+    cr_assert_eq(stat(run, &rs), 0);
+    cr_assert_eq(rs.st_mode & 0777, 0700, "a new run dir is private, got %o", rs.st_mode & 0777);
     /* Nothing is left running or locked: another up is not refused for a lock. */
     cr_assert_eq(read_monitor_pid(run), 0, "sluicectl.pid left behind");
     out = sluicectl_up(run, bad, 1, &st);
@@ -495,6 +498,63 @@ Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300, .fini 
     free(out);
     assert_dir_clean(run);
     t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* up refuses a run dir that others could enter or that is not the user's own, and changes
+ * nothing in it: no chmod, no logs/ written, no daemon started. */
+static void expect_run_dir_refused(const char *run, const char *why)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "%s up --model '%s' --run-dir '%s' --bin '%s'", SLUICECTL, SLUICECTL,
+             run, BIN);
+    int   st;
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 1, "up in %s exited %d: %s", run, st, out);
+    cr_assert(strstr(out, why), "up in %s: expected '%s' in: %s", run, why, out);
+    cr_assert(!strchr(out, '\n') || strchr(out, '\n') == out + strlen(out) - 1,
+              "one line per error: %s", out);
+    free(out);
+}
+
+Test(pipeline_sluicectl, up_refuses_an_open_or_borrowed_run_dir, .timeout = 60)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char open_dir[1100], link[1100], file[1100], logs[1200];
+    snprintf(open_dir, sizeof(open_dir), "%s/open", dir);
+    cr_assert_eq(mkdir(open_dir, 0700), 0);
+    cr_assert_eq(chmod(open_dir, 0777), 0);
+    expect_run_dir_refused(open_dir, "has mode 777");
+    struct stat sb;
+    cr_assert_eq(stat(open_dir, &sb), 0);
+    cr_assert_eq(sb.st_mode & 0777, 0777, "the mode was changed to %o", sb.st_mode & 0777);
+    snprintf(logs, sizeof(logs), "%s/logs", open_dir);
+    cr_assert_neq(access(logs, F_OK), 0, "logs/ was created in a refused run dir");
+
+    cr_assert_eq(chmod(open_dir, 0750), 0);
+    expect_run_dir_refused(open_dir, "has mode 750");
+
+    cr_assert_eq(chmod(open_dir, 0700), 0);
+    snprintf(link, sizeof(link), "%s/link", dir);
+    cr_assert_eq(symlink(open_dir, link), 0);
+    expect_run_dir_refused(link, "is a symbolic link");
+
+    snprintf(file, sizeof(file), "%s/file", dir);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    expect_run_dir_refused(file, "is not a directory");
+
+    if (geteuid() == 0) {
+        /* Only root can give a directory away; a user's test run checks the other refusals. */
+        cr_assert_eq(chown(open_dir, 65534, 65534), 0);
+        expect_run_dir_refused(open_dir, "belongs to uid 65534");
+    } else {
+        cr_log_info("not root: the foreign-owner case needs chown, not checked in this run");
+    }
     fixture_rmtree(dir);
     free(dir);
 }
