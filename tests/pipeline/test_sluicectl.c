@@ -491,11 +491,29 @@ Test(pipeline_sluicectl, up_fails_clearly_on_a_bad_model, .timeout = 300, .fini 
     struct stat rs;
     cr_assert_eq(stat(run, &rs), 0);
     cr_assert_eq(rs.st_mode & 0777, 0700, "a new run dir is private, got %o", rs.st_mode & 0777);
-    /* Nothing is left running or locked: another up is not refused for a lock. */
+    /* Nothing is left running or locked: another up is not refused for a lock. Links planted at
+     * the names sluicectl writes are replaced, never written through. */
     cr_assert_eq(read_monitor_pid(run), 0, "sluicectl.pid left behind");
+    char victim[1100], planted[1200];
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    f = fopen(victim, "w");
+    cr_assert_not_null(f);
+    fputs("keep\n", f);
+    fclose(f);
+    const char *names[] = {"sluicectl.state", "sluicectl.status.tmp", "sluicectl.pid.tmp"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        snprintf(planted, sizeof(planted), "%s/%s", run, names[i]);
+        unlink(planted);
+        cr_assert_eq(symlink(victim, planted), 0);
+    }
     out = sluicectl_up(run, bad, 1, &st);
     cr_assert(!strstr(out, "already run by"), "%s", out);
     free(out);
+    size_t kept_len = 0;
+    char  *kept = fixture_read_all(victim, &kept_len);
+    cr_assert_not_null(kept);
+    cr_assert_str_eq(kept, "keep\n", "a planted link was written through");
+    free(kept);
     assert_dir_clean(run);
     t_dir[0] = '\0';
     fixture_rmtree(dir);
