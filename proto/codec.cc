@@ -42,6 +42,14 @@ static bool codec_str_fits(const char *s, size_t cap)
     return std::memchr(s, '\0', cap) != nullptr;
 }
 
+/* The byte length of an EVENTS text (NULL counts as empty; it may hold NUL); false when longer
+ * than `max`. */
+static bool codec_text_len(const char *s, uint32_t len, size_t max, size_t *n)
+{
+    *n = s ? len : 0;
+    return *n <= max;
+}
+
 /* Length of a borrowed heap string (NULL counts as empty); false when longer than `max`. */
 static bool codec_heap_len(const char *s, size_t max, size_t *n)
 {
@@ -185,7 +193,8 @@ static int codec_encode_events(fb::FlatBufferBuilder &b, const struct proto_msg 
     int                        reason = codec_enum(&ev->reason);
     size_t                     n = 0;
     if (ev->n_tokens > PROTO_MAX_EVENT_TOKENS || reason < PROTO_STOP_NONE ||
-        reason > PROTO_STOP_ERROR || !codec_heap_len(ev->text, CODEC_MAX_EVENT_TEXT, &n) ||
+        reason > PROTO_STOP_ERROR ||
+        !codec_text_len(ev->text, ev->text_len, CODEC_MAX_EVENT_TEXT, &n) ||
         !codec_str_fits(ev->error_text, sizeof(ev->error_text)))
         return COMMON_EINVAL;
     auto                   tokens = b.CreateVector(ev->tokens, ev->n_tokens);
@@ -495,8 +504,18 @@ static int codec_decode_events(const sp::Envelope *env, struct proto_msg *m)
     d->error_code = ev->error_code();
     if (!codec_copy_str(ev->error_text(), d->error_text, sizeof(d->error_text)))
         return COMMON_EPROTO;
-    if (ev->text())
-        return codec_dup_str(ev->text(), CODEC_MAX_EVENT_TEXT, &d->text);
+    if (const fb::String *t = ev->text()) {
+        /* Generated text is bytes: a byte token may be NUL, so it travels with its length. */
+        size_t n = t->size();
+        if (n > CODEC_MAX_EVENT_TEXT)
+            return COMMON_EPROTO;
+        if (!(d->text = static_cast<char *>(std::malloc(n + 1))))
+            return COMMON_ENOMEM;
+        if (n)
+            std::memcpy(d->text, t->data(), n);
+        d->text[n] = '\0';
+        d->text_len = static_cast<uint32_t>(n);
+    }
     return COMMON_OK;
 }
 

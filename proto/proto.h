@@ -186,9 +186,12 @@ struct proto_final_stats {
 };
 
 struct proto_events {
-    uint32_t                 n_tokens;
-    int32_t                  tokens[PROTO_MAX_EVENT_TOKENS];
-    char                    *text; /* the detokenized text of those tokens; may be NULL */
+    uint32_t n_tokens;
+    int32_t  tokens[PROTO_MAX_EVENT_TOKENS];
+    /* The detokenized text of those tokens: text_len bytes, which may hold NUL (a byte token
+     * <0x00>), then a NUL terminator. NULL when empty. */
+    char                    *text;
+    uint32_t                 text_len;
     bool                     done;
     enum proto_stop_reason   reason;
     struct proto_final_stats stats;      /* when done */

@@ -191,6 +191,7 @@ int router_handle_poll(struct router_serve *s, const struct proto_msg *req, stru
             }
             memcpy(ev->text, r->ev_text.ptr, tlen);
             ev->text[tlen] = '\0';
+            ev->text_len = (uint32_t)tlen;
         }
         ev->n_tokens = (uint32_t)k;
         if (k) { /* ids is NULL until a token came (memcpy/memmove want non-NULL) */

@@ -295,7 +295,7 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
             break;
         }
         const struct proto_events *ev = &rep.u.events;
-        size_t                     tlen = ev->text ? strlen(ev->text) : 0;
+        size_t                     tlen = ev->text ? ev->text_len : 0;
         if ((tlen || ev->n_tokens) && cb && !cancel_sent &&
             cb(arg, ev->text ? ev->text : "", tlen, ev->tokens, ev->n_tokens) != 0)
             sluice_client_request_cancel(c);

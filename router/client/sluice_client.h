@@ -87,8 +87,8 @@ struct sluice_generate_result {
     char             error[256]; /* with SLUICE_STOP_ERROR: the router's message */
 };
 
-/* Called with each piece of text as it comes (valid UTF-8, possibly empty) and the token ids it
- * came with. Return 0 to go on, anything else to cancel the request. Once this call has sent
+/* Called with each piece of text as it comes (valid UTF-8, possibly empty; `len` bytes, which may
+ * include NUL when the model generates the byte token <0x00>) and the token ids it came with. Return 0 to go on, anything else to cancel the request. Once this call has sent
  * the cancel (a non-zero return, or sluice_client_request_cancel()), no more pieces are passed on,
  * so the result's n_generated may exceed the tokens the callback saw. */
 typedef int (*sluice_piece_fn)(void *arg, const char *text, size_t len, const int32_t *tokens,

@@ -36,7 +36,10 @@ static int same_msg(const struct proto_msg *a, const struct proto_msg *b)
             x.u.generate.messages[i].content = y.u.generate.messages[i].content = NULL;
         }
     } else if (a->kind == PROTO_KIND_EVENTS) {
-        if (!same_str(a->u.events.text, b->u.events.text))
+        /* The text is bytes (it may hold NUL): compare text_len bytes. */
+        uint32_t n = a->u.events.text_len;
+        if (n != b->u.events.text_len || !a->u.events.text != !b->u.events.text ||
+            (n && memcmp(a->u.events.text, b->u.events.text, n) != 0))
             return 0;
         x.u.events.text = y.u.events.text = NULL;
     }

@@ -136,6 +136,7 @@ static struct proto_msg make_msg(enum proto_kind k, bool max)
             for (uint32_t i = 0; i < PROTO_MAX_EVENT_TOKENS; i++)
                 e->tokens[i] = i % 2 ? INT32_MIN + (int32_t)i : (int32_t)i;
             e->text = heap_str(PROTO_MAX_PROMPT, 't');
+            e->text_len = PROTO_MAX_PROMPT;
             e->done = true;
             e->reason = PROTO_STOP_ERROR;
             e->stats = (struct proto_final_stats){UINT32_MAX, 5, 1.25, 2.5, 1e-300};
@@ -249,7 +250,8 @@ static void assert_same_msg(const struct proto_msg *a, const struct proto_msg *b
         const struct proto_events *x = &a->u.events, *y = &b->u.events;
         cr_assert_eq(x->n_tokens, y->n_tokens);
         cr_assert(memcmp(x->tokens, y->tokens, x->n_tokens * sizeof(x->tokens[0])) == 0);
-        assert_same_str(x->text, y->text, "text");
+        cr_assert_eq(x->text_len, y->text_len, "text length");
+        cr_assert(x->text_len == 0 || memcmp(x->text, y->text, x->text_len) == 0, "text");
         cr_assert_eq(x->done, y->done);
         cr_assert_eq(x->reason, y->reason);
         cr_assert(memcmp(&x->stats, &y->stats, sizeof(x->stats)) == 0);
@@ -348,6 +350,31 @@ Test(proto_codec, generate_with_a_prompt_round_trips)
     round_trip(&m);
     free(m.u.generate.prompt);
     m.u.generate.prompt = (char *)"";
+    round_trip(&m);
+}
+
+/* Generated text is bytes: a byte token <0x00> puts a NUL in it, and the bytes after it must
+ * arrive too (they used to be cut at the NUL on encode and refused on decode). */
+Test(proto_codec, event_text_with_nul_bytes_round_trips)
+{
+    static char bytes[] = {'a', '\0', 'b', '\0', '\0', 'c'};
+    struct proto_msg  m = make_msg(PROTO_KIND_EVENTS, false);
+    m.u.events.n_tokens = 6;
+    m.u.events.text = bytes;
+    m.u.events.text_len = sizeof(bytes);
+    round_trip(&m);
+    uint8_t *buf = NULL;
+    size_t   len = 0;
+    cr_assert_eq(proto_encode(&m, &buf, &len), COMMON_OK);
+    struct proto_msg d;
+    cr_assert_eq(proto_decode(buf, len, &d), COMMON_OK);
+    cr_assert_eq(d.u.events.text_len, sizeof(bytes));
+    cr_assert(memcmp(d.u.events.text, bytes, sizeof(bytes)) == 0);
+    cr_assert_eq(d.u.events.text[sizeof(bytes)], '\0', "still NUL-terminated");
+    proto_msg_clear(&d);
+    free(buf);
+    m.u.events.text = (char *)"";
+    m.u.events.text_len = 0;
     round_trip(&m);
 }
 
@@ -492,6 +519,7 @@ Test(proto_codec, encode_refuses_every_limit)
     encode_refused(&m, "long event error text");
     m = make_msg(PROTO_KIND_EVENTS, false);
     m.u.events.text = heap_str(PROTO_MAX_PROMPT + 1, 't');
+    m.u.events.text_len = PROTO_MAX_PROMPT + 1;
     encode_refused(&m, "long event text");
     free_owned(&m);
 }
@@ -548,6 +576,7 @@ Test(proto_codec, every_truncation_is_refused)
         } else if (k_all_kinds[k] == PROTO_KIND_EVENTS) {
             free_owned(&m);
             m.u.events.text = heap_str(50, 't');
+            m.u.events.text_len = 50;
         }
         check_prefixes(&m);
         free_owned(&m);
@@ -568,6 +597,7 @@ Test(proto_codec, byte_flips_never_crash_and_what_decodes_re_encodes)
         } else if (k_all_kinds[k] == PROTO_KIND_EVENTS) {
             m.u.events.n_tokens = 3;
             m.u.events.text = (char *)"abc";
+            m.u.events.text_len = 3;
         } else if (k_all_kinds[k] == PROTO_KIND_STATS_REPLY) {
             m.u.stats.n_stats = 2;
         }

@@ -93,6 +93,7 @@ static int test_handler(void *arg, const struct proto_msg *req, struct proto_msg
             return COMMON_ENOMEM;
         snprintf(text, 32, "id=%llu", (unsigned long long)req->request_id);
         rep->u.events.text = text;
+        rep->u.events.text_len = (uint32_t)strlen(text);
         return 0;
     }
     case PROTO_KIND_LOAD_MODEL:
@@ -271,6 +272,7 @@ Test(proto_wire, oversized_message_is_refused)
     memset(text, 'x', 4096);
     text[4096] = '\0';
     big.u.events.text = text;
+    big.u.events.text_len = 4096;
     int rc = proto_client_call(c, &big, &rep, 1000, &e);
     cr_assert(rc == COMMON_ECLOSED || rc == COMMON_ETIMEDOUT, "oversized: %s (%s)",
               common_strerror(rc), e.text);

@@ -73,11 +73,13 @@ struct fake_exec {
     bool                       running;
     atomic_bool                stop;
     atomic_int                 step_delay_us;
-    atomic_bool                hang;       /* stop answering steps (simulated death) */
-    atomic_uint                n_steps;    /* EVALs answered */
-    atomic_uint                n_attaches; /* ATTACHes accepted */
-    uint32_t                   len[FAKE_MAX_SEQ];
-    int32_t                    hist[FAKE_MAX_SEQ][FAKE_MAX_CTX];
+    atomic_bool                hang;        /* stop answering steps (simulated death) */
+    atomic_uint                n_steps;     /* EVALs answered */
+    atomic_uint                n_attaches;  /* ATTACHes accepted */
+    atomic_int                 force_plus1; /* when > 0: token force_plus1 - 1 wins at even
+                                               positions (a chosen token in the stream) */
+    uint32_t len[FAKE_MAX_SEQ];
+    int32_t  hist[FAKE_MAX_SEQ][FAKE_MAX_CTX];
 };
 
 static void *fake_exec_loop(void *arg)
@@ -108,6 +110,9 @@ static void *fake_exec_loop(void *arg)
             uint32_t last = f->len[q.seq] - 1;
             for (uint32_t v = 0; v < f->n_vocab; v++)
                 lg[v] = fake_logit(f->hist[q.seq][last], last, v);
+            int force = atomic_load(&f->force_plus1);
+            if (force > 0 && (uint32_t)force <= f->n_vocab && last % 2 == 0)
+                lg[force - 1] = 1000.0f;
             p.n_past = f->len[q.seq];
             atomic_fetch_add(&f->n_steps, 1);
         }

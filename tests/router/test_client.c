@@ -118,6 +118,48 @@ Test(router_client, generate_streams_in_order, .init = client_setup, .fini = cli
     sluice_client_close(c);
 }
 
+/* A byte token <0x00> puts a NUL in the text; every byte after it still reaches the client
+ * (text used to travel as a C string and was cut at the first NUL). */
+Test(router_client, nul_byte_token_reaches_the_client, .init = client_setup,
+     .fini = client_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    int32_t nul = -1;
+    for (uint32_t v = 0; v < router_vocab_n_tokens(t_vocab); v++) {
+        const char *s = NULL;
+        size_t      len = 0;
+        if (router_vocab_text(t_vocab, (int32_t)v, &s, &len) == 0 && len == 6 &&
+            memcmp(s, "<0x00>", 6) == 0)
+            nul = (int32_t)v;
+    }
+    cr_assert_geq(nul, 0, "the fixture's vocabulary has no <0x00> byte token");
+    atomic_store(&t_exec.force_plus1, nul + 1);
+    atomic_store(&t_exec.step_delay_us, 2000); /* several polls, several pieces */
+    struct sluice_client *c = NULL;
+    cr_assert_eq(sluice_client_connect(t_sock, &c), 0, "%s", sluice_last_error());
+    struct sluice_generate_opts   o = greedy("Once upon a time", 16);
+    struct collect                col = {0};
+    struct sluice_generate_result res;
+    cr_assert_eq(sluice_client_generate(c, &o, collect_piece, &col, &res), 0, "%s",
+                 sluice_last_error());
+    cr_assert_eq(col.toks.n, 16);
+    size_t n_nul = 0;
+    for (size_t i = 0; i < col.toks.n; i++)
+        n_nul += col.toks.ids[i] == nul;
+    cr_assert_geq(n_nul, 4, "the forced byte token came %zu times", n_nul);
+    struct router_text text = {0};
+    cr_assert_eq(router_detokenize(t_vocab, col.toks.ids, col.toks.n,
+                                   &(struct router_detok_opts){.keep_leading_space = true}, &text),
+                 0);
+    cr_assert(memchr(text.ptr, '\0', text.len), "the detokenized text holds a NUL");
+    cr_assert_eq(col.text.len, text.len, "client got %zu bytes of %zu", col.text.len, text.len);
+    cr_assert(memcmp(col.text.ptr, text.ptr, text.len) == 0);
+    router_tokens_fini(&col.toks);
+    router_text_fini(&col.text);
+    router_text_fini(&text);
+    sluice_client_close(c);
+}
+
 Test(router_client, no_stream_gives_one_piece, .init = client_setup, .fini = client_teardown,
      .timeout = 60)
 {
