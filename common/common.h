@@ -323,6 +323,9 @@ int      common_gguf_split_fd(const struct common_gguf *g, uint32_t split);
 uint64_t common_gguf_split_size(const struct common_gguf *g, uint32_t split);
 /* Byte offset where the tensor data section of a split starts. */
 uint64_t common_gguf_split_data_offset(const struct common_gguf *g, uint32_t split);
+/* Checks that every open split still has the size it had when opened (a file truncated under a
+ * running daemon makes its reads fail). Returns 0, or COMMON_EIO with the file named in e. */
+int common_gguf_check_files(const struct common_gguf *g, struct common_errmsg *e);
 
 /* ------------------------------------------------------------------------------------------ */
 /* GGUF writer (common/gguf_write.c)                                                           */

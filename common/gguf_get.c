@@ -4,6 +4,7 @@
 #include "gguf_impl.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 uint32_t common_gguf_version(const struct common_gguf *g)
@@ -214,6 +215,23 @@ uint64_t common_gguf_split_size(const struct common_gguf *g, uint32_t split)
 uint64_t common_gguf_split_data_offset(const struct common_gguf *g, uint32_t split)
 {
     return split < g->n_splits ? g->splits[split].data_offset : 0;
+}
+
+int common_gguf_check_files(const struct common_gguf *g, struct common_errmsg *e)
+{
+    for (uint32_t i = 0; i < g->n_splits; i++) {
+        struct stat st;
+        if (g->splits[i].fd < 0)
+            continue;
+        if (fstat(g->splits[i].fd, &st) != 0)
+            return common_errmsg_set(e, COMMON_EIO, "%s: %s", g->splits[i].path, strerror(errno));
+        if ((uint64_t)st.st_size < g->splits[i].size)
+            return common_errmsg_set(
+                e, COMMON_EIO, "model file truncated while open (%llu of %llu bytes left): %s",
+                (unsigned long long)st.st_size, (unsigned long long)g->splits[i].size,
+                g->splits[i].path);
+    }
+    return COMMON_OK;
 }
 
 int common_gguf_read_span(const struct common_gguf *g, const struct common_span *span, void *dst,

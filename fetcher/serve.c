@@ -172,6 +172,12 @@ static void ctl_health(void *arg, struct proto_health_reply *h)
         snprintf(h->message, sizeof(h->message),
                  "shard %u/%u experts [%u,%u) pool %u slots; no executor attached", s->shard,
                  s->n_shards, s->first, s->first + s->n_exp, s->n_slots);
+    /* Serving from a file that shrank fails every read past its new end: not READY. */
+    struct common_errmsg e = {{0}};
+    if (common_gguf_check_files(s->g, &e) != COMMON_OK) {
+        h->state = PROTO_HEALTH_DEGRADED;
+        snprintf(h->message, sizeof(h->message), "%.*s", (int)sizeof(h->message) - 1, e.text);
+    }
 }
 
 static void ctl_hello(void *arg, struct proto_hello *h)

@@ -101,7 +101,7 @@ enum proto_health_state {
     PROTO_HEALTH_STARTING = 0, /* loading; not serving yet */
     PROTO_HEALTH_READY,        /* serving */
     PROTO_HEALTH_DRAINING,     /* finishing in-flight work, taking none */
-    PROTO_HEALTH_DEGRADED,     /* serving, but a peer is missing (e.g. waiting for a fetcher) */
+    PROTO_HEALTH_DEGRADED,     /* up, but a peer is missing or the model file shrank */
 };
 
 struct proto_health_reply {

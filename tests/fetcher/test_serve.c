@@ -561,6 +561,38 @@ Test(fetcher_serve, shard_1_of_2_refuses_experts_of_shard_0)
     munmap((void *)(uintptr_t)pool, len);
 }
 
+/* A model file truncated under the running fetcher fails the reads past its new end: health says
+ * DEGRADED and names the file, instead of READY. */
+Test(fetcher_serve, health_degrades_when_the_model_file_shrinks)
+{
+    FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *copy_dir = fixture_tmpdir();
+    cr_assert_not_null(copy_dir);
+    size_t len = 0;
+    char  *bytes = fixture_read_all(src, &len);
+    cr_assert_not_null(bytes);
+    free(src);
+    char copy[600];
+    snprintf(copy, sizeof(copy), "%s/model.gguf", copy_dir);
+    FILE *f = fopen(copy, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(bytes, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+    free(bytes);
+    t_model = strdup(copy);
+    start(0, 1);
+    struct proto_msg req = {.kind = PROTO_KIND_HEALTH}, rep;
+    cr_assert_eq(call(0, &req, &rep), PROTO_KIND_HEALTH_REPLY);
+    cr_assert_eq(rep.u.health.state, PROTO_HEALTH_READY, "%s", rep.u.health.message);
+    cr_assert_eq(truncate(copy, (off_t)(len / 2)), 0);
+    cr_assert_eq(call(0, &req, &rep), PROTO_KIND_HEALTH_REPLY);
+    cr_assert_eq(rep.u.health.state, PROTO_HEALTH_DEGRADED, "%s", rep.u.health.message);
+    cr_assert(strstr(rep.u.health.message, "truncated"), "%s", rep.u.health.message);
+    cr_assert(strstr(rep.u.health.message, "model.gguf"), "%s", rep.u.health.message);
+    fixture_rmtree(copy_dir);
+    free(copy_dir);
+}
+
 Test(fetcher_serve, control_messages)
 {
     START(0, 1);
