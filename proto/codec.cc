@@ -265,7 +265,9 @@ static int codec_encode_body(fb::FlatBufferBuilder &b, const struct proto_msg *m
     case PROTO_KIND_GENERATE:
         return codec_encode_generate(b, m, body);
     case PROTO_KIND_POLL:
-        *body = sp::CreatePoll(b, m->u.poll.max_events, m->u.poll.timeout_ms).Union();
+        *body = sp::CreatePoll(b, m->u.poll.max_events, m->u.poll.timeout_ms, m->u.poll.ack,
+                               m->u.poll.ack_tokens, m->u.poll.ack_bytes)
+                    .Union();
         return COMMON_OK;
     case PROTO_KIND_EVENTS:
         return codec_encode_events(b, m, body);
@@ -567,6 +569,9 @@ static int codec_decode_body(const sp::Envelope *env, struct proto_msg *m)
             return COMMON_EPROTO;
         m->u.poll.max_events = p->max_events();
         m->u.poll.timeout_ms = p->timeout_ms();
+        m->u.poll.ack = p->ack();
+        m->u.poll.ack_tokens = p->ack_tokens();
+        m->u.poll.ack_bytes = p->ack_bytes();
         return COMMON_OK;
     }
     case sp::Body_Events:

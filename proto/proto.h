@@ -10,7 +10,7 @@
 
 /* Protocol version spoken by this build; bumped on any incompatible message change. */
 #define PROTO_VERSION_MAJOR 0
-#define PROTO_VERSION_MINOR 1
+#define PROTO_VERSION_MINOR 2
 
 /* Limits on decoded messages; larger inbound messages are refused with COMMON_EPROTO. */
 #define PROTO_MAX_MESSAGE_BYTES (1u << 20)
@@ -162,9 +162,17 @@ struct proto_generate {
     bool                  special; /* parse special tokens in the prompt */
 };
 
+/* With `ack` (protocol 0.2), the events of a reply stay at the router until a later POLL
+ * acknowledges them: ack_tokens and ack_bytes count the tokens and text bytes the client has
+ * received for this request. A POLL is then idempotent: a retry after a lost reply (a closed
+ * connection, a timeout) gets the same events again, so the client receives each token once.
+ * Without `ack` (0.1 clients) a reply consumes its events. */
 struct proto_poll {
     uint32_t max_events; /* tokens per reply at most; 0 = PROTO_MAX_EVENT_TOKENS */
     uint32_t timeout_ms; /* reply with no token after this long (0 = router default) */
+    bool     ack;        /* ack_tokens and ack_bytes are given */
+    uint64_t ack_tokens; /* tokens received so far */
+    uint64_t ack_bytes;  /* text bytes received so far */
 };
 
 enum proto_stop_reason {

@@ -11,6 +11,41 @@ static bool finite_in(float v, float lo, float hi)
     return isfinite(v) && v >= lo && v <= hi;
 }
 
+/* FNV-1a over `len` bytes, continuing from `h`. */
+static uint64_t fnv_bytes(uint64_t h, const void *p, size_t len)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t fnv_str(uint64_t h, const char *s)
+{
+    return s ? fnv_bytes(h, s, strlen(s) + 1) : fnv_bytes(h, "", 0);
+}
+
+/* What identifies a GENERATE beyond its id: a client that re-sends one after losing the reply
+ * (the connection closed) sends the same bytes, and gets OK instead of "id in use". */
+static uint64_t generate_fingerprint(const struct proto_generate *g)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = fnv_str(h, g->prompt);
+    for (uint32_t i = 0; i < g->n_messages && i < PROTO_MAX_MESSAGES; i++) {
+        h = fnv_bytes(h, g->messages[i].role, strnlen(g->messages[i].role, PROTO_MAX_ROLE));
+        h = fnv_str(h, g->messages[i].content);
+    }
+    for (uint32_t i = 0; i < g->n_stops && i < PROTO_MAX_STOPS; i++)
+        h = fnv_bytes(h, g->stops[i], strnlen(g->stops[i], PROTO_MAX_STOP_LEN));
+    const struct proto_sampling *p = &g->sampling;
+    uint64_t                     fields[] = {g->max_tokens,    g->stream,  g->special,
+                                             g->n_messages,    g->n_stops, (uint64_t)(int64_t)p->top_k,
+                                             p->repeat_last_n, p->seed};
+    float                        reals[] = {p->temp, p->top_p, p->min_p, p->repeat_penalty};
+    h = fnv_bytes(h, fields, sizeof(fields));
+    return fnv_bytes(h, reals, sizeof(reals));
+}
+
 int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
                            struct proto_msg *rep)
 {
@@ -88,6 +123,7 @@ int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
         return COMMON_ENOMEM;
     }
     r->id = req->request_id;
+    r->fingerprint = generate_fingerprint(g);
     r->seq = -1;
     r->sampling = *p;
     r->max_tokens = g->max_tokens;
@@ -104,15 +140,22 @@ int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
     r->t_submit = r->last_seen_ns = common_now_ns();
 
     pthread_mutex_lock(&s->mu);
-    uint32_t queue_max = s->o.queue_max ? s->o.queue_max : 64;
-    if (s->draining) {
+    uint32_t   queue_max = s->o.queue_max ? s->o.queue_max : 64;
+    struct rq *same = router_rq_find(s, r->id);
+    if (same && same->delivered) {
+        same->superseded = true; /* finished and delivered: the id is free again */
+        same = NULL;
+    }
+    if (same && same->fingerprint == r->fingerprint) {
+        rc = 1; /* this GENERATE again, its reply lost: it runs already */
+    } else if (same) {
+        rc = proto_reply_error(rep, COMMON_EINVAL, "request id %llu is in use",
+                               (unsigned long long)r->id);
+    } else if (s->draining) {
         rc = proto_reply_error(rep, COMMON_EBUSY, "the router is draining: no new requests");
     } else if (s->n_queued >= queue_max) {
         rc = proto_reply_error(rep, COMMON_EBUSY, "queue full: %u requests waiting (--queue)",
                                s->n_queued);
-    } else if (router_rq_find(s, r->id)) {
-        rc = proto_reply_error(rep, COMMON_EINVAL, "request id %llu is in use",
-                               (unsigned long long)r->id);
     } else {
         struct rq **pp = &s->head;
         while (*pp)
@@ -127,18 +170,109 @@ int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
     pthread_mutex_unlock(&s->mu);
     if (r) {
         router_rq_free(r);
-        return rc;
+        if (rc <= 0)
+            return rc;
     }
     rep->kind = PROTO_KIND_OK;
     return 0;
 }
 
+/* Drops the front `d` tokens and `b` text bytes of the pending events. Under the lock. */
+static void rq_drop_front(struct rq *r, size_t d, size_t b)
+{
+    if (d) { /* ids is NULL until a token came (memmove wants non-NULL) */
+        memmove(r->ev_tokens.ids, r->ev_tokens.ids + d, (r->ev_tokens.n - d) * sizeof(int32_t));
+        r->ev_tokens.n -= d;
+    }
+    for (size_t i = d; i < r->ev_off.n; i++)
+        r->ev_off.ids[i - d] = r->ev_off.ids[i] - (int32_t)b;
+    r->ev_off.n -= d;
+    if (b)
+        memmove(r->ev_text.ptr, r->ev_text.ptr + b, r->ev_text.len - b);
+    r->ev_text.len -= b;
+    if (r->ev_text.ptr)
+        r->ev_text.ptr[r->ev_text.len] = '\0';
+    r->ev_base_tokens += d;
+    r->ev_base_bytes += b;
+}
+
+/* Drops what the client acknowledged (counts from the request's start). A POLL that
+ * acknowledges less than an earlier one is a late copy whose reply nobody reads; one that
+ * acknowledges more than was sent is a broken client: both get COMMON_EINVAL and change
+ * nothing. Under the lock. */
+static int rq_drop_acked(struct rq *r, uint64_t tokens, uint64_t bytes, char *why, size_t why_len)
+{
+    if (tokens < r->ev_base_tokens || bytes < r->ev_base_bytes ||
+        tokens - r->ev_base_tokens > r->ev_tokens.n || bytes - r->ev_base_bytes > r->ev_text.len) {
+        snprintf(why, why_len,
+                 "POLL acknowledges %llu tokens and %llu bytes; the router holds tokens "
+                 "[%llu, %llu) and bytes [%llu, %llu)",
+                 (unsigned long long)tokens, (unsigned long long)bytes,
+                 (unsigned long long)r->ev_base_tokens,
+                 (unsigned long long)(r->ev_base_tokens + r->ev_tokens.n),
+                 (unsigned long long)r->ev_base_bytes,
+                 (unsigned long long)(r->ev_base_bytes + r->ev_text.len));
+        return COMMON_EINVAL;
+    }
+    size_t d = (size_t)(tokens - r->ev_base_tokens), b = (size_t)(bytes - r->ev_base_bytes);
+    for (size_t i = d; i < r->ev_off.n; i++)
+        if ((size_t)r->ev_off.ids[i] < b) {
+            snprintf(why, why_len, "POLL acknowledges %llu bytes inside token %llu's text",
+                     (unsigned long long)bytes, (unsigned long long)(r->ev_base_tokens + i));
+            return COMMON_EINVAL;
+        }
+    rq_drop_front(r, d, b);
+    return 0;
+}
+
+/* Fills *ev with the front of the pending events (at most max_events tokens), and the final
+ * state when they are all of them and the request is done. Under the lock. */
+static int rq_fill_events(struct router_serve *s, struct rq *r, uint32_t max_events,
+                          struct proto_events *ev, size_t *n_tokens, size_t *n_bytes)
+{
+    size_t k = r->ev_tokens.n < max_events ? r->ev_tokens.n : max_events;
+    bool   all = k == r->ev_tokens.n;
+    size_t tlen = all ? r->ev_text.len : (size_t)r->ev_off.ids[k - 1];
+    *n_tokens = *n_bytes = 0;
+    if (tlen) {
+        if (!(ev->text = malloc(tlen + 1)))
+            return COMMON_ENOMEM;
+        memcpy(ev->text, r->ev_text.ptr, tlen);
+        ev->text[tlen] = '\0';
+        ev->text_len = (uint32_t)tlen;
+    }
+    ev->n_tokens = (uint32_t)k;
+    if (k)
+        memcpy(ev->tokens, r->ev_tokens.ids, k * sizeof(int32_t));
+    *n_tokens = k;
+    *n_bytes = tlen;
+    if (r->done && all) {
+        ev->done = true;
+        ev->reason = r->reason;
+        ev->error_code = r->err_code;
+        snprintf(ev->error_text, sizeof(ev->error_text), "%s", r->err_text);
+        ev->stats = (struct proto_final_stats){
+            .n_prompt = r->n_prompt,
+            .n_generated = r->n_generated,
+            .queue_ms = serve_ms_between(r->t_submit, r->t_start ? r->t_start : r->t_end),
+            .prompt_ms = r->t_prompt ? serve_ms_between(r->t_start, r->t_prompt) : 0.0,
+            .decode_ms = r->t_prompt ? serve_ms_between(r->t_prompt, r->t_end) : 0.0,
+        };
+        if (!r->delivered) {
+            r->delivered = true;
+            pthread_cond_signal(&s->cv_sched);
+        }
+    }
+    return 0;
+}
+
 int router_handle_poll(struct router_serve *s, const struct proto_msg *req, struct proto_msg *rep)
 {
-    uint32_t max_events = req->u.poll.max_events;
+    const struct proto_poll *q = &req->u.poll;
+    uint32_t                 max_events = q->max_events;
     if (max_events == 0 || max_events > PROTO_MAX_EVENT_TOKENS)
         max_events = PROTO_MAX_EVENT_TOKENS;
-    uint32_t timeout_ms = req->u.poll.timeout_ms;
+    uint32_t timeout_ms = q->timeout_ms;
     if (timeout_ms == 0)
         timeout_ms = s->o.poll_default_ms ? s->o.poll_default_ms : 2000;
     if (timeout_ms > SERVE_MAX_POLL_MS)
@@ -148,10 +282,20 @@ int router_handle_poll(struct router_serve *s, const struct proto_msg *req, stru
 
     pthread_mutex_lock(&s->mu);
     struct rq *r = router_rq_find(s, req->request_id);
-    if (!r) {
+    if (!r || (r->delivered && !q->ack)) {
         pthread_mutex_unlock(&s->mu);
         return proto_reply_error(rep, COMMON_ENOENT, "no request with id %llu",
                                  (unsigned long long)req->request_id);
+    }
+    r->last_seen_ns = common_now_ns();
+    if (q->ack) {
+        char why[PROTO_MAX_ERROR_TEXT];
+        r->acks = true;
+        if (rq_drop_acked(r, q->ack_tokens, q->ack_bytes, why, sizeof(why)) < 0) {
+            pthread_mutex_unlock(&s->mu);
+            return proto_reply_error(rep, COMMON_EINVAL, "request %llu: %s",
+                                     (unsigned long long)req->request_id, why);
+        }
     }
     r->n_pollers++;
     for (;;) {
@@ -181,49 +325,11 @@ int router_handle_poll(struct router_serve *s, const struct proto_msg *req, stru
     rep->kind = PROTO_KIND_EVENTS;
     int rc = 0;
     if (r->stream || r->done) {
-        size_t k = r->ev_tokens.n < max_events ? r->ev_tokens.n : max_events;
-        bool   all = k == r->ev_tokens.n;
-        size_t tlen = all ? r->ev_text.len : (size_t)r->ev_off.ids[k - 1];
-        if (tlen) {
-            if (!(ev->text = malloc(tlen + 1))) {
-                rc = COMMON_ENOMEM;
-                goto out;
-            }
-            memcpy(ev->text, r->ev_text.ptr, tlen);
-            ev->text[tlen] = '\0';
-            ev->text_len = (uint32_t)tlen;
-        }
-        ev->n_tokens = (uint32_t)k;
-        if (k) { /* ids is NULL until a token came (memcpy/memmove want non-NULL) */
-            memcpy(ev->tokens, r->ev_tokens.ids, k * sizeof(int32_t));
-            memmove(r->ev_tokens.ids, r->ev_tokens.ids + k, (r->ev_tokens.n - k) * sizeof(int32_t));
-        }
-        r->ev_tokens.n -= k;
-        for (size_t i = k; i < r->ev_off.n; i++)
-            r->ev_off.ids[i - k] = r->ev_off.ids[i] - (int32_t)tlen;
-        r->ev_off.n -= k;
-        if (tlen)
-            memmove(r->ev_text.ptr, r->ev_text.ptr + tlen, r->ev_text.len - tlen);
-        r->ev_text.len -= tlen;
-        if (r->ev_text.ptr)
-            r->ev_text.ptr[r->ev_text.len] = '\0';
-        if (r->done && r->ev_tokens.n == 0 && r->ev_text.len == 0) {
-            ev->done = true;
-            ev->reason = r->reason;
-            ev->error_code = r->err_code;
-            snprintf(ev->error_text, sizeof(ev->error_text), "%s", r->err_text);
-            ev->stats = (struct proto_final_stats){
-                .n_prompt = r->n_prompt,
-                .n_generated = r->n_generated,
-                .queue_ms = serve_ms_between(r->t_submit, r->t_start ? r->t_start : r->t_end),
-                .prompt_ms = r->t_prompt ? serve_ms_between(r->t_start, r->t_prompt) : 0.0,
-                .decode_ms = r->t_prompt ? serve_ms_between(r->t_prompt, r->t_end) : 0.0,
-            };
-            r->delivered = true;
-            pthread_cond_signal(&s->cv_sched);
-        }
+        size_t k = 0, tlen = 0;
+        rc = rq_fill_events(s, r, max_events, ev, &k, &tlen);
+        if (rc == 0 && !q->ack) /* 0.1 client: the reply consumes its events */
+            rq_drop_front(r, k, tlen);
     }
-out:
     r->n_pollers--;
     r->last_seen_ns = common_now_ns();
     if (rep->u.events.n_tokens)

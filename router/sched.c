@@ -29,7 +29,7 @@ void router_rq_free(struct rq *r)
 struct rq *router_rq_find(struct router_serve *s, uint64_t id)
 {
     for (struct rq *r = s->head; r; r = r->next)
-        if (r->id == id && !r->delivered)
+        if (r->id == id && !r->superseded && (!r->delivered || r->acks))
             return r;
     return NULL;
 }
@@ -107,7 +107,14 @@ static void sched_reap(struct router_serve *s, uint64_t now)
             s->n_queued--;
             pthread_cond_broadcast(&s->cv_events);
         }
-        if (r->state == RQ_DONE && r->n_pollers == 0 && (r->delivered || stale)) {
+        /* A delivered request of an acknowledging client lingers for a retried final poll. */
+        uint64_t linger_ms = serve_client_timeout_ms(s) < SERVE_DONE_LINGER_MS
+                                 ? serve_client_timeout_ms(s)
+                                 : SERVE_DONE_LINGER_MS;
+        bool     gone = r->superseded || (r->delivered && !r->acks) ||
+                    (r->delivered && now > r->last_seen_ns &&
+                     now - r->last_seen_ns > linger_ms * 1000000ull);
+        if (r->state == RQ_DONE && r->n_pollers == 0 && (gone || stale)) {
             *pp = r->next;
             router_rq_free(r);
             pthread_cond_broadcast(&s->cv_events);

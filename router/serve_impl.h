@@ -19,11 +19,14 @@
 
 #define SERVE_COMP        "router"
 #define SERVE_MAX_POLL_MS 30000u
-#define SERVE_SEG_REQ     0
-#define SERVE_SEG_REP     1
-#define SERVE_SEG_TOKENS  2
-#define SERVE_SEG_LOGITS  3
-#define SERVE_N_SEG       4
+/* A finished request whose final events went out to a client that acknowledges (protocol 0.2)
+ * stays this long after its last poll, so a retry of a lost final reply gets it again. */
+#define SERVE_DONE_LINGER_MS 10000u
+#define SERVE_SEG_REQ        0
+#define SERVE_SEG_REP        1
+#define SERVE_SEG_TOKENS     2
+#define SERVE_SEG_LOGITS     3
+#define SERVE_N_SEG          4
 
 enum rq_state { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
 
@@ -32,6 +35,7 @@ enum rq_state { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
 struct rq {
     struct rq    *next;
     uint64_t      id;
+    uint64_t      fingerprint; /* of the GENERATE: a re-sent one is recognised */
     enum rq_state state;
     int           seq; /* slot while active, else -1 */
     /* set by the GENERATE handler, read-only afterwards */
@@ -49,9 +53,12 @@ struct rq {
     bool                  sampler_ok, stop_ok;
     struct router_stop    stop;
     /* shared */
-    struct router_tokens   ev_tokens; /* tokens not yet polled */
+    struct router_tokens   ev_tokens; /* tokens not yet acknowledged (or polled, for 0.1) */
     struct router_tokens   ev_off;    /* end offset in ev_text of each pending token's text */
-    struct router_text     ev_text;   /* text not yet polled */
+    struct router_text     ev_text;   /* text not yet acknowledged */
+    uint64_t               ev_base_tokens, ev_base_bytes; /* acknowledged before ev_* */
+    bool                   acks;       /* its client acknowledges (POLL with ack) */
+    bool                   superseded; /* a new GENERATE took its id after it was delivered */
     bool                   done, delivered, counted;
     enum proto_stop_reason reason;
     int32_t                err_code;
@@ -138,7 +145,8 @@ static inline void serve_sleep_ms(unsigned ms)
 
 /* Frees a request and everything it owns; accepts NULL. */
 void router_rq_free(struct rq *r);
-/* The request with `id` that a client may still poll, or NULL. Under the lock. */
+/* The request with `id` that a client may still poll (a delivered one while it lingers), or
+ * NULL. Under the lock. */
 struct rq *router_rq_find(struct router_serve *s, uint64_t id);
 /* Ends a request (the first reason wins) and wakes its pollers. Under the lock. */
 void router_rq_finish(struct router_serve *s, struct rq *r, enum proto_stop_reason reason, int code,

@@ -8,14 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
 #include "proto.h"
 
-#define CLIENT_POLL_MS       250  /* router-side long poll; also the cancel-flag latency */
-#define CLIENT_CALL_SLACK_MS 5000 /* on top of the poll, for a busy router */
-#define CLIENT_MAX_TIMEOUTS  3    /* calls in a row without an answer: the router is gone */
+#define CLIENT_POLL_MS       250   /* router-side long poll; also the cancel-flag latency */
+#define CLIENT_CALL_SLACK_MS 5000  /* on top of the poll, for a busy router */
+#define CLIENT_RETRY_MS      30000 /* no answer this long (calls retried): the router is gone */
+#define CLIENT_GONE_MS       2000  /* its socket file missing this long: it is not running */
+#define CLIENT_PAUSE_MS      50    /* between retries after a closed connection */
 
 _Static_assert((int)SLUICE_ECLOSED == (int)COMMON_ECLOSED &&
                    (int)SLUICE_ERANGE == (int)COMMON_ERANGE &&
@@ -67,23 +70,60 @@ static bool client_socket_exists(const struct sluice_client *c)
     return !c->sock_path[0] || (stat(c->sock_path, &st) == 0 && S_ISSOCK(st.st_mode));
 }
 
-/* One call; ERROR replies become their code with the router's message. */
-static int client_call(struct sluice_client *c, const struct proto_msg *req, struct proto_msg *rep,
-                       int timeout_ms)
+/* A call that survives a lost connection or a lost reply: the router's listener may be replaced
+ * (which closes every connection) or the router paused; nng reconnects and the call goes out
+ * again, until CLIENT_RETRY_MS pass without an answer (CLIENT_GONE_MS once the socket file is
+ * gone); a timeout is retried only when `retry_timeouts`. Only for requests the router treats as
+ * idempotent: HELLO, GENERATE (same id, same content), POLL with acknowledgements, CANCEL. ERROR
+ * replies become their code with the router's message. */
+static int client_call_retry(struct sluice_client *c, const struct proto_msg *req,
+                             struct proto_msg *rep, int timeout_ms, bool retry_timeouts)
 {
-    struct common_errmsg e = {{0}};
-    int                  rc = proto_client_call(c->pc, req, rep, timeout_ms, &e);
-    if (rc == COMMON_ETIMEDOUT && !client_socket_exists(c))
-        return client_fail(SLUICE_ECLOSED, "router not running: %s is gone", c->sock_path);
-    if (rc < 0)
-        return client_fail(rc, "%s: %s", c->url, e.text[0] ? e.text : common_strerror(rc));
-    if (rep->kind == PROTO_KIND_ERROR) {
-        int code = rep->u.error.code < 0 ? rep->u.error.code : SLUICE_EPROTO;
-        client_fail(code, "router: %s (%s)", rep->u.error.message, common_strerror(code));
-        proto_msg_clear(rep);
-        return code;
+    uint64_t first_fail = 0; /* when the first unanswered call of this streak went out */
+    uint64_t gone_since = 0; /* when the socket file was first seen missing, 0 = present */
+    for (;;) {
+        struct common_errmsg e = {{0}};
+        uint64_t             sent = common_now_ns();
+        int                  rc = COMMON_ECLOSED;
+        /* No socket file: nothing to connect to, the call would only wait out its timeout. */
+        if (client_socket_exists(c)) {
+            gone_since = 0;
+            rc = proto_client_call(c->pc, req, rep, timeout_ms, &e);
+        } else
+            common_errmsg_set(&e, rc, "no socket at %s", c->sock_path);
+        if (rc != COMMON_ECLOSED && (rc != COMMON_ETIMEDOUT || !retry_timeouts)) {
+            if (rc < 0)
+                return client_fail(rc, "%s", e.text[0] ? e.text : common_strerror(rc));
+            if (rep->kind == PROTO_KIND_ERROR) {
+                int code = rep->u.error.code < 0 ? rep->u.error.code : SLUICE_EPROTO;
+                client_fail(code, "router: %s (%s)", rep->u.error.message, common_strerror(code));
+                proto_msg_clear(rep);
+                return code;
+            }
+            return 0;
+        }
+        uint64_t now = common_now_ns();
+        if (!first_fail)
+            first_fail = sent;
+        bool gone = !client_socket_exists(c);
+        if (!gone)
+            gone_since = 0;
+        else if (!gone_since)
+            gone_since = now;
+        uint64_t waited_ms = (now - first_fail) / 1000000u;
+        /* The watchdog's listener replacement removes the file for an instant: only a file
+         * missing for a while means the router is gone. */
+        if (gone && (now - gone_since) / 1000000u >= CLIENT_GONE_MS)
+            return client_fail(SLUICE_ECLOSED, "router not running: %s is gone", c->sock_path);
+        if (waited_ms >= CLIENT_RETRY_MS)
+            return client_fail(SLUICE_ECLOSED, "router not answering for %u s: %s",
+                               CLIENT_RETRY_MS / 1000, e.text);
+        if (rc == COMMON_ECLOSED || gone) {
+            struct timespec ts = {0, CLIENT_PAUSE_MS * 1000000L};
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+            }
+        }
     }
-    return 0;
 }
 
 int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
@@ -127,7 +167,9 @@ int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
     req.u.hello.role = PROTO_ROLE_CLIENT;
     snprintf(req.u.hello.name, sizeof(req.u.hello.name), "client");
     req.u.hello.pid = (uint32_t)getpid();
-    rc = client_call(c, &req, &rep, 2000);
+    /* A closed connection is retried (the listener may have been replaced); silence is not:
+     * a socket file nobody serves is reported at once. */
+    rc = client_call_retry(c, &req, &rep, 2000, false);
     if (rc == SLUICE_ETIMEDOUT)
         rc = client_fail(SLUICE_ECLOSED, "router not running: nobody answers at %s", c->url);
     if (rc == 0) {
@@ -169,7 +211,7 @@ void sluice_generate_opts_init(struct sluice_generate_opts *o)
 static int client_send_cancel(struct sluice_client *c, uint64_t id)
 {
     struct proto_msg req = {.kind = PROTO_KIND_CANCEL, .request_id = id}, rep;
-    int              rc = client_call(c, &req, &rep, 2000);
+    int              rc = client_call_retry(c, &req, &rep, 2000, true);
     if (rc == 0)
         proto_msg_clear(&rep);
     return rc;
@@ -236,7 +278,7 @@ static int client_submit(struct sluice_client *c, const struct sluice_generate_o
     g->stream = !o->no_stream;
     g->special = o->special;
     struct proto_msg rep;
-    if (rc == 0 && (rc = client_call(c, req, &rep, 30000)) == 0) {
+    if (rc == 0 && (rc = client_call_retry(c, req, &rep, 30000, true)) == 0) {
         if (rep.kind != PROTO_KIND_OK)
             rc = client_fail(SLUICE_EPROTO, "router answered GENERATE with %s",
                              proto_kind_name(rep.kind));
@@ -261,7 +303,7 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         return rc;
     atomic_store_explicit(&c->current_id, id, memory_order_release);
     bool     cancel_sent = false;
-    unsigned timeouts = 0;
+    uint64_t got_tokens = 0, got_bytes = 0; /* acknowledged in the next POLL */
     for (;;) {
         if (!cancel_sent && atomic_load_explicit(&c->cancel_flag, memory_order_acquire)) {
             cancel_sent = true;
@@ -270,14 +312,10 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         }
         struct proto_msg req = {.kind = PROTO_KIND_POLL, .request_id = id}, rep;
         req.u.poll.timeout_ms = CLIENT_POLL_MS;
-        rc = client_call(c, &req, &rep, CLIENT_POLL_MS + CLIENT_CALL_SLACK_MS);
-        if (rc == SLUICE_ETIMEDOUT && ++timeouts < CLIENT_MAX_TIMEOUTS)
-            continue;
-        if (rc == SLUICE_ETIMEDOUT) {
-            rc = client_fail(SLUICE_ECLOSED, "router not running: no answer from %s in %u calls",
-                             c->url, CLIENT_MAX_TIMEOUTS);
-            break;
-        }
+        req.u.poll.ack = true;
+        req.u.poll.ack_tokens = got_tokens;
+        req.u.poll.ack_bytes = got_bytes;
+        rc = client_call_retry(c, &req, &rep, CLIENT_POLL_MS + CLIENT_CALL_SLACK_MS, true);
         if (rc == SLUICE_ENOENT) {
             client_fail(rc,
                         "the router no longer knows request %llu (restarted, or dropped "
@@ -287,7 +325,6 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         }
         if (rc < 0)
             break;
-        timeouts = 0;
         if (rep.kind != PROTO_KIND_EVENTS) {
             proto_msg_clear(&rep);
             rc = client_fail(SLUICE_EPROTO, "router answered POLL with %s",
@@ -296,6 +333,8 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         }
         const struct proto_events *ev = &rep.u.events;
         size_t                     tlen = ev->text ? ev->text_len : 0;
+        got_tokens += ev->n_tokens;
+        got_bytes += tlen;
         if ((tlen || ev->n_tokens) && cb && !cancel_sent &&
             cb(arg, ev->text ? ev->text : "", tlen, ev->tokens, ev->n_tokens) != 0)
             sluice_client_request_cancel(c);

@@ -128,6 +128,9 @@ static struct proto_msg make_msg(enum proto_kind k, bool max)
     case PROTO_KIND_POLL:
         m.u.poll.max_events = max ? UINT32_MAX : 0;
         m.u.poll.timeout_ms = max ? UINT32_MAX : 0;
+        m.u.poll.ack = max;
+        m.u.poll.ack_tokens = max ? UINT64_MAX : 0;
+        m.u.poll.ack_bytes = max ? UINT64_MAX - 1 : 0;
         break;
     case PROTO_KIND_EVENTS: {
         struct proto_events *e = &m.u.events;
@@ -245,6 +248,9 @@ static void assert_same_msg(const struct proto_msg *a, const struct proto_msg *b
     case PROTO_KIND_POLL:
         cr_assert_eq(a->u.poll.max_events, b->u.poll.max_events);
         cr_assert_eq(a->u.poll.timeout_ms, b->u.poll.timeout_ms);
+        cr_assert_eq(a->u.poll.ack, b->u.poll.ack);
+        cr_assert_eq(a->u.poll.ack_tokens, b->u.poll.ack_tokens);
+        cr_assert_eq(a->u.poll.ack_bytes, b->u.poll.ack_bytes);
         break;
     case PROTO_KIND_EVENTS: {
         const struct proto_events *x = &a->u.events, *y = &b->u.events;

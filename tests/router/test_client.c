@@ -1,6 +1,8 @@
 /* tests/router/test_client.c - the sluice client library against an in-process router and a
  * fake executor: streamed pieces in order, result stats, cancel, clear errors. */
 #include <criterion/criterion.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "fake_exec.h"
 #include "fixture.h"
@@ -158,6 +160,106 @@ Test(router_client, nul_byte_token_reaches_the_client, .init = client_setup,
     router_text_fini(&col.text);
     router_text_fini(&text);
     sluice_client_close(c);
+}
+
+/* ---- a bare connection every 100 ms ---------------------------------------------------------
+ * nng 1.5.2 (#1518): a peer that connects and closes before the SP handshake can stop the
+ * listener from accepting; the router's watchdog then replaces the listener, which closes every
+ * client connection. A client must lose no token to that: it reconnects and sends its call again
+ * (GENERATE is recognised, POLL carries acknowledgements). */
+
+#define N_GEN     8
+#define GEN_TOKEN 24
+
+struct gen_job {
+    char                          prompt[64];
+    struct collect                col;
+    struct sluice_generate_result res;
+    int                           rc;
+    char                          err[256];
+};
+
+static void *gen_thread(void *arg)
+{
+    struct gen_job       *j = arg;
+    struct sluice_client *c = NULL;
+    j->rc = sluice_client_connect(t_sock, &c);
+    if (j->rc == 0) {
+        struct sluice_generate_opts o = greedy(j->prompt, GEN_TOKEN);
+        j->rc = sluice_client_generate(c, &o, collect_piece, &j->col, &j->res);
+        sluice_client_close(c);
+    }
+    snprintf(j->err, sizeof(j->err), "%s", sluice_last_error());
+    return NULL;
+}
+
+struct prober {
+    atomic_bool stop;
+    unsigned    n;
+};
+
+static void *probe_thread(void *arg)
+{
+    struct prober     *p = arg;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%.*s", (int)sizeof(sa.sun_path) - 1, t_sock);
+    while (!atomic_load(&p->stop)) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (fd >= 0) {
+            if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+                p->n++;
+            close(fd);
+        }
+        usleep(100000);
+    }
+    return NULL;
+}
+
+Test(router_client, bare_connections_cost_no_token, .init = client_setup, .fini = client_teardown,
+     .timeout = 300)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 20000); /* generations outlast several probes */
+    struct prober p = {0};
+    pthread_t     pt, gt[N_GEN];
+    cr_assert_eq(pthread_create(&pt, NULL, probe_thread, &p), 0);
+    static struct gen_job jobs[N_GEN];
+    for (int i = 0; i < N_GEN; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        snprintf(jobs[i].prompt, sizeof(jobs[i].prompt), "story number %d begins", i);
+        cr_assert_eq(pthread_create(&gt[i], NULL, gen_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < N_GEN; i++)
+        pthread_join(gt[i], NULL);
+    atomic_store(&p.stop, true);
+    pthread_join(pt, NULL);
+    cr_log_info("%u bare connections, %llu listener restarts", p.n,
+                (unsigned long long)proto_server_listener_restarts(
+                    proto_service_server(router_serve_service(t_serve))));
+    for (int i = 0; i < N_GEN; i++) {
+        struct gen_job *j = &jobs[i];
+        cr_assert_eq(j->rc, 0, "generation %d: %s", i, j->err);
+        cr_assert_eq(j->res.n_generated, GEN_TOKEN);
+        struct router_tokens pr = {0};
+        router_tokenize(t_vocab, j->prompt, strlen(j->prompt),
+                        &(struct router_tokenize_opts){.add_special = true}, &pr);
+        int32_t want[GEN_TOKEN];
+        fake_expected(pr.ids, (uint32_t)pr.n, GEN_TOKEN, router_vocab_n_tokens(t_vocab), want);
+        cr_assert_eq(j->col.toks.n, GEN_TOKEN, "generation %d got %zu tokens", i, j->col.toks.n);
+        for (int k = 0; k < GEN_TOKEN; k++)
+            cr_assert_eq(j->col.toks.ids[k], want[k], "generation %d token %d", i, k);
+        struct router_text text = {0};
+        cr_assert_eq(router_detokenize(t_vocab, j->col.toks.ids, j->col.toks.n,
+                                       &(struct router_detok_opts){.keep_leading_space = true},
+                                       &text),
+                     0);
+        cr_assert_eq(j->col.text.len, text.len, "generation %d text", i);
+        cr_assert(memcmp(j->col.text.ptr, text.ptr, text.len) == 0);
+        router_text_fini(&text);
+        router_tokens_fini(&pr);
+        router_tokens_fini(&j->col.toks);
+        router_text_fini(&j->col.text);
+    }
 }
 
 Test(router_client, no_stream_gives_one_piece, .init = client_setup, .fini = client_teardown,

@@ -287,6 +287,96 @@ static int generate_error(struct proto_msg *m, char *msg, size_t len)
     return rc;
 }
 
+/* One POLL with acknowledgements (protocol 0.2). */
+static void poll_acked(uint64_t id, uint64_t ack_tokens, uint64_t ack_bytes, struct proto_msg *rep)
+{
+    struct proto_msg m = {.kind = PROTO_KIND_POLL, .request_id = id};
+    m.u.poll.timeout_ms = 500;
+    m.u.poll.max_events = 3; /* several replies for a short generation */
+    m.u.poll.ack = true;
+    m.u.poll.ack_tokens = ack_tokens;
+    m.u.poll.ack_bytes = ack_bytes;
+    cr_assert_eq(call(&m, rep), 0, "poll: %s", rep->u.error.message);
+    cr_assert_eq(rep->kind, PROTO_KIND_EVENTS);
+}
+
+/* A POLL whose reply was lost (the connection closed, the client timed out) is sent again with
+ * the same acknowledgements and gets the same events again: every token arrives exactly once,
+ * the final reply included. A re-sent GENERATE is recognised; another one with the id is not. */
+Test(router_serve, acknowledged_polls_are_idempotent, .init = serve_setup, .fini = serve_teardown,
+     .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    atomic_store(&t_exec.step_delay_us, 2000);
+    const char      *prompt = "Once upon a time";
+    struct proto_msg g = greedy_req(77, prompt, 16);
+    cr_assert_eq(submit(&g), 0);
+    cr_assert_eq(submit(&g), 0, "the same GENERATE again (its reply lost) is accepted");
+    struct proto_msg other = greedy_req(77, "another prompt", 16);
+    cr_assert_eq(generate_error(&other, NULL, 0), COMMON_EINVAL, "a different request, same id");
+
+    struct router_tokens toks = {0};
+    struct router_text   text = {0};
+    uint64_t             got_t = 0, got_b = 0;
+    uint32_t             n_generated = 0;
+    for (int i = 0; i < 1000 && !n_generated; i++) {
+        struct proto_msg lost, again;
+        poll_acked(77, got_t, got_b, &lost);
+        poll_acked(77, got_t, got_b, &again); /* as if `lost` never arrived */
+        const struct proto_events *a = &lost.u.events, *b = &again.u.events;
+        cr_assert_geq(b->n_tokens, a->n_tokens, "a retried poll lost tokens");
+        cr_assert(memcmp(a->tokens, b->tokens, a->n_tokens * sizeof(int32_t)) == 0);
+        cr_assert_geq(b->text_len, a->text_len);
+        cr_assert(a->text_len == 0 || memcmp(a->text, b->text, a->text_len) == 0);
+        if (a->done) {
+            cr_assert(b->done, "the final reply comes again");
+            cr_assert_eq(a->n_tokens, b->n_tokens);
+            cr_assert_eq(a->stats.n_generated, b->stats.n_generated);
+        }
+        for (uint32_t k = 0; k < b->n_tokens; k++)
+            router_tokens_push(&toks, b->tokens[k]);
+        if (b->text_len)
+            router_text_append(&text, b->text, b->text_len);
+        got_t += b->n_tokens;
+        got_b += b->text_len;
+        if (b->done)
+            n_generated = b->stats.n_generated;
+        proto_msg_clear(&lost);
+        proto_msg_clear(&again);
+    }
+    cr_assert_eq(n_generated, 16);
+    check_greedy(prompt, &toks, 16);
+    struct router_text want = {0};
+    cr_assert_eq(router_detokenize(t_vocab, toks.ids, toks.n,
+                                   &(struct router_detok_opts){.keep_leading_space = true}, &want),
+                 0);
+    cr_assert_eq(text.len, want.len);
+    cr_assert(memcmp(text.ptr, want.ptr, want.len) == 0);
+
+    /* A late copy of an older POLL changes nothing and is refused; so is an ack of more than
+     * was sent. */
+    struct proto_msg m = {.kind = PROTO_KIND_POLL, .request_id = 77}, rep;
+    m.u.poll.ack = true;
+    m.u.poll.ack_tokens = got_t + 1;
+    m.u.poll.ack_bytes = got_b;
+    cr_assert_eq(call(&m, &rep), COMMON_EINVAL);
+    struct proto_msg fin;
+    poll_acked(77, got_t, got_b, &fin);
+    cr_assert(fin.u.events.done && fin.u.events.n_tokens == 0, "the request still answers done");
+    proto_msg_clear(&fin);
+    /* Once delivered, the id may start a new request. */
+    cr_assert_eq(submit(&other), 0);
+    struct router_tokens toks2 = {0};
+    struct router_text   text2 = {0};
+    cr_assert_eq(poll_all(77, &toks2, &text2, NULL), PROTO_STOP_LENGTH);
+    check_greedy("another prompt", &toks2, 16);
+    router_tokens_fini(&toks2);
+    router_text_fini(&text2);
+    router_tokens_fini(&toks);
+    router_text_fini(&text);
+    router_text_fini(&want);
+}
+
 Test(router_serve, bad_requests_get_error_codes, .init = serve_setup, .fini = serve_teardown,
      .timeout = 60)
 {
