@@ -415,7 +415,17 @@ int cli_cmd_ctl(int argc, char **argv)
     struct proto_msg     rep;
     struct common_errmsg e = {{0}};
     memset(&rep, 0, sizeof(rep));
-    rc = proto_call(url, &req, &rep, (int)a.timeout_ms, &e);
+    /* A connection closed before the reply (the daemon's listener watchdog replaced the
+     * listener) is tried again within the timeout: every control command is idempotent. */
+    uint64_t start = common_now_ns();
+    for (;;) {
+        uint64_t spent_ms = (common_now_ns() - start) / 1000000u;
+        int      left = spent_ms >= a.timeout_ms ? 0 : (int)(a.timeout_ms - spent_ms);
+        rc = proto_call(url, &req, &rep, left, &e);
+        if (rc != COMMON_ECLOSED || left == 0)
+            break;
+        usleep(50 * 1000);
+    }
     if (rc < 0) {
         if (rc == COMMON_ETIMEDOUT)
             cli_error(CTL_PROG, "no reply from %s in %u ms (is the daemon running?)", url,

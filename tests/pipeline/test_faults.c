@@ -4,7 +4,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -328,6 +331,114 @@ Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 
     cr_assert_eq(st, 0, "generate after the router restart failed");
     cr_assert_gt(strlen(out), 0);
     free(out);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* ---- the client path: bare connections, a paused router ------------------------------------ */
+
+struct bare_prober {
+    char        path[1024];
+    atomic_bool stop;
+    unsigned    n;
+};
+
+/* A bare connection (connect, close, nothing sent) on the router's socket every 100 ms: with nng
+ * 1.5.2 (#1518) it can stop the listener, and the router's watchdog then replaces it, closing
+ * every client connection. */
+static void *bare_probe_main(void *arg)
+{
+    struct bare_prober *p = arg;
+    struct sockaddr_un  sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%.*s", (int)sizeof(sa.sun_path) - 1, p->path);
+    while (!atomic_load(&p->stop)) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (fd >= 0) {
+            if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+                p->n++;
+            close(fd);
+        }
+        usleep(100 * 1000);
+    }
+    return NULL;
+}
+
+Test(pipeline_faults, bare_connections_during_eight_generations, .timeout = 600, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char *want = one_process(model, 200, "--temp 0");
+    up(dir, model, 1, NULL);
+    struct bare_prober p = {0};
+    snprintf(p.path, sizeof(p.path), "%s/router.sock", dir);
+    pthread_t pt;
+    cr_assert_eq(pthread_create(&pt, NULL, bare_probe_main, &p), 0);
+    /* Eight generations at once, twice over, each to its own file. */
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "for round in 1 2; do for i in 1 2 3 4 5 6 7 8; do "
+             "%s/sluice generate --run-dir %s -p '%s' -n 200 --temp 0 >%s/out.$round.$i "
+             "2>>%s/gen.err & done; wait; done",
+             BIN, dir, k_prompt, dir, dir);
+    free(sh(cmd, &st));
+    atomic_store(&p.stop, true);
+    pthread_join(pt, NULL);
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice ctl --run-dir %s --daemon router --timeout 10000 stats 2>&1 | "
+             "grep listener_restarts",
+             BIN, dir);
+    char *stats = sh(cmd, &st);
+    cr_log_info("%u bare connections; router %s", p.n, stats);
+    free(stats);
+    for (int round = 1; round <= 2; round++)
+        for (int i = 1; i <= 8; i++) {
+            char path[1200];
+            snprintf(path, sizeof(path), "%s/out.%d.%d", dir, round, i);
+            char *got = fixture_read_all(path, NULL);
+            cr_assert_not_null(got);
+            cr_assert_str_eq(got, want, "round %d generation %d (%s/gen.err): '%s'", round, i, dir,
+                             got);
+            free(got);
+        }
+    down(dir);
+    free(want);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* The router stopped (SIGSTOP) 5, 12 and 25 s in the middle of a generation: the client prints
+ * the same text as an undisturbed run, or fails with a message; never a shorter text with exit
+ * 0. */
+Test(pipeline_faults, paused_router_gives_the_same_text_or_an_error, .timeout = 900, .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    char *want = one_process(model, 200, "--temp 0");
+    up(dir, model, 1, NULL);
+    const int pauses[] = {5, 12, 25};
+    for (size_t k = 0; k < sizeof(pauses) / sizeof(pauses[0]); k++) {
+        struct gen  g = gen_start(dir, 200, "--temp 0");
+        static char buf[1 << 16];
+        size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
+        cr_assert_gt(have, 0, "no output before the pause");
+        pid_t pid = read_pid(dir, "router");
+        cr_assert_eq(kill(pid, SIGSTOP), 0);
+        sleep((unsigned)pauses[k]);
+        cr_assert_eq(kill(pid, SIGCONT), 0);
+        int st = gen_finish(&g, buf, sizeof(buf), have, 240);
+        cr_log_info("router paused %d s: generate exited %d", pauses[k], st);
+        cr_assert(st == 0 || st == 1, "generate ended with %d after a %d s pause", st, pauses[k]);
+        if (st == 0)
+            cr_assert_str_eq(buf, want, "after a %d s pause: '%s'\nundisturbed: '%s'", pauses[k],
+                             buf, want);
+    }
+    down(dir);
+    free(want);
     free(model);
     fixture_rmtree(dir);
     free(dir);
