@@ -71,7 +71,6 @@ struct proto_server {
     bool            sync_ready;  /* mu and cond are initialized */
     bool            stopping;    /* proto_server_stop was called */
     uint64_t        added;       /* pipes of listener that completed the handshake */
-    bool            probe_added; /* the probe's own handshake completed (client side) */
     pthread_t       watchdog;    /* valid when watchdog_started */
     bool            watchdog_started;
 };
@@ -255,17 +254,46 @@ static void wire_pipe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* One probe's socket and what its pipe callback sets. The callback gets this, never the server:
+ * the socket is closed on a thread of its own (wire_probe_release), which may outlive the server
+ * when nng_close() hangs. */
+struct wire_probe_sock {
+    nng_socket  sock;
+    atomic_bool added; /* the probe's own handshake completed (client side) */
+};
+
 /* Probe socket: its own handshake completed. */
 static void wire_probe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     (void)p;
-    struct proto_server *s = arg;
-    if (ev != NNG_PIPE_EV_ADD_POST)
-        return;
-    pthread_mutex_lock(&s->mu);
-    s->probe_added = true;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->mu);
+    struct wire_probe_sock *ps = arg;
+    if (ev == NNG_PIPE_EV_ADD_POST)
+        atomic_store(&ps->added, true);
+}
+
+static void *wire_probe_closer_main(void *arg)
+{
+    struct wire_probe_sock *ps = arg;
+    nng_close(ps->sock);
+    free(ps);
+    return NULL;
+}
+
+/* Closes a probe socket without waiting for it: nng 1.5.2's nng_close() was seen to hang on a
+ * socket whose dial was stuck in the handshake (a router resumed after a 20 s SIGSTOP), and the
+ * watchdog must go on watching. When no thread can be made, it closes here. */
+static void wire_probe_release(struct wire_probe_sock *ps)
+{
+    pthread_attr_t attr;
+    pthread_t      t;
+    bool           started = false;
+    if (pthread_attr_init(&attr) == 0) {
+        if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
+            started = pthread_create(&t, &attr, wire_probe_closer_main, ps) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (!started)
+        wire_probe_closer_main(ps);
 }
 
 /* A CLOCK_MONOTONIC deadline `ms` from now. */
@@ -304,30 +332,39 @@ static int64_t wire_listener_errors(struct proto_server *s)
  * socket got no pipe); -1: no answer either way (the dial did not complete, or stopping). */
 static int wire_probe(struct proto_server *s)
 {
-    nng_socket p;
-    if (nng_req0_open(&p) != 0)
+    struct wire_probe_sock *ps = calloc(1, sizeof(*ps));
+    if (!ps)
         return -1;
+    if (nng_req0_open(&ps->sock) != 0) {
+        free(ps);
+        return -1;
+    }
     pthread_mutex_lock(&s->mu);
     uint64_t base = s->added;
-    s->probe_added = false;
     pthread_mutex_unlock(&s->mu);
-    int rv = nng_pipe_notify(p, NNG_PIPE_EV_ADD_POST, wire_probe_added, s);
+    int rv = nng_pipe_notify(ps->sock, NNG_PIPE_EV_ADD_POST, wire_probe_added, ps);
     if (rv == 0)
-        rv = nng_dial(p, s->url, NULL, NNG_FLAG_NONBLOCK);
+        rv = nng_dial(ps->sock, s->url, NULL, NNG_FLAG_NONBLOCK);
     if (rv != 0) {
-        nng_close(p);
+        wire_probe_release(ps);
         return -1;
     }
     struct timespec until = wire_deadline(WIRE_PROBE_MS);
     pthread_mutex_lock(&s->mu);
     /* Also wait for the probe's own side: nng 1.5.2 leaks the dialer's pipe when its socket is
-     * closed before the dialer finished the handshake. */
-    while (!s->stopping && (s->added == base || !s->probe_added) &&
-           pthread_cond_timedwait(&s->cond, &s->mu, &until) != ETIMEDOUT) {
+     * closed before the dialer finished the handshake. Its flag is polled (every 10 ms): its
+     * callback does not signal the server's condition. */
+    while (!s->stopping && (s->added == base || !atomic_load(&ps->added))) {
+        struct timespec slice = wire_deadline(10);
+        bool            last = slice.tv_sec > until.tv_sec ||
+                    (slice.tv_sec == until.tv_sec && slice.tv_nsec >= until.tv_nsec);
+        if (pthread_cond_timedwait(&s->cond, &s->mu, last ? &until : &slice) == ETIMEDOUT && last)
+            break;
     }
-    int result = s->added != base ? 1 : s->stopping || !s->probe_added ? -1 : 0;
+    bool probe_added = atomic_load(&ps->added);
+    int  result = s->added != base ? 1 : s->stopping || !probe_added ? -1 : 0;
     pthread_mutex_unlock(&s->mu);
-    nng_close(p);
+    wire_probe_release(ps);
     return result;
 }
 

@@ -295,6 +295,36 @@ Test(pipeline_faults, kill_executor_midway_same_tokens, .timeout = 600, .fini = 
     check_kill_midway("executor");
 }
 
+/* Seven kills of the executor in a row during one generation: the monitor's restart delay grows
+ * to 30 s (0.5, 1, 2 ... 30), and the router waits for the executor as long as the monitor may
+ * take (it used to give up after 30 s and fail the request). The text is the undisturbed one. */
+Test(pipeline_faults, executor_killed_seven_times_costs_time_not_the_request, .timeout = 900,
+     .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    char *want = one_process(model, 600, "--temp 0");
+    up(dir, model, 1, NULL);
+    struct gen  g = gen_start(dir, 600, "--temp 0");
+    static char buf[1 << 16];
+    size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
+    cr_assert_gt(have, 0, "no output before the first kill");
+    for (int k = 0; k < 7; k++) {
+        pid_t pid = read_pid(dir, "executor");
+        cr_assert_eq(kill(pid, SIGKILL), 0);
+        wait_restarted(dir, "executor", pid, 120);
+    }
+    int st = gen_finish(&g, buf, sizeof(buf), have, 300);
+    down(dir);
+    cr_assert_eq(st, 0, "generate failed after 7 kills of the executor (%s/gen.err)", dir);
+    cr_assert_str_eq(buf, want, "after 7 kills: '%s'\nundisturbed: '%s'", buf, want);
+    free(want);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 600, .fini = fini)
 {
     skip_without_daemons();

@@ -65,14 +65,20 @@ static void skip_without_daemons(void)
             cr_skip_test("%s is not built: skipped", bins[i]);
 }
 
-static char *sluicectl_up(const char *dir, const char *model, int fetchers, int *status)
+static char *sluicectl_up_with(const char *dir, const char *model, int fetchers, const char *extra,
+                               int *status)
 {
     snprintf(t_dir, sizeof(t_dir), "%s", dir);
     char cmd[4096];
     snprintf(cmd, sizeof(cmd),
-             "%s up --model '%s' --run-dir '%s' --fetchers %d --bin '%s' --start-timeout 120",
-             SLUICECTL, model, dir, fetchers, BIN);
+             "%s up --model '%s' --run-dir '%s' --fetchers %d --bin '%s' --start-timeout 120 %s",
+             SLUICECTL, model, dir, fetchers, BIN, extra);
     return sh(cmd, status);
+}
+
+static char *sluicectl_up(const char *dir, const char *model, int fetchers, int *status)
+{
+    return sluicectl_up_with(dir, model, fetchers, "", status);
 }
 
 static void sluicectl_down(const char *dir)
@@ -433,6 +439,50 @@ Test(pipeline_sluicectl, up_status_stats_restart_down, .timeout = 600, .fini = s
     out = sh(cmd, &st);
     cr_assert_eq(st, 1, "status after down: %s", out);
     free(out);
+    t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
+/* A daemon that stops answering (SIGSTOP here; a wedged router in the field) is killed after
+ * --health-failures unanswered health checks and restarted like one that exited. */
+Test(pipeline_sluicectl, unresponsive_router_is_restarted, .timeout = 300, .fini = stop_leftovers)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    int   st;
+    char *out = sluicectl_up_with(dir, model, 1, "--health-interval 1 --health-failures 3", &st);
+    cr_assert_eq(st, 0, "sluicectl up failed: %s", out);
+    free(out);
+    struct row        rows[8];
+    int               n = status_rows(dir, rows, 8, &st, NULL);
+    const struct row *r = find_row(rows, n, "router");
+    cr_assert_not_null(r);
+    long old = r->pid;
+    cr_assert_eq(kill((pid_t)old, SIGSTOP), 0);
+    /* No clock here: the test's timeout bounds the wait. */
+    for (;;) {
+        struct row        now[8];
+        int               m = status_rows(dir, now, 8, &st, NULL);
+        const struct row *q = m > 0 ? find_row(now, m, "router") : NULL;
+        if (q && q->pid > 1 && q->pid != old && q->restarts == 1 && strcmp(q->state, "READY") == 0)
+            break;
+        usleep(200 * 1000);
+    }
+    cr_assert(pid_gone_within(old, 10), "the stopped router %ld was not killed", old);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "grep -c 'router: pid %ld did not answer its health check (3 of 3)' "
+             "'%s/logs/sluicectl.log' && grep -c 'router: pid %ld unresponsive' "
+             "'%s/logs/sluicectl.log'",
+             old, dir, old, dir);
+    out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "the health failures are not in sluicectl.log: %s", out);
+    free(out);
+    sluicectl_down(dir);
     t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
