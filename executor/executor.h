@@ -397,6 +397,8 @@ struct executor_remote_opts {
     uint32_t                   acquire_timeout_ms; /* an ACQUIRE unanswered by a live fetcher;
                                                       0 = 120 s */
     uint64_t instance;                             /* this executor's instance id, for ATTACH */
+    uint32_t n_seq, n_ctx;   /* for ATTACH: the sequences and positions (resolved) this executor's
+                                contexts hold; a fetcher checks them against its memory plan */
     bool (*cancelled)(void); /* the startup wait gives up (COMMON_ECLOSED) once it returns true
                                 (proto_daemon_stopping: a signal); NULL = never */
     bool direct_reads;       /* read READY parts of a settled pool in place instead of pinning them

@@ -171,11 +171,21 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
         COMMON_LOG_INFO("executor", "dense model: weights mapped, no fetcher needed");
         return executor_model_open(c->model, NULL, &st->model, e);
     }
+    /* The contexts' size, resolved as executor_serve_start() will: the fetchers check it
+     * against the memory plan their --ram-budget was divided by. */
+    struct common_ctx_layout lay;
+    if ((rc = common_ctx_layout_compute(
+             &st->desc->hp,
+             &(struct common_ctx_layout_opts){.n_ctx = c->n_ctx, .n_batch = c->n_batch}, &lay, e)) <
+        0)
+        return rc;
     struct executor_remote_opts ro = {.run_dir = c->run_dir,
                                       .n_fetchers = c->n_fetchers,
                                       .model = st->desc,
                                       .connect_timeout_ms = c->connect_timeout_s * 1000u,
                                       .instance = instance,
+                                      .n_seq = c->n_seq,
+                                      .n_ctx = lay.n_ctx,
                                       .cancelled = proto_daemon_stopping,
                                       .direct_reads = c->direct_reads};
     if ((rc = executor_remote_create(&ro, &st->remote, e)) < 0)

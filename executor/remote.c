@@ -529,6 +529,8 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->connect_timeout_ms = o->connect_timeout_ms ? o->connect_timeout_ms : 30000;
     r->acquire_timeout_ms = o->acquire_timeout_ms ? o->acquire_timeout_ms : 120000;
     r->instance = o->instance;
+    r->n_seq = o->n_seq;
+    r->n_ctx = o->n_ctx;
     r->cancelled = o->cancelled;
     r->no_direct = !o->direct_reads || REMOTE_TSAN;
     r->n_cap = 1024;

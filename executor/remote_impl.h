@@ -139,6 +139,7 @@ struct executor_remote {
     const struct common_model *model;   /* borrowed */
     uint32_t                   connect_timeout_ms, acquire_timeout_ms;
     uint64_t                   instance;
+    uint32_t                   n_seq, n_ctx; /* told to each fetcher in ATTACH */
     bool (*cancelled)(void); /* startup wait ends when it returns true; may be NULL */
     uint32_t            n_links;
     struct remote_link *links; /* owned: n_links */

@@ -265,11 +265,12 @@ static int remote_try_connect(struct remote_link *L, struct remote_conn *c, stru
                                  &c->rep, e)) < 0)
         goto out_fini;
     struct proto_msg req = {.kind = PROTO_KIND_ATTACH};
-    req.u.attach = (struct proto_attach){.role = PROTO_ROLE_EXECUTOR,
-                                         .pid = (uint32_t)getpid(),
-                                         .instance = L->r->instance,
-                                         .n_segments = 2,
-                                         .params = {PROTO_FETCH_RING_SLOTS}};
+    req.u.attach =
+        (struct proto_attach){.role = PROTO_ROLE_EXECUTOR,
+                              .pid = (uint32_t)getpid(),
+                              .instance = L->r->instance,
+                              .n_segments = 2,
+                              .params = {PROTO_FETCH_RING_SLOTS, L->r->n_seq, L->r->n_ctx}};
     snprintf(req.u.attach.segments[0], PROTO_MAX_NAME, "%s", L->req_name);
     snprintf(req.u.attach.segments[1], PROTO_MAX_NAME, "%s", L->rep_name);
     if ((rc = proto_client_call(L->client, &req, &rep, REMOTE_CALL_MS, e)) < 0)

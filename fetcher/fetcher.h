@@ -386,7 +386,7 @@ struct fetcher_serve_opts {
                                or one slot per bundle of the shard without a budget */
     uint32_t
         n_ctx; /* executor context per sequence, for the KV estimate; 0 = the executor's default */
-    uint32_t n_seq;                   /* executor sequences, for the KV estimate; 0 = 1 */
+    uint32_t n_seq;                   /* executor sequences, for the KV estimate; 0 = 4 */
     uint32_t n_threads;               /* executor threads, for its per-thread scratch in the
                                          plan; 0 = the CPUs online */
     enum fetcher_policy  policy;      /* 0 = LRU */

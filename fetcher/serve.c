@@ -21,38 +21,39 @@
 #define SERVE_PATH_MAX 1024u
 
 struct fetcher_server {
-    struct fetcher_serve_opts   o;          /* as given; strings point at the copies below */
-    char                       *run_dir;    /* owned */
-    char                       *model_path; /* owned: as given */
-    struct common_gguf         *g;          /* owned */
-    struct common_model         m;          /* parsed from g */
-    bool                        m_init;     /* m needs common_model_fini */
-    struct fetcher             *f;          /* owned */
-    uint32_t                    shard;      /* this fetcher's index */
-    uint32_t                    n_shards;   /* fetchers in all */
-    uint32_t                    first;      /* first expert of this shard */
-    uint32_t                    n_exp;      /* experts of this shard */
-    uint32_t                    n_layer;    /* of the model */
-    uint32_t                    n_expert;   /* of the model */
-    uint32_t                    n_slots;    /* pool slots of this shard */
-    uint64_t                    instance;   /* random id, the pool fd's tag */
-    const uint8_t              *pool_base;  /* borrowed: the fetcher's pool mapping */
-    uint64_t                    pool_bytes; /* its length */
-    char                        name[PROTO_MAX_NAME];      /* "fetcher-I" */
-    char                        pool_path[SERVE_PATH_MAX]; /* RUN_DIR/fetcher-I.pool */
-    struct proto_service       *svc;                       /* owned: control socket, pid file */
-    int                         pool_listen;               /* owned: -1 when not listening */
-    pthread_t                   pool_thread;               /* hands the pool fd */
-    bool                        pool_started;              /* pool_thread runs */
-    struct fetcher_link_host    host;      /* what the links borrow; filled once f exists */
-    pthread_mutex_t             attach_mu; /* one ATTACH at a time */
-    pthread_mutex_t             mu;        /* guards everything below and the links' pins */
-    bool                        sync_init; /* mu and attach_mu initialised */
-    struct fetcher_link        *link;      /* shared: the current link (one ref), NULL */
-    bool                        stopping;  /* fetcher_serve_stop() began */
-    bool                        draining;  /* no new ATTACH */
-    struct fetcher_serve_counts c;         /* data-plane counters (the links write them) */
-    _Atomic bool                stop_flag; /* mirrors `stopping` for threads that poll */
+    struct fetcher_serve_opts o;           /* as given; strings point at the copies below */
+    char                     *run_dir;     /* owned */
+    char                     *model_path;  /* owned: as given */
+    struct common_gguf       *g;           /* owned */
+    struct common_model       m;           /* parsed from g */
+    bool                      m_init;      /* m needs common_model_fini */
+    struct fetcher           *f;           /* owned */
+    uint32_t                  shard;       /* this fetcher's index */
+    uint32_t                  n_shards;    /* fetchers in all */
+    uint32_t                  first;       /* first expert of this shard */
+    uint32_t                  n_exp;       /* experts of this shard */
+    uint32_t                  n_layer;     /* of the model */
+    uint32_t                  n_expert;    /* of the model */
+    uint32_t                  n_slots;     /* pool slots of this shard */
+    uint32_t       plan_n_seq, plan_n_ctx; /* contexts the --ram-budget plan holds (0 = no plan) */
+    uint64_t       instance;               /* random id, the pool fd's tag */
+    const uint8_t *pool_base;              /* borrowed: the fetcher's pool mapping */
+    uint64_t       pool_bytes;             /* its length */
+    char           name[PROTO_MAX_NAME];   /* "fetcher-I" */
+    char           pool_path[SERVE_PATH_MAX]; /* RUN_DIR/fetcher-I.pool */
+    struct proto_service       *svc;          /* owned: control socket, pid file */
+    int                         pool_listen;  /* owned: -1 when not listening */
+    pthread_t                   pool_thread;  /* hands the pool fd */
+    bool                        pool_started; /* pool_thread runs */
+    struct fetcher_link_host    host;         /* what the links borrow; filled once f exists */
+    pthread_mutex_t             attach_mu;    /* one ATTACH at a time */
+    pthread_mutex_t             mu;           /* guards everything below and the links' pins */
+    bool                        sync_init;    /* mu and attach_mu initialised */
+    struct fetcher_link        *link;         /* shared: the current link (one ref), NULL */
+    bool                        stopping;     /* fetcher_serve_stop() began */
+    bool                        draining;     /* no new ATTACH */
+    struct fetcher_serve_counts c;            /* data-plane counters (the links write them) */
+    _Atomic bool                stop_flag;    /* mirrors `stopping` for threads that poll */
 };
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -207,6 +208,15 @@ static int ctl_attach(struct fetcher_server *s, const struct proto_attach *a, st
     if (a->n_segments < 2)
         return proto_reply_error(rep, COMMON_EINVAL, "attach: needs 2 segments (req, rep), got %u",
                                  a->n_segments);
+    /* One budget for all daemons: an executor with bigger contexts than the plan would take
+     * memory the pool was given. */
+    if (s->plan_n_seq && a->params[1] &&
+        (a->params[1] > s->plan_n_seq || a->params[2] > s->plan_n_ctx))
+        return proto_reply_error(
+            rep, COMMON_ERANGE,
+            "the executor holds %u sequences of %u positions but this fetcher's "
+            "--ram-budget plan counted %u of %u; give every daemon the same --parallel and -c",
+            a->params[1], a->params[2], s->plan_n_seq, s->plan_n_ctx);
     struct fetcher_link *l = NULL;
     struct common_errmsg e = {{0}};
     int                  rc = fetcher_link_create(&s->host, a, &l, &e);
@@ -291,7 +301,7 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     } else if (o->ram_budget) {
         /* The executor's contexts, sized by the same table it allocates from. */
         long                     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        uint32_t                 n_seq = o->n_seq ? o->n_seq : 1;
+        uint32_t                 n_seq = o->n_seq ? o->n_seq : 4; /* the executor's default */
         struct common_ctx_layout lay;
         int                      lrc = common_ctx_layout_compute(
                                  &s->m.hp,
@@ -311,6 +321,8 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
         int                      rc = fetcher_plan_compute(&s->m, &po, &plan, e);
         if (rc != COMMON_OK)
             return rc;
+        s->plan_n_seq = n_seq;
+        s->plan_n_ctx = lay.n_ctx;
         uint32_t n = plan.n_slots / s->n_shards;
         uint32_t min = (plan.min_slots + s->n_shards - 1) / s->n_shards;
         s->n_slots = n > min ? n : min;

@@ -264,9 +264,11 @@ int proto_decode(const void *buf, size_t len, struct proto_msg *out);
  * The executor creates two ring segments in the run directory, "exec-fetch-<i>.req" (executor
  * produces proto_fetch_req) and "exec-fetch-<i>.rep" (fetcher produces proto_fetch_rep), and
  * sends ATTACH to fetcher i's control socket with segments[0] = req, segments[1] = rep,
- * params[0] = ring slots. The pool segment (a memfd) is handed over the Unix socket
- * "fetcher-<i>.pool" in the run directory (SCM_RIGHTS, peer of the same uid only) and mapped
- * read-only; reply offsets are relative to its start. A new ATTACH replaces the old link and
+ * params[0] = ring slots, params[1] = the executor's sequences and params[2] = its positions per
+ * sequence (0 = not told); a fetcher whose pool was sized by a --ram-budget plan refuses an
+ * executor with more of either than the plan holds. The pool segment (a memfd) is handed over the
+ * Unix socket "fetcher-<i>.pool" in the run directory (SCM_RIGHTS, peer of the same uid only) and
+ * mapped read-only; reply offsets are relative to its start. A new ATTACH replaces the old link and
  * the fetcher releases every loan the old link still held. */
 
 #define PROTO_FETCH_RING_SLOTS 1024u

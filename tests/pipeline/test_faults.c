@@ -488,6 +488,73 @@ Test(pipeline_faults, paused_router_gives_the_same_text_or_an_error, .timeout = 
     free(dir);
 }
 
+/* ---- one memory budget for all the daemons --------------------------------------------------- */
+
+/* Proportional set size of a process in KiB (shared pages split between their users: the pool
+ * is mapped by the fetcher and the executor), or -1. */
+static long pss_kib(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/smaps_rollup", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "Pss: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+/* `sluicectl up --ram-budget` with default options: the fetcher plans for the executor's four
+ * sequences (it planned for one: 108 MiB for a 100 MiB budget here), the daemons together stay
+ * within the budget with every context and the pool full, and a fetcher planned for fewer
+ * sequences than the executor holds refuses it with one line naming both. */
+Test(pipeline_faults, ram_budget_holds_for_all_the_daemons, .timeout = 600, .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    up(dir, model, 1, "--ram-budget 100M -c 256");
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "for i in 1 2 3 4; do %s/sluice generate --run-dir %s -p \"story $i\" -n 240 "
+             "--temp 0.8 --seed $i >/dev/null 2>>%s/gen.err & done; wait",
+             BIN, dir, dir);
+    free(sh(cmd, &st));
+    const char *names[] = {"fetcher-0", "executor", "router"};
+    long        total = 0;
+    for (size_t i = 0; i < 3; i++) {
+        long k = pss_kib(read_pid(dir, names[i]));
+        cr_assert_geq(k, 0, "no smaps_rollup for %s", names[i]);
+        total += k;
+    }
+    down(dir);
+    const char *san = getenv("SLUICE_SANITIZER");
+    if (san && *san) {
+        cr_log_info("daemons' memory %ld KiB not compared with the budget under %s", total, san);
+    } else {
+        cr_log_info("daemons' memory %.1f MiB for a 100 MiB budget", (double)total / 1024);
+        cr_assert_leq(total, 100 * 1024, "the daemons use %ld KiB for a 100 MiB budget", total);
+    }
+    snprintf(cmd, sizeof(cmd),
+             "%s up --model %s --run-dir %s/run2 --bin %s --ram-budget 100M -c 256 "
+             "--fetcher-args '--parallel 1' 2>&1; cat %s/run2/logs/executor.log",
+             SLUICECTL, model, dir, BIN, dir);
+    char *out = sh(cmd, &st);
+    snprintf(g_dir, sizeof(g_dir), "%s/run2", dir);
+    cr_assert(strstr(out, "give every daemon the same --parallel and -c"), "%s", out);
+    cr_assert(strstr(out, "4 sequences of 256 positions"), "%s", out);
+    free(out);
+    fini();
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* ---- Ctrl-C cancels ------------------------------------------------------------------------ */
 
 Test(pipeline_faults, ctrl_c_cancels_the_request, .timeout = 300, .fini = fini)
