@@ -190,15 +190,21 @@ static void sched_recover(struct router_serve *s)
     router_exec_segments_close(s);
     COMMON_LOG_WARN(SERVE_COMP, "executor lost (pid %u); waiting for it to come back", s->exec_pid);
     uint32_t timeout_s = s->o.connect_timeout_s ? s->o.connect_timeout_s : 30;
+    uint64_t deadline = common_now_ns() + (uint64_t)timeout_s * 1000000000ull;
     bool     failed = false;
     for (;;) {
+        /* One deadline for the whole wait: an executor that dies again while it attaches (the
+         * supervisor restarts it once more) is waited for within the same time. */
         struct common_errmsg e = {{0}};
-        int                  rc = router_exec_connect(s, timeout_s, true, &e);
+        uint64_t             now = common_now_ns();
+        uint32_t left_s = now >= deadline ? 1 : (uint32_t)((deadline - now) / 1000000000ull) + 1;
+        int      rc = router_exec_connect(s, left_s, true, &e);
         if (rc == 0)
             rc = router_exec_attach(s, &e);
         pthread_mutex_lock(&s->mu);
         bool stopping = s->stopping;
-        if (rc < 0 && !failed && !stopping) {
+        bool late = common_now_ns() >= deadline;
+        if (rc < 0 && late && !failed && !stopping) {
             /* Too long: fail the work in flight, keep waiting for new work's sake. */
             COMMON_LOG_ERR(SERVE_COMP, "executor did not come back: %s", e.text);
             for (struct rq *r = s->head; r; r = r->next)

@@ -466,6 +466,14 @@ Test(pipeline_faults, paused_router_gives_the_same_text_or_an_error, .timeout = 
     up(dir, model, 1, NULL);
     const int pauses[] = {5, 12, 25};
     for (size_t k = 0; k < sizeof(pauses) / sizeof(pauses[0]); k++) {
+        /* A router the monitor restarted is READY before the next round. */
+        char cmd[2048];
+        int  sst;
+        snprintf(cmd, sizeof(cmd),
+                 "until %s/sluice ctl --run-dir %s --daemon router health >/dev/null 2>&1; "
+                 "do sleep 0.2; done",
+                 BIN, dir);
+        free(sh(cmd, &sst));
         struct gen  g = gen_start(dir, 200, "--temp 0");
         static char buf[1 << 16];
         size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
@@ -473,9 +481,12 @@ Test(pipeline_faults, paused_router_gives_the_same_text_or_an_error, .timeout = 
         pid_t pid = read_pid(dir, "router");
         cr_assert_eq(kill(pid, SIGSTOP), 0);
         sleep((unsigned)pauses[k]);
-        cr_assert_eq(kill(pid, SIGCONT), 0);
-        int st = gen_finish(&g, buf, sizeof(buf), have, 240);
-        cr_log_info("router paused %d s: generate exited %d", pauses[k], st);
+        /* The monitor may have killed the silent router meanwhile (3 health checks 10 s apart
+         * without an answer) and started another: then there is nothing to resume. */
+        bool resumed = kill(pid, SIGCONT) == 0;
+        int  st = gen_finish(&g, buf, sizeof(buf), have, 240);
+        cr_log_info("router paused %d s (%s): generate exited %d", pauses[k],
+                    resumed ? "resumed" : "killed by the monitor", st);
         cr_assert(st == 0 || st == 1, "generate ended with %d after a %d s pause", st, pauses[k]);
         if (st == 0)
             cr_assert_str_eq(buf, want, "after a %d s pause: '%s'\nundisturbed: '%s'", pauses[k],
