@@ -400,20 +400,6 @@ Test(pipeline_faults, bare_connections_during_eight_generations, .timeout = 600,
     FIXTURE_OR_SKIP(model, TINY_MODEL);
     char *dir = fixture_tmpdir();
     char *want = one_process(model, 200, "--temp 0");
-    /* Under ASan: the router replaces listeners here (nng#1518) and nng 1.5.2 never frees a
-     * replaced listener that had connections stuck in the handshake; those leaks lie wholly in
-     * libnng (as in tests/proto/test_wire.c). The daemons inherit the suppression; Criterion runs
-     * this test in a process of its own. */
-    char supp[1200];
-    snprintf(supp, sizeof(supp), "%s/lsan.supp", dir);
-    FILE *sf = fopen(supp, "w");
-    cr_assert_not_null(sf);
-    fputs("leak:libnng.so\n", sf);
-    fclose(sf);
-    char        lsan[1400];
-    const char *old = getenv("LSAN_OPTIONS");
-    snprintf(lsan, sizeof(lsan), "%s%ssuppressions=%s", old ? old : "", old ? ":" : "", supp);
-    setenv("LSAN_OPTIONS", lsan, 1);
     up(dir, model, 1, NULL);
     struct bare_prober p = {0};
     snprintf(p.path, sizeof(p.path), "%s/router.sock", dir);

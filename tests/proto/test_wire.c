@@ -18,18 +18,6 @@
 #include "fixture.h"
 #include "proto.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* LeakSanitizer hook, for this executable only: the listener-restart tests below recover from
- * nng#1518, and nng 1.5.2 never frees a replaced listener that had connections stuck in the
- * handshake (reproduced without sluice). Those leaks lie wholly inside libnng; sluice's own
- * allocations (wire.c's server, workers, messages) are still checked. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libnng.so\n";
-}
-#endif
-
 /* Fixture state (Criterion fixtures take no arguments). */
 static char *t_dir;
 static char  t_url[300];

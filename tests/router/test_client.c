@@ -11,17 +11,6 @@
 
 #define MODEL "moe-tiny/moe-tiny-q8_0.gguf"
 
-#if defined(__SANITIZE_ADDRESS__)
-/* LeakSanitizer hook, for this executable only: bare_connections_cost_no_token makes the router's
- * watchdog replace listeners (nng#1518), and nng 1.5.2 never frees a replaced listener that had
- * connections stuck in the handshake. Those leaks lie wholly inside libnng (as in test_wire). */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libnng.so\n";
-}
-#endif
-
 static char                *t_dir;
 static char                *t_model;
 static char                 t_sock[700];
