@@ -88,16 +88,19 @@ struct sluice_generate_result {
 };
 
 /* Called with each piece of text as it comes (valid UTF-8, possibly empty; `len` bytes, which may
- * include NUL when the model generates the byte token <0x00>) and the token ids it came with. Return 0 to go on, anything else to cancel the request. Once this call has sent
- * the cancel (a non-zero return, or sluice_client_request_cancel()), no more pieces are passed on,
- * so the result's n_generated may exceed the tokens the callback saw. */
+ * include NUL when the model generates the byte token <0x00>) and the token ids it came with.
+ * Return 0 to go on, anything else to cancel the request. Once this call has sent the cancel (a
+ * non-zero return, or sluice_client_request_cancel()), no more pieces are passed on, so the
+ * result's n_generated may exceed the tokens the callback saw. */
 typedef int (*sluice_piece_fn)(void *arg, const char *text, size_t len, const int32_t *tokens,
                                size_t n_tokens);
 
 /* Sends the request, then polls until it ends, calling `cb` (may be NULL) in order. Returns 0
  * when the request ran to an end (out->reason says which, including CANCEL and ERROR), or a
  * status when it could not be submitted or the router went away (message in
- * sluice_last_error()). One generation at a time per client. */
+ * sluice_last_error()). One generation at a time per client. A connection that closes or a reply
+ * that does not come is retried (each token still arrives once: polls acknowledge what came);
+ * 30 s without an answer, or the socket file gone for 2 s, ends it with SLUICE_ECLOSED. */
 int sluice_client_generate(struct sluice_client *c, const struct sluice_generate_opts *o,
                            sluice_piece_fn cb, void *arg, struct sluice_generate_result *out);
 
