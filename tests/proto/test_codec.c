@@ -363,8 +363,8 @@ Test(proto_codec, generate_with_a_prompt_round_trips)
  * arrive too (they used to be cut at the NUL on encode and refused on decode). */
 Test(proto_codec, event_text_with_nul_bytes_round_trips)
 {
-    static char bytes[] = {'a', '\0', 'b', '\0', '\0', 'c'};
-    struct proto_msg  m = make_msg(PROTO_KIND_EVENTS, false);
+    static char      bytes[] = {'a', '\0', 'b', '\0', '\0', 'c'};
+    struct proto_msg m = make_msg(PROTO_KIND_EVENTS, false);
     m.u.events.n_tokens = 6;
     m.u.events.text = bytes;
     m.u.events.text_len = sizeof(bytes);
