@@ -18,6 +18,7 @@
 #define CLIENT_CALL_SLACK_MS 5000  /* on top of the poll, for a busy router */
 #define CLIENT_RETRY_MS      30000 /* no answer this long (calls retried): the router is gone */
 #define CLIENT_GONE_MS       2000  /* its socket file missing this long: it is not running */
+#define CLIENT_CONNECT_MS    6000  /* connect: no HELLO answer this long (calls retried) */
 #define CLIENT_PAUSE_MS      50    /* between retries after a closed connection */
 
 _Static_assert((int)SLUICE_ECLOSED == (int)COMMON_ECLOSED &&
@@ -72,12 +73,12 @@ static bool client_socket_exists(const struct sluice_client *c)
 
 /* A call that survives a lost connection or a lost reply: the router's listener may be replaced
  * (which closes every connection) or the router paused; nng reconnects and the call goes out
- * again, until CLIENT_RETRY_MS pass without an answer (CLIENT_GONE_MS once the socket file is
- * gone); a timeout is retried only when `retry_timeouts`. Only for requests the router treats as
+ * again, until `give_up_ms` pass without an answer (CLIENT_GONE_MS once the socket file is
+ * gone). Only for requests the router treats as
  * idempotent: HELLO, GENERATE (same id, same content), POLL with acknowledgements, CANCEL. ERROR
  * replies become their code with the router's message. */
 static int client_call_retry(struct sluice_client *c, const struct proto_msg *req,
-                             struct proto_msg *rep, int timeout_ms, bool retry_timeouts)
+                             struct proto_msg *rep, int timeout_ms, unsigned give_up_ms)
 {
     uint64_t first_fail = 0; /* when the first unanswered call of this streak went out */
     uint64_t gone_since = 0; /* when the socket file was first seen missing, 0 = present */
@@ -91,7 +92,7 @@ static int client_call_retry(struct sluice_client *c, const struct proto_msg *re
             rc = proto_client_call(c->pc, req, rep, timeout_ms, &e);
         } else
             common_errmsg_set(&e, rc, "no socket at %s", c->sock_path);
-        if (rc != COMMON_ECLOSED && (rc != COMMON_ETIMEDOUT || !retry_timeouts)) {
+        if (rc != COMMON_ECLOSED && rc != COMMON_ETIMEDOUT) {
             if (rc < 0)
                 return client_fail(rc, "%s", e.text[0] ? e.text : common_strerror(rc));
             if (rep->kind == PROTO_KIND_ERROR) {
@@ -115,9 +116,9 @@ static int client_call_retry(struct sluice_client *c, const struct proto_msg *re
          * missing for a while means the router is gone. */
         if (gone && (now - gone_since) / 1000000u >= CLIENT_GONE_MS)
             return client_fail(SLUICE_ECLOSED, "router not running: %s is gone", c->sock_path);
-        if (waited_ms >= CLIENT_RETRY_MS)
+        if (waited_ms >= give_up_ms)
             return client_fail(SLUICE_ECLOSED, "router not answering for %u s: %s",
-                               CLIENT_RETRY_MS / 1000, e.text);
+                               (give_up_ms + 999) / 1000, e.text);
         if (rc == COMMON_ECLOSED || gone) {
             struct timespec ts = {0, CLIENT_PAUSE_MS * 1000000L};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -167,11 +168,9 @@ int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
     req.u.hello.role = PROTO_ROLE_CLIENT;
     snprintf(req.u.hello.name, sizeof(req.u.hello.name), "client");
     req.u.hello.pid = (uint32_t)getpid();
-    /* A closed connection is retried (the listener may have been replaced); silence is not:
-     * a socket file nobody serves is reported at once. */
-    rc = client_call_retry(c, &req, &rep, 2000, false);
-    if (rc == SLUICE_ETIMEDOUT)
-        rc = client_fail(SLUICE_ECLOSED, "router not running: nobody answers at %s", c->url);
+    /* A closed connection or silence is retried for a few seconds: the listener may be being
+     * replaced (about a second); a socket file nobody serves is reported after that. */
+    rc = client_call_retry(c, &req, &rep, 2000, CLIENT_CONNECT_MS);
     if (rc == 0) {
         if (rep.kind != PROTO_KIND_HELLO || rep.u.hello.role != PROTO_ROLE_ROUTER)
             rc = client_fail(SLUICE_EPROTO, "%s is not a sluice router", c->url);
@@ -211,7 +210,7 @@ void sluice_generate_opts_init(struct sluice_generate_opts *o)
 static int client_send_cancel(struct sluice_client *c, uint64_t id)
 {
     struct proto_msg req = {.kind = PROTO_KIND_CANCEL, .request_id = id}, rep;
-    int              rc = client_call_retry(c, &req, &rep, 2000, true);
+    int              rc = client_call_retry(c, &req, &rep, 2000, CLIENT_RETRY_MS);
     if (rc == 0)
         proto_msg_clear(&rep);
     return rc;
@@ -278,7 +277,7 @@ static int client_submit(struct sluice_client *c, const struct sluice_generate_o
     g->stream = !o->no_stream;
     g->special = o->special;
     struct proto_msg rep;
-    if (rc == 0 && (rc = client_call_retry(c, req, &rep, 30000, true)) == 0) {
+    if (rc == 0 && (rc = client_call_retry(c, req, &rep, 30000, CLIENT_RETRY_MS)) == 0) {
         if (rep.kind != PROTO_KIND_OK)
             rc = client_fail(SLUICE_EPROTO, "router answered GENERATE with %s",
                              proto_kind_name(rep.kind));
@@ -315,7 +314,8 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         req.u.poll.ack = true;
         req.u.poll.ack_tokens = got_tokens;
         req.u.poll.ack_bytes = got_bytes;
-        rc = client_call_retry(c, &req, &rep, CLIENT_POLL_MS + CLIENT_CALL_SLACK_MS, true);
+        rc = client_call_retry(c, &req, &rep, CLIENT_POLL_MS + CLIENT_CALL_SLACK_MS,
+                               CLIENT_RETRY_MS);
         if (rc == SLUICE_ENOENT) {
             client_fail(rc,
                         "the router no longer knows request %llu (restarted, or dropped "

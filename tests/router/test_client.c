@@ -363,7 +363,7 @@ Test(router_client, refused_request_has_code_and_message, .init = client_setup,
     sluice_client_close(c);
 }
 
-Test(router_client, missing_socket_fails_fast, .timeout = 10)
+Test(router_client, missing_socket_fails_fast, .timeout = 60)
 {
     char *dir = fixture_tmpdir();
     char  path[600];
