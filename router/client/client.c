@@ -2,6 +2,7 @@
 #include "sluice_client.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -18,7 +19,6 @@
 #define CLIENT_CALL_SLACK_MS 5000  /* on top of the poll, for a busy router */
 #define CLIENT_RETRY_MS      30000 /* no answer this long (calls retried): the router is gone */
 #define CLIENT_GONE_MS       2000  /* its socket file missing this long: it is not running */
-#define CLIENT_CONNECT_MS    6000  /* connect: no HELLO answer this long (calls retried) */
 #define CLIENT_PAUSE_MS      50    /* between retries after a closed connection */
 
 _Static_assert((int)SLUICE_ECLOSED == (int)COMMON_ECLOSED &&
@@ -71,6 +71,32 @@ static bool client_socket_exists(const struct sluice_client *c)
     return !c->sock_path[0] || (stat(c->sock_path, &st) == 0 && S_ISSOCK(st.st_mode));
 }
 
+/* True when some process listens on the socket file. Linux lists listening Unix sockets in
+ * /proc/net/unix with the flag __SO_ACCEPTCON (00010000) and their path; a stale file left by a
+ * killed router is listed by nobody. True as well when that cannot be told (no /proc, a tcp://
+ * url): the caller then waits its full time. */
+static bool client_socket_listened(const struct sluice_client *c)
+{
+    char want[PATH_MAX];
+    if (!c->sock_path[0] || !realpath(c->sock_path, want))
+        return true;
+    FILE *f = fopen("/proc/net/unix", "r");
+    if (!f)
+        return true;
+    char line[PATH_MAX + 128];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f)) {
+        unsigned long flags = 0;
+        int           off = -1;
+        if (sscanf(line, "%*s %*s %*s %lx %*s %*s %*s %n", &flags, &off) < 1 || off < 0)
+            continue;
+        line[strcspn(line, "\n")] = '\0';
+        found = (flags & 0x10000ul) && strcmp(line + off, want) == 0;
+    }
+    fclose(f);
+    return found;
+}
+
 /* A call that survives a lost connection or a lost reply: the router's listener may be replaced
  * (which closes every connection) or the router paused; nng reconnects and the call goes out
  * again, until `give_up_ms` pass without an answer (CLIENT_GONE_MS once the socket file is
@@ -107,6 +133,16 @@ static int client_call_retry(struct sluice_client *c, const struct proto_msg *re
         if (!first_fail)
             first_fail = sent;
         bool gone = !client_socket_exists(c);
+        /* Silence from a file nobody listens on (checked twice, 100 ms apart, to let a listener
+         * being replaced come back): the router is not running, waiting would not help. */
+        if (!gone && rc == COMMON_ETIMEDOUT && !client_socket_listened(c)) {
+            struct timespec ts = {0, 100 * 1000000L};
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+            }
+            if (!client_socket_listened(c))
+                return client_fail(SLUICE_ECLOSED, "router not running: nobody listens on %s",
+                                   c->sock_path);
+        }
         if (!gone)
             gone_since = 0;
         else if (!gone_since)
@@ -168,9 +204,9 @@ int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
     req.u.hello.role = PROTO_ROLE_CLIENT;
     snprintf(req.u.hello.name, sizeof(req.u.hello.name), "client");
     req.u.hello.pid = (uint32_t)getpid();
-    /* A closed connection or silence is retried for a few seconds: the listener may be being
-     * replaced (about a second); a socket file nobody serves is reported after that. */
-    rc = client_call_retry(c, &req, &rep, 2000, CLIENT_CONNECT_MS);
+    /* A closed connection or silence is retried (the listener may be being replaced); a socket
+     * file nobody listens on is reported after the first silent HELLO. */
+    rc = client_call_retry(c, &req, &rep, 2000, CLIENT_RETRY_MS);
     if (rc == 0) {
         if (rep.kind != PROTO_KIND_HELLO || rep.u.hello.role != PROTO_ROLE_ROUTER)
             rc = client_fail(SLUICE_EPROTO, "%s is not a sluice router", c->url);

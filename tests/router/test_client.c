@@ -363,7 +363,7 @@ Test(router_client, refused_request_has_code_and_message, .init = client_setup,
     sluice_client_close(c);
 }
 
-Test(router_client, missing_socket_fails_fast, .timeout = 60)
+Test(router_client, missing_socket_fails_fast, .timeout = 20)
 {
     char *dir = fixture_tmpdir();
     char  path[600];
@@ -380,6 +380,16 @@ Test(router_client, missing_socket_fails_fast, .timeout = 60)
     cr_assert_eq(proto_server_start(url, NULL, fake_exec_handler, NULL, &srv, NULL), 0);
     proto_server_stop(srv); /* a stale socket file, or none */
     cr_assert_eq(sluice_client_connect(path, &c), SLUICE_ECLOSED);
+    /* A stale socket file for sure (bound, never listened on, left behind): "nobody listens",
+     * after one silent HELLO, not after the 30 s the client waits for a router that pauses. */
+    unlink(path);
+    int                fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%.*s", (int)sizeof(sa.sun_path) - 1, path);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(fd);
+    cr_assert_eq(sluice_client_connect(path, &c), SLUICE_ECLOSED);
+    cr_assert(strstr(sluice_last_error(), "nobody listens"), "%s", sluice_last_error());
     fixture_rmtree(dir);
     free(dir);
 }
