@@ -47,6 +47,16 @@ static int mkmodel_parse_preset(void *arg, const char *name, struct common_errms
     return COMMON_OK;
 }
 
+/* --arch: an architecture name into the enum common_arch at `arg`. */
+static int mkmodel_parse_arch(void *arg, const char *name, struct common_errmsg *e)
+{
+    char list[256];
+    if (!common_arch_from_name(name, strlen(name), arg))
+        return common_errmsg_set(e, COMMON_EINVAL, "expects one of %s, got '%s'",
+                                 common_arch_list(list, sizeof(list)), name);
+    return COMMON_OK;
+}
+
 /* --type: a ggml type name (either case) into the uint32_t at `arg`. */
 static int mkmodel_parse_type(void *arg, const char *name, struct common_errmsg *e)
 {
@@ -103,7 +113,7 @@ static void mkmodel_geometry_rows(struct common_opt *rows, size_t cap,
          .target = &o->n_expert,
          .max = 1024,
          .help = "routed experts per layer; 0 = dense",
-         .def = "0"},
+         .def = "0, 8 for MoE architectures"},
         {.name = "n-expert-used",
          .type = COMMON_OPT_U32,
          .target = &o->n_expert_used,
@@ -111,6 +121,13 @@ static void mkmodel_geometry_rows(struct common_opt *rows, size_t cap,
          .max = 1024,
          .help = "experts per token",
          .def = "2"},
+        {.name = "n-ff-shexp",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_ff_shexp,
+         .min = 1,
+         .max = 1u << 20,
+         .help = "shared expert width (qwen2moe)",
+         .def = "2*n-ff"},
         {.name = "n-vocab",
          .type = COMMON_OPT_U32,
          .target = &o->n_vocab,
@@ -140,7 +157,7 @@ static void mkmodel_geometry_rows(struct common_opt *rows, size_t cap,
 int cli_cmd_mkmodel(int argc, char **argv)
 {
     struct executor_synth_opts o = {.progress = true};
-    struct common_opt          geometry[11];
+    struct common_opt          geometry[12];
     const struct common_opt    rows[] = {
            {.name = "output",
             .short_name = "o",
@@ -149,6 +166,14 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .metavar = "PATH",
             .help = "file to write",
             .required = true},
+           {.name = "arch",
+            .type = COMMON_OPT_CALLBACK,
+            .target = &o.arch,
+            .parse = mkmodel_parse_arch,
+            .metavar = "NAME",
+            .help = "architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe or olmoe; tensor "
+                       "names, shapes and keys as llama.cpp's converter writes them",
+            .def = "llama"},
            {.name = "preset",
             .type = COMMON_OPT_CALLBACK,
             .target = &o,
@@ -194,9 +219,10 @@ int cli_cmd_mkmodel(int argc, char **argv)
         .prog = MKMODEL_PROG,
         .usage = MKMODEL_PROG " -o OUT.gguf [--preset NAME] [options]",
         .description =
-            "Writes a llama-architecture GGUF (dense, or MoE in the Mixtral layout) with random "
-            "weights, streaming with bounded memory whatever the size. Output is gibberish by "
-            "design: the file exists to exercise loading, kernels and expert streaming.",
+            "Writes a GGUF of any supported architecture (llama: dense, or MoE in the Mixtral "
+            "layout) with random weights, streaming with bounded memory whatever the size. Output "
+            "is gibberish by design: the file exists to exercise loading, kernels and expert "
+            "streaming, and to compare with llama.cpp.",
         .opts = rows,
         .groups = groups,
     };

@@ -480,6 +480,13 @@ struct common_model {
 
 /* Returns the static name of an architecture ("llama", ...). */
 const char *common_arch_name(enum common_arch arch);
+/* Writes the supported architectures as "llama, qwen2, ..." into buf (len bytes, truncated to
+ * fit); returns buf. For messages and --help. */
+const char *common_arch_list(char *buf, size_t len);
+/* Finds the architecture named by name[0..len); false when none is. */
+bool common_arch_from_name(const char *name, size_t len, enum common_arch *out);
+/* True for architectures whose layers always have routed experts (qwen2moe, ...). */
+bool common_arch_is_moe(enum common_arch arch);
 /* Returns the GGUF tensor suffix of a layer role ("attn_q.weight", ...). */
 const char *common_layer_role_name(enum common_layer_role role);
 

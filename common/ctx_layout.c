@@ -15,7 +15,7 @@ enum layout_dim {
     DIM_KD,      /* n_head_kv * head_dim_k */
     DIM_VD,      /* n_head_kv * head_dim_v */
     DIM_AD,      /* n_head * head_dim_v */
-    DIM_FF,      /* max(n_ff, n_ff_exp) */
+    DIM_FF,      /* max(n_ff, n_ff_exp, n_ff_shexp) */
     DIM_ACT_ROW, /* bytes of one activation row: max(n_embd, n_ff, ad) f32 + alignment */
     DIM_ROT,     /* n_rot (at least 1) */
     DIM_TH_Q,    /* bytes of one thread's query in the cache's dot type */
@@ -164,7 +164,7 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
         return rc;
 
     const uint64_t ad = (uint64_t)hp->n_head * hp->head_dim_v;
-    const uint64_t ff = layout_max(hp->n_ff, hp->n_ff_exp);
+    const uint64_t ff = layout_max(layout_max(hp->n_ff, hp->n_ff_exp), hp->n_ff_shexp);
     uint64_t       dim[DIM_COUNT] = {
               [DIM_ONE] = 1,
               [DIM_BATCH] = l.n_batch,

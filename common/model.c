@@ -6,20 +6,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* How an architecture normalises Q and K after their projections (llama.cpp's graphs). */
+enum model_qk_norm {
+    MODEL_QK_NORM_NONE = 0, /* no attn_q_norm / attn_k_norm */
+    MODEL_QK_NORM_HEAD,     /* RMSNorm of each head, weights of head_dim_k (qwen3, qwen3moe) */
+    MODEL_QK_NORM_FULL,     /* RMSNorm of the whole projection, weights of its width (olmoe) */
+};
+
+/* The one table of architectures: what the model description reads, what the executor runs
+ * and what error messages and `inspect` name. Every entry is supported end to end. */
 struct model_arch_info {
-    const char *name;
-    uint32_t    rope_neox;      /* rotary ordering used by llama.cpp for this architecture */
-    uint32_t    norm_topk_prob; /* llama.cpp renormalises the top-k gate weights */
-    bool        moe;            /* the architecture always has routed experts */
+    const char        *name;
+    uint32_t           rope_neox;      /* rotary ordering used by llama.cpp for this architecture */
+    uint32_t           norm_topk_prob; /* llama.cpp renormalises the top-k gate weights */
+    bool               moe;            /* the architecture always has routed experts */
+    enum model_qk_norm qk_norm;        /* where attn_q_norm / attn_k_norm apply, when present */
+    bool               shexp_gate;     /* shared expert scaled by sigmoid(ffn_gate_inp_shexp . x) */
 };
 
 static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
-    [COMMON_ARCH_LLAMA] = {"llama", 0, 1, false},
-    [COMMON_ARCH_QWEN2] = {"qwen2", 1, 0, false},
-    [COMMON_ARCH_QWEN3] = {"qwen3", 1, 0, false},
-    [COMMON_ARCH_QWEN2MOE] = {"qwen2moe", 1, 0, true},
-    [COMMON_ARCH_QWEN3MOE] = {"qwen3moe", 1, 1, true},
-    [COMMON_ARCH_OLMOE] = {"olmoe", 1, 0, true},
+    [COMMON_ARCH_LLAMA] = {"llama", 0, 1, false, MODEL_QK_NORM_NONE, false},
+    [COMMON_ARCH_QWEN2] = {"qwen2", 1, 0, false, MODEL_QK_NORM_NONE, false},
+    [COMMON_ARCH_QWEN3] = {"qwen3", 1, 0, false, MODEL_QK_NORM_HEAD, false},
+    [COMMON_ARCH_QWEN2MOE] = {"qwen2moe", 1, 0, true, MODEL_QK_NORM_NONE, true},
+    [COMMON_ARCH_QWEN3MOE] = {"qwen3moe", 1, 1, true, MODEL_QK_NORM_HEAD, false},
+    [COMMON_ARCH_OLMOE] = {"olmoe", 1, 0, true, MODEL_QK_NORM_FULL, false},
 };
 
 static const char *role_names[COMMON_ROLE_COUNT] = {
@@ -57,6 +68,31 @@ static const char *grole_names[COMMON_GROLE_COUNT] = {
 const char *common_arch_name(enum common_arch arch)
 {
     return (unsigned)arch < COMMON_ARCH_COUNT ? arch_table[arch].name : "unknown";
+}
+
+const char *common_arch_list(char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len)
+        buf[0] = '\0';
+    for (int a = 0; a < COMMON_ARCH_COUNT && at < len; a++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", a ? ", " : "", arch_table[a].name);
+    return buf;
+}
+
+bool common_arch_from_name(const char *name, size_t len, enum common_arch *out)
+{
+    for (int a = 0; a < COMMON_ARCH_COUNT; a++)
+        if (strlen(arch_table[a].name) == len && memcmp(arch_table[a].name, name, len) == 0) {
+            *out = (enum common_arch)a;
+            return true;
+        }
+    return false;
+}
+
+bool common_arch_is_moe(enum common_arch arch)
+{
+    return (unsigned)arch < COMMON_ARCH_COUNT && arch_table[arch].moe;
 }
 
 const char *common_layer_role_name(enum common_layer_role role)
@@ -180,12 +216,8 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     if (!(hp->rope_freq_base > 0.0f) || !(hp->rms_eps >= 0.0f) || isinf(hp->rope_freq_base))
         return common_errmsg_set(e, COMMON_ECORRUPT, "bad rope.freq_base or rms epsilon");
     hp->rope_neox = arch_table[m->arch].rope_neox;
+    /* llama.cpp fixes the renormalisation per architecture for these (no key is read). */
     hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
-    bool norm;
-    char key[128];
-    snprintf(key, sizeof(key), "%s.expert_weights_norm", m->arch_name);
-    if (common_gguf_get_bool(m->gguf, key, &norm) == COMMON_OK)
-        hp->norm_topk_prob = norm;
     return COMMON_OK;
 }
 
@@ -225,13 +257,19 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
         (rc =
              model_check_shape(m, L->tensor[COMMON_ROLE_FFN_NORM], 1, (uint64_t[]){hp->n_embd}, e)))
         return rc;
+    const enum model_qk_norm qkn = arch_table[m->arch].qk_norm;
+    if (qkn == MODEL_QK_NORM_NONE &&
+        (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 || L->tensor[COMMON_ROLE_ATTN_K_NORM] >= 0))
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "blk.%u: architecture '%s' has no attn_q_norm/attn_k_norm", il,
+                                 m->arch_name);
     if (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 &&
         (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_NORM], 1,
-                                (uint64_t[]){hp->head_dim_k}, e)))
+                                (uint64_t[]){qkn == MODEL_QK_NORM_FULL ? q : hp->head_dim_k}, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_ATTN_K_NORM] >= 0 &&
         (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K_NORM], 1,
-                                (uint64_t[]){hp->head_dim_k}, e)))
+                                (uint64_t[]){qkn == MODEL_QK_NORM_FULL ? kv : hp->head_dim_k}, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_ATTN_Q_BIAS] >= 0 &&
         (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], 1, (uint64_t[]){q}, e)))
@@ -302,6 +340,17 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
                                     (uint64_t[]){hp->n_ff_shexp, hp->n_embd}, e)))
             return rc;
     }
+    const int64_t sg = L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP];
+    if (arch_table[m->arch].shexp_gate && L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0 && sg < 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
+                                 role_names[COMMON_ROLE_FFN_GATE_INP_SHEXP]);
+    if (sg >= 0 && (!arch_table[m->arch].shexp_gate || L->tensor[COMMON_ROLE_FFN_UP_SHEXP] < 0))
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "blk.%u: a shared expert gate without a shared expert of a "
+                                 "gated architecture",
+                                 il);
+    if (sg >= 0 && (rc = model_check_shape(m, sg, 1, (uint64_t[]){hp->n_embd}, e)))
+        return rc;
     return COMMON_OK;
 }
 
@@ -361,17 +410,11 @@ int common_model_init(struct common_model *m, const struct common_gguf *g, struc
     if (rc != COMMON_OK)
         return common_errmsg_set(e, COMMON_ECORRUPT,
                                  "missing or non-string metadata key 'general.architecture'");
-    m->arch = COMMON_ARCH_COUNT;
-    for (int a = 0; a < COMMON_ARCH_COUNT; a++) {
-        if (strlen(arch_table[a].name) == arch.len &&
-            memcmp(arch_table[a].name, arch.ptr, arch.len) == 0)
-            m->arch = (enum common_arch)a;
-    }
-    if (m->arch == COMMON_ARCH_COUNT)
-        return common_errmsg_set(e, COMMON_ENOTSUP,
-                                 "architecture '%.*s' is not supported (supported: llama, qwen2, "
-                                 "qwen3, qwen2moe, qwen3moe, olmoe)",
-                                 (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    char list[256];
+    if (!common_arch_from_name(arch.ptr, arch.len, &m->arch))
+        return common_errmsg_set(
+            e, COMMON_ENOTSUP, "architecture '%.*s' is not supported (supported: %s)",
+            (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, common_arch_list(list, sizeof(list)));
     m->arch_name = arch_table[m->arch].name;
     if ((rc = model_read_hparams(m, e)) != COMMON_OK)
         return rc;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 6:2:1:3 between the GGUF reader, the
-#        control-message decoder, config files with the option parser, and the tokenizers; CI
-#        runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 5:2:1:1:3 between the GGUF reader, the
+#        control-message decoder, config files with the option parser, KL-divergence base files,
+#        and the tokenizers; CI runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -11,7 +11,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_proto fuzz_config fuzz_tokenize -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -63,10 +63,18 @@ mkdir -p "$ccorpus"
 for i in 0 1 2 3; do
     { printf "\\$(printf '%03o' "$i")"; cat deploy/sluice.conf.example; } > "$ccorpus/seed-$i"
 done
-t_gguf=$(( secs / 2 ))
+# KL-divergence seed: a small base file saved by `sluice perplexity` on the dense seed model.
+kcorpus="$build/corpus-kld"
+mkdir -p "$kcorpus"
+build/bin/sluice perplexity -m "$corpus/dense.gguf" -f deploy/sluice.conf.example -c 16 \
+    --chunks 2 --kl-divergence-base "$kcorpus/seed.kld" >/dev/null 2>&1 ||
+    echo "fuzz: no KL-divergence seed (sluice perplexity failed)"
+t_gguf=$(( secs * 5 / 12 ))
 t_proto=$(( secs / 6 ))
 t_config=$(( secs / 12 ))
+t_kld=$(( secs / 12 ))
 fuzz fuzz_gguf "$corpus" "$t_gguf"
 fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
 fuzz fuzz_config "$ccorpus" "$t_config"
-fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_proto - t_config ))
+fuzz fuzz_kld "$kcorpus" "$t_kld"
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_proto - t_config - t_kld ))

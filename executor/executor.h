@@ -52,17 +52,21 @@ const char       *executor_isa_name(enum executor_isa isa);
 
 /* Geometry and content of a synthetic model with random weights. Zero fields take defaults. */
 struct executor_synth_opts {
-    const char *path;           /* output GGUF path (required) */
-    const char *name;           /* general.name; NULL = "sluice-synth" */
-    uint32_t    n_vocab;        /* 0 = vocabulary size of vocab_from, else 259 (byte-level) */
-    uint32_t    n_ctx;          /* context_length; 0 = 2048 */
-    uint32_t    n_embd;         /* 0 = 256 */
-    uint32_t    n_layer;        /* 0 = 2 (ignored when target_bytes is set) */
-    uint32_t    n_head;         /* 0 = 8 */
-    uint32_t    n_head_kv;      /* 0 = n_head */
-    uint32_t    n_ff;           /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
-    uint32_t    n_expert;       /* 0 = dense; else Mixtral-layout MoE */
+    const char      *path;      /* output GGUF path (required) */
+    const char      *name;      /* general.name; NULL = "sluice-synth" */
+    enum common_arch arch;      /* tensor names, shapes and keys as llama.cpp's converter
+                                   writes them for this architecture; 0 = llama */
+    uint32_t n_vocab;           /* 0 = vocabulary size of vocab_from, else 259 (byte-level) */
+    uint32_t n_ctx;             /* context_length; 0 = 2048 */
+    uint32_t n_embd;            /* 0 = 256 */
+    uint32_t n_layer;           /* 0 = 2 (ignored when target_bytes is set) */
+    uint32_t n_head;            /* 0 = 8 */
+    uint32_t n_head_kv;         /* 0 = n_head */
+    uint32_t n_ff;              /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
+    uint32_t n_expert;          /* 0 = dense (8 for the MoE architectures); else routed experts
+                                   (llama: the Mixtral layout) */
     uint32_t    n_expert_used;  /* 0 = min(2, n_expert) */
+    uint32_t    n_ff_shexp;     /* shared expert width (qwen2moe only); 0 = 2 * n_ff */
     uint32_t    type;           /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
     uint64_t    target_bytes;   /* 0 = keep n_layer; else choose n_layer to approach this size */
     const char *vocab_from;     /* copy tokenizer.* keys from this GGUF; NULL = byte-level vocab */
@@ -71,8 +75,9 @@ struct executor_synth_opts {
     bool        progress;       /* print progress to stderr */
 };
 
-/* Writes a llama-architecture GGUF (dense, or MoE in the Mixtral layout) with random weights,
- * streaming tensor by tensor with memory bounded by one tensor row block, whatever the size.
+/* Writes a GGUF of architecture o->arch (llama: dense, or MoE in the Mixtral layout) with random
+ * weights, streaming tensor by tensor with memory bounded by one tensor row block, whatever the
+ * size.
  * Returns 0, COMMON_EINVAL (bad geometry, named in e), COMMON_ENOTSUP (type without a quantizer),
  * COMMON_EIO, COMMON_ENOMEM. */
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e);
@@ -337,6 +342,11 @@ struct executor_ppl_opts {
     uint32_t max_chunks; /* score at most this many chunks (llama.cpp --chunks); 0 = all */
     /* Called after each chunk with its 0-based index and the running perplexity; may be NULL. */
     void (*on_chunk)(void *arg, uint32_t chunk, double ppl);
+    /* Called after each chunk's forward pass, before on_chunk, with the logits of its n scored
+     * positions (n rows of n_vocab) and the tokens that follow them; a negative return stops the
+     * run with that error. May be NULL. */
+    int (*on_logits)(void *arg, uint32_t chunk, const float *logits, const int32_t *next,
+                     uint32_t n, uint32_t n_vocab);
     void *arg;
 };
 
@@ -356,6 +366,64 @@ struct executor_ppl_result {
 int executor_perplexity(struct executor_ctx *c, const int32_t *tokens, size_t n_tokens,
                         const struct executor_ppl_opts *o, struct executor_ppl_result *out,
                         struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* KL divergence against llama-perplexity's base files (executor/kld.c)                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The file `llama-perplexity --kl-divergence-base FILE` writes and `--kl-divergence` reads:
+ * "_logits_", int32 n_ctx, n_vocab, n_chunk, the n_chunk * n_ctx evaluation tokens (int32), then
+ * for each chunk one row per scored position (n_ctx/2 .. n_ctx-2): two floats (scale, minimum
+ * log-probability) and n_vocab uint16 log-probabilities (log p = scale * q + minimum; those below
+ * max - 16 stored as 0), padded to an even count. Native byte order, as llama.cpp writes it. */
+
+/* uint16 entries of one row: 4 for the two floats, n_vocab rounded up to even. */
+size_t executor_kld_row_len(uint32_t n_vocab);
+/* Rows of one chunk: the positions n_ctx/2 .. n_ctx-2. */
+uint32_t executor_kld_rows_per_chunk(uint32_t n_ctx);
+/* Encodes the log-softmax of `logits` into a row of executor_kld_row_len(n_vocab) entries as
+ * llama-perplexity does; returns the negative log-likelihood of `tok`. */
+double executor_kld_encode_row(const float *logits, uint32_t n_vocab, int32_t tok, uint16_t *row);
+/* Writes the header and the evaluation tokens; the rows follow, chunk by chunk. */
+int executor_kld_write_header(FILE *f, uint32_t n_ctx, uint32_t n_vocab, uint32_t n_chunk,
+                              const int32_t *tokens);
+
+/* An open base file, read chunk by chunk. */
+struct executor_kld_base;
+
+/* Opens and checks a base file: the header, a size that matches it exactly, every token inside
+ * the vocabulary. Returns 0, COMMON_EIO, COMMON_EINVAL (not a regular file), COMMON_ECORRUPT,
+ * COMMON_ENOMEM; the reason is in e. */
+int executor_kld_base_open(const char *path, struct executor_kld_base **out,
+                           struct common_errmsg *e);
+/* The same on a stream of `size` bytes positioned at its start (borrowed: not closed). */
+int  executor_kld_base_read(FILE *f, uint64_t size, struct executor_kld_base **out,
+                            struct common_errmsg *e);
+void executor_kld_base_close(struct executor_kld_base *b);
+/* The file's geometry and its tokens (borrowed: valid while b is open). */
+void executor_kld_base_info(const struct executor_kld_base *b, uint32_t *n_ctx, uint32_t *n_vocab,
+                            uint32_t *n_chunk, const int32_t **tokens);
+/* Reads the next chunk's rows into `rows` (rows_per_chunk * row_len entries); checks each row's
+ * scale and minimum are finite. */
+int executor_kld_base_next(struct executor_kld_base *b, uint16_t *rows, struct common_errmsg *e);
+
+/* Running sums of a comparison, llama-perplexity's kl_divergence_result. */
+struct executor_kld_stats {
+    double   sum_nll, sum_nll2, sum_nll_base, sum_nll_base2, sum_nll_nll_base;
+    double   sum_kld, sum_kld2, sum_p_diff, sum_p_diff2, sum_p_diff4;
+    float    max_p_diff;
+    uint64_t n_same_top; /* positions where both argmaxes agree */
+    uint64_t count;      /* positions compared */
+    float   *kld_values; /* owned: per position (capacity), for the percentiles */
+    float   *p_diff_values;
+    uint64_t capacity;
+};
+
+int  executor_kld_stats_init(struct executor_kld_stats *s, uint64_t capacity);
+void executor_kld_stats_fini(struct executor_kld_stats *s);
+/* Compares one position's logits with its base row; `tok` is the token that followed. */
+void executor_kld_accumulate(struct executor_kld_stats *s, const float *logits, uint32_t n_vocab,
+                             const uint16_t *base_row, int32_t tok);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Memory bandwidth (executor/membw.c)                                                         */

@@ -225,14 +225,13 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
         if (lw->bv)
             for (uint32_t i = 0; i < vd; i++)
                 v[i] += lw->bv[i];
+        /* Per head (weights of one head's width) or over the whole projection (olmoe). */
         if (lw->q_norm)
-            for (uint32_t h = 0; h < hp->n_head; h++)
-                fwd_rmsnorm(q + (size_t)h * hp->head_dim_k, q + (size_t)h * hp->head_dim_k,
-                            lw->q_norm, hp->head_dim_k, hp->rms_eps);
+            for (uint32_t i = 0; i < qd; i += lw->q_norm_n)
+                fwd_rmsnorm(q + i, q + i, lw->q_norm, lw->q_norm_n, hp->rms_eps);
         if (lw->k_norm)
-            for (uint32_t h = 0; h < hp->n_head_kv; h++)
-                fwd_rmsnorm(k + (size_t)h * hp->head_dim_k, k + (size_t)h * hp->head_dim_k,
-                            lw->k_norm, hp->head_dim_k, hp->rms_eps);
+            for (uint32_t i = 0; i < kd; i += lw->k_norm_n)
+                fwd_rmsnorm(k + i, k + i, lw->k_norm, lw->k_norm_n, hp->rms_eps);
         const float *cs = c->rope + (size_t)t * hp->n_rot;
         fwd_rope_apply(q, hp->n_head, hp->head_dim_k, hp->n_rot, cs, hp->rope_neox != 0);
         fwd_rope_apply(k, hp->n_head_kv, hp->head_dim_k, hp->n_rot, cs, hp->rope_neox != 0);

@@ -68,15 +68,16 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
     uint64_t                         kd = (uint64_t)hp->n_head_kv * hp->head_dim_k;
     uint64_t                         vd = (uint64_t)hp->n_head_kv * hp->head_dim_v;
     int                              rc;
-    if (L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP] >= 0 || L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0)
-        return common_errmsg_set(
-            e, COMMON_ENOTSUP, "blk.%u: shared experts are not supported by the executor yet", il);
+    /* q/k norms weigh one head (qwen3) or the whole projection (olmoe): the description
+     * checked which of the two the architecture has. */
+    const int64_t iqn = L->tensor[COMMON_ROLE_ATTN_Q_NORM],
+                  ikn = L->tensor[COMMON_ROLE_ATTN_K_NORM];
+    lw->q_norm_n = iqn >= 0 ? (uint32_t)common_gguf_tensor_at(d->gguf, (uint64_t)iqn)->ne[0] : 0;
+    lw->k_norm_n = ikn >= 0 ? (uint32_t)common_gguf_tensor_at(d->gguf, (uint64_t)ikn)->ne[0] : 0;
     if ((rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_NORM], hp->n_embd, &lw->attn_norm, e)) ||
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_NORM], hp->n_embd, &lw->ffn_norm, e)) ||
-        (rc =
-             model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_NORM], hp->head_dim_k, &lw->q_norm, e)) ||
-        (rc =
-             model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_K_NORM], hp->head_dim_k, &lw->k_norm, e)) ||
+        (rc = model_vec(d, w, iqn, lw->q_norm_n, &lw->q_norm, e)) ||
+        (rc = model_vec(d, w, ikn, lw->k_norm_n, &lw->k_norm, e)) ||
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], qd, &lw->bq, e)) ||
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_K_BIAS], kd, &lw->bk, e)) ||
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_V_BIAS], vd, &lw->bv, e)))
@@ -94,6 +95,14 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
         return 0;
     }
     if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)))
+        return rc;
+    if (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0 &&
+        ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_SHEXP], &lw->sh_gate, e)) ||
+         (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_UP_SHEXP], &lw->sh_up, e)) ||
+         (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_DOWN_SHEXP], &lw->sh_down, e))))
+        return rc;
+    if (L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP] >= 0 &&
+        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP], &lw->sh_gate_inp, e)))
         return rc;
     for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
         struct common_span s;
@@ -121,18 +130,7 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
 int executor_model_create(const struct common_model *desc, struct executor_weights *w,
                           struct executor_model **out, struct common_errmsg *e)
 {
-    switch (desc->arch) {
-    case COMMON_ARCH_LLAMA:
-    case COMMON_ARCH_QWEN2:
-    case COMMON_ARCH_QWEN3:
-    case COMMON_ARCH_QWEN3MOE:
-        break;
-    default:
-        return common_errmsg_set(e, COMMON_ENOTSUP,
-                                 "architecture '%s' is not supported by the executor yet "
-                                 "(supported: llama, qwen2, qwen3, qwen3moe)",
-                                 desc->arch_name);
-    }
+    /* Every architecture of the description's table runs here (common/model.c). */
     const struct common_hparams *hp = &desc->hp;
     if (hp->n_rot > hp->head_dim_k || hp->n_rot % 2 != 0)
         return common_errmsg_set(e, COMMON_ENOTSUP, "rope.dimension_count %u is not supported",

@@ -251,6 +251,35 @@ static int moe_expert(struct executor_ctx *c, uint32_t il, uint32_t e)
     return 0;
 }
 
+/* The shared expert of layer il (resident, beside the routed ones) over the n rows of c->xn:
+ * its output in c->tmp, scaled by sigmoid(gate . x) where the layer has that gate (qwen2moe).
+ * Returns false for a layer without one. */
+static bool moe_shared(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct executor_layer_w *lw = &c->m->layers[il];
+    const uint32_t                 ne = c->m->desc->hp.n_embd;
+    if (!lw->sh_up.data)
+        return false;
+    executor_fwd_swiglu_gate_up(c, c->xn, n, &lw->sh_gate, &lw->sh_up);
+    executor_fwd_swiglu_down(c, n, &lw->sh_down);
+    if (!lw->sh_gate_inp.data)
+        return true;
+    /* The router's logits are spent: one gate logit per row goes there. */
+    size_t            gs = executor_fwd_quantize(c, 0, lw->sh_gate_inp.type, c->xn, ne, n, ne);
+    struct fwd_mm_job gj = {.n = 1};
+    gj.t[0] = fwd_mm_of(&lw->sh_gate_inp, c->act[0], gs, n, c->router, 1);
+    executor_fwd_mm_run(c, &gj);
+    for (uint32_t t = 0; t < n; t++) {
+        /* llama.cpp computes the sigmoid as silu(g) / g. */
+        const float g = c->router[t];
+        const float s = g != 0.0f ? fwd_silu(g) / g : 0.5f;
+        float      *y = c->tmp + (size_t)t * ne;
+        for (uint32_t d = 0; d < ne; d++)
+            y[d] = y[d] * s;
+    }
+    return true;
+}
+
 int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
     struct executor_weights *w = c->m->w;
@@ -280,14 +309,19 @@ int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
         if (rc < 0)
             return rc;
     }
-    /* Sum the k weighted outputs in slot order, then add the residual (as llama.cpp's graph). */
+    const bool shared = moe_shared(c, il, n);
+    /* Sum the k weighted outputs in slot order, add the shared expert's output, then the
+     * residual (the order of llama.cpp's graph). */
     for (uint32_t t = 0; t < n; t++) {
         const float *mo = c->moe_out + (size_t)t * K * ne;
+        const float *sh = c->tmp + (size_t)t * ne;
         float       *x = c->x + (size_t)t * ne;
         for (uint32_t d = 0; d < ne; d++) {
             float acc = mo[d];
             for (uint32_t j = 1; j < K; j++)
                 acc += mo[(size_t)j * ne + d];
+            if (shared)
+                acc = acc + sh[d];
             x[d] = acc + x[d];
         }
     }

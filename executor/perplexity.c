@@ -65,6 +65,10 @@ int executor_perplexity(struct executor_ctx *c, const int32_t *tokens, size_t n_
                                  &(struct executor_decode_opts){.all_logits = true}, e);
         if (rc < 0)
             break;
+        if (o->on_logits &&
+            (rc = o->on_logits(o->arg, (uint32_t)i, logits + (size_t)first * n_vocab,
+                               src + first + 1, n_ctx - 1 - first, n_vocab)) < 0)
+            break;
         for (uint32_t j = first; j + 1 < n_ctx; j++) {
             /* The prediction at j is scored against the original next token. */
             const double v = -ppl_log_softmax(logits + (size_t)j * n_vocab, n_vocab, src[j + 1]);

@@ -1,4 +1,5 @@
-/* executor/synth.c - writes llama-architecture GGUF models with random weights, streaming. */
+/* executor/synth.c - writes GGUF models of every supported architecture with random weights,
+ * streaming. */
 #include "executor.h"
 
 #include <math.h>
@@ -149,31 +150,69 @@ static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std,
 
 /* Resolved geometry with defaults applied. */
 struct synth_geom {
+    enum common_arch arch;
     uint32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_ff, n_expert, n_expert_used;
+    uint32_t n_ff_shexp; /* shared expert width (qwen2moe), else 0 */
     uint32_t type;
-    float    rope_freq_base;
+    float    rope_freq_base, rms_eps;
 };
+
+/* The attention tensors of layer il as llama.cpp's converter names and shapes them: biases on
+ * q/k/v for qwen2 and qwen2moe, per-head q/k norms for qwen3 and qwen3moe, whole-projection q/k
+ * norms for olmoe. */
+static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p, uint32_t il)
+{
+    const uint32_t hd = g->n_embd / g->n_head;
+    const uint64_t kv = (uint64_t)g->n_head_kv * hd;
+    const float    s_e = 1.0f / sqrtf((float)g->n_embd);
+    int            rc;
+    if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                        "blk.%u.attn_norm.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1, "blk.%u.attn_q.weight",
+                        il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_k.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_v.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1,
+                        "blk.%u.attn_output.weight", il)))
+        return rc;
+    switch (g->arch) {
+    case COMMON_ARCH_QWEN2:
+    case COMMON_ARCH_QWEN2MOE:
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, g->n_embd, 1, 1,
+                            "blk.%u.attn_q.bias", il)) ||
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_k.bias",
+                            il)) ||
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_v.bias",
+                            il)))
+            return rc;
+        break;
+    case COMMON_ARCH_QWEN3:
+    case COMMON_ARCH_QWEN3MOE:
+    case COMMON_ARCH_OLMOE: {
+        const bool     full = g->arch == COMMON_ARCH_OLMOE;
+        const uint64_t qn = full ? g->n_embd : hd, kn = full ? kv : hd;
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, qn, 1, 1,
+                            "blk.%u.attn_q_norm.weight", il)) ||
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, kn, 1, 1,
+                            "blk.%u.attn_k_norm.weight", il)))
+            return rc;
+        break;
+    }
+    default:
+        break;
+    }
+    return COMMON_OK;
+}
 
 static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
 {
-    uint32_t hd = g->n_embd / g->n_head;
-    uint64_t kv = (uint64_t)g->n_head_kv * hd;
-    float    s_e = 1.0f / sqrtf((float)g->n_embd);
-    float    s_ff = 1.0f / sqrtf((float)g->n_ff);
-    int      rc;
+    float s_e = 1.0f / sqrtf((float)g->n_embd);
+    float s_ff = 1.0f / sqrtf((float)g->n_ff);
+    int   rc;
     if ((rc = synth_add(p, g->type, 0.0f, 1.0f, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
         return rc;
     for (uint32_t il = 0; il < g->n_layer; il++) {
-        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
-                            "blk.%u.attn_norm.weight", il)) ||
-            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1,
-                            "blk.%u.attn_q.weight", il)) ||
-            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_k.weight",
-                            il)) ||
-            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_v.weight",
-                            il)) ||
-            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1,
-                            "blk.%u.attn_output.weight", il)) ||
+        if ((rc = synth_plan_attention(g, p, il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
                             "blk.%u.ffn_norm.weight", il)))
             return rc;
@@ -185,17 +224,29 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
                 (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff, 1,
                                 "blk.%u.ffn_up.weight", il)))
                 return rc;
-        } else {
-            if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 2, g->n_embd,
-                                g->n_expert, 1, "blk.%u.ffn_gate_inp.weight", il)) ||
-                (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
-                                "blk.%u.ffn_gate_exps.weight", il)) ||
-                (rc = synth_add(p, g->type, 0.0f, s_ff, 3, g->n_ff, g->n_embd, g->n_expert,
-                                "blk.%u.ffn_down_exps.weight", il)) ||
-                (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
-                                "blk.%u.ffn_up_exps.weight", il)))
-                return rc;
+            continue;
         }
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 2, g->n_embd, g->n_expert, 1,
+                            "blk.%u.ffn_gate_inp.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
+                            "blk.%u.ffn_gate_exps.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_ff, 3, g->n_ff, g->n_embd, g->n_expert,
+                            "blk.%u.ffn_down_exps.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
+                            "blk.%u.ffn_up_exps.weight", il)))
+            return rc;
+        if (g->n_ff_shexp == 0)
+            continue;
+        const float s_sh = 1.0f / sqrtf((float)g->n_ff_shexp);
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 1, g->n_embd, 1, 1,
+                            "blk.%u.ffn_gate_inp_shexp.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff_shexp, 1,
+                            "blk.%u.ffn_gate_shexp.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_sh, 2, g->n_ff_shexp, g->n_embd, 1,
+                            "blk.%u.ffn_down_shexp.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff_shexp, 1,
+                            "blk.%u.ffn_up_shexp.weight", il)))
+            return rc;
     }
     if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
                         "output_norm.weight")) ||
@@ -313,16 +364,25 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
                           struct common_errmsg *e)
 {
     memset(g, 0, sizeof(*g));
+    g->arch = o->arch;
+    if ((unsigned)g->arch >= COMMON_ARCH_COUNT)
+        return common_errmsg_set(e, COMMON_EINVAL, "unknown architecture id %d", (int)g->arch);
+    const bool moe = common_arch_is_moe(g->arch);
+    const bool qwen = g->arch != COMMON_ARCH_LLAMA && g->arch != COMMON_ARCH_OLMOE;
     g->n_ctx = o->n_ctx ? o->n_ctx : 2048;
     g->n_embd = o->n_embd ? o->n_embd : 256;
     g->n_layer = o->n_layer ? o->n_layer : 2;
     g->n_head = o->n_head ? o->n_head : 8;
     g->n_head_kv = o->n_head_kv ? o->n_head_kv : g->n_head;
     g->n_ff = o->n_ff ? o->n_ff : ((4u * g->n_embd + 255u) / 256u) * 256u;
-    g->n_expert = o->n_expert;
+    g->n_expert = o->n_expert ? o->n_expert : moe ? 8 : 0;
     g->n_expert_used = o->n_expert_used ? o->n_expert_used : (g->n_expert < 2 ? g->n_expert : 2);
+    g->n_ff_shexp =
+        g->arch == COMMON_ARCH_QWEN2MOE ? (o->n_ff_shexp ? o->n_ff_shexp : 2 * g->n_ff) : 0;
     g->type = o->type;
-    g->rope_freq_base = o->rope_freq_base > 0.0f ? o->rope_freq_base : 10000.0f;
+    g->rope_freq_base =
+        o->rope_freq_base > 0.0f ? o->rope_freq_base : (qwen ? 1000000.0f : 10000.0f);
+    g->rms_eps = qwen ? 1e-6f : 1e-5f;
     const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
     if (!ti)
         return common_errmsg_set(e, COMMON_EINVAL, "unknown weight type id %u", g->type);
@@ -339,6 +399,21 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "n_embd %u and n_ff %u must be multiples of the %s block size %u",
                                  g->n_embd, g->n_ff, ti->name, ti->blck);
+    if (g->n_expert > 0 && !moe && g->arch != COMMON_ARCH_LLAMA)
+        return common_errmsg_set(e, COMMON_EINVAL, "architecture %s has no experts (n_expert %u)",
+                                 common_arch_name(g->arch), g->n_expert);
+    if (o->n_ff_shexp && g->arch != COMMON_ARCH_QWEN2MOE)
+        return common_errmsg_set(e, COMMON_EINVAL, "architecture %s has no shared expert",
+                                 common_arch_name(g->arch));
+    if (g->n_ff_shexp % ti->blck != 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "n_ff_shexp %u must be a multiple of the %s block size %u",
+                                 g->n_ff_shexp, ti->name, ti->blck);
+    if (g->arch == COMMON_ARCH_OLMOE && g->n_head_kv != g->n_head)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "olmoe has no grouped-query attention: n_head_kv %u must equal "
+                                 "n_head %u",
+                                 g->n_head_kv, g->n_head);
     if (g->n_expert > 0 && g->n_expert_used > g->n_expert)
         return common_errmsg_set(e, COMMON_EINVAL, "n_expert_used %u exceeds n_expert %u",
                                  g->n_expert_used, g->n_expert);
@@ -465,30 +540,50 @@ static int synth_layers_for_target(struct synth_geom *g, uint64_t target_bytes)
     return COMMON_OK;
 }
 
-/* The llama hyper-parameter keys of geometry `g`. */
+/* The hyper-parameter keys of geometry `g` under "<arch>.", the ones llama.cpp's converter
+ * writes for that architecture. */
 static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom *g,
                           const char *name)
 {
-    int rc;
-    if ((rc = common_gguf_writer_set_str(w, "general.architecture", "llama")) ||
+    const char    *a = common_arch_name(g->arch);
+    const uint32_t hd = g->n_embd / g->n_head;
+    char           key[96];
+    int            rc;
+#define SYNTH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
+    if ((rc = common_gguf_writer_set_str(w, "general.architecture", a)) ||
         (rc = common_gguf_writer_set_str(w, "general.name", name)) ||
         (rc = common_gguf_writer_set_u32(w, "general.file_type", synth_file_type(g->type))) ||
         (rc = common_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.vocab_size", g->n_vocab)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.context_length", g->n_ctx)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.embedding_length", g->n_embd)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.block_count", g->n_layer)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.feed_forward_length", g->n_ff)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count", g->n_head)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.attention.head_count_kv", g->n_head_kv)) ||
-        (rc = common_gguf_writer_set_u32(w, "llama.rope.dimension_count", g->n_embd / g->n_head)) ||
-        (rc = common_gguf_writer_set_f32(w, "llama.rope.freq_base", g->rope_freq_base)) ||
-        (rc = common_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("context_length"), g->n_ctx)) ||
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("embedding_length"), g->n_embd)) ||
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("block_count"), g->n_layer)) ||
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("feed_forward_length"),
+                                         g->n_ff_shexp ? g->n_ff_shexp : g->n_ff)) ||
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.head_count"), g->n_head)) ||
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.head_count_kv"), g->n_head_kv)) ||
+        (rc = common_gguf_writer_set_f32(w, SYNTH_KEY("rope.freq_base"), g->rope_freq_base)) ||
+        (rc = common_gguf_writer_set_f32(w, SYNTH_KEY("attention.layer_norm_rms_epsilon"),
+                                         g->rms_eps)))
+        return rc;
+    if (g->arch == COMMON_ARCH_LLAMA &&
+        ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("vocab_size"), g->n_vocab)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("rope.dimension_count"), hd))))
+        return rc;
+    if ((g->arch == COMMON_ARCH_QWEN3 || g->arch == COMMON_ARCH_QWEN3MOE) &&
+        ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.key_length"), hd)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.value_length"), hd))))
         return rc;
     if (g->n_expert &&
-        ((rc = common_gguf_writer_set_u32(w, "llama.expert_count", g->n_expert)) ||
-         (rc = common_gguf_writer_set_u32(w, "llama.expert_used_count", g->n_expert_used))))
+        ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_count"), g->n_expert)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_used_count"), g->n_expert_used))))
         return rc;
+    if ((g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE) &&
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_feed_forward_length"), g->n_ff)))
+        return rc;
+    if (g->n_ff_shexp && (rc = common_gguf_writer_set_u32(
+                              w, SYNTH_KEY("expert_shared_feed_forward_length"), g->n_ff_shexp)))
+        return rc;
+#undef SYNTH_KEY
     return COMMON_OK;
 }
 

@@ -12,8 +12,9 @@ struct arch_spec {
     uint32_t    n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_expert, n_used, n_ff_exp;
     uint32_t    n_ff_shexp;
     bool        qk_norm, qkv_bias, tied;
-    bool        key_length;  /* write attention.key_length/value_length */
-    const char *skip_tensor; /* leave this tensor out (NULL = none) */
+    bool        qk_norm_full; /* q/k norms over the whole projection (olmoe), not per head */
+    bool        key_length;   /* write attention.key_length/value_length */
+    const char *skip_tensor;  /* leave this tensor out (NULL = none) */
 };
 
 static void add(struct common_gguf_writer *w, const char *name, uint32_t nd, uint64_t a, uint64_t b,
@@ -80,8 +81,8 @@ static char *write_model(const struct arch_spec *s, char **dir)
             add(w, T("attn_v.bias"), 1, kv, 1, 1);
         }
         if (s->qk_norm) {
-            add(w, T("attn_q_norm.weight"), 1, hd, 1, 1);
-            add(w, T("attn_k_norm.weight"), 1, hd, 1, 1);
+            add(w, T("attn_q_norm.weight"), 1, s->qk_norm_full ? q : hd, 1, 1);
+            add(w, T("attn_k_norm.weight"), 1, s->qk_norm_full ? kv : hd, 1, 1);
         }
         add(w, T("ffn_norm.weight"), 1, E, 1, 1);
         if (s->n_expert == 0) {
@@ -215,12 +216,44 @@ Test(common_model, qwen3moe_and_olmoe)
     common_model_fini(&m);
     common_gguf_close(g);
 
+    /* olmoe normalises the whole q and k projections: per-head norms are a bad shape there. */
     s.arch = "olmoe";
+    cr_assert_eq(describe(&s, &m, &g, &e), COMMON_ECORRUPT);
+    cr_assert_not_null(strstr(e.text, "attn_q_norm.weight"), "%s", e.text);
+    common_gguf_close(g);
+    s.qk_norm_full = true;
     cr_assert_eq(describe(&s, &m, &g, &e), COMMON_OK, "%s", e.text);
     cr_assert_eq(m.arch, COMMON_ARCH_OLMOE);
     cr_assert_eq(m.hp.norm_topk_prob, 0);
     cr_assert_eq(m.hp.n_expert, 4);
     common_model_fini(&m);
+    common_gguf_close(g);
+
+    /* Norms an architecture does not have are refused, not ignored. */
+    s.arch = "qwen2moe";
+    cr_assert_eq(describe(&s, &m, &g, &e), COMMON_ENOTSUP);
+    cr_assert_not_null(strstr(e.text, "no attn_q_norm"), "%s", e.text);
+    common_gguf_close(g);
+}
+
+Test(common_model, qwen2moe_shared_expert_needs_its_gate)
+{
+    struct arch_spec     s = {.arch = "qwen2moe",
+                              .n_embd = 64,
+                              .n_layer = 1,
+                              .n_head = 4,
+                              .n_head_kv = 2,
+                              .head_dim = 16,
+                              .n_expert = 4,
+                              .n_used = 2,
+                              .n_ff_exp = 32,
+                              .n_ff_shexp = 64,
+                              .skip_tensor = "blk.0.ffn_gate_inp_shexp.weight"};
+    struct common_model  m;
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(describe(&s, &m, &g, &e), COMMON_ECORRUPT);
+    cr_assert_not_null(strstr(e.text, "blk.0.ffn_gate_inp_shexp.weight"), "%s", e.text);
     common_gguf_close(g);
 }
 
