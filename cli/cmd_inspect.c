@@ -171,9 +171,15 @@ static void inspect_text(const char *path, const struct common_gguf *g,
         printf("architecture:   %.*s\n", (int)(s.len > 64 ? 64 : s.len), s.ptr);
     if (model_ok) {
         const struct common_hparams *hp = &m->hp;
-        if (hp->n_expert)
-            printf("kind:           MoE, %u experts, %u used per token\n", hp->n_expert,
-                   hp->n_expert_used);
+        if (hp->n_expert && hp->n_ff_shexp)
+            printf("kind:           MoE, %u experts of width %u, %u used per token, a shared "
+                   "expert of width %u%s\n",
+                   hp->n_expert, hp->n_ff_exp, hp->n_expert_used, hp->n_ff_shexp,
+                   m->layers[0].tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP] >= 0 ? " (gated)" : "");
+        else if (hp->n_expert)
+            printf("kind:           MoE, %u experts of width %u, %u used per token%s\n",
+                   hp->n_expert, hp->n_ff_exp, hp->n_expert_used,
+                   hp->norm_topk_prob ? " (weights renormalised)" : "");
         else
             printf("kind:           dense\n");
         printf("hyper-parameters:\n");

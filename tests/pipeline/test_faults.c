@@ -253,6 +253,42 @@ Test(pipeline_faults, greedy_tokens_equal_one_process, .timeout = 300, .fini = f
     check_same_as_one_process(1, "--temp 0");
 }
 
+/* The MoE architectures beyond llama's layout through the daemons: qwen2moe (shared expert
+ * beside the streamed ones) and olmoe (q/k norms), random-weight models from `sluice mkmodel`. */
+Test(pipeline_faults, moe_architectures_give_the_same_tokens_as_one_process, .timeout = 600,
+     .fini = fini)
+{
+    skip_without_daemons();
+    static const char *archs[] = {"qwen2moe", "olmoe"};
+    for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++) {
+        char *dir = fixture_tmpdir();
+        char  model[2048], cmd[4096];
+        int   st;
+        snprintf(model, sizeof(model), "%s/%s.gguf", dir, archs[i]);
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice mkmodel -q --arch %s --preset tiny --n-vocab 2048 --n-ff 256 "
+                 "--n-head-kv 8 --type q8_0 -o %s",
+                 BIN, archs[i], model);
+        free(sh(cmd, &st));
+        cr_assert_eq(st, 0, "mkmodel --arch %s failed", archs[i]);
+        up(dir, model, 1, NULL);
+        char *want = one_process(model, 48, "--temp 0");
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
+                 k_prompt, dir);
+        char *got = sh(cmd, &st);
+        down(dir);
+        cr_assert_eq(st, 0, "%s: sluice generate failed (%s/gen.err)", archs[i], dir);
+        cr_assert_gt(strlen(want), 20);
+        cr_assert_str_eq(got, want, "%s daemons: '%s'\none process: '%s'", archs[i], got, want);
+        cr_log_info("%s: %zu bytes of text identical through the daemons", archs[i], strlen(got));
+        free(got);
+        free(want);
+        fixture_rmtree(dir);
+        free(dir);
+    }
+}
+
 Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 300, .fini = fini)
 {
     check_same_as_one_process(2, "--temp 0.8 --seed 42");

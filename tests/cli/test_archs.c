@@ -1,0 +1,176 @@
+/* tests/cli/test_archs.c - every architecture against llama.cpp: greedy ids of random-weight
+ * models written by `sluice mkmodel` equal the ids llama.cpp chose on the same files
+ * (tests/reference/archs.txt, made by tests/reference/make-arch-refs.sh), up to the first step
+ * llama.cpp itself saw as a near-tie; MoE architectures stream to the same ids under a budget. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+
+#define SLUICE  SLUICE_BINARY_DIR "/bin/sluice"
+#define REFS    SLUICE_SOURCE_DIR "/tests/reference/archs.txt"
+#define PROMPT  "1,300,301,302,303,310,320,330,340,350,360,370,380,390,400,410"
+#define N_STEPS 32
+/* A step whose two best logits were closer than this (in llama.cpp's run) may go either way:
+ * float summation order alone moves f32 logits by ~1e-5 here, 8-bit activations by ~1e-2. */
+#define TIE_F32  2e-3
+#define TIE_Q8   3e-2
+#define MIN_SAME 16 /* steps that must agree before any tie */
+
+/* One line of the reference file. */
+struct arch_ref {
+    char   name[32], type[16];
+    char   args[512];
+    int    ids[N_STEPS];
+    double margin[N_STEPS];
+};
+
+/* Parses "N,N,..." into n numbers; returns how many were read. */
+static int parse_list(const char *s, int n, int *ids, double *vals)
+{
+    int k = 0;
+    while (k < n && *s) {
+        char *end;
+        if (ids)
+            ids[k] = (int)strtol(s, &end, 10);
+        else
+            vals[k] = strtod(s, &end);
+        if (end == s)
+            break;
+        k++;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return k;
+}
+
+/* Reads the reference lines of architecture `arch` (at most cap). */
+static int load_refs(const char *arch, struct arch_ref *out, int cap)
+{
+    FILE *f = fopen(REFS, "r");
+    cr_assert_not_null(f, "cannot read %s", REFS);
+    char line[4096];
+    int  n = 0;
+    while (fgets(line, sizeof(line), f) && n < cap) {
+        if (line[0] == '#')
+            continue;
+        char *f1 = strtok(line, "|"), *f2 = strtok(NULL, "|"), *f3 = strtok(NULL, "|"),
+             *f4 = strtok(NULL, "|\n");
+        cr_assert(f1 && f2 && f3 && f4, "bad line in %s", REFS);
+        struct arch_ref *r = &out[n];
+        cr_assert_eq(sscanf(f1, "%31s %15s", r->name, r->type), 2);
+        if (strcmp(r->name, arch) != 0)
+            continue;
+        snprintf(r->args, sizeof(r->args), "%s", f2);
+        cr_assert_eq(parse_list(f3 + strspn(f3, " "), N_STEPS, r->ids, NULL), N_STEPS);
+        cr_assert_eq(parse_list(f4 + strspn(f4, " "), N_STEPS, NULL, r->margin), N_STEPS);
+        n++;
+    }
+    fclose(f);
+    cr_assert_gt(n, 0, "no reference for %s in %s", arch, REFS);
+    return n;
+}
+
+/* Greedy ids of `sluice run` on `model` with extra `opts`; returns how many were read. */
+static int run_ids(const char *model, const char *opts, int *ids)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s run -m %s --prompt-ids %s -n %d --temp 0 --ids -t 2 %s 2>&1",
+             SLUICE, model, PROMPT, N_STEPS, opts);
+    char *out = fixture_run(cmd, &st);
+    cr_assert_not_null(out);
+    cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, "gen: ")) && n < N_STEPS; p += 5)
+        ids[n++] = atoi(p + 5);
+    free(out);
+    return n;
+}
+
+static void check_arch(const char *arch, bool moe)
+{
+    struct arch_ref refs[4];
+    int             n = load_refs(arch, refs, 4);
+    char           *dir = fixture_tmpdir();
+    for (int i = 0; i < n; i++) {
+        const struct arch_ref *r = &refs[i];
+        char                   model[4096], cmd[8192];
+        int                    st;
+        snprintf(model, sizeof(model), "%s/%s-%s.gguf", dir, r->name, r->type);
+        snprintf(cmd, sizeof(cmd), "%s mkmodel -q %s -o %s 2>&1", SLUICE, r->args, model);
+        char *out = fixture_run(cmd, &st);
+        cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
+        free(out);
+        int ids[N_STEPS];
+        cr_assert_eq(run_ids(model, "", ids), N_STEPS);
+        const double tie = strcmp(r->type, "f32") == 0 ? TIE_F32 : TIE_Q8;
+        int          same = 0;
+        while (same < N_STEPS && ids[same] == r->ids[same])
+            same++;
+        if (same < N_STEPS) {
+            cr_expect_lt(r->margin[same], tie,
+                         "%s %s: step %d gives %d, llama.cpp %d, whose two best logits were %.4f "
+                         "apart",
+                         r->name, r->type, same, ids[same], r->ids[same], r->margin[same]);
+            cr_expect_geq(same, MIN_SAME, "%s %s: only %d steps before a near-tie", r->name,
+                          r->type, same);
+        }
+        cr_log_info("%s %s: %d of %d greedy steps as llama.cpp%s", r->name, r->type, same, N_STEPS,
+                    same < N_STEPS ? " (then a near-tie)" : "");
+        if (!moe)
+            continue;
+        /* Routed experts streamed from the file, shared experts and attention resident: the
+         * smallest budget plus 4 slots holds 8 of the 16 experts of the two layers. */
+        snprintf(cmd, sizeof(cmd), "%s run -m %s --prompt-ids 1 -n 1 --ram-budget 1M 2>&1", SLUICE,
+                 model);
+        out = fixture_run(cmd, &st);
+        unsigned long long min = 0;
+        double             slot_kib = 0;
+        const char        *a = strstr(out, "MiB ("), *b = strstr(out, "expert slots of ");
+        cr_assert(a && b && sscanf(a, "MiB (%llu bytes)", &min) == 1 &&
+                      sscanf(b, "expert slots of %lf KiB", &slot_kib) == 1,
+                  "no minimum in: %s", out);
+        free(out);
+        char opts[64];
+        snprintf(opts, sizeof(opts), "--ram-budget %llu",
+                 min + 4ull * (unsigned long long)(slot_kib * 1024));
+        int streamed[N_STEPS];
+        cr_assert_eq(run_ids(model, opts, streamed), N_STEPS);
+        cr_expect_arr_eq(streamed, ids, sizeof(ids), "%s %s: streaming changed the tokens", r->name,
+                         r->type);
+    }
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(cli_archs, llama_matches_llama_cpp, .timeout = 300)
+{
+    check_arch("llama", false);
+}
+
+Test(cli_archs, qwen2_matches_llama_cpp, .timeout = 300)
+{
+    check_arch("qwen2", false);
+}
+
+Test(cli_archs, qwen3_matches_llama_cpp, .timeout = 300)
+{
+    check_arch("qwen3", false);
+}
+
+Test(cli_archs, qwen2moe_matches_llama_cpp_and_streams, .timeout = 300)
+{
+    check_arch("qwen2moe", true);
+}
+
+Test(cli_archs, qwen3moe_matches_llama_cpp_and_streams, .timeout = 300)
+{
+    check_arch("qwen3moe", true);
+}
+
+Test(cli_archs, olmoe_matches_llama_cpp_and_streams, .timeout = 300)
+{
+    check_arch("olmoe", true);
+}
