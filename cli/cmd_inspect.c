@@ -191,6 +191,20 @@ static void inspect_text(const char *path, const struct common_gguf *g,
         printf("  n_ff %u  n_ff_exp %u  n_ff_shexp %u  rms_eps %g  output %s\n", hp->n_ff,
                hp->n_ff_exp, hp->n_ff_shexp, (double)hp->rms_eps,
                m->global[COMMON_GROLE_OUTPUT] >= 0 ? "separate" : "tied to token_embd");
+        if (hp->n_lora_kv)
+            printf("  latent attention: q_lora_rank %u  kv_lora_rank %u  head_dim_mla %u/%u  "
+                   "(the cache holds %u values per position and layer)\n",
+                   hp->n_lora_q, hp->n_lora_kv, hp->head_dim_k_mla, hp->head_dim_v_mla,
+                   hp->head_dim_k + hp->head_dim_v);
+        if (hp->n_layer_dense_lead || hp->expert_gating != COMMON_GATING_SOFTMAX ||
+            hp->n_expert_groups > 1 || hp->expert_weights_scale != 0.0f)
+            printf("  routing: %s  groups %u (keep %u)  scale %g  leading dense layers %u\n",
+                   hp->expert_gating == COMMON_GATING_SIGMOID ? "sigmoid" : "softmax",
+                   hp->n_expert_groups, hp->n_group_used, (double)hp->expert_weights_scale,
+                   hp->n_layer_dense_lead);
+        if (hp->yarn_ext_factor != 0.0f)
+            printf("  rope scaling: yarn x%g over %u tokens\n",
+                   (double)(1.0f / hp->rope_freq_scale), hp->n_ctx_orig_yarn);
     }
     uint64_t n_vocab;
     inspect_tokenizer(g, &s, &n_vocab);

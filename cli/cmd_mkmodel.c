@@ -171,9 +171,15 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .target = &o.arch,
             .parse = mkmodel_parse_arch,
             .metavar = "NAME",
-            .help = "architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe or olmoe; tensor "
-                       "names, shapes and keys as llama.cpp's converter writes them",
+            .help = "architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, olmoe or deepseek2; "
+                       "tensor names, shapes and keys as llama.cpp's converter writes them",
             .def = "llama"},
+           {.name = "lite",
+            .type = COMMON_OPT_SWITCH,
+            .target = &o.lite,
+            .help = "deepseek2: the V2-Lite shape (one q projection, softmax routing without "
+                       "groups or bias) instead of V3's (q LoRA, sigmoid routing with a selection "
+                       "bias and expert groups)"},
            {.name = "preset",
             .type = COMMON_OPT_CALLBACK,
             .target = &o,

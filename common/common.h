@@ -378,6 +378,7 @@ enum common_arch {
     COMMON_ARCH_QWEN2MOE,
     COMMON_ARCH_QWEN3MOE,
     COMMON_ARCH_OLMOE,
+    COMMON_ARCH_DEEPSEEK2,
     COMMON_ARCH_COUNT,
 };
 
@@ -405,6 +406,15 @@ enum common_layer_role {
     COMMON_ROLE_FFN_GATE_SHEXP,
     COMMON_ROLE_FFN_UP_SHEXP,
     COMMON_ROLE_FFN_DOWN_SHEXP,
+    /* Multi-head latent attention (deepseek2) and its router bias. */
+    COMMON_ROLE_ATTN_Q_A,        /* (n_embd -> q_lora_rank) */
+    COMMON_ROLE_ATTN_Q_A_NORM,   /* (q_lora_rank) */
+    COMMON_ROLE_ATTN_Q_B,        /* (q_lora_rank -> n_head * head_dim_k_mla) */
+    COMMON_ROLE_ATTN_KV_A_MQA,   /* (n_embd -> kv_lora_rank + n_rot) */
+    COMMON_ROLE_ATTN_KV_A_NORM,  /* (kv_lora_rank) */
+    COMMON_ROLE_ATTN_K_B,        /* per head (nope -> kv_lora_rank): absorbed into the query */
+    COMMON_ROLE_ATTN_V_B,        /* per head (kv_lora_rank -> head_dim_v_mla) */
+    COMMON_ROLE_FFN_EXP_PROBS_B, /* (n_expert) selection bias of the router */
     COMMON_ROLE_COUNT,
 };
 
@@ -445,6 +455,36 @@ struct common_hparams {
     float    rope_freq_base;  /* theta */
     float    rope_freq_scale; /* 1 / linear scaling factor */
     float    rms_eps;         /* RMSNorm epsilon */
+    /* YaRN (rope.scaling.type yarn), as llama.cpp's context derives it; ext 0 = off. */
+    float    yarn_ext_factor;  /* 1 with YaRN, else 0 */
+    float    yarn_attn_factor; /* magnitude of the rotated pairs before YaRN's own correction */
+    float    yarn_beta_fast, yarn_beta_slow;
+    uint32_t n_ctx_orig_yarn; /* rope.scaling.original_context_length */
+    float    yarn_log_mul;    /* deepseek2: mscale_all_dim (0 = none) */
+    float    attn_scale;      /* KQ scale; 0 = 1 / sqrt(head_dim_k) */
+    /* Multi-head latent attention (deepseek2; all 0 otherwise). The cache holds one "head" of
+     * head_dim_k = kv_lora_rank + n_rot (the latent and the rotary key) and head_dim_v =
+     * kv_lora_rank; queries are absorbed into the latent with attn_k_b. */
+    uint32_t n_lora_q;       /* q_lora_rank; 0 = one attn_q projection */
+    uint32_t n_lora_kv;      /* kv_lora_rank */
+    uint32_t head_dim_k_mla; /* per-head query width before absorption (nope + rope) */
+    uint32_t head_dim_v_mla; /* per-head value width after attn_v_b */
+    /* Routing beyond softmax-top-k (deepseek2). */
+    uint32_t n_layer_dense_lead;   /* leading layers with a dense FFN */
+    uint32_t n_expert_shared;      /* shared experts (their FFN is n_ff_shexp wide) */
+    uint32_t expert_gating;        /* enum common_expert_gating */
+    float    expert_weights_scale; /* multiplies the routed weights; 0 or 1 = none */
+    uint32_t n_expert_groups;      /* group-limited top-k: groups (0/1 = none) */
+    uint32_t n_group_used;         /* groups kept per token */
+};
+
+/* Most expert groups a model may have (DeepSeek V3 has 8). */
+#define COMMON_MAX_EXPERT_GROUPS 64u
+
+/* How router logits become expert probabilities. */
+enum common_expert_gating {
+    COMMON_GATING_SOFTMAX = 0,
+    COMMON_GATING_SIGMOID, /* DeepSeek V3: sigmoid scores, a bias for selection only */
 };
 
 /* Where one expert part lives in the model files. */
@@ -499,9 +539,11 @@ void common_model_fini(struct common_model *m);
 
 /* True when the model has routed experts. */
 bool common_model_is_moe(const struct common_model *m);
+/* True when layer `il` has routed experts (not one of the leading dense layers of deepseek2). */
+bool common_model_layer_is_moe(const struct common_model *m, uint32_t il);
 
 /* Where part `part` of expert `expert` of layer `layer` lives. Returns 0, or COMMON_EINVAL for a
- * dense model or out-of-range arguments. */
+ * dense model or layer, or out-of-range arguments. */
 int common_model_expert_span(const struct common_model *m, uint32_t layer, uint32_t expert,
                              enum common_expert_part part, struct common_span *out);
 
@@ -562,6 +604,10 @@ enum common_ctx_buf {
     COMMON_CTX_PREV_SEL,    /* MoE: (n_layer, n_expert_used) i32 last token's choices */
     COMMON_CTX_HAVE_PREV,   /* MoE: (n_layer) bytes */
     COMMON_CTX_HINT_MARK,   /* MoE: (n_expert) u32 hint stamps */
+    COMMON_CTX_MLA_QA,      /* MLA: (n_batch, q_lora_rank) f32 low-rank query */
+    COMMON_CTX_MLA_Q,  /* MLA: (n_batch, n_head * head_dim_k_mla) f32 query before absorption */
+    COMMON_CTX_MLA_KV, /* MLA: (n_batch, kv_lora_rank + n_rot) f32 latent and rotary key */
+    COMMON_CTX_MLA_O,  /* MLA: (n_batch, n_head * head_dim_v_mla) f32 expanded values */
     COMMON_CTX_BUF_COUNT,
 };
 

@@ -23,6 +23,10 @@ enum layout_dim {
     DIM_EXPERT,  /* n_expert */
     DIM_EXPERT1, /* n_expert + 1 */
     DIM_USED,    /* n_expert_used (at least 1) */
+    DIM_MLA_QA,  /* q_lora_rank (0 without latent attention) */
+    DIM_MLA_QK,  /* n_head * head_dim_k_mla */
+    DIM_MLA_KV,  /* kv_lora_rank + n_rot */
+    DIM_MLA_O,   /* n_head * head_dim_v_mla */
     DIM_COUNT,
 };
 
@@ -66,6 +70,10 @@ static const struct layout_row g_rows[COMMON_CTX_BUF_COUNT] = {
     [COMMON_CTX_PREV_SEL] = {"prev_sel", 4, DIM_LAYER, DIM_USED, DIM_ONE, true},
     [COMMON_CTX_HAVE_PREV] = {"have_prev", 1, DIM_LAYER, DIM_ONE, DIM_ONE, true},
     [COMMON_CTX_HINT_MARK] = {"hint_mark", 4, DIM_EXPERT, DIM_ONE, DIM_ONE, true},
+    [COMMON_CTX_MLA_QA] = {"mla_qa", 4, DIM_BATCH, DIM_MLA_QA, DIM_ONE, false},
+    [COMMON_CTX_MLA_Q] = {"mla_q", 4, DIM_BATCH, DIM_MLA_QK, DIM_ONE, false},
+    [COMMON_CTX_MLA_KV] = {"mla_kv", 4, DIM_BATCH, DIM_MLA_KV, DIM_ONE, false},
+    [COMMON_CTX_MLA_O] = {"mla_o", 4, DIM_BATCH, DIM_MLA_O, DIM_ONE, false},
 };
 
 int common_cache_type_parse(const char *s, enum common_cache_type *out)
@@ -178,7 +186,10 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
               [DIM_AD] = ad,
               [DIM_FF] = ff,
               /* An activation row is at most 4 bytes per element (f32); K-quant rows a bit over 1. */
-              [DIM_ACT_ROW] = layout_max(layout_max(hp->n_embd, ff), ad) * 4u + COMMON_CTX_ALIGN,
+              [DIM_ACT_ROW] = layout_max(layout_max(layout_max(hp->n_embd, ff), ad),
+                                         (uint64_t)hp->n_head * hp->head_dim_v_mla) *
+                                  4u +
+                              COMMON_CTX_ALIGN,
               [DIM_ROT] = hp->n_rot ? hp->n_rot : 1,
               /* The query in the cache's dot type, at most f32, padded to the alignment. */
               [DIM_TH_Q] = ((uint64_t)hp->head_dim_k * 4u + COMMON_CTX_ALIGN) / COMMON_CTX_ALIGN *
@@ -187,6 +198,10 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
               [DIM_EXPERT] = hp->n_expert,
               [DIM_EXPERT1] = (uint64_t)hp->n_expert + 1,
               [DIM_USED] = hp->n_expert_used ? hp->n_expert_used : 1,
+              [DIM_MLA_QA] = hp->n_lora_q,
+              [DIM_MLA_QK] = (uint64_t)hp->n_head * hp->head_dim_k_mla,
+              [DIM_MLA_KV] = hp->n_lora_kv ? (uint64_t)hp->n_lora_kv + hp->n_rot : 0,
+              [DIM_MLA_O] = (uint64_t)hp->n_head * hp->head_dim_v_mla,
     };
     l.act_row_bytes = dim[DIM_ACT_ROW];
     l.th_q_bytes = dim[DIM_TH_Q];

@@ -22,6 +22,7 @@ struct model_arch_info {
     bool               moe;            /* the architecture always has routed experts */
     enum model_qk_norm qk_norm;        /* where attn_q_norm / attn_k_norm apply, when present */
     bool               shexp_gate;     /* shared expert scaled by sigmoid(ffn_gate_inp_shexp . x) */
+    bool               mla; /* multi-head latent attention and DeepSeek routing keys (deepseek2) */
 };
 
 static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
@@ -31,6 +32,7 @@ static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
     [COMMON_ARCH_QWEN2MOE] = {"qwen2moe", 1, 0, true, MODEL_QK_NORM_NONE, true},
     [COMMON_ARCH_QWEN3MOE] = {"qwen3moe", 1, 1, true, MODEL_QK_NORM_HEAD, false},
     [COMMON_ARCH_OLMOE] = {"olmoe", 1, 0, true, MODEL_QK_NORM_FULL, false},
+    [COMMON_ARCH_DEEPSEEK2] = {"deepseek2", 0, 0, true, MODEL_QK_NORM_NONE, false, true},
 };
 
 static const char *role_names[COMMON_ROLE_COUNT] = {
@@ -56,6 +58,14 @@ static const char *role_names[COMMON_ROLE_COUNT] = {
     [COMMON_ROLE_FFN_GATE_SHEXP] = "ffn_gate_shexp.weight",
     [COMMON_ROLE_FFN_UP_SHEXP] = "ffn_up_shexp.weight",
     [COMMON_ROLE_FFN_DOWN_SHEXP] = "ffn_down_shexp.weight",
+    [COMMON_ROLE_ATTN_Q_A] = "attn_q_a.weight",
+    [COMMON_ROLE_ATTN_Q_A_NORM] = "attn_q_a_norm.weight",
+    [COMMON_ROLE_ATTN_Q_B] = "attn_q_b.weight",
+    [COMMON_ROLE_ATTN_KV_A_MQA] = "attn_kv_a_mqa.weight",
+    [COMMON_ROLE_ATTN_KV_A_NORM] = "attn_kv_a_norm.weight",
+    [COMMON_ROLE_ATTN_K_B] = "attn_k_b.weight",
+    [COMMON_ROLE_ATTN_V_B] = "attn_v_b.weight",
+    [COMMON_ROLE_FFN_EXP_PROBS_B] = "exp_probs_b.bias",
 };
 
 static const char *grole_names[COMMON_GROLE_COUNT] = {
@@ -103,6 +113,11 @@ const char *common_layer_role_name(enum common_layer_role role)
 bool common_model_is_moe(const struct common_model *m)
 {
     return m->hp.n_expert > 0;
+}
+
+bool common_model_layer_is_moe(const struct common_model *m, uint32_t il)
+{
+    return m->hp.n_expert > 0 && il >= m->hp.n_layer_dense_lead && il < m->hp.n_layer;
 }
 
 /* Reads "<arch>.<suffix>" as u32; absent keys keep *out and return COMMON_ENOENT. */
@@ -159,6 +174,136 @@ static int model_check_shape(const struct common_model *m, int64_t idx, uint32_t
     return COMMON_OK;
 }
 
+/* YaRN's magnitude correction of a scaling factor (llama.cpp's get_mscale). */
+static float model_yarn_mscale(float scale, float mscale)
+{
+    return scale <= 1.0f ? 1.0f : 0.1f * mscale * logf(scale) + 1.0f;
+}
+
+/* rope.scaling.*: the frequency scale and YaRN's parameters as llama.cpp's context derives them
+ * from the file (type "none" never scales; "linear" and "yarn" divide by the factor; YaRN mixes
+ * interpolation and extrapolation per dimension and corrects the magnitude). */
+static int model_rope_scaling(struct common_model *m, struct common_errmsg *e)
+{
+    struct common_hparams *hp = &m->hp;
+    char                   key[128];
+    struct common_gguf_str type = {.ptr = "linear", .len = 6};
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", m->arch_name);
+    (void)common_gguf_get_str(m->gguf, key, &type);
+    const bool none = type.len == 4 && memcmp(type.ptr, "none", 4) == 0;
+    const bool yarn = type.len == 4 && memcmp(type.ptr, "yarn", 4) == 0;
+    if (!none && !yarn && !(type.len == 6 && memcmp(type.ptr, "linear", 6) == 0))
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "metadata key '%s' is '%.*s' (supported: none, linear, yarn)", key,
+                                 (int)(type.len > 32 ? 32 : type.len), type.ptr);
+    float factor = 0.0f;
+    hp->rope_freq_scale = 1.0f;
+    if (!none && model_f32(m, "rope.scaling.factor", &factor) == COMMON_OK && factor > 0.0f)
+        hp->rope_freq_scale = 1.0f / factor;
+    if (!(hp->rope_freq_scale > 0.0f) || isinf(hp->rope_freq_scale))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "bad %s.rope.scaling.factor", m->arch_name);
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    hp->n_ctx_orig_yarn = hp->n_ctx_train;
+    model_u32(m, "rope.scaling.original_context_length", &hp->n_ctx_orig_yarn);
+    hp->yarn_ext_factor = yarn ? 1.0f : 0.0f;
+    hp->yarn_attn_factor = 1.0f;
+    float log_mul = 0.0f;
+    /* deepseek2 files store 0.1 * mscale_all_dim (llama.cpp divides it back). */
+    if (arch_table[m->arch].mla &&
+        model_f32(m, "rope.scaling.yarn_log_multiplier", &log_mul) == COMMON_OK)
+        log_mul /= 0.1f;
+    hp->yarn_log_mul = log_mul;
+    if (yarn) {
+        const float f = 1.0f / hp->rope_freq_scale;
+        if (log_mul != 0.0f) {
+            const float mscale = log_mul != 1.0f && arch_table[m->arch].mla ? log_mul : 1.0f;
+            hp->yarn_attn_factor = model_yarn_mscale(f, mscale) / model_yarn_mscale(f, log_mul);
+        } else {
+            hp->yarn_attn_factor = model_yarn_mscale(f, 1.0f);
+        }
+        hp->yarn_attn_factor *= 1.0f / (1.0f + 0.1f * logf(f));
+    }
+    float attn_factor = 1.0f;
+    if (model_f32(m, "rope.scaling.attn_factor", &attn_factor) == COMMON_OK)
+        hp->yarn_attn_factor *= attn_factor;
+    if (hp->n_ctx_orig_yarn == 0 || !isfinite(hp->yarn_attn_factor))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "bad YaRN parameters in %s.rope.scaling.*",
+                                 m->arch_name);
+    return COMMON_OK;
+}
+
+/* Reads "<arch>.<suffix>" as a bool into *out when present. */
+static void model_bool(const struct common_model *m, const char *suffix, bool *out)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", m->arch_name, suffix);
+    (void)common_gguf_get_bool(m->gguf, key, out);
+}
+
+/* deepseek2: the latent attention's ranks and widths, the leading dense layers, shared experts
+ * and the routing keys (gating function, selection bias, groups, renormalisation, scale), with
+ * the KQ scale llama.cpp derives from YaRN's magnitude. */
+static int model_read_mla(struct common_model *m, struct common_errmsg *e)
+{
+    struct common_hparams *hp = &m->hp;
+    int                    rc;
+    model_u32(m, "attention.q_lora_rank", &hp->n_lora_q);
+    if ((rc = model_need_u32(m, "attention.kv_lora_rank", &hp->n_lora_kv, e)) ||
+        (rc = model_need_u32(m, "attention.key_length_mla", &hp->head_dim_k_mla, e)) ||
+        (rc = model_need_u32(m, "attention.value_length_mla", &hp->head_dim_v_mla, e)))
+        return rc;
+    if (hp->n_lora_kv == 0 || hp->n_head_kv != 1 || hp->head_dim_k != hp->n_lora_kv + hp->n_rot ||
+        hp->head_dim_v != hp->n_lora_kv || hp->head_dim_k_mla <= hp->n_rot ||
+        hp->head_dim_v_mla == 0 || hp->n_lora_kv > 65536 || hp->head_dim_k_mla > 65536 ||
+        hp->head_dim_v_mla > 65536 || hp->n_lora_q > 65536)
+        return common_errmsg_set(
+            e, COMMON_ECORRUPT,
+            "inconsistent latent attention: head_count_kv %u (want 1), key_length %u (want "
+            "kv_lora_rank %u + rope.dimension_count %u), value_length %u (want %u), "
+            "key_length_mla %u, value_length_mla %u",
+            hp->n_head_kv, hp->head_dim_k, hp->n_lora_kv, hp->n_rot, hp->head_dim_v, hp->n_lora_kv,
+            hp->head_dim_k_mla, hp->head_dim_v_mla);
+    model_u32(m, "leading_dense_block_count", &hp->n_layer_dense_lead);
+    model_u32(m, "expert_shared_count", &hp->n_expert_shared);
+    if (hp->n_layer_dense_lead > hp->n_layer)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "%s.leading_dense_block_count %u exceeds block_count %u",
+                                 m->arch_name, hp->n_layer_dense_lead, hp->n_layer);
+    uint32_t gating = 0;
+    model_u32(m, "expert_gating_func", &gating);
+    if (gating > 2)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "%s.expert_gating_func %u is not supported (1 softmax, 2 sigmoid)",
+                                 m->arch_name, gating);
+    hp->expert_gating = gating == 2 ? COMMON_GATING_SIGMOID : COMMON_GATING_SOFTMAX;
+    bool norm = false;
+    model_bool(m, "expert_weights_norm", &norm);
+    hp->norm_topk_prob = norm;
+    model_f32(m, "expert_weights_scale", &hp->expert_weights_scale);
+    if (!isfinite(hp->expert_weights_scale))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "bad %s.expert_weights_scale", m->arch_name);
+    model_u32(m, "expert_group_count", &hp->n_expert_groups);
+    model_u32(m, "expert_group_used_count", &hp->n_group_used);
+    if (hp->n_expert_groups > 1 &&
+        (hp->n_expert_groups > COMMON_MAX_EXPERT_GROUPS ||
+         hp->n_expert % hp->n_expert_groups != 0 || hp->n_group_used == 0 ||
+         hp->n_group_used >= hp->n_expert_groups ||
+         hp->n_expert_used > hp->n_group_used * (hp->n_expert / hp->n_expert_groups)))
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "%s.expert_group_count %u must divide expert_count %u and "
+                                 "expert_group_used_count %u be in 1..%u with room for %u experts",
+                                 m->arch_name, hp->n_expert_groups, hp->n_expert, hp->n_group_used,
+                                 hp->n_expert_groups - 1, hp->n_expert_used);
+    /* KQ scale: YaRN's magnitude, before its own correction, squared over sqrt of the per-head
+     * query width (llama.cpp's deepseek2 graph). */
+    const float fs = hp->rope_freq_scale;
+    const float attn_org = hp->yarn_attn_factor * (1.0f + 0.1f * logf(1.0f / fs));
+    const float mscale = attn_org * (1.0f + 0.1f * hp->yarn_log_mul * logf(1.0f / fs));
+    hp->attn_scale = mscale * mscale / sqrtf((float)hp->head_dim_k_mla);
+    return COMMON_OK;
+}
+
 static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
 {
     struct common_hparams *hp = &m->hp;
@@ -205,10 +350,8 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
                                  m->arch_name);
     hp->rope_freq_base = 10000.0f;
     model_f32(m, "rope.freq_base", &hp->rope_freq_base);
-    hp->rope_freq_scale = 1.0f;
-    float factor = 0.0f;
-    if (model_f32(m, "rope.scaling.factor", &factor) == COMMON_OK && factor > 0.0f)
-        hp->rope_freq_scale = 1.0f / factor;
+    if ((rc = model_rope_scaling(m, e)) != COMMON_OK)
+        return rc;
     if ((rc = model_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) != COMMON_OK)
         return common_errmsg_set(e, COMMON_ECORRUPT,
                                  "missing metadata key '%s.attention.layer_norm_rms_epsilon'",
@@ -218,6 +361,125 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     hp->rope_neox = arch_table[m->arch].rope_neox;
     /* llama.cpp fixes the renormalisation per architecture for these (no key is read). */
     hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
+    if (arch_table[m->arch].mla)
+        return model_read_mla(m, e);
+    return COMMON_OK;
+}
+
+/* Assigns and checks the tensors of layer il. */
+/* Checks that the tensors named in `roles` are present in layer il. */
+static int model_require(const struct common_model *m, uint32_t il,
+                         const enum common_layer_role *roles, size_t n, struct common_errmsg *e)
+{
+    for (size_t i = 0; i < n; i++)
+        if (m->layers[il].tensor[roles[i]] < 0)
+            return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
+                                     role_names[roles[i]]);
+    return COMMON_OK;
+}
+
+/* Checks an optional tensor's shape (absent is fine). */
+static int model_check_opt(const struct common_model *m, int64_t idx, uint32_t n,
+                           const uint64_t *ne, struct common_errmsg *e)
+{
+    return idx < 0 ? COMMON_OK : model_check_shape(m, idx, n, ne, e);
+}
+
+/* Attention of layer il: q, k, v and output projections, optional biases and q/k norms. */
+static int model_layer_attention(struct common_model *m, uint32_t il, struct common_errmsg *e)
+{
+    struct common_hparams              *hp = &m->hp;
+    struct common_model_layer          *L = &m->layers[il];
+    static const enum common_layer_role required[] = {COMMON_ROLE_ATTN_Q, COMMON_ROLE_ATTN_K,
+                                                      COMMON_ROLE_ATTN_V, COMMON_ROLE_ATTN_OUT};
+    int rc = model_require(m, il, required, sizeof(required) / sizeof(required[0]), e);
+    if (rc)
+        return rc;
+    uint64_t q = (uint64_t)hp->n_head * hp->head_dim_k;
+    uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim_k;
+    uint64_t vv = (uint64_t)hp->n_head_kv * hp->head_dim_v;
+    uint64_t o = (uint64_t)hp->n_head * hp->head_dim_v;
+    if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q], 2, (uint64_t[]){hp->n_embd, q},
+                                e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K], 2, (uint64_t[]){hp->n_embd, kv},
+                                e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V], 2, (uint64_t[]){hp->n_embd, vv},
+                                e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT], 2, (uint64_t[]){o, hp->n_embd},
+                                e)))
+        return rc;
+    const enum model_qk_norm qkn = arch_table[m->arch].qk_norm;
+    if (qkn == MODEL_QK_NORM_NONE &&
+        (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 || L->tensor[COMMON_ROLE_ATTN_K_NORM] >= 0))
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "blk.%u: architecture '%s' has no attn_q_norm/attn_k_norm", il,
+                                 m->arch_name);
+    if ((rc = model_check_opt(m, L->tensor[COMMON_ROLE_ATTN_Q_NORM], 1,
+                              (uint64_t[]){qkn == MODEL_QK_NORM_FULL ? q : hp->head_dim_k}, e)) ||
+        (rc = model_check_opt(m, L->tensor[COMMON_ROLE_ATTN_K_NORM], 1,
+                              (uint64_t[]){qkn == MODEL_QK_NORM_FULL ? kv : hp->head_dim_k}, e)) ||
+        (rc = model_check_opt(m, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], 1, (uint64_t[]){q}, e)) ||
+        (rc = model_check_opt(m, L->tensor[COMMON_ROLE_ATTN_K_BIAS], 1, (uint64_t[]){kv}, e)) ||
+        (rc = model_check_opt(m, L->tensor[COMMON_ROLE_ATTN_V_BIAS], 1, (uint64_t[]){vv}, e)))
+        return rc;
+    return COMMON_OK;
+}
+
+/* Multi-head latent attention of layer il (deepseek2): the query through a low-rank pair
+ * (q_a, its norm, q_b) or one attn_q, the compressed key/value with its rotary part (kv_a_mqa),
+ * the latent's norm, and the per-head k_b / v_b that absorb and expand the latent. */
+static int model_layer_mla(struct common_model *m, uint32_t il, struct common_errmsg *e)
+{
+    struct common_hparams     *hp = &m->hp;
+    struct common_model_layer *L = &m->layers[il];
+    if (L->tensor[COMMON_ROLE_ATTN_K_B] < 0 || L->tensor[COMMON_ROLE_ATTN_V_B] < 0) {
+        char name[96];
+        snprintf(name, sizeof(name), "blk.%u.attn_kv_b.weight", il);
+        if (common_gguf_tensor_find(m->gguf, name))
+            return common_errmsg_set(e, COMMON_ENOTSUP,
+                                     "blk.%u: attn_kv_b without attn_k_b/attn_v_b is the old "
+                                     "deepseek2 layout: convert the model again with a recent "
+                                     "llama.cpp",
+                                     il);
+    }
+    static const enum common_layer_role required[] = {
+        COMMON_ROLE_ATTN_KV_A_MQA, COMMON_ROLE_ATTN_KV_A_NORM, COMMON_ROLE_ATTN_K_B,
+        COMMON_ROLE_ATTN_V_B, COMMON_ROLE_ATTN_OUT};
+    int rc = model_require(m, il, required, sizeof(required) / sizeof(required[0]), e);
+    if (rc)
+        return rc;
+    const uint64_t qk = (uint64_t)hp->n_head * hp->head_dim_k_mla;
+    const uint64_t nope = hp->head_dim_k_mla - hp->n_rot;
+    if (hp->n_lora_q) {
+        static const enum common_layer_role qa[] = {COMMON_ROLE_ATTN_Q_A, COMMON_ROLE_ATTN_Q_A_NORM,
+                                                    COMMON_ROLE_ATTN_Q_B};
+        if ((rc = model_require(m, il, qa, 3, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_A], 2,
+                                    (uint64_t[]){hp->n_embd, hp->n_lora_q}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_A_NORM], 1,
+                                    (uint64_t[]){hp->n_lora_q}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_B], 2,
+                                    (uint64_t[]){hp->n_lora_q, qk}, e)))
+            return rc;
+    } else if ((rc = model_require(m, il, (const enum common_layer_role[]){COMMON_ROLE_ATTN_Q}, 1,
+                                   e)) ||
+               (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q], 2,
+                                       (uint64_t[]){hp->n_embd, qk}, e))) {
+        return rc;
+    }
+    if ((rc =
+             model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_KV_A_MQA], 2,
+                               (uint64_t[]){hp->n_embd, (uint64_t)hp->n_lora_kv + hp->n_rot}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_KV_A_NORM], 1,
+                                (uint64_t[]){hp->n_lora_kv}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K_B], 3,
+                                (uint64_t[]){nope, hp->n_lora_kv, hp->n_head}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V_B], 3,
+                                (uint64_t[]){hp->n_lora_kv, hp->head_dim_v_mla, hp->n_head}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT], 2,
+                                (uint64_t[]){(uint64_t)hp->n_head * hp->head_dim_v_mla, hp->n_embd},
+                                e)))
+        return rc;
     return COMMON_OK;
 }
 
@@ -231,57 +493,18 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
         snprintf(name, sizeof(name), "blk.%u.%s", il, role_names[r]);
         L->tensor[r] = model_find(m->gguf, name);
     }
-    static const enum common_layer_role required[] = {
-        COMMON_ROLE_ATTN_NORM, COMMON_ROLE_ATTN_Q,   COMMON_ROLE_ATTN_K,
-        COMMON_ROLE_ATTN_V,    COMMON_ROLE_ATTN_OUT, COMMON_ROLE_FFN_NORM,
-    };
-    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
-        if (L->tensor[required[i]] < 0)
-            return common_errmsg_set(e, COMMON_ECORRUPT, "missing tensor 'blk.%u.%s'", il,
-                                     role_names[required[i]]);
-    uint64_t q = (uint64_t)hp->n_head * hp->head_dim_k;
-    uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim_k;
-    uint64_t vv = (uint64_t)hp->n_head_kv * hp->head_dim_v;
-    uint64_t o = (uint64_t)hp->n_head * hp->head_dim_v;
-    int      rc;
-    if ((rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_NORM], 1, (uint64_t[]){hp->n_embd},
+    static const enum common_layer_role norms[] = {COMMON_ROLE_ATTN_NORM, COMMON_ROLE_FFN_NORM};
+    int                                 rc = model_require(m, il, norms, 2, e);
+    if (rc ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_NORM], 1, (uint64_t[]){hp->n_embd},
                                 e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q], 2, (uint64_t[]){hp->n_embd, q},
-                                e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K], 2, (uint64_t[]){hp->n_embd, kv},
-                                e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V], 2, (uint64_t[]){hp->n_embd, vv},
-                                e)) ||
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT], 2, (uint64_t[]){o, hp->n_embd},
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_NORM], 1, (uint64_t[]){hp->n_embd},
                                 e)) ||
         (rc =
-             model_check_shape(m, L->tensor[COMMON_ROLE_FFN_NORM], 1, (uint64_t[]){hp->n_embd}, e)))
-        return rc;
-    const enum model_qk_norm qkn = arch_table[m->arch].qk_norm;
-    if (qkn == MODEL_QK_NORM_NONE &&
-        (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 || L->tensor[COMMON_ROLE_ATTN_K_NORM] >= 0))
-        return common_errmsg_set(e, COMMON_ENOTSUP,
-                                 "blk.%u: architecture '%s' has no attn_q_norm/attn_k_norm", il,
-                                 m->arch_name);
-    if (L->tensor[COMMON_ROLE_ATTN_Q_NORM] >= 0 &&
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_NORM], 1,
-                                (uint64_t[]){qkn == MODEL_QK_NORM_FULL ? q : hp->head_dim_k}, e)))
-        return rc;
-    if (L->tensor[COMMON_ROLE_ATTN_K_NORM] >= 0 &&
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K_NORM], 1,
-                                (uint64_t[]){qkn == MODEL_QK_NORM_FULL ? kv : hp->head_dim_k}, e)))
-        return rc;
-    if (L->tensor[COMMON_ROLE_ATTN_Q_BIAS] >= 0 &&
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], 1, (uint64_t[]){q}, e)))
-        return rc;
-    if (L->tensor[COMMON_ROLE_ATTN_K_BIAS] >= 0 &&
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_K_BIAS], 1, (uint64_t[]){kv}, e)))
-        return rc;
-    if (L->tensor[COMMON_ROLE_ATTN_V_BIAS] >= 0 &&
-        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_V_BIAS], 1, (uint64_t[]){vv}, e)))
+             arch_table[m->arch].mla ? model_layer_mla(m, il, e) : model_layer_attention(m, il, e)))
         return rc;
 
-    if (hp->n_expert == 0) {
+    if (!common_model_layer_is_moe(m, il)) {
         static const enum common_layer_role dense[] = {COMMON_ROLE_FFN_GATE, COMMON_ROLE_FFN_UP,
                                                        COMMON_ROLE_FFN_DOWN};
         for (size_t i = 0; i < 3; i++)
@@ -351,6 +574,17 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
                                  il);
     if (sg >= 0 && (rc = model_check_shape(m, sg, 1, (uint64_t[]){hp->n_embd}, e)))
         return rc;
+    if (arch_table[m->arch].mla && hp->n_expert_shared &&
+        (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] < 0 ||
+         hp->n_ff_shexp != (uint64_t)hp->n_ff_exp * hp->n_expert_shared))
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "blk.%u: %u shared experts of width %u need ffn_*_shexp tensors "
+                                 "%u wide",
+                                 il, hp->n_expert_shared, hp->n_ff_exp,
+                                 hp->n_ff_exp * hp->n_expert_shared);
+    if ((rc = model_check_opt(m, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], 1,
+                              (uint64_t[]){hp->n_expert}, e)))
+        return rc;
     return COMMON_OK;
 }
 
@@ -362,6 +596,8 @@ static void model_totals(struct common_model *m)
         m->bytes_total += common_gguf_tensor_at(g, i)->size;
     uint64_t active_experts = 0;
     for (uint32_t il = 0; il < m->hp.n_layer && m->hp.n_expert; il++) {
+        if (!common_model_layer_is_moe(m, il))
+            continue;
         uint64_t bundle = 0;
         for (int r = COMMON_ROLE_FFN_GATE_EXPS; r <= COMMON_ROLE_FFN_DOWN_EXPS; r++) {
             uint64_t sz = common_gguf_tensor_at(g, (uint64_t)m->layers[il].tensor[r])->size;
@@ -473,7 +709,7 @@ void common_model_fini(struct common_model *m)
 int common_model_expert_span(const struct common_model *m, uint32_t layer, uint32_t expert,
                              enum common_expert_part part, struct common_span *out)
 {
-    if (m->hp.n_expert == 0 || layer >= m->hp.n_layer || expert >= m->hp.n_expert ||
+    if (!common_model_layer_is_moe(m, layer) || expert >= m->hp.n_expert ||
         (unsigned)part >= COMMON_EXPERT_PART_COUNT)
         return COMMON_EINVAL;
     int64_t idx = m->layers[layer].tensor[COMMON_ROLE_FFN_GATE_EXPS + (int)part];

@@ -36,6 +36,10 @@ fi
 build/bin/sluice mkmodel -q -o "$corpus/dense.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1
 build/bin/sluice mkmodel -q -o "$corpus/moe.gguf" --n-embd 32 --n-head 2 --n-ff 32 --n-layer 1 \
     --n-expert 4 --type q8_0
+for arch in qwen2moe olmoe deepseek2; do
+    build/bin/sluice mkmodel -q -o "$corpus/$arch.gguf" --arch $arch --n-embd 64 --n-head 2 \
+        --n-head-kv 2 --n-ff 32 --n-layer 2 --n-vocab 259 --type q8_0
+done
 
 # fuzz TARGET CORPUS SECONDS: runs one target, prints its execution count.
 fuzz() {

@@ -65,8 +65,10 @@ struct executor_synth_opts {
     uint32_t n_ff;              /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
     uint32_t n_expert;          /* 0 = dense (8 for the MoE architectures); else routed experts
                                    (llama: the Mixtral layout) */
-    uint32_t    n_expert_used;  /* 0 = min(2, n_expert) */
-    uint32_t    n_ff_shexp;     /* shared expert width (qwen2moe only); 0 = 2 * n_ff */
+    uint32_t n_expert_used;     /* 0 = min(2, n_expert) */
+    uint32_t n_ff_shexp;        /* shared expert width (qwen2moe only); 0 = 2 * n_ff */
+    bool     lite;              /* deepseek2: the V2-Lite shape (no q LoRA, softmax routing)
+                                   instead of V3's */
     uint32_t    type;           /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
     uint64_t    target_bytes;   /* 0 = keep n_layer; else choose n_layer to approach this size */
     const char *vocab_from;     /* copy tokenizer.* keys from this GGUF; NULL = byte-level vocab */

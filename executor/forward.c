@@ -9,18 +9,48 @@
 /* Small numeric helpers (llama.cpp CPU semantics)                                             */
 /* ------------------------------------------------------------------------------------------ */
 
+/* One YaRN correction dimension (ggml_rope_yarn_corr_dim). */
+static float fwd_yarn_corr_dim(uint32_t n_dims, uint32_t n_ctx_orig, float n_rot, float base)
+{
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2.0f * (float)M_PI)) /
+           (2.0f * logf(base));
+}
+
 /* cos/sin table of one position as ggml's rope cache: theta starts at pos and is multiplied by
- * base^(-2/n_rot) in float for each pair. */
-static void fwd_rope_table(float *cs, uint32_t pos, uint32_t n_rot, float base, float freq_scale,
+ * base^(-2/n_rot) in float for each pair. With YaRN (ext_factor != 0) each pair mixes the
+ * interpolated and the extrapolated angle by a ramp over the correction dimensions and the
+ * magnitude is corrected; attn_factor scales both (1 without YaRN). */
+static void fwd_rope_table(float *cs, uint32_t pos, const struct common_hparams *hp,
                            const float *freq_factors)
 {
-    const float theta_scale = powf(base, -2.0f / (float)n_rot);
-    float       theta = (float)pos;
+    const uint32_t n_rot = hp->n_rot;
+    const float    theta_scale = powf(hp->rope_freq_base, -2.0f / (float)n_rot);
+    const float    ext = hp->yarn_ext_factor;
+    float          corr[2] = {0.0f, 0.0f};
+    float          mscale = hp->yarn_attn_factor;
+    if (ext != 0.0f) {
+        const float lo = floorf(
+            fwd_yarn_corr_dim(n_rot, hp->n_ctx_orig_yarn, hp->yarn_beta_fast, hp->rope_freq_base));
+        const float hi = ceilf(
+            fwd_yarn_corr_dim(n_rot, hp->n_ctx_orig_yarn, hp->yarn_beta_slow, hp->rope_freq_base));
+        corr[0] = lo > 0.0f ? lo : 0.0f;
+        corr[1] = hi < (float)(n_rot - 1) ? hi : (float)(n_rot - 1);
+        mscale *= 1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale);
+    }
+    float theta = (float)pos;
     for (uint32_t i = 0; i < n_rot / 2; i++) {
         const float ff = freq_factors ? freq_factors[i] : 1.0f;
-        const float th = freq_scale * (theta / ff);
-        cs[2 * i] = cosf(th);
-        cs[2 * i + 1] = sinf(th);
+        const float extrap = theta / ff;
+        const float interp = hp->rope_freq_scale * extrap;
+        float       th = interp;
+        if (ext != 0.0f) {
+            const float y = ((float)(2 * i / 2) - corr[0]) /
+                            (corr[1] - corr[0] > 0.001f ? corr[1] - corr[0] : 0.001f);
+            const float ramp = (1.0f - (y < 0.0f ? 0.0f : y > 1.0f ? 1.0f : y)) * ext;
+            th = interp * (1.0f - ramp) + extrap * ramp;
+        }
+        cs[2 * i] = cosf(th) * mscale;
+        cs[2 * i + 1] = sinf(th) * mscale;
         theta *= theta_scale;
     }
 }
@@ -177,9 +207,118 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
     }
 }
 
+/* The KQ scale: the model's (deepseek2 derives it from YaRN), else 1 / sqrt(head_dim_k). */
+static float fwd_attn_scale(const struct common_hparams *hp)
+{
+    return hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim_k);
+}
+
+/* Runs the attention of layer il over the cache for the n queries in c->q into c->att. */
+static void fwd_attend(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
+{
+    const struct common_hparams *hp = &c->m->desc->hp;
+    struct fwd_att_job           aj = {.c = c, .il = il, .p0 = p0, .scale = fwd_attn_scale(hp)};
+    executor_threadpool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
+}
+
+/* The output projection of c->att-like rows `in` (n rows of `width`) added to c->x. */
+static void fwd_attn_out(struct executor_ctx *c, const struct executor_mat *wo, const float *in,
+                         uint32_t width, uint32_t n)
+{
+    const uint32_t    ne = c->m->desc->hp.n_embd;
+    size_t            as = executor_fwd_quantize(c, 0, wo->type, in, width, n, width);
+    struct fwd_mm_job oj = {.n = 1};
+    oj.t[0] = fwd_mm_of(wo, c->act[0], as, n, c->tmp, ne);
+    executor_fwd_mm_run(c, &oj);
+    for (size_t i = 0; i < (size_t)n * ne; i++)
+        c->x[i] = c->tmp[i] + c->x[i];
+}
+
+/* One product W . x for the n rows of x (stride x_stride floats) into y (stride y_stride), with
+ * x converted to W's activation type in act slot `slot`. */
+static void fwd_mm1(struct executor_ctx *c, int slot, const struct executor_mat *w, const float *x,
+                    size_t x_stride, uint32_t n, float *y, size_t y_stride)
+{
+    size_t            st = executor_fwd_quantize(c, slot, w->type, x, x_stride, n, w->cols);
+    struct fwd_mm_job j = {.n = 1};
+    j.t[0] = fwd_mm_of(w, c->act[slot], st, n, y, y_stride);
+    executor_fwd_mm_run(c, &j);
+}
+
+/* Rows [h * rows, (h + 1) * rows) of a matrix of n_head stacked blocks: head h's matrix. */
+static struct executor_mat fwd_head_block(const struct executor_mat *w, uint32_t h, uint32_t n_head)
+{
+    struct executor_mat b = *w;
+    b.rows = w->rows / n_head;
+    b.data = (const uint8_t *)w->data + (size_t)h * (size_t)b.rows * w->row_bytes;
+    return b;
+}
+
+/* Multi-head latent attention of layer il (deepseek2, llama.cpp's absorbed form): the cache holds
+ * per position the normalised latent (kv_lora_rank) and the rotated shared key (n_rot); each
+ * head's query is its non-rotary part absorbed into the latent by attn_k_b, followed by its
+ * rotated part; the attention output over the latent is expanded per head by attn_v_b. */
+static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
+{
+    const struct executor_model   *m = c->m;
+    const struct common_hparams   *hp = &m->desc->hp;
+    const struct executor_layer_w *lw = &m->layers[il];
+    const uint32_t                 ne = hp->n_embd, H = hp->n_head, rot = hp->n_rot;
+    const uint32_t                 kvr = hp->n_lora_kv, kq = hp->head_dim_k_mla;
+    const uint32_t                 nope = kq - rot, hk = hp->head_dim_k, vm = hp->head_dim_v_mla;
+    for (uint32_t t = 0; t < n; t++)
+        fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->attn_norm, ne, hp->rms_eps);
+    if (lw->wq_a.data) {
+        fwd_mm1(c, 0, &lw->wq_a, c->xn, ne, n, c->mla_qa, hp->n_lora_q);
+        for (uint32_t t = 0; t < n; t++)
+            fwd_rmsnorm(c->mla_qa + (size_t)t * hp->n_lora_q, c->mla_qa + (size_t)t * hp->n_lora_q,
+                        lw->q_a_norm, hp->n_lora_q, hp->rms_eps);
+        fwd_mm1(c, 1, &lw->wq_b, c->mla_qa, hp->n_lora_q, n, c->mla_q, (size_t)H * kq);
+    } else {
+        fwd_mm1(c, 0, &lw->wq, c->xn, ne, n, c->mla_q, (size_t)H * kq);
+    }
+    fwd_mm1(c, 2, &lw->wkv_a, c->xn, ne, n, c->mla_kv, (size_t)kvr + rot);
+    for (uint32_t t = 0; t < n; t++) {
+        const float *cs = c->rope + (size_t)t * rot;
+        float       *kv = c->mla_kv + (size_t)t * (kvr + rot);
+        float       *q = c->mla_q + (size_t)t * H * kq;
+        float       *k = c->k + (size_t)t * hk;
+        /* K = [norm(latent), rope(k_pe)], V = norm(latent); q_pe of every head rotated. */
+        fwd_rope_apply(kv + kvr, 1, rot, rot, cs, hp->rope_neox != 0);
+        fwd_rmsnorm(k, kv, lw->kv_a_norm, kvr, hp->rms_eps);
+        memcpy(k + kvr, kv + kvr, rot * sizeof(float));
+        memcpy(c->v + (size_t)t * kvr, k, kvr * sizeof(float));
+        for (uint32_t h = 0; h < H; h++)
+            fwd_rope_apply(q + (size_t)h * kq + nope, 1, rot, rot, cs, hp->rope_neox != 0);
+        executor_kv_store(&c->kv, il, p0 + t, k, c->v + (size_t)t * kvr);
+    }
+    /* Absorb: head h's query over the latent is attn_k_b[h] . q_nope[h], then its q_pe. */
+    for (uint32_t h = 0; h < H; h++) {
+        const struct executor_mat kb = fwd_head_block(&lw->wk_b, h, H);
+        fwd_mm1(c, 0, &kb, c->mla_q + (size_t)h * kq, (size_t)H * kq, n, c->q + (size_t)h * hk,
+                (size_t)H * hk);
+    }
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < H; h++)
+            memcpy(c->q + ((size_t)t * H + h) * hk + kvr,
+                   c->mla_q + ((size_t)t * H + h) * kq + nope, rot * sizeof(float));
+    fwd_attend(c, il, n, p0);
+    /* Expand: head h's value is attn_v_b[h] . its output over the latent. */
+    for (uint32_t h = 0; h < H; h++) {
+        const struct executor_mat vb = fwd_head_block(&lw->wv_b, h, H);
+        fwd_mm1(c, 0, &vb, c->att + (size_t)h * kvr, (size_t)H * kvr, n, c->mla_o + (size_t)h * vm,
+                (size_t)H * vm);
+    }
+    fwd_attn_out(c, &lw->wo, c->mla_o, H * vm, n);
+}
+
 /* Self-attention block of layer il for n tokens at positions p0..: adds its output to c->x. */
 static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
 {
+    if (c->m->desc->hp.n_lora_kv) {
+        fwd_attention_mla(c, il, n, p0);
+        return;
+    }
     const struct executor_model   *m = c->m;
     const struct common_hparams   *hp = &m->desc->hp;
     const struct executor_layer_w *lw = &m->layers[il];
@@ -238,16 +377,8 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
         executor_kv_store(&c->kv, il, p0 + t, k, v);
     }
 
-    struct fwd_att_job aj = {
-        .c = c, .il = il, .p0 = p0, .scale = 1.0f / sqrtf((float)hp->head_dim_k)};
-    executor_threadpool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
-
-    size_t            as = executor_fwd_quantize(c, 0, lw->wo.type, c->att, ad, n, ad);
-    struct fwd_mm_job oj = {.n = 1};
-    oj.t[0] = fwd_mm_of(&lw->wo, c->act[0], as, n, c->tmp, ne);
-    executor_fwd_mm_run(c, &oj);
-    for (size_t i = 0; i < (size_t)n * ne; i++)
-        c->x[i] = c->tmp[i] + c->x[i];
+    fwd_attend(c, il, n, p0);
+    fwd_attn_out(c, &lw->wo, c->att, ad, n);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -302,7 +433,7 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
     const uint32_t                 ne = hp->n_embd;
     for (uint32_t t = 0; t < n; t++)
         fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->ffn_norm, ne, hp->rms_eps);
-    if (hp->n_expert)
+    if (lw->gate_inp.data)
         return executor_fwd_moe(c, il, n);
     fwd_swiglu(c, c->xn, n, &lw->gate, &lw->up, &lw->down);
     for (size_t i = 0; i < (size_t)n * ne; i++)
@@ -328,8 +459,7 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
         const uint8_t *row =
             (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
         executor_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * ne, ne);
-        fwd_rope_table(c->rope + (size_t)t * hp->n_rot, p0 + t, hp->n_rot, hp->rope_freq_base,
-                       hp->rope_freq_scale, m->rope_freqs);
+        fwd_rope_table(c->rope + (size_t)t * hp->n_rot, p0 + t, hp, m->rope_freqs);
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         fwd_attention(c, il, n, p0);
@@ -445,6 +575,10 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     c->th_q_bytes = lay.th_q_bytes;
     c->th_q = FWD_BUF(COMMON_CTX_TH_Q);
     c->th_v = FWD_BUF(COMMON_CTX_TH_V);
+    c->mla_qa = FWD_BUF(COMMON_CTX_MLA_QA);
+    c->mla_q = FWD_BUF(COMMON_CTX_MLA_Q);
+    c->mla_kv = FWD_BUF(COMMON_CTX_MLA_KV);
+    c->mla_o = FWD_BUF(COMMON_CTX_MLA_O);
     if (hp->n_expert) {
         c->router = FWD_BUF(COMMON_CTX_ROUTER);
         c->sel = FWD_BUF(COMMON_CTX_SEL);
@@ -483,13 +617,13 @@ void executor_ctx_destroy(struct executor_ctx *c)
     if (!c)
         return;
     executor_kv_fini(&c->kv);
-    void *bufs[] = {c->x,        c->xn,          c->q,         c->k,         c->v,
-                    c->att,      c->tmp,         c->ga,        c->up,        c->act[0],
-                    c->act[1],   c->act[2],      c->rope,      c->th_scores, c->th_p16,
-                    c->th_q,     c->th_v,        c->router,    c->sel,       c->sel_w,
-                    c->ex_count, c->ex_start,    c->ex_items,  c->gx,        c->moe_out,
-                    c->ex_order, c->pred_logits, c->pred_gate, c->prev_sel,  c->have_prev,
-                    c->hint_mark};
+    void *bufs[] = {c->x,         c->xn,          c->q,         c->k,         c->v,
+                    c->att,       c->tmp,         c->ga,        c->up,        c->act[0],
+                    c->act[1],    c->act[2],      c->rope,      c->th_scores, c->th_p16,
+                    c->th_q,      c->th_v,        c->router,    c->sel,       c->sel_w,
+                    c->ex_count,  c->ex_start,    c->ex_items,  c->gx,        c->moe_out,
+                    c->ex_order,  c->pred_logits, c->pred_gate, c->prev_sel,  c->have_prev,
+                    c->hint_mark, c->mla_qa,      c->mla_q,     c->mla_kv,    c->mla_o};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(c);

@@ -43,6 +43,8 @@ struct executor_ctx {
     uint8_t  *th_q;       /* owned: (nth, th_q_bytes) query in the cache's dot type */
     size_t    th_q_bytes; /* bytes per thread in th_q */
     float    *th_v;       /* owned: (nth, head_dim_v) dequantized V row (q8_0 cache) */
+    /* Latent attention (deepseek2), see COMMON_CTX_MLA_*. */
+    float *mla_qa, *mla_q, *mla_kv, *mla_o; /* owned */
     /* MoE routing, (n_batch, n_expert_used) unless said otherwise. */
     float   *router;   /* owned: (n_batch, n_expert) gate logits, then probabilities */
     int32_t *sel;      /* owned: chosen experts */

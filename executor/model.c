@@ -22,10 +22,11 @@ static int model_mat(const struct common_model *d, struct executor_weights *w, i
     int rc = w->ops->tensor(w->impl, (uint64_t)index, &out->data);
     if (rc < 0)
         return common_errmsg_set(e, rc, "tensor '%s': weight source failed", t->name);
+    /* A 3-D tensor (attn_k_b, attn_v_b) is ne2 matrices of ne1 rows, one after the other. */
     out->type = t->type;
     out->cols = (int64_t)t->ne[0];
-    out->rows = (int64_t)t->ne[1];
-    out->row_bytes = out->rows ? (size_t)(t->size / t->ne[1]) : 0;
+    out->rows = (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]);
+    out->row_bytes = out->rows ? (size_t)(t->size / (uint64_t)out->rows) : 0;
     return 0;
 }
 
@@ -57,6 +58,33 @@ static int model_vec(const struct common_model *d, struct executor_weights *w, i
     return 0;
 }
 
+/* The latent attention's tensors of layer il (deepseek2). */
+static int model_layer_mla(struct executor_model *m, uint32_t il, struct common_errmsg *e)
+{
+    const struct common_model       *d = m->desc;
+    const struct common_hparams     *hp = &d->hp;
+    const struct common_model_layer *L = &d->layers[il];
+    struct executor_layer_w         *lw = &m->layers[il];
+    struct executor_weights         *w = m->w;
+    int                              rc;
+    if (hp->n_lora_q) {
+        if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q_A], &lw->wq_a, e)) ||
+            (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q_B], &lw->wq_b, e)) ||
+            (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_A_NORM], hp->n_lora_q, &lw->q_a_norm,
+                            e)))
+            return rc;
+    } else if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e))) {
+        return rc;
+    }
+    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_KV_A_MQA], &lw->wkv_a, e)) ||
+        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K_B], &lw->wk_b, e)) ||
+        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V_B], &lw->wv_b, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_KV_A_NORM], hp->n_lora_kv, &lw->kv_a_norm,
+                        e)))
+        return rc;
+    return 0;
+}
+
 static int model_layer(struct executor_model *m, uint32_t il, struct common_errmsg *e)
 {
     const struct common_model       *d = m->desc;
@@ -82,19 +110,26 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_K_BIAS], kd, &lw->bk, e)) ||
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_V_BIAS], vd, &lw->bv, e)))
         return rc;
-    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e)) ||
-        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K], &lw->wk, e)) ||
-        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V], &lw->wv, e)) ||
-        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)))
+    if (hp->n_lora_kv) {
+        if ((rc = model_layer_mla(m, il, e)))
+            return rc;
+    } else if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e)) ||
+               (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K], &lw->wk, e)) ||
+               (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V], &lw->wv, e))) {
         return rc;
-    if (hp->n_expert == 0) {
+    }
+    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)))
+        return rc;
+    if (!common_model_layer_is_moe(d, il)) {
         if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE], &lw->gate, e)) ||
             (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_UP], &lw->up, e)) ||
             (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_DOWN], &lw->down, e)))
             return rc;
         return 0;
     }
-    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)))
+    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], hp->n_expert,
+                        &lw->exp_probs_b, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0 &&
         ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_SHEXP], &lw->sh_gate, e)) ||
@@ -229,6 +264,9 @@ void executor_model_destroy(struct executor_model *m)
             free(lw->bq);
             free(lw->bk);
             free(lw->bv);
+            free(lw->exp_probs_b);
+            free(lw->q_a_norm);
+            free(lw->kv_a_norm);
         }
     }
     free(m->layers);

@@ -24,21 +24,27 @@ struct executor_expert_geom {
 };
 
 struct executor_layer_w {
-    float *attn_norm;                     /* owned: (n_embd) */
-    float *ffn_norm;                      /* owned: (n_embd) */
-    float *q_norm;                        /* owned: (head_dim_k) per head (qwen3), (q width)
-                                             over the whole projection (olmoe), or NULL */
-    float                      *k_norm;   /* owned: as q_norm, (head_dim_k) or (k width) */
-    uint32_t                    q_norm_n; /* elements of q_norm */
-    uint32_t                    k_norm_n; /* elements of k_norm */
-    float                      *bq;       /* owned: (n_head * head_dim_k) or NULL (qwen2) */
-    float                      *bk;       /* owned: (n_head_kv * head_dim_k) or NULL */
-    float                      *bv;       /* owned: (n_head_kv * head_dim_v) or NULL */
-    struct executor_mat         wq, wk, wv, wo;
-    struct executor_mat         gate, up, down; /* dense FFN (data NULL for MoE layers) */
-    struct executor_mat         gate_inp;       /* MoE router (data NULL for dense layers) */
-    struct executor_mat         sh_gate, sh_up, sh_down; /* shared expert (data NULL: none) */
-    struct executor_mat         sh_gate_inp; /* 1 row: its sigmoid gate (data NULL: ungated) */
+    float *attn_norm;                            /* owned: (n_embd) */
+    float *ffn_norm;                             /* owned: (n_embd) */
+    float *q_norm;                               /* owned: (head_dim_k) per head (qwen3), (q width)
+                                                    over the whole projection (olmoe), or NULL */
+    float              *k_norm;                  /* owned: as q_norm, (head_dim_k) or (k width) */
+    uint32_t            q_norm_n;                /* elements of q_norm */
+    uint32_t            k_norm_n;                /* elements of k_norm */
+    float              *bq;                      /* owned: (n_head * head_dim_k) or NULL (qwen2) */
+    float              *bk;                      /* owned: (n_head_kv * head_dim_k) or NULL */
+    float              *bv;                      /* owned: (n_head_kv * head_dim_v) or NULL */
+    struct executor_mat wq, wk, wv, wo;          /* wk, wv: data NULL with latent attention */
+    struct executor_mat gate, up, down;          /* dense FFN (data NULL for MoE layers) */
+    struct executor_mat gate_inp;                /* MoE router (data NULL for dense layers) */
+    struct executor_mat sh_gate, sh_up, sh_down; /* shared expert (data NULL: none) */
+    struct executor_mat sh_gate_inp;             /* 1 row: its sigmoid gate (data NULL: ungated) */
+    float              *exp_probs_b;             /* owned: (n_expert) selection bias, or NULL */
+    /* Multi-head latent attention (deepseek2): wq or wq_a + q_a_norm + wq_b; wkv_a gives the
+     * latent and the rotary key; wk_b and wv_b hold n_head blocks of rows, one per head. */
+    struct executor_mat         wq_a, wq_b, wkv_a, wk_b, wv_b;
+    float                      *q_a_norm;                      /* owned: (q_lora_rank) or NULL */
+    float                      *kv_a_norm;                     /* owned: (kv_lora_rank) or NULL */
     struct executor_expert_geom exp[COMMON_EXPERT_PART_COUNT]; /* MoE expert parts */
 };
 

@@ -74,6 +74,8 @@ static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
     const uint32_t               ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
     uint32_t                     budget = c->window ? c->window : UINT32_MAX, sent = 0;
     c->hint_stamp++;
+    if (il + 1 < hp->n_layer && !m->layers[il + 1].gate_inp.data)
+        return; /* a dense layer next (deepseek2's leading ones) */
     if (il + 1 < hp->n_layer) {
         const struct executor_layer_w *nl = &m->layers[il + 1];
         for (uint32_t t = 0; t < n; t++)
@@ -122,8 +124,47 @@ static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
     c->have_prev[il] = 1;
 }
 
-/* Router of layer il: softmax over all experts, top-k, optional renormalisation of the k
- * weights; then the (token, slot) items grouped by expert (ex_start, ex_items, ex_count). */
+/* The scores experts are selected by for token t, from its probabilities p: p itself, or (DeepSeek
+ * V3) p plus the layer's selection bias, with every group outside the n_group_used best masked
+ * to -inf, a group scoring the sum of its two best (llama.cpp's build_moe_ffn). The weights are
+ * taken from p either way. Uses the token's row of c->pred_logits as scratch (the prefetch
+ * predictor fills it only after routing). */
+static const float *moe_selection(struct executor_ctx *c, const struct executor_layer_w *lw,
+                                  const float *p, uint32_t t)
+{
+    const struct common_hparams *hp = &c->m->desc->hp;
+    const uint32_t               E = hp->n_expert, G = hp->n_expert_groups;
+    if (!lw->exp_probs_b && G <= 1)
+        return p;
+    float *s = c->pred_logits + (size_t)t * E;
+    for (uint32_t e = 0; e < E; e++)
+        s[e] = lw->exp_probs_b ? p[e] + lw->exp_probs_b[e] : p[e];
+    if (G <= 1)
+        return s;
+    const uint32_t per = E / G;
+    float          gs[COMMON_MAX_EXPERT_GROUPS];
+    int32_t        keep[COMMON_MAX_EXPERT_GROUPS];
+    for (uint32_t g = 0; g < G; g++) {
+        int32_t top2[2] = {-1, -1};
+        fwd_topk(s + (size_t)g * per, per, per < 2 ? per : 2, top2);
+        gs[g] = s[(size_t)g * per + (uint32_t)top2[0]];
+        if (per >= 2)
+            gs[g] = gs[g] + s[(size_t)g * per + (uint32_t)top2[1]];
+    }
+    fwd_topk(gs, G, hp->n_group_used, keep);
+    for (uint32_t g = 0; g < G; g++) {
+        bool kept = false;
+        for (uint32_t i = 0; i < hp->n_group_used; i++)
+            kept = kept || keep[i] == (int32_t)g;
+        for (uint32_t e = 0; !kept && e < per; e++)
+            s[(size_t)g * per + e] = -INFINITY;
+    }
+    return s;
+}
+
+/* Router of layer il: softmax (or sigmoid) over all experts, top-k by the selection scores,
+ * optional renormalisation and scaling of the k weights; then the (token, slot) items grouped by
+ * expert (ex_start, ex_items, ex_count). */
 static void moe_route(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
     const struct common_hparams   *hp = &c->m->desc->hp;
@@ -134,21 +175,31 @@ static void moe_route(struct executor_ctx *c, uint32_t il, uint32_t n)
     rj.t[0] = fwd_mm_of(&lw->gate_inp, c->act[0], rs, n, c->router, E);
     executor_fwd_mm_run(c, &rj);
     memset(c->ex_count, 0, E * sizeof(*c->ex_count));
+    const float scale = hp->expert_weights_scale;
     for (uint32_t t = 0; t < n; t++) {
         float   *p = c->router + (size_t)t * E;
         int32_t *sel = c->sel + (size_t)t * K;
         float   *sw = c->sel_w + (size_t)t * K;
-        fwd_softmax(p, E);
-        fwd_topk(p, E, K, sel);
+        if (hp->expert_gating == COMMON_GATING_SIGMOID)
+            for (uint32_t e = 0; e < E; e++)
+                p[e] = 1.0f / (1.0f + expf(-p[e]));
+        else
+            fwd_softmax(p, E);
+        fwd_topk(moe_selection(c, lw, p, t), E, K, sel);
         double sum = 0.0;
         for (uint32_t j = 0; j < K; j++) {
             sw[j] = p[sel[j]];
             sum += (double)sw[j];
             c->ex_count[sel[j]]++;
         }
+        /* llama.cpp clamps the sum to the smallest f16 normal before dividing. */
+        const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
         if (hp->norm_topk_prob)
             for (uint32_t j = 0; j < K; j++)
-                sw[j] = sw[j] / (float)sum;
+                sw[j] = sw[j] / fsum;
+        if (scale != 0.0f && scale != 1.0f)
+            for (uint32_t j = 0; j < K; j++)
+                sw[j] = sw[j] * scale;
     }
     c->ex_start[0] = 0;
     for (uint32_t e = 0; e < E; e++)

@@ -138,6 +138,11 @@ static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std,
     va_start(ap, fmt);
     vsnprintf(t->name, sizeof(t->name), fmt, ap);
     va_end(ap);
+    /* Rows a block type cannot hold (deepseek2's narrow heads under a K-quant) fall back to
+     * q8_0, or f32, as llama-quantize does. */
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    if (ti && ne0 % ti->blck != 0)
+        type = ne0 % 32 == 0 ? COMMON_GGML_TYPE_Q8_0 : COMMON_GGML_TYPE_F32;
     t->type = type;
     t->n_dims = n_dims;
     t->ne[0] = ne0;
@@ -152,7 +157,10 @@ static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std,
 struct synth_geom {
     enum common_arch arch;
     uint32_t n_vocab, n_ctx, n_embd, n_layer, n_head, n_head_kv, n_ff, n_expert, n_expert_used;
-    uint32_t n_ff_shexp; /* shared expert width (qwen2moe), else 0 */
+    uint32_t n_ff_shexp; /* shared expert width (qwen2moe, deepseek2), else 0 */
+    /* deepseek2: latent attention ranks and widths, dense leading layers, V3 or V2-Lite routing */
+    uint32_t q_lora, kv_lora, rot, nope, v_mla, n_dense_lead, n_ff_dense;
+    bool     lite;
     uint32_t type;
     float    rope_freq_base, rms_eps;
 };
@@ -160,8 +168,47 @@ struct synth_geom {
 /* The attention tensors of layer il as llama.cpp's converter names and shapes them: biases on
  * q/k/v for qwen2 and qwen2moe, per-head q/k norms for qwen3 and qwen3moe, whole-projection q/k
  * norms for olmoe. */
+/* deepseek2's latent attention tensors of layer il, as the converter writes them (attn_kv_b
+ * already split into attn_k_b, transposed, and attn_v_b). */
+static int synth_plan_mla(const struct synth_geom *g, struct synth_plan *p, uint32_t il)
+{
+    const float    s_e = 1.0f / sqrtf((float)g->n_embd);
+    const uint64_t kq = (uint64_t)g->n_head * (g->nope + g->rot);
+    int            rc;
+    if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                        "blk.%u.attn_norm.weight", il)))
+        return rc;
+    if (g->q_lora) {
+        if ((rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->q_lora, 1,
+                            "blk.%u.attn_q_a.weight", il)) ||
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->q_lora, 1, 1,
+                            "blk.%u.attn_q_a_norm.weight", il)) ||
+            (rc = synth_add(p, g->type, 0.0f, 1.0f / sqrtf((float)g->q_lora), 2, g->q_lora, kq, 1,
+                            "blk.%u.attn_q_b.weight", il)))
+            return rc;
+    } else if ((rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kq, 1, "blk.%u.attn_q.weight",
+                               il))) {
+        return rc;
+    }
+    if ((rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, (uint64_t)g->kv_lora + g->rot, 1,
+                        "blk.%u.attn_kv_a_mqa.weight", il)) ||
+        (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->kv_lora, 1, 1,
+                        "blk.%u.attn_kv_a_norm.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, 1.0f / sqrtf((float)g->nope), 3, g->nope, g->kv_lora,
+                        g->n_head, "blk.%u.attn_k_b.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, 1.0f / sqrtf((float)g->kv_lora), 3, g->kv_lora, g->v_mla,
+                        g->n_head, "blk.%u.attn_v_b.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, 1.0f / sqrtf((float)(g->n_head * g->v_mla)), 2,
+                        (uint64_t)g->n_head * g->v_mla, g->n_embd, 1, "blk.%u.attn_output.weight",
+                        il)))
+        return rc;
+    return COMMON_OK;
+}
+
 static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p, uint32_t il)
 {
+    if (g->arch == COMMON_ARCH_DEEPSEEK2)
+        return synth_plan_mla(g, p, il);
     const uint32_t hd = g->n_embd / g->n_head;
     const uint64_t kv = (uint64_t)g->n_head_kv * hd;
     const float    s_e = 1.0f / sqrtf((float)g->n_embd);
@@ -216,16 +263,21 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
                             "blk.%u.ffn_norm.weight", il)))
             return rc;
-        if (g->n_expert == 0) {
-            if ((rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff, 1,
+        if (g->n_expert == 0 || il < g->n_dense_lead) {
+            const uint32_t ff = il < g->n_dense_lead ? g->n_ff_dense : g->n_ff;
+            if ((rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, ff, 1,
                                 "blk.%u.ffn_gate.weight", il)) ||
-                (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_ff, g->n_embd, 1,
+                (rc = synth_add(p, g->type, 0.0f, s_e, 2, ff, g->n_embd, 1,
                                 "blk.%u.ffn_down.weight", il)) ||
-                (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff, 1,
-                                "blk.%u.ffn_up.weight", il)))
+                (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, ff, 1, "blk.%u.ffn_up.weight",
+                                il)))
                 return rc;
             continue;
         }
+        if (g->arch == COMMON_ARCH_DEEPSEEK2 && !g->lite &&
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.05f, 1, g->n_expert, 1, 1,
+                            "blk.%u.exp_probs_b.bias", il)))
+            return rc;
         if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 2, g->n_embd, g->n_expert, 1,
                             "blk.%u.ffn_gate_inp.weight", il)) ||
             (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
@@ -238,8 +290,9 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
         if (g->n_ff_shexp == 0)
             continue;
         const float s_sh = 1.0f / sqrtf((float)g->n_ff_shexp);
-        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 1, g->n_embd, 1, 1,
-                            "blk.%u.ffn_gate_inp_shexp.weight", il)) ||
+        if ((g->arch == COMMON_ARCH_QWEN2MOE &&
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 4.0f * s_e, 1, g->n_embd, 1, 1,
+                             "blk.%u.ffn_gate_inp_shexp.weight", il))) ||
             (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_ff_shexp, 1,
                             "blk.%u.ffn_gate_shexp.weight", il)) ||
             (rc = synth_add(p, g->type, 0.0f, s_sh, 2, g->n_ff_shexp, g->n_embd, 1,
@@ -368,7 +421,8 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     if ((unsigned)g->arch >= COMMON_ARCH_COUNT)
         return common_errmsg_set(e, COMMON_EINVAL, "unknown architecture id %d", (int)g->arch);
     const bool moe = common_arch_is_moe(g->arch);
-    const bool qwen = g->arch != COMMON_ARCH_LLAMA && g->arch != COMMON_ARCH_OLMOE;
+    const bool qwen = g->arch == COMMON_ARCH_QWEN2 || g->arch == COMMON_ARCH_QWEN3 ||
+                      g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE;
     g->n_ctx = o->n_ctx ? o->n_ctx : 2048;
     g->n_embd = o->n_embd ? o->n_embd : 256;
     g->n_layer = o->n_layer ? o->n_layer : 2;
@@ -379,10 +433,28 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     g->n_expert_used = o->n_expert_used ? o->n_expert_used : (g->n_expert < 2 ? g->n_expert : 2);
     g->n_ff_shexp =
         g->arch == COMMON_ARCH_QWEN2MOE ? (o->n_ff_shexp ? o->n_ff_shexp : 2 * g->n_ff) : 0;
+    if (g->arch == COMMON_ARCH_DEEPSEEK2) {
+        /* Scaled from the head width: DeepSeek V3 has nope 128, rope 64, v 128, kv rank 512. */
+        const uint32_t hd = g->n_embd / g->n_head;
+        g->lite = o->lite;
+        g->nope = hd;
+        g->rot = hd / 2 < 2 ? 2 : hd / 2 / 2 * 2;
+        g->v_mla = hd;
+        g->kv_lora = 2 * hd;
+        g->q_lora = g->lite ? 0 : g->n_embd / 2;
+        g->n_dense_lead = g->n_layer > 1 ? 1 : 0;
+        g->n_ff_dense = 2 * g->n_ff;
+        g->n_ff_shexp = g->n_ff; /* one shared expert */
+        if (g->n_head_kv != g->n_head)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "deepseek2 has latent attention: leave n_head_kv at n_head");
+    } else if (o->lite) {
+        return common_errmsg_set(e, COMMON_EINVAL, "--lite is a deepseek2 shape");
+    }
     g->type = o->type;
     g->rope_freq_base =
         o->rope_freq_base > 0.0f ? o->rope_freq_base : (qwen ? 1000000.0f : 10000.0f);
-    g->rms_eps = qwen ? 1e-6f : 1e-5f;
+    g->rms_eps = qwen || g->arch == COMMON_ARCH_DEEPSEEK2 ? 1e-6f : 1e-5f;
     const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
     if (!ti)
         return common_errmsg_set(e, COMMON_EINVAL, "unknown weight type id %u", g->type);
@@ -540,6 +612,49 @@ static int synth_layers_for_target(struct synth_geom *g, uint64_t target_bytes)
     return COMMON_OK;
 }
 
+/* deepseek2's keys as the converter writes them: the latent attention as one key/value "head"
+ * (MQA) of the latent and rotary widths, the per-head widths after decompression, leading dense
+ * layers, one shared expert; V3 routing (sigmoid, selection bias, 4 groups of which 2 are kept,
+ * renormalised weights scaled by 2.5) unless lite (V2-Lite: softmax, no groups, no scale); YaRN
+ * with factor 4 over an original context of a quarter of n_ctx. */
+static int synth_metadata_deepseek2(struct common_gguf_writer *w, const struct synth_geom *g)
+{
+    char       key[96];
+    const bool groups = !g->lite && g->n_expert >= 8 && g->n_expert % 4 == 0;
+    int        rc;
+#define DS_KEY(suffix) (snprintf(key, sizeof(key), "deepseek2.%s", suffix), key)
+    if ((rc = common_gguf_writer_set_u32(w, DS_KEY("vocab_size"), g->n_vocab)) ||
+        (rc =
+             common_gguf_writer_set_u32(w, DS_KEY("leading_dense_block_count"), g->n_dense_lead)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("attention.kv_lora_rank"), g->kv_lora)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("attention.key_length"), g->kv_lora + g->rot)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("attention.value_length"), g->kv_lora)) ||
+        (rc =
+             common_gguf_writer_set_u32(w, DS_KEY("attention.key_length_mla"), g->nope + g->rot)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("attention.value_length_mla"), g->v_mla)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("expert_shared_count"), 1)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("rope.dimension_count"), g->rot)) ||
+        (rc = common_gguf_writer_set_str(w, DS_KEY("rope.scaling.type"), "yarn")) ||
+        (rc = common_gguf_writer_set_f32(w, DS_KEY("rope.scaling.factor"), 4.0f)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("rope.scaling.original_context_length"),
+                                         g->n_ctx / 4 ? g->n_ctx / 4 : 1)) ||
+        (rc = common_gguf_writer_set_f32(w, DS_KEY("rope.scaling.yarn_log_multiplier"),
+                                         g->lite ? 0.0707f : 0.1f)) ||
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("expert_gating_func"), g->lite ? 1 : 2)) ||
+        (rc = common_gguf_writer_set_f32(w, DS_KEY("expert_weights_scale"), g->lite ? 1.0f : 2.5f)))
+        return rc;
+    if (g->q_lora &&
+        (rc = common_gguf_writer_set_u32(w, DS_KEY("attention.q_lora_rank"), g->q_lora)))
+        return rc;
+    if (!g->lite && (rc = common_gguf_writer_set_bool(w, DS_KEY("expert_weights_norm"), true)))
+        return rc;
+    if (groups && ((rc = common_gguf_writer_set_u32(w, DS_KEY("expert_group_count"), 4)) ||
+                   (rc = common_gguf_writer_set_u32(w, DS_KEY("expert_group_used_count"), 2))))
+        return rc;
+#undef DS_KEY
+    return COMMON_OK;
+}
+
 /* The hyper-parameter keys of geometry `g` under "<arch>.", the ones llama.cpp's converter
  * writes for that architecture. */
 static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom *g,
@@ -558,9 +673,12 @@ static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom 
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("embedding_length"), g->n_embd)) ||
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("block_count"), g->n_layer)) ||
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("feed_forward_length"),
-                                         g->n_ff_shexp ? g->n_ff_shexp : g->n_ff)) ||
+                                         g->n_ff_dense   ? g->n_ff_dense
+                                         : g->n_ff_shexp ? g->n_ff_shexp
+                                                         : g->n_ff)) ||
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.head_count"), g->n_head)) ||
-        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.head_count_kv"), g->n_head_kv)) ||
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.head_count_kv"),
+                                         g->arch == COMMON_ARCH_DEEPSEEK2 ? 1 : g->n_head_kv)) ||
         (rc = common_gguf_writer_set_f32(w, SYNTH_KEY("rope.freq_base"), g->rope_freq_base)) ||
         (rc = common_gguf_writer_set_f32(w, SYNTH_KEY("attention.layer_norm_rms_epsilon"),
                                          g->rms_eps)))
@@ -577,11 +695,15 @@ static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom 
         ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_count"), g->n_expert)) ||
          (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_used_count"), g->n_expert_used))))
         return rc;
-    if ((g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE) &&
+    if ((g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE ||
+         g->arch == COMMON_ARCH_DEEPSEEK2) &&
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_feed_forward_length"), g->n_ff)))
         return rc;
-    if (g->n_ff_shexp && (rc = common_gguf_writer_set_u32(
-                              w, SYNTH_KEY("expert_shared_feed_forward_length"), g->n_ff_shexp)))
+    if (g->arch == COMMON_ARCH_DEEPSEEK2 && (rc = synth_metadata_deepseek2(w, g)))
+        return rc;
+    if (g->arch == COMMON_ARCH_QWEN2MOE &&
+        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_shared_feed_forward_length"),
+                                         g->n_ff_shexp)))
         return rc;
 #undef SYNTH_KEY
     return COMMON_OK;

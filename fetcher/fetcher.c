@@ -67,7 +67,8 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
     if (!f->parts || !f->seen)
         return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
     for (uint32_t l = 0; l < f->n_layer; l++) {
-        for (uint32_t x = 0; x < f->n_expert; x++) {
+        /* The leading dense layers of deepseek2 have no experts: their parts stay empty. */
+        for (uint32_t x = 0; x < f->n_expert && common_model_layer_is_moe(f->m, l); x++) {
             uint64_t region = 0;
             for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
                 struct common_span s;
@@ -292,7 +293,7 @@ void fetcher_destroy(struct fetcher *f)
 
 static bool front_ids_ok(const struct fetcher *f, uint32_t layer, uint32_t expert)
 {
-    return layer < f->n_layer && expert < f->n_expert;
+    return layer < f->n_layer && expert < f->n_expert && common_model_layer_is_moe(f->m, layer);
 }
 
 int fetcher_request(struct fetcher *f, uint32_t layer, uint32_t expert, enum fetcher_priority prio)

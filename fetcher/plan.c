@@ -22,7 +22,7 @@ uint64_t fetcher_plan_slot_bytes(const struct common_model *m)
     if (!common_model_is_moe(m))
         return 0;
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
-        for (uint32_t x = 0; x < m->hp.n_expert; x++) {
+        for (uint32_t x = 0; x < m->hp.n_expert && common_model_layer_is_moe(m, l); x++) {
             uint64_t sum = 0;
             for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
                 struct common_span s;

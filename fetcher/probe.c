@@ -46,7 +46,8 @@ static int probe_parts(const struct common_model *m, const struct fetcher_probe_
     if (!(r->parts = calloc(r->n, sizeof(*r->parts))))
         return COMMON_ENOMEM;
     for (uint64_t k = 0, i = 0; k < n_keys; k++) {
-        uint32_t l = replay ? o->keys[k].layer : (uint32_t)(k / m->hp.n_expert);
+        uint32_t l =
+            replay ? o->keys[k].layer : m->hp.n_layer_dense_lead + (uint32_t)(k / m->hp.n_expert);
         uint32_t x = replay ? o->keys[k].expert : (uint32_t)(k % m->hp.n_expert);
         for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++, i++) {
             struct common_span s;
@@ -136,7 +137,8 @@ int fetcher_probe_read(const struct common_gguf *g, const struct common_model *m
     const uint64_t max_bytes = replay         ? UINT64_MAX
                                : o->max_bytes ? o->max_bytes
                                               : UINT64_C(1) << 30;
-    const uint64_t n_keys = replay ? o->n_keys : (uint64_t)m->hp.n_layer * m->hp.n_expert;
+    const uint64_t n_keys =
+        replay ? o->n_keys : (uint64_t)(m->hp.n_layer - m->hp.n_layer_dense_lead) * m->hp.n_expert;
     if (replay && (n_keys == 0 || n_keys > UINT64_MAX / (2 * COMMON_EXPERT_PART_COUNT)))
         return common_errmsg_set(e, COMMON_EINVAL, "probe: nothing to replay");
     for (uint64_t i = 0; replay && i < n_keys; i++)

@@ -307,3 +307,87 @@ Test(executor_models, load_refuses_unsupported_architecture, .init = models_setu
               "message should name the architecture and the supported ones: %s", e.text);
     free(src);
 }
+
+/* Copies the GGUF at `src` to `dst` with metadata key `key` set to the u32 `value`, or left out
+ * when `drop`. */
+static void rewrite_key(const char *src, const char *dst, const char *key, uint32_t value,
+                        bool drop)
+{
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(src, NULL, &g, NULL), 0);
+    struct common_gguf_writer *w = NULL;
+    cr_assert_eq(common_gguf_writer_create(&w, 32), 0);
+    bool seen = false;
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
+        const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
+        if (strcmp(kv->key, key) != 0)
+            cr_assert_eq(common_gguf_writer_copy_kv(w, kv), 0);
+        else if ((seen = true) && !drop)
+            cr_assert_eq(common_gguf_writer_set_u32(w, key, value), 0);
+    }
+    if (!seen && !drop)
+        cr_assert_eq(common_gguf_writer_set_u32(w, key, value), 0);
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        cr_assert_eq(common_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne), 0);
+    }
+    cr_assert_eq(common_gguf_writer_begin(w, dst, NULL), 0);
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        char                            *buf = malloc(t->size);
+        cr_assert_eq(pread(common_gguf_split_fd(g, 0), buf, t->size, (off_t)t->offset),
+                     (ssize_t)t->size);
+        cr_assert_eq(common_gguf_writer_write_data(w, buf, t->size, NULL), 0);
+        free(buf);
+    }
+    cr_assert_eq(common_gguf_writer_finish(w, NULL), 0);
+    common_gguf_writer_destroy(w);
+    common_gguf_close(g);
+}
+
+/* deepseek2 metadata that cannot describe the tensors is refused with the key named. */
+Test(executor_models, deepseek2_bad_metadata_names_the_key, .init = models_setup,
+     .fini = models_teardown)
+{
+    char src[4096], dst[4096];
+    snprintf(src, sizeof(src), "%s/ds.gguf", t_dir);
+    snprintf(dst, sizeof(dst), "%s/bad.gguf", t_dir);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = src,
+                                    .arch = COMMON_ARCH_DEEPSEEK2,
+                                    .n_embd = 128,
+                                    .n_layer = 3,
+                                    .n_head = 4,
+                                    .n_ff = 64,
+                                    .type = COMMON_GGML_TYPE_Q8_0,
+                                    .seed = 3};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "%s", e.text);
+    struct executor_model *m = NULL;
+    cr_assert_eq(executor_model_open(src, NULL, &m, &e), 0, "%s", e.text);
+    executor_model_destroy(m);
+    static const struct {
+        const char *key;
+        uint32_t    value;
+        bool        drop;
+        const char *want;
+    } cases[] = {
+        {"deepseek2.expert_group_count", 3, false, "expert_group_count 3"},
+        {"deepseek2.expert_group_used_count", 4, false, "expert_group_used_count 4"},
+        {"deepseek2.attention.kv_lora_rank", 0, true, "'deepseek2.attention.kv_lora_rank'"},
+        {"deepseek2.attention.key_length_mla", 0, true, "'deepseek2.attention.key_length_mla'"},
+        {"deepseek2.attention.key_length", 99, false, "key_length 99"},
+        {"deepseek2.leading_dense_block_count", 0, false, "ffn_gate_inp"},
+        {"deepseek2.leading_dense_block_count", 9, false, "leading_dense_block_count 9"},
+        {"deepseek2.expert_gating_func", 7, false, "expert_gating_func 7"},
+        {"deepseek2.expert_shared_count", 2, false, "2 shared experts"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        rewrite_key(src, dst, cases[i].key, cases[i].value, cases[i].drop);
+        m = NULL;
+        e.text[0] = '\0';
+        cr_expect_lt(executor_model_open(dst, NULL, &m, &e), 0, "%s accepted", cases[i].key);
+        cr_expect_null(m);
+        cr_expect_not_null(strstr(e.text, cases[i].want), "%s: message '%s' should name '%s'",
+                           cases[i].key, e.text, cases[i].want);
+    }
+}

@@ -8,7 +8,10 @@
 # For each architecture and weight type: `sluice mkmodel` writes a tiny random model (the args are
 # stored in the file, the tests write the same model again), peer_greedy.c (built here against the
 # peer's libllama) prints 32 greedy ids after a fixed prompt, and llama-perplexity saves a
-# KL-divergence base on a text that `sluice perplexity --kl-divergence` then compares with.
+# KL-divergence base on a text that `sluice perplexity --kl-divergence` then compares with; the
+# table printed (markdown: arch, type, PPL llama.cpp, PPL sluice, mean KLD, max KLD, same top,
+# then llama.cpp's own mean KLD and same top at another batch size and thread count) is the one
+# in docs/executor.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 peer=${1:?usage: make-arch-refs.sh PEER_DIR [OUT]}
@@ -25,27 +28,45 @@ prompt=1,300,301,302,303,310,320,330,340,350,360,370,380,390,400,410
     echo "# ${PEER_COMMIT:-an unnamed llama.cpp} (PEER_COMMIT names the source the peer was built from)."
     echo "# arch type | mkmodel args | ids | each step's gap between the two best logits"
 } > "$out"
+# name type | mkmodel args | greedy: the ids go to the file (no: only the KL-divergence figures,
+# for random models whose 8-bit runs are chaotic, where llama.cpp disagrees with itself too).
+cases=()
 for arch in llama qwen2 qwen3 qwen2moe qwen3moe olmoe; do
     kv=4
     [ "$arch" = olmoe ] && kv=8
     for type in f32 q8_0; do
-        args="--arch $arch --preset tiny --n-vocab 512 --n-ff 256 --n-head-kv $kv --type $type --seed 11"
-        m="$tmp/$arch-$type.gguf"
-        build/bin/sluice mkmodel -q $args -o "$m"
-        res=$("$tmp/peer_greedy" "$m" 32 "$prompt")
-        ids=$(echo "$res" | head -1)
-        margin=$(echo "$res" | sed -n 2p)
-        echo "$arch $type | $args | $ids | $margin" >> "$out"
-        "$peer/build/bin/llama-perplexity" -m "$m" -f "$text" -c 128 -t 2 --no-repack \
-            --kl-divergence-base "$tmp/base.kld" >"$tmp/ppl.log" 2>&1
-        peer_ppl=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$tmp/ppl.log")
-        build/bin/sluice perplexity -m "$m" --kl-divergence-base "$tmp/base.kld" --kl-divergence \
-            -t 2 >"$tmp/kld.log" 2>&1
-        ours=$(build/bin/sluice perplexity -m "$m" -f "$text" -c 128 -t 2 2>/dev/null |
-            sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p')
-        printf '%-9s %-5s ppl llama.cpp %s sluice %s | %s | %s | %s\n' "$arch" "$type" "$peer_ppl" \
-            "$ours" "$(grep 'Mean    KLD' "$tmp/kld.log")" "$(grep 'Maximum KLD' "$tmp/kld.log")" \
-            "$(grep '^Same top p' "$tmp/kld.log")"
+        cases+=("$arch $type|--arch $arch --preset tiny --n-vocab 512 --n-ff 256 --n-head-kv $kv --type $type --seed 11|yes")
     done
+done
+# deepseek2: V3's shape (q LoRA, sigmoid routing with bias and groups, YaRN) in 3 layers, and
+# V2-Lite's, which llama.cpp recognises by its 27 layers.
+for type in f32 q8_0; do
+    greedy=yes
+    [ "$type" = q8_0 ] && greedy=no
+    cases+=("deepseek2 $type|--arch deepseek2 --preset tiny --n-layer 3 --n-vocab 512 --n-ff 128 --type $type --seed 11|$greedy")
+    cases+=("deepseek2-lite $type|--arch deepseek2 --lite --n-embd 128 --n-head 4 --n-layer 27 --n-vocab 512 --n-ff 64 --type $type --seed 11|$greedy")
+done
+for c in "${cases[@]}"; do
+    IFS='|' read -r name args greedy <<< "$c"
+    m="$tmp/model.gguf"
+    build/bin/sluice mkmodel -q $args -o "$m"
+    if [ "$greedy" = yes ]; then
+        res=$("$tmp/peer_greedy" "$m" 32 "$prompt")
+        echo "$name | $args | $(echo "$res" | head -1) | $(echo "$res" | sed -n 2p)" >> "$out"
+    fi
+    "$peer/build/bin/llama-perplexity" -m "$m" -f "$text" -c 128 -t 2 --no-repack \
+        --kl-divergence-base "$tmp/base.kld" >"$tmp/ppl.log" 2>&1
+    peer_ppl=$(grep -a 'Final estimate' "$tmp/ppl.log" | sed 's/.*PPL = \([0-9.]*\).*/\1/')
+    # llama.cpp against its own base at another batch size and thread count: the noise floor.
+    "$peer/build/bin/llama-perplexity" -m "$m" -c 128 -b 128 -t 1 --no-repack \
+        --kl-divergence-base "$tmp/base.kld" --kl-divergence >"$tmp/self.log" 2>&1
+    build/bin/sluice perplexity -m "$m" --kl-divergence-base "$tmp/base.kld" --kl-divergence \
+        -t 2 >"$tmp/kld.log" 2>&1
+    ours=$(sed -n 's/^Mean PPL(Q) *: *\([0-9.]*\).*/\1/p' "$tmp/kld.log")
+    kv() { sed -n "s/^$2 *: *\([-0-9.]*\).*/\1/p" "$1"; }
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "${name% *}" "${name#* }" "$peer_ppl" \
+        "$ours" "$(kv "$tmp/kld.log" 'Mean    KLD')" "$(kv "$tmp/kld.log" 'Maximum KLD')" \
+        "$(kv "$tmp/kld.log" 'Same top p')" "$(kv "$tmp/self.log" 'Mean    KLD')" \
+        "$(kv "$tmp/self.log" 'Same top p')"
 done
 echo "wrote $out"
