@@ -240,6 +240,9 @@ static void inspect_text(const char *path, const struct common_gguf *g,
                common_format_size(m->bytes_experts, b3, sizeof(b3)));
         printf("  expert bundle    %14" PRIu64 "  %s (gate+up+down of one expert)\n",
                m->bytes_expert_bundle, common_format_size(m->bytes_expert_bundle, b4, sizeof(b4)));
+        if (m->bytes_unused)
+            printf("  not run          %14" PRIu64 "  %s (prediction layers after the last)\n",
+                   m->bytes_unused, common_format_size(m->bytes_unused, b1, sizeof(b1)));
         printf("  active per token %14" PRIu64 "  %s\n", m->bytes_active,
                common_format_size(m->bytes_active, b1, sizeof(b1)));
     }

@@ -379,6 +379,7 @@ enum common_arch {
     COMMON_ARCH_QWEN3MOE,
     COMMON_ARCH_OLMOE,
     COMMON_ARCH_DEEPSEEK2,
+    COMMON_ARCH_GLM4MOE,
     COMMON_ARCH_COUNT,
 };
 
@@ -516,6 +517,8 @@ struct common_model {
     uint64_t bytes_expert_bundle; /* largest gate+up+down of one expert in one layer */
     uint64_t bytes_active;        /* touched per token: resident (minus unused embedding rows)
                                      + n_expert_used bundles per layer */
+    uint64_t bytes_unused;        /* tensors of blocks past n_layer (glm4moe's next-token
+                                     prediction layers): never read */
 };
 
 /* Returns the static name of an architecture ("llama", ...). */
@@ -541,6 +544,9 @@ void common_model_fini(struct common_model *m);
 bool common_model_is_moe(const struct common_model *m);
 /* True when layer `il` has routed experts (not one of the leading dense layers of deepseek2). */
 bool common_model_layer_is_moe(const struct common_model *m, uint32_t il);
+/* True for tensor `index` of a block the forward pass does not run (glm4moe's next-token
+ * prediction layers, blk.N with N >= n_layer): not loaded, not counted as resident. */
+bool common_model_tensor_is_unused(const struct common_model *m, uint64_t index);
 
 /* Where part `part` of expert `expert` of layer `layer` lives. Returns 0, or COMMON_EINVAL for a
  * dense model or layer, or out-of-range arguments. */

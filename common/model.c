@@ -22,7 +22,10 @@ struct model_arch_info {
     bool               moe;            /* the architecture always has routed experts */
     enum model_qk_norm qk_norm;        /* where attn_q_norm / attn_k_norm apply, when present */
     bool               shexp_gate;     /* shared expert scaled by sigmoid(ffn_gate_inp_shexp . x) */
-    bool               mla; /* multi-head latent attention and DeepSeek routing keys (deepseek2) */
+    bool               mla;            /* multi-head latent attention (deepseek2) */
+    bool routing; /* DeepSeek-style routing keys: gating, groups, bias, norm, scale, dense lead */
+    enum common_expert_gating gating;    /* when the file has no expert_gating_func */
+    bool                      post_norm; /* the FFN norm is post_attention_norm (glm4moe) */
 };
 
 static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
@@ -32,7 +35,10 @@ static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
     [COMMON_ARCH_QWEN2MOE] = {"qwen2moe", 1, 0, true, MODEL_QK_NORM_NONE, true},
     [COMMON_ARCH_QWEN3MOE] = {"qwen3moe", 1, 1, true, MODEL_QK_NORM_HEAD, false},
     [COMMON_ARCH_OLMOE] = {"olmoe", 1, 0, true, MODEL_QK_NORM_FULL, false},
-    [COMMON_ARCH_DEEPSEEK2] = {"deepseek2", 0, 0, true, MODEL_QK_NORM_NONE, false, true},
+    [COMMON_ARCH_DEEPSEEK2] = {"deepseek2", 0, 0, true, MODEL_QK_NORM_NONE, false, true, true,
+                               COMMON_GATING_SOFTMAX, false},
+    [COMMON_ARCH_GLM4MOE] = {"glm4moe", 1, 0, true, MODEL_QK_NORM_HEAD, false, false, true,
+                             COMMON_GATING_SIGMOID, true},
 };
 
 static const char *role_names[COMMON_ROLE_COUNT] = {
@@ -113,6 +119,20 @@ const char *common_layer_role_name(enum common_layer_role role)
 bool common_model_is_moe(const struct common_model *m)
 {
     return m->hp.n_expert > 0;
+}
+
+bool common_model_tensor_is_unused(const struct common_model *m, uint64_t index)
+{
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(m->gguf, index);
+    if (!t || strncmp(t->name, "blk.", 4) != 0)
+        return false;
+    unsigned long long b = 0;
+    const char        *p = t->name + 4;
+    if (*p < '0' || *p > '9')
+        return false;
+    while (*p >= '0' && *p <= '9' && b < UINT32_MAX)
+        b = b * 10 + (unsigned long long)(*p++ - '0');
+    return *p == '.' && b >= m->hp.n_layer;
 }
 
 bool common_model_layer_is_moe(const struct common_model *m, uint32_t il)
@@ -241,9 +261,49 @@ static void model_bool(const struct common_model *m, const char *suffix, bool *o
     (void)common_gguf_get_bool(m->gguf, key, out);
 }
 
-/* deepseek2: the latent attention's ranks and widths, the leading dense layers, shared experts
- * and the routing keys (gating function, selection bias, groups, renormalisation, scale), with
- * the KQ scale llama.cpp derives from YaRN's magnitude. */
+/* DeepSeek-style routing (deepseek2, glm4moe): leading dense layers, shared experts, the gating
+ * function (the architecture's default when absent), renormalisation, scale and expert groups. */
+static int model_read_routing(struct common_model *m, struct common_errmsg *e)
+{
+    struct common_hparams *hp = &m->hp;
+    model_u32(m, "leading_dense_block_count", &hp->n_layer_dense_lead);
+    model_u32(m, "expert_shared_count", &hp->n_expert_shared);
+    if (hp->n_layer_dense_lead > hp->n_layer)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "%s.leading_dense_block_count %u exceeds block_count %u",
+                                 m->arch_name, hp->n_layer_dense_lead, hp->n_layer);
+    uint32_t gating = 0;
+    model_u32(m, "expert_gating_func", &gating);
+    if (gating > 2)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "%s.expert_gating_func %u is not supported (1 softmax, 2 sigmoid)",
+                                 m->arch_name, gating);
+    hp->expert_gating = gating == 2   ? COMMON_GATING_SIGMOID
+                        : gating == 1 ? COMMON_GATING_SOFTMAX
+                                      : arch_table[m->arch].gating;
+    bool norm = false;
+    model_bool(m, "expert_weights_norm", &norm);
+    hp->norm_topk_prob = norm;
+    model_f32(m, "expert_weights_scale", &hp->expert_weights_scale);
+    if (!isfinite(hp->expert_weights_scale))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "bad %s.expert_weights_scale", m->arch_name);
+    model_u32(m, "expert_group_count", &hp->n_expert_groups);
+    model_u32(m, "expert_group_used_count", &hp->n_group_used);
+    if (hp->n_expert_groups > 1 &&
+        (hp->n_expert_groups > COMMON_MAX_EXPERT_GROUPS ||
+         hp->n_expert % hp->n_expert_groups != 0 || hp->n_group_used == 0 ||
+         hp->n_group_used >= hp->n_expert_groups ||
+         hp->n_expert_used > hp->n_group_used * (hp->n_expert / hp->n_expert_groups)))
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "%s.expert_group_count %u must divide expert_count %u and "
+                                 "expert_group_used_count %u be in 1..%u with room for %u experts",
+                                 m->arch_name, hp->n_expert_groups, hp->n_expert, hp->n_group_used,
+                                 hp->n_expert_groups - 1, hp->n_expert_used);
+    return COMMON_OK;
+}
+
+/* deepseek2: the latent attention's ranks and widths, with the KQ scale llama.cpp derives from
+ * YaRN's magnitude. */
 static int model_read_mla(struct common_model *m, struct common_errmsg *e)
 {
     struct common_hparams *hp = &m->hp;
@@ -264,37 +324,6 @@ static int model_read_mla(struct common_model *m, struct common_errmsg *e)
             "key_length_mla %u, value_length_mla %u",
             hp->n_head_kv, hp->head_dim_k, hp->n_lora_kv, hp->n_rot, hp->head_dim_v, hp->n_lora_kv,
             hp->head_dim_k_mla, hp->head_dim_v_mla);
-    model_u32(m, "leading_dense_block_count", &hp->n_layer_dense_lead);
-    model_u32(m, "expert_shared_count", &hp->n_expert_shared);
-    if (hp->n_layer_dense_lead > hp->n_layer)
-        return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "%s.leading_dense_block_count %u exceeds block_count %u",
-                                 m->arch_name, hp->n_layer_dense_lead, hp->n_layer);
-    uint32_t gating = 0;
-    model_u32(m, "expert_gating_func", &gating);
-    if (gating > 2)
-        return common_errmsg_set(e, COMMON_ENOTSUP,
-                                 "%s.expert_gating_func %u is not supported (1 softmax, 2 sigmoid)",
-                                 m->arch_name, gating);
-    hp->expert_gating = gating == 2 ? COMMON_GATING_SIGMOID : COMMON_GATING_SOFTMAX;
-    bool norm = false;
-    model_bool(m, "expert_weights_norm", &norm);
-    hp->norm_topk_prob = norm;
-    model_f32(m, "expert_weights_scale", &hp->expert_weights_scale);
-    if (!isfinite(hp->expert_weights_scale))
-        return common_errmsg_set(e, COMMON_ECORRUPT, "bad %s.expert_weights_scale", m->arch_name);
-    model_u32(m, "expert_group_count", &hp->n_expert_groups);
-    model_u32(m, "expert_group_used_count", &hp->n_group_used);
-    if (hp->n_expert_groups > 1 &&
-        (hp->n_expert_groups > COMMON_MAX_EXPERT_GROUPS ||
-         hp->n_expert % hp->n_expert_groups != 0 || hp->n_group_used == 0 ||
-         hp->n_group_used >= hp->n_expert_groups ||
-         hp->n_expert_used > hp->n_group_used * (hp->n_expert / hp->n_expert_groups)))
-        return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "%s.expert_group_count %u must divide expert_count %u and "
-                                 "expert_group_used_count %u be in 1..%u with room for %u experts",
-                                 m->arch_name, hp->n_expert_groups, hp->n_expert, hp->n_group_used,
-                                 hp->n_expert_groups - 1, hp->n_expert_used);
     /* KQ scale: YaRN's magnitude, before its own correction, squared over sqrt of the per-head
      * query width (llama.cpp's deepseek2 graph). */
     const float fs = hp->rope_freq_scale;
@@ -318,6 +347,13 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
                                  "implausible geometry: embedding_length %u, block_count %u, "
                                  "head_count %u",
                                  hp->n_embd, hp->n_layer, hp->n_head);
+    uint32_t nextn = 0;
+    model_u32(m, "nextn_predict_layers", &nextn);
+    if (nextn >= hp->n_layer)
+        return common_errmsg_set(e, COMMON_ECORRUPT,
+                                 "%s.nextn_predict_layers %u leaves no layer of block_count %u",
+                                 m->arch_name, nextn, hp->n_layer);
+    hp->n_layer -= nextn; /* the prediction layers at the end are not run */
     hp->n_head_kv = hp->n_head;
     model_u32(m, "attention.head_count_kv", &hp->n_head_kv);
     if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
@@ -352,6 +388,12 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     model_f32(m, "rope.freq_base", &hp->rope_freq_base);
     if ((rc = model_rope_scaling(m, e)) != COMMON_OK)
         return rc;
+    char sect[128];
+    snprintf(sect, sizeof(sect), "%s.rope.dimension_sections", m->arch_name);
+    if (common_gguf_find(m->gguf, sect))
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "metadata key '%s': multimodal rotary sections are not supported",
+                                 sect);
     if ((rc = model_f32(m, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) != COMMON_OK)
         return common_errmsg_set(e, COMMON_ECORRUPT,
                                  "missing metadata key '%s.attention.layer_norm_rms_epsilon'",
@@ -361,6 +403,8 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     hp->rope_neox = arch_table[m->arch].rope_neox;
     /* llama.cpp fixes the renormalisation per architecture for these (no key is read). */
     hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
+    if (arch_table[m->arch].routing && (rc = model_read_routing(m, e)))
+        return rc;
     if (arch_table[m->arch].mla)
         return model_read_mla(m, e);
     return COMMON_OK;
@@ -490,7 +534,9 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
     struct common_model_layer *L = &m->layers[il];
     char                       name[96];
     for (int r = 0; r < COMMON_ROLE_COUNT; r++) {
-        snprintf(name, sizeof(name), "blk.%u.%s", il, role_names[r]);
+        const bool post = r == COMMON_ROLE_FFN_NORM && arch_table[m->arch].post_norm;
+        snprintf(name, sizeof(name), "blk.%u.%s", il,
+                 post ? "post_attention_norm.weight" : role_names[r]);
         L->tensor[r] = model_find(m->gguf, name);
     }
     static const enum common_layer_role norms[] = {COMMON_ROLE_ATTN_NORM, COMMON_ROLE_FFN_NORM};
@@ -574,7 +620,7 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
                                  il);
     if (sg >= 0 && (rc = model_check_shape(m, sg, 1, (uint64_t[]){hp->n_embd}, e)))
         return rc;
-    if (arch_table[m->arch].mla && hp->n_expert_shared &&
+    if (arch_table[m->arch].routing && hp->n_expert_shared &&
         (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] < 0 ||
          hp->n_ff_shexp != (uint64_t)hp->n_ff_exp * hp->n_expert_shared))
         return common_errmsg_set(e, COMMON_ECORRUPT,
@@ -608,7 +654,10 @@ static void model_totals(struct common_model *m)
             m->bytes_expert_bundle = bundle;
         active_experts += bundle * m->hp.n_expert_used;
     }
-    m->bytes_resident = m->bytes_total - m->bytes_experts;
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++)
+        if (common_model_tensor_is_unused(m, i))
+            m->bytes_unused += common_gguf_tensor_at(g, i)->size;
+    m->bytes_resident = m->bytes_total - m->bytes_experts - m->bytes_unused;
     /* A token reads one embedding row, unless the output head is tied to the embedding. */
     uint64_t active = m->bytes_resident;
     if (m->global[COMMON_GROLE_OUTPUT] >= 0) {

@@ -225,6 +225,7 @@ static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p
     switch (g->arch) {
     case COMMON_ARCH_QWEN2:
     case COMMON_ARCH_QWEN2MOE:
+    case COMMON_ARCH_GLM4MOE:
         if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, g->n_embd, 1, 1,
                             "blk.%u.attn_q.bias", il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_k.bias",
@@ -258,10 +259,24 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
     int   rc;
     if ((rc = synth_add(p, g->type, 0.0f, 1.0f, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
         return rc;
-    for (uint32_t il = 0; il < g->n_layer; il++) {
+    /* glm4moe files carry a next-token prediction block after the last layer (not run). */
+    const uint32_t n_blocks = g->n_layer + (g->arch == COMMON_ARCH_GLM4MOE ? 1 : 0);
+    for (uint32_t il = 0; il < n_blocks; il++) {
+        if (il == g->n_layer &&
+            ((rc = synth_add(p, g->type, 0.0f, s_e, 2, 2 * (uint64_t)g->n_embd, g->n_embd, 1,
+                             "blk.%u.nextn.eh_proj.weight", il)) ||
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                             "blk.%u.nextn.enorm.weight", il)) ||
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                             "blk.%u.nextn.hnorm.weight", il)) ||
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
+                             "blk.%u.nextn.shared_head_norm.weight", il))))
+            return rc;
         if ((rc = synth_plan_attention(g, p, il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
-                            "blk.%u.ffn_norm.weight", il)))
+                            g->arch == COMMON_ARCH_GLM4MOE ? "blk.%u.post_attention_norm.weight"
+                                                           : "blk.%u.ffn_norm.weight",
+                            il)))
             return rc;
         if (g->n_expert == 0 || il < g->n_dense_lead) {
             const uint32_t ff = il < g->n_dense_lead ? g->n_ff_dense : g->n_ff;
@@ -274,7 +289,7 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
                 return rc;
             continue;
         }
-        if (g->arch == COMMON_ARCH_DEEPSEEK2 && !g->lite &&
+        if (((g->arch == COMMON_ARCH_DEEPSEEK2 && !g->lite) || g->arch == COMMON_ARCH_GLM4MOE) &&
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.05f, 1, g->n_expert, 1, 1,
                             "blk.%u.exp_probs_b.bias", il)))
             return rc;
@@ -423,6 +438,7 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     const bool moe = common_arch_is_moe(g->arch);
     const bool qwen = g->arch == COMMON_ARCH_QWEN2 || g->arch == COMMON_ARCH_QWEN3 ||
                       g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE;
+    const bool glm = g->arch == COMMON_ARCH_GLM4MOE;
     g->n_ctx = o->n_ctx ? o->n_ctx : 2048;
     g->n_embd = o->n_embd ? o->n_embd : 256;
     g->n_layer = o->n_layer ? o->n_layer : 2;
@@ -448,12 +464,19 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
         if (g->n_head_kv != g->n_head)
             return common_errmsg_set(e, COMMON_EINVAL,
                                      "deepseek2 has latent attention: leave n_head_kv at n_head");
-    } else if (o->lite) {
+    } else if (glm) {
+        /* GLM-4.5's layout: a dense first layer, one shared expert, rotary on half the head. */
+        g->n_dense_lead = g->n_layer > 1 ? 1 : 0;
+        g->n_ff_dense = 2 * g->n_ff;
+        g->n_ff_shexp = g->n_ff;
+        g->rot = (g->n_embd / g->n_head) / 2;
+    }
+    if (o->lite && g->arch != COMMON_ARCH_DEEPSEEK2) {
         return common_errmsg_set(e, COMMON_EINVAL, "--lite is a deepseek2 shape");
     }
     g->type = o->type;
     g->rope_freq_base =
-        o->rope_freq_base > 0.0f ? o->rope_freq_base : (qwen ? 1000000.0f : 10000.0f);
+        o->rope_freq_base > 0.0f ? o->rope_freq_base : (qwen || glm ? 1000000.0f : 10000.0f);
     g->rms_eps = qwen || g->arch == COMMON_ARCH_DEEPSEEK2 ? 1e-6f : 1e-5f;
     const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
     if (!ti)
@@ -662,6 +685,7 @@ static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom 
 {
     const char    *a = common_arch_name(g->arch);
     const uint32_t hd = g->n_embd / g->n_head;
+    const bool     glm = g->arch == COMMON_ARCH_GLM4MOE;
     char           key[96];
     int            rc;
 #define SYNTH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
@@ -671,7 +695,8 @@ static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom 
         (rc = common_gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("context_length"), g->n_ctx)) ||
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("embedding_length"), g->n_embd)) ||
-        (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("block_count"), g->n_layer)) ||
+        (rc =
+             common_gguf_writer_set_u32(w, SYNTH_KEY("block_count"), g->n_layer + (glm ? 1 : 0))) ||
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("feed_forward_length"),
                                          g->n_ff_dense   ? g->n_ff_dense
                                          : g->n_ff_shexp ? g->n_ff_shexp
@@ -696,10 +721,21 @@ static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom 
          (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_used_count"), g->n_expert_used))))
         return rc;
     if ((g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE ||
-         g->arch == COMMON_ARCH_DEEPSEEK2) &&
+         g->arch == COMMON_ARCH_DEEPSEEK2 || glm) &&
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_feed_forward_length"), g->n_ff)))
         return rc;
     if (g->arch == COMMON_ARCH_DEEPSEEK2 && (rc = synth_metadata_deepseek2(w, g)))
+        return rc;
+    if (glm && ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("leading_dense_block_count"),
+                                                 g->n_dense_lead)) ||
+                (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_shared_count"), 1)) ||
+                (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_gating_func"), 2)) ||
+                (rc = common_gguf_writer_set_f32(w, SYNTH_KEY("expert_weights_scale"), 2.5f)) ||
+                (rc = common_gguf_writer_set_bool(w, SYNTH_KEY("expert_weights_norm"), true)) ||
+                (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("nextn_predict_layers"), 1)) ||
+                (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("rope.dimension_count"), g->rot)) ||
+                (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.key_length"), hd)) ||
+                (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.value_length"), hd))))
         return rc;
     if (g->arch == COMMON_ARCH_QWEN2MOE &&
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_shared_feed_forward_length"),

@@ -270,7 +270,7 @@ int executor_weights_pread_create(const struct common_model          *m,
         goto out_destroy;
     uint64_t done = 0, last_mib = 0;
     for (uint64_t i = 0; i < nt; i++) {
-        if (weights_is_expert_tensor(m, i))
+        if (weights_is_expert_tensor(m, i) || common_model_tensor_is_unused(m, i))
             continue;
         const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
         size_t sz = ((size_t)t->size + WEIGHTS_ALIGN - 1) / WEIGHTS_ALIGN * WEIGHTS_ALIGN;

@@ -188,6 +188,13 @@ Test(cli_archs, olmoe_matches_llama_cpp_and_streams, .timeout = 300)
     check_arch("olmoe", true);
 }
 
+/* GLM-4.5's layout: q/k/v biases, rotary on half of each head, post-attention norm, a dense first
+ * layer, one shared expert, sigmoid routing with a selection bias, a prediction block not run. */
+Test(cli_archs, glm4moe_matches_llama_cpp_and_streams, .timeout = 300)
+{
+    check_arch("glm4moe", true);
+}
+
 /* DeepSeek V3's shape: latent attention with q LoRA, a dense first layer, a shared expert,
  * sigmoid routing with a selection bias over 4 groups, renormalised and scaled weights, YaRN. */
 Test(cli_archs, deepseek2_matches_llama_cpp_and_streams, .timeout = 300)

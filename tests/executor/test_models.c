@@ -391,3 +391,38 @@ Test(executor_models, deepseek2_bad_metadata_names_the_key, .init = models_setup
                            cases[i].key, e.text, cases[i].want);
     }
 }
+
+/* glm4moe: the prediction block after the last layer is described but not run or loaded. */
+Test(executor_models, glm4moe_prediction_block_is_left_out, .init = models_setup,
+     .fini = models_teardown)
+{
+    char src[4096], dst[4096];
+    snprintf(src, sizeof(src), "%s/glm.gguf", t_dir);
+    snprintf(dst, sizeof(dst), "%s/bad.gguf", t_dir);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = src,
+                                    .arch = COMMON_ARCH_GLM4MOE,
+                                    .n_embd = 128,
+                                    .n_layer = 3,
+                                    .n_head = 4,
+                                    .n_ff = 64,
+                                    .type = COMMON_GGML_TYPE_Q8_0,
+                                    .seed = 3};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "%s", e.text);
+    struct executor_model *m = NULL;
+    cr_assert_eq(executor_model_open(
+                     src, &(struct executor_model_opts){.weights = EXECUTOR_WEIGHTS_MMAP}, &m, &e),
+                 0, "%s", e.text);
+    const struct common_model *d = executor_model_desc(m);
+    cr_expect_eq(d->hp.n_layer, 3u, "block_count 4 less 1 prediction layer");
+    cr_expect_gt(d->bytes_unused, 0u);
+    cr_expect_eq(d->bytes_total, d->bytes_resident + d->bytes_experts + d->bytes_unused);
+    executor_model_destroy(m);
+
+    rewrite_key(src, dst, "glm4moe.nextn_predict_layers", 4, false);
+    cr_expect_lt(executor_model_open(dst, NULL, &m, &e), 0);
+    cr_expect_not_null(strstr(e.text, "nextn_predict_layers 4"), "%s", e.text);
+    rewrite_key(src, dst, "glm4moe.rope.dimension_sections", 8, false);
+    cr_expect_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ENOTSUP);
+    cr_expect_not_null(strstr(e.text, "rope.dimension_sections"), "%s", e.text);
+}

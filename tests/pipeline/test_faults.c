@@ -254,13 +254,14 @@ Test(pipeline_faults, greedy_tokens_equal_one_process, .timeout = 300, .fini = f
 }
 
 /* The MoE architectures beyond llama's layout through the daemons: qwen2moe (shared expert
- * beside the streamed ones), olmoe (q/k norms) and deepseek2 (latent attention, a dense first
- * layer without experts, sigmoid routing over groups), random-weight models from mkmodel. */
+ * beside the streamed ones), olmoe (q/k norms), deepseek2 (latent attention, a dense first
+ * layer without experts, sigmoid routing over groups) and glm4moe (a prediction block left
+ * unread), random-weight models from mkmodel. */
 Test(pipeline_faults, moe_architectures_give_the_same_tokens_as_one_process, .timeout = 600,
      .fini = fini)
 {
     skip_without_daemons();
-    static const char *archs[] = {"qwen2moe", "olmoe", "deepseek2"};
+    static const char *archs[] = {"qwen2moe", "olmoe", "deepseek2", "glm4moe"};
     for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++) {
         char *dir = fixture_tmpdir();
         char  model[2048], cmd[4096];

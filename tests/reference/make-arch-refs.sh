@@ -38,6 +38,11 @@ for arch in llama qwen2 qwen3 qwen2moe qwen3moe olmoe; do
         cases+=("$arch $type|--arch $arch --preset tiny --n-vocab 512 --n-ff 256 --n-head-kv $kv --type $type --seed 11|yes")
     done
 done
+# glm4moe: GLM-4.5's layout (a dense first layer, one shared expert, sigmoid routing with bias,
+# half-width rotary, a next-token prediction block after the last layer).
+for type in f32 q8_0; do
+    cases+=("glm4moe $type|--arch glm4moe --preset tiny --n-layer 3 --n-vocab 512 --n-ff 128 --n-head-kv 4 --type $type --seed 11|yes")
+done
 # deepseek2: V3's shape (q LoRA, sigmoid routing with bias and groups, YaRN) in 3 layers, and
 # V2-Lite's, which llama.cpp recognises by its 27 layers.
 for type in f32 q8_0; do
@@ -54,16 +59,22 @@ for c in "${cases[@]}"; do
         res=$("$tmp/peer_greedy" "$m" 32 "$prompt")
         echo "$name | $args | $(echo "$res" | head -1) | $(echo "$res" | sed -n 2p)" >> "$out"
     fi
-    "$peer/build/bin/llama-perplexity" -m "$m" -f "$text" -c 128 -t 2 --no-repack \
-        --kl-divergence-base "$tmp/base.kld" >"$tmp/ppl.log" 2>&1
-    peer_ppl=$(grep -a 'Final estimate' "$tmp/ppl.log" | sed 's/.*PPL = \([0-9.]*\).*/\1/')
+    # llama.cpp logs from a thread and may exit before its last line is written: run it again.
+    peer_ppl=
+    for try in 1 2 3 4 5; do
+        "$peer/build/bin/llama-perplexity" -m "$m" -f "$text" -c 128 -t 2 --no-repack \
+            --kl-divergence-base "$tmp/base.kld" >"$tmp/ppl.log" 2>&1
+        peer_ppl=$(grep -a 'Final estimate' "$tmp/ppl.log" | sed 's/.*PPL = \([0-9.]*\).*/\1/' ||
+            true)
+        [ -n "$peer_ppl" ] && break
+    done
     # llama.cpp against its own base at another batch size and thread count: the noise floor.
     "$peer/build/bin/llama-perplexity" -m "$m" -c 128 -b 128 -t 1 --no-repack \
         --kl-divergence-base "$tmp/base.kld" --kl-divergence >"$tmp/self.log" 2>&1
     build/bin/sluice perplexity -m "$m" --kl-divergence-base "$tmp/base.kld" --kl-divergence \
         -t 2 >"$tmp/kld.log" 2>&1
     ours=$(sed -n 's/^Mean PPL(Q) *: *\([0-9.]*\).*/\1/p' "$tmp/kld.log")
-    kv() { sed -n "s/^$2 *: *\([-0-9.]*\).*/\1/p" "$1"; }
+    kv() { sed -n "s/^$2 *: *\([-0-9.]*\).*/\1/p" "$1" | head -1; }
     printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "${name% *}" "${name#* }" "$peer_ppl" \
         "$ours" "$(kv "$tmp/kld.log" 'Mean    KLD')" "$(kv "$tmp/kld.log" 'Maximum KLD')" \
         "$(kv "$tmp/kld.log" 'Same top p')" "$(kv "$tmp/self.log" 'Mean    KLD')" \
