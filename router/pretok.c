@@ -41,6 +41,10 @@ static const struct router_pre_info k_pre_infos[] = {
     {"deepseek-coder", ROUTER_PRE_DEEPSEEK_CODER, false, false, false},
     {"deepseek-llm", ROUTER_PRE_DEEPSEEK_LLM, false, false, false},
     {"falcon", ROUTER_PRE_FALCON, true, false, false},
+    {"deepseek-v3", ROUTER_PRE_DEEPSEEK3, false, false, false},
+    /* GLM-4's regex is Llama 3's; llama.cpp keeps clean_spaces and drops BOS for it. */
+    {"glm4", ROUTER_PRE_LLAMA3, true, false, false},
+    {"chatglm-bpe", ROUTER_PRE_LLAMA3, true, false, false},
 };
 
 const struct router_pre_info *router_pre_find(const char *name, size_t len)
@@ -81,6 +85,13 @@ static const struct router_urange k_dsllm_letters[] = {
 static const struct router_urange k_dsllm_punct[] = {
     {0x21, 0x2F},     {0x3A, 0x7E},     {0xFF01, 0xFF0F},
     {0xFF1A, 0xFF5E}, {0x2018, 0x201F}, {0x3000, 0x3002},
+};
+
+/* [一-龥぀-ゟ゠-ヿ]+ of deepseek-v3: CJK ideographs, hiragana, katakana */
+static const struct router_urange k_cjk_kana[] = {
+    {0x4E00, 0x9FA5},
+    {0x3040, 0x309F},
+    {0x30A0, 0x30FF},
 };
 
 /* [一-龥ࠀ-一가-퟿]+ of deepseek-coder and deepseek-llm */
@@ -318,6 +329,8 @@ enum rx {
     RX_DSLLM_LETTERS, /* \s?[A-Za-zµÀ-ÖØ-ö...]+ */
     RX_DSLLM_PUNCT,   /* \s?[!-/:-~！-／：-～‘-‟　-。]+ */
     RX_WS_TO_END,     /* \s+$ */
+    RX_DIGITS_1_3,    /* \p{N}{1,3} */
+    RX_CJK_KANA,      /* [一-龥぀-ゟ゠-ヿ]+ */
 };
 
 static bool rx_class(enum rx rx, const struct piece *p, size_t i)
@@ -333,6 +346,7 @@ static bool rx_class(enum rx rx, const struct piece *p, size_t i)
         return f_punct(f) || (c < 0x80u && strchr("$+<=>^~|`", (int)c) && c != 0);
     case RX_DIGITS:
     case RX_DIGIT:
+    case RX_DIGITS_1_3:
         return f_number(f);
     case RX_ASCII_3DIGITS:
         return c >= '0' && c <= '9';
@@ -350,6 +364,8 @@ static bool rx_class(enum rx rx, const struct piece *p, size_t i)
         return in_ranges(k_dsllm_punct, N_RANGES(k_dsllm_punct), c);
     case RX_WS_TO_END:
         return f_space(f);
+    case RX_CJK_KANA:
+        return in_ranges(k_cjk_kana, N_RANGES(k_cjk_kana), c);
     }
     return false;
 }
@@ -363,6 +379,10 @@ static size_t rx_match(enum rx rx, const struct piece *p, size_t pos, size_t tra
         return rx_class(rx, p, pos) ? 1 : 0;
     case RX_ASCII_3DIGITS:
         return rx_class(rx, p, pos) && rx_class(rx, p, pos + 1) && rx_class(rx, p, pos + 2) ? 3 : 0;
+    case RX_DIGITS_1_3:
+        while (i - pos < 3 && rx_class(rx, p, i))
+            i++;
+        return i - pos;
     case RX_WS_TO_END:
         return pos >= trail_ws ? p->b - pos : 0;
     case RX_WS_LETTERS:
@@ -377,6 +397,7 @@ static size_t rx_match(enum rx rx, const struct piece *p, size_t pos, size_t tra
     case RX_PUNCT_FALCON:
     case RX_DIGITS:
     case RX_CJK:
+    case RX_CJK_KANA:
         break;
     }
     while (rx_class(rx, p, i))
@@ -406,8 +427,122 @@ static void split_rx(const struct piece *p, struct emit *e, enum rx rx)
     emit_to(e, p->b);
 }
 
+/* A code point's class in llama.cpp's collapsed text: ASCII keeps itself, so only llama.cpp's
+ * ASCII tables count (no ASCII marks; '~' and the controls are in no class), non-ASCII white
+ * space becomes \v, other non-ASCII code points their category (separators and the rest fall
+ * in none). */
+enum ccls { CC_NONE = 0, CC_L, CC_N, CC_P, CC_S, CC_M };
+
+static enum ccls collapsed_class(const struct piece *p, size_t i)
+{
+    const uint8_t  f = pc_flags(p, i);
+    const uint32_t c = pc_cpt(p, i);
+    if (!(f & F_VALID))
+        return CC_NONE;
+    if (c < 0x80u) {
+        if (c >= '0' && c <= '9')
+            return CC_N;
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'))
+            return CC_L;
+        if (c != 0 && strchr("!\"#%&'()*,-./:;?@[\\]_{}", (int)c))
+            return CC_P;
+        if (c != 0 && strchr("$+<=>^`|", (int)c))
+            return CC_S;
+        return CC_NONE;
+    }
+    if (f_space(f))
+        return CC_NONE;
+    switch ((enum router_ucat)(f & 7u)) {
+    case ROUTER_UCAT_LETTER:
+        return CC_L;
+    case ROUTER_UCAT_NUMBER:
+        return CC_N;
+    case ROUTER_UCAT_PUNCT:
+        return CC_P;
+    case ROUTER_UCAT_SYMBOL:
+        return CC_S;
+    case ROUTER_UCAT_MARK:
+        return CC_M;
+    default:
+        return CC_NONE;
+    }
+}
+
+static bool is_crlf(const struct piece *p, size_t i)
+{
+    const uint32_t c = pc_cpt(p, i);
+    return (pc_flags(p, i) & F_VALID) && (c == '\r' || c == '\n');
+}
+
+/* deepseek-v3's third regex at pos, in its alternation order:
+ *   [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+ | [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+ |
+ *    ?[\p{P}\p{S}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ * Returns the match length, 0 when none starts here. */
+static size_t dsv3_match(const struct piece *p, size_t pos)
+{
+    const uint32_t c0 = pc_cpt(p, pos);
+    size_t         i;
+#define DS_ALPHA(c) (((c) >= 'A' && (c) <= 'Z') || ((c) >= 'a' && (c) <= 'z'))
+#define DS_LM(k)    (collapsed_class(p, k) == CC_L || collapsed_class(p, k) == CC_M)
+#define DS_PS(k)    (collapsed_class(p, k) == CC_P || collapsed_class(p, k) == CC_S)
+    if (c0 < 0x80u && c0 > 0x20u && c0 < 0x7Fu && !DS_ALPHA(c0) && !(c0 >= '0' && c0 <= '9') &&
+        (pc_flags(p, pos + 1) & F_VALID) && DS_ALPHA(pc_cpt(p, pos + 1))) {
+        for (i = pos + 1; (pc_flags(p, i) & F_VALID) && DS_ALPHA(pc_cpt(p, i)); i++)
+            ;
+        return i - pos;
+    }
+    /* [^\r\n\p{L}\p{P}\p{S}]? then [\p{L}\p{M}]+: the optional character is kept when
+     * a letter or mark follows it, else given back. */
+    const enum ccls k0 = collapsed_class(p, pos);
+    const bool      opt =
+        (pc_flags(p, pos) & F_VALID) && !is_crlf(p, pos) && k0 != CC_L && k0 != CC_P && k0 != CC_S;
+    if ((opt && DS_LM(pos + 1)) || DS_LM(pos)) {
+        for (i = opt && DS_LM(pos + 1) ? pos + 1 : pos; DS_LM(i); i++)
+            ;
+        return i - pos;
+    }
+    if ((c0 == ' ' && DS_PS(pos + 1)) || DS_PS(pos)) {
+        for (i = c0 == ' ' && DS_PS(pos + 1) ? pos + 1 : pos; DS_PS(i); i++)
+            ;
+        while (is_crlf(p, i))
+            i++;
+        return i - pos;
+    }
+#undef DS_ALPHA
+#undef DS_LM
+#undef DS_PS
+    size_t n_ws = 0, last_crlf_end = 0;
+    while (f_space(pc_flags(p, pos + n_ws))) {
+        if (is_crlf(p, pos + n_ws))
+            last_crlf_end = pos + n_ws + 1;
+        n_ws++;
+    }
+    if (last_crlf_end) /* \s*[\r\n]+ */
+        return last_crlf_end - pos;
+    if (n_ws > 1 && pos + n_ws < p->b) /* \s+(?!\S) */
+        return n_ws - 1;
+    return n_ws; /* \s+, or 0 */
+}
+
+/* deepseek-v3's third regex over a piece: matches and the gaps between them become words. */
+static void split_dsv3(const struct piece *p, struct emit *e)
+{
+    size_t pos = p->a;
+    while (pos < p->b) {
+        const size_t n = dsv3_match(p, pos);
+        if (n == 0) {
+            pos++;
+            continue;
+        }
+        emit_to(e, pos);
+        pos += n;
+        emit_to(e, pos);
+    }
+    emit_to(e, p->b);
+}
+
 /* A pass of a pre-tokenizer: a custom splitter or a regex. */
-enum pass_kind { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_RX };
+enum pass_kind { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_RX, PASS_DSV3 };
 
 struct pass {
     enum pass_kind kind;
@@ -455,6 +590,9 @@ static struct pre_passes pre_passes(enum router_pre pre)
     case ROUTER_PRE_FALCON:
         return (struct pre_passes){3,
                                    {{PASS_RX, RX_PUNCT_FALCON}, gpt2, {PASS_RX, RX_ASCII_3DIGITS}}};
+    case ROUTER_PRE_DEEPSEEK3:
+        return (struct pre_passes){
+            3, {{PASS_RX, RX_DIGITS_1_3}, {PASS_RX, RX_CJK_KANA}, {PASS_DSV3, RX_DIGIT}}};
     }
     return (struct pre_passes){1, {gpt2}};
 }
@@ -534,6 +672,9 @@ int router_pretok_split(struct router_pretok *p, enum router_pre pre, const char
                 break;
             case PASS_RX:
                 split_rx(&pc, &e, passes.p[k].rx);
+                break;
+            case PASS_DSV3:
+                split_dsv3(&pc, &e);
                 break;
             }
             emit_to(&e, pc.b);

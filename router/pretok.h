@@ -16,6 +16,7 @@ enum router_pre {
     ROUTER_PRE_DEEPSEEK_CODER, /* "deepseek-coder" */
     ROUTER_PRE_DEEPSEEK_LLM,   /* "deepseek-llm" */
     ROUTER_PRE_FALCON,         /* "falcon" */
+    ROUTER_PRE_DEEPSEEK3,      /* "deepseek-v3" */
 };
 
 /* Per-pre-tokenizer flags llama.cpp sets in llama_vocab::load(). */

@@ -240,3 +240,97 @@ Test(router_tokenizer, llama2_tiny_prompts_match_reference)
     router_vocab_destroy(v);
     common_gguf_close(g);
 }
+
+/* Copies the vocabulary-only GGUF `src` to `dst` with tokenizer.ggml.pre set to `pre`. */
+static void rewrite_pre(const char *src, const char *dst, const char *pre)
+{
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(src, NULL, &g, &e), 0, "%s", e.text);
+    struct common_gguf_writer *w = NULL;
+    cr_assert_eq(common_gguf_writer_create(&w, 32), 0);
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
+        const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
+        if (strcmp(kv->key, "tokenizer.ggml.pre") == 0)
+            cr_assert_eq(common_gguf_writer_set_str(w, kv->key, pre), 0);
+        else
+            cr_assert_eq(common_gguf_writer_copy_kv(w, kv), 0);
+    }
+    cr_assert_eq(common_gguf_writer_begin(w, dst, &e), 0, "%s", e.text);
+    cr_assert_eq(common_gguf_writer_finish(w, &e), 0, "%s", e.text);
+    common_gguf_writer_destroy(w);
+    common_gguf_close(g);
+}
+
+/* The pre-tokenizers whose vocabularies are not fixtures (deepseek-v3, glm4), on the GPT-2
+ * vocabulary with tokenizer.ggml.pre rewritten: every string of tests/reference/pretok.txt gives
+ * llama-tokenize's ids (made by tests/reference/make-pretok-refs.py). */
+static void check_pre(const char *pre)
+{
+    FIXTURE_OR_SKIP(src, "tokenizer/ggml-vocab-gpt-2.gguf");
+    char *dir = fixture_tmpdir();
+    char  path[4096];
+    snprintf(path, sizeof(path), "%s/vocab.gguf", dir);
+    rewrite_pre(src, path, pre);
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(path, NULL, &g, &e), 0, "%s", e.text);
+    struct router_vocab *v = NULL;
+    cr_assert_eq(router_vocab_load(g, &v, &e), 0, "%s", e.text);
+    FILE *f = fopen(SLUICE_SOURCE_DIR "/tests/reference/pretok.txt", "r");
+    cr_assert_not_null(f);
+    static char line[1 << 16];
+    size_t      n_tests = 0, n_fail = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *p_pre = strtok(line, " \n"), *p_hex = strtok(NULL, " \n"),
+             *p_ids = strtok(NULL, " \n");
+        if (!p_pre || p_pre[0] == '#' || strcmp(p_pre, pre) != 0)
+            continue;
+        cr_assert(p_hex && p_ids, "bad line in pretok.txt");
+        size_t slen = strlen(p_hex) / 2;
+        char  *s = malloc(slen + 1);
+        for (size_t i = 0; i < slen; i++) {
+            unsigned b;
+            cr_assert_eq(sscanf(p_hex + 2 * i, "%2x", &b), 1);
+            s[i] = (char)b;
+        }
+        struct router_tokens want = {0}, got = {0};
+        for (char *q = p_ids; *q && *q != '-';) {
+            router_tokens_push(&want, (int32_t)strtol(q, &q, 10));
+            q += *q == ',';
+        }
+        cr_assert_eq(router_tokenize(v, s, slen, NULL, &got), 0);
+        bool same = got.n == want.n;
+        for (size_t i = 0; same && i < got.n; i++)
+            same = got.ids[i] == want.ids[i];
+        if (!same) {
+            char buf[512];
+            n_fail++;
+            cr_log_error("%s '%s': got %zu ids, want %zu", pre, show(s, slen, buf, sizeof(buf)),
+                         got.n, want.n);
+        }
+        router_tokens_fini(&got);
+        router_tokens_fini(&want);
+        free(s);
+        n_tests++;
+    }
+    fclose(f);
+    cr_assert_gt(n_tests, 100, "%s: too few strings in pretok.txt", pre);
+    cr_expect_eq(n_fail, 0, "%s: %zu of %zu strings encode differently", pre, n_fail, n_tests);
+    cr_log_info("%s: %zu strings as llama-tokenize", pre, n_tests);
+    router_vocab_destroy(v);
+    common_gguf_close(g);
+    fixture_rmtree(dir);
+    free(dir);
+    free(src);
+}
+
+Test(router_tokenizer, deepseek_v3_pre_tokenizer_matches_llama_tokenize)
+{
+    check_pre("deepseek-v3");
+}
+
+Test(router_tokenizer, glm4_pre_tokenizer_matches_llama_tokenize)
+{
+    check_pre("glm4");
+}
