@@ -195,7 +195,7 @@ static void inspect_text(const char *path, const struct common_gguf *g,
             printf("  latent attention: q_lora_rank %u  kv_lora_rank %u  head_dim_mla %u/%u  "
                    "(the cache holds %u values per position and layer)\n",
                    hp->n_lora_q, hp->n_lora_kv, hp->head_dim_k_mla, hp->head_dim_v_mla,
-                   hp->head_dim_k + hp->head_dim_v);
+                   hp->head_dim_k);
         if (hp->n_layer_dense_lead || hp->expert_gating != COMMON_GATING_SOFTMAX ||
             hp->n_expert_groups > 1 || hp->expert_weights_scale != 0.0f)
             printf("  routing: %s  groups %u (keep %u)  scale %g  leading dense layers %u\n",

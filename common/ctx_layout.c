@@ -136,6 +136,9 @@ static int layout_kv(const struct common_hparams *hp, struct common_ctx_layout *
     } else {
         return common_errmsg_set(e, COMMON_EINVAL, "unknown cache type %d", (int)l->cache_type);
     }
+    /* Latent attention: V is the first head_dim_v values of K (the latent), not stored twice. */
+    if (hp->n_lora_kv)
+        v_head = 0;
     uint64_t positions;
     if (!common_mul_u64((uint64_t)hp->n_layer * l->n_ctx, hp->n_head_kv, &positions) ||
         !common_mul_u64(positions, k_head, &l->kv_k_bytes) ||

@@ -189,7 +189,23 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         for (uint32_t i = 0; i < n_kv; i++)
             scores[i] *= j->scale;
         fwd_softmax(scores, n_kv);
-        if (kv->type == COMMON_CACHE_F16) {
+        if (kv->v_in_k) {
+            /* Latent attention: the values are the head of each cached K row. */
+            float *vrow = c->th_v + (size_t)ith * hv;
+            memset(out, 0, hv * sizeof(*out));
+            for (uint32_t pos = 0; pos < n_kv; pos++) {
+                const uint8_t *krow = kb + (size_t)pos * kv->k_pos_bytes;
+                float          pw = scores[pos];
+                if (kv->type == COMMON_CACHE_F16) {
+                    pw = executor_fp16_to_fp32(executor_fp32_to_fp16(pw));
+                    executor_dequantize_row(COMMON_GGML_TYPE_F16, krow, vrow, hv);
+                } else {
+                    executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, krow, vrow, hv);
+                }
+                for (uint32_t d = 0; d < hv; d++)
+                    out[d] += pw * vrow[d];
+            }
+        } else if (kv->type == COMMON_CACHE_F16) {
             for (uint32_t i = 0; i < n_kv; i++)
                 p16[i] = executor_fp32_to_fp16(scores[i]);
             executor_matvec(COMMON_GGML_TYPE_F16, n_kv, executor_kv_vt_base(kv, j->il, kvh),

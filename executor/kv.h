@@ -4,6 +4,7 @@
 
 /* Not for use outside executor/: other folders go through executor_ctx in executor.h. */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,7 +14,8 @@
  * - K: (layer, pos, n_head_kv * head_dim_k) rows, f16 or q8_0 blocks;
  * - V f16: transposed, (layer, kv_head, head_dim_v, pos), so one output element of attention is
  *   one f16 dot product over positions;
- * - V q8_0: (layer, pos, n_head_kv * head_dim_v) rows of q8_0 blocks. */
+ * - V q8_0: (layer, pos, n_head_kv * head_dim_v) rows of q8_0 blocks;
+ * - latent attention (v_in_k): no V; the values are the first head_dim_v elements of K. */
 struct executor_kv {
     enum common_cache_type type;
     uint32_t               n_layer, n_ctx, n_head_kv, head_dim_k, head_dim_v;
@@ -23,7 +25,8 @@ struct executor_kv {
     size_t                 v_head_bytes; /* q8_0: bytes of one kv head inside a V row */
     uint8_t               *k;            /* owned: n_layer * n_ctx * k_pos_bytes */
     uint8_t               *v;            /* owned: n_layer * n_ctx * n_head_kv * head_dim_v
-                                            elements (f16 or q8_0) */
+                                            elements (f16 or q8_0); unused with v_in_k */
+    bool v_in_k;                         /* latent attention: V is the head of the K row */
 };
 
 /* Allocates a zeroed cache of the sizes in `lay` (common_ctx_layout_compute() for the model's
