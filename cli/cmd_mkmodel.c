@@ -63,7 +63,7 @@ static int mkmodel_parse_type(void *arg, const char *name, struct common_errmsg 
     if (common_ggml_type_from_name(name, arg) != COMMON_OK)
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "expects f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
-                                 "q5_K or q6_K, got '%s'",
+                                 "q5_K, q6_K or mxfp4, got '%s'",
                                  name);
     return COMMON_OK;
 }
@@ -194,8 +194,8 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .target = &o.type,
             .parse = mkmodel_parse_type,
             .metavar = "TYPE",
-            .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K (norms and "
-                       "router stay f32)",
+            .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K mxfp4 "
+                       "(norms and router stay f32)",
             .def = "f32"},
            {.name = "vocab-from",
             .type = COMMON_OPT_STR,

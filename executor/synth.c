@@ -105,6 +105,8 @@ static uint32_t synth_file_type(uint32_t type)
         return 18;
     case COMMON_GGML_TYPE_BF16:
         return 32;
+    case COMMON_GGML_TYPE_MXFP4:
+        return 38; /* llama.cpp's MXFP4_MOE */
     default:
         return 0;
     }

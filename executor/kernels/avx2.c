@@ -317,6 +317,27 @@ static void avx2_gemv_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows, 
         avx2_q4_0_rows(1, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
 }
 
+/* MXFP4 x Q8_0: the nibbles index the e2m1 table with a byte shuffle, the signed products are
+ * made unsigned x signed for maddubs by moving the weight's sign onto the activation. */
+static float avx2_dot_mxfp4(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_mxfp4 *x = w;
+    const struct executor_block_q8_0  *y = a;
+    const __m128i values = _mm_loadu_si128((const __m128i *)(const void *)kimpl_mxfp4_values);
+    const __m256i table = _mm256_set_m128i(values, values);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256        acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++) {
+        const __m256i q = _mm256_shuffle_epi8(table, avx2_nibbles(x[i].qs));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)(const void *)y[i].qs);
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(qy, q));
+        const __m256  v = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        const float   d = avx2_fp16(y[i].d) * kimpl_e8m0_half(x[i].e);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), v, acc);
+    }
+    return avx2_hsum_ps(acc);
+}
+
 static float avx2_dot_q4_0(int64_t n, const void *w, const void *a)
 {
     float y;
@@ -582,6 +603,7 @@ void executor_kernels_fill_avx2(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = avx2_dot_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx2_dot_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx2_dot_q6_K;
+    ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = avx2_dot_mxfp4;
 
     ks->quantize_act[COMMON_GGML_TYPE_Q8_0] = avx2_act_q8_0;
     ks->quantize_act[COMMON_GGML_TYPE_Q8_1] = avx2_act_q8_1;

@@ -889,12 +889,57 @@ static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
     return avx512_hsum_ps(acc) - avx512_hsum_ps256(accm);
 }
 
+/* MXFP4 x Q8_0, two blocks per 512-bit step: the nibbles index the e2m1 table with a byte
+ * shuffle; vpdpbusd takes |w| (unsigned) times the activation with w's sign moved onto it. */
+static inline __m256i avx512_nibbles256(const uint8_t *p)
+{
+    const __m128i t = _mm_loadu_si128((const __m128i *)(const void *)p);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+static float avx512_dot_mxfp4(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_mxfp4 *x = w;
+    const struct executor_block_q8_0  *y = a;
+    const int64_t                      nb = n / EXECUTOR_QK;
+    const __m512i                      table =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)kimpl_mxfp4_values));
+    __m512  acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(avx512_nibbles256(x[i].qs)),
+                                               avx512_nibbles256(x[i + 1].qs), 1);
+        const __m512i q = _mm512_shuffle_epi8(table, nib);
+        const __m512i qy = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)y[i].qs)),
+            _mm256_loadu_si256((const __m256i *)(const void *)y[i + 1].qs), 1);
+        const __m512i sy =
+            _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(q), _mm512_setzero_si512(), qy);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), sy);
+        const float   d0 = kimpl_fp16_to_fp32(y[i].d) * kimpl_e8m0_half(x[i].e);
+        const float   d1 = kimpl_fp16_to_fp32(y[i + 1].d) * kimpl_e8m0_half(x[i + 1].e);
+        const __m512  dv = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+        acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc);
+    }
+    float sum = avx512_hsum_ps(acc);
+    for (; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < EXECUTOR_QK / 2; j++)
+            sumi += y[i].qs[j] * kimpl_mxfp4_values[x[i].qs[j] & 0x0F] +
+                    y[i].qs[j + EXECUTOR_QK / 2] * kimpl_mxfp4_values[x[i].qs[j] >> 4];
+        sum += kimpl_fp16_to_fp32(y[i].d) * kimpl_e8m0_half(x[i].e) * (float)sumi;
+    }
+    return sum;
+}
+
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
 {
     ks->vec_dot[COMMON_GGML_TYPE_F32] = avx512_dot_f32;
     ks->vec_dot[COMMON_GGML_TYPE_F16] = avx512_dot_f16;
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx512_dot_bf16;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx512_dot_q4_1;
+    ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = avx512_dot_mxfp4;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx512_dot_q5_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;

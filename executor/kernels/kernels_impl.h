@@ -78,6 +78,11 @@ struct executor_block_q6_K {
     int8_t   scales[EXECUTOR_QK_K / 16]; /* 8-bit scale per 16 elements */
     uint16_t d;                          /* super-block scale */
 };
+/* MXFP4 (gpt-oss): a shared power-of-two scale and 32 e2m1 values, nibbles as in Q4_0. */
+struct executor_block_mxfp4 {
+    uint8_t e;                   /* E8M0 exponent: the scale is 2^(e - 127) */
+    uint8_t qs[EXECUTOR_QK / 2]; /* element j in the low nibble of qs[j], j+16 in the high */
+};
 struct executor_block_q8_K {
     float   d;                         /* scale (float, not half) */
     int8_t  qs[EXECUTOR_QK_K];         /* elements in order */
@@ -96,6 +101,21 @@ _Static_assert(sizeof(struct executor_block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(struct executor_block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(struct executor_block_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(struct executor_block_q8_K) == 292, "q8_K layout");
+_Static_assert(sizeof(struct executor_block_mxfp4) == 17, "mxfp4 layout");
+
+/* The e2m1 values of an MXFP4 nibble, doubled (ggml's kvalues_mxfp4): the block scale is halved
+ * to match, kimpl_e8m0_half(). */
+static const int8_t kimpl_mxfp4_values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                              0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128): half the E8M0 scale, exact (subnormal for e < 2), as ggml_e8m0_to_fp32_half. */
+static inline float kimpl_e8m0_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float          f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Scalar helpers shared by every kernel file (inline so each file gets its own copy).        */

@@ -40,6 +40,38 @@ static void quantize_f32(const float *x, void *dst, int64_t n)
     memcpy(dst, x, (size_t)n * sizeof(float));
 }
 
+/* The nibble whose doubled e2m1 value times e is nearest x (first on ties), as ggml. */
+static uint8_t mxfp4_best_index(float x, float e)
+{
+    int   best = 0;
+    float best_err = fabsf((float)kimpl_mxfp4_values[0] * e - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf((float)kimpl_mxfp4_values[i] * e - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return (uint8_t)best;
+}
+
+/* MXFP4 as ggml's quantize_row_mxfp4_ref: exponent floor(log2(amax)) - 2 (+127), nearest value. */
+static void quantize_mxfp4(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_mxfp4 *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, x += EXECUTOR_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < EXECUTOR_QK; j++)
+            amax = amax < fabsf(x[j]) ? fabsf(x[j]) : amax;
+        const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float   d = kimpl_e8m0_half(e);
+        y[i].e = e;
+        for (int j = 0; j < EXECUTOR_QK / 2; j++)
+            y[i].qs[j] = (uint8_t)(mxfp4_best_index(x[j], d) |
+                                   mxfp4_best_index(x[j + EXECUTOR_QK / 2], d) << 4);
+    }
+}
+
 static void quantize_q4_0(const float *x, void *dst, int64_t n)
 {
     struct executor_block_q4_0 *y = dst;
@@ -702,6 +734,8 @@ executor_quantize_fn executor_ref_quantizer(uint32_t type)
         return quantize_q6_K;
     case COMMON_GGML_TYPE_Q8_K:
         return quantize_q8_K;
+    case COMMON_GGML_TYPE_MXFP4:
+        return quantize_mxfp4;
     default:
         return NULL;
     }

@@ -58,6 +58,8 @@ struct executor_type_layout executor_type_layout(uint32_t type)
         return (struct executor_type_layout){EXECUTOR_QK, sizeof(struct executor_block_q5_1)};
     case COMMON_GGML_TYPE_Q8_0:
         return (struct executor_type_layout){EXECUTOR_QK, sizeof(struct executor_block_q8_0)};
+    case COMMON_GGML_TYPE_MXFP4:
+        return (struct executor_type_layout){EXECUTOR_QK, sizeof(struct executor_block_mxfp4)};
     case COMMON_GGML_TYPE_Q8_1:
         return (struct executor_type_layout){EXECUTOR_QK, sizeof(struct executor_block_q8_1)};
     case COMMON_GGML_TYPE_Q2_K:
@@ -377,6 +379,36 @@ static float dot_bf16(int64_t n, const void *w, const void *a)
     return (float)sum;
 }
 
+/* MXFP4 x Q8_0 as ggml's generic kernel: integer sums of the two halves, scaled per block. */
+static float dot_mxfp4(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_mxfp4 *x = w;
+    const struct executor_block_q8_0  *y = a;
+    float                              sumf = 0;
+    for (int64_t ib = 0; ib < n / EXECUTOR_QK; ib++) {
+        const float d = kimpl_fp16_to_fp32(y[ib].d) * kimpl_e8m0_half(x[ib].e);
+        int         sumi1 = 0, sumi2 = 0;
+        for (int j = 0; j < EXECUTOR_QK / 2; j++) {
+            sumi1 += y[ib].qs[j] * kimpl_mxfp4_values[x[ib].qs[j] & 0x0F];
+            sumi2 += y[ib].qs[j + EXECUTOR_QK / 2] * kimpl_mxfp4_values[x[ib].qs[j] >> 4];
+        }
+        sumf += d * (float)(sumi1 + sumi2);
+    }
+    return sumf;
+}
+
+static void dequant_mxfp4(const void *src, float *y, int64_t n)
+{
+    const struct executor_block_mxfp4 *x = src;
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, y += EXECUTOR_QK) {
+        const float d = kimpl_e8m0_half(x[i].e);
+        for (int j = 0; j < EXECUTOR_QK / 2; j++) {
+            y[j] = (float)kimpl_mxfp4_values[x[i].qs[j] & 0x0F] * d;
+            y[j + EXECUTOR_QK / 2] = (float)kimpl_mxfp4_values[x[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
 static float dot_q4_0(int64_t n, const void *w, const void *a)
 {
     const struct executor_block_q4_0 *x = w;
@@ -662,6 +694,8 @@ static ref_dequant_fn ref_dequantizer(uint32_t type)
         return dequant_q6_K;
     case COMMON_GGML_TYPE_Q8_K:
         return dequant_q8_K;
+    case COMMON_GGML_TYPE_MXFP4:
+        return dequant_mxfp4;
     default:
         return NULL;
     }
@@ -682,6 +716,7 @@ void executor_kernels_fill_ref(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q4_K] = dot_q4_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = dot_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = dot_q6_K;
+    ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = dot_mxfp4;
 
     ks->quantize_act[COMMON_GGML_TYPE_F32] = executor_ref_quantizer(COMMON_GGML_TYPE_F32);
     ks->quantize_act[COMMON_GGML_TYPE_F16] = executor_ref_quantizer(COMMON_GGML_TYPE_F16);
@@ -716,6 +751,7 @@ uint32_t executor_vec_dot_type(uint32_t type)
     case COMMON_GGML_TYPE_Q4_0:
     case COMMON_GGML_TYPE_Q5_0:
     case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_MXFP4:
         return COMMON_GGML_TYPE_Q8_0;
     case COMMON_GGML_TYPE_Q4_1:
     case COMMON_GGML_TYPE_Q5_1:
@@ -751,6 +787,7 @@ bool executor_type_is_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_MXFP4:
         return true;
     default:
         return false;

@@ -194,6 +194,7 @@ KTEST_DOT(q3_K, COMMON_GGML_TYPE_Q3_K)
 KTEST_DOT(q4_K, COMMON_GGML_TYPE_Q4_K)
 KTEST_DOT(q5_K, COMMON_GGML_TYPE_Q5_K)
 KTEST_DOT(q6_K, COMMON_GGML_TYPE_Q6_K)
+KTEST_DOT(mxfp4, COMMON_GGML_TYPE_MXFP4)
 
 /* Weight rows of random bytes reach every quant, 5th-bit and packed-scale pattern, not only the
  * ones the quantizer emits; the fp16 scale fields (byte offsets in each block) are set to finite
@@ -349,6 +350,7 @@ static const struct {
     {COMMON_GGML_TYPE_Q4_0, 0.17},  {COMMON_GGML_TYPE_Q4_1, 0.13},  {COMMON_GGML_TYPE_Q5_0, 0.085},
     {COMMON_GGML_TYPE_Q5_1, 0.065}, {COMMON_GGML_TYPE_Q2_K, 0.45},  {COMMON_GGML_TYPE_Q3_K, 0.26},
     {COMMON_GGML_TYPE_Q4_K, 0.12},  {COMMON_GGML_TYPE_Q5_K, 0.06},  {COMMON_GGML_TYPE_Q6_K, 0.033},
+    {COMMON_GGML_TYPE_MXFP4, 0.17},
 };
 
 Test(executor_kernels, quantize_roundtrip_within_bounds)
@@ -702,7 +704,8 @@ Test(executor_kernels, bad_lengths_and_types_are_rejected)
     cr_assert_eq(executor_quantize_row_ref(999, x, q, 32), COMMON_EINVAL);
     cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_Q8_0, NULL, q, 32), COMMON_EINVAL);
     cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, q, x, 31), COMMON_EINVAL);
-    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_MXFP4, q, x, 32), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_MXFP4, q, x, 31), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_IQ2_XS, q, x, 256), COMMON_EINVAL);
     cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_Q4_0, x, q, 48), COMMON_EINVAL);
     cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_Q8_K, x, q, 256), COMMON_EINVAL);
     cr_assert_eq(executor_quantize_act_ref(COMMON_GGML_TYPE_Q6_K, x, q, 32), COMMON_EINVAL);
@@ -747,4 +750,33 @@ Test(executor_kernels, type_support_and_vec_dot_types)
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_Q3_K), COMMON_GGML_TYPE_Q8_K);
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_BF16), COMMON_GGML_TYPE_BF16);
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_F32), COMMON_GGML_TYPE_F32);
+}
+
+/* MXFP4 decodes as ggml: the doubled e2m1 values {0, 1, 2, 3, 4, 6, 8, 12} and their negatives,
+ * times half the E8M0 scale 2^(e - 127), subnormal below e = 2; the quantizer picks the
+ * exponent floor(log2(amax)) - 2. */
+Test(executor_kernels, mxfp4_decodes_as_ggml)
+{
+    static const float values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    unsigned char      blk[17];
+    float              y[32];
+    blk[0] = 129; /* half scale 2 */
+    for (int j = 0; j < 16; j++)
+        blk[1 + j] = (unsigned char)(j | (15 - j) << 4);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_MXFP4, blk, y, 32), 0);
+    for (int j = 0; j < 16; j++) {
+        cr_assert_eq(y[j], 2.0f * values[j], "low nibble %d", j);
+        cr_assert_eq(y[j + 16], 2.0f * values[15 - j], "high nibble %d", j);
+    }
+    blk[0] = 1; /* 2^-127: a subnormal half scale */
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_MXFP4, blk, y, 32), 0);
+    cr_assert_eq(y[1], ldexpf(1.0f, -127));
+    float x[32];
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)(j % 7) - 3.0f; /* amax 3: exponent floor(log2 3) - 2 = -1 */
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_MXFP4, x, blk, 32), 0);
+    cr_assert_eq(blk[0], 126);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_MXFP4, blk, y, 32), 0);
+    for (int j = 0; j < 32; j++)
+        cr_assert_eq(y[j], x[j], "%d: %g comes back as %g", j, (double)x[j], (double)y[j]);
 }

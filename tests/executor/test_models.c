@@ -148,6 +148,7 @@ ISA_TEST(simd_matches_ref_q5_K, COMMON_GGML_TYPE_Q5_K, 0)
 ISA_TEST(simd_matches_ref_q6_K, COMMON_GGML_TYPE_Q6_K, 0)
 ISA_TEST(simd_matches_ref_moe_q8_0, COMMON_GGML_TYPE_Q8_0, 4)
 ISA_TEST(simd_matches_ref_moe_q4_K, COMMON_GGML_TYPE_Q4_K, 4)
+ISA_TEST(simd_matches_ref_moe_mxfp4, COMMON_GGML_TYPE_MXFP4, 4)
 
 /* pread of experts into a small slot pool gives the same logits as the mmap source. */
 static int test_read_span(const struct common_gguf *g, const struct common_span *s, void *dst,
