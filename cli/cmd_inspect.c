@@ -199,9 +199,16 @@ static void inspect_text(const char *path, const struct common_gguf *g,
         if (hp->n_layer_dense_lead || hp->expert_gating != COMMON_GATING_SOFTMAX ||
             hp->n_expert_groups > 1 || hp->expert_weights_scale != 0.0f)
             printf("  routing: %s  groups %u (keep %u)  scale %g  leading dense layers %u\n",
-                   hp->expert_gating == COMMON_GATING_SIGMOID ? "sigmoid" : "softmax",
+                   hp->expert_gating == COMMON_GATING_SIGMOID ? "sigmoid"
+                   : hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT
+                       ? "softmax of the top-k logits"
+                       : "softmax",
                    hp->n_expert_groups, hp->n_group_used, (double)hp->expert_weights_scale,
                    hp->n_layer_dense_lead);
+        if (hp->n_swa)
+            printf("  sliding window: %u positions on layers il %% %u < %u; attention sinks; "
+                   "experts with biases and the clamped SwiGLU\n",
+                   hp->n_swa, hp->swa_period, hp->swa_period ? hp->swa_period - 1 : 0);
         if (hp->yarn_ext_factor != 0.0f)
             printf("  rope scaling: yarn x%g over %u tokens\n",
                    (double)(1.0f / hp->rope_freq_scale), hp->n_ctx_orig_yarn);

@@ -171,8 +171,8 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .target = &o.arch,
             .parse = mkmodel_parse_arch,
             .metavar = "NAME",
-            .help = "architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, olmoe, deepseek2 or "
-                       "glm4moe; "
+            .help = "architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, olmoe, deepseek2, "
+                       "glm4moe or gpt-oss; "
                        "tensor names, shapes and keys as llama.cpp's converter writes them",
             .def = "llama"},
            {.name = "lite",

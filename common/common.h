@@ -380,6 +380,7 @@ enum common_arch {
     COMMON_ARCH_OLMOE,
     COMMON_ARCH_DEEPSEEK2,
     COMMON_ARCH_GLM4MOE,
+    COMMON_ARCH_GPTOSS,
     COMMON_ARCH_COUNT,
 };
 
@@ -416,6 +417,13 @@ enum common_layer_role {
     COMMON_ROLE_ATTN_K_B,        /* per head (nope -> kv_lora_rank): absorbed into the query */
     COMMON_ROLE_ATTN_V_B,        /* per head (kv_lora_rank -> head_dim_v_mla) */
     COMMON_ROLE_FFN_EXP_PROBS_B, /* (n_expert) selection bias of the router */
+    /* gpt-oss: biases on the attention output, the router and the experts; attention sinks. */
+    COMMON_ROLE_ATTN_OUT_BIAS,      /* (n_embd) */
+    COMMON_ROLE_ATTN_SINKS,         /* (n_head) a logit per head that takes part in the softmax */
+    COMMON_ROLE_FFN_GATE_INP_BIAS,  /* (n_expert) */
+    COMMON_ROLE_FFN_GATE_EXPS_BIAS, /* (n_ff_exp, n_expert) */
+    COMMON_ROLE_FFN_UP_EXPS_BIAS,   /* (n_ff_exp, n_expert) */
+    COMMON_ROLE_FFN_DOWN_EXPS_BIAS, /* (n_embd, n_expert) */
     COMMON_ROLE_COUNT,
 };
 
@@ -477,6 +485,10 @@ struct common_hparams {
     float    expert_weights_scale; /* multiplies the routed weights; 0 or 1 = none */
     uint32_t n_expert_groups;      /* group-limited top-k: groups (0/1 = none) */
     uint32_t n_group_used;         /* groups kept per token */
+    /* gpt-oss: sliding-window attention on some layers, the clamped SwiGLU of its experts. */
+    uint32_t n_swa;      /* window in positions (0 = none) */
+    uint32_t swa_period; /* layer il slides when il % period < period - 1 (0 = every layer) */
+    bool     swiglu_oai; /* experts: min(g, 7) * sigmoid(1.702 g) * (clamp(u, -7, 7) + 1) */
 };
 
 /* Most expert groups a model may have (DeepSeek V3 has 8). */
@@ -485,7 +497,8 @@ struct common_hparams {
 /* How router logits become expert probabilities. */
 enum common_expert_gating {
     COMMON_GATING_SOFTMAX = 0,
-    COMMON_GATING_SIGMOID, /* DeepSeek V3: sigmoid scores, a bias for selection only */
+    COMMON_GATING_SIGMOID,        /* DeepSeek V3: sigmoid scores, a bias for selection only */
+    COMMON_GATING_SOFTMAX_WEIGHT, /* gpt-oss: top-k of the logits, softmax over the k chosen */
 };
 
 /* Where one expert part lives in the model files. */
@@ -544,6 +557,8 @@ void common_model_fini(struct common_model *m);
 bool common_model_is_moe(const struct common_model *m);
 /* True when layer `il` has routed experts (not one of the leading dense layers of deepseek2). */
 bool common_model_layer_is_moe(const struct common_model *m, uint32_t il);
+/* True when layer `il` attends to a sliding window of hp.n_swa positions (gpt-oss). */
+bool common_hparams_layer_is_swa(const struct common_hparams *hp, uint32_t il);
 /* True for tensor `index` of a block the forward pass does not run (glm4moe's next-token
  * prediction layers, blk.N with N >= n_layer): not loaded, not counted as resident. */
 bool common_model_tensor_is_unused(const struct common_model *m, uint64_t index);

@@ -26,6 +26,7 @@ struct model_arch_info {
     bool routing; /* DeepSeek-style routing keys: gating, groups, bias, norm, scale, dense lead */
     enum common_expert_gating gating;    /* when the file has no expert_gating_func */
     bool                      post_norm; /* the FFN norm is post_attention_norm (glm4moe) */
+    bool                      gptoss;    /* sinks, sliding window, biases, clamped SwiGLU */
 };
 
 static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
@@ -54,6 +55,12 @@ static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
                              .routing = true,
                              .gating = COMMON_GATING_SIGMOID,
                              .post_norm = true},
+    [COMMON_ARCH_GPTOSS] = {.name = "gpt-oss",
+                            .rope_neox = 1,
+                            .moe = true,
+                            .gating = COMMON_GATING_SOFTMAX_WEIGHT,
+                            .post_norm = true,
+                            .gptoss = true},
 };
 
 static const char *role_names[COMMON_ROLE_COUNT] = {
@@ -87,6 +94,12 @@ static const char *role_names[COMMON_ROLE_COUNT] = {
     [COMMON_ROLE_ATTN_K_B] = "attn_k_b.weight",
     [COMMON_ROLE_ATTN_V_B] = "attn_v_b.weight",
     [COMMON_ROLE_FFN_EXP_PROBS_B] = "exp_probs_b.bias",
+    [COMMON_ROLE_ATTN_OUT_BIAS] = "attn_output.bias",
+    [COMMON_ROLE_ATTN_SINKS] = "attn_sinks.weight",
+    [COMMON_ROLE_FFN_GATE_INP_BIAS] = "ffn_gate_inp.bias",
+    [COMMON_ROLE_FFN_GATE_EXPS_BIAS] = "ffn_gate_exps.bias",
+    [COMMON_ROLE_FFN_UP_EXPS_BIAS] = "ffn_up_exps.bias",
+    [COMMON_ROLE_FFN_DOWN_EXPS_BIAS] = "ffn_down_exps.bias",
 };
 
 static const char *grole_names[COMMON_GROLE_COUNT] = {
@@ -148,6 +161,13 @@ bool common_model_tensor_is_unused(const struct common_model *m, uint64_t index)
     while (*p >= '0' && *p <= '9' && b < UINT32_MAX)
         b = b * 10 + (unsigned long long)(*p++ - '0');
     return *p == '.' && b >= m->hp.n_layer;
+}
+
+bool common_hparams_layer_is_swa(const struct common_hparams *hp, uint32_t il)
+{
+    if (hp->n_swa == 0)
+        return false;
+    return hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1;
 }
 
 bool common_model_layer_is_moe(const struct common_model *m, uint32_t il)
@@ -317,6 +337,36 @@ static int model_read_routing(struct common_model *m, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+/* gpt-oss: the sliding window (required) and the period of sliding layers (2 by default: the
+ * even layers slide); a different RoPE base for sliding layers is refused. */
+static int model_read_gptoss(struct common_model *m, struct common_errmsg *e)
+{
+    struct common_hparams *hp = &m->hp;
+    int                    rc;
+    if ((rc = model_need_u32(m, "attention.sliding_window", &hp->n_swa, e)))
+        return rc;
+    if (hp->n_swa == 0)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "%s.attention.sliding_window is 0",
+                                 m->arch_name);
+    hp->swa_period = 2;
+    char key[128];
+    snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", m->arch_name);
+    const struct common_gguf_kv *kv = common_gguf_find(m->gguf, key);
+    if (kv && common_gguf_get_u32(m->gguf, key, &hp->swa_period) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "metadata key '%s': only one period for every layer is supported",
+                                 key);
+    float base_swa = hp->rope_freq_base;
+    model_f32(m, "rope.freq_base_swa", &base_swa);
+    if (base_swa != hp->rope_freq_base)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "%s.rope.freq_base_swa %g differs from rope.freq_base %g: not "
+                                 "supported",
+                                 m->arch_name, (double)base_swa, (double)hp->rope_freq_base);
+    hp->swiglu_oai = true;
+    return COMMON_OK;
+}
+
 /* deepseek2: the latent attention's ranks and widths, with the KQ scale llama.cpp derives from
  * YaRN's magnitude. */
 static int model_read_mla(struct common_model *m, struct common_errmsg *e)
@@ -420,6 +470,10 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
     if (arch_table[m->arch].routing && (rc = model_read_routing(m, e)))
         return rc;
+    if (arch_table[m->arch].gptoss && (rc = model_read_gptoss(m, e)))
+        return rc;
+    if (!arch_table[m->arch].routing)
+        hp->expert_gating = arch_table[m->arch].gating;
     if (arch_table[m->arch].mla)
         return model_read_mla(m, e);
     return COMMON_OK;
@@ -646,6 +700,26 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
     if ((rc = model_check_opt(m, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], 1,
                               (uint64_t[]){hp->n_expert}, e)))
         return rc;
+    if (arch_table[m->arch].gptoss) {
+        static const enum common_layer_role need[] = {
+            COMMON_ROLE_ATTN_SINKS,        COMMON_ROLE_ATTN_OUT_BIAS,
+            COMMON_ROLE_FFN_GATE_INP_BIAS, COMMON_ROLE_FFN_GATE_EXPS_BIAS,
+            COMMON_ROLE_FFN_UP_EXPS_BIAS,  COMMON_ROLE_FFN_DOWN_EXPS_BIAS};
+        if ((rc = model_require(m, il, need, sizeof(need) / sizeof(need[0]), e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_SINKS], 1,
+                                    (uint64_t[]){hp->n_head}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_OUT_BIAS], 1,
+                                    (uint64_t[]){hp->n_embd}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE_INP_BIAS], 1,
+                                    (uint64_t[]){hp->n_expert}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_GATE_EXPS_BIAS], 2,
+                                    (uint64_t[]){hp->n_ff_exp, hp->n_expert}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_UP_EXPS_BIAS], 2,
+                                    (uint64_t[]){hp->n_ff_exp, hp->n_expert}, e)) ||
+            (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_DOWN_EXPS_BIAS], 2,
+                                    (uint64_t[]){hp->n_embd, hp->n_expert}, e)))
+            return rc;
+    }
     return COMMON_OK;
 }
 

@@ -173,10 +173,16 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
     uint8_t                     *qb = c->th_q + (size_t)ith * c->th_q_bytes;
     for (int64_t it = i0; it < i1; it++) {
         const uint32_t t = (uint32_t)(it / hp->n_head), h = (uint32_t)(it % hp->n_head);
-        const uint32_t n_kv = j->p0 + t + 1, kvh = h / gqa;
+        const uint32_t kvh = h / gqa;
+        const struct executor_layer_w *lw = &c->m->layers[j->il];
+        /* A sliding layer sees the last n_swa positions (the query's own included): positions
+         * p0 .. of the range below, which shifts the K rows and V columns read. */
+        const uint32_t last = j->p0 + t + 1;
+        const uint32_t p_lo = lw->swa && last > hp->n_swa ? last - hp->n_swa : 0;
+        const uint32_t n_kv = last - p_lo;
         const float   *qv = c->q + (size_t)t * hp->n_head * hk + (size_t)h * hk;
         float         *out = c->att + (size_t)t * hp->n_head * hv + (size_t)h * hv;
-        const uint8_t *kb = executor_kv_k_base(kv, j->il, kvh);
+        const uint8_t *kb = executor_kv_k_base(kv, j->il, kvh) + (size_t)p_lo * kv->k_pos_bytes;
         if (kv->type == COMMON_CACHE_F16) {
             uint16_t *q16 = (uint16_t *)(void *)qb;
             for (uint32_t i = 0; i < hk; i++)
@@ -188,7 +194,10 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         }
         for (uint32_t i = 0; i < n_kv; i++)
             scores[i] *= j->scale;
-        fwd_softmax(scores, n_kv);
+        if (lw->sinks)
+            fwd_softmax_sink(scores, n_kv, lw->sinks[h]);
+        else
+            fwd_softmax(scores, n_kv);
         if (kv->v_in_k) {
             /* Latent attention: the values are the head of each cached K row. */
             float *vrow = c->th_v + (size_t)ith * hv;
@@ -208,14 +217,15 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         } else if (kv->type == COMMON_CACHE_F16) {
             for (uint32_t i = 0; i < n_kv; i++)
                 p16[i] = executor_fp32_to_fp16(scores[i]);
-            executor_matvec(COMMON_GGML_TYPE_F16, n_kv, executor_kv_vt_base(kv, j->il, kvh),
+            executor_matvec(COMMON_GGML_TYPE_F16, n_kv,
+                            executor_kv_vt_base(kv, j->il, kvh) + (size_t)p_lo * 2u,
                             (size_t)c->n_ctx * 2u, 0, hv, p16, out);
         } else {
             float *vrow = c->th_v + (size_t)ith * hv;
             memset(out, 0, hv * sizeof(*out));
             for (uint32_t pos = 0; pos < n_kv; pos++) {
                 executor_dequantize_row(COMMON_GGML_TYPE_Q8_0,
-                                        executor_kv_v_row(kv, j->il, pos, kvh), vrow, hv);
+                                        executor_kv_v_row(kv, j->il, p_lo + pos, kvh), vrow, hv);
                 for (uint32_t d = 0; d < hv; d++)
                     out[d] += scores[pos] * vrow[d];
             }
@@ -237,15 +247,19 @@ static void fwd_attend(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t
     executor_threadpool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
 }
 
-/* The output projection of c->att-like rows `in` (n rows of `width`) added to c->x. */
-static void fwd_attn_out(struct executor_ctx *c, const struct executor_mat *wo, const float *in,
-                         uint32_t width, uint32_t n)
+/* The output projection of c->att-like rows `in` (n rows of `width`), plus its bias when the
+ * layer has one (gpt-oss), added to c->x. */
+static void fwd_attn_out(struct executor_ctx *c, const struct executor_mat *wo, const float *bo,
+                         const float *in, uint32_t width, uint32_t n)
 {
     const uint32_t    ne = c->m->desc->hp.n_embd;
     size_t            as = executor_fwd_quantize(c, 0, wo->type, in, width, n, width);
     struct fwd_mm_job oj = {.n = 1};
     oj.t[0] = fwd_mm_of(wo, c->act[0], as, n, c->tmp, ne);
     executor_fwd_mm_run(c, &oj);
+    for (uint32_t t = 0; bo && t < n; t++)
+        for (uint32_t d = 0; d < ne; d++)
+            c->tmp[(size_t)t * ne + d] = c->tmp[(size_t)t * ne + d] + bo[d];
     for (size_t i = 0; i < (size_t)n * ne; i++)
         c->x[i] = c->tmp[i] + c->x[i];
 }
@@ -325,7 +339,7 @@ static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n, u
         fwd_mm1(c, 0, &vb, c->att + (size_t)h * kvr, (size_t)H * kvr, n, c->mla_o + (size_t)h * vm,
                 (size_t)H * vm);
     }
-    fwd_attn_out(c, &lw->wo, c->mla_o, H * vm, n);
+    fwd_attn_out(c, &lw->wo, NULL, c->mla_o, H * vm, n);
 }
 
 /* Self-attention block of layer il for n tokens at positions p0..: adds its output to c->x. */
@@ -394,7 +408,7 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
     }
 
     fwd_attend(c, il, n, p0);
-    fwd_attn_out(c, &lw->wo, c->att, ad, n);
+    fwd_attn_out(c, &lw->wo, lw->bo, c->att, ad, n);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -421,6 +435,36 @@ void executor_fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint3
     executor_fwd_mm_run(c, &job);
     for (size_t i = 0; i < (size_t)n * (size_t)nf; i++)
         c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
+}
+
+/* gpt-oss's expert gate/up: the products of rows `xin` plus the expert's biases gb and ub, then
+ * ga = min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1) (ggml's swiglu_oai). */
+void executor_fwd_oai_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                              const struct executor_mat *gate, const struct executor_mat *up,
+                              const float *gb, const float *ub)
+{
+    const uint32_t    ne = c->m->desc->hp.n_embd;
+    const int64_t     nf = gate->rows;
+    struct fwd_mm_job job = {.n = 2};
+    size_t            gs = executor_fwd_quantize(c, 0, gate->type, xin, ne, n, ne);
+    int               us = 0;
+    size_t            ust = gs;
+    if (executor_vec_dot_type(up->type) != executor_vec_dot_type(gate->type)) {
+        us = 1;
+        ust = executor_fwd_quantize(c, 1, up->type, xin, ne, n, ne);
+    }
+    job.t[0] = fwd_mm_of(gate, c->act[0], gs, n, c->ga, (size_t)nf);
+    job.t[1] = fwd_mm_of(up, c->act[us], ust, n, c->up, (size_t)nf);
+    executor_fwd_mm_run(c, &job);
+    const float alpha = 1.702f, limit = 7.0f;
+    for (uint32_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < nf; i++) {
+            const size_t k = (size_t)t * (size_t)nf + (size_t)i;
+            const float  g = c->ga[k] + gb[i], u = c->up[k] + ub[i];
+            const float  x = g < limit ? g : limit;
+            const float  y = u < -limit ? -limit : u > limit ? limit : u;
+            c->ga[k] = x / (1.0f + expf(alpha * (-x))) * (y + 1.0f);
+        }
 }
 
 /* The down product of c->ga (n rows of down->cols) into c->tmp. */

@@ -107,6 +107,24 @@ static inline void fwd_softmax(float *x, uint32_t n)
         x[i] *= inv;
 }
 
+/* fwd_softmax with an attention sink: the sink logit takes part in the max and the sum, not in
+ * the output (ggml_soft_max_add_sinks). */
+static inline void fwd_softmax_sink(float *x, uint32_t n, float sink)
+{
+    float max = sink;
+    for (uint32_t i = 0; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += (double)x[i];
+    }
+    sum += (double)expf(sink - max);
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t i = 0; i < n; i++)
+        x[i] *= inv;
+}
+
 /* ---- parallel building blocks (forward.c) ------------------------------------------------- */
 
 /* One matrix product of a job: y[j * y_stride + r] = W[r] . act_j. */
@@ -154,6 +172,11 @@ size_t executor_fwd_quantize(struct executor_ctx *c, int slot, uint32_t type, co
 /* gate/up products of rows `xin` (n rows of n_embd) into c->ga / c->up, then ga = silu(ga) * up. */
 void executor_fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
                                  const struct executor_mat *gate, const struct executor_mat *up);
+/* gpt-oss's expert gate/up with the expert's biases gb, ub (n_ff each) and the clamped SwiGLU
+ * into c->ga. */
+void executor_fwd_oai_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                              const struct executor_mat *gate, const struct executor_mat *up,
+                              const float *gb, const float *ub);
 /* The down product of c->ga (n rows of down->cols) into c->tmp. */
 void executor_fwd_swiglu_down(struct executor_ctx *c, uint32_t n, const struct executor_mat *down);
 

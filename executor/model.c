@@ -118,8 +118,11 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
                (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V], &lw->wv, e))) {
         return rc;
     }
-    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)))
+    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_OUT_BIAS], hp->n_embd, &lw->bo, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_SINKS], hp->n_head, &lw->sinks, e)))
         return rc;
+    lw->swa = common_hparams_layer_is_swa(hp, il);
     if (!common_model_layer_is_moe(d, il)) {
         if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE], &lw->gate, e)) ||
             (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_UP], &lw->up, e)) ||
@@ -129,7 +132,15 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
     }
     if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)) ||
         (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], hp->n_expert,
-                        &lw->exp_probs_b, e)))
+                        &lw->exp_probs_b, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP_BIAS], hp->n_expert,
+                        &lw->gate_inp_b, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_GATE_EXPS_BIAS],
+                        (uint64_t)hp->n_ff_exp * hp->n_expert, &lw->gate_exps_b, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_UP_EXPS_BIAS],
+                        (uint64_t)hp->n_ff_exp * hp->n_expert, &lw->up_exps_b, e)) ||
+        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_DOWN_EXPS_BIAS],
+                        (uint64_t)hp->n_embd * hp->n_expert, &lw->down_exps_b, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0 &&
         ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_SHEXP], &lw->sh_gate, e)) ||
@@ -267,6 +278,12 @@ void executor_model_destroy(struct executor_model *m)
             free(lw->exp_probs_b);
             free(lw->q_a_norm);
             free(lw->kv_a_norm);
+            free(lw->sinks);
+            free(lw->bo);
+            free(lw->gate_inp_b);
+            free(lw->gate_exps_b);
+            free(lw->up_exps_b);
+            free(lw->down_exps_b);
         }
     }
     free(m->layers);

@@ -40,6 +40,10 @@ struct executor_layer_w {
     struct executor_mat sh_gate, sh_up, sh_down; /* shared expert (data NULL: none) */
     struct executor_mat sh_gate_inp;             /* 1 row: its sigmoid gate (data NULL: ungated) */
     float              *exp_probs_b;             /* owned: (n_expert) selection bias, or NULL */
+    /* gpt-oss (all owned, NULL otherwise): attention sinks (n_head), output bias (n_embd), router
+     * bias (n_expert), expert biases (n_expert rows of n_ff_exp, n_ff_exp, n_embd). */
+    float *sinks, *bo, *gate_inp_b, *gate_exps_b, *up_exps_b, *down_exps_b;
+    bool   swa; /* this layer attends to a sliding window of n_swa positions */
     /* Multi-head latent attention (deepseek2): wq or wq_a + q_a_norm + wq_b; wkv_a gives the
      * latent and the rotary key; wk_b and wv_b hold n_head blocks of rows, one per head. */
     struct executor_mat         wq_a, wq_b, wkv_a, wk_b, wv_b;

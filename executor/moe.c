@@ -85,8 +85,12 @@ static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
         struct fwd_mm_job rj = {.n = 1};
         rj.t[0] = fwd_mm_of(&nl->gate_inp, c->act[0], rs, n, c->pred_logits, E);
         executor_fwd_mm_run(c, &rj);
-        for (uint32_t t = 0; t < n; t++)
-            fwd_topk(c->pred_logits + (size_t)t * E, E, K, c->pred_gate + (size_t)t * K);
+        for (uint32_t t = 0; t < n; t++) {
+            float *pl = c->pred_logits + (size_t)t * E;
+            for (uint32_t e = 0; nl->gate_inp_b && e < E; e++)
+                pl[e] = pl[e] + nl->gate_inp_b[e];
+            fwd_topk(pl, E, K, c->pred_gate + (size_t)t * K);
+        }
         c->pred_gate_layer = (int32_t)(il + 1);
         /* Hints in rank order (every token's best guess first), then the previous token's. */
         const uint32_t top = c->pf_top ? (c->pf_top < K ? c->pf_top : K) : 1;
@@ -180,10 +184,12 @@ static void moe_route(struct executor_ctx *c, uint32_t il, uint32_t n)
         float   *p = c->router + (size_t)t * E;
         int32_t *sel = c->sel + (size_t)t * K;
         float   *sw = c->sel_w + (size_t)t * K;
+        for (uint32_t e = 0; lw->gate_inp_b && e < E; e++)
+            p[e] = p[e] + lw->gate_inp_b[e];
         if (hp->expert_gating == COMMON_GATING_SIGMOID)
             for (uint32_t e = 0; e < E; e++)
                 p[e] = 1.0f / (1.0f + expf(-p[e]));
-        else
+        else if (hp->expert_gating == COMMON_GATING_SOFTMAX)
             fwd_softmax(p, E);
         fwd_topk(moe_selection(c, lw, p, t), E, K, sel);
         double sum = 0.0;
@@ -191,6 +197,13 @@ static void moe_route(struct executor_ctx *c, uint32_t il, uint32_t n)
             sw[j] = p[sel[j]];
             sum += (double)sw[j];
             c->ex_count[sel[j]]++;
+        }
+        /* gpt-oss: the weights are the softmax of the k chosen logits. */
+        if (hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT) {
+            fwd_softmax(sw, K);
+            sum = 0.0;
+            for (uint32_t j = 0; j < K; j++)
+                sum += (double)sw[j];
         }
         /* llama.cpp clamps the sum to the smallest f16 normal before dividing. */
         const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
@@ -253,9 +266,15 @@ static int moe_expert_pass(struct executor_ctx *c, uint32_t il, uint32_t e, int3
     int                            got = 0, rc = 0;
     bool                           torn = false;
     for (; got < COMMON_EXPERT_PART_COUNT; got++) {
-        if (got == COMMON_EXPERT_DOWN)
+        if (got == COMMON_EXPERT_DOWN && lw->gate_exps_b) {
+            const size_t ff = (size_t)lw->exp[COMMON_EXPERT_GATE].rows;
+            executor_fwd_oai_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
+                                     &mats[COMMON_EXPERT_UP], lw->gate_exps_b + (size_t)e * ff,
+                                     lw->up_exps_b + (size_t)e * ff);
+        } else if (got == COMMON_EXPERT_DOWN) {
             executor_fwd_swiglu_gate_up(c, c->gx, (uint32_t)cnt, &mats[COMMON_EXPERT_GATE],
                                         &mats[COMMON_EXPERT_UP]);
+        }
         rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
                                     &slot[got]);
         if (rc < 0)
@@ -292,6 +311,10 @@ static int moe_expert(struct executor_ctx *c, uint32_t il, uint32_t e)
             return COMMON_EIO; /* a source that keeps lending changing bytes */
     if (rc < 0)
         return rc;
+    const float *db = c->m->layers[il].down_exps_b;
+    for (int32_t i = 0; db && i < cnt; i++)
+        for (uint32_t d = 0; d < ne; d++)
+            c->tmp[(size_t)i * ne + d] = c->tmp[(size_t)i * ne + d] + db[(size_t)e * ne + d];
     for (int32_t i = 0; i < cnt; i++) {
         const float  wt = c->sel_w[items[i]];
         const float *src = c->tmp + (size_t)i * ne;

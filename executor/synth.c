@@ -163,6 +163,8 @@ struct synth_geom {
     /* deepseek2: latent attention ranks and widths, dense leading layers, V3 or V2-Lite routing */
     uint32_t q_lora, kv_lora, rot, nope, v_mla, n_dense_lead, n_ff_dense;
     bool     lite;
+    uint32_t
+        head_dim; /* attention head width (gpt-oss: twice n_embd / n_head), else n_embd/n_head */
     uint32_t type;
     float    rope_freq_base, rms_eps;
 };
@@ -211,25 +213,31 @@ static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p
 {
     if (g->arch == COMMON_ARCH_DEEPSEEK2)
         return synth_plan_mla(g, p, il);
-    const uint32_t hd = g->n_embd / g->n_head;
-    const uint64_t kv = (uint64_t)g->n_head_kv * hd;
+    const uint32_t hd = g->head_dim ? g->head_dim : g->n_embd / g->n_head;
+    const uint64_t kv = (uint64_t)g->n_head_kv * hd, qd = (uint64_t)g->n_head * hd;
     const float    s_e = 1.0f / sqrtf((float)g->n_embd);
     int            rc;
     if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
                         "blk.%u.attn_norm.weight", il)) ||
-        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1, "blk.%u.attn_q.weight",
-                        il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, qd, 1, "blk.%u.attn_q.weight", il)) ||
         (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_k.weight", il)) ||
         (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_v.weight", il)) ||
-        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_embd, 1,
+        (rc = synth_add(p, g->type, 0.0f, 1.0f / sqrtf((float)qd), 2, qd, g->n_embd, 1,
                         "blk.%u.attn_output.weight", il)))
         return rc;
     switch (g->arch) {
+    case COMMON_ARCH_GPTOSS:
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, g->n_embd, 1, 1,
+                            "blk.%u.attn_output.bias", il)) ||
+            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 1.0f, 1, g->n_head, 1, 1,
+                            "blk.%u.attn_sinks.weight", il)))
+            return rc;
+        __attribute__((fallthrough)); /* q/k/v biases as qwen2 */
     case COMMON_ARCH_QWEN2:
     case COMMON_ARCH_QWEN2MOE:
     case COMMON_ARCH_GLM4MOE:
-        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, g->n_embd, 1, 1,
-                            "blk.%u.attn_q.bias", il)) ||
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, qd, 1, 1, "blk.%u.attn_q.bias",
+                            il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_k.bias",
                             il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_v.bias",
@@ -276,8 +284,9 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
             return rc;
         if ((rc = synth_plan_attention(g, p, il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
-                            g->arch == COMMON_ARCH_GLM4MOE ? "blk.%u.post_attention_norm.weight"
-                                                           : "blk.%u.ffn_norm.weight",
+                            g->arch == COMMON_ARCH_GLM4MOE || g->arch == COMMON_ARCH_GPTOSS
+                                ? "blk.%u.post_attention_norm.weight"
+                                : "blk.%u.ffn_norm.weight",
                             il)))
             return rc;
         if (g->n_expert == 0 || il < g->n_dense_lead) {
@@ -303,6 +312,16 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
                             "blk.%u.ffn_down_exps.weight", il)) ||
             (rc = synth_add(p, g->type, 0.0f, s_e, 3, g->n_embd, g->n_ff, g->n_expert,
                             "blk.%u.ffn_up_exps.weight", il)))
+            return rc;
+        if (g->arch == COMMON_ARCH_GPTOSS &&
+            ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.5f, 1, g->n_expert, 1, 1,
+                             "blk.%u.ffn_gate_inp.bias", il)) ||
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 2, g->n_ff, g->n_expert, 1,
+                             "blk.%u.ffn_gate_exps.bias", il)) ||
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 2, g->n_ff, g->n_expert, 1,
+                             "blk.%u.ffn_up_exps.bias", il)) ||
+             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 2, g->n_embd, g->n_expert, 1,
+                             "blk.%u.ffn_down_exps.bias", il))))
             return rc;
         if (g->n_ff_shexp == 0)
             continue;
@@ -466,6 +485,10 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
         if (g->n_head_kv != g->n_head)
             return common_errmsg_set(e, COMMON_EINVAL,
                                      "deepseek2 has latent attention: leave n_head_kv at n_head");
+    } else if (g->arch == COMMON_ARCH_GPTOSS) {
+        /* gpt-oss's heads are wider than n_embd / n_head (64 of 2880 / 64 = 45). */
+        g->head_dim = 2 * (g->n_embd / g->n_head);
+        g->rot = g->head_dim;
     } else if (glm) {
         /* GLM-4.5's layout: a dense first layer, one shared expert, rotary on half the head. */
         g->n_dense_lead = g->n_layer > 1 ? 1 : 0;
@@ -477,8 +500,10 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
         return common_errmsg_set(e, COMMON_EINVAL, "--lite is a deepseek2 shape");
     }
     g->type = o->type;
-    g->rope_freq_base =
-        o->rope_freq_base > 0.0f ? o->rope_freq_base : (qwen || glm ? 1000000.0f : 10000.0f);
+    g->rope_freq_base = o->rope_freq_base > 0.0f        ? o->rope_freq_base
+                        : qwen || glm                   ? 1000000.0f
+                        : g->arch == COMMON_ARCH_GPTOSS ? 150000.0f
+                                                        : 10000.0f;
     g->rms_eps = qwen || g->arch == COMMON_ARCH_DEEPSEEK2 ? 1e-6f : 1e-5f;
     const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
     if (!ti)
@@ -723,10 +748,20 @@ static int synth_metadata(struct common_gguf_writer *w, const struct synth_geom 
          (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_used_count"), g->n_expert_used))))
         return rc;
     if ((g->arch == COMMON_ARCH_QWEN2MOE || g->arch == COMMON_ARCH_QWEN3MOE ||
-         g->arch == COMMON_ARCH_DEEPSEEK2 || glm) &&
+         g->arch == COMMON_ARCH_DEEPSEEK2 || g->arch == COMMON_ARCH_GPTOSS || glm) &&
         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("expert_feed_forward_length"), g->n_ff)))
         return rc;
     if (g->arch == COMMON_ARCH_DEEPSEEK2 && (rc = synth_metadata_deepseek2(w, g)))
+        return rc;
+    if (g->arch == COMMON_ARCH_GPTOSS &&
+        ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.key_length"), g->head_dim)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.value_length"), g->head_dim)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("rope.dimension_count"), g->head_dim)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("attention.sliding_window"), 16)) ||
+         (rc = common_gguf_writer_set_str(w, SYNTH_KEY("rope.scaling.type"), "yarn")) ||
+         (rc = common_gguf_writer_set_f32(w, SYNTH_KEY("rope.scaling.factor"), 4.0f)) ||
+         (rc = common_gguf_writer_set_u32(w, SYNTH_KEY("rope.scaling.original_context_length"),
+                                          g->n_ctx / 4 ? g->n_ctx / 4 : 1))))
         return rc;
     if (glm && ((rc = common_gguf_writer_set_u32(w, SYNTH_KEY("leading_dense_block_count"),
                                                  g->n_dense_lead)) ||

@@ -195,6 +195,13 @@ Test(cli_archs, glm4moe_matches_llama_cpp_and_streams, .timeout = 300)
     check_arch("glm4moe", true);
 }
 
+/* gpt-oss: sinks, a sliding window that the 48 positions exceed, biases everywhere, the clamped
+ * SwiGLU, softmax over the chosen logits, YaRN; F32, Q8_0 and MXFP4. */
+Test(cli_archs, gpt_oss_matches_llama_cpp_and_streams, .timeout = 300)
+{
+    check_arch("gpt-oss", true);
+}
+
 /* DeepSeek V3's shape: latent attention with q LoRA, a dense first layer, a shared expert,
  * sigmoid routing with a selection bias over 4 groups, renormalised and scaled weights, YaRN. */
 Test(cli_archs, deepseek2_matches_llama_cpp_and_streams, .timeout = 300)

@@ -427,3 +427,36 @@ Test(executor_models, glm4moe_prediction_block_is_left_out, .init = models_setup
     cr_expect_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ENOTSUP);
     cr_expect_not_null(strstr(e.text, "rope.dimension_sections"), "%s", e.text);
 }
+
+/* gpt-oss: a missing sliding window and a RoPE base of its own for the sliding layers are named. */
+Test(executor_models, gpt_oss_bad_metadata_names_the_key, .init = models_setup,
+     .fini = models_teardown)
+{
+    char src[4096], dst[4096];
+    snprintf(src, sizeof(src), "%s/go.gguf", t_dir);
+    snprintf(dst, sizeof(dst), "%s/bad.gguf", t_dir);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = src,
+                                    .arch = COMMON_ARCH_GPTOSS,
+                                    .n_embd = 128,
+                                    .n_layer = 2,
+                                    .n_head = 4,
+                                    .n_head_kv = 2,
+                                    .n_ff = 64,
+                                    .type = COMMON_GGML_TYPE_MXFP4,
+                                    .seed = 3};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "%s", e.text);
+    struct executor_model *m = NULL;
+    cr_assert_eq(executor_model_open(src, NULL, &m, &e), 0, "%s", e.text);
+    const struct common_hparams *hp = executor_model_hparams(m);
+    cr_expect_eq(hp->n_swa, 16u);
+    cr_expect(common_hparams_layer_is_swa(hp, 0) && !common_hparams_layer_is_swa(hp, 1),
+              "the even layers slide");
+    executor_model_destroy(m);
+    rewrite_key(src, dst, "gpt-oss.attention.sliding_window", 0, true);
+    cr_expect_lt(executor_model_open(dst, NULL, &m, &e), 0);
+    cr_expect_not_null(strstr(e.text, "'gpt-oss.attention.sliding_window'"), "%s", e.text);
+    rewrite_key(src, dst, "gpt-oss.attention.sliding_window", 0, false);
+    cr_expect_lt(executor_model_open(dst, NULL, &m, &e), 0);
+    cr_expect_not_null(strstr(e.text, "sliding_window is 0"), "%s", e.text);
+}

@@ -261,7 +261,7 @@ Test(pipeline_faults, moe_architectures_give_the_same_tokens_as_one_process, .ti
      .fini = fini)
 {
     skip_without_daemons();
-    static const char *archs[] = {"qwen2moe", "olmoe", "deepseek2", "glm4moe"};
+    static const char *archs[] = {"qwen2moe", "olmoe", "deepseek2", "glm4moe", "gpt-oss"};
     for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++) {
         char *dir = fixture_tmpdir();
         char  model[2048], cmd[4096];

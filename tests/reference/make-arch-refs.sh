@@ -43,6 +43,12 @@ done
 for type in f32 q8_0; do
     cases+=("glm4moe $type|--arch glm4moe --preset tiny --n-layer 3 --n-vocab 512 --n-ff 128 --n-head-kv 4 --type $type --seed 11|yes")
 done
+# gpt-oss: attention sinks, a sliding window of 16 on the even layers (the prompt and the
+# generation exceed it), q/k/v/output biases, router and expert biases, the clamped SwiGLU,
+# softmax over the chosen experts' logits, YaRN; also with every matrix in MXFP4.
+for type in f32 q8_0 mxfp4; do
+    cases+=("gpt-oss $type|--arch gpt-oss --preset tiny --n-layer 2 --n-vocab 512 --n-ff 128 --n-head-kv 2 --type $type --seed 11|yes")
+done
 # deepseek2: V3's shape (q LoRA, sigmoid routing with bias and groups, YaRN) in 3 layers, and
 # V2-Lite's, which llama.cpp recognises by its 27 layers.
 for type in f32 q8_0; do
