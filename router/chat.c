@@ -24,6 +24,8 @@ static const char *const k_names[ROUTER_CHAT_COUNT] = {
     [ROUTER_CHAT_DEEPSEEK] = "deepseek",
     [ROUTER_CHAT_DEEPSEEK2] = "deepseek2",
     [ROUTER_CHAT_DEEPSEEK3] = "deepseek3",
+    [ROUTER_CHAT_CHATGLM4] = "chatglm4",
+    [ROUTER_CHAT_GPT_OSS] = "gpt-oss",
 };
 
 const char *router_chat_name(enum router_chat_tmpl t)
@@ -75,8 +77,9 @@ int router_chat_detect(const char *t, size_t len, enum router_chat_tmpl *out)
         }
     } else if (has(t, len, "<|assistant|>") && has(t, len, "<|end|>")) {
         r = ROUTER_CHAT_PHI3;
-    } else if (has(t, len, "[gMASK]<sop>") ||
-               (has(t, len, "<|assistant|>") && has(t, len, "<|user|>")) ||
+    } else if (has(t, len, "[gMASK]<sop>")) {
+        r = ROUTER_CHAT_CHATGLM4;
+    } else if ((has(t, len, "<|assistant|>") && has(t, len, "<|user|>")) ||
                (has(t, len, "<|user|>") && has(t, len, "<|endoftext|>")) ||
                has(t, len, "bos_token + message['role']")) {
         return COMMON_ENOENT; /* glm, falcon3, zephyr, monarch */
@@ -100,6 +103,8 @@ int router_chat_detect(const char *t, size_t len, enum router_chat_tmpl *out)
                    "<\xEF\xBD\x9C"
                    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>")) {
         r = ROUTER_CHAT_DEEPSEEK3;
+    } else if (has(t, len, "<|start|>") && has(t, len, "<|channel|>")) {
+        r = ROUTER_CHAT_GPT_OSS;
     } else {
         return COMMON_ENOENT;
     }
@@ -381,6 +386,31 @@ int router_chat_render(enum router_chat_tmpl t, const struct router_chat_msg *ms
     case ROUTER_CHAT_DEEPSEEK2:
     case ROUTER_CHAT_DEEPSEEK3:
         render_deepseek(&k, t, msgs, n, gen);
+        break;
+    case ROUTER_CHAT_CHATGLM4:
+        /* [gMASK]<sop> then <|role|>\ncontent for each message, <|assistant|>\n to generate */
+        put(&k, "[gMASK]<sop>");
+        for (size_t i = 0; i < n; i++) {
+            put(&k, "<|");
+            put(&k, msgs[i].role);
+            put(&k, "|>\n");
+            put(&k, msgs[i].content);
+        }
+        if (gen)
+            put(&k, "<|assistant|>\n");
+        break;
+    case ROUTER_CHAT_GPT_OSS:
+        /* Harmony: <|start|>role<|message|>content, then <|return|> after the assistant's
+         * messages and <|end|> after the others; <|start|>assistant to generate */
+        for (size_t i = 0; i < n; i++) {
+            put(&k, "<|start|>");
+            put(&k, msgs[i].role);
+            put(&k, "<|message|>");
+            put(&k, msgs[i].content);
+            put(&k, strcmp(msgs[i].role, "assistant") == 0 ? "<|return|>" : "<|end|>");
+        }
+        if (gen)
+            put(&k, "<|start|>assistant");
         break;
     case ROUTER_CHAT_COUNT:
         return COMMON_EINVAL;

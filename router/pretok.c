@@ -42,6 +42,8 @@ static const struct router_pre_info k_pre_infos[] = {
     {"deepseek-llm", ROUTER_PRE_DEEPSEEK_LLM, false, false, false},
     {"falcon", ROUTER_PRE_FALCON, true, false, false},
     {"deepseek-v3", ROUTER_PRE_DEEPSEEK3, false, false, false},
+    {"gpt-4o", ROUTER_PRE_GPT4O, false, false, false},
+    {"llama4", ROUTER_PRE_GPT4O, false, false, false},
     /* GLM-4's regex is Llama 3's; llama.cpp keeps clean_spaces and drops BOS for it. */
     {"glm4", ROUTER_PRE_LLAMA3, true, false, false},
     {"chatglm-bpe", ROUTER_PRE_LLAMA3, true, false, false},
@@ -541,8 +543,119 @@ static void split_dsv3(const struct piece *p, struct emit *e)
     emit_to(e, p->b);
 }
 
+/* gpt-4o's letter classes in the collapsed text: "upper" is a letter that is not [a-z] (ASCII
+ * capitals and every non-ASCII letter), "lower" one that is not [A-Z]. */
+static bool o200k_upper(const struct piece *p, size_t i)
+{
+    const uint32_t c = pc_cpt(p, i);
+    return collapsed_class(p, i) == CC_L && !(c >= 'a' && c <= 'z');
+}
+
+static bool o200k_lower(const struct piece *p, size_t i)
+{
+    const uint32_t c = pc_cpt(p, i);
+    return collapsed_class(p, i) == CC_L && !(c >= 'A' && c <= 'Z');
+}
+
+/* (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])? at i: its length. */
+static size_t o200k_contraction(const struct piece *p, size_t i)
+{
+    if (pc_cpt(p, i) != '\'' || !(pc_flags(p, i + 1) & F_VALID))
+        return 0;
+    const uint32_t c1 = ascii_lower(pc_cpt(p, i + 1));
+    if (is_contraction_letter(c1))
+        return 2;
+    if ((pc_flags(p, i + 2) & F_VALID) && is_contraction_pair(c1, ascii_lower(pc_cpt(p, i + 2))))
+        return 3;
+    return 0;
+}
+
+/* gpt-4o's regex at pos, in its alternation order (std::regex over the collapsed text):
+ *   [^\r\n\p{L}\p{N}]?U*L+C? | [^\r\n\p{L}\p{N}]?U+L*C? | \p{N}{1,3} | ?[^\s\p{L}\p{N}]+[\r\n/]* |
+ *   \s*[\r\n]+ | \s+(?!\S) | \s+
+ * with U, L the "upper" and "lower" letters above and C the contraction. Returns the match
+ * length, 0 when none starts here. */
+static size_t o200k_match(const struct piece *p, size_t pos)
+{
+    const enum ccls k0 = collapsed_class(p, pos);
+    size_t          j = pos;
+    /* [^\r\n\p{L}\p{N}]? is kept only when a letter follows (else nothing here matches). */
+    if ((pc_flags(p, pos) & F_VALID) && !is_crlf(p, pos) && k0 != CC_L && k0 != CC_N &&
+        collapsed_class(p, pos + 1) == CC_L)
+        j = pos + 1;
+    if (collapsed_class(p, j) == CC_L) {
+        /* U*L+: U* greedy, then backtracked until a "lower" letter can start L+. */
+        size_t u = j;
+        while (o200k_upper(p, u))
+            u++;
+        size_t end = 0;
+        if (o200k_lower(p, u)) {
+            end = u;
+            while (o200k_lower(p, end))
+                end++;
+        } else {
+            for (size_t k = u; k > j; k--)
+                if (o200k_lower(p, k - 1)) {
+                    end = k; /* L+ is the one letter k - 1 (k == u: the run's last) */
+                    break;
+                }
+        }
+        if (end == 0) { /* U+L*: the upper run, then any lower ones */
+            end = u;
+            while (o200k_lower(p, end))
+                end++;
+        }
+        return end + o200k_contraction(p, end) - pos;
+    }
+    if (k0 == CC_N) {
+        size_t i = pos;
+        while (i - pos < 3 && collapsed_class(p, i) == CC_N)
+            i++;
+        return i - pos;
+    }
+#define O2_OTHER(k)                                                                                \
+    ((pc_flags(p, k) & F_VALID) && !f_space(pc_flags(p, k)) && collapsed_class(p, k) != CC_L &&    \
+     collapsed_class(p, k) != CC_N)
+    if ((pc_cpt(p, pos) == ' ' && O2_OTHER(pos + 1)) || O2_OTHER(pos)) {
+        size_t i = pc_cpt(p, pos) == ' ' && O2_OTHER(pos + 1) ? pos + 1 : pos;
+        while (O2_OTHER(i))
+            i++;
+        while (is_crlf(p, i) || ((pc_flags(p, i) & F_VALID) && pc_cpt(p, i) == '/'))
+            i++;
+        return i - pos;
+    }
+#undef O2_OTHER
+    size_t n_ws = 0, last_crlf_end = 0;
+    while (f_space(pc_flags(p, pos + n_ws))) {
+        if (is_crlf(p, pos + n_ws))
+            last_crlf_end = pos + n_ws + 1;
+        n_ws++;
+    }
+    if (last_crlf_end)
+        return last_crlf_end - pos;
+    if (n_ws > 1 && pos + n_ws < p->b)
+        return n_ws - 1;
+    return n_ws;
+}
+
+static void split_o200k(const struct piece *p, struct emit *e)
+{
+    size_t pos = p->a;
+    while (pos < p->b) {
+        const size_t n = o200k_match(p, pos);
+        if (n == 0) {
+            pos++;
+            continue;
+        }
+        emit_to(e, pos);
+        pos += n;
+        emit_to(e, pos);
+    }
+    emit_to(e, p->b);
+}
+
 /* A pass of a pre-tokenizer: a custom splitter or a regex. */
-enum pass_kind { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_RX, PASS_DSV3 };
+enum pass_kind { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_RX, PASS_DSV3, PASS_O200K };
 
 struct pass {
     enum pass_kind kind;
@@ -590,6 +703,8 @@ static struct pre_passes pre_passes(enum router_pre pre)
     case ROUTER_PRE_FALCON:
         return (struct pre_passes){3,
                                    {{PASS_RX, RX_PUNCT_FALCON}, gpt2, {PASS_RX, RX_ASCII_3DIGITS}}};
+    case ROUTER_PRE_GPT4O:
+        return (struct pre_passes){1, {{PASS_O200K, RX_DIGIT}}};
     case ROUTER_PRE_DEEPSEEK3:
         return (struct pre_passes){
             3, {{PASS_RX, RX_DIGITS_1_3}, {PASS_RX, RX_CJK_KANA}, {PASS_DSV3, RX_DIGIT}}};
@@ -675,6 +790,9 @@ int router_pretok_split(struct router_pretok *p, enum router_pre pre, const char
                 break;
             case PASS_DSV3:
                 split_dsv3(&pc, &e);
+                break;
+            case PASS_O200K:
+                split_o200k(&pc, &e);
                 break;
             }
             emit_to(&e, pc.b);

@@ -1,6 +1,6 @@
 /* tests/fuzz/fuzz_tokenize.c - libFuzzer target: tokenizing any bytes with the fixture vocabularies
- * (SentencePiece and byte-level BPE, and the GPT-2 one under deepseek-v3's pre-tokenizer), with
- * and without special-token parsing, then detokenizing. */
+ * (SentencePiece and byte-level BPE, and the GPT-2 one under the deepseek-v3 and gpt-4o
+ * pre-tokenizers), with and without special-token parsing, then detokenizing. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,12 +13,39 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define FUZZ_N_VOCABS 4
+#define FUZZ_N_VOCABS 5
 
 /* Process singleton of the fuzz target: vocabularies loaded on the first input. */
 static struct router_vocab *g_vocabs[FUZZ_N_VOCABS];
 static struct common_gguf  *g_ggufs[FUZZ_N_VOCABS];
 static int                  g_loaded;
+
+/* Loads the GPT-2 vocabulary (slot 1) into slot `slot` with tokenizer.ggml.pre = `pre`. */
+static void fuzz_load_with_pre(int slot, const char *pre)
+{
+    struct common_gguf_writer *w = NULL;
+    char                       tmp[] = "/tmp/sluice-fuzz-vocab-XXXXXX";
+    int                        fd = mkstemp(tmp);
+    if (fd < 0)
+        return;
+    close(fd);
+    if (g_ggufs[1] && common_gguf_writer_create(&w, 32) == COMMON_OK) {
+        int rc = COMMON_OK;
+        for (uint64_t i = 0; rc == COMMON_OK && i < common_gguf_n_kv(g_ggufs[1]); i++) {
+            const struct common_gguf_kv *kv = common_gguf_kv_at(g_ggufs[1], i);
+            rc = strcmp(kv->key, "tokenizer.ggml.pre") == 0
+                     ? common_gguf_writer_set_str(w, kv->key, pre)
+                     : common_gguf_writer_copy_kv(w, kv);
+        }
+        if (rc == COMMON_OK && common_gguf_writer_begin(w, tmp, NULL) == COMMON_OK &&
+            common_gguf_writer_finish(w, NULL) == COMMON_OK &&
+            common_gguf_open(tmp, NULL, &g_ggufs[slot], NULL) == COMMON_OK &&
+            router_vocab_load(g_ggufs[slot], &g_vocabs[slot], NULL) != COMMON_OK)
+            g_vocabs[slot] = NULL;
+        common_gguf_writer_destroy(w);
+    }
+    unlink(tmp);
+}
 
 static void fuzz_load(void)
 {
@@ -30,38 +57,16 @@ static void fuzz_load(void)
     const char *dir = getenv("SLUICE_FIXTURES");
     if (!dir || !*dir)
         dir = SLUICE_FIXTURES_DIR;
-    for (int i = 0; i < FUZZ_N_VOCABS - 1; i++) {
+    for (int i = 0; i < FUZZ_N_VOCABS - 2; i++) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         if (common_gguf_open(path, NULL, &g_ggufs[i], NULL) != COMMON_OK ||
             router_vocab_load(g_ggufs[i], &g_vocabs[i], NULL) != COMMON_OK)
             g_vocabs[i] = NULL;
     }
-    /* The GPT-2 vocabulary again with tokenizer.ggml.pre = deepseek-v3 (a temporary copy). */
-    const int                  last = FUZZ_N_VOCABS - 1;
-    struct common_gguf_writer *w = NULL;
-    char                       tmp[] = "/tmp/sluice-fuzz-vocab-XXXXXX";
-    int                        fd = mkstemp(tmp);
-    if (fd >= 0 && g_ggufs[1] && common_gguf_writer_create(&w, 32) == COMMON_OK) {
-        close(fd);
-        int rc = COMMON_OK;
-        for (uint64_t i = 0; rc == COMMON_OK && i < common_gguf_n_kv(g_ggufs[1]); i++) {
-            const struct common_gguf_kv *kv = common_gguf_kv_at(g_ggufs[1], i);
-            rc = strcmp(kv->key, "tokenizer.ggml.pre") == 0
-                     ? common_gguf_writer_set_str(w, kv->key, "deepseek-v3")
-                     : common_gguf_writer_copy_kv(w, kv);
-        }
-        if (rc == COMMON_OK && common_gguf_writer_begin(w, tmp, NULL) == COMMON_OK &&
-            common_gguf_writer_finish(w, NULL) == COMMON_OK &&
-            common_gguf_open(tmp, NULL, &g_ggufs[last], NULL) == COMMON_OK &&
-            router_vocab_load(g_ggufs[last], &g_vocabs[last], NULL) != COMMON_OK)
-            g_vocabs[last] = NULL;
-        common_gguf_writer_destroy(w);
-        unlink(tmp);
-    } else if (fd >= 0) {
-        close(fd);
-        unlink(tmp);
-    }
+    /* The GPT-2 vocabulary again under two more pre-tokenizers (temporary copies). */
+    fuzz_load_with_pre(FUZZ_N_VOCABS - 2, "deepseek-v3");
+    fuzz_load_with_pre(FUZZ_N_VOCABS - 1, "gpt-4o");
     g_loaded = 1;
 }
 

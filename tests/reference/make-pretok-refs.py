@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # tests/reference/make-pretok-refs.py - makes tests/reference/pretok.txt: llama.cpp's token ids of
 # test strings under the pre-tokenizers whose own vocabularies are not among the fixtures
-# (deepseek-v3, glm4). The GPT-2 vocabulary of the fixtures is copied with tokenizer.ggml.pre
+# (deepseek-v3, glm4, gpt-4o). The GPT-2 vocabulary of the fixtures is copied with tokenizer.ggml.pre
 # rewritten, and llama-tokenize (the peer, built by ../shared/tools/build-peer-llama.sh) encodes
 # every string of the fixture .inp files and a few more without BOS. Each line of the output:
 # "PRE HEX_OF_THE_UTF8_STRING ID,ID,..." (an empty list is "-").
@@ -13,7 +13,9 @@ fixtures = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__
 here = os.path.dirname(os.path.abspath(__file__))
 EXTRA = ["日本語のテキストと漢字123456", "don't I'll WE'RE 3.14159", "a\u0301b\u0308c  \u00a0 x\n\n\r\n y",
          "~~~abc ~x $5 +++foo", "tab\tx\u2003y  \n  z", "emoji 😀😀 ok!!\n\n", "ÅngströmΩ µ ß", " ", "\n",
-         "  ", "Hello,world", "_init_ {a:1}", "١٢٣٤ ٥", "ｶﾀｶﾅ ひらがな カタカナ", "x\u0300\u0301y", "price: $1,234.56!"]
+         "  ", "Hello,world", "_init_ {a:1}", "١٢٣٤ ٥", "ｶﾀｶﾅ ひらがな カタカナ", "x\u0300\u0301y", "price: $1,234.56!",
+         "HELLOworld ÀBC McDonald's iPhone XR", "ΑΒΓδε camelCaseWord ALLCAPS x'S y'LL", "path/to/file\n/x",
+         "a//b\r\n\r\n--c", "ÉCOLE école Éé", "Straße STRASSE ǅungla", "12345678 ٣٤٥٦"]
 
 
 def rewrite_pre(src, dst, pre):
@@ -59,7 +61,7 @@ for f in sorted(glob.glob(os.path.join(fixtures, 'tokenizer', '*.inp'))):
 strings += [s.encode() for s in EXTRA]
 lines = []
 with tempfile.TemporaryDirectory() as tmp:
-    for pre in ('deepseek-v3', 'glm4'):
+    for pre in ('deepseek-v3', 'glm4', 'gpt-4o'):
         vocab = os.path.join(tmp, pre + '.gguf')
         rewrite_pre(os.path.join(fixtures, 'tokenizer', 'ggml-vocab-gpt-2.gguf'), vocab, pre)
         for s in strings:

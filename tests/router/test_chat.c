@@ -149,6 +149,26 @@ Test(router_chat, deepseek3_renders_like_llama_cpp)
                   "assistant   <｜end▁of▁sentence｜><｜User｜>Another question<｜Assistant｜>");
 }
 
+Test(router_chat, chatglm4_renders_like_llama_cpp)
+{
+    expect_render(
+        "[gMASK]<sop>{% for item in messages %}<|{{ item['role'] }}|>", ROUTER_CHAT_CHATGLM4,
+        "[gMASK]<sop><|system|>\nYou are a helpful assistant<|user|>\nHello<|assistant|>\nHi "
+        "there<|user|>\nWho are you<|assistant|>\n   I am an assistant   <|user|>\nAnother "
+        "question<|assistant|>\n");
+}
+
+Test(router_chat, gpt_oss_renders_like_llama_cpp)
+{
+    expect_render(
+        "{{- '<|start|>' + message.role }}{{- '<|channel|>analysis<|message|>' }}",
+        ROUTER_CHAT_GPT_OSS,
+        "<|start|>system<|message|>You are a helpful assistant<|end|><|start|>user<|message|>"
+        "Hello<|end|><|start|>assistant<|message|>Hi there<|return|><|start|>user<|message|>"
+        "Who are you<|end|><|start|>assistant<|message|>   I am an assistant   <|return|>"
+        "<|start|>user<|message|>Another question<|end|><|start|>assistant");
+}
+
 Test(router_chat, generation_prompt_is_optional)
 {
     struct router_text out = {0};
@@ -207,8 +227,9 @@ Test(router_chat, phi4_renders_like_llama_cpp)
 
 Test(router_chat, deepseek2_renders_like_llama_cpp)
 {
-    expect_direct(ROUTER_CHAT_DEEPSEEK2,
-                  "You are a helpful assistant\n\nUser: Hello\n\nAssistant: Hi "
-                  "there<｜end▁of▁sentence｜>User: Who are you\n\nAssistant:    I am an assistant   "
-                  "<｜end▁of▁sentence｜>User: Another question\n\nAssistant:");
+    expect_direct(
+        ROUTER_CHAT_DEEPSEEK2,
+        "You are a helpful assistant\n\nUser: Hello\n\nAssistant: Hi "
+        "there<｜end▁of▁sentence｜>User: Who are you\n\nAssistant:    I am an assistant   "
+        "<｜end▁of▁sentence｜>User: Another question\n\nAssistant:");
 }

@@ -262,7 +262,7 @@ static void rewrite_pre(const char *src, const char *dst, const char *pre)
     common_gguf_close(g);
 }
 
-/* The pre-tokenizers whose vocabularies are not fixtures (deepseek-v3, glm4), on the GPT-2
+/* The pre-tokenizers whose vocabularies are not fixtures (deepseek-v3, glm4, gpt-4o), on the GPT-2
  * vocabulary with tokenizer.ggml.pre rewritten: every string of tests/reference/pretok.txt gives
  * llama-tokenize's ids (made by tests/reference/make-pretok-refs.py). */
 static void check_pre(const char *pre)
@@ -333,4 +333,9 @@ Test(router_tokenizer, deepseek_v3_pre_tokenizer_matches_llama_tokenize)
 Test(router_tokenizer, glm4_pre_tokenizer_matches_llama_tokenize)
 {
     check_pre("glm4");
+}
+
+Test(router_tokenizer, gpt_4o_pre_tokenizer_matches_llama_tokenize)
+{
+    check_pre("gpt-4o");
 }
