@@ -641,23 +641,28 @@ static int synth_vocab(const struct executor_synth_opts *o, struct common_gguf_w
 /* With a target size, the layer count that approaches it, from the bytes of one layer. */
 static int synth_layers_for_target(struct synth_geom *g, uint64_t target_bytes)
 {
+    /* One repeating layer after the leading dense ones (deepseek2, glm4moe); everything else
+     * (embeddings, head, dense layers, glm4moe's prediction block) is fixed. */
     struct synth_geom one = *g;
-    one.n_layer = 1;
+    one.n_layer = g->n_dense_lead + 1;
     struct synth_plan p1 = {0};
     int               rc = synth_plan_build(&one, &p1);
     if (rc) {
         free(p1.t);
         return rc;
     }
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "blk.%u.", g->n_dense_lead);
     uint64_t fixed = 0, layer = 0;
     for (size_t i = 0; i < p1.n; i++) {
-        if (strncmp(p1.t[i].name, "blk.", 4) == 0)
+        if (strncmp(p1.t[i].name, prefix, strlen(prefix)) == 0)
             layer += synth_tensor_bytes(&p1.t[i]);
         else
             fixed += synth_tensor_bytes(&p1.t[i]);
     }
     free(p1.t);
     uint64_t n = target_bytes > fixed ? (target_bytes - fixed + layer / 2) / layer : 1;
+    n += g->n_dense_lead;
     g->n_layer = (uint32_t)(n < 1 ? 1 : n > 4096 ? 4096 : n);
     return COMMON_OK;
 }
