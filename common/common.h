@@ -559,6 +559,11 @@ bool common_model_is_moe(const struct common_model *m);
 bool common_model_layer_is_moe(const struct common_model *m, uint32_t il);
 /* True when layer `il` attends to a sliding window of hp.n_swa positions (gpt-oss). */
 bool common_hparams_layer_is_swa(const struct common_hparams *hp, uint32_t il);
+/* Positions the KV cache keeps for layer `il`: n_ctx, or for a sliding layer a ring of the window
+ * plus one batch (min(n_ctx, n_swa + n_batch)): a batch's queries still see their whole window
+ * after the batch's own positions are stored. */
+uint32_t common_kv_layer_positions(const struct common_hparams *hp, uint32_t n_ctx,
+                                   uint32_t n_batch, uint32_t il);
 /* True for tensor `index` of a block the forward pass does not run (glm4moe's next-token
  * prediction layers, blk.N with N >= n_layer): not loaded, not counted as resident. */
 bool common_model_tensor_is_unused(const struct common_model *m, uint64_t index);

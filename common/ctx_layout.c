@@ -139,8 +139,12 @@ static int layout_kv(const struct common_hparams *hp, struct common_ctx_layout *
     /* Latent attention: V is the first head_dim_v values of K (the latent), not stored twice. */
     if (hp->n_lora_kv)
         v_head = 0;
+    /* Sliding layers keep a ring of their window (common_kv_layer_positions). */
+    uint64_t cells = 0;
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        cells += common_kv_layer_positions(hp, l->n_ctx, l->n_batch, il);
     uint64_t positions;
-    if (!common_mul_u64((uint64_t)hp->n_layer * l->n_ctx, hp->n_head_kv, &positions) ||
+    if (!common_mul_u64(cells, hp->n_head_kv, &positions) ||
         !common_mul_u64(positions, k_head, &l->kv_k_bytes) ||
         !common_mul_u64(positions, v_head, &l->kv_v_bytes) ||
         !common_add_u64(l->kv_k_bytes, l->kv_v_bytes, &l->kv_bytes))

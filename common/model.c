@@ -170,6 +170,15 @@ bool common_hparams_layer_is_swa(const struct common_hparams *hp, uint32_t il)
     return hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1;
 }
 
+uint32_t common_kv_layer_positions(const struct common_hparams *hp, uint32_t n_ctx,
+                                   uint32_t n_batch, uint32_t il)
+{
+    if (!common_hparams_layer_is_swa(hp, il))
+        return n_ctx;
+    const uint64_t ring = (uint64_t)hp->n_swa + n_batch;
+    return ring < n_ctx ? (uint32_t)ring : n_ctx;
+}
+
 bool common_model_layer_is_moe(const struct common_model *m, uint32_t il)
 {
     return m->hp.n_expert > 0 && il >= m->hp.n_layer_dense_lead && il < m->hp.n_layer;

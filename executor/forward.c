@@ -182,28 +182,36 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         const uint32_t n_kv = last - p_lo;
         const float   *qv = c->q + (size_t)t * hp->n_head * hk + (size_t)h * hk;
         float         *out = c->att + (size_t)t * hp->n_head * hv + (size_t)h * hv;
-        const uint8_t *kb = executor_kv_k_base(kv, j->il, kvh) + (size_t)p_lo * kv->k_pos_bytes;
+        /* The positions p_lo .. last-1 sit in cells from p_lo % cap on, wrapping once at most
+         * in a sliding layer's ring: segment a to the ring's end, then segment b from cell 0. */
+        const uint32_t cap = kv->cap[j->il], c0 = p_lo % cap;
+        const uint32_t len_a = n_kv < cap - c0 ? n_kv : cap - c0, len_b = n_kv - len_a;
+        const uint8_t *kbase = executor_kv_k_base(kv, j->il, kvh);
+        const size_t   kpb = kv->k_pos_bytes;
         if (kv->type == COMMON_CACHE_F16) {
             uint16_t *q16 = (uint16_t *)(void *)qb;
             for (uint32_t i = 0; i < hk; i++)
                 q16[i] = executor_fp32_to_fp16(qv[i]);
-            executor_matvec(COMMON_GGML_TYPE_F16, hk, kb, kv->k_pos_bytes, 0, n_kv, q16, scores);
         } else {
             executor_quantize_act(COMMON_GGML_TYPE_Q8_0, qv, qb, hk);
-            executor_matvec(COMMON_GGML_TYPE_Q8_0, hk, kb, kv->k_pos_bytes, 0, n_kv, qb, scores);
         }
+        const uint32_t kt =
+            kv->type == COMMON_CACHE_F16 ? COMMON_GGML_TYPE_F16 : COMMON_GGML_TYPE_Q8_0;
+        executor_matvec(kt, hk, kbase + (size_t)c0 * kpb, kpb, 0, len_a, qb, scores);
+        if (len_b)
+            executor_matvec(kt, hk, kbase, kpb, 0, len_b, qb, scores + len_a);
         for (uint32_t i = 0; i < n_kv; i++)
             scores[i] *= j->scale;
         if (lw->sinks)
             fwd_softmax_sink(scores, n_kv, lw->sinks[h]);
         else
             fwd_softmax(scores, n_kv);
+        float *vrow = c->th_v + (size_t)ith * hv;
         if (kv->v_in_k) {
             /* Latent attention: the values are the head of each cached K row. */
-            float *vrow = c->th_v + (size_t)ith * hv;
             memset(out, 0, hv * sizeof(*out));
             for (uint32_t pos = 0; pos < n_kv; pos++) {
-                const uint8_t *krow = kb + (size_t)pos * kv->k_pos_bytes;
+                const uint8_t *krow = kbase + (size_t)((p_lo + pos) % cap) * kpb;
                 float          pw = scores[pos];
                 if (kv->type == COMMON_CACHE_F16) {
                     pw = executor_fp16_to_fp32(executor_fp32_to_fp16(pw));
@@ -217,11 +225,16 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         } else if (kv->type == COMMON_CACHE_F16) {
             for (uint32_t i = 0; i < n_kv; i++)
                 p16[i] = executor_fp32_to_fp16(scores[i]);
-            executor_matvec(COMMON_GGML_TYPE_F16, n_kv,
-                            executor_kv_vt_base(kv, j->il, kvh) + (size_t)p_lo * 2u,
-                            (size_t)c->n_ctx * 2u, 0, hv, p16, out);
+            const uint8_t *vt = executor_kv_vt_base(kv, j->il, kvh);
+            executor_matvec(COMMON_GGML_TYPE_F16, len_a, vt + (size_t)c0 * 2u, (size_t)cap * 2u, 0,
+                            hv, p16, out);
+            if (len_b) {
+                executor_matvec(COMMON_GGML_TYPE_F16, len_b, vt, (size_t)cap * 2u, 0, hv,
+                                p16 + len_a, vrow);
+                for (uint32_t d = 0; d < hv; d++)
+                    out[d] = out[d] + vrow[d];
+            }
         } else {
-            float *vrow = c->th_v + (size_t)ith * hv;
             memset(out, 0, hv * sizeof(*out));
             for (uint32_t pos = 0; pos < n_kv; pos++) {
                 executor_dequantize_row(COMMON_GGML_TYPE_Q8_0,
