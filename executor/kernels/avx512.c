@@ -889,8 +889,7 @@ static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
     return avx512_hsum_ps(acc) - avx512_hsum_ps256(accm);
 }
 
-/* MXFP4 x Q8_0, two blocks per 512-bit step: the nibbles index the e2m1 table with a byte
- * shuffle; vpdpbusd takes |w| (unsigned) times the activation with w's sign moved onto it. */
+/* MXFP4 x Q8_0: 32 nibbles of a block, low ones in bytes 0..15, high ones in 16..31. */
 static inline __m256i avx512_nibbles256(const uint8_t *p)
 {
     const __m128i t = _mm_loadu_si128((const __m128i *)(const void *)p);
@@ -898,39 +897,78 @@ static inline __m256i avx512_nibbles256(const uint8_t *p)
     return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
 }
 
-static float avx512_dot_mxfp4(int64_t n, const void *w, const void *a)
+#define AVX512_MXFP4_ROWS 4
+
+/* Dots of R rows of MXFP4 (stride rb) with one Q8_0 activation, two blocks per step. The e2m1
+ * values are looked up offset by 12 (0..24, unsigned, for vpdpbusd) and 12 * the activation's
+ * sums, made once per step for all R rows, is taken off: sum(w * a) exactly. Each row's
+ * arithmetic is the same whatever R, so gemv and vec_dot agree bit for bit. */
+static inline __attribute__((always_inline)) void
+avx512_mxfp4_rows(const int R, int64_t nb, const char *w, size_t rb,
+                  const struct executor_block_q8_0 *y, float *out)
 {
-    const struct executor_block_mxfp4 *x = w;
-    const struct executor_block_q8_0  *y = a;
-    const int64_t                      nb = n / EXECUTOR_QK;
-    const __m512i                      table =
-        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)kimpl_mxfp4_values));
-    __m512  acc = _mm512_setzero_ps();
+    int8_t shifted[16];
+    for (int k = 0; k < 16; k++)
+        shifted[k] = (int8_t)(kimpl_mxfp4_values[k] + 12);
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)shifted));
+    const __m512i twelve = _mm512_set1_epi8(12);
+    __m512        acc[AVX512_MXFP4_ROWS];
+    float         tail[AVX512_MXFP4_ROWS];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        tail[r] = 0.0f;
+    }
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(avx512_nibbles256(x[i].qs)),
-                                               avx512_nibbles256(x[i + 1].qs), 1);
-        const __m512i q = _mm512_shuffle_epi8(table, nib);
         const __m512i qy = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)y[i].qs)),
             _mm256_loadu_si256((const __m256i *)(const void *)y[i + 1].qs), 1);
-        const __m512i sy =
-            _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(q), _mm512_setzero_si512(), qy);
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), sy);
-        const float   d0 = kimpl_fp16_to_fp32(y[i].d) * kimpl_e8m0_half(x[i].e);
-        const float   d1 = kimpl_fp16_to_fp32(y[i + 1].d) * kimpl_e8m0_half(x[i + 1].e);
-        const __m512  dv = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
-        acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc);
+        const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, qy);
+        const float   da0 = kimpl_fp16_to_fp32(y[i].d), da1 = kimpl_fp16_to_fp32(y[i + 1].d);
+        for (int r = 0; r < R; r++) {
+            const struct executor_block_mxfp4 *x =
+                (const struct executor_block_mxfp4 *)(const void *)(w + (size_t)r * rb) + i;
+            const __m512i nib = _mm512_inserti64x4(
+                _mm512_castsi256_si512(avx512_nibbles256(x[0].qs)), avx512_nibbles256(x[1].qs), 1);
+            const __m512i q = _mm512_shuffle_epi8(table, nib);
+            const __m512i s =
+                _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, qy), corr);
+            const __m512 dv = _mm512_insertf32x8(_mm512_set1_ps(da0 * kimpl_e8m0_half(x[0].e)),
+                                                 _mm256_set1_ps(da1 * kimpl_e8m0_half(x[1].e)), 1);
+            acc[r] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc[r]);
+        }
     }
-    float sum = avx512_hsum_ps(acc);
-    for (; i < nb; i++) {
-        int sumi = 0;
-        for (int j = 0; j < EXECUTOR_QK / 2; j++)
-            sumi += y[i].qs[j] * kimpl_mxfp4_values[x[i].qs[j] & 0x0F] +
-                    y[i].qs[j + EXECUTOR_QK / 2] * kimpl_mxfp4_values[x[i].qs[j] >> 4];
-        sum += kimpl_fp16_to_fp32(y[i].d) * kimpl_e8m0_half(x[i].e) * (float)sumi;
-    }
-    return sum;
+    for (; i < nb; i++)
+        for (int r = 0; r < R; r++) {
+            const struct executor_block_mxfp4 *x =
+                (const struct executor_block_mxfp4 *)(const void *)(w + (size_t)r * rb) + i;
+            int sumi = 0;
+            for (int j = 0; j < EXECUTOR_QK / 2; j++)
+                sumi += y[i].qs[j] * kimpl_mxfp4_values[x->qs[j] & 0x0F] +
+                        y[i].qs[j + EXECUTOR_QK / 2] * kimpl_mxfp4_values[x->qs[j] >> 4];
+            tail[r] += kimpl_fp16_to_fp32(y[i].d) * kimpl_e8m0_half(x->e) * (float)sumi;
+        }
+    for (int r = 0; r < R; r++)
+        out[r] = avx512_hsum_ps(acc[r]) + tail[r];
+}
+
+static void avx512_gemv_mxfp4(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                              float *y)
+{
+    const int64_t nb = n / EXECUTOR_QK;
+    int64_t       r = 0;
+    for (; r + AVX512_MXFP4_ROWS <= n_rows; r += AVX512_MXFP4_ROWS)
+        avx512_mxfp4_rows(AVX512_MXFP4_ROWS, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+    for (; r < n_rows; r++)
+        avx512_mxfp4_rows(1, nb, (const char *)w + (size_t)r * rb, rb, act, y + r);
+}
+
+static float avx512_dot_mxfp4(int64_t n, const void *w, const void *a)
+{
+    float y;
+    avx512_mxfp4_rows(1, n / EXECUTOR_QK, w, 0, a, &y);
+    return y;
 }
 
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
@@ -940,6 +978,7 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx512_dot_bf16;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx512_dot_q4_1;
     ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = avx512_dot_mxfp4;
+    ks->gemv[COMMON_GGML_TYPE_MXFP4] = avx512_gemv_mxfp4;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx512_dot_q5_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;

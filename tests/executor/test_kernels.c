@@ -667,6 +667,14 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, 3);
+    /* MXFP4's 4-row gemv: rows of 1, 3 (a block left after the pairs) and 385 blocks, row counts
+     * with 1..3 rows after the groups of 4, and several activations. */
+    for (int64_t n_act = 1; n_act <= 3; n_act++) {
+        check_matrix(COMMON_GGML_TYPE_MXFP4, 32, 5, n_act);
+        check_matrix(COMMON_GGML_TYPE_MXFP4, 96, 7, n_act);
+        check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 385, 6, n_act);
+        check_matrix(COMMON_GGML_TYPE_MXFP4, 512, 19, n_act);
+    }
 }
 
 Test(executor_kernels, matvec_and_matmul_equal_vec_dot_avx2, .fini = restore_isa)
