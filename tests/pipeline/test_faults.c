@@ -375,11 +375,14 @@ Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 
     cr_assert_gt(have, 0);
     pid_t pid = read_pid(dir, "router");
     cr_assert_eq(kill(pid, SIGKILL), 0);
+    /* The client retries a silent router for up to 30 s (a restarted router may answer); after
+     * that it must give up with an error, not hang. The bound leaves a busy (sanitizer) machine
+     * room beyond those 30 s: only a hang fails it. */
     double t0 = now_s();
-    int    st = gen_finish(&g, buf, sizeof(buf), have, 60);
+    int    st = gen_finish(&g, buf, sizeof(buf), have, 150);
     cr_assert_neq(st, 0, "generate must fail when the router dies");
     cr_assert_neq(st, -1, "generate hung or crashed after the router died");
-    cr_assert_lt(now_s() - t0, 30, "the client took too long to notice");
+    cr_assert_lt(now_s() - t0, 120, "the client did not give up after its 30 s of retries");
     char path[1024];
     snprintf(path, sizeof(path), "%s/gen.err", dir);
     char *err = fixture_read_all(path, NULL);
