@@ -430,7 +430,9 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
 
 /* gate/up products of rows `xin` (n rows of n_embd) into c->ga / c->up, then ga = silu(ga) * up.
  */
-void executor_fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+/* The gate and up products of rows `xin` (n rows of n_embd) into c->ga / c->up, the two weights
+ * sharing one activation buffer when their activation types agree. */
+static void fwd_gate_up_products(struct executor_ctx *c, const float *xin, uint32_t n,
                                  const struct executor_mat *gate, const struct executor_mat *up)
 {
     const uint32_t    ne = c->m->desc->hp.n_embd;
@@ -446,6 +448,13 @@ void executor_fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint3
     job.t[0] = fwd_mm_of(gate, c->act[0], gs, n, c->ga, (size_t)nf);
     job.t[1] = fwd_mm_of(up, c->act[us], ust, n, c->up, (size_t)nf);
     executor_fwd_mm_run(c, &job);
+}
+
+void executor_fwd_swiglu_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                                 const struct executor_mat *gate, const struct executor_mat *up)
+{
+    const int64_t nf = gate->rows;
+    fwd_gate_up_products(c, xin, n, gate, up);
     for (size_t i = 0; i < (size_t)n * (size_t)nf; i++)
         c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
 }
@@ -456,19 +465,8 @@ void executor_fwd_oai_gate_up(struct executor_ctx *c, const float *xin, uint32_t
                               const struct executor_mat *gate, const struct executor_mat *up,
                               const float *gb, const float *ub)
 {
-    const uint32_t    ne = c->m->desc->hp.n_embd;
-    const int64_t     nf = gate->rows;
-    struct fwd_mm_job job = {.n = 2};
-    size_t            gs = executor_fwd_quantize(c, 0, gate->type, xin, ne, n, ne);
-    int               us = 0;
-    size_t            ust = gs;
-    if (executor_vec_dot_type(up->type) != executor_vec_dot_type(gate->type)) {
-        us = 1;
-        ust = executor_fwd_quantize(c, 1, up->type, xin, ne, n, ne);
-    }
-    job.t[0] = fwd_mm_of(gate, c->act[0], gs, n, c->ga, (size_t)nf);
-    job.t[1] = fwd_mm_of(up, c->act[us], ust, n, c->up, (size_t)nf);
-    executor_fwd_mm_run(c, &job);
+    const int64_t nf = gate->rows;
+    fwd_gate_up_products(c, xin, n, gate, up);
     const float alpha = 1.702f, limit = 7.0f;
     for (uint32_t t = 0; t < n; t++)
         for (int64_t i = 0; i < nf; i++) {

@@ -526,12 +526,14 @@ static size_t dsv3_match(const struct piece *p, size_t pos)
     return n_ws; /* \s+, or 0 */
 }
 
-/* deepseek-v3's third regex over a piece: matches and the gaps between them become words. */
-static void split_dsv3(const struct piece *p, struct emit *e)
+/* One regex over a piece whose match at a position is `match` (0 = none there): matches and the
+ * gaps between them become words (std::regex_iterator's leftmost matches). */
+static void split_matches(const struct piece *p, struct emit *e,
+                          size_t (*match)(const struct piece *, size_t))
 {
     size_t pos = p->a;
     while (pos < p->b) {
-        const size_t n = dsv3_match(p, pos);
+        const size_t n = match(p, pos);
         if (n == 0) {
             pos++;
             continue;
@@ -636,22 +638,6 @@ static size_t o200k_match(const struct piece *p, size_t pos)
     if (n_ws > 1 && pos + n_ws < p->b)
         return n_ws - 1;
     return n_ws;
-}
-
-static void split_o200k(const struct piece *p, struct emit *e)
-{
-    size_t pos = p->a;
-    while (pos < p->b) {
-        const size_t n = o200k_match(p, pos);
-        if (n == 0) {
-            pos++;
-            continue;
-        }
-        emit_to(e, pos);
-        pos += n;
-        emit_to(e, pos);
-    }
-    emit_to(e, p->b);
 }
 
 /* A pass of a pre-tokenizer: a custom splitter or a regex. */
@@ -789,10 +775,10 @@ int router_pretok_split(struct router_pretok *p, enum router_pre pre, const char
                 split_rx(&pc, &e, passes.p[k].rx);
                 break;
             case PASS_DSV3:
-                split_dsv3(&pc, &e);
+                split_matches(&pc, &e, dsv3_match);
                 break;
             case PASS_O200K:
-                split_o200k(&pc, &e);
+                split_matches(&pc, &e, o200k_match);
                 break;
             }
             emit_to(&e, pc.b);
