@@ -6,12 +6,12 @@
 
 #include "kernels_impl.h"
 
-/* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K get 512-bit dots (Q4_0: three
- * raw blocks per load; the other block types two blocks, or one 64-element chunk, per vector; VNNI
- * vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0, Q4_K and Q6_K also a gemm. Q2_K and Q3_K
- * (scalar everywhere) and the activation quantizers come from the slower sets, which this CPU also
- * runs. As in avx2.c the integer sums are exact and only the order of the float additions differs
- * from ref.c. */
+/* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 get 512-bit dots (Q4_0:
+ * three raw blocks per load; the other block types two blocks, or one 64-element chunk, per vector;
+ * VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0, Q4_K, Q6_K and MXFP4 also a gemm.
+ * Q2_K and Q3_K (scalar everywhere) and the activation quantizers come from the slower sets, which
+ * this CPU also runs. As in avx2.c the integer sums are exact and only the order of the float
+ * additions differs from ref.c. */
 
 static inline float avx512_fp16(uint16_t h)
 {
@@ -889,68 +889,130 @@ static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
     return avx512_hsum_ps(acc) - avx512_hsum_ps256(accm);
 }
 
-/* MXFP4 x Q8_0: 32 nibbles of a block, low ones in bytes 0..15, high ones in 16..31. */
-static inline __m256i avx512_nibbles256(const uint8_t *p)
-{
-    const __m128i t = _mm_loadu_si128((const __m128i *)(const void *)p);
-    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
-}
+/* ------------------------------------------------------------------------------------------ */
+/* MXFP4 x Q8_0                                                                                */
+/* ------------------------------------------------------------------------------------------ */
 
-#define AVX512_MXFP4_ROWS 4
+/* Two blocks per step, a "pair" p: blocks 2p and 2p + 1, lanes 0..7 the first, 8..15 the second
+ * (nibbles in element order, as avx512_nibbles_pair gives them). The e2m1 values are looked up
+ * offset by 12 (0..24, unsigned, for vpdpbusd) and each int32 lane starts from -12 * the sum of its
+ * four activations (made once per pair for every row): sum(w * a) exactly. Lane sums are scaled by
+ * d_a * d_w (one multiply of the activation's and the row's scale vectors) into one accumulator per
+ * (row, activation). A row is summed in spans of AVX512_MXFP4_SPAN pairs (a horizontal add per
+ * span, spans added in order), then an odd last block in scalar code; vec_dot, gemv and gemm all
+ * run this sequence, so they give the same bits. The gemm prepares each activation pair once per
+ * call (struct avx512_mxfp4_act) and unpacks each weight pair once for 4 activations. */
+#define AVX512_MXFP4_ROWS       4  /* rows sharing one activation pair in the gemv */
+#define AVX512_MXFP4_SPAN       32 /* pairs summed before each horizontal add */
+#define AVX512_MXFP4_NACT       4  /* activations sharing one weight unpack in the gemm */
+#define AVX512_MXFP4_GEMM_ROWS  2  /* rows sharing one prepared activation load in the gemm */
+#define AVX512_MXFP4_GEMM_CHUNK 32 /* pairs prepared at once per activation */
+_Static_assert(AVX512_MXFP4_GEMM_CHUNK % AVX512_MXFP4_SPAN == 0,
+               "gemm spans must be vec_dot's spans");
 
-/* Dots of R rows of MXFP4 (stride rb) with one Q8_0 activation, two blocks per step. The e2m1
- * values are looked up offset by 12 (0..24, unsigned, for vpdpbusd) and 12 * the activation's
- * sums, made once per step for all R rows, is taken off: sum(w * a) exactly. Each row's
- * arithmetic is the same whatever R, so gemv and vec_dot agree bit for bit. */
-static inline __attribute__((always_inline)) void
-avx512_mxfp4_rows(const int R, int64_t nb, const char *w, size_t rb,
-                  const struct executor_block_q8_0 *y, float *out)
+/* A pair of activation blocks as the kernels use it; the gemm stores these (24 KiB of stack). */
+struct avx512_mxfp4_act {
+    int8_t  q[64];  /* quants of the two blocks */
+    int32_t c[16];  /* per lane: -12 * the sum of the lane's 4 quants */
+    float   da[16]; /* per lane: d of the lane's block */
+};
+
+/* The same in registers. */
+struct avx512_mxfp4_a {
+    __m512i q, c;
+    __m512  da;
+};
+
+/* A pair of weight blocks: values + 12 (0..24) and d_w per lane. */
+struct avx512_mxfp4_w {
+    __m512i q;
+    __m512  dw;
+};
+
+/* The e2m1 lookup table offset by 12, in every 128-bit lane for vpshufb. */
+static inline __m512i avx512_mxfp4_table(void)
 {
     int8_t shifted[16];
     for (int k = 0; k < 16; k++)
         shifted[k] = (int8_t)(kimpl_mxfp4_values[k] + 12);
-    const __m512i table =
-        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)shifted));
-    const __m512i twelve = _mm512_set1_epi8(12);
-    __m512        acc[AVX512_MXFP4_ROWS];
-    float         tail[AVX512_MXFP4_ROWS];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        tail[r] = 0.0f;
-    }
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m512i qy = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)y[i].qs)),
-            _mm256_loadu_si256((const __m256i *)(const void *)y[i + 1].qs), 1);
-        const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, qy);
-        const float   da0 = kimpl_fp16_to_fp32(y[i].d), da1 = kimpl_fp16_to_fp32(y[i + 1].d);
-        for (int r = 0; r < R; r++) {
-            const struct executor_block_mxfp4 *x =
-                (const struct executor_block_mxfp4 *)(const void *)(w + (size_t)r * rb) + i;
-            const __m512i nib = _mm512_inserti64x4(
-                _mm512_castsi256_si512(avx512_nibbles256(x[0].qs)), avx512_nibbles256(x[1].qs), 1);
-            const __m512i q = _mm512_shuffle_epi8(table, nib);
-            const __m512i s =
-                _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, qy), corr);
-            const __m512 dv = _mm512_insertf32x8(_mm512_set1_ps(da0 * kimpl_e8m0_half(x[0].e)),
-                                                 _mm256_set1_ps(da1 * kimpl_e8m0_half(x[1].e)), 1);
-            acc[r] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(s), acc[r]);
-        }
-    }
-    for (; i < nb; i++)
-        for (int r = 0; r < R; r++) {
-            const struct executor_block_mxfp4 *x =
-                (const struct executor_block_mxfp4 *)(const void *)(w + (size_t)r * rb) + i;
-            int sumi = 0;
-            for (int j = 0; j < EXECUTOR_QK / 2; j++)
-                sumi += y[i].qs[j] * kimpl_mxfp4_values[x->qs[j] & 0x0F] +
-                        y[i].qs[j + EXECUTOR_QK / 2] * kimpl_mxfp4_values[x->qs[j] >> 4];
-            tail[r] += kimpl_fp16_to_fp32(y[i].d) * kimpl_e8m0_half(x->e) * (float)sumi;
-        }
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)shifted));
+}
+
+static inline struct avx512_mxfp4_a avx512_mxfp4_act_load(const struct executor_block_q8_0 *y)
+{
+    const __m512i q = avx512_load_pair(y[0].qs, y[1].qs);
+    const __m512i zero = _mm512_setzero_si512();
+    return (struct avx512_mxfp4_a){
+        .q = q,
+        .c = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(12), q)),
+        .da = avx512_scale_pair(kimpl_fp16_to_fp32(y[0].d), kimpl_fp16_to_fp32(y[1].d))};
+}
+
+static inline struct avx512_mxfp4_w avx512_mxfp4_unpack(const struct executor_block_mxfp4 *x,
+                                                        __m512i                            table)
+{
+    return (struct avx512_mxfp4_w){
+        .q = _mm512_shuffle_epi8(table, avx512_nibbles_pair(x[0].qs, x[1].qs)),
+        .dw = avx512_scale_pair(kimpl_e8m0_half(x[0].e), kimpl_e8m0_half(x[1].e))};
+}
+
+/* acc + (lane sums * (d_a * d_w)): the one sequence every MXFP4 kernel runs per (row, activation,
+ * pair), so they agree bit for bit. */
+static inline __m512 avx512_mxfp4_pair(struct avx512_mxfp4_w w, __m512i q, __m512i c, __m512 da,
+                                       __m512 acc)
+{
+    const __m512i s = _mm512_dpbusd_epi32(c, w.q, q);
+    return _mm512_fmadd_ps(_mm512_mul_ps(da, w.dw), _mm512_cvtepi32_ps(s), acc);
+}
+
+/* The dot of one block in scalar code (a row's odd last block). */
+static inline float avx512_mxfp4_block(const struct executor_block_mxfp4 *x,
+                                       const struct executor_block_q8_0  *y)
+{
+    int sumi = 0;
+    for (int j = 0; j < EXECUTOR_QK / 2; j++)
+        sumi += y->qs[j] * kimpl_mxfp4_values[x->qs[j] & 0x0F] +
+                y->qs[j + EXECUTOR_QK / 2] * kimpl_mxfp4_values[x->qs[j] >> 4];
+    return kimpl_fp16_to_fp32(y->d) * kimpl_e8m0_half(x->e) * (float)sumi;
+}
+
+static inline const struct executor_block_mxfp4 *avx512_mxfp4_row(const char *w, size_t rb,
+                                                                  int64_t r)
+{
+    return (const struct executor_block_mxfp4 *)(const void *)(w + (size_t)r * rb);
+}
+
+/* Dots of R rows of MXFP4 (stride rb) with one Q8_0 activation y (gemv, vec_dot), the activation
+ * pair made once for all R rows. */
+static inline __attribute__((always_inline)) void
+avx512_mxfp4_rows(const int R, int64_t nb, const char *w, size_t rb,
+                  const struct executor_block_q8_0 *y, float *out)
+{
+    const __m512i table = avx512_mxfp4_table();
+    const int64_t np = nb / 2;
+    float         v[AVX512_MXFP4_ROWS];
     for (int r = 0; r < R; r++)
-        out[r] = avx512_hsum_ps(acc[r]) + tail[r];
+        v[r] = 0.0f;
+    for (int64_t k = 0; k < np; k += AVX512_MXFP4_SPAN) {
+        const int64_t ke = np - k < AVX512_MXFP4_SPAN ? np : k + AVX512_MXFP4_SPAN;
+        __m512        acc[AVX512_MXFP4_ROWS];
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_setzero_ps();
+        for (int64_t p = k; p < ke; p++) {
+            const struct avx512_mxfp4_a a = avx512_mxfp4_act_load(y + 2 * p);
+            for (int r = 0; r < R; r++)
+                acc[r] = avx512_mxfp4_pair(
+                    avx512_mxfp4_unpack(avx512_mxfp4_row(w, rb, r) + 2 * p, table), a.q, a.c, a.da,
+                    acc[r]);
+        }
+        for (int r = 0; r < R; r++) {
+            const float s = avx512_hsum_ps(acc[r]);
+            v[r] = k == 0 ? s : v[r] + s;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        out[r] = nb % 2 ? v[r] + avx512_mxfp4_block(avx512_mxfp4_row(w, rb, r) + nb - 1, y + nb - 1)
+                        : v[r];
 }
 
 static void avx512_gemv_mxfp4(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
@@ -971,6 +1033,123 @@ static float avx512_dot_mxfp4(int64_t n, const void *w, const void *a)
     return y;
 }
 
+/* Prepares the np pairs of activation blocks from y into g. */
+static void avx512_mxfp4_prep(const struct executor_block_q8_0 *y, int64_t np,
+                              struct avx512_mxfp4_act *g)
+{
+    for (int64_t p = 0; p < np; p++) {
+        const struct avx512_mxfp4_a a = avx512_mxfp4_act_load(y + 2 * p);
+        _mm512_store_si512(g[p].q, a.q);
+        _mm512_store_si512(g[p].c, a.c);
+        _mm512_store_ps(g[p].da, a.da);
+    }
+}
+
+/* Span sums over pairs [p0, p0 + np) (np <= AVX512_MXFP4_SPAN) of R rows at w (stride rb) with NA
+ * prepared activations g + j * gs (g at pair p0): out[r * AVX512_MXFP4_NACT + j]. Each weight
+ * pair is unpacked once for NA activations, each prepared pair loaded once for R rows. */
+static inline __attribute__((always_inline)) void
+avx512_mxfp4_span(const int R, const int NA, const char *w, size_t rb, int64_t p0, int64_t np,
+                  const struct avx512_mxfp4_act *g, size_t gs, __m512i table, float *out)
+{
+    __m512 acc[AVX512_MXFP4_GEMM_ROWS][AVX512_MXFP4_NACT];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NA; j++)
+            acc[r][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        struct avx512_mxfp4_w x[AVX512_MXFP4_GEMM_ROWS];
+        for (int r = 0; r < R; r++)
+            x[r] = avx512_mxfp4_unpack(avx512_mxfp4_row(w, rb, r) + 2 * (p0 + p), table);
+        for (int j = 0; j < NA; j++) {
+            const struct avx512_mxfp4_act *a = g + (size_t)j * gs + p;
+            const __m512i                  q = _mm512_load_si512(a->q);
+            const __m512i                  c = _mm512_load_si512(a->c);
+            const __m512                   da = _mm512_load_ps(a->da);
+            for (int r = 0; r < R; r++)
+                acc[r][j] = avx512_mxfp4_pair(x[r], q, c, da, acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NA; j++)
+            out[r * AVX512_MXFP4_NACT + j] = avx512_hsum_ps(acc[r][j]);
+}
+
+/* The pairs [k0, k0 + nk) of n_rows rows (stride rb) with NA activations prepared at
+ * g[j * AVX512_MXFP4_GEMM_CHUNK + p]; span sums added in order into y[j * ys + r] (the first span
+ * writes it). Spans run outermost so only one span of the NA activations (24 KiB) is hot in L1
+ * while the rows (in L2: executor_matmul tiles them) pass over it, as in the Q4_0 gemm. */
+static inline __attribute__((always_inline)) void
+avx512_mxfp4_rows_multi(const int NA, const char *w, size_t rb, int64_t n_rows, int64_t k0,
+                        int64_t nk, const struct avx512_mxfp4_act *g, float *y, size_t ys)
+{
+    const __m512i table = avx512_mxfp4_table();
+    for (int64_t k = 0; k < nk; k += AVX512_MXFP4_SPAN) {
+        const int64_t ns = nk - k < AVX512_MXFP4_SPAN ? nk - k : AVX512_MXFP4_SPAN;
+        for (int64_t r = 0; r < n_rows; r += AVX512_MXFP4_GEMM_ROWS) {
+            const char *wr = w + (size_t)r * rb;
+            const int   R =
+                n_rows - r < AVX512_MXFP4_GEMM_ROWS ? (int)(n_rows - r) : AVX512_MXFP4_GEMM_ROWS;
+            float s[AVX512_MXFP4_GEMM_ROWS * AVX512_MXFP4_NACT];
+            if (R == AVX512_MXFP4_GEMM_ROWS)
+                avx512_mxfp4_span(AVX512_MXFP4_GEMM_ROWS, NA, wr, rb, k0 + k, ns, g + k,
+                                  AVX512_MXFP4_GEMM_CHUNK, table, s);
+            else
+                avx512_mxfp4_span(1, NA, wr, rb, k0 + k, ns, g + k, AVX512_MXFP4_GEMM_CHUNK, table,
+                                  s);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < NA; j++) {
+                    float *yj = y + (size_t)j * ys + (size_t)(r + i);
+                    *yj = k0 + k == 0 ? s[i * AVX512_MXFP4_NACT + j]
+                                      : *yj + s[i * AVX512_MXFP4_NACT + j];
+                }
+        }
+    }
+}
+
+static void avx512_gemm_mxfp4(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                              size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    _Alignas(64) struct avx512_mxfp4_act g[AVX512_MXFP4_NACT * AVX512_MXFP4_GEMM_CHUNK];
+    const int64_t                        nb = n / EXECUTOR_QK;
+    const int64_t                        np = nb / 2;
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_MXFP4_NACT) {
+        const int na = n_act - j0 < AVX512_MXFP4_NACT ? (int)(n_act - j0) : AVX512_MXFP4_NACT;
+        const struct executor_block_q8_0 *ya[AVX512_MXFP4_NACT];
+        for (int j = 0; j < na; j++)
+            ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+        float *yj = y + (size_t)j0 * ys;
+        for (int64_t k0 = 0; k0 < np; k0 += AVX512_MXFP4_GEMM_CHUNK) {
+            const int64_t nk =
+                np - k0 < AVX512_MXFP4_GEMM_CHUNK ? np - k0 : AVX512_MXFP4_GEMM_CHUNK;
+            for (int j = 0; j < na; j++)
+                avx512_mxfp4_prep(ya[j] + 2 * k0, nk, g + (size_t)j * AVX512_MXFP4_GEMM_CHUNK);
+            switch (na) {
+            case 4:
+                avx512_mxfp4_rows_multi(4, w, rb, n_rows, k0, nk, g, yj, ys);
+                break;
+            case 3:
+                avx512_mxfp4_rows_multi(3, w, rb, n_rows, k0, nk, g, yj, ys);
+                break;
+            case 2:
+                avx512_mxfp4_rows_multi(2, w, rb, n_rows, k0, nk, g, yj, ys);
+                break;
+            default:
+                avx512_mxfp4_rows_multi(1, w, rb, n_rows, k0, nk, g, yj, ys);
+                break;
+            }
+        }
+        if (nb % 2 == 0)
+            continue;
+        /* the odd last block, added last as avx512_mxfp4_rows adds it */
+        for (int j = 0; j < na; j++)
+            for (int64_t r = 0; r < n_rows; r++) {
+                float *yr = yj + (size_t)j * ys + (size_t)r;
+                *yr = (np > 0 ? *yr : 0.0f) +
+                      avx512_mxfp4_block(avx512_mxfp4_row(w, rb, r) + nb - 1, ya[j] + nb - 1);
+            }
+    }
+}
+
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
 {
     ks->vec_dot[COMMON_GGML_TYPE_F32] = avx512_dot_f32;
@@ -979,6 +1158,7 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx512_dot_q4_1;
     ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = avx512_dot_mxfp4;
     ks->gemv[COMMON_GGML_TYPE_MXFP4] = avx512_gemv_mxfp4;
+    ks->gemm[COMMON_GGML_TYPE_MXFP4] = avx512_gemm_mxfp4;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx512_dot_q5_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;

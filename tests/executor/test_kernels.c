@@ -667,14 +667,25 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, 3);
-    /* MXFP4's 4-row gemv: rows of 1, 3 (a block left after the pairs) and 385 blocks, row counts
-     * with 1..3 rows after the groups of 4, and several activations. */
-    for (int64_t n_act = 1; n_act <= 3; n_act++) {
+    /* MXFP4's 4-row gemv and its gemm (2 rows x 4 activations, 32 pairs of blocks prepared and
+     * summed at a time): 1..9 activations (1..3 after the groups of 4); rows of 1, 2, 3 (a block
+     * left after the pairs), 31, 33, 64 (one chunk), 65, 97, 130 (a partial last chunk) and 385
+     * blocks; odd and even row counts; a matrix larger than one gemm row tile (256 KiB). */
+    for (int64_t n_act = 1; n_act <= 9; n_act++) {
         check_matrix(COMMON_GGML_TYPE_MXFP4, 32, 5, n_act);
         check_matrix(COMMON_GGML_TYPE_MXFP4, 96, 7, n_act);
-        check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 385, 6, n_act);
         check_matrix(COMMON_GGML_TYPE_MXFP4, 512, 19, n_act);
+        check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 33, 9, n_act);
     }
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 64, 1, 5);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 31, 4, 7);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 64, 17, 5);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 65, 3, 6);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 97, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 130, 7, 4);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 385, 6, 3);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 32 * 385, 8, 9);
+    check_matrix(COMMON_GGML_TYPE_MXFP4, 4096, 130, 3);
 }
 
 Test(executor_kernels, matvec_and_matmul_equal_vec_dot_avx2, .fini = restore_isa)
