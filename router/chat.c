@@ -26,6 +26,7 @@ static const char *const k_names[ROUTER_CHAT_COUNT] = {
     [ROUTER_CHAT_DEEPSEEK3] = "deepseek3",
     [ROUTER_CHAT_CHATGLM4] = "chatglm4",
     [ROUTER_CHAT_GPT_OSS] = "gpt-oss",
+    [ROUTER_CHAT_KIMI_K2] = "kimi-k2",
 };
 
 const char *router_chat_name(enum router_chat_tmpl t)
@@ -105,6 +106,8 @@ int router_chat_detect(const char *t, size_t len, enum router_chat_tmpl *out)
         r = ROUTER_CHAT_DEEPSEEK3;
     } else if (has(t, len, "<|start|>") && has(t, len, "<|channel|>")) {
         r = ROUTER_CHAT_GPT_OSS;
+    } else if (has(t, len, "<|im_assistant|>assistant<|im_middle|>")) {
+        r = ROUTER_CHAT_KIMI_K2;
     } else {
         return COMMON_ENOENT;
     }
@@ -411,6 +414,25 @@ int router_chat_render(enum router_chat_tmpl t, const struct router_chat_msg *ms
         }
         if (gen)
             put(&k, "<|start|>assistant");
+        break;
+    case ROUTER_CHAT_KIMI_K2:
+        /* a header per known role, then content<|im_end|>; other roles get no header, as in
+         * llama.cpp */
+        for (size_t i = 0; i < n; i++) {
+            static const char *const heads[][2] = {
+                {"system", "<|im_system|>system<|im_middle|>"},
+                {"user", "<|im_user|>user<|im_middle|>"},
+                {"assistant", "<|im_assistant|>assistant<|im_middle|>"},
+                {"tool", "<|im_system|>tool<|im_middle|>"},
+            };
+            for (size_t h = 0; h < sizeof(heads) / sizeof(heads[0]); h++)
+                if (is_role(&msgs[i], heads[h][0]))
+                    put(&k, heads[h][1]);
+            put(&k, msgs[i].content);
+            put(&k, "<|im_end|>");
+        }
+        if (gen)
+            put(&k, "<|im_assistant|>assistant<|im_middle|>");
         break;
     case ROUTER_CHAT_COUNT:
         return COMMON_EINVAL;

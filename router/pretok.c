@@ -47,6 +47,7 @@ static const struct router_pre_info k_pre_infos[] = {
     /* GLM-4's regex is Llama 3's; llama.cpp keeps clean_spaces and drops BOS for it. */
     {"glm4", ROUTER_PRE_LLAMA3, true, false, false},
     {"chatglm-bpe", ROUTER_PRE_LLAMA3, true, false, false},
+    {"kimi-k2", ROUTER_PRE_KIMI_K2, false, false, false},
 };
 
 const struct router_pre_info *router_pre_find(const char *name, size_t len)
@@ -101,6 +102,14 @@ static const struct router_urange k_cjk[] = {
     {0x4E00, 0x9FA5},
     {0x0800, 0x4E00},
     {0xAC00, 0xD7FF},
+};
+
+/* \p{Han} as llama.cpp's unicode_cpt_is_han() has it: the CJK Unified Ideographs, their
+ * extensions A to F and the compatibility ideographs. */
+static const struct router_urange k_han[] = {
+    {0x4E00, 0x9FFF},   {0x3400, 0x4DBF},   {0x20000, 0x2A6DF},
+    {0x2A700, 0x2B73F}, {0x2B740, 0x2B81F}, {0x2B820, 0x2CEAF},
+    {0x2CEB0, 0x2EBEF}, {0xF900, 0xFAFF},   {0x2F800, 0x2FA1F},
 };
 
 static bool in_ranges(const struct router_urange *r, size_t n, uint32_t cp)
@@ -313,6 +322,86 @@ static void split_llama3(const struct piece *p, struct emit *e, size_t max_digit
         } else {
             pos++;
         }
+        emit_to(e, pos);
+    }
+}
+
+/* A letter of the piece that is not Han (Kimi K2's letter classes). */
+static bool kimi_letter(const struct piece *p, size_t i)
+{
+    return f_letter(pc_flags(p, i)) && !in_ranges(k_han, N_RANGES(k_han), pc_cpt(p, i));
+}
+
+/* Kimi K2 (tiktoken's pattern):
+ *   [\p{Han}]+ | [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*
+ *   [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)? | (the same with + and *) |
+ *   \p{N}{1,3} | ?[^\s\p{L}\p{N}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
+ * Same steps as llama.cpp's unicode_regex_split_custom_kimi_k2(), which takes both letter
+ * alternatives as one run of non-Han letters (marks are not letters there) with the contraction
+ * after it. */
+static void split_kimi(const struct piece *p, struct emit *e)
+{
+    size_t pos = p->a;
+    while (pos < p->b) {
+        const uint32_t cpt = pc_cpt(p, pos);
+        const uint8_t  f = pc_flags(p, pos);
+        if (in_ranges(k_han, N_RANGES(k_han), cpt)) {
+            while (in_ranges(k_han, N_RANGES(k_han), pc_cpt(p, pos)))
+                pos++;
+            emit_to(e, pos);
+            continue;
+        }
+        const bool lead = !(cpt == '\r' || cpt == '\n' || f_letter(f) || f_number(f));
+        if (kimi_letter(p, pos) || (lead && kimi_letter(p, pos + 1))) {
+            pos += lead;
+            while (kimi_letter(p, pos))
+                pos++;
+            if (pc_cpt(p, pos) == '\'' && pos + 1 < p->b) {
+                const uint32_t n1 = ascii_lower(pc_cpt(p, pos + 1));
+                if (is_contraction_letter(n1))
+                    pos += 2;
+                else if (pos + 2 < p->b && is_contraction_pair(n1, ascii_lower(pc_cpt(p, pos + 2))))
+                    pos += 3;
+            }
+            emit_to(e, pos);
+            continue;
+        }
+        if (f_number(f)) {
+            size_t ini = pos;
+            while (f_number(pc_flags(p, pos))) {
+                if (++pos - ini >= 3) {
+                    emit_to(e, pos);
+                    ini = pos;
+                }
+            }
+            emit_to(e, pos);
+            continue;
+        }
+        /* ?[^\s\p{L}\p{N}]+[\r\n]*: unlike Llama 3's, the space's follower must be in the piece */
+        if (f_other(cpt == ' ' ? pc_flags(p, pos + 1) : f)) {
+            pos += cpt == ' ';
+            while (f_other(pc_flags(p, pos)))
+                pos++;
+            while (pc_cpt(p, pos) == '\r' || pc_cpt(p, pos) == '\n')
+                pos++;
+            emit_to(e, pos);
+            continue;
+        }
+        size_t n_ws = 0, last_crlf_end = 0;
+        while (f_space(pc_flags(p, pos + n_ws))) {
+            const uint32_t c = pc_cpt(p, pos + n_ws);
+            if (c == '\r' || c == '\n')
+                last_crlf_end = pos + n_ws + 1;
+            n_ws++;
+        }
+        if (last_crlf_end) /* \s*[\r\n]+ */
+            pos = last_crlf_end;
+        else if (n_ws > 1 && pos + n_ws < p->b) /* \s+(?!\S) */
+            pos += n_ws - 1;
+        else if (n_ws > 0) /* \s+ */
+            pos += n_ws;
+        else
+            pos++;
         emit_to(e, pos);
     }
 }
@@ -641,7 +730,7 @@ static size_t o200k_match(const struct piece *p, size_t pos)
 }
 
 /* A pass of a pre-tokenizer: a custom splitter or a regex. */
-enum pass_kind { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_RX, PASS_DSV3, PASS_O200K };
+enum pass_kind { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_RX, PASS_DSV3, PASS_O200K, PASS_KIMI };
 
 struct pass {
     enum pass_kind kind;
@@ -691,6 +780,8 @@ static struct pre_passes pre_passes(enum router_pre pre)
                                    {{PASS_RX, RX_PUNCT_FALCON}, gpt2, {PASS_RX, RX_ASCII_3DIGITS}}};
     case ROUTER_PRE_GPT4O:
         return (struct pre_passes){1, {{PASS_O200K, RX_DIGIT}}};
+    case ROUTER_PRE_KIMI_K2:
+        return (struct pre_passes){1, {{PASS_KIMI, RX_DIGIT}}};
     case ROUTER_PRE_DEEPSEEK3:
         return (struct pre_passes){
             3, {{PASS_RX, RX_DIGITS_1_3}, {PASS_RX, RX_CJK_KANA}, {PASS_DSV3, RX_DIGIT}}};
@@ -779,6 +870,9 @@ int router_pretok_split(struct router_pretok *p, enum router_pre pre, const char
                 break;
             case PASS_O200K:
                 split_matches(&pc, &e, o200k_match);
+                break;
+            case PASS_KIMI:
+                split_kimi(&pc, &e);
                 break;
             }
             emit_to(&e, pc.b);

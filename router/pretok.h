@@ -18,6 +18,7 @@ enum router_pre {
     ROUTER_PRE_FALCON,         /* "falcon" */
     ROUTER_PRE_DEEPSEEK3,      /* "deepseek-v3" */
     ROUTER_PRE_GPT4O,          /* "gpt-4o", "llama4" (gpt-oss, o200k) */
+    ROUTER_PRE_KIMI_K2,        /* "kimi-k2" */
 };
 
 /* Per-pre-tokenizer flags llama.cpp sets in llama_vocab::load(). */

@@ -298,6 +298,7 @@ enum router_chat_tmpl {
     ROUTER_CHAT_DEEPSEEK3, /* <｜User｜> / <｜Assistant｜> */
     ROUTER_CHAT_CHATGLM4,  /* [gMASK]<sop><|role|>\n... (GLM-4, GLM-4.5) */
     ROUTER_CHAT_GPT_OSS,   /* <|start|>role<|message|>...<|end|> (gpt-oss, Harmony) */
+    ROUTER_CHAT_KIMI_K2,   /* <|im_user|>user<|im_middle|>...<|im_end|> (Kimi K2) */
     ROUTER_CHAT_COUNT,
 };
 

@@ -26,12 +26,14 @@ static const char *const k_eog_texts[] = {
     "<|end_of_text|>",
     "<end_of_utterance>",
     "<｜end▁of▁sentence｜>",
+    "[EOT]", /* Kimi K2 */
+    "[EOS]",
 };
 
 /* Token strings llama.cpp takes as EOT when tokenizer.ggml.eot_token_id is absent. */
 static const char *const k_eot_texts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>",         "<|endoftext|>",
-    "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<｜end▁of▁sentence｜>",
+    "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<｜end▁of▁sentence｜>", "[EOT]",
 };
 
 enum vocab_token_type {

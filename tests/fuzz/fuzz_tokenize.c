@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_tokenize.c - libFuzzer target: tokenizing any bytes with the fixture vocabularies
- * (SentencePiece and byte-level BPE, and the GPT-2 one under the deepseek-v3 and gpt-4o
+ * (SentencePiece and byte-level BPE, and the GPT-2 one under the deepseek-v3, gpt-4o and kimi-k2
  * pre-tokenizers), with and without special-token parsing, then detokenizing. */
 #include <stddef.h>
 #include <stdint.h>
@@ -13,7 +13,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define FUZZ_N_VOCABS 5
+#define FUZZ_N_VOCABS 6
 
 /* Process singleton of the fuzz target: vocabularies loaded on the first input. */
 static struct router_vocab *g_vocabs[FUZZ_N_VOCABS];
@@ -57,15 +57,16 @@ static void fuzz_load(void)
     const char *dir = getenv("SLUICE_FIXTURES");
     if (!dir || !*dir)
         dir = SLUICE_FIXTURES_DIR;
-    for (int i = 0; i < FUZZ_N_VOCABS - 2; i++) {
+    for (int i = 0; i < FUZZ_N_VOCABS - 3; i++) {
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
         if (common_gguf_open(path, NULL, &g_ggufs[i], NULL) != COMMON_OK ||
             router_vocab_load(g_ggufs[i], &g_vocabs[i], NULL) != COMMON_OK)
             g_vocabs[i] = NULL;
     }
-    /* The GPT-2 vocabulary again under two more pre-tokenizers (temporary copies). */
-    fuzz_load_with_pre(FUZZ_N_VOCABS - 2, "deepseek-v3");
+    /* The GPT-2 vocabulary again under three more pre-tokenizers (temporary copies). */
+    fuzz_load_with_pre(FUZZ_N_VOCABS - 3, "deepseek-v3");
+    fuzz_load_with_pre(FUZZ_N_VOCABS - 2, "kimi-k2");
     fuzz_load_with_pre(FUZZ_N_VOCABS - 1, "gpt-4o");
     g_loaded = 1;
 }

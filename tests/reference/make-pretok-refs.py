@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # tests/reference/make-pretok-refs.py - makes tests/reference/pretok.txt: llama.cpp's token ids of
 # test strings under the pre-tokenizers whose own vocabularies are not among the fixtures
-# (deepseek-v3, glm4, gpt-4o). The GPT-2 vocabulary of the fixtures is copied with tokenizer.ggml.pre
+# (deepseek-v3, glm4, gpt-4o, kimi-k2). The GPT-2 vocabulary of the fixtures is copied with tokenizer.ggml.pre
 # rewritten, and llama-tokenize (the peer, built by ../shared/tools/build-peer-llama.sh) encodes
 # every string of the fixture .inp files and a few more without BOS. Each line of the output:
 # "PRE HEX_OF_THE_UTF8_STRING ID,ID,..." (an empty list is "-").
@@ -15,7 +15,11 @@ EXTRA = ["日本語のテキストと漢字123456", "don't I'll WE'RE 3.14159", 
          "~~~abc ~x $5 +++foo", "tab\tx\u2003y  \n  z", "emoji 😀😀 ok!!\n\n", "ÅngströmΩ µ ß", " ", "\n",
          "  ", "Hello,world", "_init_ {a:1}", "١٢٣٤ ٥", "ｶﾀｶﾅ ひらがな カタカナ", "x\u0300\u0301y", "price: $1,234.56!",
          "HELLOworld ÀBC McDonald's iPhone XR", "ΑΒΓδε camelCaseWord ALLCAPS x'S y'LL", "path/to/file\n/x",
-         "a//b\r\n\r\n--c", "ÉCOLE école Éé", "Straße STRASSE ǅungla", "12345678 ٣٤٥٦"]
+         "a//b\r\n\r\n--c", "ÉCOLE école Éé", "Straße STRASSE ǅungla", "12345678 ٣٤٥٦",
+         "中文English混合123汉字's", "漢字'S 你好，世界！\n\n", "\U00020000\U00020001 ext-B 丽兀 compat", "'s 'T 'Ll x'RE",
+         "HELLO'S Fußball's ñ\u0303'd", " 中a 中 a中", "Ａ中ｂ一二三", "ᄀ가각 ㄱ", "\u3007〇々 〆",
+         "'sthey\n'stis\n'sem\n'se\n'redon\n'resup\n'ree\n'vedon\n'msup\n'llem\n'lle\n'Sit\n'SI\n'Scan\n'Se",
+         " 国 的 日本 人a", "x'sthey\n中'sem\n国'llem"]
 
 
 def rewrite_pre(src, dst, pre):
@@ -61,7 +65,7 @@ for f in sorted(glob.glob(os.path.join(fixtures, 'tokenizer', '*.inp'))):
 strings += [s.encode() for s in EXTRA]
 lines = []
 with tempfile.TemporaryDirectory() as tmp:
-    for pre in ('deepseek-v3', 'glm4', 'gpt-4o'):
+    for pre in ('deepseek-v3', 'glm4', 'gpt-4o', 'kimi-k2'):
         vocab = os.path.join(tmp, pre + '.gguf')
         rewrite_pre(os.path.join(fixtures, 'tokenizer', 'ggml-vocab-gpt-2.gguf'), vocab, pre)
         for s in strings:

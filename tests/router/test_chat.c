@@ -169,6 +169,18 @@ Test(router_chat, gpt_oss_renders_like_llama_cpp)
         "<|start|>user<|message|>Another question<|end|><|start|>assistant");
 }
 
+Test(router_chat, kimi_k2_renders_like_llama_cpp)
+{
+    expect_render(
+        "{%- if message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>",
+        ROUTER_CHAT_KIMI_K2,
+        "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|><|im_user|>user"
+        "<|im_middle|>Hello<|im_end|><|im_assistant|>assistant<|im_middle|>Hi there<|im_end|>"
+        "<|im_user|>user<|im_middle|>Who are you<|im_end|><|im_assistant|>assistant<|im_middle|>"
+        "   I am an assistant   <|im_end|><|im_user|>user<|im_middle|>Another question<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|>");
+}
+
 Test(router_chat, generation_prompt_is_optional)
 {
     struct router_text out = {0};

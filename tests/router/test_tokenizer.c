@@ -262,9 +262,10 @@ static void rewrite_pre(const char *src, const char *dst, const char *pre)
     common_gguf_close(g);
 }
 
-/* The pre-tokenizers whose vocabularies are not fixtures (deepseek-v3, glm4, gpt-4o), on the GPT-2
- * vocabulary with tokenizer.ggml.pre rewritten: every string of tests/reference/pretok.txt gives
- * llama-tokenize's ids (made by tests/reference/make-pretok-refs.py). */
+/* The pre-tokenizers whose vocabularies are not fixtures (deepseek-v3, glm4, gpt-4o, kimi-k2), on
+ * the GPT-2 vocabulary with tokenizer.ggml.pre rewritten: every string of
+ * tests/reference/pretok.txt gives llama-tokenize's ids (made by
+ * tests/reference/make-pretok-refs.py). */
 static void check_pre(const char *pre)
 {
     FIXTURE_OR_SKIP(src, "tokenizer/ggml-vocab-gpt-2.gguf");
@@ -338,4 +339,9 @@ Test(router_tokenizer, glm4_pre_tokenizer_matches_llama_tokenize)
 Test(router_tokenizer, gpt_4o_pre_tokenizer_matches_llama_tokenize)
 {
     check_pre("gpt-4o");
+}
+
+Test(router_tokenizer, kimi_k2_pre_tokenizer_matches_llama_tokenize)
+{
+    check_pre("kimi-k2");
 }
