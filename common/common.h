@@ -612,9 +612,9 @@ enum common_ctx_buf {
     COMMON_CTX_ACT1,        /* as ACT0 (q, k and v may need three types) */
     COMMON_CTX_ACT2,        /* as ACT0 */
     COMMON_CTX_ROPE,        /* (n_batch, n_rot) f32 cos, sin pairs */
-    COMMON_CTX_TH_SCORES,   /* (n_threads, n_ctx) f32 attention scores per thread */
+    COMMON_CTX_TH_SCORES,   /* (n_threads, att_heads, n_ctx) f32 attention scores per thread */
     COMMON_CTX_TH_P16,      /* (n_threads, n_ctx) f16 probabilities per thread */
-    COMMON_CTX_TH_Q,        /* (n_threads, th_q_bytes) query in the cache's dot type */
+    COMMON_CTX_TH_Q,        /* (n_threads, att_heads, th_q_bytes) queries in the cache's dot type */
     COMMON_CTX_TH_V,        /* (n_threads, head_dim_v) f32 dequantized V row */
     COMMON_CTX_ROUTER,      /* MoE: (n_batch, n_expert) f32 gate logits */
     COMMON_CTX_SEL,         /* MoE: (n_batch, n_expert_used) i32 chosen experts */
@@ -637,7 +637,11 @@ enum common_ctx_buf {
     COMMON_CTX_BUF_COUNT,
 };
 
-#define COMMON_CTX_ALIGN       64u   /* every scratch buffer is allocated in multiples of this */
+#define COMMON_CTX_ALIGN 64u /* every scratch buffer is allocated in multiples of this */
+/* Heads of one token that latent attention (one shared K/V row per position) runs together, so
+ * each cached row is read once for all of them: att_heads = min(n_head, this) with latent
+ * attention, else 1. */
+#define COMMON_CTX_MLA_HEADS   16u
 #define COMMON_CTX_DEFAULT_CTX 4096u /* n_ctx when neither the caller nor the model caps it */
 #define COMMON_CTX_MAX_CTX     (1u << 24)
 
@@ -657,7 +661,8 @@ struct common_ctx_layout {
     uint64_t               kv_v_head_bytes;        /* q8_0: one kv head of one position's V row */
     uint64_t               kv_k_bytes, kv_v_bytes; /* the K and V arrays of all layers */
     uint64_t               act_row_bytes;          /* bytes per token row of ACT0..2 */
-    uint64_t               th_q_bytes;             /* bytes per thread of TH_Q */
+    uint64_t               th_q_bytes;             /* bytes of one query in TH_Q */
+    uint32_t               att_heads;              /* queries per thread in TH_Q, TH_SCORES */
     uint64_t               buf[COMMON_CTX_BUF_COUNT]; /* bytes of each buffer; 0 = not allocated */
     uint64_t               kv_bytes;                  /* kv_k_bytes + kv_v_bytes */
     uint64_t               scratch_bytes; /* sum of buf, each rounded up to COMMON_CTX_ALIGN */

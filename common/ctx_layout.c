@@ -6,27 +6,28 @@
 /* Dimensions a buffer's size is a product of. */
 enum layout_dim {
     DIM_ONE = 0,
-    DIM_BATCH,   /* n_batch */
-    DIM_CTX,     /* n_ctx */
-    DIM_THREADS, /* n_threads */
-    DIM_LAYER,   /* n_layer */
-    DIM_EMBD,    /* n_embd */
-    DIM_QD,      /* n_head * head_dim_k */
-    DIM_KD,      /* n_head_kv * head_dim_k */
-    DIM_VD,      /* n_head_kv * head_dim_v */
-    DIM_AD,      /* n_head * head_dim_v */
-    DIM_FF,      /* max(n_ff, n_ff_exp, n_ff_shexp) */
-    DIM_ACT_ROW, /* bytes of one activation row: max(n_embd, n_ff, ad) f32 + alignment */
-    DIM_ROT,     /* n_rot (at least 1) */
-    DIM_TH_Q,    /* bytes of one thread's query in the cache's dot type */
-    DIM_HDV,     /* head_dim_v */
-    DIM_EXPERT,  /* n_expert */
-    DIM_EXPERT1, /* n_expert + 1 */
-    DIM_USED,    /* n_expert_used (at least 1) */
-    DIM_MLA_QA,  /* q_lora_rank (0 without latent attention) */
-    DIM_MLA_QK,  /* n_head * head_dim_k_mla */
-    DIM_MLA_KV,  /* kv_lora_rank + n_rot */
-    DIM_MLA_O,   /* n_head * head_dim_v_mla */
+    DIM_BATCH,     /* n_batch */
+    DIM_CTX,       /* n_ctx */
+    DIM_THREADS,   /* n_threads */
+    DIM_LAYER,     /* n_layer */
+    DIM_EMBD,      /* n_embd */
+    DIM_QD,        /* n_head * head_dim_k */
+    DIM_KD,        /* n_head_kv * head_dim_k */
+    DIM_VD,        /* n_head_kv * head_dim_v */
+    DIM_AD,        /* n_head * head_dim_v */
+    DIM_FF,        /* max(n_ff, n_ff_exp, n_ff_shexp) */
+    DIM_ACT_ROW,   /* bytes of one activation row: max(n_embd, n_ff, ad) f32 + alignment */
+    DIM_ROT,       /* n_rot (at least 1) */
+    DIM_TH_Q,      /* bytes of one thread's query in the cache's dot type */
+    DIM_ATT_HEADS, /* heads a thread attends together (COMMON_CTX_MLA_HEADS) */
+    DIM_HDV,       /* head_dim_v */
+    DIM_EXPERT,    /* n_expert */
+    DIM_EXPERT1,   /* n_expert + 1 */
+    DIM_USED,      /* n_expert_used (at least 1) */
+    DIM_MLA_QA,    /* q_lora_rank (0 without latent attention) */
+    DIM_MLA_QK,    /* n_head * head_dim_k_mla */
+    DIM_MLA_KV,    /* kv_lora_rank + n_rot */
+    DIM_MLA_O,     /* n_head * head_dim_v_mla */
     DIM_COUNT,
 };
 
@@ -52,9 +53,9 @@ static const struct layout_row g_rows[COMMON_CTX_BUF_COUNT] = {
     [COMMON_CTX_ACT1] = {"act1", 1, DIM_BATCH, DIM_ACT_ROW, DIM_ONE, false},
     [COMMON_CTX_ACT2] = {"act2", 1, DIM_BATCH, DIM_ACT_ROW, DIM_ONE, false},
     [COMMON_CTX_ROPE] = {"rope", 4, DIM_BATCH, DIM_ROT, DIM_ONE, false},
-    [COMMON_CTX_TH_SCORES] = {"th_scores", 4, DIM_THREADS, DIM_CTX, DIM_ONE, false},
+    [COMMON_CTX_TH_SCORES] = {"th_scores", 4, DIM_THREADS, DIM_CTX, DIM_ATT_HEADS, false},
     [COMMON_CTX_TH_P16] = {"th_p16", 2, DIM_THREADS, DIM_CTX, DIM_ONE, false},
-    [COMMON_CTX_TH_Q] = {"th_q", 1, DIM_THREADS, DIM_TH_Q, DIM_ONE, false},
+    [COMMON_CTX_TH_Q] = {"th_q", 1, DIM_THREADS, DIM_TH_Q, DIM_ATT_HEADS, false},
     [COMMON_CTX_TH_V] = {"th_v", 4, DIM_THREADS, DIM_HDV, DIM_ONE, false},
     [COMMON_CTX_ROUTER] = {"router", 4, DIM_BATCH, DIM_EXPERT, DIM_ONE, true},
     [COMMON_CTX_SEL] = {"sel", 4, DIM_BATCH, DIM_USED, DIM_ONE, true},
@@ -201,6 +202,10 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
               /* The query in the cache's dot type, at most f32, padded to the alignment. */
               [DIM_TH_Q] = ((uint64_t)hp->head_dim_k * 4u + COMMON_CTX_ALIGN) / COMMON_CTX_ALIGN *
                            COMMON_CTX_ALIGN,
+              [DIM_ATT_HEADS] =
+            hp->n_lora_kv && hp->n_head > 1
+                      ? (hp->n_head < COMMON_CTX_MLA_HEADS ? hp->n_head : COMMON_CTX_MLA_HEADS)
+                      : 1,
               [DIM_HDV] = hp->head_dim_v,
               [DIM_EXPERT] = hp->n_expert,
               [DIM_EXPERT1] = (uint64_t)hp->n_expert + 1,
@@ -212,6 +217,7 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
     };
     l.act_row_bytes = dim[DIM_ACT_ROW];
     l.th_q_bytes = dim[DIM_TH_Q];
+    l.att_heads = (uint32_t)dim[DIM_ATT_HEADS];
     for (int b = 0; b < COMMON_CTX_BUF_COUNT; b++) {
         const struct layout_row *r = &g_rows[b];
         if (r->moe && hp->n_expert == 0)

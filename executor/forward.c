@@ -155,6 +155,7 @@ struct fwd_att_job {
     struct executor_ctx *c;
     uint32_t             il, p0;
     float                scale;
+    uint32_t             group; /* heads per item of fwd_att_mla_piece */
 };
 
 /* One (token, head) pair per item: scores against the cached K of positions 0..pos, softmax,
@@ -252,11 +253,86 @@ static float fwd_attn_scale(const struct common_hparams *hp)
     return hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim_k);
 }
 
+/* Latent attention (one cached row per position, shared by every head): one item is a token and
+ * a group of j->group heads, whose queries pass over each cached row together (their scores as
+ * one matmul, their values as one weighted sum of the rows), so a row is read and converted once
+ * per group instead of once per head. The arithmetic per head is fwd_att_piece's. */
+static void fwd_att_mla_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
+{
+    const struct fwd_att_job    *j = arg;
+    struct executor_ctx         *c = j->c;
+    const struct common_hparams *hp = &c->m->desc->hp;
+    const struct executor_kv    *kv = &c->kv;
+    const uint32_t               hk = hp->head_dim_k, hv = hp->head_dim_v, H = hp->n_head;
+    const uint32_t               n_grp = (H + j->group - 1) / j->group;
+    const size_t                 sst = c->n_ctx, qst = c->th_q_bytes;
+    float                       *scores = c->th_scores + (size_t)ith * c->att_heads * sst;
+    uint8_t                     *qb = c->th_q + (size_t)ith * c->att_heads * qst;
+    float                       *vrow = c->th_v + (size_t)ith * hv;
+    const bool                   f16 = kv->type == COMMON_CACHE_F16;
+    const uint32_t               kt = f16 ? COMMON_GGML_TYPE_F16 : COMMON_GGML_TYPE_Q8_0;
+    for (int64_t it = i0; it < i1; it++) {
+        const uint32_t t = (uint32_t)(it / n_grp), h0 = (uint32_t)(it % n_grp) * j->group;
+        const uint32_t nh = H - h0 < j->group ? H - h0 : j->group;
+        const uint32_t n_kv = j->p0 + t + 1, cap = kv->cap[j->il];
+        const uint32_t len_a = n_kv < cap ? n_kv : cap, len_b = n_kv - len_a;
+        const uint8_t *kbase = executor_kv_k_base(kv, j->il, 0);
+        const size_t   kpb = kv->k_pos_bytes;
+        float         *out = c->att + ((size_t)t * H + h0) * hv;
+        for (uint32_t h = 0; h < nh; h++) {
+            const float *qv = c->q + ((size_t)t * H + h0 + h) * hk;
+            if (f16) {
+                uint16_t *q16 = (uint16_t *)(void *)(qb + h * qst);
+                for (uint32_t i = 0; i < hk; i++)
+                    q16[i] = executor_fp32_to_fp16(qv[i]);
+            } else {
+                executor_quantize_act(COMMON_GGML_TYPE_Q8_0, qv, qb + h * qst, hk);
+            }
+        }
+        executor_matmul(kt, hk, kbase, kpb, 0, len_a, qb, qst, nh, scores, sst);
+        if (len_b) /* a ring never wraps here (no sliding window), but stay exact if it did */
+            executor_matmul(kt, hk, kbase, kpb, 0, len_b, qb, qst, nh, scores + len_a, sst);
+        for (uint32_t h = 0; h < nh; h++) {
+            float *s = scores + h * sst;
+            for (uint32_t i = 0; i < n_kv; i++)
+                s[i] *= j->scale;
+            fwd_softmax(s, n_kv);
+            for (uint32_t i = 0; f16 && i < n_kv; i++)
+                s[i] = executor_fp16_to_fp32(executor_fp32_to_fp16(s[i]));
+        }
+        memset(out, 0, (size_t)nh * hv * sizeof(*out));
+        if (f16) {
+            const uint16_t *rows = (const uint16_t *)(const void *)kbase;
+            executor_wsum_f16(hv, len_a, rows, kpb, scores, sst, nh, out, hv);
+            if (len_b)
+                executor_wsum_f16(hv, len_b, rows, kpb, scores + len_a, sst, nh, out, hv);
+            continue;
+        }
+        for (uint32_t pos = 0; pos < n_kv; pos++) {
+            executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, kbase + (size_t)(pos % cap) * kpb, vrow,
+                                    hv);
+            for (uint32_t h = 0; h < nh; h++)
+                for (uint32_t d = 0; d < hv; d++)
+                    out[(size_t)h * hv + d] += scores[h * sst + pos] * vrow[d];
+        }
+    }
+}
+
 /* Runs the attention of layer il over the cache for the n queries in c->q into c->att. */
 static void fwd_attend(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
 {
     const struct common_hparams *hp = &c->m->desc->hp;
     struct fwd_att_job           aj = {.c = c, .il = il, .p0 = p0, .scale = fwd_attn_scale(hp)};
+    if (c->kv.v_in_k && c->att_heads > 1) {
+        /* Groups of heads: as many as fit the scratch, fewer when a few tokens must still
+         * give every thread a share (a decode step's one token). */
+        const uint32_t nth = c->pool ? executor_threadpool_n_threads(c->pool) : 1;
+        const uint64_t want = (uint64_t)hp->n_head * n / (4u * nth);
+        aj.group = want < 1 ? 1 : want > c->att_heads ? c->att_heads : (uint32_t)want;
+        const uint32_t n_grp = (hp->n_head + aj.group - 1) / aj.group;
+        executor_threadpool_for(c->pool, (int64_t)n * n_grp, 0, fwd_att_mla_piece, &aj);
+        return;
+    }
     executor_threadpool_for(c->pool, (int64_t)n * hp->n_head, 0, fwd_att_piece, &aj);
 }
 
@@ -644,6 +720,7 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     c->th_scores = FWD_BUF(COMMON_CTX_TH_SCORES);
     c->th_p16 = FWD_BUF(COMMON_CTX_TH_P16);
     c->th_q_bytes = lay.th_q_bytes;
+    c->att_heads = lay.att_heads;
     c->th_q = FWD_BUF(COMMON_CTX_TH_Q);
     c->th_v = FWD_BUF(COMMON_CTX_TH_V);
     c->mla_qa = FWD_BUF(COMMON_CTX_MLA_QA);

@@ -41,7 +41,8 @@ struct executor_ctx {
     float    *th_scores;  /* owned: (nth, n_ctx) */
     uint16_t *th_p16;     /* owned: (nth, n_ctx) f16 probabilities */
     uint8_t  *th_q;       /* owned: (nth, th_q_bytes) query in the cache's dot type */
-    size_t    th_q_bytes; /* bytes per thread in th_q */
+    size_t    th_q_bytes; /* bytes of one query in th_q */
+    uint32_t  att_heads;  /* queries per thread in th_scores and th_q (COMMON_CTX_MLA_HEADS) */
     float    *th_v;       /* owned: (nth, head_dim_v) dequantized V row (q8_0 cache) */
     /* Latent attention (deepseek2), see COMMON_CTX_MLA_*. */
     float *mla_qa, *mla_q, *mla_kv, *mla_o; /* owned */

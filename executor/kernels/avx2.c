@@ -589,8 +589,54 @@ static float avx2_dot_q6_K(int64_t n, const void *w, const void *a)
     return avx2_hsum_ps(acc);
 }
 
+/* executor_wsum_f16: 8 columns by up to 8 rows at a time (the sums in registers while the k
+ * rows pass), the last n % 8 columns as the reference; mul then add, as the reference. */
+static void avx2_wsum_f16(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
+                          size_t a_stride, int64_t m, float *y, size_t y_stride)
+{
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t j0 = 0; j0 < m; j0 += 8) {
+        const int64_t mj = m - j0 < 8 ? m - j0 : 8;
+        const float  *aj0 = a + (size_t)j0 * a_stride;
+        float        *yj0 = y + (size_t)j0 * y_stride;
+        for (int64_t d = 0; d < n8; d += 8) {
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                acc[j] = j < mj ? _mm256_loadu_ps(yj0 + (size_t)j * y_stride + (size_t)d)
+                                : _mm256_setzero_ps();
+            for (int64_t i = 0; i < k; i++) {
+                const __m256 xv = avx2_load_f16(
+                    (const uint16_t *)(const void *)((const char *)(x + d) + (size_t)i * x_stride));
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++)
+                    if (j < mj)
+                        acc[j] = _mm256_add_ps(
+                            acc[j], _mm256_mul_ps(
+                                        _mm256_set1_ps(aj0[(size_t)j * a_stride + (size_t)i]), xv));
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                if (j < mj)
+                    _mm256_storeu_ps(yj0 + (size_t)j * y_stride + (size_t)d, acc[j]);
+        }
+        for (int64_t i = 0; n8 < n && i < k; i++) {
+            const uint16_t *xi =
+                (const uint16_t *)(const void *)((const char *)x + (size_t)i * x_stride);
+            for (int64_t j = 0; j < mj; j++)
+                for (int64_t d = n8; d < n; d++) {
+                    /* two statements, so that no compiler fuses them into an FMA */
+                    const float p =
+                        aj0[(size_t)j * a_stride + (size_t)i] * kimpl_fp16_to_fp32(xi[d]);
+                    yj0[(size_t)j * y_stride + (size_t)d] += p;
+                }
+        }
+    }
+}
+
 void executor_kernels_fill_avx2(struct executor_kernel_set *ks)
 {
+    ks->wsum_f16 = avx2_wsum_f16;
     ks->vec_dot[COMMON_GGML_TYPE_F32] = avx2_dot_f32;
     ks->vec_dot[COMMON_GGML_TYPE_F16] = avx2_dot_f16;
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx2_dot_bf16;

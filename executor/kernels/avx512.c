@@ -1150,8 +1150,49 @@ static void avx512_gemm_mxfp4(int64_t n, const void *w, size_t rb, int64_t n_row
     }
 }
 
+/* Up to 8 output rows of executor_wsum_f16 over columns [d, d + 16) (lanes of `msk`): the sums
+ * stay in registers while the k rows pass. */
+static inline void avx512_wsum_block(int64_t k, const char *x, size_t x_stride, const float *a,
+                                     size_t a_stride, int64_t mj, float *y, size_t y_stride,
+                                     __mmask16 msk)
+{
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        acc[j] =
+            j < mj ? _mm512_maskz_loadu_ps(msk, y + (size_t)j * y_stride) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        const __m512 xv =
+            avx512_maskz_load_f16(msk, (const uint16_t *)(const void *)(x + (size_t)i * x_stride));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            if (j < mj)
+                acc[j] = _mm512_add_ps(
+                    acc[j], _mm512_mul_ps(_mm512_set1_ps(a[(size_t)j * a_stride + (size_t)i]), xv));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        if (j < mj)
+            _mm512_mask_storeu_ps(y + (size_t)j * y_stride, msk, acc[j]);
+}
+
+/* executor_wsum_f16: 16 columns by up to 8 rows at a time; mul then add, as the reference. */
+static void avx512_wsum_f16(int64_t n, int64_t k, const uint16_t *x, size_t x_stride,
+                            const float *a, size_t a_stride, int64_t m, float *y, size_t y_stride)
+{
+    for (int64_t j0 = 0; j0 < m; j0 += 8) {
+        const int64_t mj = m - j0 < 8 ? m - j0 : 8;
+        for (int64_t d = 0; d < n; d += 16) {
+            const __mmask16 msk = n - d >= 16 ? (__mmask16)0xFFFFu : avx512_tail_mask(n - d);
+            avx512_wsum_block(k, (const char *)(x + d), x_stride, a + (size_t)j0 * a_stride,
+                              a_stride, mj, y + (size_t)j0 * y_stride + (size_t)d, y_stride, msk);
+        }
+    }
+}
+
 void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
 {
+    ks->wsum_f16 = avx512_wsum_f16;
     ks->vec_dot[COMMON_GGML_TYPE_F32] = avx512_dot_f32;
     ks->vec_dot[COMMON_GGML_TYPE_F16] = avx512_dot_f16;
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx512_dot_bf16;

@@ -79,4 +79,18 @@ int executor_matmul(uint32_t type, int64_t n_cols, const void *w, size_t row_byt
                     int64_t row1, const void *act, size_t act_stride, int64_t n_act, float *y,
                     size_t y_stride);
 
+/* Weighted sums of F16 rows, added to m output rows (the values of latent attention, where every
+ * head of a token reads the same cached rows):
+ *   y[j * y_stride + d] += sum over i = 0, 1, .. k-1 of a[j * a_stride + i] * x_i[d]
+ * for 0 <= j < m, 0 <= d < n, with row x_i at (const char *)x + i * x_stride (n halves). Each
+ * product is rounded to f32 before its sum and the sums run in order of i, so every kernel set
+ * gives the bits of the scalar loop `y += a * x`. Returns 0, or COMMON_EINVAL (negative sizes,
+ * a_stride < k or y_stride < n with m > 1, NULL pointers with work to do). */
+int executor_wsum_f16(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
+                      size_t a_stride, int64_t m, float *y, size_t y_stride);
+
+/* Same, always with the scalar reference; for tests. */
+int executor_wsum_f16_ref(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
+                          size_t a_stride, int64_t m, float *y, size_t y_stride);
+
 #endif /* EXECUTOR_KERNELS_KERNELS_H */

@@ -249,6 +249,11 @@ typedef void (*executor_gemm_fn)(int64_t n, const void *w, size_t row_bytes, int
                                  const void *act, size_t act_stride, int64_t n_act, float *y,
                                  size_t y_stride);
 
+/* executor_wsum_f16 (sizes checked by the caller; n, k, m > 0). */
+typedef void (*executor_wsum_f16_fn)(int64_t n, int64_t k, const uint16_t *x, size_t x_stride,
+                                     const float *a, size_t a_stride, int64_t m, float *y,
+                                     size_t y_stride);
+
 /* One ISA's kernels, indexed by ggml type id. NULL entries are filled from the slower set, except
  * gemv and gemm, which are optional (NULL: loop over vec_dot) and reset when a faster set replaces
  * the vec_dot of their type. */
@@ -257,6 +262,7 @@ struct executor_kernel_set {
     executor_gemv_fn     gemv[COMMON_GGML_TYPE_COUNT];         /* by weight type; may be NULL */
     executor_gemm_fn     gemm[COMMON_GGML_TYPE_COUNT];         /* by weight type; may be NULL */
     executor_quantize_fn quantize_act[COMMON_GGML_TYPE_COUNT]; /* by activation type */
+    executor_wsum_f16_fn wsum_f16;
 };
 
 /* Fill the entries each file implements (ref fills all supported types). */

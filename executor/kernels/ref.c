@@ -701,8 +701,26 @@ static ref_dequant_fn ref_dequantizer(uint32_t type)
     }
 }
 
+static void wsum_f16(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
+                     size_t a_stride, int64_t m, float *y, size_t y_stride)
+{
+    for (int64_t i = 0; i < k; i++) {
+        const uint16_t *xi =
+            (const uint16_t *)(const void *)((const char *)x + (size_t)i * x_stride);
+        for (int64_t j = 0; j < m; j++) {
+            const float aj = a[(size_t)j * a_stride + (size_t)i];
+            float      *yj = y + (size_t)j * y_stride;
+            for (int64_t d = 0; d < n; d++) {
+                const float p = aj * kimpl_fp16_to_fp32(xi[d]); /* two statements: no FMA */
+                yj[d] = yj[d] + p;
+            }
+        }
+    }
+}
+
 void executor_kernels_fill_ref(struct executor_kernel_set *ks)
 {
+    ks->wsum_f16 = wsum_f16;
     ks->vec_dot[COMMON_GGML_TYPE_F32] = dot_f32;
     ks->vec_dot[COMMON_GGML_TYPE_F16] = dot_f16;
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = dot_bf16;
@@ -813,6 +831,19 @@ int executor_quantize_act_ref(uint32_t weight_type, const float *x, void *dst, i
     executor_kernels_fill_ref(&ks);
     if (n > 0)
         ks.quantize_act[executor_vec_dot_type(weight_type)](x, dst, n);
+    return 0;
+}
+
+int executor_wsum_f16_ref(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
+                          size_t a_stride, int64_t m, float *y, size_t y_stride)
+{
+    if (n < 0 || k < 0 || m < 0 || (m > 1 && (a_stride < (size_t)k || y_stride < (size_t)n)))
+        return COMMON_EINVAL;
+    if (n == 0 || k == 0 || m == 0)
+        return 0;
+    if (!x || !a || !y)
+        return COMMON_EINVAL;
+    wsum_f16(n, k, x, x_stride, a, a_stride, m, y, y_stride);
     return 0;
 }
 

@@ -708,6 +708,85 @@ Test(executor_kernels, matvec_and_matmul_equal_vec_dot_ref, .fini = restore_isa)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Weighted sums of F16 rows (latent attention's values)                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* executor_wsum_f16 with the active set equals the reference bit for bit, for n columns, k rows
+ * (stride with padding), m outputs, onto outputs that already hold values. */
+static void check_wsum(int64_t n, int64_t k, int64_t m)
+{
+    const size_t xs = (size_t)(n + 3) * 2u, as = (size_t)k + 1u, ys = (size_t)n + 5u;
+    uint16_t    *x = malloc(xs * (size_t)k + 2u);
+    float       *a = malloc(sizeof(float) * as * (size_t)m);
+    float *y = malloc(sizeof(float) * ys * (size_t)m), *yr = malloc(sizeof(float) * ys * (size_t)m);
+    cr_assert(x && a && y && yr);
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t d = 0; d < n + 3; d++)
+            ((uint16_t *)(void *)((char *)x + (size_t)i * xs))[d] =
+                executor_fp32_to_fp16(3.0f * rng_gauss());
+    for (size_t i = 0; i < as * (size_t)m; i++)
+        a[i] = rng_uniform();
+    for (size_t i = 0; i < ys * (size_t)m; i++)
+        y[i] = yr[i] = rng_gauss();
+    cr_assert_eq(executor_wsum_f16(n, k, x, xs, a, as, m, y, ys), 0);
+    cr_assert_eq(executor_wsum_f16_ref(n, k, x, xs, a, as, m, yr, ys), 0);
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t d = 0; d < (int64_t)ys; d++) {
+            const size_t i = (size_t)j * ys + (size_t)d;
+            cr_assert(memcmp(&y[i], &yr[i], sizeof(float)) == 0,
+                      "%s n=%lld k=%lld m=%lld: y[%lld][%lld] = %.9g, ref %.9g",
+                      executor_isa_name(executor_kernels_active()), (long long)n, (long long)k,
+                      (long long)m, (long long)j, (long long)d, (double)y[i], (double)yr[i]);
+        }
+    free(x);
+    free(a);
+    free(y);
+    free(yr);
+}
+
+static void check_wsums(void)
+{
+    static const int64_t ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 255, 256, 257, 512};
+    static const int64_t ms[] = {1, 2, 7, 8, 9, 16, 17};
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
+        for (size_t j = 0; j < sizeof(ms) / sizeof(ms[0]); j++)
+            check_wsum(ns[i], (int64_t)(1 + (i * 7 + j * 13) % 40), ms[j]);
+    check_wsum(512, 300, 16);
+}
+
+Test(executor_kernels, wsum_f16_avx2_matches_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX2);
+    check_wsums();
+}
+
+Test(executor_kernels, wsum_f16_avx512_matches_ref, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_AVX512);
+    check_wsums();
+}
+
+Test(executor_kernels, wsum_f16_ref_is_the_plain_sum)
+{
+    /* 2 outputs over 3 rows of 2 columns: y_j[d] += sum_i a_j[i] x_i[d] */
+    uint16_t    x[6];
+    const float xv[6] = {1.0f, -2.0f, 0.5f, 4.0f, 3.0f, 0.25f}, a[6] = {1, 2, 3, -1, 0.5f, 2};
+    for (int i = 0; i < 6; i++)
+        x[i] = executor_fp32_to_fp16(xv[i]);
+    float y[4] = {10, 20, 30, 40};
+    cr_assert_eq(executor_wsum_f16_ref(2, 3, x, 4, a, 3, 2, y, 2), 0);
+    cr_expect_float_eq(y[0], 10 + 1 * 1.0f + 2 * 0.5f + 3 * 3.0f, 0);
+    cr_expect_float_eq(y[1], 20 - 2.0f + 2 * 4.0f + 3 * 0.25f, 0);
+    cr_expect_float_eq(y[2], 30 - 1.0f + 0.5f * 0.5f + 2 * 3.0f, 0);
+    cr_expect_float_eq(y[3], 40 + 2.0f + 0.5f * 4.0f + 2 * 0.25f, 0);
+    cr_expect_eq(executor_wsum_f16(2, 3, x, 4, a, 2, 2, y, 2), COMMON_EINVAL, "a_stride < k");
+    cr_expect_eq(executor_wsum_f16(2, 3, x, 4, a, 3, 2, y, 1), COMMON_EINVAL, "y_stride < n");
+    cr_expect_eq(executor_wsum_f16(2, 3, NULL, 4, a, 3, 2, y, 2), COMMON_EINVAL);
+    cr_expect_eq(executor_wsum_f16(-1, 3, x, 4, a, 3, 2, y, 2), COMMON_EINVAL);
+    cr_expect_eq(executor_wsum_f16(2, 0, NULL, 4, NULL, 3, 2, NULL, 2), 0, "nothing to do");
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Errors                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -393,6 +393,110 @@ Test(executor_models, deepseek2_bad_metadata_names_the_key, .init = models_setup
     }
 }
 
+/* Logits after each of n tokens of a deepseek2 model, fed in batches of `batch`. */
+static float *mla_logits(const char *path, struct executor_threadpool *pool,
+                         enum common_cache_type ct, uint32_t batch, uint32_t n, uint32_t *n_vocab)
+{
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
+    cr_assert_eq(
+        executor_ctx_create(m,
+                            &(struct executor_ctx_opts){
+                                .n_ctx = 64, .n_batch = batch, .cache_type = ct, .pool = pool},
+                            &c, &e),
+        0, "%s", e.text);
+    *n_vocab = executor_ctx_n_vocab(c);
+    float *l = malloc((size_t)n * *n_vocab * sizeof(*l));
+    cr_assert_not_null(l);
+    for (uint32_t t = 0; t < n; t += batch) {
+        int32_t        p[64];
+        const uint32_t k = n - t < batch ? n - t : batch;
+        for (uint32_t i = 0; i < k; i++)
+            p[i] = (int32_t)(((t + i) * 37 + 11) % *n_vocab);
+        /* all logits of the batch: decode one token at a time through the last one */
+        for (uint32_t i = 0; i < k; i++)
+            cr_assert_eq(executor_ctx_decode(c, p + i, 1, l + (size_t)(t + i) * *n_vocab, NULL, &e),
+                         0, "%s", e.text);
+    }
+    executor_ctx_destroy(c);
+    executor_model_destroy(m);
+    return l;
+}
+
+/* Latent attention runs a token's heads in groups over each cached row (fewer per group when a
+ * step has few tokens): a prompt in one batch and token by token give the same bits, with the f16
+ * and the q8_0 cache (heads 64 wide: the latent key of 160 fits q8_0 blocks), and q8_0 stays near
+ * f16. */
+Test(executor_models, deepseek2_latent_attention_batches_agree, .init = models_setup,
+     .fini = models_teardown)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/ds.gguf", t_dir);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = path,
+                                    .arch = COMMON_ARCH_DEEPSEEK2,
+                                    .n_embd = 256,
+                                    .n_layer = 2,
+                                    .n_head = 4,
+                                    .n_ff = 64,
+                                    .n_vocab = 300,
+                                    .seed = 5};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "%s", e.text);
+    struct executor_threadpool *pool = NULL;
+    cr_assert_eq(executor_threadpool_create(2, &pool), 0);
+    const uint32_t n = 40;
+    uint32_t       nv = 0;
+    float         *ref16 = NULL;
+    for (int ct = 0; ct < 2; ct++) {
+        const enum common_cache_type type = ct ? COMMON_CACHE_Q8_0 : COMMON_CACHE_F16;
+        float                       *one = mla_logits(path, pool, type, 1, n, &nv);
+        float                       *all = NULL;
+        /* batches of 40 (one), then 13 (a tail of 1): the prefill's grouping differs from decode's
+         */
+        static const uint32_t batches[] = {40, 13};
+        for (size_t bi = 0; bi < 2; bi++) {
+            const uint32_t         b = batches[bi];
+            struct executor_model *m = NULL;
+            struct executor_ctx   *c = NULL;
+            cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
+            cr_assert_eq(executor_ctx_create(
+                             m,
+                             &(struct executor_ctx_opts){
+                                 .n_ctx = 64, .n_batch = b, .cache_type = type, .pool = pool},
+                             &c, &e),
+                         0, "%s", e.text);
+            int32_t p[40];
+            for (uint32_t i = 0; i < n; i++)
+                p[i] = (int32_t)((i * 37 + 11) % nv);
+            all = malloc(nv * sizeof(*all));
+            cr_assert_eq(executor_ctx_decode(c, p, n, all, NULL, &e), 0, "%s", e.text);
+            cr_expect(memcmp(all, one + (size_t)(n - 1) * nv, nv * sizeof(*all)) == 0,
+                      "%s cache, batches of %u: the last logits differ from token by token",
+                      common_cache_type_name(type), b);
+            free(all);
+            executor_ctx_destroy(c);
+            executor_model_destroy(m);
+        }
+        if (!ct) {
+            ref16 = one;
+            continue;
+        }
+        float scale = 0.0f, diff = 0.0f;
+        for (size_t i = 0; i < (size_t)n * nv; i++) {
+            scale = fmaxf(scale, fabsf(ref16[i]));
+            diff = fmaxf(diff, fabsf(ref16[i] - one[i]));
+        }
+        cr_expect_lt(diff, MODELS_TOL_Q8 * scale, "q8_0 cache: max |diff| %g of %g", (double)diff,
+                     (double)scale);
+        cr_expect_gt(diff, 0.0f, "the q8_0 cache should round something");
+        free(one);
+    }
+    free(ref16);
+    executor_threadpool_destroy(pool);
+}
+
 /* glm4moe: the prediction block after the last layer is described but not run or loaded. */
 Test(executor_models, glm4moe_prediction_block_is_left_out, .init = models_setup,
      .fini = models_teardown)
