@@ -12,7 +12,9 @@
 
 static const char bench_description[] =
     "Measures, like llama-bench, prefill speed (a P-token prompt in one go) and decode speed (N "
-    "tokens one at a time after a 1-token prompt), REPS times each, and in the same run the "
+    "fresh pseudo-random tokens one at a time after a 1-token prompt: none repeats the prompt's "
+    "or an earlier repetition's, so a MoE decode routes as on new text), REPS times each, and in "
+    "the same run the "
     "memory bandwidth limit (a multi-threaded streaming read of a buffer far larger than the "
     "caches). Decode reads every active weight once per token, so decode_tok_s * bytes_per_token "
     "/ bandwidth says how close decode is to the limit. -p and -n take comma-separated lists, as "
@@ -315,7 +317,18 @@ static int bench_run_prefill(struct bench_run *r, struct bench_test *t, uint32_t
     return rc;
 }
 
-/* Repetition `rep` of a decode test: after a 1-token prompt, n tokens one at a time. */
+/* Token i of repetition `rep` of decode test `test`: a fresh pseudo-random id (splitmix64 of
+ * the three), as llama-bench feeds random tokens; replaying the prompt's own ids would find
+ * their experts loaded by the prefill and flatter a streamed decode. */
+static int32_t bench_fresh_token(uint32_t test, uint32_t rep, uint32_t i, uint32_t n_vocab)
+{
+    uint64_t z = ((uint64_t)test << 48 ^ (uint64_t)rep << 32 ^ i) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (int32_t)((z ^ (z >> 31)) % n_vocab);
+}
+
+/* Repetition `rep` of a decode test: after a 1-token prompt, n fresh tokens one at a time. */
 static int bench_run_decode(struct bench_run *r, struct bench_test *t, uint32_t rep)
 {
     struct bench_io mark;
@@ -326,9 +339,12 @@ static int bench_run_decode(struct bench_run *r, struct bench_test *t, uint32_t 
     bench_io_mark(&r->en, &mark);
     if (r->logging)
         t->log_from[rep] = fetcher_load_log_count(r->en.fetcher);
-    uint64_t t0 = common_now_ns();
-    for (uint32_t i = 0; i < t->n && rc >= 0; i++)
-        rc = bench_decode(r, &r->tokens[(i + 1) % (r->max_p + 1)], 1);
+    const uint32_t test = (uint32_t)(t - r->tests), n_vocab = executor_ctx_n_vocab(r->en.ctx);
+    uint64_t       t0 = common_now_ns();
+    for (uint32_t i = 0; i < t->n && rc >= 0; i++) {
+        const int32_t tok = bench_fresh_token(test, rep, i, n_vocab);
+        rc = bench_decode(r, &tok, 1);
+    }
     t->ns[rep] = common_now_ns() - t0;
     bench_io_since(&r->en, &mark, &t->io);
     if (r->logging)
