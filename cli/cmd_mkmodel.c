@@ -48,6 +48,18 @@ static int mkmodel_parse_preset(void *arg, const char *name, struct common_errms
 }
 
 /* --arch: an architecture name into the enum common_arch at `arg`. */
+static int mkmodel_parse_routing(void *arg, const char *name, struct common_errmsg *e)
+{
+    enum executor_synth_routing *r = arg;
+    if (strcmp(name, "natural") == 0)
+        *r = EXECUTOR_SYNTH_ROUTING_NATURAL;
+    else if (strcmp(name, "balanced") == 0)
+        *r = EXECUTOR_SYNTH_ROUTING_BALANCED;
+    else
+        return common_errmsg_set(e, COMMON_EINVAL, "expects natural or balanced, got '%s'", name);
+    return COMMON_OK;
+}
+
 static int mkmodel_parse_arch(void *arg, const char *name, struct common_errmsg *e)
 {
     char list[256];
@@ -181,6 +193,16 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .help = "deepseek2: the V2-Lite shape (one q projection, softmax routing without "
                        "groups or bias) instead of V3's (q LoRA, sigmoid routing with a selection "
                        "bias and expert groups)"},
+           {.name = "routing",
+            .type = COMMON_OPT_CALLBACK,
+            .target = &o.routing,
+            .parse = mkmodel_parse_routing,
+            .metavar = "MODE",
+            .help = "MoE routing: natural (the random network's own, skewed: a few experts take "
+                       "most tokens) or balanced (token embeddings dominate the residual stream, "
+                       "so each layer routes by the current token: near uniform, little reuse, "
+                       "like a trained MoE; for streaming benchmarks)",
+            .def = "natural"},
            {.name = "preset",
             .type = COMMON_OPT_CALLBACK,
             .target = &o,

@@ -7,7 +7,10 @@
 #
 # Environment (all optional):
 #   SLUICE     sluice binary                       [build/bin/sluice]
-#   MODEL      model path, made if missing          [/tmp/sluice-bench/moe-large.gguf]
+#   MODEL      model path, made if missing          [/tmp/sluice-bench/moe-large-balanced.gguf]
+#              (made with the moe-large preset and --routing balanced: every layer routes by the
+#              current token, near uniform, as trained MoEs; the natural routing of a random
+#              network is skewed and flatters any cache)
 #   SIZE       size of the model to make            [6G]
 #   OUT        results directory                    [/tmp/sluice-bench/results-<date>]
 #   FRACTION   budget of the main run, % of model   [25]
@@ -15,19 +18,21 @@
 #   N_GEN      decode tokens                        [32]
 #   THREADS    threads                              [physical cores]
 #   REPS       cold runs of the main comparison     [3]
-#   SWEEP      budget points, % of model            [100 75 50 35 25 15 10]
+#   SWEEP      budget points, % of model; empty = no sweep  [100 75 50 35 25 15 10]
 #   SWEEP_MMAP also sweep the mmap baseline (slow)  [0]
 #   ADVISE     also run mmap with --mmap-advise in the main comparison (our routing's requests
 #              given to the page cache as madvise(WILLNEED): a stronger baseline than llama.cpp) [1]
 #   MMAP_RA_KB read-ahead (KiB) of the model's block device during the mmap runs, restored after;
 #              each mmap page fault reads about this much. Empty = leave it as it is  []
+#   MMAP_RA_ALSO one more mmap run per repetition at this read-ahead (KiB; the kernel's usual
+#              default is 128), when it differs from the one above; empty = none  [128]
 #   EXTRA      extra sluice bench flags for the fetcher runs (e.g. "--prefetch none")
 #   SLACK      cgroup cap above the budget, same for both modes: page tables and kernel memory
 #              that VmHWM does not count (a cap of exactly the budget OOM-kills a 100% run) [64M]
 set -euo pipefail
 
 SLUICE=${SLUICE:-build/bin/sluice}
-MODEL=${MODEL:-/tmp/sluice-bench/moe-large.gguf}
+MODEL=${MODEL:-/tmp/sluice-bench/moe-large-balanced.gguf}
 SIZE=${SIZE:-6G}
 OUT=${OUT:-/tmp/sluice-bench/results-$(date +%Y%m%d-%H%M%S)}
 FRACTION=${FRACTION:-25}
@@ -35,20 +40,21 @@ N_PROMPT=${N_PROMPT:-64}
 N_GEN=${N_GEN:-32}
 THREADS=${THREADS:-}
 REPS=${REPS:-3}
-SWEEP=${SWEEP:-"100 75 50 35 25 15 10"}
+SWEEP=${SWEEP-"100 75 50 35 25 15 10"}
 SWEEP_MMAP=${SWEEP_MMAP:-0}
 EXTRA=${EXTRA:-}
 SLACK=${SLACK:-$((64 << 20))}
 ADVISE=${ADVISE:-1}
 MMAP_RA_KB=${MMAP_RA_KB:-}
+MMAP_RA_ALSO=${MMAP_RA_ALSO-128}
 
 [ "$(id -u)" = 0 ] || { echo "bench-fetcher: needs root (drop_caches, memory cgroup)" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "bench-fetcher: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
 mkdir -p "$OUT" "$(dirname "$MODEL")"
 
 if [ ! -f "$MODEL" ]; then
-    echo "making $MODEL ($SIZE, moe-large preset)"
-    "$SLUICE" mkmodel -o "$MODEL" --preset moe-large --size "$SIZE" -q
+    echo "making $MODEL ($SIZE, moe-large preset, balanced routing)"
+    "$SLUICE" mkmodel -o "$MODEL" --preset moe-large --routing balanced --size "$SIZE" -q
 fi
 MODEL_BYTES=$(stat -c %s "$MODEL")
 THR=()
@@ -97,7 +103,7 @@ if [ -n "$MMAP_RA_KB" ] && [ -z "$RA_FILE" ]; then
     echo "bench-fetcher: MMAP_RA_KB set but no read-ahead setting found for $MODEL" >&2
     exit 1
 fi
-restore_ra() { [ -n "$MMAP_RA_KB" ] && echo "$RA_KB" > "$RA_FILE"; true; }
+restore_ra() { [ -n "$RA_FILE" ] && echo "$RA_KB" > "$RA_FILE"; true; }
 trap restore_ra EXIT
 
 # run_mmap BYTES LOGFILE ARGS...: run_capped with the mmap read-ahead (MMAP_RA_KB) in force.
@@ -108,6 +114,10 @@ run_mmap() {
     restore_ra
     return $rc
 }
+
+# The second mmap read-ahead, unless it is the one the mmap runs use already.
+[ -n "$MMAP_RA_ALSO" ] && [ -z "$RA_FILE" ] && MMAP_RA_ALSO=""
+[ -n "$MMAP_RA_ALSO" ] && [ "$MMAP_RA_ALSO" = "${MMAP_RA_KB:-$RA_KB}" ] && MMAP_RA_ALSO=""
 
 # field LOGFILE KEY: value of KEY in the 'result:' line.
 field() { grep '^result:' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
@@ -129,6 +139,13 @@ for rep in $(seq 1 "$REPS"); do
     run_capped "$BUDGET" "$f" "${COMMON[@]}" --ram-budget "$BUDGET" --io uring --io-probe $EXTRA
     run_mmap "$BUDGET" "$m" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap
     runs=("fetcher $f" "mmap $m")
+    if [ -n "$MMAP_RA_ALSO" ]; then
+        r=$OUT/mmap-ra$MMAP_RA_ALSO-$rep.txt
+        echo "$MMAP_RA_ALSO" > "$RA_FILE"
+        run_capped "$BUDGET" "$r" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap || { restore_ra; exit 1; }
+        restore_ra
+        runs+=("mmap-ra$MMAP_RA_ALSO $r")
+    fi
     if [ "$ADVISE" = 1 ]; then
         a=$OUT/mmap-advise-$rep.txt
         run_mmap "$BUDGET" "$a" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap --mmap-advise
@@ -142,11 +159,15 @@ for rep in $(seq 1 "$REPS"); do
     grep -E '^\| [a-z]|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
     grep -E '^\| [a-z]' "$m" | sed "s/^/mmap[$rep]    /"
     [ "$ADVISE" = 1 ] && grep -E '^\| [a-z]' "$a" | sed "s/^/mmap-advise[$rep] /"
+    if [ -n "$MMAP_RA_ALSO" ]; then
+        grep -E '^\| [a-z]' "$r" | sed "s/^/mmap-ra${MMAP_RA_ALSO}[$rep] /"
+    fi
 done
 
 # The compute limit: the same decode with every weight in RAM (no cap, page cache warm, no
 # streaming), for the overlap figure below.
 c=$OUT/compute.txt
+cat "$MODEL" > /dev/null # the page cache warm: the runs above dropped it
 "$SLUICE" bench -m "$MODEL" -p 0 -n "$N_GEN" -r 1 "${THR[@]}" > "$c" 2>&1 || {
     echo "bench-fetcher: all-resident run failed, see $c" >&2
     exit 1
@@ -161,6 +182,7 @@ echo "compute limit (all weights in RAM): $CTOK tok/s"
 awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $10 > 0 ? $10 : $8; rss[n] = $7; pp[n] = $3 }
         else if ($2 == "mmap") { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7; mbpt[k] = $5 }
+        else if ($2 ~ /^mmap-ra/) { q++; qtg[q] = $4; qname = $2; qsp[q] = tg[q] / $4 }
         else { j++; atg[j] = $4; app[j] = $3; abpt[j] = $5; asp[j] = tg[j] / $4 } }
     function stats(a, c,   i, s, lo, hi) { s = 0; lo = 1e30; hi = -1e30
         for (i = 1; i <= c; i++) { s += a[i]; if (a[i] < lo) lo = a[i]; if (a[i] > hi) hi = a[i] }
@@ -183,9 +205,13 @@ awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
             print "mmap-advise decode bytes/token:" stats(abpt, j)
         }
         print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.7 (limit: the replay of the decode loads)"
-        print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 5"
+        print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 10 at the device read-ahead, 5 at 128 KiB"
         if (j > 0)
             print "fetcher / mmap-advise speedup  " stats(asp, j)
+        if (q > 0) {
+            print qname " decode tok/s:     " stats(qtg, q)
+            print "fetcher / " qname " speedup " stats(qsp, q) "   target >= 5"
+        }
         print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
         print "mmap peak rss kB:              " stats(mrss, k)
         print "decode ms/token:               " stats(t, n)
@@ -214,7 +240,9 @@ for pct in $SWEEP; do
 done
 echo max > "$CG_LIMIT" 2>/dev/null || echo -1 > "$CG_LIMIT" 2>/dev/null || true
 
-if command -v gnuplot > /dev/null; then
+if [ -z "$SWEEP" ]; then
+    :
+elif command -v gnuplot > /dev/null; then
     grep -E ',fetcher,' "$sweep" > "$OUT/sweep-fetcher.dat" || true
     grep -E ',mmap,' "$sweep" > "$OUT/sweep-mmap.dat" || true
     plots="'$OUT/sweep-fetcher.dat' using 1:4 with linespoints title 'fetcher decode tok/s' axes x1y1, '$OUT/sweep-fetcher.dat' using 1:(\$5*100) with linespoints dashtype 2 title 'fetcher hit rate %' axes x1y2"

@@ -51,25 +51,37 @@ const char       *executor_isa_name(enum executor_isa isa);
 /* ------------------------------------------------------------------------------------------ */
 
 /* Geometry and content of a synthetic model with random weights. Zero fields take defaults. */
+/* How the experts of a synthetic MoE are picked. */
+enum executor_synth_routing {
+    EXECUTOR_SYNTH_ROUTING_NATURAL = 0, /* whatever the random network does: a component common
+                                           to all tokens dominates its residual stream, so a few
+                                           experts take most tokens (a skew that flatters caches) */
+    EXECUTOR_SYNTH_ROUTING_BALANCED,    /* token embeddings 32x larger dominate the residual
+                                           stream, so every layer routes by the current token:
+                                           close to uniform and memoryless, as trained MoEs with a
+                                           load-balancing loss */
+};
+
 struct executor_synth_opts {
-    const char      *path;      /* output GGUF path (required) */
-    const char      *name;      /* general.name; NULL = "sluice-synth" */
-    enum common_arch arch;      /* tensor names, shapes and keys as llama.cpp's converter
-                                   writes them for this architecture; 0 = llama */
-    uint32_t n_vocab;           /* 0 = vocabulary size of vocab_from, else 259 (byte-level) */
-    uint32_t n_ctx;             /* context_length; 0 = 2048 */
-    uint32_t n_embd;            /* 0 = 256 */
-    uint32_t n_layer;           /* 0 = 2 (ignored when target_bytes is set) */
-    uint32_t n_head;            /* 0 = 8 */
-    uint32_t n_head_kv;         /* 0 = n_head */
-    uint32_t n_ff;              /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
-    uint32_t n_expert;          /* 0 = dense (8 for the MoE architectures); else routed experts
-                                   (llama: the Mixtral layout) */
-    uint32_t n_expert_used;     /* 0 = min(2, n_expert) */
-    uint32_t n_ff_shexp;        /* shared expert width (qwen2moe only); 0 = 2 * n_ff */
-    bool     lite;              /* deepseek2: the V2-Lite shape (no q LoRA, softmax routing)
-                                   instead of V3's */
-    uint32_t    type;           /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
+    const char      *path;  /* output GGUF path (required) */
+    const char      *name;  /* general.name; NULL = "sluice-synth" */
+    enum common_arch arch;  /* tensor names, shapes and keys as llama.cpp's converter
+                               writes them for this architecture; 0 = llama */
+    uint32_t n_vocab;       /* 0 = vocabulary size of vocab_from, else 259 (byte-level) */
+    uint32_t n_ctx;         /* context_length; 0 = 2048 */
+    uint32_t n_embd;        /* 0 = 256 */
+    uint32_t n_layer;       /* 0 = 2 (ignored when target_bytes is set) */
+    uint32_t n_head;        /* 0 = 8 */
+    uint32_t n_head_kv;     /* 0 = n_head */
+    uint32_t n_ff;          /* dense or per-expert FFN width; 0 = 4 * n_embd rounded */
+    uint32_t n_expert;      /* 0 = dense (8 for the MoE architectures); else routed experts
+                               (llama: the Mixtral layout) */
+    uint32_t n_expert_used; /* 0 = min(2, n_expert) */
+    uint32_t n_ff_shexp;    /* shared expert width (qwen2moe only); 0 = 2 * n_ff */
+    bool     lite;          /* deepseek2: the V2-Lite shape (no q LoRA, softmax routing)
+                               instead of V3's */
+    enum executor_synth_routing routing; /* MoE routing statistics; 0 = natural */
+    uint32_t                    type;    /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
     uint64_t    target_bytes;   /* 0 = keep n_layer; else choose n_layer to approach this size */
     const char *vocab_from;     /* copy tokenizer.* keys from this GGUF; NULL = byte-level vocab */
     uint64_t    seed;           /* weight RNG seed; 0 = 1 */

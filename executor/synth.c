@@ -163,6 +163,7 @@ struct synth_geom {
     /* deepseek2: latent attention ranks and widths, dense leading layers, V3 or V2-Lite routing */
     uint32_t q_lora, kv_lora, rot, nope, v_mla, n_dense_lead, n_ff_dense;
     bool     lite;
+    float    embd_std; /* token embeddings (larger for balanced routing) */
     uint32_t
         head_dim; /* attention head width (gpt-oss: twice n_embd / n_head), else n_embd/n_head */
     uint32_t type;
@@ -267,7 +268,8 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
     float s_e = 1.0f / sqrtf((float)g->n_embd);
     float s_ff = 1.0f / sqrtf((float)g->n_ff);
     int   rc;
-    if ((rc = synth_add(p, g->type, 0.0f, 1.0f, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
+    if ((rc = synth_add(p, g->type, 0.0f, g->embd_std, 2, g->n_embd, g->n_vocab, 1,
+                        "token_embd.weight")))
         return rc;
     /* glm4moe files carry a next-token prediction block after the last layer (not run). */
     const uint32_t n_blocks = g->n_layer + (g->arch == COMMON_ARCH_GLM4MOE ? 1 : 0);
@@ -462,6 +464,11 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     const bool glm = g->arch == COMMON_ARCH_GLM4MOE;
     g->n_ctx = o->n_ctx ? o->n_ctx : 2048;
     g->n_embd = o->n_embd ? o->n_embd : 256;
+    if ((unsigned)o->routing > EXECUTOR_SYNTH_ROUTING_BALANCED)
+        return common_errmsg_set(e, COMMON_EINVAL, "unknown routing mode %d", (int)o->routing);
+    if (o->routing == EXECUTOR_SYNTH_ROUTING_BALANCED && !moe && o->n_expert == 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "balanced routing needs experts (--n-expert)");
+    g->embd_std = o->routing == EXECUTOR_SYNTH_ROUTING_BALANCED ? 32.0f : 1.0f;
     g->n_layer = o->n_layer ? o->n_layer : 2;
     g->n_head = o->n_head ? o->n_head : 8;
     g->n_head_kv = o->n_head_kv ? o->n_head_kv : g->n_head;

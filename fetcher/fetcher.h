@@ -113,6 +113,11 @@ struct fetcher_trace;
 /* log2 latency buckets: bucket i counts loads of [2^i, 2^(i+1)) microseconds (0 also < 1 us). */
 #define FETCHER_TRACE_LAT_BUCKETS 24
 
+/* Reuse-distance buckets: bucket 0 counts accesses whose bundle was last used 1 token before,
+ * bucket i >= 1 those of [2^i, 2^(i+1)) tokens before, the last one also everything farther;
+ * first uses are counted apart. */
+#define FETCHER_TRACE_REUSE_BUCKETS 16
+
 struct fetcher_trace_opts {
     uint32_t n_layer;       /* required */
     uint32_t n_expert;      /* required */
@@ -157,6 +162,12 @@ struct fetcher_trace_totals {
     uint64_t steady_tokens, steady_faults, steady_max_faults; /* after the warm-up */
     uint64_t belady_accesses, belady_hits; /* optimal replay of the recorded sequence */
     bool     belady_truncated;             /* more accesses than max_accesses: replay is partial */
+    /* Which case a run was: how evenly each layer's accesses spread over its experts (Shannon
+     * entropy of the access counts over log2(n_expert): 1 = uniform, 0 = one expert; layers
+     * without accesses left out), and how many tokens passed between two uses of a bundle. */
+    double   entropy_min, entropy_mean, entropy_max;
+    uint64_t reuse[FETCHER_TRACE_REUSE_BUCKETS]; /* tokens since the bundle's previous use */
+    uint64_t first_uses;                         /* accesses of a bundle never used before */
 };
 
 /* Expert predictors (of the executor's prefetch) the trace reports, at most this many. */

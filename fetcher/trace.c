@@ -1,6 +1,7 @@
 /* fetcher/trace.c - expert-usage tracing: counters, faults per token, Belady, JSON export. */
 #include "fetcher.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ struct trace_cell {
     uint64_t load_errors;                    /* failed loads */
     uint64_t bytes_read;                     /* bytes read from storage */
     uint64_t evictions;                      /* times the bundle left the pool */
+    uint64_t last_token;                     /* token of the last access; 0 = never */
     uint32_t lat[FETCHER_TRACE_LAT_BUCKETS]; /* load latency histogram, log2 microseconds */
 };
 
@@ -34,6 +36,8 @@ struct fetcher_trace {
     uint32_t                 *log; /* owned: access keys (layer * n_expert + expert) */
     uint64_t                  n_log;
     bool                      truncated; /* accesses beyond max_accesses were not logged */
+    uint64_t                  reuse[FETCHER_TRACE_REUSE_BUCKETS]; /* see fetcher_trace_totals */
+    uint64_t                  first_uses;
     struct trace_pred {
         char     name[24];                   /* "" = unused entry */
         uint64_t predicted, correct, actual; /* as given to fetcher_trace_predictor */
@@ -119,6 +123,17 @@ void fetcher_trace_access(struct fetcher_trace *t, uint32_t layer, uint32_t expe
         if (t->tokens == 0)
             t->tokens = 1; /* accesses before any mark belong to a first token */
         c->activations++;
+        if (c->last_token == 0) {
+            t->first_uses++;
+        } else {
+            /* 1 token -> bucket 0, [2^i, 2^(i+1)) -> i; a second use in one token counts as 1 */
+            const uint64_t d = t->tokens > c->last_token ? t->tokens - c->last_token : 1;
+            uint32_t       b = 0;
+            while (b + 1 < FETCHER_TRACE_REUSE_BUCKETS && (d >> (b + 1)) != 0)
+                b++;
+            t->reuse[b]++;
+        }
+        c->last_token = t->tokens;
         if (outcome == FETCHER_TRACE_MISS) {
             c->misses++;
             t->cur_faults++;
@@ -335,6 +350,26 @@ out_free:
 /* ---- export ------------------------------------------------------------------------------- */
 
 /* Snapshot under mu: totals with the open token closed into a copy. */
+/* Entropy of layer l's access counts over log2(n_expert); -1 when it had no accesses. */
+static double trace_layer_entropy(const struct fetcher_trace *t, uint32_t l)
+{
+    const struct trace_cell *c = &t->cells[(uint64_t)l * t->opts.n_expert];
+    uint64_t                 n = 0;
+    for (uint32_t x = 0; x < t->opts.n_expert; x++)
+        n += c[x].activations;
+    if (n == 0)
+        return -1.0;
+    if (t->opts.n_expert < 2)
+        return 1.0;
+    double h = 0.0;
+    for (uint32_t x = 0; x < t->opts.n_expert; x++)
+        if (c[x].activations) {
+            const double p = (double)c[x].activations / (double)n;
+            h -= p * log2(p);
+        }
+    return h / log2((double)t->opts.n_expert);
+}
+
 static void trace_totals_locked(const struct fetcher_trace *t, struct fetcher_trace_totals *s)
 {
     *s = (struct fetcher_trace_totals){0};
@@ -366,6 +401,22 @@ static void trace_totals_locked(const struct fetcher_trace *t, struct fetcher_tr
     }
     s->belady_accesses = t->n_log;
     s->belady_truncated = t->truncated;
+    memcpy(s->reuse, t->reuse, sizeof(s->reuse));
+    s->first_uses = t->first_uses;
+    uint32_t n_used = 0;
+    for (uint32_t l = 0; l < t->opts.n_layer; l++) {
+        const double h = trace_layer_entropy(t, l);
+        if (h < 0.0)
+            continue;
+        if (n_used == 0 || h < s->entropy_min)
+            s->entropy_min = h;
+        if (n_used == 0 || h > s->entropy_max)
+            s->entropy_max = h;
+        s->entropy_mean += h;
+        n_used++;
+    }
+    if (n_used)
+        s->entropy_mean /= n_used;
     if (t->opts.n_slots > 0 && t->n_log > 0) {
         int64_t h = fetcher_trace_belady_hits(t->log, (size_t)t->n_log, t->opts.n_slots);
         s->belady_hits = h > 0 ? (uint64_t)h : 0;
@@ -451,6 +502,13 @@ int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *f)
             t->opts.n_slots, (unsigned long long)s.belady_accesses,
             (unsigned long long)s.belady_hits, trace_ratio(s.belady_hits, s.belady_accesses),
             s.belady_truncated ? "true" : "false");
+    fprintf(f,
+            "\"routing\":{\"entropy_min\":%.6f,\"entropy_mean\":%.6f,\"entropy_max\":%.6f,"
+            "\"first_uses\":%llu,\"reuse_tokens_log2\":[",
+            s.entropy_min, s.entropy_mean, s.entropy_max, (unsigned long long)s.first_uses);
+    for (uint32_t b = 0; b < FETCHER_TRACE_REUSE_BUCKETS; b++)
+        fprintf(f, "%s%llu", b ? "," : "", (unsigned long long)s.reuse[b]);
+    fputs("]},\n", f);
     fputs("\"predictors\":[", f);
     for (uint32_t i = 0, n = 0; i < FETCHER_TRACE_MAX_PREDICTORS; i++) {
         const struct trace_pred *p = &t->preds[i];
@@ -469,8 +527,8 @@ int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *f)
     trace_write_hist(f, t->lat_all);
     fputs(",\n\"layers\":[", f);
     for (uint32_t l = 0; l < t->opts.n_layer; l++) {
-        fprintf(f, "%s\n{\"layer\":%u,\"peak_resident\":%lld,\"experts\":[", l ? "," : "", l,
-                (long long)t->peak[l]);
+        fprintf(f, "%s\n{\"layer\":%u,\"peak_resident\":%lld,\"load_entropy\":%.6f,\"experts\":[",
+                l ? "," : "", l, (long long)t->peak[l], trace_layer_entropy(t, l));
         for (uint32_t x = 0; x < t->opts.n_expert; x++) {
             const struct trace_cell *c = &t->cells[(uint64_t)l * t->opts.n_expert + x];
             fprintf(f,
@@ -542,6 +600,20 @@ void fetcher_trace_write_summary(const struct fetcher_trace *t, FILE *f)
                     p->name, 100.0 * trace_ratio(p->correct, p->predicted),
                     100.0 * trace_ratio(p->correct, p->actual), (unsigned long long)p->correct,
                     (unsigned long long)p->predicted, (unsigned long long)p->actual);
+    }
+    if (s.accesses) {
+        /* Which case this run was: even or skewed load, short or long reuse. */
+        fprintf(f,
+                "\n  routing: load entropy per layer %.2f-%.2f (mean %.2f; 1 = uniform); reuse "
+                "after 1 token %.1f%%, 2-3 %.1f%%, 4-15 %.1f%%, 16+ %.1f%%, first use %.1f%%",
+                s.entropy_min, s.entropy_max, s.entropy_mean,
+                100.0 * trace_ratio(s.reuse[0], s.accesses),
+                100.0 * trace_ratio(s.reuse[1], s.accesses),
+                100.0 * trace_ratio(s.reuse[2] + s.reuse[3], s.accesses),
+                100.0 * trace_ratio(s.accesses - s.first_uses - s.reuse[0] - s.reuse[1] -
+                                        s.reuse[2] - s.reuse[3],
+                                    s.accesses),
+                100.0 * trace_ratio(s.first_uses, s.accesses));
     }
     fputs("\n  peak resident bundles per layer:", f);
     for (uint32_t l = 0; l < t->opts.n_layer; l++)

@@ -197,3 +197,62 @@ Test(cli_mkmodel, progress_to_a_file_has_no_carriage_returns, .timeout = 300)
     fixture_rmtree(dir);
     free(dir);
 }
+
+/* The routing summary (trace JSON) of 256 sampled tokens of a 4-layer, 32-expert top-4 model made
+ * with --routing MODE. */
+static void routing_of(const char *dir, const char *mode, double *entropy, double *reuse1)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s/bin/sluice mkmodel -q -o %s/%s.gguf --n-embd 256 --n-layer 4 --n-expert 32 "
+             "--n-expert-used 4 --n-ff 256 --n-vocab 512 --type q8_0 --routing %s --seed 3 && "
+             "%s/bin/sluice run -m %s/%s.gguf -p ab -n 256 --temp 1 --seed 1 --ignore-eos -t 2 "
+             "--ram-budget 50M --trace-out %s/%s.json > /dev/null 2>&1 && cat %s/%s.json",
+             SLUICE_BINARY_DIR, dir, mode, mode, SLUICE_BINARY_DIR, dir, mode, dir, mode, dir,
+             mode);
+    int   status = -1;
+    char *out = run_capture(cmd, &status);
+    cr_assert_eq(status, 0, "%s", out);
+    struct tjson *j = tjson_parse(out);
+    cr_assert_not_null(j, "trace is not valid JSON:\n%s", out);
+    const struct tjson *r = tjson_get(j, "routing");
+    cr_assert_not_null(r);
+    *entropy = tjson_get(r, "entropy_mean")->num;
+    const double accesses = tjson_get(tjson_get(j, "totals"), "accesses")->num;
+    *reuse1 = tjson_at(tjson_get(r, "reuse_tokens_log2"), 0)->num / accesses;
+    tjson_free(j);
+    free(out);
+}
+
+/* --routing balanced routes by the current token: near-uniform load (entropy near 1, above the
+ * natural routing's) and, being memoryless, a bundle used again one token later about as often as
+ * chance (4 of 32 experts: 12.5%). */
+Test(cli_mkmodel, balanced_routing_is_uniform_and_memoryless, .timeout = 300)
+{
+    char  *dir = fixture_tmpdir();
+    double h_nat = 0, h_bal = 0, r_nat = 0, r_bal = 0;
+    routing_of(dir, "natural", &h_nat, &r_nat);
+    routing_of(dir, "balanced", &h_bal, &r_bal);
+    cr_log_info("load entropy natural %.3f balanced %.3f; reuse after 1 token %.3f, %.3f", h_nat,
+                h_bal, r_nat, r_bal);
+    cr_expect_gt(h_bal, 0.98, "balanced load entropy %.3f", h_bal);
+    cr_expect_gt(h_bal, h_nat, "balanced %.3f should spread more than natural %.3f", h_bal, h_nat);
+    cr_expect(r_bal > 0.08 && r_bal < 0.17, "balanced reuse after 1 token %.3f, chance 0.125",
+              r_bal);
+    int  status = -1;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --routing skewed 2>&1",
+             SLUICE_BINARY_DIR, dir);
+    char *out = run_capture(cmd, &status);
+    cr_expect_eq(status, 2, "a bad mode is a usage error: %s", out);
+    cr_expect_not_null(strstr(out, "natural or balanced"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --routing balanced 2>&1",
+             SLUICE_BINARY_DIR, dir);
+    out = run_capture(cmd, &status);
+    cr_expect_neq(status, 0, "a dense model has no routing: %s", out);
+    cr_expect_not_null(strstr(out, "needs experts"), "%s", out);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+}

@@ -1,5 +1,6 @@
 /* tests/fetcher/test_trace.c - tracing: Belady on known traces, faults per token, JSON export. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,59 @@ Test(fetcher_trace, faults_per_token_split_cold_and_steady)
     fetcher_trace_destroy(t);
 }
 
+/* Load entropy and reuse distances on a hand-made sequence. */
+Test(fetcher_trace, routing_entropy_and_reuse_distances)
+{
+    struct fetcher_trace     *t = NULL;
+    struct fetcher_trace_opts o = {.n_layer = 3, .n_expert = 4};
+    cr_assert_eq(fetcher_trace_create(&o, &t), COMMON_OK);
+    /* layer 0: all four experts once each per token (uniform); layer 1: always expert 2 (one
+     * expert); layer 2: nothing. 10 tokens. */
+    for (int tok = 0; tok < 10; tok++) {
+        fetcher_trace_token(t);
+        for (uint32_t x = 0; x < 4; x++)
+            fetcher_trace_access(t, 0, x, FETCHER_TRACE_HIT);
+        fetcher_trace_access(t, 1, 2, FETCHER_TRACE_HIT);
+    }
+    /* then expert 3 of layer 1 after 3 tokens, expert 0 of layer 0 after 20 */
+    for (int tok = 0; tok < 20; tok++) {
+        fetcher_trace_token(t);
+        if (tok == 2)
+            fetcher_trace_access(t, 1, 3, FETCHER_TRACE_MISS);
+        if (tok == 5)
+            fetcher_trace_access(t, 1, 3, FETCHER_TRACE_MISS); /* 3 tokens later: bucket 1 */
+        if (tok == 19)
+            fetcher_trace_access(t, 0, 0, FETCHER_TRACE_MISS); /* 20 tokens later: bucket 4 */
+    }
+    struct fetcher_trace_totals s;
+    fetcher_trace_totals(t, &s);
+    cr_assert_eq(s.accesses, 53);
+    cr_assert_eq(s.first_uses, 6, "4 + 1 + 1 bundles");
+    cr_assert_eq(s.reuse[0], 9 * 5, "every bundle of the first 10 tokens again after 1 token");
+    cr_assert_eq(s.reuse[1], 1);
+    cr_assert_eq(s.reuse[4], 1);
+    uint64_t sum = s.first_uses;
+    for (int b = 0; b < FETCHER_TRACE_REUSE_BUCKETS; b++)
+        sum += s.reuse[b];
+    cr_assert_eq(sum, s.accesses);
+    /* layer 0: counts 11, 10, 10, 10 (near 1); layer 1: 10 of expert 2, 2 of expert 3 */
+    const double p = 10.0 / 12.0, q = 2.0 / 12.0, h1 = -(p * log2(p) + q * log2(q)) / 2.0;
+    cr_assert_float_eq(s.entropy_min, h1, 1e-9);
+    cr_assert_gt(s.entropy_max, 0.99);
+    cr_assert_lt(s.entropy_max, 1.0);
+    cr_assert_float_eq(s.entropy_mean, (s.entropy_min + s.entropy_max) / 2.0, 1e-12,
+                       "layer 2 had no accesses and is left out");
+    char  *text = NULL;
+    size_t len = 0;
+    FILE  *f = open_memstream(&text, &len);
+    fetcher_trace_write_summary(t, f);
+    fclose(f);
+    cr_assert(strstr(text, "load entropy per layer"), "%s", text);
+    cr_assert(strstr(text, "first use 11.3%"), "%s", text);
+    free(text);
+    fetcher_trace_destroy(t);
+}
+
 Test(fetcher_trace, json_is_valid_and_complete)
 {
     struct fetcher_trace     *t = NULL;
@@ -149,6 +203,14 @@ Test(fetcher_trace, json_is_valid_and_complete)
     cr_assert_eq(tjson_get(tjson_at(tjson_get(l1, "experts"), 3), "activations")->num, 2.0);
     cr_assert_eq(tjson_get(tjson_at(tjson_get(l1, "experts"), 0), "activations")->num, 1.0);
     cr_assert_eq(tjson_get(l1, "peak_resident")->num, 3.0, "one +1 per access, no eviction");
+    /* layer 1: expert 3 twice, expert 0 once, over 4 experts */
+    cr_assert_float_eq(tjson_get(l1, "load_entropy")->num,
+                       -(2.0 / 3.0 * log2(2.0 / 3.0) + 1.0 / 3.0 * log2(1.0 / 3.0)) / 2.0, 1e-6);
+    cr_assert_eq(tjson_get(tjson_at(layers, 2), "load_entropy")->num, -1.0, "no accesses");
+    const struct tjson *rt = tjson_get(j, "routing");
+    cr_assert_not_null(rt);
+    cr_assert_eq(tjson_get(rt, "reuse_tokens_log2")->len, FETCHER_TRACE_REUSE_BUCKETS);
+    cr_assert_eq(tjson_get(rt, "first_uses")->num, 6.0, "keys 0, 1, 2, 3, 4 and 7");
     const struct tjson *hist = tjson_get(j, "latency_us_log2");
     cr_assert_eq(hist->len, FETCHER_TRACE_LAT_BUCKETS);
     cr_assert_eq(tjson_at(hist, 7)->num, (double)n);
