@@ -31,20 +31,30 @@ static int model_mat(const struct common_model *d, struct executor_weights *w, i
 }
 
 /* Expands 1-D tensor `index` of `n` elements to a malloc'd f32 array (*out NULL when absent). */
-static int model_vec(const struct common_model *d, struct executor_weights *w, int64_t index,
-                     uint64_t n, float **out, struct common_errmsg *e)
+static int model_vec(struct executor_model *m, int64_t index, uint64_t n, const float **out,
+                     struct common_errmsg *e)
 {
     *out = NULL;
     if (index < 0)
         return 0;
-    const struct common_gguf_tensor *t = common_gguf_tensor_at(d->gguf, (uint64_t)index);
+    const struct common_gguf_tensor *t = common_gguf_tensor_at(m->desc->gguf, (uint64_t)index);
     const void                      *data;
     if (t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] != n)
         return common_errmsg_set(e, COMMON_ECORRUPT, "tensor '%s' should hold %llu elements",
                                  t->name, (unsigned long long)n);
-    int rc = w->ops->tensor(w->impl, (uint64_t)index, &data);
+    int rc = m->w->ops->tensor(m->w->impl, (uint64_t)index, &data);
     if (rc < 0)
         return common_errmsg_set(e, rc, "tensor '%s': weight source failed", t->name);
+    /* f32 is used in place: the resident bytes stay for the model's life and are counted in its
+     * plan, a copy would not be (gpt-oss's expert biases alone are 27 MiB at 54 layers). */
+    if (t->type == COMMON_GGML_TYPE_F32 && (uintptr_t)data % sizeof(float) == 0) {
+        *out = data;
+        return 0;
+    }
+    float **vecs = realloc(m->vecs, (m->n_vecs + 1) * sizeof(*vecs));
+    if (!vecs)
+        return COMMON_ENOMEM;
+    m->vecs = vecs;
     float *v = malloc((size_t)n * sizeof(*v));
     if (!v)
         return COMMON_ENOMEM;
@@ -54,6 +64,7 @@ static int model_vec(const struct common_model *d, struct executor_weights *w, i
         return common_errmsg_set(e, COMMON_ENOTSUP, "tensor '%s': type %s is not supported",
                                  t->name, ti ? ti->name : "unknown");
     }
+    m->vecs[m->n_vecs++] = v;
     *out = v;
     return 0;
 }
@@ -70,7 +81,7 @@ static int model_layer_mla(struct executor_model *m, uint32_t il, struct common_
     if (hp->n_lora_q) {
         if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q_A], &lw->wq_a, e)) ||
             (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q_B], &lw->wq_b, e)) ||
-            (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_A_NORM], hp->n_lora_q, &lw->q_a_norm,
+            (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_Q_A_NORM], hp->n_lora_q, &lw->q_a_norm,
                             e)))
             return rc;
     } else if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e))) {
@@ -79,8 +90,8 @@ static int model_layer_mla(struct executor_model *m, uint32_t il, struct common_
     if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_KV_A_MQA], &lw->wkv_a, e)) ||
         (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K_B], &lw->wk_b, e)) ||
         (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V_B], &lw->wv_b, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_KV_A_NORM], hp->n_lora_kv, &lw->kv_a_norm,
-                        e)))
+        (rc =
+             model_vec(m, L->tensor[COMMON_ROLE_ATTN_KV_A_NORM], hp->n_lora_kv, &lw->kv_a_norm, e)))
         return rc;
     return 0;
 }
@@ -102,13 +113,13 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
                   ikn = L->tensor[COMMON_ROLE_ATTN_K_NORM];
     lw->q_norm_n = iqn >= 0 ? (uint32_t)common_gguf_tensor_at(d->gguf, (uint64_t)iqn)->ne[0] : 0;
     lw->k_norm_n = ikn >= 0 ? (uint32_t)common_gguf_tensor_at(d->gguf, (uint64_t)ikn)->ne[0] : 0;
-    if ((rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_NORM], hp->n_embd, &lw->attn_norm, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_NORM], hp->n_embd, &lw->ffn_norm, e)) ||
-        (rc = model_vec(d, w, iqn, lw->q_norm_n, &lw->q_norm, e)) ||
-        (rc = model_vec(d, w, ikn, lw->k_norm_n, &lw->k_norm, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], qd, &lw->bq, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_K_BIAS], kd, &lw->bk, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_V_BIAS], vd, &lw->bv, e)))
+    if ((rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_NORM], hp->n_embd, &lw->attn_norm, e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_NORM], hp->n_embd, &lw->ffn_norm, e)) ||
+        (rc = model_vec(m, iqn, lw->q_norm_n, &lw->q_norm, e)) ||
+        (rc = model_vec(m, ikn, lw->k_norm_n, &lw->k_norm, e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_Q_BIAS], qd, &lw->bq, e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_K_BIAS], kd, &lw->bk, e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_V_BIAS], vd, &lw->bv, e)))
         return rc;
     if (hp->n_lora_kv) {
         if ((rc = model_layer_mla(m, il, e)))
@@ -119,8 +130,8 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
         return rc;
     }
     if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_OUT_BIAS], hp->n_embd, &lw->bo, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_ATTN_SINKS], hp->n_head, &lw->sinks, e)))
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_OUT_BIAS], hp->n_embd, &lw->bo, e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_SINKS], hp->n_head, &lw->sinks, e)))
         return rc;
     lw->swa = common_hparams_layer_is_swa(hp, il);
     if (!common_model_layer_is_moe(d, il)) {
@@ -131,15 +142,15 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
         return 0;
     }
     if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], hp->n_expert,
-                        &lw->exp_probs_b, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP_BIAS], hp->n_expert,
-                        &lw->gate_inp_b, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_GATE_EXPS_BIAS],
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], hp->n_expert, &lw->exp_probs_b,
+                        e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_GATE_INP_BIAS], hp->n_expert, &lw->gate_inp_b,
+                        e)) ||
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_GATE_EXPS_BIAS],
                         (uint64_t)hp->n_ff_exp * hp->n_expert, &lw->gate_exps_b, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_UP_EXPS_BIAS],
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_UP_EXPS_BIAS],
                         (uint64_t)hp->n_ff_exp * hp->n_expert, &lw->up_exps_b, e)) ||
-        (rc = model_vec(d, w, L->tensor[COMMON_ROLE_FFN_DOWN_EXPS_BIAS],
+        (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_DOWN_EXPS_BIAS],
                         (uint64_t)hp->n_embd * hp->n_expert, &lw->down_exps_b, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0 &&
@@ -198,10 +209,10 @@ int executor_model_create(const struct common_model *desc, struct executor_weigh
     } else {
         m->output = m->tok_embd; /* tied head */
     }
-    if ((rc = model_vec(desc, w, desc->global[COMMON_GROLE_OUTPUT_NORM], hp->n_embd,
-                        &m->output_norm, e)) < 0 ||
-        (rc = model_vec(desc, w, desc->global[COMMON_GROLE_ROPE_FREQS], hp->n_rot / 2,
-                        &m->rope_freqs, e)) < 0)
+    if ((rc = model_vec(m, desc->global[COMMON_GROLE_OUTPUT_NORM], hp->n_embd, &m->output_norm,
+                        e)) < 0 ||
+        (rc = model_vec(m, desc->global[COMMON_GROLE_ROPE_FREQS], hp->n_rot / 2, &m->rope_freqs,
+                        e)) < 0)
         goto out_destroy;
     for (uint32_t il = 0; il < hp->n_layer; il++)
         if ((rc = model_layer(m, il, e)) < 0)
@@ -265,30 +276,10 @@ void executor_model_destroy(struct executor_model *m)
 {
     if (!m)
         return;
-    if (m->layers) {
-        for (uint32_t il = 0; il < m->desc->hp.n_layer; il++) {
-            struct executor_layer_w *lw = &m->layers[il];
-            free(lw->attn_norm);
-            free(lw->ffn_norm);
-            free(lw->q_norm);
-            free(lw->k_norm);
-            free(lw->bq);
-            free(lw->bk);
-            free(lw->bv);
-            free(lw->exp_probs_b);
-            free(lw->q_a_norm);
-            free(lw->kv_a_norm);
-            free(lw->sinks);
-            free(lw->bo);
-            free(lw->gate_inp_b);
-            free(lw->gate_exps_b);
-            free(lw->up_exps_b);
-            free(lw->down_exps_b);
-        }
-    }
+    for (size_t i = 0; i < m->n_vecs; i++)
+        free(m->vecs[i]);
+    free(m->vecs);
     free(m->layers);
-    free(m->output_norm);
-    free(m->rope_freqs);
     if (m->owns) {
         executor_weights_destroy(m->w);
         common_model_fini(m->own_desc);

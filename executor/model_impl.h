@@ -23,46 +23,50 @@ struct executor_expert_geom {
     size_t   row_bytes; /* bytes of one row */
 };
 
+/* "vec" fields are 1-D tensors as f32: the resident tensor bytes themselves when the file holds
+ * f32, else a converted copy owned by the model (executor_model.vecs). */
 struct executor_layer_w {
-    float *attn_norm;                            /* owned: (n_embd) */
-    float *ffn_norm;                             /* owned: (n_embd) */
-    float *q_norm;                               /* owned: (head_dim_k) per head (qwen3), (q width)
-                                                    over the whole projection (olmoe), or NULL */
-    float              *k_norm;                  /* owned: as q_norm, (head_dim_k) or (k width) */
+    const float *attn_norm;                      /* vec: (n_embd) */
+    const float *ffn_norm;                       /* vec: (n_embd) */
+    const float *q_norm;                         /* vec: (head_dim_k) per head (qwen3), (q width)
+                                              over the whole projection (olmoe), or NULL */
+    const float        *k_norm;                  /* vec: as q_norm, (head_dim_k) or (k width) */
     uint32_t            q_norm_n;                /* elements of q_norm */
     uint32_t            k_norm_n;                /* elements of k_norm */
-    float              *bq;                      /* owned: (n_head * head_dim_k) or NULL (qwen2) */
-    float              *bk;                      /* owned: (n_head_kv * head_dim_k) or NULL */
-    float              *bv;                      /* owned: (n_head_kv * head_dim_v) or NULL */
+    const float        *bq;                      /* vec: (n_head * head_dim_k) or NULL (qwen2) */
+    const float        *bk;                      /* vec: (n_head_kv * head_dim_k) or NULL */
+    const float        *bv;                      /* vec: (n_head_kv * head_dim_v) or NULL */
     struct executor_mat wq, wk, wv, wo;          /* wk, wv: data NULL with latent attention */
     struct executor_mat gate, up, down;          /* dense FFN (data NULL for MoE layers) */
     struct executor_mat gate_inp;                /* MoE router (data NULL for dense layers) */
     struct executor_mat sh_gate, sh_up, sh_down; /* shared expert (data NULL: none) */
     struct executor_mat sh_gate_inp;             /* 1 row: its sigmoid gate (data NULL: ungated) */
-    float              *exp_probs_b;             /* owned: (n_expert) selection bias, or NULL */
-    /* gpt-oss (all owned, NULL otherwise): attention sinks (n_head), output bias (n_embd), router
+    const float        *exp_probs_b;             /* vec: (n_expert) selection bias, or NULL */
+    /* gpt-oss (vectors, NULL otherwise): attention sinks (n_head), output bias (n_embd), router
      * bias (n_expert), expert biases (n_expert rows of n_ff_exp, n_ff_exp, n_embd). */
-    float *sinks, *bo, *gate_inp_b, *gate_exps_b, *up_exps_b, *down_exps_b;
-    bool   swa; /* this layer attends to a sliding window of n_swa positions */
+    const float *sinks, *bo, *gate_inp_b, *gate_exps_b, *up_exps_b, *down_exps_b;
+    bool         swa; /* this layer attends to a sliding window of n_swa positions */
     /* Multi-head latent attention (deepseek2): wq or wq_a + q_a_norm + wq_b; wkv_a gives the
      * latent and the rotary key; wk_b and wv_b hold n_head blocks of rows, one per head. */
     struct executor_mat         wq_a, wq_b, wkv_a, wk_b, wv_b;
-    float                      *q_a_norm;                      /* owned: (q_lora_rank) or NULL */
-    float                      *kv_a_norm;                     /* owned: (kv_lora_rank) or NULL */
+    const float                *q_a_norm;                      /* vec: (q_lora_rank) or NULL */
+    const float                *kv_a_norm;                     /* vec: (kv_lora_rank) or NULL */
     struct executor_expert_geom exp[COMMON_EXPERT_PART_COUNT]; /* MoE expert parts */
 };
 
 struct executor_model {
-    const struct common_model *desc;        /* borrowed, or own_desc when opened here */
-    struct executor_weights   *w;           /* borrowed, or owned when opened here */
-    struct common_gguf        *own_gguf;    /* owned: set by executor_model_open */
-    struct common_model       *own_desc;    /* owned: set by executor_model_open */
-    bool                       owns;        /* own_gguf, own_desc and w are owned */
-    struct executor_layer_w   *layers;      /* owned: n_layer */
+    const struct common_model *desc;     /* borrowed, or own_desc when opened here */
+    struct executor_weights   *w;        /* borrowed, or owned when opened here */
+    struct common_gguf        *own_gguf; /* owned: set by executor_model_open */
+    struct common_model       *own_desc; /* owned: set by executor_model_open */
+    bool                       owns;     /* own_gguf, own_desc and w are owned */
+    struct executor_layer_w   *layers;   /* owned: n_layer */
+    float                    **vecs;     /* owned: converted vectors (non-f32 tensors) */
+    size_t                     n_vecs;
     struct executor_mat        tok_embd;    /* (n_vocab rows of n_embd) */
     struct executor_mat        output;      /* head; token_embd when tied */
-    float                     *output_norm; /* owned: (n_embd) */
-    float                     *rope_freqs;  /* owned: (n_rot / 2) frequency divisors, or NULL */
+    const float               *output_norm; /* vec: (n_embd) */
+    const float               *rope_freqs;  /* vec: (n_rot / 2) frequency divisors, or NULL */
 };
 
 #endif /* EXECUTOR_MODEL_IMPL_H */
