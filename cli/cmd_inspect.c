@@ -286,18 +286,36 @@ static void inspect_json(const char *path, const struct common_gguf *g,
                "    \"n_rot\": %u,\n    \"rope\": \"%s\",\n    \"rope_freq_base\": %.9g,\n"
                "    \"rms_eps\": %.9g,\n    \"n_ff\": %u,\n    \"n_expert\": %u,\n"
                "    \"n_expert_used\": %u,\n    \"n_ff_exp\": %u,\n    \"n_ff_shexp\": %u,\n"
-               "    \"output_tied\": %s\n  },\n",
+               "    \"output_tied\": %s,\n",
                hp->n_expert ? "true" : "false", hp->n_vocab, hp->n_ctx_train, hp->n_embd,
                hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, hp->n_rot,
                hp->rope_neox ? "neox" : "normal", (double)hp->rope_freq_base, (double)hp->rms_eps,
                hp->n_ff, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp,
                m->global[COMMON_GROLE_OUTPUT] >= 0 ? "false" : "true");
+        /* what the architecture table adds: latent attention, routing, window, rope scaling */
+        printf("    \"q_lora_rank\": %u,\n    \"kv_lora_rank\": %u,\n    \"head_dim_k_mla\": %u,\n"
+               "    \"head_dim_v_mla\": %u,\n    \"gating\": \"%s\",\n    \"expert_groups\": %u,\n"
+               "    \"expert_groups_used\": %u,\n    \"expert_weights_scale\": %.9g,\n"
+               "    \"n_layer_dense_lead\": %u,\n    \"n_swa\": %u,\n    \"swa_period\": %u,\n"
+               "    \"rope_scaling\": \"%s\",\n    \"rope_scaling_factor\": %.9g,\n"
+               "    \"n_ctx_orig_yarn\": %u\n  },\n",
+               hp->n_lora_q, hp->n_lora_kv, hp->n_lora_kv ? hp->head_dim_k_mla : 0,
+               hp->n_lora_kv ? hp->head_dim_v_mla : 0,
+               hp->expert_gating == COMMON_GATING_SIGMOID          ? "sigmoid"
+               : hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT ? "softmax_weight"
+                                                                   : "softmax",
+               hp->n_expert_groups, hp->n_group_used, (double)hp->expert_weights_scale,
+               hp->n_layer_dense_lead, hp->n_swa, hp->swa_period,
+               hp->yarn_ext_factor != 0.0f ? "yarn" : "none",
+               hp->yarn_ext_factor != 0.0f ? (double)(1.0f / hp->rope_freq_scale) : 1.0,
+               hp->yarn_ext_factor != 0.0f ? hp->n_ctx_orig_yarn : 0);
         printf("  \"totals\": {\n    \"tensor_bytes\": %" PRIu64
                ",\n    \"resident_bytes\": %" PRIu64 ",\n    \"expert_bytes\": %" PRIu64
                ",\n    \"expert_bundle_bytes\": %" PRIu64
-               ",\n    \"active_bytes_per_token\": %" PRIu64 "\n  },\n",
+               ",\n    \"active_bytes_per_token\": %" PRIu64 ",\n    \"unused_bytes\": %" PRIu64
+               "\n  },\n",
                m->bytes_total, m->bytes_resident, m->bytes_experts, m->bytes_expert_bundle,
-               m->bytes_active);
+               m->bytes_active, m->bytes_unused);
     } else {
         printf("  \"model\": null,\n  \"model_error\": ");
         common_json_write_str(stdout, model_error, strlen(model_error));

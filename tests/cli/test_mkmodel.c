@@ -256,3 +256,63 @@ Test(cli_mkmodel, balanced_routing_is_uniform_and_memoryless, .timeout = 300)
     fixture_rmtree(dir);
     free(dir);
 }
+
+/* inspect --json carries what the architecture table adds: latent attention ranks, routing,
+ * sliding window, rope scaling, and the bytes of layers that are not run (glm4moe's prediction
+ * block). */
+Test(cli_inspect, json_shows_architecture_features, .timeout = 120)
+{
+    char *dir = fixture_tmpdir();
+    static const struct {
+        const char *args, *key, *str;
+        double      num;
+    } cases[] = {
+        {"--arch deepseek2 --preset tiny --n-layer 3 --n-ff 128", "kv_lora_rank", NULL, 64},
+        {"--arch deepseek2 --preset tiny --n-layer 3 --n-ff 128", "gating", "sigmoid", 0},
+        {"--arch deepseek2 --preset tiny --n-layer 3 --n-ff 128", "n_layer_dense_lead", NULL, 1},
+        {"--arch deepseek2 --preset tiny --n-layer 3 --n-ff 128", "rope_scaling", "yarn", 0},
+        {"--arch gpt-oss --preset tiny --n-ff 128", "gating", "softmax_weight", 0},
+        {"--arch gpt-oss --preset tiny --n-ff 128", "swa_period", NULL, 2},
+        {"--arch qwen3moe --preset tiny --n-ff 128", "gating", "softmax", 0},
+        {"--arch qwen3moe --preset tiny --n-ff 128", "kv_lora_rank", NULL, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof(cmd),
+                 "%s/bin/sluice mkmodel -q -o %s/m.gguf --n-vocab 300 %s && %s/bin/sluice inspect "
+                 "--json %s/m.gguf",
+                 SLUICE_BINARY_DIR, dir, cases[i].args, SLUICE_BINARY_DIR, dir);
+        int   status = -1;
+        char *out = run_capture(cmd, &status);
+        cr_assert_eq(status, 0, "%s", out);
+        struct tjson *j = tjson_parse(out);
+        cr_assert_not_null(j, "not JSON:\n%s", out);
+        const struct tjson *v = tjson_get(tjson_get(j, "model"), cases[i].key);
+        cr_assert_not_null(v, "%s: no model.%s", cases[i].args, cases[i].key);
+        if (cases[i].str)
+            cr_expect_str_eq(v->str, cases[i].str, "%s: %s", cases[i].args, cases[i].key);
+        else
+            cr_expect_eq(v->num, cases[i].num, "%s: %s = %g", cases[i].args, cases[i].key, v->num);
+        tjson_free(j);
+        free(out);
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s/bin/sluice mkmodel -q -o %s/g.gguf --arch glm4moe --preset tiny --n-layer 3 "
+             "--n-ff 128 --n-vocab 300 && %s/bin/sluice inspect --json %s/g.gguf",
+             SLUICE_BINARY_DIR, dir, SLUICE_BINARY_DIR, dir);
+    int   status = -1;
+    char *out = run_capture(cmd, &status);
+    cr_assert_eq(status, 0, "%s", out);
+    struct tjson *j = tjson_parse(out);
+    cr_assert_not_null(j);
+    const struct tjson *tot = tjson_get(j, "totals");
+    cr_expect_gt(tjson_get(tot, "unused_bytes")->num, 0.0, "the prediction block is not run");
+    cr_expect_eq(tjson_get(tot, "resident_bytes")->num + tjson_get(tot, "expert_bytes")->num +
+                     tjson_get(tot, "unused_bytes")->num,
+                 tjson_get(tot, "tensor_bytes")->num);
+    tjson_free(j);
+    free(out);
+    fixture_rmtree(dir);
+    free(dir);
+}
