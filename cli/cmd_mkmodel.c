@@ -75,7 +75,7 @@ static int mkmodel_parse_type(void *arg, const char *name, struct common_errmsg 
     if (common_ggml_type_from_name(name, arg) != COMMON_OK)
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "expects f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
-                                 "q5_K, q6_K or mxfp4, got '%s'",
+                                 "q5_K, q6_K, mxfp4, tq1_0 or tq2_0, got '%s'",
                                  name);
     return COMMON_OK;
 }
@@ -217,7 +217,7 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .parse = mkmodel_parse_type,
             .metavar = "TYPE",
             .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K mxfp4 "
-                       "(norms and router stay f32)",
+                       "tq1_0 tq2_0 (norms and router stay f32)",
             .def = "f32"},
            {.name = "vocab-from",
             .type = COMMON_OPT_STR,

@@ -105,6 +105,10 @@ static uint32_t synth_file_type(uint32_t type)
         return 18;
     case COMMON_GGML_TYPE_BF16:
         return 32;
+    case COMMON_GGML_TYPE_TQ1_0:
+        return 36;
+    case COMMON_GGML_TYPE_TQ2_0:
+        return 37;
     case COMMON_GGML_TYPE_MXFP4:
         return 38; /* llama.cpp's MXFP4_MOE */
     default:

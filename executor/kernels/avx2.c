@@ -589,6 +589,111 @@ static float avx2_dot_q6_K(int64_t n, const void *w, const void *a)
     return avx2_hsum_ps(acc);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Ternary x Q8_K                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Both ternary dots multiply the unsigned quants t (0..2, TQ2_0 0..3) by the activations with
+ * vpmaddubsw and take off sum(a) (the Q8_K bsums) once per block: sum((t - 1) * a), exact in int32
+ * lanes. The lanes are added into the block's integer sum, scaled with ref.c's float operations:
+ * ref.c's bits where the compiler does not contract them (GCC in C11 mode). Scaling the lanes one
+ * by one, as the K-quant dots do, erred up to 1.5e-6 of sum |w * a| in the tests: the lanes mix
+ * products and bsums of different elements, so they are much larger than the block's sum. */
+
+/* The 16 bsums of a Q8_K block summed in pairs into 8 int32 lanes. */
+static inline __m256i avx2_bsums_i32(const int16_t *bsums)
+{
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), _mm256_set1_epi16(1));
+}
+
+/* x * 3 in each byte, mod 256: moves the next TQ1_0 trit to the top. */
+static inline __m256i avx2_tq1_times3(__m256i x)
+{
+    return _mm256_add_epi8(x, _mm256_add_epi8(x, x));
+}
+
+static inline __m128i avx2_tq1_times3_128(__m128i x)
+{
+    return _mm_add_epi8(x, _mm_add_epi8(x, x));
+}
+
+/* The top trit of each byte, (q * 3) >> 8 = (q >= 86) + (q >= 171), as unsigned compares
+ * through the sign flip (no unsigned byte compare in AVX2). */
+static inline __m256i avx2_tq1_top_trit(__m256i q)
+{
+    const __m256i s = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+    const __m256i ge86 = _mm256_cmpgt_epi8(s, _mm256_set1_epi8((char)(85 ^ 0x80)));
+    const __m256i ge171 = _mm256_cmpgt_epi8(s, _mm256_set1_epi8((char)(170 ^ 0x80)));
+    return _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_add_epi8(ge86, ge171));
+}
+
+/* TQ1_0: qs[0..31] times 3^k for k = 0..4 meet activations 32k..32k+31; the last 16 qs bytes
+ * (elements 160 + 16k + m) and the 4 qh bytes (element 240 + 4k + j: the qh word times 3^k in
+ * dword k of a 16-byte lane) share three vectors. */
+static float avx2_dot_tq1_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_tq1_0 *x = w;
+    const struct executor_block_q8_K  *y = a;
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    float                              sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *q8 = y[i].qs;
+        __m256i       sumi = _mm256_sub_epi32(_mm256_setzero_si256(), avx2_bsums_i32(y[i].bsums));
+        __m256i       p = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        for (int k = 0; k < 5; k++, p = avx2_tq1_times3(p)) {
+            const __m256i q8k = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
+            sumi = _mm256_add_epi32(sumi, avx2_dot_u8(avx2_tq1_top_trit(p), q8k));
+        }
+        /* r[k] = qs[32..47] * 3^k; the qh word times 3^k in dword k */
+        __m128i r[5];
+        r[0] = _mm_loadu_si128((const __m128i *)(x[i].qs + 32));
+        for (int k = 1; k < 5; k++)
+            r[k] = avx2_tq1_times3_128(r[k - 1]);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof(qh));
+        const __m128i h0 = _mm_set1_epi32((int)qh);
+        const __m128i h1 = avx2_tq1_times3_128(h0);
+        const __m128i h2 = avx2_tq1_times3_128(h1);
+        const __m128i h3 = avx2_tq1_times3_128(h2);
+        const __m128i h =
+            _mm_unpacklo_epi64(_mm_unpacklo_epi32(h0, h1), _mm_unpacklo_epi32(h2, h3));
+        const __m256i r01 = _mm256_set_m128i(r[1], r[0]);
+        const __m256i r23 = _mm256_set_m128i(r[3], r[2]);
+        const __m256i r45 = _mm256_set_m128i(h, r[4]);
+        const __m256i v[3] = {r01, r23, r45};
+        for (int k = 0; k < 3; k++) {
+            const __m256i q8k = _mm256_loadu_si256((const __m256i *)(q8 + 160 + 32 * k));
+            sumi = _mm256_add_epi32(sumi, avx2_dot_u8(avx2_tq1_top_trit(v[k]), q8k));
+        }
+        sumf += (float)avx2_hsum_epi32(sumi) * (avx2_fp16(x[i].d) * y[i].d);
+    }
+    return sumf;
+}
+
+/* TQ2_0: bits 2k..2k+1 of 32 bytes meet 32 consecutive activations. */
+static float avx2_dot_tq2_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_tq2_0 *x = w;
+    const struct executor_block_q8_K  *y = a;
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    const __m256i                      m3 = _mm256_set1_epi8(3);
+    float                              sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const int8_t *q8 = y[i].qs;
+        __m256i       sumi = _mm256_sub_epi32(_mm256_setzero_si256(), avx2_bsums_i32(y[i].bsums));
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int k = 0; k < 4; k++, q8 += 32) {
+                const __m256i t = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+                sumi =
+                    _mm256_add_epi32(sumi, avx2_dot_u8(t, _mm256_loadu_si256((const __m256i *)q8)));
+            }
+        }
+        sumf += (float)avx2_hsum_epi32(sumi) * (avx2_fp16(x[i].d) * y[i].d);
+    }
+    return sumf;
+}
+
 /* executor_wsum_f16: 8 columns by up to 8 rows at a time (the sums in registers while the k
  * rows pass), the last n % 8 columns as the reference; mul then add, as the reference. */
 static void avx2_wsum_f16(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
@@ -650,6 +755,8 @@ void executor_kernels_fill_avx2(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx2_dot_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = avx2_dot_q6_K;
     ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = avx2_dot_mxfp4;
+    ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = avx2_dot_tq1_0;
+    ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = avx2_dot_tq2_0;
 
     ks->quantize_act[COMMON_GGML_TYPE_Q8_0] = avx2_act_q8_0;
     ks->quantize_act[COMMON_GGML_TYPE_Q8_1] = avx2_act_q8_1;

@@ -6,9 +6,10 @@
 
 #include "kernels_impl.h"
 
-/* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 get 512-bit dots (Q4_0:
- * three raw blocks per load; the other block types two blocks, or one 64-element chunk, per vector;
- * VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0, Q4_K, Q6_K and MXFP4 also a gemm.
+/* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0 and TQ2_0 get
+ * 512-bit dots (Q4_0: three raw blocks per load; the other block types two blocks, or one
+ * 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0,
+ * Q4_K, Q6_K and MXFP4 also a gemm.
  * Q2_K and Q3_K (scalar everywhere) and the activation quantizers come from the slower sets, which
  * this CPU also runs. As in avx2.c the integer sums are exact and only the order of the float
  * additions differs from ref.c. */
@@ -890,6 +891,115 @@ static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Ternary x Q8_K                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Both ternary dots build four 64-byte vectors of unsigned quants t (0..2, TQ2_0 0..3) in the
+ * activations' element order and multiply them with vpdpbusd; the int32 lanes start from -sum(a)
+ * (the Q8_K bsums widened), so they hold sum((t - 1) * a) exactly; they are added into the
+ * block's integer sum and scaled with ref.c's float operations (see avx2.c). TQ1_0's trits come
+ * from byte * 3^k (two byte adds per power, all bytes at once) read at the top with two unsigned
+ * compares: (q * 3) >> 8 is (q >= 86) + (q >= 171). */
+
+/* The 16 bsums of a Q8_K block, negated, one per int32 lane. */
+static inline __m512i avx512_neg_bsums(const int16_t *bsums)
+{
+    const __m512i b = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)bsums));
+    return _mm512_sub_epi32(_mm512_setzero_si512(), b);
+}
+
+static inline __m256i avx512_tq1_times3(__m256i x)
+{
+    return _mm256_add_epi8(x, _mm256_add_epi8(x, x));
+}
+
+static inline __m128i avx512_tq1_times3_128(__m128i x)
+{
+    return _mm_add_epi8(x, _mm_add_epi8(x, x));
+}
+
+/* The top trit (0..2) of each byte. */
+static inline __m512i avx512_tq1_top_trit(__m512i q)
+{
+    const __m512i one = _mm512_set1_epi8(1);
+    const __m512i t = _mm512_maskz_mov_epi8(_mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86)), one);
+    return _mm512_mask_add_epi8(t, _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8((char)171)), t, one);
+}
+
+/* TQ1_0: qs[0..31] times 3^0..3^4 (activations 0..159), then qs[32..47] times 3^0..3^4 (160..239)
+ * and the qh word times 3^k in dword k of the last 16 bytes (element 240 + 4k + j). */
+static float avx512_dot_tq1_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_tq1_0 *x = w;
+    const struct executor_block_q8_K  *y = a;
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    float                              sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+        _mm_prefetch(pf, _MM_HINT_T0);
+        __m256i p[5];
+        __m128i r[5];
+        p[0] = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        r[0] = _mm_loadu_si128((const __m128i *)(x[i].qs + 32));
+        for (int k = 1; k < 5; k++) {
+            p[k] = avx512_tq1_times3(p[k - 1]);
+            r[k] = avx512_tq1_times3_128(r[k - 1]);
+        }
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof(qh));
+        const __m128i h0 = _mm_set1_epi32((int)qh);
+        const __m128i h1 = avx512_tq1_times3_128(h0);
+        const __m128i h2 = avx512_tq1_times3_128(h1);
+        const __m128i h3 = avx512_tq1_times3_128(h2);
+        const __m128i h =
+            _mm_unpacklo_epi64(_mm_unpacklo_epi32(h0, h1), _mm_unpacklo_epi32(h2, h3));
+        const __m512i v[4] = {
+            _mm512_inserti64x4(_mm512_castsi256_si512(p[0]), p[1], 1),
+            _mm512_inserti64x4(_mm512_castsi256_si512(p[2]), p[3], 1),
+            _mm512_inserti64x4(_mm512_castsi256_si512(p[4]), _mm256_set_m128i(r[1], r[0]), 1),
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(r[3], r[2])),
+                               _mm256_set_m128i(h, r[4]), 1),
+        };
+        __m512i sumi = avx512_neg_bsums(y[i].bsums);
+        for (int c = 0; c < 4; c++)
+            sumi = _mm512_dpbusd_epi32(sumi, avx512_tq1_top_trit(v[c]),
+                                       _mm512_loadu_si512(y[i].qs + 64 * c));
+        sumf += (float)_mm512_reduce_add_epi32(sumi) * (avx512_fp16(x[i].d) * y[i].d);
+    }
+    return sumf;
+}
+
+/* TQ2_0: each 32 qs bytes, in both halves of a vector, shifted right by 0 | 2 (then 4 | 6) bits
+ * per 64-bit lane and masked to 2 bits, are the quants of 64 consecutive activations. */
+static float avx512_dot_tq2_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_tq2_0 *x = w;
+    const struct executor_block_q8_K  *y = a;
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    const __m512i                      m3 = _mm512_set1_epi8(3);
+    const __m512i                      sh01 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+    const __m512i                      sh23 = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
+    float                              sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+        _mm_prefetch(pf, _MM_HINT_T0);
+        _mm_prefetch(pf + 64, _MM_HINT_T0);
+        __m512i sumi = avx512_neg_bsums(y[i].bsums);
+        for (int h = 0; h < 2; h++) {
+            const __m512i b =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h)));
+            const int8_t *q8 = y[i].qs + 128 * h;
+            sumi = _mm512_dpbusd_epi32(sumi, _mm512_and_si512(_mm512_srlv_epi64(b, sh01), m3),
+                                       _mm512_loadu_si512(q8));
+            sumi = _mm512_dpbusd_epi32(sumi, _mm512_and_si512(_mm512_srlv_epi64(b, sh23), m3),
+                                       _mm512_loadu_si512(q8 + 64));
+        }
+        sumf += (float)_mm512_reduce_add_epi32(sumi) * (avx512_fp16(x[i].d) * y[i].d);
+    }
+    return sumf;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* MXFP4 x Q8_0                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1203,6 +1313,8 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx512_dot_q5_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;
+    ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = avx512_dot_tq1_0;
+    ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = avx512_dot_tq2_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_0] = avx512_dot_q4_0;
     ks->gemv[COMMON_GGML_TYPE_Q4_0] = avx512_gemv_q4_0;
     ks->gemm[COMMON_GGML_TYPE_Q4_0] = avx512_gemm_q4_0;

@@ -16,6 +16,7 @@
 #define EXECUTOR_QK            32  /* elements per block of Q4_0 .. Q8_1 */
 #define EXECUTOR_QK_K          256 /* elements per K-quant super-block */
 #define EXECUTOR_K_SCALE_BYTES 12  /* packed 6-bit scales and mins of Q4_K/Q5_K, and Q3_K scales */
+#define EXECUTOR_TQ1_QS        48  /* bytes of 5 trits in a TQ1_0 block: (256 - 4 * 256 / 64) / 5 */
 
 /* Block layouts (ggml-common.h). Scales `d`, `m`, `s`, `dmin` are IEEE half stored as bits. */
 struct executor_block_q4_0 {
@@ -83,6 +84,22 @@ struct executor_block_mxfp4 {
     uint8_t e;                   /* E8M0 exponent: the scale is 2^(e - 127) */
     uint8_t qs[EXECUTOR_QK / 2]; /* element j in the low nibble of qs[j], j+16 in the high */
 };
+/* Ternary types (BitNet b1.58, TriLMs): weights -d, 0, +d stored as 0, 1, 2 ("trits"), d = the
+ * block's absmax. TQ1_0 packs 5 trits per byte as a base-3 number scaled to a byte:
+ * byte = ceil(v * 256 / 243), v = sum t_k 3^(4-k); trit k comes back as the top of
+ * (byte * 3^k mod 256) * 3 (kimpl_tq1_trit). qs[0..31] hold elements 32k + m (k = 0..4),
+ * qs[32..47] elements 160 + 16k + m, and qh[j] (4 trits, the 5th 0) elements 240 + 4k + j. */
+struct executor_block_tq1_0 {
+    uint8_t  qs[EXECUTOR_TQ1_QS];    /* 5 trits per byte */
+    uint8_t  qh[EXECUTOR_QK_K / 64]; /* 4 trits per byte */
+    uint16_t d;                      /* scale */
+};
+/* TQ2_0: 2 bits per element, (q - 1) * d with q in 0..2 (3, never written, reads as +2d):
+ * bits 2k..2k+1 of qs[32h + m] are element 128h + 32k + m. */
+struct executor_block_tq2_0 {
+    uint8_t  qs[EXECUTOR_QK_K / 4]; /* 4 quants per byte */
+    uint16_t d;                     /* scale */
+};
 struct executor_block_q8_K {
     float   d;                         /* scale (float, not half) */
     int8_t  qs[EXECUTOR_QK_K];         /* elements in order */
@@ -102,6 +119,8 @@ _Static_assert(sizeof(struct executor_block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(struct executor_block_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(struct executor_block_q8_K) == 292, "q8_K layout");
 _Static_assert(sizeof(struct executor_block_mxfp4) == 17, "mxfp4 layout");
+_Static_assert(sizeof(struct executor_block_tq1_0) == 54, "tq1_0 layout");
+_Static_assert(sizeof(struct executor_block_tq2_0) == 66, "tq2_0 layout");
 
 /* The e2m1 values of an MXFP4 nibble, doubled (ggml's kvalues_mxfp4): the block scale is halved
  * to match, kimpl_e8m0_half(). */
@@ -212,6 +231,15 @@ static inline void kimpl_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8
         *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
         *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
     }
+}
+
+/* Trit k (0..4, 0 the most significant) of a TQ1_0 byte, 0..2: the byte is v * 256 / 243
+ * rounded up, so multiplying by 3^k (mod 256) brings trit k to the top and * 3 >> 8 reads it. */
+static inline int kimpl_tq1_trit(uint8_t byte, int k)
+{
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    const uint8_t        q = (uint8_t)(byte * pow3[k]);
+    return (q * 3) >> 8;
 }
 
 /* Unpacks the 16 six-bit Q3_K scales (still biased by 32). */

@@ -696,6 +696,66 @@ static void quantize_q6_K(const float *x, void *dst, int64_t n)
     }
 }
 
+/* A weight scaled by id as a trit: -1, 0, 1 -> 0, 1, 2, rounding half away from zero (lroundf). */
+static inline uint8_t quant_trit(float x, float id)
+{
+    return (uint8_t)(lroundf(x * id) + 1);
+}
+
+/* n_trits (4 or 5) weights x[0], x[step], .. (the first most significant, missing low trits 0)
+ * as a TQ1_0 byte: ceil(v * 256 / 243) of their base-3 value v. Arithmetic in uint8_t, as ggml's.
+ */
+static uint8_t quant_tq1_byte(const float *x, size_t step, float id, int n_trits)
+{
+    uint8_t v = 0;
+    for (int k = 0; k < 5; k++)
+        v = (uint8_t)(v * 3 + (k < n_trits ? quant_trit(x[(size_t)k * step], id) : 0));
+    return (uint8_t)(((uint16_t)v * 256 + (243 - 1)) / 243);
+}
+
+/* The block's absmax, rounded to fp16 as the scale d; *id = 1/absmax (0 for an all-zero block). */
+static uint16_t quant_ternary_scale(const float *x, float *id)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < EXECUTOR_QK_K; j++)
+        amax = KREF_MAX(amax, fabsf(x[j]));
+    *id = amax ? 1.0f / amax : 0.0f;
+    return kimpl_fp32_to_fp16(amax);
+}
+
+/* TQ1_0 as ggml's quantize_row_tq1_0_ref (layout: struct executor_block_tq1_0). */
+static void quantize_tq1_0(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_tq1_0 *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, x += EXECUTOR_QK_K) {
+        float id;
+        y[i].d = quant_ternary_scale(x, &id);
+        for (int m = 0; m < 32; m++)
+            y[i].qs[m] = quant_tq1_byte(x + m, 32, id, 5);
+        for (int m = 0; m < 16; m++)
+            y[i].qs[32 + m] = quant_tq1_byte(x + 160 + m, 16, id, 5);
+        for (int j = 0; j < 4; j++)
+            y[i].qh[j] = quant_tq1_byte(x + 240 + j, 4, id, 4);
+    }
+}
+
+/* TQ2_0 as ggml's quantize_row_tq2_0_ref (layout: struct executor_block_tq2_0). */
+static void quantize_tq2_0(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_tq2_0 *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, x += EXECUTOR_QK_K) {
+        float id;
+        y[i].d = quant_ternary_scale(x, &id);
+        for (int h = 0; h < 2; h++)
+            for (int m = 0; m < 32; m++) {
+                uint8_t q = 0;
+                for (int k = 0; k < 4; k++)
+                    q = (uint8_t)(q + ((quant_trit(x[128 * h + 32 * k + m], id) & 3) << (2 * k)));
+                y[i].qs[32 * h + m] = q;
+            }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* By type, and the public entry point                                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -736,6 +796,10 @@ executor_quantize_fn executor_ref_quantizer(uint32_t type)
         return quantize_q8_K;
     case COMMON_GGML_TYPE_MXFP4:
         return quantize_mxfp4;
+    case COMMON_GGML_TYPE_TQ1_0:
+        return quantize_tq1_0;
+    case COMMON_GGML_TYPE_TQ2_0:
+        return quantize_tq2_0;
     default:
         return NULL;
     }

@@ -74,6 +74,10 @@ struct executor_type_layout executor_type_layout(uint32_t type)
         return (struct executor_type_layout){EXECUTOR_QK_K, sizeof(struct executor_block_q6_K)};
     case COMMON_GGML_TYPE_Q8_K:
         return (struct executor_type_layout){EXECUTOR_QK_K, sizeof(struct executor_block_q8_K)};
+    case COMMON_GGML_TYPE_TQ1_0:
+        return (struct executor_type_layout){EXECUTOR_QK_K, sizeof(struct executor_block_tq1_0)};
+    case COMMON_GGML_TYPE_TQ2_0:
+        return (struct executor_type_layout){EXECUTOR_QK_K, sizeof(struct executor_block_tq2_0)};
     default:
         return (struct executor_type_layout){0, 0};
     }
@@ -397,6 +401,53 @@ static float dot_mxfp4(int64_t n, const void *w, const void *a)
     return sumf;
 }
 
+/* The 256 weights of a TQ1_0 block in element order, -1..1 (see struct executor_block_tq1_0). */
+static void ref_tq1_0_unpack(const struct executor_block_tq1_0 *x, int8_t q[EXECUTOR_QK_K])
+{
+    for (int k = 0; k < 5; k++)
+        for (int m = 0; m < 32; m++)
+            q[32 * k + m] = (int8_t)(kimpl_tq1_trit(x->qs[m], k) - 1);
+    for (int k = 0; k < 5; k++)
+        for (int m = 0; m < 16; m++)
+            q[160 + 16 * k + m] = (int8_t)(kimpl_tq1_trit(x->qs[32 + m], k) - 1);
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 4; j++)
+            q[240 + 4 * k + j] = (int8_t)(kimpl_tq1_trit(x->qh[j], k) - 1);
+}
+
+/* The 256 weights of a TQ2_0 block in element order, -1..2 (see struct executor_block_tq2_0). */
+static void ref_tq2_0_unpack(const struct executor_block_tq2_0 *x, int8_t q[EXECUTOR_QK_K])
+{
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int m = 0; m < 32; m++)
+                q[128 * h + 32 * k + m] = (int8_t)(((x->qs[32 * h + m] >> (2 * k)) & 3) - 1);
+}
+
+static void dequant_tq1_0(const void *src, float *y, int64_t n)
+{
+    const struct executor_block_tq1_0 *x = src;
+    int8_t                             q[EXECUTOR_QK_K];
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, y += EXECUTOR_QK_K) {
+        const float d = kimpl_fp16_to_fp32(x[i].d);
+        ref_tq1_0_unpack(&x[i], q);
+        for (int j = 0; j < EXECUTOR_QK_K; j++)
+            y[j] = (float)q[j] * d;
+    }
+}
+
+static void dequant_tq2_0(const void *src, float *y, int64_t n)
+{
+    const struct executor_block_tq2_0 *x = src;
+    int8_t                             q[EXECUTOR_QK_K];
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, y += EXECUTOR_QK_K) {
+        const float d = kimpl_fp16_to_fp32(x[i].d);
+        ref_tq2_0_unpack(&x[i], q);
+        for (int j = 0; j < EXECUTOR_QK_K; j++)
+            y[j] = (float)q[j] * d;
+    }
+}
+
 static void dequant_mxfp4(const void *src, float *y, int64_t n)
 {
     const struct executor_block_mxfp4 *x = src;
@@ -655,6 +706,40 @@ static float dot_q6_K(int64_t n, const void *w, const void *a)
     return sumf;
 }
 
+/* Ternary x Q8_K (ggml_vec_dot_tq{1,2}_0_q8_K_generic): the exact integer sum of a block, then
+ * one float multiply-add by d_w * d_a. */
+static float dot_tq1_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_tq1_0 *x = w;
+    const struct executor_block_q8_K  *y = a;
+    float                              sumf = 0.0f;
+    int8_t                             q[EXECUTOR_QK_K];
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++) {
+        ref_tq1_0_unpack(&x[i], q);
+        int sum = 0;
+        for (int j = 0; j < EXECUTOR_QK_K; j++)
+            sum += q[j] * y[i].qs[j];
+        sumf += (float)sum * (kimpl_fp16_to_fp32(x[i].d) * y[i].d);
+    }
+    return sumf;
+}
+
+static float dot_tq2_0(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_tq2_0 *x = w;
+    const struct executor_block_q8_K  *y = a;
+    float                              sumf = 0.0f;
+    int8_t                             q[EXECUTOR_QK_K];
+    for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++) {
+        ref_tq2_0_unpack(&x[i], q);
+        int sum = 0;
+        for (int j = 0; j < EXECUTOR_QK_K; j++)
+            sum += q[j] * y[i].qs[j];
+        sumf += (float)sum * (y[i].d * kimpl_fp16_to_fp32(x[i].d));
+    }
+    return sumf;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tables and public entry points                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -696,6 +781,10 @@ static ref_dequant_fn ref_dequantizer(uint32_t type)
         return dequant_q8_K;
     case COMMON_GGML_TYPE_MXFP4:
         return dequant_mxfp4;
+    case COMMON_GGML_TYPE_TQ1_0:
+        return dequant_tq1_0;
+    case COMMON_GGML_TYPE_TQ2_0:
+        return dequant_tq2_0;
     default:
         return NULL;
     }
@@ -735,6 +824,8 @@ void executor_kernels_fill_ref(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = dot_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_Q6_K] = dot_q6_K;
     ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = dot_mxfp4;
+    ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = dot_tq1_0;
+    ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = dot_tq2_0;
 
     ks->quantize_act[COMMON_GGML_TYPE_F32] = executor_ref_quantizer(COMMON_GGML_TYPE_F32);
     ks->quantize_act[COMMON_GGML_TYPE_F16] = executor_ref_quantizer(COMMON_GGML_TYPE_F16);
@@ -779,6 +870,8 @@ uint32_t executor_vec_dot_type(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_TQ1_0:
+    case COMMON_GGML_TYPE_TQ2_0:
         return COMMON_GGML_TYPE_Q8_K;
     case COMMON_GGML_TYPE_F16:
         return COMMON_GGML_TYPE_F16;
@@ -806,6 +899,8 @@ bool executor_type_is_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
     case COMMON_GGML_TYPE_MXFP4:
+    case COMMON_GGML_TYPE_TQ1_0:
+    case COMMON_GGML_TYPE_TQ2_0:
         return true;
     default:
         return false;

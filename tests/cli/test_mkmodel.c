@@ -60,9 +60,11 @@ static void check_model(const char *path, const struct executor_synth_opts *o)
 Test(cli_mkmodel, synth_round_trips_in_every_type, .timeout = 300)
 {
     static const uint32_t types[] = {
-        COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16, COMMON_GGML_TYPE_Q8_0,
-        COMMON_GGML_TYPE_Q4_0, COMMON_GGML_TYPE_Q4_1, COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1,
-        COMMON_GGML_TYPE_Q4_K, COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K,
+        COMMON_GGML_TYPE_F32,   COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16,
+        COMMON_GGML_TYPE_Q8_0,  COMMON_GGML_TYPE_Q4_0, COMMON_GGML_TYPE_Q4_1,
+        COMMON_GGML_TYPE_Q5_0,  COMMON_GGML_TYPE_Q5_1, COMMON_GGML_TYPE_Q4_K,
+        COMMON_GGML_TYPE_Q5_K,  COMMON_GGML_TYPE_Q6_K, COMMON_GGML_TYPE_TQ1_0,
+        COMMON_GGML_TYPE_TQ2_0,
     };
     char *dir = fixture_tmpdir();
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {

@@ -82,12 +82,13 @@ static void restore_isa(void)
 
 /* Element counts to test for a weight type: block-32 types take 1, 31, 32, 33, 255, 256, 257
  * blocks and 383, 384, 385, 769 (AVX-512 Q4_0 prepares activations 384 blocks at a time, in groups
- * of 3); K-quants 1, 2, 3, 8, 9 super-blocks; float types the block-32 counts plus ragged ones
- * (AVX-512: 64 per iteration, then 16, then a masked tail of n % 16; 47..100 take each path). */
+ * of 3); K-quants and ternary types 1, 2, 3, 7, 8, 9 super-blocks; float types the block-32 counts
+ * plus ragged ones (AVX-512: 64 per iteration, then 16, then a masked tail of n % 16; 47..100 take
+ * each path). */
 static int test_sizes(uint32_t type, int64_t *out)
 {
     static const int64_t                b32[] = {1, 31, 32, 33, 255, 256, 257, 383, 384, 385, 769};
-    static const int64_t                bk[] = {1, 2, 3, 8, 9};
+    static const int64_t                bk[] = {1, 2, 3, 7, 8, 9};
     static const int64_t                rag[] = {1, 7, 15, 17, 33, 47, 63, 65, 79, 100};
     int                                 k = 0;
     const struct common_ggml_type_info *ti = common_ggml_type_get(type);
@@ -195,19 +196,23 @@ KTEST_DOT(q4_K, COMMON_GGML_TYPE_Q4_K)
 KTEST_DOT(q5_K, COMMON_GGML_TYPE_Q5_K)
 KTEST_DOT(q6_K, COMMON_GGML_TYPE_Q6_K)
 KTEST_DOT(mxfp4, COMMON_GGML_TYPE_MXFP4)
+KTEST_DOT(tq1_0, COMMON_GGML_TYPE_TQ1_0)
+KTEST_DOT(tq2_0, COMMON_GGML_TYPE_TQ2_0)
 
 /* Weight rows of random bytes reach every quant, 5th-bit and packed-scale pattern, not only the
- * ones the quantizer emits; the fp16 scale fields (byte offsets in each block) are set to finite
- * values of either sign so the dot stays finite. */
+ * ones the quantizer emits (every TQ1_0 byte decodes to 5 trits; TQ2_0's quant 3, which the
+ * quantizer never writes, reads as +2); the fp16 scale fields (byte offsets in each block) are set
+ * to finite values of either sign so the dot stays finite. */
 static const struct {
     uint32_t type;
     int      n_f16;  /* fp16 fields in each block */
     int      off[2]; /* their byte offsets */
 } k_random_rows[] = {
-    {COMMON_GGML_TYPE_Q4_0, 1, {0, 0}}, {COMMON_GGML_TYPE_Q4_1, 2, {0, 2}},
-    {COMMON_GGML_TYPE_Q5_0, 1, {0, 0}}, {COMMON_GGML_TYPE_Q5_1, 2, {0, 2}},
-    {COMMON_GGML_TYPE_Q8_0, 1, {0, 0}}, {COMMON_GGML_TYPE_Q4_K, 2, {0, 2}},
-    {COMMON_GGML_TYPE_Q5_K, 2, {0, 2}}, {COMMON_GGML_TYPE_Q6_K, 1, {208, 208}},
+    {COMMON_GGML_TYPE_Q4_0, 1, {0, 0}},    {COMMON_GGML_TYPE_Q4_1, 2, {0, 2}},
+    {COMMON_GGML_TYPE_Q5_0, 1, {0, 0}},    {COMMON_GGML_TYPE_Q5_1, 2, {0, 2}},
+    {COMMON_GGML_TYPE_Q8_0, 1, {0, 0}},    {COMMON_GGML_TYPE_Q4_K, 2, {0, 2}},
+    {COMMON_GGML_TYPE_Q5_K, 2, {0, 2}},    {COMMON_GGML_TYPE_Q6_K, 1, {208, 208}},
+    {COMMON_GGML_TYPE_TQ1_0, 1, {52, 52}}, {COMMON_GGML_TYPE_TQ2_0, 1, {64, 64}},
 };
 
 static void check_random_rows(void)
@@ -350,7 +355,7 @@ static const struct {
     {COMMON_GGML_TYPE_Q4_0, 0.17},  {COMMON_GGML_TYPE_Q4_1, 0.13},  {COMMON_GGML_TYPE_Q5_0, 0.085},
     {COMMON_GGML_TYPE_Q5_1, 0.065}, {COMMON_GGML_TYPE_Q2_K, 0.45},  {COMMON_GGML_TYPE_Q3_K, 0.26},
     {COMMON_GGML_TYPE_Q4_K, 0.12},  {COMMON_GGML_TYPE_Q5_K, 0.06},  {COMMON_GGML_TYPE_Q6_K, 0.033},
-    {COMMON_GGML_TYPE_MXFP4, 0.17},
+    {COMMON_GGML_TYPE_MXFP4, 0.17}, {COMMON_GGML_TYPE_TQ1_0, 0.9},  {COMMON_GGML_TYPE_TQ2_0, 0.9},
 };
 
 Test(executor_kernels, quantize_roundtrip_within_bounds)
@@ -471,6 +476,103 @@ Test(executor_kernels, q4_0_quantize_known_bytes)
     cr_assert_eq(q[22], 7 | 8 << 4);
     for (int j = 3; j < 16; j++)
         cr_assert_eq(q[20 + j], 8 | 8 << 4);
+}
+
+/* TQ1_0 bytes, derived by hand from ggml's packing (quantize_row_tq1_0_ref): d = amax, each weight
+ * becomes the trit lroundf(x / d) + 1 (0, 1, 2; halves away from zero), five trits t0..t4 (t0 the
+ * most significant) make v = 81 t0 + 27 t1 + 9 t2 + 3 t3 + t4, stored as ceil(v * 256 / 243).
+ * qs[m] (m < 32) holds elements m, m + 32, .., m + 128; qs[32 + m] elements 160 + m, .., 224 + m
+ * (step 16); qh[j] elements 240 + j, 244 + j, 248 + j, 252 + j as t0..t3 with t4 = 0. A zero
+ * column is 1,1,1,1,1 -> v = 121 -> byte 128; a zero qh byte v = 120 -> 127. */
+Test(executor_kernels, tq1_0_quantize_known_bytes)
+{
+    float x[512] = {0};
+    x[0] = 1.0f;   /* block 0: amax 1, d = 0x3C00 */
+    x[32] = -1.0f; /* qs[0]: trits 2 0 1 2 0 -> v = 162 + 9 + 6 = 177 -> ceil(177 * 256 / 243) */
+    x[96] = 0.5f;  /*   = 187 (0.5 rounds away from zero to 1, -0.5 to -1) */
+    x[128] = -0.5f;
+    x[1] = -1.0f;       /* qs[1]: 0 1 1 1 1 -> v = 40 -> 43 */
+    x[2] = 0.49f;       /* qs[2]: rounds to 0: a zero column, 128 */
+    x[160] = 1.0f;      /* qs[32]: 2 1 1 1 1 -> v = 202 -> 213 */
+    x[240] = -1.0f;     /* qh[0]: 0 1 1 1 (0) -> v = 39 -> 42 */
+    x[253] = 1.0f;      /* qh[1] (element 240 + 4 * 3 + 1): 1 1 1 2 (0) -> v = 123 -> 130 */
+    x[256 + 5] = -2.0f; /* block 1: amax 2, d = 0x4000; qs[5]: 0 2 1 1 1 -> v = 67 -> 71 */
+    x[256 + 37] = 1.0f; /*   (1 / 2 = 0.5 rounds to 1) */
+    unsigned char q[2 * 54];
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_TQ1_0, x, q, 512), 0);
+    const uint8_t want0[6] = {187, 43, 128, 128, 128, 128};
+    for (int j = 0; j < 6; j++)
+        cr_assert_eq(q[j], want0[j], "block 0 qs[%d] = %u, want %u", j, q[j], want0[j]);
+    cr_assert_eq(q[32], 213);
+    cr_assert_eq(q[33], 128);
+    const uint8_t wanth[4] = {42, 130, 127, 127};
+    for (int j = 0; j < 4; j++)
+        cr_assert_eq(q[48 + j], wanth[j], "block 0 qh[%d] = %u, want %u", j, q[48 + j], wanth[j]);
+    cr_assert_eq(q[52], 0x00);
+    cr_assert_eq(q[53], 0x3C);
+    cr_assert_eq(q[54 + 5], 71);
+    cr_assert_eq(q[54 + 4], 128);
+    cr_assert_eq(q[54 + 48], 127);
+    cr_assert_eq(q[54 + 52], 0x00);
+    cr_assert_eq(q[54 + 53], 0x40);
+    /* and the trits decode to the rounded values */
+    float y[512];
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_TQ1_0, q, y, 512), 0);
+    for (int j = 0; j < 512; j++) {
+        const float d = j < 256 ? 1.0f : 2.0f;
+        cr_assert_eq(y[j], d * (float)lroundf(x[j] / d), "element %d: %g", j, (double)y[j]);
+    }
+}
+
+/* TQ2_0 bytes by hand (quantize_row_tq2_0_ref): quant q = lroundf(x / d) + 1 in bits 2k..2k+1 of
+ * qs[32h + m] for element 128h + 32k + m; a zero byte is 1,1,1,1 = 0x55. */
+Test(executor_kernels, tq2_0_quantize_known_bytes)
+{
+    float x[256] = {0};
+    x[0] = 1.0f;        /* amax 1, d = 0x3C00 */
+    x[32] = -1.0f;      /* qs[0] = 2 | 0 << 2 | 2 << 4 | 1 << 6 = 0x62 */
+    x[64] = 0.5f;       /*   (0.5 rounds to 1: q 2) */
+    x[96] = -0.49f;     /*   (-0.49 rounds to 0: q 1) */
+    x[128 + 3] = -1.0f; /* qs[35] = 0 | 1 << 2 | 1 << 4 | 2 << 6 = 0x94 */
+    x[128 + 96 + 3] = 1.0f;
+    unsigned char q[66];
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_TQ2_0, x, q, 256), 0);
+    cr_assert_eq(q[0], 0x62);
+    cr_assert_eq(q[35], 0x94);
+    for (int j = 0; j < 64; j++)
+        if (j != 0 && j != 35)
+            cr_assert_eq(q[j], 0x55, "qs[%d] = 0x%02x", j, q[j]);
+    cr_assert_eq(q[64], 0x00);
+    cr_assert_eq(q[65], 0x3C);
+}
+
+/* Ternary data (each block -d, 0, +d with d a half and at least one +-d) round-trips exactly
+ * through both ternary types; an all-zero block stays zero. */
+Test(executor_kernels, ternary_roundtrip_is_exact)
+{
+    const int64_t  n = 256 * 9;
+    float         *x = malloc((size_t)n * sizeof(float));
+    float         *y = malloc((size_t)n * sizeof(float));
+    unsigned char *q = malloc(66 * 9);
+    cr_assert(x && y && q);
+    for (int64_t b = 0; b < n / 256; b++) {
+        const float d = b == 4 ? 0.0f : 0.125f * (float)(1 + b) * (b % 2 ? -1.0f : 1.0f);
+        for (int j = 0; j < 256; j++)
+            x[256 * b + j] = d * (float)((int)(rng_next() % 3) - 1);
+        x[256 * b + (int64_t)(rng_next() % 256)] = d;
+    }
+    static const uint32_t types[2] = {COMMON_GGML_TYPE_TQ1_0, COMMON_GGML_TYPE_TQ2_0};
+    for (int t = 0; t < 2; t++) {
+        cr_assert_eq(executor_quantize_row_ref(types[t], x, q, n), 0);
+        cr_assert_eq(executor_dequantize_row(types[t], q, y, n), 0);
+        for (int64_t i = 0; i < n; i++)
+            cr_assert_eq(y[i], x[i], "%s element %lld: %g comes back as %g",
+                         common_ggml_type_get(types[t])->name, (long long)i, (double)x[i],
+                         (double)y[i]);
+    }
+    free(x);
+    free(y);
+    free(q);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -667,6 +769,10 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_TQ1_0, 256 * 3, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_TQ2_0, 256 * 3, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_TQ1_0, 256 * 7, 70, 2);
+    check_matrix(COMMON_GGML_TYPE_TQ2_0, 256 * 7, 70, 2);
     /* MXFP4's 4-row gemv and its gemm (2 rows x 4 activations, 32 pairs of blocks prepared and
      * summed at a time): 1..9 activations (1..3 after the groups of 4); rows of 1, 2, 3 (a block
      * left after the pairs), 31, 33, 64 (one chunk), 65, 97, 130 (a partial last chunk) and 385
@@ -705,6 +811,8 @@ Test(executor_kernels, matvec_and_matmul_equal_vec_dot_ref, .fini = restore_isa)
     select_or_skip(EXECUTOR_ISA_REF);
     check_matrix(COMMON_GGML_TYPE_Q4_0, 256, 37, 5);
     check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, 4);
+    check_matrix(COMMON_GGML_TYPE_TQ1_0, 512, 9, 3);
+    check_matrix(COMMON_GGML_TYPE_TQ2_0, 512, 9, 3);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -848,6 +956,11 @@ Test(executor_kernels, type_support_and_vec_dot_types)
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_Q3_K), COMMON_GGML_TYPE_Q8_K);
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_BF16), COMMON_GGML_TYPE_BF16);
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_F32), COMMON_GGML_TYPE_F32);
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_TQ1_0));
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_TQ2_0));
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_TQ1_0), COMMON_GGML_TYPE_Q8_K);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_TQ2_0), COMMON_GGML_TYPE_Q8_K);
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_TQ1_0, 512), 2 * 292);
 }
 
 /* MXFP4 decodes as ggml: the doubled e2m1 values {0, 1, 2, 3, 4, 6, 8, 12} and their negatives,
