@@ -247,6 +247,24 @@ static void split_gpt2(const struct piece *p, struct emit *e)
     }
 }
 
+/* \s*[\r\n]+ | \s+(?!\S) | \s+ at pos, the white-space tail of the Llama 3 family of regexes:
+ * the match length, 0 when no white space starts here. */
+static size_t ws_match(const struct piece *p, size_t pos)
+{
+    size_t n_ws = 0, last_crlf_end = 0;
+    while (f_space(pc_flags(p, pos + n_ws))) {
+        const uint32_t c = pc_cpt(p, pos + n_ws);
+        if (c == '\r' || c == '\n')
+            last_crlf_end = pos + n_ws + 1;
+        n_ws++;
+    }
+    if (last_crlf_end) /* \s*[\r\n]+ */
+        return last_crlf_end - pos;
+    if (n_ws > 1 && pos + n_ws < p->b) /* \s+(?!\S) */
+        return n_ws - 1;
+    return n_ws; /* \s+, or 0 */
+}
+
 /* Llama 3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
  *          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  * and Qwen2, the same with \p{N} instead of \p{N}{1,3} (max_digits 1). Same steps as llama.cpp's
@@ -303,25 +321,8 @@ static void split_llama3(const struct piece *p, struct emit *e, size_t max_digit
             emit_to(e, pos);
             continue;
         }
-        size_t n_ws = 0, last_crlf_end = 0;
-        bool   has_crlf = false;
-        while (f_space(pc_flags(p, pos + n_ws))) {
-            const uint32_t c = pc_cpt(p, pos + n_ws);
-            if (c == '\r' || c == '\n') {
-                last_crlf_end = pos + n_ws + 1;
-                has_crlf = true;
-            }
-            n_ws++;
-        }
-        if (has_crlf) { /* \s*[\r\n]+ */
-            pos = last_crlf_end;
-        } else if (n_ws > 1 && pos + n_ws < p->b) { /* \s+(?!\S) */
-            pos += n_ws - 1;
-        } else if (n_ws > 0) { /* \s+ */
-            pos += n_ws;
-        } else {
-            pos++;
-        }
+        const size_t n_ws = ws_match(p, pos);
+        pos += n_ws ? n_ws : 1; /* no match: one code point alone */
         emit_to(e, pos);
     }
 }
@@ -387,21 +388,8 @@ static void split_kimi(const struct piece *p, struct emit *e)
             emit_to(e, pos);
             continue;
         }
-        size_t n_ws = 0, last_crlf_end = 0;
-        while (f_space(pc_flags(p, pos + n_ws))) {
-            const uint32_t c = pc_cpt(p, pos + n_ws);
-            if (c == '\r' || c == '\n')
-                last_crlf_end = pos + n_ws + 1;
-            n_ws++;
-        }
-        if (last_crlf_end) /* \s*[\r\n]+ */
-            pos = last_crlf_end;
-        else if (n_ws > 1 && pos + n_ws < p->b) /* \s+(?!\S) */
-            pos += n_ws - 1;
-        else if (n_ws > 0) /* \s+ */
-            pos += n_ws;
-        else
-            pos++;
+        const size_t n_ws = ws_match(p, pos);
+        pos += n_ws ? n_ws : 1; /* no match: one code point alone */
         emit_to(e, pos);
     }
 }
@@ -602,17 +590,7 @@ static size_t dsv3_match(const struct piece *p, size_t pos)
 #undef DS_ALPHA
 #undef DS_LM
 #undef DS_PS
-    size_t n_ws = 0, last_crlf_end = 0;
-    while (f_space(pc_flags(p, pos + n_ws))) {
-        if (is_crlf(p, pos + n_ws))
-            last_crlf_end = pos + n_ws + 1;
-        n_ws++;
-    }
-    if (last_crlf_end) /* \s*[\r\n]+ */
-        return last_crlf_end - pos;
-    if (n_ws > 1 && pos + n_ws < p->b) /* \s+(?!\S) */
-        return n_ws - 1;
-    return n_ws; /* \s+, or 0 */
+    return ws_match(p, pos);
 }
 
 /* One regex over a piece whose match at a position is `match` (0 = none there): matches and the
@@ -716,17 +694,7 @@ static size_t o200k_match(const struct piece *p, size_t pos)
         return i - pos;
     }
 #undef O2_OTHER
-    size_t n_ws = 0, last_crlf_end = 0;
-    while (f_space(pc_flags(p, pos + n_ws))) {
-        if (is_crlf(p, pos + n_ws))
-            last_crlf_end = pos + n_ws + 1;
-        n_ws++;
-    }
-    if (last_crlf_end)
-        return last_crlf_end - pos;
-    if (n_ws > 1 && pos + n_ws < p->b)
-        return n_ws - 1;
-    return n_ws;
+    return ws_match(p, pos);
 }
 
 /* A pass of a pre-tokenizer: a custom splitter or a regex. */

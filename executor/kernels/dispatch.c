@@ -198,14 +198,10 @@ int executor_matvec(uint32_t type, int64_t n_cols, const void *w, size_t row_byt
 int executor_wsum_f16(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
                       size_t a_stride, int64_t m, float *y, size_t y_stride)
 {
-    if (n < 0 || k < 0 || m < 0 || (m > 1 && (a_stride < (size_t)k || y_stride < (size_t)n)))
-        return COMMON_EINVAL;
-    if (n == 0 || k == 0 || m == 0)
-        return 0;
-    if (!x || !a || !y)
-        return COMMON_EINVAL;
-    dispatch_active()->wsum_f16(n, k, x, x_stride, a, a_stride, m, y, y_stride);
-    return 0;
+    const int rc = executor_wsum_check(n, k, x, a_stride, a, m, y, y_stride);
+    if (rc > 0)
+        dispatch_active()->wsum_f16(n, k, x, x_stride, a, a_stride, m, y, y_stride);
+    return rc < 0 ? rc : 0;
 }
 
 int executor_matmul(uint32_t type, int64_t n_cols, const void *w, size_t row_bytes, int64_t row0,

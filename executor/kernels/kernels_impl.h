@@ -314,4 +314,9 @@ struct executor_type_layout executor_type_layout(uint32_t type);
  * COMMON_EINVAL. */
 int executor_kernels_check(uint32_t type, int64_t n);
 
+/* The argument checks of executor_wsum_f16 and executor_wsum_f16_ref: COMMON_EINVAL, 0 when there
+ * is nothing to do, 1 when the kernel should run. */
+int executor_wsum_check(int64_t n, int64_t k, const uint16_t *x, size_t a_stride, const float *a,
+                        int64_t m, const float *y, size_t y_stride);
+
 #endif /* EXECUTOR_KERNELS_KERNELS_IMPL_H */

@@ -932,14 +932,20 @@ int executor_quantize_act_ref(uint32_t weight_type, const float *x, void *dst, i
 int executor_wsum_f16_ref(int64_t n, int64_t k, const uint16_t *x, size_t x_stride, const float *a,
                           size_t a_stride, int64_t m, float *y, size_t y_stride)
 {
+    const int rc = executor_wsum_check(n, k, x, a_stride, a, m, y, y_stride);
+    if (rc > 0)
+        wsum_f16(n, k, x, x_stride, a, a_stride, m, y, y_stride);
+    return rc < 0 ? rc : 0;
+}
+
+int executor_wsum_check(int64_t n, int64_t k, const uint16_t *x, size_t a_stride, const float *a,
+                        int64_t m, const float *y, size_t y_stride)
+{
     if (n < 0 || k < 0 || m < 0 || (m > 1 && (a_stride < (size_t)k || y_stride < (size_t)n)))
         return COMMON_EINVAL;
     if (n == 0 || k == 0 || m == 0)
         return 0;
-    if (!x || !a || !y)
-        return COMMON_EINVAL;
-    wsum_f16(n, k, x, x_stride, a, a_stride, m, y, y_stride);
-    return 0;
+    return !x || !a || !y ? COMMON_EINVAL : 1;
 }
 
 float executor_vec_dot_ref(uint32_t type, int64_t n, const void *w_row, const void *act)
