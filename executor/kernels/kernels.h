@@ -19,16 +19,18 @@ bool executor_type_is_supported(uint32_t type);
 
 /* Quantizes `n` floats (a multiple of the type's block size) into `dst` with the reference
  * algorithm (byte-identical to llama.cpp's quantize_row_*_ref for F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_1, Q8_K, TQ1_0, TQ2_0; a valid quantization for the K-quants). Returns 0 or
- * COMMON_EINVAL. */
+ * Q5_0, Q5_1, Q8_1, Q8_K, TQ1_0, TQ2_0; a valid quantization for the K-quants). The I2_S layouts
+ * (no llama.cpp counterpart): I2S_Q128 takes the ternary values themselves (code 2 above 0.5, 0
+ * below -0.5, else 1; no scale), I2S_B32H/B32F scale each 32 by d = absmax (f16 / f32) and store
+ * clamp(lroundf(x / d), -1, 1) + 1. Returns 0 or COMMON_EINVAL. */
 int executor_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t n);
 
 /* Expands `n` elements of a row of `type` into floats. Returns 0 or COMMON_EINVAL. */
 int executor_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
 /* The type llama.cpp converts activations to before a dot product with weights of `type`
- * (Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants and TQ1_0/TQ2_0, F16 for
- * F16, BF16 for BF16, F32 for F32). */
+ * (Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4 and the I2_S layouts, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants and
+ * TQ1_0/TQ2_0, F16 for F16, BF16 for BF16, F32 for F32). */
 uint32_t executor_vec_dot_type(uint32_t type);
 
 /* Converts `n` activations to executor_vec_dot_type(type) into `dst` (the active kernel set).
@@ -36,7 +38,8 @@ uint32_t executor_vec_dot_type(uint32_t type);
 int executor_quantize_act(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
 /* Dot product of one weight row of `type` with activations already converted by
- * executor_quantize_act(type, ...), both of `n` elements (active kernel set). */
+ * executor_quantize_act(type, ...), both of `n` elements (active kernel set). I2S_Q128 rows carry
+ * no scale: the caller multiplies the result by the tensor's scale. */
 float executor_vec_dot(uint32_t type, int64_t n, const void *w_row, const void *act);
 
 /* Same, always with the scalar reference; for tests. */
@@ -45,9 +48,9 @@ int   executor_quantize_act_ref(uint32_t weight_type, const float *x, void *dst,
 
 /* Notes common to the functions above and below:
  * - `n` (or `n_cols`) must be >= 0 and a multiple of the block size of both the weight type and
- *   its activation type (32 for Q4_0..Q8_0, 256 for K-quants, TQ1_0 and TQ2_0); anything else
- *   is COMMON_EINVAL (executor_vec_dot and executor_vec_dot_ref return NAN instead). Nothing
- *   reads past n.
+ *   its activation type (32 for Q4_0..Q8_0, I2S_B32H/B32F, 128 for I2S_Q128, 256 for K-quants,
+ *   TQ1_0 and TQ2_0); anything else is COMMON_EINVAL (executor_vec_dot and executor_vec_dot_ref
+ *   return NAN instead). Nothing reads past n.
  * - Weight rows must be 2-byte aligned (4 for F32), activation buffers 4-byte aligned, as GGUF
  *   data (32-byte aligned offsets, even block sizes) and malloc'd buffers are.
  * - Every kernel is pure: thread-safe on distinct outputs once executor_kernels_init() ran.

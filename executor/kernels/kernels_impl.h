@@ -100,6 +100,24 @@ struct executor_block_tq2_0 {
     uint8_t  qs[EXECUTOR_QK_K / 4]; /* 4 quants per byte */
     uint16_t d;                     /* scale */
 };
+/* I2_S (BitNet b1.58, Microsoft's ggml fork), kernel-only layouts of one file type: 2-bit codes
+ * c, weight c - 1 (0, 1, 2 -> -1, 0, +1; 3, never written, reads as +2). Q128 is Microsoft's x86
+ * layout, scale-free (the tensor's one scale is applied by the caller): element j (0..127) is in
+ * byte j % 32 at bit shift 6 - 2 * (j / 32). The block-32 layouts hold element j in byte j / 4 at
+ * shift 2 * (j % 4), then their scale d (weight (c - 1) * d). */
+#define EXECUTOR_I2S_QK128 128 /* elements per I2S_Q128 block */
+struct executor_block_i2s_q128 {
+    uint8_t
+        qs[EXECUTOR_I2S_QK128 / 4]; /* byte g: elements g, 32+g, 64+g, 96+g in bits 7:6 .. 1:0 */
+};
+struct executor_block_i2s_b32h {
+    uint8_t  qs[EXECUTOR_QK / 4]; /* byte k: elements 4k .. 4k+3 in bits 1:0 .. 7:6 */
+    uint16_t d;                   /* scale */
+};
+struct executor_block_i2s_b32f {
+    uint8_t qs[EXECUTOR_QK / 4]; /* as I2S_B32H */
+    uint8_t d[4];                /* scale, a little-endian f32, unaligned: read with memcpy */
+};
 struct executor_block_q8_K {
     float   d;                         /* scale (float, not half) */
     int8_t  qs[EXECUTOR_QK_K];         /* elements in order */
@@ -121,6 +139,9 @@ _Static_assert(sizeof(struct executor_block_q8_K) == 292, "q8_K layout");
 _Static_assert(sizeof(struct executor_block_mxfp4) == 17, "mxfp4 layout");
 _Static_assert(sizeof(struct executor_block_tq1_0) == 54, "tq1_0 layout");
 _Static_assert(sizeof(struct executor_block_tq2_0) == 66, "tq2_0 layout");
+_Static_assert(sizeof(struct executor_block_i2s_q128) == 32, "i2_s:q128 layout");
+_Static_assert(sizeof(struct executor_block_i2s_b32h) == 10, "i2_s:b32h layout");
+_Static_assert(sizeof(struct executor_block_i2s_b32f) == 12, "i2_s:b32f layout");
 
 /* The e2m1 values of an MXFP4 nibble, doubled (ggml's kvalues_mxfp4): the block scale is halved
  * to match, kimpl_e8m0_half(). */
@@ -240,6 +261,14 @@ static inline int kimpl_tq1_trit(uint8_t byte, int k)
     static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
     const uint8_t        q = (uint8_t)(byte * pow3[k]);
     return (q * 3) >> 8;
+}
+
+/* The f32 scale of an I2S_B32F block (little-endian, possibly unaligned). */
+static inline float kimpl_i2s_b32f_scale(const struct executor_block_i2s_b32f *x)
+{
+    float d;
+    memcpy(&d, x->d, sizeof(d));
+    return d;
 }
 
 /* Unpacks the 16 six-bit Q3_K scales (still biased by 32). */

@@ -756,6 +756,77 @@ static void quantize_tq2_0(const float *x, void *dst, int64_t n)
     }
 }
 
+/* I2_S codes (no ggml counterpart; the kernel-only layouts of kernels_impl.h). A value v already
+ * divided by the block scale becomes clamp(lroundf(v), -1, 1) + 1: code 2 from +0.5 up, 0 from
+ * -0.5 down, else 1 (NaN too, where lroundf has no defined result). */
+static inline uint8_t quant_i2s_code(float v)
+{
+    return v >= 0.5f ? 2 : v <= -0.5f ? 0 : 1;
+}
+
+/* Q128's input is the ternary values themselves: +-0.5 stay 0. */
+static inline uint8_t quant_i2s_q128_code(float v)
+{
+    return v > 0.5f ? 2 : v < -0.5f ? 0 : 1;
+}
+
+/* I2S_Q128 from values that are already ternary (-1, 0, +1 round-trip exactly; no scale is
+ * stored): element j of a block goes to byte j % 32 at shift 6 - 2 * (j / 32). */
+static void quantize_i2s_q128(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_i2s_q128 *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_I2S_QK128; i++, x += EXECUTOR_I2S_QK128)
+        for (int m = 0; m < 32; m++) {
+            uint8_t q = 0;
+            for (int g = 0; g < 4; g++)
+                q = (uint8_t)(q | quant_i2s_q128_code(x[32 * g + m]) << (6 - 2 * g));
+            y[i].qs[m] = q;
+        }
+}
+
+/* The 32 codes of a block-32 I2_S layout, x scaled by id; element j to byte j / 4, shift
+ * 2 * (j % 4). */
+static void quant_i2s_b32_codes(const float *x, float id, uint8_t qs[EXECUTOR_QK / 4])
+{
+    for (int k = 0; k < EXECUTOR_QK / 4; k++) {
+        uint8_t q = 0;
+        for (int l = 0; l < 4; l++)
+            q = (uint8_t)(q | quant_i2s_code(x[4 * k + l] * id) << (2 * l));
+        qs[k] = q;
+    }
+}
+
+static float quant_i2s_absmax(const float *x)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < EXECUTOR_QK; j++)
+        amax = KREF_MAX(amax, fabsf(x[j]));
+    return amax;
+}
+
+/* I2S_B32H: d = the block's absmax as f16; codes of x / d (1 / d of the stored half), so t * s
+ * with t ternary and s a half round-trips exactly. */
+static void quantize_i2s_b32h(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_i2s_b32h *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, x += EXECUTOR_QK) {
+        y[i].d = kimpl_fp32_to_fp16(quant_i2s_absmax(x));
+        const float d = kimpl_fp16_to_fp32(y[i].d);
+        quant_i2s_b32_codes(x, d != 0.0f ? 1.0f / d : 0.0f, y[i].qs);
+    }
+}
+
+/* I2S_B32F: the same with the absmax itself as an f32 scale. */
+static void quantize_i2s_b32f(const float *x, void *dst, int64_t n)
+{
+    struct executor_block_i2s_b32f *y = dst;
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, x += EXECUTOR_QK) {
+        const float d = quant_i2s_absmax(x);
+        memcpy(y[i].d, &d, sizeof(d));
+        quant_i2s_b32_codes(x, d != 0.0f ? 1.0f / d : 0.0f, y[i].qs);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* By type, and the public entry point                                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -800,6 +871,12 @@ executor_quantize_fn executor_ref_quantizer(uint32_t type)
         return quantize_tq1_0;
     case COMMON_GGML_TYPE_TQ2_0:
         return quantize_tq2_0;
+    case COMMON_GGML_TYPE_I2S_Q128:
+        return quantize_i2s_q128;
+    case COMMON_GGML_TYPE_I2S_B32H:
+        return quantize_i2s_b32h;
+    case COMMON_GGML_TYPE_I2S_B32F:
+        return quantize_i2s_b32f;
     default:
         return NULL;
     }

@@ -78,6 +78,13 @@ struct executor_type_layout executor_type_layout(uint32_t type)
         return (struct executor_type_layout){EXECUTOR_QK_K, sizeof(struct executor_block_tq1_0)};
     case COMMON_GGML_TYPE_TQ2_0:
         return (struct executor_type_layout){EXECUTOR_QK_K, sizeof(struct executor_block_tq2_0)};
+    case COMMON_GGML_TYPE_I2S_Q128:
+        return (struct executor_type_layout){EXECUTOR_I2S_QK128,
+                                             sizeof(struct executor_block_i2s_q128)};
+    case COMMON_GGML_TYPE_I2S_B32H:
+        return (struct executor_type_layout){EXECUTOR_QK, sizeof(struct executor_block_i2s_b32h)};
+    case COMMON_GGML_TYPE_I2S_B32F:
+        return (struct executor_type_layout){EXECUTOR_QK, sizeof(struct executor_block_i2s_b32f)};
     default:
         return (struct executor_type_layout){0, 0};
     }
@@ -448,6 +455,58 @@ static void dequant_tq2_0(const void *src, float *y, int64_t n)
     }
 }
 
+/* The 128 weights of an I2S_Q128 block in element order, -1..2 (see struct
+ * executor_block_i2s_q128). */
+static void ref_i2s_q128_unpack(const struct executor_block_i2s_q128 *x, int8_t *q)
+{
+    for (int g = 0; g < 4; g++)
+        for (int m = 0; m < 32; m++)
+            q[32 * g + m] = (int8_t)(((x->qs[m] >> (6 - 2 * g)) & 3) - 1);
+}
+
+/* The 32 weights of an I2S_B32H/B32F block's codes in element order, -1..2. */
+static void ref_i2s_b32_unpack(const uint8_t qs[EXECUTOR_QK / 4], int8_t q[EXECUTOR_QK])
+{
+    for (int l = 0; l < 4; l++)
+        for (int k = 0; k < EXECUTOR_QK / 4; k++)
+            q[4 * k + l] = (int8_t)(((qs[k] >> (2 * l)) & 3) - 1);
+}
+
+static void dequant_i2s_q128(const void *src, float *y, int64_t n)
+{
+    const struct executor_block_i2s_q128 *x = src;
+    int8_t                                q[EXECUTOR_I2S_QK128];
+    for (int64_t i = 0; i < n / EXECUTOR_I2S_QK128; i++, y += EXECUTOR_I2S_QK128) {
+        ref_i2s_q128_unpack(&x[i], q);
+        for (int j = 0; j < EXECUTOR_I2S_QK128; j++)
+            y[j] = (float)q[j];
+    }
+}
+
+static void dequant_i2s_b32h(const void *src, float *y, int64_t n)
+{
+    const struct executor_block_i2s_b32h *x = src;
+    int8_t                                q[EXECUTOR_QK];
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, y += EXECUTOR_QK) {
+        const float d = kimpl_fp16_to_fp32(x[i].d);
+        ref_i2s_b32_unpack(x[i].qs, q);
+        for (int j = 0; j < EXECUTOR_QK; j++)
+            y[j] = (float)q[j] * d;
+    }
+}
+
+static void dequant_i2s_b32f(const void *src, float *y, int64_t n)
+{
+    const struct executor_block_i2s_b32f *x = src;
+    int8_t                                q[EXECUTOR_QK];
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++, y += EXECUTOR_QK) {
+        const float d = kimpl_i2s_b32f_scale(&x[i]);
+        ref_i2s_b32_unpack(x[i].qs, q);
+        for (int j = 0; j < EXECUTOR_QK; j++)
+            y[j] = (float)q[j] * d;
+    }
+}
+
 static void dequant_mxfp4(const void *src, float *y, int64_t n)
 {
     const struct executor_block_mxfp4 *x = src;
@@ -740,6 +799,67 @@ static float dot_tq2_0(int64_t n, const void *w, const void *a)
     return sumf;
 }
 
+/* I2_S x Q8_0: the exact integer sum of each 32 elements (one activation block), then per block
+ * p = (float)isum * d_a (Q128, whose scale the caller applies) or p = ((float)isum * d_a) * d_w,
+ * added to sumf in block order. One rounding per operation, each in its own statement so that no
+ * compiler fuses a multiply and an add: the SIMD kernels make the same p and add them in the same
+ * order, so they give these bits with gcc and clang alike. */
+static float dot_i2s_q128(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_i2s_q128 *x = w;
+    const struct executor_block_q8_0     *y = a;
+    float                                 sumf = 0.0f;
+    int8_t                                q[EXECUTOR_I2S_QK128];
+    for (int64_t i = 0; i < n / EXECUTOR_I2S_QK128; i++) {
+        ref_i2s_q128_unpack(&x[i], q);
+        for (int g = 0; g < 4; g++) {
+            const struct executor_block_q8_0 *yg = &y[4 * i + g];
+            int                               isum = 0;
+            for (int j = 0; j < EXECUTOR_QK; j++)
+                isum += q[32 * g + j] * yg->qs[j];
+            const float p = (float)isum * kimpl_fp16_to_fp32(yg->d);
+            sumf += p;
+        }
+    }
+    return sumf;
+}
+
+static float dot_i2s_b32h(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_i2s_b32h *x = w;
+    const struct executor_block_q8_0     *y = a;
+    float                                 sumf = 0.0f;
+    int8_t                                q[EXECUTOR_QK];
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++) {
+        ref_i2s_b32_unpack(x[i].qs, q);
+        int isum = 0;
+        for (int j = 0; j < EXECUTOR_QK; j++)
+            isum += q[j] * y[i].qs[j];
+        const float t = (float)isum * kimpl_fp16_to_fp32(y[i].d);
+        const float p = t * kimpl_fp16_to_fp32(x[i].d);
+        sumf += p;
+    }
+    return sumf;
+}
+
+static float dot_i2s_b32f(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_i2s_b32f *x = w;
+    const struct executor_block_q8_0     *y = a;
+    float                                 sumf = 0.0f;
+    int8_t                                q[EXECUTOR_QK];
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++) {
+        ref_i2s_b32_unpack(x[i].qs, q);
+        int isum = 0;
+        for (int j = 0; j < EXECUTOR_QK; j++)
+            isum += q[j] * y[i].qs[j];
+        const float t = (float)isum * kimpl_fp16_to_fp32(y[i].d);
+        const float p = t * kimpl_i2s_b32f_scale(&x[i]);
+        sumf += p;
+    }
+    return sumf;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tables and public entry points                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -785,6 +905,12 @@ static ref_dequant_fn ref_dequantizer(uint32_t type)
         return dequant_tq1_0;
     case COMMON_GGML_TYPE_TQ2_0:
         return dequant_tq2_0;
+    case COMMON_GGML_TYPE_I2S_Q128:
+        return dequant_i2s_q128;
+    case COMMON_GGML_TYPE_I2S_B32H:
+        return dequant_i2s_b32h;
+    case COMMON_GGML_TYPE_I2S_B32F:
+        return dequant_i2s_b32f;
     default:
         return NULL;
     }
@@ -826,6 +952,9 @@ void executor_kernels_fill_ref(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = dot_mxfp4;
     ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = dot_tq1_0;
     ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = dot_tq2_0;
+    ks->vec_dot[COMMON_GGML_TYPE_I2S_Q128] = dot_i2s_q128;
+    ks->vec_dot[COMMON_GGML_TYPE_I2S_B32H] = dot_i2s_b32h;
+    ks->vec_dot[COMMON_GGML_TYPE_I2S_B32F] = dot_i2s_b32f;
 
     ks->quantize_act[COMMON_GGML_TYPE_F32] = executor_ref_quantizer(COMMON_GGML_TYPE_F32);
     ks->quantize_act[COMMON_GGML_TYPE_F16] = executor_ref_quantizer(COMMON_GGML_TYPE_F16);
@@ -861,6 +990,9 @@ uint32_t executor_vec_dot_type(uint32_t type)
     case COMMON_GGML_TYPE_Q5_0:
     case COMMON_GGML_TYPE_Q8_0:
     case COMMON_GGML_TYPE_MXFP4:
+    case COMMON_GGML_TYPE_I2S_Q128:
+    case COMMON_GGML_TYPE_I2S_B32H:
+    case COMMON_GGML_TYPE_I2S_B32F:
         return COMMON_GGML_TYPE_Q8_0;
     case COMMON_GGML_TYPE_Q4_1:
     case COMMON_GGML_TYPE_Q5_1:
@@ -901,6 +1033,9 @@ bool executor_type_is_supported(uint32_t type)
     case COMMON_GGML_TYPE_MXFP4:
     case COMMON_GGML_TYPE_TQ1_0:
     case COMMON_GGML_TYPE_TQ2_0:
+    case COMMON_GGML_TYPE_I2S_Q128:
+    case COMMON_GGML_TYPE_I2S_B32H:
+    case COMMON_GGML_TYPE_I2S_B32F:
         return true;
     default:
         return false;

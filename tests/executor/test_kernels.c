@@ -2,6 +2,7 @@
  * quantizers. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,16 +81,28 @@ static void restore_isa(void)
         executor_kernels_select(EXECUTOR_ISA_REF);
 }
 
+/* The kernel-only I2_S layouts, whose SIMD dots must give the reference's bits exactly: their
+ * float work is one rounding per statement in block order (ref.c), so no compiler can fuse it. */
+static bool is_i2s(uint32_t type)
+{
+    return type == COMMON_GGML_TYPE_I2S_Q128 || type == COMMON_GGML_TYPE_I2S_B32H ||
+           type == COMMON_GGML_TYPE_I2S_B32F;
+}
+
 /* Element counts to test for a weight type: block-32 types take 1, 31, 32, 33, 255, 256, 257
  * blocks and 383, 384, 385, 769 (AVX-512 Q4_0 prepares activations 384 blocks at a time, in groups
  * of 3); K-quants and ternary types 1, 2, 3, 7, 8, 9 super-blocks; float types the block-32 counts
  * plus ragged ones (AVX-512: 64 per iteration, then 16, then a masked tail of n % 16; 47..100 take
- * each path). */
+ * each path). The I2_S block-32 layouts add 2, 3, 7, 8, 9 and 129 blocks (their kernels take 8
+ * blocks per step, the last step partial); I2S_Q128 takes 1, 2, 3, 7, 8, 9, 20 and 54 blocks
+ * (n = 128 .. 1152, 2560, 6912: two blocks per step). */
 static int test_sizes(uint32_t type, int64_t *out)
 {
     static const int64_t                b32[] = {1, 31, 32, 33, 255, 256, 257, 383, 384, 385, 769};
     static const int64_t                bk[] = {1, 2, 3, 7, 8, 9};
     static const int64_t                rag[] = {1, 7, 15, 17, 33, 47, 63, 65, 79, 100};
+    static const int64_t                i2s[] = {2, 3, 7, 8, 9, 129};
+    static const int64_t                q128[] = {1, 2, 3, 7, 8, 9, 20, 54};
     int                                 k = 0;
     const struct common_ggml_type_info *ti = common_ggml_type_get(type);
     if (ti->blck == 256) {
@@ -97,11 +110,19 @@ static int test_sizes(uint32_t type, int64_t *out)
             out[k++] = 256 * bk[i];
         return k;
     }
+    if (ti->blck == 128) {
+        for (size_t i = 0; i < sizeof(q128) / sizeof(q128[0]); i++)
+            out[k++] = 128 * q128[i];
+        return k;
+    }
     for (size_t i = 0; i < sizeof(b32) / sizeof(b32[0]); i++)
         out[k++] = 32 * b32[i];
     if (ti->blck == 1)
         for (size_t i = 0; i < sizeof(rag) / sizeof(rag[0]); i++)
             out[k++] = rag[i];
+    if (is_i2s(type))
+        for (size_t i = 0; i < sizeof(i2s) / sizeof(i2s[0]); i++)
+            out[k++] = 32 * i2s[i];
     return k;
 }
 
@@ -144,6 +165,11 @@ static void check_vec_dot(uint32_t type)
                   "%s/%s n=%lld: simd %.9g ref %.9g |err| %.3g > %.1g * %.6g",
                   common_ggml_type_get(type)->name, executor_isa_name(executor_kernels_active()),
                   (long long)n, (double)simd, (double)ref, err, KTEST_DOT_RTOL, mag);
+        if (is_i2s(type))
+            cr_assert(memcmp(&simd, &ref, sizeof(simd)) == 0, "%s/%s n=%lld: simd %a ref %a",
+                      common_ggml_type_get(type)->name,
+                      executor_isa_name(executor_kernels_active()), (long long)n, (double)simd,
+                      (double)ref);
         /* the ref dot tracks the float dot of the dequantized values */
         double exact = 0;
         for (int64_t i = 0; i < n; i++)
@@ -198,61 +224,98 @@ KTEST_DOT(q6_K, COMMON_GGML_TYPE_Q6_K)
 KTEST_DOT(mxfp4, COMMON_GGML_TYPE_MXFP4)
 KTEST_DOT(tq1_0, COMMON_GGML_TYPE_TQ1_0)
 KTEST_DOT(tq2_0, COMMON_GGML_TYPE_TQ2_0)
+KTEST_DOT(i2s_q128, COMMON_GGML_TYPE_I2S_Q128)
+KTEST_DOT(i2s_b32h, COMMON_GGML_TYPE_I2S_B32H)
+KTEST_DOT(i2s_b32f, COMMON_GGML_TYPE_I2S_B32F)
 
 /* Weight rows of random bytes reach every quant, 5th-bit and packed-scale pattern, not only the
- * ones the quantizer emits (every TQ1_0 byte decodes to 5 trits; TQ2_0's quant 3, which the
- * quantizer never writes, reads as +2); the fp16 scale fields (byte offsets in each block) are set
- * to finite values of either sign so the dot stays finite. */
+ * ones the quantizer emits (every TQ1_0 byte decodes to 5 trits; TQ2_0's and I2_S's code 3, which
+ * the quantizers never write, reads as +2); the fp16 (or f32) scale fields (byte offsets in each
+ * block) are set to finite values of either sign so the dot stays finite. The I2_S layouts run at
+ * every size of test_sizes() and must give the reference's bits. */
 static const struct {
     uint32_t type;
-    int      n_f16;  /* fp16 fields in each block */
-    int      off[2]; /* their byte offsets */
+    int      n_f16;   /* fp16 fields in each block */
+    int      off[2];  /* their byte offsets */
+    int      off_f32; /* byte offset of an f32 scale, -1 when none */
 } k_random_rows[] = {
-    {COMMON_GGML_TYPE_Q4_0, 1, {0, 0}},    {COMMON_GGML_TYPE_Q4_1, 2, {0, 2}},
-    {COMMON_GGML_TYPE_Q5_0, 1, {0, 0}},    {COMMON_GGML_TYPE_Q5_1, 2, {0, 2}},
-    {COMMON_GGML_TYPE_Q8_0, 1, {0, 0}},    {COMMON_GGML_TYPE_Q4_K, 2, {0, 2}},
-    {COMMON_GGML_TYPE_Q5_K, 2, {0, 2}},    {COMMON_GGML_TYPE_Q6_K, 1, {208, 208}},
-    {COMMON_GGML_TYPE_TQ1_0, 1, {52, 52}}, {COMMON_GGML_TYPE_TQ2_0, 1, {64, 64}},
+    {COMMON_GGML_TYPE_Q4_0, 1, {0, 0}, -1},     {COMMON_GGML_TYPE_Q4_1, 2, {0, 2}, -1},
+    {COMMON_GGML_TYPE_Q5_0, 1, {0, 0}, -1},     {COMMON_GGML_TYPE_Q5_1, 2, {0, 2}, -1},
+    {COMMON_GGML_TYPE_Q8_0, 1, {0, 0}, -1},     {COMMON_GGML_TYPE_Q4_K, 2, {0, 2}, -1},
+    {COMMON_GGML_TYPE_Q5_K, 2, {0, 2}, -1},     {COMMON_GGML_TYPE_Q6_K, 1, {208, 208}, -1},
+    {COMMON_GGML_TYPE_TQ1_0, 1, {52, 52}, -1},  {COMMON_GGML_TYPE_TQ2_0, 1, {64, 64}, -1},
+    {COMMON_GGML_TYPE_I2S_Q128, 0, {0, 0}, -1}, {COMMON_GGML_TYPE_I2S_B32H, 1, {8, 8}, -1},
+    {COMMON_GGML_TYPE_I2S_B32F, 0, {0, 0}, 8},
 };
+
+static void check_random_row(size_t t, int64_t n)
+{
+    const uint32_t                      type = k_random_rows[t].type;
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    const size_t                        wb = row_bytes(type, n);
+    const size_t                        ab = executor_act_row_size(type, n);
+    unsigned char                      *wq = malloc(wb);
+    void                               *aq = malloc(ab);
+    float *x = malloc((size_t)n * sizeof(float)), *wd = malloc((size_t)n * sizeof(float));
+    float *xd = malloc((size_t)n * sizeof(float));
+    cr_assert(wq && aq && x && wd && xd);
+    for (size_t i = 0; i < wb; i++)
+        wq[i] = (unsigned char)rng_next();
+    for (size_t b = 0; b < wb / ti->type_size; b++) {
+        for (int f = 0; f < k_random_rows[t].n_f16; f++) {
+            const float    v = (rng_uniform() - 0.5f) * 0.05f;
+            const uint16_t h = executor_fp32_to_fp16(v);
+            memcpy(wq + b * ti->type_size + (size_t)k_random_rows[t].off[f], &h, 2);
+        }
+        if (k_random_rows[t].off_f32 >= 0) {
+            const float v = (rng_uniform() - 0.5f) * 0.05f;
+            memcpy(wq + b * ti->type_size + (size_t)k_random_rows[t].off_f32, &v, 4);
+        }
+    }
+    fill_data(x, n);
+    cr_assert_eq(executor_quantize_act(type, x, aq, n), 0);
+    cr_assert_eq(executor_dequantize_row(type, wq, wd, n), 0);
+    cr_assert_eq(executor_dequantize_row(executor_vec_dot_type(type), aq, xd, n), 0);
+    double mag = 0, exact = 0;
+    for (int64_t i = 0; i < n; i++) {
+        mag += fabs((double)wd[i] * (double)xd[i]);
+        exact += (double)wd[i] * (double)xd[i];
+    }
+    const float simd = executor_vec_dot(type, n, wq, aq);
+    const float ref = executor_vec_dot_ref(type, n, wq, aq);
+    cr_assert(fabs((double)simd - (double)ref) <= KTEST_DOT_RTOL * mag + 1e-30,
+              "%s/%s random bytes n=%lld: simd %.9g ref %.9g (sum|w*a| %.6g)", ti->name,
+              executor_isa_name(executor_kernels_active()), (long long)n, (double)simd, (double)ref,
+              mag);
+    if (is_i2s(type)) {
+        cr_assert(memcmp(&simd, &ref, sizeof(simd)) == 0, "%s/%s random bytes n=%lld: %a vs %a",
+                  ti->name, executor_isa_name(executor_kernels_active()), (long long)n,
+                  (double)simd, (double)ref);
+        /* dequantize and dot agree (code 3 included) */
+        cr_assert(fabs((double)ref - exact) <= 1e-4 * mag + 1e-30,
+                  "%s n=%lld: ref %.9g vs dequantized dot %.9g", ti->name, (long long)n,
+                  (double)ref, exact);
+    }
+    free(wq);
+    free(aq);
+    free(x);
+    free(wd);
+    free(xd);
+}
 
 static void check_random_rows(void)
 {
     for (size_t t = 0; t < sizeof(k_random_rows) / sizeof(k_random_rows[0]); t++) {
-        const uint32_t                      type = k_random_rows[t].type;
-        const struct common_ggml_type_info *ti = common_ggml_type_get(type);
-        const int64_t                       n = ti->blck == 256 ? 256 * 5 : 32 * 37;
-        const size_t                        wb = row_bytes(type, n);
-        const size_t                        ab = executor_act_row_size(type, n);
-        unsigned char                      *wq = malloc(wb);
-        void                               *aq = malloc(ab);
-        float *x = malloc((size_t)n * sizeof(float)), *wd = malloc((size_t)n * sizeof(float));
-        float *xd = malloc((size_t)n * sizeof(float));
-        cr_assert(wq && aq && x && wd && xd);
-        for (size_t i = 0; i < wb; i++)
-            wq[i] = (unsigned char)rng_next();
-        for (size_t b = 0; b < wb / ti->type_size; b++)
-            for (int f = 0; f < k_random_rows[t].n_f16; f++) {
-                const float    v = (rng_uniform() - 0.5f) * 0.05f;
-                const uint16_t h = executor_fp32_to_fp16(v);
-                memcpy(wq + b * ti->type_size + (size_t)k_random_rows[t].off[f], &h, 2);
-            }
-        fill_data(x, n);
-        cr_assert_eq(executor_quantize_act(type, x, aq, n), 0);
-        cr_assert_eq(executor_dequantize_row(type, wq, wd, n), 0);
-        cr_assert_eq(executor_dequantize_row(executor_vec_dot_type(type), aq, xd, n), 0);
-        double mag = 0;
-        for (int64_t i = 0; i < n; i++)
-            mag += fabs((double)wd[i] * (double)xd[i]);
-        const float simd = executor_vec_dot(type, n, wq, aq);
-        const float ref = executor_vec_dot_ref(type, n, wq, aq);
-        cr_assert(fabs((double)simd - (double)ref) <= KTEST_DOT_RTOL * mag + 1e-30,
-                  "%s/%s random bytes: simd %.9g ref %.9g (sum|w*a| %.6g)", ti->name,
-                  executor_isa_name(executor_kernels_active()), (double)simd, (double)ref, mag);
-        free(wq);
-        free(aq);
-        free(x);
-        free(wd);
-        free(xd);
+        const uint32_t type = k_random_rows[t].type;
+        const uint32_t blck = common_ggml_type_get(type)->blck;
+        if (!is_i2s(type)) {
+            check_random_row(t, blck == 256 ? 256 * 5 : 32 * 37);
+            continue;
+        }
+        int64_t sizes[24];
+        int     ns = test_sizes(type, sizes);
+        for (int i = 0; i < ns; i++)
+            check_random_row(t, sizes[i]);
     }
 }
 
@@ -265,6 +328,12 @@ Test(executor_kernels, vec_dot_random_bytes_avx2_matches_ref, .fini = restore_is
 Test(executor_kernels, vec_dot_random_bytes_avx512_matches_ref, .fini = restore_isa)
 {
     select_or_skip(EXECUTOR_ISA_AVX512);
+    check_random_rows();
+}
+
+Test(executor_kernels, vec_dot_random_bytes_ref_tracks_dequantized, .fini = restore_isa)
+{
+    select_or_skip(EXECUTOR_ISA_REF);
     check_random_rows();
 }
 
@@ -350,12 +419,16 @@ static const struct {
     uint32_t type;
     double   max_rel_rms;
 } k_roundtrip[] = {
-    {COMMON_GGML_TYPE_F32, 0.0},    {COMMON_GGML_TYPE_F16, 0.0003}, {COMMON_GGML_TYPE_BF16, 0.0025},
-    {COMMON_GGML_TYPE_Q8_0, 0.011}, {COMMON_GGML_TYPE_Q8_1, 0.011}, {COMMON_GGML_TYPE_Q8_K, 0.025},
-    {COMMON_GGML_TYPE_Q4_0, 0.17},  {COMMON_GGML_TYPE_Q4_1, 0.13},  {COMMON_GGML_TYPE_Q5_0, 0.085},
-    {COMMON_GGML_TYPE_Q5_1, 0.065}, {COMMON_GGML_TYPE_Q2_K, 0.45},  {COMMON_GGML_TYPE_Q3_K, 0.26},
-    {COMMON_GGML_TYPE_Q4_K, 0.12},  {COMMON_GGML_TYPE_Q5_K, 0.06},  {COMMON_GGML_TYPE_Q6_K, 0.033},
-    {COMMON_GGML_TYPE_MXFP4, 0.17}, {COMMON_GGML_TYPE_TQ1_0, 0.9},  {COMMON_GGML_TYPE_TQ2_0, 0.9},
+    {COMMON_GGML_TYPE_F32, 0.0},      {COMMON_GGML_TYPE_F16, 0.0003},
+    {COMMON_GGML_TYPE_BF16, 0.0025},  {COMMON_GGML_TYPE_Q8_0, 0.011},
+    {COMMON_GGML_TYPE_Q8_1, 0.011},   {COMMON_GGML_TYPE_Q8_K, 0.025},
+    {COMMON_GGML_TYPE_Q4_0, 0.17},    {COMMON_GGML_TYPE_Q4_1, 0.13},
+    {COMMON_GGML_TYPE_Q5_0, 0.085},   {COMMON_GGML_TYPE_Q5_1, 0.065},
+    {COMMON_GGML_TYPE_Q2_K, 0.45},    {COMMON_GGML_TYPE_Q3_K, 0.26},
+    {COMMON_GGML_TYPE_Q4_K, 0.12},    {COMMON_GGML_TYPE_Q5_K, 0.06},
+    {COMMON_GGML_TYPE_Q6_K, 0.033},   {COMMON_GGML_TYPE_MXFP4, 0.17},
+    {COMMON_GGML_TYPE_TQ1_0, 0.9},    {COMMON_GGML_TYPE_TQ2_0, 0.9},
+    {COMMON_GGML_TYPE_I2S_B32H, 0.7}, {COMMON_GGML_TYPE_I2S_B32F, 0.7},
 };
 
 Test(executor_kernels, quantize_roundtrip_within_bounds)
@@ -576,6 +649,278 @@ Test(executor_kernels, ternary_roundtrip_is_exact)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* I2_S (BitNet b1.58): three layouts of 2-bit codes c, weights c - 1                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* I2S_Q128 by hand: element j of a block is in byte j % 32 at shift 6 - 2 * (j / 32); the input is
+ * the ternary values (code x > 0.5 -> 2, x < -0.5 -> 0, else 1, NaN too); a byte of four zeros is
+ * 01 01 01 01 = 0x55. No scale is stored. */
+Test(executor_kernels, i2s_q128_quantize_known_bytes)
+{
+    float x[256] = {0};
+    x[33] = 1.0f;   /* byte 1: elements 1, 33, 65, 97 -> codes 1 2 1 1 = 0x65 */
+    x[0] = -1.0f;   /* byte 0: elements 0, 32, 64, 96 -> 0 1 1 1 = 0x15 */
+    x[64] = 0.5f;   /*   (0.5 is not above half: 0) */
+    x[98] = -0.51f; /* byte 2: elements 2, 34, 66, 98 -> 1 1 1 0 = 0x54 */
+    x[3] = NAN;     /* byte 3: zero */
+    x[127] = 0.6f;  /* byte 31: elements 31, 63, 95, 127 -> 1 1 1 2 = 0x56 */
+    x[159] = 1.0f;  /* block 1 byte 31: elements 128 + 31, 63, 95, 127 -> 2 1 1 0 = 0x94 */
+    x[255] = -1.0f;
+    unsigned char q[64];
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_Q128, x, q, 256), 0);
+    const struct {
+        int     at;
+        uint8_t byte;
+    } want[] = {{0, 0x15}, {1, 0x65}, {2, 0x54}, {31, 0x56}, {63, 0x94}};
+    for (int j = 0; j < 64; j++) {
+        uint8_t w = 0x55;
+        for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++)
+            if (want[k].at == j)
+                w = want[k].byte;
+        cr_assert_eq(q[j], w, "qs[%d] = 0x%02x, want 0x%02x", j, q[j], w);
+    }
+    float y[256];
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_Q128, q, y, 256), 0);
+    for (int j = 0; j < 256; j++) {
+        const float t = x[j] > 0.5f ? 1.0f : x[j] < -0.5f ? -1.0f : 0.0f;
+        cr_assert_eq(y[j], t, "element %d: %g", j, (double)y[j]);
+    }
+    /* hand bytes: code 3 (never written) reads +2, code 0 -1 */
+    memset(q, 0x55, 32);
+    q[1] = 0x65;
+    q[5] = 0xFF;
+    q[6] = 0x00;
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_Q128, q, y, 128), 0);
+    for (int j = 0; j < 128; j++) {
+        const float want_y = j == 33 ? 1.0f : j % 32 == 5 ? 2.0f : j % 32 == 6 ? -1.0f : 0.0f;
+        cr_assert_eq(y[j], want_y, "element %d: %g, want %g", j, (double)y[j], (double)want_y);
+    }
+}
+
+/* The block-32 layouts by hand: element j in byte j / 4 at shift 2 * (j % 4), then the scale
+ * d = absmax (B32H: f16 0x3800 for 0.5; B32F: f32 0x3F000000); code clamp(lroundf(x / d), -1, 1)
+ * + 1, halves away from zero. */
+Test(executor_kernels, i2s_b32_quantize_known_bytes)
+{
+    float x[64] = {0}; /* block 1 all zero: d = 0, codes 0x55 */
+    x[0] = 0.5f;       /* byte 0: elements 0..3 -> 2 1 0 1 = 2 | 1 << 2 | 0 << 4 | 1 << 6 = 0x46 */
+    x[2] = -0.5f;
+    x[5] = -0.5f; /* byte 1: 1 0 1 1 = 0x51 */
+    x[8] = 0.25f; /* byte 2: x / d = 0.5 -> 2, -0.5 -> 0, 0.48 -> 1, -0.48 -> 1 = 0x52 */
+    x[9] = -0.25f;
+    x[10] = 0.24f;
+    x[11] = -0.24f;
+    x[31] = 0.3f; /* byte 7: 1 1 1 2 = 0x95 */
+    static const uint8_t codes[8] = {0x46, 0x51, 0x52, 0x55, 0x55, 0x55, 0x55, 0x95};
+    static const uint8_t scale_h[2] = {0x00, 0x38}, scale_f[4] = {0x00, 0x00, 0x00, 0x3F};
+    unsigned char        qh[20], qf[2 + 24];
+    unsigned char       *qfu = qf + 2; /* rows need only 2-byte alignment: f32 scales unaligned */
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_B32H, x, qh, 64), 0);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_B32F, x, qfu, 64), 0);
+    for (int j = 0; j < 8; j++) {
+        cr_assert_eq(qh[j], codes[j], "b32h byte %d = 0x%02x, want 0x%02x", j, qh[j], codes[j]);
+        cr_assert_eq(qfu[j], codes[j], "b32f byte %d = 0x%02x, want 0x%02x", j, qfu[j], codes[j]);
+        cr_assert_eq(qh[10 + j], 0x55);
+        cr_assert_eq(qfu[12 + j], 0x55);
+    }
+    cr_assert(memcmp(qh + 8, scale_h, 2) == 0);
+    cr_assert(memcmp(qfu + 8, scale_f, 4) == 0);
+    cr_assert(qh[18] == 0 && qh[19] == 0);
+    cr_assert(qfu[20] == 0 && qfu[21] == 0 && qfu[22] == 0 && qfu[23] == 0);
+    float yh[64], yf[64];
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_B32H, qh, yh, 64), 0);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_B32F, qfu, yf, 64), 0);
+    for (int j = 0; j < 64; j++) {
+        const float want = 0.5f * (float)lroundf(x[j] / 0.5f);
+        cr_assert_eq(yh[j], want, "b32h element %d: %g, want %g", j, (double)yh[j], (double)want);
+        cr_assert_eq(yf[j], want, "b32f element %d: %g, want %g", j, (double)yf[j], (double)want);
+    }
+    /* hand bytes: codes 0, 1, 2, 3 (3 never written, reads +2) with d = 2 (f16 0x4000) */
+    memset(qh, 0x55, 8);
+    qh[0] = 0xE4; /* 0 | 1 << 2 | 2 << 4 | 3 << 6 */
+    qh[8] = 0x00;
+    qh[9] = 0x40;
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_B32H, qh, yh, 32), 0);
+    static const float first[4] = {-2.0f, 0.0f, 2.0f, 4.0f};
+    for (int j = 0; j < 32; j++)
+        cr_assert_eq(yh[j], j < 4 ? first[j] : 0.0f, "element %d: %g", j, (double)yh[j]);
+}
+
+/* Ternary values t (-1, 0, +1) times a scale s, one 32-element block in 5 all zero. */
+static void fill_ternary(float *x, int64_t n, float s)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = s * (float)((int)(rng_next() % 3) - 1);
+    if (n >= 6 * 32)
+        for (int j = 0; j < 32; j++)
+            x[5 * 32 + j] = 0.0f;
+}
+
+/* The layouts agree: t quantized as Q128 (no scale) and t * s as B32H and B32F (absmax s)
+ * dequantize to the same values (Q128 times s) and give the same dot on every ISA, bit for bit.
+ * Exact only for a power of two s: then each B32 product ((float)isum * d_a) * s is the Q128
+ * product times s without rounding, and each rounded partial sum of the B32 chain is s times the
+ * Q128 one (scaling by 2^k commutes with rounding), so dot(B32) = s * dot(Q128) exactly. Any other
+ * s rounds each product (and B32H's f16 scale) differently from s times the Q128 sum. */
+Test(executor_kernels, i2s_layouts_agree, .fini = restore_isa)
+{
+    static const int64_t  ns[] = {256, 384, 1152, 2560};
+    static const float    ss[] = {0.25f, 2.0f};
+    static const uint32_t b32[2] = {COMMON_GGML_TYPE_I2S_B32H, COMMON_GGML_TYPE_I2S_B32F};
+    executor_kernels_init();
+    for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++)
+        for (size_t is = 0; is < sizeof(ss) / sizeof(ss[0]); is++) {
+            const int64_t n = ns[in];
+            const float   s = ss[is];
+            float        *t = malloc((size_t)n * sizeof(float));
+            float        *ts = malloc((size_t)n * sizeof(float));
+            float        *x = malloc((size_t)n * sizeof(float));
+            float        *y0 = malloc((size_t)n * sizeof(float));
+            float        *y1 = malloc((size_t)n * sizeof(float));
+            void         *q0 = malloc(row_bytes(COMMON_GGML_TYPE_I2S_Q128, n));
+            void         *q1[2] = {malloc(row_bytes(b32[0], n)), malloc(row_bytes(b32[1], n))};
+            const size_t  ab = executor_act_row_size(COMMON_GGML_TYPE_I2S_Q128, n);
+            void         *act = malloc(ab);
+            cr_assert(t && ts && x && y0 && y1 && q0 && q1[0] && q1[1] && act);
+            cr_assert_eq(ab, executor_act_row_size(COMMON_GGML_TYPE_I2S_B32H, n));
+            fill_ternary(t, n, 1.0f);
+            for (int64_t i = 0; i < n; i++)
+                ts[i] = t[i] * s;
+            fill_data(x, n);
+            cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_Q128, t, q0, n), 0);
+            cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_Q128, q0, y0, n), 0);
+            for (int64_t i = 0; i < n; i++)
+                cr_assert_eq(y0[i], t[i], "q128 element %lld", (long long)i);
+            for (int k = 0; k < 2; k++) {
+                cr_assert_eq(executor_quantize_row_ref(b32[k], ts, q1[k], n), 0);
+                cr_assert_eq(executor_dequantize_row(b32[k], q1[k], y1, n), 0);
+                for (int64_t i = 0; i < n; i++)
+                    cr_assert_eq(y1[i], y0[i] * s, "%s n=%lld element %lld: %g vs %g",
+                                 common_ggml_type_get(b32[k])->name, (long long)n, (long long)i,
+                                 (double)y1[i], (double)(y0[i] * s));
+            }
+            cr_assert_eq(executor_quantize_act_ref(COMMON_GGML_TYPE_I2S_Q128, x, act, n), 0);
+            for (int isa = EXECUTOR_ISA_REF; isa <= EXECUTOR_ISA_AVX512; isa++) {
+                if (executor_kernels_select((enum executor_isa)isa) != 0)
+                    continue;
+                const float d0 = executor_vec_dot(COMMON_GGML_TYPE_I2S_Q128, n, q0, act) * s;
+                for (int k = 0; k < 2; k++) {
+                    const float d1 = executor_vec_dot(b32[k], n, q1[k], act);
+                    cr_assert(memcmp(&d0, &d1, sizeof(d0)) == 0,
+                              "%s n=%lld s=%g: q128 * s %a, %s %a",
+                              executor_isa_name((enum executor_isa)isa), (long long)n, (double)s,
+                              (double)d0, common_ggml_type_get(b32[k])->name, (double)d1);
+                }
+            }
+            restore_isa();
+            free(t);
+            free(ts);
+            free(x);
+            free(y0);
+            free(y1);
+            free(q0);
+            free(q1[0]);
+            free(q1[1]);
+            free(act);
+        }
+}
+
+/* The seed note's smoke test (a 64 x 256 matrix of bytes 0xAA: every code 2, weight +1, times
+ * x = 0.5) through executor_matvec: about 128 per row. The Q8_0 activation of 0.5 is 127 with the
+ * scale 0.5 / 127 rounded to f16, 1032 * 2^-18, so each row is exactly 256 * 127 * 1032 * 2^-18 =
+ * 127.9921875 on every ISA. */
+Test(executor_kernels, i2s_q128_matvec_all_plus_one, .fini = restore_isa)
+{
+    unsigned char w[64 * 64];
+    float         x[256], y[64];
+    unsigned char act[8 * 34];
+    memset(w, 0xAA, sizeof(w));
+    for (int j = 0; j < 256; j++)
+        x[j] = 0.5f;
+    executor_kernels_init();
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_I2S_Q128, 256), sizeof(act));
+    for (int isa = EXECUTOR_ISA_REF; isa <= EXECUTOR_ISA_AVX512; isa++) {
+        if (executor_kernels_select((enum executor_isa)isa) != 0)
+            continue;
+        cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_I2S_Q128, x, act, 256), 0);
+        cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_I2S_Q128, 256, w, 64, 0, 64, act, y), 0);
+        for (int r = 0; r < 64; r++) {
+            cr_assert(fabsf(y[r] - 128.0f) < 0.01f, "%s row %d: %g",
+                      executor_isa_name((enum executor_isa)isa), r, (double)y[r]);
+            cr_assert_eq(y[r], 127.9921875f, "%s row %d: %.9g",
+                         executor_isa_name((enum executor_isa)isa), r, (double)y[r]);
+        }
+    }
+}
+
+/* executor_matvec on random ternary matrices against a plain f32 GEMV of the dequantized rows
+ * (acc += w * x in float over the unquantized x): they differ by the 8-bit activations, whose
+ * error per element is at most half a step of its block (amax / 254), random in sign, so the sum
+ * stays well inside 1e-2 of sum |w * x| (measured 1.5e-3). */
+Test(executor_kernels, i2s_matvec_matches_f32_gemv, .fini = restore_isa)
+{
+    static const uint32_t types[3] = {COMMON_GGML_TYPE_I2S_Q128, COMMON_GGML_TYPE_I2S_B32H,
+                                      COMMON_GGML_TYPE_I2S_B32F};
+    static const int64_t  ns[] = {256, 2560};
+    const int64_t         n_rows = 33;
+    double                worst = 0;
+    executor_kernels_init();
+    for (int ti = 0; ti < 3; ti++)
+        for (size_t in = 0; in < sizeof(ns) / sizeof(ns[0]); in++) {
+            const uint32_t type = types[ti];
+            const int64_t  n = ns[in];
+            const size_t   rb = row_bytes(type, n);
+            unsigned char *w = malloc(rb * (size_t)n_rows);
+            float         *v = malloc((size_t)n * sizeof(float));
+            float         *x = malloc((size_t)n * sizeof(float));
+            float         *ref = malloc((size_t)n_rows * sizeof(float));
+            double        *mag = malloc((size_t)n_rows * sizeof(double));
+            float         *y = malloc((size_t)n_rows * sizeof(float));
+            void          *act = malloc(executor_act_row_size(type, n));
+            cr_assert(w && v && x && ref && mag && y && act);
+            for (int64_t j = 0; j < n; j++)
+                x[j] = rng_gauss();
+            for (int64_t r = 0; r < n_rows; r++) {
+                const float s = type == COMMON_GGML_TYPE_I2S_Q128 ? 1.0f : 0.01f + rng_uniform();
+                fill_ternary(v, n, s);
+                cr_assert_eq(executor_quantize_row_ref(type, v, w + (size_t)r * rb, n), 0);
+                cr_assert_eq(executor_dequantize_row(type, w + (size_t)r * rb, v, n), 0);
+                float acc = 0.0f;
+                mag[r] = 0;
+                for (int64_t j = 0; j < n; j++) {
+                    acc += v[j] * x[j];
+                    mag[r] += fabs((double)v[j] * (double)x[j]);
+                }
+                ref[r] = acc;
+            }
+            for (int isa = EXECUTOR_ISA_REF; isa <= EXECUTOR_ISA_AVX512; isa++) {
+                if (executor_kernels_select((enum executor_isa)isa) != 0)
+                    continue;
+                cr_assert_eq(executor_quantize_act(type, x, act, n), 0);
+                cr_assert_eq(executor_matvec(type, n, w, rb, 0, n_rows, act, y), 0);
+                for (int64_t r = 0; r < n_rows; r++) {
+                    const double err = fabs((double)y[r] - (double)ref[r]);
+                    cr_assert(err <= 1e-2 * mag[r] + 1e-6, "%s/%s n=%lld row %lld: %g vs f32 %g",
+                              common_ggml_type_get(type)->name,
+                              executor_isa_name((enum executor_isa)isa), (long long)n, (long long)r,
+                              (double)y[r], (double)ref[r]);
+                    if (mag[r] > 0 && err / mag[r] > worst)
+                        worst = err / mag[r];
+                }
+            }
+            restore_isa();
+            free(w);
+            free(v);
+            free(x);
+            free(ref);
+            free(mag);
+            free(y);
+            free(act);
+        }
+    cr_log_info("i2_s matvec vs f32 gemv: worst |diff| / sum|w*x| = %.3g", worst);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* fp16 / bf16 conversions                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -773,6 +1118,10 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_TQ2_0, 256 * 3, 5, 3);
     check_matrix(COMMON_GGML_TYPE_TQ1_0, 256 * 7, 70, 2);
     check_matrix(COMMON_GGML_TYPE_TQ2_0, 256 * 7, 70, 2);
+    check_matrix(COMMON_GGML_TYPE_I2S_Q128, 128 * 3, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_I2S_Q128, 2560, 70, 2);
+    check_matrix(COMMON_GGML_TYPE_I2S_B32H, 32 * 33, 7, 3);
+    check_matrix(COMMON_GGML_TYPE_I2S_B32F, 32 * 33, 7, 3);
     /* MXFP4's 4-row gemv and its gemm (2 rows x 4 activations, 32 pairs of blocks prepared and
      * summed at a time): 1..9 activations (1..3 after the groups of 4); rows of 1, 2, 3 (a block
      * left after the pairs), 31, 33, 64 (one chunk), 65, 97, 130 (a partial last chunk) and 385
@@ -813,6 +1162,9 @@ Test(executor_kernels, matvec_and_matmul_equal_vec_dot_ref, .fini = restore_isa)
     check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, 4);
     check_matrix(COMMON_GGML_TYPE_TQ1_0, 512, 9, 3);
     check_matrix(COMMON_GGML_TYPE_TQ2_0, 512, 9, 3);
+    check_matrix(COMMON_GGML_TYPE_I2S_Q128, 512, 9, 3);
+    check_matrix(COMMON_GGML_TYPE_I2S_B32H, 32 * 9, 9, 3);
+    check_matrix(COMMON_GGML_TYPE_I2S_B32F, 32 * 9, 9, 3);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -921,6 +1273,19 @@ Test(executor_kernels, bad_lengths_and_types_are_rejected)
     cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_Q4_K, 100), 0);
     cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_Q4_0, 64), 68);
     cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_Q5_K, 256), 292);
+    /* I2_S: Q128 takes whole 128-element blocks; the file type I2_S has no kernels */
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_Q128, x, q, 96), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_Q128, q, x, 64), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2S_B32H, q, x, 48), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_B32F, x, q, 16), COMMON_EINVAL);
+    cr_assert_eq(executor_dequantize_row(COMMON_GGML_TYPE_I2_S, q, x, 32), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_row_ref(COMMON_GGML_TYPE_I2_S, x, q, 32), COMMON_EINVAL);
+    cr_assert_eq(executor_quantize_act(COMMON_GGML_TYPE_I2S_Q128, x, q, 32), COMMON_EINVAL);
+    cr_assert(isnan(executor_vec_dot(COMMON_GGML_TYPE_I2S_Q128, 160, q, q)));
+    cr_assert(isnan(executor_vec_dot_ref(COMMON_GGML_TYPE_I2S_B32H, 40, q, q)));
+    cr_assert(isnan(executor_vec_dot(COMMON_GGML_TYPE_I2_S, 32, q, q)));
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_I2S_Q128, 64), 0);
+    cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_I2S_Q128, 128, q, 31, 0, 1, q, y), COMMON_EINVAL);
     /* matrix helpers */
     cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, q, 34, 2, 1, q, y), COMMON_EINVAL);
     cr_assert_eq(executor_matvec(COMMON_GGML_TYPE_Q8_0, 32, q, 34, -1, 1, q, y), COMMON_EINVAL);
@@ -961,6 +1326,17 @@ Test(executor_kernels, type_support_and_vec_dot_types)
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_TQ1_0), COMMON_GGML_TYPE_Q8_K);
     cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_TQ2_0), COMMON_GGML_TYPE_Q8_K);
     cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_TQ1_0, 512), 2 * 292);
+    /* I2_S: the three kernel layouts take Q8_0 activations; the file type itself is not a kernel
+     * type */
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_I2S_Q128));
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_I2S_B32H));
+    cr_assert(executor_type_is_supported(COMMON_GGML_TYPE_I2S_B32F));
+    cr_assert_not(executor_type_is_supported(COMMON_GGML_TYPE_I2_S));
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_I2S_Q128), COMMON_GGML_TYPE_Q8_0);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_I2S_B32H), COMMON_GGML_TYPE_Q8_0);
+    cr_assert_eq(executor_vec_dot_type(COMMON_GGML_TYPE_I2S_B32F), COMMON_GGML_TYPE_Q8_0);
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_I2S_Q128, 256), 8 * 34);
+    cr_assert_eq(executor_act_row_size(COMMON_GGML_TYPE_I2S_B32F, 64), 2 * 34);
 }
 
 /* MXFP4 decodes as ggml: the doubled e2m1 values {0, 1, 2, 3, 4, 6, 8, 12} and their negatives,
