@@ -47,7 +47,23 @@ static int mkmodel_parse_preset(void *arg, const char *name, struct common_errms
     return COMMON_OK;
 }
 
-/* --arch: an architecture name into the enum common_arch at `arg`. */
+/* --i2s-layout: one of seed 003's three I2_S layouts. */
+static int mkmodel_parse_i2s(void *arg, const char *name, struct common_errmsg *e)
+{
+    enum executor_synth_i2s *l = arg;
+    if (strcmp(name, "qk256") == 0)
+        *l = EXECUTOR_SYNTH_I2S_QK256;
+    else if (strcmp(name, "bitnet32") == 0)
+        *l = EXECUTOR_SYNTH_I2S_BITNET32;
+    else if (strcmp(name, "split32") == 0)
+        *l = EXECUTOR_SYNTH_I2S_SPLIT32;
+    else
+        return common_errmsg_set(e, COMMON_EINVAL, "expects qk256, bitnet32 or split32, got '%s'",
+                                 name);
+    return COMMON_OK;
+}
+
+/* --routing: natural or balanced. */
 static int mkmodel_parse_routing(void *arg, const char *name, struct common_errmsg *e)
 {
     enum executor_synth_routing *r = arg;
@@ -75,7 +91,7 @@ static int mkmodel_parse_type(void *arg, const char *name, struct common_errmsg 
     if (common_ggml_type_from_name(name, arg) != COMMON_OK)
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "expects f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, "
-                                 "q5_K, q6_K, mxfp4, tq1_0 or tq2_0, got '%s'",
+                                 "q5_K, q6_K, mxfp4, tq1_0, tq2_0 or i2_s, got '%s'",
                                  name);
     return COMMON_OK;
 }
@@ -184,8 +200,9 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .parse = mkmodel_parse_arch,
             .metavar = "NAME",
             .help = "architecture: llama, qwen2, qwen3, qwen2moe, qwen3moe, olmoe, deepseek2, "
-                       "glm4moe or gpt-oss; "
-                       "tensor names, shapes and keys as llama.cpp's converter writes them",
+                       "glm4moe, gpt-oss, bitnet or bitnet-b1.58; "
+                       "tensor names, shapes and keys as llama.cpp's converter writes them "
+                       "(bitnet-b1.58: as Microsoft's BitNet fork does)",
             .def = "llama"},
            {.name = "lite",
             .type = COMMON_OPT_SWITCH,
@@ -217,8 +234,18 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .parse = mkmodel_parse_type,
             .metavar = "TYPE",
             .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K mxfp4 "
-                       "tq1_0 tq2_0 (norms and router stay f32)",
+                       "tq1_0 tq2_0 i2_s (norms and router stay f32; with i2_s the embedding "
+                       "is f16 and the weights random ternary values times a power of two)",
             .def = "f32"},
+           {.name = "i2s-layout",
+            .type = COMMON_OPT_CALLBACK,
+            .target = &o.i2s_layout,
+            .parse = mkmodel_parse_i2s,
+            .metavar = "LAYOUT",
+            .help = "i2_s: qk256 (Microsoft's: 2-bit codes in groups of 128, one f32 scale after "
+                       "them), bitnet32 (blocks of 32 codes with an inline f16 scale) or split32 "
+                       "(blocks of 32 codes, the scales in a '<name>.scales' tensor)",
+            .def = "qk256"},
            {.name = "vocab-from",
             .type = COMMON_OPT_STR,
             .target = &o.vocab_from,

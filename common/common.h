@@ -164,8 +164,16 @@ enum common_ggml_type {
     COMMON_GGML_TYPE_BF16 = 30,
     COMMON_GGML_TYPE_TQ1_0 = 34,
     COMMON_GGML_TYPE_TQ2_0 = 35,
+    COMMON_GGML_TYPE_I2_S = 36, /* BitNet's 2-bit ternary (Microsoft's ggml fork): three layouts */
     COMMON_GGML_TYPE_MXFP4 = 39,
-    COMMON_GGML_TYPE_COUNT = 40, /* one past the largest id known */
+    COMMON_GGML_TYPE_FILE_COUNT = 40, /* one past the largest id a GGUF file may hold */
+    /* Kernel-only types (never in a file): the three layouts of an I2_S tensor as the kernels
+     * read them (executor/model.c picks one per tensor; docs/kernels.md "I2_S"). Codes c (2
+     * bits) are the weights c - 1 (0 -> -1, 1 -> 0, 2 -> +1; 3, never written, reads +2). */
+    COMMON_GGML_TYPE_I2S_Q128 = 40, /* Microsoft's layout: 128 elements in 32 bytes, no scale */
+    COMMON_GGML_TYPE_I2S_B32H = 41, /* 32 elements: 8 bytes of codes, an f16 scale */
+    COMMON_GGML_TYPE_I2S_B32F = 42, /* 32 elements: 8 bytes of codes, an f32 scale */
+    COMMON_GGML_TYPE_COUNT = 43,    /* one past the largest id known */
 };
 
 /* Layout of one ggml type: `blck` elements are stored in `type_size` bytes. */
@@ -357,6 +365,11 @@ int common_gguf_writer_copy_kv(struct common_gguf_writer *w, const struct common
  * COMMON_ENOMEM. */
 int common_gguf_writer_add_tensor(struct common_gguf_writer *w, const char *name, uint32_t type,
                                   uint32_t n_dims, const uint64_t *ne);
+/* Same with the data's size given: only for I2_S, whose layouts differ in size (`bytes` at
+ * least the 2-bit codes' ne[0] * ... / 4); bytes 0 = the size the type's table gives. */
+int common_gguf_writer_add_tensor_sized(struct common_gguf_writer *w, const char *name,
+                                        uint32_t type, uint32_t n_dims, const uint64_t *ne,
+                                        uint64_t bytes);
 
 /* Opens `path`, writes the header and padding. Then call common_gguf_writer_write_data() with
  * every tensor's bytes in declaration order (any number of calls per tensor), and finish with
@@ -381,6 +394,8 @@ enum common_arch {
     COMMON_ARCH_DEEPSEEK2,
     COMMON_ARCH_GLM4MOE,
     COMMON_ARCH_GPTOSS,
+    COMMON_ARCH_BITNET,      /* llama.cpp's bitnet: sub-norms, per-tensor scales, SwiGLU */
+    COMMON_ARCH_BITNET_B158, /* Microsoft's bitnet-b1.58 (BitNet b1.58 2B-4T): ReLU^2 FFN */
     COMMON_ARCH_COUNT,
 };
 
@@ -424,6 +439,17 @@ enum common_layer_role {
     COMMON_ROLE_FFN_GATE_EXPS_BIAS, /* (n_ff_exp, n_expert) */
     COMMON_ROLE_FFN_UP_EXPS_BIAS,   /* (n_ff_exp, n_expert) */
     COMMON_ROLE_FFN_DOWN_EXPS_BIAS, /* (n_embd, n_expert) */
+    /* bitnet: RMSNorms before the output and down projections, and per-tensor scales {1} that
+     * multiply a projection's output (llama.cpp's wq_s ... ffn_down_s). */
+    COMMON_ROLE_ATTN_SUB_NORM, /* (n_head * head_dim_v) */
+    COMMON_ROLE_FFN_SUB_NORM,  /* (n_ff) */
+    COMMON_ROLE_ATTN_Q_SCALE,
+    COMMON_ROLE_ATTN_K_SCALE,
+    COMMON_ROLE_ATTN_V_SCALE,
+    COMMON_ROLE_ATTN_OUT_SCALE,
+    COMMON_ROLE_FFN_GATE_SCALE,
+    COMMON_ROLE_FFN_UP_SCALE,
+    COMMON_ROLE_FFN_DOWN_SCALE,
     COMMON_ROLE_COUNT,
 };
 
@@ -489,6 +515,9 @@ struct common_hparams {
     uint32_t n_swa;      /* window in positions (0 = none) */
     uint32_t swa_period; /* layer il slides when il % period < period - 1 (0 = every layer) */
     bool     swiglu_oai; /* experts: min(g, 7) * sigmoid(1.702 g) * (clamp(u, -7, 7) + 1) */
+    /* bitnet: attn_sub_norm / ffn_sub_norm before the output and down projections. */
+    bool sub_norms;
+    bool ffn_relu2; /* bitnet-b1.58: the FFN is relu(g)^2 * u instead of silu(g) * u */
 };
 
 /* Most expert groups a model may have (DeepSeek V3 has 8). */

@@ -36,7 +36,11 @@ static const struct common_ggml_type_info type_table[COMMON_GGML_TYPE_COUNT] = {
     [COMMON_GGML_TYPE_BF16] = {"bf16", 1, 2},
     [COMMON_GGML_TYPE_TQ1_0] = {"tq1_0", 256, 54},
     [COMMON_GGML_TYPE_TQ2_0] = {"tq2_0", 256, 66},
+    [COMMON_GGML_TYPE_I2_S] = {"i2_s", 32, 8},
     [COMMON_GGML_TYPE_MXFP4] = {"mxfp4", 32, 17},
+    [COMMON_GGML_TYPE_I2S_Q128] = {"i2_s:q128", 128, 32},
+    [COMMON_GGML_TYPE_I2S_B32H] = {"i2_s:b32h", 32, 10},
+    [COMMON_GGML_TYPE_I2S_B32F] = {"i2_s:b32f", 32, 12},
 };
 
 const struct common_ggml_type_info *common_ggml_type_get(uint32_t type)
@@ -48,7 +52,7 @@ const struct common_ggml_type_info *common_ggml_type_get(uint32_t type)
 
 int common_ggml_type_from_name(const char *name, uint32_t *out)
 {
-    for (uint32_t t = 0; t < COMMON_GGML_TYPE_COUNT; t++) {
+    for (uint32_t t = 0; t < COMMON_GGML_TYPE_FILE_COUNT; t++) {
         if (type_table[t].name && strcasecmp(type_table[t].name, name) == 0) {
             *out = t;
             return COMMON_OK;

@@ -449,7 +449,8 @@ static int gguf_parse_tensor_info(struct gguf_cursor *c, struct common_gguf *g, 
     if ((rc = gguf_read_u32(c, &ti->type)) != COMMON_OK ||
         (rc = gguf_read_u64(c, &rel)) != COMMON_OK)
         return rc;
-    const struct common_ggml_type_info *tt = common_ggml_type_get(ti->type);
+    const struct common_ggml_type_info *tt =
+        ti->type < COMMON_GGML_TYPE_FILE_COUNT ? common_ggml_type_get(ti->type) : NULL;
     if (!tt)
         return common_errmsg_set(c->e, COMMON_ENOTSUP,
                                  "tensor '%s': unknown ggml type id %u (offset %llu)", ti->name,
@@ -493,6 +494,19 @@ static int gguf_place_tensors(struct gguf_cursor *c, struct gguf_header *h)
     for (uint64_t i = 0; i < h->n_tensors; i++) {
         struct common_gguf_tensor *ti = &h->tensors[i];
         uint64_t                   end;
+        /* I2_S has three layouts of different sizes (executor/model.c tells them apart): its
+         * bytes are all up to the next tensor's data (or the end of the file), at least the
+         * 2-bit codes counted in ti->size. */
+        if (ti->type == COMMON_GGML_TYPE_I2_S) {
+            const uint64_t next = i + 1 < h->n_tensors ? h->tensors[i + 1].offset : data_bytes;
+            if (next < ti->offset || next - ti->offset < ti->size)
+                return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                         "tensor '%s': %s data [%llu, %llu) holds fewer than the "
+                                         "%llu bytes of its codes",
+                                         ti->name, "i2_s", (unsigned long long)ti->offset,
+                                         (unsigned long long)next, (unsigned long long)ti->size);
+            ti->size = next - ti->offset;
+        }
         if (!common_add_u64(ti->offset, ti->size, &end) || end > data_bytes)
             return common_errmsg_set(c->e, COMMON_ECORRUPT,
                                      "tensor '%s': data [%llu, +%llu) lies beyond the end of the "

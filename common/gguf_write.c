@@ -207,9 +207,17 @@ int common_gguf_writer_copy_kv(struct common_gguf_writer *w, const struct common
 int common_gguf_writer_add_tensor(struct common_gguf_writer *w, const char *name, uint32_t type,
                                   uint32_t n_dims, const uint64_t *ne)
 {
+    return common_gguf_writer_add_tensor_sized(w, name, type, n_dims, ne, 0);
+}
+
+int common_gguf_writer_add_tensor_sized(struct common_gguf_writer *w, const char *name,
+                                        uint32_t type, uint32_t n_dims, const uint64_t *ne,
+                                        uint64_t bytes)
+{
     if (w->f || !name || !*name || n_dims == 0 || n_dims > COMMON_GGUF_MAX_DIMS)
         return COMMON_EINVAL;
-    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    const struct common_ggml_type_info *ti =
+        type < COMMON_GGML_TYPE_FILE_COUNT ? common_ggml_type_get(type) : NULL;
     if (!ti)
         return COMMON_EINVAL;
     uint64_t nel = 1;
@@ -223,6 +231,11 @@ int common_gguf_writer_add_tensor(struct common_gguf_writer *w, const char *name
     uint64_t size;
     if (!common_mul_u64(row, ne[0] ? nel / ne[0] : 0, &size))
         return COMMON_ERANGE;
+    if (bytes) {
+        if (type != COMMON_GGML_TYPE_I2_S || bytes < size)
+            return COMMON_EINVAL;
+        size = bytes;
+    }
     struct gguf_wtensor *t = realloc(w->tensors, (w->n_tensors + 1) * sizeof(*t));
     if (!t)
         return COMMON_ENOMEM;

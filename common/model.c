@@ -27,6 +27,8 @@ struct model_arch_info {
     enum common_expert_gating gating;    /* when the file has no expert_gating_func */
     bool                      post_norm; /* the FFN norm is post_attention_norm (glm4moe) */
     bool                      gptoss;    /* sinks, sliding window, biases, clamped SwiGLU */
+    bool                      bitnet;    /* sub-norms required, per-tensor scales */
+    bool                      relu2;     /* FFN relu(g)^2 * u (bitnet-b1.58) */
 };
 
 static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
@@ -61,6 +63,11 @@ static const struct model_arch_info arch_table[COMMON_ARCH_COUNT] = {
                             .gating = COMMON_GATING_SOFTMAX_WEIGHT,
                             .post_norm = true,
                             .gptoss = true},
+    [COMMON_ARCH_BITNET] = {.name = "bitnet", .rope_neox = 1, .bitnet = true},
+    [COMMON_ARCH_BITNET_B158] = {.name = "bitnet-b1.58",
+                                 .rope_neox = 1,
+                                 .bitnet = true,
+                                 .relu2 = true},
 };
 
 static const char *role_names[COMMON_ROLE_COUNT] = {
@@ -100,6 +107,15 @@ static const char *role_names[COMMON_ROLE_COUNT] = {
     [COMMON_ROLE_FFN_GATE_EXPS_BIAS] = "ffn_gate_exps.bias",
     [COMMON_ROLE_FFN_UP_EXPS_BIAS] = "ffn_up_exps.bias",
     [COMMON_ROLE_FFN_DOWN_EXPS_BIAS] = "ffn_down_exps.bias",
+    [COMMON_ROLE_ATTN_SUB_NORM] = "attn_sub_norm.weight",
+    [COMMON_ROLE_FFN_SUB_NORM] = "ffn_sub_norm.weight",
+    [COMMON_ROLE_ATTN_Q_SCALE] = "attn_q.scale",
+    [COMMON_ROLE_ATTN_K_SCALE] = "attn_k.scale",
+    [COMMON_ROLE_ATTN_V_SCALE] = "attn_v.scale",
+    [COMMON_ROLE_ATTN_OUT_SCALE] = "attn_output.scale",
+    [COMMON_ROLE_FFN_GATE_SCALE] = "ffn_gate.scale",
+    [COMMON_ROLE_FFN_UP_SCALE] = "ffn_up.scale",
+    [COMMON_ROLE_FFN_DOWN_SCALE] = "ffn_down.scale",
 };
 
 static const char *grole_names[COMMON_GROLE_COUNT] = {
@@ -475,6 +491,8 @@ static int model_read_hparams(struct common_model *m, struct common_errmsg *e)
     if (!(hp->rope_freq_base > 0.0f) || !(hp->rms_eps >= 0.0f) || isinf(hp->rope_freq_base))
         return common_errmsg_set(e, COMMON_ECORRUPT, "bad rope.freq_base or rms epsilon");
     hp->rope_neox = arch_table[m->arch].rope_neox;
+    hp->sub_norms = arch_table[m->arch].bitnet;
+    hp->ffn_relu2 = arch_table[m->arch].relu2;
     /* llama.cpp fixes the renormalisation per architecture for these (no key is read). */
     hp->norm_topk_prob = arch_table[m->arch].norm_topk_prob;
     if (arch_table[m->arch].routing && (rc = model_read_routing(m, e)))
@@ -605,6 +623,26 @@ static int model_layer_mla(struct common_model *m, uint32_t il, struct common_er
     return COMMON_OK;
 }
 
+/* bitnet's sub-norms (required) and the optional per-tensor scales of its seven projections. */
+static int model_layer_bitnet(struct common_model *m, uint32_t il, struct common_errmsg *e)
+{
+    const struct common_hparams        *hp = &m->hp;
+    const struct common_model_layer    *L = &m->layers[il];
+    static const enum common_layer_role subs[] = {COMMON_ROLE_ATTN_SUB_NORM,
+                                                  COMMON_ROLE_FFN_SUB_NORM};
+    int                                 rc = model_require(m, il, subs, 2, e);
+    if (rc ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_ATTN_SUB_NORM], 1,
+                                (uint64_t[]){(uint64_t)hp->n_head * hp->head_dim_v}, e)) ||
+        (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_SUB_NORM], 1, (uint64_t[]){hp->n_ff},
+                                e)))
+        return rc;
+    for (int r = COMMON_ROLE_ATTN_Q_SCALE; r <= COMMON_ROLE_FFN_DOWN_SCALE; r++)
+        if ((rc = model_check_opt(m, L->tensor[r], 1, (uint64_t[]){1}, e)))
+            return rc;
+    return COMMON_OK;
+}
+
 /* Assigns and checks the tensors of layer il. */
 static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg *e)
 {
@@ -646,8 +684,11 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
             (rc = model_check_shape(m, L->tensor[COMMON_ROLE_FFN_DOWN], 2,
                                     (uint64_t[]){hp->n_ff, hp->n_embd}, e)))
             return rc;
-        return COMMON_OK;
+        return arch_table[m->arch].bitnet ? model_layer_bitnet(m, il, e) : COMMON_OK;
     }
+    if (arch_table[m->arch].bitnet)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "blk.%u: %s layers with experts", il,
+                                 m->arch_name);
 
     static const enum common_layer_role moe[] = {COMMON_ROLE_FFN_GATE_INP,
                                                  COMMON_ROLE_FFN_GATE_EXPS, COMMON_ROLE_FFN_UP_EXPS,

@@ -62,6 +62,15 @@ enum executor_synth_routing {
                                            load-balancing loss */
 };
 
+/* The three layouts of an I2_S tensor (seed 003; docs/kernels.md "I2_S"). I2_S weights are
+ * random ternary values times one power-of-two scale per tensor, so the three layouts of a seed
+ * hold the same weights and give the same logits. */
+enum executor_synth_i2s {
+    EXECUTOR_SYNTH_I2S_QK256 = 0, /* Microsoft's: codes in 128-element groups, f32 scale after */
+    EXECUTOR_SYNTH_I2S_BITNET32,  /* 32-element blocks of codes with an inline f16 scale */
+    EXECUTOR_SYNTH_I2S_SPLIT32,   /* 32-element blocks of codes, scales in "<name>.scales" */
+};
+
 struct executor_synth_opts {
     const char      *path;  /* output GGUF path (required) */
     const char      *name;  /* general.name; NULL = "sluice-synth" */
@@ -82,6 +91,7 @@ struct executor_synth_opts {
                                instead of V3's */
     enum executor_synth_routing routing; /* MoE routing statistics; 0 = natural */
     uint32_t                    type;    /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
+    enum executor_synth_i2s     i2s_layout; /* type I2_S: which of seed 003's layouts; 0 = qk256 */
     uint64_t    target_bytes;   /* 0 = keep n_layer; else choose n_layer to approach this size */
     const char *vocab_from;     /* copy tokenizer.* keys from this GGUF; NULL = byte-level vocab */
     uint64_t    seed;           /* weight RNG seed; 0 = 1 */

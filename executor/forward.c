@@ -96,6 +96,10 @@ static void fwd_mm_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         else
             executor_matmul(t->type, t->cols, t->w, t->row_bytes, r0, r1, t->act, t->act_stride,
                             t->n_act, t->y, t->y_stride);
+        /* As llama.cpp's ggml_mul by a {1} scale tensor after the product. */
+        for (int64_t j = 0; t->out_scale != 0.0f && j < t->n_act; j++)
+            for (int64_t r = r0; r < r1; r++)
+                t->y[(size_t)j * t->y_stride + (size_t)r] *= t->out_scale;
     }
 }
 
@@ -497,6 +501,9 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
     }
 
     fwd_attend(c, il, n, p0);
+    for (uint32_t t = 0; lw->attn_sub_norm && t < n; t++)
+        fwd_rmsnorm(c->att + (size_t)t * ad, c->att + (size_t)t * ad, lw->attn_sub_norm, ad,
+                    hp->rms_eps);
     fwd_attn_out(c, &lw->wo, lw->bo, c->att, ad, n);
 }
 
@@ -573,6 +580,28 @@ static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
     executor_fwd_swiglu_down(c, n, down);
 }
 
+/* bitnet's FFN: silu(g) * u (relu(g)^2 * u for bitnet-b1.58), the ffn_sub_norm over each row
+ * of n_ff, then the down product into c->tmp (llama.cpp's build_ffn and sub-norm). */
+static void fwd_bitnet_ffn(struct executor_ctx *c, const struct executor_layer_w *lw, uint32_t n)
+{
+    const struct common_hparams *hp = &c->m->desc->hp;
+    const int64_t                nf = lw->gate.rows;
+    fwd_gate_up_products(c, c->xn, n, &lw->gate, &lw->up);
+    for (size_t i = 0; i < (size_t)n * (size_t)nf; i++) {
+        if (hp->ffn_relu2) {
+            const float r = c->ga[i] > 0.0f ? c->ga[i] : 0.0f;
+            const float r2 = r * r;
+            c->ga[i] = r2 * c->up[i];
+        } else {
+            c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
+        }
+    }
+    for (uint32_t t = 0; t < n; t++)
+        fwd_rmsnorm(c->ga + (size_t)t * (size_t)nf, c->ga + (size_t)t * (size_t)nf,
+                    lw->ffn_sub_norm, (uint32_t)nf, hp->rms_eps);
+    executor_fwd_swiglu_down(c, n, &lw->down);
+}
+
 static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
     const struct common_hparams   *hp = &c->m->desc->hp;
@@ -582,7 +611,10 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
         fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->ffn_norm, ne, hp->rms_eps);
     if (lw->gate_inp.data)
         return executor_fwd_moe(c, il, n);
-    fwd_swiglu(c, c->xn, n, &lw->gate, &lw->up, &lw->down);
+    if (lw->ffn_sub_norm)
+        fwd_bitnet_ffn(c, lw, n);
+    else
+        fwd_swiglu(c, c->xn, n, &lw->gate, &lw->up, &lw->down);
     for (size_t i = 0; i < (size_t)n * ne; i++)
         c->x[i] = c->tmp[i] + c->x[i];
     return 0;
@@ -606,6 +638,8 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
         const uint8_t *row =
             (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
         executor_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * ne, ne);
+        for (uint32_t i = 0; m->tok_embd.out_scale != 0.0f && i < ne; i++)
+            c->x[(size_t)t * ne + i] *= m->tok_embd.out_scale;
         fwd_rope_table(c->rope + (size_t)t * hp->n_rot, p0 + t, hp, m->rope_freqs);
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {

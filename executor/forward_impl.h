@@ -139,6 +139,7 @@ struct fwd_mm {
     int64_t     n_act;
     float      *y;
     size_t      y_stride;
+    float       out_scale; /* multiplies every output; 0 = none (struct executor_mat) */
 };
 
 /* Up to three products sharing one parallel loop over their concatenated rows. */
@@ -161,7 +162,8 @@ static inline struct fwd_mm fwd_mm_of(const struct executor_mat *w, const void *
                            .act_stride = act_stride,
                            .n_act = n_act,
                            .y = y,
-                           .y_stride = y_stride};
+                           .y_stride = y_stride,
+                           .out_scale = w->out_scale};
 }
 
 /* Runs the products of `job` as one parallel loop over their concatenated rows. */

@@ -1,16 +1,144 @@
 /* executor/model.c - a model ready to run: checks what the forward pass supports, builds views. */
 #include "model_impl.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
 
-/* Resolves tensor `index` into a matrix view; checks the kernels can multiply it. */
-static int model_mat(const struct common_model *d, struct executor_weights *w, int64_t index,
+static int model_apply_scale(struct executor_model *m, int64_t scale, struct executor_mat *out,
+                             struct common_errmsg *e);
+
+/* Bytes an I2_S layout may differ from its expected size (padding, Microsoft's 32-byte tail). */
+#define MODEL_I2S_TOLERANCE 128u
+
+/* abs(a - b). */
+static uint64_t model_absdiff(uint64_t a, uint64_t b)
+{
+    return a > b ? a - b : b - a;
+}
+
+/* The sibling of I2_S tensor `t` with one scale per 32-element block ("blk.0.attn_q.scales" for
+ * "blk.0.attn_q.weight", F32 or F16): its index, or -1 when none has that many elements. */
+static int64_t model_i2s_sibling(const struct common_gguf *g, const struct common_gguf_tensor *t,
+                                 uint64_t nel)
+{
+    char         name[160];
+    const size_t len = strlen(t->name);
+    if (len < 7 || len >= sizeof(name) - 8 || strcmp(t->name + len - 7, ".weight") != 0)
+        return -1;
+    snprintf(name, sizeof(name), "%.*s.scales", (int)(len - 7), t->name);
+    const struct common_gguf_tensor *s = common_gguf_tensor_find(g, name);
+    if (!s || (s->type != COMMON_GGML_TYPE_F32 && s->type != COMMON_GGML_TYPE_F16) ||
+        s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3] != nel / 32)
+        return -1;
+    return (int64_t)(s - common_gguf_tensor_at(g, 0));
+}
+
+/* An I2_S tensor (seed 003's three layouts) as the kernels read it. The bytes up to the next
+ * tensor (t->size) tell the layout: Microsoft's (2-bit codes in 128-element groups, one f32
+ * scale after them: n / 4 + 32 bytes), 32-element blocks of codes and an inline f16 scale
+ * (n / 32 * 10), or 32-element blocks of codes (n / 4) beside a sibling tensor of block scales.
+ * Each within MODEL_I2S_TOLERANCE bytes; a sibling of the right size decides for the split
+ * layout (its codes take as many bytes as Microsoft's), otherwise the nearer of the two others
+ * (Microsoft's on a tie, as the seed orders them). The split layout is rebuilt once with f32
+ * scales inline (m->bufs); the two others are read in place. */
+static int model_i2s(struct executor_model *m, const struct common_gguf_tensor *t, const void *data,
                      struct executor_mat *out, struct common_errmsg *e)
 {
+    const struct common_gguf *g = m->desc->gguf;
+    const uint64_t            nel = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    const uint64_t            need_q = (nel + 255) / 256 * 64, need_s = (nel + 31) / 32 * 8;
+    const uint64_t            need_i = (nel + 31) / 32 * 10, avail = t->size;
+    const int64_t             sib = model_i2s_sibling(g, t, nel);
+    const uint64_t            dq = model_absdiff(avail, need_q), di = model_absdiff(avail, need_i);
+    const uint64_t            rows = (uint64_t)out->rows, blocks = (uint64_t)out->cols / 32;
+    int                       rc;
+    if (sib >= 0 && model_absdiff(avail, need_s) <= MODEL_I2S_TOLERANCE) {
+        const struct common_gguf_tensor *st = common_gguf_tensor_at(g, (uint64_t)sib);
+        const void                      *sd;
+        if ((rc = m->w->ops->tensor(m->w->impl, (uint64_t)sib, &sd)) < 0)
+            return common_errmsg_set(e, rc, "tensor '%s': weight source failed", st->name);
+        void **bufs = realloc(m->bufs, (m->n_bufs + 1) * sizeof(*bufs));
+        if (!bufs)
+            return COMMON_ENOMEM;
+        m->bufs = bufs;
+        uint8_t *b = malloc((size_t)(rows * blocks * 12));
+        if (!b)
+            return COMMON_ENOMEM;
+        m->bufs[m->n_bufs++] = b;
+        const uint8_t *codes = data;
+        for (uint64_t i = 0; i < rows * blocks; i++) {
+            float d;
+            if (st->type == COMMON_GGML_TYPE_F32) {
+                memcpy(&d, (const uint8_t *)sd + i * 4, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, (const uint8_t *)sd + i * 2, 2);
+                d = executor_fp16_to_fp32(h);
+            }
+            memcpy(b + i * 12, codes + i * 8, 8);
+            memcpy(b + i * 12 + 8, &d, 4);
+        }
+        out->data = b;
+        out->type = COMMON_GGML_TYPE_I2S_B32F;
+        out->row_bytes = (size_t)blocks * 12;
+        return 0;
+    }
+    if (dq <= MODEL_I2S_TOLERANCE && dq <= di) {
+        if (out->cols % 128 != 0)
+            return common_errmsg_set(e, COMMON_ENOTSUP,
+                                     "tensor '%s': i2_s in Microsoft's layout needs rows of a "
+                                     "multiple of 128 elements, not %lld",
+                                     t->name, (long long)out->cols);
+        float scale = 1.0f; /* a file cut to the codes alone has no scale: the codes are +-1 */
+        if (avail >= nel / 4 + 4)
+            memcpy(&scale, (const uint8_t *)data + nel / 4, 4);
+        if (!isfinite(scale) || scale == 0.0f)
+            return common_errmsg_set(e, COMMON_ECORRUPT,
+                                     "tensor '%s': i2_s tensor scale %g after the codes", t->name,
+                                     (double)scale);
+        out->data = data;
+        out->type = COMMON_GGML_TYPE_I2S_Q128;
+        out->row_bytes = (size_t)out->cols / 4;
+        out->out_scale = scale;
+        return 0;
+    }
+    if (di <= MODEL_I2S_TOLERANCE) {
+        out->data = data;
+        out->type = COMMON_GGML_TYPE_I2S_B32H;
+        out->row_bytes = (size_t)blocks * 10;
+        return 0;
+    }
+    return common_errmsg_set(e, COMMON_ECORRUPT,
+                             "tensor '%s': %llu bytes of i2_s fit no layout (Microsoft's %llu, "
+                             "inline f16 scales %llu, split scales %llu%s; +-%u allowed)",
+                             t->name, (unsigned long long)avail, (unsigned long long)need_q,
+                             (unsigned long long)need_i, (unsigned long long)need_s,
+                             sib >= 0 ? "" : " with no '.scales' sibling", MODEL_I2S_TOLERANCE);
+}
+
+/* Resolves tensor `index` into a matrix view; checks the kernels can multiply it. `scale` is the
+ * index of bitnet's per-tensor output scale ({1}), or -1. */
+static int model_mat_scaled(struct executor_model *m, int64_t index, int64_t scale,
+                            struct executor_mat *out, struct common_errmsg *e)
+{
+    const struct common_model       *d = m->desc;
+    struct executor_weights         *w = m->w;
     const struct common_gguf_tensor *t = common_gguf_tensor_at(d->gguf, (uint64_t)index);
+    memset(out, 0, sizeof(*out));
+    if (t->type == COMMON_GGML_TYPE_I2_S) {
+        int rc = w->ops->tensor(w->impl, (uint64_t)index, &out->data);
+        if (rc < 0)
+            return common_errmsg_set(e, rc, "tensor '%s': weight source failed", t->name);
+        out->cols = (int64_t)t->ne[0];
+        out->rows = (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]);
+        if ((rc = model_i2s(m, t, out->data, out, e)) < 0)
+            return rc;
+        return model_apply_scale(m, scale, out, e);
+    }
     if (!executor_type_is_supported(t->type) ||
         executor_act_row_size(t->type, (int64_t)t->ne[0]) == 0) {
         const struct common_ggml_type_info *ti = common_ggml_type_get(t->type);
@@ -27,7 +155,13 @@ static int model_mat(const struct common_model *d, struct executor_weights *w, i
     out->cols = (int64_t)t->ne[0];
     out->rows = (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]);
     out->row_bytes = out->rows ? (size_t)(t->size / (uint64_t)out->rows) : 0;
-    return 0;
+    return model_apply_scale(m, scale, out, e);
+}
+
+static int model_mat(struct executor_model *m, int64_t index, struct executor_mat *out,
+                     struct common_errmsg *e)
+{
+    return model_mat_scaled(m, index, -1, out, e);
 }
 
 /* Expands 1-D tensor `index` of `n` elements to a malloc'd f32 array (*out NULL when absent). */
@@ -69,6 +203,21 @@ static int model_vec(struct executor_model *m, int64_t index, uint64_t n, const 
     return 0;
 }
 
+/* Multiplies out->out_scale by bitnet's per-tensor scale tensor `scale` ({1}; -1 = none). */
+static int model_apply_scale(struct executor_model *m, int64_t scale, struct executor_mat *out,
+                             struct common_errmsg *e)
+{
+    const float *s;
+    int          rc = model_vec(m, scale, 1, &s, e);
+    if (rc < 0 || !s)
+        return rc;
+    if (!isfinite(s[0]))
+        return common_errmsg_set(e, COMMON_ECORRUPT, "tensor '%s' is not finite",
+                                 common_gguf_tensor_at(m->desc->gguf, (uint64_t)scale)->name);
+    out->out_scale = out->out_scale != 0.0f ? out->out_scale * s[0] : s[0];
+    return 0;
+}
+
 /* The latent attention's tensors of layer il (deepseek2). */
 static int model_layer_mla(struct executor_model *m, uint32_t il, struct common_errmsg *e)
 {
@@ -76,20 +225,19 @@ static int model_layer_mla(struct executor_model *m, uint32_t il, struct common_
     const struct common_hparams     *hp = &d->hp;
     const struct common_model_layer *L = &d->layers[il];
     struct executor_layer_w         *lw = &m->layers[il];
-    struct executor_weights         *w = m->w;
     int                              rc;
     if (hp->n_lora_q) {
-        if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q_A], &lw->wq_a, e)) ||
-            (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q_B], &lw->wq_b, e)) ||
+        if ((rc = model_mat(m, L->tensor[COMMON_ROLE_ATTN_Q_A], &lw->wq_a, e)) ||
+            (rc = model_mat(m, L->tensor[COMMON_ROLE_ATTN_Q_B], &lw->wq_b, e)) ||
             (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_Q_A_NORM], hp->n_lora_q, &lw->q_a_norm,
                             e)))
             return rc;
-    } else if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e))) {
+    } else if ((rc = model_mat(m, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e))) {
         return rc;
     }
-    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_KV_A_MQA], &lw->wkv_a, e)) ||
-        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K_B], &lw->wk_b, e)) ||
-        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V_B], &lw->wv_b, e)) ||
+    if ((rc = model_mat(m, L->tensor[COMMON_ROLE_ATTN_KV_A_MQA], &lw->wkv_a, e)) ||
+        (rc = model_mat(m, L->tensor[COMMON_ROLE_ATTN_K_B], &lw->wk_b, e)) ||
+        (rc = model_mat(m, L->tensor[COMMON_ROLE_ATTN_V_B], &lw->wv_b, e)) ||
         (rc =
              model_vec(m, L->tensor[COMMON_ROLE_ATTN_KV_A_NORM], hp->n_lora_kv, &lw->kv_a_norm, e)))
         return rc;
@@ -102,7 +250,6 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
     const struct common_hparams     *hp = &d->hp;
     const struct common_model_layer *L = &d->layers[il];
     struct executor_layer_w         *lw = &m->layers[il];
-    struct executor_weights         *w = m->w;
     uint64_t                         qd = (uint64_t)hp->n_head * hp->head_dim_k;
     uint64_t                         kd = (uint64_t)hp->n_head_kv * hp->head_dim_k;
     uint64_t                         vd = (uint64_t)hp->n_head_kv * hp->head_dim_v;
@@ -124,24 +271,36 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
     if (hp->n_lora_kv) {
         if ((rc = model_layer_mla(m, il, e)))
             return rc;
-    } else if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_Q], &lw->wq, e)) ||
-               (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_K], &lw->wk, e)) ||
-               (rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_V], &lw->wv, e))) {
+    } else if ((rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_ATTN_Q],
+                                      L->tensor[COMMON_ROLE_ATTN_Q_SCALE], &lw->wq, e)) ||
+               (rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_ATTN_K],
+                                      L->tensor[COMMON_ROLE_ATTN_K_SCALE], &lw->wk, e)) ||
+               (rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_ATTN_V],
+                                      L->tensor[COMMON_ROLE_ATTN_V_SCALE], &lw->wv, e))) {
         return rc;
     }
-    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_ATTN_OUT], &lw->wo, e)) ||
+    if (hp->sub_norms &&
+        ((rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_SUB_NORM],
+                         (uint64_t)hp->n_head * hp->head_dim_v, &lw->attn_sub_norm, e)) ||
+         (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_SUB_NORM], hp->n_ff, &lw->ffn_sub_norm, e))))
+        return rc;
+    if ((rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_ATTN_OUT],
+                               L->tensor[COMMON_ROLE_ATTN_OUT_SCALE], &lw->wo, e)) ||
         (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_OUT_BIAS], hp->n_embd, &lw->bo, e)) ||
         (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_SINKS], hp->n_head, &lw->sinks, e)))
         return rc;
     lw->swa = common_hparams_layer_is_swa(hp, il);
     if (!common_model_layer_is_moe(d, il)) {
-        if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE], &lw->gate, e)) ||
-            (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_UP], &lw->up, e)) ||
-            (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_DOWN], &lw->down, e)))
+        if ((rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_FFN_GATE],
+                                   L->tensor[COMMON_ROLE_FFN_GATE_SCALE], &lw->gate, e)) ||
+            (rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_FFN_UP],
+                                   L->tensor[COMMON_ROLE_FFN_UP_SCALE], &lw->up, e)) ||
+            (rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_FFN_DOWN],
+                                   L->tensor[COMMON_ROLE_FFN_DOWN_SCALE], &lw->down, e)))
             return rc;
         return 0;
     }
-    if ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)) ||
+    if ((rc = model_mat(m, L->tensor[COMMON_ROLE_FFN_GATE_INP], &lw->gate_inp, e)) ||
         (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_EXP_PROBS_B], hp->n_expert, &lw->exp_probs_b,
                         e)) ||
         (rc = model_vec(m, L->tensor[COMMON_ROLE_FFN_GATE_INP_BIAS], hp->n_expert, &lw->gate_inp_b,
@@ -154,12 +313,12 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
                         (uint64_t)hp->n_embd * hp->n_expert, &lw->down_exps_b, e)))
         return rc;
     if (L->tensor[COMMON_ROLE_FFN_UP_SHEXP] >= 0 &&
-        ((rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_SHEXP], &lw->sh_gate, e)) ||
-         (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_UP_SHEXP], &lw->sh_up, e)) ||
-         (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_DOWN_SHEXP], &lw->sh_down, e))))
+        ((rc = model_mat(m, L->tensor[COMMON_ROLE_FFN_GATE_SHEXP], &lw->sh_gate, e)) ||
+         (rc = model_mat(m, L->tensor[COMMON_ROLE_FFN_UP_SHEXP], &lw->sh_up, e)) ||
+         (rc = model_mat(m, L->tensor[COMMON_ROLE_FFN_DOWN_SHEXP], &lw->sh_down, e))))
         return rc;
     if (L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP] >= 0 &&
-        (rc = model_mat(d, w, L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP], &lw->sh_gate_inp, e)))
+        (rc = model_mat(m, L->tensor[COMMON_ROLE_FFN_GATE_INP_SHEXP], &lw->sh_gate_inp, e)))
         return rc;
     for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
         struct common_span s;
@@ -201,10 +360,10 @@ int executor_model_create(const struct common_model *desc, struct executor_weigh
     int rc = COMMON_ENOMEM;
     if (!m->layers)
         goto out_destroy;
-    if ((rc = model_mat(desc, w, desc->global[COMMON_GROLE_TOKEN_EMBD], &m->tok_embd, e)) < 0)
+    if ((rc = model_mat(m, desc->global[COMMON_GROLE_TOKEN_EMBD], &m->tok_embd, e)) < 0)
         goto out_destroy;
     if (desc->global[COMMON_GROLE_OUTPUT] >= 0) {
-        if ((rc = model_mat(desc, w, desc->global[COMMON_GROLE_OUTPUT], &m->output, e)) < 0)
+        if ((rc = model_mat(m, desc->global[COMMON_GROLE_OUTPUT], &m->output, e)) < 0)
             goto out_destroy;
     } else {
         m->output = m->tok_embd; /* tied head */
@@ -279,6 +438,9 @@ void executor_model_destroy(struct executor_model *m)
     for (size_t i = 0; i < m->n_vecs; i++)
         free(m->vecs[i]);
     free(m->vecs);
+    for (size_t i = 0; i < m->n_bufs; i++)
+        free(m->bufs[i]);
+    free(m->bufs);
     free(m->layers);
     if (m->owns) {
         executor_weights_destroy(m->w);

@@ -13,6 +13,9 @@ struct executor_mat {
     int64_t     rows;      /* output features (ne1) */
     int64_t     cols;      /* input features (ne0) */
     size_t      row_bytes; /* bytes of one row */
+    /* Multiplies every output of the product, 0 = none: an I2_S tensor's scale (Microsoft's
+     * layout keeps one per tensor after its codes) times bitnet's per-tensor `.scale`. */
+    float out_scale;
 };
 
 /* Geometry of one part (gate, up, down) of every routed expert of a layer. */
@@ -48,9 +51,11 @@ struct executor_layer_w {
     bool         swa; /* this layer attends to a sliding window of n_swa positions */
     /* Multi-head latent attention (deepseek2): wq or wq_a + q_a_norm + wq_b; wkv_a gives the
      * latent and the rotary key; wk_b and wv_b hold n_head blocks of rows, one per head. */
-    struct executor_mat         wq_a, wq_b, wkv_a, wk_b, wv_b;
-    const float                *q_a_norm;                      /* vec: (q_lora_rank) or NULL */
-    const float                *kv_a_norm;                     /* vec: (kv_lora_rank) or NULL */
+    struct executor_mat wq_a, wq_b, wkv_a, wk_b, wv_b;
+    const float        *q_a_norm;  /* vec: (q_lora_rank) or NULL */
+    const float        *kv_a_norm; /* vec: (kv_lora_rank) or NULL */
+    /* bitnet: RMSNorm weights applied before wo (n_head * head_dim_v) and before down (n_ff). */
+    const float                *attn_sub_norm, *ffn_sub_norm;
     struct executor_expert_geom exp[COMMON_EXPERT_PART_COUNT]; /* MoE expert parts */
 };
 
@@ -63,6 +68,8 @@ struct executor_model {
     struct executor_layer_w   *layers;   /* owned: n_layer */
     float                    **vecs;     /* owned: converted vectors (non-f32 tensors) */
     size_t                     n_vecs;
+    void                     **bufs; /* owned: I2_S matrices rebuilt with their sibling scales */
+    size_t                     n_bufs;
     struct executor_mat        tok_embd;    /* (n_vocab rows of n_embd) */
     struct executor_mat        output;      /* head; token_embd when tied */
     const float               *output_norm; /* vec: (n_embd) */

@@ -23,6 +23,11 @@ struct synth_tensor {
     uint64_t ne[3];
     float    std;  /* standard deviation of the random values */
     float    mean; /* added to every value (norm weights are ~1) */
+    /* I2_S: the layout, the tensor's power-of-two scale, bytes per row and after the rows. */
+    enum executor_synth_i2s i2s;
+    float                   i2s_scale;
+    uint64_t                i2s_row, i2s_tail;
+    bool derived; /* a split I2_S tensor's scales: constant, takes no seed of its own */
 };
 
 /* xoshiro256** seeded with splitmix64: the same stream on every machine. */
@@ -111,6 +116,8 @@ static uint32_t synth_file_type(uint32_t type)
         return 37;
     case COMMON_GGML_TYPE_MXFP4:
         return 38; /* llama.cpp's MXFP4_MOE */
+    case COMMON_GGML_TYPE_I2_S:
+        return 40; /* Microsoft's fork: MOSTLY_I2_S */
     default:
         return 0;
     }
@@ -118,9 +125,10 @@ static uint32_t synth_file_type(uint32_t type)
 
 /* The model plan: every tensor with its geometry. */
 struct synth_plan {
-    struct synth_tensor *t; /* owned */
-    size_t               n;
-    size_t               cap;
+    struct synth_tensor    *t; /* owned */
+    size_t                  n;
+    size_t                  cap;
+    enum executor_synth_i2s i2s; /* layout of I2_S tensors */
 };
 
 static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std, uint32_t n_dims,
@@ -156,6 +164,24 @@ static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std,
     t->ne[2] = ne2;
     t->mean = mean;
     t->std = std;
+    if (type != COMMON_GGML_TYPE_I2_S)
+        return COMMON_OK;
+    /* Ternary weights t * s, s the power of two nearest the requested deviation (exact in f16,
+     * and applied after a whole dot or per block alike: the layouts agree to the bit). */
+    t->i2s = p->i2s;
+    t->i2s_scale = exp2f(roundf(log2f(std > 0.0f ? std : 1.0f)));
+    t->i2s_row = p->i2s == EXECUTOR_SYNTH_I2S_BITNET32 ? ne0 / 32 * 10 : ne0 / 4;
+    t->i2s_tail = p->i2s == EXECUTOR_SYNTH_I2S_QK256 ? 32 : 0;
+    if (p->i2s == EXECUTOR_SYNTH_I2S_SPLIT32) {
+        const float sc = t->i2s_scale;
+        char        base[64];
+        snprintf(base, sizeof(base), "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+        int rc = synth_add(p, COMMON_GGML_TYPE_F32, sc, 0.0f, 2, ne0 / 32, ne1 * ne2, 1,
+                           "%s.scales", base);
+        if (rc == COMMON_OK)
+            p->t[p->n - 1].derived = true;
+        return rc;
+    }
     return COMMON_OK;
 }
 
@@ -231,6 +257,19 @@ static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p
                         "blk.%u.attn_output.weight", il)))
         return rc;
     switch (g->arch) {
+    case COMMON_ARCH_BITNET:
+        /* llama.cpp's per-tensor scales (wq_s ...): well away from 1, so a missed one shows. */
+        for (int k = 0; k < 4; k++)
+            if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.5f, 0.25f, 1, 1, 1, 1,
+                                "blk.%u.attn_%s.scale", il,
+                                (const char *[]){"q", "k", "v", "output"}[k])))
+                return rc;
+        __attribute__((fallthrough));
+    case COMMON_ARCH_BITNET_B158:
+        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, qd, 1, 1,
+                            "blk.%u.attn_sub_norm.weight", il)))
+            return rc;
+        break;
     case COMMON_ARCH_GPTOSS:
         if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, g->n_embd, 1, 1,
                             "blk.%u.attn_output.bias", il)) ||
@@ -269,11 +308,13 @@ static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p
 
 static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
 {
-    float s_e = 1.0f / sqrtf((float)g->n_embd);
-    float s_ff = 1.0f / sqrtf((float)g->n_ff);
-    int   rc;
-    if ((rc = synth_add(p, g->type, 0.0f, g->embd_std, 2, g->n_embd, g->n_vocab, 1,
-                        "token_embd.weight")))
+    float      s_e = 1.0f / sqrtf((float)g->n_embd);
+    float      s_ff = 1.0f / sqrtf((float)g->n_ff);
+    int        rc;
+    const bool bitnet = g->arch == COMMON_ARCH_BITNET || g->arch == COMMON_ARCH_BITNET_B158;
+    /* I2_S files keep the embedding (the tied head) in f16, as Microsoft's converter does. */
+    if ((rc = synth_add(p, g->type == COMMON_GGML_TYPE_I2_S ? COMMON_GGML_TYPE_F16 : g->type, 0.0f,
+                        g->embd_std, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
         return rc;
     /* glm4moe files carry a next-token prediction block after the last layer (not run). */
     const uint32_t n_blocks = g->n_layer + (g->arch == COMMON_ARCH_GLM4MOE ? 1 : 0);
@@ -304,6 +345,14 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
                 (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, ff, 1, "blk.%u.ffn_up.weight",
                                 il)))
                 return rc;
+            if (bitnet && (rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, ff, 1, 1,
+                                          "blk.%u.ffn_sub_norm.weight", il)))
+                return rc;
+            for (int k = 0; g->arch == COMMON_ARCH_BITNET && k < 3; k++)
+                if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.5f, 0.25f, 1, 1, 1, 1,
+                                    "blk.%u.ffn_%s.scale", il,
+                                    (const char *[]){"gate", "down", "up"}[k])))
+                    return rc;
             continue;
         }
         if (((g->arch == COMMON_ARCH_DEEPSEEK2 && !g->lite) || g->arch == COMMON_ARCH_GLM4MOE) &&
@@ -344,17 +393,28 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
             return rc;
     }
     if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
-                        "output_norm.weight")) ||
+                        "output_norm.weight")))
+        return rc;
+    /* bitnet's head is the embedding (llama.cpp's bitnet graph reads no output tensor). */
+    if (!bitnet &&
         (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, g->n_vocab, 1, "output.weight")))
         return rc;
     return COMMON_OK;
 }
 
-static uint64_t synth_tensor_bytes(const struct synth_tensor *t)
+/* Bytes of one row of t as written (an I2_S layout's own size). */
+static uint64_t synth_row_bytes(const struct synth_tensor *t)
 {
     uint64_t row = 0;
+    if (t->type == COMMON_GGML_TYPE_I2_S)
+        return t->i2s_row;
     common_ggml_row_size(t->type, t->ne[0], &row);
-    return row * t->ne[1] * t->ne[2];
+    return row;
+}
+
+static uint64_t synth_tensor_bytes(const struct synth_tensor *t)
+{
+    return synth_row_bytes(t) * t->ne[1] * t->ne[2] + t->i2s_tail;
 }
 
 /* Piece k of the self-made vocabulary beyond the bytes: syllables of a made-up language
@@ -472,7 +532,11 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
         return common_errmsg_set(e, COMMON_EINVAL, "unknown routing mode %d", (int)o->routing);
     if (o->routing == EXECUTOR_SYNTH_ROUTING_BALANCED && !moe && o->n_expert == 0)
         return common_errmsg_set(e, COMMON_EINVAL, "balanced routing needs experts (--n-expert)");
-    g->embd_std = o->routing == EXECUTOR_SYNTH_ROUTING_BALANCED ? 32.0f : 1.0f;
+    /* bitnet's head is its embedding: small embeddings keep each token's own row from winning
+     * every step over what the layers add (a random model would only repeat its input). */
+    g->embd_std = o->routing == EXECUTOR_SYNTH_ROUTING_BALANCED                         ? 32.0f
+                  : g->arch == COMMON_ARCH_BITNET || g->arch == COMMON_ARCH_BITNET_B158 ? 0.05f
+                                                                                        : 1.0f;
     g->n_layer = o->n_layer ? o->n_layer : 2;
     g->n_head = o->n_head ? o->n_head : 8;
     g->n_head_kv = o->n_head_kv ? o->n_head_kv : g->n_head;
@@ -519,8 +583,16 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     const struct common_ggml_type_info *ti = common_ggml_type_get(g->type);
     if (!ti)
         return common_errmsg_set(e, COMMON_EINVAL, "unknown weight type id %u", g->type);
-    if (!executor_type_is_supported(g->type))
+    if (!executor_type_is_supported(g->type) && g->type != COMMON_GGML_TYPE_I2_S)
         return common_errmsg_set(e, COMMON_ENOTSUP, "no quantizer for type %s", ti->name);
+    if ((unsigned)o->i2s_layout > EXECUTOR_SYNTH_I2S_SPLIT32)
+        return common_errmsg_set(e, COMMON_EINVAL, "unknown i2_s layout %d", (int)o->i2s_layout);
+    if (g->type == COMMON_GGML_TYPE_I2_S && o->i2s_layout == EXECUTOR_SYNTH_I2S_QK256 &&
+        (g->n_embd % 128 != 0 || g->n_ff % 128 != 0))
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "i2_s in Microsoft's layout needs n_embd %u and n_ff %u to be "
+                                 "multiples of 128",
+                                 g->n_embd, g->n_ff);
     if (g->n_embd % g->n_head != 0 || (g->n_embd / g->n_head) % 2 != 0)
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "n_embd %u must be a multiple of n_head %u with an even head size",
@@ -532,6 +604,8 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
         return common_errmsg_set(e, COMMON_EINVAL,
                                  "n_embd %u and n_ff %u must be multiples of the %s block size %u",
                                  g->n_embd, g->n_ff, ti->name, ti->blck);
+    if (g->type == COMMON_GGML_TYPE_I2_S && g->n_expert > 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "i2_s weights are written for dense models");
     if (g->n_expert > 0 && !moe && g->arch != COMMON_ARCH_LLAMA)
         return common_errmsg_set(e, COMMON_EINVAL, "architecture %s has no experts (n_expert %u)",
                                  common_arch_name(g->arch), g->n_expert);
@@ -567,6 +641,33 @@ struct synth_job {
     int                        rc;
 };
 
+/* One row of an I2_S tensor from random values `row` (overwritten): ternary at +-0.7 standard
+ * deviations (about half the weights non-zero), times the tensor's scale in the inline and split
+ * layouts (Microsoft's keeps the scale after the codes: synth_tensors writes it). */
+static int synth_i2s_row(const struct synth_tensor *t, float *row, uint8_t *dst)
+{
+    const int64_t ne = (int64_t)t->ne[0];
+    const float   s = t->i2s_scale, cut = 0.7f * t->std;
+    for (int64_t i = 0; i < ne; i++) {
+        const float v = row[i] > cut ? 1.0f : row[i] < -cut ? -1.0f : 0.0f;
+        row[i] = t->i2s == EXECUTOR_SYNTH_I2S_QK256 ? v : v * s;
+    }
+    if (t->i2s == EXECUTOR_SYNTH_I2S_QK256)
+        return executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_Q128, row, dst, ne);
+    if (t->i2s == EXECUTOR_SYNTH_I2S_BITNET32)
+        return executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_B32H, row, dst, ne);
+    /* Split: the codes of 12-byte blocks (8 of codes, an f32 scale); the scales are the
+     * "<name>.scales" tensor (all s: an all-zero block's scale does not matter). */
+    uint8_t blk[12];
+    for (int64_t b = 0; b < ne / 32; b++) {
+        int rc = executor_quantize_row_ref(COMMON_GGML_TYPE_I2S_B32F, row + b * 32, blk, 32);
+        if (rc)
+            return rc;
+        memcpy(dst + b * 8, blk, 8);
+    }
+    return COMMON_OK;
+}
+
 static void *synth_job_run(void *arg)
 {
     struct synth_job *j = arg;
@@ -576,7 +677,10 @@ static void *synth_job_run(void *arg)
         synth_rng_seed(&rng, j->tensor_seed + 0xD1B54A32D192ED03ull * (j->first_row + k));
         float *row = j->buf + k * ne;
         synth_fill(&rng, row, (size_t)ne, j->t->mean, j->t->std);
-        int rc = executor_quantize_row_ref(j->t->type, row, j->qbuf + k * j->row_size, (int64_t)ne);
+        int rc = j->t->type == COMMON_GGML_TYPE_I2_S
+                     ? synth_i2s_row(j->t, row, j->qbuf + k * j->row_size)
+                     : executor_quantize_row_ref(j->t->type, row, j->qbuf + k * j->row_size,
+                                                 (int64_t)ne);
         if (rc) {
             j->rc = rc;
             break;
@@ -833,23 +937,32 @@ static int synth_tensors(const struct executor_synth_opts *o, const struct synth
                          : ncpu > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS
                                                     : (unsigned)ncpu;
     int      rc;
+    /* Tensor k of the plan (derived ones not counted) has seed k: the split layout's scale
+     * tensors leave every other tensor's values as in the other layouts. */
+    size_t k = 0;
     for (size_t i = 0; i < plan->n; i++) {
         const struct synth_tensor *t = &plan->t[i];
         uint64_t                   rows = t->ne[1] * t->ne[2];
-        uint64_t                   per = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
-        uint64_t                   row_size = 0;
-        common_ggml_row_size(t->type, t->ne[0], &row_size);
+        const uint64_t             tseed = seed ^ (0x9E3779B97F4A7C15ull * (k + 1));
+        k += t->derived ? 0 : 1;
+        uint64_t per = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
+        uint64_t row_size = synth_row_bytes(t);
         if (per == 0)
             return common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
         for (uint64_t r = 0; r < rows; r += per) {
             uint64_t n = rows - r < per ? rows - r : per;
-            if ((rc = synth_chunk(t, seed ^ (0x9E3779B97F4A7C15ull * (i + 1)), r, n, buf, qbuf,
-                                  row_size, n_threads)))
+            if ((rc = synth_chunk(t, tseed, r, n, buf, qbuf, row_size, n_threads)))
                 return common_errmsg_set(e, rc, "quantizing %s failed", t->name);
             if ((rc = common_gguf_writer_write_data(w, qbuf, (size_t)(n * row_size), e)))
                 return rc;
             done += n * row_size;
             synth_progress_report(pr, done);
+        }
+        if (t->i2s_tail) { /* Microsoft's layout: the tensor scale, then padding to 32 bytes */
+            uint8_t tail[32] = {0};
+            memcpy(tail, &t->i2s_scale, sizeof(float));
+            if ((rc = common_gguf_writer_write_data(w, tail, sizeof(tail), e)))
+                return rc;
         }
     }
     return COMMON_OK;
@@ -875,6 +988,7 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
         goto out_free;
     if (o->target_bytes && (rc = synth_layers_for_target(&g, o->target_bytes)))
         goto out_free;
+    plan.i2s = o->i2s_layout;
     if ((rc = synth_plan_build(&g, &plan)))
         goto out_free;
     if ((rc = synth_metadata(w, &g, o->name ? o->name : "sluice-synth")))
@@ -882,7 +996,9 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     struct synth_progress pr = {.on = o->progress, .tty = isatty(STDERR_FILENO) == 1};
     for (size_t i = 0; i < plan.n; i++) {
         const struct synth_tensor *t = &plan.t[i];
-        if ((rc = common_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne)))
+        if ((rc = common_gguf_writer_add_tensor_sized(
+                 w, t->name, t->type, t->n_dims, t->ne,
+                 t->type == COMMON_GGML_TYPE_I2_S ? synth_tensor_bytes(t) : 0)))
             goto out_free;
         pr.total += synth_tensor_bytes(t);
     }

@@ -149,6 +149,7 @@ ISA_TEST(simd_matches_ref_q6_K, COMMON_GGML_TYPE_Q6_K, 0)
 ISA_TEST(simd_matches_ref_moe_q8_0, COMMON_GGML_TYPE_Q8_0, 4)
 ISA_TEST(simd_matches_ref_moe_q4_K, COMMON_GGML_TYPE_Q4_K, 4)
 ISA_TEST(simd_matches_ref_moe_mxfp4, COMMON_GGML_TYPE_MXFP4, 4)
+ISA_TEST(simd_matches_ref_i2_s, COMMON_GGML_TYPE_I2_S, 0)
 
 /* pread of experts into a small slot pool gives the same logits as the mmap source. */
 static int test_read_span(const struct common_gguf *g, const struct common_span *s, void *dst,
@@ -563,4 +564,123 @@ Test(executor_models, gpt_oss_bad_metadata_names_the_key, .init = models_setup,
     rewrite_key(src, dst, "gpt-oss.attention.sliding_window", 0, false);
     cr_expect_lt(executor_model_open(dst, NULL, &m, &e), 0);
     cr_expect_not_null(strstr(e.text, "sliding_window is 0"), "%s", e.text);
+}
+
+/* A bitnet-b1.58 model with I2_S weights in `layout` (seed 003's three). */
+static char *write_bitnet_i2s(const char *name, enum executor_synth_i2s layout)
+{
+    size_t n = strlen(t_dir) + strlen(name) + 2;
+    char  *path = malloc(n);
+    snprintf(path, n, "%s/%s", t_dir, name);
+    struct common_errmsg       e = {{0}};
+    struct executor_synth_opts o = {.path = path,
+                                    .arch = COMMON_ARCH_BITNET_B158,
+                                    .n_ctx = 256,
+                                    .n_embd = 256,
+                                    .n_layer = 2,
+                                    .n_head = 8,
+                                    .n_head_kv = 2,
+                                    .n_ff = 384,
+                                    .type = COMMON_GGML_TYPE_I2_S,
+                                    .i2s_layout = layout,
+                                    .seed = 5};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth %s: %s", name, e.text);
+    return path;
+}
+
+/* The same ternary weights (one power-of-two scale per tensor) in Microsoft's layout, with
+ * inline f16 block scales and with a sibling scale tensor: each is recognised by its size alone
+ * and the three give the same logits to the bit, on the SIMD kernels and on the reference. */
+Test(executor_models, i2s_layouts_give_the_same_logits, .init = models_setup,
+     .fini = models_teardown, .timeout = 120)
+{
+    static const char          *names[3] = {"qk256.gguf", "bitnet32.gguf", "split32.gguf"};
+    char                       *paths[3];
+    struct executor_threadpool *pool = NULL;
+    cr_assert_eq(executor_threadpool_create(2, &pool), 0);
+    for (int l = 0; l < 3; l++)
+        paths[l] = write_bitnet_i2s(names[l], (enum executor_synth_i2s)l);
+    /* Which layout each file was read as: the kernel type of a weight view. */
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(paths[2], NULL, &g, NULL), 0);
+    cr_expect_not_null(common_gguf_tensor_find(g, "blk.0.ffn_down.scales"));
+    common_gguf_close(g);
+    executor_kernels_init();
+    const enum executor_isa best = executor_kernels_active();
+    uint32_t                nv = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        cr_assert_eq(executor_kernels_select(pass ? EXECUTOR_ISA_REF : best), 0);
+        float *ref = run_logits(paths[0], pool, &nv);
+        float  amax = 0.0f;
+        for (uint32_t i = 0; i < nv; i++) {
+            cr_assert(isfinite(ref[i]));
+            amax = fmaxf(amax, fabsf(ref[i]));
+        }
+        cr_expect_gt(amax, 0.0f, "logits are all zero");
+        for (int l = 1; l < 3; l++) {
+            float *got = run_logits(paths[l], pool, &nv);
+            cr_expect_arr_eq(got, ref, nv * sizeof(float), "%s and %s differ (%s)", names[l],
+                             names[0], executor_isa_name(executor_kernels_active()));
+            free(got);
+        }
+        free(ref);
+    }
+    cr_assert_eq(executor_kernels_select(best), 0);
+    for (int l = 0; l < 3; l++)
+        free(paths[l]);
+    executor_threadpool_destroy(pool);
+}
+
+/* Copies the GGUF at `src` to `dst`, giving tensor `name` `extra` more bytes of data (zeros). */
+static void rewrite_grown(const char *src, const char *dst, const char *name, uint64_t extra)
+{
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(src, NULL, &g, NULL), 0);
+    struct common_gguf_writer *w = NULL;
+    cr_assert_eq(common_gguf_writer_create(&w, 32), 0);
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++)
+        cr_assert_eq(common_gguf_writer_copy_kv(w, common_gguf_kv_at(g, i)), 0);
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        const uint64_t                   more = strcmp(t->name, name) == 0 ? extra : 0;
+        cr_assert_eq(common_gguf_writer_add_tensor_sized(
+                         w, t->name, t->type, t->n_dims, t->ne,
+                         t->type == COMMON_GGML_TYPE_I2_S ? t->size + more : 0),
+                     0);
+    }
+    cr_assert_eq(common_gguf_writer_begin(w, dst, NULL), 0);
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        const uint64_t                   more = strcmp(t->name, name) == 0 ? extra : 0;
+        char                            *buf = calloc(1, t->size + more);
+        cr_assert_eq(pread(common_gguf_split_fd(g, 0), buf, t->size, (off_t)t->offset),
+                     (ssize_t)t->size);
+        cr_assert_eq(common_gguf_writer_write_data(w, buf, t->size + more, NULL), 0);
+        free(buf);
+    }
+    cr_assert_eq(common_gguf_writer_finish(w, NULL), 0);
+    common_gguf_writer_destroy(w);
+    common_gguf_close(g);
+}
+
+/* I2_S data whose size fits none of the three layouts is refused with the tensor and the sizes
+ * named; a grown tensor within the tolerance still loads. */
+Test(executor_models, i2s_size_fitting_no_layout_is_refused, .init = models_setup,
+     .fini = models_teardown, .timeout = 60)
+{
+    char *src = write_bitnet_i2s("ok.gguf", EXECUTOR_SYNTH_I2S_BITNET32);
+    char  dst[4096];
+    snprintf(dst, sizeof(dst), "%s/bad.gguf", t_dir);
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    rewrite_grown(src, dst, "blk.1.attn_k.weight", 96);
+    cr_assert_eq(executor_model_open(dst, NULL, &m, &e), 0, "%s", e.text);
+    executor_model_destroy(m);
+    m = NULL;
+    rewrite_grown(src, dst, "blk.1.attn_k.weight", 1024);
+    cr_assert_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ECORRUPT, "%s", e.text);
+    cr_expect_null(m);
+    cr_expect(strstr(e.text, "blk.1.attn_k.weight") && strstr(e.text, "fit no layout"),
+              "message should name the tensor: %s", e.text);
+    free(src);
 }

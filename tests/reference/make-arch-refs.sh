@@ -22,6 +22,7 @@ gcc -O2 -I"$peer/include" -I"$peer/ggml/include" tests/reference/peer_greedy.c \
     -L"$peer/build/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$peer/build/bin" -o "$tmp/peer_greedy"
 text=${SLUICE_REF_TEXT:-../shared/fixtures/moe-tiny/eval.txt}
 prompt=1,300,301,302,303,310,320,330,340,350,360,370,380,390,400,410
+[ -n "${SLUICE_REF_ONLY:-}" ] && cp "$out" "$tmp/old"
 {
     echo "# llama.cpp greedy ids on random-weight models written by sluice mkmodel (32 steps,"
     echo "# prompt $prompt), made by tests/reference/make-arch-refs.sh with the peer at"
@@ -57,6 +58,20 @@ for type in f32 q8_0; do
     cases+=("deepseek2 $type|--arch deepseek2 --preset tiny --n-layer 3 --n-vocab 512 --n-ff 128 --type $type --seed 11|$greedy")
     cases+=("deepseek2-lite $type|--arch deepseek2 --lite --n-embd 128 --n-head 4 --n-layer 27 --n-vocab 512 --n-ff 64 --type $type --seed 11|$greedy")
 done
+# bitnet: sub-norms before the output and down projections, a per-tensor scale on each of the
+# seven projections, NeoX RoPE, the head tied to the embedding; its ternary types (256-wide rows).
+for type in f32 tq1_0 tq2_0; do
+    cases+=("bitnet $type|--arch bitnet --preset tiny --n-embd 256 --n-vocab 512 --n-ff 256 --n-head-kv 4 --type $type --seed 11|yes")
+done
+# SLUICE_REF_ONLY=REGEX: only the cases whose name matches, appended to OUT (header kept).
+if [ -n "${SLUICE_REF_ONLY:-}" ]; then
+    grep -av '^#' "$tmp/old" | grep -Ev "^(${SLUICE_REF_ONLY}) " >> "$out" || true
+    kept=()
+    for c in "${cases[@]}"; do
+        [[ "${c%%|*}" =~ ^(${SLUICE_REF_ONLY})\  ]] && kept+=("$c")
+    done
+    cases=("${kept[@]}")
+fi
 for c in "${cases[@]}"; do
     IFS='|' read -r name args greedy <<< "$c"
     m="$tmp/model.gguf"
