@@ -594,11 +594,18 @@ static float avx2_dot_q6_K(int64_t n, const void *w, const void *a)
 /* ------------------------------------------------------------------------------------------ */
 
 /* Both ternary dots multiply the unsigned quants t (0..2, TQ2_0 0..3) by the activations with
- * vpmaddubsw and take off sum(a) (the Q8_K bsums) once per block: sum((t - 1) * a), exact in int32
- * lanes. The lanes are added into the block's integer sum, scaled with ref.c's float operations:
- * ref.c's bits where the compiler does not contract them (GCC in C11 mode). Scaling the lanes one
- * by one, as the K-quant dots do, erred up to 1.5e-6 of sum |w * a| in the tests: the lanes mix
- * products and bsums of different elements, so they are much larger than the block's sum. */
+ * vpmaddubsw and take off the Q8_K bsums in pairs: int32 lane k holds what llama.cpp's x86 kernel
+ * puts there (ref.c), scaled by d_a * d_w with one FMA per lane and block and summed at the end as
+ * ggml's hsum_float_8 does: llama.cpp's bits. */
+
+/* ggml's hsum_float_8: (l0 + l4 + (l2 + l6)) + (l1 + l5 + (l3 + l7)). */
+static inline float avx2_hsum_ps_ggml(__m256 v)
+{
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
 
 /* The 16 bsums of a Q8_K block summed in pairs into 8 int32 lanes. */
 static inline __m256i avx2_bsums_i32(const int16_t *bsums)
@@ -635,7 +642,7 @@ static float avx2_dot_tq1_0(int64_t n, const void *w, const void *a)
     const struct executor_block_tq1_0 *x = w;
     const struct executor_block_q8_K  *y = a;
     const int64_t                      nb = n / EXECUTOR_QK_K;
-    float                              sumf = 0.0f;
+    __m256                             acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const int8_t *q8 = y[i].qs;
         __m256i       sumi = _mm256_sub_epi32(_mm256_setzero_si256(), avx2_bsums_i32(y[i].bsums));
@@ -665,9 +672,10 @@ static float avx2_dot_tq1_0(int64_t n, const void *w, const void *a)
             const __m256i q8k = _mm256_loadu_si256((const __m256i *)(q8 + 160 + 32 * k));
             sumi = _mm256_add_epi32(sumi, avx2_dot_u8(avx2_tq1_top_trit(v[k]), q8k));
         }
-        sumf += (float)avx2_hsum_epi32(sumi) * (avx2_fp16(x[i].d) * y[i].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(y[i].d * avx2_fp16(x[i].d)),
+                              acc);
     }
-    return sumf;
+    return avx2_hsum_ps_ggml(acc);
 }
 
 /* TQ2_0: bits 2k..2k+1 of 32 bytes meet 32 consecutive activations. */
@@ -677,7 +685,7 @@ static float avx2_dot_tq2_0(int64_t n, const void *w, const void *a)
     const struct executor_block_q8_K  *y = a;
     const int64_t                      nb = n / EXECUTOR_QK_K;
     const __m256i                      m3 = _mm256_set1_epi8(3);
-    float                              sumf = 0.0f;
+    __m256                             acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const int8_t *q8 = y[i].qs;
         __m256i       sumi = _mm256_sub_epi32(_mm256_setzero_si256(), avx2_bsums_i32(y[i].bsums));
@@ -689,9 +697,10 @@ static float avx2_dot_tq2_0(int64_t n, const void *w, const void *a)
                     _mm256_add_epi32(sumi, avx2_dot_u8(t, _mm256_loadu_si256((const __m256i *)q8)));
             }
         }
-        sumf += (float)avx2_hsum_epi32(sumi) * (avx2_fp16(x[i].d) * y[i].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(y[i].d * avx2_fp16(x[i].d)),
+                              acc);
     }
-    return sumf;
+    return avx2_hsum_ps_ggml(acc);
 }
 
 /* ------------------------------------------------------------------------------------------ */

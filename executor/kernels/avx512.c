@@ -895,17 +895,31 @@ static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
 /* ------------------------------------------------------------------------------------------ */
 
 /* Both ternary dots build four 64-byte vectors of unsigned quants t (0..2, TQ2_0 0..3) in the
- * activations' element order and multiply them with vpdpbusd; the int32 lanes start from -sum(a)
- * (the Q8_K bsums widened), so they hold sum((t - 1) * a) exactly; they are added into the
- * block's integer sum and scaled with ref.c's float operations (see avx2.c). TQ1_0's trits come
- * from byte * 3^k (two byte adds per power, all bytes at once) read at the top with two unsigned
- * compares: (q * 3) >> 8 is (q >= 86) + (q >= 171). */
+ * activations' element order and multiply them with vpdpbusd; int32 lane m of a 64-byte product
+ * holds bytes 4m..4m+3, so the two 256-bit halves added give llama.cpp's x86 lanes (ref.c), from
+ * which the Q8_K bsums are taken off in pairs; the lanes are scaled with one FMA per lane and
+ * block and summed as ggml's hsum_float_8 (see avx2.c). TQ1_0's trits come from byte * 3^k (two
+ * byte adds per power, all bytes at once) read at the top with two unsigned compares: (q * 3) >> 8
+ * is (q >= 86) + (q >= 171). */
 
-/* The 16 bsums of a Q8_K block, negated, one per int32 lane. */
-static inline __m512i avx512_neg_bsums(const int16_t *bsums)
+/* The lanes of llama.cpp's x86 ternary kernels from a 16-lane product sum and the block's bsums,
+ * accumulated into acc: acc += (lanes - bsum pairs) * d with one rounding per lane. */
+static inline __m256 avx512_ternary_acc(__m512i sumi, const int16_t *bsums, float d, __m256 acc)
 {
-    const __m512i b = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)bsums));
-    return _mm512_sub_epi32(_mm512_setzero_si512(), b);
+    const __m256i l =
+        _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+    const __m256i b =
+        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(l, b)), _mm256_set1_ps(d), acc);
+}
+
+/* ggml's hsum_float_8: (l0 + l4 + (l2 + l6)) + (l1 + l5 + (l3 + l7)). */
+static inline float avx512_hsum_ps_ggml(__m256 v)
+{
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
 }
 
 static inline __m256i avx512_tq1_times3(__m256i x)
@@ -933,7 +947,7 @@ static float avx512_dot_tq1_0(int64_t n, const void *w, const void *a)
     const struct executor_block_tq1_0 *x = w;
     const struct executor_block_q8_K  *y = a;
     const int64_t                      nb = n / EXECUTOR_QK_K;
-    float                              sumf = 0.0f;
+    __m256                             acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
         _mm_prefetch(pf, _MM_HINT_T0);
@@ -960,13 +974,13 @@ static float avx512_dot_tq1_0(int64_t n, const void *w, const void *a)
             _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(r[3], r[2])),
                                _mm256_set_m128i(h, r[4]), 1),
         };
-        __m512i sumi = avx512_neg_bsums(y[i].bsums);
+        __m512i sumi = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++)
             sumi = _mm512_dpbusd_epi32(sumi, avx512_tq1_top_trit(v[c]),
                                        _mm512_loadu_si512(y[i].qs + 64 * c));
-        sumf += (float)_mm512_reduce_add_epi32(sumi) * (avx512_fp16(x[i].d) * y[i].d);
+        acc = avx512_ternary_acc(sumi, y[i].bsums, y[i].d * avx512_fp16(x[i].d), acc);
     }
-    return sumf;
+    return avx512_hsum_ps_ggml(acc);
 }
 
 /* TQ2_0: each 32 qs bytes, in both halves of a vector, shifted right by 0 | 2 (then 4 | 6) bits
@@ -979,12 +993,12 @@ static float avx512_dot_tq2_0(int64_t n, const void *w, const void *a)
     const __m512i                      m3 = _mm512_set1_epi8(3);
     const __m512i                      sh01 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
     const __m512i                      sh23 = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
-    float                              sumf = 0.0f;
+    __m256                             acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
         _mm_prefetch(pf, _MM_HINT_T0);
         _mm_prefetch(pf + 64, _MM_HINT_T0);
-        __m512i sumi = avx512_neg_bsums(y[i].bsums);
+        __m512i sumi = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             const __m512i b =
                 _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h)));
@@ -994,9 +1008,9 @@ static float avx512_dot_tq2_0(int64_t n, const void *w, const void *a)
             sumi = _mm512_dpbusd_epi32(sumi, _mm512_and_si512(_mm512_srlv_epi64(b, sh23), m3),
                                        _mm512_loadu_si512(q8 + 64));
         }
-        sumf += (float)_mm512_reduce_add_epi32(sumi) * (avx512_fp16(x[i].d) * y[i].d);
+        acc = avx512_ternary_acc(sumi, y[i].bsums, y[i].d * avx512_fp16(x[i].d), acc);
     }
-    return sumf;
+    return avx512_hsum_ps_ggml(acc);
 }
 
 /* ------------------------------------------------------------------------------------------ */

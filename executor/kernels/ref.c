@@ -767,36 +767,56 @@ static float dot_q6_K(int64_t n, const void *w, const void *a)
 
 /* Ternary x Q8_K (ggml_vec_dot_tq{1,2}_0_q8_K_generic): the exact integer sum of a block, then
  * one float multiply-add by d_w * d_a. */
+/* The ternary dots give the bits of llama.cpp's x86 CPU backend (its AVX2 kernels, built with
+ * FMA: what a user of llama.cpp on x86 runs), not of ggml's generic loop: 8 int32 lanes, lane k
+ * holding the unsigned quants (q + 1) times the activations of elements 32g + 4k .. 32g + 4k + 3
+ * of every 32-element group g, minus the activations of group k (Q8_K bsums 2k and 2k + 1); each
+ * block scales the lanes by d = d_a * d_w with one fused multiply-add per lane, and the lanes are
+ * summed at the end as (l0 + l4 + (l2 + l6)) + (l1 + l5 + (l3 + l7)) (ggml's hsum_float_8). */
+static void ref_ternary_lanes(const int8_t q[EXECUTOR_QK_K], const struct executor_block_q8_K *y,
+                              float d, float acc[8])
+{
+    int32_t lane[8];
+    for (int k = 0; k < 8; k++)
+        lane[k] = -(y->bsums[2 * k] + y->bsums[2 * k + 1]);
+    for (int e = 0; e < EXECUTOR_QK_K; e++)
+        lane[(e % 32) / 4] += (q[e] + 1) * y->qs[e];
+    for (int k = 0; k < 8; k++)
+        acc[k] = fmaf((float)lane[k], d, acc[k]);
+}
+
+static float ref_ternary_hsum(const float acc[8])
+{
+    const float r0 = acc[4] + acc[0], r1 = acc[5] + acc[1];
+    const float r2 = acc[6] + acc[2], r3 = acc[7] + acc[3];
+    const float s0 = r0 + r2, s1 = r1 + r3;
+    return s0 + s1;
+}
+
 static float dot_tq1_0(int64_t n, const void *w, const void *a)
 {
     const struct executor_block_tq1_0 *x = w;
     const struct executor_block_q8_K  *y = a;
-    float                              sumf = 0.0f;
+    float                              acc[8] = {0};
     int8_t                             q[EXECUTOR_QK_K];
     for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++) {
         ref_tq1_0_unpack(&x[i], q);
-        int sum = 0;
-        for (int j = 0; j < EXECUTOR_QK_K; j++)
-            sum += q[j] * y[i].qs[j];
-        sumf += (float)sum * (kimpl_fp16_to_fp32(x[i].d) * y[i].d);
+        ref_ternary_lanes(q, &y[i], y[i].d * kimpl_fp16_to_fp32(x[i].d), acc);
     }
-    return sumf;
+    return ref_ternary_hsum(acc);
 }
 
 static float dot_tq2_0(int64_t n, const void *w, const void *a)
 {
     const struct executor_block_tq2_0 *x = w;
     const struct executor_block_q8_K  *y = a;
-    float                              sumf = 0.0f;
+    float                              acc[8] = {0};
     int8_t                             q[EXECUTOR_QK_K];
     for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++) {
         ref_tq2_0_unpack(&x[i], q);
-        int sum = 0;
-        for (int j = 0; j < EXECUTOR_QK_K; j++)
-            sum += q[j] * y[i].qs[j];
-        sumf += (float)sum * (y[i].d * kimpl_fp16_to_fp32(x[i].d));
+        ref_ternary_lanes(q, &y[i], y[i].d * kimpl_fp16_to_fp32(x[i].d), acc);
     }
-    return sumf;
+    return ref_ternary_hsum(acc);
 }
 
 /* I2_S x Q8_0: the exact integer sum of each 32 elements (one activation block), then per block

@@ -222,3 +222,10 @@ Test(cli_archs, deepseek2_lite_matches_llama_cpp_and_streams, .timeout = 300)
 {
     check_arch("deepseek2-lite", true);
 }
+
+/* bitnet: sub-norms before the output and down projections, a per-tensor scale after each of the
+ * seven projections, NeoX RoPE, the embedding as the head; F32 and the ternary TQ1_0 and TQ2_0. */
+Test(cli_archs, bitnet_matches_llama_cpp, .timeout = 300)
+{
+    check_arch("bitnet", false);
+}
