@@ -41,10 +41,11 @@ static int64_t model_i2s_sibling(const struct common_gguf *g, const struct commo
  * tensor (t->size) tell the layout: Microsoft's (2-bit codes in 128-element groups, one f32
  * scale after them: n / 4 + 32 bytes), 32-element blocks of codes and an inline f16 scale
  * (n / 32 * 10), or 32-element blocks of codes (n / 4) beside a sibling tensor of block scales.
- * Each within MODEL_I2S_TOLERANCE bytes; a sibling of the right size decides for the split
- * layout (its codes take as many bytes as Microsoft's), otherwise the nearer of the two others
- * (Microsoft's on a tie, as the seed orders them). The split layout is rebuilt once with f32
- * scales inline (m->bufs); the two others are read in place. */
+ * Each within MODEL_I2S_TOLERANCE bytes (the inline layout, read in place, never short of its
+ * size; the others' codes are all there, as the parser checked); a sibling of the right size
+ * decides for the split layout (its codes take as many bytes as Microsoft's), otherwise the nearer
+ * of the two others (Microsoft's on a tie, as the seed orders them). The split layout is rebuilt
+ * once with f32 scales inline (m->bufs); the two others are read in place. */
 static int model_i2s(struct executor_model *m, const struct common_gguf_tensor *t, const void *data,
                      struct executor_mat *out, struct common_errmsg *e)
 {
@@ -106,7 +107,7 @@ static int model_i2s(struct executor_model *m, const struct common_gguf_tensor *
         out->out_scale = scale;
         return 0;
     }
-    if (di <= MODEL_I2S_TOLERANCE) {
+    if (di <= MODEL_I2S_TOLERANCE && avail >= need_i) { /* read in place: every block there */
         out->data = data;
         out->type = COMMON_GGML_TYPE_I2S_B32H;
         out->row_bytes = (size_t)blocks * 10;

@@ -631,8 +631,9 @@ Test(executor_models, i2s_layouts_give_the_same_logits, .init = models_setup,
     executor_threadpool_destroy(pool);
 }
 
-/* Copies the GGUF at `src` to `dst`, giving tensor `name` `extra` more bytes of data (zeros). */
-static void rewrite_grown(const char *src, const char *dst, const char *name, uint64_t extra)
+/* Copies the GGUF at `src` to `dst`, giving tensor `name` `extra` more bytes of data (zeros; a
+ * negative `extra` cuts its end off). */
+static void rewrite_grown(const char *src, const char *dst, const char *name, int64_t extra)
 {
     struct common_gguf *g = NULL;
     cr_assert_eq(common_gguf_open(src, NULL, &g, NULL), 0);
@@ -642,20 +643,22 @@ static void rewrite_grown(const char *src, const char *dst, const char *name, ui
         cr_assert_eq(common_gguf_writer_copy_kv(w, common_gguf_kv_at(g, i)), 0);
     for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
         const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
-        const uint64_t                   more = strcmp(t->name, name) == 0 ? extra : 0;
-        cr_assert_eq(common_gguf_writer_add_tensor_sized(
-                         w, t->name, t->type, t->n_dims, t->ne,
-                         t->type == COMMON_GGML_TYPE_I2_S ? t->size + more : 0),
+        const int64_t                    more = strcmp(t->name, name) == 0 ? extra : 0;
+        cr_assert_eq(common_gguf_writer_add_tensor_sized(w, t->name, t->type, t->n_dims, t->ne,
+                                                         t->type == COMMON_GGML_TYPE_I2_S
+                                                             ? (uint64_t)((int64_t)t->size + more)
+                                                             : 0),
                      0);
     }
     cr_assert_eq(common_gguf_writer_begin(w, dst, NULL), 0);
     for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
         const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
-        const uint64_t                   more = strcmp(t->name, name) == 0 ? extra : 0;
-        char                            *buf = calloc(1, t->size + more);
+        const int64_t                    more = strcmp(t->name, name) == 0 ? extra : 0;
+        const uint64_t                   size = (uint64_t)((int64_t)t->size + more);
+        char                            *buf = calloc(1, t->size + (more > 0 ? (uint64_t)more : 0));
         cr_assert_eq(pread(common_gguf_split_fd(g, 0), buf, t->size, (off_t)t->offset),
                      (ssize_t)t->size);
-        cr_assert_eq(common_gguf_writer_write_data(w, buf, t->size + more, NULL), 0);
+        cr_assert_eq(common_gguf_writer_write_data(w, buf, size, NULL), 0);
         free(buf);
     }
     cr_assert_eq(common_gguf_writer_finish(w, NULL), 0);
@@ -664,7 +667,7 @@ static void rewrite_grown(const char *src, const char *dst, const char *name, ui
 }
 
 /* I2_S data whose size fits none of the three layouts is refused with the tensor and the sizes
- * named; a grown tensor within the tolerance still loads. */
+ * named, and so is one a little short of its layout; a little longer still loads. */
 Test(executor_models, i2s_size_fitting_no_layout_is_refused, .init = models_setup,
      .fini = models_teardown, .timeout = 60)
 {
@@ -677,6 +680,10 @@ Test(executor_models, i2s_size_fitting_no_layout_is_refused, .init = models_setu
     cr_assert_eq(executor_model_open(dst, NULL, &m, &e), 0, "%s", e.text);
     executor_model_destroy(m);
     m = NULL;
+    /* 96 bytes short: near enough in size, but the kernels would read past its data. */
+    rewrite_grown(src, dst, "blk.1.attn_k.weight", -96);
+    cr_assert_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ECORRUPT, "%s", e.text);
+    cr_expect_null(m);
     rewrite_grown(src, dst, "blk.1.attn_k.weight", 1024);
     cr_assert_eq(executor_model_open(dst, NULL, &m, &e), COMMON_ECORRUPT, "%s", e.text);
     cr_expect_null(m);
