@@ -659,3 +659,53 @@ Test(pipeline_sluicectl, down_stops_daemons_of_a_killed_monitor, .timeout = 300,
     free(dir);
     free(model);
 }
+
+/* A dense model (bitnet, TQ2_0) needs no fetcher: `up` starts the executor and the router only,
+ * the client's greedy text equals `sluice run`'s in one process, and a --ram-budget (which
+ * streams routed experts) is refused with the reason. */
+Test(pipeline_sluicectl, dense_model_runs_without_fetchers, .timeout = 300, .fini = stop_leftovers)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char model[1024], cmd[8192];
+    int  st;
+    snprintf(model, sizeof(model), "%s/bitnet.gguf", dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice mkmodel -q --arch bitnet --preset tiny --n-embd 256 --n-ff 256 "
+             "--type tq2_0 -o '%s'",
+             BIN, model);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", out);
+    free(out);
+    char run_dir[1024];
+    snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
+    out = sluicectl_up_with(run_dir, model, 1, "--ram-budget 64M", &st);
+    cr_expect_neq(st, 0, "a budget for a dense model: %s", out);
+    cr_expect(strstr(out, "dense"), "the reason: %s", out);
+    free(out);
+    out = sluicectl_up(run_dir, model, 1, &st);
+    cr_assert_eq(st, 0, "up: %s", out);
+    free(out);
+    struct row rows[8];
+    const int  n = status_rows(run_dir, rows, 8, &st, NULL);
+    cr_expect_eq(n, 2, "executor and router only");
+    cr_expect_eq(count_ready(rows, n), 2);
+    snprintf(cmd, sizeof(cmd), "%s/sluice generate --run-dir '%s' -p 'hello world' -n 12 --temp 0",
+             BIN, run_dir);
+    char *daemons = sh(cmd, &st);
+    cr_assert_eq(st, 0, "generate: %s", daemons);
+    snprintf(cmd, sizeof(cmd), "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0", BIN, model);
+    char *single = sh(cmd, &st);
+    cr_assert_eq(st, 0, "run: %s", single);
+    /* The first line of each is the generated text. */
+    cr_expect_eq(strcspn(daemons, "\n"), strcspn(single, "\n"));
+    cr_expect(strncmp(daemons, single, strcspn(single, "\n")) == 0,
+              "daemons gave:\n%s\none process gave:\n%s", daemons, single);
+    free(daemons);
+    free(single);
+    sluicectl_down(run_dir);
+    t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+}
