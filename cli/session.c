@@ -172,10 +172,9 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
         en->desc = NULL;
         return rc;
     }
+    /* A dense model streams its FFNs, one "expert" per layer (attention stays resident). */
     if (!common_model_is_moe(en->desc))
-        return common_errmsg_set(e, COMMON_EINVAL,
-                                 "--ram-budget and --io stream routed experts; this model is "
-                                 "dense (run it without them)");
+        (void)common_model_stream_dense(en->desc);
     struct common_ctx_layout lay;
     if ((rc = common_ctx_layout_compute(
              &en->desc->hp,

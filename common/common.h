@@ -561,6 +561,8 @@ struct common_model {
                                      + n_expert_used bundles per layer */
     uint64_t bytes_unused;        /* tensors of blocks past n_layer (glm4moe's next-token
                                      prediction layers): never read */
+    bool ffn_streamed;            /* a dense model whose FFN is streamed as one expert per layer
+                                     (common_model_stream_dense) */
 };
 
 /* Returns the static name of an architecture ("llama", ...). */
@@ -596,6 +598,13 @@ uint32_t common_kv_layer_positions(const struct common_hparams *hp, uint32_t n_c
 /* True for tensor `index` of a block the forward pass does not run (glm4moe's next-token
  * prediction layers, blk.N with N >= n_layer): not loaded, not counted as resident. */
 bool common_model_tensor_is_unused(const struct common_model *m, uint64_t index);
+
+/* Presents a dense model's FFN as one routed "expert" per layer, always chosen with weight 1, so
+ * that the streaming machinery (the fetcher's plan and pool, the executor's expert source) reads
+ * it from storage under a memory budget: n_expert = n_expert_used = 1, n_ff_exp = n_ff, each
+ * layer's ffn_gate/up/down in the expert roles, the byte totals recomputed (the FFN leaves the
+ * resident bytes); sets ffn_streamed. Returns 0, or COMMON_EINVAL for a model with experts. */
+int common_model_stream_dense(struct common_model *m);
 
 /* Where part `part` of expert `expert` of layer `layer` lives. Returns 0, or COMMON_EINVAL for a
  * dense model or layer, or out-of-range arguments. */

@@ -777,6 +777,8 @@ static int model_layer(struct common_model *m, uint32_t il, struct common_errmsg
 static void model_totals(struct common_model *m)
 {
     const struct common_gguf *g = m->gguf;
+    m->bytes_total = m->bytes_experts = m->bytes_expert_bundle = 0;
+    m->bytes_unused = m->bytes_resident = m->bytes_active = 0;
     for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++)
         m->bytes_total += common_gguf_tensor_at(g, i)->size;
     uint64_t active_experts = 0;
@@ -882,6 +884,24 @@ int common_model_init(struct common_model *m, const struct common_gguf *g, struc
         }
     }
     model_drop_unbacked(m);
+    model_totals(m);
+    return COMMON_OK;
+}
+
+int common_model_stream_dense(struct common_model *m)
+{
+    if (m->hp.n_expert)
+        return COMMON_EINVAL;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        int64_t *t = m->layers[il].tensor;
+        t[COMMON_ROLE_FFN_GATE_EXPS] = t[COMMON_ROLE_FFN_GATE];
+        t[COMMON_ROLE_FFN_UP_EXPS] = t[COMMON_ROLE_FFN_UP];
+        t[COMMON_ROLE_FFN_DOWN_EXPS] = t[COMMON_ROLE_FFN_DOWN];
+        t[COMMON_ROLE_FFN_GATE] = t[COMMON_ROLE_FFN_UP] = t[COMMON_ROLE_FFN_DOWN] = -1;
+    }
+    m->hp.n_expert = m->hp.n_expert_used = 1;
+    m->hp.n_ff_exp = m->hp.n_ff;
+    m->ffn_streamed = true;
     model_totals(m);
     return COMMON_OK;
 }

@@ -580,13 +580,16 @@ static void fwd_swiglu(struct executor_ctx *c, const float *xin, uint32_t n,
     executor_fwd_swiglu_down(c, n, down);
 }
 
-/* bitnet's FFN: silu(g) * u (relu(g)^2 * u for bitnet-b1.58), the ffn_sub_norm over each row
- * of n_ff, then the down product into c->tmp (llama.cpp's build_ffn and sub-norm). */
-static void fwd_bitnet_ffn(struct executor_ctx *c, const struct executor_layer_w *lw, uint32_t n)
+/* A dense FFN's gate and up products of rows `xin` into c->ga: silu(g) * u, or relu(g)^2 * u
+ * (bitnet-b1.58), then bitnet's ffn_sub_norm over each row when `sub_norm` is given (llama.cpp's
+ * build_ffn and sub-norm). Without either it is executor_fwd_swiglu_gate_up. */
+void executor_fwd_dense_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                                const struct executor_mat *gate, const struct executor_mat *up,
+                                const float *sub_norm)
 {
     const struct common_hparams *hp = &c->m->desc->hp;
-    const int64_t                nf = lw->gate.rows;
-    fwd_gate_up_products(c, c->xn, n, &lw->gate, &lw->up);
+    const int64_t                nf = gate->rows;
+    fwd_gate_up_products(c, xin, n, gate, up);
     for (size_t i = 0; i < (size_t)n * (size_t)nf; i++) {
         if (hp->ffn_relu2) {
             const float r = c->ga[i] > 0.0f ? c->ga[i] : 0.0f;
@@ -596,10 +599,9 @@ static void fwd_bitnet_ffn(struct executor_ctx *c, const struct executor_layer_w
             c->ga[i] = fwd_silu(c->ga[i]) * c->up[i];
         }
     }
-    for (uint32_t t = 0; t < n; t++)
-        fwd_rmsnorm(c->ga + (size_t)t * (size_t)nf, c->ga + (size_t)t * (size_t)nf,
-                    lw->ffn_sub_norm, (uint32_t)nf, hp->rms_eps);
-    executor_fwd_swiglu_down(c, n, &lw->down);
+    for (uint32_t t = 0; sub_norm && t < n; t++)
+        fwd_rmsnorm(c->ga + (size_t)t * (size_t)nf, c->ga + (size_t)t * (size_t)nf, sub_norm,
+                    (uint32_t)nf, hp->rms_eps);
 }
 
 static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
@@ -611,10 +613,14 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
         fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, lw->ffn_norm, ne, hp->rms_eps);
     if (lw->gate_inp.data)
         return executor_fwd_moe(c, il, n);
-    if (lw->ffn_sub_norm)
-        fwd_bitnet_ffn(c, lw, n);
-    else
+    if (lw->ffn_streamed)
+        return executor_fwd_ffn_streamed(c, il, n);
+    if (lw->ffn_sub_norm || c->m->desc->hp.ffn_relu2) {
+        executor_fwd_dense_gate_up(c, c->xn, n, &lw->gate, &lw->up, lw->ffn_sub_norm);
+        executor_fwd_swiglu_down(c, n, &lw->down);
+    } else {
         fwd_swiglu(c, c->xn, n, &lw->gate, &lw->up, &lw->down);
+    }
     for (size_t i = 0; i < (size_t)n * ne; i++)
         c->x[i] = c->tmp[i] + c->x[i];
     return 0;

@@ -182,6 +182,15 @@ void executor_fwd_oai_gate_up(struct executor_ctx *c, const float *xin, uint32_t
                               const float *gb, const float *ub);
 /* The down product of c->ga (n rows of down->cols) into c->tmp. */
 void executor_fwd_swiglu_down(struct executor_ctx *c, uint32_t n, const struct executor_mat *down);
+/* A dense FFN's gate/up into c->ga: silu(g) * u or relu(g)^2 * u (ffn_relu2), then the
+ * ffn_sub_norm over each row when sub_norm is not NULL (bitnet). */
+void executor_fwd_dense_gate_up(struct executor_ctx *c, const float *xin, uint32_t n,
+                                const struct executor_mat *gate, const struct executor_mat *up,
+                                const float *sub_norm);
+/* A dense FFN streamed as expert 0 of layer il (common_model_stream_dense) for the n rows of
+ * c->xn, added to c->x; the next layers' FFNs asked for ahead. Returns 0 or an error of the
+ * weight source. */
+int executor_fwd_ffn_streamed(struct executor_ctx *c, uint32_t il, uint32_t n);
 
 /* ---- the MoE layer (moe.c) ---------------------------------------------------------------- */
 

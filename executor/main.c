@@ -22,6 +22,7 @@ struct main_config {
     enum common_cache_type cache_type;
     uint32_t               connect_timeout_s;
     bool                   direct_reads;
+    bool                   stream_dense;
 };
 
 #define PROG "sluice-executor"
@@ -98,6 +99,11 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .help = "read experts already in a fetcher's pool in place, while the pool evicts "
                  "nothing, instead of pinning each part by a request",
          .def = "on"},
+        {.name = "stream-dense",
+         .type = COMMON_OPT_SWITCH,
+         .target = &c->stream_dense,
+         .help = "a dense model: take each layer's FFN from the fetchers (which serve it as one "
+                 "expert per layer) instead of mapping the whole file"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -107,7 +113,8 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
             "The executor daemon: holds the resident weights and one KV cache per sequence, runs "
             "the forward pass for the router (EVAL steps over shared-memory rings) and takes the "
             "routed experts of a MoE model from the fetcher daemons of DIR. A dense model needs "
-            "no fetcher. Listens on ipc://DIR/executor.ctl.",
+            "no fetcher, unless --stream-dense takes its FFNs from them. Listens on "
+            "ipc://DIR/executor.ctl.",
         .epilog = "SIGTERM or SIGINT (or a SHUTDOWN request) drains, removes the socket, pid file "
                   "and rings it created, and exits 0. Exit status 2: a usage error; 1: an "
                   "unusable model, or a fetcher that did not answer within --connect-timeout.",
@@ -162,6 +169,8 @@ static int main_load(struct main_state *st, const struct main_config *c, uint64_
         st->desc = NULL;
         return rc;
     }
+    if (!common_model_is_moe(st->desc) && c->stream_dense)
+        (void)common_model_stream_dense(st->desc);
     if (!common_model_is_moe(st->desc)) {
         common_model_fini(st->desc);
         free(st->desc);

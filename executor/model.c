@@ -37,88 +37,110 @@ static int64_t model_i2s_sibling(const struct common_gguf *g, const struct commo
     return (int64_t)(s - common_gguf_tensor_at(g, 0));
 }
 
-/* An I2_S tensor (seed 003's three layouts) as the kernels read it. The bytes up to the next
- * tensor (t->size) tell the layout: Microsoft's (2-bit codes in 128-element groups, one f32
- * scale after them: n / 4 + 32 bytes), 32-element blocks of codes and an inline f16 scale
- * (n / 32 * 10), or 32-element blocks of codes (n / 4) beside a sibling tensor of block scales.
- * Each within MODEL_I2S_TOLERANCE bytes (the inline layout, read in place, never short of its
- * size; the others' codes are all there, as the parser checked); a sibling of the right size
- * decides for the split layout (its codes take as many bytes as Microsoft's), otherwise the nearer
- * of the two others (Microsoft's on a tie, as the seed orders them). The split layout is rebuilt
- * once with f32 scales inline (m->bufs); the two others are read in place. */
-static int model_i2s(struct executor_model *m, const struct common_gguf_tensor *t, const void *data,
-                     struct executor_mat *out, struct common_errmsg *e)
+/* The layout of an I2_S tensor (seed 003's three). The bytes up to the next tensor (t->size)
+ * tell it: Microsoft's (2-bit codes in 128-element groups, one f32 scale after them: n / 4 + 32
+ * bytes), 32-element blocks of codes and an inline f16 scale (n / 32 * 10), or 32-element blocks
+ * of codes (n / 4) beside a sibling tensor of block scales. Each within MODEL_I2S_TOLERANCE bytes
+ * (the inline layout, read in place, never short of its size; the others' codes are all there, as
+ * the parser checked); a sibling of the right size decides for the split layout (its codes take as
+ * many bytes as Microsoft's), otherwise the nearer of the two others (Microsoft's on a tie, as the
+ * seed orders them). Returns the kernel type (I2S_Q128, I2S_B32H, or I2S_B32F for the split
+ * layout, with *sib its scales), or a negative error with a message. */
+static int model_i2s_layout(const struct common_gguf *g, const struct common_gguf_tensor *t,
+                            int64_t *sib, struct common_errmsg *e)
 {
-    const struct common_gguf *g = m->desc->gguf;
-    const uint64_t            nel = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    const uint64_t            need_q = (nel + 255) / 256 * 64, need_s = (nel + 31) / 32 * 8;
-    const uint64_t            need_i = (nel + 31) / 32 * 10, avail = t->size;
-    const int64_t             sib = model_i2s_sibling(g, t, nel);
-    const uint64_t            dq = model_absdiff(avail, need_q), di = model_absdiff(avail, need_i);
-    const uint64_t            rows = (uint64_t)out->rows, blocks = (uint64_t)out->cols / 32;
-    int                       rc;
-    if (sib >= 0 && model_absdiff(avail, need_s) <= MODEL_I2S_TOLERANCE) {
-        const struct common_gguf_tensor *st = common_gguf_tensor_at(g, (uint64_t)sib);
-        const void                      *sd;
-        if ((rc = m->w->ops->tensor(m->w->impl, (uint64_t)sib, &sd)) < 0)
-            return common_errmsg_set(e, rc, "tensor '%s': weight source failed", st->name);
-        void **bufs = realloc(m->bufs, (m->n_bufs + 1) * sizeof(*bufs));
-        if (!bufs)
-            return COMMON_ENOMEM;
-        m->bufs = bufs;
-        uint8_t *b = malloc((size_t)(rows * blocks * 12));
-        if (!b)
-            return COMMON_ENOMEM;
-        m->bufs[m->n_bufs++] = b;
-        const uint8_t *codes = data;
-        for (uint64_t i = 0; i < rows * blocks; i++) {
-            float d;
-            if (st->type == COMMON_GGML_TYPE_F32) {
-                memcpy(&d, (const uint8_t *)sd + i * 4, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, (const uint8_t *)sd + i * 2, 2);
-                d = executor_fp16_to_fp32(h);
-            }
-            memcpy(b + i * 12, codes + i * 8, 8);
-            memcpy(b + i * 12 + 8, &d, 4);
-        }
-        out->data = b;
-        out->type = COMMON_GGML_TYPE_I2S_B32F;
-        out->row_bytes = (size_t)blocks * 12;
-        return 0;
-    }
+    const uint64_t nel = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    const uint64_t need_q = (nel + 255) / 256 * 64, need_s = (nel + 31) / 32 * 8;
+    const uint64_t need_i = (nel + 31) / 32 * 10, avail = t->size;
+    const uint64_t dq = model_absdiff(avail, need_q), di = model_absdiff(avail, need_i);
+    *sib = model_i2s_sibling(g, t, nel);
+    if (*sib >= 0 && model_absdiff(avail, need_s) <= MODEL_I2S_TOLERANCE)
+        return COMMON_GGML_TYPE_I2S_B32F;
     if (dq <= MODEL_I2S_TOLERANCE && dq <= di) {
-        if (out->cols % 128 != 0)
+        if (t->ne[0] % 128 != 0)
             return common_errmsg_set(e, COMMON_ENOTSUP,
                                      "tensor '%s': i2_s in Microsoft's layout needs rows of a "
-                                     "multiple of 128 elements, not %lld",
-                                     t->name, (long long)out->cols);
-        float scale = 1.0f; /* a file cut to the codes alone has no scale: the codes are +-1 */
-        if (avail >= nel / 4 + 4)
-            memcpy(&scale, (const uint8_t *)data + nel / 4, 4);
-        if (!isfinite(scale) || scale == 0.0f)
-            return common_errmsg_set(e, COMMON_ECORRUPT,
-                                     "tensor '%s': i2_s tensor scale %g after the codes", t->name,
-                                     (double)scale);
-        out->data = data;
-        out->type = COMMON_GGML_TYPE_I2S_Q128;
-        out->row_bytes = (size_t)out->cols / 4;
-        out->out_scale = scale;
-        return 0;
+                                     "multiple of 128 elements, not %llu",
+                                     t->name, (unsigned long long)t->ne[0]);
+        return COMMON_GGML_TYPE_I2S_Q128;
     }
-    if (di <= MODEL_I2S_TOLERANCE && avail >= need_i) { /* read in place: every block there */
-        out->data = data;
-        out->type = COMMON_GGML_TYPE_I2S_B32H;
-        out->row_bytes = (size_t)blocks * 10;
-        return 0;
-    }
+    if (di <= MODEL_I2S_TOLERANCE && avail >= need_i)
+        return COMMON_GGML_TYPE_I2S_B32H;
     return common_errmsg_set(e, COMMON_ECORRUPT,
                              "tensor '%s': %llu bytes of i2_s fit no layout (Microsoft's %llu, "
                              "inline f16 scales %llu, split scales %llu%s; +-%u allowed)",
                              t->name, (unsigned long long)avail, (unsigned long long)need_q,
                              (unsigned long long)need_i, (unsigned long long)need_s,
-                             sib >= 0 ? "" : " with no '.scales' sibling", MODEL_I2S_TOLERANCE);
+                             *sib >= 0 ? "" : " with no '.scales' sibling", MODEL_I2S_TOLERANCE);
+}
+
+/* The tensor scale of an I2_S tensor `t` in Microsoft's layout: the f32 after its codes, or 1
+ * when the data stops at the codes. 0 (with a message) when it is not a finite non-zero number. */
+static float model_i2s_tail_scale(const struct common_gguf_tensor *t, const void *data,
+                                  struct common_errmsg *e)
+{
+    const uint64_t nel = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    float          scale = 1.0f;
+    if (t->size >= nel / 4 + 4)
+        memcpy(&scale, (const uint8_t *)data + nel / 4, 4);
+    if (!isfinite(scale) || scale == 0.0f) {
+        common_errmsg_set(e, COMMON_ECORRUPT, "tensor '%s': i2_s tensor scale %g after the codes",
+                          t->name, (double)scale);
+        return 0.0f;
+    }
+    return scale;
+}
+
+/* An I2_S tensor as the kernels read it (model_i2s_layout): Microsoft's layout and the inline
+ * one in place, the split layout rebuilt once with f32 scales inline (m->bufs). */
+static int model_i2s(struct executor_model *m, const struct common_gguf_tensor *t, const void *data,
+                     struct executor_mat *out, struct common_errmsg *e)
+{
+    const struct common_gguf *g = m->desc->gguf;
+    const uint64_t            rows = (uint64_t)out->rows, blocks = (uint64_t)out->cols / 32;
+    int64_t                   sib;
+    int                       rc = model_i2s_layout(g, t, &sib, e);
+    if (rc < 0)
+        return rc;
+    out->type = (uint32_t)rc;
+    out->data = data;
+    if (rc == COMMON_GGML_TYPE_I2S_Q128) {
+        out->row_bytes = (size_t)out->cols / 4;
+        out->out_scale = model_i2s_tail_scale(t, data, e);
+        return out->out_scale != 0.0f ? 0 : COMMON_ECORRUPT;
+    }
+    if (rc == COMMON_GGML_TYPE_I2S_B32H) {
+        out->row_bytes = (size_t)blocks * 10;
+        return 0;
+    }
+    const struct common_gguf_tensor *st = common_gguf_tensor_at(g, (uint64_t)sib);
+    const void                      *sd;
+    if ((rc = m->w->ops->tensor(m->w->impl, (uint64_t)sib, &sd)) < 0)
+        return common_errmsg_set(e, rc, "tensor '%s': weight source failed", st->name);
+    void **bufs = realloc(m->bufs, (m->n_bufs + 1) * sizeof(*bufs));
+    if (!bufs)
+        return COMMON_ENOMEM;
+    m->bufs = bufs;
+    uint8_t *b = malloc((size_t)(rows * blocks * 12));
+    if (!b)
+        return COMMON_ENOMEM;
+    m->bufs[m->n_bufs++] = b;
+    const uint8_t *codes = data;
+    for (uint64_t i = 0; i < rows * blocks; i++) {
+        float d;
+        if (st->type == COMMON_GGML_TYPE_F32) {
+            memcpy(&d, (const uint8_t *)sd + i * 4, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)sd + i * 2, 2);
+            d = executor_fp16_to_fp32(h);
+        }
+        memcpy(b + i * 12, codes + i * 8, 8);
+        memcpy(b + i * 12 + 8, &d, 4);
+    }
+    out->data = b;
+    out->row_bytes = (size_t)blocks * 12;
+    return 0;
 }
 
 /* Resolves tensor `index` into a matrix view; checks the kernels can multiply it. `scale` is the
@@ -245,6 +267,57 @@ static int model_layer_mla(struct executor_model *m, uint32_t il, struct common_
     return 0;
 }
 
+/* A dense FFN streamed as expert 0 of layer il: the geometry of its three parts as the kernels
+ * read them (I2_S in place only: the split layout needs rebuilding), their output scales. */
+static int model_layer_streamed_ffn(struct executor_model *m, uint32_t il, struct common_errmsg *e)
+{
+    const struct common_model          *d = m->desc;
+    const struct common_model_layer    *L = &d->layers[il];
+    struct executor_layer_w            *lw = &m->layers[il];
+    static const enum common_layer_role scales[COMMON_EXPERT_PART_COUNT] = {
+        COMMON_ROLE_FFN_GATE_SCALE, COMMON_ROLE_FFN_UP_SCALE, COMMON_ROLE_FFN_DOWN_SCALE};
+    int rc;
+    for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+        const struct common_gguf_tensor *t =
+            common_gguf_tensor_at(d->gguf, (uint64_t)L->tensor[COMMON_ROLE_FFN_GATE_EXPS + p]);
+        struct executor_mat v = {.rows = (int64_t)t->ne[1], .cols = (int64_t)t->ne[0]};
+        uint32_t            type = t->type;
+        v.row_bytes = v.rows ? (size_t)(t->size / t->ne[1]) : 0;
+        if (t->type == COMMON_GGML_TYPE_I2_S) {
+            int64_t sib;
+            if ((rc = model_i2s_layout(d->gguf, t, &sib, e)) < 0)
+                return rc;
+            if (rc == COMMON_GGML_TYPE_I2S_B32F)
+                return common_errmsg_set(e, COMMON_ENOTSUP,
+                                         "tensor '%s': i2_s with a '.scales' sibling cannot be "
+                                         "streamed (it is rebuilt in memory); run without "
+                                         "--ram-budget",
+                                         t->name);
+            type = (uint32_t)rc;
+            v.row_bytes = (size_t)v.cols / (rc == COMMON_GGML_TYPE_I2S_Q128 ? 4 : 32) *
+                          (rc == COMMON_GGML_TYPE_I2S_Q128 ? 1 : 10);
+            lw->exp_tail[p] =
+                rc == COMMON_GGML_TYPE_I2S_Q128 && t->size >= t->ne[0] * t->ne[1] / 4 + 4
+                    ? t->ne[0] * t->ne[1] / 4
+                    : 0;
+        } else if (!executor_type_is_supported(type) || executor_act_row_size(type, v.cols) == 0) {
+            const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+            return common_errmsg_set(e, COMMON_ENOTSUP,
+                                     "tensor '%s': weight type %s with rows of %llu elements is "
+                                     "not supported by the executor kernels",
+                                     t->name, ti ? ti->name : "unknown",
+                                     (unsigned long long)v.cols);
+        }
+        if ((rc = model_apply_scale(m, L->tensor[scales[p]], &v, e)) < 0)
+            return rc;
+        lw->exp[p] = (struct executor_expert_geom){
+            .type = type, .rows = v.rows, .cols = v.cols, .row_bytes = v.row_bytes};
+        lw->exp_scale[p] = v.out_scale;
+    }
+    lw->ffn_streamed = true;
+    return 0;
+}
+
 static int model_layer(struct executor_model *m, uint32_t il, struct common_errmsg *e)
 {
     const struct common_model       *d = m->desc;
@@ -291,6 +364,8 @@ static int model_layer(struct executor_model *m, uint32_t il, struct common_errm
         (rc = model_vec(m, L->tensor[COMMON_ROLE_ATTN_SINKS], hp->n_head, &lw->sinks, e)))
         return rc;
     lw->swa = common_hparams_layer_is_swa(hp, il);
+    if (d->ffn_streamed)
+        return model_layer_streamed_ffn(m, il, e);
     if (!common_model_layer_is_moe(d, il)) {
         if ((rc = model_mat_scaled(m, L->tensor[COMMON_ROLE_FFN_GATE],
                                    L->tensor[COMMON_ROLE_FFN_GATE_SCALE], &lw->gate, e)) ||

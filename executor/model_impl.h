@@ -57,6 +57,12 @@ struct executor_layer_w {
     /* bitnet: RMSNorm weights applied before wo (n_head * head_dim_v) and before down (n_ff). */
     const float                *attn_sub_norm, *ffn_sub_norm;
     struct executor_expert_geom exp[COMMON_EXPERT_PART_COUNT]; /* MoE expert parts */
+    /* A dense FFN streamed as expert 0 (common_model_stream_dense): each part's output scale
+     * (bitnet's .scale; 0 = none) and the offset of an I2_S tensor scale in its bytes (0 =
+     * none: Microsoft's layout keeps it after the codes). */
+    bool     ffn_streamed;
+    float    exp_scale[COMMON_EXPERT_PART_COUNT];
+    uint64_t exp_tail[COMMON_EXPERT_PART_COUNT];
 };
 
 struct executor_model {

@@ -401,3 +401,71 @@ int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
     }
     return 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* A dense FFN streamed as one expert per layer                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Layers asked for ahead of the one computed: the next ones are certain (every token runs every
+ * layer), so the storage reads overlap this layer's compute. */
+#define FWD_STREAM_AHEAD 2u
+
+/* One pass over layer il's FFN for the n rows of c->xn into c->tmp: gate and up pinned and
+ * computed while down may still be in flight, then down (moe_expert_pass's shape). Returns 0,
+ * 1 when a part lent without a pin changed during the pass, or an error of the weight source. */
+static int ffn_streamed_pass(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct executor_layer_w *lw = &c->m->layers[il];
+    struct executor_weights       *w = c->m->w;
+    const void                    *data[COMMON_EXPERT_PART_COUNT];
+    uint32_t                       slot[COMMON_EXPERT_PART_COUNT];
+    struct executor_mat            mats[COMMON_EXPERT_PART_COUNT];
+    int                            got = 0, rc = 0;
+    bool                           torn = false;
+    for (; got < COMMON_EXPERT_PART_COUNT; got++) {
+        if (got == COMMON_EXPERT_DOWN)
+            executor_fwd_dense_gate_up(c, c->xn, n, &mats[COMMON_EXPERT_GATE],
+                                       &mats[COMMON_EXPERT_UP], lw->ffn_sub_norm);
+        rc = w->ops->expert_acquire(w->impl, il, 0, (enum common_expert_part)got, &data[got],
+                                    &slot[got]);
+        if (rc < 0)
+            break;
+        float scale = lw->exp_scale[got];
+        if (lw->exp_tail[got]) { /* Microsoft's I2_S: the tensor scale after the codes */
+            float tail;
+            memcpy(&tail, (const uint8_t *)data[got] + lw->exp_tail[got], sizeof(tail));
+            scale = scale != 0.0f ? tail * scale : tail;
+        }
+        mats[got] = (struct executor_mat){.data = data[got],
+                                          .type = lw->exp[got].type,
+                                          .rows = lw->exp[got].rows,
+                                          .cols = lw->exp[got].cols,
+                                          .row_bytes = lw->exp[got].row_bytes,
+                                          .out_scale = scale};
+    }
+    if (rc == 0)
+        executor_fwd_swiglu_down(c, n, &mats[COMMON_EXPERT_DOWN]);
+    for (int p = 0; p < got; p++)
+        if (w->ops->expert_release(w->impl, slot[p]) == COMMON_EAGAIN)
+            torn = true;
+    return rc < 0 ? rc : torn ? 1 : 0;
+}
+
+int executor_fwd_ffn_streamed(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    struct executor_weights *w = c->m->w;
+    const uint32_t           ne = c->m->desc->hp.n_embd, nl = c->m->desc->hp.n_layer;
+    if (c->hints && !c->no_postfetch)
+        (void)w->ops->expert_request(w->impl, il, 0, EXECUTOR_HINT_POSTFETCH);
+    for (uint32_t k = 1; c->hints && !c->no_prefetch && k <= FWD_STREAM_AHEAD; k++)
+        (void)w->ops->expert_request(w->impl, (il + k) % nl, 0, EXECUTOR_HINT_PREFETCH);
+    int rc;
+    for (uint32_t attempt = 0; (rc = ffn_streamed_pass(c, il, n)) == 1; attempt++)
+        if (attempt + 1 >= FWD_TORN_RETRIES)
+            return COMMON_EIO; /* a source that keeps lending changing bytes */
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < (size_t)n * ne; i++)
+        c->x[i] = c->tmp[i] + c->x[i];
+    return 0;
+}

@@ -282,10 +282,9 @@ static int serve_open_model(struct fetcher_server *s, struct common_errmsg *e)
     if (rc != COMMON_OK)
         return rc;
     s->m_init = true;
+    /* A dense model: its FFNs are served, one expert per layer (the executor's --stream-dense). */
     if (!common_model_is_moe(&s->m))
-        return common_errmsg_set(e, COMMON_EINVAL,
-                                 "%s: dense model (no routed experts): nothing to serve",
-                                 s->model_path);
+        (void)common_model_stream_dense(&s->m);
     s->n_layer = s->m.hp.n_layer;
     s->n_expert = s->m.hp.n_expert;
     return COMMON_OK;

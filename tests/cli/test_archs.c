@@ -224,8 +224,54 @@ Test(cli_archs, deepseek2_lite_matches_llama_cpp_and_streams, .timeout = 300)
 }
 
 /* bitnet: sub-norms before the output and down projections, a per-tensor scale after each of the
- * seven projections, NeoX RoPE, the embedding as the head; F32 and the ternary TQ1_0 and TQ2_0. */
-Test(cli_archs, bitnet_matches_llama_cpp, .timeout = 300)
+ * seven projections, NeoX RoPE, the embedding as the head; F32 and the ternary TQ1_0 and TQ2_0.
+ * Dense: under a budget its FFNs stream, one "expert" per layer, with the same tokens. */
+Test(cli_archs, bitnet_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("bitnet", false);
+    check_arch("bitnet", true);
+}
+
+/* Microsoft's bitnet-b1.58 with I2_S weights streams its FFNs under a budget in Microsoft's
+ * layout and with inline scales (same tokens as in RAM); the split layout, rebuilt in memory,
+ * is refused there with the reason. */
+Test(cli_archs, bitnet_b158_i2s_streams, .timeout = 300)
+{
+    static const char *layouts[] = {"qk256", "bitnet32", "split32"};
+    char              *dir = fixture_tmpdir();
+    for (int l = 0; l < 3; l++) {
+        char model[4096], cmd[8192];
+        int  st;
+        snprintf(model, sizeof(model), "%s/b158-%s.gguf", dir, layouts[l]);
+        snprintf(cmd, sizeof(cmd),
+                 "%s mkmodel -q --arch bitnet-b1.58 --type i2_s --i2s-layout %s --n-embd 256 "
+                 "--n-ff 384 --n-head 8 --n-head-kv 2 --n-vocab 512 -o %s 2>&1",
+                 SLUICE, layouts[l], model);
+        char *out = fixture_run(cmd, &st);
+        cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
+        free(out);
+        int in_ram[N_STEPS], streamed[N_STEPS];
+        cr_assert_eq(run_ids(model, "", in_ram), N_STEPS);
+        snprintf(cmd, sizeof(cmd),
+                 "%s run -m %s --prompt-ids " PROMPT " -n %d --temp 0 --ids --ignore-eos -t 2 "
+                 "-c 256 --ram-budget 64M 2>&1",
+                 SLUICE, model, N_STEPS);
+        out = fixture_run(cmd, &st);
+        if (l == 2) {
+            cr_expect_neq(st, 0, "the split layout streamed: %s", out);
+            cr_expect(strstr(out, "cannot be streamed"), "the reason: %s", out);
+            free(out);
+            continue;
+        }
+        cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
+        cr_expect(strstr(out, "expert trace") != NULL, "no streaming in: %s", out);
+        int n = 0;
+        for (const char *p = out; (p = strstr(p, "gen: ")) && n < N_STEPS; p += 5)
+            streamed[n++] = atoi(p + 5);
+        free(out);
+        cr_assert_eq(n, N_STEPS);
+        cr_expect_arr_eq(streamed, in_ram, sizeof(in_ram), "%s: streaming changed the tokens",
+                         layouts[l]);
+    }
+    fixture_rmtree(dir);
+    free(dir);
 }

@@ -660,10 +660,25 @@ Test(pipeline_sluicectl, down_stops_daemons_of_a_killed_monitor, .timeout = 300,
     free(model);
 }
 
-/* A dense model (bitnet, TQ2_0) needs no fetcher: `up` starts the executor and the router only,
- * the client's greedy text equals `sluice run`'s in one process, and a --ram-budget (which
- * streams routed experts) is refused with the reason. */
-Test(pipeline_sluicectl, dense_model_runs_without_fetchers, .timeout = 300, .fini = stop_leftovers)
+/* Greedy text of `sluice generate` through the daemons of `run_dir` (first line, malloc'd). */
+static char *generate_line(const char *run_dir)
+{
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s/sluice generate --run-dir '%s' -p 'hello world' -n 12 --temp 0",
+             BIN, run_dir);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "generate: %s", out);
+    out[strcspn(out, "\n")] = '\0';
+    return out;
+}
+
+/* A dense model (bitnet, TQ2_0): without a budget `up` starts the executor and the router only
+ * (the executor maps the weights); with one a fetcher serves each layer's FFN as an expert and
+ * the executor streams them (--stream-dense). Either way the client's greedy text equals
+ * `sluice run`'s in one process. */
+Test(pipeline_sluicectl, dense_model_runs_with_and_without_fetchers, .timeout = 300,
+     .fini = stop_leftovers)
 {
     skip_without_daemons();
     char *dir = fixture_tmpdir();
@@ -678,33 +693,27 @@ Test(pipeline_sluicectl, dense_model_runs_without_fetchers, .timeout = 300, .fin
     char *out = sh(cmd, &st);
     cr_assert_eq(st, 0, "%s", out);
     free(out);
-    char run_dir[1024];
-    snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
-    out = sluicectl_up_with(run_dir, model, 1, "--ram-budget 64M", &st);
-    cr_expect_neq(st, 0, "a budget for a dense model: %s", out);
-    cr_expect(strstr(out, "dense"), "the reason: %s", out);
-    free(out);
-    out = sluicectl_up(run_dir, model, 1, &st);
-    cr_assert_eq(st, 0, "up: %s", out);
-    free(out);
-    struct row rows[8];
-    const int  n = status_rows(run_dir, rows, 8, &st, NULL);
-    cr_expect_eq(n, 2, "executor and router only");
-    cr_expect_eq(count_ready(rows, n), 2);
-    snprintf(cmd, sizeof(cmd), "%s/sluice generate --run-dir '%s' -p 'hello world' -n 12 --temp 0",
-             BIN, run_dir);
-    char *daemons = sh(cmd, &st);
-    cr_assert_eq(st, 0, "generate: %s", daemons);
     snprintf(cmd, sizeof(cmd), "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0", BIN, model);
     char *single = sh(cmd, &st);
     cr_assert_eq(st, 0, "run: %s", single);
-    /* The first line of each is the generated text. */
-    cr_expect_eq(strcspn(daemons, "\n"), strcspn(single, "\n"));
-    cr_expect(strncmp(daemons, single, strcspn(single, "\n")) == 0,
-              "daemons gave:\n%s\none process gave:\n%s", daemons, single);
-    free(daemons);
+    single[strcspn(single, "\n")] = '\0';
+    char run_dir[1024];
+    snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
+    for (int budget = 0; budget < 2; budget++) {
+        out = sluicectl_up_with(run_dir, model, 1, budget ? "--ram-budget 256M -c 256" : "", &st);
+        cr_assert_eq(st, 0, "up: %s", out);
+        free(out);
+        struct row rows[8];
+        const int  n = status_rows(run_dir, rows, 8, &st, NULL);
+        cr_expect_eq(n, budget ? 3 : 2, "%s",
+                     budget ? "a fetcher, executor and router" : "executor and router only");
+        cr_expect_eq(count_ready(rows, n), n);
+        char *daemons = generate_line(run_dir);
+        cr_expect_str_eq(daemons, single, "through the daemons%s", budget ? " (streamed)" : "");
+        free(daemons);
+        sluicectl_down(run_dir);
+    }
     free(single);
-    sluicectl_down(run_dir);
     t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
