@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 5:2:1:1:3 between the GGUF reader, the
-#        control-message decoder, config files with the option parser, KL-divergence base files,
-#        and the tokenizers; CI runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 4:1:2:1:1:3 between the GGUF reader, the
+#        executor's model loading, the control-message decoder, config files with the option
+#        parser, KL-divergence base files, and the tokenizers; CI runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -11,7 +11,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -39,6 +39,13 @@ build/bin/sluice mkmodel -q -o "$corpus/moe.gguf" --n-embd 32 --n-head 2 --n-ff 
 for arch in qwen2moe olmoe deepseek2; do
     build/bin/sluice mkmodel -q -o "$corpus/$arch.gguf" --arch $arch --n-embd 64 --n-head 2 \
         --n-head-kv 2 --n-ff 32 --n-layer 2 --n-vocab 259 --type q8_0
+done
+# bitnet with per-tensor scales and sub-norms; I2_S in its three layouts (told apart by size).
+build/bin/sluice mkmodel -q -o "$corpus/bitnet.gguf" --arch bitnet --n-embd 256 --n-head 2 \
+    --n-ff 256 --n-layer 1 --n-vocab 259 --type tq2_0
+for layout in qk256 bitnet32 split32; do
+    build/bin/sluice mkmodel -q -o "$corpus/i2s-$layout.gguf" --arch bitnet-b1.58 --n-embd 128 \
+        --n-head 2 --n-ff 128 --n-layer 1 --n-vocab 259 --type i2_s --i2s-layout $layout
 done
 
 # fuzz TARGET CORPUS SECONDS: runs one target, prints its execution count.
@@ -73,12 +80,17 @@ mkdir -p "$kcorpus"
 build/bin/sluice perplexity -m "$corpus/dense.gguf" -f deploy/sluice.conf.example -c 16 \
     --chunks 2 --kl-divergence-base "$kcorpus/seed.kld" >/dev/null 2>&1 ||
     echo "fuzz: no KL-divergence seed (sluice perplexity failed)"
-t_gguf=$(( secs * 5 / 12 ))
+t_gguf=$(( secs / 3 ))
+t_model=$(( secs / 12 ))
 t_proto=$(( secs / 6 ))
 t_config=$(( secs / 12 ))
 t_kld=$(( secs / 12 ))
 fuzz fuzz_gguf "$corpus" "$t_gguf"
+mcorpus="$build/corpus-model"
+mkdir -p "$mcorpus"
+cp "$corpus"/*.gguf "$mcorpus"/
+fuzz fuzz_model "$mcorpus" "$t_model"
 fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
 fuzz fuzz_config "$ccorpus" "$t_config"
 fuzz fuzz_kld "$kcorpus" "$t_kld"
-fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_proto - t_config - t_kld ))
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_proto - t_config - t_kld ))
