@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 4:1:2:1:1:3 between the GGUF reader, the
-#        executor's model loading, the control-message decoder, config files with the option
-#        parser, KL-divergence base files, and the tokenizers; CI runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 4:1:1:2:1:1:2 between the GGUF reader, the
+#        executor's model loading, the HTTP API's request parser, the control-message decoder,
+#        config files with the option parser, KL-divergence base files, and the tokenizers; CI
+#        runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -11,7 +12,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_openai fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -82,6 +83,7 @@ build/bin/sluice perplexity -m "$corpus/dense.gguf" -f deploy/sluice.conf.exampl
     echo "fuzz: no KL-divergence seed (sluice perplexity failed)"
 t_gguf=$(( secs / 3 ))
 t_model=$(( secs / 12 ))
+t_openai=$(( secs / 12 ))
 t_proto=$(( secs / 6 ))
 t_config=$(( secs / 12 ))
 t_kld=$(( secs / 12 ))
@@ -90,7 +92,15 @@ mcorpus="$build/corpus-model"
 mkdir -p "$mcorpus"
 cp "$corpus"/*.gguf "$mcorpus"/
 fuzz fuzz_model "$mcorpus" "$t_model"
+# HTTP API seeds: a chat and a completion body (the first byte picks the endpoint).
+ocorpus="$build/corpus-openai"
+mkdir -p "$ocorpus"
+printf '\001{"model":"model","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"stream":true,"max_tokens":5,"stop":["a","b"],"temperature":0.5,"top_p":0.9}' \
+    >"$ocorpus/chat"
+printf '\000{"prompt":"hello","max_tokens":3,"top_k":2,"min_p":0.1,"seed":4,"presence_penalty":0.5,"frequency_penalty":0.2,"repeat_penalty":1.1,"stop":"x"}' \
+    >"$ocorpus/completion"
+fuzz fuzz_openai "$ocorpus" "$t_openai"
 fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
 fuzz fuzz_config "$ccorpus" "$t_config"
 fuzz fuzz_kld "$kcorpus" "$t_kld"
-fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_proto - t_config - t_kld ))
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_openai - t_proto - t_config - t_kld ))

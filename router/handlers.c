@@ -49,17 +49,25 @@ static uint64_t generate_fingerprint(const struct proto_generate *g)
 int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
                            struct proto_msg *rep)
 {
-    const struct proto_generate *g = &req->u.generate;
+    return router_rq_submit(s, req->request_id, &req->u.generate, NULL, rep);
+}
+
+int router_rq_submit(struct router_serve *s, uint64_t id, const struct proto_generate *g,
+                     const struct serve_gen_extra *x, struct proto_msg *rep)
+{
     const struct proto_sampling *p = &g->sampling;
-    if (req->request_id == 0)
+    if (id == 0)
         return proto_reply_error(rep, COMMON_EINVAL, "request id 0 is reserved");
     if (!finite_in(p->temp, 0.0f, 100.0f) || p->top_k < 0 || !finite_in(p->top_p, 0.0f, 1.0f) ||
         !finite_in(p->min_p, 0.0f, 1.0f) || !finite_in(p->repeat_penalty, 0.0f, 100.0f) ||
-        p->repeat_last_n > 4096)
+        p->repeat_last_n > 4096 ||
+        (x && (!finite_in(x->presence_penalty, -2.0f, 2.0f) ||
+               !finite_in(x->frequency_penalty, -2.0f, 2.0f))))
         return proto_reply_error(
             rep, COMMON_EINVAL,
             "sampling values out of range: temp in 0..100, top_k >= 0, top_p and "
-            "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096");
+            "min_p in 0..1, repeat_penalty in 0..100, repeat_last_n <= 4096, presence and "
+            "frequency penalties in -2..2");
     if (!g->prompt && g->n_messages == 0)
         return proto_reply_error(rep, COMMON_EINVAL, "no prompt and no messages");
     if (g->prompt && g->n_messages)
@@ -122,10 +130,14 @@ int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
         router_tokens_fini(&toks);
         return COMMON_ENOMEM;
     }
-    r->id = req->request_id;
+    r->id = id;
     r->fingerprint = generate_fingerprint(g);
     r->seq = -1;
     r->sampling = *p;
+    if (x) {
+        r->presence_penalty = x->presence_penalty;
+        r->frequency_penalty = x->frequency_penalty;
+    }
     r->max_tokens = g->max_tokens;
     r->stream = g->stream;
     r->all = toks;

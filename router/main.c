@@ -59,6 +59,27 @@ static int router_parse(int argc, char **argv, struct router_serve_opts *o, char
          .help = "a streaming client gets the tokens made during each interval together; 0 = "
                  "every token at once",
          .def = "50"},
+        {.name = "http",
+         .type = COMMON_OPT_STR,
+         .target = &o->http_addr,
+         .metavar = "HOST:PORT",
+         .help = "also serve the OpenAI-compatible HTTP API there (/v1/completions, "
+                 "/v1/chat/completions, /v1/models, /health); \":PORT\" listens on "
+                 "127.0.0.1, port 0 on a free port; the url is written to DIR/router.http",
+         .def = "off"},
+        {.name = "api-key",
+         .type = COMMON_OPT_STR,
+         .target = &o->api_key,
+         .metavar = "KEY",
+         .help = "HTTP requests (but /health) must carry 'Authorization: Bearer KEY', else 401; "
+                 "put it in the config file to keep it out of the process list"},
+        {.name = "http-max-body",
+         .type = COMMON_OPT_SIZE,
+         .target = &o->http_max_body,
+         .min = 64,
+         .max = 1u << 30,
+         .help = "HTTP request bodies larger than this get 413",
+         .def = "1M"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -68,8 +89,8 @@ static int router_parse(int argc, char **argv, struct router_serve_opts *o, char
                        "tokenizer, schedules sequences on the executor (DIR/executor.ctl), "
                        "samples and streams the text back. Start it after sluice-executor.",
         .epilog = "SIGTERM/SIGINT (or a SHUTDOWN message): stop taking requests, finish the "
-                  "active ones, remove router.sock, router.pid and the router-exec.* segments, "
-                  "exit 0. Exit status 2 for a usage error, 1 for a failure.",
+                  "active ones, remove router.sock, router.pid, router.http and the router-exec.* "
+                  "segments, exit 0. Exit status 2 for a usage error, 1 for a failure.",
         .opts = rows,
     };
     struct proto_daemon_args da = {0};
@@ -97,7 +118,9 @@ int main(int argc, char **argv)
         free(owned);
         return 1;
     }
-    COMMON_LOG_INFO("router", "ready on %s", router_serve_url(s));
+    COMMON_LOG_INFO("router", "ready on %s%s%s", router_serve_url(s),
+                    router_serve_http_url(s) ? " and " : "",
+                    router_serve_http_url(s) ? router_serve_http_url(s) : "");
     (void)proto_service_run(router_serve_service(s));
     COMMON_LOG_INFO("router", "draining");
     router_serve_wait_idle(s, -1);

@@ -326,7 +326,7 @@ int router_chat_render(enum router_chat_tmpl t, const struct router_chat_msg *ms
                        const struct router_chat_opts *o, struct router_text *out);
 
 /* ------------------------------------------------------------------------------------------ */
-/* The router service: client API on router.sock, step scheduler (router/serve.c)              */
+/* The router service: client API on router.sock and HTTP, step scheduler (router/serve.c)     */
 /* ------------------------------------------------------------------------------------------ */
 
 struct router_serve_opts {
@@ -345,6 +345,11 @@ struct router_serve_opts {
     const char *listen_url;        /* NULL = "ipc://RUN_DIR/router.sock" */
     const char *executor_url;      /* NULL = "ipc://RUN_DIR/executor.ctl" */
     bool        no_pidfile;        /* do not write RUN_DIR/router.pid (tests) */
+    const char *http_addr;         /* --http HOST:PORT: also serve OpenAI-compatible HTTP; NULL or
+                                      "" = off; ":PORT" = 127.0.0.1:PORT; port 0 = a free one */
+    const char *api_key;           /* --api-key: HTTP requests (but /health) must carry
+                                      "Authorization: Bearer KEY"; NULL or "" = none */
+    uint64_t http_max_body;        /* --http-max-body: request body bytes at most; 0 = 1 MiB */
 };
 
 struct router_serve;
@@ -368,6 +373,9 @@ bool router_serve_wait_idle(struct router_serve *s, int timeout_ms);
 
 /* The url it listens on (static while s lives). */
 const char *router_serve_url(const struct router_serve *s);
+/* The url of its HTTP server ("http://127.0.0.1:8080", the bound port when 0 was asked for;
+ * also written to RUN_DIR/router.http), or NULL without --http. Static while s lives. */
+const char *router_serve_http_url(const struct router_serve *s);
 
 /* Stops listening and the scheduler, removes router.sock's file and the segments, frees;
  * accepts NULL. Call router_serve_drain() + router_serve_wait_idle() first for a clean exit. */

@@ -134,6 +134,8 @@ static int sched_activate(struct router_serve *s, struct rq *r, char *err, size_
           .top_p = p->top_p,
           .min_p = p->min_p,
           .repeat_penalty = p->repeat_penalty,
+          .frequency_penalty = r->frequency_penalty,
+          .presence_penalty = r->presence_penalty,
           .penalty_last_n = (int32_t)p->repeat_last_n,
           .seed = p->seed,
     };

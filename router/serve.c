@@ -119,6 +119,9 @@ static int serve_load_model(struct router_serve *s, struct common_errmsg *e)
         return rc;
     }
     router_chat_for_model(g, &s->tmpl);
+    struct common_gguf_str name;
+    if (common_gguf_get_str(g, "general.name", &name) == 0 && name.len < sizeof(s->model_name))
+        snprintf(s->model_name, sizeof(s->model_name), "%.*s", (int)name.len, name.ptr);
     s->n_vocab = router_vocab_n_tokens(s->vocab);
     /* The logits rows are the model's output width, which may pad the token list. */
     uint32_t            hp_vocab = 0;
@@ -192,6 +195,8 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
         goto fail;
     }
     s->sched_started = true;
+    if (o->http_addr && o->http_addr[0] && (rc = router_http_start(s, e)) < 0)
+        goto fail;
     /* Long polls hold a worker each but return within their timeout; requests beyond the
      * workers wait in nng's queue. */
     uint32_t                  workers = 2 * s->n_seq + 8;
@@ -259,6 +264,11 @@ const char *router_serve_url(const struct router_serve *s)
     return s->listen_url;
 }
 
+const char *router_serve_http_url(const struct router_serve *s)
+{
+    return s->http ? router_http_url(s->http) : NULL;
+}
+
 void router_serve_destroy(struct router_serve *s)
 {
     if (!s)
@@ -269,6 +279,8 @@ void router_serve_destroy(struct router_serve *s)
     pthread_cond_broadcast(&s->cv_events);
     pthread_cond_broadcast(&s->cv_sched);
     pthread_mutex_unlock(&s->mu);
+    router_http_stop(s->http); /* its exchanges see `stopping` and end */
+    s->http = NULL;
     proto_service_stop(s->svc); /* waits for handlers: none touches s afterwards */
     s->svc = NULL;
     if (s->sched_started)

@@ -5,7 +5,8 @@
 /* Not for use outside router/: other folders go through struct router_serve in router.h. The
  * service is split along its seams: serve.c (lifetime, control, dispatch), sched.c (requests and
  * the scheduler thread), exec_link.c (the executor's handshake and rings), handlers.c (the
- * client API: GENERATE, POLL, CANCEL). */
+ * client API: GENERATE, POLL, CANCEL), http.c and openai.c (OpenAI-compatible HTTP over the
+ * same requests). */
 
 #include <errno.h>
 #include <pthread.h>
@@ -40,6 +41,8 @@ struct rq {
     int           seq; /* slot while active, else -1 */
     /* set by the GENERATE handler, read-only afterwards */
     struct proto_sampling sampling;
+    float                 presence_penalty;  /* HTTP requests only (GENERATE carries none) */
+    float                 frequency_penalty; /* HTTP requests only */
     uint32_t              max_tokens;
     char                 *stops[PROTO_MAX_STOPS];
     uint32_t              n_stops;
@@ -80,6 +83,7 @@ struct router_serve {
     char                     exec_url[PROTO_MAX_PATH + 64];
     struct router_vocab     *vocab;
     enum router_chat_tmpl    tmpl;
+    char                     model_name[128]; /* general.name, "" when the model has none */
     uint32_t                 n_vocab, n_ctx, n_seq;
     uint64_t                 instance;
 
@@ -109,7 +113,8 @@ struct router_serve {
 
     pthread_t             sched;
     bool                  sched_started;
-    struct proto_service *svc; /* owned: router.sock (clients and control), pid file */
+    struct proto_service *svc;  /* owned: router.sock (clients and control), pid file */
+    struct router_http   *http; /* owned: the HTTP front end (http.c); NULL without --http */
 };
 
 /* Names of the four router-exec segments in the run directory, by SERVE_SEG_*. */
@@ -175,10 +180,36 @@ bool router_exec_is_alive(struct router_serve *s, uint64_t *last_hello_ns);
 
 /* ---- the client API (handlers.c); server threads ------------------------------------------ */
 
+/* What a request may carry beyond a GENERATE message (the HTTP API's fields). */
+struct serve_gen_extra {
+    float presence_penalty;  /* 0 = off; subtracted once if the token was seen */
+    float frequency_penalty; /* 0 = off; subtracted once per occurrence */
+};
+
+/* Validates, tokenizes and queues the generation `g` under `id` (as a GENERATE of that id
+ * would; `x` may be NULL). Returns 0 with rep an OK, or a negative common_err with rep an
+ * ERROR that says why. Any thread; takes the lock. */
+int router_rq_submit(struct router_serve *s, uint64_t id, const struct proto_generate *g,
+                     const struct serve_gen_extra *x, struct proto_msg *rep);
+
 int router_handle_generate(struct router_serve *s, const struct proto_msg *req,
                            struct proto_msg *rep);
 int router_handle_poll(struct router_serve *s, const struct proto_msg *req, struct proto_msg *rep);
 int router_handle_cancel(struct router_serve *s, const struct proto_msg *req,
                          struct proto_msg *rep);
+
+/* ---- OpenAI-compatible HTTP (http.c) ------------------------------------------------------ */
+
+struct router_http;
+
+/* Starts the HTTP server on s->o.http_addr (routes, auth, body limit) and writes the bound url
+ * to RUN_DIR/router.http. Returns 0, or a negative common_err with a message in e (bad address,
+ * port in use). Call after the scheduler started. */
+int router_http_start(struct router_serve *s, struct common_errmsg *e);
+/* The url it serves ("http://127.0.0.1:8080"); static while s->http lives. */
+const char *router_http_url(const struct router_http *h);
+/* Stops accepting, waits for the exchanges in flight (they end once s->stopping is set: their
+ * requests are cancelled), removes router.http and frees; accepts NULL. */
+void router_http_stop(struct router_http *h);
 
 #endif /* ROUTER_SERVE_IMPL_H */
