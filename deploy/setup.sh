@@ -8,6 +8,7 @@ pkgs=(
     libnng-dev liburing-dev libcriterion-dev libjansson-dev
     flatbuffers-compiler libflatbuffers-dev
     gnuplot-nox
+    curl
 )
 
 missing=()
