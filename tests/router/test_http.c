@@ -377,3 +377,53 @@ Test(router_http, api_key_is_required_when_set, .timeout = 300, .fini = down)
     cr_assert_eq(a.status, 200, "%s", a.body);
     free(a.body);
 }
+
+/* The real `openai` client of the npm registry (deploy/setup.sh installs it in build-npm/):
+ * models, a whole and a streamed greedy chat completion, a completion, an unknown model. Its
+ * answers equal those curl gets. */
+Test(router_http, openai_npm_client_agrees_with_curl, .timeout = 300, .fini = down)
+{
+    const char *mods = SLUICE_SOURCE_DIR "/build-npm/node_modules";
+    int         st;
+    char       *out = fixture_run("node --version >/dev/null 2>&1", &st);
+    free(out);
+    if (st != 0)
+        cr_skip_test("node is not installed: skipped (deploy/setup.sh installs it)");
+    if (access(SLUICE_SOURCE_DIR "/build-npm/node_modules/openai", R_OK) != 0)
+        cr_skip_test("the npm package openai is not in build-npm/: skipped (run deploy/setup.sh)");
+    up("");
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "SLUICE_URL='%s' NODE_PATH='%s' node '" SLUICE_SOURCE_DIR
+             "/tests/router/openai_sdk.cjs' 2>&1",
+             t_url, mods);
+    out = fixture_run(cmd, &st);
+    cr_assert(out && st == 0, "openai client: %s", out ? out : "(no output)");
+    struct tjson *j = tjson_parse(out);
+    cr_assert_not_null(j, "not JSON: %s", out);
+    const char *whole = tjson_get(j, "whole")->str;
+    cr_expect_str_eq(tjson_get(j, "streamed")->str, whole, "streamed vs whole");
+    cr_expect_str_eq(tjson_get(j, "whole_finish")->str, "length");
+    cr_expect_str_eq(tjson_get(j, "stream_finish")->str, "length");
+    cr_expect_eq(tjson_get(tjson_get(j, "usage"), "completion_tokens")->num, 10.0);
+    cr_expect_eq(tjson_get(tjson_get(j, "not_found"), "status")->num, 404.0);
+    cr_expect_str_eq(tjson_get(tjson_get(j, "not_found"), "code")->str, "model_not_found");
+    /* The same requests through curl. */
+    struct answer a = http("POST", "/v1/chat/completions",
+                           "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+                           "{\"role\":\"user\",\"content\":\"Tell me a story.\"}],"
+                           "\"max_tokens\":10,\"temperature\":0}",
+                           NULL);
+    char         *content = choice_text(&a, true, NULL);
+    cr_expect_str_eq(whole, content, "openai client '%s' vs curl '%s'", whole, content);
+    free(content);
+    free(a.body);
+    a = http("POST", "/v1/completions",
+             "{\"prompt\":\"hello world\",\"max_tokens\":8,\"temperature\":0}", NULL);
+    char *text = choice_text(&a, false, NULL);
+    cr_expect_str_eq(tjson_get(j, "completion")->str, text);
+    free(text);
+    free(a.body);
+    tjson_free(j);
+    free(out);
+}
