@@ -9,7 +9,7 @@
 /* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0, TQ2_0 and I2_S get
  * 512-bit dots (Q4_0: three raw blocks per load; the other block types two blocks, or one
  * 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0,
- * Q4_K, Q6_K and MXFP4 also a gemm.
+ * Q4_K, Q6_K, MXFP4, TQ1_0 and TQ2_0 also a gemm.
  * Q2_K and Q3_K (scalar everywhere) and the activation quantizers come from the slower sets, which
  * this CPU also runs. As in avx2.c the integer sums are exact and only the order of the float
  * additions differs from ref.c. */
@@ -894,24 +894,13 @@ static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
 /* Ternary x Q8_K                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Both ternary dots build four 64-byte vectors of unsigned quants t (0..2, TQ2_0 0..3) in the
- * activations' element order and multiply them with vpdpbusd; int32 lane m of a 64-byte product
- * holds bytes 4m..4m+3, so the two 256-bit halves added give llama.cpp's x86 lanes (ref.c), from
- * which the Q8_K bsums are taken off in pairs; the lanes are scaled with one FMA per lane and
- * block and summed as ggml's hsum_float_8 (see avx2.c). TQ1_0's trits come from byte * 3^k (two
- * byte adds per power, all bytes at once) read at the top with two unsigned compares: (q * 3) >> 8
- * is (q >= 86) + (q >= 171). */
-
-/* The lanes of llama.cpp's x86 ternary kernels from a 16-lane product sum and the block's bsums,
- * accumulated into acc: acc += (lanes - bsum pairs) * d with one rounding per lane. */
-static inline __m256 avx512_ternary_acc(__m512i sumi, const int16_t *bsums, float d, __m256 acc)
-{
-    const __m256i l =
-        _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
-    const __m256i b =
-        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(l, b)), _mm256_set1_ps(d), acc);
-}
+/* The ternary kernels give llama.cpp's x86 bits (ref.c): 8 int32 lanes, lane k holding the
+ * unsigned quants (0..2, TQ2_0 0..3) times the activations of elements 32g + 4k .. 32g + 4k + 3 of
+ * every 32-element group g, minus the Q8_K bsums 2k and 2k + 1; one FMA per lane and block by
+ * d_a * d_w; ggml's hsum_float_8 at the end. vpdpbusd puts bytes 4m .. 4m + 3 into int32 lane m,
+ * so a 64-byte product whose halves each hold whole 32-element groups gives lane k in lanes k and
+ * k + 8. The matvecs (and vec_dot, their one-row case) prepare the activations per call in the
+ * order the weight bytes come out of one load; the gemm takes activations in pairs. */
 
 /* ggml's hsum_float_8: (l0 + l4 + (l2 + l6)) + (l1 + l5 + (l3 + l7)). */
 static inline float avx512_hsum_ps_ggml(__m256 v)
@@ -920,11 +909,6 @@ static inline float avx512_hsum_ps_ggml(__m256 v)
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
-}
-
-static inline __m256i avx512_tq1_times3(__m256i x)
-{
-    return _mm256_add_epi8(x, _mm256_add_epi8(x, x));
 }
 
 static inline __m128i avx512_tq1_times3_128(__m128i x)
@@ -940,77 +924,404 @@ static inline __m512i avx512_tq1_top_trit(__m512i q)
     return _mm512_mask_add_epi8(t, _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8((char)171)), t, one);
 }
 
-/* TQ1_0: qs[0..31] times 3^0..3^4 (activations 0..159), then qs[32..47] times 3^0..3^4 (160..239)
- * and the qh word times 3^k in dword k of the last 16 bytes (element 240 + 4k + j). */
-static float avx512_dot_tq1_0(int64_t n, const void *w, const void *a)
+/* TQ1_0 matvec (and vec_dot, one row of it). A block's 48 qs bytes and its qh word, in every dword
+ * of the last 16 bytes, form V_0 = [qs[0..31], qs[32..47], qh qh qh qh]; V_k = 3^k V_0 (byte-wise,
+ * mod 256) holds y_k = (byte * 3^k) mod 256 for each byte, and 3 y_k = 256 t_k + y_{k+1} where t_k
+ * is the byte's trit k (kimpl_tq1_trit). So the dot of the trits t_k with activations A_k is
+ * (3 (V_k . A_k) - V_{k+1} . A_k) / 256: two vpdpbusd on the bytes themselves, exact in int32, and
+ * no trit is extracted. The activations are prepared per call: A_k holds elements 32k .. 32k + 31
+ * (trit k of qs[0..31]), 160 + 16k .. 175 + 16k (trit k of qs[32..47]) and, in dword k of the last
+ * 16 bytes, 240 + 4k .. 243 + 4k (trit k of qh; the other dwords 0). Int32 lane m then holds part
+ * of llama.cpp's lane m % 8, except lanes 8..11 of odd k (elements 176 .. 191 and 208 .. 223),
+ * which belong to lanes 4..7: odd and even k sum apart and are joined lane by lane. */
+#define AVX512_TQ1_CHUNK 64 /* blocks of prepared activations (24 KiB) */
+/* Bytes ahead of the loads that the ternary matvecs prefetch: 2048..4096 reached 28 GB/s of
+ * TQ2_0 rows on two threads here (the streaming limit), 1024 24.6. */
+#ifndef AVX512_TQ_PREFETCH
+#define AVX512_TQ_PREFETCH 3072
+#endif
+#define AVX512_TQ1_ROWS 64 /* rows whose accumulators persist between chunks of longer rows */
+
+struct avx512_tq1_act {
+    int8_t  a[5][64]; /* A_k */
+    int32_t c[16];    /* (bsums[2k] + bsums[2k + 1]) * 256 in lane k (k < 8), 0 in lanes 8..15 */
+};
+
+static void avx512_tq1_prep(const struct executor_block_q8_K *y, int64_t nb,
+                            struct avx512_tq1_act *g, float *d)
 {
-    const struct executor_block_tq1_0 *x = w;
-    const struct executor_block_q8_K  *y = a;
-    const int64_t                      nb = n / EXECUTOR_QK_K;
-    __m256                             acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        __m256i p[5];
-        __m128i r[5];
-        p[0] = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        r[0] = _mm_loadu_si128((const __m128i *)(x[i].qs + 32));
-        for (int k = 1; k < 5; k++) {
-            p[k] = avx512_tq1_times3(p[k - 1]);
-            r[k] = avx512_tq1_times3_128(r[k - 1]);
+        for (int k = 0; k < 5; k++) {
+            memcpy(g[i].a[k], y[i].qs + 32 * k, 32);
+            memcpy(g[i].a[k] + 32, y[i].qs + 160 + 16 * k, 16);
+            memset(g[i].a[k] + 48, 0, 16);
+            if (k < 4)
+                memcpy(g[i].a[k] + 48 + 4 * k, y[i].qs + 240 + 4 * k, 4);
         }
-        uint32_t qh;
-        memcpy(&qh, x[i].qh, sizeof(qh));
-        const __m128i h0 = _mm_set1_epi32((int)qh);
-        const __m128i h1 = avx512_tq1_times3_128(h0);
-        const __m128i h2 = avx512_tq1_times3_128(h1);
-        const __m128i h3 = avx512_tq1_times3_128(h2);
-        const __m128i h =
-            _mm_unpacklo_epi64(_mm_unpacklo_epi32(h0, h1), _mm_unpacklo_epi32(h2, h3));
-        const __m512i v[4] = {
-            _mm512_inserti64x4(_mm512_castsi256_si512(p[0]), p[1], 1),
-            _mm512_inserti64x4(_mm512_castsi256_si512(p[2]), p[3], 1),
-            _mm512_inserti64x4(_mm512_castsi256_si512(p[4]), _mm256_set_m128i(r[1], r[0]), 1),
-            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(r[3], r[2])),
-                               _mm256_set_m128i(h, r[4]), 1),
-        };
-        __m512i sumi = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++)
-            sumi = _mm512_dpbusd_epi32(sumi, avx512_tq1_top_trit(v[c]),
-                                       _mm512_loadu_si512(y[i].qs + 64 * c));
-        acc = avx512_ternary_acc(sumi, y[i].bsums, y[i].d * avx512_fp16(x[i].d), acc);
+        for (int k = 0; k < 16; k++)
+            g[i].c[k] = k < 8 ? (y[i].bsums[2 * k] + y[i].bsums[2 * k + 1]) * 256 : 0;
+        d[i] = y[i].d;
     }
-    return avx512_hsum_ps_ggml(acc);
 }
 
-/* TQ2_0: each 32 qs bytes, in both halves of a vector, shifted right by 0 | 2 (then 4 | 6) bits
- * per 64-bit lane and masked to 2 bits, are the quants of 64 consecutive activations. */
-static float avx512_dot_tq2_0(int64_t n, const void *w, const void *a)
+static inline __m512i avx512_times3(__m512i x)
 {
-    const struct executor_block_tq2_0 *x = w;
-    const struct executor_block_q8_K  *y = a;
-    const int64_t                      nb = n / EXECUTOR_QK_K;
-    const __m512i                      m3 = _mm512_set1_epi8(3);
-    const __m512i                      sh01 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
-    const __m512i                      sh23 = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
-    __m256                             acc = _mm256_setzero_ps();
+    return _mm512_add_epi8(x, _mm512_add_epi8(x, x));
+}
+
+/* Blocks [0, nb) of one row with prepared activations g, da onto acc (llama.cpp's 8 lanes). */
+static inline __m256 avx512_tq1_row(const struct executor_block_tq1_0 *x, int64_t nb,
+                                    const struct avx512_tq1_act *g, const float *da, __m256 acc)
+{
+    const __m512i zero = _mm512_setzero_si512();
     for (int64_t i = 0; i < nb; i++) {
-        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+        _mm_prefetch((const char *)(x + i) + AVX512_TQ_PREFETCH, _MM_HINT_T0);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof(qh));
+        __m512i v[6];
+        v[0] = _mm512_mask_set1_epi32(_mm512_maskz_loadu_epi8(0x0000FFFFFFFFFFFFull, x[i].qs),
+                                      0xF000, (int)qh);
+        for (int k = 1; k < 6; k++)
+            v[k] = avx512_times3(v[k - 1]);
+        const struct avx512_tq1_act *a = g + i;
+        __m512i                      p1e = zero, p1o = zero, p2o = zero;
+        __m512i                      p2e = _mm512_load_si512(a->c);
+        for (int k = 0; k < 5; k++) {
+            const __m512i ak = _mm512_load_si512(a->a[k]);
+            if (k % 2 == 0) {
+                p1e = _mm512_dpbusd_epi32(p1e, v[k], ak);
+                p2e = _mm512_dpbusd_epi32(p2e, v[k + 1], ak);
+            } else {
+                p1o = _mm512_dpbusd_epi32(p1o, v[k], ak);
+                p2o = _mm512_dpbusd_epi32(p2o, v[k + 1], ak);
+            }
+        }
+        /* (3 p1 - p2) per parity; odd k's lanes 8..11 join lanes 12..15 (llama.cpp's 4..7) */
+        const __m512i e = _mm512_sub_epi32(_mm512_add_epi32(p1e, _mm512_add_epi32(p1e, p1e)), p2e);
+        const __m512i o = _mm512_sub_epi32(_mm512_add_epi32(p1o, _mm512_add_epi32(p1o, p1o)), p2o);
+        const __m512i o2 = _mm512_mask_add_epi32(
+            o, 0xF000, o, _mm512_shuffle_i64x2(o, o, _MM_SHUFFLE(2, 3, 1, 0)));
+        const __m512i s = _mm512_mask_add_epi32(e, 0xF0FF, e, o2);
+        const __m256i l = _mm256_srai_epi32(
+            _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1)), 8);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(da[i] * avx512_fp16(x[i].d)),
+                              acc);
+    }
+    return acc;
+}
+
+static void avx512_gemv_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                              float *y)
+{
+    _Alignas(64) struct avx512_tq1_act g[AVX512_TQ1_CHUNK];
+    float                              da[AVX512_TQ1_CHUNK];
+    __m256                             acc[AVX512_TQ1_ROWS];
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    const struct executor_block_q8_K  *a = act;
+    if (nb <= AVX512_TQ1_CHUNK) {
+        avx512_tq1_prep(a, nb, g, da);
+        for (int64_t r = 0; r < n_rows; r++)
+            y[r] = avx512_hsum_ps_ggml(avx512_tq1_row(
+                (const void *)((const char *)w + (size_t)r * rb), nb, g, da, _mm256_setzero_ps()));
+        return;
+    }
+    for (int64_t r0 = 0; r0 < n_rows; r0 += AVX512_TQ1_ROWS) {
+        const int64_t nr = n_rows - r0 < AVX512_TQ1_ROWS ? n_rows - r0 : AVX512_TQ1_ROWS;
+        for (int64_t r = 0; r < nr; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int64_t k0 = 0; k0 < nb; k0 += AVX512_TQ1_CHUNK) {
+            const int64_t nk = nb - k0 < AVX512_TQ1_CHUNK ? nb - k0 : AVX512_TQ1_CHUNK;
+            avx512_tq1_prep(a + k0, nk, g, da);
+            for (int64_t r = 0; r < nr; r++) {
+                const struct executor_block_tq1_0 *x =
+                    (const void *)((const char *)w + (size_t)(r0 + r) * rb);
+                acc[r] = avx512_tq1_row(x + k0, nk, g, da, acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < nr; r++)
+            y[r0 + r] = avx512_hsum_ps_ggml(acc[r]);
+    }
+}
+
+static float avx512_dot_tq1_0(int64_t n, const void *w, const void *a)
+{
+    float y;
+    avx512_gemv_tq1_0(n, w, 0, 1, a, &y);
+    return y;
+}
+
+/* TQ2_0 matvec (and vec_dot, one row of it): the block's 64 qs bytes in one load, shifted right by
+ * 2k bits and masked, are the quants of elements 32k + m (bytes m < 32) and 128 + 32k + m (bytes
+ * 32 + m); the activations are prepared per call in that order, A_k = [32k .. 32k + 31, 128 + 32k
+ * .. 159 + 32k], so int32 lanes m and m + 8 both hold parts of llama.cpp's lane m. */
+#define AVX512_TQ2_CHUNK 64 /* blocks of prepared activations (20 KiB) */
+#define AVX512_TQ2_ROWS  64 /* rows whose accumulators persist between chunks of longer rows */
+
+struct avx512_tq2_act {
+    int8_t  a[4][64]; /* A_k */
+    int32_t c[16];    /* -(bsums[2k] + bsums[2k + 1]) in lane k (k < 8), 0 in lanes 8..15 */
+};
+
+static void avx512_tq2_prep(const struct executor_block_q8_K *y, int64_t nb,
+                            struct avx512_tq2_act *g, float *d)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        for (int k = 0; k < 4; k++)
+            _mm512_store_si512(g[i].a[k],
+                               avx512_load_pair(y[i].qs + 32 * k, y[i].qs + 128 + 32 * k));
+        for (int k = 0; k < 16; k++)
+            g[i].c[k] = k < 8 ? -(y[i].bsums[2 * k] + y[i].bsums[2 * k + 1]) : 0;
+        d[i] = y[i].d;
+    }
+}
+
+/* Blocks [0, nb) of one row with prepared activations g, da onto acc (llama.cpp's 8 lanes). */
+static inline __m256 avx512_tq2_row(const struct executor_block_tq2_0 *x, int64_t nb,
+                                    const struct avx512_tq2_act *g, const float *da, __m256 acc)
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    for (int64_t i = 0; i < nb; i++) {
+        const char *pf = (const char *)(x + i) + AVX512_TQ_PREFETCH;
         _mm_prefetch(pf, _MM_HINT_T0);
         _mm_prefetch(pf + 64, _MM_HINT_T0);
-        __m512i sumi = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i b =
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h)));
-            const int8_t *q8 = y[i].qs + 128 * h;
-            sumi = _mm512_dpbusd_epi32(sumi, _mm512_and_si512(_mm512_srlv_epi64(b, sh01), m3),
-                                       _mm512_loadu_si512(q8));
-            sumi = _mm512_dpbusd_epi32(sumi, _mm512_and_si512(_mm512_srlv_epi64(b, sh23), m3),
-                                       _mm512_loadu_si512(q8 + 64));
-        }
-        acc = avx512_ternary_acc(sumi, y[i].bsums, y[i].d * avx512_fp16(x[i].d), acc);
+        const __m512i v = _mm512_loadu_si512(x[i].qs);
+        __m512i       s = _mm512_load_si512(g[i].c);
+        s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, m3), _mm512_load_si512(g[i].a[0]));
+        s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(v, 2), m3),
+                                _mm512_load_si512(g[i].a[1]));
+        s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(v, 4), m3),
+                                _mm512_load_si512(g[i].a[2]));
+        s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(v, 6), m3),
+                                _mm512_load_si512(g[i].a[3]));
+        const __m256i l =
+            _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_set1_ps(da[i] * avx512_fp16(x[i].d)),
+                              acc);
     }
-    return avx512_hsum_ps_ggml(acc);
+    return acc;
+}
+
+static void avx512_gemv_tq2_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                              float *y)
+{
+    _Alignas(64) struct avx512_tq2_act g[AVX512_TQ2_CHUNK];
+    float                              da[AVX512_TQ2_CHUNK];
+    __m256                             acc[AVX512_TQ2_ROWS];
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    const struct executor_block_q8_K  *a = act;
+    if (nb <= AVX512_TQ2_CHUNK) {
+        avx512_tq2_prep(a, nb, g, da);
+        for (int64_t r = 0; r < n_rows; r++)
+            y[r] = avx512_hsum_ps_ggml(avx512_tq2_row(
+                (const void *)((const char *)w + (size_t)r * rb), nb, g, da, _mm256_setzero_ps()));
+        return;
+    }
+    for (int64_t r0 = 0; r0 < n_rows; r0 += AVX512_TQ2_ROWS) {
+        const int64_t nr = n_rows - r0 < AVX512_TQ2_ROWS ? n_rows - r0 : AVX512_TQ2_ROWS;
+        for (int64_t r = 0; r < nr; r++)
+            acc[r] = _mm256_setzero_ps();
+        for (int64_t k0 = 0; k0 < nb; k0 += AVX512_TQ2_CHUNK) {
+            const int64_t nk = nb - k0 < AVX512_TQ2_CHUNK ? nb - k0 : AVX512_TQ2_CHUNK;
+            avx512_tq2_prep(a + k0, nk, g, da);
+            for (int64_t r = 0; r < nr; r++) {
+                const struct executor_block_tq2_0 *x =
+                    (const void *)((const char *)w + (size_t)(r0 + r) * rb);
+                acc[r] = avx512_tq2_row(x + k0, nk, g, da, acc[r]);
+            }
+        }
+        for (int64_t r = 0; r < nr; r++)
+            y[r0 + r] = avx512_hsum_ps_ggml(acc[r]);
+    }
+}
+
+static float avx512_dot_tq2_0(int64_t n, const void *w, const void *a)
+{
+    float y;
+    avx512_gemv_tq2_0(n, w, 0, 1, a, &y);
+    return y;
+}
+
+/* The ternary gemm: several activations per pass over a tile of rows, each weight block unpacked
+ * once for all of them. Activations go in pairs (a, b): chunk c (elements 32c .. 32c + 31) of a and
+ * of b share one vector, and the weights' chunk c, unpacked into both halves of a vector, meets
+ * both in one vpdpbusd that leaves a's 8 lanes in int32 lanes 0..7 and b's in 8..15: llama.cpp's
+ * lanes with no halves to add. A pair starts from its bsum terms, is scaled by (d_a, d_b) * d_w
+ * with one FMA per lane and block and summed as ggml's hsum_float_8, so each (row, activation)
+ * gets the operations of vec_dot, in its order, and its bits. */
+#define AVX512_TQ_NPAIR 4  /* activation pairs (8 activations) sharing one weight unpack */
+#define AVX512_TQ_CHUNK 12 /* blocks of prepared pairs per pass (30 KiB for 4 pairs: L1) */
+#define AVX512_TQ_ROWS  64 /* rows of a tile whose accumulators persist between passes */
+
+/* One Q8_K block of an activation pair, prepared for the ternary gemm. */
+struct avx512_tq_pair {
+    int8_t  qs[8][64]; /* chunk c: elements 32c .. 32c + 31 of a, then those of b */
+    int32_t bias[16];  /* -(bsums[2k] + bsums[2k + 1]) in lane k: a's lanes 0..7, b's 8..15 */
+    float   d[16];     /* the Q8_K scale: a's in lanes 0..7, b's in 8..15 */
+};
+
+/* Prepares blocks [0, nb) of activations a and b into p[0], p[stride], p[2 * stride] ... */
+static void avx512_tq_prep(const struct executor_block_q8_K *a, const struct executor_block_q8_K *b,
+                           int64_t nb, struct avx512_tq_pair *p, size_t stride)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < nb; i++, p += stride) {
+        for (int c = 0; c < 8; c++)
+            _mm512_store_si512(p->qs[c], avx512_load_pair(a[i].qs + 32 * c, b[i].qs + 32 * c));
+        const __m256i sa = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[i].bsums), one);
+        const __m256i sb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)b[i].bsums), one);
+        _mm512_store_si512(p->bias,
+                           _mm512_sub_epi32(_mm512_setzero_si512(),
+                                            _mm512_inserti64x4(_mm512_castsi256_si512(sa), sb, 1)));
+        _mm512_store_ps(p->d, avx512_scale_pair(a[i].d, b[i].d));
+    }
+}
+
+/* The 8 weight chunks of a TQ2_0 block, each 32 quants (0..3) in both halves of a vector. */
+static inline void avx512_tq2_chunks(const struct executor_block_tq2_0 *x, __m512i w[8])
+{
+    const __m512i m3 = _mm512_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m512i b =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * h)));
+        w[4 * h] = _mm512_and_si512(b, m3);
+        w[4 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 2), m3);
+        w[4 * h + 2] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m3);
+        w[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(b, 6), m3);
+    }
+}
+
+/* The 8 weight chunks of a TQ1_0 block, each 32 trits (0..2) in both halves of a vector: chunks
+ * 0..4 are qs[0..31] times 3^c; chunk 5 is qs[32..47] times 1 | 3, chunk 6 times 9 | 27, chunk 7
+ * times 81 | the qh word times 3^k in dword k (elements 240 + 4k + j). */
+static inline void avx512_tq1_chunks(const struct executor_block_tq1_0 *x, __m512i w[8])
+{
+    const __mmask64 odd = 0xFFFF0000FFFF0000ull; /* 16-byte lanes 1 and 3 */
+    __m512i         p = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->qs));
+    for (int c = 0; c < 5; c++) {
+        w[c] = avx512_tq1_top_trit(p);
+        if (c < 4)
+            p = avx512_times3(p);
+    }
+    const __m512i r = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->qs + 32)));
+    __m512i       q = _mm512_mask_add_epi8(r, odd, r, _mm512_add_epi8(r, r));
+    w[5] = avx512_tq1_top_trit(q);
+    q = avx512_times3(avx512_times3(q));
+    w[6] = avx512_tq1_top_trit(q);
+    q = avx512_times3(avx512_times3(q));
+    uint32_t qh;
+    memcpy(&qh, x->qh, sizeof(qh));
+    const __m128i h0 = _mm_set1_epi32((int)qh);
+    const __m128i h1 = avx512_tq1_times3_128(h0);
+    const __m128i h2 = avx512_tq1_times3_128(h1);
+    const __m128i h3 = avx512_tq1_times3_128(h2);
+    const __m512i h = _mm512_broadcast_i32x4(
+        _mm_unpacklo_epi64(_mm_unpacklo_epi32(h0, h1), _mm_unpacklo_epi32(h2, h3)));
+    w[7] = avx512_tq1_top_trit(_mm512_mask_blend_epi8(odd, q, h));
+}
+
+/* Blocks [i0, i0 + nbk) of n_rows rows (stride rb) with NP prepared pairs per block (g[i * NP +
+ * p], block i0 + i), onto the accumulators acc[r * AVX512_TQ_NPAIR + p] (zeroed first when i0 is
+ * 0). */
+static inline __attribute__((always_inline)) void
+avx512_tq_rows(const int NP, const int TQ1, const char *w, size_t rb, int64_t n_rows, int64_t i0,
+               int64_t nbk, const struct avx512_tq_pair *g, __m512 *acc)
+{
+    const size_t bs =
+        TQ1 ? sizeof(struct executor_block_tq1_0) : sizeof(struct executor_block_tq2_0);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const char *row = w + (size_t)r * rb + (size_t)i0 * bs;
+        __m512      s[AVX512_TQ_NPAIR];
+        for (int p = 0; p < NP; p++)
+            s[p] = i0 == 0 ? _mm512_setzero_ps() : acc[r * AVX512_TQ_NPAIR + p];
+        for (int64_t i = 0; i < nbk; i++) {
+            __m512i wc[8];
+            float   xd;
+            if (TQ1) {
+                const struct executor_block_tq1_0 *x = (const void *)(row + (size_t)i * bs);
+                avx512_tq1_chunks(x, wc);
+                xd = avx512_fp16(x->d);
+            } else {
+                const struct executor_block_tq2_0 *x = (const void *)(row + (size_t)i * bs);
+                avx512_tq2_chunks(x, wc);
+                xd = avx512_fp16(x->d);
+            }
+            const __m512 dw = _mm512_set1_ps(xd);
+            for (int p = 0; p < NP; p++) {
+                const struct avx512_tq_pair *q = g + i * NP + p;
+                __m512i                      sumi = _mm512_load_si512(q->bias);
+                for (int c = 0; c < 8; c++)
+                    sumi = _mm512_dpbusd_epi32(sumi, wc[c], _mm512_load_si512(q->qs[c]));
+                s[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi),
+                                       _mm512_mul_ps(_mm512_load_ps(q->d), dw), s[p]);
+            }
+        }
+        for (int p = 0; p < NP; p++)
+            acc[r * AVX512_TQ_NPAIR + p] = s[p];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+avx512_gemm_tq(const int TQ1, int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+               size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    _Alignas(64) struct avx512_tq_pair g[AVX512_TQ_CHUNK * AVX512_TQ_NPAIR];
+    _Alignas(64) __m512                acc[AVX512_TQ_ROWS * AVX512_TQ_NPAIR];
+    const int64_t                      nb = n / EXECUTOR_QK_K;
+    for (int64_t j0 = 0; j0 < n_act; j0 += 2 * AVX512_TQ_NPAIR) {
+        const int na = n_act - j0 < 2 * AVX512_TQ_NPAIR ? (int)(n_act - j0) : 2 * AVX512_TQ_NPAIR;
+        const int np = (na + 1) / 2;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += AVX512_TQ_ROWS) {
+            const int64_t nr = n_rows - r0 < AVX512_TQ_ROWS ? n_rows - r0 : AVX512_TQ_ROWS;
+            const char   *wr = (const char *)w + (size_t)r0 * rb;
+            for (int64_t k0 = 0; k0 < nb; k0 += AVX512_TQ_CHUNK) {
+                const int64_t nk = nb - k0 < AVX512_TQ_CHUNK ? nb - k0 : AVX512_TQ_CHUNK;
+                if (r0 == 0 || nb > AVX512_TQ_CHUNK) {
+                    for (int p = 0; p < np; p++) {
+                        const int ja = 2 * p, jb = ja + 1 < na ? ja + 1 : ja;
+                        const struct executor_block_q8_K *a =
+                            (const void *)((const char *)act + (size_t)(j0 + ja) * act_stride);
+                        const struct executor_block_q8_K *b =
+                            (const void *)((const char *)act + (size_t)(j0 + jb) * act_stride);
+                        avx512_tq_prep(a + k0, b + k0, nk, g + p, (size_t)np);
+                    }
+                }
+                switch (np) {
+                case 4:
+                    avx512_tq_rows(4, TQ1, wr, rb, nr, k0, nk, g, acc);
+                    break;
+                case 3:
+                    avx512_tq_rows(3, TQ1, wr, rb, nr, k0, nk, g, acc);
+                    break;
+                case 2:
+                    avx512_tq_rows(2, TQ1, wr, rb, nr, k0, nk, g, acc);
+                    break;
+                default:
+                    avx512_tq_rows(1, TQ1, wr, rb, nr, k0, nk, g, acc);
+                    break;
+                }
+            }
+            for (int64_t r = 0; r < nr; r++) {
+                for (int j = 0; j < na; j++) {
+                    const __m512 s = acc[r * AVX512_TQ_NPAIR + j / 2];
+                    const __m256 h =
+                        j % 2 ? _mm512_extractf32x8_ps(s, 1) : _mm512_castps512_ps256(s);
+                    y[(size_t)(j0 + j) * ys + (size_t)(r0 + r)] = avx512_hsum_ps_ggml(h);
+                }
+            }
+        }
+    }
+}
+
+static void avx512_gemm_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                              size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    avx512_gemm_tq(1, n, w, rb, n_rows, act, act_stride, n_act, y, ys);
+}
+
+static void avx512_gemm_tq2_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                              size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    avx512_gemm_tq(0, n, w, rb, n_rows, act, act_stride, n_act, y, ys);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1520,7 +1831,11 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = avx512_dot_tq1_0;
+    ks->gemv[COMMON_GGML_TYPE_TQ1_0] = avx512_gemv_tq1_0;
     ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = avx512_dot_tq2_0;
+    ks->gemv[COMMON_GGML_TYPE_TQ2_0] = avx512_gemv_tq2_0;
+    ks->gemm[COMMON_GGML_TYPE_TQ1_0] = avx512_gemm_tq1_0;
+    ks->gemm[COMMON_GGML_TYPE_TQ2_0] = avx512_gemm_tq2_0;
     ks->vec_dot[COMMON_GGML_TYPE_I2S_Q128] = avx512_dot_i2s_q128;
     ks->vec_dot[COMMON_GGML_TYPE_I2S_B32H] = avx512_dot_i2s_b32h;
     ks->vec_dot[COMMON_GGML_TYPE_I2S_B32F] = avx512_dot_i2s_b32f;

@@ -89,6 +89,13 @@ static bool is_i2s(uint32_t type)
            type == COMMON_GGML_TYPE_I2S_B32F;
 }
 
+/* Types whose SIMD dots give the reference's bits exactly: I2_S, and the ternary types, whose
+ * kernels all make llama.cpp's x86 lanes and one FMA per lane and block (ref.c). */
+static bool is_bit_exact(uint32_t type)
+{
+    return is_i2s(type) || type == COMMON_GGML_TYPE_TQ1_0 || type == COMMON_GGML_TYPE_TQ2_0;
+}
+
 /* Element counts to test for a weight type: block-32 types take 1, 31, 32, 33, 255, 256, 257
  * blocks and 383, 384, 385, 769 (AVX-512 Q4_0 prepares activations 384 blocks at a time, in groups
  * of 3); K-quants and ternary types 1, 2, 3, 7, 8, 9 super-blocks; float types the block-32 counts
@@ -165,7 +172,7 @@ static void check_vec_dot(uint32_t type)
                   "%s/%s n=%lld: simd %.9g ref %.9g |err| %.3g > %.1g * %.6g",
                   common_ggml_type_get(type)->name, executor_isa_name(executor_kernels_active()),
                   (long long)n, (double)simd, (double)ref, err, KTEST_DOT_RTOL, mag);
-        if (is_i2s(type))
+        if (is_bit_exact(type))
             cr_assert(memcmp(&simd, &ref, sizeof(simd)) == 0, "%s/%s n=%lld: simd %a ref %a",
                       common_ggml_type_get(type)->name,
                       executor_isa_name(executor_kernels_active()), (long long)n, (double)simd,
@@ -287,10 +294,11 @@ static void check_random_row(size_t t, int64_t n)
               "%s/%s random bytes n=%lld: simd %.9g ref %.9g (sum|w*a| %.6g)", ti->name,
               executor_isa_name(executor_kernels_active()), (long long)n, (double)simd, (double)ref,
               mag);
-    if (is_i2s(type)) {
+    if (is_bit_exact(type))
         cr_assert(memcmp(&simd, &ref, sizeof(simd)) == 0, "%s/%s random bytes n=%lld: %a vs %a",
                   ti->name, executor_isa_name(executor_kernels_active()), (long long)n,
                   (double)simd, (double)ref);
+    if (is_i2s(type)) {
         /* dequantize and dot agree (code 3 included) */
         cr_assert(fabs((double)ref - exact) <= 1e-4 * mag + 1e-30,
                   "%s n=%lld: ref %.9g vs dequantized dot %.9g", ti->name, (long long)n,
@@ -1114,10 +1122,26 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, 3);
-    check_matrix(COMMON_GGML_TYPE_TQ1_0, 256 * 3, 5, 3);
-    check_matrix(COMMON_GGML_TYPE_TQ2_0, 256 * 3, 5, 3);
-    check_matrix(COMMON_GGML_TYPE_TQ1_0, 256 * 7, 70, 2);
-    check_matrix(COMMON_GGML_TYPE_TQ2_0, 256 * 7, 70, 2);
+    /* the ternary gemm (AVX-512: pairs of activations, up to 8 per pass, 12 blocks prepared at a
+     * time, accumulators kept for 64 rows) and gemv (64 blocks prepared at a time): 1..17
+     * activations (odd counts leave a pair half used); rows of 1, 3, 12, 13, 25, 65 and 130 blocks
+     * (one or several passes); 70, 130 and 300 rows (several row tiles); a matrix larger than one
+     * gemm row tile (256 KiB). */
+    static const uint32_t tq[2] = {COMMON_GGML_TYPE_TQ1_0, COMMON_GGML_TYPE_TQ2_0};
+    for (int t = 0; t < 2; t++) {
+        for (int64_t n_act = 1; n_act <= 17; n_act++) {
+            check_matrix(tq[t], 256, 5, n_act);
+            check_matrix(tq[t], 256 * 13, 7, n_act);
+        }
+        check_matrix(tq[t], 256 * 3, 5, 3);
+        check_matrix(tq[t], 256 * 12, 9, 8);
+        check_matrix(tq[t], 256 * 25, 3, 9);
+        check_matrix(tq[t], 256 * 7, 70, 2);
+        check_matrix(tq[t], 256 * 13, 130, 11);
+        check_matrix(tq[t], 256 * 20, 300, 3);
+        check_matrix(tq[t], 256 * 65, 3, 2);
+        check_matrix(tq[t], 256 * 130, 70, 1);
+    }
     check_matrix(COMMON_GGML_TYPE_I2S_Q128, 128 * 3, 5, 3);
     check_matrix(COMMON_GGML_TYPE_I2S_Q128, 2560, 70, 2);
     check_matrix(COMMON_GGML_TYPE_I2S_B32H, 32 * 33, 7, 3);
