@@ -844,21 +844,28 @@ static float dot_i2s_q128(int64_t n, const void *w, const void *a)
     return sumf;
 }
 
+/* One 32-element block of either block-32 layout (its 8 bytes of codes and its scale d_w as a
+ * float) against Q8_0 block y, added to *sumf: ((float)isum * d_a) * d_w. */
+static void ref_i2s_b32_block(const uint8_t qs[8], float dw, const struct executor_block_q8_0 *y,
+                              float *sumf)
+{
+    int8_t q[EXECUTOR_QK];
+    ref_i2s_b32_unpack(qs, q);
+    int isum = 0;
+    for (int j = 0; j < EXECUTOR_QK; j++)
+        isum += q[j] * y->qs[j];
+    const float t = (float)isum * kimpl_fp16_to_fp32(y->d);
+    const float p = t * dw;
+    *sumf += p;
+}
+
 static float dot_i2s_b32h(int64_t n, const void *w, const void *a)
 {
     const struct executor_block_i2s_b32h *x = w;
     const struct executor_block_q8_0     *y = a;
     float                                 sumf = 0.0f;
-    int8_t                                q[EXECUTOR_QK];
-    for (int64_t i = 0; i < n / EXECUTOR_QK; i++) {
-        ref_i2s_b32_unpack(x[i].qs, q);
-        int isum = 0;
-        for (int j = 0; j < EXECUTOR_QK; j++)
-            isum += q[j] * y[i].qs[j];
-        const float t = (float)isum * kimpl_fp16_to_fp32(y[i].d);
-        const float p = t * kimpl_fp16_to_fp32(x[i].d);
-        sumf += p;
-    }
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++)
+        ref_i2s_b32_block(x[i].qs, kimpl_fp16_to_fp32(x[i].d), &y[i], &sumf);
     return sumf;
 }
 
@@ -867,16 +874,8 @@ static float dot_i2s_b32f(int64_t n, const void *w, const void *a)
     const struct executor_block_i2s_b32f *x = w;
     const struct executor_block_q8_0     *y = a;
     float                                 sumf = 0.0f;
-    int8_t                                q[EXECUTOR_QK];
-    for (int64_t i = 0; i < n / EXECUTOR_QK; i++) {
-        ref_i2s_b32_unpack(x[i].qs, q);
-        int isum = 0;
-        for (int j = 0; j < EXECUTOR_QK; j++)
-            isum += q[j] * y[i].qs[j];
-        const float t = (float)isum * kimpl_fp16_to_fp32(y[i].d);
-        const float p = t * kimpl_i2s_b32f_scale(&x[i]);
-        sumf += p;
-    }
+    for (int64_t i = 0; i < n / EXECUTOR_QK; i++)
+        ref_i2s_b32_block(x[i].qs, kimpl_i2s_b32f_scale(&x[i]), &y[i], &sumf);
     return sumf;
 }
 
