@@ -42,7 +42,7 @@ target_owner() {
     case "$1" in
     common) echo common ;;
     proto) echo proto ;;
-    executor_core | sluice-executor) echo executor ;;
+    executor_core | executor_cuda | sluice-executor) echo executor ;;
     fetcher_core | sluice-fetcher) echo fetcher ;;
     router_core | sluice_client | sluice-router) echo router ;;
     sluice) echo cli ;;

@@ -97,13 +97,18 @@ struct executor_synth_opts {
     uint64_t    seed;           /* weight RNG seed; 0 = 1 */
     float       rope_freq_base; /* 0 = 10000 */
     bool        progress;       /* print progress to stderr */
+    uint32_t    n_threads;      /* threads generating and quantizing the weights (the caller
+                                   writes); 0 = executor_physical_cores(); at most 256. The
+                                   bytes written do not depend on it. */
 };
 
 /* Writes a GGUF of architecture o->arch (llama: dense, or MoE in the Mixtral layout) with random
- * weights, streaming tensor by tensor with memory bounded by one tensor row block, whatever the
- * size.
- * Returns 0, COMMON_EINVAL (bad geometry, named in e), COMMON_ENOTSUP (type without a quantizer),
- * COMMON_EIO, COMMON_ENOMEM. */
+ * weights, streaming: o->n_threads threads generate and quantize chunks of rows (512 KiB written
+ * each, or one longer row), at most two chunks per thread in flight, and the calling thread
+ * writes them in order, so memory stays bounded whatever the size. Each row of a tensor has its
+ * own RNG stream, so a seed gives the same file whatever the thread count.
+ * Returns 0, COMMON_EINVAL (bad geometry or n_threads, named in e), COMMON_ENOTSUP (type without
+ * a quantizer), COMMON_EIO, COMMON_ENOMEM. Reentrant: no global state. */
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -289,6 +294,7 @@ struct executor_weights     *executor_model_weights(const struct executor_model 
 
 /* One sequence being evaluated: KV cache, position, scratch buffers. Opaque. */
 struct executor_ctx;
+struct executor_gpu_weights;
 
 struct executor_ctx_opts {
     uint32_t                    n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
@@ -308,6 +314,14 @@ struct executor_ctx_opts {
                               (docs/fetcher.md) */
     uint32_t fetch_window; /* experts asked for ahead of use at once; 0 = all
                               (set about half the pool when the pool is small) */
+    int32_t n_gpu_layers;  /* -ngl: the last N layers on the CUDA device, and the output head
+                              too when N > n_layer (llama.cpp's meaning; 999 = all); 0 = none.
+                              Creation fails with COMMON_ENOTSUP when no device can take them
+                              (see executor_gpu_usable) and COMMON_ENOMEM when they do not fit */
+    int32_t main_gpu;      /* --main-gpu / --device CUDAn: the device used */
+    /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
+     * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
+    const struct executor_gpu_weights *gpu_weights;
 };
 
 /* Expert predictors of the forward pass (DESIGN.md section 2): counts over (token, layer)
@@ -336,6 +350,26 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
 /* Frees the ctx; accepts NULL. */
 void     executor_ctx_destroy(struct executor_ctx *c);
 uint32_t executor_ctx_n_ctx(const struct executor_ctx *c);
+/* The weights of the last n_layers layers of a model on CUDA device `dev` (the head too when
+ * n_layers > n_layer), for several ctxs of it (executor_ctx_opts.gpu_weights): uploaded once,
+ * checked to fit with n_seq sequences of n_ctx positions and n_batch tokens. Returns 0,
+ * COMMON_ENOTSUP (no usable device, or a model the CUDA path lacks) or COMMON_ENOMEM, with the
+ * message in e. */
+int  executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t dev,
+                                 uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                                 struct executor_gpu_weights **out, struct common_errmsg *e);
+void executor_gpu_weights_destroy(struct executor_gpu_weights *gw);
+/* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
+ * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
+int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len);
+/* The memory bandwidth of the ctx's device in bytes/s (executor/cuda: the best of a few
+ * device-to-device copies of `bytes`, bytes read and written counted); 0 without a device. */
+double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes);
+/* One line on the layers the ctx placed on a CUDA device; false (buf untouched) when none. */
+bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len);
+/* Whether `m` can put layers on CUDA device `dev`: true, or false with the reason in `why`
+ * (built without CUDA, no driver or device, an architecture or type the CUDA path lacks). */
+bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len);
 /* Positions filled so far (tokens decoded since the last reset). */
 uint32_t executor_ctx_n_past(const struct executor_ctx *c);
 /* Logits per token (the model's vocabulary size). */
@@ -552,6 +586,9 @@ struct executor_serve_opts {
     enum common_cache_type       cache_type;
     uint64_t                     instance;   /* 0 = a random one */
     bool                         no_pidfile; /* do not write RUNDIR/executor.pid (tests) */
+    int32_t n_gpu_layers; /* -ngl: as executor_ctx_opts (the weights uploaded once for all
+                             sequences); 0 = none. Without a usable device: a warning, the CPU */
+    int32_t main_gpu;     /* the CUDA device */
 };
 
 /* Creates the contexts, writes the pid file, starts the step thread and listens on

@@ -1,6 +1,9 @@
 /* executor/forward.c - the forward pass of one sequence: batches, attention, dense FFN, logits. */
 #include "forward_impl.h"
 
+#include "cuda/gpu.h"
+#include "gpu.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -633,7 +636,7 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
 /* Runs n tokens (n <= n_batch) at positions n_past..; writes logits of every token to `logits`
  * (n * n_vocab) when all, else of the last token when logits is not NULL. */
 static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-                     bool all)
+                     bool all, struct common_errmsg *e)
 {
     const struct executor_model *m = c->m;
     const struct common_hparams *hp = &m->desc->hp;
@@ -648,13 +651,24 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
             c->x[(size_t)t * ne + i] *= m->tok_embd.out_scale;
         fwd_rope_table(c->rope + (size_t)t * hp->n_rot, p0 + t, hp, m->rope_freqs);
     }
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
+    const uint32_t n_cpu = c->gpu ? executor_gpu_first_layer(c->gpu) : hp->n_layer;
+    for (uint32_t il = 0; il < n_cpu; il++) {
         fwd_attention(c, il, n, p0);
         int rc = fwd_ffn(c, il, n);
         if (rc < 0)
             return rc;
     }
-    c->n_past += n;
+    if (c->gpu) {
+        /* The device's layers, then its head (done) or the CPU's. */
+        int rc = executor_gpu_forward(c->gpu, c, n, p0, logits, all, e);
+        if (rc < 0)
+            return rc;
+        c->n_past += n;
+        if (rc == 1)
+            return 0;
+    } else {
+        c->n_past += n;
+    }
     if (!logits)
         return 0;
     const uint32_t t0 = all ? 0 : n - 1, n_out = n - t0;
@@ -687,10 +701,11 @@ int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t 
         const uint32_t nb = n - off < c->n_batch ? n - off : c->n_batch;
         const bool     last = off + nb == n;
         float         *out = all ? logits + (size_t)off * hp->n_vocab : (last ? logits : NULL);
-        int            rc = fwd_batch(c, tokens + off, nb, out, all);
+        struct common_errmsg ge = {{0}};
+        int                  rc = fwd_batch(c, tokens + off, nb, out, all, &ge);
         if (rc < 0)
             return common_errmsg_set(e, rc, "forward pass failed at position %u: %s", c->n_past,
-                                     common_strerror(rc));
+                                     ge.text[0] ? ge.text : common_strerror(rc));
     }
     return 0;
 }
@@ -796,6 +811,12 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory for a context of %u tokens",
                                  lay.n_ctx);
     }
+    if ((o->n_gpu_layers > 0 || o->gpu_weights) &&
+        (rc = executor_gpu_create(m, o->gpu_weights, o->n_gpu_layers, o->main_gpu, c->n_ctx,
+                                  c->n_batch, &c->gpu, e)) < 0) {
+        executor_ctx_destroy(c);
+        return rc;
+    }
     *out = c;
     return 0;
 }
@@ -805,6 +826,7 @@ void executor_ctx_destroy(struct executor_ctx *c)
     if (!c)
         return;
     executor_kv_fini(&c->kv);
+    executor_gpu_destroy(c->gpu);
     void *bufs[] = {c->x,         c->xn,          c->q,         c->k,         c->v,
                     c->att,       c->tmp,         c->ga,        c->up,        c->act[0],
                     c->act[1],    c->act[2],      c->rope,      c->th_scores, c->th_p16,
@@ -815,6 +837,24 @@ void executor_ctx_destroy(struct executor_ctx *c)
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(c);
+}
+
+int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len)
+{
+    return c->gpu ? executor_gpu_layers(c->gpu, name, len) : 0;
+}
+
+double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes)
+{
+    return c->gpu ? gpu_membw_probe(bytes) : 0.0;
+}
+
+bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len)
+{
+    if (!c->gpu)
+        return false;
+    executor_gpu_describe(c->gpu, buf, len);
+    return true;
 }
 
 uint32_t executor_ctx_n_ctx(const struct executor_ctx *c)

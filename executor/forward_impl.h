@@ -71,6 +71,8 @@ struct executor_ctx {
     uint32_t *hint_mark;       /* owned: (n_expert) hint_stamp when last hinted */
     uint32_t  hint_stamp;
     struct executor_predictor_stats pred_stats[EXECUTOR_PRED_COUNT];
+    /* The layers on a CUDA device (-ngl; gpu.c), NULL = all on the CPU. */
+    struct executor_gpu *gpu; /* owned */
 };
 
 /* ---- small numeric helpers (llama.cpp CPU semantics) ------------------------------------- */

@@ -23,6 +23,8 @@ struct main_config {
     uint32_t               connect_timeout_s;
     bool                   direct_reads;
     bool                   stream_dense;
+    int32_t                n_gpu_layers;
+    int32_t                main_gpu;
 };
 
 #define PROG "sluice-executor"
@@ -99,6 +101,24 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .help = "read experts already in a fetcher's pool in place, while the pool evicts "
                  "nothing, instead of pinning each part by a request",
          .def = "on"},
+        {.name = "n-gpu-layers",
+         .short_name = "ngl",
+         .type = COMMON_OPT_I32,
+         .target = &c->n_gpu_layers,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help = "put the last N layers on the CUDA device (and the output head when N exceeds "
+                 "the layers; 999 = all), shared by every sequence; without a usable device the "
+                 "CPU runs them",
+         .def = "0"},
+        {.name = "main-gpu",
+         .short_name = "mg",
+         .type = COMMON_OPT_I32,
+         .target = &c->main_gpu,
+         .max = 64,
+         .metavar = "I",
+         .help = "the CUDA device used for -ngl",
+         .def = "0"},
         {.name = "stream-dense",
          .type = COMMON_OPT_SWITCH,
          .target = &c->stream_dense,
@@ -239,7 +259,9 @@ static int main_run(const struct main_config *c)
                                      .n_ctx = c->n_ctx,
                                      .n_batch = c->n_batch,
                                      .cache_type = c->cache_type,
-                                     .instance = instance};
+                                     .instance = instance,
+                                     .n_gpu_layers = c->n_gpu_layers,
+                                     .main_gpu = c->main_gpu};
     if ((rc = executor_serve_start(&so, &st.serve, &e)) < 0) {
         fprintf(stderr, PROG ": error: cannot serve in %s: %s\n", c->run_dir,
                 e.text[0] ? e.text : common_strerror(rc));

@@ -34,6 +34,7 @@ struct executor_serve {
     struct executor_remote      *remote;  /* borrowed, NULL for a dense model */
     uint32_t                     n_seq, n_ctx, n_vocab;
     struct executor_ctx        **ctx;     /* owned: n_seq contexts */
+    struct executor_gpu_weights *gpu_w;   /* owned: -ngl's device weights, shared by ctx */
     float                       *logits;  /* owned: n_vocab scratch */
     int32_t                     *tokens;  /* owned: n_ctx scratch (a copy of the router's ids) */
     struct proto_service        *svc;     /* owned: control socket, pid file */
@@ -455,9 +456,27 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     }
     struct executor_ctx_opts co = {
         .n_ctx = o->n_ctx, .n_batch = o->n_batch, .cache_type = o->cache_type, .pool = o->pool};
+    if (o->n_gpu_layers > 0) {
+        const struct common_hparams *hp = &executor_model_desc(o->model)->hp;
+        const uint32_t               n_ctx = o->n_ctx                 ? o->n_ctx
+                                             : hp->n_ctx_train < 4096 ? hp->n_ctx_train
+                                                                      : 4096;
+        char                         why[256] = "";
+        if (!executor_gpu_usable(o->model, o->main_gpu, why, sizeof(why)))
+            COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
+                            why);
+        else if ((rc = executor_gpu_weights_create(o->model, o->n_gpu_layers, o->main_gpu, n_ctx,
+                                                   o->n_batch ? o->n_batch : 512, s->n_seq,
+                                                   &s->gpu_w, e)) < 0)
+            goto out_stop;
+        co.gpu_weights = s->gpu_w;
+    }
     for (uint32_t i = 0; i < s->n_seq; i++)
         if ((rc = executor_ctx_create(o->model, &co, &s->ctx[i], e)) < 0)
             goto out_stop;
+    char gd[512];
+    if (executor_ctx_gpu_describe(s->ctx[0], gd, sizeof(gd)))
+        COMMON_LOG_INFO("executor", "%s (x%u sequences)", gd, s->n_seq);
     s->n_ctx = executor_ctx_n_ctx(s->ctx[0]);
     s->logits = malloc((size_t)s->n_vocab * sizeof(float));
     s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
@@ -514,6 +533,7 @@ void executor_serve_stop(struct executor_serve *s)
     serve_link_free(s->pending);
     for (uint32_t i = 0; s->ctx && i < s->n_seq; i++)
         executor_ctx_destroy(s->ctx[i]);
+    executor_gpu_weights_destroy(s->gpu_w);
     free(s->ctx);
     free(s->logits);
     free(s->tokens);

@@ -1,0 +1,177 @@
+/* executor/cuda/device.cu - device selection, the backend's stream, memory, error recording. */
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_impl.cuh"
+
+static cudaStream_t g_stream;   /* created by gpu_select */
+static char         g_err[256]; /* the last recorded error, one line */
+
+cudaStream_t gpu_stream(void)
+{
+    return g_stream;
+}
+
+int gpu_record(cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess)
+        return 0;
+    snprintf(g_err, sizeof(g_err), "%s: %s (%s)", what, cudaGetErrorString(err),
+             cudaGetErrorName(err));
+    return -1;
+}
+
+extern "C" const char *gpu_last_error(void)
+{
+    return g_err;
+}
+
+extern "C" bool gpu_built(void)
+{
+    return true;
+}
+
+extern "C" int gpu_device_count(char *why, size_t why_len)
+{
+    int         n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        /* No driver, no device: the CPU path is used; clear the runtime's error state. */
+        (void)cudaGetLastError();
+        if (why && why_len)
+            snprintf(why, why_len, "%s", cudaGetErrorString(err));
+        return 0;
+    }
+    if (n == 0 && why && why_len)
+        snprintf(why, why_len, "no CUDA device found");
+    return n;
+}
+
+extern "C" int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len)
+{
+    char tmp[8];
+    int  n = gpu_device_count(why ? why : tmp, why ? why_len : sizeof(tmp));
+    if (n == 0)
+        return -1;
+    if (dev < 0 || dev >= n) {
+        if (why && why_len)
+            snprintf(why, why_len, "device CUDA%d does not exist (%d device%s: CUDA0..CUDA%d)", dev,
+                     n, n == 1 ? "" : "s", n - 1);
+        return -1;
+    }
+    cudaDeviceProp p;
+    cudaError_t    err = cudaSetDevice(dev);
+    if (err == cudaSuccess)
+        err = cudaGetDeviceProperties(&p, dev);
+    if (err == cudaSuccess && !g_stream)
+        err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
+    size_t free_b = 0, total_b = 0;
+    if (err == cudaSuccess)
+        err = cudaMemGetInfo(&free_b, &total_b);
+    if (err != cudaSuccess) {
+        gpu_record(err, "selecting the device");
+        if (why && why_len)
+            snprintf(why, why_len, "CUDA%d: %s", dev, g_err);
+        return -1;
+    }
+    if (p.major < 8) {
+        if (why && why_len)
+            snprintf(why, why_len,
+                     "CUDA%d (%.127s) has compute capability %d.%d; sluice needs 8.0 or later", dev,
+                     p.name, p.major, p.minor);
+        return -1;
+    }
+    if (info) {
+        memset(info, 0, sizeof(*info));
+        snprintf(info->name, sizeof(info->name), "%.127s", p.name);
+        info->cc_major = p.major;
+        info->cc_minor = p.minor;
+        info->n_sm = p.multiProcessorCount;
+        info->total_bytes = total_b;
+        info->free_bytes = free_b;
+    }
+    return 0;
+}
+
+extern "C" void *gpu_malloc(size_t bytes)
+{
+    void *p = NULL;
+    if (gpu_record(cudaMalloc(&p, bytes ? bytes : 1), "allocating device memory") < 0)
+        return NULL;
+    return p;
+}
+
+extern "C" void gpu_free(void *p)
+{
+    if (p)
+        (void)cudaFree(p);
+}
+
+extern "C" int gpu_upload(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return 0;
+    /* The host buffer may be reused at once: copy on the stream, then wait for it. */
+    if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream),
+                   "copying to the device") < 0)
+        return -1;
+    return gpu_record(cudaStreamSynchronize(g_stream), "copying to the device");
+}
+
+extern "C" int gpu_download(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return gpu_sync();
+    if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream),
+                   "copying from the device") < 0)
+        return -1;
+    return gpu_record(cudaStreamSynchronize(g_stream), "copying from the device");
+}
+
+extern "C" int gpu_memset(void *dst, int byte, size_t bytes)
+{
+    return gpu_record(cudaMemsetAsync(dst, byte, bytes, g_stream), "clearing device memory");
+}
+
+extern "C" int gpu_sync(void)
+{
+    return gpu_record(cudaStreamSynchronize(g_stream), "running kernels");
+}
+
+extern "C" double gpu_membw_probe(size_t bytes)
+{
+    void       *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double      bw = 0.0;
+    float       best = 0.0f;
+    if (gpu_record(cudaMalloc(&a, bytes), "bandwidth probe") < 0 ||
+        gpu_record(cudaMalloc(&b, bytes), "bandwidth probe") < 0 ||
+        gpu_record(cudaEventCreate(&e0), "bandwidth probe") < 0 ||
+        gpu_record(cudaEventCreate(&e1), "bandwidth probe") < 0 ||
+        gpu_record(cudaMemsetAsync(a, 0x5a, bytes, g_stream), "bandwidth probe") < 0)
+        goto out;
+    /* The best of a few device-to-device copies after a warm-up, counting bytes read and
+     * written (what a kernel streaming weights can at most read). */
+    for (int i = 0; i < 6; i++) {
+        float ms = 0.0f;
+        if (gpu_record(cudaEventRecord(e0, g_stream), "bandwidth probe") < 0 ||
+            gpu_record(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream),
+                       "bandwidth probe") < 0 ||
+            gpu_record(cudaEventRecord(e1, g_stream), "bandwidth probe") < 0 ||
+            gpu_record(cudaEventSynchronize(e1), "bandwidth probe") < 0 ||
+            gpu_record(cudaEventElapsedTime(&ms, e0, e1), "bandwidth probe") < 0)
+            goto out;
+        if (i > 0 && ms > 0.0f && (best == 0.0f || ms < best))
+            best = ms;
+    }
+    if (best > 0.0f)
+        bw = 2.0 * (double)bytes / ((double)best * 1e-3);
+out:
+    if (e0)
+        (void)cudaEventDestroy(e0);
+    if (e1)
+        (void)cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return bw;
+}

@@ -1,0 +1,150 @@
+/* executor/cuda/gpu.h - the CUDA backend's C face: device selection, memory, and the kernels of
+ * the forward pass (the .cu files of executor/cuda/). Built without CUDA, executor/gpu_none.c
+ * implements it: gpu_built() is false, gpu_device_count() is 0 and everything else fails.
+ *
+ * Pointers named "device" are device memory from gpu_malloc. Every kernel runs on the backend's
+ * one stream (set up by gpu_select), in call order; a call returns once the work is queued.
+ * Kernel calls return 0, or -1 after recording the CUDA error (gpu_last_error). Sizes are in
+ * elements unless named bytes; "stride" is the distance between rows in elements. */
+#ifndef EXECUTOR_CUDA_GPU_H
+#define EXECUTOR_CUDA_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPU_MATVEC_MAX_N 8 /* most activation rows of one gpu_matvec call */
+
+struct gpu_info {
+    char   name[128];
+    int    cc_major, cc_minor; /* compute capability */
+    int    n_sm;
+    size_t total_bytes, free_bytes; /* device memory */
+};
+
+/* ---- device and memory (executor/cuda/device.cu) ------------------------------------------ */
+
+/* Whether this build has the CUDA backend. */
+bool gpu_built(void);
+/* Usable devices; 0 with `why` saying why not (built without CUDA, no driver, no device). */
+int gpu_device_count(char *why, size_t why_len);
+/* Makes device `dev` current for the process, creates the stream and fills `info`. Returns 0 or
+ * -1 with the reason in `why`. */
+int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len);
+/* The last CUDA error recorded by a call of this interface, as one line ("" if none). */
+const char *gpu_last_error(void);
+
+void *gpu_malloc(size_t bytes); /* device memory, NULL (error recorded) when it cannot */
+void  gpu_free(void *p);        /* accepts NULL */
+int   gpu_upload(void *dst_device, const void *src_host, size_t bytes);
+int   gpu_download(void *dst_host, const void *src_device, size_t bytes); /* waits for the stream */
+int   gpu_memset(void *dst_device, int byte, size_t bytes);
+int   gpu_sync(void); /* waits for every queued kernel; 0 or -1 (a kernel failed) */
+/* Device memory bandwidth in bytes/s: the best of several device-to-device copies of `bytes`,
+ * counting bytes read and written; 0 when it could not be measured. */
+double gpu_membw_probe(size_t bytes);
+
+/* ---- weights: dequantize, matvec, matmul (executor/cuda/quant.cu) ------------------------- */
+/* `type` is enum common_ggml_type; the types supported are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K (gpu_type_supported). A matrix is `rows` rows of `cols` elements, each
+ * row `row_bytes` bytes (the GGUF layout, rows contiguous); cols is a multiple of the type's
+ * block size. */
+
+bool gpu_type_supported(uint32_t type);
+
+/* out row i (out_stride apart, f32 or f16 as out_f16 says) = row ids[i] of w dequantized, or row
+ * i when ids is NULL; i < n_rows. ids is device memory. */
+int gpu_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
+                     const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
+                     bool out_f16);
+
+/* y[t * y_stride + r] = sum_c W[r][c] * x[t * x_stride + c] for r < rows, t < n
+ * (1 <= n <= GPU_MATVEC_MAX_N); f32 activations and accumulation. */
+int gpu_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+               const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride);
+
+/* MoE: n_items products in one launch. Item i multiplies expert ids[i]'s matrix (at
+ * w + ids[i] * expert_bytes) with activation row x + (i / x_div) * x_stride into y + i * y_stride
+ * (rows outputs). ids is device memory; x_div >= 1 (n_expert_used for the gate/up products of a
+ * step's tokens, 1 for down). */
+int gpu_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                   int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items, const float *x,
+                   int64_t x_stride, int64_t x_div, float *y, int64_t y_stride);
+
+/* out (n rows of cols, row-major f16) = x rows (x_stride apart) as f16. */
+int gpu_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out);
+
+/* Tensor-core matmul: y[t * y_stride + r] = sum_c w16[r * cols + c] * x16[t * cols + c] for
+ * r < rows, t < n, f16 inputs (row-major, contiguous), f32 accumulation and output. cols is a
+ * multiple of 32; rows and n any. */
+int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
+                 float *y, int64_t y_stride);
+
+/* ---- activations as the CPU rounds them (executor/cuda/act.cu) ---------------------------- */
+
+/* out (n rows of cols, contiguous) = x rows quantized to `act_type` (the CPU's
+ * executor_vec_dot_type of a weight type: Q8_0, Q8_1, Q8_K, F16 or BF16) exactly as the CPU's
+ * kernels quantize activations, expanded back to f32: a matvec over them then computes the
+ * CPU's products. */
+int gpu_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                  float *out);
+
+/* ---- the other operations of a layer (executor/cuda/ops.cu) -------------------------------- */
+
+/* y row r = x row r / sqrt(mean(x row r ^ 2) + eps) * w, r < n_rows, rows of `width`; y may
+ * be x. The sum of squares in f32 or better. */
+int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                int64_t n_rows, int64_t width, float eps);
+/* y[i] = a[i] + b[i], i < n; y may be a or b. */
+int gpu_add(float *y, const float *a, const float *b, int64_t n);
+/* y[r * stride + i] += bias[i] for r < n_rows, i < width. */
+int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+/* g[i] = silu(g[i]) * u[i] (relu2 false) or max(g[i], 0)^2 * u[i], i < n. */
+int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2);
+/* Rotary embedding in place: token t's vector at v + t * tok_stride holds n_heads heads of
+ * head_dim; the first n_rot dims of each head rotate by the (cos, sin) pairs of cs + t * n_rot
+ * (pair i at cs[t * n_rot + 2i], [.. + 2i + 1]): pairs (2i, 2i+1), or (i, i + n_rot/2) with neox.
+ * x0' = x0 * c - x1 * s, x1' = x0 * s + x1 * c. */
+int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
+             uint32_t n_rot, const float *cs, bool neox);
+/* The f16 KV cache of one layer: position p's key at k_cache + p * k_width, value at
+ * v_cache + p * v_width. Stores token t's k (k + t * k_width) and v at position pos0 + t. */
+int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                 const float *k, const float *v, uint32_t pos0, uint32_t n_tok);
+/* Causal attention of n_tok queries at positions pos0.. over the cache: out row t (n_head *
+ * head_dim_v) for query row t (n_head * head_dim_k); query head h reads kv head
+ * h / (n_head / n_head_kv). Token t sees positions max(0, pos0 + t + 1 - window) .. pos0 + t
+ * (window 0 = all). Scores scaled by `scale`, softmax in f32 with the max subtracted. scratch:
+ * device floats, at least n_tok * n_head * (pos0 + n_tok). */
+int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                  uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
+                  uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                  float *scratch);
+/* MoE routing of n_tok tokens from router logits (n_tok rows of n_expert): probabilities by
+ * softmax (gating 0) or sigmoid (gating 1); selection by top-k of probability + bias[e] (bias
+ * NULL = none; ties to the lower index); weights = the chosen probabilities, divided by their sum
+ * (clamped below at 6.103515625e-5) when norm, times scale when scale is not 0 or 1. sel and
+ * sel_w: n_tok rows of k. */
+int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
+                  uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+/* x row t (width ne) += sum over j < k, in order j = 0.., of sel_w[t * k + j] * y row (t * k + j);
+ * t < n_tok. */
+int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                    uint32_t ne);
+/* dst row i (width, dst_stride apart) = src row rows[i] (src_stride apart), i < n; rows is device
+ * memory. */
+int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                    const int32_t *rows, int64_t n, int64_t width);
+/* dst row rows[i] = src row i, i < n; rows is device memory. */
+int gpu_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     const int32_t *rows, int64_t n, int64_t width);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EXECUTOR_CUDA_GPU_H */

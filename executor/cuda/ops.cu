@@ -1,0 +1,677 @@
+/* executor/cuda/ops.cu - the layer operations other than the weight products: RMS norm, adds,
+ * SwiGLU, RoPE, the f16 KV store, attention, MoE routing and combination, row gather/scatter. */
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "gpu_impl.cuh"
+
+#define OPS_THREADS        256  /* threads of the elementwise kernels */
+#define OPS_MAX_BLOCKS     4096 /* elementwise kernels loop over the rest (grid-stride) */
+#define OPS_ATT_THREADS    256  /* threads of one (token, head) attention block */
+#define OPS_ATT_MAX_DIM    4096 /* largest head dim: query and partial sums in shared memory */
+#define OPS_ATT_MIN_BLOCKS 512  /* fewer (token, head) rows than this split their positions */
+#define OPS_ATT_MAX_SPLIT  32   /* most chunks of one row */
+#define OPS_ATT_MIN_CHUNK  256  /* fewest positions of a chunk (and at least head_dim_v + 2) */
+#define OPS_ROUTE_MAX_E    4096 /* most experts: probabilities and scores sit in shared memory */
+#define OPS_ROUTE_MAX_K    64   /* most experts chosen per token */
+#define OPS_FULL_MASK      0xffffffffu
+
+/* Grid of the grid-stride elementwise kernels for n items. */
+static unsigned ops_grid(long long n)
+{
+    unsigned b = gpu_blocks(n, OPS_THREADS);
+    return b < OPS_MAX_BLOCKS ? b : OPS_MAX_BLOCKS;
+}
+
+static int ops_bad(const char *what)
+{
+    return gpu_record(cudaErrorInvalidValue, what);
+}
+
+/* ---- block reductions --------------------------------------------------------------------- */
+
+struct ops_sum {
+    template <class T> __device__ T operator()(T a, T b) const
+    {
+        return a + b;
+    }
+};
+
+struct ops_max {
+    __device__ float operator()(float a, float b) const
+    {
+        return fmaxf(a, b);
+    }
+};
+
+template <class T, class Op> static __device__ T ops_warp_reduce(T v, Op op)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = op(v, __shfl_xor_sync(OPS_FULL_MASK, v, o));
+    return v;
+}
+
+/* The reduction of every thread's v, returned to every thread. Called by all threads of the
+ * block (blockDim.x a multiple of 32); `red` is a shared array of 32; ends with a barrier, so
+ * `red` may be reused at once, and global or shared writes made before the call are visible to
+ * the whole block after it. */
+template <class T, class Op> static __device__ T ops_block_reduce(T v, Op op, T *red)
+{
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    v = ops_warp_reduce(v, op);
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    T r = red[0];
+    for (unsigned w = 1; w < blockDim.x / 32u; w++)
+        r = op(r, red[w]);
+    __syncthreads();
+    return r;
+}
+
+/* ---- RMS norm ----------------------------------------------------------------------------- */
+
+/* One block per row. As fwd_rmsnorm: each square in f32, their sum in double, then
+ * y = (x * scale) * w with scale = 1 / sqrtf(mean + eps). y may be x: each thread rewrites only
+ * the elements it read, after the reduction's barrier. */
+static __global__ void ops_rmsnorm_kernel(float *y, int64_t y_stride, const float *x,
+                                          int64_t x_stride, const float *w, int64_t width,
+                                          float eps)
+{
+    __shared__ double red[32];
+    const float      *xr = x + (int64_t)blockIdx.x * x_stride;
+    float            *yr = y + (int64_t)blockIdx.x * y_stride;
+    double            sum = 0.0;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        sum += (double)(v * v);
+    }
+    sum = ops_block_reduce(sum, ops_sum(), red);
+    const float mean = (float)(sum / (double)width);
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+        yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                int64_t n_rows, int64_t width, float eps)
+{
+    if (!y || !x || !w || n_rows < 0 || n_rows > INT32_MAX || width < 1 || y_stride < width ||
+        x_stride < width)
+        return ops_bad("gpu_rmsnorm: bad arguments");
+    if (n_rows == 0)
+        return 0;
+    const unsigned threads = width <= 1024 ? 256u : 1024u;
+    ops_rmsnorm_kernel<<<(unsigned)n_rows, threads, 0, gpu_stream()>>>(y, y_stride, x, x_stride, w,
+                                                                       width, eps);
+    return GPU_LAUNCHED("ops_rmsnorm_kernel");
+}
+
+/* ---- elementwise -------------------------------------------------------------------------- */
+
+static __global__ void ops_add_kernel(float *y, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(a[i], b[i]);
+}
+
+int gpu_add(float *y, const float *a, const float *b, int64_t n)
+{
+    if (!y || !a || !b || n < 0)
+        return ops_bad("gpu_add: bad arguments");
+    if (n == 0)
+        return 0;
+    ops_add_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(y, a, b, n);
+    return GPU_LAUNCHED("ops_add_kernel");
+}
+
+static __global__ void ops_add_bias_kernel(float *y, int64_t stride, const float *bias,
+                                           int64_t n_rows, int64_t width)
+{
+    const int64_t n = n_rows * width;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / width, c = i - r * width;
+        float        *p = y + r * stride + c;
+        *p = __fadd_rn(*p, bias[c]);
+    }
+}
+
+int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
+{
+    if (!y || !bias || n_rows < 0 || width < 0 || stride < width)
+        return ops_bad("gpu_add_bias: bad arguments");
+    if (n_rows == 0 || width == 0)
+        return 0;
+    ops_add_bias_kernel<<<ops_grid(n_rows * width), OPS_THREADS, 0, gpu_stream()>>>(y, stride, bias,
+                                                                                    n_rows, width);
+    return GPU_LAUNCHED("ops_add_bias_kernel");
+}
+
+/* The CPU's expressions (executor_fwd_dense_gate_up), with no fused multiply-adds. */
+static __global__ void ops_swiglu_kernel(float *g, const float *u, int64_t n, bool relu2)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        float       a;
+        if (relu2) {
+            const float r = x > 0.0f ? x : 0.0f;
+            a = __fmul_rn(r, r);
+        } else {
+            a = __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
+        }
+        g[i] = __fmul_rn(a, u[i]);
+    }
+}
+
+int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2)
+{
+    if (!g || !u || n < 0)
+        return ops_bad("gpu_swiglu: bad arguments");
+    if (n == 0)
+        return 0;
+    ops_swiglu_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(g, u, n, relu2);
+    return GPU_LAUNCHED("ops_swiglu_kernel");
+}
+
+/* ---- RoPE --------------------------------------------------------------------------------- */
+
+/* One thread per rotated pair (token, head, i); fwd_rope_apply's arithmetic, unfused. */
+static __global__ void ops_rope_kernel(float *v, int64_t n_tok, int64_t tok_stride,
+                                       uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
+                                       const float *cs, bool neox)
+{
+    const uint32_t half = n_rot / 2;
+    const int64_t  n = n_tok * n_heads * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t i = (uint32_t)(idx % half);
+        const int64_t  th = idx / half;
+        const uint32_t h = (uint32_t)(th % n_heads);
+        const int64_t  t = th / n_heads;
+        float         *x = v + t * tok_stride + (int64_t)h * head_dim;
+        const uint32_t a = neox ? i : 2 * i;
+        const uint32_t b = neox ? i + half : 2 * i + 1;
+        const float    c = cs[t * n_rot + 2 * i];
+        const float    s = cs[t * n_rot + 2 * i + 1];
+        const float    x0 = x[a];
+        const float    x1 = x[b];
+        x[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        x[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+}
+
+int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
+             uint32_t n_rot, const float *cs, bool neox)
+{
+    if (!v || !cs || n_tok < 0 || n_rot > head_dim ||
+        tok_stride < (int64_t)n_heads * (int64_t)head_dim)
+        return ops_bad("gpu_rope: bad arguments");
+    const int64_t n = n_tok * n_heads * (int64_t)(n_rot / 2);
+    if (n == 0)
+        return 0;
+    ops_rope_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(v, n_tok, tok_stride, n_heads,
+                                                                   head_dim, n_rot, cs, neox);
+    return GPU_LAUNCHED("ops_rope_kernel");
+}
+
+/* ---- KV store ----------------------------------------------------------------------------- */
+
+/* Items [0, n_tok * k_width) are keys, the rest values. */
+static __global__ void ops_kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width,
+                                           uint32_t v_width, const float *k, const float *v,
+                                           uint32_t pos0, uint32_t n_tok)
+{
+    const int64_t nk = (int64_t)n_tok * k_width, n = nk + (int64_t)n_tok * v_width;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (i < nk) {
+            const int64_t t = i / k_width, c = i - t * k_width;
+            k_cache[((int64_t)pos0 + t) * k_width + c] = __half_as_ushort(__float2half_rn(k[i]));
+        } else {
+            const int64_t j = i - nk, t = j / v_width, c = j - t * v_width;
+            v_cache[((int64_t)pos0 + t) * v_width + c] = __half_as_ushort(__float2half_rn(v[j]));
+        }
+    }
+}
+
+int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                 const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
+{
+    if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
+        return ops_bad("gpu_kv_store: bad arguments");
+    const int64_t n = (int64_t)n_tok * ((int64_t)k_width + v_width);
+    if (n == 0)
+        return 0;
+    ops_kv_store_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(k_cache, v_cache, k_width,
+                                                                       v_width, k, v, pos0, n_tok);
+    return GPU_LAUNCHED("ops_kv_store_kernel");
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+/* The geometry of one gpu_attention call, shared by its blocks. */
+struct ops_att_args {
+    float          *out;
+    const float    *q;
+    const uint16_t *k_cache, *v_cache;
+    float          *scratch; /* (n_tok * n_head, row): scores, probabilities, chunk partials */
+    uint32_t        pos0, n_head, gqa, hk, hv, window;
+    uint32_t        k_width, v_width; /* n_head_kv * hk, n_head_kv * hv */
+    int64_t         row;              /* pos0 + n_tok: scratch floats per (token, head) */
+    float           scale;
+    unsigned        k_lanes;  /* lanes per position in the score pass, a power of two <= 32 */
+    unsigned        v_groups; /* position groups of the value pass (1: threads over dims only) */
+    unsigned        n_split;  /* most chunks a (token, head) is split into (gridDim.y) */
+    unsigned        c_min;    /* fewest positions of a chunk, >= hv + 2 */
+};
+
+/* The visible positions of query token t: p_lo .. p_lo + n_kv - 1. */
+static __device__ void ops_att_span(const struct ops_att_args *a, uint32_t t, uint32_t *p_lo,
+                                    int *n_kv)
+{
+    const uint32_t last = a->pos0 + t + 1; /* one past the query's own position */
+    *p_lo = a->window && last > a->window ? last - a->window : 0;
+    *n_kv = (int)(last - *p_lo);
+}
+
+/* Chunks of a row of n_kv positions: as many as n_split allows with c_min positions each. */
+static __device__ unsigned ops_att_chunks(const struct ops_att_args *a, int n_kv)
+{
+    const unsigned n = (unsigned)n_kv / a->c_min;
+    return n < 1 ? 1 : n < a->n_split ? n : a->n_split;
+}
+
+/* First position (relative to p_lo) of chunk c of n_c; chunk c is [start(c), start(c + 1)). */
+static __device__ int ops_att_chunk_start(int n_kv, unsigned c, unsigned n_c)
+{
+    return (int)((int64_t)c * n_kv / n_c);
+}
+
+/* Loads `VEC` consecutive f16 values (VEC 2: 4-byte aligned) as floats. */
+template <int VEC> static __device__ float2 ops_load_h(const uint16_t *p)
+{
+    if (VEC == 2)
+        return __half22float2(*reinterpret_cast<const __half2 *>(p));
+    return make_float2(__half2float(__ushort_as_half(*p)), 0.0f);
+}
+
+/* One block per (token t, head h, chunk c): blockIdx.x = t * n_head + h, blockIdx.y = c. The
+ * visible positions split into n_c chunks of at least c_min positions (n_c = 1 unless the grid
+ * is too small for the device: decode). Pass 1: groups of k_lanes lanes take one position each
+ * and reduce q . k over their lanes; the scaled score goes to the scratch row. Then the chunk's
+ * max, exp(score - max) in place and their sum. Pass 2: threads over output units (VV dims
+ * each), v_groups groups of them over interleaved positions, their partial sums added in group
+ * order through shared memory. With one chunk, out = sum / total; with more, the chunk leaves
+ * (max, total, sum[hv]) at the start of its own stretch of the scratch row (c_min >= hv + 2
+ * floats, its probabilities no longer needed) for ops_attention_combine_kernel.
+ * VK, VV: f16 elements per load of K and V (2 when the rows allow 4-byte loads). */
+template <int VK, int VV> static __global__ void ops_attention_kernel(struct ops_att_args a)
+{
+    extern __shared__ float sh[]; /* hk floats of query, then the pass-2 partials */
+    __shared__ float        red[32];
+    const uint32_t          t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
+    const uint32_t          kvh = h / a.gqa;
+    uint32_t                p_lo;
+    int                     n_kv;
+    ops_att_span(&a, t, &p_lo, &n_kv);
+    const unsigned n_c = ops_att_chunks(&a, n_kv);
+    if (blockIdx.y >= n_c)
+        return;
+    const int    c0 = ops_att_chunk_start(n_kv, blockIdx.y, n_c);
+    const int    c1 = ops_att_chunk_start(n_kv, blockIdx.y + 1, n_c);
+    const float *qv = a.q + ((int64_t)t * a.n_head + h) * a.hk;
+    float       *sc = a.scratch + (int64_t)blockIdx.x * a.row;
+    float       *sq = sh;
+
+    /* The query rounded to f16, as the CPU (and llama.cpp's CPU path) dots it with an f16 K. */
+    for (uint32_t d = threadIdx.x; d < a.hk; d += blockDim.x)
+        sq[d] = __half2float(__float2half_rn(qv[d]));
+    __syncthreads();
+
+    /* Pass 1: scores. The loop bound depends on the warp only, so whole warps shuffle. */
+    const unsigned  lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned  S = a.k_lanes, sub = lane / S, lg = lane % S, per_warp = 32u / S;
+    const unsigned  n_warps = blockDim.x >> 5;
+    const uint32_t  k_units = (a.hk + VK - 1) / VK;
+    const uint16_t *kbase = a.k_cache + (int64_t)kvh * a.hk + (int64_t)p_lo * a.k_width;
+    float           lmax = -INFINITY;
+    for (int base = c0 + (int)(warp * per_warp); base < c1; base += (int)(n_warps * per_warp)) {
+        const int i = base + (int)sub;
+        float     s = 0.0f;
+        if (i < c1) {
+            const uint16_t *kr = kbase + (int64_t)i * a.k_width;
+#pragma unroll 4
+            for (uint32_t u = lg; u < k_units; u += S) {
+                const float2 kk = ops_load_h<VK>(kr + u * VK);
+                s += sq[u * VK] * kk.x;
+                if (VK == 2)
+                    s += sq[u * VK + 1] * kk.y;
+            }
+        }
+        for (unsigned o = S / 2; o > 0; o >>= 1)
+            s += __shfl_xor_sync(OPS_FULL_MASK, s, o);
+        if (i < c1 && lg == 0) {
+            s *= a.scale;
+            sc[i] = s;
+            lmax = fmaxf(lmax, s);
+        }
+    }
+    const float mx = ops_block_reduce(lmax, ops_max(), red);
+
+    float lsum = 0.0f;
+    for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
+        const float e = expf(sc[i] - mx);
+        sc[i] = e;
+        lsum += e;
+    }
+    const float total = ops_block_reduce(lsum, ops_sum(), red);
+
+    /* Pass 2: the weighted sum of the values into part (G, v_units * VV). With G == 1 a thread
+     * may own several units; with G > 1, G * v_units <= blockDim.x and it owns one at most. */
+    /* One chunk: the probabilities normalised and rounded to f16 before the V dot, as on the
+     * CPU; several chunks (a long decode) normalise in the combine kernel, unrounded. */
+    const float     inv = n_c == 1 ? 1.0f / total : 1.0f;
+    const uint32_t  v_units = (a.hv + VV - 1) / VV;
+    const unsigned  G = a.v_groups;
+    const uint16_t *vbase = a.v_cache + (int64_t)kvh * a.hv + (int64_t)p_lo * a.v_width;
+    float          *part = sh + a.hk;
+    for (uint32_t j = threadIdx.x; j < G * v_units; j += blockDim.x) {
+        const unsigned g = j / v_units, u = j % v_units;
+        float2         acc = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+        for (int i = c0 + (int)g; i < c1; i += (int)G) {
+            const float  p = n_c == 1 ? __half2float(__float2half_rn(sc[i] * inv)) : sc[i];
+            const float2 vv = ops_load_h<VV>(vbase + (int64_t)i * a.v_width + u * VV);
+            acc.x += p * vv.x;
+            acc.y += p * vv.y;
+        }
+        part[j * VV] = acc.x;
+        if (VV == 2)
+            part[j * VV + 1] = acc.y;
+    }
+    /* Every read of this chunk's probabilities is done: its stretch may take the partials. */
+    __syncthreads();
+    float *dst = n_c == 1 ? a.out + ((int64_t)t * a.n_head + h) * a.hv : sc + c0 + 2;
+    for (uint32_t d = threadIdx.x; d < a.hv; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned g = 0; g < G; g++)
+            acc += part[g * v_units * VV + d];
+        dst[d] = acc;
+    }
+    if (n_c > 1 && threadIdx.x == 0) {
+        sc[c0] = mx;
+        sc[c0 + 1] = total;
+    }
+}
+
+/* One block per (token, head) split into chunks: out = sum_c e_c * sum_c / sum_c e_c * total_c,
+ * e_c = exp(max_c - max), from the partials the chunks left in the scratch row. */
+static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
+{
+    const uint32_t t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
+    uint32_t       p_lo;
+    int            n_kv;
+    ops_att_span(&a, t, &p_lo, &n_kv);
+    const unsigned n_c = ops_att_chunks(&a, n_kv);
+    if (n_c == 1)
+        return;
+    const float *sc = a.scratch + (int64_t)blockIdx.x * a.row;
+    float       *o = a.out + ((int64_t)t * a.n_head + h) * a.hv;
+    float        mx = -INFINITY, total = 0.0f;
+    for (unsigned c = 0; c < n_c; c++)
+        mx = fmaxf(mx, sc[ops_att_chunk_start(n_kv, c, n_c)]);
+    for (unsigned c = 0; c < n_c; c++) {
+        const float *pc = sc + ops_att_chunk_start(n_kv, c, n_c);
+        total += pc[1] * expf(pc[0] - mx);
+    }
+    const float inv = 1.0f / total;
+    for (uint32_t d = threadIdx.x; d < a.hv; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned c = 0; c < n_c; c++) {
+            const float *pc = sc + ops_att_chunk_start(n_kv, c, n_c);
+            acc += pc[2 + d] * expf(pc[0] - mx);
+        }
+        o[d] = acc * inv;
+    }
+}
+
+int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                  uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
+                  uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                  float *scratch)
+{
+    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
+        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
+        head_dim_k > OPS_ATT_MAX_DIM || head_dim_v > OPS_ATT_MAX_DIM ||
+        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+        return ops_bad("gpu_attention: bad arguments");
+    if (n_tok == 0)
+        return 0;
+    struct ops_att_args a;
+    a.out = out;
+    a.q = q;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.scratch = scratch;
+    a.pos0 = pos0;
+    a.n_head = n_head;
+    a.gqa = n_head / n_head_kv;
+    a.hk = head_dim_k;
+    a.hv = head_dim_v;
+    a.window = window;
+    a.k_width = n_head_kv * head_dim_k;
+    a.v_width = n_head_kv * head_dim_v;
+    a.row = (int64_t)pos0 + n_tok;
+    a.scale = scale;
+    /* 4-byte loads when every row start of a head is even and the cache is 4-byte aligned. */
+    const int      vk = head_dim_k % 2 == 0 && (uintptr_t)k_cache % 4 == 0 ? 2 : 1;
+    const int      vv = head_dim_v % 2 == 0 && (uintptr_t)v_cache % 4 == 0 ? 2 : 1;
+    const uint32_t k_units = (head_dim_k + vk - 1) / vk, v_units = (head_dim_v + vv - 1) / vv;
+    a.k_lanes = 1;
+    while (a.k_lanes < 32 && a.k_lanes < k_units)
+        a.k_lanes *= 2;
+    a.v_groups = v_units >= OPS_ATT_THREADS ? 1u : OPS_ATT_THREADS / v_units;
+    /* Few (token, head) rows (decode): split the positions so that about OPS_ATT_MIN_BLOCKS
+     * blocks share the work, each chunk long enough to hold its partials afterwards. */
+    const uint64_t rows = (uint64_t)n_tok * n_head;
+    a.n_split =
+        rows >= OPS_ATT_MIN_BLOCKS ? 1u : (unsigned)((OPS_ATT_MIN_BLOCKS + rows - 1) / rows);
+    a.n_split = a.n_split < OPS_ATT_MAX_SPLIT ? a.n_split : OPS_ATT_MAX_SPLIT;
+    a.c_min = head_dim_v + 2 > OPS_ATT_MIN_CHUNK ? head_dim_v + 2 : OPS_ATT_MIN_CHUNK;
+    const size_t shm = sizeof(float) * (head_dim_k + (size_t)a.v_groups * v_units * vv);
+    const dim3   grid((unsigned)rows, a.n_split);
+    if (vk == 2 && vv == 2)
+        ops_attention_kernel<2, 2><<<grid, OPS_ATT_THREADS, shm, gpu_stream()>>>(a);
+    else if (vk == 2)
+        ops_attention_kernel<2, 1><<<grid, OPS_ATT_THREADS, shm, gpu_stream()>>>(a);
+    else if (vv == 2)
+        ops_attention_kernel<1, 2><<<grid, OPS_ATT_THREADS, shm, gpu_stream()>>>(a);
+    else
+        ops_attention_kernel<1, 1><<<grid, OPS_ATT_THREADS, shm, gpu_stream()>>>(a);
+    const int rc = GPU_LAUNCHED("ops_attention_kernel");
+    if (rc != 0 || a.n_split == 1)
+        return rc;
+    ops_attention_combine_kernel<<<(unsigned)rows, OPS_ATT_THREADS, 0, gpu_stream()>>>(a);
+    return GPU_LAUNCHED("ops_attention_combine_kernel");
+}
+
+/* ---- MoE routing -------------------------------------------------------------------------- */
+
+/* Ties to the lower index: whether candidate (v, i) beats (bv, bi); bi < 0 is no candidate. */
+static __device__ bool ops_route_better(float v, int i, float bv, int bi)
+{
+    return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+}
+
+/* One warp per token (blockDim.x == 32, blockIdx.x the token). Shared: p (n_expert), the
+ * selection scores s (n_expert, only with a bias) and the taken flags. Probabilities as
+ * moe_route/fwd_softmax: expf(l - max), the sum in double, times (float)(1 / sum); selection
+ * by k rounds of a warp argmax over the experts not yet taken, the winner the highest score,
+ * ties to the lower index (fwd_topk, for scores without NaN). Lane 0 finishes the k weights in
+ * slot order as the CPU does. */
+static __global__ void ops_moe_route_kernel(const float *logits, const float *bias,
+                                            uint32_t n_expert, uint32_t k, int gating, bool norm,
+                                            float scale, int32_t *sel, float *sel_w)
+{
+    extern __shared__ float rs[];
+    float                  *p = rs;
+    float                  *s = bias ? rs + n_expert : rs;
+    unsigned char          *taken = (unsigned char *)(rs + (bias ? 2 * n_expert : n_expert));
+    const unsigned          lane = threadIdx.x;
+    const float            *l = logits + (int64_t)blockIdx.x * n_expert;
+
+    if (gating == 0) {
+        float mx = -INFINITY;
+        for (uint32_t e = lane; e < n_expert; e += 32)
+            mx = fmaxf(mx, l[e]);
+        mx = ops_warp_reduce(mx, ops_max());
+        double sum = 0.0;
+        for (uint32_t e = lane; e < n_expert; e += 32) {
+            const float x = expf(l[e] - mx);
+            p[e] = x;
+            sum += (double)x;
+        }
+        sum = ops_warp_reduce(sum, ops_sum());
+        const float inv = (float)(1.0 / sum);
+        for (uint32_t e = lane; e < n_expert; e += 32)
+            p[e] = __fmul_rn(p[e], inv);
+    } else {
+        for (uint32_t e = lane; e < n_expert; e += 32)
+            p[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-l[e])));
+    }
+    for (uint32_t e = lane; e < n_expert; e += 32) {
+        if (bias)
+            s[e] = __fadd_rn(p[e], bias[e]);
+        taken[e] = 0;
+    }
+    __syncwarp();
+
+    int32_t *so = sel + (int64_t)blockIdx.x * k;
+    for (uint32_t j = 0; j < k; j++) {
+        float bv = 0.0f;
+        int   bi = -1;
+        for (uint32_t e = lane; e < n_expert; e += 32)
+            if (!taken[e] && ops_route_better(s[e], (int)e, bv, bi)) {
+                bv = s[e];
+                bi = (int)e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(OPS_FULL_MASK, bv, o);
+            const int   oi = __shfl_xor_sync(OPS_FULL_MASK, bi, o);
+            if (ops_route_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        /* Every lane holds the same winner now; k <= n_expert, so there is one. */
+        if (lane == 0) {
+            so[j] = bi;
+            taken[bi] = 1;
+        }
+        __syncwarp();
+    }
+    if (lane != 0)
+        return;
+    float *wo = sel_w + (int64_t)blockIdx.x * k;
+    double sum = 0.0;
+    for (uint32_t j = 0; j < k; j++) {
+        wo[j] = p[so[j]];
+        sum += (double)wo[j];
+    }
+    const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
+    for (uint32_t j = 0; norm && j < k; j++)
+        wo[j] = __fdiv_rn(wo[j], fsum);
+    for (uint32_t j = 0; scale != 0.0f && scale != 1.0f && j < k; j++)
+        wo[j] = __fmul_rn(wo[j], scale);
+}
+
+int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
+                  uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
+{
+    if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > OPS_ROUTE_MAX_E || k == 0 ||
+        k > n_expert || k > OPS_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX)
+        return ops_bad("gpu_moe_route: bad arguments");
+    if (n_tok == 0)
+        return 0;
+    const size_t shm = sizeof(float) * n_expert * (bias ? 2 : 1) + n_expert;
+    ops_moe_route_kernel<<<n_tok, 32, shm, gpu_stream()>>>(logits, bias, n_expert, k, gating, norm,
+                                                           scale, sel, sel_w);
+    return GPU_LAUNCHED("ops_moe_route_kernel");
+}
+
+/* ---- MoE combination ---------------------------------------------------------------------- */
+
+/* One thread per (t, d): acc = w_0 * y_0, acc += w_j * y_j in slot order, x = acc + x, each
+ * product and sum rounded alone: executor_fwd_moe's order on moe_out rows of w * y. */
+static __global__ void ops_moe_combine_kernel(float *x, const float *y, const float *sel_w,
+                                              uint32_t n_tok, uint32_t k, uint32_t ne)
+{
+    const int64_t n = (int64_t)n_tok * ne;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / ne, d = i - t * ne;
+        const float  *w = sel_w + t * k;
+        const float  *yr = y + t * k * ne + d;
+        float         acc = __fmul_rn(w[0], yr[0]);
+        for (uint32_t j = 1; j < k; j++)
+            acc = __fadd_rn(acc, __fmul_rn(w[j], yr[(int64_t)j * ne]));
+        x[i] = __fadd_rn(acc, x[i]);
+    }
+}
+
+int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                    uint32_t ne)
+{
+    if (!x || !y || !sel_w || k == 0)
+        return ops_bad("gpu_moe_combine: bad arguments");
+    const int64_t n = (int64_t)n_tok * ne;
+    if (n == 0)
+        return 0;
+    ops_moe_combine_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(x, y, sel_w, n_tok, k,
+                                                                          ne);
+    return GPU_LAUNCHED("ops_moe_combine_kernel");
+}
+
+/* ---- row gather / scatter ----------------------------------------------------------------- */
+
+/* dst row (gather ? i : rows[i]) = src row (gather ? rows[i] : i), one thread per element. */
+static __global__ void ops_rows_kernel(float *dst, int64_t dst_stride, const float *src,
+                                       int64_t src_stride, const int32_t *rows, int64_t n,
+                                       int64_t width, bool gather)
+{
+    const int64_t total = n * width;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / width, c = i - r * width;
+        const int64_t rd = gather ? r : rows[r], rs = gather ? rows[r] : r;
+        dst[rd * dst_stride + c] = src[rs * src_stride + c];
+    }
+}
+
+static int ops_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                    const int32_t *rows, int64_t n, int64_t width, bool gather)
+{
+    if (!dst || !src || !rows || n < 0 || width < 0 || dst_stride < width || src_stride < width)
+        return ops_bad(gather ? "gpu_gather_rows: bad arguments"
+                              : "gpu_scatter_rows: bad arguments");
+    if (n == 0 || width == 0)
+        return 0;
+    ops_rows_kernel<<<ops_grid(n * width), OPS_THREADS, 0, gpu_stream()>>>(
+        dst, dst_stride, src, src_stride, rows, n, width, gather);
+    return GPU_LAUNCHED(gather ? "ops_rows_kernel (gather)" : "ops_rows_kernel (scatter)");
+}
+
+int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                    const int32_t *rows, int64_t n, int64_t width)
+{
+    return ops_rows(dst, dst_stride, src, src_stride, rows, n, width, true);
+}
+
+int gpu_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     const int32_t *rows, int64_t n, int64_t width)
+{
+    return ops_rows(dst, dst_stride, src, src_stride, rows, n, width, false);
+}

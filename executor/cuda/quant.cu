@@ -1,0 +1,929 @@
+/* executor/cuda/quant.cu - weight kernels: dequantize rows, matvec (plain and by expert ids),
+ * f32 -> f16 and the tensor-core f16 matmul of prefill. */
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "common.h"
+#include "gpu_impl.cuh"
+
+/* Every weight type is read in chunks of 32 elements: a block of Q4_0 .. Q8_0, sub-block c % 8 of
+ * super-block c / 8 for the K-quants, 32 consecutive values of F32/F16/BF16. Four lanes share a
+ * chunk: lane s (0..3) takes elements 4s..4s+3 (the "low four") and 16+4s..16+4s+3 (the "high
+ * four"), the two runs that one 4-byte word of nibbles holds in Q4_0's layout. The layouts and
+ * formulas are those of executor/kernels/ref.c (ggml's): keep them in step.
+ *
+ * Blocks are 18, 20, 22, 24, 34, 144, 176 or 210 bytes, so only 2-byte alignment holds for every
+ * block start (weight rows are 2-byte aligned, as on the CPU): quantized data is read with 16-bit
+ * loads, 32-bit words put together from two, except by the A4 kernels, picked where the block size
+ * is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K) and the rows are 4-byte aligned, which read words. */
+
+#define QK            32  /* elements per chunk, and per block of Q4_0 .. Q8_0 */
+#define MV_WARPS      4   /* warps per matvec block */
+#define DQ_THREADS    256 /* threads per dequantize block */
+#define CV_THREADS    256 /* threads per f32 -> f16 block */
+#define GRID_Y_MAX    65535
+#define MAGIC_F       8388608.0f /* 2^23: a float with 0x4b000000 | b in its bits is 2^23 + b */
+#define MAGIC_U       0x4b000000u
+#define NIBBLES       0x0f0f0f0fu
+#define BYTE_LOW_BITS 0x01010101u
+
+/* ---- per-type layout ------------------------------------------------------------------------ */
+
+/* blck: elements per block; bytes: per block; has_min: value = d * q + m (else d * q); split: the
+ * low four and the high four have their own scale (Q6_K: one per 16 elements); flt: the chunk's
+ * values are the weights themselves (F32, F16, BF16). */
+template <int T> struct qtype;
+#define QTYPE(t, bl, by, mn, sp, fl)                                                               \
+    template <> struct qtype<t> {                                                                  \
+        static constexpr int  blck = bl, bytes = by;                                               \
+        static constexpr bool has_min = mn, split = sp, flt = fl;                                  \
+    }
+QTYPE(COMMON_GGML_TYPE_F32, 1, 4, false, false, true);
+QTYPE(COMMON_GGML_TYPE_F16, 1, 2, false, false, true);
+QTYPE(COMMON_GGML_TYPE_BF16, 1, 2, false, false, true);
+QTYPE(COMMON_GGML_TYPE_Q4_0, 32, 18, false, false, false);
+QTYPE(COMMON_GGML_TYPE_Q4_1, 32, 20, true, false, false);
+QTYPE(COMMON_GGML_TYPE_Q5_0, 32, 22, false, false, false);
+QTYPE(COMMON_GGML_TYPE_Q5_1, 32, 24, true, false, false);
+QTYPE(COMMON_GGML_TYPE_Q8_0, 32, 34, false, false, false);
+QTYPE(COMMON_GGML_TYPE_Q4_K, 256, 144, true, false, false);
+QTYPE(COMMON_GGML_TYPE_Q5_K, 256, 176, true, false, false);
+QTYPE(COMMON_GGML_TYPE_Q6_K, 256, 210, false, true, false);
+#undef QTYPE
+
+/* One lane's eight elements of a chunk: q[0..3] are elements 4s..4s+3, q[4..7] 16+4s..16+4s+3.
+ * Quantized types: q holds small integers exactly and element i is d * q[i] (+ m) with d0/m0 for
+ * the low four, d1/m1 for the high four (equal unless split). Float types: q holds the values. */
+struct sub8 {
+    float q[8];
+    float d0, d1, m0, m1;
+};
+
+/* ---- loads and bit tricks -------------------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t ld16(const uint8_t *p)
+{
+    return __ldg(reinterpret_cast<const unsigned short *>(p));
+}
+
+/* A little-endian 32-bit word at a 2-byte aligned address. */
+static __device__ __forceinline__ uint32_t ld32(const uint8_t *p)
+{
+    return ld16(p) | (ld16(p + 2) << 16);
+}
+
+/* The same where a4 says the address is 4-byte aligned: one load. */
+static __device__ __forceinline__ uint32_t ld32a(const uint8_t *p, bool a4)
+{
+    return a4 ? __ldg(reinterpret_cast<const unsigned int *>(p)) : ld32(p);
+}
+
+static __device__ __forceinline__ float f16_to_f32(uint32_t h)
+{
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+
+static __device__ __forceinline__ float bf16_to_f32(uint32_t h)
+{
+    return __uint_as_float(h << 16);
+}
+
+/* Byte k of v, an unsigned 0..255, minus `off`, as an exact float: the byte goes into the
+ * mantissa of 2^23 (one PRMT) and one add takes 2^23 + off away, cheaper than an int-to-float
+ * conversion. */
+static __device__ __forceinline__ float byte_f(uint32_t v, int k, float off)
+{
+    return __uint_as_float(__byte_perm(v, MAGIC_U, 0x7440u | static_cast<uint32_t>(k))) -
+           (MAGIC_F + off);
+}
+
+/* Bits 0..3 of b into bit 0 of bytes 0..3 (the four shifted copies do not overlap). */
+static __device__ __forceinline__ uint32_t spread4(uint32_t b)
+{
+    return ((b & 0xfu) * 0x00204081u) & BYTE_LOW_BITS;
+}
+
+/* The low four from the bytes of lo, the high four from hi, each minus off. */
+static __device__ __forceinline__ void bytes8(sub8 &o, uint32_t lo, uint32_t hi, float off)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o.q[i] = byte_f(lo, i, off);
+        o.q[4 + i] = byte_f(hi, i, off);
+    }
+}
+
+/* Scale j (0..7) and min j of a Q4_K/Q5_K block's 12 packed bytes at q (ggml's
+ * get_scale_min_k4). */
+static __device__ __forceinline__ void scale_min_k4(const uint8_t *q, bool a4, int j, uint32_t &sc,
+                                                    uint32_t &m)
+{
+    const uint32_t a = ld32a(q, a4), b = ld32a(q + 4, a4), c = ld32a(q + 8, a4); /* bytes 0-3.. */
+    const int      sh = 8 * (j & 3);
+    if (j < 4) {
+        sc = (a >> sh) & 63;
+        m = (b >> sh) & 63;
+    } else {
+        sc = ((c >> sh) & 0xf) | (((a >> sh) >> 6 & 3) << 4);
+        m = ((c >> sh) >> 4 & 0xf) | (((b >> sh) >> 6 & 3) << 4);
+    }
+}
+
+/* ---- chunk decoders: lane s's eight elements of chunk c of a row ---------------------------- */
+
+template <int T>
+static __device__ __forceinline__ void decode8(const uint8_t *row, int64_t c, int s, sub8 &o,
+                                               bool a4);
+
+/* Float types: the runs are 16 (F32) or 8 (F16/BF16) bytes, read whole where aligned. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_F32>(const uint8_t *row, int64_t c, int s,
+                                                              sub8 &o, bool /* a4 */)
+{
+    const float *p = reinterpret_cast<const float *>(row) + c * QK + 4 * s;
+    if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(p));
+        const float4 b = __ldg(reinterpret_cast<const float4 *>(p + 16));
+        o.q[0] = a.x, o.q[1] = a.y, o.q[2] = a.z, o.q[3] = a.w;
+        o.q[4] = b.x, o.q[5] = b.y, o.q[6] = b.z, o.q[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            o.q[i] = __ldg(p + i);
+            o.q[4 + i] = __ldg(p + 16 + i);
+        }
+    }
+}
+
+/* The eight 16-bit values of lane s in chunk c of an F16/BF16 row. */
+static __device__ __forceinline__ void halves8(const uint8_t *row, int64_t c, int s, uint32_t h[8])
+{
+    const unsigned short *p = reinterpret_cast<const unsigned short *>(row) + c * QK + 4 * s;
+    if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+        const uint2 a = __ldg(reinterpret_cast<const uint2 *>(p));
+        const uint2 b = __ldg(reinterpret_cast<const uint2 *>(p + 16));
+        h[0] = a.x & 0xffff, h[1] = a.x >> 16, h[2] = a.y & 0xffff, h[3] = a.y >> 16;
+        h[4] = b.x & 0xffff, h[5] = b.x >> 16, h[6] = b.y & 0xffff, h[7] = b.y >> 16;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            h[i] = __ldg(p + i);
+            h[4 + i] = __ldg(p + 16 + i);
+        }
+    }
+}
+
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_F16>(const uint8_t *row, int64_t c, int s,
+                                                              sub8 &o, bool /* a4 */)
+{
+    uint32_t h[8];
+    halves8(row, c, s, h);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        o.q[i] = f16_to_f32(h[i]);
+}
+
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_BF16>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool /* a4 */)
+{
+    uint32_t h[8];
+    halves8(row, c, s, h);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        o.q[i] = bf16_to_f32(h[i]);
+}
+
+/* Q4_0 (18 bytes): d, qs[16]; element j in the low nibble of qs[j], j + 16 in the high. Value
+ * (q - 8) * d. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_0>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + c * 18;
+    const uint32_t qs = ld32(b + 2 + 4 * s);
+    o.d0 = o.d1 = f16_to_f32(ld16(b));
+    o.m0 = o.m1 = 0.0f;
+    bytes8(o, qs & NIBBLES, (qs >> 4) & NIBBLES, 8.0f);
+}
+
+/* Q4_1 (20 bytes): d, m, qs[16] as Q4_0. Value q * d + m. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_1>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool a4)
+{
+    const uint8_t *b = row + c * 20;
+    const uint32_t dm = ld32a(b, a4), qs = ld32a(b + 4 + 4 * s, a4);
+    o.d0 = o.d1 = f16_to_f32(dm & 0xffff);
+    o.m0 = o.m1 = f16_to_f32(dm >> 16);
+    bytes8(o, qs & NIBBLES, (qs >> 4) & NIBBLES, 0.0f);
+}
+
+/* Q5_0 (22 bytes): d, qh (bit j: 5th bit of element j), qs[16] as Q4_0. Value (q - 16) * d. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_0>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + c * 22;
+    const uint32_t qh = ld32(b + 2);
+    const uint32_t qs = ld32(b + 6 + 4 * s);
+    o.d0 = o.d1 = f16_to_f32(ld16(b));
+    o.m0 = o.m1 = 0.0f;
+    bytes8(o, (qs & NIBBLES) | spread4(qh >> (4 * s)) << 4,
+           ((qs >> 4) & NIBBLES) | spread4(qh >> (16 + 4 * s)) << 4, 16.0f);
+}
+
+/* Q5_1 (24 bytes): d, m, qh, qs[16] as Q5_0. Value q * d + m. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_1>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool a4)
+{
+    const uint8_t *b = row + c * 24;
+    const uint32_t dm = ld32a(b, a4), qh = ld32a(b + 4, a4), qs = ld32a(b + 8 + 4 * s, a4);
+    o.d0 = o.d1 = f16_to_f32(dm & 0xffff);
+    o.m0 = o.m1 = f16_to_f32(dm >> 16);
+    bytes8(o, (qs & NIBBLES) | spread4(qh >> (4 * s)) << 4,
+           ((qs >> 4) & NIBBLES) | spread4(qh >> (16 + 4 * s)) << 4, 0.0f);
+}
+
+/* Q8_0 (34 bytes): d, qs[32] signed. Value q * d. The signed bytes are read biased by 128. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q8_0>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + c * 34;
+    const uint32_t lo = ld32(b + 2 + 4 * s), hi = ld32(b + 18 + 4 * s);
+    o.d0 = o.d1 = f16_to_f32(ld16(b));
+    o.m0 = o.m1 = 0.0f;
+    bytes8(o, lo ^ 0x80808080u, hi ^ 0x80808080u, 128.0f);
+}
+
+/* Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Sub-block j (0..7) of 32: element l is the low
+ * (j even) or high (j odd) nibble of qs[32 (j / 2) + l]; value (d * sc_j) * q - dmin * m_j. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_K>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool a4)
+{
+    const uint8_t *b = row + (c >> 3) * 144;
+    const int      j = static_cast<int>(c & 7);
+    const uint8_t *qs = b + 16 + 32 * (j >> 1) + 4 * s;
+    const int      sh = 4 * (j & 1);
+    const uint32_t lo = ld32a(qs, a4), hi = ld32a(qs + 16, a4), dm = ld32a(b, a4);
+    uint32_t       sc, m;
+    scale_min_k4(b + 4, a4, j, sc, m);
+    o.d0 = o.d1 = __fmul_rn(f16_to_f32(dm & 0xffff), static_cast<float>(sc));
+    o.m0 = o.m1 = -__fmul_rn(f16_to_f32(dm >> 16), static_cast<float>(m));
+    bytes8(o, (lo >> sh) & NIBBLES, (hi >> sh) & NIBBLES, 0.0f);
+}
+
+/* Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]. As Q4_K, plus 16 when bit j of qh[l] is
+ * set. */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_K>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool a4)
+{
+    const uint8_t *b = row + (c >> 3) * 176;
+    const int      j = static_cast<int>(c & 7);
+    const uint8_t *qs = b + 48 + 32 * (j >> 1) + 4 * s;
+    const uint8_t *qh = b + 16 + 4 * s;
+    const int      sh = 4 * (j & 1);
+    const uint32_t lo = ld32a(qs, a4), hi = ld32a(qs + 16, a4), dm = ld32a(b, a4);
+    const uint32_t hlo = ld32a(qh, a4), hhi = ld32a(qh + 16, a4);
+    uint32_t       sc, m;
+    scale_min_k4(b + 4, a4, j, sc, m);
+    o.d0 = o.d1 = __fmul_rn(f16_to_f32(dm & 0xffff), static_cast<float>(sc));
+    o.m0 = o.m1 = -__fmul_rn(f16_to_f32(dm >> 16), static_cast<float>(m));
+    bytes8(o, ((lo >> sh) & NIBBLES) | ((hlo >> j) & BYTE_LOW_BITS) << 4,
+           ((hi >> sh) & NIBBLES) | ((hhi >> j) & BYTE_LOW_BITS) << 4, 0.0f);
+}
+
+/* Q6_K (210 bytes): ql[128], qh[64], scales[16] (signed), d. Sub-block j = 4h + k lies in half h
+ * (128 elements): element l takes nibble (k < 2 low, else high) of ql[64h + 32 (k & 1) + l], bits
+ * 2k, 2k+1 of qh[32h + l] above it, and scale[8h + 2k + l / 16]; value (d * scale) * (q - 32). */
+template <>
+__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q6_K>(const uint8_t *row, int64_t c, int s,
+                                                               sub8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + (c >> 3) * 210;
+    const int      j = static_cast<int>(c & 7);
+    const int      h = j >> 2, k = j & 3;
+    const uint8_t *ql = b + 64 * h + 32 * (k & 1) + 4 * s;
+    const uint8_t *qh = b + 128 + 32 * h + 4 * s;
+    const int      sh = 4 * (k >> 1);
+    const uint32_t lo = ld32(ql), hi = ld32(ql + 16);
+    const uint32_t hlo = ld32(qh), hhi = ld32(qh + 16);
+    const uint32_t sc = ld16(b + 192 + 8 * h + 2 * k); /* the scales of the low and high four */
+    const float    d = f16_to_f32(ld16(b + 208));
+    o.d0 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc & 0xff)));
+    o.d1 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc >> 8)));
+    o.m0 = o.m1 = 0.0f;
+    bytes8(o, ((lo >> sh) & NIBBLES) | ((hlo >> (2 * k)) & 0x03030303u) << 4,
+           ((hi >> sh) & NIBBLES) | ((hhi >> (2 * k)) & 0x03030303u) << 4, 32.0f);
+}
+
+/* Element i (0..7) of a decoded chunk with ref.c's rounding: one product (and one sum), never
+ * fused. */
+template <int T> static __device__ __forceinline__ float exact_value(const sub8 &o, int i)
+{
+    if (qtype<T>::flt)
+        return o.q[i];
+    const float v = __fmul_rn(i < 4 ? o.d0 : o.d1, o.q[i]);
+    return qtype<T>::has_min ? __fadd_rn(v, i < 4 ? o.m0 : o.m1) : v;
+}
+
+/* One element of a float-type row (the tail past the last whole chunk). */
+template <int T> static __device__ __forceinline__ float float_elem(const uint8_t *row, int64_t e)
+{
+    if (T == COMMON_GGML_TYPE_F32)
+        return __ldg(reinterpret_cast<const float *>(row) + e);
+    const uint32_t h = __ldg(reinterpret_cast<const unsigned short *>(row) + e);
+    return T == COMMON_GGML_TYPE_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/* ---- dequantize rows ------------------------------------------------------------------------- */
+
+/* Thread u of a row: u < 4 * chunks takes lane u % 4 of chunk u / 4; float types give each element
+ * of the tail (cols % 32) a thread of its own. grid.y strides over the output rows. A4: blocks are
+ * 4-byte aligned. */
+template <int T, bool F16, bool A4>
+__global__ void __launch_bounds__(DQ_THREADS)
+    k_dequant(const uint8_t *__restrict__ w, size_t row_bytes, int64_t cols,
+              const int32_t *__restrict__ ids, int64_t n_rows, void *__restrict__ out,
+              int64_t out_stride)
+{
+    const int64_t nch = cols / QK;
+    const int64_t u = static_cast<int64_t>(blockIdx.x) * DQ_THREADS + threadIdx.x;
+    if (u >= 4 * nch + cols % QK)
+        return;
+    for (int64_t i = blockIdx.y; i < n_rows; i += gridDim.y) {
+        const int64_t  src = ids ? static_cast<int64_t>(__ldg(ids + i)) : i;
+        const uint8_t *row = w + src * static_cast<int64_t>(row_bytes);
+        const int64_t  o0 = i * out_stride;
+        if (u >= 4 * nch) { /* float types only */
+            const int64_t e = nch * QK + (u - 4 * nch);
+            const float   v = float_elem<T>(row, e);
+            if (F16)
+                static_cast<__half *>(out)[o0 + e] = __float2half_rn(v);
+            else
+                static_cast<float *>(out)[o0 + e] = v;
+            continue;
+        }
+        const int64_t c = u >> 2;
+        const int     s = static_cast<int>(u & 3);
+        sub8          d;
+        decode8<T>(row, c, s, d, A4);
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = exact_value<T>(d, k);
+        const int64_t e = o0 + c * QK + 4 * s; /* the low four; the high four at e + 16 */
+        if (F16) {
+            __half *p = static_cast<__half *>(out) + e;
+            if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+                __half2 h[4] = {__floats2half2_rn(v[0], v[1]), __floats2half2_rn(v[2], v[3]),
+                                __floats2half2_rn(v[4], v[5]), __floats2half2_rn(v[6], v[7])};
+                uint2   a, b;
+                a.x = *reinterpret_cast<uint32_t *>(&h[0]);
+                a.y = *reinterpret_cast<uint32_t *>(&h[1]);
+                b.x = *reinterpret_cast<uint32_t *>(&h[2]);
+                b.y = *reinterpret_cast<uint32_t *>(&h[3]);
+                *reinterpret_cast<uint2 *>(p) = a;
+                *reinterpret_cast<uint2 *>(p + 16) = b;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    p[k] = __float2half_rn(v[k]);
+                    p[16 + k] = __float2half_rn(v[4 + k]);
+                }
+            }
+        } else {
+            float *p = static_cast<float *>(out) + e;
+            if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+                *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+                *reinterpret_cast<float4 *>(p + 16) = make_float4(v[4], v[5], v[6], v[7]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    p[k] = v[k];
+                    p[16 + k] = v[4 + k];
+                }
+            }
+        }
+    }
+}
+
+/* ---- matvec ---------------------------------------------------------------------------------- */
+
+/* Four floats of an activation row; vec: the address is 16-byte aligned. */
+static __device__ __forceinline__ void load_x4(const float *p, bool vec, float v[4])
+{
+    if (vec) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(p));
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            v[i] = __ldg(p + i);
+    }
+}
+
+/* Weight rows per matvec block; each activation load serves them all. Four, except two for one
+ * activation row of the float types and Q6_K (measured on an H100 at 4096 and 14336 x 4096: four
+ * gave the block types 5-15% more GB/s, the others 5-15% less). */
+template <int T, int N> static constexpr __host__ __device__ int mv_rows()
+{
+    return N == 1 && (qtype<T>::flt || T == COMMON_GGML_TYPE_Q6_K) ? 2 : 4;
+}
+
+/* y[t * y_stride + r] = row r . x row t for N activation rows. A block takes mv_rows<T, N>()
+ * weight rows; its MV_WARPS warps split the columns: warp w, lane l takes lane l % 4 of chunks
+ * 8 w + l / 4, then 8 MV_WARPS further each step, keeping mv_rows * N partial sums in registers.
+ * Each decoded weight serves N activation rows, each activation load mv_rows weight rows. The
+ * sums meet in a shuffle reduction per warp, then across warps through shared memory in a fixed
+ * order. A4: blocks are 4-byte aligned. IDS: grid.y strides over the items of gpu_matvec_ids
+ * (N = 1), each with its own expert, activation row and output; without it, n_items is 1. */
+template <int T, int N, bool IDS, bool A4>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    k_matvec(const uint8_t *__restrict__ w, size_t row_bytes, size_t expert_bytes, int64_t rows,
+             int64_t cols, const int32_t *__restrict__ ids, int64_t n_items,
+             const float *__restrict__ x, int64_t x_stride, int64_t x_div, float *__restrict__ y,
+             int64_t y_stride)
+{
+    constexpr int    R = mv_rows<T, N>();
+    __shared__ float part[MV_WARPS][R * N]; /* each warp's sums */
+    const int        lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int        s = lane & 3;
+    const int64_t    row0 = static_cast<int64_t>(blockIdx.x) * R; /* < rows (the grid's size) */
+    const int64_t    nch = cols / QK;
+    for (int64_t item = IDS ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
+        const uint8_t *wb = w;
+        const float   *xb = x;
+        float         *yb = y;
+        if (IDS) {
+            wb += static_cast<int64_t>(__ldg(ids + item)) * static_cast<int64_t>(expert_bytes);
+            xb += item / x_div * x_stride;
+            yb += item * y_stride;
+        }
+        const uint8_t *wr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) /* rows past the end repeat the last (never stored) */
+            wr[r] = wb + min(row0 + r, rows - 1) * static_cast<int64_t>(row_bytes);
+        const bool xvec =
+            (reinterpret_cast<uintptr_t>(xb) & 15) == 0 && (N == 1 || (x_stride & 3) == 0);
+        float acc[R][N];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < N; t++)
+                acc[r][t] = 0.0f;
+
+#pragma unroll 1
+        for (int64_t c = warp * 8 + (lane >> 2); c < nch; c += 8 * MV_WARPS) {
+            sub8 d[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                decode8<T>(wr[r], c, s, d[r], A4);
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                const float *xp = xb + t * x_stride + c * QK + 4 * s;
+                float        xl[4], xh[4];
+                load_x4(xp, xvec, xl);
+                load_x4(xp + 16, xvec, xh);
+                float xs = 0.0f;
+                if (qtype<T>::has_min)
+                    xs = (xl[0] + xl[1]) + (xl[2] + xl[3]) + ((xh[0] + xh[1]) + (xh[2] + xh[3]));
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float dl = d[r].q[0] * xl[0], dh = d[r].q[4] * xh[0];
+#pragma unroll
+                    for (int i = 1; i < 4; i++) {
+                        dl = fmaf(d[r].q[i], xl[i], dl);
+                        dh = fmaf(d[r].q[4 + i], xh[i], dh);
+                    }
+                    float a = acc[r][t];
+                    if (qtype<T>::flt)
+                        a += dl + dh;
+                    else if (qtype<T>::split)
+                        a = fmaf(d[r].d1, dh, fmaf(d[r].d0, dl, a));
+                    else
+                        a = fmaf(d[r].d0, dl + dh, a);
+                    if (qtype<T>::has_min)
+                        a = fmaf(d[r].m0, xs, a);
+                    acc[r][t] = a;
+                }
+            }
+        }
+        if (qtype<T>::flt) { /* the tail past the last whole chunk */
+            for (int64_t e = nch * QK + threadIdx.x; e < cols; e += MV_WARPS * 32) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float v = float_elem<T>(wr[r], e);
+#pragma unroll
+                    for (int t = 0; t < N; t++)
+                        acc[r][t] = fmaf(v, __ldg(xb + t * x_stride + e), acc[r][t]);
+                }
+            }
+        }
+
+        /* Every lane ends with its warp's sums; lane r * N + t keeps (row0 + r, t). */
+        float mine = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                float v = acc[r][t];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == r * N + t)
+                    mine = v;
+            }
+        if (lane < R * N)
+            part[warp][lane] = mine;
+        __syncthreads();
+        if (threadIdx.x < R * N) {
+            float v = part[0][threadIdx.x];
+#pragma unroll
+            for (int k = 1; k < MV_WARPS; k++)
+                v += part[k][threadIdx.x];
+            const int64_t r = row0 + threadIdx.x / N;
+            if (r < rows)
+                yb[(threadIdx.x % N) * y_stride + r] = v;
+        }
+        __syncthreads(); /* part is written again for the next item */
+    }
+}
+
+/* ---- f32 -> f16 ------------------------------------------------------------------------------ */
+
+static __global__ void __launch_bounds__(CV_THREADS)
+    k_f32_to_f16(const float *__restrict__ x, int64_t x_stride, int64_t n, int64_t cols,
+                 __half *__restrict__ out)
+{
+    const int64_t total = n * cols;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * CV_THREADS + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * CV_THREADS) {
+        const int64_t t = i / cols, c = i - t * cols;
+        out[i] = __float2half_rn(__ldg(x + t * x_stride + c));
+    }
+}
+
+/* ---- tensor-core matmul ---------------------------------------------------------------------- */
+
+/* Block tile: GM_BM activation rows (tokens) x GM_BN weight rows, GM_BK columns per step, through
+ * a GM_STAGES-deep cp.async ring in shared memory (rows padded to GM_LDS halves so that the
+ * fragment loads hit distinct banks). Eight warps in 2 x 4, each 32 x 32 (2 x 2 fragments of
+ * 16 x 16 x 16, f32 accumulators). Rows past the end load as zeros; the tile goes out through
+ * shared memory, where the guards and any y_stride are handled. */
+#define GM_BM      64
+#define GM_BN      128
+#define GM_BK      32
+#define GM_STAGES  3
+#define GM_LDS     (GM_BK + 8)
+#define GM_LDC     (GM_BN + 4)
+#define GM_THREADS 256
+
+struct gemm_tiles {
+    __half a[GM_STAGES][GM_BM][GM_LDS]; /* activations: [token][column] */
+    __half b[GM_STAGES][GM_BN][GM_LDS]; /* weights: [row][column] */
+};
+union gemm_smem {
+    gemm_tiles t;
+    float      c[GM_BM][GM_LDC]; /* the finished tile: [token][row] */
+};
+static_assert(sizeof(gemm_smem) <= 48 * 1024, "gemm tiles exceed static shared memory");
+
+/* Queues the copies of step k0's tiles into stage st (16 bytes each, zeros past the ends). */
+static __device__ __forceinline__ void gemm_load(gemm_smem &sm, int st, const __half *w,
+                                                 int64_t rows, const __half *x, int64_t n,
+                                                 int64_t cols, int64_t r0, int64_t t0, int64_t k0)
+{
+    const int tid = threadIdx.x;
+    {
+        const int     row = tid >> 2, ch = tid & 3; /* 64 rows x 4 pieces: one each */
+        const bool    in = t0 + row < n;
+        const __half *src = in ? x + (t0 + row) * cols + k0 + ch * 8 : x;
+        __pipeline_memcpy_async(&sm.t.a[st][row][ch * 8], src, 16, in ? 0 : 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) { /* 128 rows x 4 pieces: two each */
+        const int     idx = tid + i * GM_THREADS;
+        const int     row = idx >> 2, ch = idx & 3;
+        const bool    in = r0 + row < rows;
+        const __half *src = in ? w + (r0 + row) * cols + k0 + ch * 8 : w;
+        __pipeline_memcpy_async(&sm.t.b[st][row][ch * 8], src, 16, in ? 0 : 16);
+    }
+}
+
+static __global__ void __launch_bounds__(GM_THREADS)
+    k_gemm_f16(const __half *__restrict__ w, int64_t rows, int64_t cols,
+               const __half *__restrict__ x, int64_t n, float *__restrict__ y, int64_t y_stride)
+{
+    using namespace nvcuda;
+    __shared__ __align__(128) gemm_smem sm;
+    const int64_t                       r0 = static_cast<int64_t>(blockIdx.x) * GM_BN;
+    const int64_t                       t0 = static_cast<int64_t>(blockIdx.y) * GM_BM;
+    const int                           warp = threadIdx.x >> 5;
+    const int     wm = (warp >> 2) * 32, wn = (warp & 3) * 32; /* the warp's tile corner */
+    const int64_t nk = cols / GM_BK;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+
+#pragma unroll
+    for (int st = 0; st < GM_STAGES - 1; st++) {
+        if (st < nk)
+            gemm_load(sm, st, w, rows, x, n, cols, r0, t0, st * GM_BK);
+        __pipeline_commit();
+    }
+    for (int64_t kt = 0; kt < nk; kt++) {
+        /* Step kt's copies are done (this thread's), then everyone's are, and everyone is past
+         * step kt - 1, whose stage the next copies overwrite. */
+        __pipeline_wait_prior(GM_STAGES - 2);
+        __syncthreads();
+        const int64_t next = kt + GM_STAGES - 1;
+        if (next < nk)
+            gemm_load(sm, static_cast<int>(next % GM_STAGES), w, rows, x, n, cols, r0, t0,
+                      next * GM_BK);
+        __pipeline_commit();
+        const int st = static_cast<int>(kt % GM_STAGES);
+#pragma unroll
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &sm.t.a[st][wm + 16 * i][kk], GM_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], &sm.t.b[st][wn + 16 * j][kk], GM_LDS);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads(); /* the tiles are dead: their memory takes the result */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], GM_LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < GM_BM * GM_BN; idx += GM_THREADS) {
+        const int     tt = idx / GM_BN, rr = idx % GM_BN;
+        const int64_t t = t0 + tt, r = r0 + rr;
+        if (t < n && r < rows)
+            y[t * y_stride + r] = sm.c[tt][rr];
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------- */
+
+template <int T> struct type_tag {
+    static constexpr int value = T;
+};
+
+/* Calls f(type_tag<T>()) for a supported type; -1 (recorded) otherwise. */
+template <class F> static int with_type(uint32_t type, const char *what, F &&f)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_F32:
+        return f(type_tag<COMMON_GGML_TYPE_F32>());
+    case COMMON_GGML_TYPE_F16:
+        return f(type_tag<COMMON_GGML_TYPE_F16>());
+    case COMMON_GGML_TYPE_BF16:
+        return f(type_tag<COMMON_GGML_TYPE_BF16>());
+    case COMMON_GGML_TYPE_Q4_0:
+        return f(type_tag<COMMON_GGML_TYPE_Q4_0>());
+    case COMMON_GGML_TYPE_Q4_1:
+        return f(type_tag<COMMON_GGML_TYPE_Q4_1>());
+    case COMMON_GGML_TYPE_Q5_0:
+        return f(type_tag<COMMON_GGML_TYPE_Q5_0>());
+    case COMMON_GGML_TYPE_Q5_1:
+        return f(type_tag<COMMON_GGML_TYPE_Q5_1>());
+    case COMMON_GGML_TYPE_Q8_0:
+        return f(type_tag<COMMON_GGML_TYPE_Q8_0>());
+    case COMMON_GGML_TYPE_Q4_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q4_K>());
+    case COMMON_GGML_TYPE_Q5_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q5_K>());
+    case COMMON_GGML_TYPE_Q6_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q6_K>());
+    default:
+        return gpu_record(cudaErrorInvalidValue, what);
+    }
+}
+
+/* Calls f(std::true_type()) when a4 holds and the blocks of T can be 4-byte aligned (their size is
+ * a multiple of 4), else f(std::false_type()): kernels read such blocks with 32-bit loads. */
+template <int T, class F> static void with_a4(bool a4, F &&f)
+{
+    if constexpr (!qtype<T>::flt && qtype<T>::bytes % 4 == 0) {
+        if (a4) {
+            f(std::true_type());
+            return;
+        }
+    }
+    f(std::false_type());
+}
+
+/* Whether every block of the rows at w (row_bytes apart, experts expert_bytes apart) is 4-byte
+ * aligned. */
+static bool blocks_a4(const void *w, size_t row_bytes, size_t expert_bytes)
+{
+    return (reinterpret_cast<uintptr_t>(w) & 3) == 0 && (row_bytes & 3) == 0 &&
+           (expert_bytes & 3) == 0;
+}
+
+/* Whether cols fits `type` and row_bytes holds a row of it. */
+template <int T> static bool row_fits(int64_t cols, size_t row_bytes)
+{
+    return cols >= 0 && cols % qtype<T>::blck == 0 &&
+           static_cast<uint64_t>(cols / qtype<T>::blck) * qtype<T>::bytes <= row_bytes;
+}
+
+static int bad(const char *what)
+{
+    return gpu_record(cudaErrorInvalidValue, what);
+}
+
+extern "C" bool gpu_type_supported(uint32_t type)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_F32:
+    case COMMON_GGML_TYPE_F16:
+    case COMMON_GGML_TYPE_BF16:
+    case COMMON_GGML_TYPE_Q4_0:
+    case COMMON_GGML_TYPE_Q4_1:
+    case COMMON_GGML_TYPE_Q5_0:
+    case COMMON_GGML_TYPE_Q5_1:
+    case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q4_K:
+    case COMMON_GGML_TYPE_Q5_K:
+    case COMMON_GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+extern "C" int gpu_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
+                                const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
+                                bool out_f16)
+{
+    static const char what[] = "gpu_dequant_rows: unsupported type or bad arguments";
+    return with_type(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || n_rows < 0 || (n_rows > 1 && out_stride < cols))
+            return bad(what);
+        if (n_rows == 0 || cols == 0)
+            return 0;
+        if (!w || !out)
+            return bad(what);
+        const int64_t  units = 4 * (cols / QK) + cols % QK;
+        const dim3     grid(gpu_blocks(units, DQ_THREADS),
+                            static_cast<unsigned>(n_rows < GRID_Y_MAX ? n_rows : GRID_Y_MAX));
+        const uint8_t *wb = static_cast<const uint8_t *>(w);
+        with_a4<T>(blocks_a4(w, row_bytes, 0), [&](auto a4) {
+            constexpr bool A4 = decltype(a4)::value;
+            if (out_f16)
+                k_dequant<T, true, A4><<<grid, DQ_THREADS, 0, gpu_stream()>>>(
+                    wb, row_bytes, cols, ids, n_rows, out, out_stride);
+            else
+                k_dequant<T, false, A4><<<grid, DQ_THREADS, 0, gpu_stream()>>>(
+                    wb, row_bytes, cols, ids, n_rows, out, out_stride);
+        });
+        return GPU_LAUNCHED("k_dequant");
+    });
+}
+
+template <int T, int N>
+static void launch_matvec(const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                          const float *x, int64_t x_stride, float *y, int64_t y_stride)
+{
+    const unsigned blocks = gpu_blocks(rows, mv_rows<T, N>());
+    with_a4<T>(blocks_a4(w, row_bytes, 0), [&](auto a4) {
+        k_matvec<T, N, false, decltype(a4)::value><<<blocks, MV_WARPS * 32, 0, gpu_stream()>>>(
+            static_cast<const uint8_t *>(w), row_bytes, 0, rows, cols, nullptr, 1, x, x_stride, 1,
+            y, y_stride);
+    });
+}
+
+extern "C" int gpu_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
+                          int64_t cols, const float *x, int64_t x_stride, int64_t n, float *y,
+                          int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec: unsupported type or bad arguments";
+    return with_type(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || rows < 0 || n < 1 || n > GPU_MATVEC_MAX_N ||
+            (n > 1 && (x_stride < cols || y_stride < rows)))
+            return bad(what);
+        if (rows == 0)
+            return 0;
+        if (!w || !x || !y)
+            return bad(what);
+        switch (n) {
+        case 1:
+            launch_matvec<T, 1>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        case 2:
+            launch_matvec<T, 2>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        case 3:
+            launch_matvec<T, 3>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        case 4:
+            launch_matvec<T, 4>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        case 5:
+            launch_matvec<T, 5>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        case 6:
+            launch_matvec<T, 6>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        case 7:
+            launch_matvec<T, 7>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        default:
+            launch_matvec<T, 8>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
+            break;
+        }
+        return GPU_LAUNCHED("k_matvec");
+    });
+}
+
+extern "C" int gpu_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                              int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                              const float *x, int64_t x_stride, int64_t x_div, float *y,
+                              int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_ids: unsupported type or bad arguments";
+    return with_type(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || rows < 0 || n_items < 0 || x_div < 1 ||
+            static_cast<uint64_t>(rows) * row_bytes > expert_bytes ||
+            (n_items > x_div && x_stride < cols) || (n_items > 1 && y_stride < rows))
+            return bad(what);
+        if (rows == 0 || n_items == 0)
+            return 0;
+        if (!w || !ids || !x || !y)
+            return bad(what);
+        const dim3 grid(gpu_blocks(rows, mv_rows<T, 1>()),
+                        static_cast<unsigned>(n_items < GRID_Y_MAX ? n_items : GRID_Y_MAX));
+        with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a4) {
+            k_matvec<T, 1, true, decltype(a4)::value><<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
+                static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, ids, n_items,
+                x, x_stride, x_div, y, y_stride);
+        });
+        return GPU_LAUNCHED("k_matvec_ids");
+    });
+}
+
+extern "C" int gpu_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                              uint16_t *out)
+{
+    if (n < 0 || cols < 0 || (n > 1 && x_stride < cols))
+        return bad("gpu_f32_to_f16: bad arguments");
+    if (n == 0 || cols == 0)
+        return 0;
+    if (!x || !out)
+        return bad("gpu_f32_to_f16: bad arguments");
+    const int64_t  total = n * cols;
+    const unsigned blocks = gpu_blocks(total < (1ll << 26) ? total : (1ll << 26), CV_THREADS);
+    k_f32_to_f16<<<blocks, CV_THREADS, 0, gpu_stream()>>>(x, x_stride, n, cols,
+                                                          reinterpret_cast<__half *>(out));
+    return GPU_LAUNCHED("k_f32_to_f16");
+}
+
+extern "C" int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16,
+                            int64_t n, float *y, int64_t y_stride)
+{
+    static const char what[] =
+        "gpu_gemm_f16: bad arguments (cols a multiple of 32, inputs 16-byte aligned)";
+    if (rows < 0 || n < 0 || cols < 0 || cols % GM_BK != 0 || (n > 1 && y_stride < rows))
+        return bad(what);
+    if (rows == 0 || n == 0)
+        return 0;
+    if (!w16 || !x16 || !y || (reinterpret_cast<uintptr_t>(w16) & 15) != 0 ||
+        (reinterpret_cast<uintptr_t>(x16) & 15) != 0 || (n + GM_BM - 1) / GM_BM > GRID_Y_MAX)
+        return bad(what);
+    const dim3 grid(gpu_blocks(rows, GM_BN), gpu_blocks(n, GM_BM));
+    k_gemm_f16<<<grid, GM_THREADS, 0, gpu_stream()>>>(reinterpret_cast<const __half *>(w16), rows,
+                                                      cols, reinterpret_cast<const __half *>(x16),
+                                                      n, y, y_stride);
+    return GPU_LAUNCHED("k_gemm_f16");
+}

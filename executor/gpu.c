@@ -1,0 +1,822 @@
+/* executor/gpu.c - the forward pass's last layers (and the head) on a CUDA device: weights
+ * uploaded once, an f16 KV cache and scratch in device memory, one kernel of cuda/gpu.h per step.
+ * The layers before the device's run on the CPU (forward.c), as llama.cpp's -ngl places them. */
+#include "gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/gpu.h"
+
+#define GPU_GEMM_MIN_N   17   /* from this many rows on, products go through the f16 matmul */
+#define GPU_GEMM_ROWS    4096 /* weight rows dequantized to f16 at once for the matmul */
+#define GPU_MARGIN_BYTES ((size_t)256 << 20) /* device memory left free (CUDA context, graphs) */
+
+/* A weight matrix in device memory. */
+struct gpu_mat {
+    void    *d; /* NULL: absent */
+    uint32_t type;
+    int64_t  rows, cols;
+    size_t   row_bytes;
+};
+
+/* Every routed expert of one part of a layer, expert e at d + e * bytes. */
+struct gpu_experts {
+    void    *d;
+    uint32_t type;
+    int64_t  rows, cols;
+    size_t   row_bytes, bytes;
+};
+
+struct gpu_layer {
+    float             *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv, *exp_probs_b;
+    uint32_t           q_norm_n, k_norm_n;
+    struct gpu_mat     wq, wk, wv, wo, gate, up, down, gate_inp, sh_gate, sh_up, sh_down;
+    struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
+    bool               swa;
+};
+
+/* Device allocations freed together. */
+struct gpu_allocs {
+    void **p;
+    size_t n, cap;
+};
+
+/* The weights on the device, shared by every ctx of the model. */
+struct executor_gpu_weights {
+    const struct executor_model *m;
+    int32_t                      dev;
+    struct gpu_info              info;
+    uint32_t                     il0; /* first layer on the device */
+    bool                         head;
+    struct gpu_layer            *layers; /* n_layer entries; those from il0 on are filled */
+    struct gpu_mat               output;
+    float                       *output_norm;
+    struct gpu_allocs            mem;
+    size_t                       bytes;
+};
+
+/* One sequence's side: its KV cache and the scratch of a batch. */
+struct executor_gpu {
+    const struct executor_gpu_weights *w;     /* borrowed, or own_w */
+    struct executor_gpu_weights       *own_w; /* owned when made for this ctx alone */
+    const struct executor_model       *m;
+    int32_t                            dev;
+    uint32_t                           il0;
+    bool                               head;
+    uint32_t                           n_ctx, n_batch;
+    uint16_t **k_cache, **v_cache; /* per layer (from il0): (n_ctx, kd), (n_ctx, vd) */
+    /* Scratch (n_batch rows of the widths in gpu_need). */
+    float    *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
+    float    *att_scratch, *logits, *xq;
+    int32_t  *sel, *items, *rows;
+    uint16_t *x16, *w16;
+    /* Host copies for the grouping of a prefill's experts. */
+    int32_t          *h_sel, *h_items, *h_rows, *h_start, *h_count;
+    struct gpu_allocs mem;
+    size_t            bytes_kv, bytes_scratch;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* What runs on the device                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *gpu_type_name(uint32_t type)
+{
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    return ti ? ti->name : "unknown";
+}
+
+static bool gpu_mat_ok(const struct executor_mat *w)
+{
+    return !w->data || (gpu_type_supported(w->type) && w->out_scale == 0.0f);
+}
+
+const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, size_t len)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    if (hp->n_lora_kv)
+        return "latent attention (deepseek2) is not on the CUDA path yet";
+    if (hp->swiglu_oai || hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT)
+        return "gpt-oss's experts are not on the CUDA path yet";
+    if (hp->sub_norms || hp->ffn_relu2)
+        return "bitnet's sub-norms and ternary weights are not on the CUDA path yet";
+    if (hp->n_expert_groups > 1)
+        return "group-limited expert selection is not on the CUDA path yet";
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const struct executor_layer_w *lw = &m->layers[il];
+        if (lw->sinks || lw->bo || lw->gate_inp_b || lw->sh_gate_inp.data)
+            return "attention sinks, output or router biases and gated shared experts are not "
+                   "on the CUDA path yet";
+        if (lw->ffn_streamed)
+            return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
+        const struct executor_mat *ms[] = {&lw->wq,      &lw->wk,    &lw->wv,     &lw->wo,
+                                           &lw->gate,    &lw->up,    &lw->down,   &lw->gate_inp,
+                                           &lw->sh_gate, &lw->sh_up, &lw->sh_down};
+        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+            if (!gpu_mat_ok(ms[i])) {
+                snprintf(buf, len, "layer %u has a %s matrix, which the CUDA path cannot read yet",
+                         il, gpu_type_name(ms[i]->type));
+                return buf;
+            }
+        for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++)
+            if (!gpu_type_supported(lw->exp[p].type)) {
+                snprintf(buf, len, "layer %u's experts are %s, which the CUDA path cannot read yet",
+                         il, gpu_type_name(lw->exp[p].type));
+                return buf;
+            }
+    }
+    if (!gpu_mat_ok(&m->output)) {
+        snprintf(buf, len, "the output head is %s, which the CUDA path cannot read yet",
+                 gpu_type_name(m->output.type));
+        return buf;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Creation                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static void *gpu_take(struct gpu_allocs *a, size_t bytes, size_t *counter)
+{
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 64;
+        void **p = realloc(a->p, cap * sizeof(*p));
+        if (!p)
+            return NULL;
+        a->p = p;
+        a->cap = cap;
+    }
+    void *p = gpu_malloc(bytes);
+    if (p) {
+        a->p[a->n++] = p;
+        *counter += bytes;
+    }
+    return p;
+}
+
+static void gpu_allocs_free(struct gpu_allocs *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        gpu_free(a->p[i]);
+    free(a->p);
+    *a = (struct gpu_allocs){0};
+}
+
+/* A host buffer uploaded to fresh device memory; NULL for a NULL source. *ok is cleared on
+ * failure. */
+static void *gpu_put(struct executor_gpu_weights *gw, const void *src, size_t bytes, bool *ok)
+{
+    if (!src || !*ok)
+        return NULL;
+    void *d = gpu_take(&gw->mem, bytes, &gw->bytes);
+    if (!d || gpu_upload(d, src, bytes) < 0) {
+        *ok = false;
+        return NULL;
+    }
+    return d;
+}
+
+static struct gpu_mat gpu_put_mat(struct executor_gpu_weights *gw, const struct executor_mat *w,
+                                  bool *ok)
+{
+    struct gpu_mat d = {
+        .type = w->type, .rows = w->rows, .cols = w->cols, .row_bytes = w->row_bytes};
+    d.d = gpu_put(gw, w->data, (size_t)w->rows * w->row_bytes, ok);
+    return d;
+}
+
+static size_t gpu_mat_bytes(const struct executor_mat *w)
+{
+    return w->data ? (size_t)w->rows * w->row_bytes : 0;
+}
+
+/* Widths of the scratch, from the hyper-parameters. */
+struct gpu_widths {
+    size_t ne, qd, kd, vd, ad, ff, cols, n_vocab, E, K;
+};
+
+static struct gpu_widths gpu_widths_of(const struct common_hparams *hp)
+{
+    struct gpu_widths w = {.ne = hp->n_embd,
+                           .qd = (size_t)hp->n_head * hp->head_dim_k,
+                           .kd = (size_t)hp->n_head_kv * hp->head_dim_k,
+                           .vd = (size_t)hp->n_head_kv * hp->head_dim_v,
+                           .ad = (size_t)hp->n_head * hp->head_dim_v,
+                           .n_vocab = hp->n_vocab,
+                           .E = hp->n_expert,
+                           .K = hp->n_expert_used ? hp->n_expert_used : 1};
+    size_t            ff = hp->n_ff;
+    ff = (size_t)hp->n_ff_exp * w.K > ff ? (size_t)hp->n_ff_exp * w.K : ff;
+    ff = hp->n_ff_shexp > ff ? hp->n_ff_shexp : ff;
+    w.ff = ff;
+    size_t cols = w.ne > w.ad ? w.ne : w.ad;
+    cols = hp->n_ff > cols ? hp->n_ff : cols;
+    cols = hp->n_ff_exp > cols ? hp->n_ff_exp : cols;
+    cols = hp->n_ff_shexp > cols ? hp->n_ff_shexp : cols;
+    w.cols = cols;
+    return w;
+}
+
+/* Device bytes of the weights of the layers from il0 (and of the head). */
+static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, bool head)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    const struct gpu_widths      w = gpu_widths_of(hp);
+    size_t                       wb = 0;
+    for (uint32_t il = il0; il < hp->n_layer; il++) {
+        const struct executor_layer_w *lw = &m->layers[il];
+        const struct executor_mat     *ms[] = {&lw->wq,      &lw->wk,    &lw->wv,     &lw->wo,
+                                               &lw->gate,    &lw->up,    &lw->down,   &lw->gate_inp,
+                                               &lw->sh_gate, &lw->sh_up, &lw->sh_down};
+        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+            wb += gpu_mat_bytes(ms[i]);
+        for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++)
+            wb += (size_t)hp->n_expert * (size_t)lw->exp[p].rows * lw->exp[p].row_bytes;
+        wb += (4 * w.ne + w.qd + w.kd + w.vd + w.E) * sizeof(float);
+    }
+    if (head)
+        wb += gpu_mat_bytes(&m->output) + w.ne * sizeof(float);
+    return wb;
+}
+
+/* Device bytes of one sequence: the KV cache of the layers from il0 and the scratch. */
+static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool head, uint32_t n_ctx,
+                           uint32_t n_batch)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    const struct gpu_widths      w = gpu_widths_of(hp);
+    const size_t                 B = n_batch;
+    size_t kb = (size_t)(hp->n_layer - il0) * n_ctx * (w.kd + w.vd) * sizeof(uint16_t);
+    size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
+                    hp->n_rot + (w.ff > w.cols ? w.ff : w.cols));
+    f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
+    if (head)
+        f += B * w.n_vocab;
+    return kb + f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
+           (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t);
+}
+
+/* Uploads every routed expert of one part of layer il, acquiring each from the weight source. */
+static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum common_expert_part p,
+                           struct gpu_experts *out, struct common_errmsg *e)
+{
+    const struct executor_model       *m = gw->m;
+    const struct executor_expert_geom *geo = &m->layers[il].exp[p];
+    const uint32_t                     E = m->desc->hp.n_expert;
+    struct executor_weights           *w = m->w;
+    *out = (struct gpu_experts){.type = geo->type,
+                                .rows = geo->rows,
+                                .cols = geo->cols,
+                                .row_bytes = geo->row_bytes,
+                                .bytes = (size_t)geo->rows * geo->row_bytes};
+    if (!(out->d = gpu_take(&gw->mem, out->bytes * E, &gw->bytes)))
+        return common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: %s", gw->dev, gpu_last_error());
+    for (uint32_t x = 0; x < E; x++) {
+        const void *data;
+        uint32_t    slot;
+        int         rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &slot);
+        if (rc < 0)
+            return common_errmsg_set(e, rc, "layer %u expert %u: %s", il, x, common_strerror(rc));
+        int up = gpu_upload((uint8_t *)out->d + (size_t)x * out->bytes, data, out->bytes);
+        /* A loan whose bytes changed meanwhile is read again. */
+        if (w->ops->expert_release(w->impl, slot) == COMMON_EAGAIN) {
+            x--;
+            continue;
+        }
+        if (up < 0)
+            return common_errmsg_set(e, COMMON_EIO, "CUDA%d: %s", gw->dev, gpu_last_error());
+    }
+    return 0;
+}
+
+static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct common_errmsg *e)
+{
+    const struct executor_model   *m = gw->m;
+    const struct common_hparams   *hp = &m->desc->hp;
+    const struct executor_layer_w *lw = &m->layers[il];
+    const struct gpu_widths        w = gpu_widths_of(hp);
+    struct gpu_layer              *gl = &gw->layers[il];
+    bool                           ok = true;
+    gl->attn_norm = gpu_put(gw, lw->attn_norm, w.ne * sizeof(float), &ok);
+    gl->ffn_norm = gpu_put(gw, lw->ffn_norm, w.ne * sizeof(float), &ok);
+    gl->q_norm = gpu_put(gw, lw->q_norm, lw->q_norm_n * sizeof(float), &ok);
+    gl->k_norm = gpu_put(gw, lw->k_norm, lw->k_norm_n * sizeof(float), &ok);
+    gl->q_norm_n = lw->q_norm_n;
+    gl->k_norm_n = lw->k_norm_n;
+    gl->bq = gpu_put(gw, lw->bq, w.qd * sizeof(float), &ok);
+    gl->bk = gpu_put(gw, lw->bk, w.kd * sizeof(float), &ok);
+    gl->bv = gpu_put(gw, lw->bv, w.vd * sizeof(float), &ok);
+    gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
+    gl->wq = gpu_put_mat(gw, &lw->wq, &ok);
+    gl->wk = gpu_put_mat(gw, &lw->wk, &ok);
+    gl->wv = gpu_put_mat(gw, &lw->wv, &ok);
+    gl->wo = gpu_put_mat(gw, &lw->wo, &ok);
+    gl->gate = gpu_put_mat(gw, &lw->gate, &ok);
+    gl->up = gpu_put_mat(gw, &lw->up, &ok);
+    gl->down = gpu_put_mat(gw, &lw->down, &ok);
+    gl->gate_inp = gpu_put_mat(gw, &lw->gate_inp, &ok);
+    gl->sh_gate = gpu_put_mat(gw, &lw->sh_gate, &ok);
+    gl->sh_up = gpu_put_mat(gw, &lw->sh_up, &ok);
+    gl->sh_down = gpu_put_mat(gw, &lw->sh_down, &ok);
+    gl->swa = lw->swa;
+    if (!ok)
+        return common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: layer %u: %s", gw->dev, il,
+                                 gpu_last_error());
+    for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++) {
+        int rc = gpu_put_experts(gw, il, (enum common_expert_part)p, &gl->exps[p], e);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Refuses a placement over the free device memory, naming the most layers that fit. */
+static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, int32_t dev,
+                         const struct gpu_info *info, size_t need, uint32_t n_ctx, uint32_t n_batch,
+                         uint32_t n_seq, struct common_errmsg *e)
+{
+    const uint32_t nl = m->desc->hp.n_layer;
+    if (need + GPU_MARGIN_BYTES <= info->free_bytes)
+        return 0;
+    uint32_t fit = 0;
+    for (uint32_t k = 1; k <= nl; k++)
+        if (gpu_need_weights(m, nl - k, false) +
+                n_seq * gpu_need_ctx(m, nl - k, false, n_ctx, n_batch) + GPU_MARGIN_BYTES <=
+            info->free_bytes)
+            fit = k;
+    return common_errmsg_set(e, COMMON_ENOMEM,
+                             "-ngl %d needs %.0f MiB of device memory; CUDA%d (%s) has %.0f MiB "
+                             "free: at most -ngl %u fits (or a smaller -c / -b)",
+                             n_layers, (double)(need + GPU_MARGIN_BYTES) / 1048576.0, dev,
+                             info->name, (double)info->free_bytes / 1048576.0, fit);
+}
+
+int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t dev,
+                                uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                                struct executor_gpu_weights **out, struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    char                         why[256] = "";
+    *out = NULL;
+    const char *no = executor_gpu_unsupported(m, why, sizeof(why));
+    if (no)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
+    struct gpu_info info;
+    if (gpu_select(dev, &info, why, sizeof(why)) < 0)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
+    const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
+    const uint32_t il0 = hp->n_layer - on;
+    const bool     head = (uint32_t)n_layers > hp->n_layer;
+    const size_t   need =
+        gpu_need_weights(m, il0, head) + (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch);
+    int rc = gpu_check_fit(m, n_layers, dev, &info, need, n_ctx, n_batch, n_seq, e);
+    if (rc < 0)
+        return rc;
+    struct executor_gpu_weights *gw = calloc(1, sizeof(*gw));
+    if (!gw || !(gw->layers = calloc(hp->n_layer, sizeof(*gw->layers)))) {
+        free(gw);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    gw->m = m;
+    gw->dev = dev;
+    gw->info = info;
+    gw->il0 = il0;
+    gw->head = head;
+    for (uint32_t il = il0; il < hp->n_layer && rc == 0; il++)
+        rc = gpu_put_layer(gw, il, e);
+    if (rc == 0 && head) {
+        bool ok = true;
+        gw->output = gpu_put_mat(gw, &m->output, &ok);
+        gw->output_norm = gpu_put(gw, m->output_norm, hp->n_embd * sizeof(float), &ok);
+        if (!ok)
+            rc = common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: the output head: %s", dev,
+                                   gpu_last_error());
+    }
+    if (rc < 0) {
+        executor_gpu_weights_destroy(gw);
+        return rc;
+    }
+    *out = gw;
+    return 0;
+}
+
+void executor_gpu_weights_destroy(struct executor_gpu_weights *gw)
+{
+    if (!gw)
+        return;
+    gpu_allocs_free(&gw->mem);
+    free(gw->layers);
+    free(gw);
+}
+
+static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const struct gpu_widths      w = gpu_widths_of(hp);
+    const size_t                 B = g->n_batch, F = sizeof(float);
+    struct gpu_allocs           *a = &g->mem;
+    size_t                      *c = &g->bytes_scratch;
+    bool                         ok = true;
+    for (uint32_t il = g->il0; il < hp->n_layer && ok; il++) {
+        const size_t kvb = (size_t)g->n_ctx * sizeof(uint16_t);
+        ok = (g->k_cache[il] = gpu_take(a, kvb * w.kd, &g->bytes_kv)) &&
+             (g->v_cache[il] = gpu_take(a, kvb * w.vd, &g->bytes_kv));
+    }
+    ok = ok && (g->x = gpu_take(a, B * w.ne * F, c)) && (g->xn = gpu_take(a, B * w.ne * F, c)) &&
+         (g->tmp = gpu_take(a, B * w.ne * F, c)) && (g->gx = gpu_take(a, B * w.ne * F, c)) &&
+         (g->q = gpu_take(a, B * w.qd * F, c)) && (g->k = gpu_take(a, B * w.kd * F, c)) &&
+         (g->v = gpu_take(a, B * w.vd * F, c)) && (g->att = gpu_take(a, B * w.ad * F, c)) &&
+         (g->ga = gpu_take(a, B * w.ff * F, c)) && (g->up = gpu_take(a, B * w.ff * F, c)) &&
+         (g->moe_y = gpu_take(a, B * w.K * w.ne * F, c)) &&
+         (g->router = gpu_take(a, B * (w.E ? w.E : 1) * F, c)) &&
+         (g->sel_w = gpu_take(a, B * w.K * F, c)) &&
+         (g->sel = gpu_take(a, B * w.K * sizeof(int32_t), c)) &&
+         (g->items = gpu_take(a, B * w.K * sizeof(int32_t), c)) &&
+         (g->rows = gpu_take(a, B * w.K * sizeof(int32_t), c)) &&
+         (g->cs = gpu_take(a, B * (hp->n_rot ? hp->n_rot : 1) * F, c)) &&
+         (g->att_scratch = gpu_take(a, B * hp->n_head * (size_t)g->n_ctx * F, c)) &&
+         (g->xq = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * F, c)) &&
+         (g->x16 = gpu_take(a, B * w.cols * sizeof(uint16_t), c)) &&
+         (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
+    if (ok && g->head)
+        ok = (g->logits = gpu_take(a, B * w.n_vocab * F, c)) != NULL;
+    if (!ok)
+        return common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: KV cache and scratch: %s", g->dev,
+                                 gpu_last_error());
+    const size_t n = B * w.K;
+    g->h_sel = calloc(n, sizeof(int32_t));
+    g->h_items = calloc(n, sizeof(int32_t));
+    g->h_rows = calloc(n, sizeof(int32_t));
+    g->h_start = calloc(w.E + 1, sizeof(int32_t));
+    g->h_count = calloc(w.E + 1, sizeof(int32_t));
+    if (!g->h_sel || !g->h_items || !g->h_rows || !g->h_start || !g->h_count)
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    return 0;
+}
+
+int executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
+                        int32_t n_layers, int32_t dev, uint32_t n_ctx, uint32_t n_batch,
+                        struct executor_gpu **out, struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    struct executor_gpu_weights *own = NULL;
+    int                          rc;
+    *out = NULL;
+    if (!shared) {
+        if ((rc = executor_gpu_weights_create(m, n_layers, dev, n_ctx, n_batch, 1, &own, e)) < 0)
+            return rc;
+        shared = own;
+    } else {
+        /* The weights' owner checked the fit for all its sequences; a ctx of another size is
+         * checked here. */
+        struct gpu_info info;
+        char            why[256];
+        if (gpu_select(shared->dev, &info, why, sizeof(why)) < 0)
+            return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", why);
+    }
+    struct executor_gpu *g = calloc(1, sizeof(*g));
+    if (!g || !(g->k_cache = calloc(hp->n_layer, sizeof(*g->k_cache))) ||
+        !(g->v_cache = calloc(hp->n_layer, sizeof(*g->v_cache)))) {
+        if (g)
+            free(g->k_cache);
+        free(g);
+        executor_gpu_weights_destroy(own);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    g->w = shared;
+    g->own_w = own;
+    g->m = m;
+    g->dev = shared->dev;
+    g->il0 = shared->il0;
+    g->head = shared->head;
+    g->n_ctx = n_ctx;
+    g->n_batch = n_batch;
+    if ((rc = gpu_put_scratch(g, e)) < 0) {
+        executor_gpu_destroy(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+void executor_gpu_destroy(struct executor_gpu *g)
+{
+    if (!g)
+        return;
+    gpu_allocs_free(&g->mem);
+    executor_gpu_weights_destroy(g->own_w);
+    free(g->k_cache);
+    free(g->v_cache);
+    free(g->h_sel);
+    free(g->h_items);
+    free(g->h_rows);
+    free(g->h_start);
+    free(g->h_count);
+    free(g);
+}
+
+uint32_t executor_gpu_first_layer(const struct executor_gpu *g)
+{
+    return g->il0;
+}
+
+int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len)
+{
+    if (name && len)
+        snprintf(name, len, "CUDA%d %s", g->w->dev, g->w->info.name);
+    return (int32_t)(g->m->desc->hp.n_layer - g->il0) + (g->head ? 1 : 0);
+}
+
+void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
+{
+    const struct executor_gpu_weights *gw = g->w;
+    const uint32_t                     nl = g->m->desc->hp.n_layer;
+    snprintf(buf, len,
+             "gpu: CUDA%d (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
+             "%.0f MiB KV (f16), %.0f MiB scratch",
+             gw->dev, gw->info.name, gw->info.cc_major, gw->info.cc_minor,
+             (double)gw->info.total_bytes / 1048576.0, gw->il0, nl - 1,
+             gw->head ? " and the output head" : "", (double)gw->bytes / 1048576.0,
+             (double)g->bytes_kv / 1048576.0, (double)g->bytes_scratch / 1048576.0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The forward pass                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* y (n rows, y_stride apart) = W . x rows: matvec kernels for a few rows, the f16 tensor-core
+ * matmul over row blocks of W dequantized to f16 for more. */
+static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t row_bytes,
+                  int64_t rows, int64_t cols, const float *x, int64_t x_stride, uint32_t n,
+                  float *y, int64_t y_stride)
+{
+    if (n < GPU_GEMM_MIN_N || cols % 32 != 0) {
+        /* Activations rounded as the CPU quantizes them: the CPU's products, bit for bit up to
+         * the order of the sums (greedy tokens as llama.cpp's). */
+        const uint32_t vdt = executor_vec_dot_type(type);
+        if (vdt != COMMON_GGML_TYPE_F32) {
+            if (gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0)
+                return -1;
+            x = g->xq;
+            x_stride = cols;
+        }
+        for (uint32_t t = 0; t < n; t += GPU_MATVEC_MAX_N) {
+            const uint32_t k = n - t < GPU_MATVEC_MAX_N ? n - t : GPU_MATVEC_MAX_N;
+            if (gpu_matvec(type, w, row_bytes, rows, cols, x + (size_t)t * x_stride, x_stride, k,
+                           y + (size_t)t * y_stride, y_stride) < 0)
+                return -1;
+        }
+        return 0;
+    }
+    /* Activations rounded as the CPU quantizes them, then to f16 for the tensor cores. */
+    const uint32_t vdt = executor_vec_dot_type(type);
+    if (vdt != COMMON_GGML_TYPE_F32 && vdt != COMMON_GGML_TYPE_F16) {
+        if (gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0)
+            return -1;
+        x = g->xq;
+        x_stride = cols;
+    }
+    if (gpu_f32_to_f16(x, x_stride, n, cols, g->x16) < 0)
+        return -1;
+    for (int64_t r0 = 0; r0 < rows; r0 += GPU_GEMM_ROWS) {
+        const int64_t   nr = rows - r0 < GPU_GEMM_ROWS ? rows - r0 : GPU_GEMM_ROWS;
+        const uint8_t  *wr = (const uint8_t *)w + (size_t)r0 * row_bytes;
+        const uint16_t *w16 = (const uint16_t *)(const void *)wr;
+        if (type != COMMON_GGML_TYPE_F16) {
+            if (gpu_dequant_rows(type, wr, row_bytes, cols, NULL, nr, g->w16, cols, true) < 0)
+                return -1;
+            w16 = g->w16;
+        }
+        if (gpu_gemm_f16(w16, nr, cols, g->x16, n, y + r0, y_stride) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* x rows rounded for weights of `type` into g->xq (stride cols), or x itself for f32 weights;
+ * NULL on a device error. */
+static const float *gpu_round_for(struct executor_gpu *g, uint32_t type, const float *x,
+                                  int64_t x_stride, uint32_t n, int64_t cols)
+{
+    const uint32_t vdt = executor_vec_dot_type(type);
+    if (vdt == COMMON_GGML_TYPE_F32)
+        return x;
+    return gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0 ? NULL : g->xq;
+}
+
+static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const float *x,
+                      int64_t x_stride, uint32_t n, float *y, int64_t y_stride)
+{
+    return gpu_mm(g, w->type, w->d, w->row_bytes, w->rows, w->cols, x, x_stride, n, y, y_stride);
+}
+
+/* Self-attention of layer il for the n rows of g->x at positions p0..: adds its output. */
+static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n, uint32_t p0)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const struct gpu_widths      w = gpu_widths_of(hp);
+    const int64_t                ne = (int64_t)w.ne;
+    const float                  scale =
+        hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim_k);
+    if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->attn_norm, n, ne, hp->rms_eps) < 0 ||
+        gpu_mm_mat(g, &gl->wq, g->xn, ne, n, g->q, (int64_t)w.qd) < 0 ||
+        gpu_mm_mat(g, &gl->wk, g->xn, ne, n, g->k, (int64_t)w.kd) < 0 ||
+        gpu_mm_mat(g, &gl->wv, g->xn, ne, n, g->v, (int64_t)w.vd) < 0)
+        return -1;
+    if ((gl->bq && gpu_add_bias(g->q, (int64_t)w.qd, gl->bq, n, (int64_t)w.qd) < 0) ||
+        (gl->bk && gpu_add_bias(g->k, (int64_t)w.kd, gl->bk, n, (int64_t)w.kd) < 0) ||
+        (gl->bv && gpu_add_bias(g->v, (int64_t)w.vd, gl->bv, n, (int64_t)w.vd) < 0))
+        return -1;
+    /* Per head (the norm as wide as a head) or over the whole projection (olmoe). */
+    if (gl->q_norm &&
+        gpu_rmsnorm(g->q, gl->q_norm_n, g->q, gl->q_norm_n, gl->q_norm,
+                    (int64_t)(n * w.qd / gl->q_norm_n), gl->q_norm_n, hp->rms_eps) < 0)
+        return -1;
+    if (gl->k_norm &&
+        gpu_rmsnorm(g->k, gl->k_norm_n, g->k, gl->k_norm_n, gl->k_norm,
+                    (int64_t)(n * w.kd / gl->k_norm_n), gl->k_norm_n, hp->rms_eps) < 0)
+        return -1;
+    const bool     neox = hp->rope_neox != 0;
+    const uint32_t window = gl->swa ? hp->n_swa : 0;
+    if (gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0 ||
+        gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs, neox) <
+            0 ||
+        gpu_kv_store(g->k_cache[il], g->v_cache[il], (uint32_t)w.kd, (uint32_t)w.vd, g->k, g->v, p0,
+                     n) < 0 ||
+        gpu_attention(g->att, g->q, g->k_cache[il], g->v_cache[il], n, p0, hp->n_head,
+                      hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
+                      g->att_scratch) < 0 ||
+        gpu_mm_mat(g, &gl->wo, g->att, (int64_t)w.ad, n, g->tmp, ne) < 0)
+        return -1;
+    return gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne);
+}
+
+/* silu(gate . x) * (up . x) into g->ga, then down into `out` (n rows of ne). */
+static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
+                          const struct gpu_mat *up, const struct gpu_mat *down, const float *x,
+                          uint32_t n, float *out)
+{
+    const int64_t ne = g->m->desc->hp.n_embd, nf = gate->rows;
+    if (gpu_mm_mat(g, gate, x, ne, n, g->ga, nf) < 0 ||
+        gpu_mm_mat(g, up, x, ne, n, g->up, nf) < 0 ||
+        gpu_swiglu(g->ga, g->up, (int64_t)n * nf, false) < 0)
+        return -1;
+    return gpu_mm_mat(g, down, g->ga, nf, n, out, ne);
+}
+
+/* Expert e's part p as a matrix. */
+static struct gpu_mat gpu_expert(const struct gpu_experts *x, int32_t e)
+{
+    return (struct gpu_mat){.d = (uint8_t *)x->d + (size_t)e * x->bytes,
+                            .type = x->type,
+                            .rows = x->rows,
+                            .cols = x->cols,
+                            .row_bytes = x->row_bytes};
+}
+
+/* The routed experts of a prefill: the choices brought to the host and grouped by expert, each
+ * expert's rows gathered and computed through the matmul, its outputs put back by (token,
+ * slot) row into g->moe_y. */
+static int gpu_moe_grouped(struct executor_gpu *g, const struct gpu_layer *gl, uint32_t n)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const uint32_t               E = hp->n_expert, K = hp->n_expert_used, ne = hp->n_embd;
+    const uint32_t               nk = n * K;
+    if (gpu_download(g->h_sel, g->sel, (size_t)nk * sizeof(int32_t)) < 0)
+        return -1;
+    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
+    for (uint32_t i = 0; i < nk; i++) {
+        if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
+            return -1; /* a routing kernel gone wrong: never index with it */
+        g->h_count[g->h_sel[i]]++;
+    }
+    g->h_start[0] = 0;
+    for (uint32_t x = 0; x < E; x++)
+        g->h_start[x + 1] = g->h_start[x] + g->h_count[x];
+    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
+    for (uint32_t i = 0; i < nk; i++) {
+        const int32_t x = g->h_sel[i], at = g->h_start[x] + g->h_count[x]++;
+        g->h_items[at] = (int32_t)i;      /* its (token, slot) row of moe_y */
+        g->h_rows[at] = (int32_t)(i / K); /* its token's row of xn */
+    }
+    if (gpu_upload(g->items, g->h_items, (size_t)nk * sizeof(int32_t)) < 0 ||
+        gpu_upload(g->rows, g->h_rows, (size_t)nk * sizeof(int32_t)) < 0)
+        return -1;
+    for (uint32_t x = 0; x < E; x++) {
+        const int32_t cnt = g->h_start[x + 1] - g->h_start[x];
+        if (cnt == 0)
+            continue;
+        const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], (int32_t)x);
+        const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], (int32_t)x);
+        const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], (int32_t)x);
+        if (gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
+            gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp) < 0 ||
+            gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The feed-forward of layer il for the n rows of g->x: adds its output. */
+static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const int64_t                ne = hp->n_embd;
+    if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->ffn_norm, n, ne, hp->rms_eps) < 0)
+        return -1;
+    if (!gl->gate_inp.d) {
+        if (gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->tmp) < 0)
+            return -1;
+        return gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne);
+    }
+    const uint32_t E = hp->n_expert, K = hp->n_expert_used;
+    const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID ? 1 : 0;
+    if (gpu_mm_mat(g, &gl->gate_inp, g->xn, ne, n, g->router, E) < 0 ||
+        gpu_moe_route(g->router, gl->exp_probs_b, n, E, K, gating, hp->norm_topk_prob != 0,
+                      hp->expert_weights_scale, g->sel, g->sel_w) < 0)
+        return -1;
+    if (n < GPU_GEMM_MIN_N) {
+        /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
+        const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE];
+        const struct gpu_experts *xu = &gl->exps[COMMON_EXPERT_UP];
+        const struct gpu_experts *xd = &gl->exps[COMMON_EXPERT_DOWN];
+        const int64_t             nf = xg->rows, items = (int64_t)n * K;
+        const float              *xa = gpu_round_for(g, xg->type, g->xn, ne, n, ne);
+        if (!xa || executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
+            gpu_matvec_ids(xg->type, xg->d, xg->bytes, xg->row_bytes, xg->rows, xg->cols, g->sel,
+                           items, xa, ne, K, g->ga, nf) < 0 ||
+            gpu_matvec_ids(xu->type, xu->d, xu->bytes, xu->row_bytes, xu->rows, xu->cols, g->sel,
+                           items, xa, ne, K, g->up, nf) < 0 ||
+            gpu_swiglu(g->ga, g->up, items * nf, false) < 0)
+            return -1;
+        const float *xd_in = gpu_round_for(g, xd->type, g->ga, nf, (uint32_t)items, nf);
+        if (!xd_in || gpu_matvec_ids(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, xd->cols,
+                                     g->sel, items, xd_in, nf, 1, g->moe_y, ne) < 0)
+            return -1;
+    } else if (gpu_moe_grouped(g, gl, n) < 0) {
+        return -1;
+    }
+    if (gl->sh_gate.d) {
+        /* An ungated shared expert beside the routed ones: its output added first. */
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->tmp) < 0 ||
+            gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne) < 0)
+            return -1;
+    }
+    return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);
+}
+
+int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_t n, uint32_t p0,
+                         float *logits, bool all, struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const int64_t                ne = hp->n_embd;
+    int                          rc = 0;
+    if (n > g->n_batch || p0 + n > g->n_ctx)
+        return common_errmsg_set(e, COMMON_ERANGE,
+                                 "gpu: %u tokens at %u exceed the device's "
+                                 "batch %u or context %u",
+                                 n, p0, g->n_batch, g->n_ctx);
+    rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
+    if (rc == 0 && hp->n_rot)
+        rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
+    for (uint32_t il = g->il0; il < hp->n_layer && rc == 0; il++) {
+        rc = gpu_attention_block(g, il, n, p0);
+        if (rc == 0)
+            rc = gpu_ffn_block(g, il, n);
+    }
+    if (rc == 0 && !g->head) {
+        rc = gpu_download(c->x, g->x, (size_t)n * ne * sizeof(float));
+        if (rc == 0)
+            return 0;
+    } else if (rc == 0 && logits) {
+        const uint32_t t0 = all ? 0 : n - 1, n_out = n - t0;
+        const float   *xs = g->x + (size_t)t0 * ne;
+        rc = gpu_rmsnorm(g->xn, ne, xs, ne, g->w->output_norm, n_out, ne, hp->rms_eps);
+        if (rc == 0)
+            rc = gpu_mm_mat(g, &g->w->output, g->xn, ne, n_out, g->logits, hp->n_vocab);
+        if (rc == 0)
+            rc = gpu_download(logits, g->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+    } else if (rc == 0) {
+        rc = gpu_sync();
+    }
+    if (rc < 0)
+        return common_errmsg_set(e, COMMON_EIO, "CUDA%d: %s", g->dev, gpu_last_error());
+    return 1;
+}
+
+bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len)
+{
+    const char *no = executor_gpu_unsupported(m, why, len);
+    if (no) {
+        if (no != why)
+            snprintf(why, len, "%s", no);
+        return false;
+    }
+    return gpu_select(dev, NULL, why, len) == 0;
+}

@@ -1,0 +1,943 @@
+/* tests/executor/test_cuda_ops.c - the CUDA layer operations (executor/cuda/ops.cu) against CPU
+ * references in double precision, at edge sizes; skipped, saying so, without a CUDA device. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/gpu.h"
+#include "kernels/kernels.h"
+
+/* Tolerances: |gpu - ref| <= rtol * scale, where scale is the magnitude the result is made of
+ * (|ref| where no cancellation can occur, else the sum of the magnitudes of the terms). */
+#define OPS_RTOL     1e-5  /* f32 elementwise operations, norms, routing weights */
+#define OPS_ATT_RTOL 1e-3  /* attention over the f16 cache */
+#define OPS_POISON   0xffu /* gpu_memset byte of outputs: all-ones floats are NaN */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t t_rng = 0x2545F4914F6CDD1Dull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (t_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(void)
+{
+    return (float)((double)(rng_next() >> 11) * 0x1p-53);
+}
+
+static float rng_gauss(void)
+{
+    float u1 = rng_uniform(), u2 = rng_uniform();
+    if (u1 < 1e-12f)
+        u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* Gaussian data whose scale changes every 64 elements, with rare outliers. */
+static void fill_data(float *x, size_t n)
+{
+    float scale = 1.0f;
+    for (size_t i = 0; i < n; i++) {
+        if (i % 64 == 0)
+            scale = 0.01f + 2.0f * rng_uniform();
+        x[i] = scale * rng_gauss();
+        if (rng_next() % 97 == 0)
+            x[i] *= 6.0f;
+    }
+}
+
+static void fill_gauss(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * rng_gauss();
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert_not_null(p, "malloc(%zu)", bytes);
+    return p;
+}
+
+static bool is_poison(const void *p)
+{
+    uint32_t u;
+    memcpy(&u, p, sizeof(u));
+    return u == 0xffffffffu;
+}
+
+/* Skips the test without a device, else selects device 0. */
+static void gpu_or_skip(void)
+{
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) <= 0)
+        cr_skip_test("no CUDA device (%s): skipped", why);
+    struct gpu_info info;
+    cr_assert_eq(gpu_select(0, &info, why, sizeof(why)), 0, "gpu_select(0): %s", why);
+}
+
+/* Device memory of `bytes`, every byte OPS_POISON. */
+static void *dev_poisoned(size_t bytes)
+{
+    void *p = gpu_malloc(bytes ? bytes : 1);
+    cr_assert_not_null(p, "gpu_malloc(%zu): %s", bytes, gpu_last_error());
+    cr_assert_eq(gpu_memset(p, (int)OPS_POISON, bytes ? bytes : 1), 0, "gpu_memset: %s",
+                 gpu_last_error());
+    return p;
+}
+
+/* Device copy of `bytes` of host memory. */
+static void *dev_from(const void *host, size_t bytes)
+{
+    void *p = dev_poisoned(bytes);
+    cr_assert_eq(gpu_upload(p, host, bytes), 0, "gpu_upload: %s", gpu_last_error());
+    return p;
+}
+
+/* Waits for the queued kernels (failing on a kernel error), then copies device memory back. */
+static void dev_to(void *host, const void *dev, size_t bytes)
+{
+    cr_assert_eq(gpu_sync(), 0, "a kernel failed: %s", gpu_last_error());
+    cr_assert_eq(gpu_download(host, dev, bytes), 0, "gpu_download: %s", gpu_last_error());
+}
+
+static void check_close(const char *what, size_t i, float got, double want, double scale,
+                        double rtol)
+{
+    cr_assert(isfinite(got) && fabs((double)got - want) <= rtol * scale,
+              "%s[%zu]: got %.9g, want %.9g (scale %.3g)", what, i, (double)got, want, scale);
+}
+
+static const int64_t g_widths[] = {1, 31, 32, 33, 255, 256, 257, 4096};
+#define N_WIDTHS (sizeof(g_widths) / sizeof(g_widths[0]))
+
+/* ------------------------------------------------------------------------------------------ */
+/* RMS norm                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: each row normalised as fwd_rmsnorm, out of place (padding between output rows
+ * untouched) and in place; widths at the warp and block edges and up to 16384. */
+Test(executor_cuda_ops, rmsnorm_matches_reference)
+{
+    gpu_or_skip();
+    const int64_t widths[] = {1, 31, 32, 33, 255, 256, 257, 1024, 1025, 4096, 16384};
+    const int64_t n_rows = 3;
+    const float   eps = 1e-5f;
+    for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+        const int64_t width = widths[wi], xs = width + 3, ys = width + 5;
+        const size_t  nx = (size_t)(n_rows * xs), ny = (size_t)(n_rows * ys);
+        float        *x = xmalloc(nx * sizeof(float)), *w = xmalloc((size_t)width * sizeof(float));
+        float        *y = xmalloc(ny * sizeof(float));
+        double       *ref = xmalloc((size_t)(n_rows * width) * sizeof(double));
+        fill_data(x, nx);
+        fill_gauss(w, (size_t)width, 1.0f);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const float *xr = x + r * xs;
+            double       ss = 0.0;
+            for (int64_t i = 0; i < width; i++)
+                ss += (double)xr[i] * (double)xr[i];
+            const double inv = 1.0 / sqrt(ss / (double)width + (double)eps);
+            for (int64_t i = 0; i < width; i++)
+                ref[r * width + i] = (double)xr[i] * inv * (double)w[i];
+        }
+        float *dx = dev_from(x, nx * sizeof(float)), *dw = dev_from(w, (size_t)width * 4);
+        float *dy = dev_poisoned(ny * sizeof(float));
+        cr_assert_eq(gpu_rmsnorm(dy, ys, dx, xs, dw, n_rows, width, eps), 0, "width %lld: %s",
+                     (long long)width, gpu_last_error());
+        dev_to(y, dy, ny * sizeof(float));
+        for (int64_t r = 0; r < n_rows; r++) {
+            for (int64_t i = 0; i < width; i++) {
+                const double want = ref[r * width + i];
+                check_close("rmsnorm", (size_t)(r * width + i), y[r * ys + i], want, fabs(want),
+                            OPS_RTOL);
+            }
+            for (int64_t i = width; i < ys; i++)
+                cr_assert(is_poison(&y[r * ys + i]), "rmsnorm wrote padding at row %lld",
+                          (long long)r);
+        }
+        /* In place: y is x. */
+        cr_assert_eq(gpu_rmsnorm(dx, xs, dx, xs, dw, n_rows, width, eps), 0, "%s",
+                     gpu_last_error());
+        dev_to(x, dx, nx * sizeof(float));
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t i = 0; i < width; i++) {
+                const double want = ref[r * width + i];
+                check_close("rmsnorm in place", (size_t)(r * width + i), x[r * xs + i], want,
+                            fabs(want), OPS_RTOL);
+            }
+        gpu_free(dx);
+        gpu_free(dw);
+        gpu_free(dy);
+        free(x);
+        free(w);
+        free(y);
+        free(ref);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Elementwise                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: y = a + b out of place, and with y aliasing a and b. */
+Test(executor_cuda_ops, add_matches_reference)
+{
+    gpu_or_skip();
+    for (size_t wi = 0; wi <= N_WIDTHS; wi++) {
+        const int64_t n = wi < N_WIDTHS ? g_widths[wi] : 1000003;
+        const size_t  bytes = (size_t)n * sizeof(float);
+        float        *a = xmalloc(bytes), *b = xmalloc(bytes), *y = xmalloc(bytes);
+        fill_data(a, (size_t)n);
+        fill_data(b, (size_t)n);
+        float *da = dev_from(a, bytes), *db = dev_from(b, bytes), *dy = dev_poisoned(bytes);
+        for (int alias = 0; alias < 3; alias++) {
+            float *out = alias == 0 ? dy : alias == 1 ? da : db;
+            cr_assert_eq(gpu_upload(da, a, bytes), 0, "%s", gpu_last_error());
+            cr_assert_eq(gpu_upload(db, b, bytes), 0, "%s", gpu_last_error());
+            cr_assert_eq(gpu_add(out, da, db, n), 0, "%s", gpu_last_error());
+            dev_to(y, out, bytes);
+            for (int64_t i = 0; i < n; i++)
+                check_close("add", (size_t)i, y[i], (double)a[i] + (double)b[i],
+                            fabs((double)a[i]) + fabs((double)b[i]), OPS_RTOL);
+        }
+        gpu_free(da);
+        gpu_free(db);
+        gpu_free(dy);
+        free(a);
+        free(b);
+        free(y);
+    }
+}
+
+/* Description: the bias added to every row; the padding between rows untouched. */
+Test(executor_cuda_ops, add_bias_matches_reference)
+{
+    gpu_or_skip();
+    const int64_t n_rows = 4;
+    for (size_t wi = 0; wi < N_WIDTHS; wi++) {
+        const int64_t width = g_widths[wi], stride = width + 2;
+        const size_t  ny = (size_t)(n_rows * stride);
+        float *y = xmalloc(ny * sizeof(float)), *bias = xmalloc((size_t)width * sizeof(float));
+        float *got = xmalloc(ny * sizeof(float));
+        fill_data(y, ny);
+        fill_data(bias, (size_t)width);
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t i = width; i < stride; i++)
+                memset(&y[r * stride + i], 0xff, sizeof(float));
+        float *dy = dev_from(y, ny * sizeof(float));
+        float *db = dev_from(bias, (size_t)width * sizeof(float));
+        cr_assert_eq(gpu_add_bias(dy, stride, db, n_rows, width), 0, "%s", gpu_last_error());
+        dev_to(got, dy, ny * sizeof(float));
+        for (int64_t r = 0; r < n_rows; r++) {
+            for (int64_t i = 0; i < width; i++) {
+                const float v = y[r * stride + i];
+                check_close("add_bias", (size_t)(r * stride + i), got[r * stride + i],
+                            (double)v + (double)bias[i], fabs((double)v) + fabs((double)bias[i]),
+                            OPS_RTOL);
+            }
+            for (int64_t i = width; i < stride; i++)
+                cr_assert(is_poison(&got[r * stride + i]), "add_bias wrote padding");
+        }
+        gpu_free(dy);
+        gpu_free(db);
+        free(y);
+        free(bias);
+        free(got);
+    }
+}
+
+/* Description: g = silu(g) * u and relu(g)^2 * u. */
+Test(executor_cuda_ops, swiglu_matches_reference)
+{
+    gpu_or_skip();
+    for (int relu2 = 0; relu2 < 2; relu2++)
+        for (size_t wi = 0; wi <= N_WIDTHS; wi++) {
+            const int64_t n = wi < N_WIDTHS ? g_widths[wi] : 100003;
+            const size_t  bytes = (size_t)n * sizeof(float);
+            float        *g = xmalloc(bytes), *u = xmalloc(bytes), *got = xmalloc(bytes);
+            fill_data(g, (size_t)n);
+            fill_data(u, (size_t)n);
+            float *dg = dev_from(g, bytes), *du = dev_from(u, bytes);
+            cr_assert_eq(gpu_swiglu(dg, du, n, relu2 != 0), 0, "%s", gpu_last_error());
+            dev_to(got, dg, bytes);
+            for (int64_t i = 0; i < n; i++) {
+                const double x = (double)g[i];
+                const double a = relu2 ? (x > 0.0 ? x * x : 0.0) : x / (1.0 + exp(-x));
+                const double want = a * (double)u[i];
+                check_close(relu2 ? "relu2" : "swiglu", (size_t)i, got[i], want, fabs(want),
+                            OPS_RTOL);
+            }
+            gpu_free(dg);
+            gpu_free(du);
+            free(g);
+            free(u);
+            free(got);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* RoPE                                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+struct rope_case {
+    uint32_t n_heads, head_dim, n_rot;
+};
+
+/* Description: normal and NeoX rotation, n_rot equal to and below head_dim (the rest of each
+ * head and the padding between tokens untouched), 1, 3 and 17 tokens. */
+Test(executor_cuda_ops, rope_matches_reference)
+{
+    gpu_or_skip();
+    const struct rope_case cases[] = {{8, 64, 64},  {2, 128, 128}, {4, 32, 24},
+                                      {8, 128, 64}, {1, 256, 256}, {3, 33, 32}};
+    const uint32_t         toks[] = {1, 3, 17};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (size_t ti = 0; ti < 3; ti++)
+            for (int neox = 0; neox < 2; neox++) {
+                const struct rope_case *rc = &cases[ci];
+                const uint32_t          n_tok = toks[ti];
+                const int64_t           stride = (int64_t)rc->n_heads * rc->head_dim + 7;
+                const size_t            nv = (size_t)n_tok * (size_t)stride;
+                const size_t            ncs = (size_t)n_tok * rc->n_rot;
+                float *v = xmalloc(nv * sizeof(float)), *got = xmalloc(nv * sizeof(float));
+                float *cs = xmalloc((ncs ? ncs : 1) * sizeof(float));
+                fill_data(v, nv);
+                for (uint32_t t = 0; t < n_tok; t++)
+                    for (int64_t i = (int64_t)rc->n_heads * rc->head_dim; i < stride; i++)
+                        memset(&v[t * stride + i], 0xff, sizeof(float));
+                for (size_t i = 0; i + 1 < ncs; i += 2) {
+                    const double th = 100.0 * (double)rng_uniform();
+                    cs[i] = (float)(1.1 * cos(th));
+                    cs[i + 1] = (float)(1.1 * sin(th));
+                }
+                float *dv = dev_from(v, nv * sizeof(float));
+                float *dcs = dev_from(cs, (ncs ? ncs : 1) * sizeof(float));
+                cr_assert_eq(gpu_rope(dv, n_tok, stride, rc->n_heads, rc->head_dim, rc->n_rot, dcs,
+                                      neox != 0),
+                             0, "%s", gpu_last_error());
+                dev_to(got, dv, nv * sizeof(float));
+                for (uint32_t t = 0; t < n_tok; t++) {
+                    const float *c = cs + (size_t)t * rc->n_rot;
+                    for (uint32_t h = 0; h < rc->n_heads; h++) {
+                        const size_t o = (size_t)t * (size_t)stride + (size_t)h * rc->head_dim;
+                        const float *x = v + o;
+                        const float *gx = got + o;
+                        for (uint32_t i = 0; i < rc->n_rot / 2; i++) {
+                            const uint32_t a = neox ? i : 2 * i;
+                            const uint32_t b = neox ? i + rc->n_rot / 2 : 2 * i + 1;
+                            const double   x0 = (double)x[a], x1 = (double)x[b];
+                            const double   cc = (double)c[2 * i], ss = (double)c[2 * i + 1];
+                            const double   sc =
+                                fabs(x0 * cc) + fabs(x1 * ss) + fabs(x0 * ss) + fabs(x1 * cc);
+                            check_close("rope a", o + a, gx[a], x0 * cc - x1 * ss, sc, OPS_RTOL);
+                            check_close("rope b", o + b, gx[b], x0 * ss + x1 * cc, sc, OPS_RTOL);
+                        }
+                        for (uint32_t d = rc->n_rot / 2 * 2; d < rc->head_dim; d++)
+                            cr_assert(memcmp(&gx[d], &x[d], sizeof(float)) == 0,
+                                      "rope changed dim %u beyond n_rot %u", d, rc->n_rot);
+                    }
+                    for (int64_t i = (int64_t)rc->n_heads * rc->head_dim; i < stride; i++)
+                        cr_assert(is_poison(&got[t * stride + i]), "rope wrote padding");
+                }
+                gpu_free(dv);
+                gpu_free(dcs);
+                free(v);
+                free(got);
+                free(cs);
+            }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* KV store                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: k and v rows rounded to f16 (bit-equal to executor_fp32_to_fp16, subnormals
+ * included) at positions pos0..; the other positions untouched. */
+Test(executor_cuda_ops, kv_store_matches_reference)
+{
+    gpu_or_skip();
+    const uint32_t k_width = 2 * 64, v_width = 2 * 48;
+    const uint32_t toks[] = {1, 3, 17}, pos0s[] = {0, 40};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t pi = 0; pi < 2; pi++) {
+            const uint32_t n_tok = toks[ti], pos0 = pos0s[pi], cap = pos0 + n_tok + 3;
+            float         *k = xmalloc((size_t)n_tok * k_width * sizeof(float));
+            float         *v = xmalloc((size_t)n_tok * v_width * sizeof(float));
+            uint16_t      *kc = xmalloc((size_t)cap * k_width * 2);
+            uint16_t      *vc = xmalloc((size_t)cap * v_width * 2);
+            fill_data(k, (size_t)n_tok * k_width);
+            fill_data(v, (size_t)n_tok * v_width);
+            for (size_t i = 0; i < (size_t)n_tok * k_width; i += 5)
+                k[i] *= 1e-6f; /* f16 subnormals */
+            for (size_t i = 1; i < (size_t)n_tok * v_width; i += 7)
+                v[i] *= 3e3f;
+            uint16_t *dkc = dev_poisoned((size_t)cap * k_width * 2);
+            uint16_t *dvc = dev_poisoned((size_t)cap * v_width * 2);
+            float    *dk = dev_from(k, (size_t)n_tok * k_width * sizeof(float));
+            float    *dv = dev_from(v, (size_t)n_tok * v_width * sizeof(float));
+            cr_assert_eq(gpu_kv_store(dkc, dvc, k_width, v_width, dk, dv, pos0, n_tok), 0, "%s",
+                         gpu_last_error());
+            dev_to(kc, dkc, (size_t)cap * k_width * 2);
+            dev_to(vc, dvc, (size_t)cap * v_width * 2);
+            for (uint32_t p = 0; p < cap; p++) {
+                const bool in = p >= pos0 && p < pos0 + n_tok;
+                for (uint32_t i = 0; i < k_width; i++) {
+                    const uint16_t want =
+                        in ? executor_fp32_to_fp16(k[(size_t)(p - pos0) * k_width + i]) : 0xffff;
+                    cr_assert_eq(kc[(size_t)p * k_width + i], want, "k pos %u dim %u", p, i);
+                }
+                for (uint32_t i = 0; i < v_width; i++) {
+                    const uint16_t want =
+                        in ? executor_fp32_to_fp16(v[(size_t)(p - pos0) * v_width + i]) : 0xffff;
+                    cr_assert_eq(vc[(size_t)p * v_width + i], want, "v pos %u dim %u", p, i);
+                }
+            }
+            gpu_free(dkc);
+            gpu_free(dvc);
+            gpu_free(dk);
+            gpu_free(dv);
+            free(k);
+            free(v);
+            free(kc);
+            free(vc);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+struct att_case {
+    uint32_t n_tok, pos0, n_head, n_head_kv, hk, hv, window;
+};
+
+#define ATT_GUARD 1024 /* floats past the stated scratch size that must stay untouched */
+
+/* Runs one attention case on random q and an f16 cache of pos0 + n_tok positions, and checks
+ * every output against a double reference on the same (f16-rounded) keys and values:
+ * |gpu - ref| <= OPS_ATT_RTOL * sum_p prob_p |v_p| per output element. Also checks that no
+ * scratch float beyond n_tok * n_head * (pos0 + n_tok) was written. */
+static void att_run(const struct att_case *ac)
+{
+    const uint32_t n_pos = ac->pos0 + ac->n_tok, kw = ac->n_head_kv * ac->hk,
+                   vw = ac->n_head_kv * ac->hv, gqa = ac->n_head / ac->n_head_kv;
+    const size_t nq = (size_t)ac->n_tok * ac->n_head * ac->hk;
+    const size_t no = (size_t)ac->n_tok * ac->n_head * ac->hv;
+    const size_t nk = (size_t)n_pos * kw, nvv = (size_t)n_pos * vw;
+    const size_t nsc = (size_t)ac->n_tok * ac->n_head * n_pos;
+    const float  scale = 1.0f / sqrtf((float)ac->hk);
+    float       *q = xmalloc(nq * sizeof(float)), *out = xmalloc(no * sizeof(float));
+    float       *kf = xmalloc(nk * sizeof(float)), *vf = xmalloc(nvv * sizeof(float));
+    uint16_t    *k16 = xmalloc(nk * 2), *v16 = xmalloc(nvv * 2);
+    double      *prob = xmalloc((size_t)n_pos * sizeof(double));
+    float       *guard = xmalloc(ATT_GUARD * sizeof(float));
+    fill_gauss(q, nq, 1.0f);
+    fill_gauss(kf, nk, 1.0f);
+    fill_data(vf, nvv);
+    for (size_t i = 0; i < nk; i++) {
+        k16[i] = executor_fp32_to_fp16(kf[i]);
+        kf[i] = executor_fp16_to_fp32(k16[i]);
+    }
+    for (size_t i = 0; i < nvv; i++) {
+        v16[i] = executor_fp32_to_fp16(vf[i]);
+        vf[i] = executor_fp16_to_fp32(v16[i]);
+    }
+    float    *dq = dev_from(q, nq * sizeof(float)), *dout = dev_poisoned(no * sizeof(float));
+    uint16_t *dk = dev_from(k16, nk * 2), *dv = dev_from(v16, nvv * 2);
+    float    *dsc = dev_poisoned((nsc + ATT_GUARD) * sizeof(float));
+    cr_assert_eq(gpu_attention(dout, dq, dk, dv, ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv,
+                               ac->hk, ac->hv, scale, ac->window, dsc),
+                 0, "%s", gpu_last_error());
+    dev_to(out, dout, no * sizeof(float));
+    dev_to(guard, dsc + nsc, ATT_GUARD * sizeof(float));
+    for (size_t i = 0; i < ATT_GUARD; i++)
+        cr_assert(is_poison(&guard[i]), "attention wrote scratch float %zu past its size", nsc + i);
+
+    for (uint32_t t = 0; t < ac->n_tok; t++)
+        for (uint32_t h = 0; h < ac->n_head; h++) {
+            const uint32_t kvh = h / gqa, last = ac->pos0 + t + 1;
+            const uint32_t lo = ac->window && last > ac->window ? last - ac->window : 0;
+            const float   *qv = q + ((size_t)t * ac->n_head + h) * ac->hk;
+            double         mx = -INFINITY, sum = 0.0;
+            for (uint32_t p = lo; p < last; p++) {
+                const float *kr = kf + (size_t)p * kw + (size_t)kvh * ac->hk;
+                double       s = 0.0;
+                for (uint32_t d = 0; d < ac->hk; d++) /* the query rounded to f16 too */
+                    s +=
+                        (double)executor_fp16_to_fp32(executor_fp32_to_fp16(qv[d])) * (double)kr[d];
+                prob[p] = s * (double)scale;
+                mx = prob[p] > mx ? prob[p] : mx;
+            }
+            for (uint32_t p = lo; p < last; p++) {
+                prob[p] = exp(prob[p] - mx);
+                sum += prob[p];
+            }
+            const size_t o = ((size_t)t * ac->n_head + h) * ac->hv;
+            for (uint32_t d = 0; d < ac->hv; d++) {
+                double acc = 0.0, mag = 0.0;
+                for (uint32_t p = lo; p < last; p++) {
+                    const double vv = (double)vf[(size_t)p * vw + (size_t)kvh * ac->hv + d];
+                    acc += prob[p] * vv;
+                    mag += prob[p] * fabs(vv);
+                }
+                cr_assert(isfinite(out[o + d]) &&
+                              fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
+                          "attention n_tok %u pos0 %u heads %u/%u dims %u/%u window %u: t %u h %u "
+                          "d %u got %.7g want %.7g",
+                          ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv,
+                          ac->window, t, h, d, (double)out[o + d], acc / sum);
+            }
+        }
+    gpu_free(dq);
+    gpu_free(dout);
+    gpu_free(dk);
+    gpu_free(dv);
+    gpu_free(dsc);
+    free(q);
+    free(out);
+    free(kf);
+    free(vf);
+    free(k16);
+    free(v16);
+    free(prob);
+    free(guard);
+}
+
+/* Description: every combination of head dim 32..256, GQA 8/2, 4/4, 32/8, 1/3/17 tokens at
+ * pos0 0 and 40, full and 5-position windows. */
+Test(executor_cuda_ops, attention_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    const uint32_t dims[] = {32, 64, 128, 256}, toks[] = {1, 3, 17}, pos0s[] = {0, 40};
+    const uint32_t heads[][2] = {{8, 2}, {4, 4}, {32, 8}}, windows[] = {0, 5};
+    for (size_t di = 0; di < 4; di++)
+        for (size_t hi = 0; hi < 3; hi++)
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t pi = 0; pi < 2; pi++)
+                    for (size_t wi = 0; wi < 2; wi++)
+                        att_run(&(struct att_case){.n_tok = toks[ti],
+                                                   .pos0 = pos0s[pi],
+                                                   .n_head = heads[hi][0],
+                                                   .n_head_kv = heads[hi][1],
+                                                   .hk = dims[di],
+                                                   .hv = dims[di],
+                                                   .window = windows[wi]});
+}
+
+/* Description: key and value head dims that differ, odd dims (2-byte loads), one dim. */
+Test(executor_cuda_ops, attention_odd_dims_match_reference)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {3, 40, 8, 2, 192, 128, 0}, {17, 0, 4, 4, 96, 64, 5},  {3, 40, 8, 2, 33, 33, 0},
+        {17, 5, 4, 1, 1, 1, 0},     {1, 40, 6, 3, 65, 129, 5}, {5, 2, 2, 2, 640, 576, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        att_run(&cases[i]);
+}
+
+/* Description: a decode step over a long cache, and a long prefill (512 tokens; a chunk whose
+ * last position passes 4096), with and without a window. */
+Test(executor_cuda_ops, attention_long_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {1, 3999, 32, 8, 128, 128, 0},    {2, 4500, 8, 2, 64, 64, 0},
+        {512, 0, 8, 2, 128, 128, 0},      {200, 3900, 4, 1, 64, 64, 0},
+        {64, 3000, 8, 2, 256, 256, 0},    {512, 0, 8, 2, 64, 64, 128},
+        {1, 3999, 32, 8, 128, 128, 4096},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        att_run(&cases[i]);
+}
+
+/* Description: few (token, head) rows over long spans, which ops.cu splits into chunks of at
+ * least max(256, head_dim_v + 2) positions: spans just below, at and above the chunk edges, the
+ * most chunks, a window (chunks not starting at position 0), odd dims, rows with 1 and 2 chunks
+ * in one call. */
+Test(executor_cuda_ops, attention_split_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {1, 510, 8, 2, 64, 64, 0},      {1, 511, 8, 2, 64, 64, 0},     {1, 512, 8, 2, 64, 64, 0},
+        {1, 767, 8, 2, 64, 64, 0},      {1, 8447, 8, 2, 64, 64, 0},    {1, 514, 8, 2, 256, 256, 0},
+        {1, 515, 8, 2, 256, 256, 0},    {1, 516, 8, 2, 256, 256, 0},   {3, 510, 4, 4, 128, 128, 0},
+        {2, 5000, 4, 4, 128, 128, 600}, {1, 2000, 4, 2, 33, 33, 0},    {1, 3000, 8, 2, 192, 128, 0},
+        {1, 2000, 4, 2, 64, 576, 0},    {4, 1500, 16, 2, 128, 128, 0}, {1, 300, 1, 1, 1, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        att_run(&cases[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* MoE routing and combination                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The CPU's fwd_topk on double scores: k rounds, the highest not taken, ties to the lower index. */
+static void ref_topk(const double *s, uint32_t n, uint32_t k, int32_t *out)
+{
+    for (uint32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < n; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++)
+                taken = out[i] == (int32_t)e;
+            if (!taken && (best < 0 || s[e] > s[best]))
+                best = (int32_t)e;
+        }
+        out[j] = best;
+    }
+}
+
+/* Probabilities of one row of logits in double: softmax (gating 0) or sigmoid. */
+static void ref_probs(const float *l, uint32_t n, int gating, double *p)
+{
+    double mx = -INFINITY, sum = 0.0;
+    for (uint32_t e = 0; e < n; e++)
+        mx = (double)l[e] > mx ? (double)l[e] : mx;
+    for (uint32_t e = 0; e < n; e++) {
+        p[e] = gating == 0 ? exp((double)l[e] - mx) : 1.0 / (1.0 + exp(-(double)l[e]));
+        sum += p[e];
+    }
+    for (uint32_t e = 0; gating == 0 && e < n; e++)
+        p[e] /= sum;
+}
+
+/* A random permutation of 0..n-1. */
+static void rng_perm(uint32_t *perm, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        perm[i] = i;
+    for (uint32_t i = n; i > 1; i--) {
+        const uint32_t j = (uint32_t)(rng_next() % i), x = perm[i - 1];
+        perm[i - 1] = perm[j];
+        perm[j] = x;
+    }
+}
+
+struct route_case {
+    uint32_t n_expert, k;
+    int      gating;
+    bool     bias, norm;
+    float    scale;
+};
+
+/* Whether the top k + 1 of scores s (k + 1 <= n) are apart by more than 1e-5 of the top
+ * score, far more than f32 rounding moves them, so f32 and double agree on the selection. */
+static bool route_gapped(const double *s, uint32_t n, uint32_t k)
+{
+    int32_t top[65];
+    ref_topk(s, n, k, top);
+    for (uint32_t j = 0; j + 1 < k; j++)
+        if (s[top[j]] - s[top[j + 1]] <= 1e-5 * fabs(s[top[0]]))
+            return false;
+    return true;
+}
+
+/* Routes n_tok tokens whose logits are a permutation of evenly spaced values (clear gaps between
+ * the probabilities); the bias, when used, is random in [0, 0.3) and shared by the tokens, so
+ * the selection differs from p's top-k while the weights still come from p. A token whose top
+ * k + 1 scores are not clearly apart gets new logits. Checks sel exactly and sel_w to OPS_RTOL. */
+static void route_run(const struct route_case *rc)
+{
+    const uint32_t n_tok = 7, E = rc->n_expert, K = rc->k, K1 = K < E ? K + 1 : K;
+    float         *logits = xmalloc((size_t)n_tok * E * sizeof(float));
+    float         *bias = xmalloc(E * sizeof(float));
+    uint32_t      *perm = xmalloc(E * sizeof(uint32_t));
+    double        *p = xmalloc(E * sizeof(double)), *s = xmalloc(E * sizeof(double));
+    int32_t       *sel = xmalloc((size_t)n_tok * K * sizeof(int32_t)), want[64];
+    float         *sel_w = xmalloc((size_t)n_tok * K * sizeof(float));
+    const double   gap = 8.0 / E;
+    for (uint32_t e = 0; e < E; e++)
+        bias[e] = rc->bias ? 0.3f * rng_uniform() : 0.0f;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        float *l = logits + (size_t)t * E;
+        int    tries = 0;
+        do {
+            cr_assert(tries++ < 1000, "no gapped logits for E %u k %u", E, K);
+            rng_perm(perm, E);
+            for (uint32_t e = 0; e < E; e++)
+                l[e] = (float)(-4.0 + gap * ((double)perm[e] + 0.2 * (double)rng_uniform()));
+            ref_probs(l, E, rc->gating, p);
+            for (uint32_t e = 0; e < E; e++)
+                s[e] = p[e] + (double)bias[e];
+        } while (!route_gapped(s, E, K1));
+    }
+    float   *dl = dev_from(logits, (size_t)n_tok * E * sizeof(float));
+    float   *db = rc->bias ? dev_from(bias, E * sizeof(float)) : NULL;
+    int32_t *dsel = dev_poisoned((size_t)n_tok * K * sizeof(int32_t));
+    float   *dw = dev_poisoned((size_t)n_tok * K * sizeof(float));
+    cr_assert_eq(gpu_moe_route(dl, db, n_tok, E, K, rc->gating, rc->norm, rc->scale, dsel, dw), 0,
+                 "%s", gpu_last_error());
+    dev_to(sel, dsel, (size_t)n_tok * K * sizeof(int32_t));
+    dev_to(sel_w, dw, (size_t)n_tok * K * sizeof(float));
+    for (uint32_t t = 0; t < n_tok; t++) {
+        ref_probs(logits + (size_t)t * E, E, rc->gating, p);
+        for (uint32_t e = 0; e < E; e++)
+            s[e] = p[e] + (double)bias[e];
+        ref_topk(s, E, K, want);
+        double sum = 0.0;
+        for (uint32_t j = 0; j < K; j++)
+            sum += p[want[j]];
+        const double div = rc->norm ? (sum > 6.103515625e-5 ? sum : 6.103515625e-5) : 1.0;
+        const double mul = rc->scale != 0.0f && rc->scale != 1.0f ? (double)rc->scale : 1.0;
+        for (uint32_t j = 0; j < K; j++) {
+            cr_assert_eq(sel[t * K + j], want[j],
+                         "E %u k %u gating %d bias %d: token %u slot %u chose %d, want %d", E, K,
+                         rc->gating, rc->bias, t, j, sel[t * K + j], want[j]);
+            const double w = p[want[j]] / div * mul;
+            check_close("sel_w", t * K + j, sel_w[t * K + j], w, fabs(w), OPS_RTOL);
+        }
+    }
+    gpu_free(dl);
+    gpu_free(db);
+    gpu_free(dsel);
+    gpu_free(dw);
+    free(logits);
+    free(bias);
+    free(perm);
+    free(p);
+    free(s);
+    free(sel);
+    free(sel_w);
+}
+
+/* Description: 8..256 experts, k 1..16, softmax and sigmoid, with and without a selection bias,
+ * with and without renormalisation, scale 0 (none), 1 and 2.5. */
+Test(executor_cuda_ops, moe_route_matches_reference)
+{
+    gpu_or_skip();
+    const uint32_t experts[] = {8, 60, 128, 256}, ks[] = {1, 2, 8, 16};
+    const float    scales[] = {0.0f, 1.0f, 2.5f};
+    for (size_t ei = 0; ei < 4; ei++)
+        for (size_t ki = 0; ki < 4; ki++)
+            for (int gating = 0; gating < 2; gating++)
+                for (int bias = 0; bias < 2; bias++)
+                    for (int norm = 0; norm < 2; norm++)
+                        for (size_t si = 0; si < 3; si++) {
+                            if (ks[ki] > experts[ei])
+                                continue;
+                            route_run(&(struct route_case){.n_expert = experts[ei],
+                                                           .k = ks[ki],
+                                                           .gating = gating,
+                                                           .bias = bias != 0,
+                                                           .norm = norm != 0,
+                                                           .scale = scales[si]});
+                        }
+}
+
+/* Routes one token of `E` logits (with `bias` or none) and checks the chosen experts. */
+static void route_ties(const float *logits, const float *bias, uint32_t E, uint32_t k, int gating,
+                       const int32_t *want)
+{
+    float   *dl = dev_from(logits, E * sizeof(float));
+    float   *db = bias ? dev_from(bias, E * sizeof(float)) : NULL;
+    int32_t *dsel = dev_poisoned(k * sizeof(int32_t)), sel[16];
+    float   *dw = dev_poisoned(k * sizeof(float));
+    cr_assert_eq(gpu_moe_route(dl, db, 1, E, k, gating, true, 0.0f, dsel, dw), 0, "%s",
+                 gpu_last_error());
+    dev_to(sel, dsel, k * sizeof(int32_t));
+    for (uint32_t j = 0; j < k; j++)
+        cr_assert_eq(sel[j], want[j], "E %u gating %d bias %d: slot %u chose %d, want %d", E,
+                     gating, bias != NULL, j, sel[j], want[j]);
+    gpu_free(dl);
+    gpu_free(db);
+    gpu_free(dsel);
+    gpu_free(dw);
+}
+
+/* Description: equal scores go to the lower index, within one lane's experts and across lanes,
+ * with softmax and sigmoid, with an equal bias. */
+Test(executor_cuda_ops, moe_route_ties_to_lower_index)
+{
+    gpu_or_skip();
+    const float   small[8] = {1.0f, 3.0f, 3.0f, 0.0f, 3.0f, 2.0f, 3.0f, 1.0f};
+    const float   flat[8] = {0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f};
+    const int32_t want_small[5] = {1, 2, 4, 6, 5};
+    float         big[100];
+    for (uint32_t e = 0; e < 100; e++)
+        big[e] = -1.0f - rng_uniform();
+    /* Lanes of 32: 6, 38 and 70 share lane 6, 99 is lane 3, 33 lane 1. */
+    const int32_t want_big[6] = {6, 33, 38, 70, 99, 0};
+    big[70] = big[6] = big[38] = big[99] = big[33] = 5.0f;
+    big[0] = 4.0f;
+    for (int gating = 0; gating < 2; gating++) {
+        route_ties(small, NULL, 8, 5, gating, want_small);
+        route_ties(small, flat, 8, 5, gating, want_small);
+        route_ties(big, NULL, 100, 6, gating, want_big);
+    }
+}
+
+/* Description: x += the slot-ordered weighted sum of the k expert rows per token. */
+Test(executor_cuda_ops, moe_combine_matches_reference)
+{
+    gpu_or_skip();
+    const uint32_t toks[] = {1, 3, 17}, ks[] = {1, 2, 8}, nes[] = {1, 33, 4096};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ki = 0; ki < 3; ki++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                const uint32_t n_tok = toks[ti], k = ks[ki], ne = nes[ni];
+                const size_t   nx = (size_t)n_tok * ne, ny = nx * k;
+                float         *x = xmalloc(nx * sizeof(float)), *got = xmalloc(nx * sizeof(float));
+                float         *y = xmalloc(ny * sizeof(float)), *w = xmalloc((size_t)n_tok * k * 4);
+                fill_data(x, nx);
+                fill_data(y, ny);
+                for (size_t i = 0; i < (size_t)n_tok * k; i++)
+                    w[i] = 0.05f + rng_uniform();
+                float *dx = dev_from(x, nx * sizeof(float)), *dy = dev_from(y, ny * sizeof(float));
+                float *dw = dev_from(w, (size_t)n_tok * k * sizeof(float));
+                cr_assert_eq(gpu_moe_combine(dx, dy, dw, n_tok, k, ne), 0, "%s", gpu_last_error());
+                dev_to(got, dx, nx * sizeof(float));
+                for (uint32_t t = 0; t < n_tok; t++)
+                    for (uint32_t d = 0; d < ne; d++) {
+                        const size_t i = (size_t)t * ne + d;
+                        double       acc = 0.0, mag = fabs((double)x[i]);
+                        for (uint32_t j = 0; j < k; j++) {
+                            const double term =
+                                (double)w[t * k + j] * (double)y[((size_t)t * k + j) * ne + d];
+                            acc += term;
+                            mag += fabs(term);
+                        }
+                        check_close("moe_combine", i, got[i], acc + (double)x[i], mag, OPS_RTOL);
+                    }
+                gpu_free(dx);
+                gpu_free(dy);
+                gpu_free(dw);
+                free(x);
+                free(got);
+                free(y);
+                free(w);
+            }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Row gather and scatter                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: rows copied by a device index array (gather with repeats, scatter to distinct
+ * rows); the other rows and the padding untouched. */
+Test(executor_cuda_ops, gather_scatter_rows_copy_rows)
+{
+    gpu_or_skip();
+    const int64_t ns[] = {1, 5, 17}, widths[] = {1, 33, 4096};
+    for (size_t ni = 0; ni < 3; ni++)
+        for (size_t wi = 0; wi < 3; wi++) {
+            const int64_t n = ns[ni], width = widths[wi], n_src = n + 3;
+            const int64_t ss = width + 1, ds = width + 4;
+            const size_t  nsrc = (size_t)(n_src * ss), ndst = (size_t)(n_src * ds);
+            float        *src = xmalloc(nsrc * sizeof(float)), *got = xmalloc(ndst * 4);
+            int32_t      *rows = xmalloc((size_t)n * sizeof(int32_t));
+            uint32_t     *perm = xmalloc((size_t)n_src * sizeof(uint32_t));
+            fill_data(src, nsrc);
+            float *dsrc = dev_from(src, nsrc * sizeof(float));
+
+            /* Gather: dst row i = src row rows[i], repeats allowed. */
+            for (int64_t i = 0; i < n; i++)
+                rows[i] = (int32_t)(rng_next() % (uint64_t)n_src);
+            int32_t *drows = dev_from(rows, (size_t)n * sizeof(int32_t));
+            float   *ddst = dev_poisoned(ndst * sizeof(float));
+            cr_assert_eq(gpu_gather_rows(ddst, ds, dsrc, ss, drows, n, width), 0, "%s",
+                         gpu_last_error());
+            dev_to(got, ddst, ndst * sizeof(float));
+            for (int64_t r = 0; r < n_src; r++)
+                for (int64_t c = 0; c < ds; c++) {
+                    const float *g = &got[r * ds + c];
+                    if (r < n && c < width)
+                        cr_assert(memcmp(g, &src[rows[r] * ss + c], 4) == 0, "gather row %lld",
+                                  (long long)r);
+                    else
+                        cr_assert(is_poison(g), "gather wrote outside its rows");
+                }
+            gpu_free(drows);
+            gpu_free(ddst);
+
+            /* Scatter: dst row rows[i] = src row i, distinct rows. */
+            rng_perm(perm, (uint32_t)n_src);
+            for (int64_t i = 0; i < n; i++)
+                rows[i] = (int32_t)perm[i];
+            drows = dev_from(rows, (size_t)n * sizeof(int32_t));
+            ddst = dev_poisoned(ndst * sizeof(float));
+            cr_assert_eq(gpu_scatter_rows(ddst, ds, dsrc, ss, drows, n, width), 0, "%s",
+                         gpu_last_error());
+            dev_to(got, ddst, ndst * sizeof(float));
+            for (int64_t r = 0; r < n_src; r++) {
+                int64_t from = -1;
+                for (int64_t i = 0; i < n; i++)
+                    from = rows[i] == r ? i : from;
+                for (int64_t c = 0; c < ds; c++) {
+                    const float *g = &got[r * ds + c];
+                    if (from >= 0 && c < width)
+                        cr_assert(memcmp(g, &src[from * ss + c], 4) == 0, "scatter row %lld",
+                                  (long long)r);
+                    else
+                        cr_assert(is_poison(g), "scatter wrote outside its rows");
+                }
+            }
+            gpu_free(drows);
+            gpu_free(ddst);
+            gpu_free(dsrc);
+            free(src);
+            free(got);
+            free(rows);
+            free(perm);
+        }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Arguments                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: bad arguments fail with -1 and a recorded error, launching nothing; empty work
+ * succeeds. */
+Test(executor_cuda_ops, bad_arguments_fail)
+{
+    gpu_or_skip();
+    float   *f = dev_poisoned(1 << 16);
+    int32_t *i32 = dev_poisoned(1024);
+    cr_assert_eq(gpu_rmsnorm(f, 8, f, 8, f, 1, 0, 1e-5f), -1, "rmsnorm width 0");
+    cr_assert_neq(gpu_last_error()[0], '\0', "no error recorded");
+    cr_assert_eq(gpu_rmsnorm(f, 4, f, 8, f, 1, 8, 1e-5f), -1, "rmsnorm y_stride < width");
+    cr_assert_eq(gpu_add(NULL, f, f, 4), -1, "add NULL");
+    cr_assert_eq(gpu_add(f, f, f, -1), -1, "add n < 0");
+    cr_assert_eq(gpu_add_bias(f, 4, f, 2, 8), -1, "add_bias stride < width");
+    cr_assert_eq(gpu_swiglu(f, NULL, 4, false), -1, "swiglu NULL");
+    cr_assert_eq(gpu_rope(f, 1, 64, 1, 32, 34, f, false), -1, "rope n_rot > head_dim");
+    cr_assert_eq(gpu_rope(f, 1, 16, 1, 32, 32, f, false), -1, "rope tok_stride too small");
+    cr_assert_eq(gpu_kv_store(NULL, (uint16_t *)(void *)f, 8, 8, f, f, 0, 1), -1,
+                 "kv_store NULL cache");
+    cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 6, 4, 8, 8,
+                               1.0f, 0, f),
+                 -1, "attention n_head %% n_head_kv");
+    cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 4, 0, 8, 8,
+                               1.0f, 0, f),
+                 -1, "attention n_head_kv 0");
+    cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 4, 4, 0, 8,
+                               1.0f, 0, f),
+                 -1, "attention head_dim_k 0");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 9, 0, true, 0.0f, i32, f), -1, "route k > E");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 0, 0, true, 0.0f, i32, f), -1, "route k 0");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 2, true, 0.0f, i32, f), -1, "route gating 2");
+    cr_assert_eq(gpu_moe_combine(f, f, f, 1, 0, 8), -1, "combine k 0");
+    cr_assert_eq(gpu_gather_rows(f, 4, f, 8, i32, 1, 8), -1, "gather dst_stride < width");
+    cr_assert_eq(gpu_scatter_rows(f, 8, f, 8, NULL, 1, 8), -1, "scatter NULL rows");
+
+    cr_assert_eq(gpu_rmsnorm(f, 8, f, 8, f, 0, 8, 1e-5f), 0, "rmsnorm of no rows");
+    cr_assert_eq(gpu_add(f, f, f, 0), 0, "add of nothing");
+    cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 0, 0, 4, 4, 8, 8,
+                               1.0f, 0, f),
+                 0, "attention of no tokens");
+    cr_assert_eq(gpu_moe_route(f, NULL, 0, 8, 2, 0, true, 0.0f, i32, f), 0, "route no tokens");
+    cr_assert_eq(gpu_sync(), 0, "the stream failed: %s", gpu_last_error());
+    gpu_free(f);
+    gpu_free(i32);
+}

@@ -1,0 +1,610 @@
+/* tests/executor/test_cuda_quant.c - the CUDA weight kernels (executor/cuda/quant.cu) against the
+ * scalar reference: dequantization bit for bit, matvec and the f16 matmul in double precision, at
+ * edge sizes; skipped, saying so, without a CUDA device. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "cuda/gpu.h"
+#include "kernels/kernels.h"
+
+/* Tolerances. A matvec in f32 against the double dot of the same dequantized weights and the same
+ * activations: each output within QT_MV_RTOL of the sum of |w * x| of its terms, and
+ * ||y - ref|| / ||ref|| below QT_MV_RTOL over a call's outputs when there are at least
+ * QT_NORM_MIN of them (one dot may cancel to near zero, and then only the first bound means
+ * anything). The f16 matmul: exact f16 products summed in f32, QT_GEMM_RTOL likewise. */
+#define QT_MV_RTOL   1e-5
+#define QT_GEMM_RTOL 1e-3
+#define QT_NORM_MIN  32
+#define QT_POISON    0xffu /* gpu_memset byte of outputs: all-ones floats are NaN */
+#define QT_MAX_ROWS  257   /* the most rows of a tested matrix (quantized once, used in part) */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t t_rng = 0x5DEECE66D1234567ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (t_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(void)
+{
+    return (float)((double)(rng_next() >> 11) * 0x1p-53);
+}
+
+static float rng_gauss(void)
+{
+    float u1 = rng_uniform(), u2 = rng_uniform();
+    if (u1 < 1e-12f)
+        u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+/* Gaussian data whose scale changes every 64 elements, with rare outliers. */
+static void fill_data(float *x, size_t n)
+{
+    float scale = 1.0f;
+    for (size_t i = 0; i < n; i++) {
+        if (i % 64 == 0)
+            scale = 0.01f + 2.0f * rng_uniform();
+        x[i] = scale * rng_gauss();
+        if (rng_next() % 97 == 0)
+            x[i] *= 6.0f;
+    }
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    cr_assert_not_null(p, "malloc(%zu)", bytes);
+    return p;
+}
+
+static bool is_poison(const void *p)
+{
+    uint32_t u;
+    memcpy(&u, p, sizeof(u));
+    return u == 0xffffffffu;
+}
+
+/* Skips the test without a device, else selects device 0. */
+static void gpu_or_skip(void)
+{
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) <= 0)
+        cr_skip_test("no CUDA device (%s): skipped", why);
+    struct gpu_info info;
+    cr_assert_eq(gpu_select(0, &info, why, sizeof(why)), 0, "gpu_select(0): %s", why);
+}
+
+/* Device memory of `bytes`, every byte QT_POISON. */
+static void *dev_poisoned(size_t bytes)
+{
+    void *p = gpu_malloc(bytes ? bytes : 1);
+    cr_assert_not_null(p, "gpu_malloc(%zu): %s", bytes, gpu_last_error());
+    cr_assert_eq(gpu_memset(p, (int)QT_POISON, bytes ? bytes : 1), 0, "gpu_memset: %s",
+                 gpu_last_error());
+    return p;
+}
+
+/* Device copy of `bytes` of host memory. */
+static void *dev_from(const void *host, size_t bytes)
+{
+    void *p = dev_poisoned(bytes);
+    cr_assert_eq(gpu_upload(p, host, bytes), 0, "gpu_upload: %s", gpu_last_error());
+    return p;
+}
+
+/* Waits for the queued kernels (failing on a kernel error), then copies device memory back. */
+static void dev_to(void *host, const void *dev, size_t bytes)
+{
+    cr_assert_eq(gpu_sync(), 0, "a kernel failed: %s", gpu_last_error());
+    cr_assert_eq(gpu_download(host, dev, bytes), 0, "gpu_download: %s", gpu_last_error());
+}
+
+/* The weight types of quant.cu. */
+static const uint32_t g_types[] = {
+    COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16, COMMON_GGML_TYPE_Q4_0,
+    COMMON_GGML_TYPE_Q4_1, COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1, COMMON_GGML_TYPE_Q8_0,
+    COMMON_GGML_TYPE_Q4_K, COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K};
+#define N_TYPES (sizeof(g_types) / sizeof(g_types[0]))
+
+static const char *type_name(uint32_t type)
+{
+    return common_ggml_type_get(type)->name;
+}
+
+static size_t row_size(uint32_t type, int64_t cols)
+{
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    cr_assert_not_null(ti, "type %u unknown", type);
+    return (size_t)(cols / ti->blck) * ti->type_size;
+}
+
+/* Column counts for a type: one block (32 or 256), 256, 512 and 4096 + 256; float types add
+ * ragged counts (a tail past the last 32, rows not 16-byte aligned). Returns the count. */
+static int test_cols(uint32_t type, int64_t *out)
+{
+    const uint32_t blck = common_ggml_type_get(type)->blck;
+    int            k = 0;
+    if (blck != 256)
+        out[k++] = 32;
+    out[k++] = 256;
+    out[k++] = 512;
+    out[k++] = 4096 + 256;
+    if (blck == 1) {
+        out[k++] = 33;
+        out[k++] = 100;
+    }
+    return k;
+}
+
+/* A matrix of `rows` x `cols` random weights quantized to `type` row by row (*wq, row_bytes
+ * apart) and dequantized again by the reference (*wd, rows x cols floats). */
+static void make_weights(uint32_t type, int64_t rows, int64_t cols, uint8_t **wq, float **wd)
+{
+    const size_t rb = row_size(type, cols);
+    float       *src = xmalloc((size_t)(rows * cols) * sizeof(float));
+    *wq = xmalloc((size_t)rows * rb);
+    *wd = xmalloc((size_t)(rows * cols) * sizeof(float));
+    fill_data(src, (size_t)(rows * cols));
+    for (int64_t r = 0; r < rows; r++) {
+        cr_assert_eq(executor_quantize_row_ref(type, src + r * cols, *wq + (size_t)r * rb, cols), 0,
+                     "quantizing %s", type_name(type));
+        cr_assert_eq(executor_dequantize_row(type, *wq + (size_t)r * rb, *wd + r * cols, cols), 0,
+                     "dequantizing %s", type_name(type));
+    }
+    free(src);
+}
+
+/* Checks n x rows outputs (y_stride apart in y) against ref and mag (the sums of |w * x|, both
+ * n x rows), that every output was written and that the padding up to y_stride was not. Returns
+ * ||y - ref|| / ||ref||. */
+static double check_outputs(const char *what, const float *y, int64_t y_stride, const double *ref,
+                            const double *mag, int64_t n, int64_t rows, double rtol)
+{
+    double err2 = 0.0, ref2 = 0.0;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t r = 0; r < rows; r++) {
+            const float  got = y[t * y_stride + r];
+            const double want = ref[t * rows + r], scale = mag[t * rows + r];
+            cr_assert(isfinite(got), "%s: y[%lld][%lld] not written (or not finite)", what,
+                      (long long)t, (long long)r);
+            cr_assert(fabs((double)got - want) <= rtol * scale + 1e-30,
+                      "%s: y[%lld][%lld] = %.9g, want %.9g (sum |w x| %.3g)", what, (long long)t,
+                      (long long)r, (double)got, want, scale);
+            err2 += ((double)got - want) * ((double)got - want);
+            ref2 += want * want;
+        }
+        for (int64_t r = rows; r < y_stride; r++)
+            cr_assert(is_poison(&y[t * y_stride + r]), "%s: padding y[%lld][%lld] written", what,
+                      (long long)t, (long long)r);
+    }
+    const double rel = sqrt(err2 / (ref2 > 0 ? ref2 : 1.0));
+    cr_assert(n * rows < QT_NORM_MIN || rel <= rtol, "%s: ||y - ref|| / ||ref|| = %.3g > %.1g",
+              what, rel, rtol);
+    return rel;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Types and arguments                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: the supported types are the eleven of gpu.h; other types and bad sizes fail with
+ * -1 and a recorded error, launching nothing. */
+Test(executor_cuda_quant, rejects_unsupported_types_and_bad_sizes)
+{
+    gpu_or_skip();
+    for (size_t i = 0; i < N_TYPES; i++)
+        cr_assert(gpu_type_supported(g_types[i]), "%s", type_name(g_types[i]));
+    const uint32_t others[] = {COMMON_GGML_TYPE_Q8_1,  COMMON_GGML_TYPE_Q2_K,
+                               COMMON_GGML_TYPE_Q3_K,  COMMON_GGML_TYPE_Q8_K,
+                               COMMON_GGML_TYPE_TQ2_0, COMMON_GGML_TYPE_MXFP4,
+                               COMMON_GGML_TYPE_COUNT};
+    for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
+        cr_assert(!gpu_type_supported(others[i]), "type %u", others[i]);
+
+    float *d = dev_poisoned(1 << 16);
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q2_K, d, 84, 1, 256, d, 256, 1, d, 1), -1);
+    cr_assert(strlen(gpu_last_error()) > 0);
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_0, d, 18, 1, 32, d, 32, 0, d, 1), -1, "n = 0");
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_0, d, 18, 1, 32, d, 32, GPU_MATVEC_MAX_N + 1, d, 1),
+                 -1, "n too large");
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_0, d, 36, 1, 48, d, 48, 1, d, 1), -1,
+                 "cols not a multiple of the block");
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_K, d, 143, 1, 256, d, 256, 1, d, 1), -1,
+                 "row_bytes short of a row");
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_F32, d, 128, 4, 32, d, 16, 2, d, 4), -1,
+                 "x_stride < cols");
+    cr_assert_eq(gpu_matvec_ids(COMMON_GGML_TYPE_Q8_0, d, 34, 34, 2, 32, (const int32_t *)d, 1, d,
+                                32, 1, d, 2),
+                 -1, "expert_bytes short of the rows");
+    cr_assert_eq(gpu_matvec_ids(COMMON_GGML_TYPE_Q8_0, d, 34, 34, 1, 32, (const int32_t *)d, 1, d,
+                                32, 0, d, 1),
+                 -1, "x_div = 0");
+    cr_assert_eq(gpu_dequant_rows(COMMON_GGML_TYPE_Q3_K, d, 110, 256, NULL, 1, d, 256, false), -1);
+    cr_assert_eq(gpu_gemm_f16((const uint16_t *)d, 1, 48, (const uint16_t *)d, 1, d, 1), -1,
+                 "cols not a multiple of 32");
+    cr_assert_eq(gpu_gemm_f16((const uint16_t *)d + 1, 1, 32, (const uint16_t *)d, 1, d, 1), -1,
+                 "w16 misaligned");
+    /* Nothing to do is no error. */
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_0, d, 18, 0, 32, d, 32, 1, d, 1), 0);
+    cr_assert_eq(gpu_gemm_f16((const uint16_t *)d, 0, 32, (const uint16_t *)d, 5, d, 1), 0);
+    cr_assert_eq(gpu_sync(), 0, "%s", gpu_last_error());
+    gpu_free(d);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dequantization                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: gpu_dequant_rows gives executor_dequantize_row's floats bit for bit (f16 out: their
+ * executor_fp32_to_fp16), for all rows and for rows picked by ids, with aligned and unaligned
+ * output strides; the padding between output rows stays untouched. */
+Test(executor_cuda_quant, dequant_rows_match_reference_bits)
+{
+    gpu_or_skip();
+    const int64_t rows = 33;
+    const int32_t ids[] = {5, 0, 32, 5, 17, 31};
+    const int64_t n_ids = (int64_t)(sizeof(ids) / sizeof(ids[0]));
+    int32_t      *d_ids = dev_from(ids, sizeof(ids));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        int64_t        cols_list[8];
+        const int      n_cols = test_cols(type, cols_list);
+        for (int ci = 0; ci < n_cols; ci++) {
+            const int64_t cols = cols_list[ci];
+            const size_t  rb = row_size(type, cols);
+            uint8_t      *wq;
+            float        *wd;
+            make_weights(type, rows, cols, &wq, &wd);
+            void *dw = dev_from(wq, (size_t)rows * rb);
+            for (int v = 0; v < 8; v++) {
+                const bool    use_ids = v & 1, f16 = v & 2;
+                const int64_t n_out = use_ids ? n_ids : rows;
+                const int64_t os = cols + ((v & 4) ? 3 : 8); /* unaligned, aligned */
+                const size_t  esz = f16 ? 2 : 4;
+                const size_t  bytes = (size_t)(n_out * os) * esz;
+                void         *dout = dev_poisoned(bytes);
+                uint8_t      *out = xmalloc(bytes);
+                cr_assert_eq(gpu_dequant_rows(type, dw, rb, cols, use_ids ? d_ids : NULL, n_out,
+                                              dout, os, f16),
+                             0, "%s: %s", type_name(type), gpu_last_error());
+                dev_to(out, dout, bytes);
+                for (int64_t i = 0; i < n_out; i++) {
+                    const float *want = wd + (use_ids ? ids[i] : i) * cols;
+                    for (int64_t c = 0; c < os; c++) {
+                        const uint8_t *got = out + (size_t)(i * os + c) * esz;
+                        if (c >= cols) {
+                            cr_assert(got[0] == QT_POISON && got[esz - 1] == QT_POISON,
+                                      "%s cols=%lld: padding of row %lld written", type_name(type),
+                                      (long long)cols, (long long)i);
+                            continue;
+                        }
+                        if (f16) {
+                            uint16_t h;
+                            memcpy(&h, got, 2);
+                            cr_assert_eq(h, executor_fp32_to_fp16(want[c]),
+                                         "%s cols=%lld ids=%d: row %lld col %lld: f16 %#x, want "
+                                         "%#x (%.9g)",
+                                         type_name(type), (long long)cols, (int)use_ids,
+                                         (long long)i, (long long)c, h,
+                                         executor_fp32_to_fp16(want[c]), (double)want[c]);
+                        } else {
+                            float f;
+                            memcpy(&f, got, 4);
+                            cr_assert(memcmp(&f, &want[c], 4) == 0,
+                                      "%s cols=%lld ids=%d: row %lld col %lld: %.9g, want %.9g",
+                                      type_name(type), (long long)cols, (int)use_ids, (long long)i,
+                                      (long long)c, (double)f, (double)want[c]);
+                        }
+                    }
+                }
+                gpu_free(dout);
+                free(out);
+            }
+            gpu_free(dw);
+            free(wq);
+            free(wd);
+        }
+    }
+    gpu_free(d_ids);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Matvec                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* How one gpu_matvec call of a case lays out its activations: n rows, the first at x + x_off
+ * floats, x_stride apart (x_off 1 and odd strides take the unaligned loads). */
+struct qt_layout {
+    int64_t n, x_off, x_pad; /* x_stride = cols + x_pad */
+};
+
+/* Description: gpu_matvec against the double dot of the reference's dequantized weights, for
+ * every type at 1..257 rows (warp and block edges), one block to 4352 columns, 1, 2, 3 and 8
+ * activation rows, aligned and unaligned activations; every output written, no padding. */
+Test(executor_cuda_quant, matvec_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    static const int64_t          rows_list[] = {1, 31, 32, 33, 255, 256, 257};
+    static const struct qt_layout layouts[] = {
+        {1, 0, 0}, {1, 1, 0}, {2, 0, 3}, {3, 0, 4}, {8, 0, 0}};
+    const int64_t nmax = GPU_MATVEC_MAX_N;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        int64_t        cols_list[8];
+        const int      n_cols = test_cols(type, cols_list);
+        double         worst = 0.0;
+        for (int ci = 0; ci < n_cols; ci++) {
+            const int64_t cols = cols_list[ci];
+            const size_t  rb = row_size(type, cols);
+            uint8_t      *wq;
+            float        *wd;
+            make_weights(type, QT_MAX_ROWS, cols, &wq, &wd);
+            float *x = xmalloc((size_t)(nmax * cols) * sizeof(float));
+            fill_data(x, (size_t)(nmax * cols));
+            /* ref and mag of every (activation row, weight row) pair. */
+            double *ref = xmalloc((size_t)(nmax * QT_MAX_ROWS) * sizeof(double));
+            double *mag = xmalloc((size_t)(nmax * QT_MAX_ROWS) * sizeof(double));
+            for (int64_t t = 0; t < nmax; t++)
+                for (int64_t r = 0; r < QT_MAX_ROWS; r++) {
+                    double s = 0.0, m = 0.0;
+                    for (int64_t c = 0; c < cols; c++) {
+                        const double p = (double)wd[r * cols + c] * (double)x[t * cols + c];
+                        s += p;
+                        m += fabs(p);
+                    }
+                    ref[t * QT_MAX_ROWS + r] = s;
+                    mag[t * QT_MAX_ROWS + r] = m;
+                }
+            void *dw = dev_from(wq, (size_t)QT_MAX_ROWS * rb);
+            for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); li++) {
+                const struct qt_layout *l = &layouts[li];
+                const int64_t           xs = cols + l->x_pad;
+                const size_t            nx = (size_t)(l->x_off + l->n * xs);
+                float                  *xh = xmalloc(nx * sizeof(float));
+                for (size_t i = 0; i < nx; i++)
+                    xh[i] = NAN;
+                for (int64_t t = 0; t < l->n; t++)
+                    memcpy(xh + l->x_off + t * xs, x + t * cols, (size_t)cols * sizeof(float));
+                float *dx = dev_from(xh, nx * sizeof(float));
+                for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+                    const int64_t rows = rows_list[ri], ys = rows + 5;
+                    const size_t  ny = (size_t)(l->n * ys);
+                    float        *dy = dev_poisoned(ny * sizeof(float));
+                    float        *y = xmalloc(ny * sizeof(float));
+                    cr_assert_eq(
+                        gpu_matvec(type, dw, rb, rows, cols, dx + l->x_off, xs, l->n, dy, ys), 0,
+                        "%s: %s", type_name(type), gpu_last_error());
+                    dev_to(y, dy, ny * sizeof(float));
+                    /* ref rows are QT_MAX_ROWS apart: compare through a packed copy. */
+                    double *rp = xmalloc((size_t)(l->n * rows) * sizeof(double));
+                    double *mp = xmalloc((size_t)(l->n * rows) * sizeof(double));
+                    for (int64_t t = 0; t < l->n; t++)
+                        for (int64_t r = 0; r < rows; r++) {
+                            rp[t * rows + r] = ref[t * QT_MAX_ROWS + r];
+                            mp[t * rows + r] = mag[t * QT_MAX_ROWS + r];
+                        }
+                    char what[160];
+                    snprintf(what, sizeof(what), "matvec %s rows=%lld cols=%lld n=%lld x_off=%lld",
+                             type_name(type), (long long)rows, (long long)cols, (long long)l->n,
+                             (long long)l->x_off);
+                    const double rel = check_outputs(what, y, ys, rp, mp, l->n, rows, QT_MV_RTOL);
+                    if (l->n * rows >= QT_NORM_MIN && rel > worst)
+                        worst = rel;
+                    free(rp);
+                    free(mp);
+                    free(y);
+                    gpu_free(dy);
+                }
+                gpu_free(dx);
+                free(xh);
+            }
+            gpu_free(dw);
+            free(wq);
+            free(wd);
+            free(x);
+            free(ref);
+            free(mag);
+        }
+        cr_log_info("matvec %s: worst ||y - ref|| / ||ref|| %.3g", type_name(type), worst);
+    }
+}
+
+/* Description: gpu_matvec_ids over three experts (ids 2, 0, 2, 1 read from device memory, experts
+ * padded apart), activation rows shared by x_div items (1 and 2), against the double reference;
+ * every output written, no padding. */
+Test(executor_cuda_quant, matvec_ids_matches_reference)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 33, 257};
+    static const int32_t ids[] = {2, 0, 2, 1};
+    const int64_t        n_exp = 3, n_items = (int64_t)(sizeof(ids) / sizeof(ids[0]));
+    int32_t             *d_ids = dev_from(ids, sizeof(ids));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        const int64_t  cols_list[] = {256, 1024 + 256};
+        for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++) {
+            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+                const int64_t cols = cols_list[ci], rows = rows_list[ri];
+                const size_t  rb = row_size(type, cols);
+                const size_t  eb = (size_t)rows * rb + 64; /* padding between experts */
+                uint8_t      *wq[3];
+                float        *wd[3];
+                uint8_t      *all = xmalloc((size_t)n_exp * eb);
+                memset(all, 0x7f, (size_t)n_exp * eb);
+                for (int64_t e = 0; e < n_exp; e++) {
+                    make_weights(type, rows, cols, &wq[e], &wd[e]);
+                    memcpy(all + (size_t)e * eb, wq[e], (size_t)rows * rb);
+                }
+                void         *dw = dev_from(all, (size_t)n_exp * eb);
+                const int64_t xs = cols + 4, ys = rows + 3;
+                float        *x = xmalloc((size_t)(n_items * xs) * sizeof(float));
+                fill_data(x, (size_t)(n_items * xs));
+                float *dx = dev_from(x, (size_t)(n_items * xs) * sizeof(float));
+                for (int64_t x_div = 1; x_div <= 2; x_div++) {
+                    const size_t ny = (size_t)(n_items * ys);
+                    float       *dy = dev_poisoned(ny * sizeof(float));
+                    float       *y = xmalloc(ny * sizeof(float));
+                    cr_assert_eq(gpu_matvec_ids(type, dw, eb, rb, rows, cols, d_ids, n_items, dx,
+                                                xs, x_div, dy, ys),
+                                 0, "%s: %s", type_name(type), gpu_last_error());
+                    dev_to(y, dy, ny * sizeof(float));
+                    double *ref = xmalloc((size_t)(n_items * rows) * sizeof(double));
+                    double *mag = xmalloc((size_t)(n_items * rows) * sizeof(double));
+                    for (int64_t i = 0; i < n_items; i++) {
+                        const float *w = wd[ids[i]], *xr = x + (i / x_div) * xs;
+                        for (int64_t r = 0; r < rows; r++) {
+                            double s = 0.0, m = 0.0;
+                            for (int64_t c = 0; c < cols; c++) {
+                                const double p = (double)w[r * cols + c] * (double)xr[c];
+                                s += p;
+                                m += fabs(p);
+                            }
+                            ref[i * rows + r] = s;
+                            mag[i * rows + r] = m;
+                        }
+                    }
+                    char what[160];
+                    snprintf(what, sizeof(what), "matvec_ids %s rows=%lld cols=%lld x_div=%lld",
+                             type_name(type), (long long)rows, (long long)cols, (long long)x_div);
+                    (void)check_outputs(what, y, ys, ref, mag, n_items, rows, QT_MV_RTOL);
+                    free(ref);
+                    free(mag);
+                    free(y);
+                    gpu_free(dy);
+                }
+                for (int64_t e = 0; e < n_exp; e++) {
+                    free(wq[e]);
+                    free(wd[e]);
+                }
+                free(all);
+                free(x);
+                gpu_free(dw);
+                gpu_free(dx);
+            }
+        }
+    }
+    gpu_free(d_ids);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* f16 conversion and the tensor-core matmul                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: gpu_f32_to_f16 rounds as executor_fp32_to_fp16, bit for bit, including overflow to
+ * inf, subnormal halves and signed zeros, from strided rows into packed ones. */
+Test(executor_cuda_quant, f32_to_f16_matches_reference_bits)
+{
+    gpu_or_skip();
+    static const int64_t n_list[] = {1, 3, 17};
+    static const int64_t cols_list[] = {1, 31, 32, 4096 + 3};
+    static const float   special[] = {70000.0f, -65520.0f, 65519.0f,      1e-6f,        -3e-8f,
+                                      0.0f,     -0.0f,     6.1035156e-5f, 2.9802322e-8f};
+    for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++)
+        for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++) {
+            const int64_t n = n_list[ni], cols = cols_list[ci], xs = cols + 5;
+            const size_t  nx = (size_t)(n * xs), no = (size_t)(n * cols);
+            float        *x = xmalloc(nx * sizeof(float));
+            uint16_t     *out = xmalloc(no * sizeof(uint16_t));
+            fill_data(x, nx);
+            for (size_t i = 0; i < sizeof(special) / sizeof(special[0]) && i < nx; i++)
+                x[(i * 7919) % nx] = special[i];
+            float    *dx = dev_from(x, nx * sizeof(float));
+            uint16_t *dout = dev_poisoned(no * sizeof(uint16_t) + 64);
+            cr_assert_eq(gpu_f32_to_f16(dx, xs, n, cols, dout), 0, "%s", gpu_last_error());
+            dev_to(out, dout, no * sizeof(uint16_t));
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t c = 0; c < cols; c++) {
+                    const float    v = x[t * xs + c];
+                    const uint16_t want = executor_fp32_to_fp16(v);
+                    cr_assert_eq(out[t * cols + c], want,
+                                 "n=%lld cols=%lld [%lld][%lld]: %.9g -> %#x, want %#x",
+                                 (long long)n, (long long)cols, (long long)t, (long long)c,
+                                 (double)v, out[t * cols + c], want);
+                }
+            uint16_t tail[32];
+            cr_assert_eq(gpu_download(tail, dout + no, sizeof(tail)), 0, "%s", gpu_last_error());
+            for (size_t i = 0; i < 32; i++)
+                cr_assert_eq(tail[i], 0xffffu, "written past n * cols");
+            gpu_free(dx);
+            gpu_free(dout);
+            free(x);
+            free(out);
+        }
+}
+
+/* Description: gpu_gemm_f16 against the double product of the same f16 inputs, with partial tiles
+ * in rows and tokens, one to sixteen steps of 32 columns, y_stride > rows; every output written,
+ * no padding. */
+Test(executor_cuda_quant, gemm_f16_matches_reference)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 33, 64, 257};
+    static const int64_t n_list[] = {1, 17, 64, 130};
+    static const int64_t cols_list[] = {32, 96, 512};
+    for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++)
+        for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
+            for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++) {
+                const int64_t cols = cols_list[ci], rows = rows_list[ri], n = n_list[ni];
+                const int64_t ys = rows + 3;
+                const size_t  nw = (size_t)(rows * cols), nxx = (size_t)(n * cols);
+                float        *wf = xmalloc(nw * sizeof(float)), *xf = xmalloc(nxx * sizeof(float));
+                uint16_t     *w16 = xmalloc(nw * 2), *x16 = xmalloc(nxx * 2);
+                fill_data(wf, nw);
+                fill_data(xf, nxx);
+                for (size_t i = 0; i < nw; i++) {
+                    w16[i] = executor_fp32_to_fp16(wf[i]);
+                    wf[i] = executor_fp16_to_fp32(w16[i]);
+                }
+                for (size_t i = 0; i < nxx; i++) {
+                    x16[i] = executor_fp32_to_fp16(xf[i]);
+                    xf[i] = executor_fp16_to_fp32(x16[i]);
+                }
+                double *ref = xmalloc((size_t)(n * rows) * sizeof(double));
+                double *mag = xmalloc((size_t)(n * rows) * sizeof(double));
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        double s = 0.0, m = 0.0;
+                        for (int64_t c = 0; c < cols; c++) {
+                            const double p = (double)wf[r * cols + c] * (double)xf[t * cols + c];
+                            s += p;
+                            m += fabs(p);
+                        }
+                        ref[t * rows + r] = s;
+                        mag[t * rows + r] = m;
+                    }
+                uint16_t    *dw = dev_from(w16, nw * 2), *dx = dev_from(x16, nxx * 2);
+                const size_t ny = (size_t)(n * ys);
+                float       *dy = dev_poisoned(ny * sizeof(float));
+                float       *y = xmalloc(ny * sizeof(float));
+                cr_assert_eq(gpu_gemm_f16(dw, rows, cols, dx, n, dy, ys), 0, "%s",
+                             gpu_last_error());
+                dev_to(y, dy, ny * sizeof(float));
+                char what[128];
+                snprintf(what, sizeof(what), "gemm_f16 rows=%lld cols=%lld n=%lld", (long long)rows,
+                         (long long)cols, (long long)n);
+                (void)check_outputs(what, y, ys, ref, mag, n, rows, QT_GEMM_RTOL);
+                gpu_free(dw);
+                gpu_free(dx);
+                gpu_free(dy);
+                free(wf);
+                free(xf);
+                free(w16);
+                free(x16);
+                free(ref);
+                free(mag);
+                free(y);
+            }
+}

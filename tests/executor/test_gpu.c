@@ -1,0 +1,335 @@
+/* tests/executor/test_gpu.c - the forward pass with layers on a CUDA device (-ngl) against
+ * llama.cpp's reference figures and against the CPU path; without a device, the refusal. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/gpu.h"
+#include "executor.h"
+#include "fixture.h"
+#include "kernels/kernels.h"
+#include "tjson.h"
+
+#define GPU_TEST_THREADS 2
+#define GPU_ALL          999
+#define GPU_PPL_TOL      0.005 /* relative, against llama-perplexity */
+
+/* Skips the test visibly when no device can run it. */
+#define GPU_OR_SKIP()                                                                              \
+    do {                                                                                           \
+        char why_[256] = "";                                                                       \
+        if (gpu_device_count(why_, sizeof(why_)) == 0)                                             \
+            cr_skip_test("no CUDA device (%s): skipped", why_);                                    \
+    } while (0)
+
+struct gpu_run {
+    struct executor_threadpool *pool;
+    struct executor_model      *m;
+    struct executor_ctx        *c;
+};
+
+/* Opens moe-tiny/<file> (or models/<file>) with n_gpu_layers on device 0. */
+static void run_open(struct gpu_run *r, const char *path, int32_t ngl, uint32_t n_batch)
+{
+    struct common_errmsg e = {{0}};
+    memset(r, 0, sizeof(*r));
+    cr_assert_eq(executor_threadpool_create(GPU_TEST_THREADS, &r->pool), 0);
+    cr_assert_eq(executor_model_open(path, NULL, &r->m, &e), 0, "%s", e.text);
+    int rc = executor_ctx_create(
+        r->m,
+        &(struct executor_ctx_opts){
+            .n_ctx = 256, .n_batch = n_batch, .pool = r->pool, .n_gpu_layers = ngl},
+        &r->c, &e);
+    cr_assert_eq(rc, 0, "ctx with -ngl %d: %s", ngl, e.text);
+}
+
+static void run_close(struct gpu_run *r)
+{
+    executor_ctx_destroy(r->c);
+    executor_model_destroy(r->m);
+    executor_threadpool_destroy(r->pool);
+}
+
+static int32_t argmax(const float *v, uint32_t n)
+{
+    int32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = (int32_t)i;
+    return best;
+}
+
+/* Greedy continuation of `prompt`; the last logits stay in `logits`. */
+static void greedy(struct executor_ctx *c, const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen,
+                   int32_t *out, float *logits)
+{
+    struct common_errmsg e = {{0}};
+    const uint32_t       nv = executor_ctx_n_vocab(c);
+    executor_ctx_reset(c);
+    cr_assert_eq(executor_ctx_decode(c, prompt, n_prompt, logits, NULL, &e), 0, "%s", e.text);
+    for (uint32_t i = 0; i < n_gen; i++) {
+        out[i] = argmax(logits, nv);
+        if (i + 1 < n_gen)
+            cr_assert_eq(executor_ctx_decode(c, &out[i], 1, logits, NULL, &e), 0, "%s", e.text);
+    }
+}
+
+static int32_t *json_ids(const struct tjson *arr, uint32_t *n)
+{
+    cr_assert(arr && arr->kind == TJSON_ARR, "expected an id array in reference.json");
+    int32_t *ids = malloc((arr->len ? arr->len : 1) * sizeof(*ids));
+    for (size_t i = 0; i < arr->len; i++)
+        ids[i] = (int32_t)tjson_at(arr, i)->num;
+    *n = (uint32_t)arr->len;
+    return ids;
+}
+
+/* Every greedy case of reference.json "greedy"/<quant> with all layers on the device. */
+static void check_greedy(const char *quant, int32_t ngl)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(ref_path, "moe-tiny/reference.json");
+    char rel[128];
+    snprintf(rel, sizeof(rel), "moe-tiny/moe-tiny-%s.gguf", quant);
+    FIXTURE_OR_SKIP(model_path, rel);
+    struct tjson *ref = tjson_load(ref_path);
+    cr_assert_not_null(ref);
+    const struct tjson *cases = tjson_get(tjson_get(ref, "greedy"), quant);
+    cr_assert(cases && cases->kind == TJSON_ARR && cases->len > 0);
+    struct gpu_run r;
+    run_open(&r, model_path, ngl, 0);
+    float *logits = malloc(executor_ctx_n_vocab(r.c) * sizeof(float));
+    for (size_t k = 0; k < cases->len; k++) {
+        uint32_t n_prompt, n_gen;
+        int32_t *prompt = json_ids(tjson_get(tjson_at(cases, k), "prompt_ids"), &n_prompt);
+        int32_t *want = json_ids(tjson_get(tjson_at(cases, k), "gen_ids"), &n_gen);
+        int32_t *got = calloc(n_gen, sizeof(*got));
+        greedy(r.c, prompt, n_prompt, n_gen, got, logits);
+        for (uint32_t i = 0; i < n_gen; i++)
+            cr_expect_eq(got[i], want[i], "%s -ngl %d case %zu: token %u is %d, llama.cpp %d",
+                         quant, ngl, k, i, got[i], want[i]);
+        free(prompt);
+        free(want);
+        free(got);
+    }
+    free(logits);
+    run_close(&r);
+    tjson_free(ref);
+    free(ref_path);
+    free(model_path);
+}
+
+Test(executor_gpu, greedy_f32_matches_llama_cpp, .timeout = 300)
+{
+    check_greedy("f32", GPU_ALL);
+}
+
+Test(executor_gpu, greedy_q8_0_matches_llama_cpp, .timeout = 300)
+{
+    check_greedy("q8_0", GPU_ALL);
+}
+
+Test(executor_gpu, greedy_q8_0_two_layers_on_the_device, .timeout = 300)
+{
+    check_greedy("q8_0", 2); /* layers 2, 3 on the device, the head on the CPU */
+}
+
+/* The CPU and the device on one prompt long enough for the device's matmul path (prefill of
+ * 48 tokens) and 16 decode steps: the same greedy tokens, and logits close at every step. */
+static void check_against_cpu(const char *rel, int32_t ngl)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, rel);
+    struct gpu_run cpu, dev;
+    run_open(&cpu, model_path, 0, 0);
+    run_open(&dev, model_path, ngl, 0);
+    const uint32_t nv = executor_ctx_n_vocab(cpu.c), n_prompt = 48, n_gen = 16;
+    int32_t        prompt[48], a[16], b[16];
+    for (uint32_t i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)(1 + (i * 37 + 11) % (nv - 1));
+    float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+    greedy(cpu.c, prompt, n_prompt, n_gen, a, la);
+    greedy(dev.c, prompt, n_prompt, n_gen, b, lb);
+    for (uint32_t i = 0; i < n_gen; i++)
+        cr_expect_eq(a[i], b[i], "%s -ngl %d: token %u is %d on the device, %d on the CPU", rel,
+                     ngl, i, b[i], a[i]);
+    double num = 0, den = 0;
+    for (uint32_t v = 0; v < nv; v++) {
+        const double d = (double)la[v] - (double)lb[v];
+        num += d * d;
+        den += (double)la[v] * (double)la[v];
+    }
+    cr_expect_lt(sqrt(num / den), 2e-2, "%s -ngl %d: last logits differ by %.3g (relative)", rel,
+                 ngl, sqrt(num / den));
+    cr_log_info("%s -ngl %d: last logits differ by %.3g (relative)", rel, ngl, sqrt(num / den));
+    free(la);
+    free(lb);
+    run_close(&cpu);
+    run_close(&dev);
+    free(model_path);
+}
+
+Test(executor_gpu, f32_as_the_cpu, .timeout = 300)
+{
+    check_against_cpu("moe-tiny/moe-tiny-f32.gguf", GPU_ALL);
+}
+
+Test(executor_gpu, q4_0_as_the_cpu, .timeout = 300)
+{
+    check_against_cpu("moe-tiny/moe-tiny-q4_0.gguf", GPU_ALL);
+}
+
+Test(executor_gpu, q4_k_m_as_the_cpu, .timeout = 300)
+{
+    check_against_cpu("moe-tiny/moe-tiny-q4_k_m.gguf", GPU_ALL);
+}
+
+Test(executor_gpu, q4_0_pure_as_the_cpu, .timeout = 300)
+{
+    check_against_cpu("moe-tiny/moe-tiny-q4_0-pure.gguf", 3);
+}
+
+Test(executor_gpu, llama2_tiny_dense_as_the_cpu, .timeout = 300)
+{
+    check_against_cpu("models/llama-2-tiny-random.gguf", GPU_ALL);
+}
+
+/* `sluice perplexity -ngl 999` on eval.txt within 0.5% of llama-perplexity's figure. */
+static void check_ppl(const char *quant)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(ref_path, "moe-tiny/reference.json");
+    FIXTURE_OR_SKIP(eval_path, "moe-tiny/eval.txt");
+    char rel[128];
+    snprintf(rel, sizeof(rel), "moe-tiny/moe-tiny-%s.gguf", quant);
+    FIXTURE_OR_SKIP(model_path, rel);
+    struct tjson *ref = tjson_load(ref_path);
+    cr_assert_not_null(ref);
+    const struct tjson *want = tjson_get(tjson_get(tjson_get(ref, "perplexity"), quant), "ppl");
+    cr_assert(want && want->kind == TJSON_NUM, "no perplexity for %s in reference.json", quant);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "'%s/bin/sluice' perplexity -m '%s' -f '%s' -c 128 -t %d -ngl %d 2>&1",
+             SLUICE_BINARY_DIR, model_path, eval_path, GPU_TEST_THREADS, GPU_ALL);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char   line[65536];
+    double ppl = -1;
+    bool   on_gpu = false;
+    while (fgets(line, sizeof(line), p)) {
+        char *at = strstr(line, "Final estimate: PPL = ");
+        if (at)
+            sscanf(at, "Final estimate: PPL = %lf", &ppl);
+        on_gpu = on_gpu || strstr(line, "gpu: CUDA0") != NULL;
+    }
+    cr_assert_eq(pclose(p), 0, "%s failed", cmd);
+    cr_assert(on_gpu, "%s did not put layers on CUDA0", cmd);
+    const double rel_err = fabs(ppl - want->num) / want->num;
+    cr_expect_leq(rel_err, GPU_PPL_TOL, "%s -ngl: PPL %.4f vs llama.cpp %.4f (%.3f%%)", quant, ppl,
+                  want->num, rel_err * 100);
+    cr_log_info("%s -ngl %d: PPL %.4f, llama.cpp %.4f (%.3f%%)", quant, GPU_ALL, ppl, want->num,
+                rel_err * 100);
+    tjson_free(ref);
+    free(ref_path);
+    free(eval_path);
+    free(model_path);
+}
+
+Test(executor_gpu, perplexity_f32, .timeout = 300)
+{
+    check_ppl("f32");
+}
+
+Test(executor_gpu, perplexity_q8_0, .timeout = 300)
+{
+    check_ppl("q8_0");
+}
+
+Test(executor_gpu, perplexity_q4_0, .timeout = 300)
+{
+    check_ppl("q4_0");
+}
+
+Test(executor_gpu, perplexity_q4_k_m, .timeout = 300)
+{
+    check_ppl("q4_k_m");
+}
+
+/* Where no device is usable (this build without CUDA, no driver, no GPU), asking a ctx for
+ * layers on one fails with one clear line and nothing else changes. */
+Test(executor_gpu, no_device_refused_with_a_reason, .timeout = 60)
+{
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) > 0)
+        cr_skip_test("a CUDA device is present: the refusal is not reachable: skipped");
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct executor_model *m = NULL;
+    struct executor_ctx   *c = NULL;
+    struct common_errmsg   e = {{0}};
+    cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
+    cr_assert_not(executor_gpu_usable(m, 0, why, sizeof(why)));
+    cr_assert(strlen(why) > 0);
+    int rc = executor_ctx_create(
+        m, &(struct executor_ctx_opts){.n_ctx = 64, .n_gpu_layers = GPU_ALL}, &c, &e);
+    cr_assert_eq(rc, COMMON_ENOTSUP, "rc %d: %s", rc, e.text);
+    cr_assert_null(c);
+    cr_assert(strstr(e.text, "-ngl") != NULL, "message: %s", e.text);
+    cr_log_info("refused: %s", e.text);
+    executor_model_destroy(m);
+    free(model_path);
+}
+
+/* gpu_act_round gives exactly the CPU's quantized activations, expanded: for each activation
+ * type, random rows (one with a zero block, one with ties of magnitude) at several widths. */
+Test(executor_gpu, activations_rounded_as_the_cpu, .timeout = 60)
+{
+    GPU_OR_SKIP();
+    cr_assert_eq(gpu_select(0, NULL, NULL, 0), 0);
+    const uint32_t weights[] = {COMMON_GGML_TYPE_Q8_0, COMMON_GGML_TYPE_Q4_1, COMMON_GGML_TYPE_Q4_K,
+                                COMMON_GGML_TYPE_F16, COMMON_GGML_TYPE_BF16};
+    const int64_t  widths[] = {256, 512, 4096, 4352};
+    const int64_t  n = 3;
+    uint64_t       seed = 0x9e3779b97f4a7c15ull;
+    for (size_t wi = 0; wi < sizeof(weights) / sizeof(weights[0]); wi++)
+        for (size_t ci = 0; ci < sizeof(widths) / sizeof(widths[0]); ci++) {
+            const int64_t  cols = widths[ci];
+            const uint32_t vdt = executor_vec_dot_type(weights[wi]);
+            float         *x = malloc((size_t)(n * cols) * sizeof(float));
+            float         *want = malloc((size_t)(n * cols) * sizeof(float));
+            float         *got = malloc((size_t)(n * cols) * sizeof(float));
+            uint8_t       *q = malloc(executor_act_row_size(weights[wi], cols));
+            for (int64_t i = 0; i < n * cols; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                x[i] = (float)((int64_t)(seed >> 33) % 20001 - 10000) / 1777.0f;
+            }
+            for (int64_t i = 0; i < 256; i++)
+                x[cols + i] = 0.0f; /* a zero block in row 1 */
+            x[2 * cols + 3] = 9.5f; /* row 2: two values of the largest magnitude */
+            x[2 * cols + 7] = -9.5f;
+            for (int64_t t = 0; t < n; t++) {
+                cr_assert_eq(executor_quantize_act(weights[wi], x + t * cols, q, cols), 0);
+                cr_assert_eq(executor_dequantize_row(vdt, q, want + t * cols, cols), 0);
+            }
+            float *dx = gpu_malloc((size_t)(n * cols) * sizeof(float));
+            float *dy = gpu_malloc((size_t)(n * cols) * sizeof(float));
+            cr_assert(dx && dy);
+            cr_assert_eq(gpu_upload(dx, x, (size_t)(n * cols) * sizeof(float)), 0);
+            cr_assert_eq(gpu_memset(dy, 0xff, (size_t)(n * cols) * sizeof(float)), 0);
+            cr_assert_eq(gpu_act_round(vdt, dx, cols, n, cols, dy), 0, "%s", gpu_last_error());
+            cr_assert_eq(gpu_download(got, dy, (size_t)(n * cols) * sizeof(float)), 0);
+            for (int64_t i = 0; i < n * cols; i++)
+                cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                          "weights %u (activations %u), %lld cols: element %lld is %.9g, the CPU "
+                          "%.9g",
+                          weights[wi], vdt, (long long)cols, (long long)i, (double)got[i],
+                          (double)want[i]);
+            gpu_free(dx);
+            gpu_free(dy);
+            free(x);
+            free(want);
+            free(got);
+            free(q);
+        }
+}
