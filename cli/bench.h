@@ -60,23 +60,26 @@ struct bench_model {
 
 /* A run: the engine, the tests and the limits measured around them. */
 struct bench_run {
-    const struct bench_args    *a;       /* borrowed: the options */
-    bool                        stream;  /* experts stream through the fetcher */
-    struct cli_engine           en;      /* owned: model, pool, context */
-    struct bench_model          model;   /* copied at open */
-    int32_t                    *tokens;  /* owned: max_p + 1 prompt ids */
-    float                      *logits;  /* owned: n_vocab */
-    uint32_t                    max_p;   /* longest prefill */
-    struct bench_test          *tests;   /* owned: n_tests rows, prefills first */
-    uint32_t                    n_tests; /* rows */
-    double                      membw;   /* bytes/s; 0 = not measured (streaming) */
-    struct fetcher_probe_result pr, pr1; /* cold storage probes (--io-probe) */
-    struct fetcher_probe_result rp;      /* replay of the decode's loads (--io-probe) */
-    struct fetcher_probe_key   *log;     /* owned: the timed decode steps' loads */
-    uint64_t                    n_log;   /* keys in log */
-    bool                        logging; /* the load log is on */
-    const char                 *io_name; /* static: "none" or the fetcher's mode */
-    int                         status;  /* exit status so far */
+    const struct bench_args *a;          /* borrowed: the options */
+    bool                     stream;     /* experts stream through the fetcher */
+    struct cli_engine        en;         /* owned: model, pool, context */
+    struct bench_model       model;      /* copied at open */
+    int32_t                 *tokens;     /* owned: max_p + 1 prompt ids */
+    float                   *logits;     /* owned: n_vocab */
+    uint32_t                 max_p;      /* longest prefill */
+    struct bench_test       *tests;      /* owned: n_tests rows, prefills first */
+    uint32_t                 n_tests;    /* rows */
+    double                   membw;      /* bytes/s; 0 = not measured (streaming) */
+    int32_t                  gpu_layers; /* layers the engine put on a device (-ngl) */
+    bool                     gpu_bw; /* membw is the device's: every layer and the head are on it */
+    char                     gpu_name[128]; /* the device, when gpu_bw */
+    struct fetcher_probe_result pr, pr1;    /* cold storage probes (--io-probe) */
+    struct fetcher_probe_result rp;         /* replay of the decode's loads (--io-probe) */
+    struct fetcher_probe_key   *log;        /* owned: the timed decode steps' loads */
+    uint64_t                    n_log;      /* keys in log */
+    bool                        logging;    /* the load log is on */
+    const char                 *io_name;    /* static: "none" or the fetcher's mode */
+    int                         status;     /* exit status so far */
 };
 
 /* Prints the results in the format asked for (-o): the md table with the limits and the

@@ -75,6 +75,7 @@ enum bench_field {
     BF_N_BATCH,
     BF_N_THREADS,
     BF_ISA,
+    BF_N_GPU_LAYERS,
     BF_TYPE_K,
     BF_TYPE_V,
     BF_IO,
@@ -105,6 +106,7 @@ static const char *const bench_field_names[BF_COUNT] = {
     [BF_N_BATCH] = "n_batch",
     [BF_N_THREADS] = "n_threads",
     [BF_ISA] = "isa",
+    [BF_N_GPU_LAYERS] = "n_gpu_layers",
     [BF_TYPE_K] = "type_k",
     [BF_TYPE_V] = "type_v",
     [BF_IO] = "io",
@@ -179,6 +181,8 @@ static struct bench_value bench_field(const struct bench_run *r, const struct be
         return bench_int(r->model.n_threads);
     case BF_ISA:
         return bench_str(executor_isa_name(executor_kernels_active()));
+    case BF_N_GPU_LAYERS:
+        return bench_int(r->gpu_layers);
     case BF_TYPE_K:
     case BF_TYPE_V:
         return bench_str(common_cache_type_name(a->cache));
@@ -317,6 +321,7 @@ enum bench_col {
     BC_MODEL,
     BC_SIZE,
     BC_THREADS,
+    BC_NGL,
     BC_TEST,
     BC_TS,
     BC_BW_LIMIT,
@@ -329,8 +334,8 @@ enum bench_col {
 };
 
 static const char *const bench_col_titles[BC_COUNT] = {
-    "model",    "size",     "threads",  "test",         "t/s",      "bw limit t/s",
-    "bw ratio", "read/tok", "hit rate", "io limit t/s", "io ratio",
+    "model",        "size",     "threads",  "ngl",      "test",         "t/s",
+    "bw limit t/s", "bw ratio", "read/tok", "hit rate", "io limit t/s", "io ratio",
 };
 
 #define BENCH_CELL 80 /* bytes of one cell */
@@ -347,6 +352,8 @@ static bool bench_col_is_shown(const struct bench_run *r, enum bench_col c)
     case BC_IO_LIMIT:
     case BC_IO_RATIO:
         return r->stream && r->a->io_probe;
+    case BC_NGL:
+        return r->gpu_layers > 0;
     default:
         return true;
     }
@@ -376,6 +383,9 @@ static void bench_cell(const struct bench_run *r, const struct bench_test *t, en
         break;
     case BC_THREADS:
         snprintf(cell, BENCH_CELL, "%u", r->model.n_threads);
+        break;
+    case BC_NGL:
+        snprintf(cell, BENCH_CELL, "%d", r->gpu_layers);
         break;
     case BC_TEST:
         snprintf(cell, BENCH_CELL, "%s%u", t->gen ? "tg" : "pp", t->n);
@@ -469,6 +479,16 @@ static void bench_print_table(const struct bench_run *r)
 static void bench_print_limits(const struct bench_run *r)
 {
     char a[32], b[32];
+    if (!r->stream && r->gpu_bw) {
+        printf("device memory bandwidth (%s, a device-to-device copy, bytes read + written): "
+               "%.2f GB/s\n",
+               r->gpu_name, r->membw / 1e9);
+        printf("weights touched per token: %llu bytes (%s); bw limit t/s = bandwidth / that, bw "
+               "ratio = t/s / bw limit\n",
+               (unsigned long long)r->model.bytes_active,
+               common_format_size(r->model.bytes_active, a, sizeof(a)));
+        return;
+    }
     if (!r->stream) {
         printf("memory bandwidth (streaming read, %u threads): %.2f GB/s\n", r->model.n_threads,
                r->membw / 1e9);

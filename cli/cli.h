@@ -66,10 +66,13 @@ struct cli_stream_opts {
     uint32_t             prefetch_top; /* --prefetch-top N: gate predictor's best N; 0 = 1 */
     bool                 no_postfetch; /* --no-postfetch */
     bool                 mmap_advise;  /* --mmap-advise: io mmap madvises requested experts */
+    int32_t              n_gpu_layers; /* -ngl N: the last N layers (and the head past n_layer)
+                                          on the CUDA device; 0 = none */
+    int32_t main_gpu;                  /* --main-gpu / --device CUDAn */
 };
 
 /* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
-#define CLI_STREAM_N_ROWS 12
+#define CLI_STREAM_N_ROWS 15
 
 /* The option table of the streaming options that run, chat, perplexity and bench share. */
 struct cli_stream_table {
@@ -81,7 +84,8 @@ struct cli_stream_table {
 void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o);
 
 /* Title of the streaming group in --help. */
-#define CLI_STREAM_TITLE "Streaming options (experts read from storage under a memory budget)"
+#define CLI_STREAM_TITLE                                                                           \
+    "Placement options (layers on a GPU; experts read from storage under a memory budget)"
 
 /* True when the options ask for the fetcher (a budget or --io). */
 bool cli_stream_is_on(const struct cli_stream_opts *o);

@@ -272,6 +272,8 @@ static int bench_open(struct bench_run *r)
     r->model.bytes_active = d->bytes_active;
     r->model.n_threads = executor_threadpool_n_threads(r->en.pool);
     r->model.log_keys = (uint64_t)d->hp.n_layer * d->hp.n_expert;
+    r->gpu_layers = executor_ctx_gpu_layers(r->en.ctx, r->gpu_name, sizeof(r->gpu_name));
+    r->gpu_bw = r->gpu_layers > (int32_t)d->hp.n_layer;
     r->io_name = !r->en.fetcher      ? "none"
                  : a->so.mmap_advise ? "mmap-advise"
                                      : fetcher_io_mode_name(fetcher_get_io_mode(r->en.fetcher));
@@ -411,6 +413,13 @@ static int bench_limits(struct bench_run *r)
     int rc;
     if (cli_engine_report(&r->en) < 0)
         r->status = 1;
+    if (!r->stream && r->gpu_bw) {
+        /* The whole model on the device: its memory bandwidth is the limit. */
+        r->membw = executor_ctx_gpu_membw(r->en.ctx, r->a->membw_bytes);
+        if (!(r->membw > 0.0))
+            cli_error(BENCH_PROG, "device bandwidth probe failed");
+        return r->membw > 0.0 ? COMMON_OK : COMMON_EIO;
+    }
     if (!r->stream) {
         rc = executor_membw_measure(
             &(struct executor_membw_opts){.bytes = r->a->membw_bytes, .pool = r->en.pool},

@@ -42,6 +42,26 @@ static int stream_parse_prefetch(void *arg, const char *v, struct common_errmsg 
     return COMMON_OK;
 }
 
+/* --device CUDAn (sets main_gpu) or none (no layers on a device). */
+static int stream_parse_device(void *arg, const char *v, struct common_errmsg *e)
+{
+    struct cli_stream_opts *o = arg;
+    if (strcmp(v, "none") == 0) {
+        o->n_gpu_layers = 0;
+        o->main_gpu = -1;
+        return COMMON_OK;
+    }
+    char         *end = NULL;
+    unsigned long i = strncmp(v, "CUDA", 4) == 0 ? strtoul(v + 4, &end, 10) : 0;
+    if (!end || end == v + 4 || *end || i > 64)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "--device: expected CUDA0, CUDA1, ... or none "
+                                 "(got '%s')",
+                                 v);
+    o->main_gpu = (int32_t)i;
+    return COMMON_OK;
+}
+
 void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o)
 {
     const struct common_opt rows[] = {
@@ -114,6 +134,31 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .type = COMMON_OPT_SWITCH,
          .target = &o->report_rss,
          .help = "print the peak resident set (VmHWM) on exit"},
+        {.name = "n-gpu-layers",
+         .short_name = "ngl",
+         .type = COMMON_OPT_I32,
+         .target = &o->n_gpu_layers,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help = "put the last N layers on the CUDA device, and the output head when N exceeds "
+                 "the layers (999 = all); without a usable device the CPU runs them",
+         .def = "0"},
+        {.name = "main-gpu",
+         .short_name = "mg",
+         .type = COMMON_OPT_I32,
+         .target = &o->main_gpu,
+         .max = 64,
+         .metavar = "I",
+         .help = "the CUDA device used for -ngl",
+         .def = "0"},
+        {.name = "device",
+         .short_name = "dev",
+         .type = COMMON_OPT_CALLBACK,
+         .target = o,
+         .parse = stream_parse_device,
+         .metavar = "CUDAn|none",
+         .help = "the device for -ngl (CUDA0, CUDA1, ...), or none for the CPU only",
+         .def = "CUDA0"},
         {0},
     };
     static_assert(sizeof(rows) == sizeof(t->rows), "CLI_STREAM_N_ROWS is the number of rows");
@@ -272,10 +317,24 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         if (n_slots < 2 * en->desc->hp.n_expert)
             co.fetch_window = n_slots / 2 ? n_slots / 2 : 1;
     }
+    if (en->so.n_gpu_layers > 0 && en->so.main_gpu >= 0) {
+        /* As llama.cpp: without a usable device the layers stay on the CPU, with a warning. */
+        char why[256] = "";
+        if (executor_gpu_usable(en->model, en->so.main_gpu, why, sizeof(why))) {
+            co.n_gpu_layers = en->so.n_gpu_layers;
+            co.main_gpu = en->so.main_gpu;
+        } else {
+            fprintf(stderr, "%s: warning: -ngl %d ignored, running on the CPU: %s\n", en->prog,
+                    en->so.n_gpu_layers, why);
+        }
+    }
     if ((rc = executor_ctx_create(en->model, &co, &en->ctx, &e)) < 0) {
         cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
         goto out_close;
     }
+    char gd[512];
+    if (executor_ctx_gpu_describe(en->ctx, gd, sizeof(gd)))
+        fprintf(stderr, "%s\n", gd);
     return COMMON_OK;
 
 out_close:

@@ -158,3 +158,32 @@ Test(cli_run, unwritable_trace_out_exits_1, .timeout = 60)
     free(out);
     free(model);
 }
+
+/* -ngl puts layers on a CUDA device: the same greedy tokens as the CPU, and the placement said
+ * once on stderr; where no device is usable (this build, no driver, no GPU), a one-line warning
+ * and the CPU's tokens, as llama.cpp does. */
+Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *cpu = greedy_ids(model, "-p '" PROMPT "'");
+    char *gpu = greedy_ids(model, "-p '" PROMPT "' -ngl 999");
+    cr_assert_str_eq(gpu, cpu);
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
+             SLUICE, model);
+    char *err = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", err);
+    cr_assert(strstr(err, "warning: -ngl 999 ignored, running on the CPU: ") != NULL ||
+                  strstr(err, "gpu: CUDA0 (") != NULL,
+              "neither a placement nor a warning:\n%s", err);
+    cr_log_info("%s", err);
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --device CUDA9x 2>&1", SLUICE, model);
+    char *bad = sh(cmd, &st);
+    cr_assert_eq(st, 2, "a bad --device is a usage error (exit 2), got %d:\n%s", st, bad);
+    cr_assert(strstr(bad, "--device") != NULL, "%s", bad);
+    free(cpu);
+    free(gpu);
+    free(err);
+    free(bad);
+}
