@@ -718,3 +718,48 @@ Test(pipeline_sluicectl, dense_model_runs_with_and_without_fetchers, .timeout = 
     fixture_rmtree(dir);
     free(dir);
 }
+
+/* `up -ngl 999`: the executor puts its layers on the CUDA device (or, without one, warns and uses
+ * the CPU); the client's greedy text equals `sluice run -ngl 999` in one process and the CPU's. */
+Test(pipeline_sluicectl, ngl_daemons_give_the_one_process_text, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char cmd[8192];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0 -ngl 999 2>/dev/null", BIN,
+             model);
+    char *single = sh(cmd, &st);
+    cr_assert_eq(st, 0, "run: %s", single);
+    single[strcspn(single, "\n")] = '\0';
+    snprintf(cmd, sizeof(cmd), "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0", BIN, model);
+    char *cpu = sh(cmd, &st);
+    cr_assert_eq(st, 0, "run: %s", cpu);
+    cpu[strcspn(cpu, "\n")] = '\0';
+    cr_expect_str_eq(single, cpu, "-ngl 999 in one process vs the CPU");
+    char run_dir[1024];
+    snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
+    char *out = sluicectl_up_with(run_dir, model, 1, "-ngl 999", &st);
+    cr_assert_eq(st, 0, "up: %s", out);
+    free(out);
+    char *daemons = generate_line(run_dir);
+    cr_expect_str_eq(daemons, single, "through the daemons with -ngl 999");
+    free(daemons);
+    snprintf(cmd, sizeof(cmd), "grep -h -E 'gpu: CUDA|-ngl 999 ignored' '%s'/logs/executor*.log",
+             run_dir);
+    char *log = sh(cmd, &st);
+    cr_expect_eq(st, 0, "the executor's log says neither where its layers went nor why not");
+    cr_log_info("%s", log);
+    free(log);
+    sluicectl_down(run_dir);
+    free(single);
+    free(cpu);
+    free(model);
+    t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+}
