@@ -11,9 +11,11 @@
 
 #include "kernels/kernels.h"
 
-#define SYNTH_CHUNK_BYTES (8u << 20) /* float scratch per chunk of rows */
-#define SYNTH_BYTE_VOCAB  259u       /* <unk>, <s>, </s>, 256 byte tokens */
-#define SYNTH_MAX_THREADS 16u        /* quantizer threads per chunk */
+#define SYNTH_CHUNK_BYTES   (512u << 10) /* written bytes per chunk of rows (or one longer row) */
+#define SYNTH_MAX_ROW       (2u << 20)   /* elements of a row: bounds each thread's row scratch */
+#define SYNTH_SLOTS_PER_THR 2u           /* chunks in flight per thread */
+#define SYNTH_MAX_THREADS   256u         /* as executor_threadpool_create */
+#define SYNTH_BYTE_VOCAB    259u         /* <unk>, <s>, </s>, 256 byte tokens */
 
 /* One tensor of the synthetic model. */
 struct synth_tensor {
@@ -27,7 +29,8 @@ struct synth_tensor {
     enum executor_synth_i2s i2s;
     float                   i2s_scale;
     uint64_t                i2s_row, i2s_tail;
-    bool derived; /* a split I2_S tensor's scales: constant, takes no seed of its own */
+    bool     derived; /* a split I2_S tensor's scales: constant, takes no seed of its own */
+    uint64_t seed;    /* RNG seed of the values (synth_plan_seed); row r's stream is its own */
 };
 
 /* xoshiro256** seeded with splitmix64: the same stream on every machine. */
@@ -627,20 +630,6 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     return COMMON_OK;
 }
 
-/* One thread's share of a chunk: rows [row0, row0 + n_rows) of tensor t, global row index
- * first_row + k. Each row has its own RNG stream, so output does not depend on thread count. */
-struct synth_job {
-    const struct synth_tensor *t;
-    uint64_t                   tensor_seed;
-    uint64_t                   first_row; /* global index of buf row 0 */
-    uint64_t                   row0;      /* first row of this job within the chunk */
-    uint64_t                   n_rows;
-    float                     *buf;  /* borrowed: chunk float scratch */
-    uint8_t                   *qbuf; /* borrowed: chunk quantized output */
-    uint64_t                   row_size;
-    int                        rc;
-};
-
 /* One row of an I2_S tensor from random values `row` (overwritten): ternary at +-0.7 standard
  * deviations (about half the weights non-zero), times the tensor's scale in the inline and split
  * layouts (Microsoft's keeps the scale after the codes: synth_tensors writes it). */
@@ -666,64 +655,6 @@ static int synth_i2s_row(const struct synth_tensor *t, float *row, uint8_t *dst)
         memcpy(dst + b * 8, blk, 8);
     }
     return COMMON_OK;
-}
-
-static void *synth_job_run(void *arg)
-{
-    struct synth_job *j = arg;
-    uint64_t          ne = j->t->ne[0];
-    for (uint64_t k = j->row0; k < j->row0 + j->n_rows; k++) {
-        struct synth_rng rng;
-        synth_rng_seed(&rng, j->tensor_seed + 0xD1B54A32D192ED03ull * (j->first_row + k));
-        float *row = j->buf + k * ne;
-        synth_fill(&rng, row, (size_t)ne, j->t->mean, j->t->std);
-        int rc = j->t->type == COMMON_GGML_TYPE_I2_S
-                     ? synth_i2s_row(j->t, row, j->qbuf + k * j->row_size)
-                     : executor_quantize_row_ref(j->t->type, row, j->qbuf + k * j->row_size,
-                                                 (int64_t)ne);
-        if (rc) {
-            j->rc = rc;
-            break;
-        }
-    }
-    return NULL;
-}
-
-/* Generates and quantizes n rows starting at global row `first_row`, split across threads. */
-static int synth_chunk(const struct synth_tensor *t, uint64_t tensor_seed, uint64_t first_row,
-                       uint64_t n, float *buf, void *qbuf, uint64_t row_size, unsigned n_threads)
-{
-    struct synth_job jobs[SYNTH_MAX_THREADS];
-    pthread_t        tid[SYNTH_MAX_THREADS];
-    bool             started[SYNTH_MAX_THREADS] = {false};
-    if (n_threads > n)
-        n_threads = (unsigned)n;
-    uint64_t per = (n + n_threads - 1) / n_threads;
-    for (unsigned i = 0; i < n_threads; i++) {
-        uint64_t r0 = per * i;
-        jobs[i] = (struct synth_job){.t = t,
-                                     .tensor_seed = tensor_seed,
-                                     .first_row = first_row,
-                                     .row0 = r0,
-                                     .n_rows = r0 < n ? (n - r0 < per ? n - r0 : per) : 0,
-                                     .buf = buf,
-                                     .qbuf = qbuf,
-                                     .row_size = row_size};
-        /* Thread 0's share runs on the calling thread. */
-        if (i > 0 && pthread_create(&tid[i], NULL, synth_job_run, &jobs[i]) == 0)
-            started[i] = true;
-        else if (i > 0)
-            synth_job_run(&jobs[i]);
-    }
-    synth_job_run(&jobs[0]);
-    int rc = COMMON_OK;
-    for (unsigned i = 0; i < n_threads; i++) {
-        if (started[i])
-            pthread_join(tid[i], NULL);
-        if (jobs[i].rc)
-            rc = jobs[i].rc;
-    }
-    return rc;
 }
 
 /* The tokenizer of the model (copied from o->vocab_from, or a byte-level one) into `w`; sets
@@ -925,47 +856,245 @@ static void synth_progress_report(struct synth_progress *p, uint64_t done)
     p->reported = true;
 }
 
-/* Generates, quantizes and writes every tensor's data in plan order, chunk by chunk. */
-static int synth_tensors(const struct executor_synth_opts *o, const struct synth_plan *plan,
-                         struct common_gguf_writer *w, struct synth_progress *pr, float *buf,
-                         void *qbuf, struct common_errmsg *e)
+/* Tensor k of the plan (derived ones not counted) gets seed k: the split layout's scale tensors
+ * leave every other tensor's values as in the other layouts. */
+static void synth_plan_seed(struct synth_plan *plan, uint64_t seed)
 {
-    uint64_t done = 0;
-    uint64_t seed = o->seed ? o->seed : 1;
-    long     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned n_threads = ncpu < 1                   ? 1u
-                         : ncpu > SYNTH_MAX_THREADS ? SYNTH_MAX_THREADS
-                                                    : (unsigned)ncpu;
-    int      rc;
-    /* Tensor k of the plan (derived ones not counted) has seed k: the split layout's scale
-     * tensors leave every other tensor's values as in the other layouts. */
     size_t k = 0;
     for (size_t i = 0; i < plan->n; i++) {
-        const struct synth_tensor *t = &plan->t[i];
-        uint64_t                   rows = t->ne[1] * t->ne[2];
-        const uint64_t             tseed = seed ^ (0x9E3779B97F4A7C15ull * (k + 1));
-        k += t->derived ? 0 : 1;
-        uint64_t per = SYNTH_CHUNK_BYTES / (t->ne[0] * sizeof(float));
-        uint64_t row_size = synth_row_bytes(t);
-        if (per == 0)
-            return common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
-        for (uint64_t r = 0; r < rows; r += per) {
-            uint64_t n = rows - r < per ? rows - r : per;
-            if ((rc = synth_chunk(t, tseed, r, n, buf, qbuf, row_size, n_threads)))
-                return common_errmsg_set(e, rc, "quantizing %s failed", t->name);
-            if ((rc = common_gguf_writer_write_data(w, qbuf, (size_t)(n * row_size), e)))
-                return rc;
-            done += n * row_size;
-            synth_progress_report(pr, done);
-        }
-        if (t->i2s_tail) { /* Microsoft's layout: the tensor scale, then padding to 32 bytes */
-            uint8_t tail[32] = {0};
-            memcpy(tail, &t->i2s_scale, sizeof(float));
-            if ((rc = common_gguf_writer_write_data(w, tail, sizeof(tail), e)))
-                return rc;
-        }
+        plan->t[i].seed = seed ^ (0x9E3779B97F4A7C15ull * (k + 1));
+        k += plan->t[i].derived ? 0 : 1;
+    }
+}
+
+/* Rows per chunk of t: SYNTH_CHUNK_BYTES of output, at least one row. */
+static uint64_t synth_chunk_rows(const struct synth_tensor *t)
+{
+    const uint64_t rb = synth_row_bytes(t);
+    return rb == 0 || rb >= SYNTH_CHUNK_BYTES ? 1 : SYNTH_CHUNK_BYTES / rb;
+}
+
+/* Tensor data is made in chunks of rows: any thread claims the next chunk in plan order,
+ * generates and quantizes it into a slot, and the calling thread writes the slots in plan order.
+ * Row r of a tensor draws from its own stream (the tensor's seed, r), so the bytes depend neither
+ * on the thread count nor on the chunking. */
+struct synth_slot {
+    size_t   tensor; /* index in the plan */
+    uint64_t row0;   /* first row of the chunk */
+    uint64_t n_rows;
+    uint8_t *data;  /* owned: the rows as written (slot_bytes), allocated on first use */
+    int      rc;    /* result of generating the chunk */
+    bool     ready; /* data and rc are final; under synth_pipe.mu */
+};
+
+/* The chunks in flight: chunk c lives in slot c % n_slots until it is written, so at most n_slots
+ * chunks are held whatever the model's size. */
+struct synth_pipe {
+    const struct synth_plan *plan;         /* borrowed: outlives the pipe */
+    pthread_mutex_t          mu;           /* guards what is marked "under mu" */
+    pthread_cond_t           cv_free;      /* a slot was freed, or stop: claimers wait */
+    pthread_cond_t           cv_ready;     /* a chunk became ready: the writer waits */
+    struct synth_slot       *slots;        /* owned: n_slots */
+    uint32_t                 n_slots;      /* SYNTH_SLOTS_PER_THR per thread */
+    size_t                   slot_bytes;   /* the largest chunk */
+    size_t                   row_floats;   /* the longest row: each thread's scratch */
+    uint64_t                 n_chunks;     /* chunks of the whole plan */
+    uint64_t                 n_claimed;    /* under mu: chunks handed out */
+    uint64_t                 n_written;    /* under mu: chunks written */
+    size_t                   next_tensor;  /* under mu: the next chunk to hand out */
+    uint64_t                 next_row;     /* under mu */
+    bool                     stop;         /* under mu: claim nothing more */
+    bool                     writer_fills; /* no worker started: the writer generates too */
+};
+
+/* The next chunk in plan order, once its slot is free; NULL if none is claimable now. Called with
+ * mu held. */
+static struct synth_slot *synth_pipe_claim_locked(struct synth_pipe *p)
+{
+    if (p->stop || p->n_claimed == p->n_chunks || p->n_claimed >= p->n_written + p->n_slots)
+        return NULL;
+    const struct synth_tensor *t = &p->plan->t[p->next_tensor];
+    const uint64_t             rows = t->ne[1] * t->ne[2], per = synth_chunk_rows(t);
+    struct synth_slot         *s = &p->slots[p->n_claimed % p->n_slots];
+    s->tensor = p->next_tensor;
+    s->row0 = p->next_row;
+    s->n_rows = rows - s->row0 < per ? rows - s->row0 : per;
+    s->rc = COMMON_OK;
+    s->ready = false;
+    p->next_row += s->n_rows;
+    if (p->next_row == rows) {
+        p->next_tensor++;
+        p->next_row = 0;
+    }
+    p->n_claimed++;
+    return s;
+}
+
+/* Generates and quantizes the rows of slot s (claimed by this thread) with scratch `row`. */
+static int synth_slot_fill(const struct synth_pipe *p, struct synth_slot *s, float *row)
+{
+    if (!s->data && !(s->data = malloc(p->slot_bytes)))
+        return COMMON_ENOMEM;
+    const struct synth_tensor *t = &p->plan->t[s->tensor];
+    const uint64_t             ne = t->ne[0], rb = synth_row_bytes(t);
+    for (uint64_t k = 0; k < s->n_rows; k++) {
+        struct synth_rng rng;
+        uint8_t         *dst = s->data + k * rb;
+        synth_rng_seed(&rng, t->seed + 0xD1B54A32D192ED03ull * (s->row0 + k));
+        synth_fill(&rng, row, (size_t)ne, t->mean, t->std);
+        int rc = t->type == COMMON_GGML_TYPE_I2_S
+                     ? synth_i2s_row(t, row, dst)
+                     : executor_quantize_row_ref(t->type, row, dst, (int64_t)ne);
+        if (rc)
+            return rc;
     }
     return COMMON_OK;
+}
+
+/* Fills claimed slot s and publishes it. Called with mu held; drops it while working. */
+static void synth_pipe_fill_locked(struct synth_pipe *p, struct synth_slot *s, float *row)
+{
+    pthread_mutex_unlock(&p->mu);
+    int rc = synth_slot_fill(p, s, row);
+    pthread_mutex_lock(&p->mu);
+    s->rc = rc;
+    s->ready = true;
+    pthread_cond_signal(&p->cv_ready);
+}
+
+/* One generating thread. */
+struct synth_worker {
+    struct synth_pipe *pipe; /* borrowed: outlives the thread */
+    float             *row;  /* borrowed: row_floats of scratch, this thread's alone */
+};
+
+/* A generating thread: claims chunks until none is left or the writer stops. */
+static void *synth_worker_run(void *arg)
+{
+    const struct synth_worker *wk = arg;
+    struct synth_pipe         *p = wk->pipe;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && p->n_claimed < p->n_chunks) {
+        struct synth_slot *s = synth_pipe_claim_locked(p);
+        if (s)
+            synth_pipe_fill_locked(p, s, wk->row);
+        else
+            pthread_cond_wait(&p->cv_free, &p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Writes the ready chunk in slot s: its rows, then after a tensor's last rows the tail of
+ * Microsoft's I2_S layout (the tensor scale, padding to 32 bytes). */
+static int synth_slot_write(const struct synth_pipe *p, const struct synth_slot *s,
+                            struct common_gguf_writer *w, struct common_errmsg *e)
+{
+    const struct synth_tensor *t = &p->plan->t[s->tensor];
+    int                        rc;
+    if (s->rc)
+        return common_errmsg_set(e, s->rc, "quantizing %s failed", t->name);
+    if ((rc = common_gguf_writer_write_data(w, s->data, (size_t)(s->n_rows * synth_row_bytes(t)),
+                                            e)))
+        return rc;
+    if (t->i2s_tail && s->row0 + s->n_rows == t->ne[1] * t->ne[2]) {
+        uint8_t tail[32] = {0};
+        memcpy(tail, &t->i2s_scale, sizeof(float));
+        if ((rc = common_gguf_writer_write_data(w, tail, sizeof(tail), e)))
+            return rc;
+    }
+    return COMMON_OK;
+}
+
+/* The writer's loop on the calling thread: writes the oldest chunk once it is ready, else waits
+ * (or, with no worker, generates it). */
+static int synth_pipe_run(struct synth_pipe *p, struct common_gguf_writer *w,
+                          struct synth_progress *pr, float *row, struct common_errmsg *e)
+{
+    uint64_t done = 0;
+    int      rc = COMMON_OK;
+    pthread_mutex_lock(&p->mu);
+    while (rc == COMMON_OK && p->n_written < p->n_chunks) {
+        struct synth_slot *head = &p->slots[p->n_written % p->n_slots];
+        if (p->n_written < p->n_claimed && head->ready) {
+            pthread_mutex_unlock(&p->mu);
+            rc = synth_slot_write(p, head, w, e);
+            done += head->n_rows * synth_row_bytes(&p->plan->t[head->tensor]);
+            synth_progress_report(pr, done);
+            pthread_mutex_lock(&p->mu);
+            p->n_written++;
+            pthread_cond_signal(&p->cv_free); /* one more chunk may be claimed */
+            continue;
+        }
+        struct synth_slot *s = p->writer_fills ? synth_pipe_claim_locked(p) : NULL;
+        if (s)
+            synth_pipe_fill_locked(p, s, row);
+        else
+            pthread_cond_wait(&p->cv_ready, &p->mu);
+    }
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv_free);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* Generates and quantizes every tensor's data with n_threads threads while the calling thread
+ * writes it in plan order. */
+static int synth_tensors(const struct synth_plan *plan, uint32_t n_threads,
+                         struct common_gguf_writer *w, struct synth_progress *pr,
+                         struct common_errmsg *e)
+{
+    struct synth_pipe    p = {.plan = plan};
+    pthread_t           *tid = NULL;
+    struct synth_worker *wk = NULL;
+    float               *scratch = NULL; /* rows: the writer's, then each worker's */
+    uint32_t             n_started = 0;
+    int                  rc = COMMON_ENOMEM;
+    for (size_t i = 0; i < plan->n; i++) {
+        const struct synth_tensor *t = &plan->t[i];
+        const uint64_t             per = synth_chunk_rows(t), rows = t->ne[1] * t->ne[2];
+        if (t->ne[0] > SYNTH_MAX_ROW)
+            return common_errmsg_set(e, COMMON_EINVAL, "tensor %s rows are too long", t->name);
+        if (per * synth_row_bytes(t) > p.slot_bytes)
+            p.slot_bytes = (size_t)(per * synth_row_bytes(t));
+        if (t->ne[0] > p.row_floats)
+            p.row_floats = (size_t)t->ne[0];
+        p.n_chunks += (rows + per - 1) / per;
+    }
+    if (n_threads > p.n_chunks)
+        n_threads = p.n_chunks > 0 ? (uint32_t)p.n_chunks : 1;
+    p.n_slots = SYNTH_SLOTS_PER_THR * n_threads;
+    p.slots = calloc(p.n_slots, sizeof(*p.slots));
+    tid = calloc(n_threads, sizeof(*tid));
+    wk = calloc(n_threads, sizeof(*wk));
+    p.row_floats = p.row_floats ? p.row_floats : 1;
+    scratch = malloc(((size_t)n_threads + 1) * p.row_floats * sizeof(float));
+    if (!p.slots || !tid || !wk || !scratch)
+        goto out_free;
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.cv_free, NULL);
+    pthread_cond_init(&p.cv_ready, NULL);
+    /* A thread that fails to start leaves its share to the others; with none, to the caller. */
+    for (uint32_t i = 0; i < n_threads; i++) {
+        wk[n_started] = (struct synth_worker){.pipe = &p, .row = scratch + (i + 1) * p.row_floats};
+        if (pthread_create(&tid[n_started], NULL, synth_worker_run, &wk[n_started]) == 0)
+            n_started++;
+    }
+    p.writer_fills = n_started == 0;
+    rc = synth_pipe_run(&p, w, pr, scratch, e);
+    for (uint32_t i = 0; i < n_started; i++)
+        pthread_join(tid[i], NULL);
+    pthread_cond_destroy(&p.cv_ready);
+    pthread_cond_destroy(&p.cv_free);
+    pthread_mutex_destroy(&p.mu);
+out_free:
+    for (uint32_t i = 0; p.slots && i < p.n_slots; i++)
+        free(p.slots[i].data);
+    free(p.slots);
+    free(tid);
+    free(wk);
+    free(scratch);
+    return rc;
 }
 
 int executor_synth_write(const struct executor_synth_opts *o, struct common_errmsg *e)
@@ -973,12 +1102,13 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     struct synth_geom          g;
     struct synth_plan          plan = {0};
     struct common_gguf_writer *w = NULL;
-    float                     *buf = NULL;
-    void                      *qbuf = NULL;
     bool                       begun = false;
     int                        rc;
     if (!o || !o->path)
         return common_errmsg_set(e, COMMON_EINVAL, "mkmodel: no output path");
+    if (o->n_threads > SYNTH_MAX_THREADS)
+        return common_errmsg_set(e, COMMON_EINVAL, "n_threads %u exceeds %u", o->n_threads,
+                                 SYNTH_MAX_THREADS);
     executor_kernels_init();
     if ((rc = synth_geometry(o, &g, e)))
         return rc;
@@ -991,6 +1121,7 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     plan.i2s = o->i2s_layout;
     if ((rc = synth_plan_build(&g, &plan)))
         goto out_free;
+    synth_plan_seed(&plan, o->seed ? o->seed : 1);
     if ((rc = synth_metadata(w, &g, o->name ? o->name : "sluice-synth")))
         goto out_free;
     struct synth_progress pr = {.on = o->progress, .tty = isatty(STDERR_FILENO) == 1};
@@ -1006,21 +1137,14 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     if ((rc = common_gguf_writer_begin(w, o->path, e)))
         goto out_free;
     begun = true;
-    buf = malloc(SYNTH_CHUNK_BYTES);
-    qbuf = malloc(SYNTH_CHUNK_BYTES);
-    if (!buf || !qbuf) {
-        rc = COMMON_ENOMEM;
-        goto out_free;
-    }
-    if ((rc = synth_tensors(o, &plan, w, &pr, buf, qbuf, e)))
+    if ((rc = synth_tensors(&plan, o->n_threads ? o->n_threads : executor_physical_cores(), w, &pr,
+                            e)))
         goto out_free;
     if (pr.reported && pr.tty)
         fprintf(stderr, "\n");
     rc = common_gguf_writer_finish(w, e);
 
 out_free:
-    free(buf);
-    free(qbuf);
     free(plan.t);
     common_gguf_writer_destroy(w);
     if (rc && begun)

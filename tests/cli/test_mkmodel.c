@@ -183,6 +183,49 @@ Test(cli_inspect, corrupt_file_exits_nonzero_with_message)
     free(dir);
 }
 
+/* The file depends on the seed, not on the thread count: -t 1 and -t 3 write the same bytes, over
+ * tensors of several chunks (the 8000-token q4_K embedding is three) and Microsoft's I2_S layout
+ * with its tail after each tensor. */
+Test(cli_mkmodel, output_does_not_depend_on_thread_count, .timeout = 300)
+{
+    static const char *const cases[] = {
+        "--arch qwen3moe --type q4_K --n-embd 256 --n-head 4 --n-head-kv 2 --n-ff 256 "
+        "--n-expert 8 --n-expert-used 2 --n-vocab 8000 --seed 5",
+        "--arch bitnet-b1.58 --type i2_s --n-embd 256 --n-ff 512 --n-vocab 600",
+    };
+    char *dir = fixture_tmpdir();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char  *bytes[2] = {NULL, NULL};
+        size_t len[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            char cmd[2048], path[512];
+            snprintf(path, sizeof(path), "%s/t%d.gguf", dir, k);
+            snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -t %d -o %s %s 2>&1",
+                     SLUICE_BINARY_DIR, k == 0 ? 1 : 3, path, cases[i]);
+            int   status = -1;
+            char *out = run_capture(cmd, &status);
+            cr_assert_eq(status, 0, "%s: %s", cmd, out);
+            free(out);
+            bytes[k] = fixture_read_all(path, &len[k]);
+            cr_assert_not_null(bytes[k], "%s not written", path);
+        }
+        cr_assert_gt(len[0], 0);
+        cr_assert_eq(len[0], len[1], "%s: %zu bytes with -t 1, %zu with -t 3", cases[i], len[0],
+                     len[1]);
+        cr_assert(memcmp(bytes[0], bytes[1], len[0]) == 0, "%s: -t 1 and -t 3 differ", cases[i]);
+        free(bytes[0]);
+        free(bytes[1]);
+    }
+    char path[512];
+    snprintf(path, sizeof(path), "%s/n.gguf", dir);
+    struct executor_synth_opts o = {.path = path, .n_threads = 257};
+    struct common_errmsg       e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), COMMON_EINVAL);
+    cr_assert_not_null(strstr(e.text, "n_threads"), "%s", e.text);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* Progress goes to a log as plain lines: no carriage return reaches a file. */
 Test(cli_mkmodel, progress_to_a_file_has_no_carriage_returns, .timeout = 300)
 {
