@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics.h"
 #include "openai.h"
 
 #define HTTP_COMP             "router.http"
@@ -77,6 +78,25 @@ static void http_reply_allow(nng_aio *aio, uint16_t status, char *json, bool clo
         return;
     }
     free(json);
+    nng_aio_set_output(aio, 0, res);
+    nng_aio_finish(aio, 0);
+}
+
+/* Finishes the handler's aio with a 200 of `text` (taken; NULL: out of memory) as `type`. */
+static void http_reply_text(nng_aio *aio, char *text, const char *type, bool close)
+{
+    nng_http_res *res = NULL;
+    if (!text || nng_http_res_alloc(&res) != 0 ||
+        nng_http_res_set_header(res, "Content-Type", type) != 0 ||
+        (close && nng_http_res_set_header(res, "Connection", "close") != 0) ||
+        nng_http_res_copy_data(res, text, strlen(text)) != 0) {
+        if (res)
+            nng_http_res_free(res);
+        free(text);
+        nng_aio_finish(aio, NNG_ENOMEM);
+        return;
+    }
+    free(text);
     nng_aio_set_output(aio, 0, res);
     nng_aio_finish(aio, 0);
 }
@@ -395,7 +415,7 @@ static void xchg_body_done(void *arg)
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
-enum http_route { ROUTE_HEALTH, ROUTE_MODELS, ROUTE_COMPLETIONS, ROUTE_CHAT };
+enum http_route { ROUTE_HEALTH, ROUTE_MODELS, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_METRICS };
 
 static const struct {
     const char     *path;
@@ -406,6 +426,7 @@ static const struct {
     {"/v1/models", "GET", ROUTE_MODELS},
     {"/v1/completions", "POST", ROUTE_COMPLETIONS},
     {"/v1/chat/completions", "POST", ROUTE_CHAT},
+    {"/metrics", "GET", ROUTE_METRICS},
 };
 
 /* True when the request carries "Authorization: Bearer KEY" (compared in constant time). */
@@ -538,6 +559,10 @@ static void http_handle(nng_aio *aio)
         return;
     case ROUTE_CHAT:
         http_post(h, aio, req, conn, OPENAI_CHAT);
+        return;
+    case ROUTE_METRICS:
+        http_reply_text(aio, router_metrics_text(h->s), "text/plain; version=0.0.4; charset=utf-8",
+                        unread);
         return;
     }
 }

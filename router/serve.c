@@ -25,7 +25,7 @@ static int cond_init_mono(pthread_cond_t *cv)
     return rc == 0 ? 0 : COMMON_ENOMEM;
 }
 
-static void serve_stats(void *arg, struct proto_stats_reply *st)
+void router_serve_stats(void *arg, struct proto_stats_reply *st)
 {
     struct router_serve *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -87,7 +87,7 @@ static int serve_handler(void *arg, const struct proto_msg *req, struct proto_ms
 /* The router's part of the daemon skeleton. */
 static const struct proto_service_ops g_router_ops = {
     .health = serve_health,
-    .stats = serve_stats,
+    .stats = router_serve_stats,
     .drain = serve_drain,
     .handle = serve_handler,
 };

@@ -117,6 +117,9 @@ struct router_serve {
     struct router_http   *http; /* owned: the HTTP front end (http.c); NULL without --http */
 };
 
+/* The router's counters (its STATS answer; `arg` is the struct router_serve). */
+void router_serve_stats(void *arg, struct proto_stats_reply *st);
+
 /* Names of the four router-exec segments in the run directory, by SERVE_SEG_*. */
 extern const char *const router_serve_seg_names[SERVE_N_SEG];
 

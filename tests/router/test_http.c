@@ -2,6 +2,7 @@
  * (deploy/sluicectl up, sluice-router --http), driven with curl: health, models, completions
  * equal to `sluice run`, streamed chat equal to the whole answer, errors, body limit, API key. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -426,4 +427,69 @@ Test(router_http, openai_npm_client_agrees_with_curl, .timeout = 300, .fini = do
     free(a.body);
     tjson_free(j);
     free(out);
+}
+
+/* The value of the first sample of `metric` (its name and labels as written) in a Prometheus
+ * text; NAN when absent. */
+static double prom_value(const char *text, const char *metric)
+{
+    size_t      n = strlen(metric);
+    const char *p = text;
+    while ((p = strstr(p, metric)) != NULL) {
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+        p += n;
+    }
+    return NAN;
+}
+
+/* GET /metrics: Prometheus text with the requests, tokens, queue, the fetchers' pool and storage
+ * figures and every daemon up; the counters move with a completion. */
+Test(router_http, metrics_count_requests_and_tokens, .timeout = 300, .fini = down)
+{
+    up("");
+    char extra[1200], hdr[1100];
+    snprintf(hdr, sizeof(hdr), "%s/headers", t_dir);
+    snprintf(extra, sizeof(extra), "-D '%s'", hdr);
+    struct answer a = http("GET", "/metrics", NULL, extra);
+    cr_assert_eq(a.status, 200, "%s", a.body);
+    char *headers = fixture_read_all(hdr, NULL);
+    cr_assert(headers && strstr(headers, "Content-Type: text/plain; version=0.0.4"), "%s",
+              headers ? headers : "(no headers)");
+    free(headers);
+    const double done0 = prom_value(a.body, "sluice_requests_total{state=\"done\"}");
+    const double gen0 = prom_value(a.body, "sluice_tokens_total{kind=\"generated\"}");
+    cr_assert(done0 >= 0 && gen0 >= 0, "no request or token counters:\n%s", a.body);
+    free(a.body);
+    a = http("POST", "/v1/completions",
+             "{\"prompt\":\"hello world\",\"max_tokens\":7,\"temperature\":0}", NULL);
+    cr_assert_eq(a.status, 200, "%s", a.body);
+    free(a.body);
+    a = http("GET", "/metrics", NULL, NULL);
+    cr_assert_eq(a.status, 200, "%s", a.body);
+    const char *body = a.body;
+    cr_expect(strstr(body, "# TYPE sluice_requests_total counter\n") != NULL, "%s", body);
+    cr_expect_eq(prom_value(body, "sluice_requests_total{state=\"done\"}"), done0 + 1, "%s", body);
+    const double gen = prom_value(body, "sluice_tokens_total{kind=\"generated\"}");
+    cr_expect(gen > gen0 && gen <= gen0 + 7, "generated %g after %g:\n%s", gen, gen0, body);
+    cr_expect_eq(prom_value(body, "sluice_queue_depth"), 0.0);
+    cr_expect_eq(prom_value(body, "sluice_up{daemon=\"router\"}"), 1.0);
+    cr_expect_eq(prom_value(body, "sluice_up{daemon=\"executor\"}"), 1.0, "%s", body);
+    cr_expect_eq(prom_value(body, "sluice_up{daemon=\"fetcher-0\"}"), 1.0, "%s", body);
+    const double hit = prom_value(body, "sluice_expert_hit_rate");
+    cr_expect(hit >= 0.0 && hit <= 1.0, "hit rate %g", hit);
+    cr_expect(prom_value(body, "sluice_storage_read_bytes_total") > 0.0, "%s", body);
+    cr_expect(prom_value(body, "sluice_generated_tokens_per_second") > 0.0, "%s", body);
+    cr_expect(prom_value(body, "sluice_stat{daemon=\"executor\",name=\"steps\"}") > 0.0, "%s",
+              body);
+    /* Every sample line is NAME[{LABELS}] VALUE with a finite value. */
+    for (const char *l = body; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l)) {
+        if (*l == '#' || *l == '\n')
+            continue;
+        const char *sp = strchr(l, ' ');
+        cr_assert(sp && sp < strchr(l, '\n'), "bad line: %.80s", l);
+        char *end;
+        cr_assert(isfinite(strtod(sp + 1, &end)) && *end == '\n', "bad value: %.80s", l);
+    }
+    free(a.body);
 }
