@@ -180,7 +180,13 @@ static int codec_encode_generate(fb::FlatBufferBuilder &b, const struct proto_ms
     const proto_sampling *s = &g->sampling;
     auto samp = sp::CreateSampling(b, s->temp, s->top_k, s->top_p, s->min_p, s->repeat_penalty,
                                    s->repeat_last_n, s->seed);
-    *body = sp::CreateGenerate(b, prompt, vmsgs, samp, g->max_tokens, vstops, g->stream, g->special)
+    if (g->n_resume > PROTO_MAX_RESUME || (g->n_resume && !g->resume))
+        return COMMON_EINVAL;
+    fb::Offset<fb::Vector<int32_t>> vresume;
+    if (g->n_resume)
+        vresume = b.CreateVector(g->resume, g->n_resume);
+    *body = sp::CreateGenerate(b, prompt, vmsgs, samp, g->max_tokens, vstops, g->stream, g->special,
+                               vresume, g->resume_bytes)
                 .Union();
     return COMMON_OK;
 }
@@ -481,6 +487,18 @@ static int codec_decode_generate(const sp::Envelope *env, struct proto_msg *m)
     }
     d->stream = g->stream();
     d->special = g->special();
+    if (g->resume() && g->resume()->size() > 0) {
+        const fb::uoffset_t n = g->resume()->size();
+        if (n > PROTO_MAX_RESUME)
+            return COMMON_EPROTO;
+        d->resume = static_cast<int32_t *>(std::malloc(n * sizeof(int32_t)));
+        if (!d->resume)
+            return COMMON_ENOMEM;
+        for (fb::uoffset_t i = 0; i < n; i++)
+            d->resume[i] = g->resume()->Get(i);
+        d->n_resume = n;
+    }
+    d->resume_bytes = g->resume_bytes();
     return COMMON_OK;
 }
 

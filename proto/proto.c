@@ -66,6 +66,9 @@ void proto_msg_clear(struct proto_msg *m)
             free(g->messages[i].content);
             g->messages[i].content = NULL;
         }
+        free(g->resume);
+        g->resume = NULL;
+        g->n_resume = 0;
         break;
     }
     case PROTO_KIND_EVENTS:

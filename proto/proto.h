@@ -10,7 +10,7 @@
 
 /* Protocol version spoken by this build; bumped on any incompatible message change. */
 #define PROTO_VERSION_MAJOR 0
-#define PROTO_VERSION_MINOR 2
+#define PROTO_VERSION_MINOR 3
 
 /* Limits on decoded messages; larger inbound messages are refused with COMMON_EPROTO. */
 #define PROTO_MAX_MESSAGE_BYTES (1u << 20)
@@ -133,6 +133,8 @@ struct proto_attach {
 #define PROTO_MAX_STOPS        8u
 #define PROTO_MAX_STOP_LEN     64u /* bytes, including the NUL */
 #define PROTO_MAX_EVENT_TOKENS 256u
+#define PROTO_MAX_RESUME       (1u << 16) /* token ids of a resumed GENERATE (with the longest
+                                             prompt, the message stays under 1 MiB) */
 #define PROTO_MAX_ROLE         16u
 
 struct proto_chat_msg {
@@ -160,6 +162,12 @@ struct proto_generate {
     char                  stops[PROTO_MAX_STOPS][PROTO_MAX_STOP_LEN];
     bool                  stream;  /* token events as they come (else one event at the end) */
     bool                  special; /* parse special tokens in the prompt */
+    /* 0.3, resuming a request a killed router lost: the token ids the client received (heap
+     * after decoding, at most PROTO_MAX_RESUME) and the text bytes it received with them. The
+     * router replays them (the sampler's state and the stop strings' included) and goes on. */
+    int32_t *resume;
+    uint32_t n_resume;
+    uint64_t resume_bytes;
 };
 
 /* With `ack` (protocol 0.2), the events of a reply stay at the router until a later POLL

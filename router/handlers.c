@@ -42,6 +42,7 @@ static uint64_t generate_fingerprint(const struct proto_generate *g)
                                              g->n_messages,    g->n_stops, (uint64_t)(int64_t)p->top_k,
                                              p->repeat_last_n, p->seed};
     float                        reals[] = {p->temp, p->top_p, p->min_p, p->repeat_penalty};
+    h = fnv_bytes(h, &g->n_resume, sizeof(g->n_resume));
     h = fnv_bytes(h, fields, sizeof(fields));
     return fnv_bytes(h, reals, sizeof(reals));
 }
@@ -124,6 +125,25 @@ int router_rq_submit(struct router_serve *s, uint64_t id, const struct proto_gen
         return proto_reply_error(rep, COMMON_ERANGE,
                                  "the prompt has %zu tokens but the context holds %u", n, s->n_ctx);
     }
+    /* A resumed request: the tokens the client already received follow the prompt. */
+    const size_t n_prompt = toks.n;
+    if (g->n_resume > 0 && (size_t)g->n_resume >= (size_t)s->n_ctx - n_prompt + 1) {
+        router_tokens_fini(&toks);
+        return proto_reply_error(rep, COMMON_ERANGE,
+                                 "%zu prompt and %u resumed tokens do not fit the context of %u",
+                                 n_prompt, g->n_resume, s->n_ctx);
+    }
+    for (uint32_t i = 0; i < g->n_resume && rc == 0; i++) {
+        if (g->resume[i] < 0 || (uint32_t)g->resume[i] >= s->n_vocab)
+            rc = proto_reply_error(rep, COMMON_EINVAL, "resumed token %u (%d) is not in 0..%u", i,
+                                   g->resume[i], s->n_vocab - 1);
+        else
+            rc = router_tokens_push(&toks, g->resume[i]);
+    }
+    if (rc < 0) {
+        router_tokens_fini(&toks);
+        return rc;
+    }
 
     struct rq *r = calloc(1, sizeof(*r));
     if (!r) {
@@ -141,7 +161,11 @@ int router_rq_submit(struct router_serve *s, uint64_t id, const struct proto_gen
     r->max_tokens = g->max_tokens;
     r->stream = g->stream;
     r->all = toks;
-    r->n_prompt = (uint32_t)toks.n;
+    r->n_prompt = (uint32_t)n_prompt;
+    r->n_resume = g->n_resume;
+    r->n_generated = g->n_resume;
+    r->ev_base_tokens = g->n_resume; /* the client acknowledges from what it has */
+    r->ev_base_bytes = g->resume_bytes;
     for (uint32_t i = 0; i < g->n_stops; i++) {
         if (!(r->stops[i] = strdup(g->stops[i]))) {
             router_rq_free(r);
@@ -176,6 +200,9 @@ int router_rq_submit(struct router_serve *s, uint64_t id, const struct proto_gen
         s->n_queued++;
         s->c_submitted++;
         s->c_prompt_tokens += r->n_prompt;
+        if (r->n_resume)
+            COMMON_LOG_INFO(SERVE_COMP, "request %llu resumed after %u tokens",
+                            (unsigned long long)r->id, r->n_resume);
         pthread_cond_signal(&s->cv_sched);
         r = NULL;
     }

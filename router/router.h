@@ -226,6 +226,10 @@ void router_sampler_fini(struct router_sampler *s);
 int router_sampler_pick(struct router_sampler *s, const float *logits, int32_t *id);
 /* Records a token of the sequence (prompt or generated) for the penalties. */
 void router_sampler_accept(struct router_sampler *s, int32_t id);
+/* Records `id` as if this sampler had picked it: the PRNG advances as a pick does (one draw
+ * above temperature 0, none at 0), then the token is accepted. A request resumed from the
+ * tokens a client already has (a restarted router) goes on as the uninterrupted one would. */
+void router_sampler_replay(struct router_sampler *s, int32_t id);
 /* Forgets the history (a new sequence); the PRNG keeps going. */
 void router_sampler_reset(struct router_sampler *s);
 

@@ -154,6 +154,13 @@ void router_sampler_accept(struct router_sampler *s, int32_t id)
         s->hist_n++;
 }
 
+void router_sampler_replay(struct router_sampler *s, int32_t id)
+{
+    if (s->opts.temperature > 0.0f)
+        (void)rng_uniform(s->rng); /* router_sampler_pick's one draw */
+    router_sampler_accept(s, id);
+}
+
 void router_sampler_reset(struct router_sampler *s)
 {
     s->hist_n = 0;

@@ -124,8 +124,11 @@ static void sched_reap(struct router_serve *s, uint64_t now)
     }
 }
 
-/* Sets up sampler and stop tracking of a request becoming active. Scheduler, unlocked. */
-static int sched_activate(struct router_serve *s, struct rq *r, char *err, size_t err_len)
+/* Sets up sampler and stop tracking of a request becoming active, replaying the tokens of a
+ * resumed one. Returns 0, a proto_stop_reason > 0 (a resumed request that had ended) or a
+ * negative common_err (message in err). Scheduler, unlocked. */
+static int sched_activate(struct router_serve *s, struct rq *r, struct router_text *tail, char *err,
+                          size_t err_len)
 {
     const struct proto_sampling *p = &r->sampling;
     struct router_sampler_opts   so = {
@@ -154,7 +157,29 @@ static int sched_activate(struct router_serve *s, struct rq *r, char *err, size_
         return rc;
     }
     r->stop_ok = true;
-    return 0;
+    /* A resumed request: its tokens go through the sampler (its PRNG and penalties) and the
+     * stop tracking (the text held back for a stop string) as when they were sampled; their
+     * text, which the client has, is dropped. One that had already ended ends now. */
+    struct router_text scratch = {0};
+    int                reason = ROUTER_STOP_NONE;
+    for (uint32_t i = 0; i < r->n_resume && reason == ROUTER_STOP_NONE; i++) {
+        const int32_t id = r->all.ids[r->n_prompt + i];
+        router_sampler_replay(&r->sampler, id);
+        router_text_clear(&scratch);
+        reason = router_stop_push(&r->stop, id, &scratch);
+    }
+    router_text_fini(&scratch);
+    /* Ended on EOS or the cap: the text held back for the stop strings goes out last. */
+    if (reason > ROUTER_STOP_NONE && reason != ROUTER_STOP_STRING)
+        rc = router_stop_finish(&r->stop, tail);
+    if (reason < 0 || rc < 0) {
+        snprintf(err, err_len, "resuming failed: %s", common_strerror(reason < 0 ? reason : rc));
+        return reason < 0 ? reason : rc;
+    }
+    return reason == ROUTER_STOP_EOS      ? PROTO_STOP_EOS
+           : reason == ROUTER_STOP_STRING ? PROTO_STOP_STRING
+           : reason != ROUTER_STOP_NONE   ? PROTO_STOP_LENGTH
+                                          : 0;
 }
 
 /* Under the lock: moves queued requests into free slots, in arrival order. */
@@ -170,7 +195,8 @@ static void sched_assign(struct router_serve *s)
             return;
         char err[PROTO_MAX_ERROR_TEXT];
         pthread_mutex_unlock(&s->mu);
-        int rc = sched_activate(s, r, err, sizeof(err));
+        struct router_text tail = {0};
+        int                rc = sched_activate(s, r, &tail, err, sizeof(err));
         pthread_mutex_lock(&s->mu);
         r->state = RQ_ACTIVE;
         r->seq = (int)slot;
@@ -179,6 +205,13 @@ static void sched_assign(struct router_serve *s)
         s->n_active++;
         if (rc < 0)
             router_rq_finish(s, r, PROTO_STOP_ERROR, rc, err);
+        else if (rc > 0) { /* resumed after its end: at most the held-back text to send */
+            if (tail.len && (rc = router_rq_emit(r, NULL, tail.ptr, tail.len)) < 0)
+                router_rq_finish(s, r, PROTO_STOP_ERROR, rc, "out of memory");
+            else
+                router_rq_finish(s, r, (enum proto_stop_reason)rc, 0, NULL);
+        }
+        router_text_fini(&tail);
     }
 }
 

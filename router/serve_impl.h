@@ -48,6 +48,8 @@ struct rq {
     uint32_t              n_stops;
     bool                  stream;
     uint32_t              n_prompt;
+    uint32_t              n_resume; /* tokens after the prompt in `all` the client already has
+                                       (a GENERATE resumed after a router restart) */
     /* (sched) */
     struct router_tokens  all;    /* prompt, then every generated token */
     uint32_t              n_past; /* positions the executor holds for this request */

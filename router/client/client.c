@@ -20,6 +20,8 @@
 #define CLIENT_RETRY_MS      30000 /* no answer this long (calls retried): the router is gone */
 #define CLIENT_GONE_MS       2000  /* its socket file missing this long: it is not running */
 #define CLIENT_PAUSE_MS      50    /* between retries after a closed connection */
+#define CLIENT_RESUME_MS     60000 /* a router that died mid-request: wait this long for it */
+#define CLIENT_RESUME_MINOR  3     /* routers from protocol 0.3 on resume a request */
 
 _Static_assert((int)SLUICE_ECLOSED == (int)COMMON_ECLOSED &&
                    (int)SLUICE_ERANGE == (int)COMMON_ERANGE &&
@@ -32,6 +34,7 @@ struct sluice_client {
     char                 url[PROTO_MAX_PATH + 16];
     char                 sock_path[PROTO_MAX_PATH]; /* ipc socket file, "" for tcp */
     _Atomic uint64_t     current_id;                /* generation running, 0 = none */
+    uint32_t             router_minor;              /* the router's protocol minor version */
     atomic_int           cancel_flag;               /* set by sluice_client_request_cancel */
 };
 
@@ -214,6 +217,8 @@ int sluice_client_connect(const char *path_or_url, struct sluice_client **out)
             rc = client_fail(SLUICE_EPROTO, "the router speaks protocol %u.%u, this is %u.%u",
                              rep.u.hello.major, rep.u.hello.minor, PROTO_VERSION_MAJOR,
                              PROTO_VERSION_MINOR);
+        else
+            c->router_minor = rep.u.hello.minor;
         proto_msg_clear(&rep);
     }
     if (rc < 0) {
@@ -269,7 +274,34 @@ void sluice_client_request_cancel(struct sluice_client *c)
         atomic_store_explicit(&c->cancel_flag, 1, memory_order_release);
 }
 
-static int client_submit(struct sluice_client *c, const struct sluice_generate_opts *o, uint64_t id)
+/* The tokens a generation received, for resuming it on a restarted router. */
+struct client_got {
+    int32_t *ids;
+    size_t   n, cap;
+    uint64_t bytes;
+};
+
+static int client_got_add(struct client_got *g, const int32_t *ids, size_t n)
+{
+    if (g->n + n > g->cap) {
+        size_t   cap = g->cap ? g->cap * 2 : 256;
+        int32_t *p;
+        while (cap < g->n + n)
+            cap *= 2;
+        if (!(p = realloc(g->ids, cap * sizeof(*p))))
+            return SLUICE_ENOMEM;
+        g->ids = p;
+        g->cap = cap;
+    }
+    if (n)
+        memcpy(g->ids + g->n, ids, n * sizeof(*ids));
+    g->n += n;
+    return 0;
+}
+
+/* Sends GENERATE `id` (with `got` NULL), or resumes it after the tokens and bytes in `got`. */
+static int client_submit(struct sluice_client *c, const struct sluice_generate_opts *o, uint64_t id,
+                         const struct client_got *got)
 {
     if ((o->prompt != NULL) == (o->n_messages != 0))
         return client_fail(SLUICE_EINVAL, "give a prompt or messages");
@@ -312,6 +344,11 @@ static int client_submit(struct sluice_client *c, const struct sluice_generate_o
     g->max_tokens = o->max_tokens;
     g->stream = !o->no_stream;
     g->special = o->special;
+    if (got) {
+        g->resume = got->ids;
+        g->n_resume = (uint32_t)got->n;
+        g->resume_bytes = got->bytes;
+    }
     struct proto_msg rep;
     if (rc == 0 && (rc = client_call_retry(c, req, &rep, 30000, CLIENT_RETRY_MS)) == 0) {
         if (rep.kind != PROTO_KIND_OK)
@@ -323,6 +360,24 @@ static int client_submit(struct sluice_client *c, const struct sluice_generate_o
     return rc;
 }
 
+/* Resubmits request `id` after the tokens in `got` until a router takes it (one being
+ * restarted is waited for, CLIENT_RESUME_MS at most). Returns 0 or the last failure. */
+static int client_resume(struct sluice_client *c, const struct sluice_generate_opts *o, uint64_t id,
+                         const struct client_got *got)
+{
+    const uint64_t t0 = common_now_ns();
+    for (;;) {
+        int rc = client_submit(c, o, id, got);
+        if (rc != SLUICE_ECLOSED && rc != SLUICE_ETIMEDOUT && rc != SLUICE_EBUSY)
+            return rc;
+        if ((common_now_ns() - t0) / 1000000u >= CLIENT_RESUME_MS)
+            return rc;
+        struct timespec ts = {0, 200 * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+}
+
 int sluice_client_generate(struct sluice_client *c, const struct sluice_generate_opts *o,
                            sluice_piece_fn cb, void *arg, struct sluice_generate_result *out)
 {
@@ -332,13 +387,19 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
     memset(out, 0, sizeof(*out));
     uint64_t id = o->id ? o->id : common_random_id();
     out->id = id;
+    /* A seed of our own when the router would pick one: a resumed request draws on. */
+    struct sluice_generate_opts oo = *o;
+    if (oo.seed == 0 && oo.temp > 0.0f)
+        oo.seed = common_random_id() | 1u;
+    o = &oo;
     atomic_store_explicit(&c->cancel_flag, 0, memory_order_relaxed);
-    int rc = client_submit(c, o, id);
+    int rc = client_submit(c, o, id, NULL);
     if (rc < 0)
         return rc;
     atomic_store_explicit(&c->current_id, id, memory_order_release);
-    bool     cancel_sent = false;
-    uint64_t got_tokens = 0, got_bytes = 0; /* acknowledged in the next POLL */
+    bool              cancel_sent = false;
+    uint64_t          got_tokens = 0, got_bytes = 0; /* acknowledged in the next POLL */
+    struct client_got got = {0};                     /* what came, for a resume */
     for (;;) {
         if (!cancel_sent && atomic_load_explicit(&c->cancel_flag, memory_order_acquire)) {
             cancel_sent = true;
@@ -352,6 +413,14 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         req.u.poll.ack_bytes = got_bytes;
         rc = client_call_retry(c, &req, &rep, CLIENT_POLL_MS + CLIENT_CALL_SLACK_MS,
                                CLIENT_RETRY_MS);
+        if ((rc == SLUICE_ENOENT || rc == SLUICE_ECLOSED) && !cancel_sent &&
+            c->router_minor >= CLIENT_RESUME_MINOR && got.n <= PROTO_MAX_RESUME) {
+            /* The router lost the request (it was restarted, or dropped it): send it again
+             * with what came so far, waiting for a router that is being restarted. */
+            rc = client_resume(c, o, id, &got);
+            if (rc == 0)
+                continue;
+        }
         if (rc == SLUICE_ENOENT) {
             client_fail(rc,
                         "the router no longer knows request %llu (restarted, or dropped "
@@ -371,6 +440,12 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         size_t                     tlen = ev->text ? ev->text_len : 0;
         got_tokens += ev->n_tokens;
         got_bytes += tlen;
+        if ((rc = client_got_add(&got, ev->tokens, ev->n_tokens)) < 0) {
+            proto_msg_clear(&rep);
+            client_fail(rc, "out of memory");
+            break;
+        }
+        got.bytes = got_bytes;
         if ((tlen || ev->n_tokens) && cb && !cancel_sent &&
             cb(arg, ev->text ? ev->text : "", tlen, ev->tokens, ev->n_tokens) != 0)
             sluice_client_request_cancel(c);
@@ -392,5 +467,6 @@ int sluice_client_generate(struct sluice_client *c, const struct sluice_generate
         }
     }
     atomic_store_explicit(&c->current_id, 0, memory_order_release);
+    free(got.ids);
     return rc;
 }

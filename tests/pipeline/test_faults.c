@@ -298,15 +298,15 @@ Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 
 
 /* ---- kill -9 mid-generation ---------------------------------------------------------------- */
 
-static void check_kill_midway(const char *victim)
+static void check_kill_midway(const char *victim, const char *sampling)
 {
     skip_without_daemons();
     char *dir = fixture_tmpdir();
     char *model = slow_model(dir);
-    char *want = one_process(model, 300, "--temp 0");
+    char *want = one_process(model, 300, sampling);
     up(dir, model, 2, NULL);
 
-    struct gen  g = gen_start(dir, 300, "--temp 0");
+    struct gen  g = gen_start(dir, 300, sampling);
     static char buf[1 << 16];
     size_t      have = gen_read(&g, buf, sizeof(buf), 0, 8, 120);
     cr_assert_gt(have, 0, "no output before the kill");
@@ -325,12 +325,12 @@ static void check_kill_midway(const char *victim)
 
 Test(pipeline_faults, kill_fetcher_midway_same_tokens, .timeout = 600, .fini = fini)
 {
-    check_kill_midway("fetcher-1");
+    check_kill_midway("fetcher-1", "--temp 0");
 }
 
 Test(pipeline_faults, kill_executor_midway_same_tokens, .timeout = 600, .fini = fini)
 {
-    check_kill_midway("executor");
+    check_kill_midway("executor", "--temp 0");
 }
 
 /* Seven kills of the executor in a row during one generation: the monitor's restart delay grows
@@ -363,7 +363,22 @@ Test(pipeline_faults, executor_killed_seven_times_costs_time_not_the_request, .t
     free(dir);
 }
 
-Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 600, .fini = fini)
+/* kill -9 of the router mid-generation: the monitor restarts it, the client library sends the
+ * request again with the tokens it has, and the text is the undisturbed one, greedy or sampled
+ * (the seed the client fixed, the sampler's draws replayed). */
+Test(pipeline_faults, kill_router_midway_same_tokens, .timeout = 600, .fini = fini)
+{
+    check_kill_midway("router", "--temp 0");
+}
+
+Test(pipeline_faults, kill_router_midway_same_sampled_tokens, .timeout = 600, .fini = fini)
+{
+    check_kill_midway("router", "--temp 0.9 --top-k 0 --top-p 1 --min-p 0 --seed 7");
+}
+
+/* A router that does not come back (its monitor killed first): the client waits for it a
+ * bounded time, then fails naming the router; a restarted deployment serves again. */
+Test(pipeline_faults, router_gone_for_good_gives_a_clear_error, .timeout = 600, .fini = fini)
 {
     skip_without_daemons();
     char *dir = fixture_tmpdir();
@@ -373,33 +388,30 @@ Test(pipeline_faults, kill_router_gives_clear_error_then_reconnects, .timeout = 
     static char buf[1 << 16];
     size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
     cr_assert_gt(have, 0);
+    cr_assert_eq(kill(read_pid(dir, "sluicectl"), SIGKILL), 0);
     pid_t pid = read_pid(dir, "router");
     cr_assert_eq(kill(pid, SIGKILL), 0);
-    /* The client retries a silent router for up to 30 s (a restarted router may answer); after
-     * that it must give up with an error, not hang. The bound leaves a busy (sanitizer) machine
-     * room beyond those 30 s: only a hang fails it. */
+    /* The client retries and waits for a restarted router for about a minute in all; the bound
+     * leaves a busy (sanitizer) machine room: only a hang fails it. */
     double t0 = now_s();
-    int    st = gen_finish(&g, buf, sizeof(buf), have, 150);
-    cr_assert_neq(st, 0, "generate must fail when the router dies");
+    int    st = gen_finish(&g, buf, sizeof(buf), have, 240);
+    cr_assert_neq(st, 0, "generate must fail when the router is gone for good");
     cr_assert_neq(st, -1, "generate hung or crashed after the router died");
-    cr_assert_lt(now_s() - t0, 120, "the client did not give up after its 30 s of retries");
+    cr_assert_lt(now_s() - t0, 200, "the client did not give up");
     char path[1024];
     snprintf(path, sizeof(path), "%s/gen.err", dir);
     char *err = fixture_read_all(path, NULL);
     cr_assert_not_null(err);
     cr_assert(strstr(err, "router"), "the error names the router: '%s'", err);
     free(err);
-    wait_restarted(dir, "router", pid, 30);
-    /* After the restart, a new request works. */
+    down(dir);
+    up(dir, model, 1, NULL);
     char cmd[4096];
     snprintf(cmd, sizeof(cmd),
-             "for i in $(seq 50); do %s/sluice ctl --run-dir %s --daemon router health "
-             ">/dev/null 2>&1 && break; sleep 0.2; done; "
-             "%s/sluice generate --run-dir %s -p hello -n 8 --temp 0 2>>%s/gen.err",
-             BIN, dir, BIN, dir, dir);
+             "%s/sluice generate --run-dir %s -p hello -n 8 --temp 0 2>>%s/gen.err", BIN, dir, dir);
     char *out = sh(cmd, &st);
     down(dir);
-    cr_assert_eq(st, 0, "generate after the router restart failed");
+    cr_assert_eq(st, 0, "generate after the restart failed");
     cr_assert_gt(strlen(out), 0);
     free(out);
     free(model);

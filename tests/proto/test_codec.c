@@ -122,6 +122,12 @@ static struct proto_msg make_msg(enum proto_kind k, bool max)
                 fill(g->stops[i], PROTO_MAX_STOP_LEN - 1, (char)('0' + i));
             g->stream = true;
             g->special = true;
+            g->n_resume = PROTO_MAX_RESUME;
+            g->resume = malloc(PROTO_MAX_RESUME * sizeof(int32_t));
+            cr_assert_not_null(g->resume);
+            for (uint32_t i = 0; i < PROTO_MAX_RESUME; i++)
+                g->resume[i] = (int32_t)(i * 2654435761u);
+            g->resume_bytes = UINT64_MAX;
         }
         break;
     }
@@ -238,6 +244,10 @@ static void assert_same_msg(const struct proto_msg *a, const struct proto_msg *b
         cr_assert_eq(x->sampling.repeat_last_n, y->sampling.repeat_last_n);
         cr_assert_eq(x->sampling.seed, y->sampling.seed);
         cr_assert_eq(x->max_tokens, y->max_tokens);
+        cr_assert_eq(x->n_resume, y->n_resume);
+        cr_assert(x->n_resume == 0 ||
+                  memcmp(x->resume, y->resume, x->n_resume * sizeof(int32_t)) == 0);
+        cr_assert_eq(x->resume_bytes, y->resume_bytes);
         cr_assert_eq(x->n_stops, y->n_stops);
         for (uint32_t i = 0; i < x->n_stops; i++)
             cr_assert_str_eq(x->stops[i], y->stops[i]);
@@ -559,6 +569,10 @@ Test(proto_codec, encode_refuses_generate_limits)
     m.u.generate.prompt = (char *)"both";
     encode_refused(&m, "prompt and messages");
     m.u.generate.prompt = NULL;
+
+    m.u.generate.n_resume = PROTO_MAX_RESUME + 1;
+    encode_refused(&m, "too many resumed tokens");
+    m.u.generate.n_resume = PROTO_MAX_RESUME;
     free_owned(&m);
 
     m = make_msg(PROTO_KIND_GENERATE, false);

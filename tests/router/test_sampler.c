@@ -255,3 +255,38 @@ Test(router_sampler, all_banned_is_an_error, .fini = fini)
     cr_expect_eq(router_sampler_pick(&t_s, logits, &id), COMMON_EINVAL);
     cr_expect_eq(id, 99);
 }
+
+/* A sampler that replays the first k picks of another (a request resumed on a restarted router)
+ * picks what the other picks next, for every k, sampled with penalties and greedy alike. */
+Test(router_sampler, replaying_picks_continues_the_same_sequence)
+{
+    enum { NV = 50, STEPS = 40 };
+    const struct router_sampler_opts kinds[] = {
+        {.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .repeat_penalty = 1.3f, .seed = 77},
+        {.temperature = 0.0f, .repeat_penalty = 1.5f, .presence_penalty = 0.5f}};
+    for (size_t ki = 0; ki < sizeof(kinds) / sizeof(kinds[0]); ki++) {
+        float   logits[STEPS][NV];
+        int32_t ids[STEPS];
+        for (int t = 0; t < STEPS; t++)
+            for (int v = 0; v < NV; v++)
+                logits[t][v] = sinf((float)(t * 31 + v * 7)) * 3.0f;
+        struct router_sampler a;
+        cr_assert_eq(router_sampler_init(&a, &kinds[ki], NV), 0);
+        for (int t = 0; t < STEPS; t++) {
+            cr_assert_eq(router_sampler_pick(&a, logits[t], &ids[t]), 0);
+            router_sampler_accept(&a, ids[t]);
+        }
+        router_sampler_fini(&a);
+        for (int k = 0; k < STEPS; k++) {
+            struct router_sampler b;
+            cr_assert_eq(router_sampler_init(&b, &kinds[ki], NV), 0);
+            for (int t = 0; t < k; t++)
+                router_sampler_replay(&b, ids[t]);
+            int32_t next = -1;
+            cr_assert_eq(router_sampler_pick(&b, logits[k], &next), 0);
+            cr_assert_eq(next, ids[k], "kind %zu: after %d replayed picks the next is %d, not %d",
+                         ki, k, next, ids[k]);
+            router_sampler_fini(&b);
+        }
+    }
+}
