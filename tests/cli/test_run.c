@@ -186,4 +186,5 @@ Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 12
     free(gpu);
     free(err);
     free(bad);
+    free(model);
 }
