@@ -23,6 +23,7 @@ int cli_cmd_perplexity(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
 int cli_cmd_generate(int argc, char **argv); /* cli/cmd_generate.c: via sluice-router */
 int cli_cmd_ctl(int argc, char **argv);      /* cli/cmd_ctl.c: daemon control messages */
+int cli_cmd_serve(int argc, char **argv);    /* cli/cmd_serve.c: HTTP API in one process */
 
 /* ---- errors (cli/error.c) -------------------------------------------------------------------- */
 

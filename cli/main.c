@@ -22,6 +22,7 @@ static const struct cli_command commands[] = {
     {"perplexity", cli_cmd_perplexity,
      "perplexity of a text file, as llama-perplexity computes it"},
     {"bench", cli_cmd_bench, "prefill/decode tokens per second against measured memory bandwidth"},
+    {"serve", cli_cmd_serve, "serve the OpenAI-compatible HTTP API in one process"},
     {"generate", cli_cmd_generate, "generate text through a running sluice-router"},
     {"ctl", cli_cmd_ctl, "send one control message to a daemon (health, stats, drain, ...)"},
 };
