@@ -2,8 +2,10 @@
 #ifndef CLI_CLI_H
 #define CLI_CLI_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common.h"
 #include "executor.h"
@@ -24,6 +26,16 @@ int cli_cmd_bench(int argc, char **argv);
 int cli_cmd_generate(int argc, char **argv); /* cli/cmd_generate.c: via sluice-router */
 int cli_cmd_ctl(int argc, char **argv);      /* cli/cmd_ctl.c: daemon control messages */
 int cli_cmd_serve(int argc, char **argv);    /* cli/cmd_serve.c: HTTP API in one process */
+
+/* ---- --json outputs (cli/json_out.c, jansson) ------------------------------------------------ */
+
+/* A JSON string of `len` bytes of `s` (invalid UTF-8 bytes become U+0080..U+00FF, so any bytes
+ * make one); json null only when out of memory. */
+json_t *cli_json_str(const char *s, size_t len);
+/* A finite number (an integer when it is one below 2^53), else null. */
+json_t *cli_json_num(double v);
+/* Writes `v` compactly and a newline to `f`, then releases it; 0, or -1 (NULL v, write error). */
+int cli_json_print(json_t *v, FILE *f);
 
 /* ---- errors (cli/error.c) -------------------------------------------------------------------- */
 

@@ -196,36 +196,27 @@ static bool ctl_make_request(const struct common_opts_spec *spec, int argc, cons
     return true;
 }
 
-static void ctl_json_str(const char *s)
+static json_t *ctl_json_cstr(const char *s)
 {
-    common_json_write_str(stdout, s, strlen(s));
-}
-
-/* A finite double as a JSON number (integers without a fraction), else null. */
-static void ctl_json_num(double v)
-{
-    if (!isfinite(v))
-        fputs("null", stdout);
-    else if (v == floor(v) && fabs(v) < 9007199254740992.0)
-        printf("%.0f", v);
-    else
-        printf("%.17g", v);
+    return cli_json_str(s, strlen(s));
 }
 
 static void ctl_print_hello(const struct proto_hello *h, bool json)
 {
     const uint32_t n = h->n_shards < PROTO_MAX_SHARDS ? h->n_shards : PROTO_MAX_SHARDS;
     if (json) {
-        fputs("{\"kind\":\"hello\",\"name\":", stdout);
-        ctl_json_str(h->name);
-        printf(",\"role\":\"%s\",\"major\":%u,\"minor\":%u,\"pid\":%u,\"instance\":"
-               "%llu,"
-               "\"shards\":[",
-               ctl_role_name(h->role), h->major, h->minor, h->pid, (unsigned long long)h->instance);
+        json_t *shards = json_array();
         for (uint32_t i = 0; i < n; i++)
-            printf("%s{\"fetcher\":%u,\"first_expert\":%u,\"n_experts\":%u}", i ? "," : "",
-                   h->shards[i].fetcher, h->shards[i].first_expert, h->shards[i].n_experts);
-        fputs("]}\n", stdout);
+            json_array_append_new(
+                shards, json_pack("{s:I,s:I,s:I}", "fetcher", (json_int_t)h->shards[i].fetcher,
+                                  "first_expert", (json_int_t)h->shards[i].first_expert,
+                                  "n_experts", (json_int_t)h->shards[i].n_experts));
+        (void)cli_json_print(json_pack("{s:s,s:o,s:s,s:I,s:I,s:I,s:I,s:o}", "kind", "hello", "name",
+                                       ctl_json_cstr(h->name), "role", ctl_role_name(h->role),
+                                       "major", (json_int_t)h->major, "minor", (json_int_t)h->minor,
+                                       "pid", (json_int_t)h->pid, "instance",
+                                       (json_int_t)h->instance, "shards", shards),
+                             stdout);
         return;
     }
     printf("name      %s\n", h->name);
@@ -248,15 +239,12 @@ static void ctl_print_hello(const struct proto_hello *h, bool json)
 static void ctl_print_health(const struct proto_health_reply *h, bool json)
 {
     if (json) {
-        printf("{\"kind\":\"health\",\"state\":\"%s\",\"role\":\"%s\",\"pid\":%u,"
-               "\"instance\":%llu,"
-               "\"uptime_s\":",
-               ctl_state_name(h->state), ctl_role_name(h->role), h->pid,
-               (unsigned long long)h->instance);
-        ctl_json_num(h->uptime_s);
-        fputs(",\"message\":", stdout);
-        ctl_json_str(h->message);
-        fputs("}\n", stdout);
+        (void)cli_json_print(
+            json_pack("{s:s,s:s,s:s,s:I,s:I,s:o,s:o}", "kind", "health", "state",
+                      ctl_state_name(h->state), "role", ctl_role_name(h->role), "pid",
+                      (json_int_t)h->pid, "instance", (json_int_t)h->instance, "uptime_s",
+                      cli_json_num(h->uptime_s), "message", ctl_json_cstr(h->message)),
+            stdout);
         return;
     }
     printf("state     %s\n", ctl_state_name(h->state));
@@ -272,15 +260,21 @@ static void ctl_print_stats(const struct proto_stats_reply *s, bool json)
 {
     const uint32_t n = s->n_stats < PROTO_MAX_STATS ? s->n_stats : PROTO_MAX_STATS;
     if (json) {
-        fputs("{\"kind\":\"stats\",\"stats\":{", stdout);
+        json_t *stats = json_object();
         for (uint32_t i = 0; i < n; i++) {
-            if (i)
-                fputc(',', stdout);
-            ctl_json_str(s->stats[i].name);
-            fputc(':', stdout);
-            ctl_json_num(s->stats[i].value);
+            char name[PROTO_MAX_KEY + 1];
+            snprintf(name, sizeof(name), "%.*s", (int)PROTO_MAX_KEY, s->stats[i].name);
+            json_t *v = cli_json_num(s->stats[i].value);
+            /* A name that is not UTF-8 is repaired as strings are. */
+            size_t ln = 0;
+            char  *key = common_utf8_repair(name, strlen(name), &ln);
+            if (key)
+                json_object_set_new(stats, key, v);
+            else
+                json_decref(v);
+            free(key);
         }
-        fputs("}}\n", stdout);
+        (void)cli_json_print(json_pack("{s:s,s:o}", "kind", "stats", "stats", stats), stdout);
         return;
     }
     int width = 0;
@@ -305,12 +299,12 @@ static int ctl_print_reply(const char *url, const struct proto_msg *req,
     if (rep->kind == PROTO_KIND_ERROR) {
         cli_error(CTL_PROG, "%s: %s: %s", url, common_strerror(rep->u.error.code),
                   rep->u.error.message[0] ? rep->u.error.message : "(no message)");
-        if (json) {
-            printf("{\"kind\":\"error\",\"code\":%d,\"error\":\"%s\",\"message\":",
-                   rep->u.error.code, common_strerror(rep->u.error.code));
-            ctl_json_str(rep->u.error.message);
-            fputs("}\n", stdout);
-        }
+        if (json)
+            (void)cli_json_print(json_pack("{s:s,s:i,s:s,s:o}", "kind", "error", "code",
+                                           rep->u.error.code, "error",
+                                           common_strerror(rep->u.error.code), "message",
+                                           ctl_json_cstr(rep->u.error.message)),
+                                 stdout);
         return 1;
     }
     enum proto_kind want;

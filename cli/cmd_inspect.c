@@ -3,6 +3,8 @@
 #include "cli.h"
 
 #include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -107,26 +109,27 @@ static void inspect_value_text(const struct common_gguf_value *v)
     }
 }
 
-static void inspect_value_json(const struct common_gguf_value *v)
+static json_t *inspect_value_json(const struct common_gguf_value *v)
 {
     switch (v->type) {
     case COMMON_GGUF_STRING:
-        common_json_write_str(stdout, v->v.str.ptr, (size_t)v->v.str.len);
-        break;
+        return cli_json_str(v->v.str.ptr, (size_t)v->v.str.len);
     case COMMON_GGUF_ARRAY:
-        printf("{\"array\": \"%s\", \"count\": %" PRIu64 "}", common_gguf_vtype_name(v->v.arr.type),
-               v->v.arr.n);
-        break;
+        return json_pack("{s:s,s:I}", "array", common_gguf_vtype_name(v->v.arr.type), "count",
+                         (json_int_t)v->v.arr.n);
     case COMMON_GGUF_FLOAT32:
     case COMMON_GGUF_FLOAT64:
-        if (v->v.f64 != v->v.f64 || v->v.f64 > 1e308 || v->v.f64 < -1e308)
-            printf("null");
-        else
-            printf("%.9g", v->v.f64);
-        break;
-    default:
-        inspect_value_text(v);
-        break;
+        return isfinite(v->v.f64) ? json_real(v->v.f64) : json_null();
+    case COMMON_GGUF_BOOL:
+        return json_boolean(v->v.u64 != 0);
+    case COMMON_GGUF_INT8:
+    case COMMON_GGUF_INT16:
+    case COMMON_GGUF_INT32:
+    case COMMON_GGUF_INT64:
+        return json_integer((json_int_t)v->v.i64);
+    default: /* unsigned: past INT64_MAX as a real (JSON numbers have no size) */
+        return v->v.u64 > (uint64_t)INT64_MAX ? json_real((double)v->v.u64)
+                                              : json_integer((json_int_t)v->v.u64);
     }
 }
 
@@ -261,86 +264,93 @@ static void inspect_json(const char *path, const struct common_gguf *g,
     uint64_t file_bytes = 0;
     for (uint32_t s = 0; s < common_gguf_n_splits(g); s++)
         file_bytes += common_gguf_split_size(g, s);
-    printf("{\n  \"file\": ");
-    common_json_write_str(stdout, path, strlen(path));
-    printf(",\n  \"gguf_version\": %u,\n  \"alignment\": %" PRIu64 ",\n  \"splits\": %u,\n"
-           "  \"file_bytes\": %" PRIu64 ",\n",
-           common_gguf_version(g), common_gguf_alignment(g), common_gguf_n_splits(g), file_bytes);
+    json_t *o = json_object();
+    json_object_set_new(o, "file", cli_json_str(path, strlen(path)));
+    json_object_set_new(o, "gguf_version", json_integer(common_gguf_version(g)));
+    json_object_set_new(o, "alignment", json_integer((json_int_t)common_gguf_alignment(g)));
+    json_object_set_new(o, "splits", json_integer(common_gguf_n_splits(g)));
+    json_object_set_new(o, "file_bytes", json_integer((json_int_t)file_bytes));
     struct common_gguf_str s;
-    printf("  \"architecture\": ");
-    if (common_gguf_get_str(g, "general.architecture", &s) == COMMON_OK)
-        common_json_write_str(stdout, s.ptr, (size_t)s.len);
-    else
-        printf("null");
+    json_object_set_new(o, "architecture",
+                        common_gguf_get_str(g, "general.architecture", &s) == COMMON_OK
+                            ? cli_json_str(s.ptr, (size_t)s.len)
+                            : json_null());
     uint64_t n_vocab;
     inspect_tokenizer(g, &s, &n_vocab);
-    printf(",\n  \"tokenizer\": {\"model\": ");
-    common_json_write_str(stdout, s.ptr, (size_t)s.len);
-    printf(", \"vocab_size\": %" PRIu64 "},\n", n_vocab);
+    json_object_set_new(o, "tokenizer",
+                        json_pack("{s:o,s:I}", "model", cli_json_str(s.ptr, (size_t)s.len),
+                                  "vocab_size", (json_int_t)n_vocab));
     if (model_ok) {
         const struct common_hparams *hp = &m->hp;
-        printf("  \"model\": {\n"
-               "    \"moe\": %s,\n    \"n_vocab\": %u,\n    \"n_ctx_train\": %u,\n"
-               "    \"n_embd\": %u,\n    \"n_layer\": %u,\n    \"n_head\": %u,\n"
-               "    \"n_head_kv\": %u,\n    \"head_dim_k\": %u,\n    \"head_dim_v\": %u,\n"
-               "    \"n_rot\": %u,\n    \"rope\": \"%s\",\n    \"rope_freq_base\": %.9g,\n"
-               "    \"rms_eps\": %.9g,\n    \"n_ff\": %u,\n    \"n_expert\": %u,\n"
-               "    \"n_expert_used\": %u,\n    \"n_ff_exp\": %u,\n    \"n_ff_shexp\": %u,\n"
-               "    \"output_tied\": %s,\n",
-               hp->n_expert ? "true" : "false", hp->n_vocab, hp->n_ctx_train, hp->n_embd,
-               hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, hp->n_rot,
-               hp->rope_neox ? "neox" : "normal", (double)hp->rope_freq_base, (double)hp->rms_eps,
-               hp->n_ff, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp,
-               m->global[COMMON_GROLE_OUTPUT] >= 0 ? "false" : "true");
+        json_t                      *mo = json_pack(
+                                 "{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:b}", "moe",
+                                 hp->n_expert != 0, "n_vocab", (json_int_t)hp->n_vocab, "n_ctx_train",
+                                 (json_int_t)hp->n_ctx_train, "n_embd", (json_int_t)hp->n_embd, "n_layer",
+                                 (json_int_t)hp->n_layer, "n_head", (json_int_t)hp->n_head, "n_head_kv",
+                                 (json_int_t)hp->n_head_kv, "head_dim_k", (json_int_t)hp->head_dim_k, "head_dim_v",
+                                 (json_int_t)hp->head_dim_v, "n_rot", (json_int_t)hp->n_rot, "rope",
+            hp->rope_neox ? "neox" : "normal", "rope_freq_base", (double)hp->rope_freq_base,
+                                 "rms_eps", (double)hp->rms_eps, "n_ff", (json_int_t)hp->n_ff, "n_expert",
+                                 (json_int_t)hp->n_expert, "n_expert_used", (json_int_t)hp->n_expert_used, "n_ff_exp",
+                                 (json_int_t)hp->n_ff_exp, "n_ff_shexp", (json_int_t)hp->n_ff_shexp, "output_tied",
+                                 m->global[COMMON_GROLE_OUTPUT] < 0);
         /* what the architecture table adds: latent attention, routing, window, rope scaling */
-        printf("    \"q_lora_rank\": %u,\n    \"kv_lora_rank\": %u,\n    \"head_dim_k_mla\": %u,\n"
-               "    \"head_dim_v_mla\": %u,\n    \"gating\": \"%s\",\n    \"expert_groups\": %u,\n"
-               "    \"expert_groups_used\": %u,\n    \"expert_weights_scale\": %.9g,\n"
-               "    \"n_layer_dense_lead\": %u,\n    \"n_swa\": %u,\n    \"swa_period\": %u,\n"
-               "    \"rope_scaling\": \"%s\",\n    \"rope_scaling_factor\": %.9g,\n"
-               "    \"n_ctx_orig_yarn\": %u\n  },\n",
-               hp->n_lora_q, hp->n_lora_kv, hp->n_lora_kv ? hp->head_dim_k_mla : 0,
-               hp->n_lora_kv ? hp->head_dim_v_mla : 0,
-               hp->expert_gating == COMMON_GATING_SIGMOID          ? "sigmoid"
+        const bool yarn = hp->yarn_ext_factor != 0.0f;
+        json_t    *mo2 = json_pack(
+               "{s:I,s:I,s:I,s:I,s:s,s:I,s:I,s:f,s:I,s:I,s:I,s:s,s:f,s:I}", "q_lora_rank",
+               (json_int_t)hp->n_lora_q, "kv_lora_rank", (json_int_t)hp->n_lora_kv, "head_dim_k_mla",
+               (json_int_t)(hp->n_lora_kv ? hp->head_dim_k_mla : 0), "head_dim_v_mla",
+               (json_int_t)(hp->n_lora_kv ? hp->head_dim_v_mla : 0), "gating",
+            hp->expert_gating == COMMON_GATING_SIGMOID          ? "sigmoid"
                : hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT ? "softmax_weight"
                                                                    : "softmax",
-               hp->n_expert_groups, hp->n_group_used, (double)hp->expert_weights_scale,
-               hp->n_layer_dense_lead, hp->n_swa, hp->swa_period,
-               hp->yarn_ext_factor != 0.0f ? "yarn" : "none",
-               hp->yarn_ext_factor != 0.0f ? (double)(1.0f / hp->rope_freq_scale) : 1.0,
-               hp->yarn_ext_factor != 0.0f ? hp->n_ctx_orig_yarn : 0);
-        printf("  \"totals\": {\n    \"tensor_bytes\": %" PRIu64
-               ",\n    \"resident_bytes\": %" PRIu64 ",\n    \"expert_bytes\": %" PRIu64
-               ",\n    \"expert_bundle_bytes\": %" PRIu64
-               ",\n    \"active_bytes_per_token\": %" PRIu64 ",\n    \"unused_bytes\": %" PRIu64
-               "\n  },\n",
-               m->bytes_total, m->bytes_resident, m->bytes_experts, m->bytes_expert_bundle,
-               m->bytes_active, m->bytes_unused);
+               "expert_groups", (json_int_t)hp->n_expert_groups, "expert_groups_used",
+               (json_int_t)hp->n_group_used, "expert_weights_scale", (double)hp->expert_weights_scale,
+               "n_layer_dense_lead", (json_int_t)hp->n_layer_dense_lead, "n_swa",
+               (json_int_t)hp->n_swa, "swa_period", (json_int_t)hp->swa_period, "rope_scaling",
+            yarn ? "yarn" : "none", "rope_scaling_factor",
+            yarn ? (double)(1.0f / hp->rope_freq_scale) : 1.0, "n_ctx_orig_yarn",
+               (json_int_t)(yarn ? hp->n_ctx_orig_yarn : 0));
+        json_object_update(mo, mo2);
+        json_decref(mo2);
+        json_object_set_new(o, "model", mo);
+        json_object_set_new(
+            o, "totals",
+            json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "tensor_bytes", (json_int_t)m->bytes_total,
+                      "resident_bytes", (json_int_t)m->bytes_resident, "expert_bytes",
+                      (json_int_t)m->bytes_experts, "expert_bundle_bytes",
+                      (json_int_t)m->bytes_expert_bundle, "active_bytes_per_token",
+                      (json_int_t)m->bytes_active, "unused_bytes", (json_int_t)m->bytes_unused));
     } else {
-        printf("  \"model\": null,\n  \"model_error\": ");
-        common_json_write_str(stdout, model_error, strlen(model_error));
-        printf(",\n");
+        json_object_set_new(o, "model", json_null());
+        json_object_set_new(o, "model_error", cli_json_str(model_error, strlen(model_error)));
     }
-    printf("  \"metadata\": {");
+    json_t *meta = json_object();
     for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
         const struct common_gguf_kv *kv = common_gguf_kv_at(g, i);
-        printf("%s\n    ", i ? "," : "");
-        common_json_write_str(stdout, kv->key, strlen(kv->key));
-        printf(": ");
-        inspect_value_json(&kv->value);
+        char                        *key = common_utf8_repair(kv->key, strlen(kv->key), NULL);
+        if (key)
+            json_object_set_new(meta, key, inspect_value_json(&kv->value));
+        free(key);
     }
-    printf("\n  },\n  \"tensors\": [");
+    json_object_set_new(o, "metadata", meta);
+    json_t *tensors = json_array();
     for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
         const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
-        printf("%s\n    {\"name\": ", i ? "," : "");
-        common_json_write_str(stdout, t->name, strlen(t->name));
-        printf(", \"type\": \"%s\", \"shape\": [", common_ggml_type_get(t->type)->name);
+        json_t                          *shape = json_array();
         for (uint32_t d = 0; d < t->n_dims; d++)
-            printf("%s%" PRIu64, d ? ", " : "", t->ne[d]);
-        printf("], \"bytes\": %" PRIu64 ", \"offset\": %" PRIu64 ", \"split\": %u}", t->size,
-               t->offset, t->split);
+            json_array_append_new(shape, json_integer((json_int_t)t->ne[d]));
+        json_array_append_new(tensors,
+                              json_pack("{s:o,s:s,s:o,s:I,s:I,s:I}", "name",
+                                        cli_json_str(t->name, strlen(t->name)), "type",
+                                        common_ggml_type_get(t->type)->name, "shape", shape,
+                                        "bytes", (json_int_t)t->size, "offset",
+                                        (json_int_t)t->offset, "split", (json_int_t)t->split));
     }
-    printf("\n  ]\n}\n");
+    json_object_set_new(o, "tensors", tensors);
+    if (json_dumpf(o, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(9)) == 0)
+        putchar('\n');
+    json_decref(o);
 }
 
 int cli_cmd_inspect(int argc, char **argv)

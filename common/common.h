@@ -722,9 +722,10 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
 /* JSON writer (common/json.c)                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Writes `len` bytes of `s` as a JSON string literal (with quotes) to `f`; invalid UTF-8 bytes
- * are written as \u00XX escapes of the byte value so output is always valid JSON. */
-void common_json_write_str(FILE *f, const char *s, size_t len);
+/* A valid UTF-8 copy of the `len` bytes of `s` (NUL-terminated, its length in *out_len when not
+ * NULL) for a JSON library: a byte that is no part of a valid sequence becomes the code point of
+ * its value (U+0080..U+00FF), so any bytes make a string. Malloc'd; NULL when out of memory. */
+char *common_utf8_repair(const char *s, size_t len, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Unix sockets and descriptor passing (common/fdpass.c)                                       */

@@ -1,5 +1,8 @@
-/* common/json.c - writing JSON string literals that stay valid whatever bytes they carry. */
+/* common/json.c - text made valid UTF-8 whatever bytes it carries, for JSON writers. */
 #include "common.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 /* Length of the valid UTF-8 sequence at s[0..len), or 0 when it is not one. */
 static size_t json_utf8_len(const unsigned char *s, size_t len)
@@ -34,39 +37,28 @@ static size_t json_utf8_len(const unsigned char *s, size_t len)
     return n;
 }
 
-void common_json_write_str(FILE *f, const char *s, size_t len)
+char *common_utf8_repair(const char *s, size_t len, size_t *out_len)
 {
     const unsigned char *p = (const unsigned char *)s;
-    fputc('"', f);
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = p[i];
-        if (c == '"' || c == '\\') {
-            fputc('\\', f);
-            fputc(c, f);
-            i++;
-        } else if (c == '\n') {
-            fputs("\\n", f);
-            i++;
-        } else if (c == '\t') {
-            fputs("\\t", f);
-            i++;
-        } else if (c == '\r') {
-            fputs("\\r", f);
-            i++;
-        } else if (c < 0x20 || c == 0x7F) {
-            fprintf(f, "\\u%04x", c);
+    char                *out = malloc(2 * len + 1); /* a stray byte takes two */
+    size_t               o = 0;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < len;) {
+        size_t n = json_utf8_len(p + i, len - i);
+        if (n == 0) {
+            /* A stray byte stands for the code point of its value (U+0080..U+00FF). */
+            out[o++] = (char)(0xC0 | (p[i] >> 6));
+            out[o++] = (char)(0x80 | (p[i] & 0x3F));
             i++;
         } else {
-            size_t n = json_utf8_len(p + i, len - i);
-            if (n == 0) {
-                fprintf(f, "\\u%04x", c); /* a stray byte: keep its value, stay valid JSON */
-                i++;
-            } else {
-                fwrite(p + i, 1, n, f);
-                i += n;
-            }
+            memcpy(out + o, p + i, n);
+            o += n;
+            i += n;
         }
     }
-    fputc('"', f);
+    out[o] = '\0';
+    if (out_len)
+        *out_len = o;
+    return out;
 }

@@ -1,6 +1,7 @@
 /* fetcher/trace.c - expert-usage tracing: counters, faults per token, Belady, JSON export. */
 #include "fetcher.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -459,12 +460,88 @@ int fetcher_trace_predictor(struct fetcher_trace *t, const char *name, uint64_t 
     return rc;
 }
 
-static void trace_write_hist(FILE *f, const uint32_t *lat)
+static json_t *trace_hist(const uint32_t *lat)
 {
-    fputc('[', f);
-    for (uint32_t b = 0; b < FETCHER_TRACE_LAT_BUCKETS; b++)
-        fprintf(f, "%s%u", b ? "," : "", lat[b]);
-    fputc(']', f);
+    json_t *a = json_array();
+    for (uint32_t b = 0; b < FETCHER_TRACE_LAT_BUCKETS && a; b++)
+        json_array_append_new(a, json_integer(lat[b]));
+    return a;
+}
+
+/* A count as a JSON integer (the counters stay far below 2^63). */
+static json_t *trace_n(uint64_t v)
+{
+    return json_integer((json_int_t)v);
+}
+
+/* The trace as a JSON object (schema sluice.fetcher.trace/1, docs/fetcher.md). Under the lock. */
+static json_t *trace_json_locked(const struct fetcher_trace        *t,
+                                 const struct fetcher_trace_totals *s)
+{
+    json_t *reuse = json_array(), *preds = json_array(), *layers = json_array();
+    for (uint32_t b = 0; b < FETCHER_TRACE_REUSE_BUCKETS; b++)
+        json_array_append_new(reuse, trace_n(s->reuse[b]));
+    for (uint32_t i = 0; i < FETCHER_TRACE_MAX_PREDICTORS; i++) {
+        const struct trace_pred *p = &t->preds[i];
+        if (!p->name[0])
+            continue;
+        size_t n = 0;
+        char  *name = common_utf8_repair(p->name, strlen(p->name), &n);
+        json_array_append_new(
+            preds, json_pack("{s:s%,s:o,s:o,s:o,s:f,s:f}", "name", name ? name : "", n, "predicted",
+                             trace_n(p->predicted), "correct", trace_n(p->correct), "actual",
+                             trace_n(p->actual), "precision", trace_ratio(p->correct, p->predicted),
+                             "recall", trace_ratio(p->correct, p->actual)));
+        free(name);
+    }
+    for (uint32_t l = 0; l < t->opts.n_layer; l++) {
+        json_t *experts = json_array();
+        for (uint32_t x = 0; x < t->opts.n_expert; x++) {
+            const struct trace_cell *c = &t->cells[(uint64_t)l * t->opts.n_expert + x];
+            json_t                  *e = json_pack(
+                                 "{s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "expert", (json_int_t)x,
+                                 "activations", trace_n(c->activations), "hits", trace_n(c->hits), "misses",
+                                 trace_n(c->misses), "prefetch_hits", trace_n(c->prefetch_hits), "prefetch_issued",
+                                 trace_n(c->prefetch_issued), "prefetch_wasted", trace_n(c->prefetch_wasted),
+                                 "prefetch_dropped", trace_n(c->prefetch_dropped), "loads", trace_n(c->loads),
+                                 "load_errors", trace_n(c->load_errors), "bytes_read", trace_n(c->bytes_read),
+                                 "evictions", trace_n(c->evictions));
+            json_object_set_new(e, "latency_us_log2", trace_hist(c->lat));
+            json_array_append_new(experts, e);
+        }
+        json_array_append_new(layers,
+                              json_pack("{s:I,s:I,s:f,s:o}", "layer", (json_int_t)l,
+                                        "peak_resident", (json_int_t)t->peak[l], "load_entropy",
+                                        trace_layer_entropy(t, l), "experts", experts));
+    }
+    json_t *totals = json_pack(
+        "{s:o,s:o,s:o,s:f,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "accesses", trace_n(s->accesses),
+        "hits", trace_n(s->hits), "misses", trace_n(s->misses), "hit_rate",
+        trace_ratio(s->hits, s->accesses), "prefetch_hits", trace_n(s->prefetch_hits),
+        "prefetch_issued", trace_n(s->prefetch_issued), "prefetch_wasted",
+        trace_n(s->prefetch_wasted), "prefetch_dropped", trace_n(s->prefetch_dropped), "loads",
+        trace_n(s->loads), "load_errors", trace_n(s->load_errors), "bytes_read",
+        trace_n(s->bytes_read), "evictions", trace_n(s->evictions));
+    json_t *tokens =
+        json_pack("{s:{s:o,s:o,s:f,s:o},s:{s:o,s:o,s:f,s:o}}", "all", "tokens", trace_n(s->tokens),
+                  "faults", trace_n(s->faults), "faults_per_token",
+                  trace_ratio(s->faults, s->tokens), "max_faults", trace_n(s->max_faults), "steady",
+                  "tokens", trace_n(s->steady_tokens), "faults", trace_n(s->steady_faults),
+                  "faults_per_token", trace_ratio(s->steady_faults, s->steady_tokens), "max_faults",
+                  trace_n(s->steady_max_faults));
+    json_t *belady = json_pack(
+        "{s:I,s:o,s:o,s:f,s:b}", "n_slots", (json_int_t)t->opts.n_slots, "accesses",
+        trace_n(s->belady_accesses), "hits", trace_n(s->belady_hits), "hit_rate",
+        trace_ratio(s->belady_hits, s->belady_accesses), "truncated", s->belady_truncated ? 1 : 0);
+    json_t *routing = json_pack("{s:f,s:f,s:f,s:o,s:o}", "entropy_min", s->entropy_min,
+                                "entropy_mean", s->entropy_mean, "entropy_max", s->entropy_max,
+                                "first_uses", trace_n(s->first_uses), "reuse_tokens_log2", reuse);
+    return json_pack("{s:s,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "schema",
+                     "sluice.fetcher.trace/1", "n_layer", (json_int_t)t->opts.n_layer, "n_expert",
+                     (json_int_t)t->opts.n_expert, "n_slots", (json_int_t)t->opts.n_slots,
+                     "warmup_tokens", (json_int_t)t->opts.warmup_tokens, "totals", totals, "tokens",
+                     tokens, "belady", belady, "routing", routing, "predictors", preds,
+                     "latency_us_log2", trace_hist(t->lat_all), "layers", layers);
 }
 
 int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *f)
@@ -473,83 +550,13 @@ int fetcher_trace_write_json(const struct fetcher_trace *t, FILE *f)
     struct fetcher_trace_totals s;
     pthread_mutex_lock(&mt->mu);
     trace_totals_locked(t, &s);
-    fprintf(f,
-            "{\"schema\":\"sluice.fetcher.trace/1\",\"n_layer\":%u,\"n_expert\":%u,"
-            "\"n_slots\":%u,\"warmup_tokens\":%u,\n",
-            t->opts.n_layer, t->opts.n_expert, t->opts.n_slots, t->opts.warmup_tokens);
-    fprintf(f,
-            "\"totals\":{\"accesses\":%llu,\"hits\":%llu,\"misses\":%llu,\"hit_rate\":%.6f,"
-            "\"prefetch_hits\":%llu,\"prefetch_issued\":%llu,\"prefetch_wasted\":%llu,"
-            "\"prefetch_dropped\":%llu,\"loads\":%llu,\"load_errors\":%llu,\"bytes_read\":%llu,"
-            "\"evictions\":%llu},\n",
-            (unsigned long long)s.accesses, (unsigned long long)s.hits,
-            (unsigned long long)s.misses, trace_ratio(s.hits, s.accesses),
-            (unsigned long long)s.prefetch_hits, (unsigned long long)s.prefetch_issued,
-            (unsigned long long)s.prefetch_wasted, (unsigned long long)s.prefetch_dropped,
-            (unsigned long long)s.loads, (unsigned long long)s.load_errors,
-            (unsigned long long)s.bytes_read, (unsigned long long)s.evictions);
-    fprintf(f,
-            "\"tokens\":{\"all\":{\"tokens\":%llu,\"faults\":%llu,\"faults_per_token\":%.6f,"
-            "\"max_faults\":%llu},\"steady\":{\"tokens\":%llu,\"faults\":%llu,"
-            "\"faults_per_token\":%.6f,\"max_faults\":%llu}},\n",
-            (unsigned long long)s.tokens, (unsigned long long)s.faults,
-            trace_ratio(s.faults, s.tokens), (unsigned long long)s.max_faults,
-            (unsigned long long)s.steady_tokens, (unsigned long long)s.steady_faults,
-            trace_ratio(s.steady_faults, s.steady_tokens), (unsigned long long)s.steady_max_faults);
-    fprintf(f,
-            "\"belady\":{\"n_slots\":%u,\"accesses\":%llu,\"hits\":%llu,\"hit_rate\":%.6f,"
-            "\"truncated\":%s},\n",
-            t->opts.n_slots, (unsigned long long)s.belady_accesses,
-            (unsigned long long)s.belady_hits, trace_ratio(s.belady_hits, s.belady_accesses),
-            s.belady_truncated ? "true" : "false");
-    fprintf(f,
-            "\"routing\":{\"entropy_min\":%.6f,\"entropy_mean\":%.6f,\"entropy_max\":%.6f,"
-            "\"first_uses\":%llu,\"reuse_tokens_log2\":[",
-            s.entropy_min, s.entropy_mean, s.entropy_max, (unsigned long long)s.first_uses);
-    for (uint32_t b = 0; b < FETCHER_TRACE_REUSE_BUCKETS; b++)
-        fprintf(f, "%s%llu", b ? "," : "", (unsigned long long)s.reuse[b]);
-    fputs("]},\n", f);
-    fputs("\"predictors\":[", f);
-    for (uint32_t i = 0, n = 0; i < FETCHER_TRACE_MAX_PREDICTORS; i++) {
-        const struct trace_pred *p = &t->preds[i];
-        if (!p->name[0])
-            continue;
-        fprintf(f, "%s{\"name\":", n++ ? "," : "");
-        common_json_write_str(f, p->name, strlen(p->name));
-        fprintf(f,
-                ",\"predicted\":%llu,\"correct\":%llu,\"actual\":%llu,\"precision\":%.6f,"
-                "\"recall\":%.6f}",
-                (unsigned long long)p->predicted, (unsigned long long)p->correct,
-                (unsigned long long)p->actual, trace_ratio(p->correct, p->predicted),
-                trace_ratio(p->correct, p->actual));
-    }
-    fputs("],\n\"latency_us_log2\":", f);
-    trace_write_hist(f, t->lat_all);
-    fputs(",\n\"layers\":[", f);
-    for (uint32_t l = 0; l < t->opts.n_layer; l++) {
-        fprintf(f, "%s\n{\"layer\":%u,\"peak_resident\":%lld,\"load_entropy\":%.6f,\"experts\":[",
-                l ? "," : "", l, (long long)t->peak[l], trace_layer_entropy(t, l));
-        for (uint32_t x = 0; x < t->opts.n_expert; x++) {
-            const struct trace_cell *c = &t->cells[(uint64_t)l * t->opts.n_expert + x];
-            fprintf(f,
-                    "%s\n {\"expert\":%u,\"activations\":%llu,\"hits\":%llu,\"misses\":%llu,"
-                    "\"prefetch_hits\":%llu,\"prefetch_issued\":%llu,\"prefetch_wasted\":%llu,"
-                    "\"prefetch_dropped\":%llu,\"loads\":%llu,\"load_errors\":%llu,"
-                    "\"bytes_read\":%llu,\"evictions\":%llu,\"latency_us_log2\":",
-                    x ? "," : "", x, (unsigned long long)c->activations,
-                    (unsigned long long)c->hits, (unsigned long long)c->misses,
-                    (unsigned long long)c->prefetch_hits, (unsigned long long)c->prefetch_issued,
-                    (unsigned long long)c->prefetch_wasted, (unsigned long long)c->prefetch_dropped,
-                    (unsigned long long)c->loads, (unsigned long long)c->load_errors,
-                    (unsigned long long)c->bytes_read, (unsigned long long)c->evictions);
-            trace_write_hist(f, c->lat);
-            fputc('}', f);
-        }
-        fputs("]}", f);
-    }
-    fputs("]}\n", f);
+    json_t *j = trace_json_locked(t, &s);
     pthread_mutex_unlock(&mt->mu);
-    return ferror(f) ? COMMON_EIO : COMMON_OK;
+    /* Compact, on one line (jq -C . pretty-prints it). */
+    int rc =
+        j && json_dumpf(j, f, JSON_COMPACT) == 0 && fputc('\n', f) != EOF ? COMMON_OK : COMMON_EIO;
+    json_decref(j);
+    return rc == COMMON_OK && ferror(f) ? COMMON_EIO : rc;
 }
 
 void fetcher_trace_write_summary(const struct fetcher_trace *t, FILE *f)

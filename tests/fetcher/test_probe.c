@@ -106,8 +106,8 @@ Test(fetcher_probe, trace_predictors_in_json_and_summary)
     fetcher_trace_write_summary(t, f);
     fclose(f);
     cr_assert_not_null(strstr(buf, "\"predictors\":[{\"name\":\"gate\",\"predicted\":20,"
-                                   "\"correct\":15,\"actual\":20,\"precision\":0.750000,"
-                                   "\"recall\":0.750000}]"),
+                                   "\"correct\":15,\"actual\":20,\"precision\":0.75,"
+                                   "\"recall\":0.75}]"),
                        "%s", buf);
     cr_assert_not_null(strstr(buf, "predictor gate: precision 75.0%, recall 75.0%"), "%s", buf);
     free(buf);
