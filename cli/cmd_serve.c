@@ -200,9 +200,9 @@ out:
     executor_serve_stop(exec);
     executor_model_destroy(model);
     executor_threadpool_destroy(pool);
-    char cmd[600];
-    snprintf(cmd, sizeof(cmd), "%s/router.http", run_dir);
-    (void)unlink(cmd);
+    char url_file[600]; /* the router leaves its HTTP url there */
+    snprintf(url_file, sizeof(url_file), "%s/router.http", run_dir);
+    (void)unlink(url_file);
     if (rmdir(run_dir) != 0)
         fprintf(stderr, "%s: warning: %s was left behind\n", SERVE_PROG, run_dir);
     return status;

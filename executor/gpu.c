@@ -548,22 +548,37 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
 /* The forward pass                                                                            */
 /* ------------------------------------------------------------------------------------------ */
 
+/* x rows rounded for weights of `type` into g->xq (stride cols), or x itself for f32 weights;
+ * NULL on a device error. */
+static const float *gpu_round_for(struct executor_gpu *g, uint32_t type, const float *x,
+                                  int64_t x_stride, uint32_t n, int64_t cols)
+{
+    const uint32_t vdt = executor_vec_dot_type(type);
+    if (vdt == COMMON_GGML_TYPE_F32)
+        return x;
+    return gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0 ? NULL : g->xq;
+}
+
 /* y (n rows, y_stride apart) = W . x rows: matvec kernels for a few rows, the f16 tensor-core
  * matmul over row blocks of W dequantized to f16 for more. */
 static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t row_bytes,
                   int64_t rows, int64_t cols, const float *x, int64_t x_stride, uint32_t n,
                   float *y, int64_t y_stride)
 {
-    if (n < GPU_GEMM_MIN_N || cols % 32 != 0) {
-        /* Activations rounded as the CPU quantizes them: the CPU's products, bit for bit up to
-         * the order of the sums (greedy tokens as llama.cpp's). */
-        const uint32_t vdt = executor_vec_dot_type(type);
-        if (vdt != COMMON_GGML_TYPE_F32) {
-            if (gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0)
-                return -1;
-            x = g->xq;
+    const bool matvec = n < GPU_GEMM_MIN_N || cols % 32 != 0;
+    /* Activations rounded as the CPU quantizes them: the CPU's products up to the order of the
+     * sums (greedy tokens as llama.cpp's). For F16 weights the matmul's own f16 conversion is
+     * that rounding. */
+    if (matvec || executor_vec_dot_type(type) != COMMON_GGML_TYPE_F16) {
+        const float *xr = gpu_round_for(g, type, x, x_stride, n, cols);
+        if (!xr)
+            return -1;
+        if (xr != x) {
+            x = xr;
             x_stride = cols;
         }
+    }
+    if (matvec) {
         for (uint32_t t = 0; t < n; t += GPU_MATVEC_MAX_N) {
             const uint32_t k = n - t < GPU_MATVEC_MAX_N ? n - t : GPU_MATVEC_MAX_N;
             if (gpu_matvec(type, w, row_bytes, rows, cols, x + (size_t)t * x_stride, x_stride, k,
@@ -571,14 +586,6 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
                 return -1;
         }
         return 0;
-    }
-    /* Activations rounded as the CPU quantizes them, then to f16 for the tensor cores. */
-    const uint32_t vdt = executor_vec_dot_type(type);
-    if (vdt != COMMON_GGML_TYPE_F32 && vdt != COMMON_GGML_TYPE_F16) {
-        if (gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0)
-            return -1;
-        x = g->xq;
-        x_stride = cols;
     }
     if (gpu_f32_to_f16(x, x_stride, n, cols, g->x16) < 0)
         return -1;
@@ -595,17 +602,6 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
             return -1;
     }
     return 0;
-}
-
-/* x rows rounded for weights of `type` into g->xq (stride cols), or x itself for f32 weights;
- * NULL on a device error. */
-static const float *gpu_round_for(struct executor_gpu *g, uint32_t type, const float *x,
-                                  int64_t x_stride, uint32_t n, int64_t cols)
-{
-    const uint32_t vdt = executor_vec_dot_type(type);
-    if (vdt == COMMON_GGML_TYPE_F32)
-        return x;
-    return gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0 ? NULL : g->xq;
 }
 
 static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const float *x,

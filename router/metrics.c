@@ -3,7 +3,6 @@
 #include "metrics.h"
 
 #include <dirent.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,46 +18,6 @@ struct metrics_daemon {
     struct proto_health_reply health;
     struct proto_stats_reply  stats;
 };
-
-/* A growing text buffer; `bad` after an allocation failed. */
-struct metrics_buf {
-    char  *p;
-    size_t len, cap;
-    bool   bad;
-};
-
-static void mb_printf(struct metrics_buf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void mb_printf(struct metrics_buf *b, const char *fmt, ...)
-{
-    if (b->bad)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->bad = true;
-            return;
-        }
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 8192;
-        while (cap < b->len + (size_t)n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->bad = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-}
 
 /* Asks the daemon at ipc://RUN_DIR/<name>.ctl for its health and counters. */
 static void metrics_ask(const struct router_serve *s, struct metrics_daemon *d)
@@ -121,13 +80,12 @@ static double metrics_stat(const struct metrics_daemon *d, const char *name)
     return 0.0;
 }
 
-static void metrics_head(struct metrics_buf *b, const char *name, const char *type,
-                         const char *help)
+static void metrics_head(FILE *b, const char *name, const char *type, const char *help)
 {
-    mb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    fprintf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* A Prometheus name from a counter's ("steps.wall_ms" -> "steps_wall_ms"). */
+/* A counter's name as a label value: quotes, backslashes and newlines become '_'. */
 static void metrics_label_value(char *dst, size_t len, const char *src)
 {
     size_t j = 0;
@@ -139,9 +97,13 @@ static void metrics_label_value(char *dst, size_t len, const char *src)
 char *router_metrics_text(struct router_serve *s)
 {
     struct metrics_daemon *ds = calloc(METRICS_MAX_DAEMON, sizeof(*ds));
-    struct metrics_buf     b = {0};
-    if (!ds)
+    char                  *text = NULL;
+    size_t                 len = 0;
+    FILE                  *b = ds ? open_memstream(&text, &len) : NULL;
+    if (!b) {
+        free(ds);
         return NULL;
+    }
     /* The router itself, then its peers. */
     snprintf(ds[0].name, sizeof(ds[0].name), "router");
     ds[0].up = true;
@@ -153,29 +115,28 @@ char *router_metrics_text(struct router_serve *s)
         metrics_ask(s, &ds[i]);
     const struct metrics_daemon *r = &ds[0];
 
-    metrics_head(&b, "sluice_requests_total", "counter",
+    metrics_head(b, "sluice_requests_total", "counter",
                  "Generation requests by what became of them (submitted counts every one).");
     const char *states[] = {"submitted", "done", "cancelled", "failed", "dropped"};
     for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++) {
         char key[32];
         snprintf(key, sizeof(key), "requests.%s", states[i]);
-        mb_printf(&b, "sluice_requests_total{state=\"%s\"} %.0f\n", states[i],
-                  metrics_stat(r, key));
+        fprintf(b, "sluice_requests_total{state=\"%s\"} %.0f\n", states[i], metrics_stat(r, key));
     }
-    metrics_head(&b, "sluice_queue_depth", "gauge", "Requests waiting for a free sequence.");
-    mb_printf(&b, "sluice_queue_depth %.0f\n", metrics_stat(r, "requests.queued"));
-    metrics_head(&b, "sluice_requests_active", "gauge", "Requests holding a sequence.");
-    mb_printf(&b, "sluice_requests_active %.0f\n", metrics_stat(r, "requests.active"));
-    metrics_head(&b, "sluice_tokens_total", "counter",
+    metrics_head(b, "sluice_queue_depth", "gauge", "Requests waiting for a free sequence.");
+    fprintf(b, "sluice_queue_depth %.0f\n", metrics_stat(r, "requests.queued"));
+    metrics_head(b, "sluice_requests_active", "gauge", "Requests holding a sequence.");
+    fprintf(b, "sluice_requests_active %.0f\n", metrics_stat(r, "requests.active"));
+    metrics_head(b, "sluice_tokens_total", "counter",
                  "Tokens: prompt tokens evaluated, tokens generated.");
-    mb_printf(&b, "sluice_tokens_total{kind=\"prompt\"} %.0f\n", metrics_stat(r, "tokens.prompt"));
-    mb_printf(&b, "sluice_tokens_total{kind=\"generated\"} %.0f\n",
-              metrics_stat(r, "tokens.generated"));
+    fprintf(b, "sluice_tokens_total{kind=\"prompt\"} %.0f\n", metrics_stat(r, "tokens.prompt"));
+    fprintf(b, "sluice_tokens_total{kind=\"generated\"} %.0f\n",
+            metrics_stat(r, "tokens.generated"));
     const double wall_s = metrics_stat(r, "steps.wall_ms") / 1e3;
-    metrics_head(&b, "sluice_generated_tokens_per_second", "gauge",
+    metrics_head(b, "sluice_generated_tokens_per_second", "gauge",
                  "Tokens generated per second of executor steps since the router started.");
-    mb_printf(&b, "sluice_generated_tokens_per_second %.6g\n",
-              wall_s > 0.0 ? metrics_stat(r, "tokens.generated") / wall_s : 0.0);
+    fprintf(b, "sluice_generated_tokens_per_second %.6g\n",
+            wall_s > 0.0 ? metrics_stat(r, "tokens.generated") / wall_s : 0.0);
 
     /* The fetchers together: the expert pool and storage. */
     double acc = 0, hits = 0, bytes = 0, faults = 0, tokens = 0;
@@ -192,46 +153,47 @@ char *router_metrics_text(struct router_serve *s)
         tokens = t > tokens ? t : tokens; /* every fetcher counts the same tokens */
     }
     if (any) {
-        metrics_head(&b, "sluice_expert_hit_rate", "gauge",
+        metrics_head(b, "sluice_expert_hit_rate", "gauge",
                      "Expert parts found in the pool (or prefetched) per part asked for.");
-        mb_printf(&b, "sluice_expert_hit_rate %.6g\n", acc > 0 ? hits / acc : 0.0);
-        metrics_head(&b, "sluice_storage_read_bytes_total", "counter",
+        fprintf(b, "sluice_expert_hit_rate %.6g\n", acc > 0 ? hits / acc : 0.0);
+        metrics_head(b, "sluice_storage_read_bytes_total", "counter",
                      "Bytes the fetchers read from storage.");
-        mb_printf(&b, "sluice_storage_read_bytes_total %.0f\n", bytes);
-        metrics_head(&b, "sluice_faults_per_token", "gauge",
+        fprintf(b, "sluice_storage_read_bytes_total %.0f\n", bytes);
+        metrics_head(b, "sluice_faults_per_token", "gauge",
                      "Expert parts a token waited for (not in the pool when computed).");
-        mb_printf(&b, "sluice_faults_per_token %.6g\n", tokens > 0 ? faults / tokens : 0.0);
+        fprintf(b, "sluice_faults_per_token %.6g\n", tokens > 0 ? faults / tokens : 0.0);
     }
 
-    metrics_head(&b, "sluice_daemon_restarts_total", "counter",
+    metrics_head(b, "sluice_daemon_restarts_total", "counter",
                  "Executor restarts the router has seen (it reconnected to a new one).");
-    mb_printf(&b, "sluice_daemon_restarts_total{daemon=\"executor\"} %.0f\n",
-              metrics_stat(r, "executor.restarts"));
-    metrics_head(&b, "sluice_up", "gauge", "Whether the daemon answered this scrape.");
+    fprintf(b, "sluice_daemon_restarts_total{daemon=\"executor\"} %.0f\n",
+            metrics_stat(r, "executor.restarts"));
+    metrics_head(b, "sluice_up", "gauge", "Whether the daemon answered this scrape.");
     for (size_t i = 0; i < n; i++)
-        mb_printf(&b, "sluice_up{daemon=\"%s\"} %d\n", ds[i].name, ds[i].up ? 1 : 0);
-    metrics_head(&b, "sluice_start_time_seconds", "gauge",
+        fprintf(b, "sluice_up{daemon=\"%s\"} %d\n", ds[i].name, ds[i].up ? 1 : 0);
+    metrics_head(b, "sluice_start_time_seconds", "gauge",
                  "When the daemon started, in seconds since the epoch (a restart changes it).");
     const double now = (double)time(NULL);
     for (size_t i = 1; i < n; i++)
         if (ds[i].up)
-            mb_printf(&b, "sluice_start_time_seconds{daemon=\"%s\"} %.0f\n", ds[i].name,
-                      now - ds[i].health.uptime_s);
+            fprintf(b, "sluice_start_time_seconds{daemon=\"%s\"} %.0f\n", ds[i].name,
+                    now - ds[i].health.uptime_s);
 
     /* Everything each daemon counts, by its own names (sluice ctl ... stats). */
-    metrics_head(&b, "sluice_stat", "gauge",
+    metrics_head(b, "sluice_stat", "gauge",
                  "Every counter of every daemon, named as `sluice ctl --daemon D stats` names it.");
     for (size_t i = 0; i < n; i++)
         for (uint32_t k = 0; ds[i].up && k < ds[i].stats.n_stats; k++) {
             char name[PROTO_MAX_KEY];
             metrics_label_value(name, sizeof(name), ds[i].stats.stats[k].name);
-            mb_printf(&b, "sluice_stat{daemon=\"%s\",name=\"%s\"} %.17g\n", ds[i].name, name,
-                      ds[i].stats.stats[k].value);
+            fprintf(b, "sluice_stat{daemon=\"%s\",name=\"%s\"} %.17g\n", ds[i].name, name,
+                    ds[i].stats.stats[k].value);
         }
     free(ds);
-    if (b.bad) {
-        free(b.p);
+    const bool bad = ferror(b) != 0;
+    if (fclose(b) != 0 || bad) {
+        free(text);
         return NULL;
     }
-    return b.p;
+    return text;
 }

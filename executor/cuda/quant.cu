@@ -836,32 +836,13 @@ extern "C" int gpu_matvec(uint32_t type, const void *w, size_t row_bytes, int64_
             return 0;
         if (!w || !x || !y)
             return bad(what);
-        switch (n) {
-        case 1:
-            launch_matvec<T, 1>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        case 2:
-            launch_matvec<T, 2>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        case 3:
-            launch_matvec<T, 3>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        case 4:
-            launch_matvec<T, 4>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        case 5:
-            launch_matvec<T, 5>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        case 6:
-            launch_matvec<T, 6>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        case 7:
-            launch_matvec<T, 7>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        default:
-            launch_matvec<T, 8>(w, row_bytes, rows, cols, x, x_stride, y, y_stride);
-            break;
-        }
+        /* n (1..GPU_MATVEC_MAX_N, checked above) picks the instance. */
+        using launch_fn = void (*)(const void *, size_t, int64_t, int64_t, const float *, int64_t,
+                                   float *, int64_t);
+        static constexpr launch_fn launch[GPU_MATVEC_MAX_N] = {
+            launch_matvec<T, 1>, launch_matvec<T, 2>, launch_matvec<T, 3>, launch_matvec<T, 4>,
+            launch_matvec<T, 5>, launch_matvec<T, 6>, launch_matvec<T, 7>, launch_matvec<T, 8>};
+        launch[n - 1](w, row_bytes, rows, cols, x, x_stride, y, y_stride);
         return GPU_LAUNCHED("k_matvec");
     });
 }

@@ -7,108 +7,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/gpu.h"
+#define CUDA_TEST_SEED 0x2545F4914F6CDD1Dull
+#include "cuda_test.h"
 #include "kernels/kernels.h"
 
 /* Tolerances: |gpu - ref| <= rtol * scale, where scale is the magnitude the result is made of
  * (|ref| where no cancellation can occur, else the sum of the magnitudes of the terms). */
-#define OPS_RTOL     1e-5  /* f32 elementwise operations, norms, routing weights */
-#define OPS_ATT_RTOL 1e-3  /* attention over the f16 cache */
-#define OPS_POISON   0xffu /* gpu_memset byte of outputs: all-ones floats are NaN */
+#define OPS_RTOL     1e-5 /* f32 elementwise operations, norms, routing weights */
+#define OPS_ATT_RTOL 1e-3 /* attention over the f16 cache */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-static uint64_t t_rng = 0x2545F4914F6CDD1Dull;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (t_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(void)
-{
-    return (float)((double)(rng_next() >> 11) * 0x1p-53);
-}
-
-static float rng_gauss(void)
-{
-    float u1 = rng_uniform(), u2 = rng_uniform();
-    if (u1 < 1e-12f)
-        u1 = 1e-12f;
-    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
-}
-
-/* Gaussian data whose scale changes every 64 elements, with rare outliers. */
-static void fill_data(float *x, size_t n)
-{
-    float scale = 1.0f;
-    for (size_t i = 0; i < n; i++) {
-        if (i % 64 == 0)
-            scale = 0.01f + 2.0f * rng_uniform();
-        x[i] = scale * rng_gauss();
-        if (rng_next() % 97 == 0)
-            x[i] *= 6.0f;
-    }
-}
-
 static void fill_gauss(float *x, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++)
         x[i] = scale * rng_gauss();
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    cr_assert_not_null(p, "malloc(%zu)", bytes);
-    return p;
-}
-
-static bool is_poison(const void *p)
-{
-    uint32_t u;
-    memcpy(&u, p, sizeof(u));
-    return u == 0xffffffffu;
-}
-
-/* Skips the test without a device, else selects device 0. */
-static void gpu_or_skip(void)
-{
-    char why[256] = "";
-    if (gpu_device_count(why, sizeof(why)) <= 0)
-        cr_skip_test("no CUDA device (%s): skipped", why);
-    struct gpu_info info;
-    cr_assert_eq(gpu_select(0, &info, why, sizeof(why)), 0, "gpu_select(0): %s", why);
-}
-
-/* Device memory of `bytes`, every byte OPS_POISON. */
-static void *dev_poisoned(size_t bytes)
-{
-    void *p = gpu_malloc(bytes ? bytes : 1);
-    cr_assert_not_null(p, "gpu_malloc(%zu): %s", bytes, gpu_last_error());
-    cr_assert_eq(gpu_memset(p, (int)OPS_POISON, bytes ? bytes : 1), 0, "gpu_memset: %s",
-                 gpu_last_error());
-    return p;
-}
-
-/* Device copy of `bytes` of host memory. */
-static void *dev_from(const void *host, size_t bytes)
-{
-    void *p = dev_poisoned(bytes);
-    cr_assert_eq(gpu_upload(p, host, bytes), 0, "gpu_upload: %s", gpu_last_error());
-    return p;
-}
-
-/* Waits for the queued kernels (failing on a kernel error), then copies device memory back. */
-static void dev_to(void *host, const void *dev, size_t bytes)
-{
-    cr_assert_eq(gpu_sync(), 0, "a kernel failed: %s", gpu_last_error());
-    cr_assert_eq(gpu_download(host, dev, bytes), 0, "gpu_download: %s", gpu_last_error());
 }
 
 static void check_close(const char *what, size_t i, float got, double want, double scale,
@@ -468,7 +383,7 @@ static void att_run(const struct att_case *ac)
             const uint32_t kvh = h / gqa, last = ac->pos0 + t + 1;
             const uint32_t lo = ac->window && last > ac->window ? last - ac->window : 0;
             const float   *qv = q + ((size_t)t * ac->n_head + h) * ac->hk;
-            double         mx = -INFINITY, sum = 0.0;
+            double         mx = -(double)INFINITY, sum = 0.0;
             for (uint32_t p = lo; p < last; p++) {
                 const float *kr = kf + (size_t)p * kw + (size_t)kvh * ac->hk;
                 double       s = 0.0;
@@ -602,7 +517,7 @@ static void ref_topk(const double *s, uint32_t n, uint32_t k, int32_t *out)
 /* Probabilities of one row of logits in double: softmax (gating 0) or sigmoid. */
 static void ref_probs(const float *l, uint32_t n, int gating, double *p)
 {
-    double mx = -INFINITY, sum = 0.0;
+    double mx = -(double)INFINITY, sum = 0.0;
     for (uint32_t e = 0; e < n; e++)
         mx = (double)l[e] > mx ? (double)l[e] : mx;
     for (uint32_t e = 0; e < n; e++) {

@@ -9,7 +9,8 @@
 #include <string.h>
 
 #include "common.h"
-#include "cuda/gpu.h"
+#define CUDA_TEST_SEED 0x5DEECE66D1234567ull
+#include "cuda_test.h"
 #include "kernels/kernels.h"
 
 /* Tolerances. A matvec in f32 against the double dot of the same dequantized weights and the same
@@ -20,97 +21,11 @@
 #define QT_MV_RTOL   1e-5
 #define QT_GEMM_RTOL 1e-3
 #define QT_NORM_MIN  32
-#define QT_POISON    0xffu /* gpu_memset byte of outputs: all-ones floats are NaN */
-#define QT_MAX_ROWS  257   /* the most rows of a tested matrix (quantized once, used in part) */
+#define QT_MAX_ROWS  257 /* the most rows of a tested matrix (quantized once, used in part) */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-static uint64_t t_rng = 0x5DEECE66D1234567ull;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (t_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(void)
-{
-    return (float)((double)(rng_next() >> 11) * 0x1p-53);
-}
-
-static float rng_gauss(void)
-{
-    float u1 = rng_uniform(), u2 = rng_uniform();
-    if (u1 < 1e-12f)
-        u1 = 1e-12f;
-    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
-}
-
-/* Gaussian data whose scale changes every 64 elements, with rare outliers. */
-static void fill_data(float *x, size_t n)
-{
-    float scale = 1.0f;
-    for (size_t i = 0; i < n; i++) {
-        if (i % 64 == 0)
-            scale = 0.01f + 2.0f * rng_uniform();
-        x[i] = scale * rng_gauss();
-        if (rng_next() % 97 == 0)
-            x[i] *= 6.0f;
-    }
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    cr_assert_not_null(p, "malloc(%zu)", bytes);
-    return p;
-}
-
-static bool is_poison(const void *p)
-{
-    uint32_t u;
-    memcpy(&u, p, sizeof(u));
-    return u == 0xffffffffu;
-}
-
-/* Skips the test without a device, else selects device 0. */
-static void gpu_or_skip(void)
-{
-    char why[256] = "";
-    if (gpu_device_count(why, sizeof(why)) <= 0)
-        cr_skip_test("no CUDA device (%s): skipped", why);
-    struct gpu_info info;
-    cr_assert_eq(gpu_select(0, &info, why, sizeof(why)), 0, "gpu_select(0): %s", why);
-}
-
-/* Device memory of `bytes`, every byte QT_POISON. */
-static void *dev_poisoned(size_t bytes)
-{
-    void *p = gpu_malloc(bytes ? bytes : 1);
-    cr_assert_not_null(p, "gpu_malloc(%zu): %s", bytes, gpu_last_error());
-    cr_assert_eq(gpu_memset(p, (int)QT_POISON, bytes ? bytes : 1), 0, "gpu_memset: %s",
-                 gpu_last_error());
-    return p;
-}
-
-/* Device copy of `bytes` of host memory. */
-static void *dev_from(const void *host, size_t bytes)
-{
-    void *p = dev_poisoned(bytes);
-    cr_assert_eq(gpu_upload(p, host, bytes), 0, "gpu_upload: %s", gpu_last_error());
-    return p;
-}
-
-/* Waits for the queued kernels (failing on a kernel error), then copies device memory back. */
-static void dev_to(void *host, const void *dev, size_t bytes)
-{
-    cr_assert_eq(gpu_sync(), 0, "a kernel failed: %s", gpu_last_error());
-    cr_assert_eq(gpu_download(host, dev, bytes), 0, "gpu_download: %s", gpu_last_error());
-}
 
 /* The weight types of quant.cu. */
 static const uint32_t g_types[] = {
@@ -286,7 +201,8 @@ Test(executor_cuda_quant, dequant_rows_match_reference_bits)
                     for (int64_t c = 0; c < os; c++) {
                         const uint8_t *got = out + (size_t)(i * os + c) * esz;
                         if (c >= cols) {
-                            cr_assert(got[0] == QT_POISON && got[esz - 1] == QT_POISON,
+                            cr_assert(got[0] == CUDA_TEST_POISON &&
+                                          got[esz - 1] == CUDA_TEST_POISON,
                                       "%s cols=%lld: padding of row %lld written", type_name(type),
                                       (long long)cols, (long long)i);
                             continue;

@@ -213,19 +213,15 @@ static void check_ppl(const char *quant)
     snprintf(cmd, sizeof(cmd),
              "'%s/bin/sluice' perplexity -m '%s' -f '%s' -c 128 -t %d -ngl %d 2>&1",
              SLUICE_BINARY_DIR, model_path, eval_path, GPU_TEST_THREADS, GPU_ALL);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    char   line[65536];
-    double ppl = -1;
-    bool   on_gpu = false;
-    while (fgets(line, sizeof(line), p)) {
-        char *at = strstr(line, "Final estimate: PPL = ");
-        if (at)
-            sscanf(at, "Final estimate: PPL = %lf", &ppl);
-        on_gpu = on_gpu || strstr(line, "gpu: CUDA0") != NULL;
-    }
-    cr_assert_eq(pclose(p), 0, "%s failed", cmd);
-    cr_assert(on_gpu, "%s did not put layers on CUDA0", cmd);
+    int   st = 0;
+    char *out = fixture_run(cmd, &st);
+    cr_assert(out && st == 0, "%s failed:\n%s", cmd, out ? out : "");
+    const char *at = strstr(out, "Final estimate: PPL = ");
+    double      ppl = -1;
+    if (at)
+        sscanf(at, "Final estimate: PPL = %lf", &ppl);
+    cr_assert(strstr(out, "gpu: CUDA0") != NULL, "%s did not put layers on CUDA0", cmd);
+    free(out);
     const double rel_err = fabs(ppl - want->num) / want->num;
     cr_expect_leq(rel_err, GPU_PPL_TOL, "%s -ngl: PPL %.4f vs llama.cpp %.4f (%.3f%%)", quant, ppl,
                   want->num, rel_err * 100);
