@@ -35,6 +35,12 @@ static int same_msg(const struct proto_msg *a, const struct proto_msg *b)
                 return 0;
             x.u.generate.messages[i].content = y.u.generate.messages[i].content = NULL;
         }
+        /* The resumed token ids (protocol 0.3) are on the heap too. */
+        const uint32_t nr = a->u.generate.n_resume;
+        if (nr != b->u.generate.n_resume || !a->u.generate.resume != !b->u.generate.resume ||
+            (nr && memcmp(a->u.generate.resume, b->u.generate.resume, nr * sizeof(int32_t)) != 0))
+            return 0;
+        x.u.generate.resume = y.u.generate.resume = NULL;
     } else if (a->kind == PROTO_KIND_EVENTS) {
         /* The text is bytes (it may hold NUL): compare text_len bytes. */
         uint32_t n = a->u.events.text_len;
