@@ -390,6 +390,32 @@ struct executor_decode_opts {
 int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
                         const struct executor_decode_opts *o, struct common_errmsg *e);
 
+/* One sequence's part of a multi-sequence step (executor_ctx_decode_batch). */
+struct executor_batch_seq {
+    struct executor_ctx *ctx;    /* the sequence: its cache and position */
+    const int32_t       *tokens; /* n tokens appended at positions n_past.. */
+    uint32_t             n;      /* >= 1 */
+    float               *logits; /* n_vocab logits of its last token; NULL = none wanted */
+    int                  status; /* out: 0, or the negative common_err that failed it */
+};
+
+/* Continuous batching: evaluates the tokens of several sequences in shared batches of at most
+ * lead's n_batch rows (a sequence's tokens may straddle two batches). The rows of every sequence
+ * pass each weight, and each routed expert, together, so a weight is read once per batch for
+ * all the sequences that need it; each row attends over its own sequence's cache. What a
+ * sequence gets (its cache and its logits) is bit for bit what executor_ctx_decode of that
+ * sequence alone gives: every kernel computes a row independently of the others in its batch.
+ * `lead` lends its scratch and threads (it may be one of the sequences' contexts, or none);
+ * every context must have lead's model and cache type and at most lead's n_ctx, and appear
+ * once. With layers on a device (-ngl) the sequences run one after another instead (the
+ * device's batched kernels round differently from its one-token ones).
+ * Returns 0 when every sequence succeeded, else the first failure (text in e); each status
+ * says which failed: a sequence with bad tokens (COMMON_EINVAL, COMMON_ERANGE) fails alone and
+ * untouched; a failed batch (COMMON_EIO, COMMON_ENOMEM...) fails the sequences in it and resets
+ * their contexts (their caches may be half-written). */
+int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_seq *seqs,
+                              uint32_t n_seqs, struct common_errmsg *e);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Perplexity, llama-perplexity's protocol (executor/perplexity.c)                             */
 /* ------------------------------------------------------------------------------------------ */

@@ -160,7 +160,7 @@ size_t executor_fwd_quantize(struct executor_ctx *c, int slot, uint32_t type, co
 
 struct fwd_att_job {
     struct executor_ctx *c;
-    uint32_t             il, p0;
+    uint32_t             il;
     float                scale;
     uint32_t             group; /* heads per item of fwd_att_mla_piece */
 };
@@ -173,7 +173,6 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
     const struct fwd_att_job    *j = arg;
     struct executor_ctx         *c = j->c;
     const struct common_hparams *hp = &c->m->desc->hp;
-    const struct executor_kv    *kv = &c->kv;
     const uint32_t               hk = hp->head_dim_k, hv = hp->head_dim_v;
     const uint32_t               gqa = hp->n_head / hp->n_head_kv;
     float                       *scores = c->th_scores + (size_t)ith * c->n_ctx;
@@ -183,9 +182,10 @@ static void fwd_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         const uint32_t t = (uint32_t)(it / hp->n_head), h = (uint32_t)(it % hp->n_head);
         const uint32_t kvh = h / gqa;
         const struct executor_layer_w *lw = &c->m->layers[j->il];
-        /* A sliding layer sees the last n_swa positions (the query's own included): positions
-         * p0 .. of the range below, which shifts the K rows and V columns read. */
-        const uint32_t last = j->p0 + t + 1;
+        const struct executor_kv      *kv = c->rows[t].kv;
+        /* A sliding layer sees the last n_swa positions (the query's own included): the range
+         * below, which shifts the K rows and V columns read. */
+        const uint32_t last = c->rows[t].pos + 1;
         const uint32_t p_lo = lw->swa && last > hp->n_swa ? last - hp->n_swa : 0;
         const uint32_t n_kv = last - p_lo;
         const float   *qv = c->q + (size_t)t * hp->n_head * hk + (size_t)h * hk;
@@ -269,23 +269,23 @@ static void fwd_att_mla_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
     const struct fwd_att_job    *j = arg;
     struct executor_ctx         *c = j->c;
     const struct common_hparams *hp = &c->m->desc->hp;
-    const struct executor_kv    *kv = &c->kv;
     const uint32_t               hk = hp->head_dim_k, hv = hp->head_dim_v, H = hp->n_head;
     const uint32_t               n_grp = (H + j->group - 1) / j->group;
     const size_t                 sst = c->n_ctx, qst = c->th_q_bytes;
     float                       *scores = c->th_scores + (size_t)ith * c->att_heads * sst;
     uint8_t                     *qb = c->th_q + (size_t)ith * c->att_heads * qst;
     float                       *vrow = c->th_v + (size_t)ith * hv;
-    const bool                   f16 = kv->type == COMMON_CACHE_F16;
-    const uint32_t               kt = f16 ? COMMON_GGML_TYPE_F16 : COMMON_GGML_TYPE_Q8_0;
     for (int64_t it = i0; it < i1; it++) {
         const uint32_t t = (uint32_t)(it / n_grp), h0 = (uint32_t)(it % n_grp) * j->group;
-        const uint32_t nh = H - h0 < j->group ? H - h0 : j->group;
-        const uint32_t n_kv = j->p0 + t + 1, cap = kv->cap[j->il];
-        const uint32_t len_a = n_kv < cap ? n_kv : cap, len_b = n_kv - len_a;
-        const uint8_t *kbase = executor_kv_k_base(kv, j->il, 0);
-        const size_t   kpb = kv->k_pos_bytes;
-        float         *out = c->att + ((size_t)t * H + h0) * hv;
+        const struct executor_kv *kv = c->rows[t].kv;
+        const bool                f16 = kv->type == COMMON_CACHE_F16;
+        const uint32_t            kt = f16 ? COMMON_GGML_TYPE_F16 : COMMON_GGML_TYPE_Q8_0;
+        const uint32_t            nh = H - h0 < j->group ? H - h0 : j->group;
+        const uint32_t            n_kv = c->rows[t].pos + 1, cap = kv->cap[j->il];
+        const uint32_t            len_a = n_kv < cap ? n_kv : cap, len_b = n_kv - len_a;
+        const uint8_t            *kbase = executor_kv_k_base(kv, j->il, 0);
+        const size_t              kpb = kv->k_pos_bytes;
+        float                    *out = c->att + ((size_t)t * H + h0) * hv;
         for (uint32_t h = 0; h < nh; h++) {
             const float *qv = c->q + ((size_t)t * H + h0 + h) * hk;
             if (f16) {
@@ -326,11 +326,11 @@ static void fwd_att_mla_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
 }
 
 /* Runs the attention of layer il over the cache for the n queries in c->q into c->att. */
-static void fwd_attend(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
+static void fwd_attend(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
     const struct common_hparams *hp = &c->m->desc->hp;
-    struct fwd_att_job           aj = {.c = c, .il = il, .p0 = p0, .scale = fwd_attn_scale(hp)};
-    if (c->kv.v_in_k && c->att_heads > 1) {
+    struct fwd_att_job           aj = {.c = c, .il = il, .scale = fwd_attn_scale(hp)};
+    if (c->rows[0].kv->v_in_k && c->att_heads > 1) {
         /* Groups of heads: as many as fit the scratch, fewer when a few tokens must still
          * give every thread a share (a decode step's one token). */
         const uint32_t nth = c->pool ? executor_threadpool_n_threads(c->pool) : 1;
@@ -384,7 +384,7 @@ static struct executor_mat fwd_head_block(const struct executor_mat *w, uint32_t
  * per position the normalised latent (kv_lora_rank) and the rotated shared key (n_rot); each
  * head's query is its non-rotary part absorbed into the latent by attn_k_b, followed by its
  * rotated part; the attention output over the latent is expanded per head by attn_v_b. */
-static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
+static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
     const struct executor_model   *m = c->m;
     const struct common_hparams   *hp = &m->desc->hp;
@@ -416,7 +416,7 @@ static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n, u
         memcpy(c->v + (size_t)t * kvr, k, kvr * sizeof(float));
         for (uint32_t h = 0; h < H; h++)
             fwd_rope_apply(q + (size_t)h * kq + nope, 1, rot, rot, cs, hp->rope_neox != 0);
-        executor_kv_store(&c->kv, il, p0 + t, k, c->v + (size_t)t * kvr);
+        executor_kv_store(c->rows[t].kv, il, c->rows[t].pos, k, c->v + (size_t)t * kvr);
     }
     /* Absorb: head h's query over the latent is attn_k_b[h] . q_nope[h], then its q_pe. */
     for (uint32_t h = 0; h < H; h++) {
@@ -428,7 +428,7 @@ static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n, u
         for (uint32_t h = 0; h < H; h++)
             memcpy(c->q + ((size_t)t * H + h) * hk + kvr,
                    c->mla_q + ((size_t)t * H + h) * kq + nope, rot * sizeof(float));
-    fwd_attend(c, il, n, p0);
+    fwd_attend(c, il, n);
     /* Expand: head h's value is attn_v_b[h] . its output over the latent. */
     for (uint32_t h = 0; h < H; h++) {
         const struct executor_mat vb = fwd_head_block(&lw->wv_b, h, H);
@@ -438,11 +438,12 @@ static void fwd_attention_mla(struct executor_ctx *c, uint32_t il, uint32_t n, u
     fwd_attn_out(c, &lw->wo, NULL, c->mla_o, H * vm, n);
 }
 
-/* Self-attention block of layer il for n tokens at positions p0..: adds its output to c->x. */
-static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint32_t p0)
+/* Self-attention block of layer il for the n rows of the batch (each in the cache and at the
+ * position c->rows gives): adds its output to c->x. */
+static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
     if (c->m->desc->hp.n_lora_kv) {
-        fwd_attention_mla(c, il, n, p0);
+        fwd_attention_mla(c, il, n);
         return;
     }
     const struct executor_model   *m = c->m;
@@ -500,10 +501,10 @@ static void fwd_attention(struct executor_ctx *c, uint32_t il, uint32_t n, uint3
         const float *cs = c->rope + (size_t)t * hp->n_rot;
         fwd_rope_apply(q, hp->n_head, hp->head_dim_k, hp->n_rot, cs, hp->rope_neox != 0);
         fwd_rope_apply(k, hp->n_head_kv, hp->head_dim_k, hp->n_rot, cs, hp->rope_neox != 0);
-        executor_kv_store(&c->kv, il, p0 + t, k, v);
+        executor_kv_store(c->rows[t].kv, il, c->rows[t].pos, k, v);
     }
 
-    fwd_attend(c, il, n, p0);
+    fwd_attend(c, il, n);
     for (uint32_t t = 0; lw->attn_sub_norm && t < n; t++)
         fwd_rmsnorm(c->att + (size_t)t * ad, c->att + (size_t)t * ad, lw->attn_sub_norm, ad,
                     hp->rms_eps);
@@ -633,14 +634,13 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
 /* One batch                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Runs n tokens (n <= n_batch) at positions n_past..; writes logits of every token to `logits`
- * (n * n_vocab) when all, else of the last token when logits is not NULL. */
-static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-                     bool all, struct common_errmsg *e)
+/* The embeddings of tokens[0..n) (n <= n_batch), their RoPE tables at the positions c->rows
+ * gives, then every CPU layer over them. */
+static int fwd_cpu_layers(struct executor_ctx *c, const int32_t *tokens, uint32_t n)
 {
     const struct executor_model *m = c->m;
     const struct common_hparams *hp = &m->desc->hp;
-    const uint32_t               ne = hp->n_embd, p0 = c->n_past;
+    const uint32_t               ne = hp->n_embd;
     if (m->w->ops->token_begin)
         m->w->ops->token_begin(m->w->impl);
     for (uint32_t t = 0; t < n; t++) {
@@ -649,18 +649,48 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
         executor_dequantize_row(m->tok_embd.type, row, c->x + (size_t)t * ne, ne);
         for (uint32_t i = 0; m->tok_embd.out_scale != 0.0f && i < ne; i++)
             c->x[(size_t)t * ne + i] *= m->tok_embd.out_scale;
-        fwd_rope_table(c->rope + (size_t)t * hp->n_rot, p0 + t, hp, m->rope_freqs);
+        fwd_rope_table(c->rope + (size_t)t * hp->n_rot, c->rows[t].pos, hp, m->rope_freqs);
     }
     const uint32_t n_cpu = c->gpu ? executor_gpu_first_layer(c->gpu) : hp->n_layer;
     for (uint32_t il = 0; il < n_cpu; il++) {
-        fwd_attention(c, il, n, p0);
+        fwd_attention(c, il, n);
         int rc = fwd_ffn(c, il, n);
         if (rc < 0)
             return rc;
     }
+    return 0;
+}
+
+/* The output norm and head of the n_out rows of c->x listed in `rows` (ascending) into `out`
+ * (n_out rows of n_vocab). */
+static void fwd_head(struct executor_ctx *c, const uint32_t *rows, uint32_t n_out, float *out)
+{
+    const struct executor_model *m = c->m;
+    const struct common_hparams *hp = &m->desc->hp;
+    const uint32_t               ne = hp->n_embd;
+    for (uint32_t i = 0; i < n_out; i++)
+        fwd_rmsnorm(c->xn + (size_t)i * ne, c->x + (size_t)rows[i] * ne, m->output_norm, ne,
+                    hp->rms_eps);
+    size_t            os = executor_fwd_quantize(c, 0, m->output.type, c->xn, ne, n_out, ne);
+    struct fwd_mm_job oj = {.n = 1};
+    oj.t[0] = fwd_mm_of(&m->output, c->act[0], os, n_out, out, hp->n_vocab);
+    executor_fwd_mm_run(c, &oj);
+}
+
+/* Runs n tokens (n <= n_batch) at positions n_past..; writes logits of every token to `logits`
+ * (n * n_vocab) when all, else of the last token when logits is not NULL. */
+static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+                     bool all, struct common_errmsg *e)
+{
+    const uint32_t p0 = c->n_past;
+    for (uint32_t t = 0; t < n; t++)
+        c->rows[t] = (struct fwd_row){.kv = &c->kv, .pos = p0 + t};
+    int rc = fwd_cpu_layers(c, tokens, n);
+    if (rc < 0)
+        return rc;
     if (c->gpu) {
         /* The device's layers, then its head (done) or the CPU's. */
-        int rc = executor_gpu_forward(c->gpu, c, n, p0, logits, all, e);
+        rc = executor_gpu_forward(c->gpu, c, n, p0, logits, all, e);
         if (rc < 0)
             return rc;
         c->n_past += n;
@@ -672,21 +702,18 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
     if (!logits)
         return 0;
     const uint32_t t0 = all ? 0 : n - 1, n_out = n - t0;
-    for (uint32_t t = t0; t < n; t++)
-        fwd_rmsnorm(c->xn + (size_t)t * ne, c->x + (size_t)t * ne, m->output_norm, ne, hp->rms_eps);
-    size_t os = executor_fwd_quantize(c, 0, m->output.type, c->xn + (size_t)t0 * ne, ne, n_out, ne);
-    struct fwd_mm_job oj = {.n = 1};
-    oj.t[0] = fwd_mm_of(&m->output, c->act[0], os, n_out, logits, hp->n_vocab);
-    executor_fwd_mm_run(c, &oj);
+    for (uint32_t i = 0; i < n_out; i++)
+        c->head_rows[i] = t0 + i;
+    fwd_head(c, c->head_rows, n_out, logits);
     return 0;
 }
 
-int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-                        const struct executor_decode_opts *o, struct common_errmsg *e)
+/* Checks tokens[0..n) for context c: ids in the vocabulary, room in the cache. */
+static int fwd_check_tokens(const struct executor_ctx *c, const int32_t *tokens, uint32_t n,
+                            struct common_errmsg *e)
 {
     const struct common_hparams *hp = &c->m->desc->hp;
-    const bool                   all = o && o->all_logits;
-    if (n == 0 || !tokens || !logits)
+    if (n == 0 || !tokens)
         return common_errmsg_set(e, COMMON_EINVAL, "nothing to decode");
     if (n > c->n_ctx - c->n_past)
         return common_errmsg_set(e, COMMON_ERANGE,
@@ -697,10 +724,19 @@ int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t 
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
             return common_errmsg_set(e, COMMON_EINVAL, "token id %d is not in 0..%u", tokens[i],
                                      hp->n_vocab - 1);
+    return 0;
+}
+
+/* Checked tokens of one sequence in batches of n_batch; logits as executor_ctx_decode (NULL:
+ * none). */
+static int fwd_decode_seq(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+                          bool all, struct common_errmsg *e)
+{
+    const uint32_t n_vocab = c->m->desc->hp.n_vocab;
     for (uint32_t off = 0; off < n; off += c->n_batch) {
         const uint32_t nb = n - off < c->n_batch ? n - off : c->n_batch;
         const bool     last = off + nb == n;
-        float         *out = all ? logits + (size_t)off * hp->n_vocab : (last ? logits : NULL);
+        float *out = !logits ? NULL : all ? logits + (size_t)off * n_vocab : (last ? logits : NULL);
         struct common_errmsg ge = {{0}};
         int                  rc = fwd_batch(c, tokens + off, nb, out, all, &ge);
         if (rc < 0)
@@ -708,6 +744,159 @@ int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t 
                                      ge.text[0] ? ge.text : common_strerror(rc));
     }
     return 0;
+}
+
+int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+                        const struct executor_decode_opts *o, struct common_errmsg *e)
+{
+    if (!logits)
+        return common_errmsg_set(e, COMMON_EINVAL, "nothing to decode");
+    int rc = fwd_check_tokens(c, tokens, n, e);
+    return rc < 0 ? rc : fwd_decode_seq(c, tokens, n, logits, o && o->all_logits, e);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Several sequences in one batch (continuous batching)                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A sequence's share of one batch: rows [row, row + n) of it. */
+struct fwd_member {
+    uint32_t seq, row, n;
+    bool     ends; /* its last token is in this batch */
+};
+
+/* Fails the members of a batch that failed: their caches may be half-written. */
+static void fwd_batch_failed(struct executor_batch_seq *seqs, const struct fwd_member *mb,
+                             uint32_t n_mb, int rc)
+{
+    for (uint32_t i = 0; i < n_mb; i++) {
+        seqs[mb[i].seq].status = rc;
+        executor_ctx_reset(seqs[mb[i].seq].ctx);
+    }
+}
+
+/* Runs the rows lead->btok[0..nb) of members mb[0..n_mb) and hands out their logits. */
+static int fwd_run_members(struct executor_ctx *lead, struct executor_batch_seq *seqs,
+                           const struct fwd_member *mb, uint32_t n_mb, uint32_t nb)
+{
+    const uint32_t n_vocab = lead->m->desc->hp.n_vocab;
+    int            rc = fwd_cpu_layers(lead, lead->btok, nb);
+    if (rc < 0)
+        return rc;
+    uint32_t n_out = 0;
+    for (uint32_t i = 0; i < n_mb; i++) {
+        seqs[mb[i].seq].ctx->n_past += mb[i].n;
+        if (mb[i].ends && seqs[mb[i].seq].logits)
+            lead->head_rows[n_out++] = mb[i].row + mb[i].n - 1;
+    }
+    if (!n_out)
+        return 0;
+    const size_t want = (size_t)n_out * n_vocab;
+    if (want > lead->head_cap) {
+        float *p = realloc(lead->head_out, want * sizeof(*p));
+        if (!p)
+            return COMMON_ENOMEM;
+        lead->head_out = p;
+        lead->head_cap = want;
+    }
+    fwd_head(lead, lead->head_rows, n_out, lead->head_out);
+    for (uint32_t i = 0, o = 0; i < n_mb; i++)
+        if (mb[i].ends && seqs[mb[i].seq].logits)
+            memcpy(seqs[mb[i].seq].logits, lead->head_out + (size_t)o++ * n_vocab,
+                   n_vocab * sizeof(float));
+    return 0;
+}
+
+/* Checks sequence i of a batch against the lead context and the sequences before it. */
+static int fwd_check_seq(const struct executor_ctx *lead, const struct executor_batch_seq *seqs,
+                         uint32_t i, struct common_errmsg *e)
+{
+    const struct executor_ctx *c = seqs[i].ctx;
+    if (!c)
+        return common_errmsg_set(e, COMMON_EINVAL, "no context");
+    if (c->m != lead->m || c->kv.type != lead->kv.type || c->n_ctx > lead->n_ctx)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "its context differs from the batch's (model, cache type, or a "
+                                 "longer context)");
+    for (uint32_t k = 0; k < i; k++)
+        if (seqs[k].ctx == c)
+            return common_errmsg_set(e, COMMON_EINVAL, "its context is also sequence %u's", k);
+    return fwd_check_tokens(c, seqs[i].tokens, seqs[i].n, e);
+}
+
+int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_seq *seqs,
+                              uint32_t n_seqs, struct common_errmsg *e)
+{
+    if (!lead || (n_seqs && !seqs))
+        return common_errmsg_set(e, COMMON_EINVAL, "nothing to decode");
+    int  first = 0;
+    bool device = lead->gpu != NULL;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        struct common_errmsg se = {{0}};
+        seqs[i].status = fwd_check_seq(lead, seqs, i, &se);
+        if (seqs[i].status < 0 && first == 0)
+            first = common_errmsg_set(e, seqs[i].status, "sequence %u: %s", i, se.text);
+        if (seqs[i].status == 0 && seqs[i].ctx->gpu)
+            device = true;
+    }
+    if (device) {
+        /* The device's batched kernels round differently from its one-token ones, so its
+         * sequences run one after another: each gives what it gives alone. */
+        for (uint32_t i = 0; i < n_seqs; i++) {
+            struct common_errmsg se = {{0}};
+            if (seqs[i].status < 0)
+                continue;
+            seqs[i].status =
+                fwd_decode_seq(seqs[i].ctx, seqs[i].tokens, seqs[i].n, seqs[i].logits, false, &se);
+            if (seqs[i].status < 0) {
+                executor_ctx_reset(seqs[i].ctx);
+                if (first == 0)
+                    first = common_errmsg_set(e, seqs[i].status, "sequence %u: %s", i, se.text);
+            }
+        }
+        return first;
+    }
+    struct fwd_member *mb = malloc((n_seqs ? n_seqs : 1) * sizeof(*mb));
+    if (!mb)
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    uint32_t si = 0, off = 0;
+    while (si < n_seqs) {
+        uint32_t nb = 0, n_mb = 0;
+        while (si < n_seqs && nb < lead->n_batch) {
+            struct executor_batch_seq *q = &seqs[si];
+            if (q->status < 0) {
+                si++;
+                continue;
+            }
+            const uint32_t k = q->n - off < lead->n_batch - nb ? q->n - off : lead->n_batch - nb;
+            for (uint32_t i = 0; i < k; i++) {
+                lead->btok[nb + i] = q->tokens[off + i];
+                lead->rows[nb + i] = (struct fwd_row){.kv = &q->ctx->kv, .pos = q->ctx->n_past + i};
+            }
+            mb[n_mb++] = (struct fwd_member){.seq = si, .row = nb, .n = k, .ends = off + k == q->n};
+            nb += k;
+            off += k;
+            if (off == q->n) {
+                si++;
+                off = 0;
+            }
+        }
+        if (nb == 0)
+            break;
+        int rc = fwd_run_members(lead, seqs, mb, n_mb, nb);
+        if (rc < 0) {
+            fwd_batch_failed(seqs, mb, n_mb, rc);
+            if (first == 0)
+                first = common_errmsg_set(e, rc, "a batch of %u sequences failed: %s", n_mb,
+                                          common_strerror(rc));
+            if (off) { /* the sequence split here failed with the batch */
+                si++;
+                off = 0;
+            }
+        }
+    }
+    free(mb);
+    return first;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -772,6 +961,9 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     c->act[1] = FWD_BUF(COMMON_CTX_ACT1);
     c->act[2] = FWD_BUF(COMMON_CTX_ACT2);
     c->rope = FWD_BUF(COMMON_CTX_ROPE);
+    c->rows = fwd_alloc((size_t)lay.n_batch * sizeof(*c->rows), &ok);
+    c->head_rows = fwd_alloc((size_t)lay.n_batch * sizeof(*c->head_rows), &ok);
+    c->btok = fwd_alloc((size_t)lay.n_batch * sizeof(*c->btok), &ok);
     c->th_scores = FWD_BUF(COMMON_CTX_TH_SCORES);
     c->th_p16 = FWD_BUF(COMMON_CTX_TH_P16);
     c->th_q_bytes = lay.th_q_bytes;
@@ -833,7 +1025,8 @@ void executor_ctx_destroy(struct executor_ctx *c)
                     c->th_q,      c->th_v,        c->router,    c->sel,       c->sel_w,
                     c->ex_count,  c->ex_start,    c->ex_items,  c->gx,        c->moe_out,
                     c->ex_order,  c->pred_logits, c->pred_gate, c->prev_sel,  c->have_prev,
-                    c->hint_mark, c->mla_qa,      c->mla_q,     c->mla_kv,    c->mla_o};
+                    c->hint_mark, c->mla_qa,      c->mla_q,     c->mla_kv,    c->mla_o,
+                    c->rows,      c->head_rows,   c->head_out,  c->btok};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(c);

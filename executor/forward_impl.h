@@ -21,6 +21,14 @@
 #define FWD_NEXT_TOKEN_LAYERS 2 /* layers of the next token prefetched after the last layer */
 #define FWD_TORN_RETRIES      8 /* computations of one expert whose unpinned bytes changed */
 
+/* Where one row of a batch belongs: the cache of its sequence and its position there. A batch
+ * of one sequence has every row in the context's own cache; a batch of several sequences
+ * (executor_ctx_decode_batch) mixes the caches of their contexts. */
+struct fwd_row {
+    struct executor_kv *kv; /* borrowed */
+    uint32_t            pos;
+};
+
 struct executor_ctx {
     const struct executor_model *m;    /* borrowed: must outlive the ctx */
     struct executor_threadpool  *pool; /* borrowed: may be NULL */
@@ -28,15 +36,20 @@ struct executor_ctx {
     uint32_t                     n_ctx, n_batch, n_past;
     struct executor_kv           kv;
     /* Scratch, row-major (n_batch, width); allocated once in executor_ctx_create. */
-    float   *x;              /* owned: (n_batch, n_embd) residual stream */
-    float   *xn;             /* owned: (n_batch, n_embd) normalised input of a block */
-    float   *q, *k, *v;      /* owned: (n_batch, q_dim), (n_batch, k_dim), (n_batch, v_dim) */
-    float   *att;            /* owned: (n_batch, n_head * head_dim_v) attention output */
-    float   *tmp;            /* owned: (n_batch, n_embd) block output */
-    float   *ga, *up;        /* owned: (n_batch, n_ff_max) FFN gate and up */
-    uint8_t *act[FWD_N_ACT]; /* owned: act_cap bytes each, activations in vec_dot types */
-    size_t   act_cap;
-    float   *rope; /* owned: (n_batch, n_rot) cos, sin pairs per token */
+    float          *x;         /* owned: (n_batch, n_embd) residual stream */
+    float          *xn;        /* owned: (n_batch, n_embd) normalised input of a block */
+    float          *q, *k, *v; /* owned: (n_batch, q_dim), (n_batch, k_dim), (n_batch, v_dim) */
+    float          *att;       /* owned: (n_batch, n_head * head_dim_v) attention output */
+    float          *tmp;       /* owned: (n_batch, n_embd) block output */
+    float          *ga, *up;   /* owned: (n_batch, n_ff_max) FFN gate and up */
+    uint8_t        *act[FWD_N_ACT]; /* owned: act_cap bytes each, activations in vec_dot types */
+    size_t          act_cap;
+    float          *rope;      /* owned: (n_batch, n_rot) cos, sin pairs per token */
+    struct fwd_row *rows;      /* owned: (n_batch) cache and position of each row */
+    uint32_t       *head_rows; /* owned: (n_batch) rows whose logits the head computes */
+    int32_t        *btok;      /* owned: (n_batch) tokens of a multi-sequence batch */
+    float          *head_out;  /* owned, grown on demand: logits of a multi-sequence batch */
+    size_t          head_cap;  /* floats in head_out */
     /* Per-thread attention scratch, indexed by the pool's thread index. */
     float    *th_scores;  /* owned: (nth, n_ctx) */
     uint16_t *th_p16;     /* owned: (nth, n_ctx) f16 probabilities */
