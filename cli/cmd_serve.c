@@ -180,6 +180,7 @@ int cli_cmd_serve(int argc, char **argv)
                                    .run_dir = run_dir,
                                    .n_ctx = a.n_ctx,
                                    .n_seq = a.n_seq,
+                                   .prefill_chunk = a.n_batch,
                                    .stream_ms = 50,
                                    .no_pidfile = true,
                                    .http_addr = a.http,

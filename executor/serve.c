@@ -33,14 +33,21 @@ struct executor_serve {
     const struct executor_model *model;   /* borrowed */
     struct executor_remote      *remote;  /* borrowed, NULL for a dense model */
     uint32_t                     n_seq, n_ctx, n_vocab;
-    struct executor_ctx        **ctx;     /* owned: n_seq contexts */
-    struct executor_gpu_weights *gpu_w;   /* owned: -ngl's device weights, shared by ctx */
-    float                       *logits;  /* owned: n_vocab scratch */
-    int32_t                     *tokens;  /* owned: n_ctx scratch (a copy of the router's ids) */
-    struct proto_service        *svc;     /* owned: control socket, pid file */
-    pthread_t                    thread;  /* the step thread */
-    bool                         started; /* thread running */
-    uint64_t                     instance;
+    struct executor_ctx        **ctx;    /* owned: n_seq contexts */
+    struct executor_gpu_weights *gpu_w;  /* owned: -ngl's device weights, shared by ctx */
+    int32_t                     *tokens; /* owned: (n_seq, n_ctx) copies of the router's ids */
+    /* One round of step records (at most round_cap) and its batch; owned, of the step thread. */
+    uint32_t                   round_cap;
+    struct proto_step_req     *round;    /* (round_cap) records */
+    struct proto_step_rep     *reps;     /* (round_cap) their replies */
+    bool                      *bad;      /* (round_cap) the record was malformed */
+    struct executor_batch_seq *bseq;     /* (n_seq) the batch's sequences */
+    uint32_t                  *bidx;     /* (n_seq) their records in the round */
+    bool                      *in_batch; /* (n_seq) the sequence is in the batch */
+    struct proto_service      *svc;      /* owned: control socket, pid file */
+    pthread_t                  thread;   /* the step thread */
+    bool                       started;  /* thread running */
+    uint64_t                   instance;
 
     pthread_mutex_t    mu;       /* everything below */
     pthread_cond_t     cond;     /* a new link, or stop */
@@ -48,6 +55,7 @@ struct executor_serve {
     bool               has_link; /* the step thread serves a link */
     bool               stop, draining;
     uint64_t           steps, tokens_done, step_ns, errors, bad_records, attaches, dropped;
+    uint64_t           rounds, batches, batched_seqs;
     double             last_ms;
 };
 
@@ -146,9 +154,11 @@ static void serve_reset_all(struct executor_serve *s)
         executor_ctx_reset(s->ctx[i]);
 }
 
-/* Runs one EVAL; returns the status of the reply. */
-static int serve_eval(struct executor_serve *s, struct serve_link *l,
-                      const struct proto_step_req *q)
+/* Checks an EVAL and takes a private copy of its tokens (the router's slab may change under us)
+ * into row `seq` of s->tokens; a first position of 0 resets the sequence. Returns 0 or the
+ * status of the reply. */
+static int serve_eval_prepare(struct executor_serve *s, struct serve_link *l,
+                              const struct proto_step_req *q)
 {
     if (q->n == 0)
         return COMMON_EINVAL;
@@ -157,71 +167,152 @@ static int serve_eval(struct executor_serve *s, struct serve_link *l,
     struct executor_ctx *c = s->ctx[q->seq];
     if (q->pos != 0 && q->pos != executor_ctx_n_past(c))
         return COMMON_EINVAL;
-    /* A private copy: the router's slab may change under us. */
-    memcpy(s->tokens, l->tokens + (size_t)q->seq * l->n_ctx + q->pos, q->n * sizeof(int32_t));
+    int32_t *tok = s->tokens + (size_t)q->seq * s->n_ctx;
+    memcpy(tok, l->tokens + (size_t)q->seq * l->n_ctx + q->pos, q->n * sizeof(int32_t));
     for (uint32_t i = 0; i < q->n; i++)
-        if (s->tokens[i] < 0 || (uint32_t)s->tokens[i] >= s->n_vocab)
+        if (tok[i] < 0 || (uint32_t)tok[i] >= s->n_vocab)
             return COMMON_EINVAL;
     if (q->pos == 0)
         executor_ctx_reset(c);
-    struct common_errmsg e = {{0}};
-    int                  rc = executor_ctx_decode(c, s->tokens, q->n, s->logits, NULL, &e);
-    if (rc < 0) {
-        COMMON_LOG_WARN("executor.serve", "eval failed seq=%u pos=%u n=%u: %s", q->seq, q->pos,
-                        q->n, e.text[0] ? e.text : common_strerror(rc));
-        executor_ctx_reset(c); /* the cache may be half-written */
-        return rc;
-    }
-    memcpy(l->logits + (size_t)q->seq * s->n_vocab, s->logits, s->n_vocab * sizeof(float));
     return COMMON_OK;
 }
 
-/* Serves one request record and pushes its reply. Returns false when the link must be dropped. */
-static bool serve_step(struct executor_serve *s, struct serve_link *l,
-                       const struct proto_step_req *q)
+/* Runs the EVALs gathered in s->bseq (distinct sequences) as one batched step; their statuses
+ * go to the replies listed in s->bidx. */
+static void serve_run_batch(struct executor_serve *s, uint32_t nb, struct proto_step_rep *rep)
 {
-    uint64_t              t0 = common_now_ns();
-    struct proto_step_rep rep = {.tag = q->tag, .seq = q->seq};
-    bool                  seq_ok = q->seq < l->n_seq;
-    bool                  bad = false;
-    if (q->op == PROTO_STEP_EVAL && seq_ok) {
-        rep.status = serve_eval(s, l, q);
-        bad = rep.status == COMMON_EINVAL || rep.status == COMMON_ERANGE;
-    } else if (q->op == PROTO_STEP_FREE && seq_ok) {
-        executor_ctx_reset(s->ctx[q->seq]);
-        rep.status = COMMON_OK;
-    } else {
-        rep.status = COMMON_EINVAL;
-        bad = true;
+    struct common_errmsg e = {{0}};
+    int                  rc = executor_ctx_decode_batch(s->ctx[0], s->bseq, nb, &e);
+    if (rc < 0)
+        COMMON_LOG_WARN("executor.serve", "a step of %u sequence(s) failed: %s", nb,
+                        e.text[0] ? e.text : common_strerror(rc));
+    for (uint32_t k = 0; k < nb; k++) {
+        rep[s->bidx[k]].status = s->bseq[k].status;
+        rep[s->bidx[k]].n_past = executor_ctx_n_past(s->bseq[k].ctx);
     }
-    if (seq_ok)
-        rep.n_past = executor_ctx_n_past(s->ctx[q->seq]);
-    uint64_t dt = common_now_ns() - t0;
-    rep.ms = (double)dt / 1e6;
     pthread_mutex_lock(&s->mu);
-    if (bad)
-        s->bad_records++;
-    else if (rep.status < 0)
-        s->errors++;
-    if (q->op == PROTO_STEP_EVAL && rep.status == 0) {
-        s->steps++;
-        s->tokens_done += q->n;
-        s->step_ns += dt;
-        s->last_ms = rep.ms;
+    s->batches++;
+    s->batched_seqs += nb;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Serves the n records of a round and pushes their replies: EVALs of distinct sequences run
+ * as one batch; a record naming a sequence already in the batch runs the batch first, so the
+ * records of a sequence take effect in ring order. Returns false when the link must be
+ * dropped. */
+static bool serve_round(struct executor_serve *s, struct serve_link *l,
+                        const struct proto_step_req *recs, uint32_t n)
+{
+    uint64_t               t0 = common_now_ns();
+    struct proto_step_rep *rep = s->reps;
+    bool                  *bad = s->bad;
+    uint32_t               nb = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_step_req *q = &recs[i];
+        const bool                   seq_ok = q->seq < l->n_seq;
+        rep[i] = (struct proto_step_rep){.tag = q->tag, .seq = q->seq};
+        bad[i] = false;
+        if (seq_ok && s->in_batch[q->seq]) {
+            serve_run_batch(s, nb, rep);
+            for (uint32_t k = 0; k < nb; k++)
+                s->in_batch[recs[s->bidx[k]].seq] = false;
+            nb = 0;
+        }
+        if (q->op == PROTO_STEP_EVAL && seq_ok) {
+            rep[i].status = serve_eval_prepare(s, l, q);
+            bad[i] = rep[i].status < 0;
+            if (rep[i].status == 0) {
+                s->bseq[nb] =
+                    (struct executor_batch_seq){.ctx = s->ctx[q->seq],
+                                                .tokens = s->tokens + (size_t)q->seq * s->n_ctx,
+                                                .n = q->n,
+                                                .logits = l->logits + (size_t)q->seq * s->n_vocab};
+                s->bidx[nb++] = i;
+                s->in_batch[q->seq] = true;
+            }
+        } else if (q->op == PROTO_STEP_FREE && seq_ok) {
+            executor_ctx_reset(s->ctx[q->seq]);
+            rep[i].status = COMMON_OK;
+        } else {
+            rep[i].status = COMMON_EINVAL;
+            bad[i] = true;
+        }
+        if (seq_ok && !s->in_batch[q->seq])
+            rep[i].n_past = executor_ctx_n_past(s->ctx[q->seq]);
+    }
+    if (nb)
+        serve_run_batch(s, nb, rep);
+    for (uint32_t k = 0; k < nb; k++)
+        s->in_batch[recs[s->bidx[k]].seq] = false;
+    uint64_t dt = common_now_ns() - t0;
+    pthread_mutex_lock(&s->mu);
+    s->rounds++;
+    s->step_ns += dt;
+    s->last_ms = (double)dt / 1e6;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct proto_step_req *q = &recs[i];
+        rep[i].ms = (double)dt / 1e6;
+        if (bad[i])
+            s->bad_records++;
+        else if (rep[i].status < 0)
+            s->errors++;
+        if (q->op == PROTO_STEP_EVAL && rep[i].status == 0) {
+            s->steps++;
+            s->tokens_done += q->n;
+        }
     }
     pthread_mutex_unlock(&s->mu);
-    for (;;) {
-        int rc = common_ring_push_wait(&l->rep, &rep, sizeof(rep), SERVE_WAIT_MS);
-        if (rc == COMMON_OK)
-            return true;
-        if (rc != COMMON_ETIMEDOUT || common_pid_gone(l->pid))
-            return false;
-        pthread_mutex_lock(&s->mu);
-        bool stop = s->stop || s->pending;
-        pthread_mutex_unlock(&s->mu);
-        if (stop)
-            return true; /* the router moved on (or we stop): the reply is moot */
+    for (uint32_t i = 0; i < n; i++) {
+        for (;;) {
+            int rc = common_ring_push_wait(&l->rep, &rep[i], sizeof(rep[i]), SERVE_WAIT_MS);
+            if (rc == COMMON_OK)
+                break;
+            if (rc != COMMON_ETIMEDOUT || common_pid_gone(l->pid))
+                return false;
+            pthread_mutex_lock(&s->mu);
+            bool stop = s->stop || s->pending;
+            pthread_mutex_unlock(&s->mu);
+            if (stop)
+                return true; /* the router moved on (or we stop): the replies are moot */
+        }
     }
+    return true;
+}
+
+/* Pops the rest of a round after its first record recs[0]: the records flagged "more" promise
+ * another at once, and whatever else already waits in the ring joins too, up to the round's
+ * capacity. Returns NULL with *n set, or why the link must be dropped. */
+static const char *serve_collect(struct executor_serve *s, struct serve_link *l,
+                                 struct proto_step_req *recs, uint32_t *n)
+{
+    while (*n < s->round_cap) {
+        const bool more = (recs[*n - 1].flags & PROTO_STEP_F_MORE) != 0;
+        int        rc =
+            common_ring_pop_wait(&l->req, &recs[*n], sizeof(recs[0]), more ? SERVE_WAIT_MS : 0);
+        if (rc == (int)sizeof(recs[0])) {
+            (*n)++;
+            continue;
+        }
+        if (rc == COMMON_ETIMEDOUT && more) {
+            if (common_pid_gone(l->pid))
+                return "router gone";
+            pthread_mutex_lock(&s->mu);
+            bool stop = s->stop || s->pending;
+            pthread_mutex_unlock(&s->mu);
+            if (stop)
+                return NULL;
+            continue;
+        }
+        if (rc == COMMON_ETIMEDOUT)
+            return NULL;
+        pthread_mutex_lock(&s->mu);
+        s->bad_records++;
+        pthread_mutex_unlock(&s->mu);
+        if (rc >= 0) /* shorter than a record: gone from the ring, the round goes on */
+            continue;
+        return rc == COMMON_EINVAL ? "oversized record" : common_strerror(rc);
+    }
+    return NULL;
 }
 
 static void *serve_thread(void *arg)
@@ -257,11 +348,13 @@ static void *serve_thread(void *arg)
         pthread_mutex_unlock(&s->mu);
         serve_link_free(old);
 
-        struct proto_step_req q;
-        int                   rc = common_ring_pop_wait(&l->req, &q, sizeof(q), SERVE_WAIT_MS);
-        const char           *drop = NULL;
-        if (rc == (int)sizeof(q)) {
-            if (!serve_step(s, l, &q))
+        struct proto_step_req *recs = s->round;
+        int         rc = common_ring_pop_wait(&l->req, &recs[0], sizeof(recs[0]), SERVE_WAIT_MS);
+        const char *drop = NULL;
+        if (rc == (int)sizeof(recs[0])) {
+            uint32_t n = 1;
+            drop = serve_collect(s, l, recs, &n);
+            if (!drop && !serve_round(s, l, recs, n))
                 drop = "reply ring unusable or router gone";
         } else if (rc >= 0 || rc == COMMON_EINVAL) {
             pthread_mutex_lock(&s->mu);
@@ -299,8 +392,12 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
     proto_stats_add(r, "steps", (double)s->steps);
     proto_stats_add(r, "tokens", (double)s->tokens_done);
     proto_stats_add(r, "step_ms_total", (double)s->step_ns / 1e6);
+    proto_stats_add(r, "rounds", (double)s->rounds);
     proto_stats_add(r, "step_ms_mean",
-                    s->steps ? (double)s->step_ns / 1e6 / (double)s->steps : 0.0);
+                    s->rounds ? (double)s->step_ns / 1e6 / (double)s->rounds : 0.0);
+    proto_stats_add(r, "batches", (double)s->batches);
+    proto_stats_add(r, "batch_seqs_mean",
+                    s->batches ? (double)s->batched_seqs / (double)s->batches : 0.0);
     proto_stats_add(r, "step_ms_last", s->last_ms);
     proto_stats_add(r, "errors", (double)s->errors);
     proto_stats_add(r, "bad_records", (double)s->bad_records);
@@ -478,9 +575,15 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     if (executor_ctx_gpu_describe(s->ctx[0], gd, sizeof(gd)))
         COMMON_LOG_INFO("executor", "%s (x%u sequences)", gd, s->n_seq);
     s->n_ctx = executor_ctx_n_ctx(s->ctx[0]);
-    s->logits = malloc((size_t)s->n_vocab * sizeof(float));
-    s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
-    if (!s->logits || !s->tokens) {
+    s->round_cap = 2 * s->n_seq + 2;
+    s->tokens = malloc((size_t)s->n_seq * s->n_ctx * sizeof(int32_t));
+    s->round = calloc(s->round_cap, sizeof(*s->round));
+    s->reps = calloc(s->round_cap, sizeof(*s->reps));
+    s->bad = calloc(s->round_cap, sizeof(*s->bad));
+    s->bseq = calloc(s->n_seq, sizeof(*s->bseq));
+    s->bidx = calloc(s->n_seq, sizeof(*s->bidx));
+    s->in_batch = calloc(s->n_seq, sizeof(*s->in_batch));
+    if (!s->tokens || !s->round || !s->reps || !s->bad || !s->bseq || !s->bidx || !s->in_batch) {
         rc = common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
         goto out_stop;
     }
@@ -535,8 +638,13 @@ void executor_serve_stop(struct executor_serve *s)
         executor_ctx_destroy(s->ctx[i]);
     executor_gpu_weights_destroy(s->gpu_w);
     free(s->ctx);
-    free(s->logits);
     free(s->tokens);
+    free(s->round);
+    free(s->reps);
+    free(s->bad);
+    free(s->bseq);
+    free(s->bidx);
+    free(s->in_batch);
     free(s->run_dir);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->mu);

@@ -133,9 +133,10 @@ struct proto_attach {
 #define PROTO_MAX_STOPS        8u
 #define PROTO_MAX_STOP_LEN     64u /* bytes, including the NUL */
 #define PROTO_MAX_EVENT_TOKENS 256u
-#define PROTO_MAX_RESUME       (1u << 16) /* token ids of a resumed GENERATE (with the longest
-                                             prompt, the message stays under 1 MiB) */
-#define PROTO_MAX_ROLE         16u
+#define PROTO_MAX_RESUME                                                                           \
+    (1u << 16) /* token ids of a resumed GENERATE (with the longest                                \
+                  prompt, the message stays under 1 MiB) */
+#define PROTO_MAX_ROLE 16u
 
 struct proto_chat_msg {
     char  role[PROTO_MAX_ROLE]; /* "system", "user", "assistant"; NUL-terminated */
@@ -337,13 +338,22 @@ enum proto_step_op {
     PROTO_STEP_FREE = 2, /* forget sequence `seq`; replied to */
 };
 
+/* Bits of proto_step_req.flags. */
+enum proto_step_flag {
+    /* More records of this round follow at once: the executor waits for them and runs the
+     * round's EVALs of distinct sequences as one batch (continuous batching), every routed
+     * expert read once for all of them. A record without it ends the round. */
+    PROTO_STEP_F_MORE = 1u,
+};
+
 struct proto_step_req {
-    uint32_t op;  /* enum proto_step_op */
-    uint32_t seq; /* sequence slot, < n_seq */
-    uint64_t tag; /* echoed */
-    uint32_t pos; /* EVAL: first position */
-    uint32_t n;   /* EVAL: tokens, >= 1, pos + n <= n_ctx */
-    uint32_t pad[2];
+    uint32_t op;    /* enum proto_step_op */
+    uint32_t seq;   /* sequence slot, < n_seq */
+    uint64_t tag;   /* echoed */
+    uint32_t pos;   /* EVAL: first position */
+    uint32_t n;     /* EVAL: tokens, >= 1, pos + n <= n_ctx */
+    uint32_t flags; /* enum proto_step_flag bits; unknown bits are ignored */
+    uint32_t pad;
 };
 
 struct proto_step_rep {
@@ -353,7 +363,7 @@ struct proto_step_rep {
                         negative common_err */
     uint32_t n_past; /* the sequence's length after the step */
     uint32_t pad;
-    double   ms; /* executor time of the step */
+    double   ms; /* executor time of the step (of its round, when batched) */
 };
 
 /* ------------------------------------------------------------------------------------------ */

@@ -59,6 +59,15 @@ static int router_parse(int argc, char **argv, struct router_serve_opts *o, char
          .help = "a streaming client gets the tokens made during each interval together; 0 = "
                  "every token at once",
          .def = "50"},
+        {.name = "prefill-chunk",
+         .type = COMMON_OPT_U32,
+         .target = &o->prefill_chunk,
+         .min = 1,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help = "prompt tokens of one request per step: a long prompt is evaluated in pieces "
+                 "that share the executor's batches with the other requests' next tokens",
+         .def = "512"},
         {.name = "http",
          .type = COMMON_OPT_STR,
          .target = &o->http_addr,

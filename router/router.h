@@ -345,7 +345,10 @@ struct router_serve_opts {
     uint32_t    stream_ms;         /* --stream-interval: a streaming poll answered less than this
                                       long ago waits out the rest of the interval to gather tokens
                                       (one round trip per interval, not per token); 0 = none */
-    uint32_t    exec_wait_ms;      /* ring wait before checking the executor; 0 = 200 */
+    uint32_t exec_wait_ms;         /* ring wait before checking the executor; 0 = 200 */
+    uint32_t prefill_chunk;        /* --prefill-chunk: prompt tokens of a sequence per round, so
+                                      that a long prompt shares rounds with the others' decoding
+                                      (continuous batching); 0 = 512 */
     const char *listen_url;        /* NULL = "ipc://RUN_DIR/router.sock" */
     const char *executor_url;      /* NULL = "ipc://RUN_DIR/executor.ctl" */
     bool        no_pidfile;        /* do not write RUN_DIR/router.pid (tests) */

@@ -326,20 +326,24 @@ static void sched_sample(struct router_serve *s, struct rq *r, struct router_tex
 static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
                         struct router_text *piece)
 {
-    uint32_t outstanding = 0;
+    uint32_t       outstanding = 0;
+    const uint32_t chunk = s->o.prefill_chunk ? s->o.prefill_chunk : 512;
     for (uint32_t i = 0; i < n; i++) {
-        struct rq            *r = batch[i];
-        int32_t              *row = s->tokens + (size_t)r->seq * s->n_ctx;
-        struct proto_step_req q = {.op = PROTO_STEP_EVAL, .seq = (uint32_t)r->seq};
-        if (r->n_past == 0) {
-            memcpy(row, r->all.ids, (size_t)r->n_prompt * sizeof(*row));
-            q.pos = 0;
-            q.n = r->n_prompt;
-        } else {
-            row[r->n_past] = r->all.ids[r->n_past];
-            q.pos = r->n_past;
+        struct rq *r = batch[i];
+        int32_t   *row = s->tokens + (size_t)r->seq * s->n_ctx;
+        /* The next piece of the prompt, or one token (sampled, or replayed after an executor
+         * restart); all but the round's last record say more follow, so the executor runs the
+         * round as one batch. */
+        struct proto_step_req q = {.op = PROTO_STEP_EVAL,
+                                   .seq = (uint32_t)r->seq,
+                                   .pos = r->n_past,
+                                   .flags = i + 1 < n ? PROTO_STEP_F_MORE : 0};
+        if (r->n_past < r->n_prompt)
+            q.n = r->n_prompt - r->n_past < chunk ? r->n_prompt - r->n_past : chunk;
+        else
             q.n = 1;
-        }
+        memcpy(row + r->n_past, r->all.ids + r->n_past, (size_t)q.n * sizeof(*row));
+        r->step_n = q.n;
         q.tag = ++s->next_tag;
         if (r->t_start == 0) {
             pthread_mutex_lock(&s->mu);
@@ -392,7 +396,7 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
         s->step_wall_ns += common_now_ns() - r->t_push;
         s->step_exec_ms += p.ms;
         pthread_mutex_unlock(&s->mu);
-        uint32_t want = r->n_past == 0 ? r->n_prompt : r->n_past + 1;
+        uint32_t want = r->n_past + r->step_n;
         if (p.status < 0 || p.n_past != want) {
             char msg[PROTO_MAX_ERROR_TEXT];
             if (p.status < 0)
@@ -406,6 +410,8 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
             continue;
         }
         r->n_past = want;
+        if (r->n_past < r->n_prompt)
+            continue; /* more of the prompt next round */
         if (r->n_past == r->n_prompt && r->t_prompt == 0) {
             pthread_mutex_lock(&s->mu);
             r->t_prompt = common_now_ns();

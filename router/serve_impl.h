@@ -54,6 +54,7 @@ struct rq {
     struct router_tokens  all;    /* prompt, then every generated token */
     uint32_t              n_past; /* positions the executor holds for this request */
     uint64_t              tag;    /* step in flight, 0 = none */
+    uint32_t              step_n; /* tokens of the step in flight */
     struct router_sampler sampler;
     bool                  sampler_ok, stop_ok;
     struct router_stop    stop;

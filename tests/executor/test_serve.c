@@ -420,6 +420,104 @@ Test(executor_serve, interleaved_sequences_match_each_alone, .init = t_setup1, .
     t_expect_same(got_b, want_b, "sequence 1 interleaved");
 }
 
+/* A STATS counter of the executor (-1 when absent). */
+static double t_stat(const char *name)
+{
+    struct proto_msg     req = {.kind = PROTO_KIND_STATS}, rep;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(proto_call(t.url, &req, &rep, 5000, &e), 0, "%s", e.text);
+    cr_assert_eq(rep.kind, PROTO_KIND_STATS_REPLY);
+    double v = -1.0;
+    for (uint32_t i = 0; i < rep.u.stats.n_stats; i++)
+        if (strcmp(rep.u.stats.stats[i].name, name) == 0)
+            v = rep.u.stats.stats[i].value;
+    proto_msg_clear(&rep);
+    return v;
+}
+
+/* Pushes the records of one round at once (all but the last flagged "more") and waits for all
+ * their replies, which go to rep[] in the order of the records. */
+static void t_round(struct proto_step_req *q, uint32_t n, struct proto_step_rep *rep)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        q[i].tag = ++t.next_tag;
+        q[i].flags = i + 1 < n ? PROTO_STEP_F_MORE : 0;
+        cr_assert_eq(common_ring_push(&t.req, &q[i], sizeof(q[i])), 0);
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        struct proto_step_rep r;
+        cr_assert_eq(common_ring_pop_wait(&t.rep, &r, sizeof(r), T_WAIT_MS), (int)sizeof(r),
+                     "no step reply");
+        uint32_t i = 0;
+        while (i < n && q[i].tag != r.tag)
+            i++;
+        cr_assert_lt(i, n, "reply with unknown tag %llu", (unsigned long long)r.tag);
+        rep[i] = r;
+    }
+}
+
+static int32_t t_argmax_row(uint32_t seq)
+{
+    const float *l = t.logits + (size_t)seq * t.n_vocab;
+    int32_t      best = 0;
+    for (uint32_t v = 1; v < t.n_vocab; v++)
+        if (l[v] > l[best])
+            best = (int32_t)v;
+    return best;
+}
+
+/* Rounds of both sequences (prompts together, then one token each) run as one batch per round:
+ * each sequence's tokens are those it gets alone, and the executor counts batches of two. A
+ * malformed record inside a round fails alone. */
+Test(executor_serve, batched_rounds_match_each_alone, .init = t_setup1, .fini = t_teardown,
+     .timeout = 180)
+{
+    int32_t want_a[T_GEN], want_b[T_GEN], got_a[T_GEN], got_b[T_GEN];
+    t_reference(t_prompt_a, N_OF(t_prompt_a), want_a);
+    t_reference(t_prompt_b, N_OF(t_prompt_b), want_b);
+    t_router_attach();
+    uint32_t pa = N_OF(t_prompt_a), pb = N_OF(t_prompt_b);
+    memcpy(t.tokens, t_prompt_a, sizeof(t_prompt_a));
+    memcpy(t.tokens + T_N_CTX, t_prompt_b, sizeof(t_prompt_b));
+    struct proto_step_req q[3] = {
+        {.op = PROTO_STEP_EVAL, .seq = 0, .pos = 0, .n = pa},
+        {.op = PROTO_STEP_EVAL, .seq = 77, .pos = 0, .n = 1}, /* no such sequence */
+        {.op = PROTO_STEP_EVAL, .seq = 1, .pos = 0, .n = pb},
+    };
+    struct proto_step_rep rep[3];
+    t_round(q, 3, rep);
+    cr_assert_eq(rep[0].status, 0);
+    cr_expect_eq(rep[1].status, COMMON_EINVAL);
+    cr_assert_eq(rep[2].status, 0);
+    for (uint32_t i = 0; i < T_GEN; i++) {
+        got_a[i] = t_argmax_row(0);
+        got_b[i] = t_argmax_row(1);
+        if (i + 1 == T_GEN)
+            break;
+        t.tokens[pa] = got_a[i];
+        t.tokens[T_N_CTX + pb] = got_b[i];
+        q[0] = (struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = pa++, .n = 1};
+        q[1] = (struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 1, .pos = pb++, .n = 1};
+        t_round(q, 2, rep);
+        cr_assert(rep[0].status == 0 && rep[1].status == 0, "step %u: %d %d", i, rep[0].status,
+                  rep[1].status);
+        cr_expect(rep[0].n_past == pa && rep[1].n_past == pb);
+    }
+    t_expect_same(got_a, want_a, "sequence 0 batched");
+    t_expect_same(got_b, want_b, "sequence 1 batched");
+    cr_expect_eq(t_stat("batches"), (double)T_GEN, "one batch per round");
+    cr_expect_eq(t_stat("batch_seqs_mean"), 2.0, "two sequences in each batch");
+    /* Two records of one sequence in a round run in order: the second after the first. */
+    t.tokens[pa] = 5;
+    t.tokens[pa + 1] = 6;
+    q[0] = (struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = pa, .n = 1};
+    q[1] = (struct proto_step_req){.op = PROTO_STEP_EVAL, .seq = 0, .pos = pa + 1, .n = 1};
+    t_round(q, 2, rep);
+    cr_expect(rep[0].status == 0 && rep[1].status == 0, "%d %d", rep[0].status, rep[1].status);
+    cr_expect_eq(rep[0].n_past, pa + 1);
+    cr_expect_eq(rep[1].n_past, pa + 2);
+}
+
 Test(executor_serve, bad_records_get_errors_and_service_goes_on, .init = t_setup1,
      .fini = t_teardown, .timeout = 120)
 {

@@ -76,6 +76,8 @@ struct fake_exec {
     atomic_bool                hang;        /* stop answering steps (simulated death) */
     atomic_uint                n_steps;     /* EVALs answered */
     atomic_uint                n_attaches;  /* ATTACHes accepted */
+    atomic_uint                n_more;      /* records flagged PROTO_STEP_F_MORE */
+    atomic_uint                max_n;       /* the most tokens one EVAL carried */
     atomic_int                 force_plus1; /* when > 0: token force_plus1 - 1 wins at even
                                                positions (a chosen token in the stream) */
     uint32_t len[FAKE_MAX_SEQ];
@@ -94,6 +96,10 @@ static void *fake_exec_loop(void *arg)
         int                   rc = common_ring_pop_wait(&f->req, &q, sizeof(q), 20);
         if (rc != (int)sizeof(q))
             continue;
+        if (q.flags & PROTO_STEP_F_MORE)
+            atomic_fetch_add(&f->n_more, 1);
+        if (q.op == PROTO_STEP_EVAL && q.n > atomic_load(&f->max_n))
+            atomic_store(&f->max_n, q.n);
         int us = atomic_load(&f->step_delay_us);
         if (us)
             usleep((useconds_t)us);

@@ -19,6 +19,8 @@ static struct router_serve *t_serve;
 static struct router_vocab *t_vocab;
 static uint32_t             t_n_vocab;
 
+static uint32_t t_prefill_chunk; /* router_serve_opts.prefill_chunk of the next setup */
+
 static void serve_setup_with(uint32_t n_seq, uint32_t queue, uint32_t client_timeout_s)
 {
     t_model = fixture_path(MODEL);
@@ -33,6 +35,7 @@ static void serve_setup_with(uint32_t n_seq, uint32_t queue, uint32_t client_tim
                                   .n_seq = n_seq,
                                   .queue_max = queue,
                                   .client_timeout_s = client_timeout_s,
+                                  .prefill_chunk = t_prefill_chunk,
                                   .connect_timeout_s = 5};
     struct common_errmsg     e = {{0}};
     int                      rc = router_serve_create(&o, &t_serve, &e);
@@ -231,6 +234,44 @@ Test(router_serve, two_concurrent_requests, .init = serve_setup, .fini = serve_t
     cr_assert_eq(pb.reason, PROTO_STOP_LENGTH);
     check_greedy("The quick brown fox", &pa.toks, 20);
     check_greedy("A completely different prompt", &pb.toks, 16);
+    router_tokens_fini(&pa.toks);
+    router_tokens_fini(&pb.toks);
+    router_text_fini(&pa.text);
+    router_text_fini(&pb.text);
+}
+
+static void serve_setup_chunked(void)
+{
+    t_prefill_chunk = 3;
+    serve_setup_with(2, 2, 60);
+    t_prefill_chunk = 0;
+}
+
+/* Prompts go to the executor in pieces of --prefill-chunk tokens, in rounds shared with the other
+ * request (every record of a round but the last flagged "more"): the tokens do not change. */
+Test(router_serve, chunked_prompts_share_rounds, .init = serve_setup_chunked,
+     .fini = serve_teardown, .timeout = 60)
+{
+    SKIP_WITHOUT_MODEL();
+    struct proto_msg a = greedy_req(31, "The quick brown fox jumps over the lazy dog", 10);
+    struct proto_msg b = greedy_req(32, "A completely different prompt", 10);
+    atomic_store(&t_exec.hang, true); /* both are active before the first step is answered */
+    cr_assert_eq(submit(&a), 0);
+    cr_assert_eq(submit(&b), 0);
+    atomic_store(&t_exec.hang, false);
+    struct poller pa = {.id = 31}, pb = {.id = 32};
+    pthread_t     ta, tb;
+    pthread_create(&ta, NULL, poller_main, &pa);
+    pthread_create(&tb, NULL, poller_main, &pb);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_assert_eq(pa.reason, PROTO_STOP_LENGTH);
+    cr_assert_eq(pb.reason, PROTO_STOP_LENGTH);
+    check_greedy("The quick brown fox jumps over the lazy dog", &pa.toks, 10);
+    check_greedy("A completely different prompt", &pb.toks, 10);
+    cr_expect_eq(atomic_load(&t_exec.max_n), 3u, "an EVAL carried %u tokens",
+                 atomic_load(&t_exec.max_n));
+    cr_expect_gt(atomic_load(&t_exec.n_more), 0u, "no round had two records");
     router_tokens_fini(&pa.toks);
     router_tokens_fini(&pb.toks);
     router_text_fini(&pa.text);
