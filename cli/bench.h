@@ -21,7 +21,8 @@ struct bench_args {
     const char                *model;                    /* -m: borrowed from argv */
     uint32_t                   p_v[BENCH_MAX_VALUES];    /* -p values */
     uint32_t                   n_v[BENCH_MAX_VALUES];    /* -n values */
-    struct common_opt_u32_list p, n;                     /* -p, -n: into p_v, n_v */
+    uint32_t                   np_v[BENCH_MAX_VALUES];   /* -npl values */
+    struct common_opt_u32_list p, n, np;                 /* -p, -n, -npl: into p_v, n_v, np_v */
     uint32_t                   n_threads;                /* -t: 0 = physical cores */
     uint32_t                   reps;                     /* -r */
     uint32_t                   n_batch;                  /* -b: 0 = executor default */
@@ -42,6 +43,7 @@ struct bench_io {
 struct bench_test {
     bool            gen;      /* decode (tgN) when true, prefill (ppN) otherwise */
     uint32_t        n;        /* prompt tokens (pp) or generated tokens (tg) */
+    uint32_t        np;       /* sequences decoded at once (tg; each generates n); 1 = one */
     uint64_t       *ns;       /* owned: one duration per repetition */
     uint64_t       *log_from; /* owned: per repetition, its first load in the load log */
     uint64_t       *log_to;   /* owned: per repetition, the end of its loads in the load log */
@@ -60,26 +62,30 @@ struct bench_model {
 
 /* A run: the engine, the tests and the limits measured around them. */
 struct bench_run {
-    const struct bench_args *a;          /* borrowed: the options */
-    bool                     stream;     /* experts stream through the fetcher */
-    struct cli_engine        en;         /* owned: model, pool, context */
-    struct bench_model       model;      /* copied at open */
-    int32_t                 *tokens;     /* owned: max_p + 1 prompt ids */
-    float                   *logits;     /* owned: n_vocab */
-    uint32_t                 max_p;      /* longest prefill */
-    struct bench_test       *tests;      /* owned: n_tests rows, prefills first */
-    uint32_t                 n_tests;    /* rows */
-    double                   membw;      /* bytes/s; 0 = not measured (streaming) */
-    int32_t                  gpu_layers; /* layers the engine put on a device (-ngl) */
-    bool                     gpu_bw; /* membw is the device's: every layer and the head are on it */
-    char                     gpu_name[128]; /* the device, when gpu_bw */
-    struct fetcher_probe_result pr, pr1;    /* cold storage probes (--io-probe) */
-    struct fetcher_probe_result rp;         /* replay of the decode's loads (--io-probe) */
-    struct fetcher_probe_key   *log;        /* owned: the timed decode steps' loads */
-    uint64_t                    n_log;      /* keys in log */
-    bool                        logging;    /* the load log is on */
-    const char                 *io_name;    /* static: "none" or the fetcher's mode */
-    int                         status;     /* exit status so far */
+    const struct bench_args   *a;          /* borrowed: the options */
+    bool                       stream;     /* experts stream through the fetcher */
+    struct cli_engine          en;         /* owned: model, pool, context */
+    struct bench_model         model;      /* copied at open */
+    int32_t                   *tokens;     /* owned: max_p + 1 prompt ids */
+    float                     *logits;     /* owned: n_vocab */
+    uint32_t                   max_p;      /* longest prefill */
+    uint32_t                   max_np;     /* most sequences of a decode test */
+    uint32_t                   n_slots;    /* tests allocated (some may be skipped: 0 tokens) */
+    struct executor_batch_seq *batch;      /* owned: max_np sequences of a batched step */
+    int32_t                   *batch_tok;  /* owned: max_np tokens of a batched step */
+    struct bench_test         *tests;      /* owned: n_tests rows, prefills first */
+    uint32_t                   n_tests;    /* rows */
+    double                     membw;      /* bytes/s; 0 = not measured (streaming) */
+    int32_t                    gpu_layers; /* layers the engine put on a device (-ngl) */
+    bool gpu_bw;        /* membw is the device's: every layer and the head are on it */
+    char gpu_name[128]; /* the device, when gpu_bw */
+    struct fetcher_probe_result pr, pr1; /* cold storage probes (--io-probe) */
+    struct fetcher_probe_result rp;      /* replay of the decode's loads (--io-probe) */
+    struct fetcher_probe_key   *log;     /* owned: the timed decode steps' loads */
+    uint64_t                    n_log;   /* keys in log */
+    bool                        logging; /* the load log is on */
+    const char                 *io_name; /* static: "none" or the fetcher's mode */
+    int                         status;  /* exit status so far */
 };
 
 /* Prints the results in the format asked for (-o): the md table with the limits and the

@@ -26,11 +26,11 @@ static struct bench_stat bench_stats(const double *v, uint32_t n)
     return s;
 }
 
-/* Tokens per second of each repetition into ts[reps]. */
+/* Tokens per second of each repetition into ts[reps] (of every sequence together). */
 static void bench_samples_ts(const struct bench_test *t, uint32_t reps, double *ts)
 {
     for (uint32_t i = 0; i < reps; i++)
-        ts[i] = t->ns[i] ? (double)t->n * 1e9 / (double)t->ns[i] : 0.0;
+        ts[i] = t->ns[i] ? (double)t->n * t->np * 1e9 / (double)t->ns[i] : 0.0;
 }
 
 /* Tokens per second over the repetitions. */
@@ -44,7 +44,7 @@ static struct bench_stat bench_ts(const struct bench_run *r, const struct bench_
 /* Storage bytes read per token of a test, and its expert hit rate. */
 static double bench_bytes_per_token(const struct bench_run *r, const struct bench_test *t)
 {
-    return (double)t->io.read_bytes / ((double)t->n * r->a->reps);
+    return (double)t->io.read_bytes / ((double)t->n * t->np * r->a->reps);
 }
 
 static double bench_hit_rate(const struct bench_test *t)
@@ -82,6 +82,7 @@ enum bench_field {
     BF_RAM_BUDGET,
     BF_N_PROMPT,
     BF_N_GEN,
+    BF_N_PARALLEL,
     BF_TEST_TIME,
     BF_AVG_NS,
     BF_STDDEV_NS,
@@ -113,6 +114,7 @@ static const char *const bench_field_names[BF_COUNT] = {
     [BF_RAM_BUDGET] = "ram_budget",
     [BF_N_PROMPT] = "n_prompt",
     [BF_N_GEN] = "n_gen",
+    [BF_N_PARALLEL] = "n_parallel",
     [BF_TEST_TIME] = "test_time",
     [BF_AVG_NS] = "avg_ns",
     [BF_STDDEV_NS] = "stddev_ns",
@@ -151,7 +153,9 @@ static struct bench_value bench_limit_value(const struct bench_run *r, const str
     const double bpt = r->stream ? bench_bytes_per_token(r, t) : (double)r->model.bytes_active;
     const double bw = r->stream ? bench_storage_bw(r) : r->membw;
     const bool   is_mem = f == BF_BW_LIMIT_TS || f == BF_BW_RATIO;
-    if (!t->gen || is_mem == r->stream || !(bw > 0.0) || !(bpt > 0.0))
+    /* A batch of sequences reads the dense weights once for all of them and the experts their
+     * tokens share once: its bytes per token are not the model's active bytes. */
+    if (!t->gen || is_mem == r->stream || !(bw > 0.0) || !(bpt > 0.0) || (is_mem && t->np > 1))
         return (struct bench_value){.kind = BENCH_NULL};
     if (f == BF_BW_LIMIT_TS || f == BF_STORAGE_LIMIT_TS)
         return bench_real(bw / bpt);
@@ -194,6 +198,8 @@ static struct bench_value bench_field(const struct bench_run *r, const struct be
         return bench_int(t->gen ? 0 : t->n);
     case BF_N_GEN:
         return bench_int(t->gen ? t->n : 0);
+    case BF_N_PARALLEL:
+        return bench_int(t->np);
     case BF_TEST_TIME:
         return bench_str(t->time);
     case BF_AVG_NS:
@@ -323,6 +329,7 @@ enum bench_col {
     BC_THREADS,
     BC_NGL,
     BC_TEST,
+    BC_SEQS,
     BC_TS,
     BC_BW_LIMIT,
     BC_BW_RATIO,
@@ -334,7 +341,7 @@ enum bench_col {
 };
 
 static const char *const bench_col_titles[BC_COUNT] = {
-    "model",        "size",     "threads",  "ngl",      "test",         "t/s",
+    "model",        "size",     "threads",  "ngl",      "test",         "seqs",     "t/s",
     "bw limit t/s", "bw ratio", "read/tok", "hit rate", "io limit t/s", "io ratio",
 };
 
@@ -354,6 +361,8 @@ static bool bench_col_is_shown(const struct bench_run *r, enum bench_col c)
         return r->stream && r->a->io_probe;
     case BC_NGL:
         return r->gpu_layers > 0;
+    case BC_SEQS:
+        return r->max_np > 1;
     default:
         return true;
     }
@@ -389,6 +398,9 @@ static void bench_cell(const struct bench_run *r, const struct bench_test *t, en
         break;
     case BC_TEST:
         snprintf(cell, BENCH_CELL, "%s%u", t->gen ? "tg" : "pp", t->n);
+        break;
+    case BC_SEQS:
+        snprintf(cell, BENCH_CELL, "%u", t->np);
         break;
     case BC_TS:
         s = bench_ts(r, t);
@@ -544,6 +556,38 @@ static void bench_print_result(const struct bench_run *r)
            (unsigned long long)r->pr.read_bytes, r->rp.bytes_per_s, (unsigned long long)r->n_log);
 }
 
+/* md: each decode test of several sequences against the same test of one, and a
+ * 'result_parallel:' line per test for scripts. */
+static void bench_print_parallel(const struct bench_run *r)
+{
+    if (r->max_np < 2)
+        return;
+    for (uint32_t k = 0; k < r->n_tests; k++) {
+        const struct bench_test *t = &r->tests[k], *one = NULL;
+        if (!t->gen)
+            continue;
+        for (uint32_t j = 0; j < r->n_tests && !one; j++)
+            if (r->tests[j].gen && r->tests[j].n == t->n && r->tests[j].np == 1)
+                one = &r->tests[j];
+        const struct bench_stat s = bench_ts(r, t);
+        const double            base = one ? bench_ts(r, one).mean : 0.0;
+        if (t->np > 1 && base > 0.0)
+            printf("parallel: tg%u with %u sequences: %.2f t/s together, %.2fx one sequence's "
+                   "%.2f t/s\n",
+                   t->n, t->np, s.mean, s.mean / base, base);
+    }
+    for (uint32_t k = 0; k < r->n_tests; k++) {
+        const struct bench_test *t = &r->tests[k];
+        if (!t->gen)
+            continue;
+        const struct bench_stat s = bench_ts(r, t);
+        printf("result_parallel: io=%s n_gen=%u n_parallel=%u tok_s=%.3f sd=%.3f "
+               "bytes_per_tok=%.0f hit_rate=%.4f\n",
+               r->io_name, t->n, t->np, s.mean, s.sd, bench_bytes_per_token(r, t),
+               bench_hit_rate(t));
+    }
+}
+
 int cli_bench_print(const struct bench_run *r)
 {
     switch (r->a->format) {
@@ -556,6 +600,7 @@ int cli_bench_print(const struct bench_run *r)
     }
     bench_print_table(r);
     bench_print_limits(r);
+    bench_print_parallel(r);
     bench_print_result(r);
     return fflush(stdout) == 0 ? COMMON_OK : COMMON_EIO;
 }

@@ -112,9 +112,12 @@ struct cli_engine {
     struct executor_threadpool *pool;    /* owned */
     struct executor_model      *model; /* owned (owns desc, gguf and weights when not streaming) */
     struct executor_ctx        *ctx;   /* owned */
-    struct cli_stream_opts      so;    /* copied at open; trace_out borrowed from argv */
-    const char                 *prog;  /* borrowed (static): the subcommand, for messages */
-    bool                        reported; /* the exit report was printed (or nothing ran) */
+    struct executor_ctx       **seqs;  /* owned: n_seqs contexts for batched sequences, seqs[0]
+                                          being ctx; NULL when the command asked for one */
+    uint32_t               n_seqs;
+    struct cli_stream_opts so;       /* copied at open; trace_out borrowed from argv */
+    const char            *prog;     /* borrowed (static): the subcommand, for messages */
+    bool                   reported; /* the exit report was printed (or nothing ran) */
 };
 
 /* What the engine's context looks like and what else the command will allocate. */
@@ -125,6 +128,8 @@ struct cli_engine_opts {
     uint64_t                 extra_bytes; /* buffers of the command, for the plan */
     uint32_t                 logit_rows;  /* n_vocab-float rows the command keeps (plan) */
     bool                     populate;    /* mapped (non-streaming) model: prefault it */
+    uint32_t                 n_seqs;      /* contexts (sequences decoded as one batch); 0 = 1;
+                                             the memory plan counts each one's KV and scratch */
 };
 
 /* Opens `path` as `so` asks: without streaming, the mapped model as before; with it, the plan

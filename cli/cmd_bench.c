@@ -45,6 +45,8 @@ static int bench_parse(int argc, char **argv, struct bench_args *a)
                              .format = BENCH_MD};
     a->p = (struct common_opt_u32_list){.v = a->p_v, .cap = BENCH_MAX_VALUES, .n = 1};
     a->n = (struct common_opt_u32_list){.v = a->n_v, .cap = BENCH_MAX_VALUES, .n = 1};
+    a->np_v[0] = 1;
+    a->np = (struct common_opt_u32_list){.v = a->np_v, .cap = BENCH_MAX_VALUES, .n = 1};
     cli_stream_table_init(&st, &a->so);
     const struct common_opt rows[] = {
         {.name = "model",
@@ -68,6 +70,15 @@ static int bench_parse(int argc, char **argv, struct bench_args *a)
          .max = 1u << 20,
          .help = "generated tokens of each decode test; 0 = none",
          .def = "128"},
+        {.name = "n-parallel",
+         .short_name = "npl",
+         .type = COMMON_OPT_U32_LIST,
+         .target = &a->np,
+         .min = 1,
+         .max = 256,
+         .help = "sequences of each decode test, decoded as one batch per step (continuous "
+                 "batching; t/s is then their aggregate): every decode test runs at each value",
+         .def = "1"},
         {.name = "threads",
          .short_name = "t",
          .type = COMMON_OPT_U32,
@@ -224,17 +235,25 @@ static int bench_probe(const char *path, const struct cli_stream_opts *so, uint6
 static int bench_plan(struct bench_run *r)
 {
     const struct bench_args *a = r->a;
-    r->tests = calloc(a->p.n + a->n.n, sizeof(*r->tests));
+    const uint32_t           n_slots = a->p.n + a->n.n * a->np.n;
+    r->tests = calloc(n_slots, sizeof(*r->tests));
     if (!r->tests)
         return COMMON_ENOMEM;
-    for (uint32_t k = 0; k < a->p.n + a->n.n; k++) {
+    r->n_slots = n_slots;
+    r->max_np = 1;
+    for (uint32_t k = 0; k < n_slots; k++) {
         bool     gen = k >= a->p.n;
-        uint32_t n = gen ? a->n_v[k - a->p.n] : a->p_v[k];
+        uint32_t g = gen ? (k - a->p.n) / a->np.n : 0,
+                 np = gen ? a->np_v[(k - a->p.n) % a->np.n] : 1;
+        uint32_t n = gen ? a->n_v[g] : a->p_v[k];
         if (n == 0)
             continue;
         struct bench_test *t = &r->tests[r->n_tests++];
         t->gen = gen;
         t->n = n;
+        t->np = np;
+        if (np > r->max_np)
+            r->max_np = np;
         t->ns = calloc(a->reps, sizeof(*t->ns));
         t->log_from = calloc(a->reps, sizeof(*t->log_from));
         t->log_to = calloc(a->reps, sizeof(*t->log_to));
@@ -259,8 +278,9 @@ static int bench_open(struct bench_run *r)
         .prog = BENCH_PROG,
         .n_threads = a->n_threads,
         .ctx = {.n_ctx = n_ctx, .n_batch = a->n_batch, .cache_type = a->cache},
-        .logit_rows = 1,
-        .populate = !r->stream};
+        .logit_rows = r->max_np,
+        .populate = !r->stream,
+        .n_seqs = r->max_np};
     int rc = cli_engine_open(&r->en, a->model, &a->so, &eo);
     if (rc < 0)
         return rc;
@@ -278,8 +298,10 @@ static int bench_open(struct bench_run *r)
                  : a->so.mmap_advise ? "mmap-advise"
                                      : fetcher_io_mode_name(fetcher_get_io_mode(r->en.fetcher));
     r->tokens = malloc((size_t)(r->max_p + 1) * sizeof(*r->tokens));
-    r->logits = malloc((size_t)n_vocab * sizeof(*r->logits));
-    if (!r->tokens || !r->logits) {
+    r->logits = malloc((size_t)r->max_np * n_vocab * sizeof(*r->logits));
+    r->batch = calloc(r->max_np, sizeof(*r->batch));
+    r->batch_tok = calloc(r->max_np, sizeof(*r->batch_tok));
+    if (!r->tokens || !r->logits || !r->batch || !r->batch_tok) {
         cli_error(BENCH_PROG, "out of memory");
         return COMMON_ENOMEM;
     }
@@ -330,6 +352,52 @@ static int32_t bench_fresh_token(uint32_t test, uint32_t rep, uint32_t i, uint32
     return (int32_t)((z ^ (z >> 31)) % n_vocab);
 }
 
+/* One step of the first np sequences, sequence s fed r->batch_tok[s]: one batch. */
+static int bench_decode_seqs(struct bench_run *r, uint32_t np)
+{
+    const uint32_t n_vocab = executor_ctx_n_vocab(r->en.ctx);
+    for (uint32_t s = 0; s < np; s++)
+        r->batch[s] = (struct executor_batch_seq){.ctx = r->en.seqs[s],
+                                                  .tokens = &r->batch_tok[s],
+                                                  .n = 1,
+                                                  .logits = r->logits + (size_t)s * n_vocab};
+    struct common_errmsg e = {{0}};
+    int                  rc = executor_ctx_decode_batch(r->en.ctx, r->batch, np, &e);
+    if (rc < 0)
+        cli_error(BENCH_PROG, "%s", e.text[0] ? e.text : common_strerror(rc));
+    return rc;
+}
+
+/* Repetition `rep` of a decode test of np > 1 sequences: each gets a 1-token prompt of its own
+ * (one batch, untimed), then n steps in which every sequence is fed a fresh token, all of a
+ * step in one batch (as the executor daemon runs a round of the router's requests). */
+static int bench_run_decode_par(struct bench_run *r, struct bench_test *t, uint32_t rep)
+{
+    struct bench_io mark;
+    const uint32_t  test = (uint32_t)(t - r->tests), n_vocab = executor_ctx_n_vocab(r->en.ctx);
+    for (uint32_t s = 0; s < t->np; s++) {
+        executor_ctx_reset(r->en.seqs[s]);
+        r->batch_tok[s] = bench_fresh_token(test, rep, 0x80000000u + s, n_vocab);
+    }
+    int rc = bench_decode_seqs(r, t->np);
+    if (rc < 0)
+        return rc;
+    bench_io_mark(&r->en, &mark);
+    if (r->logging)
+        t->log_from[rep] = fetcher_load_log_count(r->en.fetcher);
+    uint64_t t0 = common_now_ns();
+    for (uint32_t i = 0; i < t->n && rc >= 0; i++) {
+        for (uint32_t s = 0; s < t->np; s++)
+            r->batch_tok[s] = bench_fresh_token(test, rep, i * t->np + s, n_vocab);
+        rc = bench_decode_seqs(r, t->np);
+    }
+    t->ns[rep] = common_now_ns() - t0;
+    bench_io_since(&r->en, &mark, &t->io);
+    if (r->logging)
+        t->log_to[rep] = fetcher_load_log_count(r->en.fetcher);
+    return rc;
+}
+
 /* Repetition `rep` of a decode test: after a 1-token prompt, n fresh tokens one at a time. */
 static int bench_run_decode(struct bench_run *r, struct bench_test *t, uint32_t rep)
 {
@@ -360,7 +428,7 @@ static void bench_log_start(struct bench_run *r)
     uint64_t steps = 0;
     for (uint32_t k = 0; k < r->n_tests; k++)
         if (r->tests[k].gen)
-            steps += (uint64_t)(r->tests[k].n + 1) * r->a->reps;
+            steps += (uint64_t)(r->tests[k].n + 1) * r->tests[k].np * r->a->reps;
     r->logging = r->a->io_probe && r->stream && steps > 0 && r->en.fetcher &&
                  fetcher_load_log_start(r->en.fetcher, steps * r->model.log_keys) == 0;
 }
@@ -398,7 +466,9 @@ static int bench_run_tests(struct bench_run *r)
         time_t             now = time(NULL);
         strftime(t->time, sizeof(t->time), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
         for (uint32_t rep = 0; rep < r->a->reps; rep++)
-            if ((rc = t->gen ? bench_run_decode(r, t, rep) : bench_run_prefill(r, t, rep)) < 0)
+            if ((rc = !t->gen     ? bench_run_prefill(r, t, rep)
+                      : t->np > 1 ? bench_run_decode_par(r, t, rep)
+                                  : bench_run_decode(r, t, rep)) < 0)
                 return rc;
     }
     bench_log_take(r);
@@ -438,7 +508,7 @@ static int bench_limits(struct bench_run *r)
 
 static void bench_run_fini(struct bench_run *r)
 {
-    for (uint32_t k = 0; r->tests && k < r->a->p.n + r->a->n.n; k++) {
+    for (uint32_t k = 0; r->tests && k < r->n_slots; k++) {
         free(r->tests[k].ns);
         free(r->tests[k].log_from);
         free(r->tests[k].log_to);
@@ -447,6 +517,8 @@ static void bench_run_fini(struct bench_run *r)
     free(r->log);
     free(r->tokens);
     free(r->logits);
+    free(r->batch);
+    free(r->batch_tok);
     cli_engine_close(&r->en);
 }
 

@@ -232,9 +232,10 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
     enum fetcher_io_mode io = so->io_set ? so->io : FETCHER_IO_AUTO;
     if (so->mmap_advise && io != FETCHER_IO_MMAP)
         return common_errmsg_set(e, COMMON_EINVAL, "--mmap-advise applies to --io mmap only");
+    const uint64_t      n_seqs = o->n_seqs ? o->n_seqs : 1;
     struct fetcher_opts fo = {.ram_budget = so->ram_budget,
-                              .kv_bytes = lay.kv_bytes,
-                              .act_bytes = lay.scratch_bytes + o->extra_bytes +
+                              .kv_bytes = lay.kv_bytes * n_seqs,
+                              .act_bytes = lay.scratch_bytes * n_seqs + o->extra_bytes +
                                            (uint64_t)o->logit_rows * lay.logits_bytes,
                               .policy = so->policy,
                               .io = io,
@@ -332,6 +333,25 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
         goto out_close;
     }
+    if (o->n_seqs > 1) {
+        if (co.n_gpu_layers > 0) {
+            cli_error(en->prog, "several sequences at once run on the CPU only for now (-ngl)");
+            rc = COMMON_ENOTSUP;
+            goto out_close;
+        }
+        if (!(en->seqs = calloc(o->n_seqs, sizeof(*en->seqs)))) {
+            cli_error(en->prog, "out of memory");
+            rc = COMMON_ENOMEM;
+            goto out_close;
+        }
+        en->seqs[0] = en->ctx;
+        en->n_seqs = o->n_seqs;
+        for (uint32_t i = 1; i < o->n_seqs; i++)
+            if ((rc = executor_ctx_create(en->model, &co, &en->seqs[i], &e)) < 0) {
+                cli_error(en->prog, "context %u: %s", i, e.text[0] ? e.text : common_strerror(rc));
+                goto out_close;
+            }
+    }
     char gd[512];
     if (executor_ctx_gpu_describe(en->ctx, gd, sizeof(gd)))
         fprintf(stderr, "%s\n", gd);
@@ -401,6 +421,11 @@ int cli_engine_report(struct cli_engine *en)
 int cli_engine_close(struct cli_engine *en)
 {
     int rc = en->ctx ? cli_engine_report(en) : COMMON_OK;
+    for (uint32_t i = 1; i < en->n_seqs; i++)
+        executor_ctx_destroy(en->seqs[i]);
+    free(en->seqs);
+    en->seqs = NULL;
+    en->n_seqs = 0;
     executor_ctx_destroy(en->ctx);
     if (en->desc) {
         /* Streaming: the model borrows desc and its weights; free them in order. */

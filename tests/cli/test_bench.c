@@ -97,3 +97,32 @@ Test(cli_bench, md_has_a_row_per_test_and_the_result_line, .timeout = 120)
     free(out);
     free(model);
 }
+
+/* -npl: every decode test at each number of sequences decoded together; t/s is their aggregate,
+ * the bandwidth columns stay empty for more than one (the bytes a batch touches are not the
+ * model's active bytes), and the md output compares each with one sequence. */
+Test(cli_bench, parallel_list_runs_each_decode_test_per_value, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char        *out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -o json");
+    json_error_t err;
+    json_t      *root = json_loads(out, 0, &err);
+    cr_assert_not_null(root, "invalid JSON (line %d: %s):\n%s", err.line, err.text, out);
+    cr_assert_eq(json_array_size(root), 2, "%s", out);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *rec = json_array_get(root, i);
+        cr_expect_eq(json_integer_value(json_object_get(rec, "n_gen")), 4);
+        cr_expect_eq(json_integer_value(json_object_get(rec, "n_parallel")), i ? 3 : 1);
+        cr_expect_gt(json_real_value(json_object_get(rec, "avg_ts")), 0.0);
+    }
+    cr_expect_gt(json_real_value(json_object_get(json_array_get(root, 0), "bw_ratio")), 0.0);
+    cr_expect(json_is_null(json_object_get(json_array_get(root, 1), "bw_ratio")));
+    json_decref(root);
+    free(out);
+    out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M");
+    cr_expect(strstr(out, "| seqs |"), "no seqs column:\n%s", out);
+    cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "%s", out);
+    cr_expect(strstr(out, "\nresult_parallel: io=none n_gen=4 n_parallel=3 tok_s="), "%s", out);
+    free(out);
+    free(model);
+}
