@@ -60,37 +60,15 @@ MODEL_BYTES=$(stat -c %s "$MODEL")
 THR=()
 [ -n "$THREADS" ] && THR=(-t "$THREADS")
 
-# Memory cgroup whose limit counts the page cache: v1 memory controller, else v2 memory.max.
-CG=""
-setup_cgroup() {
-    if [ -d /sys/fs/cgroup/memory ]; then
-        CG=/sys/fs/cgroup/memory/sluice-bench
-        mkdir -p "$CG"
-        CG_LIMIT=$CG/memory.limit_in_bytes
-    elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-        CG=/sys/fs/cgroup/sluice-bench
-        mkdir -p "$CG"
-        CG_LIMIT=$CG/memory.max
-    else
-        echo "bench-fetcher: no memory cgroup found" >&2
-        exit 1
-    fi
-}
-setup_cgroup
-
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# shellcheck source=deploy/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
+bench_setup_cgroup sluice-bench
 
 # run_capped BYTES LOGFILE ARGS...: runs sluice bench cold inside the cgroup capped at BYTES + SLACK.
 run_capped() {
     local limit=$1 log=$2
     shift 2
-    echo $((limit + SLACK)) > "$CG_LIMIT"
-    drop_caches
-    ( echo $BASHPID > "$CG/cgroup.procs"; exec "$SLUICE" bench "$@" ) > "$log" 2>&1 || {
-        echo "bench-fetcher: run failed, see $log" >&2
-        tail -5 "$log" >&2
-        return 1
-    }
+    bench_run_capped $((limit + SLACK)) "$log" "$SLUICE" bench "$@"
 }
 
 # The read-ahead setting of the block device that holds the model (a partition's parent), if any.
@@ -238,7 +216,7 @@ for pct in $SWEEP; do
     fi
     tail -n 1 "$sweep"
 done
-echo max > "$CG_LIMIT" 2>/dev/null || echo -1 > "$CG_LIMIT" 2>/dev/null || true
+bench_uncap
 
 if [ -z "$SWEEP" ]; then
     :
