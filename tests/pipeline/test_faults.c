@@ -296,6 +296,40 @@ Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 
     check_same_as_one_process(2, "--temp 0.8 --seed 42");
 }
 
+/* Four clients at once (the executor batches the requests that overlap: one batch per step for
+ * all of them): each gets the text of its sampling settings in one process. */
+Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    static const char *samplings[] = {"--temp 0", "--temp 0.8 --seed 1", "--temp 0.8 --seed 2",
+                                      "--temp 0.5 --top-k 5 --seed 3"};
+    enum { N = sizeof(samplings) / sizeof(samplings[0]) };
+    char *dir = fixture_tmpdir();
+    char *want[N];
+    for (int i = 0; i < N; i++)
+        want[i] = one_process(model, 48, samplings[i]);
+    up(dir, model, 1, NULL);
+    struct gen g[N];
+    for (int i = 0; i < N; i++)
+        g[i] = gen_start(dir, 48, samplings[i]);
+    char got[N][8192];
+    int  st[N];
+    for (int i = 0; i < N; i++)
+        st[i] = gen_finish(&g[i], got[i], sizeof(got[i]), 0, 120);
+    down(dir);
+    for (int i = 0; i < N; i++) {
+        cr_expect_eq(st[i], 0, "client %d (%s) exited %d", i, samplings[i], st[i]);
+        cr_expect_gt(strlen(want[i]), 20);
+        cr_expect_str_eq(got[i], want[i], "client %d (%s): '%s'\none process: '%s'", i,
+                         samplings[i], got[i], want[i]);
+        free(want[i]);
+    }
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 /* ---- kill -9 mid-generation ---------------------------------------------------------------- */
 
 static void check_kill_midway(const char *victim, const char *sampling)
