@@ -220,6 +220,16 @@ int cli_cmd_mkmodel(int argc, char **argv)
                        "so each layer routes by the current token: near uniform, little reuse, "
                        "like a trained MoE; for streaming benchmarks)",
             .def = "natural"},
+           {.name = "routing-skew",
+            .type = COMMON_OPT_F32,
+            .target = &o.routing_skew,
+            .max = 1000,
+            .metavar = "X",
+            .help = "with --routing balanced: a component common to all token embeddings gives "
+                       "each expert a fixed offset, X times the token-dependent part of its "
+                       "gate logit: 0 = uniform, 1 = a skewed load, 4 = a few experts take most "
+                       "tokens (the trace summary's load entropy says how much)",
+            .def = "0"},
            {.name = "preset",
             .type = COMMON_OPT_CALLBACK,
             .target = &o,

@@ -196,7 +196,8 @@ struct synth_geom {
     /* deepseek2: latent attention ranks and widths, dense leading layers, V3 or V2-Lite routing */
     uint32_t q_lora, kv_lora, rot, nope, v_mla, n_dense_lead, n_ff_dense;
     bool     lite;
-    float    embd_std; /* token embeddings (larger for balanced routing) */
+    float    embd_std;  /* token embeddings (larger for balanced routing) */
+    float    embd_mean; /* their component common to all tokens (--routing-skew) */
     uint32_t
         head_dim; /* attention head width (gpt-oss: twice n_embd / n_head), else n_embd/n_head */
     uint32_t type;
@@ -316,8 +317,9 @@ static int synth_plan_build(const struct synth_geom *g, struct synth_plan *p)
     int        rc;
     const bool bitnet = g->arch == COMMON_ARCH_BITNET || g->arch == COMMON_ARCH_BITNET_B158;
     /* I2_S files keep the embedding (the tied head) in f16, as Microsoft's converter does. */
-    if ((rc = synth_add(p, g->type == COMMON_GGML_TYPE_I2_S ? COMMON_GGML_TYPE_F16 : g->type, 0.0f,
-                        g->embd_std, 2, g->n_embd, g->n_vocab, 1, "token_embd.weight")))
+    if ((rc = synth_add(p, g->type == COMMON_GGML_TYPE_I2_S ? COMMON_GGML_TYPE_F16 : g->type,
+                        g->embd_mean, g->embd_std, 2, g->n_embd, g->n_vocab, 1,
+                        "token_embd.weight")))
         return rc;
     /* glm4moe files carry a next-token prediction block after the last layer (not run). */
     const uint32_t n_blocks = g->n_layer + (g->arch == COMMON_ARCH_GLM4MOE ? 1 : 0);
@@ -540,6 +542,16 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
     g->embd_std = o->routing == EXECUTOR_SYNTH_ROUTING_BALANCED                         ? 32.0f
                   : g->arch == COMMON_ARCH_BITNET || g->arch == COMMON_ARCH_BITNET_B158 ? 0.05f
                                                                                         : 1.0f;
+    if (!(o->routing_skew >= 0.0f) || !isfinite(o->routing_skew))
+        return common_errmsg_set(e, COMMON_EINVAL, "routing skew %g is not a number >= 0",
+                                 (double)o->routing_skew);
+    if (o->routing_skew > 0.0f && o->routing != EXECUTOR_SYNTH_ROUTING_BALANCED)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "a routing skew applies to balanced routing (--routing balanced)");
+    /* A constant added to every element: the all-ones direction, common to all tokens, whose
+     * dot with expert e's gate row is e's offset. Its spread over experts against that of the
+     * token part: mean / std, as both see the same random gate rows. */
+    g->embd_mean = o->routing_skew * g->embd_std;
     g->n_layer = o->n_layer ? o->n_layer : 2;
     g->n_head = o->n_head ? o->n_head : 8;
     g->n_head_kv = o->n_head_kv ? o->n_head_kv : g->n_head;

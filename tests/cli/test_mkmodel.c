@@ -244,17 +244,19 @@ Test(cli_mkmodel, progress_to_a_file_has_no_carriage_returns, .timeout = 300)
 }
 
 /* The routing summary (trace JSON) of 256 sampled tokens of a 4-layer, 32-expert top-4 model made
- * with --routing MODE. */
-static void routing_of(const char *dir, const char *mode, double *entropy, double *reuse1)
+ * with --routing MODE (and --routing-skew SKEW when not NULL). */
+static void routing_skewed(const char *dir, const char *mode, const char *skew, double *entropy,
+                           double *reuse1)
 {
-    char cmd[2048];
+    char cmd[2048], name[64];
+    snprintf(name, sizeof(name), "%s%s", mode, skew ? skew : "");
     snprintf(cmd, sizeof(cmd),
              "%s/bin/sluice mkmodel -q -o %s/%s.gguf --n-embd 256 --n-layer 4 --n-expert 32 "
-             "--n-expert-used 4 --n-ff 256 --n-vocab 512 --type q8_0 --routing %s --seed 3 && "
-             "%s/bin/sluice run -m %s/%s.gguf -p ab -n 256 --temp 1 --seed 1 --ignore-eos -t 2 "
+             "--n-expert-used 4 --n-ff 256 --n-vocab 512 --type q8_0 --routing %s %s%s --seed 3 "
+             "&& %s/bin/sluice run -m %s/%s.gguf -p ab -n 256 --temp 1 --seed 1 --ignore-eos -t 2 "
              "--ram-budget 50M --trace-out %s/%s.json > /dev/null 2>&1 && cat %s/%s.json",
-             SLUICE_BINARY_DIR, dir, mode, mode, SLUICE_BINARY_DIR, dir, mode, dir, mode, dir,
-             mode);
+             SLUICE_BINARY_DIR, dir, name, mode, skew ? "--routing-skew " : "", skew ? skew : "",
+             SLUICE_BINARY_DIR, dir, name, dir, name, dir, name);
     int   status = -1;
     char *out = run_capture(cmd, &status);
     cr_assert_eq(status, 0, "%s", out);
@@ -267,6 +269,43 @@ static void routing_of(const char *dir, const char *mode, double *entropy, doubl
     *reuse1 = tjson_at(tjson_get(r, "reuse_tokens_log2"), 0)->num / accesses;
     tjson_free(j);
     free(out);
+}
+
+static void routing_of(const char *dir, const char *mode, double *entropy, double *reuse1)
+{
+    routing_skewed(dir, mode, NULL, entropy, reuse1);
+}
+
+/* --routing-skew tunes balanced routing from uniform towards a few experts taking most tokens:
+ * the load entropy falls and the reuse one token later rises with it; a skew without balanced
+ * routing, or a negative one, is refused. */
+Test(cli_mkmodel, routing_skew_tunes_the_load, .timeout = 300)
+{
+    char       *dir = fixture_tmpdir();
+    double      h[3], r[3];
+    const char *skews[3] = {"0", "1", "4"};
+    for (int i = 0; i < 3; i++)
+        routing_skewed(dir, "balanced", skews[i], &h[i], &r[i]);
+    cr_log_info("skew 0/1/4: load entropy %.3f %.3f %.3f, reuse after 1 token %.3f %.3f %.3f", h[0],
+                h[1], h[2], r[0], r[1], r[2]);
+    cr_expect_gt(h[0], 0.98, "skew 0 is balanced: entropy %.3f", h[0]);
+    cr_expect(h[0] > h[1] + 0.1 && h[1] > h[2] + 0.1,
+              "entropy should fall with the skew: %.3f %.3f %.3f", h[0], h[1], h[2]);
+    cr_expect(r[2] > r[1] && r[1] > r[0], "reuse should rise with the skew: %.3f %.3f %.3f", r[0],
+              r[1], r[2]);
+    static const char *bad[] = {"--routing-skew 1", "--routing balanced --routing-skew -1"};
+    for (int i = 0; i < 2; i++) {
+        char cmd[1024];
+        int  status = -1;
+        snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --n-expert 8 %s 2>&1",
+                 SLUICE_BINARY_DIR, dir, bad[i]);
+        char *out = run_capture(cmd, &status);
+        cr_expect_neq(status, 0, "'%s' accepted: %s", bad[i], out);
+        cr_expect_not_null(strstr(out, "skew"), "the error names the skew: %s", out);
+        free(out);
+    }
+    fixture_rmtree(dir);
+    free(dir);
 }
 
 /* --routing balanced routes by the current token: near-uniform load (entropy near 1, above the
