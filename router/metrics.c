@@ -132,11 +132,19 @@ char *router_metrics_text(struct router_serve *s)
     fprintf(b, "sluice_tokens_total{kind=\"prompt\"} %.0f\n", metrics_stat(r, "tokens.prompt"));
     fprintf(b, "sluice_tokens_total{kind=\"generated\"} %.0f\n",
             metrics_stat(r, "tokens.generated"));
-    const double wall_s = metrics_stat(r, "steps.wall_ms") / 1e3;
+    const double wall_s = metrics_stat(r, "rounds.wall_ms") / 1e3;
     metrics_head(b, "sluice_generated_tokens_per_second", "gauge",
-                 "Tokens generated per second of executor steps since the router started.");
+                 "Tokens generated per second of executor steps since the router started (all "
+                 "the requests of a batched step together).");
     fprintf(b, "sluice_generated_tokens_per_second %.6g\n",
             wall_s > 0.0 ? metrics_stat(r, "tokens.generated") / wall_s : 0.0);
+
+    if (ds[1].up) {
+        metrics_head(b, "sluice_batch_sequences", "gauge",
+                     "Sequences per executor batch since the executor started (continuous "
+                     "batching: every active request's step in one batch).");
+        fprintf(b, "sluice_batch_sequences %.6g\n", metrics_stat(&ds[1], "batch_seqs_mean"));
+    }
 
     /* The fetchers together: the expert pool and storage. */
     double acc = 0, hits = 0, bytes = 0, faults = 0, tokens = 0;

@@ -328,6 +328,7 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
 {
     uint32_t       outstanding = 0;
     const uint32_t chunk = s->o.prefill_chunk ? s->o.prefill_chunk : 512;
+    const uint64_t t_round = common_now_ns();
     for (uint32_t i = 0; i < n; i++) {
         struct rq *r = batch[i];
         int32_t   *row = s->tokens + (size_t)r->seq * s->n_ctx;
@@ -425,6 +426,10 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
         if (!done)
             sched_sample(s, r, piece);
     }
+    pthread_mutex_lock(&s->mu);
+    s->c_rounds++;
+    s->round_wall_ns += common_now_ns() - t_round;
+    pthread_mutex_unlock(&s->mu);
     return true;
 }
 

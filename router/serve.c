@@ -42,6 +42,8 @@ void router_serve_stats(void *arg, struct proto_stats_reply *st)
     proto_stats_add(st, "steps", (double)s->c_steps);
     proto_stats_add(st, "steps.wall_ms", (double)s->step_wall_ns / 1e6);
     proto_stats_add(st, "steps.exec_ms", s->step_exec_ms);
+    proto_stats_add(st, "rounds", (double)s->c_rounds);
+    proto_stats_add(st, "rounds.wall_ms", (double)s->round_wall_ns / 1e6);
     proto_stats_add(st, "executor.restarts", (double)s->c_exec_restarts);
     proto_stats_add(st, "sequences", s->n_seq);
     proto_stats_add(st, "n_ctx", s->n_ctx);

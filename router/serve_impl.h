@@ -111,7 +111,8 @@ struct router_serve {
         c_replays, c_exec_restarts;
     /* Step round trips: EVAL records answered, wall time from push to reply, and the executor's
      * own time for them (the difference is the cost of the rings and wake-ups). */
-    uint64_t c_steps, step_wall_ns;
+    uint64_t c_steps, step_wall_ns;   /* EVAL records answered; their push-to-reply times */
+    uint64_t c_rounds, round_wall_ns; /* rounds (one executor batch each) and their wall time */
     double   step_exec_ms;
 
     pthread_t             sched;

@@ -482,6 +482,8 @@ Test(router_http, metrics_count_requests_and_tokens, .timeout = 300, .fini = dow
     cr_expect(prom_value(body, "sluice_generated_tokens_per_second") > 0.0, "%s", body);
     cr_expect(prom_value(body, "sluice_stat{daemon=\"executor\",name=\"steps\"}") > 0.0, "%s",
               body);
+    cr_expect_eq(prom_value(body, "sluice_batch_sequences"), 1.0, "one request, one sequence:\n%s",
+                 body);
     /* Every sample line is NAME[{LABELS}] VALUE with a finite value. */
     for (const char *l = body; *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : l + strlen(l)) {
         if (*l == '#' || *l == '\n')
