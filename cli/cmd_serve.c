@@ -83,7 +83,8 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .target = &a->n_batch,
          .min = 1,
          .max = 1u << 16,
-         .help = "prompt tokens per forward batch",
+         .help = "prompt tokens per forward batch; a long prompt is read in pieces of this many "
+                 "tokens that share the steps of the other requests (continuous batching)",
          .def = "512"},
         {.name = "cache-type",
          .short_name = "ctk",
