@@ -91,14 +91,74 @@ static void forward_threads(const char *path)
     executor_model_destroy(m);
 }
 
+/* Three sequences in shared batches (executor_ctx_decode_batch) on the 2-thread pool, one of
+ * them joining with its prompt while the others decode: the rows of different caches run on
+ * both threads; each sequence's logits equal its run alone. */
+static void batch_threads(const char *path)
+{
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    if (executor_model_open(path, NULL, &m, &e) != COMMON_OK) {
+        CHECK(0, "open %s: %s", path, e.text);
+        return;
+    }
+    struct executor_threadpool *p = NULL;
+    CHECK(executor_threadpool_create(2, &p) == COMMON_OK, "pool_create");
+    const struct executor_ctx_opts o = {.n_ctx = 64, .n_batch = 8, .pool = p};
+    struct executor_ctx           *cs[3] = {NULL, NULL, NULL}, *alone = NULL;
+    int                            ok = executor_ctx_create(m, &o, &alone, &e) == COMMON_OK;
+    for (int s = 0; s < 3 && ok; s++)
+        ok = executor_ctx_create(m, &o, &cs[s], &e) == COMMON_OK;
+    CHECK(ok, "ctx_create: %s", e.text);
+    const uint32_t nv = executor_model_hparams(m)->n_vocab;
+    float         *l = calloc(3 * (size_t)nv, sizeof(*l)), *ref = calloc(nv, sizeof(*ref));
+    int32_t        prompt[3][12];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 12; i++)
+            prompt[s][i] = (int32_t)((3 + s * 31 + i * 17) % (int32_t)nv);
+    for (int step = 0; ok && step < 6; step++) {
+        struct executor_batch_seq q[3];
+        int32_t                   tok[3];
+        uint32_t                  n = 0;
+        for (int s = 0; s < 3; s++) {
+            if (s == 2 && step < 2)
+                continue; /* joins at step 2 */
+            const bool first = step == 0 || (s == 2 && step == 2);
+            tok[s] = (int32_t)(5 + step + s);
+            q[n++] = (struct executor_batch_seq){.ctx = cs[s],
+                                                 .tokens = first ? prompt[s] : &tok[s],
+                                                 .n = first ? 12 : 1,
+                                                 .logits = l + (size_t)s * nv};
+        }
+        CHECK(executor_ctx_decode_batch(cs[0], q, n, &e) == COMMON_OK, "batch: %s", e.text);
+    }
+    /* Sequence 2 alone: its prompt, then its tokens of steps 3..5. */
+    CHECK(!ok || executor_ctx_decode(alone, prompt[2], 12, ref, NULL, &e) == COMMON_OK, "alone: %s",
+          e.text);
+    for (int step = 3; ok && step < 6; step++) {
+        int32_t id = (int32_t)(5 + step + 2);
+        CHECK(executor_ctx_decode(alone, &id, 1, ref, NULL, &e) == COMMON_OK, "alone: %s", e.text);
+    }
+    CHECK(!ok || memcmp(ref, l + 2 * (size_t)nv, nv * sizeof(float)) == 0,
+          "the batched sequence's logits differ from its run alone");
+    free(l);
+    free(ref);
+    for (int s = 0; s < 3; s++)
+        executor_ctx_destroy(cs[s]);
+    executor_ctx_destroy(alone);
+    executor_threadpool_destroy(p);
+    executor_model_destroy(m);
+}
+
 int main(void)
 {
     executor_kernels_init();
     pool_loops();
     char *path = fixture_path("moe-tiny/moe-tiny-q8_0.gguf");
-    if (path)
+    if (path) {
         forward_threads(path);
-    else
+        batch_threads(path);
+    } else
         printf("SKIP forward_threads: fixture moe-tiny/moe-tiny-q8_0.gguf absent\n");
     free(path);
     return check_report();
