@@ -3,6 +3,7 @@
 # process (sluice run) on the same model, prompt and seed, and the cost of the IPC per token.
 # usage: deploy/bench-pipeline.sh [--model M.gguf] [-n N] [-r REPS] [-t THREADS] [--fetchers N]
 #                                 [--bin DIR] [--out FILE.csv] [--executor-args "..."]
+#                                 [--clients "1 4 16"]
 # Without --model, a MoE with random weights is written to build/bench-pipeline.gguf
 # (sluice mkmodel --preset demo --size 512M). Each repetition runs one process, then the daemons,
 # after one warm-up generation of each (so both read the experts from the page cache or the pool,
@@ -10,10 +11,16 @@
 # router<->executor round trip beyond the executor's own time, and the executor's wait for expert
 # replies from the fetchers. --executor-args passes options to the executor daemon (for example
 # "--direct-reads off" to pin every expert part through a request to the fetcher).
+# --clients "1 4 16" then runs that many `sluice generate` clients at once (distinct short
+# prompts, "No. I", so that decoding dominates; N tokens each, greedy) through the same daemons (started with --parallel of the largest count) and
+# prints their aggregate tok/s (every client's tokens over the wall time from the first start to
+# the last exit, prompts included; after one untimed run of as many clients, so that the experts
+# they route to are in the pool), its ratio to one client, and the executor's sequences per batch
+# over the run (continuous batching).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out="" exec_args=""
+model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out="" exec_args="" clients=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --model | -m) model=$2 && shift ;;
@@ -24,7 +31,8 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2 && shift ;;
     --out) out=$2 && shift ;;
     --executor-args) exec_args=$2 && shift ;;
-    -h | --help) sed -n 2,14p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    --clients) clients=$2 && shift ;;
+    -h | --help) sed -n 2,20p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     *) echo "bench-pipeline: unknown option $1" >&2 && exit 2 ;;
     esac
     shift
@@ -63,7 +71,10 @@ daemons() {
 }
 
 echo "== model $model, $n tokens, $reps reps, $fetchers fetcher(s)"
+max_clients=1
+for c in $clients; do [ "$c" -gt "$max_clients" ] && max_clients=$c; done
 deploy/sluicectl up --model "$model" --run-dir "$run_dir" --fetchers "$fetchers" --bin "$bin" \
+    --parallel "$((max_clients > 4 ? max_clients : 4))" \
     --executor-args "$exec_args" ${targs[@]+"${targs[@]}"} >/dev/null
 one_process >/dev/null
 daemons >/dev/null
@@ -107,6 +118,33 @@ printf '%s\n' "${results[@]}" | awk -F, '
             sb / sa, median(or, n), k, n
         printf "step round trip median %.1f us/token\n", median(ort, n)
     }'
+# clients C: C greedy generations at once; prints the aggregate tok/s.
+# (tokens counted from each client's "generated N tokens": one may stop early at an EOS).
+clients_rate() {
+    local c=$1 pids=() t0 t1 tokens=0
+    t0=$(date +%s.%N)
+    for ((i = 1; i <= c; i++)); do
+        "$bin/sluice" generate --run-dir "$run_dir" -p "No. $i" -n "$n" --temp 0 \
+            >/dev/null 2>"$run_dir/client-$i.err" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || { echo "bench-pipeline: a client failed" >&2; exit 1; }; done
+    t1=$(date +%s.%N)
+    for ((i = 1; i <= c; i++)); do
+        tokens=$((tokens + $(sed -n 's/.*generated \([0-9]*\) tokens.*/\1/p' "$run_dir/client-$i.err")))
+    done
+    calc "$tokens / ($t1 - $t0)"
+}
+base=""
+for c in $clients; do
+    clients_rate "$c" >/dev/null # warm-up: the experts this many sequences route to are loaded
+    b0=$(stat batches executor) q0=$(calc "$(stat batch_seqs_mean executor) * $b0")
+    rate=$(clients_rate "$c")
+    b1=$(stat batches executor) q1=$(calc "$(stat batch_seqs_mean executor) * $b1")
+    [ -n "$base" ] || base=$rate
+    printf '== %2d clients at once: %8.2f tok/s together (%.2fx one client), %.2f sequences per executor batch\n' \
+        "$c" "$rate" "$(calc "$rate / $base")" "$(calc "($q1 - $q0) / ($b1 - $b0)")"
+done
 if [ -n "$out" ]; then
     echo "rep,one_process_tok_s,daemons_tok_s,ratio,step_rt_us,expert_wait_us" >"$out"
     printf '%s\n' "${results[@]}" >>"$out"
