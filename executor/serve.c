@@ -178,8 +178,9 @@ static int serve_eval_prepare(struct executor_serve *s, struct serve_link *l,
 }
 
 /* Runs the EVALs gathered in s->bseq (distinct sequences) as one batched step; their statuses
- * go to the replies listed in s->bidx. */
-static void serve_run_batch(struct executor_serve *s, uint32_t nb, struct proto_step_rep *rep)
+ * go to the replies listed in s->bidx, and their sequences leave the batch. */
+static void serve_run_batch(struct executor_serve *s, const struct proto_step_req *recs,
+                            uint32_t nb, struct proto_step_rep *rep)
 {
     struct common_errmsg e = {{0}};
     int                  rc = executor_ctx_decode_batch(s->ctx[0], s->bseq, nb, &e);
@@ -189,6 +190,7 @@ static void serve_run_batch(struct executor_serve *s, uint32_t nb, struct proto_
     for (uint32_t k = 0; k < nb; k++) {
         rep[s->bidx[k]].status = s->bseq[k].status;
         rep[s->bidx[k]].n_past = executor_ctx_n_past(s->bseq[k].ctx);
+        s->in_batch[recs[s->bidx[k]].seq] = false;
     }
     pthread_mutex_lock(&s->mu);
     s->batches++;
@@ -213,9 +215,7 @@ static bool serve_round(struct executor_serve *s, struct serve_link *l,
         rep[i] = (struct proto_step_rep){.tag = q->tag, .seq = q->seq};
         bad[i] = false;
         if (seq_ok && s->in_batch[q->seq]) {
-            serve_run_batch(s, nb, rep);
-            for (uint32_t k = 0; k < nb; k++)
-                s->in_batch[recs[s->bidx[k]].seq] = false;
+            serve_run_batch(s, recs, nb, rep);
             nb = 0;
         }
         if (q->op == PROTO_STEP_EVAL && seq_ok) {
@@ -241,9 +241,7 @@ static bool serve_round(struct executor_serve *s, struct serve_link *l,
             rep[i].n_past = executor_ctx_n_past(s->ctx[q->seq]);
     }
     if (nb)
-        serve_run_batch(s, nb, rep);
-    for (uint32_t k = 0; k < nb; k++)
-        s->in_batch[recs[s->bidx[k]].seq] = false;
+        serve_run_batch(s, recs, nb, rep);
     uint64_t dt = common_now_ns() - t0;
     pthread_mutex_lock(&s->mu);
     s->rounds++;

@@ -220,6 +220,17 @@ static struct proto_step_rep t_step_raw(struct proto_step_req q)
     return r;
 }
 
+/* The greedy token of sequence seq's row of the logits slab. */
+static int32_t t_argmax_row(uint32_t seq)
+{
+    const float *l = t.logits + (size_t)seq * t.n_vocab;
+    int32_t      best = 0;
+    for (uint32_t v = 1; v < t.n_vocab; v++)
+        if (l[v] > l[best])
+            best = (int32_t)v;
+    return best;
+}
+
 /* EVAL of ids[0..n) at pos for seq; returns the greedy next token. */
 static int32_t t_eval(uint32_t seq, uint32_t pos, const int32_t *ids, uint32_t n)
 {
@@ -229,12 +240,7 @@ static int32_t t_eval(uint32_t seq, uint32_t pos, const int32_t *ids, uint32_t n
     cr_assert_eq(r.status, 0, "EVAL seq=%u pos=%u n=%u: %s", seq, pos, n,
                  common_strerror(r.status));
     cr_assert_eq(r.n_past, pos + n);
-    const float *l = t.logits + (size_t)seq * t.n_vocab;
-    int32_t      best = 0;
-    for (uint32_t v = 1; v < t.n_vocab; v++)
-        if (l[v] > l[best])
-            best = (int32_t)v;
-    return best;
+    return t_argmax_row(seq);
 }
 
 /* ---- the reference: an in-process model over mmap weights ---------------------------------- */
@@ -454,16 +460,6 @@ static void t_round(struct proto_step_req *q, uint32_t n, struct proto_step_rep 
         cr_assert_lt(i, n, "reply with unknown tag %llu", (unsigned long long)r.tag);
         rep[i] = r;
     }
-}
-
-static int32_t t_argmax_row(uint32_t seq)
-{
-    const float *l = t.logits + (size_t)seq * t.n_vocab;
-    int32_t      best = 0;
-    for (uint32_t v = 1; v < t.n_vocab; v++)
-        if (l[v] > l[best])
-            best = (int32_t)v;
-    return best;
 }
 
 /* Rounds of both sequences (prompts together, then one token each) run as one batch per round:

@@ -215,6 +215,25 @@ static void *poller_main(void *arg)
     return NULL;
 }
 
+/* Polls two submitted greedy requests at once, each on its own thread; both must run to their
+ * max_tokens with the tokens greedy decoding gives. */
+static void poll_two_greedy(const struct proto_msg *a, const struct proto_msg *b)
+{
+    struct poller p[2] = {{.id = a->request_id}, {.id = b->request_id}};
+    pthread_t     th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, poller_main, &p[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    const struct proto_msg *m[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(p[i].reason, PROTO_STOP_LENGTH);
+        check_greedy(m[i]->u.generate.prompt, &p[i].toks, m[i]->u.generate.max_tokens);
+        router_tokens_fini(&p[i].toks);
+        router_text_fini(&p[i].text);
+    }
+}
+
 Test(router_serve, two_concurrent_requests, .init = serve_setup, .fini = serve_teardown,
      .timeout = 60)
 {
@@ -224,20 +243,7 @@ Test(router_serve, two_concurrent_requests, .init = serve_setup, .fini = serve_t
     struct proto_msg b = greedy_req(22, "A completely different prompt", 16);
     cr_assert_eq(submit(&a), 0);
     cr_assert_eq(submit(&b), 0);
-    struct poller pa = {.id = 21}, pb = {.id = 22};
-    pthread_t     ta, tb;
-    pthread_create(&ta, NULL, poller_main, &pa);
-    pthread_create(&tb, NULL, poller_main, &pb);
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
-    cr_assert_eq(pa.reason, PROTO_STOP_LENGTH);
-    cr_assert_eq(pb.reason, PROTO_STOP_LENGTH);
-    check_greedy("The quick brown fox", &pa.toks, 20);
-    check_greedy("A completely different prompt", &pb.toks, 16);
-    router_tokens_fini(&pa.toks);
-    router_tokens_fini(&pb.toks);
-    router_text_fini(&pa.text);
-    router_text_fini(&pb.text);
+    poll_two_greedy(&a, &b);
 }
 
 static void serve_setup_chunked(void)
@@ -259,23 +265,10 @@ Test(router_serve, chunked_prompts_share_rounds, .init = serve_setup_chunked,
     cr_assert_eq(submit(&a), 0);
     cr_assert_eq(submit(&b), 0);
     atomic_store(&t_exec.hang, false);
-    struct poller pa = {.id = 31}, pb = {.id = 32};
-    pthread_t     ta, tb;
-    pthread_create(&ta, NULL, poller_main, &pa);
-    pthread_create(&tb, NULL, poller_main, &pb);
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
-    cr_assert_eq(pa.reason, PROTO_STOP_LENGTH);
-    cr_assert_eq(pb.reason, PROTO_STOP_LENGTH);
-    check_greedy("The quick brown fox jumps over the lazy dog", &pa.toks, 10);
-    check_greedy("A completely different prompt", &pb.toks, 10);
+    poll_two_greedy(&a, &b);
     cr_expect_eq(atomic_load(&t_exec.max_n), 3u, "an EVAL carried %u tokens",
                  atomic_load(&t_exec.max_n));
     cr_expect_gt(atomic_load(&t_exec.n_more), 0u, "no round had two records");
-    router_tokens_fini(&pa.toks);
-    router_tokens_fini(&pb.toks);
-    router_text_fini(&pa.text);
-    router_text_fini(&pb.text);
 }
 
 Test(router_serve, cancel_ends_with_cancel, .init = serve_setup, .fini = serve_teardown,
