@@ -17,6 +17,8 @@
  * 0 success (and --help), 1 a failure, 2 a usage error (ctl: 3 when health is not READY;
  * generate: 130 when cancelled). Every message is "sluice CMD: error: ..." on stderr. */
 int cli_cmd_inspect(int argc, char **argv);
+int cli_cmd_convert(int argc, char **argv);
+int cli_cmd_verify(int argc, char **argv);
 int cli_cmd_mkmodel(int argc, char **argv);
 int cli_cmd_tokenize(int argc, char **argv);
 int cli_cmd_chat(int argc, char **argv);

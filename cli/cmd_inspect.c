@@ -4,8 +4,8 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdlib.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -164,9 +164,15 @@ static void inspect_text(const char *path, const struct common_gguf *g,
     for (uint32_t s = 0; s < common_gguf_n_splits(g); s++)
         file_bytes += common_gguf_split_size(g, s);
     printf("file:           %s\n", path);
-    printf("format:         GGUF v%u, %u file(s), %s, alignment %" PRIu64 "\n",
-           common_gguf_version(g), common_gguf_n_splits(g),
-           common_format_size(file_bytes, b1, sizeof(b1)), common_gguf_alignment(g));
+    if (common_gguf_is_qsf(g))
+        printf("format:         QSF v%u (streaming container: metadata as GGUF v%u, one bundle per "
+               "expert, checksums), %s, alignment %" PRIu64 "\n",
+               COMMON_QSF_VERSION, common_gguf_version(g),
+               common_format_size(file_bytes, b1, sizeof(b1)), common_gguf_alignment(g));
+    else
+        printf("format:         GGUF v%u, %u file(s), %s, alignment %" PRIu64 "\n",
+               common_gguf_version(g), common_gguf_n_splits(g),
+               common_format_size(file_bytes, b1, sizeof(b1)), common_gguf_alignment(g));
     struct common_gguf_str s;
     if (common_gguf_get_str(g, "general.name", &s) == COMMON_OK)
         printf("name:           %.*s\n", (int)(s.len > 200 ? 200 : s.len), s.ptr);

@@ -15,6 +15,8 @@ struct cli_command {
 
 static const struct cli_command commands[] = {
     {"inspect", cli_cmd_inspect, "print a GGUF model's architecture, tensors and byte totals"},
+    {"convert", cli_cmd_convert, "rewrite a GGUF model as QSF, the streaming container"},
+    {"verify", cli_cmd_verify, "check every checksum of a QSF file"},
     {"mkmodel", cli_cmd_mkmodel, "write a GGUF model with random weights (demo, benchmarks)"},
     {"run", cli_cmd_run, "generate text from a prompt"},
     {"chat", cli_cmd_chat, "chat with a model using its chat template"},

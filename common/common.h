@@ -371,6 +371,15 @@ int common_gguf_writer_add_tensor_sized(struct common_gguf_writer *w, const char
                                         uint32_t type, uint32_t n_dims, const uint64_t *ne,
                                         uint64_t bytes);
 
+/* The header as it would be written (magic, metadata, tensor infos, padding to the alignment)
+ * in *out (malloc'd, *len bytes), for a container that embeds it (QSF). 0 or COMMON_ENOMEM. */
+int common_gguf_writer_image(const struct common_gguf_writer *w, uint8_t **out, size_t *len);
+/* Tensor i's offset in the data section and its bytes, as declared. 0 or COMMON_EINVAL. */
+int common_gguf_writer_tensor_place(const struct common_gguf_writer *w, uint64_t i,
+                                    uint64_t *offset, uint64_t *size);
+/* Bytes of the data section the declared tensors take (padding included). */
+uint64_t common_gguf_writer_data_size(const struct common_gguf_writer *w);
+
 /* Opens `path`, writes the header and padding. Then call common_gguf_writer_write_data() with
  * every tensor's bytes in declaration order (any number of calls per tensor), and finish with
  * common_gguf_writer_finish(). Return 0 or COMMON_EIO / COMMON_EINVAL with a message. */
@@ -617,6 +626,109 @@ int common_model_expert_span(const struct common_model *m, uint32_t layer, uint3
  * error; `dst` is then undefined). Thread-safe: pread does not move the file offset. */
 int common_gguf_read_span(const struct common_gguf *g, const struct common_span *span, void *dst,
                           struct common_errmsg *e);
+
+/* ------------------------------------------------------------------------------------------ */
+/* QSF, sluice's streaming container (common/qsf.c reads, common/qsf_write.c converts)          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A QSF file holds a GGUF model laid out for streaming (docs/qsf.md has the byte layout): a
+ * checksummed header; the model's metadata and tensor infos as an embedded GGUF image; the
+ * resident tensors, each with a checksum; and every routed expert of every layer as one bundle
+ * (its gate, up and down parts contiguous, 4 KiB aligned, one read), each with a checksum over its
+ * stored bytes and, where that saves enough, LZ4-compressed. common_gguf_open() opens a QSF file
+ * like a GGUF one: the accessors above see the same metadata and tensors. */
+#define COMMON_QSF_MAGIC      0x31465351u /* "QSF1" read as a little-endian u32 */
+#define COMMON_QSF_VERSION    1u
+#define COMMON_QSF_ALIGN      4096u /* bundles, regions and the header page */
+#define COMMON_QSF_PART_ALIGN 64u   /* parts inside a bundle */
+
+enum common_qsf_codec {
+    COMMON_QSF_RAW = 0, /* stored as is */
+    COMMON_QSF_LZ4 = 1, /* one LZ4 block (liblz4), decoded in place in the slot */
+};
+
+/* Where one bundle lives and how a reader lays it out in memory. */
+struct common_qsf_bundle {
+    uint64_t offset;                              /* file offset of the stored bytes (aligned) */
+    uint64_t stored;                              /* stored bytes (compressed size for LZ4) */
+    uint64_t raw;                                 /* bytes once decoded: the three parts */
+    uint64_t hash;                                /* xxHash64 (seed 0) of the stored bytes */
+    uint32_t codec;                               /* enum common_qsf_codec */
+    uint64_t part_off[COMMON_EXPERT_PART_COUNT];  /* parts' offsets in the decoded bundle */
+    uint64_t part_size[COMMON_EXPERT_PART_COUNT]; /* parts' bytes (0: the layer lacks it) */
+    uint64_t read_off;  /* where to read the stored bytes in a buffer (aligned; 0 for RAW, the
+                           in-place decoding position for LZ4) */
+    uint64_t buf_bytes; /* buffer bytes the read and the decoding need (aligned) */
+};
+
+/* True when `g` was opened from a QSF file. */
+bool common_gguf_is_qsf(const struct common_gguf *g);
+/* True when tensor `index` of a QSF file lives in bundles (a routed expert weight): its bytes are
+ * reached through common_gguf_bundle(), not as one tensor. False for GGUF files. */
+bool common_gguf_tensor_bundled(const struct common_gguf *g, uint64_t index);
+/* The bundle of expert `expert` of layer `layer`. Returns 0, COMMON_ENOENT when `g` is not QSF
+ * or the layer has no routed experts, COMMON_EINVAL out of range. */
+int common_gguf_bundle(const struct common_gguf *g, uint32_t layer, uint32_t expert,
+                       struct common_qsf_bundle *out);
+/* Largest buf_bytes of any bundle (0 for GGUF). */
+uint64_t common_gguf_bundle_buf_max(const struct common_gguf *g);
+/* Checks the stored bytes of bundle `b` read to buf + b->read_off against its checksum and
+ * decodes them in place, leaving the raw parts at buf (which holds b->buf_bytes). Returns 0, or
+ * COMMON_ECORRUPT with a message (checksum mismatch, LZ4 block that does not decode). */
+int common_qsf_bundle_finish(const struct common_qsf_bundle *b, uint8_t *buf,
+                             struct common_errmsg *e);
+/* Checks the bytes of tensor `index` (at `data`, t->size bytes) against its checksum in a QSF
+ * file; always 0 for GGUF files and bundled tensors. COMMON_ECORRUPT names the tensor. */
+int common_gguf_check_tensor(const struct common_gguf *g, uint64_t index, const void *data,
+                             struct common_errmsg *e);
+/* xxHash64 with seed 0, QSF's checksum. */
+uint64_t common_qsf_hash(const void *data, size_t len);
+/* True when the file at `path` starts with the QSF magic (false when unreadable). */
+bool common_qsf_file_is(const char *path);
+/* Parses a whole QSF file image held in memory (tests and the fuzzer): header, metadata, index
+ * and every region bound are checked as common_gguf_open() checks them; data is not read. */
+int common_qsf_parse(const void *buf, size_t len, struct common_gguf **out,
+                     struct common_errmsg *e);
+
+/* Progress of a long QSF job: `done` of `total` bytes. */
+typedef void (*common_qsf_progress_fn)(void *arg, uint64_t done, uint64_t total);
+
+/* What a conversion wrote or a verification read. */
+struct common_qsf_stats {
+    uint64_t n_tensors;      /* resident tensors */
+    uint64_t resident_bytes; /* their bytes */
+    uint64_t n_bundles;      /* expert bundles */
+    uint64_t n_lz4;          /* of which LZ4-compressed */
+    uint64_t raw_bytes;      /* bundles' decoded bytes */
+    uint64_t stored_bytes;   /* bundles' stored bytes */
+    uint64_t file_bytes;     /* the whole file */
+    uint64_t n_bad;          /* verify: tensors and bundles whose checksum or decoding failed */
+};
+
+enum common_qsf_lz4 {
+    COMMON_QSF_LZ4_AUTO = 0, /* compress a bundle only where it saves at least 10% */
+    COMMON_QSF_LZ4_NEVER,    /* store every bundle raw */
+    COMMON_QSF_LZ4_ALWAYS,   /* compress every bundle that gets smaller at all */
+};
+
+struct common_qsf_convert_opts {
+    enum common_qsf_lz4    lz4;
+    common_qsf_progress_fn progress; /* NULL: none */
+    void                  *progress_arg;
+};
+
+/* Writes model `m` (opened from `in`, GGUF or QSF) to `path` as QSF, through `path`.tmp renamed
+ * at the end, so a failed conversion leaves no partial file. Memory is bounded by one bundle
+ * (twice, for LZ4) and a copy buffer. Returns 0 with *st filled, or an error with a message. */
+int common_qsf_convert(const struct common_gguf *in, const struct common_model *m, const char *path,
+                       const struct common_qsf_convert_opts *o, struct common_qsf_stats *st,
+                       struct common_errmsg *e);
+
+/* Reads every resident tensor and bundle of QSF file `g` and checks every checksum (and that
+ * each LZ4 bundle decodes). Returns 0 when all hold; COMMON_ECORRUPT with the first bad one
+ * named in `e` (st->n_bad counts them all); COMMON_EINVAL when `g` is not QSF; COMMON_EIO. */
+int common_qsf_verify(const struct common_gguf *g, common_qsf_progress_fn progress, void *arg,
+                      struct common_qsf_stats *st, struct common_errmsg *e);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Inference context layout: the sizes the executor allocates and the plan counts              */

@@ -572,6 +572,7 @@ void common_gguf_close(struct common_gguf *g)
     free(g->tensors);
     free(g->kv_index.slots);
     free(g->t_index.slots);
+    qsf_info_free(g->qsf);
     gguf_arena_free(g->arena);
     free(g);
 }
@@ -781,6 +782,8 @@ int common_gguf_open(const char *path, const struct common_gguf_opts *opts,
     memset(&h, 0, sizeof(h));
     if (!path || !out)
         return common_errmsg_set(e, COMMON_EINVAL, "gguf: bad arguments");
+    if (common_qsf_file_is(path))
+        return qsf_open(path, max_hdr, out, e);
 
     struct common_gguf *g = gguf_new(1);
     if (!g)

@@ -102,7 +102,13 @@ struct common_gguf {
     struct gguf_index          kv_index; /* over kvs */
     struct gguf_index          t_index;  /* over tensors */
     struct gguf_arena_chunk   *arena;    /* owned: names and string-array tables */
+    struct qsf_info           *qsf;      /* owned: the QSF index (qsf.c); NULL for GGUF */
 };
+
+/* Frees a QSF index (qsf.c); accepts NULL. */
+void qsf_info_free(struct qsf_info *q);
+/* Opens the QSF file at `path` (its magic already seen) as a model (qsf.c). */
+int qsf_open(const char *path, uint64_t max_hdr, struct common_gguf **out, struct common_errmsg *e);
 
 static inline const char *gguf_kv_name(const void *ctx, uint64_t i)
 {

@@ -277,6 +277,62 @@ static int writer_pad(struct common_gguf_writer *w, uint64_t pos, struct common_
     return COMMON_OK;
 }
 
+/* Serializes magic, counts, metadata and tensor infos into *hdr. */
+static int writer_serialize(const struct common_gguf_writer *w, struct gguf_wbuf *hdr)
+{
+    int rc;
+    if ((rc = wbuf_u32(hdr, COMMON_GGUF_MAGIC)) || (rc = wbuf_u32(hdr, 3)) ||
+        (rc = wbuf_u64(hdr, w->n_tensors)) || (rc = wbuf_u64(hdr, w->n_kv)) ||
+        (rc = wbuf_put(hdr, w->kv.data, w->kv.len)))
+        return rc;
+    for (uint64_t i = 0; i < w->n_tensors; i++) {
+        const struct gguf_wtensor *t = &w->tensors[i];
+        if ((rc = wbuf_str(hdr, t->name, strlen(t->name))) || (rc = wbuf_u32(hdr, t->n_dims)))
+            return rc;
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            if ((rc = wbuf_u64(hdr, t->ne[d])))
+                return rc;
+        if ((rc = wbuf_u32(hdr, t->type)) || (rc = wbuf_u64(hdr, t->offset)))
+            return rc;
+    }
+    return COMMON_OK;
+}
+
+int common_gguf_writer_image(const struct common_gguf_writer *w, uint8_t **out, size_t *len)
+{
+    struct gguf_wbuf hdr = {0};
+    int              rc = writer_serialize(w, &hdr);
+    size_t           pad = (w->alignment - hdr.len % w->alignment) % w->alignment;
+    uint8_t          zeros[64] = {0};
+    while (rc == COMMON_OK && pad) {
+        size_t n = pad > sizeof(zeros) ? sizeof(zeros) : pad;
+        rc = wbuf_put(&hdr, zeros, n);
+        pad -= n;
+    }
+    if (rc != COMMON_OK) {
+        free(hdr.data);
+        return rc;
+    }
+    *out = hdr.data;
+    *len = hdr.len;
+    return COMMON_OK;
+}
+
+int common_gguf_writer_tensor_place(const struct common_gguf_writer *w, uint64_t i,
+                                    uint64_t *offset, uint64_t *size)
+{
+    if (i >= w->n_tensors)
+        return COMMON_EINVAL;
+    *offset = w->tensors[i].offset;
+    *size = w->tensors[i].size;
+    return COMMON_OK;
+}
+
+uint64_t common_gguf_writer_data_size(const struct common_gguf_writer *w)
+{
+    return w->data_size;
+}
+
 int common_gguf_writer_begin(struct common_gguf_writer *w, const char *path,
                              struct common_errmsg *e)
 {
@@ -284,20 +340,8 @@ int common_gguf_writer_begin(struct common_gguf_writer *w, const char *path,
         return common_errmsg_set(e, COMMON_EINVAL, "gguf writer: already begun");
     struct gguf_wbuf hdr = {0};
     int              rc;
-    if ((rc = wbuf_u32(&hdr, COMMON_GGUF_MAGIC)) || (rc = wbuf_u32(&hdr, 3)) ||
-        (rc = wbuf_u64(&hdr, w->n_tensors)) || (rc = wbuf_u64(&hdr, w->n_kv)) ||
-        (rc = wbuf_put(&hdr, w->kv.data, w->kv.len)))
+    if ((rc = writer_serialize(w, &hdr)))
         goto out_free;
-    for (uint64_t i = 0; i < w->n_tensors; i++) {
-        const struct gguf_wtensor *t = &w->tensors[i];
-        if ((rc = wbuf_str(&hdr, t->name, strlen(t->name))) || (rc = wbuf_u32(&hdr, t->n_dims)))
-            goto out_free;
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            if ((rc = wbuf_u64(&hdr, t->ne[d])))
-                goto out_free;
-        if ((rc = wbuf_u32(&hdr, t->type)) || (rc = wbuf_u64(&hdr, t->offset)))
-            goto out_free;
-    }
     w->f = fopen(path, "wb");
     if (!w->f) {
         rc = common_errmsg_set(e, common_err_from_errno(errno), "%s: cannot create: %s", path,

@@ -926,6 +926,14 @@ int common_model_expert_span(const struct common_model *m, uint32_t layer, uint3
     out->split = t->split;
     out->type = t->type;
     out->offset = t->offset + per * expert;
+    if (common_gguf_tensor_bundled(m->gguf, (uint64_t)idx)) {
+        /* QSF: the part inside its expert's bundle; an LZ4 bundle has no file offset for it
+         * (UINT64_MAX: only a reader that decodes the bundle, the fetcher, can serve it). */
+        struct common_qsf_bundle b;
+        if (common_gguf_bundle(m->gguf, layer, expert, &b) != COMMON_OK || b.part_size[part] != per)
+            return COMMON_EINVAL;
+        out->offset = b.codec == COMMON_QSF_RAW ? b.offset + b.part_off[part] : UINT64_MAX;
+    }
     out->size = per;
     out->rows = t->ne[1];
     out->cols = t->ne[0];

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 4:1:1:2:1:1:2 between the GGUF reader, the
-#        executor's model loading, the HTTP API's request parser, the control-message decoder,
-#        config files with the option parser, KL-divergence base files, and the tokenizers; CI
-#        runs a short fixed time)
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 4:1:1:1:2:1:1:1 between the GGUF reader, the
+#        executor's model loading, the QSF reader, the HTTP API's request parser, the
+#        control-message decoder, config files with the option parser, KL-divergence base files,
+#        and the tokenizers; CI runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -12,7 +12,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_openai fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_qsf fuzz_openai fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -82,6 +82,7 @@ build/bin/sluice perplexity -m "$corpus/dense.gguf" -f deploy/sluice.conf.exampl
     --chunks 2 --kl-divergence-base "$kcorpus/seed.kld" >/dev/null 2>&1 ||
     echo "fuzz: no KL-divergence seed (sluice perplexity failed)"
 t_gguf=$(( secs / 3 ))
+t_qsf=$(( secs / 12 ))
 t_model=$(( secs / 12 ))
 t_openai=$(( secs / 12 ))
 t_proto=$(( secs / 6 ))
@@ -92,6 +93,13 @@ mcorpus="$build/corpus-model"
 mkdir -p "$mcorpus"
 cp "$corpus"/*.gguf "$mcorpus"/
 fuzz fuzz_model "$mcorpus" "$t_model"
+# QSF seeds: the small MoE seed models converted (sluice convert).
+qcorpus="$build/corpus-qsf"
+mkdir -p "$qcorpus"
+for m in moe qwen2moe deepseek2; do
+    build/bin/sluice convert "$corpus/$m.gguf" "$qcorpus/$m.qsf" >/dev/null
+done
+fuzz fuzz_qsf "$qcorpus" "$t_qsf"
 # HTTP API seeds: a chat and a completion body (the first byte picks the endpoint).
 ocorpus="$build/corpus-openai"
 mkdir -p "$ocorpus"
@@ -103,4 +111,4 @@ fuzz fuzz_openai "$ocorpus" "$t_openai"
 fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
 fuzz fuzz_config "$ccorpus" "$t_config"
 fuzz fuzz_kld "$kcorpus" "$t_kld"
-fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_openai - t_proto - t_config - t_kld ))
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_qsf - t_openai - t_proto - t_config - t_kld ))

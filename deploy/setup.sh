@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(
     build-essential cmake pkg-config git
     clang libclang-rt-14-dev
-    libnng-dev liburing-dev libcriterion-dev libjansson-dev
+    libnng-dev liburing-dev libcriterion-dev libjansson-dev liblz4-dev libxxhash-dev
     flatbuffers-compiler libflatbuffers-dev
     gnuplot-nox
     curl

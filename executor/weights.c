@@ -2,6 +2,7 @@
 #include "executor.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -10,13 +11,61 @@
 /* mmap source                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A QSF bundle's state in the mmap source: checked (and, for LZ4, decoded) on first use. */
+enum weights_bundle_state { WEIGHTS_B_NEW = 0, WEIGHTS_B_OK, WEIGHTS_B_BAD };
+
 struct weights_mmap {
     const struct common_model *model;    /* borrowed */
     uint32_t                   n_splits; /* mappings */
     uint8_t                  **base;     /* mapped: one read-only mapping per split, munmap'd in
                                             weights_mmap_destroy */
     size_t *len;                         /* owned: bytes of each mapping */
+    /* QSF only (NULL otherwise), one entry per bundle (layer * n_expert + expert): */
+    void            *bstate_mem; /* owned: the memory of bstate */
+    _Atomic uint8_t *bstate;     /* enum weights_bundle_state */
+    uint8_t        **decoded;    /* owned: an LZ4 bundle decoded (aligned_alloc), else NULL */
+    pthread_mutex_t  bmu;        /* serializes first uses */
 };
+
+/* QSF: checks bundle (layer, expert) against its checksum on its first use, decoding an LZ4 one
+ * into memory of its own; *raw is then where its decoded bytes start. COMMON_ECORRUPT (logged,
+ * naming the bundle) when it fails, on this and every later use. */
+static int weights_mmap_bundle(struct weights_mmap *w, uint32_t layer, uint32_t expert,
+                               const struct common_qsf_bundle *b, const uint8_t **raw)
+{
+    const struct common_gguf *g = w->model->gguf;
+    uint64_t                  k = (uint64_t)layer * w->model->hp.n_expert + expert;
+    uint8_t                   st = atomic_load_explicit(&w->bstate[k], memory_order_acquire);
+    if (st == WEIGHTS_B_NEW) {
+        pthread_mutex_lock(&w->bmu);
+        st = atomic_load_explicit(&w->bstate[k], memory_order_relaxed);
+        if (st == WEIGHTS_B_NEW) {
+            struct common_errmsg e = {{0}};
+            int                  rc = COMMON_ECORRUPT;
+            uint8_t             *buf = aligned_alloc(COMMON_QSF_ALIGN, (size_t)b->buf_bytes);
+            if (b->offset + b->stored <= w->len[0] && buf) {
+                memcpy(buf + b->read_off, w->base[0] + b->offset, (size_t)b->stored);
+                rc = common_qsf_bundle_finish(b, buf, &e);
+            }
+            if (rc == COMMON_OK && b->codec == COMMON_QSF_LZ4) {
+                w->decoded[k] = buf;
+                buf = NULL;
+            }
+            free(buf);
+            if (rc != COMMON_OK)
+                COMMON_LOG_ERR("executor", "%s: layer %u expert %u: %s",
+                               common_gguf_split_path(g, 0), layer, expert,
+                               e.text[0] ? e.text : common_strerror(rc));
+            st = rc == COMMON_OK ? WEIGHTS_B_OK : WEIGHTS_B_BAD;
+            atomic_store_explicit(&w->bstate[k], st, memory_order_release);
+        }
+        pthread_mutex_unlock(&w->bmu);
+    }
+    if (st != WEIGHTS_B_OK)
+        return COMMON_ECORRUPT;
+    *raw = b->codec == COMMON_QSF_LZ4 ? w->decoded[k] : w->base[0] + b->offset;
+    return COMMON_OK;
+}
 
 static int weights_mmap_tensor(void *impl, uint64_t index, const void **data)
 {
@@ -35,11 +84,21 @@ static int weights_mmap_tensor(void *impl, uint64_t index, const void **data)
 static int weights_mmap_acquire(void *impl, uint32_t layer, uint32_t expert,
                                 enum common_expert_part part, const void **data, uint32_t *slot)
 {
-    struct weights_mmap *w = impl;
-    struct common_span   s;
-    int                  rc = common_model_expert_span(w->model, layer, expert, part, &s);
+    struct weights_mmap     *w = impl;
+    struct common_span       s;
+    struct common_qsf_bundle b;
+    int                      rc = common_model_expert_span(w->model, layer, expert, part, &s);
     if (rc < 0)
         return rc;
+    if (w->bstate && !w->model->ffn_streamed &&
+        common_gguf_bundle(w->model->gguf, layer, expert, &b) == COMMON_OK) {
+        const uint8_t *raw = NULL;
+        if ((rc = weights_mmap_bundle(w, layer, expert, &b, &raw)) != COMMON_OK)
+            return rc;
+        *data = raw + b.part_off[part];
+        *slot = 0;
+        return 0;
+    }
     if (s.split >= w->n_splits || s.offset > w->len[s.split] || s.size > w->len[s.split] - s.offset)
         return COMMON_EINVAL;
     *data = w->base[s.split] + s.offset;
@@ -64,6 +123,14 @@ static void weights_mmap_destroy(void *impl)
             munmap(w->base[i], w->len[i]);
     free(w->base);
     free(w->len);
+    if (w->bstate) {
+        uint64_t n = (uint64_t)w->model->hp.n_layer * w->model->hp.n_expert;
+        for (uint64_t k = 0; k < n && w->decoded; k++)
+            free(w->decoded[k]);
+        pthread_mutex_destroy(&w->bmu);
+    }
+    free(w->bstate_mem);
+    free(w->decoded);
     free(w);
 }
 
@@ -115,6 +182,31 @@ int executor_weights_mmap_create(const struct common_model          *m,
         }
         w->base[i] = p;
         w->len[i] = len;
+    }
+    if (common_gguf_is_qsf(g) && common_model_is_moe(m)) {
+        uint64_t n = (uint64_t)m->hp.n_layer * m->hp.n_expert;
+        pthread_mutex_init(&w->bmu, NULL);
+        w->bstate = w->bstate_mem = calloc(n ? n : 1, sizeof(*w->bstate));
+        w->decoded = calloc(n ? n : 1, sizeof(*w->decoded));
+        if (!w->bstate || !w->decoded) {
+            if (!w->bstate) /* destroy tears the mutex down with the table only */
+                pthread_mutex_destroy(&w->bmu);
+            weights_mmap_destroy(w);
+            free(ws);
+            return COMMON_ENOMEM;
+        }
+    }
+    /* QSF: every resident tensor is checked once against its checksum before it is used. */
+    for (uint64_t i = 0; common_gguf_is_qsf(g) && i < common_gguf_n_tensors(g); i++) {
+        const void *data;
+        int         rc;
+        if (common_gguf_tensor_bundled(g, i) || weights_mmap_tensor(w, i, &data) != COMMON_OK)
+            continue;
+        if ((rc = common_gguf_check_tensor(g, i, data, e)) != COMMON_OK) {
+            weights_mmap_destroy(w);
+            free(ws);
+            return rc;
+        }
     }
     ws->ops = &weights_mmap_ops;
     ws->impl = w;
@@ -252,6 +344,10 @@ int executor_weights_pread_create(const struct common_model          *m,
 {
     if (!o || !o->read_span)
         return common_errmsg_set(e, COMMON_EINVAL, "pread weights need a read_span function");
+    if (common_gguf_is_qsf(m->gguf) && common_model_is_moe(m) && !o->no_expert_slots)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "pread weights do not read QSF bundles: stream them (the "
+                                 "fetcher) or map the file");
     const struct common_gguf *g = m->gguf;
     uint64_t                  nt = common_gguf_n_tensors(g);
     struct weights_pread     *w = calloc(1, sizeof(*w));
@@ -285,7 +381,8 @@ int executor_weights_pread_create(const struct common_model          *m,
                                    .size = t->size,
                                    .rows = t->ne[1],
                                    .cols = t->ne[0]};
-        if ((rc = w->read_span(g, &span, w->tensors[i], e)) < 0)
+        if ((rc = w->read_span(g, &span, w->tensors[i], e)) < 0 ||
+            (rc = common_gguf_check_tensor(g, i, w->tensors[i], e)) < 0)
             goto out_destroy;
         done += t->size;
         if (o->progress && m->bytes_resident > WEIGHTS_PROGRESS_MIN &&

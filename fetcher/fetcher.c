@@ -59,6 +59,31 @@ const char *fetcher_priority_name(enum fetcher_priority p)
 
 /* ---- create / destroy --------------------------------------------------------------------- */
 
+/* A QSF file: one read per bundle (part 0 reads it all, at the bundle's read offset in the
+ * slot), the parts where the decoded bundle puts them. */
+static int front_layout_qsf(struct fetcher *f, struct common_errmsg *e)
+{
+    uint64_t n = (uint64_t)f->n_layer * f->n_expert;
+    if (!(f->bundles = calloc(n, sizeof(*f->bundles))))
+        return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
+    for (uint32_t l = 0; l < f->n_layer; l++) {
+        for (uint32_t x = 0; x < f->n_expert && common_model_layer_is_moe(f->m, l); x++) {
+            struct common_qsf_bundle *b = &f->bundles[(uint64_t)l * f->n_expert + x];
+            if (common_gguf_bundle(f->g, l, x, b) != COMMON_OK)
+                return common_errmsg_set(e, COMMON_ECORRUPT,
+                                         "fetcher: no bundle for layer %u expert %u", l, x);
+            struct front_part *pp =
+                &f->parts[((uint64_t)l * f->n_expert + x) * COMMON_EXPERT_PART_COUNT];
+            for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
+                pp[p] = (struct front_part){
+                    .offset = b->offset, .size = b->part_size[p], .data_off = b->part_off[p]};
+            pp[0].read_len = b->stored;
+            pp[0].read_off = b->read_off;
+        }
+    }
+    return COMMON_OK;
+}
+
 static int front_layout(struct fetcher *f, struct common_errmsg *e)
 {
     uint64_t n = (uint64_t)f->n_layer * f->n_expert;
@@ -66,6 +91,8 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
     f->seen = calloc(n, sizeof(*f->seen));
     if (!f->parts || !f->seen)
         return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
+    if (common_gguf_is_qsf(f->g) && !f->m->ffn_streamed)
+        return front_layout_qsf(f, e);
     for (uint32_t l = 0; l < f->n_layer; l++) {
         /* The leading dense layers of deepseek2 have no experts: their parts stay empty. */
         for (uint32_t x = 0; x < f->n_expert && common_model_layer_is_moe(f->m, l); x++) {
@@ -85,6 +112,8 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
                 pp->offset = s.offset;
                 pp->size = s.size;
                 pp->data_off = region + (s.offset - start);
+                pp->read_len = s.size;
+                pp->read_off = pp->data_off;
                 region += end - start;
             }
         }
@@ -205,6 +234,12 @@ int fetcher_create(const struct common_gguf *g, const struct common_model *m,
     for (uint32_t p = 0; p < FETCHER_PRIO_COUNT; p++)
         f->head[p] = f->tail[p] = FRONT_NONE;
     int rc;
+    if (opts.io == FETCHER_IO_MMAP && common_gguf_is_qsf(g) && !m->ffn_streamed) {
+        rc = common_errmsg_set(e, COMMON_EINVAL,
+                               "a QSF file's bundles are read and checked, not mapped: use --io "
+                               "uring or pread (the default), or the GGUF file with --io mmap");
+        goto out_destroy;
+    }
     if ((rc = front_layout(f, e)) != COMMON_OK || (rc = front_size_pool(f, e)) != COMMON_OK)
         goto out_destroy;
     struct fetcher_trace_opts to = {.n_layer = f->n_layer,
@@ -285,6 +320,7 @@ void fetcher_destroy(struct fetcher *f)
     free(f->reqs);
     free(f->cqes);
     free(f->parts);
+    free(f->bundles);
     free(f->seen);
     free(f);
 }

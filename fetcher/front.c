@@ -387,14 +387,22 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         if (ld->parts_done + 1 < COMMON_EXPERT_PART_COUNT || ld->err)
             fetcher_pool_part_ready(f->pool, slot, part);
     }
-    if (++ld->parts_done < COMMON_EXPERT_PART_COUNT) {
+    ld->parts_done += f->bundles ? COMMON_EXPERT_PART_COUNT : 1; /* QSF: the bundle's one read */
+    if (ld->parts_done < COMMON_EXPERT_PART_COUNT) {
         if (ld->waiters.head && !c->err)
             front_wake_slot(f, slot);
         return;
     }
     if (ld->err) {
         /* Nothing half-loaded becomes READY: the slot goes back to FREE. */
-        fetcher_io_describe_error(f->io, &ld->err_cqe, &f->last_error);
+        if (ld->err == FRONT_ECHECK)
+            common_errmsg_set(&f->last_error, COMMON_ECORRUPT,
+                              "%s: layer %u expert %u: the bundle at offset %llu fails its "
+                              "checksum or does not decode (sluice verify names every bad one)",
+                              common_gguf_split_path(f->g, 0), ld->layer, ld->expert,
+                              (unsigned long long)ld->err_cqe.offset);
+        else
+            fetcher_io_describe_error(f->io, &ld->err_cqe, &f->last_error);
         COMMON_LOG_ERR("fetcher", "expert load failed layer=%u expert=%u: %s", ld->layer,
                        ld->expert, f->last_error.text);
         fetcher_pool_fail(f->pool, slot);
@@ -409,6 +417,20 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
     }
     if (ld->waiters.head)
         front_wake_slot(f, slot);
+}
+
+/* QSF: checks a bundle just read against its checksum and decodes it in its slot, before the
+ * load completes (on the I/O thread, f->mu not held: the slot is this load's until then). A bad
+ * bundle fails the load with FRONT_ECHECK. */
+static void front_check_bundle(struct fetcher *f, struct fetcher_io_cqe *c)
+{
+    if (c->err)
+        return;
+    uint32_t                        slot = (uint32_t)(c->user >> 2);
+    const struct front_load        *ld = &f->loads[slot];
+    const struct common_qsf_bundle *b = &f->bundles[(uint64_t)ld->layer * f->n_expert + ld->expert];
+    if (common_qsf_bundle_finish(b, fetcher_pool_slot_data(f->pool, slot), NULL) != COMMON_OK)
+        c->err = FRONT_ECHECK;
 }
 
 /* Fills the submit batch f->reqs with parts of the loads front_pick() chooses, as far as the
@@ -427,6 +449,8 @@ static uint32_t front_fill(struct fetcher *f)
                       p];
         if (p == 0)
             ld->t_submit = common_now_ns();
+        if (f->bundles)
+            ld->next_part = COMMON_EXPERT_PART_COUNT; /* QSF: one read brings the bundle */
         if (ld->next_part == COMMON_EXPERT_PART_COUNT)
             front_unlink(f, slot);
         if (ld->prio == FETCHER_PRIO_PREFETCH) {
@@ -436,8 +460,8 @@ static uint32_t front_fill(struct fetcher *f)
         f->reqs[n++] = (struct fetcher_io_req){
             .file = pp->file,
             .offset = pp->offset,
-            .len = pp->size,
-            .buf = fetcher_pool_slot_data(f->pool, slot) + pp->data_off,
+            .len = pp->read_len,
+            .buf = fetcher_pool_slot_data(f->pool, slot) + pp->read_off,
             .user = (uint64_t)slot << 2 | p,
         };
     }
@@ -523,6 +547,9 @@ void *fetcher_front_thread(void *arg)
         if (rc == COMMON_OK)
             nc = fetcher_io_reap(f->io, cqes, f->qd, true);
 
+        if (f->bundles)
+            for (uint32_t i = 0; i < nc; i++)
+                front_check_bundle(f, &cqes[i]);
         pthread_mutex_lock(&f->mu);
         f->io_blocked = false;
         if (rc != COMMON_OK) {

@@ -3,6 +3,7 @@
 #ifndef FETCHER_FRONT_H
 #define FETCHER_FRONT_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -51,12 +52,18 @@ enum front_wstep {
     FRONT_W_PENDING,  /* no slot can be claimed now, but one may free up: retry later */
 };
 
-/* Where one part of a bundle lives in the file and in its slot. */
+/* The error a load fails with when its QSF bundle fails its checksum or does not decode. */
+#define FRONT_ECHECK EBADMSG
+
+/* Where one part of a bundle lives in the file and in its slot, and the read that brings it:
+ * for GGUF the part itself; for QSF part 0 reads the whole bundle and the others read nothing. */
 struct front_part {
     uint32_t file;     /* split index */
-    uint64_t offset;   /* file offset of the part's bytes */
-    uint64_t size;     /* bytes */
-    uint64_t data_off; /* offset of the bytes in the slot (region start + offset % ALIGN) */
+    uint64_t offset;   /* file offset of the read */
+    uint64_t size;     /* bytes of the part */
+    uint64_t data_off; /* offset of the part's bytes in the slot (region start + offset % ALIGN) */
+    uint64_t read_len; /* bytes to read from `offset` (0: none) */
+    uint64_t read_off; /* where in the slot they land */
 };
 
 /* One load in progress or queued, indexed by slot. Under f->mu. */
@@ -85,33 +92,35 @@ struct fetcher {
     enum fetcher_io_mode       mode; /* resolved: URING, PREAD or MMAP */
     uint32_t                   n_layer, n_expert;
     struct front_part         *parts;   /* owned: n_layer * n_expert * 3 */
-    struct fetcher_pool       *pool;    /* owned (NULL in mmap mode) */
-    struct fetcher_io         *io;      /* owned (NULL in mmap mode) */
-    struct fetcher_trace      *trace;   /* owned */
-    uint8_t                  **maps;    /* owned: mmap mode, one mapping per split (munmap) */
-    uint64_t                  *map_len; /* owned: bytes of each mapping */
-    uint32_t                   n_splits;
-    pthread_mutex_t            mu; /* guards everything below */
-    pthread_cond_t             cv; /* wakes the I/O thread when idle */
-    bool                       sync_init;
-    struct front_load         *loads; /* owned: one per slot */
-    uint32_t                   head[FETCHER_PRIO_COUNT], tail[FETCHER_PRIO_COUNT];
-    uint32_t                   n_queued[FETCHER_PRIO_COUNT];
-    uint32_t                   qd;              /* reads in flight at most */
-    uint32_t                   in_flight;       /* reads submitted, not reaped */
-    uint32_t                   in_flight_pf;    /* of which prefetch */
-    uint64_t                   epoch;           /* tokens begun */
-    uint64_t                   token_tick;      /* pool tick when the token began */
-    bool                       explicit_tokens; /* fetcher_token_begin() was called */
-    uint32_t                   last_layer;      /* layer of the latest demand (auto tokens) */
-    uint64_t                  *seen;            /* owned: per bundle, epoch + 1 of its access */
-    bool                       stop;            /* the I/O thread exits when idle */
-    bool                       io_blocked;      /* the I/O thread waits in fetcher_io_reap */
-    pthread_t                  thread;
-    bool                       thread_started;
-    struct fetcher_io_req     *reqs; /* owned: qd, the I/O thread's submit batch */
-    struct fetcher_io_cqe     *cqes; /* owned: qd, the I/O thread's completions */
-    struct common_errmsg       last_error;
+    struct common_qsf_bundle  *bundles; /* owned: QSF, n_layer * n_expert (checked after each
+                                           read and decoded in its slot); NULL for GGUF */
+    struct fetcher_pool   *pool;        /* owned (NULL in mmap mode) */
+    struct fetcher_io     *io;          /* owned (NULL in mmap mode) */
+    struct fetcher_trace  *trace;       /* owned */
+    uint8_t              **maps;        /* owned: mmap mode, one mapping per split (munmap) */
+    uint64_t              *map_len;     /* owned: bytes of each mapping */
+    uint32_t               n_splits;
+    pthread_mutex_t        mu; /* guards everything below */
+    pthread_cond_t         cv; /* wakes the I/O thread when idle */
+    bool                   sync_init;
+    struct front_load     *loads; /* owned: one per slot */
+    uint32_t               head[FETCHER_PRIO_COUNT], tail[FETCHER_PRIO_COUNT];
+    uint32_t               n_queued[FETCHER_PRIO_COUNT];
+    uint32_t               qd;              /* reads in flight at most */
+    uint32_t               in_flight;       /* reads submitted, not reaped */
+    uint32_t               in_flight_pf;    /* of which prefetch */
+    uint64_t               epoch;           /* tokens begun */
+    uint64_t               token_tick;      /* pool tick when the token began */
+    bool                   explicit_tokens; /* fetcher_token_begin() was called */
+    uint32_t               last_layer;      /* layer of the latest demand (auto tokens) */
+    uint64_t              *seen;            /* owned: per bundle, epoch + 1 of its access */
+    bool                   stop;            /* the I/O thread exits when idle */
+    bool                   io_blocked;      /* the I/O thread waits in fetcher_io_reap */
+    pthread_t              thread;
+    bool                   thread_started;
+    struct fetcher_io_req *reqs; /* owned: qd, the I/O thread's submit batch */
+    struct fetcher_io_cqe *cqes; /* owned: qd, the I/O thread's completions */
+    struct common_errmsg   last_error;
     /* Asynchronous acquires (fetcher_acquire_async), under mu unless noted. */
     struct front_wlist pending;        /* waiters no slot could be claimed for: retried by the
                                           I/O thread after completions and releases */

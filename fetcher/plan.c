@@ -21,6 +21,8 @@ uint64_t fetcher_plan_slot_bytes(const struct common_model *m)
     uint64_t best = 0;
     if (!common_model_is_moe(m))
         return 0;
+    if (common_gguf_is_qsf(m->gguf) && !m->ffn_streamed)
+        return common_gguf_bundle_buf_max(m->gguf); /* one read, decoded in place */
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
         for (uint32_t x = 0; x < m->hp.n_expert && common_model_layer_is_moe(m, l); x++) {
             uint64_t sum = 0;

@@ -41,14 +41,25 @@ static int probe_parts(const struct common_model *m, const struct fetcher_probe_
                        uint64_t n_keys, struct probe_run *r)
 {
     const bool replay = o->keys != NULL;
+    /* A QSF bundle is one read of its stored bytes, as the fetcher reads it. */
+    const bool qsf = common_gguf_is_qsf(m->gguf) && !m->ffn_streamed;
     int        rc;
-    r->n = n_keys * COMMON_EXPERT_PART_COUNT;
+    r->n = n_keys * (qsf ? 1 : COMMON_EXPERT_PART_COUNT);
     if (!(r->parts = calloc(r->n, sizeof(*r->parts))))
         return COMMON_ENOMEM;
     for (uint64_t k = 0, i = 0; k < n_keys; k++) {
         uint32_t l =
             replay ? o->keys[k].layer : m->hp.n_layer_dense_lead + (uint32_t)(k / m->hp.n_expert);
         uint32_t x = replay ? o->keys[k].expert : (uint32_t)(k % m->hp.n_expert);
+        if (qsf) {
+            struct common_qsf_bundle b;
+            if ((rc = common_gguf_bundle(m->gguf, l, x, &b)) < 0)
+                return rc;
+            r->parts[i++] = (struct probe_part){0, b.offset, b.stored};
+            uint64_t len = (b.stored + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN;
+            r->region = len > r->region ? len : r->region;
+            continue;
+        }
         for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++, i++) {
             struct common_span s;
             if ((rc = common_model_expert_span(m, l, x, (enum common_expert_part)p, &s)) < 0)

@@ -296,6 +296,36 @@ Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 
     check_same_as_one_process(2, "--temp 0.8 --seed 42");
 }
 
+/* The daemons on the QSF file of the model (two fetchers sharding its bundles, each read and
+ * checked in one read): the GGUF's tokens in one process. */
+Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char  qsf[2048], cmd[4096];
+    int   st;
+    snprintf(qsf, sizeof(qsf), "%s/model.qsf", dir);
+    snprintf(cmd, sizeof(cmd), "%s/sluice convert %s %s >/dev/null 2>&1", BIN, model, qsf);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "sluice convert failed");
+    up(dir, qsf, 2, NULL);
+    char *want = one_process(model, 48, "--temp 0");
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
+             k_prompt, dir);
+    char *got = sh(cmd, &st);
+    down(dir);
+    cr_assert_eq(st, 0, "sluice generate failed (%s/gen.err)", dir);
+    cr_assert_gt(strlen(want), 20);
+    cr_assert_str_eq(got, want, "QSF daemons: '%s'\nGGUF one process: '%s'", got, want);
+    free(got);
+    free(want);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 /* Four clients at once (the executor batches the requests that overlap: one batch per step for
  * all of them): each gets the text of its sampling settings in one process. */
 Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fini = fini)

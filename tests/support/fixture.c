@@ -1,6 +1,9 @@
 /* tests/support/fixture.c - locating fixture files, reading them, temporary directories. */
 #include "fixture.h"
 
+#include "common.h"
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,4 +109,47 @@ char *fixture_run(const char *cmd, int *status)
         out[len] = '\0';
     *status = st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     return out;
+}
+
+int fixture_write_coarse_experts(const char *src, const char *dst)
+{
+    struct common_gguf        *g = NULL;
+    struct common_gguf_writer *w = NULL;
+    int                        rc = -1;
+    float                     *buf = NULL;
+    if (common_gguf_open(src, NULL, &g, NULL) != COMMON_OK ||
+        common_gguf_writer_create(&w, (uint32_t)common_gguf_alignment(g)) != COMMON_OK)
+        goto out;
+    for (uint64_t i = 0; i < common_gguf_n_kv(g); i++)
+        if (common_gguf_writer_copy_kv(w, common_gguf_kv_at(g, i)) != COMMON_OK)
+            goto out;
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        if (common_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne) != COMMON_OK)
+            goto out;
+    }
+    if (common_gguf_writer_begin(w, dst, NULL) != COMMON_OK)
+        goto out;
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+        struct common_span s = {.split = t->split, .offset = t->offset, .size = t->size};
+        free(buf);
+        if (!(buf = malloc(t->size ? t->size : 1)) ||
+            common_gguf_read_span(g, &s, buf, NULL) != COMMON_OK)
+            goto out;
+        if (strstr(t->name, "_exps.weight")) {
+            if (t->type != COMMON_GGML_TYPE_F32)
+                goto out;
+            for (uint64_t k = 0; k < t->size / sizeof(float); k++)
+                buf[k] = roundf(buf[k] * 64.0f) / 64.0f;
+        }
+        if (common_gguf_writer_write_data(w, buf, t->size, NULL) != COMMON_OK)
+            goto out;
+    }
+    rc = common_gguf_writer_finish(w, NULL) == COMMON_OK ? 0 : -1;
+out:
+    free(buf);
+    common_gguf_writer_destroy(w);
+    common_gguf_close(g);
+    return rc;
 }

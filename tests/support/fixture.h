@@ -29,4 +29,9 @@ char *fixture_tmpdir(void);
 /* Removes a directory tree made by fixture_tmpdir(). */
 void fixture_rmtree(const char *dir);
 
+/* Copies the F32 GGUF model `src` to `dst` with every routed expert weight rounded to a multiple
+ * of 1/64: a model whose expert bundles LZ4 compresses (as it does weights with few distinct
+ * values), for QSF's LZ4 path. Returns 0, or -1 (src not F32 experts, or an I/O error). */
+int fixture_write_coarse_experts(const char *src, const char *dst);
+
 #endif /* TESTS_SUPPORT_FIXTURE_H */

@@ -1,0 +1,170 @@
+/* tests/cli/test_qsf.c - `sluice convert` and `sluice verify`, and every path that reads a QSF
+ * file (mapped, streamed through the fetcher by io_uring or pread, LZ4 bundles) giving the
+ * GGUF's tokens; a corrupt bundle is an error naming it, never a token. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "fixture.h"
+
+#define SLUICE SLUICE_BINARY_DIR "/bin/sluice"
+
+static char *sh(const char *cmd, int *status)
+{
+    char *out = fixture_run(cmd, status);
+    cr_assert_not_null(out, "could not run %s", cmd);
+    return out;
+}
+
+/* Greedy ids of `sluice run -m MODEL ARGS`; asserts it succeeded. */
+static char *greedy_ids(const char *model, const char *args)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd),
+             "%s run -m %s -p 'In the beginning God created' %s --ids --temp 0 -n 24 -t 2 "
+             "2>/dev/null",
+             SLUICE, model, args);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s exited %d", cmd, st);
+    cr_assert(strstr(out, "gen: "), "no tokens from %s:\n%s", cmd, out);
+    return out;
+}
+
+/* `sluice convert IN OUT ARGS`: asserts success; returns its stdout. */
+static char *convert(const char *in, const char *out, const char *args)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s convert %s %s %s 2>&1", SLUICE, args, in, out);
+    char *o = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s exited %d:\n%s", cmd, st, o);
+    return o;
+}
+
+/* Every way of running the QSF file gives the GGUF's greedy tokens. */
+static void assert_runs_like(const char *gguf, const char *qsf)
+{
+    char *want = greedy_ids(gguf, "");
+    char *b = greedy_ids(gguf, "--ram-budget 26M");
+    cr_assert_str_eq(b, want, "the GGUF streamed differs from itself mapped");
+    static const char *ways[] = {"", "--ram-budget 26M", "--ram-budget 26M --io pread",
+                                 "--ram-budget 40M --io uring"};
+    for (size_t i = 0; i < sizeof(ways) / sizeof(ways[0]); i++) {
+        char *got = greedy_ids(qsf, ways[i]);
+        cr_assert_str_eq(got, want, "QSF with '%s' differs from the GGUF:\n%s\nvs\n%s", ways[i],
+                         got, want);
+        free(got);
+    }
+    free(b);
+    free(want);
+}
+
+Test(cli_qsf, converted_model_runs_like_the_gguf, .timeout = 180)
+{
+    FIXTURE_OR_SKIP(gguf, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *dir = fixture_tmpdir(), qsf[4096], cmd[8192];
+    snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
+    char *o = convert(gguf, qsf, "");
+    cr_assert(strstr(o, "bundles:   32 (0 LZ4)"), "%s", o);
+    free(o);
+    assert_runs_like(gguf, qsf);
+    int st = 0;
+    snprintf(cmd, sizeof(cmd), "%s verify %s 2>&1", SLUICE, qsf);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", o);
+    cr_assert(strstr(o, "every checksum holds"), "%s", o);
+    free(o);
+    snprintf(cmd, sizeof(cmd), "%s inspect %s 2>&1", SLUICE, qsf);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", o);
+    cr_assert(strstr(o, "format:         QSF v1"), "%s", o);
+    free(o);
+    /* The page cache path cannot check bundles: refused with one line saying what to use. */
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --io mmap 2>&1", SLUICE, qsf);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 1, "%s", o);
+    cr_assert(strstr(o, "not mapped"), "%s", o);
+    free(o);
+    /* verify on a GGUF file, convert of a missing file: one clear line, exit 1. */
+    snprintf(cmd, sizeof(cmd), "%s verify %s 2>&1", SLUICE, gguf);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 1, "%s", o);
+    cr_assert(strstr(o, "not a QSF file"), "%s", o);
+    free(o);
+    snprintf(cmd, sizeof(cmd), "%s convert %s/none.gguf %s/x.qsf 2>&1", SLUICE, dir, dir);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 1, "%s", o);
+    free(o);
+    fixture_rmtree(dir);
+    free(dir);
+    free(gguf);
+}
+
+Test(cli_qsf, lz4_model_runs_like_the_gguf, .timeout = 240)
+{
+    FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-f32.gguf");
+    char *dir = fixture_tmpdir(), gguf[4096], qsf[4096];
+    snprintf(gguf, sizeof(gguf), "%s/coarse.gguf", dir);
+    snprintf(qsf, sizeof(qsf), "%s/coarse.qsf", dir);
+    cr_assert_eq(fixture_write_coarse_experts(src, gguf), 0);
+    char *o = convert(gguf, qsf, "--lz4 auto");
+    cr_assert(strstr(o, "bundles:   32 (32 LZ4)"), "%s", o);
+    free(o);
+    char              *want = greedy_ids(gguf, "");
+    static const char *ways[] = {"", "--ram-budget 60M", "--ram-budget 60M --io pread"};
+    for (size_t i = 0; i < sizeof(ways) / sizeof(ways[0]); i++) {
+        char *got = greedy_ids(qsf, ways[i]);
+        cr_assert_str_eq(got, want, "LZ4 QSF with '%s' differs from the GGUF", ways[i]);
+        free(got);
+    }
+    free(want);
+    fixture_rmtree(dir);
+    free(dir);
+    free(src);
+}
+
+Test(cli_qsf, corrupt_bundle_is_an_error_naming_it, .timeout = 180)
+{
+    FIXTURE_OR_SKIP(gguf, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *dir = fixture_tmpdir(), qsf[4096], cmd[8192];
+    snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
+    free(convert(gguf, qsf, ""));
+    /* One byte flipped in every bundle of layer 1, so the first token needs a bad one. */
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(qsf, NULL, &g, NULL), COMMON_OK);
+    FILE *f = fopen(qsf, "r+b");
+    cr_assert_not_null(f);
+    for (uint32_t x = 0; x < 8; x++) {
+        struct common_qsf_bundle b;
+        cr_assert_eq(common_gguf_bundle(g, 1, x, &b), COMMON_OK);
+        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
+        int c = fgetc(f);
+        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
+        fputc(c ^ 0x40, f);
+    }
+    fclose(f);
+    common_gguf_close(g);
+    int   st = 0;
+    char *o;
+    snprintf(cmd, sizeof(cmd), "%s verify %s 2>&1", SLUICE, qsf);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 1, "%s", o);
+    cr_assert(strstr(o, "8 bad") && strstr(o, "layer 1 expert 0"), "%s", o);
+    free(o);
+    static const char *ways[] = {"", "--ram-budget 26M", "--ram-budget 26M --io pread"};
+    for (size_t i = 0; i < sizeof(ways) / sizeof(ways[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s run -m %s -p 'In the beginning' -n 8 --temp 0 %s 2>&1",
+                 SLUICE, qsf, ways[i]);
+        o = sh(cmd, &st);
+        cr_assert_eq(st, 1, "'%s' exited %d:\n%s", ways[i], st, o);
+        cr_assert(strstr(o, "layer 1 expert"), "'%s':\n%s", ways[i], o);
+        cr_assert(strstr(o, "checksum"), "'%s':\n%s", ways[i], o);
+        free(o);
+    }
+    fixture_rmtree(dir);
+    free(dir);
+    free(gguf);
+}
