@@ -27,6 +27,8 @@
 #   MMAP_RA_ALSO one more mmap run per repetition at this read-ahead (KiB; the kernel's usual
 #              default is 128), when it differs from the one above; empty = none  [128]
 #   EXTRA      extra sluice bench flags for the fetcher runs (e.g. "--prefetch none")
+#   QSF        also run the fetcher on the model converted to QSF (sluice convert, made beside
+#              the model if missing): one read per expert instead of three, checksums checked [0]
 #   SLACK      cgroup cap above the budget, same for both modes: page tables and kernel memory
 #              that VmHWM does not count (a cap of exactly the budget OOM-kills a 100% run) [64M]
 set -euo pipefail
@@ -47,6 +49,7 @@ SLACK=${SLACK:-$((64 << 20))}
 ADVISE=${ADVISE:-1}
 MMAP_RA_KB=${MMAP_RA_KB:-}
 MMAP_RA_ALSO=${MMAP_RA_ALSO-128}
+QSF=${QSF:-0}
 
 [ "$(id -u)" = 0 ] || { echo "bench-fetcher: needs root (drop_caches, memory cgroup)" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "bench-fetcher: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
@@ -57,6 +60,11 @@ if [ ! -f "$MODEL" ]; then
     "$SLUICE" mkmodel -o "$MODEL" --preset moe-large --routing balanced --size "$SIZE" -q
 fi
 MODEL_BYTES=$(stat -c %s "$MODEL")
+QSF_MODEL="${MODEL%.gguf}.qsf"
+if [ "$QSF" = 1 ] && [ ! -f "$QSF_MODEL" ]; then
+    echo "converting $MODEL to $QSF_MODEL"
+    "$SLUICE" convert "$MODEL" "$QSF_MODEL"
+fi
 THR=()
 [ -n "$THREADS" ] && THR=(-t "$THREADS")
 
@@ -117,6 +125,13 @@ for rep in $(seq 1 "$REPS"); do
     run_capped "$BUDGET" "$f" "${COMMON[@]}" --ram-budget "$BUDGET" --io uring --io-probe $EXTRA
     run_mmap "$BUDGET" "$m" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap
     runs=("fetcher $f" "mmap $m")
+    if [ "$QSF" = 1 ]; then
+        qf=$OUT/qsf-$rep.txt
+        # shellcheck disable=SC2086
+        run_capped "$BUDGET" "$qf" "${COMMON[@]/#$MODEL/$QSF_MODEL}" --ram-budget "$BUDGET" \
+            --io uring --io-probe $EXTRA
+        runs+=("qsf $qf")
+    fi
     if [ -n "$MMAP_RA_ALSO" ]; then
         r=$OUT/mmap-ra$MMAP_RA_ALSO-$rep.txt
         echo "$MMAP_RA_ALSO" > "$RA_FILE"
@@ -136,6 +151,7 @@ for rep in $(seq 1 "$REPS"); do
     done
     grep -E '^\| [a-z]|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
     grep -E '^\| [a-z]' "$m" | sed "s/^/mmap[$rep]    /"
+    [ "$QSF" = 1 ] && grep -E '^\| [a-z]|^storage|^decode vs' "$qf" | sed "s/^/qsf[$rep] /"
     [ "$ADVISE" = 1 ] && grep -E '^\| [a-z]' "$a" | sed "s/^/mmap-advise[$rep] /"
     if [ -n "$MMAP_RA_ALSO" ]; then
         grep -E '^\| [a-z]' "$r" | sed "s/^/mmap-ra${MMAP_RA_ALSO}[$rep] /"
@@ -160,6 +176,7 @@ echo "compute limit (all weights in RAM): $CTOK tok/s"
 awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $10 > 0 ? $10 : $8; rss[n] = $7; pp[n] = $3 }
         else if ($2 == "mmap") { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7; mbpt[k] = $5 }
+        else if ($2 == "qsf") { z++; ztg[z] = $4; zbpt[z] = $5; zbw[z] = $10 > 0 ? $10 : $8; zlim[z] = $4 * $5 / zbw[z]; zsp[z] = $4 / tg[z] }
         else if ($2 ~ /^mmap-ra/) { q++; qtg[q] = $4; qname = $2; qsp[q] = tg[q] / $4 }
         else { j++; atg[j] = $4; app[j] = $3; abpt[j] = $5; asp[j] = tg[j] / $4 } }
     function stats(a, c,   i, s, lo, hi) { s = 0; lo = 1e30; hi = -1e30
@@ -174,6 +191,7 @@ awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         }
         print "fetcher decode tok/s:          " stats(tg, n)
         print "fetcher prefill tok/s:         " stats(pp, n)
+        print "fetcher decode bytes/token:    " stats(bpt, n)
         print "mmap decode tok/s:             " stats(mtg, k)
         print "mmap prefill tok/s:            " stats(mpp, k)
         print "mmap decode bytes/token:       " stats(mbpt, k)
@@ -189,6 +207,12 @@ awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         if (q > 0) {
             print qname " decode tok/s:     " stats(qtg, q)
             print "fetcher / " qname " speedup " stats(qsp, q) "   target >= 5"
+        }
+        if (z > 0) {
+            print "qsf decode tok/s:              " stats(ztg, z)
+            print "qsf decode bytes/token:        " stats(zbpt, z)
+            print "qsf decode / storage limit     " stats(zlim, z)
+            print "qsf / gguf fetcher decode      " stats(zsp, z)
         }
         print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
         print "mmap peak rss kB:              " stats(mrss, k)
