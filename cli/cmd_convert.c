@@ -60,6 +60,9 @@ int cli_cmd_convert(int argc, char **argv)
     const char             *files_v[2];
     struct common_opt_strs  files = {.v = files_v, .cap = 2};
     const char             *lz4 = "auto";
+    uint32_t                shards = 0;
+    const char             *dirs_v[64];
+    struct common_opt_strs  dirs = {.v = dirs_v, .cap = 64};
     const struct common_opt rows[] = {
         {.name = "lz4",
          .type = COMMON_OPT_STR,
@@ -67,6 +70,19 @@ int cli_cmd_convert(int argc, char **argv)
          .metavar = "WHEN",
          .help = "LZ4-compress a bundle: auto (where it saves at least 10%), never, always "
                  "(where it saves anything) [auto]"},
+        {.name = "shards",
+         .type = COMMON_OPT_U32,
+         .target = &shards,
+         .metavar = "N",
+         .help = "write the bundles to N files, file k holding the experts fetcher daemon k of N "
+                 "serves (sluicectl up --fetchers N), so each file can sit on its own device "
+                 "[0: in OUT]"},
+        {.name = "shard-dir",
+         .type = COMMON_OPT_STRS,
+         .target = &dirs,
+         .metavar = "DIR",
+         .help = "directory of the next bundle file (give it once per file; default: beside "
+                 "OUT)"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -96,6 +112,15 @@ int cli_cmd_convert(int argc, char **argv)
     else
         return common_opts_exit_status(
             common_opts_error(&spec, "--lz4: want auto, never or always, not '%s'", lz4));
+    if (dirs.n && dirs.n != shards)
+        return common_opts_exit_status(common_opts_error(
+            &spec, "--shard-dir given %zu times for --shards %u: give it once per file",
+            (size_t)dirs.n, shards));
+    if (shards == 1 || shards > 64)
+        return common_opts_exit_status(
+            common_opts_error(&spec, "--shards: want 2..64 bundle files, not %u", shards));
+    o.n_shards = shards;
+    o.shard_dirs = dirs.n ? dirs_v : NULL;
     struct common_errmsg e = {{0}};
     struct common_gguf  *g = NULL;
     struct common_model  m;

@@ -649,11 +649,12 @@ enum common_qsf_codec {
 
 /* Where one bundle lives and how a reader lays it out in memory. */
 struct common_qsf_bundle {
-    uint64_t offset;                              /* file offset of the stored bytes (aligned) */
-    uint64_t stored;                              /* stored bytes (compressed size for LZ4) */
-    uint64_t raw;                                 /* bytes once decoded: the three parts */
-    uint64_t hash;                                /* xxHash64 (seed 0) of the stored bytes */
-    uint32_t codec;                               /* enum common_qsf_codec */
+    uint64_t offset; /* file offset of the stored bytes (aligned) */
+    uint64_t stored; /* stored bytes (compressed size for LZ4) */
+    uint64_t raw;    /* bytes once decoded: the three parts */
+    uint64_t hash;   /* xxHash64 (seed 0) of the stored bytes */
+    uint32_t codec;  /* enum common_qsf_codec */
+    uint32_t file;   /* the file holding it: 0 the main file, k a bundle file (split k) */
     uint64_t part_off[COMMON_EXPERT_PART_COUNT];  /* parts' offsets in the decoded bundle */
     uint64_t part_size[COMMON_EXPERT_PART_COUNT]; /* parts' bytes (0: the layer lacks it) */
     uint64_t read_off;  /* where to read the stored bytes in a buffer (aligned; 0 for RAW, the
@@ -712,7 +713,13 @@ enum common_qsf_lz4 {
 };
 
 struct common_qsf_convert_opts {
-    enum common_qsf_lz4    lz4;
+    enum common_qsf_lz4 lz4;
+    /* Bundle files: 0 or 1 = every bundle in the main file; N >= 2 = N bundle files, file k
+     * holding experts [(k-1)*E/N, k*E/N) of every layer (the experts fetcher daemon k-1 of N
+     * serves), in shard_dirs[k-1] (NULL = beside the main file) so each can sit on its own
+     * device. */
+    uint32_t               n_shards;
+    const char *const     *shard_dirs;
     common_qsf_progress_fn progress; /* NULL: none */
     void                  *progress_arg;
 };

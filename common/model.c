@@ -932,6 +932,7 @@ int common_model_expert_span(const struct common_model *m, uint32_t layer, uint3
         struct common_qsf_bundle b;
         if (common_gguf_bundle(m->gguf, layer, expert, &b) != COMMON_OK || b.part_size[part] != per)
             return COMMON_EINVAL;
+        out->split = b.file;
         out->offset = b.codec == COMMON_QSF_RAW ? b.offset + b.part_off[part] : UINT64_MAX;
     }
     out->size = per;

@@ -122,6 +122,7 @@ struct qsf_src {
     int            fd;   /* -1 for an image */
     const uint8_t *mem;  /* the image, or NULL */
     uint64_t       size; /* bytes of the file */
+    const char    *path; /* the file's path; NULL for an image */
 };
 
 static int qsf_src_read(const struct qsf_src *s, void *dst, uint64_t n, uint64_t off,
@@ -241,9 +242,17 @@ static int qsf_tensors(struct common_gguf *g, struct qsf_info *q, const struct q
 /* The bundle records: each inside the bundle region, aligned, after the previous one, with the
  * size its layer's parts give. */
 static int qsf_bundles(struct qsf_info *q, const struct qsf_header *h, const uint8_t *rec,
-                       uint64_t (*psize)[COMMON_EXPERT_PART_COUNT], struct common_errmsg *e)
+                       uint64_t (*psize)[COMMON_EXPERT_PART_COUNT], const struct common_gguf *g,
+                       struct common_errmsg *e)
 {
-    uint64_t next = h->bundles_off, end_region = h->bundles_off + h->bundles_len;
+    /* Per file: where the next bundle may start and where its bundles must end. */
+    uint64_t next[1 + QSF_MAX_FILES], end_region[1 + QSF_MAX_FILES];
+    next[0] = h->bundles_off;
+    end_region[0] = h->bundles_off + h->bundles_len;
+    for (uint32_t k = 1; k < g->n_splits; k++) {
+        next[k] = COMMON_QSF_ALIGN;
+        end_region[k] = g->splits[k].size;
+    }
     for (uint32_t l = 0; l < h->n_layer; l++) {
         uint64_t off[COMMON_EXPERT_PART_COUNT], raw;
         qsf_part_layout(psize[l], off, &raw);
@@ -255,8 +264,9 @@ static int qsf_bundles(struct qsf_info *q, const struct qsf_header *h, const uin
             b->raw = rd64(r + 16);
             b->hash = rd64(r + 24);
             b->codec = rd32(r + 32);
+            b->file = rd32(r + 36);
             if (!q->has_moe[l]) {
-                if (b->offset || b->stored || b->raw || b->codec)
+                if (b->offset || b->stored || b->raw || b->codec || b->file)
                     return common_errmsg_set(e, COMMON_ECORRUPT,
                                              "layer %u has no experts but bundle %u is set", l, x);
                 continue;
@@ -266,21 +276,86 @@ static int qsf_bundles(struct qsf_info *q, const struct qsf_header *h, const uin
             bool codec_ok = (b->codec == COMMON_QSF_RAW && b->stored == b->raw) ||
                             (b->codec == COMMON_QSF_LZ4 && b->stored > 0 && b->stored < b->raw);
             uint64_t end;
-            if (b->raw != raw || !codec_ok || b->offset % COMMON_QSF_ALIGN != 0 ||
-                b->offset < next ||
+            uint32_t f = b->file;
+            if (b->raw != raw || !codec_ok || f >= g->n_splits ||
+                b->offset % COMMON_QSF_ALIGN != 0 || b->offset < next[f] ||
                 !common_add_u64(b->offset, qsf_align_up(b->stored, COMMON_QSF_ALIGN), &end) ||
-                end > end_region)
+                end > end_region[f])
                 return common_errmsg_set(
                     e, COMMON_ECORRUPT,
-                    "layer %u expert %u: bad bundle record (offset %llu, %llu stored, %llu raw "
-                    "of %llu, codec %u)",
-                    l, x, (unsigned long long)b->offset, (unsigned long long)b->stored,
+                    "layer %u expert %u: bad bundle record (file %u, offset %llu, %llu stored, "
+                    "%llu raw of %llu, codec %u)",
+                    l, x, f, (unsigned long long)b->offset, (unsigned long long)b->stored,
                     (unsigned long long)b->raw, (unsigned long long)raw, b->codec);
-            next = end;
+            next[f] = end;
             qsf_bundle_layout(b);
             if (b->buf_bytes > q->buf_max)
                 q->buf_max = b->buf_bytes;
         }
+    }
+    return COMMON_OK;
+}
+
+/* Opens the bundle files the metadata lists as splits 1..N of g, each checked against its header
+ * (magic, number, checksum, the main file's index checksum, size). An image in memory cannot
+ * name files: refused. */
+static int qsf_open_files(const struct qsf_src *s, struct common_gguf *g,
+                          const struct qsf_header *h, struct common_errmsg *e)
+{
+    const struct common_gguf_value *arr = NULL;
+    if (common_gguf_get_arr(g, QSF_KEY_FILES, COMMON_GGUF_STRING, &arr) != COMMON_OK)
+        return common_gguf_find(g, QSF_KEY_FILES)
+                   ? common_errmsg_set(e, COMMON_ECORRUPT, "%s is not a string array",
+                                       QSF_KEY_FILES)
+                   : COMMON_OK;
+    uint64_t n = arr->v.arr.n;
+    if (n == 0 || n > QSF_MAX_FILES || !s->path)
+        return common_errmsg_set(e, COMMON_ECORRUPT, "%llu bundle files (1..%u, on disk only)",
+                                 (unsigned long long)n, QSF_MAX_FILES);
+    struct gguf_split *sp = realloc(g->splits, (size_t)(n + 1) * sizeof(*sp));
+    if (!sp)
+        return COMMON_ENOMEM;
+    g->splits = sp;
+    const char *slash = strrchr(s->path, '/');
+    int         dir_len = slash ? (int)(slash - s->path) : 1;
+    const char *dir = slash ? s->path : ".";
+    for (uint32_t k = 1; k <= n; k++) {
+        struct gguf_split *f = &g->splits[k];
+        memset(f, 0, sizeof(*f));
+        f->fd = -1;
+        g->n_splits = k + 1;
+        const struct common_gguf_str *name = &arr->v.arr.strs[k - 1];
+        if (name->len == 0 || name->len > 4096 || memchr(name->ptr, '\0', (size_t)name->len))
+            return common_errmsg_set(e, COMMON_ECORRUPT, "bundle file %u: bad path", k);
+        size_t len = (size_t)name->len + (size_t)dir_len + 2;
+        if (!(f->path = malloc(len)))
+            return COMMON_ENOMEM;
+        if (name->ptr[0] == '/')
+            snprintf(f->path, len, "%.*s", (int)name->len, name->ptr);
+        else
+            snprintf(f->path, len, "%.*s/%.*s", dir_len, dir, (int)name->len, name->ptr);
+        struct stat st;
+        if ((f->fd = open(f->path, O_RDONLY | O_CLOEXEC)) < 0)
+            return common_errmsg_set(e, common_err_from_errno(errno),
+                                     "bundle file %u: %s: cannot open: %s", k, f->path,
+                                     strerror(errno));
+        if (fstat(f->fd, &st) != 0)
+            return common_errmsg_set(e, COMMON_EIO, "%s: cannot stat: %s", f->path,
+                                     strerror(errno));
+        f->size = (uint64_t)st.st_size;
+        uint8_t        b[QSF_HEADER_BYTES];
+        struct qsf_src fs = {.fd = f->fd, .size = f->size, .path = f->path};
+        int            rc = qsf_src_read(&fs, b, sizeof(b), 0, e);
+        if (rc != COMMON_OK)
+            return rc;
+        if (rd32(b) != QSF_BFILE_MAGIC || rd32(b + 4) != COMMON_QSF_VERSION || rd32(b + 8) != k ||
+            rd32(b + 12) != n || rd64(b + 120) != common_qsf_hash(b, QSF_HEADER_HASHED))
+            return common_errmsg_set(e, COMMON_ECORRUPT,
+                                     "%s is not bundle file %u of %llu (bad header or checksum)",
+                                     f->path, k, (unsigned long long)n);
+        if (rd64(b + 16) != h->index_hash || rd64(b + 24) != f->size)
+            return common_errmsg_set(e, COMMON_ECORRUPT,
+                                     "%s belongs to another conversion or was cut short", f->path);
     }
     return COMMON_OK;
 }
@@ -350,9 +425,10 @@ static int qsf_load(const struct qsf_src *s, uint64_t max_hdr, struct common_ggu
     q->data_len = h.data_len;
     q->bundles_off = h.bundles_off;
     q->bundles_len = h.bundles_len;
-    if ((rc = qsf_tensors(g, q, &h, ix, psize, e)) != COMMON_OK ||
-        (rc = qsf_bundles(q, &h, ix + QSF_INDEX_HEAD + g->n_tensors * QSF_TREC_BYTES, psize, e)) !=
-            COMMON_OK)
+    if ((rc = qsf_open_files(s, g, &h, e)) != COMMON_OK ||
+        (rc = qsf_tensors(g, q, &h, ix, psize, e)) != COMMON_OK ||
+        (rc = qsf_bundles(q, &h, ix + QSF_INDEX_HEAD + g->n_tensors * QSF_TREC_BYTES, psize, g,
+                          e)) != COMMON_OK)
         goto out;
     g->splits[0].size = s->size;
     g->splits[0].data_offset = h.data_off;
@@ -395,7 +471,7 @@ int qsf_open(const char *path, uint64_t max_hdr, struct common_gguf **out, struc
         close(fd);
         return common_errmsg_set(e, COMMON_EIO, "%s: cannot stat: %s", path, strerror(errno));
     }
-    struct qsf_src      s = {.fd = fd, .size = (uint64_t)st.st_size};
+    struct qsf_src      s = {.fd = fd, .size = (uint64_t)st.st_size, .path = path};
     struct common_gguf *g = NULL;
     int                 rc = qsf_load(&s, max_hdr, &g, &inner);
     if (rc == COMMON_OK && !(g->splits[0].path = strdup(path)))
@@ -525,7 +601,8 @@ int common_qsf_verify(const struct common_gguf *g, common_qsf_progress_fn progre
     const struct qsf_info *q = g->qsf;
     int                    fd = g->splits[0].fd;
     memset(st, 0, sizeof(*st));
-    st->file_bytes = g->splits[0].size;
+    for (uint32_t k = 0; k < g->n_splits; k++)
+        st->file_bytes += g->splits[k].size;
     uint64_t total = 0, done = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++)
         total += q->trec[i].kind == QSF_TENSOR_RESIDENT ? g->tensors[i].size : 0;
@@ -566,8 +643,8 @@ int common_qsf_verify(const struct common_gguf *g, common_qsf_progress_fn progre
     for (uint32_t l = 0; l < q->n_layer; l++) {
         for (uint32_t x = 0; x < q->n_expert && q->has_moe[l]; x++) {
             const struct common_qsf_bundle *b = &q->bundles[(uint64_t)l * q->n_expert + x];
-            struct qsf_src                  s = {.fd = fd, .size = g->splits[0].size};
-            int rc = qsf_src_read(&s, buf + b->read_off, b->stored, b->offset, &one);
+            struct qsf_src s = {.fd = g->splits[b->file].fd, .size = g->splits[b->file].size};
+            int            rc = qsf_src_read(&s, buf + b->read_off, b->stored, b->offset, &one);
             if (rc == COMMON_OK)
                 rc = common_qsf_bundle_finish(b, buf, &one);
             if (rc == COMMON_EIO) {

@@ -35,11 +35,20 @@ struct qsf_header {
     uint64_t header_hash; /* 120 */
 };
 
+/* Bundle files (`sluice convert --shards N`): the metadata key QSF_KEY_FILES lists their paths
+ * (relative ones to the main file's directory); file k (1..N) starts with a header of
+ * QSF_HEADER_BYTES in its first 4 KiB page: magic QSF_BFILE_MAGIC (u32 at 0), version (4), k
+ * (8), N (12), the main file's index checksum (u64 at 16, binding the two), its size (24), and
+ * at 120 the xxHash64 of bytes [0, 120). Its bundles follow from offset 4096. */
+#define QSF_KEY_FILES   "qsf.bundle_files"
+#define QSF_BFILE_MAGIC 0x42465351u /* "QSFB" */
+#define QSF_MAX_FILES   64u
+
 /* The index: n_tensors (u64), n_bundles (u64), then a tensor record per image tensor, then
  * n_layer * n_expert bundle records, layer-major. */
 #define QSF_INDEX_HEAD 16u
 #define QSF_TREC_BYTES 24u /* kind u32, layer u32, part u32, 0 u32, hash u64 */
-#define QSF_BREC_BYTES 40u /* offset u64, stored u64, raw u64, hash u64, codec u32, 0 u32 */
+#define QSF_BREC_BYTES 40u /* offset u64, stored u64, raw u64, hash u64, codec u32, file u32 */
 
 enum qsf_tensor_kind {
     QSF_TENSOR_RESIDENT = 0, /* in the data region; hash = xxHash64 of its bytes */

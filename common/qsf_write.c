@@ -14,12 +14,20 @@
 
 #define QSF_COPY_CHUNK (UINT64_C(8) << 20)
 
+/* One output file: the main file (0) or a bundle file (1..n_shards). */
+struct qsf_out {
+    char *path;  /* owned: final path */
+    char *tmp;   /* owned: path + ".tmp", written then renamed */
+    char *entry; /* owned: bundle files: its path as the metadata records it */
+    int   fd;
+};
+
 struct qsf_wr {
     const struct common_gguf             *in;
     const struct common_qsf_convert_opts *o;
     struct common_errmsg                 *e;
-    const char                           *tmp; /* the file being written */
-    int                                   fd;
+    uint32_t                              n_out; /* 1 + bundle files */
+    struct qsf_out                        out[1 + QSF_MAX_FILES];
     uint64_t                              done, total; /* progress */
 };
 
@@ -35,17 +43,18 @@ static void le64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static int wr_put(struct qsf_wr *w, const void *p, uint64_t n, uint64_t off)
+/* Writes n bytes at `off` of output file f. */
+static int wr_put(struct qsf_wr *w, uint32_t f, const void *p, uint64_t n, uint64_t off)
 {
     const uint8_t *b = p;
     while (n > 0) {
-        ssize_t r =
-            pwrite(w->fd, b, n > (UINT64_C(1) << 30) ? (size_t)1 << 30 : (size_t)n, (off_t)off);
+        ssize_t r = pwrite(w->out[f].fd, b, n > (UINT64_C(1) << 30) ? (size_t)1 << 30 : (size_t)n,
+                           (off_t)off);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
             return common_errmsg_set(w->e, COMMON_EIO, "%s: write at offset %llu failed: %s",
-                                     w->tmp, (unsigned long long)off,
+                                     w->out[f].tmp, (unsigned long long)off,
                                      r < 0 ? strerror(errno) : "no progress");
         b += r;
         off += (uint64_t)r;
@@ -79,7 +88,7 @@ static int wr_copy_tensor(struct qsf_wr *w, const struct common_gguf_tensor *t, 
     for (uint64_t at = 0; at < t->size && rc == COMMON_OK;) {
         uint64_t n = t->size - at < QSF_COPY_CHUNK ? t->size - at : QSF_COPY_CHUNK;
         if ((rc = wr_get(w, t->split, buf, n, t->offset + at)) == COMMON_OK &&
-            (rc = wr_put(w, buf, n, off + at)) == COMMON_OK) {
+            (rc = wr_put(w, 0, buf, n, off + at)) == COMMON_OK) {
             XXH64_update(st, buf, (size_t)n);
             wr_progress(w, n);
         }
@@ -116,15 +125,22 @@ static int wr_bundled(const struct common_model *m, int64_t (*idx)[COMMON_EXPERT
 
 /* Declares the metadata (split keys left out) and the tensors, resident ones first; order[k] is
  * the input index of output tensor k. */
-static int wr_declare(struct common_gguf_writer *gw, const struct common_gguf *in,
-                      const bool *bundled, uint64_t *order, uint64_t *n_resident)
+static int wr_declare(const struct qsf_wr *w, struct common_gguf_writer *gw, const bool *bundled,
+                      uint64_t *order, uint64_t *n_resident)
 {
-    int      rc = COMMON_OK;
-    uint64_t n = common_gguf_n_tensors(in), k = 0;
+    const struct common_gguf *in = w->in;
+    int                       rc = COMMON_OK;
+    uint64_t                  n = common_gguf_n_tensors(in), k = 0;
     for (uint64_t i = 0; i < common_gguf_n_kv(in) && rc == COMMON_OK; i++) {
         const struct common_gguf_kv *kv = common_gguf_kv_at(in, i);
-        if (strncmp(kv->key, "split.", 6) != 0)
+        if (strncmp(kv->key, "split.", 6) != 0 && strncmp(kv->key, "qsf.", 4) != 0)
             rc = common_gguf_writer_copy_kv(gw, kv);
+    }
+    if (w->n_out > 1 && rc == COMMON_OK) {
+        struct common_gguf_str names[QSF_MAX_FILES];
+        for (uint32_t f = 1; f < w->n_out; f++)
+            names[f - 1] = (struct common_gguf_str){w->out[f].entry, strlen(w->out[f].entry)};
+        rc = common_gguf_writer_set_arr(gw, QSF_KEY_FILES, COMMON_GGUF_STRING, names, w->n_out - 1);
     }
     for (int pass = 0; pass < 2 && rc == COMMON_OK; pass++) {
         for (uint64_t i = 0; i < n && rc == COMMON_OK; i++) {
@@ -143,10 +159,21 @@ static int wr_declare(struct common_gguf_writer *gw, const struct common_gguf *i
 }
 
 /* Writes the bundles of every MoE layer from `off` on; fills the bundle records (rec) and *end. */
+/* The file holding expert x's bundles: 0 without bundle files, else the k whose range
+ * [(k-1)*E/N, k*E/N) holds x (fetcher daemon k-1 of N serves those experts). */
+static uint32_t wr_file_of(const struct qsf_wr *w, uint32_t x, uint32_t n_expert)
+{
+    uint32_t n = w->n_out - 1;
+    for (uint32_t k = 1; k <= n; k++)
+        if (x < (uint32_t)((uint64_t)k * n_expert / n))
+            return k;
+    return 0;
+}
+
 static int wr_bundles(struct qsf_wr *w, const struct common_model *m,
                       int64_t (*idx)[COMMON_EXPERT_PART_COUNT],
-                      uint64_t (*psize)[COMMON_EXPERT_PART_COUNT], uint8_t *rec, uint64_t off,
-                      struct common_qsf_stats *st, uint64_t *end)
+                      uint64_t (*psize)[COMMON_EXPERT_PART_COUNT], uint8_t *rec, uint64_t *end,
+                      struct common_qsf_stats *st)
 {
     uint64_t raw_max = 0;
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
@@ -189,15 +216,17 @@ static int wr_bundles(struct qsf_wr *w, const struct common_model *m,
                     codec = COMMON_QSF_LZ4;
                 }
             }
-            if ((rc = wr_put(w, data, stored, off)) != COMMON_OK)
+            uint32_t f = wr_file_of(w, x, m->hp.n_expert);
+            if ((rc = wr_put(w, f, data, stored, end[f])) != COMMON_OK)
                 break;
             uint8_t *r = rec + ((uint64_t)l * m->hp.n_expert + x) * QSF_BREC_BYTES;
-            le64(r, off);
+            le64(r, end[f]);
             le64(r + 8, stored);
             le64(r + 16, raw);
             le64(r + 24, common_qsf_hash(data, (size_t)stored));
             le32(r + 32, codec);
-            off = qsf_align_up(off + stored, COMMON_QSF_ALIGN);
+            le32(r + 36, f);
+            end[f] = qsf_align_up(end[f] + stored, COMMON_QSF_ALIGN);
             st->n_bundles++;
             st->n_lz4 += codec == COMMON_QSF_LZ4;
             st->raw_bytes += raw;
@@ -207,7 +236,6 @@ static int wr_bundles(struct qsf_wr *w, const struct common_model *m,
     }
     free(raw_buf);
     free(lz_buf);
-    *end = off;
     return rc;
 }
 
@@ -260,7 +288,7 @@ static int wr_file(struct qsf_wr *w, const struct common_model *m, struct common
             if (idx[l][p] >= 0)
                 bundled[idx[l][p]] = true;
     if ((rc = common_gguf_writer_create(&gw, (uint32_t)common_gguf_alignment(in))) != COMMON_OK ||
-        (rc = wr_declare(gw, in, bundled, order, &n_res)) != COMMON_OK ||
+        (rc = wr_declare(w, gw, bundled, order, &n_res)) != COMMON_OK ||
         (rc = common_gguf_writer_image(gw, &image, &image_len)) != COMMON_OK) {
         common_errmsg_set(w->e, rc, "metadata: %s", common_strerror(rc));
         goto out;
@@ -282,7 +310,7 @@ static int wr_file(struct qsf_wr *w, const struct common_model *m, struct common
     h.bundles_off = qsf_align_up(h.data_off + h.data_len, COMMON_QSF_ALIGN);
     for (uint64_t k = 0; k < n; k++)
         w->total += common_gguf_tensor_at(in, order[k])->size;
-    if ((rc = wr_put(w, image, image_len, h.meta_off)) != COMMON_OK)
+    if ((rc = wr_put(w, 0, image, image_len, h.meta_off)) != COMMON_OK)
         goto out;
     le64(ix, n);
     le64(ix + 8, n_bundles);
@@ -308,22 +336,44 @@ static int wr_file(struct qsf_wr *w, const struct common_model *m, struct common
         st->n_tensors++;
         st->resident_bytes += t->size;
     }
-    uint64_t end = h.bundles_off;
+    uint64_t end[1 + QSF_MAX_FILES];
+    end[0] = h.bundles_off;
+    for (uint32_t f = 1; f < w->n_out; f++)
+        end[f] = COMMON_QSF_ALIGN;
     if (n_bundles && (rc = wr_bundles(w, m, idx, psize, ix + QSF_INDEX_HEAD + n * QSF_TREC_BYTES,
-                                      h.bundles_off, st, &end)) != COMMON_OK)
+                                      end, st)) != COMMON_OK)
         goto out;
-    h.bundles_len = end - h.bundles_off;
-    h.index_off = end;
+    h.bundles_len = end[0] - h.bundles_off;
+    h.index_off = end[0];
     h.index_len = index_len;
     h.index_hash = common_qsf_hash(ix, (size_t)index_len);
     uint8_t hb[QSF_HEADER_BYTES];
     wr_header(&h, hb);
     st->file_bytes = h.index_off + h.index_len;
-    if ((rc = wr_put(w, ix, index_len, h.index_off)) != COMMON_OK ||
-        (rc = wr_put(w, hb, sizeof(hb), 0)) != COMMON_OK)
+    if ((rc = wr_put(w, 0, ix, index_len, h.index_off)) != COMMON_OK ||
+        (rc = wr_put(w, 0, hb, sizeof(hb), 0)) != COMMON_OK)
         goto out;
-    if (fsync(w->fd) != 0)
-        rc = common_errmsg_set(w->e, COMMON_EIO, "%s: fsync failed: %s", w->tmp, strerror(errno));
+    for (uint32_t f = 1; f < w->n_out && rc == COMMON_OK; f++) {
+        /* A bundle file: its header binds it to this main file (the index checksum) and names
+         * its size, padded to the last bundle's aligned end (O_DIRECT reads whole pages). */
+        memset(hb, 0, sizeof(hb));
+        le32(hb, QSF_BFILE_MAGIC);
+        le32(hb + 4, COMMON_QSF_VERSION);
+        le32(hb + 8, f);
+        le32(hb + 12, w->n_out - 1);
+        le64(hb + 16, h.index_hash);
+        le64(hb + 24, end[f]);
+        le64(hb + 120, common_qsf_hash(hb, QSF_HEADER_HASHED));
+        st->file_bytes += end[f];
+        if ((rc = wr_put(w, f, hb, sizeof(hb), 0)) == COMMON_OK &&
+            ftruncate(w->out[f].fd, (off_t)end[f]) != 0)
+            rc = common_errmsg_set(w->e, COMMON_EIO, "%s: truncate failed: %s", w->out[f].tmp,
+                                   strerror(errno));
+    }
+    for (uint32_t f = 0; f < w->n_out && rc == COMMON_OK; f++)
+        if (fsync(w->out[f].fd) != 0)
+            rc = common_errmsg_set(w->e, COMMON_EIO, "%s: fsync failed: %s", w->out[f].tmp,
+                                   strerror(errno));
 out:
     common_gguf_writer_destroy(gw);
     free(image);
@@ -336,6 +386,46 @@ out:
     return rc;
 }
 
+/* Names the output files: OUT, and for N shards OUT's stem + "-experts-0000k-of-0000N.qsf" in
+ * shard_dirs[k-1] (recorded there by absolute path) or beside OUT (recorded by name). */
+static int wr_name_files(struct qsf_wr *w, const char *path)
+{
+    const struct common_qsf_convert_opts *o = w->o;
+    w->n_out = o->n_shards >= 2 ? 1 + o->n_shards : 1;
+    if (!(w->out[0].path = strdup(path)))
+        return COMMON_ENOMEM;
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t      stem = strlen(base);
+    if (stem > 4 && strcmp(base + stem - 4, ".qsf") == 0)
+        stem -= 4;
+    for (uint32_t f = 1; f < w->n_out; f++) {
+        char name[512];
+        snprintf(name, sizeof(name), "%.*s-experts-%05u-of-%05u.qsf",
+                 (int)(stem > 400 ? 400 : stem), base, f, w->n_out - 1);
+        const char *dir = o->shard_dirs ? o->shard_dirs[f - 1] : NULL;
+        char       *abs = dir ? realpath(dir, NULL) : NULL;
+        if (dir && !abs)
+            return common_errmsg_set(w->e, common_err_from_errno(errno), "%s: %s", dir,
+                                     strerror(errno));
+        size_t len = strlen(path) + strlen(name) + (abs ? strlen(abs) : 0) + 2;
+        char  *full = malloc(len);
+        if (!full) {
+            free(abs);
+            return COMMON_ENOMEM;
+        }
+        if (abs)
+            snprintf(full, len, "%s/%s", abs, name);
+        else
+            snprintf(full, len, "%.*s%s", slash ? (int)(slash - path + 1) : 0, path, name);
+        free(abs);
+        w->out[f].path = full;
+        if (!(w->out[f].entry = strdup(dir ? full : name)))
+            return COMMON_ENOMEM;
+    }
+    return COMMON_OK;
+}
+
 int common_qsf_convert(const struct common_gguf *in, const struct common_model *m, const char *path,
                        const struct common_qsf_convert_opts *o, struct common_qsf_stats *st,
                        struct common_errmsg *e)
@@ -345,28 +435,49 @@ int common_qsf_convert(const struct common_gguf *in, const struct common_model *
         return common_errmsg_set(e, COMMON_EINVAL, "convert: bad arguments");
     if (common_gguf_is_qsf(in))
         return common_errmsg_set(e, COMMON_EINVAL, "the input is already a QSF file");
+    if (o && o->n_shards > QSF_MAX_FILES)
+        return common_errmsg_set(e, COMMON_EINVAL, "at most %u bundle files", QSF_MAX_FILES);
+    if (o && o->n_shards >= 2 && o->n_shards > m->hp.n_expert)
+        return common_errmsg_set(e, COMMON_EINVAL, "%u bundle files for %u experts", o->n_shards,
+                                 m->hp.n_expert);
     memset(st, 0, sizeof(*st));
-    size_t n = strlen(path) + 5;
-    char  *tmp = malloc(n);
-    if (!tmp)
+    struct qsf_wr *w = calloc(1, sizeof(*w));
+    if (!w)
         return COMMON_ENOMEM;
-    snprintf(tmp, n, "%s.tmp", path);
-    struct qsf_wr w = {.in = in, .o = o ? o : &none, .e = e, .tmp = tmp};
-    w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w.fd < 0) {
-        int rc = common_errmsg_set(e, common_err_from_errno(errno), "%s: cannot create: %s", tmp,
-                                   strerror(errno));
-        free(tmp);
-        return rc;
+    *w = (struct qsf_wr){.in = in, .o = o ? o : &none, .e = e};
+    for (uint32_t f = 0; f <= QSF_MAX_FILES; f++)
+        w->out[f].fd = -1;
+    int rc = wr_name_files(w, path);
+    for (uint32_t f = 0; f < w->n_out && rc == COMMON_OK; f++) {
+        size_t n = strlen(w->out[f].path) + 5;
+        if (!(w->out[f].tmp = malloc(n))) {
+            rc = COMMON_ENOMEM;
+            break;
+        }
+        snprintf(w->out[f].tmp, n, "%s.tmp", w->out[f].path);
+        w->out[f].fd = open(w->out[f].tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (w->out[f].fd < 0)
+            rc = common_errmsg_set(e, common_err_from_errno(errno), "%s: cannot create: %s",
+                                   w->out[f].tmp, strerror(errno));
     }
-    int rc = wr_file(&w, m, st);
-    if (close(w.fd) != 0 && rc == COMMON_OK)
-        rc = common_errmsg_set(e, COMMON_EIO, "%s: close failed: %s", tmp, strerror(errno));
-    if (rc == COMMON_OK && rename(tmp, path) != 0)
-        rc = common_errmsg_set(e, COMMON_EIO, "cannot rename %s to %s: %s", tmp, path,
-                               strerror(errno));
-    if (rc != COMMON_OK)
-        unlink(tmp);
-    free(tmp);
+    if (rc == COMMON_OK)
+        rc = wr_file(w, m, st);
+    for (uint32_t f = 0; f < w->n_out; f++)
+        if (w->out[f].fd >= 0 && close(w->out[f].fd) != 0 && rc == COMMON_OK)
+            rc = common_errmsg_set(e, COMMON_EIO, "%s: close failed: %s", w->out[f].tmp,
+                                   strerror(errno));
+    /* Bundle files first: the main file appears last, complete. */
+    for (uint32_t f = w->n_out; f-- > 0 && rc == COMMON_OK;)
+        if (rename(w->out[f].tmp, w->out[f].path) != 0)
+            rc = common_errmsg_set(e, COMMON_EIO, "cannot rename %s to %s: %s", w->out[f].tmp,
+                                   w->out[f].path, strerror(errno));
+    for (uint32_t f = 0; f < w->n_out; f++) {
+        if (rc != COMMON_OK && w->out[f].tmp)
+            unlink(w->out[f].tmp);
+        free(w->out[f].path);
+        free(w->out[f].tmp);
+        free(w->out[f].entry);
+    }
+    free(w);
     return rc;
 }

@@ -29,6 +29,9 @@
 #   EXTRA      extra sluice bench flags for the fetcher runs (e.g. "--prefetch none")
 #   QSF        also run the fetcher on the model converted to QSF (sluice convert, made beside
 #              the model if missing): one read per expert instead of three, checksums checked [0]
+#   PEER       directory holding llama.cpp's llama-batched-bench (and its libraries): its decode
+#              of the same file under the same cap, at the device's read-ahead and at
+#              MMAP_RA_ALSO (one sequence, -nr: no repacked copy); empty = none  []
 #   SLACK      cgroup cap above the budget, same for both modes: page tables and kernel memory
 #              that VmHWM does not count (a cap of exactly the budget OOM-kills a 100% run) [64M]
 set -euo pipefail
@@ -50,6 +53,7 @@ ADVISE=${ADVISE:-1}
 MMAP_RA_KB=${MMAP_RA_KB:-}
 MMAP_RA_ALSO=${MMAP_RA_ALSO-128}
 QSF=${QSF:-0}
+PEER=${PEER:-}
 
 [ "$(id -u)" = 0 ] || { echo "bench-fetcher: needs root (drop_caches, memory cgroup)" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "bench-fetcher: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
@@ -78,6 +82,15 @@ run_capped() {
     shift 2
     bench_run_capped $((limit + SLACK)) "$log" "$SLUICE" bench "$@"
 }
+
+# run_capped_cmd BYTES LOGFILE CMD...: any command cold inside the cgroup capped at BYTES + SLACK.
+run_capped_cmd() {
+    local limit=$1 log=$2
+    shift 2
+    bench_run_capped $((limit + SLACK)) "$log" "$@"
+}
+# peer_tg LOGFILE: llama-batched-bench's S_TG t/s (one sequence).
+peer_tg() { awk -F'|' '$4+0 == 1 && $2+0 > 0 { gsub(/ /, "", $9); print $9 }' "$1" | head -n 1; }
 
 # The read-ahead setting of the block device that holds the model (a partition's parent), if any.
 RA_FILE=""
@@ -139,6 +152,21 @@ for rep in $(seq 1 "$REPS"); do
         restore_ra
         runs+=("mmap-ra$MMAP_RA_ALSO $r")
     fi
+    if [ -n "$PEER" ]; then
+        # llama.cpp: one sequence, a prompt of one token, N_GEN decoded (S_TG of its table).
+        pcmd=(env LD_LIBRARY_PATH="$PEER" "$PEER/llama-batched-bench" -m "$MODEL" -c $((N_GEN + 8))
+            -fit off -kvu -b 32 -ub 32 -npp 1 -ntg "$N_GEN" -npl 1 -nr "${THR[@]}")
+        pl=$OUT/peer-$rep.txt
+        run_capped_cmd "$BUDGET" "$pl" "${pcmd[@]}" || true
+        runs+=("peer $pl")
+        if [ -n "$MMAP_RA_ALSO" ]; then
+            pr=$OUT/peer-ra$MMAP_RA_ALSO-$rep.txt
+            echo "$MMAP_RA_ALSO" > "$RA_FILE"
+            run_capped_cmd "$BUDGET" "$pr" "${pcmd[@]}" || true
+            restore_ra
+            runs+=("peer-ra$MMAP_RA_ALSO $pr")
+        fi
+    fi
     if [ "$ADVISE" = 1 ]; then
         a=$OUT/mmap-advise-$rep.txt
         run_mmap "$BUDGET" "$a" "${COMMON[@]}" --ram-budget "$BUDGET" --io mmap --mmap-advise
@@ -147,6 +175,10 @@ for rep in $(seq 1 "$REPS"); do
     for x in "${runs[@]}"; do
         # shellcheck disable=SC2086
         set -- $x
+        if [ "${1#peer}" != "$1" ]; then
+            echo "$rep,$1,,$(peer_tg "$2"),,,,,," >> "$summary"
+            continue
+        fi
         echo "$rep,$1,$(field "$2" pp_tok_s),$(field "$2" tg_tok_s),$(field "$2" tg_bytes_per_tok),$(field "$2" tg_hit_rate),$(rss_kb "$2"),$(field "$2" probe_bw),$(field "$2" probe_bw_qd1),$(field "$2" replay_bw)" >> "$summary"
     done
     grep -E '^\| [a-z]|^storage|^decode vs' "$f" | sed "s/^/fetcher[$rep] /"
@@ -176,6 +208,8 @@ echo "compute limit (all weights in RAM): $CTOK tok/s"
 awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
         if ($2 == "fetcher") { n++; tg[n] = $4; bpt[n] = $5; bw[n] = $10 > 0 ? $10 : $8; rss[n] = $7; pp[n] = $3 }
         else if ($2 == "mmap") { k++; mtg[k] = $4; mpp[k] = $3; mrss[k] = $7; mbpt[k] = $5 }
+        else if ($2 == "peer") { u++; ptg[u] = $4; psp[u] = $4 > 0 ? tg[u] / $4 : 0; pzsp[u] = $4 > 0 && ztg[u] > 0 ? ztg[u] / $4 : 0 }
+        else if ($2 ~ /^peer-ra/) { v++; vtg[v] = $4; vname = $2; vsp[v] = $4 > 0 ? tg[v] / $4 : 0; vzsp[v] = $4 > 0 && ztg[v] > 0 ? ztg[v] / $4 : 0 }
         else if ($2 == "qsf") { z++; ztg[z] = $4; zbpt[z] = $5; zbw[z] = $10 > 0 ? $10 : $8; zlim[z] = $4 * $5 / zbw[z]; zsp[z] = $4 / tg[z] }
         else if ($2 ~ /^mmap-ra/) { q++; qtg[q] = $4; qname = $2; qsp[q] = tg[q] / $4 }
         else { j++; atg[j] = $4; app[j] = $3; abpt[j] = $5; asp[j] = tg[j] / $4 } }
@@ -213,6 +247,16 @@ awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
             print "qsf decode bytes/token:        " stats(zbpt, z)
             print "qsf decode / storage limit     " stats(zlim, z)
             print "qsf / gguf fetcher decode      " stats(zsp, z)
+        }
+        if (u > 0) {
+            print "llama.cpp decode tok/s:        " stats(ptg, u)
+            print "fetcher / llama.cpp decode     " stats(psp, u) "   target >= 10 at the device read-ahead"
+            if (z > 0) print "qsf / llama.cpp decode         " stats(pzsp, u)
+        }
+        if (v > 0) {
+            print "llama.cpp " vname " tok/s:   " stats(vtg, v)
+            print "fetcher / llama.cpp " vname "  " stats(vsp, v) "   target >= 5"
+            if (z > 0) print "qsf / llama.cpp " vname "      " stats(vzsp, v)
         }
         print "fetcher peak rss kB:           " stats(rss, n) "   budget " int(budget / 1024)
         print "mmap peak rss kB:              " stats(mrss, k)

@@ -43,8 +43,8 @@ static int weights_mmap_bundle(struct weights_mmap *w, uint32_t layer, uint32_t 
             struct common_errmsg e = {{0}};
             int                  rc = COMMON_ECORRUPT;
             uint8_t             *buf = aligned_alloc(COMMON_QSF_ALIGN, (size_t)b->buf_bytes);
-            if (b->offset + b->stored <= w->len[0] && buf) {
-                memcpy(buf + b->read_off, w->base[0] + b->offset, (size_t)b->stored);
+            if (b->file < w->n_splits && b->offset + b->stored <= w->len[b->file] && buf) {
+                memcpy(buf + b->read_off, w->base[b->file] + b->offset, (size_t)b->stored);
                 rc = common_qsf_bundle_finish(b, buf, &e);
             }
             if (rc == COMMON_OK && b->codec == COMMON_QSF_LZ4) {
@@ -63,7 +63,7 @@ static int weights_mmap_bundle(struct weights_mmap *w, uint32_t layer, uint32_t 
     }
     if (st != WEIGHTS_B_OK)
         return COMMON_ECORRUPT;
-    *raw = b->codec == COMMON_QSF_LZ4 ? w->decoded[k] : w->base[0] + b->offset;
+    *raw = b->codec == COMMON_QSF_LZ4 ? w->decoded[k] : w->base[b->file] + b->offset;
     return COMMON_OK;
 }
 

@@ -75,8 +75,10 @@ static int front_layout_qsf(struct fetcher *f, struct common_errmsg *e)
             struct front_part *pp =
                 &f->parts[((uint64_t)l * f->n_expert + x) * COMMON_EXPERT_PART_COUNT];
             for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
-                pp[p] = (struct front_part){
-                    .offset = b->offset, .size = b->part_size[p], .data_off = b->part_off[p]};
+                pp[p] = (struct front_part){.file = b->file,
+                                            .offset = b->offset,
+                                            .size = b->part_size[p],
+                                            .data_off = b->part_off[p]};
             pp[0].read_len = b->stored;
             pp[0].read_off = b->read_off;
         }

@@ -55,7 +55,7 @@ static int probe_parts(const struct common_model *m, const struct fetcher_probe_
             struct common_qsf_bundle b;
             if ((rc = common_gguf_bundle(m->gguf, l, x, &b)) < 0)
                 return rc;
-            r->parts[i++] = (struct probe_part){0, b.offset, b.stored};
+            r->parts[i++] = (struct probe_part){b.file, b.offset, b.stored};
             uint64_t len = (b.stored + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN;
             r->region = len > r->region ? len : r->region;
             continue;

@@ -103,6 +103,34 @@ Test(cli_qsf, converted_model_runs_like_the_gguf, .timeout = 180)
     free(gguf);
 }
 
+/* Bundle files in two directories (two devices): the same tokens every way. */
+Test(cli_qsf, bundle_files_in_two_directories_run_like_the_gguf, .timeout = 180)
+{
+    FIXTURE_OR_SKIP(gguf, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *dir = fixture_tmpdir(), qsf[4096], args[8192], cmd[8192];
+    snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
+    snprintf(args, sizeof(args), "--shards 2 --shard-dir %s/d1 --shard-dir %s/d2", dir, dir);
+    snprintf(cmd, sizeof(cmd), "mkdir %s/d1 %s/d2", dir, dir);
+    int st = system(cmd);
+    cr_assert_eq(st, 0);
+    free(convert(gguf, qsf, args));
+    snprintf(cmd, sizeof(cmd), "%s/d2/m-experts-00002-of-00002.qsf", dir);
+    FILE *f = fopen(cmd, "rb");
+    cr_assert_not_null(f, "no bundle file %s", cmd);
+    fclose(f);
+    assert_runs_like(gguf, qsf);
+    /* Usage errors: one line, exit 2. */
+    snprintf(cmd, sizeof(cmd), "%s convert --shards 3 --shard-dir %s %s %s/x.qsf 2>&1", SLUICE, dir,
+             gguf, dir);
+    char *o = sh(cmd, &st);
+    cr_assert_eq(st, 2, "%s", o);
+    cr_assert(strstr(o, "once per file"), "%s", o);
+    free(o);
+    fixture_rmtree(dir);
+    free(dir);
+    free(gguf);
+}
+
 Test(cli_qsf, lz4_model_runs_like_the_gguf, .timeout = 240)
 {
     FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-f32.gguf");

@@ -66,7 +66,7 @@ static uint8_t *read_bundle(const struct common_gguf *g, uint32_t l, uint32_t x,
     cr_assert_eq(common_gguf_bundle(g, l, x, b), COMMON_OK);
     uint8_t *buf = aligned_alloc(COMMON_QSF_ALIGN, b->buf_bytes);
     cr_assert_not_null(buf);
-    struct common_span s = {.offset = b->offset, .size = b->stored};
+    struct common_span s = {.split = b->file, .offset = b->offset, .size = b->stored};
     cr_assert_eq(common_gguf_read_span(g, &s, buf + b->read_off, NULL), COMMON_OK);
     struct common_errmsg e = {{0}};
     cr_assert_eq(common_qsf_bundle_finish(b, buf, &e), COMMON_OK, "layer %u expert %u: %s", l, x,
@@ -78,7 +78,8 @@ static uint8_t *read_bundle(const struct common_gguf *g, uint32_t l, uint32_t x,
 static void assert_same_model(struct qsf_pair *p)
 {
     const struct common_gguf *g = p->gguf, *q = p->qsf;
-    cr_assert_eq(common_gguf_n_kv(q), common_gguf_n_kv(g));
+    /* The same keys, and qsf.bundle_files where bundle files exist. */
+    cr_assert_eq(common_gguf_n_kv(q), common_gguf_n_kv(g) + (common_gguf_n_splits(q) > 1));
     for (uint64_t i = 0; i < common_gguf_n_kv(g); i++) {
         const struct common_gguf_kv *a = common_gguf_kv_at(g, i);
         const struct common_gguf_kv *b = common_gguf_find(q, a->key);
@@ -184,6 +185,77 @@ Test(qsf, lz4_bundles_decode_to_their_source, .timeout = 120)
     cr_assert_eq(st.n_lz4, 0);
     cr_assert_eq(st.stored_bytes, st.raw_bytes);
     cr_assert_gt(st.file_bytes, p.st.file_bytes);
+    pair_close(&p);
+}
+
+/* Bundle files in two directories: experts [0, 4) in the first, [4, 8) in the second (the
+ * shards of two fetcher daemons), every byte as in the GGUF; a missing or foreign bundle file
+ * is refused at open. */
+Test(qsf, bundle_files_in_two_directories, .timeout = 60)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_0.gguf");
+    struct qsf_pair      p = {.dir = fixture_tmpdir()};
+    struct common_errmsg e = {{0}};
+    char                 d1[2048], d2[2048], f2[4096], other[4096];
+    snprintf(d1, sizeof(d1), "%s/ssd1", p.dir);
+    snprintf(d2, sizeof(d2), "%s/ssd2", p.dir);
+    cr_assert_eq(mkdir(d1, 0755), 0);
+    cr_assert_eq(mkdir(d2, 0755), 0);
+    const char *dirs[] = {d1, d2};
+    p.gguf_path = path;
+    p.qsf_path = malloc(strlen(p.dir) + 16);
+    sprintf(p.qsf_path, "%s/model.qsf", p.dir);
+    cr_assert_eq(common_gguf_open(path, NULL, &p.gguf, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_model_init(&p.m, p.gguf, &e), COMMON_OK, "%s", e.text);
+    struct common_qsf_convert_opts o = {.n_shards = 2, .shard_dirs = dirs};
+    cr_assert_eq(common_qsf_convert(p.gguf, &p.m, p.qsf_path, &o, &p.st, &e), COMMON_OK, "%s",
+                 e.text);
+    cr_assert_eq(common_gguf_open(p.qsf_path, NULL, &p.qsf, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_model_init(&p.mq, p.qsf, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_gguf_n_splits(p.qsf), 3);
+    snprintf(f2, sizeof(f2), "%s/model-experts-00002-of-00002.qsf", d2);
+    cr_assert_str_eq(common_gguf_split_path(p.qsf, 2), f2);
+    for (uint32_t l = 0; l < p.m.hp.n_layer; l++)
+        for (uint32_t x = 0; x < p.m.hp.n_expert; x++) {
+            struct common_qsf_bundle b;
+            cr_assert_eq(common_gguf_bundle(p.qsf, l, x, &b), COMMON_OK);
+            cr_assert_eq(b.file, x < 4 ? 1u : 2u, "layer %u expert %u in file %u", l, x, b.file);
+        }
+    assert_same_model(&p);
+    struct common_qsf_stats vs;
+    cr_assert_eq(common_qsf_verify(p.qsf, NULL, NULL, &vs, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(vs.file_bytes, p.st.file_bytes);
+    /* The second file moved away: refused, naming it. */
+    snprintf(other, sizeof(other), "%s/moved.qsf", p.dir);
+    cr_assert_eq(rename(f2, other), 0);
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(p.qsf_path, NULL, &g, &e), COMMON_ENOENT);
+    cr_assert(strstr(e.text, f2), "%s", e.text);
+    cr_assert_null(g);
+    /* The first file in the place of the second: refused. */
+    char f1[4096];
+    snprintf(f1, sizeof(f1), "%s/model-experts-00001-of-00002.qsf", d1);
+    cr_assert_eq(link(f1, f2), 0);
+    cr_assert_eq(common_gguf_open(p.qsf_path, NULL, &g, &e), COMMON_ECORRUPT);
+    cr_assert(strstr(e.text, "is not bundle file 2"), "%s", e.text);
+    cr_assert_eq(unlink(f2), 0);
+    /* A bundle file of another model's conversion: refused. */
+    FIXTURE_OR_SKIP(q8, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct common_gguf *g8 = NULL;
+    struct common_model m8;
+    cr_assert_eq(common_gguf_open(q8, NULL, &g8, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_model_init(&m8, g8, &e), COMMON_OK, "%s", e.text);
+    char again[4096];
+    snprintf(again, sizeof(again), "%s/again.qsf", p.dir);
+    struct common_qsf_stats st2;
+    cr_assert_eq(common_qsf_convert(g8, &m8, again, &o, &st2, &e), COMMON_OK, "%s", e.text);
+    common_model_fini(&m8);
+    common_gguf_close(g8);
+    free(q8);
+    snprintf(other, sizeof(other), "%s/again-experts-00002-of-00002.qsf", d2);
+    cr_assert_eq(rename(other, f2), 0);
+    cr_assert_eq(common_gguf_open(p.qsf_path, NULL, &g, &e), COMMON_ECORRUPT);
+    cr_assert(strstr(e.text, "another conversion"), "%s", e.text);
     pair_close(&p);
 }
 

@@ -296,8 +296,9 @@ Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 
     check_same_as_one_process(2, "--temp 0.8 --seed 42");
 }
 
-/* The daemons on the QSF file of the model (two fetchers sharding its bundles, each read and
- * checked in one read): the GGUF's tokens in one process. */
+/* The daemons on the QSF file of the model, its bundles in two files in two directories (as on
+ * two devices), one per fetcher (each reads its experts' bundles, each checked, one read per
+ * expert): the GGUF's tokens in one process. */
 Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .fini = fini)
 {
     skip_without_daemons();
@@ -306,7 +307,10 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
     char  qsf[2048], cmd[4096];
     int   st;
     snprintf(qsf, sizeof(qsf), "%s/model.qsf", dir);
-    snprintf(cmd, sizeof(cmd), "%s/sluice convert %s %s >/dev/null 2>&1", BIN, model, qsf);
+    snprintf(cmd, sizeof(cmd),
+             "mkdir %s/ssd1 %s/ssd2 && %s/sluice convert --shards 2 --shard-dir %s/ssd1 "
+             "--shard-dir %s/ssd2 %s %s >/dev/null 2>&1",
+             dir, dir, BIN, dir, dir, model, qsf);
     free(sh(cmd, &st));
     cr_assert_eq(st, 0, "sluice convert failed");
     up(dir, qsf, 2, NULL);
