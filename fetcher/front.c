@@ -369,6 +369,7 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
     uint32_t           slot = (uint32_t)(c->user >> 2);
     uint32_t           part = (uint32_t)(c->user & 3);
     struct front_load *ld = &f->loads[slot];
+    const uint32_t     inc = f->bundles ? COMMON_EXPERT_PART_COUNT : 1; /* QSF: one read */
     f->in_flight--;
     if (ld->pf_parts > 0) {
         ld->pf_parts--;
@@ -384,10 +385,10 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         /* The last part of a sound load is not made readable alone: fetcher_pool_complete()
          * below marks every part readable and the slot READY under one lock, so whoever waited
          * for that part sees the bundle READY (fetcher_is_ready) when it wakes. */
-        if (ld->parts_done + 1 < COMMON_EXPERT_PART_COUNT || ld->err)
+        if (ld->parts_done + inc < COMMON_EXPERT_PART_COUNT || ld->err)
             fetcher_pool_part_ready(f->pool, slot, part);
     }
-    ld->parts_done += f->bundles ? COMMON_EXPERT_PART_COUNT : 1; /* QSF: the bundle's one read */
+    ld->parts_done += inc;
     if (ld->parts_done < COMMON_EXPERT_PART_COUNT) {
         if (ld->waiters.head && !c->err)
             front_wake_slot(f, slot);

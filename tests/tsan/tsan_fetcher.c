@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -249,6 +250,21 @@ int main(void)
     } else {
         front_threads(path, FETCHER_IO_URING, FETCHER_POLICY_LRU);
         front_threads(path, FETCHER_IO_PREAD, FETCHER_POLICY_LFU);
+        /* The same on the model as QSF: each bundle checked by the I/O thread after its read,
+         * outside the fetcher's lock, while the workers acquire. */
+        char               *dir = fixture_tmpdir(), qsf[4096];
+        struct common_gguf *g = NULL;
+        struct common_model m;
+        snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
+        CHECK(common_gguf_open(path, NULL, &g, NULL) == COMMON_OK, "open");
+        CHECK(common_model_init(&m, g, NULL) == COMMON_OK, "model");
+        struct common_qsf_stats st;
+        CHECK(common_qsf_convert(g, &m, qsf, NULL, &st, NULL) == COMMON_OK, "convert");
+        common_model_fini(&m);
+        common_gguf_close(g);
+        front_threads(qsf, FETCHER_IO_URING, FETCHER_POLICY_LRU);
+        fixture_rmtree(dir);
+        free(dir);
         free(path);
     }
     return check_report();
