@@ -91,7 +91,8 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
     uint64_t n = (uint64_t)f->n_layer * f->n_expert;
     f->parts = calloc(n * COMMON_EXPERT_PART_COUNT, sizeof(*f->parts));
     f->seen = calloc(n, sizeof(*f->seen));
-    if (!f->parts || !f->seen)
+    f->gap = calloc(n, sizeof(*f->gap));
+    if (!f->parts || !f->seen || !f->gap)
         return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
     if (common_gguf_is_qsf(f->g) && !f->m->ffn_streamed)
         return front_layout_qsf(f, e);
@@ -323,6 +324,7 @@ void fetcher_destroy(struct fetcher *f)
     free(f->cqes);
     free(f->parts);
     free(f->bundles);
+    free(f->gap);
     free(f->seen);
     free(f);
 }
