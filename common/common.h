@@ -652,7 +652,7 @@ struct common_qsf_bundle {
     uint64_t offset; /* file offset of the stored bytes (aligned) */
     uint64_t stored; /* stored bytes (compressed size for LZ4) */
     uint64_t raw;    /* bytes once decoded: the three parts */
-    uint64_t hash;   /* xxHash64 (seed 0) of the stored bytes */
+    uint64_t hash;   /* XXH3-64 (xxHash, seed 0) of the stored bytes */
     uint32_t codec;  /* enum common_qsf_codec */
     uint32_t file;   /* the file holding it: 0 the main file, k a bundle file (split k) */
     uint64_t part_off[COMMON_EXPERT_PART_COUNT];  /* parts' offsets in the decoded bundle */
@@ -682,7 +682,7 @@ int common_qsf_bundle_finish(const struct common_qsf_bundle *b, uint8_t *buf,
  * file; always 0 for GGUF files and bundled tensors. COMMON_ECORRUPT names the tensor. */
 int common_gguf_check_tensor(const struct common_gguf *g, uint64_t index, const void *data,
                              struct common_errmsg *e);
-/* xxHash64 with seed 0, QSF's checksum. */
+/* XXH3-64 (xxHash's 64-bit XXH3, seed 0), QSF's checksum. */
 uint64_t common_qsf_hash(const void *data, size_t len);
 /* True when the file at `path` starts with the QSF magic (false when unreadable). */
 bool common_qsf_file_is(const char *path);

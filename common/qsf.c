@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include <xxh_x86dispatch.h>
 
 #define QSF_MAX_INDEX (UINT64_C(1) << 30)
 
@@ -37,7 +37,27 @@ void qsf_info_free(struct qsf_info *q)
 
 uint64_t common_qsf_hash(const void *data, size_t len)
 {
-    return (uint64_t)XXH64(data, len, 0);
+    return (uint64_t)XXH3_64bits_dispatch(data, len);
+}
+
+struct qsf_hasher *qsf_hash_begin(void)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (st)
+        XXH3_64bits_reset(st);
+    return (struct qsf_hasher *)st;
+}
+
+void qsf_hash_update(struct qsf_hasher *h, const void *p, size_t n)
+{
+    XXH3_64bits_update_dispatch((XXH3_state_t *)h, p, n);
+}
+
+uint64_t qsf_hash_end(struct qsf_hasher *h)
+{
+    uint64_t v = (uint64_t)XXH3_64bits_digest((XXH3_state_t *)h);
+    XXH3_freeState((XXH3_state_t *)h);
+    return v;
 }
 
 uint64_t qsf_align_up(uint64_t v, uint64_t a)
@@ -108,9 +128,9 @@ int qsf_header_decode(const uint8_t *p, struct qsf_header *h, struct common_errm
     uint64_t got = common_qsf_hash(p, QSF_HEADER_HASHED);
     if (got != h->header_hash)
         return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "header checksum mismatch (xxh64 %016llx, header says %016llx)",
+                                 "header checksum mismatch (xxh3 %016llx, header says %016llx)",
                                  (unsigned long long)got, (unsigned long long)h->header_hash);
-    if (h->hash_kind != QSF_HASH_XXH64)
+    if (h->hash_kind != QSF_HASH_XXH3)
         return common_errmsg_set(e, COMMON_ENOTSUP, "checksum kind %u is not supported",
                                  h->hash_kind);
     return COMMON_OK;
@@ -181,8 +201,8 @@ static int qsf_read_checked(const struct qsf_src *s, const char *what, uint64_t 
         uint64_t got = common_qsf_hash(b, (size_t)len);
         if (got != want)
             rc = common_errmsg_set(e, COMMON_ECORRUPT,
-                                   "%s checksum mismatch (xxh64 %016llx, header says %016llx)",
-                                   what, (unsigned long long)got, (unsigned long long)want);
+                                   "%s checksum mismatch (xxh3 %016llx, header says %016llx)", what,
+                                   (unsigned long long)got, (unsigned long long)want);
     }
     if (rc != COMMON_OK) {
         free(b);
@@ -536,7 +556,7 @@ int common_qsf_bundle_finish(const struct common_qsf_bundle *b, uint8_t *buf,
     uint64_t got = common_qsf_hash(buf + b->read_off, (size_t)b->stored);
     if (got != b->hash)
         return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "checksum mismatch in the bundle at offset %llu (xxh64 %016llx, "
+                                 "checksum mismatch in the bundle at offset %llu (xxh3 %016llx, "
                                  "index says %016llx)",
                                  (unsigned long long)b->offset, (unsigned long long)got,
                                  (unsigned long long)b->hash);
@@ -561,7 +581,7 @@ int common_gguf_check_tensor(const struct common_gguf *g, uint64_t index, const 
     uint64_t                         got = common_qsf_hash(data, (size_t)t->size);
     if (got != g->qsf->trec[index].hash)
         return common_errmsg_set(e, COMMON_ECORRUPT,
-                                 "%s: tensor '%s' fails its checksum (xxh64 %016llx, index says "
+                                 "%s: tensor '%s' fails its checksum (xxh3 %016llx, index says "
                                  "%016llx)",
                                  g->splits[0].path ? g->splits[0].path : "qsf", t->name,
                                  (unsigned long long)got,
@@ -578,21 +598,19 @@ int common_gguf_check_tensor(const struct common_gguf *g, uint64_t index, const 
 static int qsf_hash_region(int fd, uint64_t off, uint64_t len, uint8_t *buf, uint64_t *out,
                            struct common_errmsg *e)
 {
-    XXH64_state_t *st = XXH64_createState();
+    struct qsf_hasher *st = qsf_hash_begin();
     if (!st)
         return COMMON_ENOMEM;
-    XXH64_reset(st, 0);
     struct qsf_src s = {.fd = fd, .size = UINT64_MAX};
     int            rc = COMMON_OK;
     while (len > 0 && rc == COMMON_OK) {
         uint64_t n = len < QSF_VERIFY_CHUNK ? len : QSF_VERIFY_CHUNK;
         if ((rc = qsf_src_read(&s, buf, n, off, e)) == COMMON_OK)
-            XXH64_update(st, buf, (size_t)n);
+            qsf_hash_update(st, buf, (size_t)n);
         off += n;
         len -= n;
     }
-    *out = (uint64_t)XXH64_digest(st);
-    XXH64_freeState(st);
+    *out = qsf_hash_end(st);
     return rc;
 }
 
@@ -625,7 +643,7 @@ int common_qsf_verify(const struct common_gguf *g, common_qsf_progress_fn progre
         int rc = qsf_hash_region(fd, t->offset, t->size, buf, &h, &one);
         if (rc == COMMON_OK && h != q->trec[i].hash)
             rc = common_errmsg_set(&one, COMMON_ECORRUPT,
-                                   "tensor '%s' fails its checksum (xxh64 %016llx, index says "
+                                   "tensor '%s' fails its checksum (xxh3 %016llx, index says "
                                    "%016llx)",
                                    t->name, (unsigned long long)h,
                                    (unsigned long long)q->trec[i].hash);

@@ -8,15 +8,15 @@
 #include "common.h"
 
 /* The header: QSF_HEADER_BYTES at offset 0, alone in the first 4 KiB page; every field
- * little-endian; header_hash (at 120) is the xxHash64 of bytes [0, 120). */
+ * little-endian; header_hash (at 120) is the XXH3-64 of bytes [0, 120). */
 #define QSF_HEADER_BYTES  128u
 #define QSF_HEADER_HASHED 120u
-#define QSF_HASH_XXH64    1u
+#define QSF_HASH_XXH3     2u /* XXH3_64bits, seed 0 (libxxhash, dispatched to AVX2/AVX-512) */
 
 struct qsf_header {
     uint32_t magic;       /*   0: COMMON_QSF_MAGIC */
     uint32_t version;     /*   4: COMMON_QSF_VERSION */
-    uint32_t hash_kind;   /*   8: QSF_HASH_XXH64 */
+    uint32_t hash_kind;   /*   8: QSF_HASH_XXH3 */
     uint32_t flags;       /*  12: 0 */
     uint64_t meta_off;    /*  16: the embedded GGUF image (metadata and tensor infos) */
     uint64_t meta_len;    /*  24: its bytes, padded so its data section starts at meta_len */
@@ -29,8 +29,8 @@ struct qsf_header {
     uint64_t bundles_len; /* 80 */
     uint32_t n_layer;     /*  88: bundle rows */
     uint32_t n_expert;    /*  92: bundles per row */
-    uint64_t meta_hash;   /*  96: xxHash64 of the image */
-    uint64_t index_hash;  /* 104: xxHash64 of the index */
+    uint64_t meta_hash;   /*  96: XXH3-64 of the image */
+    uint64_t index_hash;  /* 104: XXH3-64 of the index */
     /* 112: 8 reserved zero bytes */
     uint64_t header_hash; /* 120 */
 };
@@ -39,7 +39,7 @@ struct qsf_header {
  * (relative ones to the main file's directory); file k (1..N) starts with a header of
  * QSF_HEADER_BYTES in its first 4 KiB page: magic QSF_BFILE_MAGIC (u32 at 0), version (4), k
  * (8), N (12), the main file's index checksum (u64 at 16, binding the two), its size (24), and
- * at 120 the xxHash64 of bytes [0, 120). Its bundles follow from offset 4096. */
+ * at 120 the XXH3-64 of bytes [0, 120). Its bundles follow from offset 4096. */
 #define QSF_KEY_FILES   "qsf.bundle_files"
 #define QSF_BFILE_MAGIC 0x42465351u /* "QSFB" */
 #define QSF_MAX_FILES   64u
@@ -51,7 +51,7 @@ struct qsf_header {
 #define QSF_BREC_BYTES 40u /* offset u64, stored u64, raw u64, hash u64, codec u32, file u32 */
 
 enum qsf_tensor_kind {
-    QSF_TENSOR_RESIDENT = 0, /* in the data region; hash = xxHash64 of its bytes */
+    QSF_TENSOR_RESIDENT = 0, /* in the data region; hash = XXH3-64 of its bytes */
     QSF_TENSOR_BUNDLED = 1,  /* expert part `part` of layer `layer`, in the bundles */
 };
 
@@ -59,6 +59,12 @@ struct qsf_trec {
     uint32_t kind, layer, part;
     uint64_t hash;
 };
+
+/* A checksum computed over pieces (XXH3-64, the same value as common_qsf_hash of the whole). */
+struct qsf_hasher;
+struct qsf_hasher *qsf_hash_begin(void); /* NULL when out of memory */
+void               qsf_hash_update(struct qsf_hasher *h, const void *p, size_t n);
+uint64_t           qsf_hash_end(struct qsf_hasher *h); /* frees h */
 
 /* Decodes and checks (magic, version, checksum) the header bytes at p. */
 int      qsf_header_decode(const uint8_t *p, struct qsf_header *h, struct common_errmsg *e);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define QSF_COPY_CHUNK (UINT64_C(8) << 20)
 
@@ -80,22 +79,20 @@ static void wr_progress(struct qsf_wr *w, uint64_t n)
 static int wr_copy_tensor(struct qsf_wr *w, const struct common_gguf_tensor *t, uint64_t off,
                           uint8_t *buf, uint64_t *hash)
 {
-    XXH64_state_t *st = XXH64_createState();
+    struct qsf_hasher *st = qsf_hash_begin();
     if (!st)
         return COMMON_ENOMEM;
-    XXH64_reset(st, 0);
     int rc = COMMON_OK;
     for (uint64_t at = 0; at < t->size && rc == COMMON_OK;) {
         uint64_t n = t->size - at < QSF_COPY_CHUNK ? t->size - at : QSF_COPY_CHUNK;
         if ((rc = wr_get(w, t->split, buf, n, t->offset + at)) == COMMON_OK &&
             (rc = wr_put(w, 0, buf, n, off + at)) == COMMON_OK) {
-            XXH64_update(st, buf, (size_t)n);
+            qsf_hash_update(st, buf, (size_t)n);
             wr_progress(w, n);
         }
         at += n;
     }
-    *hash = (uint64_t)XXH64_digest(st);
-    XXH64_freeState(st);
+    *hash = qsf_hash_end(st);
     return rc;
 }
 
@@ -295,7 +292,7 @@ static int wr_file(struct qsf_wr *w, const struct common_model *m, struct common
     }
     struct qsf_header h = {.magic = COMMON_QSF_MAGIC,
                            .version = COMMON_QSF_VERSION,
-                           .hash_kind = QSF_HASH_XXH64,
+                           .hash_kind = QSF_HASH_XXH3,
                            .meta_off = COMMON_QSF_ALIGN,
                            .meta_len = image_len,
                            .meta_virt = common_gguf_writer_data_size(gw),
