@@ -81,14 +81,13 @@ struct cli_stream_opts {
     uint32_t             prefetch_top; /* --prefetch-top N: gate predictor's best N; 0 = 1 */
     bool                 no_postfetch; /* --no-postfetch */
     bool                 mmap_advise;  /* --mmap-advise: io mmap madvises requested experts */
-    uint32_t             reuse_cache;  /* --io-reuse-cache N: short reuse through the page cache */
     int32_t              n_gpu_layers; /* -ngl N: the last N layers (and the head past n_layer)
                                           on the CUDA device; 0 = none */
     int32_t main_gpu;                  /* --main-gpu / --device CUDAn */
 };
 
 /* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
-#define CLI_STREAM_N_ROWS 16
+#define CLI_STREAM_N_ROWS 15
 
 /* The option table of the streaming options that run, chat, perplexity and bench share. */
 struct cli_stream_table {

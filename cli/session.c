@@ -98,13 +98,6 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .max = 4096,
          .help = "reads in flight",
          .def = "32"},
-        {.name = "io-reuse-cache",
-         .type = COMMON_OPT_U32,
-         .target = &o->reuse_cache,
-         .metavar = "N",
-         .help = "read a bundle whose two latest uses were at most N tokens apart through the "
-                 "page cache, the others with O_DIRECT (an experiment: docs/bench.md)",
-         .def = "0"},
         {.name = "trace-out",
          .type = COMMON_OPT_STR,
          .target = &o->trace_out,
@@ -247,7 +240,6 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                               .policy = so->policy,
                               .io = io,
                               .queue_depth = so->queue_depth,
-                              .reuse_cache = so->reuse_cache,
                               .mmap_advise = so->mmap_advise};
     if ((rc = fetcher_create(en->gguf, en->desc, &fo, &en->fetcher, e)) < 0)
         return rc;

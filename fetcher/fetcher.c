@@ -91,8 +91,7 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
     uint64_t n = (uint64_t)f->n_layer * f->n_expert;
     f->parts = calloc(n * COMMON_EXPERT_PART_COUNT, sizeof(*f->parts));
     f->seen = calloc(n, sizeof(*f->seen));
-    f->gap = calloc(n, sizeof(*f->gap));
-    if (!f->parts || !f->seen || !f->gap)
+    if (!f->parts || !f->seen)
         return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
     if (common_gguf_is_qsf(f->g) && !f->m->ffn_streamed)
         return front_layout_qsf(f, e);
@@ -324,7 +323,6 @@ void fetcher_destroy(struct fetcher *f)
     free(f->cqes);
     free(f->parts);
     free(f->bundles);
-    free(f->gap);
     free(f->seen);
     free(f);
 }

@@ -221,9 +221,6 @@ struct fetcher_opts {
     bool                 mmap_advise;   /* io mmap: madvise(WILLNEED) each requested bundle (our
                                            routing's knowledge given to the page cache); off =
                                            plain page faults, as llama.cpp */
-    uint32_t reuse_cache; /* the read path by reuse distance: a bundle whose two latest uses
-                             were at most this many tokens apart is read through the page cache,
-                             the others with O_DIRECT; 0 = O_DIRECT for all */
 };
 
 /* Creates a fetcher for model `m` (parsed from `g`, both borrowed: they must outlive it): lays out

@@ -205,8 +205,6 @@ void fetcher_front_note_access(struct fetcher *f, uint32_t layer, uint32_t exper
     uint64_t k = (uint64_t)layer * f->n_expert + expert;
     if (f->seen[k] == f->epoch + 1)
         return;
-    uint64_t gap = f->seen[k] ? f->epoch + 1 - f->seen[k] : 0;
-    f->gap[k] = gap > UINT32_MAX ? UINT32_MAX : (uint32_t)gap;
     f->seen[k] = f->epoch + 1;
     enum fetcher_trace_outcome outcome = FETCHER_TRACE_MISS;
     if (f->mode == FETCHER_IO_MMAP) {
@@ -460,14 +458,12 @@ static uint32_t front_fill(struct fetcher *f)
             ld->pf_parts++;
             f->in_flight_pf++;
         }
-        const uint32_t gap = f->gap[(uint64_t)ld->layer * f->n_expert + ld->expert];
         f->reqs[n++] = (struct fetcher_io_req){
             .file = pp->file,
             .offset = pp->offset,
             .len = pp->read_len,
             .buf = fetcher_pool_slot_data(f->pool, slot) + pp->read_off,
             .user = (uint64_t)slot << 2 | p,
-            .buffered = gap > 0 && gap <= f->o.reuse_cache,
         };
     }
     return n;

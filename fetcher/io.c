@@ -192,8 +192,7 @@ static bool io_member_init(struct fetcher_io *io, struct io_member *m)
 {
     const struct io_file *f = &io->files[m->req.file];
     uintptr_t             buf = (uintptr_t)m->req.buf;
-    bool                  direct =
-        f->direct && !m->req.buffered && (buf - (uintptr_t)m->req.offset) % FETCHER_ALIGN == 0;
+    bool direct = f->direct && (buf - (uintptr_t)m->req.offset) % FETCHER_ALIGN == 0;
     if (direct) {
         uint64_t start = io_align_down(m->req.offset);
         m->rd_len = io_align_up(m->req.offset + m->req.len) - start;

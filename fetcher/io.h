@@ -33,12 +33,11 @@ struct fetcher_io_opts {
  * aligned start and after it up to the aligned end (a pool part region laid out by the front);
  * otherwise the buffered descriptor is used. */
 struct fetcher_io_req {
-    uint32_t file;     /* index in the engine's file table */
-    uint64_t offset;   /* first byte wanted */
-    uint64_t len;      /* bytes wanted; all must arrive (a short read is an error) */
-    void    *buf;      /* borrowed: destination of the wanted bytes */
-    uint64_t user;     /* caller's cookie, returned in the completion */
-    bool     buffered; /* through the page cache even where the file is opened for O_DIRECT */
+    uint32_t file;   /* index in the engine's file table */
+    uint64_t offset; /* first byte wanted */
+    uint64_t len;    /* bytes wanted; all must arrive (a short read is an error) */
+    void    *buf;    /* borrowed: destination of the wanted bytes */
+    uint64_t user;   /* caller's cookie, returned in the completion */
 };
 
 struct fetcher_io_cqe {

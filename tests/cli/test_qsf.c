@@ -51,8 +51,7 @@ static void assert_runs_like(const char *gguf, const char *qsf)
     char *b = greedy_ids(gguf, "--ram-budget 26M");
     cr_assert_str_eq(b, want, "the GGUF streamed differs from itself mapped");
     static const char *ways[] = {"", "--ram-budget 26M", "--ram-budget 26M --io pread",
-                                 "--ram-budget 40M --io uring",
-                                 "--ram-budget 26M --io-reuse-cache 4"};
+                                 "--ram-budget 40M --io uring"};
     for (size_t i = 0; i < sizeof(ways) / sizeof(ways[0]); i++) {
         char *got = greedy_ids(qsf, ways[i]);
         cr_assert_str_eq(got, want, "QSF with '%s' differs from the GGUF:\n%s\nvs\n%s", ways[i],
