@@ -355,13 +355,16 @@ static int qsf_open_files(const struct qsf_src *s, struct common_gguf *g,
         else
             snprintf(f->path, len, "%.*s/%.*s", dir_len, dir, (int)name->len, name->ptr);
         struct stat st;
-        if ((f->fd = open(f->path, O_RDONLY | O_CLOEXEC)) < 0)
+        /* O_NONBLOCK: a FIFO in its place must not wait for a writer; refused below. */
+        if ((f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0)
             return common_errmsg_set(e, common_err_from_errno(errno),
                                      "bundle file %u: %s: cannot open: %s", k, f->path,
                                      strerror(errno));
-        if (fstat(f->fd, &st) != 0)
-            return common_errmsg_set(e, COMMON_EIO, "%s: cannot stat: %s", f->path,
-                                     strerror(errno));
+        if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))
+            return common_errmsg_set(e, COMMON_EINVAL, "%s: not a regular file", f->path);
+        int fl = fcntl(f->fd, F_GETFL);
+        if (fl < 0 || fcntl(f->fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+            return common_errmsg_set(e, COMMON_EIO, "%s: cannot set blocking reads", f->path);
         f->size = (uint64_t)st.st_size;
         uint8_t        b[QSF_HEADER_BYTES];
         struct qsf_src fs = {.fd = f->fd, .size = f->size, .path = f->path};
