@@ -366,6 +366,19 @@ static int serve_open_fetcher(struct fetcher_server *s, struct common_errmsg *e)
                 common_format_size(fetcher_get_plan(s->f)->pool_bytes, sz[1], 32),
                 fetcher_io_mode_name(fetcher_get_io_mode(s->f)),
                 fetcher_is_direct(s->f) ? " (O_DIRECT)" : "", fetcher_policy_name(o->policy));
+        /* QSF bundle files: which of them this shard reads (one each when the conversion's
+         * --shards matches the fetchers: one device per fetcher). */
+        for (uint32_t k = 1; common_gguf_is_qsf(s->g) && k < common_gguf_n_splits(s->g); k++) {
+            bool reads = false;
+            for (uint32_t l = 0; l < s->n_layer && !reads; l++)
+                for (uint32_t x = s->first; x < s->first + s->n_exp && !reads; x++) {
+                    struct common_qsf_bundle b;
+                    reads = common_gguf_bundle(s->g, l, x, &b) == COMMON_OK && b.file == k;
+                }
+            if (reads)
+                fprintf(o->plan_out, "shard %u/%u reads bundle file %s\n", s->shard, s->n_shards,
+                        common_gguf_split_path(s->g, k));
+        }
     }
     s->host = (struct fetcher_link_host){.f = s->f,
                                          .m = &s->m,

@@ -314,6 +314,16 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
     free(sh(cmd, &st));
     cr_assert_eq(st, 0, "sluice convert failed");
     up(dir, qsf, 2, NULL);
+    /* Each fetcher reads its own file (its own device). */
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "grep -h 'reads bundle file' %s/logs/fetcher-%d*.log", dir, i);
+        char *log = sh(cmd, &st);
+        cr_assert(strstr(log, i ? "/ssd2/model-experts-00002-of-00002.qsf"
+                                : "/ssd1/model-experts-00001-of-00002.qsf"),
+                  "fetcher %d: %s", i, log);
+        cr_assert(!strstr(log, i ? "ssd1" : "ssd2"), "fetcher %d reads both: %s", i, log);
+        free(log);
+    }
     char *want = one_process(model, 48, "--temp 0");
     snprintf(cmd, sizeof(cmd),
              "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
