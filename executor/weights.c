@@ -42,9 +42,16 @@ static int weights_mmap_bundle(struct weights_mmap *w, uint32_t layer, uint32_t 
         if (st == WEIGHTS_B_NEW) {
             struct common_errmsg e = {{0}};
             int                  rc = COMMON_ECORRUPT;
-            uint8_t             *buf = aligned_alloc(COMMON_QSF_ALIGN, (size_t)b->buf_bytes);
-            if (b->file < w->n_splits && b->offset + b->stored <= w->len[b->file] && buf) {
-                memcpy(buf + b->read_off, w->base[b->file] + b->offset, (size_t)b->stored);
+            const uint8_t *src = b->file < w->n_splits && b->offset + b->stored <= w->len[b->file]
+                                     ? w->base[b->file] + b->offset
+                                     : NULL;
+            uint8_t       *buf = NULL;
+            if (src && b->codec == COMMON_QSF_RAW) { /* checked where it is mapped */
+                rc = common_qsf_hash(src, (size_t)b->stored) == b->hash
+                         ? COMMON_OK
+                         : common_errmsg_set(&e, COMMON_ECORRUPT, "checksum mismatch");
+            } else if (src && (buf = aligned_alloc(COMMON_QSF_ALIGN, (size_t)b->buf_bytes))) {
+                memcpy(buf + b->read_off, src, (size_t)b->stored);
                 rc = common_qsf_bundle_finish(b, buf, &e);
             }
             if (rc == COMMON_OK && b->codec == COMMON_QSF_LZ4) {

@@ -400,7 +400,7 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
             common_errmsg_set(&f->last_error, COMMON_ECORRUPT,
                               "%s: layer %u expert %u: the bundle at offset %llu fails its "
                               "checksum or does not decode (sluice verify names every bad one)",
-                              common_gguf_split_path(f->g, 0), ld->layer, ld->expert,
+                              common_gguf_split_path(f->g, ld->err_cqe.file), ld->layer, ld->expert,
                               (unsigned long long)ld->err_cqe.offset);
         else
             fetcher_io_describe_error(f->io, &ld->err_cqe, &f->last_error);
