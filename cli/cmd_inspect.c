@@ -272,6 +272,7 @@ static void inspect_json(const char *path, const struct common_gguf *g,
         file_bytes += common_gguf_split_size(g, s);
     json_t *o = json_object();
     json_object_set_new(o, "file", cli_json_str(path, strlen(path)));
+    json_object_set_new(o, "container", json_string(common_gguf_is_qsf(g) ? "qsf" : "gguf"));
     json_object_set_new(o, "gguf_version", json_integer(common_gguf_version(g)));
     json_object_set_new(o, "alignment", json_integer((json_int_t)common_gguf_alignment(g)));
     json_object_set_new(o, "splits", json_integer(common_gguf_n_splits(g)));

@@ -82,6 +82,11 @@ Test(cli_qsf, converted_model_runs_like_the_gguf, .timeout = 180)
     cr_assert_eq(st, 0, "%s", o);
     cr_assert(strstr(o, "format:         QSF v1"), "%s", o);
     free(o);
+    snprintf(cmd, sizeof(cmd), "%s inspect --json %s 2>&1", SLUICE, qsf);
+    o = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", o);
+    cr_assert(strstr(o, "\"container\": \"qsf\""), "%s", o);
+    free(o);
     /* The page cache path cannot check bundles: refused with one line saying what to use. */
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --io mmap 2>&1", SLUICE, qsf);
     o = sh(cmd, &st);
