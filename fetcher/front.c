@@ -398,7 +398,7 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         /* Nothing half-loaded becomes READY: the slot goes back to FREE. */
         if (ld->err == FRONT_ECHECK)
             common_errmsg_set(&f->last_error, COMMON_ECORRUPT,
-                              "%s: layer %u expert %u: the bundle at offset %llu fails its "
+                              "%s: layer %u expert %u: the data read at offset %llu fails its "
                               "checksum or does not decode (sluice verify names every bad one)",
                               common_gguf_split_path(f->g, ld->err_cqe.file), ld->layer, ld->expert,
                               (unsigned long long)ld->err_cqe.offset);
@@ -427,10 +427,24 @@ static void front_check_bundle(struct fetcher *f, struct fetcher_io_cqe *c)
 {
     if (c->err)
         return;
-    uint32_t                        slot = (uint32_t)(c->user >> 2);
-    const struct front_load        *ld = &f->loads[slot];
-    const struct common_qsf_bundle *b = &f->bundles[(uint64_t)ld->layer * f->n_expert + ld->expert];
-    if (common_qsf_bundle_finish(b, fetcher_pool_slot_data(f->pool, slot), NULL) != COMMON_OK)
+    uint32_t                 slot = (uint32_t)(c->user >> 2);
+    uint32_t                 part = (uint32_t)(c->user & 3);
+    const struct front_load *ld = &f->loads[slot];
+    uint8_t                 *data = fetcher_pool_slot_data(f->pool, slot);
+    uint64_t                 k = (uint64_t)ld->layer * f->n_expert + ld->expert;
+    int                      rc;
+    if (f->bundles) {
+        rc = common_qsf_bundle_finish(&f->bundles[k], data, NULL);
+    } else {
+        /* A dense model's FFN streamed from a QSF file: each part is a whole resident tensor,
+         * checked against its own checksum. */
+        int64_t idx = f->m->layers[ld->layer].tensor[COMMON_ROLE_FFN_GATE_EXPS + (int)part];
+        rc = idx < 0 ? COMMON_OK
+                     : common_gguf_check_tensor(
+                           f->g, (uint64_t)idx,
+                           data + f->parts[k * COMMON_EXPERT_PART_COUNT + part].data_off, NULL);
+    }
+    if (rc != COMMON_OK)
         c->err = FRONT_ECHECK;
 }
 
@@ -548,7 +562,7 @@ void *fetcher_front_thread(void *arg)
         if (rc == COMMON_OK)
             nc = fetcher_io_reap(f->io, cqes, f->qd, true);
 
-        if (f->bundles)
+        if (f->bundles || (f->m->ffn_streamed && common_gguf_is_qsf(f->g)))
             for (uint32_t i = 0; i < nc; i++)
                 front_check_bundle(f, &cqes[i]);
         pthread_mutex_lock(&f->mu);

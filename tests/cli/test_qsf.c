@@ -136,6 +136,51 @@ Test(cli_qsf, bundle_files_in_two_directories_run_like_the_gguf, .timeout = 180)
     free(gguf);
 }
 
+/* A dense model as QSF: no bundles; streamed under a budget its FFN tensors are checked after
+ * each read, and a flipped byte in one is an error. */
+Test(cli_qsf, dense_model_streams_checked, .timeout = 180)
+{
+    FIXTURE_OR_SKIP(gguf, "models/llama-2-tiny-random.gguf");
+    char *dir = fixture_tmpdir(), qsf[4096], cmd[8192];
+    snprintf(qsf, sizeof(qsf), "%s/d.qsf", dir);
+    char *o = convert(gguf, qsf, "");
+    cr_assert(strstr(o, "bundles:   0 (0 LZ4)"), "%s", o);
+    free(o);
+    char *want = greedy_ids(gguf, "");
+    char *got = greedy_ids(qsf, "");
+    cr_assert_str_eq(got, want);
+    free(got);
+    got = greedy_ids(qsf, "--ram-budget 64M");
+    cr_assert_str_eq(got, want, "dense QSF streamed differs");
+    free(got);
+    free(want);
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(qsf, NULL, &g, NULL), COMMON_OK);
+    const struct common_gguf_tensor *t = common_gguf_tensor_find(g, "blk.0.ffn_up.weight");
+    cr_assert_not_null(t);
+    FILE *f = fopen(qsf, "r+b");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, (long)(t->offset + 8), SEEK_SET), 0);
+    int c = fgetc(f);
+    cr_assert_eq(fseek(f, (long)(t->offset + 8), SEEK_SET), 0);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    common_gguf_close(g);
+    int                st = 0;
+    static const char *ways[] = {"", "--ram-budget 64M"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "%s run -m %s -p 'Hello' -n 4 --temp 0 %s 2>&1", SLUICE, qsf,
+                 ways[i]);
+        o = sh(cmd, &st);
+        cr_assert_eq(st, 1, "'%s' exited %d:\n%s", ways[i], st, o);
+        cr_assert(strstr(o, "checksum"), "'%s':\n%s", ways[i], o);
+        free(o);
+    }
+    fixture_rmtree(dir);
+    free(dir);
+    free(gguf);
+}
+
 Test(cli_qsf, lz4_model_runs_like_the_gguf, .timeout = 240)
 {
     FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-f32.gguf");
