@@ -91,7 +91,8 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
     uint64_t n = (uint64_t)f->n_layer * f->n_expert;
     f->parts = calloc(n * COMMON_EXPERT_PART_COUNT, sizeof(*f->parts));
     f->seen = calloc(n, sizeof(*f->seen));
-    if (!f->parts || !f->seen)
+    f->failed = calloc(n, sizeof(*f->failed));
+    if (!f->parts || !f->seen || !f->failed)
         return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
     if (common_gguf_is_qsf(f->g) && !f->m->ffn_streamed)
         return front_layout_qsf(f, e);
@@ -323,6 +324,7 @@ void fetcher_destroy(struct fetcher *f)
     free(f->cqes);
     free(f->parts);
     free(f->bundles);
+    free(f->failed);
     free(f->seen);
     free(f);
 }
@@ -403,6 +405,14 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
             fetcher_pool_counts(f->pool, &c);
             if (c.n_loading == 0 && c.n_failed == 0)
                 return COMMON_EAGAIN; /* every slot is pinned */
+            /* This bundle's load failed and nothing is loading: the failed slot may be pinned
+             * by the caller itself (an earlier part of the same load), so waiting could last
+             * forever. The failure is the answer. */
+            pthread_mutex_lock(&f->mu);
+            bool failed = f->failed[(uint64_t)layer * f->n_expert + expert];
+            pthread_mutex_unlock(&f->mu);
+            if (failed && c.n_loading == 0)
+                return COMMON_EIO;
             fetcher_pool_wait_change(f->pool, seq);
         }
     }

@@ -316,10 +316,13 @@ enum front_wstep fetcher_front_waiter_step(struct fetcher *f, struct front_waite
         }
         struct fetcher_pool_counts c;
         fetcher_pool_counts(f->pool, &c);
-        if (c.n_loading > 0 || c.n_failed > 0)
+        /* As in fetcher_acquire(): a failed bundle with nothing loading is answered with the
+         * failure (its failed slot may be pinned by this waiter's own caller). */
+        bool failed = f->failed[(uint64_t)w->layer * f->n_expert + w->expert] && !c.n_loading;
+        if ((c.n_loading > 0 || c.n_failed > 0) && !failed)
             return FRONT_W_PENDING;
         atomic_fetch_sub_explicit(&f->n_pending, 1, memory_order_relaxed);
-        w->rc = COMMON_EAGAIN;
+        w->rc = failed ? COMMON_EIO : COMMON_EAGAIN;
         w->data = NULL;
         w->loan = FETCHER_LOAN_NONE;
         return FRONT_W_DONE;
@@ -394,6 +397,7 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
             front_wake_slot(f, slot);
         return;
     }
+    f->failed[(uint64_t)ld->layer * f->n_expert + ld->expert] = ld->err != 0;
     if (ld->err) {
         /* Nothing half-loaded becomes READY: the slot goes back to FREE. */
         if (ld->err == FRONT_ECHECK)

@@ -114,6 +114,7 @@ struct fetcher {
     bool                   explicit_tokens; /* fetcher_token_begin() was called */
     uint32_t               last_layer;      /* layer of the latest demand (auto tokens) */
     uint64_t              *seen;            /* owned: per bundle, epoch + 1 of its access */
+    bool                  *failed;          /* owned: per bundle, its latest load failed */
     bool                   stop;            /* the I/O thread exits when idle */
     bool                   io_blocked;      /* the I/O thread waits in fetcher_io_reap */
     pthread_t              thread;
