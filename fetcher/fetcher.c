@@ -94,7 +94,9 @@ static int front_layout(struct fetcher *f, struct common_errmsg *e)
     f->failed = calloc(n, sizeof(*f->failed));
     if (!f->parts || !f->seen || !f->failed)
         return common_errmsg_set(e, COMMON_ENOMEM, "fetcher: out of memory");
-    if (common_gguf_is_qsf(f->g) && !f->m->ffn_streamed)
+    /* QSF: bundles, or a dense model's FFN tensors, are checked after each read. */
+    f->checked = common_gguf_is_qsf(f->g);
+    if (f->checked && !f->m->ffn_streamed)
         return front_layout_qsf(f, e);
     for (uint32_t l = 0; l < f->n_layer; l++) {
         /* The leading dense layers of deepseek2 have no experts: their parts stay empty. */
@@ -399,6 +401,7 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
         }
         pthread_mutex_lock(&f->mu);
         rc = fetcher_front_ensure(f, layer, expert, FETCHER_PRIO_DEMAND);
+        bool failed = f->failed[(uint64_t)layer * f->n_expert + expert];
         pthread_mutex_unlock(&f->mu);
         if (rc == COMMON_EAGAIN) {
             struct fetcher_pool_counts c;
@@ -408,9 +411,6 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
             /* This bundle's load failed and nothing is loading: the failed slot may be pinned
              * by the caller itself (an earlier part of the same load), so waiting could last
              * forever. The failure is the answer. */
-            pthread_mutex_lock(&f->mu);
-            bool failed = f->failed[(uint64_t)layer * f->n_expert + expert];
-            pthread_mutex_unlock(&f->mu);
             if (failed && c.n_loading == 0)
                 return COMMON_EIO;
             fetcher_pool_wait_change(f->pool, seq);

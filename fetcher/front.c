@@ -566,7 +566,7 @@ void *fetcher_front_thread(void *arg)
         if (rc == COMMON_OK)
             nc = fetcher_io_reap(f->io, cqes, f->qd, true);
 
-        if (f->bundles || (f->m->ffn_streamed && common_gguf_is_qsf(f->g)))
+        if (f->checked)
             for (uint32_t i = 0; i < nc; i++)
                 front_check_bundle(f, &cqes[i]);
         pthread_mutex_lock(&f->mu);

@@ -94,29 +94,30 @@ struct fetcher {
     struct front_part         *parts;   /* owned: n_layer * n_expert * 3 */
     struct common_qsf_bundle  *bundles; /* owned: QSF, n_layer * n_expert (checked after each
                                            read and decoded in its slot); NULL for GGUF */
-    struct fetcher_pool   *pool;        /* owned (NULL in mmap mode) */
-    struct fetcher_io     *io;          /* owned (NULL in mmap mode) */
-    struct fetcher_trace  *trace;       /* owned */
-    uint8_t              **maps;        /* owned: mmap mode, one mapping per split (munmap) */
-    uint64_t              *map_len;     /* owned: bytes of each mapping */
-    uint32_t               n_splits;
-    pthread_mutex_t        mu; /* guards everything below */
-    pthread_cond_t         cv; /* wakes the I/O thread when idle */
-    bool                   sync_init;
-    struct front_load     *loads; /* owned: one per slot */
-    uint32_t               head[FETCHER_PRIO_COUNT], tail[FETCHER_PRIO_COUNT];
-    uint32_t               n_queued[FETCHER_PRIO_COUNT];
-    uint32_t               qd;              /* reads in flight at most */
-    uint32_t               in_flight;       /* reads submitted, not reaped */
-    uint32_t               in_flight_pf;    /* of which prefetch */
-    uint64_t               epoch;           /* tokens begun */
-    uint64_t               token_tick;      /* pool tick when the token began */
-    bool                   explicit_tokens; /* fetcher_token_begin() was called */
-    uint32_t               last_layer;      /* layer of the latest demand (auto tokens) */
-    uint64_t              *seen;            /* owned: per bundle, epoch + 1 of its access */
-    bool                  *failed;          /* owned: per bundle, its latest load failed */
-    bool                   stop;            /* the I/O thread exits when idle */
-    bool                   io_blocked;      /* the I/O thread waits in fetcher_io_reap */
+    struct fetcher_pool  *pool;         /* owned (NULL in mmap mode) */
+    struct fetcher_io    *io;           /* owned (NULL in mmap mode) */
+    struct fetcher_trace *trace;        /* owned */
+    uint8_t             **maps;         /* owned: mmap mode, one mapping per split (munmap) */
+    uint64_t             *map_len;      /* owned: bytes of each mapping */
+    uint32_t              n_splits;
+    pthread_mutex_t       mu; /* guards everything below */
+    pthread_cond_t        cv; /* wakes the I/O thread when idle */
+    bool                  sync_init;
+    struct front_load    *loads; /* owned: one per slot */
+    uint32_t              head[FETCHER_PRIO_COUNT], tail[FETCHER_PRIO_COUNT];
+    uint32_t              n_queued[FETCHER_PRIO_COUNT];
+    uint32_t              qd;              /* reads in flight at most */
+    uint32_t              in_flight;       /* reads submitted, not reaped */
+    uint32_t              in_flight_pf;    /* of which prefetch */
+    uint64_t              epoch;           /* tokens begun */
+    uint64_t              token_tick;      /* pool tick when the token began */
+    bool                  explicit_tokens; /* fetcher_token_begin() was called */
+    uint32_t              last_layer;      /* layer of the latest demand (auto tokens) */
+    uint64_t             *seen;            /* owned: per bundle, epoch + 1 of its access */
+    bool                 *failed;          /* owned: per bundle, its latest load failed */
+    bool checked;    /* QSF: each read is checked (front_check_bundle) before its load completes */
+    bool stop;       /* the I/O thread exits when idle */
+    bool io_blocked; /* the I/O thread waits in fetcher_io_reap */
     pthread_t              thread;
     bool                   thread_started;
     struct fetcher_io_req *reqs; /* owned: qd, the I/O thread's submit batch */

@@ -225,12 +225,11 @@ static char *slow_model(const char *dir)
 
 /* ---- same tokens as one process ------------------------------------------------------------ */
 
-static void check_same_as_one_process(int fetchers, const char *sampling)
+/* The daemons running in `dir` generate 48 tokens of k_prompt with `sampling`, then are stopped:
+ * the text must be what one process gives on `model` (`what` names the case in messages). */
+static void assert_daemons_equal_one_process(const char *dir, const char *model,
+                                             const char *sampling, const char *what)
 {
-    skip_without_daemons();
-    FIXTURE_OR_SKIP(model, TINY_MODEL);
-    char *dir = fixture_tmpdir();
-    up(dir, model, fetchers, NULL);
     char *want = one_process(model, 48, sampling);
     char  cmd[4096];
     int   st;
@@ -238,11 +237,21 @@ static void check_same_as_one_process(int fetchers, const char *sampling)
              dir, k_prompt, sampling, dir);
     char *got = sh(cmd, &st);
     down(dir);
-    cr_assert_eq(st, 0, "sluice generate failed");
+    cr_assert_eq(st, 0, "%s: sluice generate failed (%s/gen.err)", what, dir);
     cr_assert_gt(strlen(want), 20);
-    cr_assert_str_eq(got, want, "daemons: '%s'\none process: '%s'", got, want);
+    cr_assert_str_eq(got, want, "%s daemons: '%s'\none process: '%s'", what, got, want);
+    cr_log_info("%s: %zu bytes of text identical through the daemons", what, strlen(got));
     free(got);
     free(want);
+}
+
+static void check_same_as_one_process(int fetchers, const char *sampling)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    up(dir, model, fetchers, NULL);
+    assert_daemons_equal_one_process(dir, model, sampling, "moe-tiny");
     fixture_rmtree(dir);
     free(dir);
     free(model);
@@ -274,18 +283,7 @@ Test(pipeline_faults, moe_architectures_give_the_same_tokens_as_one_process, .ti
         free(sh(cmd, &st));
         cr_assert_eq(st, 0, "mkmodel --arch %s failed", archs[i]);
         up(dir, model, 1, NULL);
-        char *want = one_process(model, 48, "--temp 0");
-        snprintf(cmd, sizeof(cmd),
-                 "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
-                 k_prompt, dir);
-        char *got = sh(cmd, &st);
-        down(dir);
-        cr_assert_eq(st, 0, "%s: sluice generate failed (%s/gen.err)", archs[i], dir);
-        cr_assert_gt(strlen(want), 20);
-        cr_assert_str_eq(got, want, "%s daemons: '%s'\none process: '%s'", archs[i], got, want);
-        cr_log_info("%s: %zu bytes of text identical through the daemons", archs[i], strlen(got));
-        free(got);
-        free(want);
+        assert_daemons_equal_one_process(dir, model, "--temp 0", archs[i]);
         fixture_rmtree(dir);
         free(dir);
     }
@@ -324,17 +322,8 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
         cr_assert(!strstr(log, i ? "ssd1" : "ssd2"), "fetcher %d reads both: %s", i, log);
         free(log);
     }
-    char *want = one_process(model, 48, "--temp 0");
-    snprintf(cmd, sizeof(cmd),
-             "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
-             k_prompt, dir);
-    char *got = sh(cmd, &st);
-    down(dir);
-    cr_assert_eq(st, 0, "sluice generate failed (%s/gen.err)", dir);
-    cr_assert_gt(strlen(want), 20);
-    cr_assert_str_eq(got, want, "QSF daemons: '%s'\nGGUF one process: '%s'", got, want);
-    free(got);
-    free(want);
+    /* The QSF daemons against the GGUF in one process. */
+    assert_daemons_equal_one_process(dir, model, "--temp 0", "QSF");
     fixture_rmtree(dir);
     free(dir);
     free(model);
