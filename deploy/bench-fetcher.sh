@@ -234,7 +234,7 @@ awk -F, -v budget="$BUDGET" -v ctok="$CTOK" 'NR > 1 {
             print "mmap-advise prefill tok/s:     " stats(app, j)
             print "mmap-advise decode bytes/token:" stats(abpt, j)
         }
-        print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.7 (limit: the replay of the decode loads)"
+        print "fetcher decode / storage limit " stats(lim, n) "   target >= 0.9 (limit: the replay of the decode loads)"
         print "fetcher / mmap decode speedup  " stats(sp, n) "   target >= 10 at the device read-ahead, 5 at 128 KiB"
         if (j > 0)
             print "fetcher / mmap-advise speedup  " stats(asp, j)
