@@ -118,10 +118,10 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
         {.name = "prefetch-top",
          .type = COMMON_OPT_U32,
          .target = &o->prefetch_top,
-         .min = 1,
          .max = 1024,
-         .help = "hint the gate predictor's best N per token",
-         .def = "1"},
+         .help = "hint the gate predictor's best N guesses per token; 0 = the best, and each next "
+                 "rank while 85% of its guesses are right",
+         .def = "0"},
         {.name = "no-prefetch",
          .type = COMMON_OPT_SWITCH,
          .target = &o->no_prefetch,

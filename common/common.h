@@ -782,7 +782,7 @@ enum common_ctx_buf {
     COMMON_CTX_GX,          /* MoE: (n_batch, n_embd) f32 rows gathered for one expert */
     COMMON_CTX_MOE_OUT,     /* MoE: (n_batch, n_expert_used, n_embd) f32 expert outputs */
     COMMON_CTX_EX_ORDER,    /* MoE: (n_expert) i32 compute order */
-    COMMON_CTX_PRED_LOGITS, /* MoE: (n_batch, n_expert) f32 next layer's router */
+    COMMON_CTX_PRED_LOGITS, /* MoE: (n_batch, n_expert) f32 selection scores (scratch) */
     COMMON_CTX_PRED_GATE,   /* MoE: (n_batch, n_expert_used) i32 gate predictor's guess */
     COMMON_CTX_PREV_SEL,    /* MoE: (n_layer, n_expert_used) i32 last token's choices */
     COMMON_CTX_HAVE_PREV,   /* MoE: (n_layer) bytes */
@@ -791,6 +791,7 @@ enum common_ctx_buf {
     COMMON_CTX_MLA_Q,  /* MLA: (n_batch, n_head * head_dim_k_mla) f32 query before absorption */
     COMMON_CTX_MLA_KV, /* MLA: (n_batch, kv_lora_rank + n_rot) f32 latent and rotary key */
     COMMON_CTX_MLA_O,  /* MLA: (n_batch, n_head * head_dim_v_mla) f32 expanded values */
+    COMMON_CTX_SH_OUT, /* MoE with a shared expert: (n_batch, n_embd) f32 its output */
     COMMON_CTX_BUF_COUNT,
 };
 

@@ -28,6 +28,7 @@ enum layout_dim {
     DIM_MLA_QK,    /* n_head * head_dim_k_mla */
     DIM_MLA_KV,    /* kv_lora_rank + n_rot */
     DIM_MLA_O,     /* n_head * head_dim_v_mla */
+    DIM_SH_EMBD,   /* n_embd with a shared expert, else 0 */
     DIM_COUNT,
 };
 
@@ -75,6 +76,7 @@ static const struct layout_row g_rows[COMMON_CTX_BUF_COUNT] = {
     [COMMON_CTX_MLA_Q] = {"mla_q", 4, DIM_BATCH, DIM_MLA_QK, DIM_ONE, false},
     [COMMON_CTX_MLA_KV] = {"mla_kv", 4, DIM_BATCH, DIM_MLA_KV, DIM_ONE, false},
     [COMMON_CTX_MLA_O] = {"mla_o", 4, DIM_BATCH, DIM_MLA_O, DIM_ONE, false},
+    [COMMON_CTX_SH_OUT] = {"sh_out", 4, DIM_BATCH, DIM_SH_EMBD, DIM_ONE, true},
 };
 
 int common_cache_type_parse(const char *s, enum common_cache_type *out)
@@ -214,6 +216,7 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
               [DIM_MLA_QK] = (uint64_t)hp->n_head * hp->head_dim_k_mla,
               [DIM_MLA_KV] = hp->n_lora_kv ? (uint64_t)hp->n_lora_kv + hp->n_rot : 0,
               [DIM_MLA_O] = (uint64_t)hp->n_head * hp->head_dim_v_mla,
+              [DIM_SH_EMBD] = hp->n_ff_shexp ? hp->n_embd : 0,
     };
     l.act_row_bytes = dim[DIM_ACT_ROW];
     l.th_q_bytes = dim[DIM_TH_Q];

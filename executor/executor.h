@@ -313,9 +313,10 @@ struct executor_ctx_opts {
                               only when routing repeats across tokens); the default hints only
                               the gate predictor's guesses. Both predictors are scored anyway. */
     uint32_t prefetch_top; /* gate predictor: hint its best N guesses per token (at most
-                              n_expert_used); 0 = 1. Each wrong guess is a wasted read and may
-                              evict a bundle still in use: with 20% of the bundles in the pool,
-                              hinting the best guess decoded 19% faster than hinting all four
+                              n_expert_used); 0 = the best guess, and each next rank while at
+                              least 85% of that rank's guesses were picked (scored on decode
+                              steps). Each wrong guess is a wasted read and may evict a bundle
+                              still in use; each right one a read that overlaps compute
                               (docs/fetcher.md) */
     uint32_t fetch_window; /* experts asked for ahead of use at once; 0 = all
                               (set about half the pool when the pool is small) */

@@ -983,6 +983,7 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
         c->ex_items = FWD_BUF(COMMON_CTX_EX_ITEMS);
         c->gx = FWD_BUF(COMMON_CTX_GX);
         c->moe_out = FWD_BUF(COMMON_CTX_MOE_OUT);
+        c->sh_out = FWD_BUF(COMMON_CTX_SH_OUT);
         c->ex_order = FWD_BUF(COMMON_CTX_EX_ORDER);
         c->pred_logits = FWD_BUF(COMMON_CTX_PRED_LOGITS);
         c->pred_gate = FWD_BUF(COMMON_CTX_PRED_GATE);
@@ -1026,7 +1027,7 @@ void executor_ctx_destroy(struct executor_ctx *c)
                     c->ex_count,  c->ex_start,    c->ex_items,  c->gx,        c->moe_out,
                     c->ex_order,  c->pred_logits, c->pred_gate, c->prev_sel,  c->have_prev,
                     c->hint_mark, c->mla_qa,      c->mla_q,     c->mla_kv,    c->mla_o,
-                    c->rows,      c->head_rows,   c->head_out,  c->btok};
+                    c->sh_out,    c->rows,        c->head_rows, c->head_out,  c->btok};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(c);

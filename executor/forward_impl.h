@@ -29,6 +29,9 @@ struct fwd_row {
     uint32_t            pos;
 };
 
+/* Guess ranks of the gate predictor with their own precision (executor_ctx.pf_rank_*). */
+#define FWD_PF_RANKS 16u
+
 struct executor_ctx {
     const struct executor_model *m;    /* borrowed: must outlive the ctx */
     struct executor_threadpool  *pool; /* borrowed: may be NULL */
@@ -68,15 +71,20 @@ struct executor_ctx {
     int32_t *ex_items; /* owned: (n_batch * n_expert_used) t * n_expert_used + slot, by expert */
     float   *gx;       /* owned: (n_batch, n_embd) rows gathered for one expert */
     float   *moe_out;  /* owned: (n_batch, n_expert_used, n_embd) weighted expert outputs */
+    float   *sh_out;   /* owned: (n_batch, n_embd) the shared expert's output */
     int32_t *ex_order; /* owned: (n_expert) experts of the batch in compute order */
     /* Post-fetch and prefetch (only with a source that takes hints). */
-    bool      hints;           /* the weight source has expert_request */
-    bool      no_postfetch;    /* from the options */
-    bool      no_prefetch;     /* from the options */
-    bool      history;         /* from the options: prefetch_history */
-    uint32_t  pf_top;          /* from the options: prefetch_top */
+    bool     hints;        /* the weight source has expert_request */
+    bool     no_postfetch; /* from the options */
+    bool     no_prefetch;  /* from the options */
+    bool     history;      /* from the options: prefetch_history */
+    uint32_t pf_top;       /* from the options: prefetch_top */
+    /* Gate predictor's guesses by rank (the last counts every rank from there on), scored on
+     * decode steps and halved now and then so they follow the run: with prefetch_top 0 a rank
+     * is hinted while at least 85% of its guesses were picked. */
+    uint32_t  pf_rank_pred[FWD_PF_RANKS], pf_rank_hit[FWD_PF_RANKS];
     uint32_t  window;          /* experts asked for ahead at once; 0 = all */
-    float    *pred_logits;     /* owned: (n_batch, n_expert) next layer's router on h */
+    float    *pred_logits;     /* owned: (n_batch, n_expert) selection scores (scratch) */
     int32_t  *pred_gate;       /* owned: (n_batch, n_expert_used) gate predictor's guess */
     int32_t   pred_gate_layer; /* layer pred_gate is for; -1 = none */
     int32_t  *prev_sel;        /* owned: (n_layer, n_expert_used) last token's choices */

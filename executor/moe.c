@@ -64,68 +64,19 @@ static void fwd_hint(struct executor_ctx *c, uint32_t il, int32_t e, enum execut
     (void)w->ops->expert_request(w->impl, il, (uint32_t)e, h);
 }
 
-/* Prefetch hints for layer il + 1 (or the next token's first layers after the last layer):
- * layer il+1's router applied to the hidden state now (h, normalised with il+1's ffn_norm), and
- * the previous token's choices at il+1. Predictions are kept to score them at il+1. */
-static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
+/* Turns row p of layer lw's router logits into the probabilities its weights are taken from:
+ * the router bias added, then sigmoid or softmax per the model's gating (gpt-oss's softmax over
+ * the k chosen comes after selection). */
+static void moe_probs(const struct common_hparams *hp, const struct executor_layer_w *lw, float *p)
 {
-    const struct executor_model *m = c->m;
-    const struct common_hparams *hp = &m->desc->hp;
-    const uint32_t               ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    uint32_t                     budget = c->window ? c->window : UINT32_MAX, sent = 0;
-    c->hint_stamp++;
-    if (il + 1 < hp->n_layer && !m->layers[il + 1].gate_inp.data)
-        return; /* a dense layer next (deepseek2's leading ones) */
-    if (il + 1 < hp->n_layer) {
-        const struct executor_layer_w *nl = &m->layers[il + 1];
-        for (uint32_t t = 0; t < n; t++)
-            fwd_rmsnorm(c->tmp + (size_t)t * ne, c->x + (size_t)t * ne, nl->ffn_norm, ne,
-                        hp->rms_eps);
-        size_t            rs = executor_fwd_quantize(c, 0, nl->gate_inp.type, c->tmp, ne, n, ne);
-        struct fwd_mm_job rj = {.n = 1};
-        rj.t[0] = fwd_mm_of(&nl->gate_inp, c->act[0], rs, n, c->pred_logits, E);
-        executor_fwd_mm_run(c, &rj);
-        for (uint32_t t = 0; t < n; t++) {
-            float *pl = c->pred_logits + (size_t)t * E;
-            for (uint32_t e = 0; nl->gate_inp_b && e < E; e++)
-                pl[e] = pl[e] + nl->gate_inp_b[e];
-            fwd_topk(pl, E, K, c->pred_gate + (size_t)t * K);
-        }
-        c->pred_gate_layer = (int32_t)(il + 1);
-        /* Hints in rank order (every token's best guess first), then the previous token's. */
-        const uint32_t top = c->pf_top ? (c->pf_top < K ? c->pf_top : K) : 1;
-        for (uint32_t j = 0; j < top; j++)
-            for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
-                fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);
-        if (c->history && c->have_prev[il + 1])
-            for (uint32_t j = 0; j < K && sent < budget; j++, sent++)
-                fwd_hint(c, il + 1, c->prev_sel[(size_t)(il + 1) * K + j], EXECUTOR_HINT_PREFETCH);
-        return;
-    }
-    /* Last layer: the next token starts at layer 0; guess it repeats this token's choices. */
-    for (uint32_t l = 0; c->history && l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
-        c->hint_stamp++;
-        for (uint32_t j = 0; j < K && sent < budget && c->have_prev[l]; j++, sent++)
-            fwd_hint(c, l, c->prev_sel[(size_t)l * K + j], EXECUTOR_HINT_PREFETCH);
-    }
-}
-
-/* Scores the predictions made for layer il against the router's choices (decode steps only:
- * a prefill wave reads what it routes anyway), then remembers the last token's choices. */
-static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
-{
-    const uint32_t K = c->m->desc->hp.n_expert_used;
-    const int32_t *sel_last = c->sel + (size_t)(n - 1) * K;
-    if (n == 1 && c->hints) {
-        if (il == 0 && c->have_prev[0])
-            fwd_pred_count(c, EXECUTOR_PRED_NEXT_TOKEN, c->prev_sel, c->sel, K);
-        if (il > 0 && c->have_prev[il])
-            fwd_pred_count(c, EXECUTOR_PRED_PREV_TOKEN, c->prev_sel + (size_t)il * K, c->sel, K);
-        if (il > 0 && c->pred_gate_layer == (int32_t)il)
-            fwd_pred_count(c, EXECUTOR_PRED_GATE, c->pred_gate, c->sel, K);
-    }
-    memcpy(c->prev_sel + (size_t)il * K, sel_last, K * sizeof(*sel_last));
-    c->have_prev[il] = 1;
+    const uint32_t E = hp->n_expert;
+    for (uint32_t e = 0; lw->gate_inp_b && e < E; e++)
+        p[e] = p[e] + lw->gate_inp_b[e];
+    if (hp->expert_gating == COMMON_GATING_SIGMOID)
+        for (uint32_t e = 0; e < E; e++)
+            p[e] = 1.0f / (1.0f + expf(-p[e]));
+    else if (hp->expert_gating == COMMON_GATING_SOFTMAX)
+        fwd_softmax(p, E);
 }
 
 /* The scores experts are selected by for token t, from its probabilities p: p itself, or (DeepSeek
@@ -166,6 +117,104 @@ static const float *moe_selection(struct executor_ctx *c, const struct executor_
     return s;
 }
 
+/* Whether the gate predictor's guesses of rank j (0 = best) are worth a read: at least 85% of
+ * them were picked so far (an unscored rank is tried). A wrong guess is a read on the path that
+ * bounds a streamed decode, and may evict a bundle still in use; a right one overlaps a read the
+ * layer would otherwise wait for (docs/fetcher.md has the measurements). */
+static bool fwd_rank_pays(const struct executor_ctx *c, uint32_t j)
+{
+    const uint32_t r = j < FWD_PF_RANKS ? j : FWD_PF_RANKS - 1;
+    return 20u * (uint64_t)c->pf_rank_hit[r] >= 17u * (uint64_t)c->pf_rank_pred[r];
+}
+
+/* Scores the gate predictor's guesses for one token by rank (pred and actual: k ids each). */
+static void fwd_rank_score(struct executor_ctx *c, const int32_t *pred, const int32_t *actual,
+                           uint32_t k)
+{
+    for (uint32_t j = 0; j < k; j++) {
+        const uint32_t r = j < FWD_PF_RANKS ? j : FWD_PF_RANKS - 1;
+        bool           hit = false;
+        for (uint32_t i = 0; i < k && !hit; i++)
+            hit = actual[i] == pred[j];
+        c->pf_rank_pred[r]++;
+        c->pf_rank_hit[r] += hit;
+        if (c->pf_rank_pred[r] >= 256u) { /* forget slowly: the run's recent tokens count most */
+            c->pf_rank_pred[r] /= 2u;
+            c->pf_rank_hit[r] /= 2u;
+        }
+    }
+}
+
+/* Prefetch hints for layer il + 1 (or the next token's first layers after the last layer):
+ * layer il+1's router applied to the hidden state now (h, normalised with il+1's ffn_norm), and
+ * the previous token's choices at il+1. Predictions are kept to score them at il+1. */
+static void fwd_prefetch(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const struct executor_model *m = c->m;
+    const struct common_hparams *hp = &m->desc->hp;
+    const uint32_t               ne = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+    uint32_t                     budget = c->window ? c->window : UINT32_MAX, sent = 0;
+    c->hint_stamp++;
+    if (il + 1 < hp->n_layer && !m->layers[il + 1].gate_inp.data)
+        return; /* a dense layer next (deepseek2's leading ones) */
+    if (il + 1 < hp->n_layer) {
+        const struct executor_layer_w *nl = &m->layers[il + 1];
+        for (uint32_t t = 0; t < n; t++)
+            fwd_rmsnorm(c->tmp + (size_t)t * ne, c->x + (size_t)t * ne, nl->ffn_norm, ne,
+                        hp->rms_eps);
+        size_t            rs = executor_fwd_quantize(c, 0, nl->gate_inp.type, c->tmp, ne, n, ne);
+        struct fwd_mm_job rj = {.n = 1};
+        rj.t[0] = fwd_mm_of(&nl->gate_inp, c->act[0], rs, n, c->router, E);
+        executor_fwd_mm_run(c, &rj);
+        /* The router's rows are spent (this layer's weights are in c->sel_w); the guesses
+         * follow layer il+1's own rule: its bias, gating, selection bias and expert groups. */
+        for (uint32_t t = 0; t < n; t++) {
+            float *p = c->router + (size_t)t * E;
+            moe_probs(hp, nl, p);
+            fwd_topk(moe_selection(c, nl, p, t), E, K, c->pred_gate + (size_t)t * K);
+        }
+        c->pred_gate_layer = (int32_t)(il + 1);
+        /* Hints in rank order (every token's best guess first), then the previous token's. */
+        uint32_t top = c->pf_top < K ? c->pf_top : K;
+        while (c->pf_top == 0 && top < K && fwd_rank_pays(c, top))
+            top++;
+        top = top ? top : 1;
+        for (uint32_t j = 0; j < top; j++)
+            for (uint32_t t = 0; t < n && sent < budget; t++, sent++)
+                fwd_hint(c, il + 1, c->pred_gate[(size_t)t * K + j], EXECUTOR_HINT_PREFETCH);
+        if (c->history && c->have_prev[il + 1])
+            for (uint32_t j = 0; j < K && sent < budget; j++, sent++)
+                fwd_hint(c, il + 1, c->prev_sel[(size_t)(il + 1) * K + j], EXECUTOR_HINT_PREFETCH);
+        return;
+    }
+    /* Last layer: the next token starts at layer 0; guess it repeats this token's choices. */
+    for (uint32_t l = 0; c->history && l < FWD_NEXT_TOKEN_LAYERS && l < hp->n_layer; l++) {
+        c->hint_stamp++;
+        for (uint32_t j = 0; j < K && sent < budget && c->have_prev[l]; j++, sent++)
+            fwd_hint(c, l, c->prev_sel[(size_t)l * K + j], EXECUTOR_HINT_PREFETCH);
+    }
+}
+
+/* Scores the predictions made for layer il against the router's choices (decode steps only:
+ * a prefill wave reads what it routes anyway), then remembers the last token's choices. */
+static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    const uint32_t K = c->m->desc->hp.n_expert_used;
+    const int32_t *sel_last = c->sel + (size_t)(n - 1) * K;
+    if (n == 1 && c->hints) {
+        if (il == 0 && c->have_prev[0])
+            fwd_pred_count(c, EXECUTOR_PRED_NEXT_TOKEN, c->prev_sel, c->sel, K);
+        if (il > 0 && c->have_prev[il])
+            fwd_pred_count(c, EXECUTOR_PRED_PREV_TOKEN, c->prev_sel + (size_t)il * K, c->sel, K);
+        if (il > 0 && c->pred_gate_layer == (int32_t)il) {
+            fwd_pred_count(c, EXECUTOR_PRED_GATE, c->pred_gate, c->sel, K);
+            fwd_rank_score(c, c->pred_gate, c->sel, K);
+        }
+    }
+    memcpy(c->prev_sel + (size_t)il * K, sel_last, K * sizeof(*sel_last));
+    c->have_prev[il] = 1;
+}
+
 /* Router of layer il: softmax (or sigmoid) over all experts, top-k by the selection scores,
  * optional renormalisation and scaling of the k weights; then the (token, slot) items grouped by
  * expert (ex_start, ex_items, ex_count). */
@@ -184,13 +233,7 @@ static void moe_route(struct executor_ctx *c, uint32_t il, uint32_t n)
         float   *p = c->router + (size_t)t * E;
         int32_t *sel = c->sel + (size_t)t * K;
         float   *sw = c->sel_w + (size_t)t * K;
-        for (uint32_t e = 0; lw->gate_inp_b && e < E; e++)
-            p[e] = p[e] + lw->gate_inp_b[e];
-        if (hp->expert_gating == COMMON_GATING_SIGMOID)
-            for (uint32_t e = 0; e < E; e++)
-                p[e] = 1.0f / (1.0f + expf(-p[e]));
-        else if (hp->expert_gating == COMMON_GATING_SOFTMAX)
-            fwd_softmax(p, E);
+        moe_probs(hp, lw, p);
         fwd_topk(moe_selection(c, lw, p, t), E, K, sel);
         double sum = 0.0;
         for (uint32_t j = 0; j < K; j++) {
@@ -326,7 +369,7 @@ static int moe_expert(struct executor_ctx *c, uint32_t il, uint32_t e)
 }
 
 /* The shared expert of layer il (resident, beside the routed ones) over the n rows of c->xn:
- * its output in c->tmp, scaled by sigmoid(gate . x) where the layer has that gate (qwen2moe).
+ * its output in c->sh_out, scaled by sigmoid(gate . x) where the layer has that gate (qwen2moe).
  * Returns false for a layer without one. */
 static bool moe_shared(struct executor_ctx *c, uint32_t il, uint32_t n)
 {
@@ -336,6 +379,7 @@ static bool moe_shared(struct executor_ctx *c, uint32_t il, uint32_t n)
         return false;
     executor_fwd_swiglu_gate_up(c, c->xn, n, &lw->sh_gate, &lw->sh_up);
     executor_fwd_swiglu_down(c, n, &lw->sh_down);
+    memcpy(c->sh_out, c->tmp, (size_t)n * ne * sizeof(float));
     if (!lw->sh_gate_inp.data)
         return true;
     /* The router's logits are spent: one gate logit per row goes there. */
@@ -347,7 +391,7 @@ static bool moe_shared(struct executor_ctx *c, uint32_t il, uint32_t n)
         /* llama.cpp computes the sigmoid as silu(g) / g. */
         const float g = c->router[t];
         const float s = g != 0.0f ? fwd_silu(g) / g : 0.5f;
-        float      *y = c->tmp + (size_t)t * ne;
+        float      *y = c->sh_out + (size_t)t * ne;
         for (uint32_t d = 0; d < ne; d++)
             y[d] = y[d] * s;
     }
@@ -375,6 +419,8 @@ int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
     if (c->hints && !c->no_prefetch && (n == 1 || c->window == 0))
         fwd_prefetch(c, il, n);
 
+    /* The shared expert is resident: computed while the routed ones are still being read. */
+    const bool shared = moe_shared(c, il, n);
     for (uint32_t oi = 0; oi < n_ord; oi++) {
         if (post && asked < n_ord)
             (void)w->ops->expert_request(w->impl, il, (uint32_t)c->ex_order[asked++],
@@ -383,12 +429,11 @@ int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n)
         if (rc < 0)
             return rc;
     }
-    const bool shared = moe_shared(c, il, n);
     /* Sum the k weighted outputs in slot order, add the shared expert's output, then the
      * residual (the order of llama.cpp's graph). */
     for (uint32_t t = 0; t < n; t++) {
         const float *mo = c->moe_out + (size_t)t * K * ne;
-        const float *sh = c->tmp + (size_t)t * ne;
+        const float *sh = c->sh_out + (size_t)t * ne;
         float       *x = c->x + (size_t)t * ne;
         for (uint32_t d = 0; d < ne; d++) {
             float acc = mo[d];
