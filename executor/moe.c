@@ -82,8 +82,8 @@ static void moe_probs(const struct common_hparams *hp, const struct executor_lay
 /* The scores experts are selected by for token t, from its probabilities p: p itself, or (DeepSeek
  * V3) p plus the layer's selection bias, with every group outside the n_group_used best masked
  * to -inf, a group scoring the sum of its two best (llama.cpp's build_moe_ffn). The weights are
- * taken from p either way. Uses the token's row of c->pred_logits as scratch (the prefetch
- * predictor fills it only after routing). */
+ * taken from p either way. Uses the token's row of c->pred_logits as scratch (routing and the
+ * gate predictor consume the result before the next call). */
 static const float *moe_selection(struct executor_ctx *c, const struct executor_layer_w *lw,
                                   const float *p, uint32_t t)
 {
