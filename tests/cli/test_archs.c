@@ -92,6 +92,17 @@ static int run_ids(const char *model, const char *opts, int *ids)
     return n;
 }
 
+/* Writes `model` with `sluice mkmodel -q ARGS`, failing the test when it fails. */
+static void mkmodel(const char *args, const char *model)
+{
+    char cmd[8192];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "%s mkmodel -q %s -o %s 2>&1", SLUICE, args, model);
+    char *out = fixture_run(cmd, &st);
+    cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
+    free(out);
+}
+
 static void check_arch(const char *arch, bool moe)
 {
     struct arch_ref refs[4];
@@ -102,10 +113,7 @@ static void check_arch(const char *arch, bool moe)
         char                   model[4096], cmd[8192];
         int                    st;
         snprintf(model, sizeof(model), "%s/%s-%s.gguf", dir, r->name, r->type);
-        snprintf(cmd, sizeof(cmd), "%s mkmodel -q %s -o %s 2>&1", SLUICE, r->args, model);
-        char *out = fixture_run(cmd, &st);
-        cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
-        free(out);
+        mkmodel(r->args, model);
         int ids[N_STEPS];
         cr_assert_eq(run_ids(model, "", ids), N_STEPS);
         const double tie = strcmp(r->type, "f32") == 0 ? TIE_F32 : TIE_Q8;
@@ -146,7 +154,7 @@ static void check_arch(const char *arch, bool moe)
          * smallest budget plus 4 slots holds 8 experts, of 16 or more. */
         snprintf(cmd, sizeof(cmd), "%s run -m %s --prompt-ids 1 -n 1 --ram-budget 1M 2>&1", SLUICE,
                  model);
-        out = fixture_run(cmd, &st);
+        char              *out = fixture_run(cmd, &st);
         unsigned long long min = 0;
         double             slot_kib = 0;
         const char        *a = strstr(out, "MiB ("), *b = strstr(out, "expert slots of ");
@@ -243,19 +251,17 @@ Test(cli_archs, bitnet_b158_i2s_streams, .timeout = 300)
         int  st;
         snprintf(model, sizeof(model), "%s/b158-%s.gguf", dir, layouts[l]);
         snprintf(cmd, sizeof(cmd),
-                 "%s mkmodel -q --arch bitnet-b1.58 --type i2_s --i2s-layout %s --n-embd 256 "
-                 "--n-ff 384 --n-head 8 --n-head-kv 2 --n-vocab 512 -o %s 2>&1",
-                 SLUICE, layouts[l], model);
-        char *out = fixture_run(cmd, &st);
-        cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
-        free(out);
+                 "--arch bitnet-b1.58 --type i2_s --i2s-layout %s --n-embd 256 --n-ff 384 "
+                 "--n-head 8 --n-head-kv 2 --n-vocab 512",
+                 layouts[l]);
+        mkmodel(cmd, model);
         int in_ram[N_STEPS], streamed[N_STEPS];
         cr_assert_eq(run_ids(model, "", in_ram), N_STEPS);
         snprintf(cmd, sizeof(cmd),
                  "%s run -m %s --prompt-ids " PROMPT " -n %d --temp 0 --ids --ignore-eos -t 2 "
                  "-c 256 --ram-budget 64M 2>&1",
                  SLUICE, model, N_STEPS);
-        out = fixture_run(cmd, &st);
+        char *out = fixture_run(cmd, &st);
         if (l == 2) {
             cr_expect_neq(st, 0, "the split layout streamed: %s", out);
             cr_expect(strstr(out, "cannot be streamed"), "the reason: %s", out);
@@ -286,16 +292,12 @@ Test(cli_archs, deepseek2_gate_predictor_follows_the_selection_rule, .timeout = 
     char  model[4096], cmd[8192];
     int   st;
     snprintf(model, sizeof(model), "%s/ds-v3-balanced.gguf", dir);
-    snprintf(cmd, sizeof(cmd),
-             "%s mkmodel -q --arch deepseek2 --routing balanced --n-embd 256 --n-head 4 "
-             "--n-ff 128 --n-expert 16 --n-expert-used 4 --n-layer 4 --type q8_0 -o %s 2>&1",
-             SLUICE, model);
-    char *out = fixture_run(cmd, &st);
-    cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
-    free(out);
+    mkmodel("--arch deepseek2 --routing balanced --n-embd 256 --n-head 4 --n-ff 128 --n-expert 16 "
+            "--n-expert-used 4 --n-layer 4 --type q8_0",
+            model);
     snprintf(cmd, sizeof(cmd), "%s bench -m %s -p 0 -n 32 -r 1 -t 2 --ram-budget 25M 2>&1", SLUICE,
              model);
-    out = fixture_run(cmd, &st);
+    char *out = fixture_run(cmd, &st);
     cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
     const char *p = strstr(out, "predictor gate: precision ");
     double      prec = -1;
