@@ -131,7 +131,7 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
     proto_stats_add(st, "trace.hits", (double)t.hits);
     proto_stats_add(st, "trace.misses", (double)t.misses);
     proto_stats_add(st, "trace.prefetch_hits", (double)t.prefetch_hits);
-    proto_stats_add(st, "trace.hit_rate", ratio(t.hits + t.prefetch_hits, t.accesses));
+    proto_stats_add(st, "trace.hit_rate", ratio(t.hits, t.accesses));
     proto_stats_add(st, "trace.prefetch_issued", (double)t.prefetch_issued);
     proto_stats_add(st, "trace.prefetch_wasted", (double)t.prefetch_wasted);
     proto_stats_add(st, "trace.prefetch_dropped", (double)t.prefetch_dropped);

@@ -154,7 +154,7 @@ char *router_metrics_text(struct router_serve *s)
             continue;
         any = true;
         acc += metrics_stat(&ds[i], "trace.accesses");
-        hits += metrics_stat(&ds[i], "trace.hits") + metrics_stat(&ds[i], "trace.prefetch_hits");
+        hits += metrics_stat(&ds[i], "trace.hits"); /* prefetch hits included */
         bytes += metrics_stat(&ds[i], "trace.bytes_read");
         faults += metrics_stat(&ds[i], "trace.faults");
         const double t = metrics_stat(&ds[i], "trace.tokens");
