@@ -80,8 +80,8 @@ struct executor_ctx {
     bool     history;      /* from the options: prefetch_history */
     uint32_t pf_top;       /* from the options: prefetch_top */
     /* Gate predictor's guesses by rank (the last counts every rank from there on), scored on
-     * decode steps and halved now and then so they follow the run: with prefetch_top 0 a rank
-     * is hinted while at least 85% of its guesses were picked. */
+     * every batch it guessed for and halved now and then so they follow the run: with prefetch_top
+     * 0 a rank is hinted while at least 85% of its guesses were picked. */
     uint32_t  pf_rank_pred[FWD_PF_RANKS], pf_rank_hit[FWD_PF_RANKS];
     uint32_t  window;          /* experts asked for ahead at once; 0 = all */
     float    *pred_logits;     /* owned: (n_batch, n_expert) selection scores (scratch) */

@@ -206,11 +206,16 @@ static void fwd_predict_score(struct executor_ctx *c, uint32_t il, uint32_t n)
             fwd_pred_count(c, EXECUTOR_PRED_NEXT_TOKEN, c->prev_sel, c->sel, K);
         if (il > 0 && c->have_prev[il])
             fwd_pred_count(c, EXECUTOR_PRED_PREV_TOKEN, c->prev_sel + (size_t)il * K, c->sel, K);
-        if (il > 0 && c->pred_gate_layer == (int32_t)il) {
+        if (il > 0 && c->pred_gate_layer == (int32_t)il)
             fwd_pred_count(c, EXECUTOR_PRED_GATE, c->pred_gate, c->sel, K);
-            fwd_rank_score(c, c->pred_gate, c->sel, K);
-        }
     }
+    /* Every row the predictor guessed for scores its ranks (a batch of sequences' decode steps
+     * hints by them too). */
+    if (c->hints && il > 0 && c->pred_gate_layer == (int32_t)il)
+        for (uint32_t t = 0; t < n; t++)
+            fwd_rank_score(c, c->pred_gate + (size_t)t * K, c->sel + (size_t)t * K, K);
+    if (c->pred_gate_layer == (int32_t)il)
+        c->pred_gate_layer = -1; /* spent: another batch's layer il did not guess */
     memcpy(c->prev_sel + (size_t)il * K, sel_last, K * sizeof(*sel_last));
     c->have_prev[il] = 1;
 }
