@@ -424,9 +424,10 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         front_wake_slot(f, slot);
 }
 
-/* QSF: checks a bundle just read against its checksum and decodes it in its slot, before the
- * load completes (on the I/O thread, f->mu not held: the slot is this load's until then). A bad
- * bundle fails the load with FRONT_ECHECK. */
+/* QSF: checks a bundle just read against its checksum and decodes it in its slot (or, for a
+ * dense model's streamed FFN, the part's tensor against its own), before the load completes (on
+ * the I/O thread, f->mu not held: the slot is this load's until then). A bad read fails the load
+ * with FRONT_ECHECK. */
 static void front_check_bundle(struct fetcher *f, struct fetcher_io_cqe *c)
 {
     if (c->err)

@@ -34,14 +34,16 @@ static char *greedy_ids(const char *model, const char *args)
 }
 
 /* `sluice convert IN OUT ARGS`: asserts success; returns its stdout. */
-static char *convert(const char *in, const char *out, const char *args)
+/* Converts `in` to `out` with `args`; its output must contain `want` (NULL: anything). */
+static void convert(const char *in, const char *out, const char *args, const char *want)
 {
     char cmd[4096];
     int  st = 0;
     snprintf(cmd, sizeof(cmd), "%s convert %s %s %s 2>&1", SLUICE, args, in, out);
     char *o = sh(cmd, &st);
     cr_assert_eq(st, 0, "%s exited %d:\n%s", cmd, st, o);
-    return o;
+    cr_assert(!want || strstr(o, want), "%s", o);
+    free(o);
 }
 
 /* Every way of running the QSF file gives the GGUF's greedy tokens. */
@@ -67,13 +69,11 @@ Test(cli_qsf, converted_model_runs_like_the_gguf, .timeout = 180)
     FIXTURE_OR_SKIP(gguf, "moe-tiny/moe-tiny-q4_0.gguf");
     char *dir = fixture_tmpdir(), qsf[4096], cmd[8192];
     snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
-    char *o = convert(gguf, qsf, "");
-    cr_assert(strstr(o, "bundles:   32 (0 LZ4)"), "%s", o);
-    free(o);
+    convert(gguf, qsf, "", "bundles:   32 (0 LZ4)");
     assert_runs_like(gguf, qsf);
     int st = 0;
     snprintf(cmd, sizeof(cmd), "%s verify %s 2>&1", SLUICE, qsf);
-    o = sh(cmd, &st);
+    char *o = sh(cmd, &st);
     cr_assert_eq(st, 0, "%s", o);
     cr_assert(strstr(o, "every checksum holds"), "%s", o);
     free(o);
@@ -118,7 +118,7 @@ Test(cli_qsf, bundle_files_in_two_directories_run_like_the_gguf, .timeout = 180)
     snprintf(cmd, sizeof(cmd), "mkdir %s/d1 %s/d2", dir, dir);
     int st = system(cmd);
     cr_assert_eq(st, 0);
-    free(convert(gguf, qsf, args));
+    convert(gguf, qsf, args, NULL);
     snprintf(cmd, sizeof(cmd), "%s/d2/m-experts-00002-of-00002.qsf", dir);
     FILE *f = fopen(cmd, "rb");
     cr_assert_not_null(f, "no bundle file %s", cmd);
@@ -143,9 +143,7 @@ Test(cli_qsf, dense_model_streams_checked, .timeout = 180)
     FIXTURE_OR_SKIP(gguf, "models/llama-2-tiny-random.gguf");
     char *dir = fixture_tmpdir(), qsf[4096], cmd[8192];
     snprintf(qsf, sizeof(qsf), "%s/d.qsf", dir);
-    char *o = convert(gguf, qsf, "");
-    cr_assert(strstr(o, "bundles:   0 (0 LZ4)"), "%s", o);
-    free(o);
+    convert(gguf, qsf, "", "bundles:   0 (0 LZ4)");
     char *want = greedy_ids(gguf, "");
     char *got = greedy_ids(qsf, "");
     cr_assert_str_eq(got, want);
@@ -171,7 +169,7 @@ Test(cli_qsf, dense_model_streams_checked, .timeout = 180)
     for (size_t i = 0; i < 2; i++) {
         snprintf(cmd, sizeof(cmd), "%s run -m %s -p 'Hello' -n 4 --temp 0 %s 2>&1", SLUICE, qsf,
                  ways[i]);
-        o = sh(cmd, &st);
+        char *o = sh(cmd, &st);
         cr_assert_eq(st, 1, "'%s' exited %d:\n%s", ways[i], st, o);
         cr_assert(strstr(o, "checksum"), "'%s':\n%s", ways[i], o);
         free(o);
@@ -188,9 +186,7 @@ Test(cli_qsf, lz4_model_runs_like_the_gguf, .timeout = 240)
     snprintf(gguf, sizeof(gguf), "%s/coarse.gguf", dir);
     snprintf(qsf, sizeof(qsf), "%s/coarse.qsf", dir);
     cr_assert_eq(fixture_write_coarse_experts(src, gguf), 0);
-    char *o = convert(gguf, qsf, "--lz4 auto");
-    cr_assert(strstr(o, "bundles:   32 (32 LZ4)"), "%s", o);
-    free(o);
+    convert(gguf, qsf, "--lz4 auto", "bundles:   32 (32 LZ4)");
     char              *want = greedy_ids(gguf, "");
     static const char *ways[] = {"", "--ram-budget 60M", "--ram-budget 60M --io pread"};
     for (size_t i = 0; i < sizeof(ways) / sizeof(ways[0]); i++) {
@@ -209,7 +205,7 @@ Test(cli_qsf, corrupt_bundle_is_an_error_naming_it, .timeout = 180)
     FIXTURE_OR_SKIP(gguf, "moe-tiny/moe-tiny-q4_0.gguf");
     char *dir = fixture_tmpdir(), qsf[4096], cmd[8192];
     snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
-    free(convert(gguf, qsf, ""));
+    convert(gguf, qsf, "", NULL);
     /* One byte flipped in every bundle of layer 1, so the first token needs a bad one. */
     struct common_gguf *g = NULL;
     cr_assert_eq(common_gguf_open(qsf, NULL, &g, NULL), COMMON_OK);
