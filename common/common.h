@@ -28,6 +28,7 @@ enum common_err {
     COMMON_ENOTSUP = -10,  /* valid but not supported (architecture, type, feature) */
     COMMON_ERANGE = -11,   /* a value is out of the allowed range (prompt longer than ctx) */
     COMMON_ENOENT = -12,   /* no such file, key or tensor */
+    COMMON_EDEVICE = -13,  /* the compute device (CUDA) failed: its state is lost */
 };
 
 /* Returns a static, human-readable name for a common_err code (never NULL). */

@@ -33,6 +33,8 @@ const char *common_strerror(int err)
         return "out of range";
     case COMMON_ENOENT:
         return "not found";
+    case COMMON_EDEVICE:
+        return "device failure";
     default:
         return "unknown error";
     }

@@ -391,8 +391,8 @@ struct executor_decode_opts {
  * matrix-matrix kernels), appends them to the KV cache and writes n_vocab logits per requested
  * token to `logits` (n * n_vocab floats with all_logits, else n_vocab). `o` may be NULL.
  * Returns 0, COMMON_ERANGE (n_past + n > n_ctx: nothing is evaluated; message in e),
- * COMMON_EINVAL (n == 0, a token id out of range), or an error of the weight source (the ctx
- * must then be reset). Not thread-safe for one ctx (it uses the pool given at creation). */
+ * COMMON_EINVAL (n == 0, a token id out of range), COMMON_EDEVICE (the device of -ngl failed:
+ * the ctx cannot run again), or an error of the weight source (the ctx must then be reset). Not thread-safe for one ctx (it uses the pool given at creation). */
 int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
                         const struct executor_decode_opts *o, struct common_errmsg *e);
 
@@ -418,7 +418,9 @@ struct executor_batch_seq {
  * Returns 0 when every sequence succeeded, else the first failure (text in e); each status
  * says which failed: a sequence with bad tokens (COMMON_EINVAL, COMMON_ERANGE) fails alone and
  * untouched; a failed batch (COMMON_EIO, COMMON_ENOMEM...) fails the sequences in it and resets
- * their contexts (their caches may be half-written). */
+ * their contexts (their caches may be half-written). COMMON_EDEVICE (the device failed) wins
+ * over any other failure: it fails the sequences not yet run too, and the contexts with layers
+ * on the device can no longer run (executor_serve falls back to contexts on the CPU). */
 int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_seq *seqs,
                               uint32_t n_seqs, struct common_errmsg *e);
 
@@ -619,7 +621,11 @@ struct executor_serve_opts {
     uint64_t                     instance;   /* 0 = a random one */
     bool                         no_pidfile; /* do not write RUNDIR/executor.pid (tests) */
     int32_t n_gpu_layers; /* -ngl: as executor_ctx_opts (the weights uploaded once for all
-                             sequences); 0 = none. Without a usable device: a warning, the CPU */
+                             sequences); 0 = none. Without a usable device: a warning, the CPU.
+                             A device failing later (COMMON_EDEVICE): the contexts are made again
+                             on the CPU and the instance id changes, so the router replays its
+                             sequences. SLUICE_TEST_DEVICE_FAULT=N in the environment (tests)
+                             makes the Nth batched step fail that way, with or without a device */
     int32_t main_gpu;     /* the CUDA device */
 };
 
@@ -639,7 +645,7 @@ void executor_serve_stop(struct executor_serve *s);
 /* The n_ctx and n_seq in use (after defaults). */
 uint32_t executor_serve_n_ctx(const struct executor_serve *s);
 uint32_t executor_serve_n_seq(const struct executor_serve *s);
-/* The service's instance id. */
-uint64_t executor_serve_instance(const struct executor_serve *s);
+/* The service's instance id: a new one after a device failure, as after a restart. */
+uint64_t executor_serve_instance(struct executor_serve *s);
 
 #endif /* EXECUTOR_EXECUTOR_H */

@@ -850,8 +850,14 @@ int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_s
                 fwd_decode_seq(seqs[i].ctx, seqs[i].tokens, seqs[i].n, seqs[i].logits, false, &se);
             if (seqs[i].status < 0) {
                 executor_ctx_reset(seqs[i].ctx);
-                if (first == 0)
+                if (first == 0 || seqs[i].status == COMMON_EDEVICE)
                     first = common_errmsg_set(e, seqs[i].status, "sequence %u: %s", i, se.text);
+            }
+            if (seqs[i].status == COMMON_EDEVICE) { /* the rest would fail the same way */
+                for (uint32_t k = i + 1; k < n_seqs; k++)
+                    if (seqs[k].status == 0)
+                        seqs[k].status = COMMON_EDEVICE;
+                break;
             }
         }
         return first;

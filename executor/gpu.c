@@ -288,7 +288,7 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
             continue;
         }
         if (up < 0)
-            return common_errmsg_set(e, COMMON_EIO, "CUDA%d: %s", gw->dev, gpu_last_error());
+            return common_errmsg_set(e, COMMON_EDEVICE, "CUDA%d: %s", gw->dev, gpu_last_error());
     }
     return 0;
 }
@@ -802,7 +802,7 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
         rc = gpu_sync();
     }
     if (rc < 0)
-        return common_errmsg_set(e, COMMON_EIO, "CUDA%d: %s", g->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_EDEVICE, "CUDA%d: %s", g->dev, gpu_last_error());
     return 1;
 }
 

@@ -31,7 +31,8 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len);
 /* The device layers for the n rows of c->x (positions p0.., their rope table in c->rope), then
  * the head: on the device when it is there (logits of every row when all, else of the last
  * one, into `logits` when not NULL; returns 1), else x is copied back into c->x for the CPU's
- * head (returns 0). Negative common_err (device failure; message in e) otherwise. */
+ * head (returns 0). COMMON_EDEVICE when the device failed (its state, the KV cache included, is
+ * then lost; message in e), another negative common_err otherwise. */
 int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_t n, uint32_t p0,
                          float *logits, bool all, struct common_errmsg *e);
 

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@ struct executor_serve {
     struct executor_remote      *remote;  /* borrowed, NULL for a dense model */
     uint32_t                     n_seq, n_ctx, n_vocab;
     struct executor_ctx        **ctx;    /* owned: n_seq contexts */
+    struct executor_ctx_opts     co;     /* how they are made (gpu_weights = gpu_w) */
     struct executor_gpu_weights *gpu_w;  /* owned: -ngl's device weights, shared by ctx */
     int32_t                     *tokens; /* owned: (n_seq, n_ctx) copies of the router's ids */
     /* One round of step records (at most round_cap) and its batch; owned, of the step thread. */
@@ -47,7 +49,10 @@ struct executor_serve {
     struct proto_service      *svc;      /* owned: control socket, pid file */
     pthread_t                  thread;   /* the step thread */
     bool                       started;  /* thread running */
-    uint64_t                   instance;
+    _Atomic uint64_t           instance; /* new after a device failure (HELLO tells the router) */
+    uint64_t                   fault_at; /* SLUICE_TEST_DEVICE_FAULT: batch that fails, 0 none */
+    bool                       device_failed; /* of the step thread: a batch met COMMON_EDEVICE */
+    struct common_errmsg       device_err;    /* its message */
 
     pthread_mutex_t    mu;       /* everything below */
     pthread_cond_t     cond;     /* a new link, or stop */
@@ -55,7 +60,7 @@ struct executor_serve {
     bool               has_link; /* the step thread serves a link */
     bool               stop, draining;
     uint64_t           steps, tokens_done, step_ns, errors, bad_records, attaches, dropped;
-    uint64_t           rounds, batches, batched_seqs;
+    uint64_t           rounds, batches, batched_seqs, device_fallbacks;
     double             last_ms;
 };
 
@@ -184,9 +189,21 @@ static void serve_run_batch(struct executor_serve *s, const struct proto_step_re
 {
     struct common_errmsg e = {{0}};
     int                  rc = executor_ctx_decode_batch(s->ctx[0], s->bseq, nb, &e);
-    if (rc < 0)
+    pthread_mutex_lock(&s->mu);
+    const uint64_t batch = s->batches + 1;
+    pthread_mutex_unlock(&s->mu);
+    if (batch == s->fault_at) /* the test hook: as if the device had failed in this batch */
+        rc = common_errmsg_set(&e, COMMON_EDEVICE,
+                               "CUDA (SLUICE_TEST_DEVICE_FAULT=%llu): "
+                               "an injected device failure",
+                               (unsigned long long)batch);
+    if (rc == COMMON_EDEVICE) { /* no replies: serve_thread falls back, the router replays */
+        s->device_failed = true;
+        s->device_err = e;
+    } else if (rc < 0) {
         COMMON_LOG_WARN("executor.serve", "a step of %u sequence(s) failed: %s", nb,
                         e.text[0] ? e.text : common_strerror(rc));
+    }
     for (uint32_t k = 0; k < nb; k++) {
         rep[s->bidx[k]].status = s->bseq[k].status;
         rep[s->bidx[k]].n_past = executor_ctx_n_past(s->bseq[k].ctx);
@@ -201,7 +218,7 @@ static void serve_run_batch(struct executor_serve *s, const struct proto_step_re
 /* Serves the n records of a round and pushes their replies: EVALs of distinct sequences run
  * as one batch; a record naming a sequence already in the batch runs the batch first, so the
  * records of a sequence take effect in ring order. Returns false when the link must be
- * dropped. */
+ * dropped (s->device_failed says when the device failed: no reply is pushed then). */
 static bool serve_round(struct executor_serve *s, struct serve_link *l,
                         const struct proto_step_req *recs, uint32_t n)
 {
@@ -217,6 +234,8 @@ static bool serve_round(struct executor_serve *s, struct serve_link *l,
         if (seq_ok && s->in_batch[q->seq]) {
             serve_run_batch(s, recs, nb, rep);
             nb = 0;
+            if (s->device_failed)
+                return false;
         }
         if (q->op == PROTO_STEP_EVAL && seq_ok) {
             rep[i].status = serve_eval_prepare(s, l, q);
@@ -242,6 +261,8 @@ static bool serve_round(struct executor_serve *s, struct serve_link *l,
     }
     if (nb)
         serve_run_batch(s, recs, nb, rep);
+    if (s->device_failed)
+        return false;
     uint64_t dt = common_now_ns() - t0;
     pthread_mutex_lock(&s->mu);
     s->rounds++;
@@ -313,6 +334,40 @@ static const char *serve_collect(struct executor_serve *s, struct serve_link *l,
     return NULL;
 }
 
+/* The device failed (s->device_err): the contexts with layers on it lost their caches and cannot
+ * run again. They are made again on the CPU, and the service takes a new instance id: the
+ * router's HELLO sees it, as after a restart of the executor, and the router attaches again and
+ * replays its sequences, so no request is lost. Step thread. */
+static void serve_fall_back(struct executor_serve *s)
+{
+    COMMON_LOG_ERR("executor",
+                   "%s; going on without the device (on the CPU): the router replays "
+                   "its sequences",
+                   s->device_err.text);
+    for (uint32_t i = 0; i < s->n_seq; i++) {
+        executor_ctx_destroy(s->ctx[i]);
+        s->ctx[i] = NULL;
+    }
+    executor_gpu_weights_destroy(s->gpu_w);
+    s->gpu_w = NULL;
+    s->co.gpu_weights = NULL;
+    for (uint32_t i = 0; i < s->n_seq; i++) {
+        struct common_errmsg e = {{0}};
+        int                  rc = executor_ctx_create(s->model, &s->co, &s->ctx[i], &e);
+        if (rc < 0) {
+            /* No context to step with: the process ends, for the supervisor to restart it. */
+            COMMON_LOG_ERR("executor", "cannot go on on the CPU: %s; exiting",
+                           e.text[0] ? e.text : common_strerror(rc));
+            _exit(EXIT_FAILURE);
+        }
+    }
+    atomic_store(&s->instance, common_random_id());
+    pthread_mutex_lock(&s->mu);
+    s->device_fallbacks++;
+    pthread_mutex_unlock(&s->mu);
+    s->device_failed = false;
+}
+
 static void *serve_thread(void *arg)
 {
     struct executor_serve *s = arg;
@@ -353,7 +408,8 @@ static void *serve_thread(void *arg)
             uint32_t n = 1;
             drop = serve_collect(s, l, recs, &n);
             if (!drop && !serve_round(s, l, recs, n))
-                drop = "reply ring unusable or router gone";
+                drop =
+                    s->device_failed ? "the device failed" : "reply ring unusable or router gone";
         } else if (rc >= 0 || rc == COMMON_EINVAL) {
             pthread_mutex_lock(&s->mu);
             s->bad_records++;
@@ -376,6 +432,8 @@ static void *serve_thread(void *arg)
             s->dropped++;
             pthread_mutex_unlock(&s->mu);
         }
+        if (s->device_failed)
+            serve_fall_back(s);
     }
     serve_link_free(l);
     return NULL;
@@ -401,6 +459,7 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
     proto_stats_add(r, "bad_records", (double)s->bad_records);
     proto_stats_add(r, "attaches", (double)s->attaches);
     proto_stats_add(r, "links_dropped", (double)s->dropped);
+    proto_stats_add(r, "device_fallbacks", (double)s->device_fallbacks);
     proto_stats_add(r, "router_linked", s->has_link || s->pending ? 1.0 : 0.0);
     pthread_mutex_unlock(&s->mu);
     proto_stats_add(r, "sequences", (double)s->n_seq);
@@ -441,6 +500,7 @@ static void serve_health(void *arg, struct proto_health_reply *h)
     pthread_mutex_lock(&s->mu);
     bool draining = s->draining, linked = s->has_link || s->pending;
     pthread_mutex_unlock(&s->mu);
+    h->instance = atomic_load(&s->instance);
     if (draining) {
         h->state = PROTO_HEALTH_DRAINING;
         snprintf(h->message, sizeof(h->message), "draining");
@@ -485,6 +545,7 @@ static int serve_attach(struct executor_serve *s, const struct proto_attach *a,
 static void serve_hello(void *arg, struct proto_hello *h)
 {
     struct executor_serve *s = arg;
+    h->instance = atomic_load(&s->instance);
     h->n_shards = s->remote ? executor_remote_shards(s->remote, h->shards, PROTO_MAX_SHARDS) : 0;
 }
 
@@ -538,7 +599,9 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     pthread_condattr_destroy(&ca);
     s->model = o->model;
     s->remote = o->remote;
-    s->instance = o->instance ? o->instance : common_random_id();
+    atomic_init(&s->instance, o->instance ? o->instance : common_random_id());
+    const char *fault = getenv("SLUICE_TEST_DEVICE_FAULT");
+    s->fault_at = fault ? strtoull(fault, NULL, 10) : 0;
     s->n_seq = o->n_seq ? o->n_seq : 4;
     s->n_vocab = executor_model_hparams(o->model)->n_vocab;
     if (s->n_seq > 256) {
@@ -549,7 +612,7 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
         common_errmsg_set(e, rc, "out of memory");
         goto out_stop;
     }
-    struct executor_ctx_opts co = {
+    s->co = (struct executor_ctx_opts){
         .n_ctx = o->n_ctx, .n_batch = o->n_batch, .cache_type = o->cache_type, .pool = o->pool};
     if (o->n_gpu_layers > 0) {
         const struct common_hparams *hp = &executor_model_desc(o->model)->hp;
@@ -557,17 +620,23 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                              : hp->n_ctx_train < 4096 ? hp->n_ctx_train
                                                                       : 4096;
         char                         why[256] = "";
-        if (!executor_gpu_usable(o->model, o->main_gpu, why, sizeof(why)))
+        struct common_errmsg         ge = {{0}};
+        if (!executor_gpu_usable(o->model, o->main_gpu, why, sizeof(why))) {
             COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
                             why);
-        else if ((rc = executor_gpu_weights_create(o->model, o->n_gpu_layers, o->main_gpu, n_ctx,
-                                                   o->n_batch ? o->n_batch : 512, s->n_seq,
-                                                   &s->gpu_w, e)) < 0)
+        } else if ((rc = executor_gpu_weights_create(o->model, o->n_gpu_layers, o->main_gpu, n_ctx,
+                                                     o->n_batch ? o->n_batch : 512, s->n_seq,
+                                                     &s->gpu_w, &ge)) == COMMON_EDEVICE) {
+            COMMON_LOG_WARN("executor", "-ngl %d dropped, running on the CPU: %s", o->n_gpu_layers,
+                            ge.text);
+        } else if (rc < 0) {
+            common_errmsg_set(e, rc, "%s", ge.text);
             goto out_stop;
-        co.gpu_weights = s->gpu_w;
+        }
+        s->co.gpu_weights = s->gpu_w;
     }
     for (uint32_t i = 0; i < s->n_seq; i++)
-        if ((rc = executor_ctx_create(o->model, &co, &s->ctx[i], e)) < 0)
+        if ((rc = executor_ctx_create(o->model, &s->co, &s->ctx[i], e)) < 0)
             goto out_stop;
     char gd[512];
     if (executor_ctx_gpu_describe(s->ctx[0], gd, sizeof(gd)))
@@ -594,7 +663,7 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                     .name = "executor",
                                     .role = PROTO_ROLE_EXECUTOR,
                                     .model_path = o->model_path,
-                                    .instance = s->instance,
+                                    .instance = atomic_load(&s->instance),
                                     .n_workers = 4,
                                     .no_pidfile = o->no_pidfile};
     if ((rc = proto_service_start(&so, &g_executor_ops, s, &s->svc, e)) < 0)
@@ -659,7 +728,7 @@ uint32_t executor_serve_n_seq(const struct executor_serve *s)
     return s->n_seq;
 }
 
-uint64_t executor_serve_instance(const struct executor_serve *s)
+uint64_t executor_serve_instance(struct executor_serve *s)
 {
-    return s->instance;
+    return atomic_load(&s->instance);
 }

@@ -161,7 +161,7 @@ bool router_exec_is_alive(struct router_serve *s, uint64_t *last_hello_ns)
     uint64_t inst = 0;
     int      rc = router_exec_hello(s, 500, &pid, &inst, NULL);
     if (rc == 0 && inst != s->exec_instance) {
-        COMMON_LOG_WARN(SERVE_COMP, "executor restarted (instance %llx -> %llx)",
+        COMMON_LOG_WARN(SERVE_COMP, "executor restarted or lost its state (instance %llx -> %llx)",
                         (unsigned long long)s->exec_instance, (unsigned long long)inst);
         return false;
     }

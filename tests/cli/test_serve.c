@@ -22,7 +22,11 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-Test(cli_serve, http_in_one_process_equals_run_and_exits_cleanly, .timeout = 300)
+/* `sluice serve` answers a greedy completion with `sluice run`'s text and exits cleanly on
+ * SIGTERM. With `device_fault`, its executor's 3rd batched step fails as a failing CUDA device's
+ * does (SLUICE_TEST_DEVICE_FAULT, -ngl 999: with or without a device): the step service goes on
+ * on the CPU in the same process, the router replays, and the text is the same. */
+static void check_serve(bool device_fault)
 {
     FIXTURE_OR_SKIP(model, MODEL);
     int st = 0;
@@ -37,8 +41,10 @@ Test(cli_serve, http_in_one_process_equals_run_and_exits_cleanly, .timeout = 300
     if (pid == 0) {
         FILE *f = freopen(err_path, "w", stderr);
         (void)f;
+        if (device_fault && setenv("SLUICE_TEST_DEVICE_FAULT", "3", 1) != 0)
+            _exit(127);
         execl(SLUICE, "sluice", "serve", "-m", model, "--http", "127.0.0.1:0", "-t", "2",
-              "--parallel", "2", (char *)NULL);
+              "--parallel", "2", "-ngl", device_fault ? "999" : "0", (char *)NULL);
         _exit(127);
     }
     /* The url comes on stderr once both services run. */
@@ -78,6 +84,12 @@ Test(cli_serve, http_in_one_process_equals_run_and_exits_cleanly, .timeout = 300
     char want[1024];
     snprintf(want, sizeof(want), "\"text\":\"%s\"", single);
     cr_expect(strstr(answer, want) != NULL, "HTTP answer %s\nsluice run: %s", answer, single);
+    char *after = fixture_read_all(err_path, NULL);
+    cr_assert_not_null(after);
+    const bool fell = strstr(after, "injected device failure; going on without the device");
+    cr_expect_eq(fell, device_fault, "the fall back to the CPU %s:\n%s",
+                 device_fault ? "is not in the log" : "happened without a fault", after);
+    free(after);
 
     cr_assert_eq(kill(pid, SIGTERM), 0);
     int    ws = 0;
@@ -98,6 +110,16 @@ Test(cli_serve, http_in_one_process_equals_run_and_exits_cleanly, .timeout = 300
     free(model);
     fixture_rmtree(dir);
     free(dir);
+}
+
+Test(cli_serve, http_in_one_process_equals_run_and_exits_cleanly, .timeout = 300)
+{
+    check_serve(false);
+}
+
+Test(cli_serve, device_failure_in_one_process_falls_back_to_the_cpu, .timeout = 300)
+{
+    check_serve(true);
 }
 
 Test(cli_serve, bad_model_is_one_line_and_exit_1, .timeout = 60)

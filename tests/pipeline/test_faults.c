@@ -400,6 +400,50 @@ Test(pipeline_faults, kill_executor_midway_same_tokens, .timeout = 600, .fini = 
     check_kill_midway("executor", "--temp 0");
 }
 
+/* The device failing mid-generation: SLUICE_TEST_DEVICE_FAULT makes the executor's 6th batched
+ * step fail as a failing CUDA device's does (with or without a device: here there is none, and
+ * -ngl 999 gives the CPU). The executor makes its contexts again on the CPU without restarting,
+ * takes a new instance id, the router replays its sequence, and the text is the undisturbed one. */
+Test(pipeline_faults, device_failure_falls_back_to_the_cpu_same_tokens, .timeout = 300,
+     .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char *want = one_process(model, 48, "--temp 0");
+    cr_assert_eq(setenv("SLUICE_TEST_DEVICE_FAULT", "6", 1), 0);
+    up(dir, model, 1, "--executor-args '-ngl 999'");
+    cr_assert_eq(unsetenv("SLUICE_TEST_DEVICE_FAULT"), 0);
+    pid_t pid = read_pid(dir, "executor");
+    char  cmd[4096];
+    int   st;
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
+             k_prompt, dir);
+    char *got = sh(cmd, &st);
+    snprintf(cmd, sizeof(cmd),
+             "grep -c 'injected device failure; going on without the device' %s/logs/executor.log",
+             dir);
+    char *fell = sh(cmd, &st);
+    snprintf(cmd, sizeof(cmd), "grep -c 'replaying 1 sequences' %s/logs/router.log", dir);
+    char *replayed = sh(cmd, &st);
+    pid_t after = read_pid(dir, "executor");
+    down(dir);
+    cr_assert_str_eq(fell, "1\n", "the executor did not report the fall back once (%s/logs)", dir);
+    cr_assert_str_eq(replayed, "1\n", "the router did not replay once (%s/logs)", dir);
+    cr_assert_eq(after, pid, "the executor restarted (%d -> %d): it should have gone on", (int)pid,
+                 (int)after);
+    cr_assert_gt(strlen(want), 20);
+    cr_assert_str_eq(got, want, "after the device failure: '%s'\nundisturbed: '%s'", got, want);
+    free(fell);
+    free(replayed);
+    free(got);
+    free(want);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* Seven kills of the executor in a row during one generation: the monitor's restart delay grows
  * to 30 s (0.5, 1, 2 ... 30), and the router waits for the executor as long as the monitor may
  * take (it used to give up after 30 s and fail the request). The text is the undisturbed one. */
