@@ -178,6 +178,11 @@ static int engine_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
     return fetcher_acquire(arg, layer, expert, part, data, loan);
 }
 
+static void engine_error(void *arg, uint32_t layer, uint32_t expert, struct common_errmsg *out)
+{
+    fetcher_expert_error(arg, layer, expert, out);
+}
+
 static int engine_release(void *arg, uint32_t loan)
 {
     fetcher_release(arg, loan);
@@ -267,6 +272,7 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                                          .request = engine_request,
                                          .is_ready = engine_is_ready,
                                          .token_begin = engine_token_begin,
+                                         .error = engine_error,
                                          .arg = en->fetcher};
     struct executor_weights_opts  wo = {.read_span =
                                            mode == FETCHER_IO_MMAP ? NULL : common_gguf_read_span,

@@ -195,6 +195,9 @@ struct executor_weight_ops {
     bool (*expert_is_ready)(void *impl, uint32_t layer, uint32_t expert);
     /* A forward pass of one batch (a decode step, or one wave of a prefill) starts. */
     void (*token_begin)(void *impl);
+    /* Why an expert_acquire of expert e of layer L failed, in one line naming what was read
+     * (file, offset, checksum); out is left empty when the source does not know. */
+    void (*expert_error)(void *impl, uint32_t layer, uint32_t expert, struct common_errmsg *out);
 };
 
 /* A weight source: an implementation table and its state. */
@@ -231,7 +234,9 @@ struct executor_expert_source {
                    enum executor_expert_hint hint);               /* NULL = no hints */
     bool (*is_ready)(void *arg, uint32_t layer, uint32_t expert); /* NULL = unknown */
     void (*token_begin)(void *arg);                               /* NULL = not needed */
-    void *arg; /* borrowed: must outlive the weight source */
+    void (*error)(void *arg, uint32_t layer, uint32_t expert,
+                  struct common_errmsg *out); /* why acquire failed; NULL = not known */
+    void *arg;                                /* borrowed: must outlive the weight source */
 };
 
 /* Maps every split of the model read-only; tensors and experts point into the mapping (an
@@ -392,7 +397,8 @@ struct executor_decode_opts {
  * token to `logits` (n * n_vocab floats with all_logits, else n_vocab). `o` may be NULL.
  * Returns 0, COMMON_ERANGE (n_past + n > n_ctx: nothing is evaluated; message in e),
  * COMMON_EINVAL (n == 0, a token id out of range), COMMON_EDEVICE (the device of -ngl failed:
- * the ctx cannot run again), or an error of the weight source (the ctx must then be reset). Not thread-safe for one ctx (it uses the pool given at creation). */
+ * the ctx cannot run again), or an error of the weight source (the ctx must then be reset). Not
+ * thread-safe for one ctx (it uses the pool given at creation). */
 int executor_ctx_decode(struct executor_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
                         const struct executor_decode_opts *o, struct common_errmsg *e);
 

@@ -685,9 +685,10 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
     const uint32_t p0 = c->n_past;
     for (uint32_t t = 0; t < n; t++)
         c->rows[t] = (struct fwd_row){.kv = &c->kv, .pos = p0 + t};
+    c->err.text[0] = '\0';
     int rc = fwd_cpu_layers(c, tokens, n);
     if (rc < 0)
-        return rc;
+        return c->err.text[0] ? common_errmsg_set(e, rc, "%s", c->err.text) : rc;
     if (c->gpu) {
         /* The device's layers, then its head (done) or the CPU's. */
         rc = executor_gpu_forward(c->gpu, c, n, p0, logits, all, e);
@@ -780,7 +781,8 @@ static int fwd_run_members(struct executor_ctx *lead, struct executor_batch_seq 
                            const struct fwd_member *mb, uint32_t n_mb, uint32_t nb)
 {
     const uint32_t n_vocab = lead->m->desc->hp.n_vocab;
-    int            rc = fwd_cpu_layers(lead, lead->btok, nb);
+    lead->err.text[0] = '\0';
+    int rc = fwd_cpu_layers(lead, lead->btok, nb);
     if (rc < 0)
         return rc;
     uint32_t n_out = 0;
@@ -894,7 +896,7 @@ int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_s
             fwd_batch_failed(seqs, mb, n_mb, rc);
             if (first == 0)
                 first = common_errmsg_set(e, rc, "a batch of %u sequences failed: %s", n_mb,
-                                          common_strerror(rc));
+                                          lead->err.text[0] ? lead->err.text : common_strerror(rc));
             if (off) { /* the sequence split here failed with the batch */
                 si++;
                 off = 0;

@@ -94,6 +94,9 @@ struct executor_ctx {
     struct executor_predictor_stats pred_stats[EXECUTOR_PRED_COUNT];
     /* The layers on a CUDA device (-ngl; gpu.c), NULL = all on the CPU. */
     struct executor_gpu *gpu; /* owned */
+    /* Why the CPU's layers failed in the pass under way (an expert that could not be had);
+     * cleared by fwd_batch and fwd_run_members, empty when the failure left no text. */
+    struct common_errmsg err;
 };
 
 /* ---- small numeric helpers (llama.cpp CPU semantics) ------------------------------------- */

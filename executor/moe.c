@@ -300,6 +300,23 @@ static uint32_t moe_order(struct executor_ctx *c, uint32_t il)
     return n_used;
 }
 
+/* Says in c->err which part of which expert could not be had (rc), and why when the weight
+ * source knows (the file, offset and checksum of a failed load); returns rc. */
+static int moe_acquire_failed(struct executor_ctx *c, uint32_t il, uint32_t e, int part, int rc)
+{
+    static const char *const       parts[COMMON_EXPERT_PART_COUNT] = {"gate", "up", "down"};
+    const struct executor_weights *w = c->m->w;
+    struct common_errmsg           why = {{0}};
+    if ((rc == COMMON_EIO || rc == COMMON_ECORRUPT) && w->ops->expert_error)
+        w->ops->expert_error(w->impl, il, e, &why);
+    if (why.text[0]) /* it names the file, the layer and the expert */
+        common_errmsg_set(&c->err, rc, "%s", why.text);
+    else
+        common_errmsg_set(&c->err, rc, "layer %u expert %u (%s): %s", il, e, parts[part],
+                          common_strerror(rc));
+    return rc;
+}
+
 /* One pass over expert e of layer il for its `cnt` rows gathered in c->gx: pin gate and up,
  * compute them while down may still be in flight, then pin down, compute, release (DESIGN 2).
  * Returns 0, 1 when a part lent without a pin changed during the pass (the result is wrong),
@@ -325,8 +342,10 @@ static int moe_expert_pass(struct executor_ctx *c, uint32_t il, uint32_t e, int3
         }
         rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
                                     &slot[got]);
-        if (rc < 0)
+        if (rc < 0) {
+            moe_acquire_failed(c, il, e, got, rc);
             break;
+        }
         mats[got] = (struct executor_mat){.data = data[got],
                                           .type = lw->exp[got].type,
                                           .rows = lw->exp[got].rows,
@@ -478,8 +497,10 @@ static int ffn_streamed_pass(struct executor_ctx *c, uint32_t il, uint32_t n)
                                        &mats[COMMON_EXPERT_UP], lw->ffn_sub_norm);
         rc = w->ops->expert_acquire(w->impl, il, 0, (enum common_expert_part)got, &data[got],
                                     &slot[got]);
-        if (rc < 0)
+        if (rc < 0) {
+            moe_acquire_failed(c, il, 0, got, rc);
             break;
+        }
         float scale = lw->exp_scale[got];
         if (lw->exp_tail[got]) { /* Microsoft's I2_S: the tensor scale after the codes */
             float tail;

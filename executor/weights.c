@@ -61,7 +61,7 @@ static int weights_mmap_bundle(struct weights_mmap *w, uint32_t layer, uint32_t 
             free(buf);
             if (rc != COMMON_OK)
                 COMMON_LOG_ERR("executor", "%s: layer %u expert %u: %s",
-                               common_gguf_split_path(g, 0), layer, expert,
+                               common_gguf_split_path(g, b->file), layer, expert,
                                e.text[0] ? e.text : common_strerror(rc));
             st = rc == COMMON_OK ? WEIGHTS_B_OK : WEIGHTS_B_BAD;
             atomic_store_explicit(&w->bstate[k], st, memory_order_release);
@@ -113,6 +113,24 @@ static int weights_mmap_acquire(void *impl, uint32_t layer, uint32_t expert,
     return 0;
 }
 
+static void weights_mmap_expert_error(void *impl, uint32_t layer, uint32_t expert,
+                                      struct common_errmsg *out)
+{
+    struct weights_mmap     *w = impl;
+    struct common_qsf_bundle b;
+    out->text[0] = '\0';
+    if (!w->bstate || layer >= w->model->hp.n_layer || expert >= w->model->hp.n_expert ||
+        common_gguf_bundle(w->model->gguf, layer, expert, &b) != COMMON_OK)
+        return;
+    uint64_t k = (uint64_t)layer * w->model->hp.n_expert + expert;
+    if (atomic_load_explicit(&w->bstate[k], memory_order_acquire) == WEIGHTS_B_BAD)
+        common_errmsg_set(out, COMMON_ECORRUPT,
+                          "%s: layer %u expert %u: the bundle at offset %llu fails its checksum "
+                          "or does not decode (sluice verify names every bad one)",
+                          common_gguf_split_path(w->model->gguf, b.file), layer, expert,
+                          (unsigned long long)b.offset);
+}
+
 static int weights_mmap_release(void *impl, uint32_t slot)
 {
     (void)impl;
@@ -146,6 +164,7 @@ static const struct executor_weight_ops weights_mmap_ops = {
     .expert_acquire = weights_mmap_acquire,
     .expert_release = weights_mmap_release,
     .destroy = weights_mmap_destroy,
+    .expert_error = weights_mmap_expert_error,
 };
 
 int executor_weights_mmap_create(const struct common_model          *m,
@@ -500,6 +519,14 @@ static void weights_stream_destroy(void *impl)
     free(w);
 }
 
+static void weights_stream_expert_error(void *impl, uint32_t layer, uint32_t expert,
+                                        struct common_errmsg *out)
+{
+    struct weights_stream *w = impl;
+    if (w->src.error)
+        w->src.error(w->src.arg, layer, expert, out);
+}
+
 static const struct executor_weight_ops weights_stream_ops = {
     .tensor = weights_stream_tensor,
     .expert_acquire = weights_stream_acquire,
@@ -508,6 +535,7 @@ static const struct executor_weight_ops weights_stream_ops = {
     .expert_request = weights_stream_request,
     .expert_is_ready = weights_stream_is_ready,
     .token_begin = weights_stream_token_begin,
+    .expert_error = weights_stream_expert_error,
 };
 
 int executor_weights_stream_create(const struct common_model           *m,

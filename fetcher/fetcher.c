@@ -550,6 +550,22 @@ void fetcher_last_error(struct fetcher *f, struct common_errmsg *out)
     pthread_mutex_unlock(&f->mu);
 }
 
+void fetcher_expert_error(struct fetcher *f, uint32_t layer, uint32_t expert,
+                          struct common_errmsg *out)
+{
+    out->text[0] = '\0';
+    pthread_mutex_lock(&f->mu);
+    const uint32_t n = f->n_recent_errors;
+    for (uint32_t i = 0; i < n && i < FRONT_RECENT_ERRORS; i++) {
+        const uint32_t r = (n - 1 - i) % FRONT_RECENT_ERRORS; /* the newest first */
+        if (f->recent_errors[r].layer == layer && f->recent_errors[r].expert == expert) {
+            *out = f->recent_errors[r].msg;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
 void fetcher_get_pool_counts(struct fetcher *f, struct fetcher_pool_counts *out)
 {
     if (!f->pool) {

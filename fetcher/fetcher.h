@@ -316,6 +316,10 @@ enum fetcher_io_mode fetcher_get_io_mode(const struct fetcher *f);
 bool                 fetcher_is_direct(const struct fetcher *f);
 /* Copies the message of the latest read error into `out` (empty when none). */
 void fetcher_last_error(struct fetcher *f, struct common_errmsg *out);
+/* Copies the message of the latest failed load of expert `expert` of `layer` into `out`: the
+ * file, offset and why (empty when none of the latest few failures was that bundle's). */
+void fetcher_expert_error(struct fetcher *f, uint32_t layer, uint32_t expert,
+                          struct common_errmsg *out);
 
 /* Pool state, for tests and stats: slots, slot size, and how many slots are in each state. */
 struct fetcher_pool_counts {

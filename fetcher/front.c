@@ -410,6 +410,10 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
             fetcher_io_describe_error(f->io, &ld->err_cqe, &f->last_error);
         COMMON_LOG_ERR("fetcher", "expert load failed layer=%u expert=%u: %s", ld->layer,
                        ld->expert, f->last_error.text);
+        const uint32_t r = f->n_recent_errors++ % FRONT_RECENT_ERRORS;
+        f->recent_errors[r].layer = ld->layer;
+        f->recent_errors[r].expert = ld->expert;
+        f->recent_errors[r].msg = f->last_error;
         fetcher_pool_fail(f->pool, slot);
         fetcher_trace_load_error(f->trace, ld->layer, ld->expert);
         fetcher_trace_resident(f->trace, ld->layer, -1);

@@ -21,6 +21,8 @@
 /* One fetcher_acquire_async() not answered yet. A node is on exactly one list: a load's waiters,
  * `pending`, `ready` or the free list; every list is under f->mu except `ready` once the I/O
  * thread has taken it to run the callbacks. */
+#define FRONT_RECENT_ERRORS 16 /* failed loads whose messages are kept by bundle */
+
 struct front_waiter {
     struct front_waiter *next;   /* list link */
     uint32_t             layer;  /* the bundle and part asked for */
@@ -123,6 +125,12 @@ struct fetcher {
     struct fetcher_io_req *reqs; /* owned: qd, the I/O thread's submit batch */
     struct fetcher_io_cqe *cqes; /* owned: qd, the I/O thread's completions */
     struct common_errmsg   last_error;
+    /* The latest failed loads' messages by bundle (a ring; fetcher_expert_error), under mu. */
+    struct {
+        uint32_t             layer, expert;
+        struct common_errmsg msg;
+    } recent_errors[FRONT_RECENT_ERRORS];
+    uint32_t n_recent_errors; /* written so far (the ring's next index modulo its size) */
     /* Asynchronous acquires (fetcher_acquire_async), under mu unless noted. */
     struct front_wlist pending;        /* waiters no slot could be claimed for: retried by the
                                           I/O thread after completions and releases */
