@@ -274,7 +274,8 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
                                 .row_bytes = geo->row_bytes,
                                 .bytes = (size_t)geo->rows * geo->row_bytes};
     if (!(out->d = gpu_take(&gw->mem, out->bytes * E, &gw->bytes)))
-        return common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: %s", gw->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: %s", gpu_backend_name(), gw->dev,
+                                 gpu_last_error());
     for (uint32_t x = 0; x < E; x++) {
         const void *data;
         uint32_t    slot;
@@ -288,7 +289,8 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
             continue;
         }
         if (up < 0)
-            return common_errmsg_set(e, COMMON_EDEVICE, "CUDA%d: %s", gw->dev, gpu_last_error());
+            return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), gw->dev,
+                                     gpu_last_error());
     }
     return 0;
 }
@@ -324,8 +326,8 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->sh_down = gpu_put_mat(gw, &lw->sh_down, &ok);
     gl->swa = lw->swa;
     if (!ok)
-        return common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: layer %u: %s", gw->dev, il,
-                                 gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: layer %u: %s", gpu_backend_name(),
+                                 gw->dev, il, gpu_last_error());
     for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++) {
         int rc = gpu_put_experts(gw, il, (enum common_expert_part)p, &gl->exps[p], e);
         if (rc < 0)
@@ -349,10 +351,11 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, int32
             info->free_bytes)
             fit = k;
     return common_errmsg_set(e, COMMON_ENOMEM,
-                             "-ngl %d needs %.0f MiB of device memory; CUDA%d (%s) has %.0f MiB "
+                             "-ngl %d needs %.0f MiB of device memory; %s%d (%s) has %.0f MiB "
                              "free: at most -ngl %u fits (or a smaller -c / -b)",
-                             n_layers, (double)(need + GPU_MARGIN_BYTES) / 1048576.0, dev,
-                             info->name, (double)info->free_bytes / 1048576.0, fit);
+                             n_layers, (double)(need + GPU_MARGIN_BYTES) / 1048576.0,
+                             gpu_backend_name(), dev, info->name,
+                             (double)info->free_bytes / 1048576.0, fit);
 }
 
 int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t dev,
@@ -393,8 +396,8 @@ int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers
         gw->output = gpu_put_mat(gw, &m->output, &ok);
         gw->output_norm = gpu_put(gw, m->output_norm, hp->n_embd * sizeof(float), &ok);
         if (!ok)
-            rc = common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: the output head: %s", dev,
-                                   gpu_last_error());
+            rc = common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the output head: %s",
+                                   gpu_backend_name(), dev, gpu_last_error());
     }
     if (rc < 0) {
         executor_gpu_weights_destroy(gw);
@@ -445,8 +448,8 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     if (ok && g->head)
         ok = (g->logits = gpu_take(a, B * w.n_vocab * F, c)) != NULL;
     if (!ok)
-        return common_errmsg_set(e, COMMON_ENOMEM, "CUDA%d: KV cache and scratch: %s", g->dev,
-                                 gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: KV cache and scratch: %s",
+                                 gpu_backend_name(), g->dev, gpu_last_error());
     const size_t n = B * w.K;
     g->h_sel = calloc(n, sizeof(int32_t));
     g->h_items = calloc(n, sizeof(int32_t));
@@ -527,7 +530,7 @@ uint32_t executor_gpu_first_layer(const struct executor_gpu *g)
 int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len)
 {
     if (name && len)
-        snprintf(name, len, "CUDA%d %s", g->w->dev, g->w->info.name);
+        snprintf(name, len, "%s%d %s", gpu_backend_name(), g->w->dev, g->w->info.name);
     return (int32_t)(g->m->desc->hp.n_layer - g->il0) + (g->head ? 1 : 0);
 }
 
@@ -536,9 +539,9 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
     const struct executor_gpu_weights *gw = g->w;
     const uint32_t                     nl = g->m->desc->hp.n_layer;
     snprintf(buf, len,
-             "gpu: CUDA%d (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
+             "gpu: %s%d (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
              "%.0f MiB KV (f16), %.0f MiB scratch",
-             gw->dev, gw->info.name, gw->info.cc_major, gw->info.cc_minor,
+             gpu_backend_name(), gw->dev, gw->info.name, gw->info.cc_major, gw->info.cc_minor,
              (double)gw->info.total_bytes / 1048576.0, gw->il0, nl - 1,
              gw->head ? " and the output head" : "", (double)gw->bytes / 1048576.0,
              (double)g->bytes_kv / 1048576.0, (double)g->bytes_scratch / 1048576.0);
@@ -802,7 +805,8 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
         rc = gpu_sync();
     }
     if (rc < 0)
-        return common_errmsg_set(e, COMMON_EDEVICE, "CUDA%d: %s", g->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
+                                 gpu_last_error());
     return 1;
 }
 

@@ -77,8 +77,8 @@ static __global__ void k_act_half(const float *x, int64_t x_stride, int64_t n, i
     out[i] = BF ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
 }
 
-extern "C" int gpu_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n,
-                             int64_t cols, float *out)
+int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                   float *out)
 {
     if (!x || !out || n < 0 || cols < 0 || x_stride < cols)
         return gpu_record(cudaErrorInvalidValue, "gpu_act_round: bad arguments");

@@ -21,17 +21,12 @@ int gpu_record(cudaError_t err, const char *what)
     return -1;
 }
 
-extern "C" const char *gpu_last_error(void)
+const char *cuda_last_error(void)
 {
     return g_err;
 }
 
-extern "C" bool gpu_built(void)
-{
-    return true;
-}
-
-extern "C" int gpu_device_count(char *why, size_t why_len)
+int cuda_device_count(char *why, size_t why_len)
 {
     int         n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
@@ -47,10 +42,10 @@ extern "C" int gpu_device_count(char *why, size_t why_len)
     return n;
 }
 
-extern "C" int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len)
+int cuda_select(int dev, struct gpu_info *info, char *why, size_t why_len)
 {
     char tmp[8];
-    int  n = gpu_device_count(why ? why : tmp, why ? why_len : sizeof(tmp));
+    int  n = cuda_device_count(why ? why : tmp, why ? why_len : sizeof(tmp));
     if (n == 0)
         return -1;
     if (dev < 0 || dev >= n) {
@@ -93,7 +88,7 @@ extern "C" int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_
     return 0;
 }
 
-extern "C" void *gpu_malloc(size_t bytes)
+void *cuda_malloc(size_t bytes)
 {
     void *p = NULL;
     if (gpu_record(cudaMalloc(&p, bytes ? bytes : 1), "allocating device memory") < 0)
@@ -101,13 +96,13 @@ extern "C" void *gpu_malloc(size_t bytes)
     return p;
 }
 
-extern "C" void gpu_free(void *p)
+void cuda_free(void *p)
 {
     if (p)
         (void)cudaFree(p);
 }
 
-extern "C" int gpu_upload(void *dst, const void *src, size_t bytes)
+int cuda_upload(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
         return 0;
@@ -118,27 +113,27 @@ extern "C" int gpu_upload(void *dst, const void *src, size_t bytes)
     return gpu_record(cudaStreamSynchronize(g_stream), "copying to the device");
 }
 
-extern "C" int gpu_download(void *dst, const void *src, size_t bytes)
+int cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
-        return gpu_sync();
+        return cuda_sync();
     if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream),
                    "copying from the device") < 0)
         return -1;
     return gpu_record(cudaStreamSynchronize(g_stream), "copying from the device");
 }
 
-extern "C" int gpu_memset(void *dst, int byte, size_t bytes)
+int cuda_memset(void *dst, int byte, size_t bytes)
 {
     return gpu_record(cudaMemsetAsync(dst, byte, bytes, g_stream), "clearing device memory");
 }
 
-extern "C" int gpu_sync(void)
+int cuda_sync(void)
 {
     return gpu_record(cudaStreamSynchronize(g_stream), "running kernels");
 }
 
-extern "C" double gpu_membw_probe(size_t bytes)
+double cuda_membw_probe(size_t bytes)
 {
     void       *a = NULL, *b = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -174,4 +169,40 @@ out:
     cudaFree(a);
     cudaFree(b);
     return bw;
+}
+
+extern "C" const struct gpu_backend *gpu_backend_cuda(void)
+{
+    static const struct gpu_backend be = {
+        .name = "CUDA",
+        .device_count = cuda_device_count,
+        .select = cuda_select,
+        .last_error = cuda_last_error,
+        .alloc = cuda_malloc,
+        .release = cuda_free,
+        .upload = cuda_upload,
+        .download = cuda_download,
+        .fill = cuda_memset,
+        .sync = cuda_sync,
+        .membw_probe = cuda_membw_probe,
+        .type_supported = cuda_type_supported,
+        .dequant_rows = cuda_dequant_rows,
+        .matvec = cuda_matvec,
+        .matvec_ids = cuda_matvec_ids,
+        .f32_to_f16 = cuda_f32_to_f16,
+        .gemm_f16 = cuda_gemm_f16,
+        .act_round = cuda_act_round,
+        .rmsnorm = cuda_rmsnorm,
+        .add = cuda_add,
+        .add_bias = cuda_add_bias,
+        .swiglu = cuda_swiglu,
+        .rope = cuda_rope,
+        .kv_store = cuda_kv_store,
+        .attention = cuda_attention,
+        .moe_route = cuda_moe_route,
+        .moe_combine = cuda_moe_combine,
+        .gather_rows = cuda_gather_rows,
+        .scatter_rows = cuda_scatter_rows,
+    };
+    return &be;
 }

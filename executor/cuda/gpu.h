@@ -1,6 +1,12 @@
-/* executor/cuda/gpu.h - the CUDA backend's C face: device selection, memory, and the kernels of
- * the forward pass (the .cu files of executor/cuda/). Built without CUDA, executor/gpu_none.c
- * implements it: gpu_built() is false, gpu_device_count() is 0 and everything else fails.
+/* executor/cuda/gpu.h - the device backends' C face: device selection, memory, and the kernels
+ * of the forward pass. Two backends implement it (struct gpu_backend, at the end): CUDA's (the
+ * .cu files of executor/cuda/; absent in a build without CUDA, executor/gpu_none.c) and the
+ * host's (executor/gpu_host.c: every operation on the CPU, in host memory, written as plainly
+ * as the scalar references, so that executor/gpu.c's forward pass runs and is tested without a
+ * device). The functions below call the backend of the process (executor/gpu_backend.c):
+ * the host's when SLUICE_GPU_BACKEND=host is in the environment, "none" gives none, otherwise
+ * CUDA's when built. Without one, gpu_built() is false, gpu_device_count() is 0 and everything
+ * else fails.
  *
  * Pointers named "device" are device memory from gpu_malloc. Every kernel runs on the backend's
  * one stream (set up by gpu_select), in call order; a call returns once the work is queued.
@@ -28,8 +34,10 @@ struct gpu_info {
 
 /* ---- device and memory (executor/cuda/device.cu) ------------------------------------------ */
 
-/* Whether this build has the CUDA backend. */
+/* Whether the process has a backend (a build with CUDA, or the host's chosen). */
 bool gpu_built(void);
+/* Its name, as devices are named ("CUDA" for CUDA0.., "HOST"); "CUDA" when there is none. */
+const char *gpu_backend_name(void);
 /* Usable devices; 0 with `why` saying why not (built without CUDA, no driver, no device). */
 int gpu_device_count(char *why, size_t why_len);
 /* Makes device `dev` current for the process, creates the stream and fills `info`. Returns 0 or
@@ -142,6 +150,63 @@ int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t sr
 /* dst row rows[i] = src row i, i < n; rows is device memory. */
 int gpu_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                      const int32_t *rows, int64_t n, int64_t width);
+
+/* ---- backends ----------------------------------------------------------------------------- */
+
+/* A backend: each member does what the function of the same name above does (alloc: gpu_malloc,
+ * release: gpu_free, fill: gpu_memset). */
+struct gpu_backend {
+    const char *name;
+    int (*device_count)(char *why, size_t why_len);
+    int (*select)(int dev, struct gpu_info *info, char *why, size_t why_len);
+    const char *(*last_error)(void);
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *p);
+    int (*upload)(void *dst_device, const void *src_host, size_t bytes);
+    int (*download)(void *dst_host, const void *src_device, size_t bytes);
+    int (*fill)(void *dst_device, int byte, size_t bytes);
+    int (*sync)(void);
+    double (*membw_probe)(size_t bytes);
+    bool (*type_supported)(uint32_t type);
+    int (*dequant_rows)(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
+                        const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
+                        bool out_f16);
+    int (*matvec)(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                  const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride);
+    int (*matvec_ids)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                      int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                      const float *x, int64_t x_stride, int64_t x_div, float *y, int64_t y_stride);
+    int (*f32_to_f16)(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out);
+    int (*gemm_f16)(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
+                    float *y, int64_t y_stride);
+    int (*act_round)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                     float *out);
+    int (*rmsnorm)(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                   int64_t n_rows, int64_t width, float eps);
+    int (*add)(float *y, const float *a, const float *b, int64_t n);
+    int (*add_bias)(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+    int (*swiglu)(float *g, const float *u, int64_t n, bool relu2);
+    int (*rope)(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
+                uint32_t n_rot, const float *cs, bool neox);
+    int (*kv_store)(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                    const float *k, const float *v, uint32_t pos0, uint32_t n_tok);
+    int (*attention)(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                     uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
+                     uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                     float *scratch);
+    int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
+                     uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+    int (*moe_combine)(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                       uint32_t ne);
+    int (*gather_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                       const int32_t *rows, int64_t n, int64_t width);
+    int (*scatter_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                        const int32_t *rows, int64_t n, int64_t width);
+};
+
+/* CUDA's backend (NULL in a build without CUDA) and the host's. */
+const struct gpu_backend *gpu_backend_cuda(void);
+const struct gpu_backend *gpu_backend_host(void);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,54 @@ cudaStream_t gpu_stream(void);
 /* Records `err` with `what` for gpu_last_error; returns 0 for cudaSuccess, else -1. */
 int gpu_record(cudaError_t err, const char *what);
 
+/* The CUDA backend's operations (struct gpu_backend's members; gpu.h says what each does),
+ * gathered into its table by gpu_backend_cuda (device.cu). */
+int         cuda_device_count(char *why, size_t why_len);
+int         cuda_select(int dev, struct gpu_info *info, char *why, size_t why_len);
+const char *cuda_last_error(void);
+void       *cuda_malloc(size_t bytes);
+void        cuda_free(void *p);
+int         cuda_upload(void *dst, const void *src, size_t bytes);
+int         cuda_download(void *dst, const void *src, size_t bytes);
+int         cuda_memset(void *dst, int byte, size_t bytes);
+int         cuda_sync(void);
+double      cuda_membw_probe(size_t bytes);
+bool        cuda_type_supported(uint32_t type);
+int         cuda_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
+                              const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
+                              bool out_f16);
+int         cuda_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                        const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride);
+int         cuda_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                            int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items, const float *x,
+                            int64_t x_stride, int64_t x_div, float *y, int64_t y_stride);
+int cuda_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out);
+int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
+                  float *y, int64_t y_stride);
+int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                   float *out);
+int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                 int64_t n_rows, int64_t width, float eps);
+int cuda_add(float *y, const float *a, const float *b, int64_t n);
+int cuda_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+int cuda_swiglu(float *g, const float *u, int64_t n, bool relu2);
+int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
+              uint32_t n_rot, const float *cs, bool neox);
+int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                  const float *k, const float *v, uint32_t pos0, uint32_t n_tok);
+int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
+                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                   float *scratch);
+int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
+                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                     uint32_t ne);
+int cuda_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     const int32_t *rows, int64_t n, int64_t width);
+int cuda_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                      const int32_t *rows, int64_t n, int64_t width);
+
 /* After a launch: the launch error (bad configuration), recorded under the kernel's name. */
 #define GPU_LAUNCHED(name) gpu_record(cudaGetLastError(), name)
 

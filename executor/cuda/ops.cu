@@ -93,8 +93,8 @@ static __global__ void ops_rmsnorm_kernel(float *y, int64_t y_stride, const floa
         yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
-int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
-                int64_t n_rows, int64_t width, float eps)
+int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                 int64_t n_rows, int64_t width, float eps)
 {
     if (!y || !x || !w || n_rows < 0 || n_rows > INT32_MAX || width < 1 || y_stride < width ||
         x_stride < width)
@@ -116,7 +116,7 @@ static __global__ void ops_add_kernel(float *y, const float *a, const float *b, 
         y[i] = __fadd_rn(a[i], b[i]);
 }
 
-int gpu_add(float *y, const float *a, const float *b, int64_t n)
+int cuda_add(float *y, const float *a, const float *b, int64_t n)
 {
     if (!y || !a || !b || n < 0)
         return ops_bad("gpu_add: bad arguments");
@@ -138,7 +138,7 @@ static __global__ void ops_add_bias_kernel(float *y, int64_t stride, const float
     }
 }
 
-int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
+int cuda_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
 {
     if (!y || !bias || n_rows < 0 || width < 0 || stride < width)
         return ops_bad("gpu_add_bias: bad arguments");
@@ -166,7 +166,7 @@ static __global__ void ops_swiglu_kernel(float *g, const float *u, int64_t n, bo
     }
 }
 
-int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2)
+int cuda_swiglu(float *g, const float *u, int64_t n, bool relu2)
 {
     if (!g || !u || n < 0)
         return ops_bad("gpu_swiglu: bad arguments");
@@ -203,8 +203,8 @@ static __global__ void ops_rope_kernel(float *v, int64_t n_tok, int64_t tok_stri
     }
 }
 
-int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
-             uint32_t n_rot, const float *cs, bool neox)
+int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
+              uint32_t n_rot, const float *cs, bool neox)
 {
     if (!v || !cs || n_tok < 0 || n_rot > head_dim ||
         tok_stride < (int64_t)n_heads * (int64_t)head_dim)
@@ -237,8 +237,8 @@ static __global__ void ops_kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache,
     }
 }
 
-int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
-                 const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
+int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                  const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
 {
     if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
         return ops_bad("gpu_kv_store: bad arguments");
@@ -438,10 +438,10 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
     }
 }
 
-int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                  uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
-                  uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                  float *scratch)
+int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
+                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                   float *scratch)
 {
     if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
         n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
@@ -588,8 +588,8 @@ static __global__ void ops_moe_route_kernel(const float *logits, const float *bi
         wo[j] = __fmul_rn(wo[j], scale);
 }
 
-int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                  uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
+int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
+                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
 {
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > OPS_ROUTE_MAX_E || k == 0 ||
         k > n_expert || k > OPS_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX)
@@ -622,8 +622,8 @@ static __global__ void ops_moe_combine_kernel(float *x, const float *y, const fl
     }
 }
 
-int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
-                    uint32_t ne)
+int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                     uint32_t ne)
 {
     if (!x || !y || !sel_w || k == 0)
         return ops_bad("gpu_moe_combine: bad arguments");
@@ -664,14 +664,14 @@ static int ops_rows(float *dst, int64_t dst_stride, const float *src, int64_t sr
     return GPU_LAUNCHED(gather ? "ops_rows_kernel (gather)" : "ops_rows_kernel (scatter)");
 }
 
-int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
-                    const int32_t *rows, int64_t n, int64_t width)
+int cuda_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                     const int32_t *rows, int64_t n, int64_t width)
 {
     return ops_rows(dst, dst_stride, src, src_stride, rows, n, width, true);
 }
 
-int gpu_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
-                     const int32_t *rows, int64_t n, int64_t width)
+int cuda_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                      const int32_t *rows, int64_t n, int64_t width)
 {
     return ops_rows(dst, dst_stride, src, src_stride, rows, n, width, false);
 }

@@ -760,7 +760,7 @@ static int bad(const char *what)
     return gpu_record(cudaErrorInvalidValue, what);
 }
 
-extern "C" bool gpu_type_supported(uint32_t type)
+bool cuda_type_supported(uint32_t type)
 {
     switch (type) {
     case COMMON_GGML_TYPE_F32:
@@ -780,9 +780,9 @@ extern "C" bool gpu_type_supported(uint32_t type)
     }
 }
 
-extern "C" int gpu_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
-                                const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
-                                bool out_f16)
+int cuda_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
+                      const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
+                      bool out_f16)
 {
     static const char what[] = "gpu_dequant_rows: unsupported type or bad arguments";
     return with_type(type, what, [&](auto tag) -> int {
@@ -822,9 +822,8 @@ static void launch_matvec(const void *w, size_t row_bytes, int64_t rows, int64_t
     });
 }
 
-extern "C" int gpu_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
-                          int64_t cols, const float *x, int64_t x_stride, int64_t n, float *y,
-                          int64_t y_stride)
+int cuda_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride)
 {
     static const char what[] = "gpu_matvec: unsupported type or bad arguments";
     return with_type(type, what, [&](auto tag) -> int {
@@ -847,10 +846,9 @@ extern "C" int gpu_matvec(uint32_t type, const void *w, size_t row_bytes, int64_
     });
 }
 
-extern "C" int gpu_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
-                              int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
-                              const float *x, int64_t x_stride, int64_t x_div, float *y,
-                              int64_t y_stride)
+int cuda_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                    int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items, const float *x,
+                    int64_t x_stride, int64_t x_div, float *y, int64_t y_stride)
 {
     static const char what[] = "gpu_matvec_ids: unsupported type or bad arguments";
     return with_type(type, what, [&](auto tag) -> int {
@@ -874,8 +872,7 @@ extern "C" int gpu_matvec_ids(uint32_t type, const void *w, size_t expert_bytes,
     });
 }
 
-extern "C" int gpu_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols,
-                              uint16_t *out)
+int cuda_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out)
 {
     if (n < 0 || cols < 0 || (n > 1 && x_stride < cols))
         return bad("gpu_f32_to_f16: bad arguments");
@@ -890,8 +887,8 @@ extern "C" int gpu_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64
     return GPU_LAUNCHED("k_f32_to_f16");
 }
 
-extern "C" int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16,
-                            int64_t n, float *y, int64_t y_stride)
+int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
+                  float *y, int64_t y_stride)
 {
     static const char what[] =
         "gpu_gemm_f16: bad arguments (cols a multiple of 32, inputs 16-byte aligned)";

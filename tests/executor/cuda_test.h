@@ -1,6 +1,8 @@
-/* tests/executor/cuda_test.h - what the CUDA kernel suites (test_cuda_*.c) share: a seeded
+/* tests/executor/cuda_test.h - what the device kernel suites (test_cuda_*.c) share: a seeded
  * random source, device buffers poisoned before use (all-ones bytes: NaN floats), and the skip
- * without a device. Define CUDA_TEST_SEED before including it. */
+ * without a device. ctest runs each suite on the CUDA device (skipped without one) and, as
+ * <suite>_host, on the host backend (executor/gpu_host.c). Define CUDA_TEST_SEED before
+ * including it. */
 #ifndef TESTS_EXECUTOR_CUDA_TEST_H
 #define TESTS_EXECUTOR_CUDA_TEST_H
 
@@ -70,7 +72,9 @@ static inline void gpu_or_skip(void)
 {
     char why[256] = "";
     if (gpu_device_count(why, sizeof(why)) <= 0)
-        cr_skip_test("no CUDA device (%s): skipped", why);
+        cr_skip_test("no device (%s; SLUICE_GPU_BACKEND=host runs these on the host backend): "
+                     "skipped",
+                     why);
     struct gpu_info info;
     cr_assert_eq(gpu_select(0, &info, why, sizeof(why)), 0, "gpu_select(0): %s", why);
 }

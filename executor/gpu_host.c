@@ -1,0 +1,688 @@
+/* executor/gpu_host.c - the host backend of the device interface (cuda/gpu.h): one "device",
+ * HOST0, whose memory is host memory and whose operations are plain loops on the CPU, each
+ * written as its CUDA kernel computes (the same arithmetic and rounding, one row after another).
+ * It is a reference, not a way to run fast: with SLUICE_GPU_BACKEND=host, executor/gpu.c's
+ * forward pass (-ngl) runs without a device, so its tests run everywhere, under the sanitizers
+ * too (device memory here is host memory they watch; it starts as 0xff bytes, NaN as floats and
+ * halves, so a read of something never written shows). Argument checks are CUDA's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "cuda/gpu.h"
+#include "kernels/kernels.h"
+
+#define HOST_ALIGN       256  /* as cudaMalloc's */
+#define HOST_ATT_MAX_DIM 4096 /* CUDA's limits, kept so both refuse the same calls */
+#define HOST_ROUTE_MAX_E 4096
+#define HOST_ROUTE_MAX_K 64
+#define HOST_GEMM_BK     32
+#define HOST_GRID_Y_MAX  65535
+
+static _Thread_local char h_err[256];
+
+static int h_bad(const char *what)
+{
+    snprintf(h_err, sizeof(h_err), "%s: invalid argument", what);
+    return -1;
+}
+
+/* ---- device and memory ---------------------------------------------------------------------- */
+
+static int h_device_count(char *why, size_t why_len)
+{
+    (void)why;
+    (void)why_len;
+    return 1;
+}
+
+static int h_select(int dev, struct gpu_info *info, char *why, size_t why_len)
+{
+    if (dev != 0) {
+        if (why && why_len)
+            snprintf(why, why_len, "device HOST%d does not exist (1 device: HOST0)", dev);
+        return -1;
+    }
+    if (info) {
+        memset(info, 0, sizeof(*info));
+        snprintf(info->name, sizeof(info->name), "host memory, the CPU reference backend");
+        long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
+        long page = sysconf(_SC_PAGESIZE), cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        info->total_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+        info->free_bytes = avail > 0 && page > 0 ? (size_t)avail * (size_t)page : 0;
+        info->n_sm = cpus > 0 ? (int)cpus : 1;
+    }
+    return 0;
+}
+
+static const char *h_last_error(void)
+{
+    return h_err;
+}
+
+static void *h_alloc(size_t bytes)
+{
+    const size_t n = (bytes + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN;
+    void        *p = aligned_alloc(HOST_ALIGN, n ? n : HOST_ALIGN);
+    if (!p) {
+        snprintf(h_err, sizeof(h_err), "allocating %zu bytes: out of memory", bytes);
+        return NULL;
+    }
+    memset(p, 0xff, n ? n : HOST_ALIGN);
+    return p;
+}
+
+static void h_release(void *p)
+{
+    free(p);
+}
+
+static int h_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes && (!dst || !src))
+        return h_bad("copying memory");
+    if (bytes)
+        memmove(dst, src, bytes);
+    return 0;
+}
+
+static int h_fill(void *dst, int byte, size_t bytes)
+{
+    if (bytes && !dst)
+        return h_bad("clearing device memory");
+    if (bytes)
+        memset(dst, byte, bytes);
+    return 0;
+}
+
+static int h_sync(void)
+{
+    return 0;
+}
+
+static double h_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The best of a few copies of `bytes`, counting bytes read and written. */
+static double h_membw_probe(size_t bytes)
+{
+    void  *a = malloc(bytes ? bytes : 1), *b = malloc(bytes ? bytes : 1);
+    double best = 0.0;
+    if (a && b && bytes) {
+        memset(a, 0x5a, bytes);
+        memset(b, 0, bytes);
+        for (int i = 0; i < 6; i++) {
+            const double t0 = h_now();
+            memcpy(b, a, bytes);
+            const double dt = h_now() - t0;
+            if (i > 0 && dt > 0.0 && (best == 0.0 || dt < best))
+                best = dt;
+        }
+    }
+    free(a);
+    free(b);
+    return best > 0.0 ? 2.0 * (double)bytes / best : 0.0;
+}
+
+/* ---- weights -------------------------------------------------------------------------------- */
+
+static bool h_type_supported(uint32_t type)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_F32:
+    case COMMON_GGML_TYPE_F16:
+    case COMMON_GGML_TYPE_BF16:
+    case COMMON_GGML_TYPE_Q4_0:
+    case COMMON_GGML_TYPE_Q4_1:
+    case COMMON_GGML_TYPE_Q5_0:
+    case COMMON_GGML_TYPE_Q5_1:
+    case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q4_K:
+    case COMMON_GGML_TYPE_Q5_K:
+    case COMMON_GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* A supported type whose rows of `cols` fit row_bytes (quant.cu's row_fits). */
+static bool h_row_fits(uint32_t type, int64_t cols, size_t row_bytes)
+{
+    const struct common_ggml_type_info *ti = common_ggml_type_get(type);
+    return h_type_supported(type) && ti && cols >= 0 && cols % ti->blck == 0 &&
+           (uint64_t)(cols / ti->blck) * ti->type_size <= row_bytes;
+}
+
+/* The dot product of n floats in eight interleaved f32 sums (a loop the compiler vectorizes),
+ * added in a fixed order: as good as the device's warp sums, and fast enough for tests. */
+static float h_dot(const float *a, const float *b, int64_t n)
+{
+    float   s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            s[j] += a[i + j] * b[i + j];
+    for (; i < n; i++)
+        s[0] += a[i] * b[i];
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* Row r of w expanded into tmp (cols floats). */
+static void h_row(uint32_t type, const void *w, size_t row_bytes, int64_t r, int64_t cols,
+                  float *tmp)
+{
+    (void)executor_dequantize_row(type, (const uint8_t *)w + (size_t)r * row_bytes, tmp, cols);
+}
+
+static int h_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
+                          const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
+                          bool out_f16)
+{
+    static const char what[] = "gpu_dequant_rows: unsupported type or bad arguments";
+    if (!h_row_fits(type, cols, row_bytes) || n_rows < 0 || (n_rows > 1 && out_stride < cols))
+        return h_bad(what);
+    if (n_rows == 0 || cols == 0)
+        return 0;
+    if (!w || !out)
+        return h_bad(what);
+    float *tmp = malloc((size_t)cols * sizeof(float));
+    if (!tmp)
+        return h_bad("gpu_dequant_rows: out of host memory");
+    for (int64_t i = 0; i < n_rows; i++) {
+        h_row(type, w, row_bytes, ids ? ids[i] : i, cols, tmp);
+        for (int64_t c = 0; c < cols; c++) {
+            if (out_f16)
+                ((uint16_t *)out)[i * out_stride + c] = executor_fp32_to_fp16(tmp[c]);
+            else
+                ((float *)out)[i * out_stride + c] = tmp[c];
+        }
+    }
+    free(tmp);
+    return 0;
+}
+
+/* y[t * y_stride + r] = row r . x row t for the n activation rows, f32 accumulation. */
+static int h_products(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                      const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride)
+{
+    float *tmp = malloc(((size_t)cols ? (size_t)cols : 1) * sizeof(float));
+    if (!tmp)
+        return h_bad("matvec: out of host memory");
+    for (int64_t r = 0; r < rows; r++) {
+        h_row(type, w, row_bytes, r, cols, tmp);
+        for (int64_t t = 0; t < n; t++)
+            y[t * y_stride + r] = h_dot(tmp, x + t * x_stride, cols);
+    }
+    free(tmp);
+    return 0;
+}
+
+static int h_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                    const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec: unsupported type or bad arguments";
+    if (!h_row_fits(type, cols, row_bytes) || rows < 0 || n < 1 || n > GPU_MATVEC_MAX_N ||
+        (n > 1 && (x_stride < cols || y_stride < rows)))
+        return h_bad(what);
+    if (rows == 0)
+        return 0;
+    if (!w || !x || !y)
+        return h_bad(what);
+    return h_products(type, w, row_bytes, rows, cols, x, x_stride, n, y, y_stride);
+}
+
+static int h_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                        int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                        const float *x, int64_t x_stride, int64_t x_div, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_ids: unsupported type or bad arguments";
+    if (!h_row_fits(type, cols, row_bytes) || rows < 0 || n_items < 0 || x_div < 1 ||
+        (uint64_t)rows * row_bytes > expert_bytes || (n_items > x_div && x_stride < cols) ||
+        (n_items > 1 && y_stride < rows))
+        return h_bad(what);
+    if (rows == 0 || n_items == 0)
+        return 0;
+    if (!w || !ids || !x || !y)
+        return h_bad(what);
+    for (int64_t i = 0; i < n_items; i++) {
+        if (ids[i] < 0)
+            return h_bad(what);
+        const uint8_t *we = (const uint8_t *)w + (size_t)ids[i] * expert_bytes;
+        if (h_products(type, we, row_bytes, rows, cols, x + (i / x_div) * x_stride, 0, 1,
+                       y + i * y_stride, 0) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int h_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out)
+{
+    if (n < 0 || cols < 0 || (n > 1 && x_stride < cols))
+        return h_bad("gpu_f32_to_f16: bad arguments");
+    if (n == 0 || cols == 0)
+        return 0;
+    if (!x || !out)
+        return h_bad("gpu_f32_to_f16: bad arguments");
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t c = 0; c < cols; c++)
+            out[t * cols + c] = executor_fp32_to_fp16(x[t * x_stride + c]);
+    return 0;
+}
+
+static int h_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16,
+                      int64_t n, float *y, int64_t y_stride)
+{
+    static const char what[] =
+        "gpu_gemm_f16: bad arguments (cols a multiple of 32, inputs 16-byte aligned)";
+    if (rows < 0 || n < 0 || cols < 0 || cols % HOST_GEMM_BK != 0 || (n > 1 && y_stride < rows))
+        return h_bad(what);
+    if (rows == 0 || n == 0)
+        return 0;
+    if (!w16 || !x16 || !y || ((uintptr_t)w16 & 15) != 0 || ((uintptr_t)x16 & 15) != 0 ||
+        (n + 63) / 64 > HOST_GRID_Y_MAX)
+        return h_bad(what);
+    float *xf = malloc((size_t)n * (size_t)cols * sizeof(float));
+    float *wf = malloc((size_t)cols * sizeof(float));
+    if (!xf || !wf) {
+        free(xf);
+        free(wf);
+        return h_bad("gpu_gemm_f16: out of host memory");
+    }
+    for (int64_t i = 0; i < n * cols; i++)
+        xf[i] = executor_fp16_to_fp32(x16[i]);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++)
+            wf[c] = executor_fp16_to_fp32(w16[r * cols + c]);
+        for (int64_t t = 0; t < n; t++)
+            y[t * y_stride + r] = h_dot(wf, xf + t * cols, cols);
+    }
+    free(xf);
+    free(wf);
+    return 0;
+}
+
+/* ---- activations as the CPU rounds them (act.cu) -------------------------------------------- */
+
+static int h_clamp_round(float v, int lo, int hi)
+{
+    const float r = nearbyintf(v); /* the default rounding: to nearest, ties to even */
+    return r < (float)lo ? lo : r > (float)hi ? hi : (int)r;
+}
+
+static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                       float *out)
+{
+    if (!x || !out || n < 0 || cols < 0 || x_stride < cols)
+        return h_bad("gpu_act_round: bad arguments");
+    if (n == 0 || cols == 0)
+        return 0;
+    switch (act_type) {
+    case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q8_1:
+        if (cols % 32)
+            return h_bad("gpu_act_round: cols not a multiple of 32");
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t b = 0; b < cols / 32; b++) {
+                const float *xs = x + t * x_stride + b * 32;
+                float       *ys = out + t * cols + b * 32;
+                float        amax = 0.0f;
+                for (int j = 0; j < 32; j++)
+                    amax = fmaxf(amax, fabsf(xs[j]));
+                const float d = executor_fp16_to_fp32(executor_fp32_to_fp16(amax / 127.0f));
+                const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+                for (int j = 0; j < 32; j++)
+                    ys[j] = d * (float)h_clamp_round(xs[j] * id, -128, 127);
+            }
+        return 0;
+    case COMMON_GGML_TYPE_Q8_K:
+        if (cols % 256)
+            return h_bad("gpu_act_round: cols not a multiple of 256");
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t b = 0; b < cols / 256; b++) {
+                const float *xs = x + t * x_stride + b * 256;
+                float       *ys = out + t * cols + b * 256;
+                float        amax = 0.0f, max = 0.0f;
+                for (int j = 0; j < 256; j++)
+                    if (fabsf(xs[j]) > amax) {
+                        amax = fabsf(xs[j]);
+                        max = xs[j];
+                    }
+                if (amax == 0.0f) {
+                    memset(ys, 0, 256 * sizeof(float));
+                    continue;
+                }
+                const float iscale = -127.0f / max;
+                const float d = 1.0f / iscale;
+                for (int j = 0; j < 256; j++)
+                    ys[j] = d * (float)h_clamp_round(iscale * xs[j], -2147483647, 127);
+            }
+        return 0;
+    case COMMON_GGML_TYPE_F16:
+    case COMMON_GGML_TYPE_BF16:
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t c = 0; c < cols; c++) {
+                const float v = x[t * x_stride + c];
+                out[t * cols + c] = act_type == COMMON_GGML_TYPE_BF16
+                                        ? executor_bf16_to_fp32(executor_fp32_to_bf16(v))
+                                        : executor_fp16_to_fp32(executor_fp32_to_fp16(v));
+            }
+        return 0;
+    default:
+        return h_bad("gpu_act_round: not an activation type");
+    }
+}
+
+/* ---- the other operations of a layer (ops.cu) ----------------------------------------------- */
+
+static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                     int64_t n_rows, int64_t width, float eps)
+{
+    if (!y || !x || !w || n_rows < 0 || n_rows > INT32_MAX || width < 1 || y_stride < width ||
+        x_stride < width)
+        return h_bad("gpu_rmsnorm: bad arguments");
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * x_stride;
+        float       *yr = y + r * y_stride;
+        double       sum = 0.0;
+        for (int64_t i = 0; i < width; i++)
+            sum += (double)(xr[i] * xr[i]);
+        const float mean = (float)(sum / (double)width);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < width; i++)
+            yr[i] = (xr[i] * scale) * w[i];
+    }
+    return 0;
+}
+
+static int h_add(float *y, const float *a, const float *b, int64_t n)
+{
+    if (!y || !a || !b || n < 0)
+        return h_bad("gpu_add: bad arguments");
+    for (int64_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+    return 0;
+}
+
+static int h_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
+{
+    if (!y || !bias || n_rows < 0 || width < 0 || stride < width)
+        return h_bad("gpu_add_bias: bad arguments");
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t c = 0; c < width; c++)
+            y[r * stride + c] += bias[c];
+    return 0;
+}
+
+static int h_swiglu(float *g, const float *u, int64_t n, bool relu2)
+{
+    if (!g || !u || n < 0)
+        return h_bad("gpu_swiglu: bad arguments");
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        float       a;
+        if (relu2) {
+            const float r = x > 0.0f ? x : 0.0f;
+            a = r * r;
+        } else {
+            a = x / (1.0f + expf(-x));
+        }
+        g[i] = a * u[i];
+    }
+    return 0;
+}
+
+static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
+                  uint32_t n_rot, const float *cs, bool neox)
+{
+    if (!v || !cs || n_tok < 0 || n_rot > head_dim ||
+        tok_stride < (int64_t)n_heads * (int64_t)head_dim)
+        return h_bad("gpu_rope: bad arguments");
+    const uint32_t half = n_rot / 2;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (uint32_t h = 0; h < n_heads; h++) {
+            float *x = v + t * tok_stride + (int64_t)h * head_dim;
+            for (uint32_t i = 0; i < half; i++) {
+                const uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float    c = cs[t * n_rot + 2 * i], s = cs[t * n_rot + 2 * i + 1];
+                const float    x0 = x[a], x1 = x[b];
+                x[a] = x0 * c - x1 * s;
+                x[b] = x0 * s + x1 * c;
+            }
+        }
+    return 0;
+}
+
+static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                      const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
+{
+    if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
+        return h_bad("gpu_kv_store: bad arguments");
+    for (uint32_t t = 0; t < n_tok; t++) {
+        for (uint32_t c = 0; c < k_width; c++)
+            k_cache[((int64_t)pos0 + t) * k_width + c] =
+                executor_fp32_to_fp16(k[(int64_t)t * k_width + c]);
+        for (uint32_t c = 0; c < v_width; c++)
+            v_cache[((int64_t)pos0 + t) * v_width + c] =
+                executor_fp32_to_fp16(v[(int64_t)t * v_width + c]);
+    }
+    return 0;
+}
+
+static float h_round_f16(float x)
+{
+    return executor_fp16_to_fp32(executor_fp32_to_fp16(x));
+}
+
+/* As the CUDA kernel with one chunk per row: the query rounded to f16, scaled scores, their max,
+ * exp(score - max) and its sum in f32, the probabilities normalised and rounded to f16 before
+ * the value sum. */
+static int h_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                       uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
+                       uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                       float *scratch)
+{
+    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
+        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
+        head_dim_k > HOST_ATT_MAX_DIM || head_dim_v > HOST_ATT_MAX_DIM ||
+        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+        return h_bad("gpu_attention: bad arguments");
+    if (n_tok == 0)
+        return 0;
+    const uint32_t gqa = n_head / n_head_kv;
+    const int64_t  k_width = (int64_t)n_head_kv * head_dim_k,
+                  v_width = (int64_t)n_head_kv * head_dim_v;
+    float *qr = malloc(head_dim_k * sizeof(float)), *kf = malloc(head_dim_k * sizeof(float));
+    float *sc = malloc(((size_t)pos0 + n_tok) * sizeof(float));
+    if (!qr || !kf || !sc) {
+        free(qr);
+        free(kf);
+        free(sc);
+        return h_bad("gpu_attention: out of host memory");
+    }
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const uint32_t last = pos0 + t + 1;
+        const uint32_t p_lo = window && last > window ? last - window : 0;
+        for (uint32_t h = 0; h < n_head; h++) {
+            const uint32_t kvh = h / gqa;
+            const float   *qv = q + ((int64_t)t * n_head + h) * head_dim_k;
+            for (uint32_t d = 0; d < head_dim_k; d++)
+                qr[d] = h_round_f16(qv[d]);
+            float mx = -INFINITY;
+            for (uint32_t p = p_lo; p < last; p++) {
+                const uint16_t *kr = k_cache + (int64_t)p * k_width + (int64_t)kvh * head_dim_k;
+                for (uint32_t d = 0; d < head_dim_k; d++)
+                    kf[d] = executor_fp16_to_fp32(kr[d]);
+                sc[p] = h_dot(qr, kf, head_dim_k) * scale;
+                mx = fmaxf(mx, sc[p]);
+            }
+            float total = 0.0f;
+            for (uint32_t p = p_lo; p < last; p++) {
+                sc[p] = expf(sc[p] - mx);
+                total += sc[p];
+            }
+            const float inv = 1.0f / total;
+            float      *o = out + ((int64_t)t * n_head + h) * head_dim_v;
+            for (uint32_t d = 0; d < head_dim_v; d++)
+                o[d] = 0.0f;
+            for (uint32_t p = p_lo; p < last; p++) {
+                const float     pr = h_round_f16(sc[p] * inv);
+                const uint16_t *vr = v_cache + (int64_t)p * v_width + (int64_t)kvh * head_dim_v;
+                for (uint32_t d = 0; d < head_dim_v; d++)
+                    o[d] += pr * executor_fp16_to_fp32(vr[d]);
+            }
+        }
+    }
+    free(qr);
+    free(kf);
+    free(sc);
+    return 0;
+}
+
+static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
+                       uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
+{
+    if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E || k == 0 ||
+        k > n_expert || k > HOST_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX)
+        return h_bad("gpu_moe_route: bad arguments");
+    float         *p = malloc(n_expert * sizeof(float)), *s = malloc(n_expert * sizeof(float));
+    unsigned char *taken = malloc(n_expert);
+    if (!p || !s || !taken) {
+        free(p);
+        free(s);
+        free(taken);
+        return h_bad("gpu_moe_route: out of host memory");
+    }
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const float *l = logits + (int64_t)t * n_expert;
+        if (gating == 0) {
+            float mx = -INFINITY;
+            for (uint32_t e = 0; e < n_expert; e++)
+                mx = fmaxf(mx, l[e]);
+            double sum = 0.0;
+            for (uint32_t e = 0; e < n_expert; e++) {
+                p[e] = expf(l[e] - mx);
+                sum += (double)p[e];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (uint32_t e = 0; e < n_expert; e++)
+                p[e] = p[e] * inv;
+        } else {
+            for (uint32_t e = 0; e < n_expert; e++)
+                p[e] = 1.0f / (1.0f + expf(-l[e]));
+        }
+        for (uint32_t e = 0; e < n_expert; e++) {
+            s[e] = bias ? p[e] + bias[e] : p[e];
+            taken[e] = 0;
+        }
+        int32_t *so = sel + (int64_t)t * k;
+        float   *wo = sel_w + (int64_t)t * k;
+        for (uint32_t j = 0; j < k; j++) { /* the highest score, ties to the lower index */
+            int bi = -1;
+            for (uint32_t e = 0; e < n_expert; e++)
+                if (!taken[e] && (bi < 0 || s[e] > s[bi]))
+                    bi = (int)e;
+            so[j] = bi;
+            taken[bi] = 1;
+        }
+        double sum = 0.0;
+        for (uint32_t j = 0; j < k; j++) {
+            wo[j] = p[so[j]];
+            sum += (double)wo[j];
+        }
+        const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
+        for (uint32_t j = 0; norm && j < k; j++)
+            wo[j] = wo[j] / fsum;
+        for (uint32_t j = 0; scale != 0.0f && scale != 1.0f && j < k; j++)
+            wo[j] = wo[j] * scale;
+    }
+    free(p);
+    free(s);
+    free(taken);
+    return 0;
+}
+
+static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                         uint32_t ne)
+{
+    if (!x || !y || !sel_w || k == 0)
+        return h_bad("gpu_moe_combine: bad arguments");
+    for (uint32_t t = 0; t < n_tok; t++)
+        for (uint32_t d = 0; d < ne; d++) {
+            const float *w = sel_w + (int64_t)t * k;
+            const float *yr = y + (int64_t)t * k * ne + d;
+            float        acc = w[0] * yr[0];
+            for (uint32_t j = 1; j < k; j++)
+                acc = acc + w[j] * yr[(int64_t)j * ne];
+            x[(int64_t)t * ne + d] = acc + x[(int64_t)t * ne + d];
+        }
+    return 0;
+}
+
+static int h_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                  const int32_t *rows, int64_t n, int64_t width, bool gather)
+{
+    if (!dst || !src || !rows || n < 0 || width < 0 || dst_stride < width || src_stride < width)
+        return h_bad(gather ? "gpu_gather_rows: bad arguments" : "gpu_scatter_rows: bad arguments");
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t rd = gather ? r : rows[r], rs = gather ? rows[r] : r;
+        memmove(dst + rd * dst_stride, src + rs * src_stride, (size_t)width * sizeof(float));
+    }
+    return 0;
+}
+
+static int h_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                         const int32_t *rows, int64_t n, int64_t width)
+{
+    return h_rows(dst, dst_stride, src, src_stride, rows, n, width, true);
+}
+
+static int h_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                          const int32_t *rows, int64_t n, int64_t width)
+{
+    return h_rows(dst, dst_stride, src, src_stride, rows, n, width, false);
+}
+
+const struct gpu_backend *gpu_backend_host(void)
+{
+    static const struct gpu_backend be = {
+        .name = "HOST",
+        .device_count = h_device_count,
+        .select = h_select,
+        .last_error = h_last_error,
+        .alloc = h_alloc,
+        .release = h_release,
+        .upload = h_copy,
+        .download = h_copy,
+        .fill = h_fill,
+        .sync = h_sync,
+        .membw_probe = h_membw_probe,
+        .type_supported = h_type_supported,
+        .dequant_rows = h_dequant_rows,
+        .matvec = h_matvec,
+        .matvec_ids = h_matvec_ids,
+        .f32_to_f16 = h_f32_to_f16,
+        .gemm_f16 = h_gemm_f16,
+        .act_round = h_act_round,
+        .rmsnorm = h_rmsnorm,
+        .add = h_add,
+        .add_bias = h_add_bias,
+        .swiglu = h_swiglu,
+        .rope = h_rope,
+        .kv_store = h_kv_store,
+        .attention = h_attention,
+        .moe_route = h_moe_route,
+        .moe_combine = h_moe_combine,
+        .gather_rows = h_gather_rows,
+        .scatter_rows = h_scatter_rows,
+    };
+    return &be;
+}
