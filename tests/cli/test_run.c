@@ -161,15 +161,29 @@ Test(cli_run, unwritable_trace_out_exits_1, .timeout = 60)
 
 /* -ngl puts layers on a CUDA device: the same greedy tokens as the CPU, and the placement said
  * once on stderr; where no device is usable (this build, no driver, no GPU), a one-line warning
- * and the CPU's tokens, as llama.cpp does. */
+ * and the CPU's tokens, as llama.cpp does. The host backend (SLUICE_GPU_BACKEND=host) runs the
+ * device's forward pass on the CPU: the same tokens, placed on HOST0. */
 Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 120)
 {
     FIXTURE_OR_SKIP(model, MODEL);
     char *cpu = greedy_ids(model, "-p '" PROMPT "'");
     char *gpu = greedy_ids(model, "-p '" PROMPT "' -ngl 999");
     cr_assert_str_eq(gpu, cpu);
-    char cmd[4096];
-    int  st = 0;
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    char *host = greedy_ids(model, "-p '" PROMPT "' -ngl 999");
+    char *host2 = greedy_ids(model, "-p '" PROMPT "' -ngl 2");
+    char  cmd[4096];
+    int   st = 0;
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
+             SLUICE, model);
+    char *placed = sh(cmd, &st);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_assert_str_eq(host, cpu, "-ngl 999 on the host backend");
+    cr_assert_str_eq(host2, cpu, "-ngl 2 on the host backend");
+    cr_assert(strstr(placed, "gpu: HOST0 (") != NULL, "no placement on HOST0:\n%s", placed);
+    free(host);
+    free(host2);
+    free(placed);
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
              SLUICE, model);
     char *err = sh(cmd, &st);

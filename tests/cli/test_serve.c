@@ -23,9 +23,10 @@ static double now_s(void)
 }
 
 /* `sluice serve` answers a greedy completion with `sluice run`'s text and exits cleanly on
- * SIGTERM. With `device_fault`, its executor's 3rd batched step fails as a failing CUDA device's
- * does (SLUICE_TEST_DEVICE_FAULT, -ngl 999: with or without a device): the step service goes on
- * on the CPU in the same process, the router replays, and the text is the same. */
+ * SIGTERM. With `device_fault`, its layers are on the host backend's HOST0 (-ngl 999,
+ * SLUICE_GPU_BACKEND=host) and its executor's 3rd batched step fails as a failing CUDA device's
+ * does (SLUICE_TEST_DEVICE_FAULT): the step service drops the device and goes on on the CPU in
+ * the same process, the router replays, and the text is the same. */
 static void check_serve(bool device_fault)
 {
     FIXTURE_OR_SKIP(model, MODEL);
@@ -41,7 +42,8 @@ static void check_serve(bool device_fault)
     if (pid == 0) {
         FILE *f = freopen(err_path, "w", stderr);
         (void)f;
-        if (device_fault && setenv("SLUICE_TEST_DEVICE_FAULT", "3", 1) != 0)
+        if (device_fault && (setenv("SLUICE_TEST_DEVICE_FAULT", "3", 1) != 0 ||
+                             setenv("SLUICE_GPU_BACKEND", "host", 1) != 0))
             _exit(127);
         execl(SLUICE, "sluice", "serve", "-m", model, "--http", "127.0.0.1:0", "-t", "2",
               "--parallel", "2", "-ngl", device_fault ? "999" : "0", (char *)NULL);
@@ -86,7 +88,8 @@ static void check_serve(bool device_fault)
     cr_expect(strstr(answer, want) != NULL, "HTTP answer %s\nsluice run: %s", answer, single);
     char *after = fixture_read_all(err_path, NULL);
     cr_assert_not_null(after);
-    const bool fell = strstr(after, "injected device failure; going on without the device");
+    const bool fell = strstr(after, "injected device failure; going on without the device") &&
+                      strstr(after, "gpu: HOST0");
     cr_expect_eq(fell, device_fault, "the fall back to the CPU %s:\n%s",
                  device_fault ? "is not in the log" : "happened without a fault", after);
     free(after);

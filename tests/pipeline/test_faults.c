@@ -401,9 +401,10 @@ Test(pipeline_faults, kill_executor_midway_same_tokens, .timeout = 600, .fini = 
 }
 
 /* The device failing mid-generation: SLUICE_TEST_DEVICE_FAULT makes the executor's 6th batched
- * step fail as a failing CUDA device's does (with or without a device: here there is none, and
- * -ngl 999 gives the CPU). The executor makes its contexts again on the CPU without restarting,
- * takes a new instance id, the router replays its sequence, and the text is the undisturbed one. */
+ * step fail as a failing CUDA device's does, here on the host backend (SLUICE_GPU_BACKEND=host:
+ * -ngl 999 puts every layer on HOST0). The executor drops the device, makes its contexts again
+ * on the CPU without restarting, takes a new instance id, the router replays its sequence, and
+ * the text is the undisturbed one. */
 Test(pipeline_faults, device_failure_falls_back_to_the_cpu_same_tokens, .timeout = 300,
      .fini = fini)
 {
@@ -412,8 +413,10 @@ Test(pipeline_faults, device_failure_falls_back_to_the_cpu_same_tokens, .timeout
     char *dir = fixture_tmpdir();
     char *want = one_process(model, 48, "--temp 0");
     cr_assert_eq(setenv("SLUICE_TEST_DEVICE_FAULT", "6", 1), 0);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     up(dir, model, 1, "--executor-args '-ngl 999'");
     cr_assert_eq(unsetenv("SLUICE_TEST_DEVICE_FAULT"), 0);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
     pid_t pid = read_pid(dir, "executor");
     char  cmd[4096];
     int   st;
@@ -427,10 +430,14 @@ Test(pipeline_faults, device_failure_falls_back_to_the_cpu_same_tokens, .timeout
     char *fell = sh(cmd, &st);
     snprintf(cmd, sizeof(cmd), "grep -c 'replaying 1 sequences' %s/logs/router.log", dir);
     char *replayed = sh(cmd, &st);
+    snprintf(cmd, sizeof(cmd), "grep -c 'gpu: HOST0' %s/logs/executor.log", dir);
+    char *placed = sh(cmd, &st);
     pid_t after = read_pid(dir, "executor");
     down(dir);
     cr_assert_str_eq(fell, "1\n", "the executor did not report the fall back once (%s/logs)", dir);
     cr_assert_str_eq(replayed, "1\n", "the router did not replay once (%s/logs)", dir);
+    cr_assert_str_eq(placed, "1\n", "the layers were not on HOST0 before (%s/logs)", dir);
+    free(placed);
     cr_assert_eq(after, pid, "the executor restarted (%d -> %d): it should have gone on", (int)pid,
                  (int)after);
     cr_assert_gt(strlen(want), 20);

@@ -720,14 +720,17 @@ Test(pipeline_sluicectl, dense_model_runs_with_and_without_fetchers, .timeout = 
 }
 
 /* `up -ngl 999`: the executor puts its layers on the CUDA device (or, without one, warns and uses
- * the CPU); the client's greedy text equals `sluice run -ngl 999` in one process and the CPU's. */
-Test(pipeline_sluicectl, ngl_daemons_give_the_one_process_text, .timeout = 300,
-     .fini = stop_leftovers)
+ * the CPU); the client's greedy text equals `sluice run -ngl 999` in one process and the CPU's.
+ * `host` runs everything with SLUICE_GPU_BACKEND=host: the layers go to HOST0, the device's
+ * forward pass on the CPU, wherever the test runs. */
+static void check_ngl_daemons(bool host)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q4_0.gguf");
     char *dir = fixture_tmpdir();
     cr_assert_not_null(dir);
+    if (host)
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     char cmd[8192];
     int  st;
     snprintf(cmd, sizeof(cmd),
@@ -749,17 +752,31 @@ Test(pipeline_sluicectl, ngl_daemons_give_the_one_process_text, .timeout = 300,
     char *daemons = generate_line(run_dir);
     cr_expect_str_eq(daemons, single, "through the daemons with -ngl 999");
     free(daemons);
-    snprintf(cmd, sizeof(cmd), "grep -h -E 'gpu: CUDA|-ngl 999 ignored' '%s'/logs/executor*.log",
-             run_dir);
+    snprintf(cmd, sizeof(cmd), "grep -h -E '%s' '%s'/logs/executor*.log",
+             host ? "gpu: HOST0" : "gpu: CUDA|-ngl 999 ignored", run_dir);
     char *log = sh(cmd, &st);
     cr_expect_eq(st, 0, "the executor's log says neither where its layers went nor why not");
     cr_log_info("%s", log);
     free(log);
     sluicectl_down(run_dir);
+    if (host)
+        cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
     free(single);
     free(cpu);
     free(model);
     t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
+}
+
+Test(pipeline_sluicectl, ngl_daemons_give_the_one_process_text, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons(false);
+}
+
+Test(pipeline_sluicectl, ngl_daemons_on_the_host_backend_give_the_one_process_text, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons(true);
 }
