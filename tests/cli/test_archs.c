@@ -2,8 +2,9 @@
  * models written by `sluice mkmodel` equal the ids llama.cpp chose on the same files
  * (tests/reference/archs.txt, made by tests/reference/make-arch-refs.sh) for 16 steps at least and
  * up to the first step llama.cpp itself saw as a near-tie; MoE architectures stream to the same
- * ids under a budget. The logit-level comparison (KL divergence against llama.cpp's own noise) is
- * in docs/executor.md. */
+ * ids under a budget; those the device's forward pass implements run it too, on the host backend.
+ * The logit-level comparison (KL divergence against llama.cpp's own noise) is in
+ * docs/executor.md. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,7 +104,37 @@ static void mkmodel(const char *args, const char *model)
     free(out);
 }
 
-static void check_arch(const char *arch, bool moe)
+/* Checks greedy ids against llama.cpp's: the first MIN_SAME steps agree, and a later difference
+ * is a near-tie of the logits in llama.cpp's run, except for sigmoid routing over expert groups
+ * (deepseek2), where a choice decided by a hair upstream can move logits far apart: llama.cpp at
+ * another batch size agrees with itself on the top token at only 99.5% of positions there. */
+static void expect_like_llama(const struct arch_ref *r, const int *ids, const char *how)
+{
+    const double tie = strcmp(r->type, "f32") == 0 ? TIE_F32 : TIE_Q8;
+    int          same = 0;
+    while (same < N_STEPS && ids[same] == r->ids[same])
+        same++;
+    const bool routing_flips = strncmp(r->name, "deepseek2", 9) == 0;
+    cr_expect_geq(same, MIN_SAME, "%s %s%s: step %d gives %d, llama.cpp %d (top-2 gap %.4f)",
+                  r->name, r->type, how, same, same < N_STEPS ? ids[same] : -1,
+                  same < N_STEPS ? r->ids[same] : -1, same < N_STEPS ? r->margin[same] : 0.0);
+    if (same < N_STEPS && !routing_flips)
+        cr_expect_lt(r->margin[same], tie,
+                     "%s %s%s: step %d gives %d, llama.cpp %d, whose two best logits were %.4f "
+                     "apart",
+                     r->name, r->type, how, same, ids[same], r->ids[same], r->margin[same]);
+    if (same < N_STEPS)
+        cr_log_info("%s %s%s: %d of %d greedy steps as llama.cpp, then llama.cpp's top-2 gap "
+                    "was %.4f",
+                    r->name, r->type, how, same, N_STEPS, r->margin[same]);
+    else
+        cr_log_info("%s %s%s: %d of %d greedy steps as llama.cpp", r->name, r->type, how, same,
+                    N_STEPS);
+}
+
+/* `device`: the architecture runs on the device too (executor/gpu.c): it is run there as well,
+ * on the host backend (SLUICE_GPU_BACKEND=host, -ngl 999), which every machine has. */
+static void check_arch_on(const char *arch, bool moe, bool device)
 {
     struct arch_ref refs[4];
     int             n = load_refs(arch, refs, 4);
@@ -116,30 +147,15 @@ static void check_arch(const char *arch, bool moe)
         mkmodel(r->args, model);
         int ids[N_STEPS];
         cr_assert_eq(run_ids(model, "", ids), N_STEPS);
-        const double tie = strcmp(r->type, "f32") == 0 ? TIE_F32 : TIE_Q8;
-        int          same = 0;
-        while (same < N_STEPS && ids[same] == r->ids[same])
-            same++;
-        /* The first MIN_SAME steps must agree; a later difference must be a near-tie of the
-         * logits, except for sigmoid routing over expert groups (deepseek2), where a choice
-         * decided by a hair upstream can move logits far apart: llama.cpp at another batch size
-         * agrees with itself on the top token at only 99.5% of positions there. */
-        const bool routing_flips = strncmp(r->name, "deepseek2", 9) == 0;
-        cr_expect_geq(same, MIN_SAME, "%s %s: step %d gives %d, llama.cpp %d (top-2 gap %.4f)",
-                      r->name, r->type, same, same < N_STEPS ? ids[same] : -1,
-                      same < N_STEPS ? r->ids[same] : -1, same < N_STEPS ? r->margin[same] : 0.0);
-        if (same < N_STEPS && !routing_flips)
-            cr_expect_lt(r->margin[same], tie,
-                         "%s %s: step %d gives %d, llama.cpp %d, whose two best logits were %.4f "
-                         "apart",
-                         r->name, r->type, same, ids[same], r->ids[same], r->margin[same]);
-        if (same < N_STEPS)
-            cr_log_info("%s %s: %d of %d greedy steps as llama.cpp, then llama.cpp's top-2 gap "
-                        "was %.4f",
-                        r->name, r->type, same, N_STEPS, r->margin[same]);
-        else
-            cr_log_info("%s %s: %d of %d greedy steps as llama.cpp", r->name, r->type, same,
-                        N_STEPS);
+        expect_like_llama(r, ids, "");
+        if (device) {
+            int dev[N_STEPS];
+            cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+            const int got = run_ids(model, "-ngl 999", dev);
+            cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+            cr_assert_eq(got, N_STEPS);
+            expect_like_llama(r, dev, " -ngl 999 (host backend)");
+        }
         if (strcmp(r->name, "gpt-oss") == 0) {
             /* Batches of 3 make the sliding layers' ring 16 + 3 cells for 48 positions: it
              * wraps twice, and every window read across the wrap gives the same ids. */
@@ -174,19 +190,24 @@ static void check_arch(const char *arch, bool moe)
     free(dir);
 }
 
+static void check_arch(const char *arch, bool moe)
+{
+    check_arch_on(arch, moe, false);
+}
+
 Test(cli_archs, llama_matches_llama_cpp, .timeout = 300)
 {
-    check_arch("llama", false);
+    check_arch_on("llama", false, true);
 }
 
 Test(cli_archs, qwen2_matches_llama_cpp, .timeout = 300)
 {
-    check_arch("qwen2", false);
+    check_arch_on("qwen2", false, true);
 }
 
 Test(cli_archs, qwen3_matches_llama_cpp, .timeout = 300)
 {
-    check_arch("qwen3", false);
+    check_arch_on("qwen3", false, true);
 }
 
 Test(cli_archs, qwen2moe_matches_llama_cpp_and_streams, .timeout = 300)
@@ -196,12 +217,12 @@ Test(cli_archs, qwen2moe_matches_llama_cpp_and_streams, .timeout = 300)
 
 Test(cli_archs, qwen3moe_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("qwen3moe", true);
+    check_arch_on("qwen3moe", true, true);
 }
 
 Test(cli_archs, olmoe_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("olmoe", true);
+    check_arch_on("olmoe", true, true);
 }
 
 /* GLM-4.5's layout: q/k/v biases, rotary on half of each head, post-attention norm, a dense first
