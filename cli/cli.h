@@ -112,10 +112,12 @@ struct cli_engine {
     struct common_model        *desc;    /* owned when streaming (else inside model) */
     struct fetcher             *fetcher; /* owned; NULL without streaming */
     struct executor_threadpool *pool;    /* owned */
-    struct executor_model      *model; /* owned (owns desc, gguf and weights when not streaming) */
-    struct executor_ctx        *ctx;   /* owned */
-    struct executor_ctx       **seqs;  /* owned: n_seqs contexts for batched sequences, seqs[0]
-                                          being ctx; NULL when the command asked for one */
+    struct executor_model      *model;  /* owned (owns desc, gguf and weights when not streaming) */
+    struct executor_ctx        *ctx;    /* owned */
+    struct executor_ctx       **seqs;   /* owned: n_seqs contexts for batched sequences, seqs[0]
+                                           being ctx; NULL when the command asked for one */
+    struct executor_gpu_weights *gpu_w; /* owned: the device weights the n_seqs contexts share
+                                           (-ngl with several sequences), else NULL */
     uint32_t               n_seqs;
     struct cli_stream_opts so;       /* copied at open; trace_out borrowed from argv */
     const char            *prog;     /* borrowed (static): the subcommand, for messages */

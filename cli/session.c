@@ -335,16 +335,25 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                     en->so.n_gpu_layers, why);
         }
     }
+    if (o->n_seqs > 1 && co.n_gpu_layers > 0) {
+        /* Several sequences share one copy of the device weights (and device steps). */
+        const struct common_hparams *hp = executor_model_hparams(en->model);
+        const uint32_t               n_ctx = co.n_ctx                 ? co.n_ctx
+                                             : hp->n_ctx_train < 4096 ? hp->n_ctx_train
+                                                                      : 4096;
+        if ((rc = executor_gpu_weights_create(en->model, co.n_gpu_layers, co.main_gpu, n_ctx,
+                                              co.n_batch ? co.n_batch : 512, o->n_seqs, &en->gpu_w,
+                                              &e)) < 0) {
+            cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
+            goto out_close;
+        }
+        co.gpu_weights = en->gpu_w;
+    }
     if ((rc = executor_ctx_create(en->model, &co, &en->ctx, &e)) < 0) {
         cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
         goto out_close;
     }
     if (o->n_seqs > 1) {
-        if (co.n_gpu_layers > 0) {
-            cli_error(en->prog, "several sequences at once run on the CPU only for now (-ngl)");
-            rc = COMMON_ENOTSUP;
-            goto out_close;
-        }
         if (!(en->seqs = calloc(o->n_seqs, sizeof(*en->seqs)))) {
             cli_error(en->prog, "out of memory");
             rc = COMMON_ENOMEM;
@@ -433,6 +442,8 @@ int cli_engine_close(struct cli_engine *en)
     en->seqs = NULL;
     en->n_seqs = 0;
     executor_ctx_destroy(en->ctx);
+    en->ctx = NULL;
+    executor_gpu_weights_destroy(en->gpu_w);
     if (en->desc) {
         /* Streaming: the model borrows desc and its weights; free them in order. */
         struct executor_weights *w = en->model ? executor_model_weights(en->model) : NULL;

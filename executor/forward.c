@@ -776,9 +776,13 @@ static void fwd_batch_failed(struct executor_batch_seq *seqs, const struct fwd_m
     }
 }
 
-/* Runs the rows lead->btok[0..nb) of members mb[0..n_mb) and hands out their logits. */
+/* Runs the rows lead->btok[0..nb) of members mb[0..n_mb) and hands out their logits. With
+ * layers on a device (lead->gpu: then n_mb <= EXECUTOR_GPU_ROW_EXACT, every member whole), the
+ * device's layers follow the CPU's, each member attending over its own device cache. Returns 0
+ * or a negative common_err, its text in e or lead->err. */
 static int fwd_run_members(struct executor_ctx *lead, struct executor_batch_seq *seqs,
-                           const struct fwd_member *mb, uint32_t n_mb, uint32_t nb)
+                           const struct fwd_member *mb, uint32_t n_mb, uint32_t nb,
+                           struct common_errmsg *e)
 {
     const uint32_t n_vocab = lead->m->desc->hp.n_vocab;
     lead->err.text[0] = '\0';
@@ -786,13 +790,9 @@ static int fwd_run_members(struct executor_ctx *lead, struct executor_batch_seq 
     if (rc < 0)
         return rc;
     uint32_t n_out = 0;
-    for (uint32_t i = 0; i < n_mb; i++) {
-        seqs[mb[i].seq].ctx->n_past += mb[i].n;
+    for (uint32_t i = 0; i < n_mb; i++)
         if (mb[i].ends && seqs[mb[i].seq].logits)
             lead->head_rows[n_out++] = mb[i].row + mb[i].n - 1;
-    }
-    if (!n_out)
-        return 0;
     const size_t want = (size_t)n_out * n_vocab;
     if (want > lead->head_cap) {
         float *p = realloc(lead->head_out, want * sizeof(*p));
@@ -801,7 +801,27 @@ static int fwd_run_members(struct executor_ctx *lead, struct executor_batch_seq 
         lead->head_out = p;
         lead->head_cap = want;
     }
-    fwd_head(lead, lead->head_rows, n_out, lead->head_out);
+    int on_device = 0;
+    if (lead->gpu) {
+        struct executor_gpu_member gm[EXECUTOR_GPU_ROW_EXACT];
+        if (n_mb > EXECUTOR_GPU_ROW_EXACT)
+            return common_errmsg_set(e, COMMON_EINVAL, "%u sequences in one device batch", n_mb);
+        for (uint32_t i = 0; i < n_mb; i++) {
+            const struct executor_ctx *c = seqs[mb[i].seq].ctx;
+            gm[i] = (struct executor_gpu_member){
+                .g = c->gpu, .row = mb[i].row, .n = mb[i].n, .p0 = c->n_past};
+        }
+        on_device = executor_gpu_forward_members(lead->gpu, gm, n_mb, lead, nb, lead->head_rows,
+                                                 n_out, lead->head_out, e);
+        if (on_device < 0)
+            return on_device;
+    }
+    for (uint32_t i = 0; i < n_mb; i++)
+        seqs[mb[i].seq].ctx->n_past += mb[i].n;
+    if (!n_out)
+        return 0;
+    if (!on_device)
+        fwd_head(lead, lead->head_rows, n_out, lead->head_out);
     for (uint32_t i = 0, o = 0; i < n_mb; i++)
         if (mb[i].ends && seqs[mb[i].seq].logits)
             memcpy(seqs[mb[i].seq].logits, lead->head_out + (size_t)o++ * n_vocab,
@@ -826,6 +846,81 @@ static int fwd_check_seq(const struct executor_ctx *lead, const struct executor_
     return fwd_check_tokens(c, seqs[i].tokens, seqs[i].n, e);
 }
 
+/* Rows of a shared device step: at most EXECUTOR_GPU_ROW_EXACT, and what lead's batch holds. */
+static uint32_t fwd_device_rows(const struct executor_ctx *lead)
+{
+    return lead->n_batch < EXECUTOR_GPU_ROW_EXACT ? lead->n_batch : EXECUTOR_GPU_ROW_EXACT;
+}
+
+/* Whether sequence context c may share the device steps of lead: both have layers on the device
+ * over the same weights, and c's tokens alone leave each device kernel computing rows apart. */
+static bool fwd_device_batchable(const struct executor_ctx *lead, const struct executor_ctx *c,
+                                 uint32_t n)
+{
+    return lead->gpu && c->gpu && executor_gpu_same_weights(lead->gpu, c->gpu) &&
+           n <= fwd_device_rows(lead);
+}
+
+/* The device branch of executor_ctx_decode_batch (first: the first failure so far). Sequences
+ * share a step while it has at most EXECUTOR_GPU_ROW_EXACT rows: below GPU_GEMM_MIN_N every
+ * device kernel computes a row independently of the others, so each sequence gets what it gets
+ * alone (the f16 matmul of longer batches rounds otherwise). Longer ones run by themselves. A
+ * device failure fails every sequence not yet run. */
+static int fwd_decode_device(struct executor_ctx *lead, struct executor_batch_seq *seqs,
+                             uint32_t n_seqs, int first, struct common_errmsg *e)
+{
+    struct fwd_member mb[EXECUTOR_GPU_ROW_EXACT];
+    uint32_t          i = 0;
+    bool              dead = false;
+    while (i < n_seqs && !dead) {
+        struct common_errmsg se = {{0}};
+        uint32_t             n_mb = 0, nb = 0, k = i;
+        for (; k < n_seqs; k++) {
+            const struct executor_batch_seq *q = &seqs[k];
+            if (q->status < 0)
+                continue;
+            if (!fwd_device_batchable(lead, q->ctx, q->n) || nb + q->n > fwd_device_rows(lead))
+                break;
+            for (uint32_t t = 0; t < q->n; t++) {
+                lead->btok[nb + t] = q->tokens[t];
+                lead->rows[nb + t] = (struct fwd_row){.kv = &q->ctx->kv, .pos = q->ctx->n_past + t};
+            }
+            mb[n_mb++] = (struct fwd_member){.seq = k, .row = nb, .n = q->n, .ends = true};
+            nb += q->n;
+        }
+        int rc = 0;
+        if (n_mb == 0 && k == n_seqs)
+            break;  /* only failed sequences were left */
+        if (n_mb) { /* sequences i..k-1 (the valid ones) share this step */
+            rc = fwd_run_members(lead, seqs, mb, n_mb, nb, &se);
+            if (rc < 0) {
+                fwd_batch_failed(seqs, mb, n_mb, rc);
+                if (first == 0 || rc == COMMON_EDEVICE)
+                    first =
+                        common_errmsg_set(e, rc, "a device batch of %u sequences failed: %s", n_mb,
+                                          se.text[0]          ? se.text
+                                          : lead->err.text[0] ? lead->err.text
+                                                              : common_strerror(rc));
+            }
+            i = k;
+        } else { /* sequence k alone: more rows than a shared step takes, or no device */
+            struct executor_batch_seq *q = &seqs[k];
+            rc = q->status = fwd_decode_seq(q->ctx, q->tokens, q->n, q->logits, false, &se);
+            if (rc < 0) {
+                executor_ctx_reset(q->ctx);
+                if (first == 0 || rc == COMMON_EDEVICE)
+                    first = common_errmsg_set(e, rc, "sequence %u: %s", k, se.text);
+            }
+            i = k + 1;
+        }
+        dead = rc == COMMON_EDEVICE;
+    }
+    for (; dead && i < n_seqs; i++) /* the rest would fail the same way */
+        if (seqs[i].status == 0)
+            seqs[i].status = COMMON_EDEVICE;
+    return first;
+}
+
 int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_seq *seqs,
                               uint32_t n_seqs, struct common_errmsg *e)
 {
@@ -841,29 +936,8 @@ int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_s
         if (seqs[i].status == 0 && seqs[i].ctx->gpu)
             device = true;
     }
-    if (device) {
-        /* The device's batched kernels round differently from its one-token ones, so its
-         * sequences run one after another: each gives what it gives alone. */
-        for (uint32_t i = 0; i < n_seqs; i++) {
-            struct common_errmsg se = {{0}};
-            if (seqs[i].status < 0)
-                continue;
-            seqs[i].status =
-                fwd_decode_seq(seqs[i].ctx, seqs[i].tokens, seqs[i].n, seqs[i].logits, false, &se);
-            if (seqs[i].status < 0) {
-                executor_ctx_reset(seqs[i].ctx);
-                if (first == 0 || seqs[i].status == COMMON_EDEVICE)
-                    first = common_errmsg_set(e, seqs[i].status, "sequence %u: %s", i, se.text);
-            }
-            if (seqs[i].status == COMMON_EDEVICE) { /* the rest would fail the same way */
-                for (uint32_t k = i + 1; k < n_seqs; k++)
-                    if (seqs[k].status == 0)
-                        seqs[k].status = COMMON_EDEVICE;
-                break;
-            }
-        }
-        return first;
-    }
+    if (device)
+        return fwd_decode_device(lead, seqs, n_seqs, first, e);
     struct fwd_member *mb = malloc((n_seqs ? n_seqs : 1) * sizeof(*mb));
     if (!mb)
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
@@ -891,7 +965,8 @@ int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_s
         }
         if (nb == 0)
             break;
-        int rc = fwd_run_members(lead, seqs, mb, n_mb, nb);
+        struct common_errmsg be = {{0}};
+        int                  rc = fwd_run_members(lead, seqs, mb, n_mb, nb, &be);
         if (rc < 0) {
             fwd_batch_failed(seqs, mb, n_mb, rc);
             if (first == 0)

@@ -613,8 +613,10 @@ static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const flo
     return gpu_mm(g, w->type, w->d, w->row_bytes, w->rows, w->cols, x, x_stride, n, y, y_stride);
 }
 
-/* Self-attention of layer il for the n rows of g->x at positions p0..: adds its output. */
-static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n, uint32_t p0)
+/* Self-attention of layer il for the n rows of g->x (g: the batch's scratch), member by member
+ * over each member's own cache and positions: adds its output. */
+static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
+                               const struct executor_gpu_member *mb, uint32_t n_mb)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const struct gpu_layer      *gl = &g->w->layers[il];
@@ -643,14 +645,20 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n, 
     const bool     neox = hp->rope_neox != 0;
     const uint32_t window = gl->swa ? hp->n_swa : 0;
     if (gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0 ||
-        gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs, neox) <
-            0 ||
-        gpu_kv_store(g->k_cache[il], g->v_cache[il], (uint32_t)w.kd, (uint32_t)w.vd, g->k, g->v, p0,
-                     n) < 0 ||
-        gpu_attention(g->att, g->q, g->k_cache[il], g->v_cache[il], n, p0, hp->n_head,
-                      hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
-                      g->att_scratch) < 0 ||
-        gpu_mm_mat(g, &gl->wo, g->att, (int64_t)w.ad, n, g->tmp, ne) < 0)
+        gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0)
+        return -1;
+    for (uint32_t i = 0; i < n_mb; i++) {
+        const struct executor_gpu_member *b = &mb[i];
+        if (gpu_kv_store(b->g->k_cache[il], b->g->v_cache[il], (uint32_t)w.kd, (uint32_t)w.vd,
+                         g->k + (size_t)b->row * w.kd, g->v + (size_t)b->row * w.vd, b->p0,
+                         b->n) < 0 ||
+            gpu_attention(g->att + (size_t)b->row * w.ad, g->q + (size_t)b->row * w.qd,
+                          b->g->k_cache[il], b->g->v_cache[il], b->n, b->p0, hp->n_head,
+                          hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
+                          g->att_scratch) < 0)
+            return -1;
+    }
+    if (gpu_mm_mat(g, &gl->wo, g->att, (int64_t)w.ad, n, g->tmp, ne) < 0)
         return -1;
     return gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne);
 }
@@ -770,22 +778,31 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n)
     return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);
 }
 
-int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_t n, uint32_t p0,
-                         float *logits, bool all, struct common_errmsg *e)
+int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                                 uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                                 const uint32_t *out_rows, uint32_t n_out, float *logits,
+                                 struct common_errmsg *e)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const int64_t                ne = hp->n_embd;
     int                          rc = 0;
-    if (n > g->n_batch || p0 + n > g->n_ctx)
-        return common_errmsg_set(e, COMMON_ERANGE,
-                                 "gpu: %u tokens at %u exceed the device's "
-                                 "batch %u or context %u",
-                                 n, p0, g->n_batch, g->n_ctx);
+    if (n > g->n_batch || n_out > n)
+        return common_errmsg_set(e, COMMON_ERANGE, "gpu: %u rows exceed the device's batch %u", n,
+                                 g->n_batch);
+    for (uint32_t i = 0; i < n_mb; i++) {
+        const struct executor_gpu_member *b = &mb[i];
+        if (b->g->w != g->w || b->row + b->n > n || b->p0 + b->n > b->g->n_ctx)
+            return common_errmsg_set(e, COMMON_ERANGE,
+                                     "gpu: member %u (%u tokens at %u, rows from %u) does not fit "
+                                     "the batch of %u rows or its context of %u, or has other "
+                                     "weights",
+                                     i, b->n, b->p0, b->row, n, b->g->n_ctx);
+    }
     rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
     if (rc == 0 && hp->n_rot)
         rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
     for (uint32_t il = g->il0; il < hp->n_layer && rc == 0; il++) {
-        rc = gpu_attention_block(g, il, n, p0);
+        rc = gpu_attention_block(g, il, n, mb, n_mb);
         if (rc == 0)
             rc = gpu_ffn_block(g, il, n);
     }
@@ -793,10 +810,22 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
         rc = gpu_download(c->x, g->x, (size_t)n * ne * sizeof(float));
         if (rc == 0)
             return 0;
-    } else if (rc == 0 && logits) {
-        const uint32_t t0 = all ? 0 : n - 1, n_out = n - t0;
-        const float   *xs = g->x + (size_t)t0 * ne;
-        rc = gpu_rmsnorm(g->xn, ne, xs, ne, g->w->output_norm, n_out, ne, hp->rms_eps);
+    } else if (rc == 0 && n_out && logits) {
+        /* The output rows: contiguous ones read in place, others gathered first. */
+        bool contiguous = true;
+        for (uint32_t i = 1; i < n_out; i++)
+            contiguous = contiguous && out_rows[i] == out_rows[0] + i;
+        const float *xs = g->x + (size_t)out_rows[0] * ne;
+        if (!contiguous) {
+            for (uint32_t i = 0; i < n_out; i++)
+                g->h_rows[i] = (int32_t)out_rows[i];
+            rc = gpu_upload(g->rows, g->h_rows, (size_t)n_out * sizeof(int32_t));
+            if (rc == 0)
+                rc = gpu_gather_rows(g->gx, ne, g->x, ne, g->rows, n_out, ne);
+            xs = g->gx;
+        }
+        if (rc == 0)
+            rc = gpu_rmsnorm(g->xn, ne, xs, ne, g->w->output_norm, n_out, ne, hp->rms_eps);
         if (rc == 0)
             rc = gpu_mm_mat(g, &g->w->output, g->xn, ne, n_out, g->logits, hp->n_vocab);
         if (rc == 0)
@@ -808,6 +837,30 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
                                  gpu_last_error());
     return 1;
+}
+
+_Static_assert(EXECUTOR_GPU_ROW_EXACT < GPU_GEMM_MIN_N,
+               "a shared device step must stay on the row-exact matvec kernels");
+
+bool executor_gpu_same_weights(const struct executor_gpu *a, const struct executor_gpu *b)
+{
+    return a->w == b->w && a->il0 == b->il0 && a->head == b->head;
+}
+
+int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_t n, uint32_t p0,
+                         float *logits, bool all, struct common_errmsg *e)
+{
+    if (n > g->n_batch || p0 + n > g->n_ctx)
+        return common_errmsg_set(e, COMMON_ERANGE,
+                                 "gpu: %u tokens at %u exceed the device's "
+                                 "batch %u or context %u",
+                                 n, p0, g->n_batch, g->n_ctx);
+    const struct executor_gpu_member one = {.g = g, .row = 0, .n = n, .p0 = p0};
+    const uint32_t                   t0 = all ? 0 : n - 1;
+    for (uint32_t i = t0; logits && i < n; i++)
+        c->head_rows[i - t0] = i;
+    return executor_gpu_forward_members(g, &one, 1, c, n, c->head_rows, logits ? n - t0 : 0, logits,
+                                        e);
 }
 
 bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len)

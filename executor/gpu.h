@@ -36,4 +36,27 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len);
 int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_t n, uint32_t p0,
                          float *logits, bool all, struct common_errmsg *e);
 
+/* One sequence of a device batch: rows [row, row + n) of the batch, at positions p0.. of the
+ * KV cache of g (a context over the same device weights). */
+struct executor_gpu_member {
+    struct executor_gpu *g;
+    uint32_t             row, n, p0;
+};
+
+/* The device layers for the n rows of c->x (their rope tables in c->rope), the n_mb members
+ * each attending over its own cache; g lends its scratch (it need not be a member). Then the
+ * head of rows out_rows[0..n_out) into `logits` (n_out rows) when it is on the device (returns
+ * 1), else x goes back into c->x (returns 0). Every kernel computes a row independently of the
+ * others (below GPU_GEMM_MIN_N rows: matvec), so a member gets what it gets alone when the
+ * batch has fewer rows than that. Errors as executor_gpu_forward. */
+int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                                 uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                                 const uint32_t *out_rows, uint32_t n_out, float *logits,
+                                 struct common_errmsg *e);
+/* Batches of at most this many rows go through the matvec kernels, each row computed
+ * independently of the others. */
+#define EXECUTOR_GPU_ROW_EXACT 16
+/* Whether a and b hold their layers in the same device weights (so they may share a step). */
+bool executor_gpu_same_weights(const struct executor_gpu *a, const struct executor_gpu *b);
+
 #endif /* EXECUTOR_GPU_H */

@@ -124,5 +124,12 @@ Test(cli_bench, parallel_list_runs_each_decode_test_per_value, .timeout = 120)
     cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "%s", out);
     cr_expect(strstr(out, "\nresult_parallel: io=none n_gen=4 n_parallel=3 tok_s="), "%s", out);
     free(out);
+    /* With layers on a device (the host backend here) the sequences share its weights and its
+     * steps. */
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -ngl 999");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "-ngl 999:\n%s", out);
+    free(out);
     free(model);
 }

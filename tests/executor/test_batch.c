@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/gpu.h"
 #include "executor.h"
 #include "fixture.h"
 
@@ -47,27 +48,44 @@ static int32_t bt_argmax(const float *l, uint32_t n)
     return best;
 }
 
-static struct executor_ctx *bt_ctx(struct executor_model *m, struct executor_threadpool *pool,
-                                   uint32_t n_batch, enum common_cache_type ct)
+/* The device of a run: its -ngl (0: none) and, for the batch's contexts, the device weights they
+ * share (the executor daemon's way; NULL: each context uploads its own). */
+struct bt_dev {
+    int32_t                            ngl;
+    const struct executor_gpu_weights *shared;
+};
+
+static struct executor_ctx *bt_ctx_on(struct executor_model *m, struct executor_threadpool *pool,
+                                      uint32_t n_batch, enum common_cache_type ct,
+                                      struct bt_dev dev)
 {
     struct executor_ctx *c = NULL;
     struct common_errmsg e = {{0}};
-    cr_assert_eq(executor_ctx_create(
-                     m,
-                     &(struct executor_ctx_opts){
-                         .n_ctx = BT_CTX, .n_batch = n_batch, .cache_type = ct, .pool = pool},
-                     &c, &e),
+    cr_assert_eq(executor_ctx_create(m,
+                                     &(struct executor_ctx_opts){.n_ctx = BT_CTX,
+                                                                 .n_batch = n_batch,
+                                                                 .cache_type = ct,
+                                                                 .pool = pool,
+                                                                 .n_gpu_layers = dev.ngl,
+                                                                 .gpu_weights = dev.shared},
+                                     &c, &e),
                  0, "%s", e.text);
     return c;
 }
 
+static struct executor_ctx *bt_ctx(struct executor_model *m, struct executor_threadpool *pool,
+                                   uint32_t n_batch, enum common_cache_type ct)
+{
+    return bt_ctx_on(m, pool, n_batch, ct, (struct bt_dev){0});
+}
+
 /* Each sequence alone (one context, default batches), greedy: the logits of every step. */
 static float *bt_alone(struct executor_model *m, struct executor_threadpool *pool,
-                       enum common_cache_type ct, uint32_t n_vocab)
+                       enum common_cache_type ct, uint32_t n_vocab, int32_t ngl)
 {
     float *ref = malloc((size_t)BT_SEQS * BT_STEPS * n_vocab * sizeof(*ref));
     cr_assert_not_null(ref);
-    struct executor_ctx *c = bt_ctx(m, pool, 0, ct);
+    struct executor_ctx *c = bt_ctx_on(m, pool, 0, ct, (struct bt_dev){.ngl = ngl});
     struct common_errmsg e = {{0}};
     for (uint32_t s = 0; s < BT_SEQS; s++) {
         int32_t p[BT_CTX];
@@ -87,9 +105,11 @@ static float *bt_alone(struct executor_model *m, struct executor_threadpool *poo
 
 /* The sequences together: a step runs every active sequence's next token, or its prompt when it
  * joins, as one call in batches of n_batch rows (a prompt straddles batches); the lead context
- * is a separate one or sequence 0's. Every step's logits must equal the lone run's bit for bit. */
-static void bt_check_model(const char *path, enum common_cache_type ct, uint32_t n_batch,
-                           bool lead_is_seq0)
+ * is a separate one or sequence 0's. Every step's logits must equal the lone run's bit for bit.
+ * With ngl, the last ngl layers are on the device (the batch's contexts sharing one copy of the
+ * weights, the lone run with its own): sequences of few rows share device steps. */
+static void bt_check_model_on(const char *path, enum common_cache_type ct, uint32_t n_batch,
+                              bool lead_is_seq0, int32_t ngl)
 {
     struct executor_threadpool *pool = NULL;
     struct executor_model      *m = NULL;
@@ -97,12 +117,20 @@ static void bt_check_model(const char *path, enum common_cache_type ct, uint32_t
     cr_assert_eq(executor_threadpool_create(2, &pool), 0);
     cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
     const uint32_t n_vocab = executor_model_hparams(m)->n_vocab;
-    float         *ref = bt_alone(m, pool, ct, n_vocab);
+    float         *ref = bt_alone(m, pool, ct, n_vocab, ngl);
 
+    struct bt_dev                dev = {.ngl = ngl};
+    struct executor_gpu_weights *gw = NULL;
+    if (ngl > 0) {
+        cr_assert_eq(executor_gpu_weights_create(m, ngl, 0, BT_CTX, n_batch ? n_batch : 512,
+                                                 BT_SEQS + 1, &gw, &e),
+                     0, "%s", e.text);
+        dev.shared = gw;
+    }
     struct executor_ctx *cs[BT_SEQS];
     for (uint32_t s = 0; s < BT_SEQS; s++)
-        cs[s] = bt_ctx(m, pool, n_batch, ct);
-    struct executor_ctx *lead = lead_is_seq0 ? cs[0] : bt_ctx(m, pool, n_batch, ct);
+        cs[s] = bt_ctx_on(m, pool, n_batch, ct, dev);
+    struct executor_ctx *lead = lead_is_seq0 ? cs[0] : bt_ctx_on(m, pool, n_batch, ct, dev);
     float               *got = malloc((size_t)BT_SEQS * n_vocab * sizeof(*got));
     int32_t              prompts[BT_SEQS][BT_CTX], next[BT_SEQS];
     uint32_t             steps_done[BT_SEQS] = {0};
@@ -142,9 +170,16 @@ static void bt_check_model(const char *path, enum common_cache_type ct, uint32_t
         executor_ctx_destroy(cs[s]);
     if (!lead_is_seq0)
         executor_ctx_destroy(lead);
+    executor_gpu_weights_destroy(gw);
     free(ref);
     executor_model_destroy(m);
     executor_threadpool_destroy(pool);
+}
+
+static void bt_check_model(const char *path, enum common_cache_type ct, uint32_t n_batch,
+                           bool lead_is_seq0)
+{
+    bt_check_model_on(path, ct, n_batch, lead_is_seq0, 0);
 }
 
 static char *bt_synth(const char *name, struct executor_synth_opts o)
@@ -165,6 +200,26 @@ Test(executor_batch, moe_fixture_sequences_match_alone, .timeout = 300)
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
     bt_check_model(path, COMMON_CACHE_F16, 8, false);
     bt_check_model(path, COMMON_CACHE_F16, 512, true);
+    free(path);
+}
+
+/* Layers on the device (a CUDA device where there is one, else the host backend, which runs
+ * executor/gpu.c's pass on the CPU): sequences of at most EXECUTOR_GPU_ROW_EXACT rows together
+ * share device steps (decode tokens, the 7-, 1- and 12-token prompts), longer prompts run alone,
+ * and every step's logits are the lone run's bits; all layers and the head on the device, then
+ * two layers with the head on the CPU. */
+Test(executor_batch, device_sequences_match_alone, .timeout = 300)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
+    const struct gpu_backend *cuda = gpu_backend_cuda();
+    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) == 0))
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0); /* this test's process only */
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) == 0)
+        cr_skip_test("no device backend (%s): skipped", why);
+    cr_log_info("on %s0", gpu_backend_name());
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, false, 999);
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, true, 2);
     free(path);
 }
 
