@@ -117,6 +117,18 @@ static pid_t read_pid(const char *dir, const char *name)
     return pid;
 }
 
+/* Lines of DIR/logs/NAME.log that hold `text` (no quote in it). */
+static int log_count(const char *dir, const char *name, const char *text)
+{
+    char cmd[2048];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "grep -c -F '%s' '%s/logs/%s.log'", text, dir, name);
+    char *out = sh(cmd, &st);
+    int   n = atoi(out);
+    free(out);
+    return n;
+}
+
 /* Waits until `name`'s pid file names a live process other than `old`. */
 static void wait_restarted(const char *dir, const char *name, pid_t old, double secs)
 {
@@ -331,7 +343,11 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
 
 /* Four clients at once (the executor batches the requests that overlap: one batch per step for
  * all of them): each gets the text of its sampling settings in one process. */
-Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fini = fini)
+/* Four clients at once, greedy and sampled, each getting its `sluice run` text. `host`: the
+ * executor's layers on the host backend's device (-ngl 999), its four sequences sharing the
+ * device's steps (executor/gpu.c's batched pass), the text each one's `sluice run -ngl 999`
+ * text on the same device (sampling sees the device's logits, which are not the CPU's bits). */
+static void check_concurrent_clients(bool host)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
@@ -340,9 +356,16 @@ Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fin
     enum { N = sizeof(samplings) / sizeof(samplings[0]) };
     char *dir = fixture_tmpdir();
     char *want[N];
-    for (int i = 0; i < N; i++)
-        want[i] = one_process(model, 48, samplings[i]);
-    up(dir, model, 1, NULL);
+    if (host) /* one process on the same device: its sampling sees the device's logits */
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    for (int i = 0; i < N; i++) {
+        char how[128];
+        snprintf(how, sizeof(how), "%s%s", samplings[i], host ? " -ngl 999" : "");
+        want[i] = one_process(model, 48, how);
+    }
+    up(dir, model, 1, host ? "--executor-args '-ngl 999'" : NULL);
+    if (host)
+        cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
     struct gen g[N];
     for (int i = 0; i < N; i++)
         g[i] = gen_start(dir, 48, samplings[i]);
@@ -350,7 +373,9 @@ Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fin
     int  st[N];
     for (int i = 0; i < N; i++)
         st[i] = gen_finish(&g[i], got[i], sizeof(got[i]), 0, 120);
+    const int placed = log_count(dir, "executor", "gpu: HOST0");
     down(dir);
+    cr_expect_eq(placed, host ? 1 : 0, "layers on HOST0: %d log lines", placed);
     for (int i = 0; i < N; i++) {
         cr_expect_eq(st[i], 0, "client %d (%s) exited %d", i, samplings[i], st[i]);
         cr_expect_gt(strlen(want[i]), 20);
@@ -361,6 +386,17 @@ Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fin
     fixture_rmtree(dir);
     free(dir);
     free(model);
+}
+
+Test(pipeline_faults, concurrent_clients_equal_one_process, .timeout = 300, .fini = fini)
+{
+    check_concurrent_clients(false);
+}
+
+Test(pipeline_faults, concurrent_clients_on_the_host_device_equal_one_process, .timeout = 300,
+     .fini = fini)
+{
+    check_concurrent_clients(true);
 }
 
 /* ---- kill -9 mid-generation ---------------------------------------------------------------- */
@@ -423,27 +459,20 @@ Test(pipeline_faults, device_failure_falls_back_to_the_cpu_same_tokens, .timeout
     snprintf(cmd, sizeof(cmd),
              "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
              k_prompt, dir);
-    char *got = sh(cmd, &st);
-    snprintf(cmd, sizeof(cmd),
-             "grep -c 'injected device failure; going on without the device' %s/logs/executor.log",
-             dir);
-    char *fell = sh(cmd, &st);
-    snprintf(cmd, sizeof(cmd), "grep -c 'replaying 1 sequences' %s/logs/router.log", dir);
-    char *replayed = sh(cmd, &st);
-    snprintf(cmd, sizeof(cmd), "grep -c 'gpu: HOST0' %s/logs/executor.log", dir);
-    char *placed = sh(cmd, &st);
-    pid_t after = read_pid(dir, "executor");
+    char     *got = sh(cmd, &st);
+    const int fell =
+        log_count(dir, "executor", "injected device failure; going on without the device");
+    const int replayed = log_count(dir, "router", "replaying 1 sequences");
+    const int placed = log_count(dir, "executor", "gpu: HOST0");
+    pid_t     after = read_pid(dir, "executor");
     down(dir);
-    cr_assert_str_eq(fell, "1\n", "the executor did not report the fall back once (%s/logs)", dir);
-    cr_assert_str_eq(replayed, "1\n", "the router did not replay once (%s/logs)", dir);
-    cr_assert_str_eq(placed, "1\n", "the layers were not on HOST0 before (%s/logs)", dir);
-    free(placed);
+    cr_assert_eq(fell, 1, "the executor did not report the fall back once (%s/logs)", dir);
+    cr_assert_eq(replayed, 1, "the router did not replay once (%s/logs)", dir);
+    cr_assert_eq(placed, 1, "the layers were not on HOST0 before (%s/logs)", dir);
     cr_assert_eq(after, pid, "the executor restarted (%d -> %d): it should have gone on", (int)pid,
                  (int)after);
     cr_assert_gt(strlen(want), 20);
     cr_assert_str_eq(got, want, "after the device failure: '%s'\nundisturbed: '%s'", got, want);
-    free(fell);
-    free(replayed);
     free(got);
     free(want);
     free(model);
