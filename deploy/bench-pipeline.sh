@@ -3,7 +3,7 @@
 # process (sluice run) on the same model, prompt and seed, and the cost of the IPC per token.
 # usage: deploy/bench-pipeline.sh [--model M.gguf] [-n N] [-r REPS] [-t THREADS] [--fetchers N]
 #                                 [--bin DIR] [--out FILE.csv] [--executor-args "..."]
-#                                 [--clients "1 4 16"]
+#                                 [--clients "1 4 16"] [--http]
 # Without --model, a MoE with random weights is written to build/bench-pipeline.gguf
 # (sluice mkmodel --preset demo --size 512M). Each repetition runs one process, then the daemons,
 # after one warm-up generation of each (so both read the experts from the page cache or the pool,
@@ -16,11 +16,13 @@
 # prints their aggregate tok/s (every client's tokens over the wall time from the first start to
 # the last exit, prompts included; after one untimed run of as many clients, so that the experts
 # they route to are in the pool), its ratio to one client, and the executor's sequences per batch
-# over the run (continuous batching).
+# over the run (continuous batching). --http adds the same through the router's OpenAI-compatible
+# HTTP API: that many `curl` POSTs of /v1/completions at once (max_tokens N, temperature 0),
+# tokens counted from each answer's usage.completion_tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out="" exec_args="" clients=""
+model="" n=128 reps=3 threads="" fetchers=1 bin=build/bin out="" exec_args="" clients="" http=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --model | -m) model=$2 && shift ;;
@@ -32,7 +34,8 @@ while [ $# -gt 0 ]; do
     --out) out=$2 && shift ;;
     --executor-args) exec_args=$2 && shift ;;
     --clients) clients=$2 && shift ;;
-    -h | --help) sed -n 2,20p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    --http) http=1 ;;
+    -h | --help) sed -n 2,23p "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     *) echo "bench-pipeline: unknown option $1" >&2 && exit 2 ;;
     esac
     shift
@@ -73,8 +76,11 @@ daemons() {
 echo "== model $model, $n tokens, $reps reps, $fetchers fetcher(s)"
 max_clients=1
 for c in $clients; do [ "$c" -gt "$max_clients" ] && max_clients=$c; done
+[ -z "$http" ] || command -v curl >/dev/null || { echo "bench-pipeline: --http needs curl" >&2; exit 1; }
+upargs=()
+[ -z "$http" ] || upargs=(--http 127.0.0.1:0)
 deploy/sluicectl up --model "$model" --run-dir "$run_dir" --fetchers "$fetchers" --bin "$bin" \
-    --parallel "$((max_clients > 4 ? max_clients : 4))" \
+    --parallel "$((max_clients > 4 ? max_clients : 4))" ${upargs[@]+"${upargs[@]}"} \
     --executor-args "$exec_args" ${targs[@]+"${targs[@]}"} >/dev/null
 one_process >/dev/null
 daemons >/dev/null
@@ -135,15 +141,47 @@ clients_rate() {
     done
     calc "$tokens / ($t1 - $t0)"
 }
+# clients_http C: the same through HTTP, C completions POSTed at once; prints the aggregate tok/s.
+clients_http() {
+    local c=$1 pids=() t0 t1 tokens=0 url got
+    url=$(cat "$run_dir/router.http")
+    t0=$(date +%s.%N)
+    for ((i = 1; i <= c; i++)); do
+        curl -s -f -m 3600 "$url/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"No. $i\",\"max_tokens\":$n,\"temperature\":0}" \
+            >"$run_dir/http-$i.json" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || { echo "bench-pipeline: an HTTP client failed" >&2; exit 1; }; done
+    t1=$(date +%s.%N)
+    for ((i = 1; i <= c; i++)); do
+        got=$(sed -n 's/.*"completion_tokens": *\([0-9]*\).*/\1/p' "$run_dir/http-$i.json")
+        [ -n "$got" ] || { echo "bench-pipeline: no usage in answer $i: $(head -c 300 "$run_dir/http-$i.json")" >&2; exit 1; }
+        tokens=$((tokens + got))
+    done
+    calc "$tokens / ($t1 - $t0)"
+}
 base=""
+declare -A grate=()
 for c in $clients; do
     clients_rate "$c" >/dev/null # warm-up: the experts this many sequences route to are loaded
     b0=$(stat batches executor) q0=$(calc "$(stat batch_seqs_mean executor) * $b0")
     rate=$(clients_rate "$c")
     b1=$(stat batches executor) q1=$(calc "$(stat batch_seqs_mean executor) * $b1")
     [ -n "$base" ] || base=$rate
+    grate[$c]=$rate
     printf '== %2d clients at once: %8.2f tok/s together (%.2fx one client), %.2f sequences per executor batch\n' \
         "$c" "$rate" "$(calc "$rate / $base")" "$(calc "($q1 - $q0) / ($b1 - $b0)")"
+done
+hbase=""
+for c in ${http:+$clients}; do
+    clients_http "$c" >/dev/null # warm-up, as above
+    b0=$(stat batches executor) q0=$(calc "$(stat batch_seqs_mean executor) * $b0")
+    rate=$(clients_http "$c")
+    b1=$(stat batches executor) q1=$(calc "$(stat batch_seqs_mean executor) * $b1")
+    [ -n "$hbase" ] || hbase=$rate
+    printf '== %2d HTTP clients at once: %8.2f tok/s together (%.2fx one client; %.2fx as many sluice generate clients), %.2f sequences per executor batch\n' \
+        "$c" "$rate" "$(calc "$rate / $hbase")" "$(calc "$rate / ${grate[$c]}")" "$(calc "($q1 - $q0) / ($b1 - $b0)")"
 done
 if [ -n "$out" ]; then
     echo "rep,one_process_tok_s,daemons_tok_s,ratio,step_rt_us,expert_wait_us" >"$out"
