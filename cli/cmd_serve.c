@@ -24,6 +24,7 @@ struct serve_args {
     uint32_t               n_batch;   /* -b */
     enum common_cache_type cache;     /* --cache-type */
     int32_t                ngl;       /* -ngl */
+    int32_t                n_cpu_moe; /* --n-cpu-moe */
     int32_t                main_gpu;  /* --main-gpu */
 };
 
@@ -111,6 +112,17 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .metavar = "I",
          .help = "the CUDA device used for -ngl",
          .def = "0"},
+        {.name = "n-cpu-moe",
+         .short_name = "ncmoe",
+         .type = COMMON_OPT_I32,
+         .target = &a->n_cpu_moe,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help =
+             "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, "
+             "even on the device's layers: their experts take no device memory and stream "
+             "under --ram-budget (llama.cpp's --n-cpu-moe)",
+         .def = "0"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -172,7 +184,8 @@ int cli_cmd_serve(int argc, char **argv)
                                      .cache_type = a.cache,
                                      .no_pidfile = true,
                                      .n_gpu_layers = a.ngl,
-                                     .main_gpu = a.main_gpu};
+                                     .main_gpu = a.main_gpu,
+                                     .n_cpu_moe = a.n_cpu_moe};
     if ((rc = executor_serve_start(&xo, &exec, &e)) < 0) {
         cli_error(SERVE_PROG, "%s", e.text[0] ? e.text : common_strerror(rc));
         goto out;

@@ -151,6 +151,17 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .metavar = "I",
          .help = "the CUDA device used for -ngl",
          .def = "0"},
+        {.name = "n-cpu-moe",
+         .short_name = "ncmoe",
+         .type = COMMON_OPT_I32,
+         .target = &o->n_cpu_moe,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help =
+             "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, "
+             "even on the device's layers: their experts take no device memory and stream "
+             "under --ram-budget (llama.cpp's --n-cpu-moe)",
+         .def = "0"},
         {.name = "device",
          .short_name = "dev",
          .type = COMMON_OPT_CALLBACK,
@@ -330,6 +341,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         if (executor_gpu_usable(en->model, en->so.main_gpu, why, sizeof(why))) {
             co.n_gpu_layers = en->so.n_gpu_layers;
             co.main_gpu = en->so.main_gpu;
+            co.n_cpu_moe = en->so.n_cpu_moe;
         } else {
             fprintf(stderr, "%s: warning: -ngl %d ignored, running on the CPU: %s\n", en->prog,
                     en->so.n_gpu_layers, why);
@@ -341,9 +353,9 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         const uint32_t               n_ctx = co.n_ctx                 ? co.n_ctx
                                              : hp->n_ctx_train < 4096 ? hp->n_ctx_train
                                                                       : 4096;
-        if ((rc = executor_gpu_weights_create(en->model, co.n_gpu_layers, co.main_gpu, n_ctx,
-                                              co.n_batch ? co.n_batch : 512, o->n_seqs, &en->gpu_w,
-                                              &e)) < 0) {
+        if ((rc = executor_gpu_weights_create(en->model, co.n_gpu_layers, co.n_cpu_moe, co.main_gpu,
+                                              n_ctx, co.n_batch ? co.n_batch : 512, o->n_seqs,
+                                              &en->gpu_w, &e)) < 0) {
             cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
             goto out_close;
         }

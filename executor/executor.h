@@ -330,6 +330,10 @@ struct executor_ctx_opts {
                               Creation fails with COMMON_ENOTSUP when no device can take them
                               (see executor_gpu_usable) and COMMON_ENOMEM when they do not fit */
     int32_t main_gpu;      /* --main-gpu / --device CUDAn: the device used */
+    int32_t n_cpu_moe;     /* --n-cpu-moe N: the MoE of the first N layers (router, routed and
+                              shared experts) stays on the CPU even when the layer is on the
+                              device (llama.cpp's meaning): its experts never take device memory
+                              and stream under a RAM budget as on the CPU; 0 = none */
     /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
      * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
     const struct executor_gpu_weights *gpu_weights;
@@ -362,13 +366,13 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
 void     executor_ctx_destroy(struct executor_ctx *c);
 uint32_t executor_ctx_n_ctx(const struct executor_ctx *c);
 /* The weights of the last n_layers layers of a model on CUDA device `dev` (the head too when
- * n_layers > n_layer), for several ctxs of it (executor_ctx_opts.gpu_weights): uploaded once,
- * checked to fit with n_seq sequences of n_ctx positions and n_batch tokens. Returns 0,
- * COMMON_ENOTSUP (no usable device, or a model the CUDA path lacks) or COMMON_ENOMEM, with the
- * message in e. */
-int  executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t dev,
-                                 uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                                 struct executor_gpu_weights **out, struct common_errmsg *e);
+ * n_layers > n_layer), but for the MoE of the first n_cpu_moe layers (executor_ctx_opts), for
+ * several ctxs of it (executor_ctx_opts.gpu_weights): uploaded once, checked to fit with n_seq
+ * sequences of n_ctx positions and n_batch tokens. Returns 0, COMMON_ENOTSUP (no usable device,
+ * or a model the CUDA path lacks) or COMMON_ENOMEM, with the message in e. */
+int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t n_cpu_moe,
+                                int32_t dev, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                                struct executor_gpu_weights **out, struct common_errmsg *e);
 void executor_gpu_weights_destroy(struct executor_gpu_weights *gw);
 /* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
  * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
@@ -633,6 +637,7 @@ struct executor_serve_opts {
                              sequences. SLUICE_TEST_DEVICE_FAULT=N in the environment (tests)
                              makes the Nth batched step fail that way, with or without a device */
     int32_t main_gpu;     /* the CUDA device */
+    int32_t n_cpu_moe;    /* --n-cpu-moe: as executor_ctx_opts */
 };
 
 /* Creates the contexts, writes the pid file, starts the step thread and listens on

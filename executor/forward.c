@@ -630,6 +630,11 @@ static int fwd_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
     return 0;
 }
 
+int executor_fwd_cpu_ffn(struct executor_ctx *c, uint32_t il, uint32_t n)
+{
+    return fwd_ffn(c, il, n);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* One batch                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
@@ -1088,8 +1093,8 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                  lay.n_ctx);
     }
     if ((o->n_gpu_layers > 0 || o->gpu_weights) &&
-        (rc = executor_gpu_create(m, o->gpu_weights, o->n_gpu_layers, o->main_gpu, c->n_ctx,
-                                  c->n_batch, &c->gpu, e)) < 0) {
+        (rc = executor_gpu_create(m, o->gpu_weights, o->n_gpu_layers, o->n_cpu_moe, o->main_gpu,
+                                  c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;
     }

@@ -224,5 +224,9 @@ int executor_fwd_ffn_streamed(struct executor_ctx *c, uint32_t il, uint32_t n);
  * prefetch hints, the experts computed in waves, their weighted sum added to c->x. Returns 0 or
  * an error of the weight source. */
 int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n);
+/* The CPU's whole feed-forward block of layer il for the n rows of c->x (its norm, then MoE or
+ * dense FFN, added to x): the layers of --n-cpu-moe run it between the device's attention
+ * blocks. Returns 0 or an error of the weight source (text in c->err). */
+int executor_fwd_cpu_ffn(struct executor_ctx *c, uint32_t il, uint32_t n);
 
 #endif /* EXECUTOR_FORWARD_IMPL_H */

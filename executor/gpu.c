@@ -36,6 +36,7 @@ struct gpu_layer {
     struct gpu_mat     wq, wk, wv, wo, gate, up, down, gate_inp, sh_gate, sh_up, sh_down;
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
+    bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
 };
 
 /* Device allocations freed together. */
@@ -49,7 +50,8 @@ struct executor_gpu_weights {
     const struct executor_model *m;
     int32_t                      dev;
     struct gpu_info              info;
-    uint32_t                     il0; /* first layer on the device */
+    uint32_t                     il0;       /* first layer on the device */
+    uint32_t                     n_cpu_moe; /* layers below it keep their MoE on the CPU */
     bool                         head;
     struct gpu_layer            *layers; /* n_layer entries; those from il0 on are filled */
     struct gpu_mat               output;
@@ -221,20 +223,30 @@ static struct gpu_widths gpu_widths_of(const struct common_hparams *hp)
     return w;
 }
 
-/* Device bytes of the weights of the layers from il0 (and of the head). */
-static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, bool head)
+/* Whether layer il's MoE stays on the CPU (--n-cpu-moe): a layer with routed experts, below
+ * n_cpu_moe. */
+static bool gpu_cpu_moe(const struct executor_model *m, uint32_t il, uint32_t n_cpu_moe)
+{
+    return il < n_cpu_moe && m->layers[il].gate_inp.data != NULL;
+}
+
+/* Device bytes of the weights of the layers from il0 (and of the head), without the MoE of
+ * the layers below n_cpu_moe. */
+static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, bool head,
+                               uint32_t n_cpu_moe)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
     size_t                       wb = 0;
     for (uint32_t il = il0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
+        const bool                     cpu = gpu_cpu_moe(m, il, n_cpu_moe);
         const struct executor_mat     *ms[] = {&lw->wq,      &lw->wk,    &lw->wv,     &lw->wo,
                                                &lw->gate,    &lw->up,    &lw->down,   &lw->gate_inp,
                                                &lw->sh_gate, &lw->sh_up, &lw->sh_down};
         for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
-            wb += gpu_mat_bytes(ms[i]);
-        for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++)
+            wb += i < 7 || !cpu ? gpu_mat_bytes(ms[i]) : 0;
+        for (int p = 0; lw->gate_inp.data && !cpu && p < COMMON_EXPERT_PART_COUNT; p++)
             wb += (size_t)hp->n_expert * (size_t)lw->exp[p].rows * lw->exp[p].row_bytes;
         wb += (4 * w.ne + w.qd + w.kd + w.vd + w.E) * sizeof(float);
     }
@@ -312,7 +324,9 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->bq = gpu_put(gw, lw->bq, w.qd * sizeof(float), &ok);
     gl->bk = gpu_put(gw, lw->bk, w.kd * sizeof(float), &ok);
     gl->bv = gpu_put(gw, lw->bv, w.vd * sizeof(float), &ok);
-    gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
+    gl->cpu_moe = gpu_cpu_moe(m, il, gw->n_cpu_moe);
+    if (!gl->cpu_moe)
+        gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
     gl->wq = gpu_put_mat(gw, &lw->wq, &ok);
     gl->wk = gpu_put_mat(gw, &lw->wk, &ok);
     gl->wv = gpu_put_mat(gw, &lw->wv, &ok);
@@ -320,15 +334,17 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->gate = gpu_put_mat(gw, &lw->gate, &ok);
     gl->up = gpu_put_mat(gw, &lw->up, &ok);
     gl->down = gpu_put_mat(gw, &lw->down, &ok);
-    gl->gate_inp = gpu_put_mat(gw, &lw->gate_inp, &ok);
-    gl->sh_gate = gpu_put_mat(gw, &lw->sh_gate, &ok);
-    gl->sh_up = gpu_put_mat(gw, &lw->sh_up, &ok);
-    gl->sh_down = gpu_put_mat(gw, &lw->sh_down, &ok);
+    if (!gl->cpu_moe) {
+        gl->gate_inp = gpu_put_mat(gw, &lw->gate_inp, &ok);
+        gl->sh_gate = gpu_put_mat(gw, &lw->sh_gate, &ok);
+        gl->sh_up = gpu_put_mat(gw, &lw->sh_up, &ok);
+        gl->sh_down = gpu_put_mat(gw, &lw->sh_down, &ok);
+    }
     gl->swa = lw->swa;
     if (!ok)
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: layer %u: %s", gpu_backend_name(),
                                  gw->dev, il, gpu_last_error());
-    for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++) {
+    for (int p = 0; lw->gate_inp.data && !gl->cpu_moe && p < COMMON_EXPERT_PART_COUNT; p++) {
         int rc = gpu_put_experts(gw, il, (enum common_expert_part)p, &gl->exps[p], e);
         if (rc < 0)
             return rc;
@@ -337,16 +353,16 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
 }
 
 /* Refuses a placement over the free device memory, naming the most layers that fit. */
-static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, int32_t dev,
-                         const struct gpu_info *info, size_t need, uint32_t n_ctx, uint32_t n_batch,
-                         uint32_t n_seq, struct common_errmsg *e)
+static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint32_t n_cpu_moe,
+                         int32_t dev, const struct gpu_info *info, size_t need, uint32_t n_ctx,
+                         uint32_t n_batch, uint32_t n_seq, struct common_errmsg *e)
 {
     const uint32_t nl = m->desc->hp.n_layer;
     if (need + GPU_MARGIN_BYTES <= info->free_bytes)
         return 0;
     uint32_t fit = 0;
     for (uint32_t k = 1; k <= nl; k++)
-        if (gpu_need_weights(m, nl - k, false) +
+        if (gpu_need_weights(m, nl - k, false, n_cpu_moe) +
                 n_seq * gpu_need_ctx(m, nl - k, false, n_ctx, n_batch) + GPU_MARGIN_BYTES <=
             info->free_bytes)
             fit = k;
@@ -358,10 +374,11 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, int32
                              (double)info->free_bytes / 1048576.0, fit);
 }
 
-int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t dev,
-                                uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t n_cpu_moe,
+                                int32_t dev, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e)
 {
+    const uint32_t               cpu_moe = n_cpu_moe > 0 ? (uint32_t)n_cpu_moe : 0;
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
     *out = NULL;
@@ -374,9 +391,9 @@ int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers
     const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
     const uint32_t il0 = hp->n_layer - on;
     const bool     head = (uint32_t)n_layers > hp->n_layer;
-    const size_t   need =
-        gpu_need_weights(m, il0, head) + (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch);
-    int rc = gpu_check_fit(m, n_layers, dev, &info, need, n_ctx, n_batch, n_seq, e);
+    const size_t   need = gpu_need_weights(m, il0, head, cpu_moe) +
+                        (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch);
+    int rc = gpu_check_fit(m, n_layers, cpu_moe, dev, &info, need, n_ctx, n_batch, n_seq, e);
     if (rc < 0)
         return rc;
     struct executor_gpu_weights *gw = calloc(1, sizeof(*gw));
@@ -388,6 +405,7 @@ int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers
     gw->dev = dev;
     gw->info = info;
     gw->il0 = il0;
+    gw->n_cpu_moe = cpu_moe;
     gw->head = head;
     for (uint32_t il = il0; il < hp->n_layer && rc == 0; il++)
         rc = gpu_put_layer(gw, il, e);
@@ -462,15 +480,16 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
 }
 
 int executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
-                        int32_t n_layers, int32_t dev, uint32_t n_ctx, uint32_t n_batch,
-                        struct executor_gpu **out, struct common_errmsg *e)
+                        int32_t n_layers, int32_t n_cpu_moe, int32_t dev, uint32_t n_ctx,
+                        uint32_t n_batch, struct executor_gpu **out, struct common_errmsg *e)
 {
     const struct common_hparams *hp = &m->desc->hp;
     struct executor_gpu_weights *own = NULL;
     int                          rc;
     *out = NULL;
     if (!shared) {
-        if ((rc = executor_gpu_weights_create(m, n_layers, dev, n_ctx, n_batch, 1, &own, e)) < 0)
+        if ((rc = executor_gpu_weights_create(m, n_layers, n_cpu_moe, dev, n_ctx, n_batch, 1, &own,
+                                              e)) < 0)
             return rc;
         shared = own;
     } else {
@@ -545,6 +564,13 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
              (double)gw->info.total_bytes / 1048576.0, gw->il0, nl - 1,
              gw->head ? " and the output head" : "", (double)gw->bytes / 1048576.0,
              (double)g->bytes_kv / 1048576.0, (double)g->bytes_scratch / 1048576.0);
+    uint32_t on_cpu = 0;
+    for (uint32_t il = gw->il0; il < nl; il++)
+        on_cpu += gw->layers[il].cpu_moe;
+    const size_t at = strlen(buf);
+    if (on_cpu && at < len)
+        snprintf(buf + at, len - at, "; the MoE of %u of them on the CPU (--n-cpu-moe %u)", on_cpu,
+                 gw->n_cpu_moe);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -729,12 +755,24 @@ static int gpu_moe_grouped(struct executor_gpu *g, const struct gpu_layer *gl, u
     return 0;
 }
 
-/* The feed-forward of layer il for the n rows of g->x: adds its output. */
-static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n)
+/* The feed-forward of layer il for the n rows of g->x: adds its output. A layer whose MoE stays
+ * on the CPU (--n-cpu-moe) sends x to the host ctx c, where the CPU's FFN (its norm, routing,
+ * routed and shared experts, from RAM or streamed) adds to it, and takes x back; a failure
+ * there leaves its common_err in *cpu_rc (text in c->err). */
+static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
+                         int *cpu_rc)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const struct gpu_layer      *gl = &g->w->layers[il];
     const int64_t                ne = hp->n_embd;
+    if (gl->cpu_moe) {
+        const size_t bytes = (size_t)n * (size_t)ne * sizeof(float);
+        if (gpu_download(c->x, g->x, bytes) < 0)
+            return -1;
+        if ((*cpu_rc = executor_fwd_cpu_ffn(c, il, n)) < 0)
+            return 0;
+        return gpu_upload(g->x, c->x, bytes);
+    }
     if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->ffn_norm, n, ne, hp->rms_eps) < 0)
         return -1;
     if (!gl->gate_inp.d) {
@@ -801,11 +839,16 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
     rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
     if (rc == 0 && hp->n_rot)
         rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
-    for (uint32_t il = g->il0; il < hp->n_layer && rc == 0; il++) {
+    int cpu_rc = 0;
+    for (uint32_t il = g->il0; il < hp->n_layer && rc == 0 && cpu_rc == 0; il++) {
         rc = gpu_attention_block(g, il, n, mb, n_mb);
         if (rc == 0)
-            rc = gpu_ffn_block(g, il, n);
+            rc = gpu_ffn_block(g, il, n, c, &cpu_rc);
     }
+    if (cpu_rc < 0)
+        return c->err.text[0] ? common_errmsg_set(e, cpu_rc, "%s", c->err.text)
+                              : common_errmsg_set(e, cpu_rc, "layer's MoE on the CPU: %s",
+                                                  common_strerror(cpu_rc));
     if (rc == 0 && !g->head) {
         rc = gpu_download(c->x, g->x, (size_t)n * ne * sizeof(float));
         if (rc == 0)

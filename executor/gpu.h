@@ -17,8 +17,8 @@ const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, 
  * the scratch of n_batch tokens, over `shared` weights (borrowed; NULL = made for this ctx alone
  * from n_layers and dev). Returns 0 or a negative common_err with the message in e. */
 int  executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
-                         int32_t n_layers, int32_t dev, uint32_t n_ctx, uint32_t n_batch,
-                         struct executor_gpu **out, struct common_errmsg *e);
+                         int32_t n_layers, int32_t n_cpu_moe, int32_t dev, uint32_t n_ctx,
+                         uint32_t n_batch, struct executor_gpu **out, struct common_errmsg *e);
 void executor_gpu_destroy(struct executor_gpu *g);
 
 /* First layer on the device (n_layer when none). */

@@ -25,6 +25,7 @@ struct main_config {
     bool                   stream_dense;
     int32_t                n_gpu_layers;
     int32_t                main_gpu;
+    int32_t                n_cpu_moe;
 };
 
 #define PROG "sluice-executor"
@@ -118,6 +119,17 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .max = 64,
          .metavar = "I",
          .help = "the CUDA device used for -ngl",
+         .def = "0"},
+        {.name = "n-cpu-moe",
+         .short_name = "ncmoe",
+         .type = COMMON_OPT_I32,
+         .target = &c->n_cpu_moe,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help =
+             "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, "
+             "even on the device's layers: their experts take no device memory and stream "
+             "under --ram-budget (llama.cpp's --n-cpu-moe)",
          .def = "0"},
         {.name = "stream-dense",
          .type = COMMON_OPT_SWITCH,
@@ -261,7 +273,8 @@ static int main_run(const struct main_config *c)
                                      .cache_type = c->cache_type,
                                      .instance = instance,
                                      .n_gpu_layers = c->n_gpu_layers,
-                                     .main_gpu = c->main_gpu};
+                                     .main_gpu = c->main_gpu,
+                                     .n_cpu_moe = c->n_cpu_moe};
     if ((rc = executor_serve_start(&so, &st.serve, &e)) < 0) {
         fprintf(stderr, PROG ": error: cannot serve in %s: %s\n", c->run_dir,
                 e.text[0] ? e.text : common_strerror(rc));

@@ -624,7 +624,8 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
         if (!executor_gpu_usable(o->model, o->main_gpu, why, sizeof(why))) {
             COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
                             why);
-        } else if ((rc = executor_gpu_weights_create(o->model, o->n_gpu_layers, o->main_gpu, n_ctx,
+        } else if ((rc = executor_gpu_weights_create(o->model, o->n_gpu_layers, o->n_cpu_moe,
+                                                     o->main_gpu, n_ctx,
                                                      o->n_batch ? o->n_batch : 512, s->n_seq,
                                                      &s->gpu_w, &ge)) == COMMON_EDEVICE) {
             COMMON_LOG_WARN("executor", "-ngl %d dropped, running on the CPU: %s", o->n_gpu_layers,

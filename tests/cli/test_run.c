@@ -174,6 +174,8 @@ Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 12
     char *host2 = greedy_ids(model, "-p '" PROMPT "' -ngl 2");
     /* The CPU's layers streaming their experts under a budget, the device's uploaded. */
     char *host3 = greedy_ids(model, "-p '" PROMPT "' -ngl 2 --ram-budget 26M");
+    /* Every layer on the device, the MoE of the first three on the CPU, streamed. */
+    char *host4 = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --n-cpu-moe 3 --ram-budget 26M");
     char  cmd[4096];
     int   st = 0;
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
@@ -183,10 +185,12 @@ Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 12
     cr_assert_str_eq(host, cpu, "-ngl 999 on the host backend");
     cr_assert_str_eq(host2, cpu, "-ngl 2 on the host backend");
     cr_assert_str_eq(host3, cpu, "-ngl 2 --ram-budget 26M on the host backend");
+    cr_assert_str_eq(host4, cpu, "-ngl 999 --n-cpu-moe 3 --ram-budget 26M on the host backend");
     cr_assert(strstr(placed, "gpu: HOST0 (") != NULL, "no placement on HOST0:\n%s", placed);
     free(host);
     free(host2);
     free(host3);
+    free(host4);
     free(placed);
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
              SLUICE, model);

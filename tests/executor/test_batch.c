@@ -51,7 +51,7 @@ static int32_t bt_argmax(const float *l, uint32_t n)
 /* The device of a run: its -ngl (0: none) and, for the batch's contexts, the device weights they
  * share (the executor daemon's way; NULL: each context uploads its own). */
 struct bt_dev {
-    int32_t                            ngl;
+    int32_t                            ngl, n_cpu_moe;
     const struct executor_gpu_weights *shared;
 };
 
@@ -67,6 +67,7 @@ static struct executor_ctx *bt_ctx_on(struct executor_model *m, struct executor_
                                                                  .cache_type = ct,
                                                                  .pool = pool,
                                                                  .n_gpu_layers = dev.ngl,
+                                                                 .n_cpu_moe = dev.n_cpu_moe,
                                                                  .gpu_weights = dev.shared},
                                      &c, &e),
                  0, "%s", e.text);
@@ -81,11 +82,11 @@ static struct executor_ctx *bt_ctx(struct executor_model *m, struct executor_thr
 
 /* Each sequence alone (one context, default batches), greedy: the logits of every step. */
 static float *bt_alone(struct executor_model *m, struct executor_threadpool *pool,
-                       enum common_cache_type ct, uint32_t n_vocab, int32_t ngl)
+                       enum common_cache_type ct, uint32_t n_vocab, struct bt_dev dev)
 {
     float *ref = malloc((size_t)BT_SEQS * BT_STEPS * n_vocab * sizeof(*ref));
     cr_assert_not_null(ref);
-    struct executor_ctx *c = bt_ctx_on(m, pool, 0, ct, (struct bt_dev){.ngl = ngl});
+    struct executor_ctx *c = bt_ctx_on(m, pool, 0, ct, dev);
     struct common_errmsg e = {{0}};
     for (uint32_t s = 0; s < BT_SEQS; s++) {
         int32_t p[BT_CTX];
@@ -106,10 +107,11 @@ static float *bt_alone(struct executor_model *m, struct executor_threadpool *poo
 /* The sequences together: a step runs every active sequence's next token, or its prompt when it
  * joins, as one call in batches of n_batch rows (a prompt straddles batches); the lead context
  * is a separate one or sequence 0's. Every step's logits must equal the lone run's bit for bit.
- * With ngl, the last ngl layers are on the device (the batch's contexts sharing one copy of the
- * weights, the lone run with its own): sequences of few rows share device steps. */
+ * With dev.ngl, the last ngl layers are on the device (the batch's contexts sharing one copy of
+ * the weights, the lone run with its own), the MoE of the first dev.n_cpu_moe on the CPU:
+ * sequences of few rows share device steps. */
 static void bt_check_model_on(const char *path, enum common_cache_type ct, uint32_t n_batch,
-                              bool lead_is_seq0, int32_t ngl)
+                              bool lead_is_seq0, struct bt_dev dev)
 {
     struct executor_threadpool *pool = NULL;
     struct executor_model      *m = NULL;
@@ -117,13 +119,12 @@ static void bt_check_model_on(const char *path, enum common_cache_type ct, uint3
     cr_assert_eq(executor_threadpool_create(2, &pool), 0);
     cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
     const uint32_t n_vocab = executor_model_hparams(m)->n_vocab;
-    float         *ref = bt_alone(m, pool, ct, n_vocab, ngl);
+    float         *ref = bt_alone(m, pool, ct, n_vocab, dev);
 
-    struct bt_dev                dev = {.ngl = ngl};
     struct executor_gpu_weights *gw = NULL;
-    if (ngl > 0) {
-        cr_assert_eq(executor_gpu_weights_create(m, ngl, 0, BT_CTX, n_batch ? n_batch : 512,
-                                                 BT_SEQS + 1, &gw, &e),
+    if (dev.ngl > 0) {
+        cr_assert_eq(executor_gpu_weights_create(m, dev.ngl, dev.n_cpu_moe, 0, BT_CTX,
+                                                 n_batch ? n_batch : 512, BT_SEQS + 1, &gw, &e),
                      0, "%s", e.text);
         dev.shared = gw;
     }
@@ -179,7 +180,7 @@ static void bt_check_model_on(const char *path, enum common_cache_type ct, uint3
 static void bt_check_model(const char *path, enum common_cache_type ct, uint32_t n_batch,
                            bool lead_is_seq0)
 {
-    bt_check_model_on(path, ct, n_batch, lead_is_seq0, 0);
+    bt_check_model_on(path, ct, n_batch, lead_is_seq0, (struct bt_dev){0});
 }
 
 static char *bt_synth(const char *name, struct executor_synth_opts o)
@@ -207,7 +208,8 @@ Test(executor_batch, moe_fixture_sequences_match_alone, .timeout = 300)
  * executor/gpu.c's pass on the CPU): sequences of at most EXECUTOR_GPU_ROW_EXACT rows together
  * share device steps (decode tokens, the 7-, 1- and 12-token prompts), longer prompts run alone,
  * and every step's logits are the lone run's bits; all layers and the head on the device, then
- * two layers with the head on the CPU. */
+ * two layers with the head on the CPU, then all layers with the MoE of the first two on the CPU
+ * (--n-cpu-moe). */
 Test(executor_batch, device_sequences_match_alone, .timeout = 300)
 {
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
@@ -218,8 +220,10 @@ Test(executor_batch, device_sequences_match_alone, .timeout = 300)
     if (gpu_device_count(why, sizeof(why)) == 0)
         cr_skip_test("no device backend (%s): skipped", why);
     cr_log_info("on %s0", gpu_backend_name());
-    bt_check_model_on(path, COMMON_CACHE_F16, 512, false, 999);
-    bt_check_model_on(path, COMMON_CACHE_F16, 512, true, 2);
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, false, (struct bt_dev){.ngl = 999});
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, true, (struct bt_dev){.ngl = 2});
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, false,
+                      (struct bt_dev){.ngl = 999, .n_cpu_moe = 2});
     free(path);
 }
 

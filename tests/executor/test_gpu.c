@@ -34,8 +34,9 @@ struct gpu_run {
     struct executor_ctx        *c;
 };
 
-/* Opens moe-tiny/<file> (or models/<file>) with n_gpu_layers on device 0. */
-static void run_open(struct gpu_run *r, const char *path, int32_t ngl, uint32_t n_batch)
+/* Opens moe-tiny/<file> (or models/<file>) with n_gpu_layers on device 0, the MoE of the first
+ * n_cpu_moe layers on the CPU. */
+static void run_open_moe(struct gpu_run *r, const char *path, int32_t ngl, int32_t n_cpu_moe)
 {
     struct common_errmsg e = {{0}};
     memset(r, 0, sizeof(*r));
@@ -44,9 +45,14 @@ static void run_open(struct gpu_run *r, const char *path, int32_t ngl, uint32_t 
     int rc = executor_ctx_create(
         r->m,
         &(struct executor_ctx_opts){
-            .n_ctx = 256, .n_batch = n_batch, .pool = r->pool, .n_gpu_layers = ngl},
+            .n_ctx = 256, .pool = r->pool, .n_gpu_layers = ngl, .n_cpu_moe = n_cpu_moe},
         &r->c, &e);
-    cr_assert_eq(rc, 0, "ctx with -ngl %d: %s", ngl, e.text);
+    cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d: %s", ngl, n_cpu_moe, e.text);
+}
+
+static void run_open(struct gpu_run *r, const char *path, int32_t ngl)
+{
+    run_open_moe(r, path, ngl, 0);
 }
 
 static void run_close(struct gpu_run *r)
@@ -90,8 +96,9 @@ static int32_t *json_ids(const struct tjson *arr, uint32_t *n)
     return ids;
 }
 
-/* Every greedy case of reference.json "greedy"/<quant> with all layers on the device. */
-static void check_greedy(const char *quant, int32_t ngl)
+/* Every greedy case of reference.json "greedy"/<quant> with ngl layers on the device, the MoE
+ * of the first n_cpu_moe layers on the CPU. */
+static void check_greedy_moe(const char *quant, int32_t ngl, int32_t n_cpu_moe)
 {
     GPU_OR_SKIP();
     FIXTURE_OR_SKIP(ref_path, "moe-tiny/reference.json");
@@ -103,7 +110,7 @@ static void check_greedy(const char *quant, int32_t ngl)
     const struct tjson *cases = tjson_get(tjson_get(ref, "greedy"), quant);
     cr_assert(cases && cases->kind == TJSON_ARR && cases->len > 0);
     struct gpu_run r;
-    run_open(&r, model_path, ngl, 0);
+    run_open_moe(&r, model_path, ngl, n_cpu_moe);
     float *logits = malloc(executor_ctx_n_vocab(r.c) * sizeof(float));
     for (size_t k = 0; k < cases->len; k++) {
         uint32_t n_prompt, n_gen;
@@ -112,8 +119,9 @@ static void check_greedy(const char *quant, int32_t ngl)
         int32_t *got = calloc(n_gen, sizeof(*got));
         greedy(r.c, prompt, n_prompt, n_gen, got, logits);
         for (uint32_t i = 0; i < n_gen; i++)
-            cr_expect_eq(got[i], want[i], "%s -ngl %d case %zu: token %u is %d, llama.cpp %d",
-                         quant, ngl, k, i, got[i], want[i]);
+            cr_expect_eq(got[i], want[i],
+                         "%s -ngl %d --n-cpu-moe %d case %zu: token %u is %d, llama.cpp %d", quant,
+                         ngl, n_cpu_moe, k, i, got[i], want[i]);
         free(prompt);
         free(want);
         free(got);
@@ -123,6 +131,19 @@ static void check_greedy(const char *quant, int32_t ngl)
     tjson_free(ref);
     free(ref_path);
     free(model_path);
+}
+
+static void check_greedy(const char *quant, int32_t ngl)
+{
+    check_greedy_moe(quant, ngl, 0);
+}
+
+/* --n-cpu-moe: every layer on the device, the MoE of the first two (then of all four) computed
+ * by the CPU between the device's attention blocks. */
+Test(executor_gpu, greedy_q8_0_with_the_moe_on_the_cpu, .timeout = 300)
+{
+    check_greedy_moe("q8_0", GPU_ALL, 2);
+    check_greedy_moe("q8_0", GPU_ALL, GPU_ALL);
 }
 
 Test(executor_gpu, greedy_f32_matches_llama_cpp, .timeout = 300)
@@ -173,8 +194,8 @@ static void check_against_cpu(const char *rel, int32_t ngl)
     FIXTURE_OR_SKIP(model_path, rel);
     struct gpu_run       cpu, dev;
     struct common_errmsg e = {{0}};
-    run_open(&cpu, model_path, 0, 0);
-    run_open(&dev, model_path, ngl, 0);
+    run_open(&cpu, model_path, 0);
+    run_open(&dev, model_path, ngl);
     const uint32_t nv = executor_ctx_n_vocab(cpu.c), n_prompt = 48, n_gen = 16;
     int32_t        prompt[48];
     for (uint32_t i = 0; i < n_prompt; i++)
