@@ -244,6 +244,8 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
         const struct executor_mat     *ms[] = {&lw->wq,      &lw->wk,    &lw->wv,     &lw->wo,
                                                &lw->gate,    &lw->up,    &lw->down,   &lw->gate_inp,
                                                &lw->sh_gate, &lw->sh_up, &lw->sh_down};
+        /* The first seven (attention, a dense FFN) always; the router and the shared expert
+         * only with the MoE on the device. */
         for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
             wb += i < 7 || !cpu ? gpu_mat_bytes(ms[i]) : 0;
         for (int p = 0; lw->gate_inp.data && !cpu && p < COMMON_EXPERT_PART_COUNT; p++)
