@@ -118,10 +118,7 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .target = &a->n_cpu_moe,
          .max = 1u << 20,
          .metavar = "N",
-         .help =
-             "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, "
-             "even on the device's layers: their experts take no device memory and stream "
-             "under --ram-budget (llama.cpp's --n-cpu-moe)",
+         .help = EXECUTOR_N_CPU_MOE_HELP,
          .def = "0"},
         {0},
     };

@@ -157,10 +157,7 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .target = &o->n_cpu_moe,
          .max = 1u << 20,
          .metavar = "N",
-         .help =
-             "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, "
-             "even on the device's layers: their experts take no device memory and stream "
-             "under --ram-budget (llama.cpp's --n-cpu-moe)",
+         .help = EXECUTOR_N_CPU_MOE_HELP,
          .def = "0"},
         {.name = "device",
          .short_name = "dev",

@@ -330,14 +330,21 @@ struct executor_ctx_opts {
                               Creation fails with COMMON_ENOTSUP when no device can take them
                               (see executor_gpu_usable) and COMMON_ENOMEM when they do not fit */
     int32_t main_gpu;      /* --main-gpu / --device CUDAn: the device used */
-    int32_t n_cpu_moe;     /* --n-cpu-moe N: the MoE of the first N layers (router, routed and
-                              shared experts) stays on the CPU even when the layer is on the
-                              device (llama.cpp's meaning): its experts never take device memory
-                              and stream under a RAM budget as on the CPU; 0 = none */
+    int32_t n_cpu_moe;     /* --n-cpu-moe N (EXECUTOR_N_CPU_MOE_HELP): the MoE of the first N
+                              layers (router, routed and shared experts) stays on the CPU even
+                              when the layer is on the device (llama.cpp's meaning): its experts
+                              never take device memory and stream under a RAM budget as on the
+                              CPU; 0 = none */
     /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
      * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
     const struct executor_gpu_weights *gpu_weights;
 };
+
+/* The --n-cpu-moe option's help line, shared by the commands and the executor daemon. */
+#define EXECUTOR_N_CPU_MOE_HELP                                                                    \
+    "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, even on "  \
+    "the device's layers: their experts take no device memory and stream under --ram-budget "      \
+    "(llama.cpp's --n-cpu-moe)"
 
 /* Expert predictors of the forward pass (DESIGN.md section 2): counts over (token, layer)
  * pairs of predicted experts, predicted experts the router then picked, and picked experts. */

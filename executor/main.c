@@ -126,10 +126,7 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .target = &c->n_cpu_moe,
          .max = 1u << 20,
          .metavar = "N",
-         .help =
-             "keep the MoE (router, routed and shared experts) of the first N layers on the CPU, "
-             "even on the device's layers: their experts take no device memory and stream "
-             "under --ram-budget (llama.cpp's --n-cpu-moe)",
+         .help = EXECUTOR_N_CPU_MOE_HELP,
          .def = "0"},
         {.name = "stream-dense",
          .type = COMMON_OPT_SWITCH,

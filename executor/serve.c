@@ -189,9 +189,7 @@ static void serve_run_batch(struct executor_serve *s, const struct proto_step_re
 {
     struct common_errmsg e = {{0}};
     int                  rc = executor_ctx_decode_batch(s->ctx[0], s->bseq, nb, &e);
-    pthread_mutex_lock(&s->mu);
-    const uint64_t batch = s->batches + 1;
-    pthread_mutex_unlock(&s->mu);
+    const uint64_t       batch = s->batches + 1; /* written by this thread only: no lock to read */
     if (batch == s->fault_at) /* the test hook: as if the device had failed in this batch */
         rc = common_errmsg_set(&e, COMMON_EDEVICE,
                                "CUDA (SLUICE_TEST_DEVICE_FAULT=%llu): "
