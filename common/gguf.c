@@ -61,6 +61,8 @@ static void gguf_arena_free(struct gguf_arena_chunk *c)
 
 /* ---- cursor over untrusted bytes ----------------------------------------------------------- */
 
+#define GGUF_MAX_COUNT (1u << 20) /* metadata entries, and tensors, of one file at most */
+
 struct gguf_cursor {
     const uint8_t        *buf;       /* borrowed: header bytes read so far */
     uint64_t              len;       /* bytes in buf */
@@ -345,6 +347,14 @@ static int gguf_parse_prelude(struct gguf_cursor *c, struct gguf_header *h)
         return common_errmsg_set(c->e, COMMON_ECORRUPT,
                                  "tensor count %llu at offset 8 cannot fit in the file",
                                  (unsigned long long)h->n_tensors);
+    /* The size bounds above trust file_size, which a QSF metadata image states itself (its
+     * tensor data lies elsewhere): cap the counts at what no real file comes near. */
+    if (h->n_kv > GGUF_MAX_COUNT || h->n_tensors > GGUF_MAX_COUNT)
+        return common_errmsg_set(c->e, COMMON_ECORRUPT,
+                                 "%llu metadata entries and %llu tensors: more than the %u a file "
+                                 "may hold",
+                                 (unsigned long long)h->n_kv, (unsigned long long)h->n_tensors,
+                                 GGUF_MAX_COUNT);
 
     return COMMON_OK;
 }
