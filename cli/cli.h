@@ -83,12 +83,13 @@ struct cli_stream_opts {
     bool                 mmap_advise;  /* --mmap-advise: io mmap madvises requested experts */
     int32_t              n_gpu_layers; /* -ngl N: the last N layers (and the head past n_layer)
                                           on the CUDA device; 0 = none */
-    int32_t main_gpu;                  /* --main-gpu / --device CUDAn */
-    int32_t n_cpu_moe;                 /* --n-cpu-moe N: the first N layers' MoE on the CPU */
+    int32_t  main_gpu;                 /* --main-gpu / --device CUDAn */
+    int32_t  n_cpu_moe;                /* --n-cpu-moe N: the first N layers' MoE on the CPU */
+    uint64_t vram_budget; /* --vram-budget SIZE: the device's experts in a pool; 0 = all */
 };
 
 /* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
-#define CLI_STREAM_N_ROWS 16
+#define CLI_STREAM_N_ROWS 17
 
 /* The option table of the streaming options that run, chat, perplexity and bench share. */
 struct cli_stream_table {

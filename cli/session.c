@@ -159,6 +159,12 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .metavar = "N",
          .help = EXECUTOR_N_CPU_MOE_HELP,
          .def = "0"},
+        {.name = "vram-budget",
+         .type = COMMON_OPT_SIZE,
+         .target = &o->vram_budget,
+         .min = 1,
+         .metavar = "SIZE",
+         .help = EXECUTOR_VRAM_BUDGET_HELP},
         {.name = "device",
          .short_name = "dev",
          .type = COMMON_OPT_CALLBACK,
@@ -332,6 +338,9 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         if (n_slots < 2 * en->desc->hp.n_expert)
             co.fetch_window = n_slots / 2 ? n_slots / 2 : 1;
     }
+    if (en->so.vram_budget && en->so.n_gpu_layers <= 0)
+        fprintf(stderr, "%s: warning: --vram-budget ignored: no layer is on a device (-ngl)\n",
+                en->prog);
     if (en->so.n_gpu_layers > 0 && en->so.main_gpu >= 0) {
         /* As llama.cpp: without a usable device the layers stay on the CPU, with a warning. */
         char why[256] = "";
@@ -339,6 +348,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
             co.n_gpu_layers = en->so.n_gpu_layers;
             co.main_gpu = en->so.main_gpu;
             co.n_cpu_moe = en->so.n_cpu_moe;
+            co.vram_budget = en->so.vram_budget;
         } else {
             fprintf(stderr, "%s: warning: -ngl %d ignored, running on the CPU: %s\n", en->prog,
                     en->so.n_gpu_layers, why);
@@ -346,13 +356,16 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     }
     if (o->n_seqs > 1 && co.n_gpu_layers > 0) {
         /* Several sequences share one copy of the device weights (and device steps). */
-        const struct common_hparams *hp = executor_model_hparams(en->model);
-        const uint32_t               n_ctx = co.n_ctx                 ? co.n_ctx
-                                             : hp->n_ctx_train < 4096 ? hp->n_ctx_train
-                                                                      : 4096;
-        if ((rc = executor_gpu_weights_create(en->model, co.n_gpu_layers, co.n_cpu_moe, co.main_gpu,
-                                              n_ctx, co.n_batch ? co.n_batch : 512, o->n_seqs,
-                                              &en->gpu_w, &e)) < 0) {
+        const struct common_hparams    *hp = executor_model_hparams(en->model);
+        const uint32_t                  n_ctx = co.n_ctx                 ? co.n_ctx
+                                                : hp->n_ctx_train < 4096 ? hp->n_ctx_train
+                                                                         : 4096;
+        const struct executor_gpu_place pl = {.n_gpu_layers = co.n_gpu_layers,
+                                              .n_cpu_moe = co.n_cpu_moe,
+                                              .main_gpu = co.main_gpu,
+                                              .vram_budget = co.vram_budget};
+        if ((rc = executor_gpu_weights_create(en->model, &pl, n_ctx, co.n_batch ? co.n_batch : 512,
+                                              o->n_seqs, &en->gpu_w, &e)) < 0) {
             cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
             goto out_close;
         }
@@ -429,6 +442,17 @@ int cli_engine_report(struct cli_engine *en)
                 rc = COMMON_EIO;
             }
         }
+    }
+    struct executor_gpu_pool_stats gs;
+    if (en->ctx && executor_ctx_gpu_pool_stats(en->ctx, &gs) && gs.n_slots) {
+        char           cb[32];
+        const uint64_t picks = gs.hits + gs.misses;
+        fprintf(stderr,
+                "gpu expert pool: %u slots; %llu picks, %llu found (%.1f%%), %llu copied in "
+                "(%s to the device)\n",
+                gs.n_slots, (unsigned long long)picks, (unsigned long long)gs.hits,
+                picks ? 100.0 * (double)gs.hits / (double)picks : 0.0,
+                (unsigned long long)gs.misses, common_format_size(gs.copied_bytes, cb, sizeof(cb)));
     }
     if (en->so.report_rss) {
         uint64_t kb = engine_vmhwm_kb();

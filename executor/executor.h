@@ -335,10 +335,25 @@ struct executor_ctx_opts {
                               when the layer is on the device (llama.cpp's meaning): its experts
                               never take device memory and stream under a RAM budget as on the
                               CPU; 0 = none */
+    uint64_t vram_budget;  /* --vram-budget SIZE (EXECUTOR_VRAM_BUDGET_HELP): the device
+                              memory the routed experts of its layers may take; 0 = all of them
+                              uploaded */
     /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
      * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
     const struct executor_gpu_weights *gpu_weights;
 };
+
+/* Where the layers go on the device: executor_ctx_opts' fields of the same names. */
+struct executor_gpu_place {
+    int32_t  n_gpu_layers, n_cpu_moe, main_gpu;
+    uint64_t vram_budget;
+};
+
+/* The --vram-budget option's help line, shared by the commands and the executor daemon. */
+#define EXECUTOR_VRAM_BUDGET_HELP                                                                  \
+    "bound the device memory of the routed experts to SIZE (e.g. 4G): the experts of the "         \
+    "device's layers live in a pool of that size, copied in from RAM (or storage under "           \
+    "--ram-budget) when the router picks one that is not there, the least recently used given up"
 
 /* The --n-cpu-moe option's help line, shared by the commands and the executor daemon. */
 #define EXECUTOR_N_CPU_MOE_HELP                                                                    \
@@ -372,15 +387,28 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
 /* Frees the ctx; accepts NULL. */
 void     executor_ctx_destroy(struct executor_ctx *c);
 uint32_t executor_ctx_n_ctx(const struct executor_ctx *c);
-/* The weights of the last n_layers layers of a model on CUDA device `dev` (the head too when
- * n_layers > n_layer), but for the MoE of the first n_cpu_moe layers (executor_ctx_opts), for
+/* The weights of the last pl->n_gpu_layers layers of a model on CUDA device pl->main_gpu (the
+ * head too when it exceeds n_layer), but for the MoE of the first pl->n_cpu_moe layers, the routed
+ * experts in a pool of pl->vram_budget bytes when not 0 (executor_ctx_opts), for
  * several ctxs of it (executor_ctx_opts.gpu_weights): uploaded once, checked to fit with n_seq
  * sequences of n_ctx positions and n_batch tokens. Returns 0, COMMON_ENOTSUP (no usable device,
  * or a model the CUDA path lacks) or COMMON_ENOMEM, with the message in e. */
-int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t n_cpu_moe,
-                                int32_t dev, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+int executor_gpu_weights_create(const struct executor_model *m, const struct executor_gpu_place *pl,
+                                uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e);
 void executor_gpu_weights_destroy(struct executor_gpu_weights *gw);
+
+/* The device's expert pool (--vram-budget): its slots (one expert each) and what the router's
+ * picks found there since the weights were made. */
+struct executor_gpu_pool_stats {
+    uint32_t n_slots;      /* 0: no pool (every expert uploaded, or none on the device) */
+    uint64_t slot_bytes;   /* one expert's parts */
+    uint64_t expert_bytes; /* every routed expert of the device's layers */
+    uint64_t hits, misses; /* expert picks found in the pool, and copied in */
+    uint64_t copied_bytes; /* copied to the device for the misses */
+};
+/* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
+bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);
 /* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
  * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
 int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len);
@@ -643,8 +671,9 @@ struct executor_serve_opts {
                              on the CPU and the instance id changes, so the router replays its
                              sequences. SLUICE_TEST_DEVICE_FAULT=N in the environment (tests)
                              makes the Nth batched step fail that way, with or without a device */
-    int32_t main_gpu;     /* the CUDA device */
-    int32_t n_cpu_moe;    /* --n-cpu-moe: as executor_ctx_opts */
+    int32_t  main_gpu;    /* the CUDA device */
+    int32_t  n_cpu_moe;   /* --n-cpu-moe: as executor_ctx_opts */
+    uint64_t vram_budget; /* --vram-budget: as executor_ctx_opts */
 };
 
 /* Creates the contexts, writes the pid file, starts the step thread and listens on

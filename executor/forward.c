@@ -1093,7 +1093,11 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                  lay.n_ctx);
     }
     if ((o->n_gpu_layers > 0 || o->gpu_weights) &&
-        (rc = executor_gpu_create(m, o->gpu_weights, o->n_gpu_layers, o->n_cpu_moe, o->main_gpu,
+        (rc = executor_gpu_create(m, o->gpu_weights,
+                                  &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
+                                                               .n_cpu_moe = o->n_cpu_moe,
+                                                               .main_gpu = o->main_gpu,
+                                                               .vram_budget = o->vram_budget},
                                   c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;
@@ -1129,6 +1133,15 @@ int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes)
 {
     return c->gpu ? gpu_membw_probe(bytes) : 0.0;
+}
+
+bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out)
+{
+    *out = (struct executor_gpu_pool_stats){0};
+    if (!c->gpu)
+        return false;
+    executor_gpu_pool_stats(c->gpu, out);
+    return true;
 }
 
 bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len)

@@ -228,5 +228,8 @@ int executor_fwd_moe(struct executor_ctx *c, uint32_t il, uint32_t n);
  * dense FFN, added to x): the layers of --n-cpu-moe run it between the device's attention
  * blocks. Returns 0 or an error of the weight source (text in c->err). */
 int executor_fwd_cpu_ffn(struct executor_ctx *c, uint32_t il, uint32_t n);
+/* Says in c->err which part of which expert could not be had (rc), and why when the weight
+ * source knows (the file, offset and checksum of a failed load); returns rc. */
+int executor_moe_acquire_failed(struct executor_ctx *c, uint32_t il, uint32_t e, int part, int rc);
 
 #endif /* EXECUTOR_FORWARD_IMPL_H */

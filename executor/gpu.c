@@ -4,6 +4,7 @@
 #include "gpu.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,9 @@ struct gpu_mat {
     size_t   row_bytes;
 };
 
-/* Every routed expert of one part of a layer, expert e at d + e * bytes. */
+/* Every routed expert of one part of a layer, expert e at d + e * bytes; in a pool
+ * (--vram-budget), the part of the expert in slot s at d + s * bytes (d: the pool plus the
+ * part's offset in a slot, bytes: a slot's). */
 struct gpu_experts {
     void    *d;
     uint32_t type;
@@ -37,6 +40,27 @@ struct gpu_layer {
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
     bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
+    bool               pooled;  /* its experts are in the pool, by slot */
+};
+
+/* --vram-budget: the routed experts of the device's layers in a pool of slots, one expert's
+ * parts each (at its layer's offsets), copied in from the weight source when the router picks
+ * an expert that is not there, into an empty slot or the least recently used one. A step pins
+ * the slots of a round (the experts of the tokens computed together) so that none of them is
+ * given up for another of the same round. The lock is held from the lookup to the last kernel
+ * over the slots (queued in order on the one stream, before any later copy into them). */
+struct gpu_xpool {
+    pthread_mutex_t mu;
+    uint8_t        *d;
+    size_t          slot_bytes;
+    uint32_t        n_slots, n_expert;
+    int32_t        *slot_of; /* il * n_expert + x -> its slot, or -1 */
+    uint32_t       *owner;   /* slot -> il * n_expert + x, or UINT32_MAX: empty */
+    uint64_t       *last;    /* slot -> the tick of its last use */
+    uint64_t       *pin;     /* slot -> the round that uses it */
+    uint64_t       *mark;    /* expert -> the round that counted it */
+    uint64_t        tick, round;
+    uint64_t        hits, misses, copied;
 };
 
 /* Device allocations freed together. */
@@ -58,6 +82,8 @@ struct executor_gpu_weights {
     float                       *output_norm;
     struct gpu_allocs            mem;
     size_t                       bytes;
+    size_t                       expert_bytes; /* every routed expert of the device's layers */
+    struct gpu_xpool            *pool;         /* NULL: every expert uploaded */
 };
 
 /* One sequence's side: its KV cache and the scratch of a batch. */
@@ -230,14 +256,50 @@ static bool gpu_cpu_moe(const struct executor_model *m, uint32_t il, uint32_t n_
     return il < n_cpu_moe && m->layers[il].gate_inp.data != NULL;
 }
 
+/* Bytes of one routed expert of layer il, its parts together. */
+static size_t gpu_expert_bytes(const struct executor_model *m, uint32_t il)
+{
+    const struct executor_layer_w *lw = &m->layers[il];
+    size_t                         b = 0;
+    for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++)
+        b += (size_t)lw->exp[p].rows * lw->exp[p].row_bytes;
+    return b;
+}
+
+/* The slots of a pool of `budget` bytes for the routed experts of the layers from il0 but the
+ * first n_cpu_moe, each the size of the largest expert (*slot_bytes); -1 when there is no pool:
+ * no budget, or every expert fits in it (they are then all uploaded). *all: those experts'
+ * bytes. */
+static int64_t gpu_pool_slots(const struct executor_model *m, uint32_t il0, uint32_t n_cpu_moe,
+                              uint64_t budget, size_t *slot_bytes, size_t *all)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    size_t                       largest = 0, sum = 0;
+    for (uint32_t il = il0; il < hp->n_layer; il++) {
+        if (gpu_cpu_moe(m, il, n_cpu_moe))
+            continue;
+        const size_t b = gpu_expert_bytes(m, il);
+        sum += b * hp->n_expert;
+        largest = b > largest ? b : largest;
+    }
+    *all = sum;
+    *slot_bytes = largest;
+    if (!budget || !largest || budget >= sum)
+        return -1;
+    return (int64_t)(budget / largest); /* fewer than the experts: budget < sum */
+}
+
 /* Device bytes of the weights of the layers from il0 (and of the head), without the MoE of
- * the layers below n_cpu_moe. */
+ * the layers below n_cpu_moe, the routed experts in a pool of vram_budget bytes when they do not
+ * all fit in it. */
 static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, bool head,
-                               uint32_t n_cpu_moe)
+                               uint32_t n_cpu_moe, uint64_t vram_budget)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
-    size_t                       wb = 0;
+    size_t                       slot_bytes, all;
+    const int64_t n_slots = gpu_pool_slots(m, il0, n_cpu_moe, vram_budget, &slot_bytes, &all);
+    size_t        wb = n_slots > 0 ? (size_t)n_slots * slot_bytes : 0;
     for (uint32_t il = il0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     cpu = gpu_cpu_moe(m, il, n_cpu_moe);
@@ -248,8 +310,8 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
          * only with the MoE on the device. */
         for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
             wb += i < 7 || !cpu ? gpu_mat_bytes(ms[i]) : 0;
-        for (int p = 0; lw->gate_inp.data && !cpu && p < COMMON_EXPERT_PART_COUNT; p++)
-            wb += (size_t)hp->n_expert * (size_t)lw->exp[p].rows * lw->exp[p].row_bytes;
+        if (!cpu && n_slots < 0)
+            wb += (size_t)hp->n_expert * gpu_expert_bytes(m, il);
         wb += (4 * w.ne + w.qd + w.kd + w.vd + w.E) * sizeof(float);
     }
     if (head)
@@ -274,6 +336,37 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool he
            (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t);
 }
 
+/* Copies part p of expert x of layer il from the weight source to device memory at dst.
+ * Returns 0, COMMON_EDEVICE (the copy failed; message in e), or the weight source's error
+ * (the message from `c` when given, which names what was read, else a short one in e). */
+static int gpu_copy_expert(const struct executor_gpu_weights *gw, uint32_t il, uint32_t x,
+                           enum common_expert_part p, void *dst, struct executor_ctx *c,
+                           struct common_errmsg *e)
+{
+    const struct executor_expert_geom *geo = &gw->m->layers[il].exp[p];
+    struct executor_weights           *w = gw->m->w;
+    for (;;) {
+        const void *data;
+        uint32_t    slot;
+        int         rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &slot);
+        if (rc < 0) {
+            if (!c)
+                return common_errmsg_set(e, rc, "layer %u expert %u: %s", il, x,
+                                         common_strerror(rc));
+            rc = executor_moe_acquire_failed(c, il, x, (int)p, rc);
+            return common_errmsg_set(e, rc, "%s", c->err.text);
+        }
+        int up = gpu_upload(dst, data, (size_t)geo->rows * geo->row_bytes);
+        /* A loan whose bytes changed meanwhile is read again. */
+        if (w->ops->expert_release(w->impl, slot) == COMMON_EAGAIN)
+            continue;
+        if (up < 0)
+            return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), gw->dev,
+                                     gpu_last_error());
+        return 0;
+    }
+}
+
 /* Uploads every routed expert of one part of layer il, acquiring each from the weight source. */
 static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum common_expert_part p,
                            struct gpu_experts *out, struct common_errmsg *e)
@@ -281,7 +374,6 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
     const struct executor_model       *m = gw->m;
     const struct executor_expert_geom *geo = &m->layers[il].exp[p];
     const uint32_t                     E = m->desc->hp.n_expert;
-    struct executor_weights           *w = m->w;
     *out = (struct gpu_experts){.type = geo->type,
                                 .rows = geo->rows,
                                 .cols = geo->cols,
@@ -291,22 +383,102 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: %s", gpu_backend_name(), gw->dev,
                                  gpu_last_error());
     for (uint32_t x = 0; x < E; x++) {
-        const void *data;
-        uint32_t    slot;
-        int         rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &slot);
+        int rc = gpu_copy_expert(gw, il, x, p, (uint8_t *)out->d + (size_t)x * out->bytes, NULL, e);
         if (rc < 0)
-            return common_errmsg_set(e, rc, "layer %u expert %u: %s", il, x, common_strerror(rc));
-        int up = gpu_upload((uint8_t *)out->d + (size_t)x * out->bytes, data, out->bytes);
-        /* A loan whose bytes changed meanwhile is read again. */
-        if (w->ops->expert_release(w->impl, slot) == COMMON_EAGAIN) {
-            x--;
-            continue;
-        }
-        if (up < 0)
-            return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), gw->dev,
-                                     gpu_last_error());
+            return rc;
     }
     return 0;
+}
+
+static void gpu_pool_destroy(struct gpu_xpool *px)
+{
+    if (!px)
+        return;
+    pthread_mutex_destroy(&px->mu);
+    free(px->slot_of);
+    free(px->owner);
+    free(px->last);
+    free(px->pin);
+    free(px->mark);
+    free(px);
+}
+
+/* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's). */
+static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, size_t slot_bytes,
+                           struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &gw->m->desc->hp;
+    const size_t                 n_keys = (size_t)hp->n_layer * hp->n_expert;
+    struct gpu_xpool            *px = calloc(1, sizeof(*px));
+    if (!px || pthread_mutex_init(&px->mu, NULL) != 0) {
+        free(px);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    px->slot_bytes = slot_bytes;
+    px->n_slots = n_slots;
+    px->n_expert = hp->n_expert;
+    px->slot_of = malloc(n_keys * sizeof(*px->slot_of));
+    px->owner = malloc((size_t)n_slots * sizeof(*px->owner));
+    px->last = calloc(n_slots, sizeof(*px->last));
+    px->pin = calloc(n_slots, sizeof(*px->pin));
+    px->mark = calloc(hp->n_expert, sizeof(*px->mark));
+    if (!px->slot_of || !px->owner || !px->last || !px->pin || !px->mark) {
+        gpu_pool_destroy(px);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n_keys; i++)
+        px->slot_of[i] = -1;
+    for (uint32_t s = 0; s < n_slots; s++)
+        px->owner[s] = UINT32_MAX;
+    gw->pool = px;
+    if (!(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
+                                 gw->dev, gpu_last_error());
+    return 0;
+}
+
+/* The slot of expert x of layer il, copied in when it is not in the pool (into an empty slot,
+ * else the least recently used one no other expert of this round holds), pinned for this
+ * round. Returns the slot, or COMMON_EDEVICE or the weight source's error (message in e;
+ * the slot is then left empty). The caller holds the lock. */
+static int32_t gpu_pool_get(const struct executor_gpu_weights *gw, uint32_t il, uint32_t x,
+                            struct executor_ctx *c, struct common_errmsg *e)
+{
+    struct gpu_xpool *px = gw->pool;
+    const uint32_t    key = il * px->n_expert + x;
+    int32_t           s = px->slot_of[key];
+    px->tick++;
+    if (s < 0) {
+        for (uint32_t i = 0; i < px->n_slots; i++) {
+            if (px->owner[i] == UINT32_MAX) {
+                s = (int32_t)i;
+                break;
+            }
+            if (px->pin[i] != px->round && (s < 0 || px->last[i] < px->last[s]))
+                s = (int32_t)i;
+        }
+        if (s < 0) /* more experts in a round than slots: the caller's rounds prevent it */
+            return common_errmsg_set(e, COMMON_ERANGE, "the device's expert pool is full");
+        if (px->owner[s] != UINT32_MAX)
+            px->slot_of[px->owner[s]] = -1;
+        px->owner[s] = UINT32_MAX;
+        const struct gpu_layer *gl = &gw->layers[il];
+        for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+            uint8_t *dst = (uint8_t *)gl->exps[p].d + (size_t)s * px->slot_bytes;
+            int      rc = gpu_copy_expert(gw, il, x, (enum common_expert_part)p, dst, c, e);
+            if (rc < 0)
+                return rc;
+            px->copied += (size_t)gl->exps[p].rows * gl->exps[p].row_bytes;
+        }
+        px->owner[s] = key;
+        px->slot_of[key] = s;
+        px->misses++;
+    } else {
+        px->hits++;
+    }
+    px->last[s] = px->tick;
+    px->pin[s] = px->round;
+    return s;
 }
 
 static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct common_errmsg *e)
@@ -346,7 +518,20 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     if (!ok)
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: layer %u: %s", gpu_backend_name(),
                                  gw->dev, il, gpu_last_error());
+    gl->pooled = gw->pool && lw->gate_inp.data && !gl->cpu_moe;
+    size_t off = 0; /* a part's offset in a slot */
     for (int p = 0; lw->gate_inp.data && !gl->cpu_moe && p < COMMON_EXPERT_PART_COUNT; p++) {
+        const struct executor_expert_geom *geo = &lw->exp[p];
+        if (gl->pooled) {
+            gl->exps[p] = (struct gpu_experts){.d = gw->pool->d + off,
+                                               .type = geo->type,
+                                               .rows = geo->rows,
+                                               .cols = geo->cols,
+                                               .row_bytes = geo->row_bytes,
+                                               .bytes = gw->pool->slot_bytes};
+            off += (size_t)geo->rows * geo->row_bytes;
+            continue;
+        }
         int rc = gpu_put_experts(gw, il, (enum common_expert_part)p, &gl->exps[p], e);
         if (rc < 0)
             return rc;
@@ -356,31 +541,34 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
 
 /* Refuses a placement over the free device memory, naming the most layers that fit. */
 static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint32_t n_cpu_moe,
-                         int32_t dev, const struct gpu_info *info, size_t need, uint32_t n_ctx,
-                         uint32_t n_batch, uint32_t n_seq, struct common_errmsg *e)
+                         uint64_t vram_budget, int32_t dev, const struct gpu_info *info,
+                         size_t need, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                         struct common_errmsg *e)
 {
     const uint32_t nl = m->desc->hp.n_layer;
     if (need + GPU_MARGIN_BYTES <= info->free_bytes)
         return 0;
     uint32_t fit = 0;
     for (uint32_t k = 1; k <= nl; k++)
-        if (gpu_need_weights(m, nl - k, false, n_cpu_moe) +
+        if (gpu_need_weights(m, nl - k, false, n_cpu_moe, vram_budget) +
                 n_seq * gpu_need_ctx(m, nl - k, false, n_ctx, n_batch) + GPU_MARGIN_BYTES <=
             info->free_bytes)
             fit = k;
     return common_errmsg_set(e, COMMON_ENOMEM,
                              "-ngl %d needs %.0f MiB of device memory; %s%d (%s) has %.0f MiB "
-                             "free: at most -ngl %u fits (or a smaller -c / -b)",
+                             "free: at most -ngl %u fits (or a smaller -c / -b%s)",
                              n_layers, (double)(need + GPU_MARGIN_BYTES) / 1048576.0,
                              gpu_backend_name(), dev, info->name,
-                             (double)info->free_bytes / 1048576.0, fit);
+                             (double)info->free_bytes / 1048576.0, fit,
+                             m->desc->hp.n_expert ? ", --vram-budget" : "");
 }
 
-int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers, int32_t n_cpu_moe,
-                                int32_t dev, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+int executor_gpu_weights_create(const struct executor_model *m, const struct executor_gpu_place *pl,
+                                uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e)
 {
-    const uint32_t               cpu_moe = n_cpu_moe > 0 ? (uint32_t)n_cpu_moe : 0;
+    const int32_t                n_layers = pl->n_gpu_layers, dev = pl->main_gpu;
+    const uint32_t               cpu_moe = pl->n_cpu_moe > 0 ? (uint32_t)pl->n_cpu_moe : 0;
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
     *out = NULL;
@@ -393,9 +581,24 @@ int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers
     const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
     const uint32_t il0 = hp->n_layer - on;
     const bool     head = (uint32_t)n_layers > hp->n_layer;
-    const size_t   need = gpu_need_weights(m, il0, head, cpu_moe) +
+    size_t         slot_bytes, all;
+    const int64_t  n_slots = gpu_pool_slots(m, il0, cpu_moe, pl->vram_budget, &slot_bytes, &all);
+    const uint32_t K = hp->n_expert_used ? hp->n_expert_used : 1;
+    if (n_slots >= 0 && n_slots < K) {
+        char b[32], x[32], need[32], sum[32];
+        return common_errmsg_set(
+            e, COMMON_EINVAL,
+            "--vram-budget %s holds %lld of the experts (%s each); a token uses %u: give it at "
+            "least %s (all %s of them are uploaded without it)",
+            common_format_size(pl->vram_budget, b, sizeof(b)), (long long)n_slots,
+            common_format_size(slot_bytes, x, sizeof(x)), K,
+            common_format_size((uint64_t)K * slot_bytes, need, sizeof(need)),
+            common_format_size(all, sum, sizeof(sum)));
+    }
+    const size_t need = gpu_need_weights(m, il0, head, cpu_moe, pl->vram_budget) +
                         (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch);
-    int rc = gpu_check_fit(m, n_layers, cpu_moe, dev, &info, need, n_ctx, n_batch, n_seq, e);
+    int rc = gpu_check_fit(m, n_layers, cpu_moe, pl->vram_budget, dev, &info, need, n_ctx, n_batch,
+                           n_seq, e);
     if (rc < 0)
         return rc;
     struct executor_gpu_weights *gw = calloc(1, sizeof(*gw));
@@ -409,6 +612,9 @@ int executor_gpu_weights_create(const struct executor_model *m, int32_t n_layers
     gw->il0 = il0;
     gw->n_cpu_moe = cpu_moe;
     gw->head = head;
+    gw->expert_bytes = all;
+    if (n_slots > 0)
+        rc = gpu_pool_create(gw, (uint32_t)n_slots, slot_bytes, e);
     for (uint32_t il = il0; il < hp->n_layer && rc == 0; il++)
         rc = gpu_put_layer(gw, il, e);
     if (rc == 0 && head) {
@@ -432,6 +638,7 @@ void executor_gpu_weights_destroy(struct executor_gpu_weights *gw)
     if (!gw)
         return;
     gpu_allocs_free(&gw->mem);
+    gpu_pool_destroy(gw->pool);
     free(gw->layers);
     free(gw);
 }
@@ -482,16 +689,15 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
 }
 
 int executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
-                        int32_t n_layers, int32_t n_cpu_moe, int32_t dev, uint32_t n_ctx,
-                        uint32_t n_batch, struct executor_gpu **out, struct common_errmsg *e)
+                        const struct executor_gpu_place *pl, uint32_t n_ctx, uint32_t n_batch,
+                        struct executor_gpu **out, struct common_errmsg *e)
 {
     const struct common_hparams *hp = &m->desc->hp;
     struct executor_gpu_weights *own = NULL;
     int                          rc;
     *out = NULL;
     if (!shared) {
-        if ((rc = executor_gpu_weights_create(m, n_layers, n_cpu_moe, dev, n_ctx, n_batch, 1, &own,
-                                              e)) < 0)
+        if ((rc = executor_gpu_weights_create(m, pl, n_ctx, n_batch, 1, &own, e)) < 0)
             return rc;
         shared = own;
     } else {
@@ -573,6 +779,31 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
     if (on_cpu && at < len)
         snprintf(buf + at, len - at, "; the MoE of %u of them on the CPU (--n-cpu-moe %u)", on_cpu,
                  gw->n_cpu_moe);
+    const size_t at2 = strlen(buf);
+    if (gw->pool && at2 < len) {
+        const uint64_t pb = (uint64_t)gw->pool->n_slots * gw->pool->slot_bytes;
+        char           a[32], b[32];
+        snprintf(buf + at2, len - at2,
+                 "; the experts in a pool of %u slots (%s of --vram-budget, %.1f%% of their %s)",
+                 gw->pool->n_slots, common_format_size(pb, a, sizeof(a)),
+                 100.0 * (double)pb / (double)gw->expert_bytes,
+                 common_format_size(gw->expert_bytes, b, sizeof(b)));
+    }
+}
+
+void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_pool_stats *out)
+{
+    struct gpu_xpool *px = g->w->pool;
+    *out = (struct executor_gpu_pool_stats){.expert_bytes = g->w->expert_bytes};
+    if (!px)
+        return;
+    pthread_mutex_lock(&px->mu);
+    out->n_slots = px->n_slots;
+    out->slot_bytes = px->slot_bytes;
+    out->hits = px->hits;
+    out->misses = px->misses;
+    out->copied_bytes = px->copied;
+    pthread_mutex_unlock(&px->mu);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -714,11 +945,27 @@ static struct gpu_mat gpu_expert(const struct gpu_experts *x, int32_t e)
                             .row_bytes = x->row_bytes};
 }
 
-/* The routed experts of a prefill: the choices brought to the host and grouped by expert, each
- * expert's rows gathered and computed through the matmul, its outputs put back by (token,
- * slot) row into g->moe_y. */
-static int gpu_moe_grouped(struct executor_gpu *g, const struct gpu_layer *gl, uint32_t n)
+/* The slot of expert x of layer il in the pool (the lock held), copied in when missing; -1
+ * on a device error, -2 when the weight source failed (*cpu_rc and c->err say how). */
+static int32_t gpu_slot(struct executor_gpu *g, uint32_t il, uint32_t x, struct executor_ctx *c,
+                        int *cpu_rc)
 {
+    struct common_errmsg le = {{0}};
+    const int32_t        s = gpu_pool_get(g->w, il, x, c, &le);
+    if (s >= 0 || s == COMMON_EDEVICE)
+        return s >= 0 ? s : -1;
+    *cpu_rc = common_errmsg_set(&c->err, s, "%s", le.text);
+    return -2;
+}
+
+/* The routed experts of a prefill: the choices brought to the host and grouped by expert, each
+ * expert's rows gathered and computed through the matmul (from its slot when the layer's
+ * experts are in the pool, the lock held), its outputs put back by (token, slot) row into
+ * g->moe_y. Returns 0 (*cpu_rc < 0 when the weight source failed) or -1 (device). */
+static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
+                           int *cpu_rc)
+{
+    const struct gpu_layer      *gl = &g->w->layers[il];
     const struct common_hparams *hp = &g->m->desc->hp;
     const uint32_t               E = hp->n_expert, K = hp->n_expert_used, ne = hp->n_embd;
     const uint32_t               nk = n * K;
@@ -746,13 +993,100 @@ static int gpu_moe_grouped(struct executor_gpu *g, const struct gpu_layer *gl, u
         const int32_t cnt = g->h_start[x + 1] - g->h_start[x];
         if (cnt == 0)
             continue;
-        const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], (int32_t)x);
-        const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], (int32_t)x);
-        const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], (int32_t)x);
+        int32_t at = (int32_t)x;
+        if (gl->pooled) {
+            g->w->pool->round++;
+            if ((at = gpu_slot(g, il, x, c, cpu_rc)) < 0)
+                return at == -1 ? -1 : 0;
+        }
+        const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
+        const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
+        const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
         if (gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
             gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp) < 0 ||
             gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0)
             return -1;
+    }
+    return 0;
+}
+
+/* The routed experts of tokens [t0, t1) of a step of fewer than GPU_GEMM_MIN_N rows: every
+ * (token, slot) item in one launch per part, the experts (or their slots in the pool) at ids
+ * (device memory, n * K of them), outputs into g->moe_y. 0 or -1. */
+static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, const int32_t *ids,
+                         uint32_t t0, uint32_t t1)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const uint32_t               K = hp->n_expert_used;
+    const int64_t                ne = hp->n_embd;
+    const struct gpu_experts    *xg = &gl->exps[COMMON_EXPERT_GATE];
+    const struct gpu_experts    *xu = &gl->exps[COMMON_EXPERT_UP];
+    const struct gpu_experts    *xd = &gl->exps[COMMON_EXPERT_DOWN];
+    const int64_t                nf = xg->rows, items = (int64_t)(t1 - t0) * K;
+    const size_t                 i0 = (size_t)t0 * K;
+    float                       *ga = g->ga + i0 * (size_t)nf, *up = g->up + i0 * (size_t)nf;
+    const float *xa = gpu_round_for(g, xg->type, g->xn + (size_t)t0 * ne, ne, t1 - t0, ne);
+    if (!xa || executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
+        gpu_matvec_ids(xg->type, xg->d, xg->bytes, xg->row_bytes, xg->rows, xg->cols, ids + i0,
+                       items, xa, ne, K, ga, nf) < 0 ||
+        gpu_matvec_ids(xu->type, xu->d, xu->bytes, xu->row_bytes, xu->rows, xu->cols, ids + i0,
+                       items, xa, ne, K, up, nf) < 0 ||
+        gpu_swiglu(ga, up, items * nf, false) < 0)
+        return -1;
+    const float *xd_in = gpu_round_for(g, xd->type, ga, nf, (uint32_t)items, nf);
+    if (!xd_in || gpu_matvec_ids(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, xd->cols,
+                                 ids + i0, items, xd_in, nf, 1, g->moe_y + i0 * (size_t)ne, ne) < 0)
+        return -1;
+    return 0;
+}
+
+/* The routed experts of a step of fewer than GPU_GEMM_MIN_N rows from the pool (the lock
+ * held): the picks brought to the host (and asked of the weight source at once, so that its
+ * reads overlap), the tokens taken in rounds whose experts fit in the pool together (one
+ * token's always do), each round's missing experts copied in, then computed over their slots
+ * (gpu_moe_items: the same products as with every expert uploaded). Returns 0 (*cpu_rc < 0
+ * when the weight source failed) or -1 (device). */
+static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
+                          int *cpu_rc)
+{
+    const struct executor_gpu_weights *gw = g->w;
+    struct gpu_xpool                  *px = gw->pool;
+    const struct executor_weights     *w = gw->m->w;
+    const uint32_t                     E = px->n_expert, K = gw->m->desc->hp.n_expert_used;
+    if (gpu_download(g->h_sel, g->sel, (size_t)n * K * sizeof(int32_t)) < 0)
+        return -1;
+    for (uint32_t i = 0; i < n * K; i++) {
+        if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
+            return -1; /* a routing kernel gone wrong: never index with it */
+        if (w->ops->expert_request && px->slot_of[il * E + (uint32_t)g->h_sel[i]] < 0)
+            (void)w->ops->expert_request(w->impl, il, (uint32_t)g->h_sel[i],
+                                         EXECUTOR_HINT_POSTFETCH);
+    }
+    for (uint32_t t0 = 0; t0 < n;) {
+        uint32_t used = 0, t1 = t0;
+        px->round++;
+        for (; t1 < n; t1++) {
+            const int32_t *sel = g->h_sel + (size_t)t1 * K;
+            uint32_t       add = 0;
+            for (uint32_t j = 0; j < K; j++)
+                add += px->mark[sel[j]] != px->round;
+            if (t1 > t0 && used + add > px->n_slots)
+                break;
+            used += add;
+            for (uint32_t j = 0; j < K; j++) {
+                px->mark[sel[j]] = px->round;
+                const int32_t s = gpu_slot(g, il, (uint32_t)sel[j], c, cpu_rc);
+                if (s < 0)
+                    return s == -1 ? -1 : 0;
+                g->h_items[(size_t)t1 * K + j] = s;
+            }
+        }
+        const size_t i0 = (size_t)t0 * K;
+        if (gpu_upload(g->items + i0, g->h_items + i0, (size_t)(t1 - t0) * K * sizeof(int32_t)) <
+                0 ||
+            gpu_moe_items(g, &gw->layers[il], g->items, t0, t1) < 0)
+            return -1;
+        t0 = t1;
     }
     return 0;
 }
@@ -788,26 +1122,20 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         gpu_moe_route(g->router, gl->exp_probs_b, n, E, K, gating, hp->norm_topk_prob != 0,
                       hp->expert_weights_scale, g->sel, g->sel_w) < 0)
         return -1;
-    if (n < GPU_GEMM_MIN_N) {
+    if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
-        const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE];
-        const struct gpu_experts *xu = &gl->exps[COMMON_EXPERT_UP];
-        const struct gpu_experts *xd = &gl->exps[COMMON_EXPERT_DOWN];
-        const int64_t             nf = xg->rows, items = (int64_t)n * K;
-        const float              *xa = gpu_round_for(g, xg->type, g->xn, ne, n, ne);
-        if (!xa || executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
-            gpu_matvec_ids(xg->type, xg->d, xg->bytes, xg->row_bytes, xg->rows, xg->cols, g->sel,
-                           items, xa, ne, K, g->ga, nf) < 0 ||
-            gpu_matvec_ids(xu->type, xu->d, xu->bytes, xu->row_bytes, xu->rows, xu->cols, g->sel,
-                           items, xa, ne, K, g->up, nf) < 0 ||
-            gpu_swiglu(g->ga, g->up, items * nf, false) < 0)
+        if (gpu_moe_items(g, gl, g->sel, 0, n) < 0)
             return -1;
-        const float *xd_in = gpu_round_for(g, xd->type, g->ga, nf, (uint32_t)items, nf);
-        if (!xd_in || gpu_matvec_ids(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, xd->cols,
-                                     g->sel, items, xd_in, nf, 1, g->moe_y, ne) < 0)
-            return -1;
-    } else if (gpu_moe_grouped(g, gl, n) < 0) {
-        return -1;
+    } else {
+        struct gpu_xpool *px = gl->pooled ? g->w->pool : NULL;
+        if (px)
+            pthread_mutex_lock(&px->mu);
+        const int rc = n < GPU_GEMM_MIN_N ? gpu_moe_pooled(g, il, n, c, cpu_rc)
+                                          : gpu_moe_grouped(g, il, n, c, cpu_rc);
+        if (px)
+            pthread_mutex_unlock(&px->mu);
+        if (rc < 0 || *cpu_rc < 0)
+            return rc;
     }
     if (gl->sh_gate.d) {
         /* An ungated shared expert beside the routed ones: its output added first. */

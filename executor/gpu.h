@@ -15,10 +15,10 @@ const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, 
 
 /* One sequence's device side: an f16 KV cache of n_ctx positions for the device's layers and
  * the scratch of n_batch tokens, over `shared` weights (borrowed; NULL = made for this ctx alone
- * from n_layers and dev). Returns 0 or a negative common_err with the message in e. */
+ * as pl places them). Returns 0 or a negative common_err with the message in e. */
 int  executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
-                         int32_t n_layers, int32_t n_cpu_moe, int32_t dev, uint32_t n_ctx,
-                         uint32_t n_batch, struct executor_gpu **out, struct common_errmsg *e);
+                         const struct executor_gpu_place *pl, uint32_t n_ctx, uint32_t n_batch,
+                         struct executor_gpu **out, struct common_errmsg *e);
 void executor_gpu_destroy(struct executor_gpu *g);
 
 /* First layer on the device (n_layer when none). */
@@ -27,6 +27,8 @@ uint32_t executor_gpu_first_layer(const struct executor_gpu *g);
 int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len);
 /* One line: the device, the layers on it and the device memory they take. */
 void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len);
+/* The expert pool of g's weights (executor_ctx_gpu_pool_stats). */
+void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_pool_stats *out);
 
 /* The device layers for the n rows of c->x (positions p0.., their rope table in c->rope), then
  * the head: on the device when it is there (logits of every row when all, else of the last

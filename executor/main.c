@@ -26,6 +26,7 @@ struct main_config {
     int32_t                n_gpu_layers;
     int32_t                main_gpu;
     int32_t                n_cpu_moe;
+    uint64_t               vram_budget;
 };
 
 #define PROG "sluice-executor"
@@ -128,6 +129,12 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .metavar = "N",
          .help = EXECUTOR_N_CPU_MOE_HELP,
          .def = "0"},
+        {.name = "vram-budget",
+         .type = COMMON_OPT_SIZE,
+         .target = &c->vram_budget,
+         .min = 1,
+         .metavar = "SIZE",
+         .help = EXECUTOR_VRAM_BUDGET_HELP},
         {.name = "stream-dense",
          .type = COMMON_OPT_SWITCH,
          .target = &c->stream_dense,
@@ -271,7 +278,8 @@ static int main_run(const struct main_config *c)
                                      .instance = instance,
                                      .n_gpu_layers = c->n_gpu_layers,
                                      .main_gpu = c->main_gpu,
-                                     .n_cpu_moe = c->n_cpu_moe};
+                                     .n_cpu_moe = c->n_cpu_moe,
+                                     .vram_budget = c->vram_budget};
     if ((rc = executor_serve_start(&so, &st.serve, &e)) < 0) {
         fprintf(stderr, PROG ": error: cannot serve in %s: %s\n", c->run_dir,
                 e.text[0] ? e.text : common_strerror(rc));

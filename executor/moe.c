@@ -300,9 +300,7 @@ static uint32_t moe_order(struct executor_ctx *c, uint32_t il)
     return n_used;
 }
 
-/* Says in c->err which part of which expert could not be had (rc), and why when the weight
- * source knows (the file, offset and checksum of a failed load); returns rc. */
-static int moe_acquire_failed(struct executor_ctx *c, uint32_t il, uint32_t e, int part, int rc)
+int executor_moe_acquire_failed(struct executor_ctx *c, uint32_t il, uint32_t e, int part, int rc)
 {
     static const char *const       parts[COMMON_EXPERT_PART_COUNT] = {"gate", "up", "down"};
     const struct executor_weights *w = c->m->w;
@@ -343,7 +341,7 @@ static int moe_expert_pass(struct executor_ctx *c, uint32_t il, uint32_t e, int3
         rc = w->ops->expert_acquire(w->impl, il, e, (enum common_expert_part)got, &data[got],
                                     &slot[got]);
         if (rc < 0) {
-            moe_acquire_failed(c, il, e, got, rc);
+            executor_moe_acquire_failed(c, il, e, got, rc);
             break;
         }
         mats[got] = (struct executor_mat){.data = data[got],
@@ -498,7 +496,7 @@ static int ffn_streamed_pass(struct executor_ctx *c, uint32_t il, uint32_t n)
         rc = w->ops->expert_acquire(w->impl, il, 0, (enum common_expert_part)got, &data[got],
                                     &slot[got]);
         if (rc < 0) {
-            moe_acquire_failed(c, il, 0, got, rc);
+            executor_moe_acquire_failed(c, il, 0, got, rc);
             break;
         }
         float scale = lw->exp_scale[got];

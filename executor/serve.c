@@ -622,10 +622,14 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
         if (!executor_gpu_usable(o->model, o->main_gpu, why, sizeof(why))) {
             COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
                             why);
-        } else if ((rc = executor_gpu_weights_create(o->model, o->n_gpu_layers, o->n_cpu_moe,
-                                                     o->main_gpu, n_ctx,
-                                                     o->n_batch ? o->n_batch : 512, s->n_seq,
-                                                     &s->gpu_w, &ge)) == COMMON_EDEVICE) {
+        } else if ((rc = executor_gpu_weights_create(
+                        o->model,
+                        &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
+                                                     .n_cpu_moe = o->n_cpu_moe,
+                                                     .main_gpu = o->main_gpu,
+                                                     .vram_budget = o->vram_budget},
+                        n_ctx, o->n_batch ? o->n_batch : 512, s->n_seq, &s->gpu_w, &ge)) ==
+                   COMMON_EDEVICE) {
             COMMON_LOG_WARN("executor", "-ngl %d dropped, running on the CPU: %s", o->n_gpu_layers,
                             ge.text);
         } else if (rc < 0) {

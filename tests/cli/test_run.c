@@ -176,21 +176,43 @@ Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 12
     char *host3 = greedy_ids(model, "-p '" PROMPT "' -ngl 2 --ram-budget 26M");
     /* Every layer on the device, the MoE of the first three on the CPU, streamed. */
     char *host4 = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --n-cpu-moe 3 --ram-budget 26M");
+    /* Every layer on the device, its experts in a pool of three slots, streamed into RAM. */
+    char *host5 = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K --ram-budget 26M");
     char  cmd[4096];
     int   st = 0;
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
              SLUICE, model);
     char *placed = sh(cmd, &st);
+    snprintf(cmd, sizeof(cmd),
+             "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 --vram-budget 324K 2>&1 >/dev/null",
+             SLUICE, model);
+    char *pooled = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", pooled);
+    cr_assert(strstr(pooled, "the experts in a pool of 3 slots") &&
+                  strstr(pooled, "gpu expert pool: 3 slots; 32 picks"),
+              "no pool in the plan or no pool line at the end:\n%s", pooled);
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 -t 2 -ngl 999 --vram-budget 200K 2>&1",
+             SLUICE, model);
+    char *small = sh(cmd, &st);
+    cr_assert_neq(st, 0, "%s", small);
+    cr_assert(strstr(small, "sluice run: error: --vram-budget 200.00 KiB holds 1 of the experts") &&
+                  !strchr(strchr(small, '\n') ? strchr(small, '\n') + 1 : "", '\n'),
+              "not one clear line:\n%s", small);
+    free(pooled);
+    free(small);
     cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
     cr_assert_str_eq(host, cpu, "-ngl 999 on the host backend");
     cr_assert_str_eq(host2, cpu, "-ngl 2 on the host backend");
     cr_assert_str_eq(host3, cpu, "-ngl 2 --ram-budget 26M on the host backend");
     cr_assert_str_eq(host4, cpu, "-ngl 999 --n-cpu-moe 3 --ram-budget 26M on the host backend");
+    cr_assert_str_eq(host5, cpu,
+                     "-ngl 999 --vram-budget 324K --ram-budget 26M on the host backend");
     cr_assert(strstr(placed, "gpu: HOST0 (") != NULL, "no placement on HOST0:\n%s", placed);
     free(host);
     free(host2);
     free(host3);
     free(host4);
+    free(host5);
     free(placed);
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 >/dev/null",
              SLUICE, model);

@@ -52,6 +52,7 @@ static int32_t bt_argmax(const float *l, uint32_t n)
  * share (the executor daemon's way; NULL: each context uploads its own). */
 struct bt_dev {
     int32_t                            ngl, n_cpu_moe;
+    uint64_t                           vram_budget;
     const struct executor_gpu_weights *shared;
 };
 
@@ -68,6 +69,7 @@ static struct executor_ctx *bt_ctx_on(struct executor_model *m, struct executor_
                                                                  .pool = pool,
                                                                  .n_gpu_layers = dev.ngl,
                                                                  .n_cpu_moe = dev.n_cpu_moe,
+                                                                 .vram_budget = dev.vram_budget,
                                                                  .gpu_weights = dev.shared},
                                      &c, &e),
                  0, "%s", e.text);
@@ -123,8 +125,10 @@ static void bt_check_model_on(const char *path, enum common_cache_type ct, uint3
 
     struct executor_gpu_weights *gw = NULL;
     if (dev.ngl > 0) {
-        cr_assert_eq(executor_gpu_weights_create(m, dev.ngl, dev.n_cpu_moe, 0, BT_CTX,
-                                                 n_batch ? n_batch : 512, BT_SEQS + 1, &gw, &e),
+        const struct executor_gpu_place pl = {
+            .n_gpu_layers = dev.ngl, .n_cpu_moe = dev.n_cpu_moe, .vram_budget = dev.vram_budget};
+        cr_assert_eq(executor_gpu_weights_create(m, &pl, BT_CTX, n_batch ? n_batch : 512,
+                                                 BT_SEQS + 1, &gw, &e),
                      0, "%s", e.text);
         dev.shared = gw;
     }
@@ -209,7 +213,7 @@ Test(executor_batch, moe_fixture_sequences_match_alone, .timeout = 300)
  * share device steps (decode tokens, the 7-, 1- and 12-token prompts), longer prompts run alone,
  * and every step's logits are the lone run's bits; all layers and the head on the device, then
  * two layers with the head on the CPU, then all layers with the MoE of the first two on the CPU
- * (--n-cpu-moe). */
+ * (--n-cpu-moe), then all with the experts in a small pool (--vram-budget). */
 Test(executor_batch, device_sequences_match_alone, .timeout = 300)
 {
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
@@ -224,6 +228,10 @@ Test(executor_batch, device_sequences_match_alone, .timeout = 300)
     bt_check_model_on(path, COMMON_CACHE_F16, 512, true, (struct bt_dev){.ngl = 2});
     bt_check_model_on(path, COMMON_CACHE_F16, 512, false,
                       (struct bt_dev){.ngl = 999, .n_cpu_moe = 2});
+    /* The experts in a pool of three slots (moe-tiny's q8_0 experts are 204 KiB) shared by the
+     * batch: a shared step's tokens take turns (rounds) when their experts outnumber the slots. */
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, true,
+                      (struct bt_dev){.ngl = 999, .vram_budget = 3 * 204 * 1024});
     free(path);
 }
 

@@ -34,20 +34,29 @@ struct gpu_run {
     struct executor_ctx        *c;
 };
 
-/* Opens moe-tiny/<file> (or models/<file>) with n_gpu_layers on device 0, the MoE of the first
- * n_cpu_moe layers on the CPU. */
-static void run_open_moe(struct gpu_run *r, const char *path, int32_t ngl, int32_t n_cpu_moe)
+/* Opens a model with the layers on device 0 as pl places them. */
+static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu_place pl)
 {
     struct common_errmsg e = {{0}};
     memset(r, 0, sizeof(*r));
     cr_assert_eq(executor_threadpool_create(GPU_TEST_THREADS, &r->pool), 0);
     cr_assert_eq(executor_model_open(path, NULL, &r->m, &e), 0, "%s", e.text);
-    int rc = executor_ctx_create(
-        r->m,
-        &(struct executor_ctx_opts){
-            .n_ctx = 256, .pool = r->pool, .n_gpu_layers = ngl, .n_cpu_moe = n_cpu_moe},
-        &r->c, &e);
-    cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d: %s", ngl, n_cpu_moe, e.text);
+    int rc = executor_ctx_create(r->m,
+                                 &(struct executor_ctx_opts){.n_ctx = 256,
+                                                             .pool = r->pool,
+                                                             .n_gpu_layers = pl.n_gpu_layers,
+                                                             .n_cpu_moe = pl.n_cpu_moe,
+                                                             .vram_budget = pl.vram_budget},
+                                 &r->c, &e);
+    cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d --vram-budget %llu: %s", pl.n_gpu_layers,
+                 pl.n_cpu_moe, (unsigned long long)pl.vram_budget, e.text);
+}
+
+/* Opens moe-tiny/<file> (or models/<file>) with n_gpu_layers on device 0, the MoE of the first
+ * n_cpu_moe layers on the CPU. */
+static void run_open_moe(struct gpu_run *r, const char *path, int32_t ngl, int32_t n_cpu_moe)
+{
+    run_open_at(r, path, (struct executor_gpu_place){.n_gpu_layers = ngl, .n_cpu_moe = n_cpu_moe});
 }
 
 static void run_open(struct gpu_run *r, const char *path, int32_t ngl)
@@ -96,10 +105,11 @@ static int32_t *json_ids(const struct tjson *arr, uint32_t *n)
     return ids;
 }
 
-/* Every greedy case of reference.json "greedy"/<quant> with ngl layers on the device, the MoE
- * of the first n_cpu_moe layers on the CPU. */
-static void check_greedy_moe(const char *quant, int32_t ngl, int32_t n_cpu_moe)
+/* Every greedy case of reference.json "greedy"/<quant> with the layers on the device as pl
+ * places them. */
+static void check_greedy_at(const char *quant, struct executor_gpu_place pl)
 {
+    const int32_t ngl = pl.n_gpu_layers, n_cpu_moe = pl.n_cpu_moe;
     GPU_OR_SKIP();
     FIXTURE_OR_SKIP(ref_path, "moe-tiny/reference.json");
     char rel[128];
@@ -110,7 +120,7 @@ static void check_greedy_moe(const char *quant, int32_t ngl, int32_t n_cpu_moe)
     const struct tjson *cases = tjson_get(tjson_get(ref, "greedy"), quant);
     cr_assert(cases && cases->kind == TJSON_ARR && cases->len > 0);
     struct gpu_run r;
-    run_open_moe(&r, model_path, ngl, n_cpu_moe);
+    run_open_at(&r, model_path, pl);
     float *logits = malloc(executor_ctx_n_vocab(r.c) * sizeof(float));
     for (size_t k = 0; k < cases->len; k++) {
         uint32_t n_prompt, n_gen;
@@ -133,10 +143,19 @@ static void check_greedy_moe(const char *quant, int32_t ngl, int32_t n_cpu_moe)
     free(model_path);
 }
 
+static void check_greedy_moe(const char *quant, int32_t ngl, int32_t n_cpu_moe)
+{
+    check_greedy_at(quant,
+                    (struct executor_gpu_place){.n_gpu_layers = ngl, .n_cpu_moe = n_cpu_moe});
+}
+
 static void check_greedy(const char *quant, int32_t ngl)
 {
     check_greedy_moe(quant, ngl, 0);
 }
+
+/* moe-tiny's q8_0 experts are 204 KiB each (three 256 x 256 parts); a token uses 2 of 8. */
+#define GPU_TINY_EXPERT (204u * 1024u)
 
 /* --n-cpu-moe: every layer on the device, the MoE of the first two (then of all four) computed
  * by the CPU between the device's attention blocks. */
@@ -144,6 +163,96 @@ Test(executor_gpu, greedy_q8_0_with_the_moe_on_the_cpu, .timeout = 300)
 {
     check_greedy_moe("q8_0", GPU_ALL, 2);
     check_greedy_moe("q8_0", GPU_ALL, GPU_ALL);
+}
+
+/* --vram-budget: the experts of every layer in a pool of two slots (one token's experts; each
+ * pick not in the pool copied in over the least recently used), then of five; tokens as
+ * llama.cpp's. */
+Test(executor_gpu, greedy_q8_0_with_the_experts_in_a_small_pool, .timeout = 300)
+{
+    check_greedy_at("q8_0", (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                        .vram_budget = 2 * GPU_TINY_EXPERT});
+    check_greedy_at("q8_0", (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                        .vram_budget = 5 * GPU_TINY_EXPERT + 7});
+    check_greedy_at("q8_0", (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                        .n_cpu_moe = 2,
+                                                        .vram_budget = 3 * GPU_TINY_EXPERT});
+}
+
+/* Logits with the experts in a pool (of 3 and of 2 slots) against every expert uploaded, bit
+ * for bit: a prefill of 40 tokens (grouped by expert, the matmul path), decode steps of one
+ * token, and a step of 5 tokens whose experts outnumber the slots (taken in rounds). The pool's
+ * counters say that it was used and had to give slots up. */
+Test(executor_gpu, expert_pool_logits_equal_every_expert_uploaded, .timeout = 300)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    const uint64_t budgets[] = {3 * GPU_TINY_EXPERT, 2 * GPU_TINY_EXPERT};
+    for (size_t b = 0; b < sizeof(budgets) / sizeof(budgets[0]); b++) {
+        struct gpu_run       all, pooled;
+        struct common_errmsg e = {{0}};
+        run_open(&all, model_path, GPU_ALL);
+        run_open_at(
+            &pooled, model_path,
+            (struct executor_gpu_place){.n_gpu_layers = GPU_ALL, .vram_budget = budgets[b]});
+        const uint32_t nv = executor_ctx_n_vocab(all.c);
+        int32_t        toks[64];
+        for (uint32_t i = 0; i < 64; i++)
+            toks[i] = (int32_t)(1 + (i * 53 + 7) % (nv - 1));
+        float         *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+        const uint32_t steps[][2] = {{0, 40}, {40, 1}, {41, 1}, {42, 1}, {43, 5}, {48, 1}};
+        for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+            const uint32_t at = steps[k][0], n = steps[k][1];
+            cr_assert_eq(executor_ctx_decode(all.c, toks + at, n, la, NULL, &e), 0, "%s", e.text);
+            cr_assert_eq(executor_ctx_decode(pooled.c, toks + at, n, lb, NULL, &e), 0, "%s",
+                         e.text);
+            cr_assert_eq(memcmp(la, lb, nv * sizeof(float)), 0,
+                         "budget %llu: step %zu (%u tokens at %u): logits differ from every expert "
+                         "uploaded",
+                         (unsigned long long)budgets[b], k, n, at);
+        }
+        struct executor_gpu_pool_stats st;
+        cr_assert(executor_ctx_gpu_pool_stats(pooled.c, &st));
+        cr_assert_eq(st.n_slots, (uint32_t)(budgets[b] / GPU_TINY_EXPERT));
+        cr_assert_eq(st.slot_bytes, GPU_TINY_EXPERT);
+        cr_assert_gt(st.misses, 32, "fewer copies than experts: slots were never given up");
+        cr_assert_eq(st.copied_bytes, st.misses * GPU_TINY_EXPERT);
+        cr_assert(executor_ctx_gpu_pool_stats(all.c, &st));
+        cr_assert_eq(st.n_slots, 0, "every expert uploaded: no pool");
+        free(la);
+        free(lb);
+        run_close(&all);
+        run_close(&pooled);
+    }
+    free(model_path);
+}
+
+/* A budget below one token's experts is refused, naming what it holds and what it needs. */
+Test(executor_gpu, a_vram_budget_below_a_token_is_refused, .timeout = 60)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct executor_threadpool *pool = NULL;
+    struct executor_model      *m = NULL;
+    struct executor_ctx        *c = NULL;
+    struct common_errmsg        e = {{0}};
+    cr_assert_eq(executor_threadpool_create(1, &pool), 0);
+    cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
+    const int rc =
+        executor_ctx_create(m,
+                            &(struct executor_ctx_opts){.n_ctx = 64,
+                                                        .pool = pool,
+                                                        .n_gpu_layers = GPU_ALL,
+                                                        .vram_budget = 2 * GPU_TINY_EXPERT - 1},
+                            &c, &e);
+    cr_assert_eq(rc, COMMON_EINVAL, "%d: %s", rc, e.text);
+    cr_assert_null(c);
+    cr_assert(strstr(e.text, "--vram-budget") && strstr(e.text, "holds 1 of the experts") &&
+                  strstr(e.text, "a token uses 2"),
+              "%s", e.text);
+    executor_model_destroy(m);
+    executor_threadpool_destroy(pool);
+    free(model_path);
 }
 
 Test(executor_gpu, greedy_f32_matches_llama_cpp, .timeout = 300)
