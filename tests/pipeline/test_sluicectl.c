@@ -719,11 +719,11 @@ Test(pipeline_sluicectl, dense_model_runs_with_and_without_fetchers, .timeout = 
     free(dir);
 }
 
-/* `up -ngl 999`: the executor puts its layers on the CUDA device (or, without one, warns and uses
- * the CPU); the client's greedy text equals `sluice run -ngl 999` in one process and the CPU's.
- * `host` runs everything with SLUICE_GPU_BACKEND=host: the layers go to HOST0, the device's
- * forward pass on the CPU, wherever the test runs. */
-static void check_ngl_daemons(bool host)
+/* `up -ngl 999` (and `extra`): the executor puts its layers on the CUDA device (or, without one,
+ * warns and uses the CPU); the client's greedy text equals `sluice run -ngl 999` in one process
+ * and the CPU's. `host` runs everything with SLUICE_GPU_BACKEND=host: the layers go to HOST0, the
+ * device's forward pass on the CPU, wherever the test runs; its log then holds `host_log`. */
+static void check_ngl_daemons(bool host, const char *extra, const char *host_log)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q4_0.gguf");
@@ -746,14 +746,16 @@ static void check_ngl_daemons(bool host)
     cr_expect_str_eq(single, cpu, "-ngl 999 in one process vs the CPU");
     char run_dir[1024];
     snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
-    char *out = sluicectl_up_with(run_dir, model, 1, "-ngl 999", &st);
+    char up[256];
+    snprintf(up, sizeof(up), "-ngl 999 %s", extra);
+    char *out = sluicectl_up_with(run_dir, model, 1, up, &st);
     cr_assert_eq(st, 0, "up: %s", out);
     free(out);
     char *daemons = generate_line(run_dir);
-    cr_expect_str_eq(daemons, single, "through the daemons with -ngl 999");
+    cr_expect_str_eq(daemons, single, "through the daemons with %s", up);
     free(daemons);
     snprintf(cmd, sizeof(cmd), "grep -h -E '%s' '%s'/logs/executor*.log",
-             host ? "gpu: HOST0" : "gpu: CUDA|-ngl 999 ignored", run_dir);
+             host ? host_log : "gpu: CUDA|-ngl 999 ignored", run_dir);
     char *log = sh(cmd, &st);
     cr_expect_eq(st, 0, "the executor's log says neither where its layers went nor why not");
     cr_log_info("%s", log);
@@ -772,11 +774,20 @@ static void check_ngl_daemons(bool host)
 Test(pipeline_sluicectl, ngl_daemons_give_the_one_process_text, .timeout = 300,
      .fini = stop_leftovers)
 {
-    check_ngl_daemons(false);
+    check_ngl_daemons(false, "", NULL);
 }
 
 Test(pipeline_sluicectl, ngl_daemons_on_the_host_backend_give_the_one_process_text, .timeout = 300,
      .fini = stop_leftovers)
 {
-    check_ngl_daemons(true);
+    check_ngl_daemons(true, "", "gpu: HOST0");
+}
+
+/* The executor's experts in a device pool of three slots (moe-tiny's q4_0 experts are 108 KiB),
+ * filled from the fetcher's RAM pool under a RAM budget. */
+Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_process_text,
+     .timeout = 300, .fini = stop_leftovers)
+{
+    check_ngl_daemons(true, "--vram-budget 324K --ram-budget 37M",
+                      "gpu: HOST0.*the experts in a pool of 3 slots");
 }
