@@ -102,6 +102,7 @@ struct executor_synth_opts {
     uint64_t    seed;           /* weight RNG seed; 0 = 1 */
     float       rope_freq_base; /* 0 = 10000 */
     bool        progress;       /* print progress to stderr */
+    bool        quick_quant;    /* Q4_K/Q5_K: executor_quantize_row_quick (no scale search) */
     uint32_t    n_threads;      /* threads generating and quantizing the weights (the caller
                                    writes); 0 = executor_physical_cores(); at most 256. The
                                    bytes written do not depend on it. */

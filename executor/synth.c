@@ -131,7 +131,8 @@ struct synth_plan {
     struct synth_tensor    *t; /* owned */
     size_t                  n;
     size_t                  cap;
-    enum executor_synth_i2s i2s; /* layout of I2_S tensors */
+    enum executor_synth_i2s i2s;   /* layout of I2_S tensors */
+    bool                    quick; /* K-quants without the scale search */
 };
 
 static int synth_add(struct synth_plan *p, uint32_t type, float mean, float std, uint32_t n_dims,
@@ -954,9 +955,9 @@ static int synth_slot_fill(const struct synth_pipe *p, struct synth_slot *s, flo
         uint8_t         *dst = s->data + k * rb;
         synth_rng_seed(&rng, t->seed + 0xD1B54A32D192ED03ull * (s->row0 + k));
         synth_fill(&rng, row, (size_t)ne, t->mean, t->std);
-        int rc = t->type == COMMON_GGML_TYPE_I2_S
-                     ? synth_i2s_row(t, row, dst)
-                     : executor_quantize_row_ref(t->type, row, dst, (int64_t)ne);
+        int rc = t->type == COMMON_GGML_TYPE_I2_S ? synth_i2s_row(t, row, dst)
+                 : p->plan->quick ? executor_quantize_row_quick(t->type, row, dst, (int64_t)ne)
+                                  : executor_quantize_row_ref(t->type, row, dst, (int64_t)ne);
         if (rc)
             return rc;
     }
@@ -1131,6 +1132,7 @@ int executor_synth_write(const struct executor_synth_opts *o, struct common_errm
     if (o->target_bytes && (rc = synth_layers_for_target(&g, o->target_bytes)))
         goto out_free;
     plan.i2s = o->i2s_layout;
+    plan.quick = o->quick_quant;
     if ((rc = synth_plan_build(&g, &plan)))
         goto out_free;
     synth_plan_seed(&plan, o->seed ? o->seed : 1);

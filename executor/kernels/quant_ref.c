@@ -604,12 +604,13 @@ static void quantize_k_scales(const float *x, int nmax, float rmin, int nstep, u
     }
 }
 
-static void quantize_q4_K(const float *x, void *dst, int64_t n)
+/* nstep: steps of the scale search of each 32 (ggml's 20); 0 = each 32's min and max alone. */
+static void quantize_q4_K_steps(const float *x, void *dst, int64_t n, int nstep)
 {
     struct executor_block_q4_K *y = dst;
     uint8_t                     L[EXECUTOR_QK_K];
     for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, x += EXECUTOR_QK_K) {
-        quantize_k_scales(x, 15, -1.f, 20, L, y[i].scales, &y[i].d, &y[i].dmin);
+        quantize_k_scales(x, 15, -1.f, nstep, L, y[i].scales, &y[i].d, &y[i].dmin);
         uint8_t *q = y[i].qs;
         for (int j = 0; j < EXECUTOR_QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; l++)
@@ -617,12 +618,12 @@ static void quantize_q4_K(const float *x, void *dst, int64_t n)
     }
 }
 
-static void quantize_q5_K(const float *x, void *dst, int64_t n)
+static void quantize_q5_K_steps(const float *x, void *dst, int64_t n, int nstep)
 {
     struct executor_block_q5_K *y = dst;
     uint8_t                     L[EXECUTOR_QK_K];
     for (int64_t i = 0; i < n / EXECUTOR_QK_K; i++, x += EXECUTOR_QK_K) {
-        quantize_k_scales(x, 31, -0.5f, 15, L, y[i].scales, &y[i].d, &y[i].dmin);
+        quantize_k_scales(x, 31, -0.5f, nstep, L, y[i].scales, &y[i].d, &y[i].dmin);
         uint8_t *qh = y[i].qh;
         uint8_t *ql = y[i].qs;
         memset(qh, 0, EXECUTOR_QK_K / 8);
@@ -645,6 +646,26 @@ static void quantize_q5_K(const float *x, void *dst, int64_t n)
             m2 = (uint8_t)(m2 << 2);
         }
     }
+}
+
+static void quantize_q4_K(const float *x, void *dst, int64_t n)
+{
+    quantize_q4_K_steps(x, dst, n, 20);
+}
+
+static void quantize_q5_K(const float *x, void *dst, int64_t n)
+{
+    quantize_q5_K_steps(x, dst, n, 15);
+}
+
+static void quantize_q4_K_quick(const float *x, void *dst, int64_t n)
+{
+    quantize_q4_K_steps(x, dst, n, 0);
+}
+
+static void quantize_q5_K_quick(const float *x, void *dst, int64_t n)
+{
+    quantize_q5_K_steps(x, dst, n, 0);
 }
 
 static void quantize_q6_K(const float *x, void *dst, int64_t n)
@@ -880,6 +901,17 @@ executor_quantize_fn executor_ref_quantizer(uint32_t type)
     default:
         return NULL;
     }
+}
+
+int executor_quantize_row_quick(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    if (type != COMMON_GGML_TYPE_Q4_K && type != COMMON_GGML_TYPE_Q5_K)
+        return executor_quantize_row_ref(type, src, dst, n);
+    if (executor_kernels_check(type, n) < 0 || (n > 0 && (!src || !dst)))
+        return COMMON_EINVAL;
+    if (n > 0)
+        (type == COMMON_GGML_TYPE_Q4_K ? quantize_q4_K_quick : quantize_q5_K_quick)(src, dst, n);
+    return 0;
 }
 
 int executor_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t n)

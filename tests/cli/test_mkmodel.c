@@ -1,6 +1,7 @@
 /* tests/cli/test_mkmodel.c - mkmodel output round-trips through the reader, the model description
  * and `sluice inspect --json`. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,85 @@ Test(cli_mkmodel, synth_round_trips_in_every_type, .timeout = 300)
         cr_assert_eq(executor_synth_write(&o, &e), COMMON_OK, "type %u: %s", types[i], e.text);
         check_model(path, &o);
     }
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* The relative RMS error of n values of `type` quantized by the reference or the quick
+ * quantizer and dequantized again. */
+static double quant_error(uint32_t type, bool quick, const float *x, int64_t n)
+{
+    uint8_t *q = malloc((size_t)n * 2);
+    float   *y = malloc((size_t)n * sizeof(float));
+    cr_assert(q && y);
+    cr_assert_eq(quick ? executor_quantize_row_quick(type, x, q, n)
+                       : executor_quantize_row_ref(type, x, q, n),
+                 0);
+    cr_assert_eq(executor_dequantize_row(type, q, y, n), 0);
+    double e2 = 0, x2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)y[i] - (double)x[i];
+        e2 += d * d;
+        x2 += (double)x[i] * (double)x[i];
+    }
+    free(q);
+    free(y);
+    return sqrt(e2 / x2);
+}
+
+/* --quick-quant: Q4_K and Q5_K without the scale search, a valid quantization a little coarser
+ * than the reference's (and not the same bytes); other types as the reference; a model made
+ * with it reads back. */
+Test(cli_mkmodel, quick_quant_is_a_coarser_valid_k_quant, .timeout = 300)
+{
+    const int64_t n = 256 * 64;
+    float        *x = malloc((size_t)n * sizeof(float));
+    uint64_t      st = 12345;
+    for (int64_t i = 0; i < n; i++) { /* a sum of uniforms: roughly Gaussian */
+        double v = 0;
+        for (int k = 0; k < 4; k++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            v += (double)(st >> 11) * 0x1p-53 - 0.5;
+        }
+        x[i] = (float)v * 0.05f;
+    }
+    const uint32_t k_types[] = {COMMON_GGML_TYPE_Q4_K, COMMON_GGML_TYPE_Q5_K};
+    for (size_t t = 0; t < 2; t++) {
+        const double ref = quant_error(k_types[t], false, x, n);
+        const double quick = quant_error(k_types[t], true, x, n);
+        cr_log_info("type %u: relative RMS error %.4f (reference) %.4f (quick)", k_types[t], ref,
+                    quick);
+        cr_assert(quick > ref && quick < 1.6 * ref,
+                  "type %u: quick error %.4f against the reference's %.4f", k_types[t], quick, ref);
+    }
+    const double q8 = quant_error(COMMON_GGML_TYPE_Q8_0, true, x, n);
+    cr_assert_eq(q8, quant_error(COMMON_GGML_TYPE_Q8_0, false, x, n), "Q8_0 as the reference");
+    free(x);
+
+    char *dir = fixture_tmpdir();
+    char  a[512], b[512];
+    snprintf(a, sizeof(a), "%s/ref.gguf", dir);
+    snprintf(b, sizeof(b), "%s/quick.gguf", dir);
+    struct executor_synth_opts o = {.path = a,
+                                    .n_embd = 256,
+                                    .n_layer = 2,
+                                    .n_head = 4,
+                                    .n_ff = 256,
+                                    .n_expert = 4,
+                                    .n_expert_used = 2,
+                                    .type = COMMON_GGML_TYPE_Q4_K};
+    struct common_errmsg       e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), COMMON_OK, "%s", e.text);
+    o.path = b;
+    o.quick_quant = true;
+    cr_assert_eq(executor_synth_write(&o, &e), COMMON_OK, "%s", e.text);
+    check_model(b, &o);
+    size_t la = 0, lb = 0;
+    char  *da = fixture_read_all(a, &la), *db = fixture_read_all(b, &lb);
+    cr_assert(da && db && la == lb, "the same layout");
+    cr_assert(memcmp(da, db, la) != 0, "--quick-quant wrote the reference's bytes");
+    free(da);
+    free(db);
     fixture_rmtree(dir);
     free(dir);
 }
