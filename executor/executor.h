@@ -410,6 +410,9 @@ struct executor_gpu_pool_stats {
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);
+/* Decode steps of the ctx run as its captured CUDA graph (one token of the sequence alone, its
+ * logits; docs/gpu.md); 0 without a device or graphs. */
+uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c);
 /* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
  * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
 int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len);

@@ -1130,6 +1130,11 @@ int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t
     return c->gpu ? executor_gpu_layers(c->gpu, name, len) : 0;
 }
 
+uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c)
+{
+    return c->gpu ? executor_gpu_graph_steps(c->gpu) : 0;
+}
+
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes)
 {
     return c->gpu ? gpu_membw_probe(bytes) : 0.0;

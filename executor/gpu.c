@@ -43,24 +43,42 @@ struct gpu_layer {
     bool               pooled;  /* its experts are in the pool, by slot */
 };
 
+#define GPU_POOL_LOANS 3 /* weight-source loans held while their copies are in flight */
+#define GPU_POOL_TRIES 8 /* rounds done again when a loan's bytes changed during its copy */
+
+/* A part of an expert lent by the weight source while its copy into the pool is in flight. */
+struct gpu_loan {
+    struct gpu_event *ev; /* recorded after its copy */
+    uint32_t          src_slot, slot;
+    bool              on;
+};
+
 /* --vram-budget: the routed experts of the device's layers in a pool of slots, one expert's
  * parts each (at its layer's offsets), copied in from the weight source when the router picks
- * an expert that is not there, into an empty slot or the least recently used one. A step pins
- * the slots of a round (the experts of the tokens computed together) so that none of them is
- * given up for another of the same round. The lock is held from the lookup to the last kernel
- * over the slots (queued in order on the one stream, before any later copy into them). */
+ * an expert that is not there, into an empty slot or the least recently used one. A step's
+ * tokens are computed in rounds whose experts fit in the pool together; a round pins its slots,
+ * so that none of them is given up for another of the same round. A round's missing experts are
+ * copied on the copy stream, gate and up first (event gu) then down (event d); the kernels wait
+ * for gu, compute gate and up while down is in flight, wait for d; event k after them orders
+ * the copies of the next round (which may give up these slots) behind them. The weight source's
+ * loans are held until their copies are done, at most GPU_POOL_LOANS at once. The lock is held
+ * from the lookup to the last kernel over the slots. */
 struct gpu_xpool {
-    pthread_mutex_t mu;
-    uint8_t        *d;
-    size_t          slot_bytes;
-    uint32_t        n_slots, n_expert;
-    int32_t        *slot_of; /* il * n_expert + x -> its slot, or -1 */
-    uint32_t       *owner;   /* slot -> il * n_expert + x, or UINT32_MAX: empty */
-    uint64_t       *last;    /* slot -> the tick of its last use */
-    uint64_t       *pin;     /* slot -> the round that uses it */
-    uint64_t       *mark;    /* expert -> the round that counted it */
-    uint64_t        tick, round;
-    uint64_t        hits, misses, copied;
+    pthread_mutex_t   mu;
+    uint8_t          *d;
+    size_t            slot_bytes;
+    uint32_t          n_slots, n_expert;
+    int32_t          *slot_of;                 /* il * n_expert + x -> its slot, or -1 */
+    uint32_t         *owner;                   /* slot -> il * n_expert + x, or UINT32_MAX: empty */
+    uint64_t         *last;                    /* slot -> the tick of its last use */
+    uint64_t         *pin;                     /* slot -> the round that uses it */
+    uint64_t         *mark;                    /* expert -> the round that counted it */
+    uint32_t         *miss_x, *miss_s, n_miss; /* this round's experts to copy in, their slots */
+    struct gpu_event *ev_gu, *ev_d, *ev_k;
+    struct gpu_loan   loans[GPU_POOL_LOANS];
+    uint32_t          loan_next;
+    uint64_t          tick, round;
+    uint64_t          hits, misses, copied, redone;
 };
 
 /* Device allocations freed together. */
@@ -97,10 +115,24 @@ struct executor_gpu {
     uint32_t                           n_ctx, n_batch;
     uint16_t **k_cache, **v_cache; /* per layer (from il0): (n_ctx, kd), (n_ctx, vd) */
     /* Scratch (n_batch rows of the widths in gpu_need). */
-    float    *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
-    float    *att_scratch, *logits, *xq;
-    int32_t  *sel, *items, *rows;
-    uint16_t *x16, *w16;
+    float   *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
+    float   *att_scratch, *logits, *xq;
+    uint8_t *xq8; /* the q8 image of activations for gpu_matvec_q8 (gpu_q8_for) */
+    /* What g->xq8 holds (gpu_q8_for): rows x_src .. of cols, quantized as q8_vdt; reused by the
+     * next product over the same rows only while q8_reuse is set (the callers set it around
+     * products that share their input: q, k, v; gate, up). */
+    const float *q8_src;
+    int64_t      q8_stride, q8_cols;
+    uint32_t     q8_n, q8_vdt;
+    bool         q8_reuse;
+    /* The decode step of this sequence alone as a CUDA graph (gpu_graph_step): captured at the
+     * first such step, replayed after, the position read from pos_d. */
+    struct gpu_graph *graph;
+    uint32_t         *pos_d;
+    bool              capturing, graph_off;
+    uint64_t          graph_steps;
+    int32_t          *sel, *items, *rows;
+    uint16_t         *x16, *w16;
     /* Host copies for the grouping of a prefill's experts. */
     int32_t          *h_sel, *h_items, *h_rows, *h_start, *h_count;
     struct gpu_allocs mem;
@@ -319,6 +351,13 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
     return wb;
 }
 
+/* Bytes of the q8 image scratch (g->xq8): as many activation rows as g->xq holds. */
+static size_t gpu_q8_bytes(size_t n_batch, const struct gpu_widths *w)
+{
+    const size_t cols = w->ff > w->cols ? w->ff : w->cols;
+    return n_batch * gpu_q8_row_bytes((int64_t)cols) + 16;
+}
+
 /* Device bytes of one sequence: the KV cache of the layers from il0 and the scratch. */
 static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool head, uint32_t n_ctx,
                            uint32_t n_batch)
@@ -333,15 +372,13 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool he
     if (head)
         f += B * w.n_vocab;
     return kb + f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
-           (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t);
+           (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t) + gpu_q8_bytes(B, &w);
 }
 
 /* Copies part p of expert x of layer il from the weight source to device memory at dst.
- * Returns 0, COMMON_EDEVICE (the copy failed; message in e), or the weight source's error
- * (the message from `c` when given, which names what was read, else a short one in e). */
+ * Returns 0, COMMON_EDEVICE (the copy failed) or the weight source's error, message in e. */
 static int gpu_copy_expert(const struct executor_gpu_weights *gw, uint32_t il, uint32_t x,
-                           enum common_expert_part p, void *dst, struct executor_ctx *c,
-                           struct common_errmsg *e)
+                           enum common_expert_part p, void *dst, struct common_errmsg *e)
 {
     const struct executor_expert_geom *geo = &gw->m->layers[il].exp[p];
     struct executor_weights           *w = gw->m->w;
@@ -349,13 +386,8 @@ static int gpu_copy_expert(const struct executor_gpu_weights *gw, uint32_t il, u
         const void *data;
         uint32_t    slot;
         int         rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &slot);
-        if (rc < 0) {
-            if (!c)
-                return common_errmsg_set(e, rc, "layer %u expert %u: %s", il, x,
-                                         common_strerror(rc));
-            rc = executor_moe_acquire_failed(c, il, x, (int)p, rc);
-            return common_errmsg_set(e, rc, "%s", c->err.text);
-        }
+        if (rc < 0)
+            return common_errmsg_set(e, rc, "layer %u expert %u: %s", il, x, common_strerror(rc));
         int up = gpu_upload(dst, data, (size_t)geo->rows * geo->row_bytes);
         /* A loan whose bytes changed meanwhile is read again. */
         if (w->ops->expert_release(w->impl, slot) == COMMON_EAGAIN)
@@ -383,23 +415,60 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: %s", gpu_backend_name(), gw->dev,
                                  gpu_last_error());
     for (uint32_t x = 0; x < E; x++) {
-        int rc = gpu_copy_expert(gw, il, x, p, (uint8_t *)out->d + (size_t)x * out->bytes, NULL, e);
+        int rc = gpu_copy_expert(gw, il, x, p, (uint8_t *)out->d + (size_t)x * out->bytes, e);
         if (rc < 0)
             return rc;
     }
     return 0;
 }
 
-static void gpu_pool_destroy(struct gpu_xpool *px)
+/* Ends a loan: waits for its copy and gives the part back; a loan whose bytes changed during the
+ * copy (*torn set) leaves its slot empty, so that the round copies it again. -1: the device
+ * failed. */
+static int gpu_loan_end(struct gpu_xpool *px, const struct executor_weights *w, struct gpu_loan *ln,
+                        bool *torn)
+{
+    if (!ln->on)
+        return 0;
+    ln->on = false;
+    const int rc = gpu_event_sync(ln->ev);
+    if (w->ops->expert_release(w->impl, ln->src_slot) == COMMON_EAGAIN) {
+        *torn = true;
+        if (px->owner[ln->slot] != UINT32_MAX)
+            px->slot_of[px->owner[ln->slot]] = -1;
+        px->owner[ln->slot] = UINT32_MAX;
+    }
+    return rc;
+}
+
+/* Ends every loan. */
+static int gpu_loans_end(struct gpu_xpool *px, const struct executor_weights *w, bool *torn)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < GPU_POOL_LOANS; i++)
+        rc |= gpu_loan_end(px, w, &px->loans[i], torn);
+    return rc < 0 ? -1 : 0;
+}
+
+static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights *w)
 {
     if (!px)
         return;
+    bool torn = false;
+    (void)gpu_loans_end(px, w, &torn);
+    for (uint32_t i = 0; i < GPU_POOL_LOANS; i++)
+        gpu_event_free(px->loans[i].ev);
+    gpu_event_free(px->ev_gu);
+    gpu_event_free(px->ev_d);
+    gpu_event_free(px->ev_k);
     pthread_mutex_destroy(&px->mu);
     free(px->slot_of);
     free(px->owner);
     free(px->last);
     free(px->pin);
     free(px->mark);
+    free(px->miss_x);
+    free(px->miss_s);
     free(px);
 }
 
@@ -414,6 +483,7 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
         free(px);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
+    gw->pool = px;
     px->slot_bytes = slot_bytes;
     px->n_slots = n_slots;
     px->n_expert = hp->n_expert;
@@ -422,31 +492,33 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     px->last = calloc(n_slots, sizeof(*px->last));
     px->pin = calloc(n_slots, sizeof(*px->pin));
     px->mark = calloc(hp->n_expert, sizeof(*px->mark));
-    if (!px->slot_of || !px->owner || !px->last || !px->pin || !px->mark) {
-        gpu_pool_destroy(px);
+    px->miss_x = calloc(hp->n_expert, sizeof(*px->miss_x));
+    px->miss_s = calloc(hp->n_expert, sizeof(*px->miss_s));
+    if (!px->slot_of || !px->owner || !px->last || !px->pin || !px->mark || !px->miss_x ||
+        !px->miss_s)
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
-    }
     for (size_t i = 0; i < n_keys; i++)
         px->slot_of[i] = -1;
     for (uint32_t s = 0; s < n_slots; s++)
         px->owner[s] = UINT32_MAX;
-    gw->pool = px;
-    if (!(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
+    bool ok = (px->ev_gu = gpu_event_new()) && (px->ev_d = gpu_event_new()) &&
+              (px->ev_k = gpu_event_new());
+    for (uint32_t i = 0; ok && i < GPU_POOL_LOANS; i++)
+        ok = (px->loans[i].ev = gpu_event_new()) != NULL;
+    if (!ok || !(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
                                  gw->dev, gpu_last_error());
     return 0;
 }
 
-/* The slot of expert x of layer il, copied in when it is not in the pool (into an empty slot,
- * else the least recently used one no other expert of this round holds), pinned for this
- * round. Returns the slot, or COMMON_EDEVICE or the weight source's error (message in e;
- * the slot is then left empty). The caller holds the lock. */
-static int32_t gpu_pool_get(const struct executor_gpu_weights *gw, uint32_t il, uint32_t x,
-                            struct executor_ctx *c, struct common_errmsg *e)
+/* The slot of expert x of layer il, pinned for this round: where it is, or one taken for it
+ * (an empty slot, else the least recently used one no expert of this round holds) and put on
+ * the round's list of copies. The caller holds the lock, and keeps the round's experts within
+ * the slots. */
+static int32_t gpu_pool_take(struct gpu_xpool *px, uint32_t il, uint32_t x)
 {
-    struct gpu_xpool *px = gw->pool;
-    const uint32_t    key = il * px->n_expert + x;
-    int32_t           s = px->slot_of[key];
+    const uint32_t key = il * px->n_expert + x;
+    int32_t        s = px->slot_of[key];
     px->tick++;
     if (s < 0) {
         for (uint32_t i = 0; i < px->n_slots; i++) {
@@ -457,21 +529,12 @@ static int32_t gpu_pool_get(const struct executor_gpu_weights *gw, uint32_t il, 
             if (px->pin[i] != px->round && (s < 0 || px->last[i] < px->last[s]))
                 s = (int32_t)i;
         }
-        if (s < 0) /* more experts in a round than slots: the caller's rounds prevent it */
-            return common_errmsg_set(e, COMMON_ERANGE, "the device's expert pool is full");
         if (px->owner[s] != UINT32_MAX)
             px->slot_of[px->owner[s]] = -1;
-        px->owner[s] = UINT32_MAX;
-        const struct gpu_layer *gl = &gw->layers[il];
-        for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
-            uint8_t *dst = (uint8_t *)gl->exps[p].d + (size_t)s * px->slot_bytes;
-            int      rc = gpu_copy_expert(gw, il, x, (enum common_expert_part)p, dst, c, e);
-            if (rc < 0)
-                return rc;
-            px->copied += (size_t)gl->exps[p].rows * gl->exps[p].row_bytes;
-        }
         px->owner[s] = key;
         px->slot_of[key] = s;
+        px->miss_x[px->n_miss] = x;
+        px->miss_s[px->n_miss++] = (uint32_t)s;
         px->misses++;
     } else {
         px->hits++;
@@ -479,6 +542,72 @@ static int32_t gpu_pool_get(const struct executor_gpu_weights *gw, uint32_t il, 
     px->last[s] = px->tick;
     px->pin[s] = px->round;
     return s;
+}
+
+/* Queues the copy of part p of expert x of layer il into pool slot s, the weight source's loan
+ * held until it is done (the oldest loan ended first when GPU_POOL_LOANS are out). Returns 0,
+ * COMMON_EDEVICE, or the source's error (message in c->err). */
+static int gpu_pool_copy_part(const struct executor_gpu_weights *gw, uint32_t il, uint32_t x,
+                              uint32_t s, enum common_expert_part p, struct executor_ctx *c,
+                              bool *torn)
+{
+    struct gpu_xpool              *px = gw->pool;
+    const struct executor_weights *w = gw->m->w;
+    const struct gpu_experts      *xe = &gw->layers[il].exps[p];
+    struct gpu_loan               *ln = &px->loans[px->loan_next];
+    const void                    *data;
+    uint32_t                       src_slot;
+    px->loan_next = (px->loan_next + 1) % GPU_POOL_LOANS;
+    if (gpu_loan_end(px, w, ln, torn) < 0)
+        return COMMON_EDEVICE;
+    int rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &src_slot);
+    if (rc < 0)
+        return executor_moe_acquire_failed(c, il, x, (int)p, rc);
+    *ln = (struct gpu_loan){.ev = ln->ev, .src_slot = src_slot, .slot = s, .on = true};
+    const size_t bytes = (size_t)xe->rows * xe->row_bytes;
+    if (gpu_copy_async((uint8_t *)xe->d + (size_t)s * px->slot_bytes, data, bytes) < 0 ||
+        gpu_event_record_copy(ln->ev) < 0)
+        return COMMON_EDEVICE;
+    px->copied += bytes;
+    return 0;
+}
+
+/* Queues the copies of the round's missing experts (after the kernels that may still read the
+ * slots they take): every gate and up, event gu, every down, event d. On a failure the loans
+ * are ended and the round's slots left empty. Returns 0, -1 (device), or -2 (the weight source
+ * failed: *cpu_rc, text in c->err). */
+static int gpu_pool_fill(const struct executor_gpu_weights *gw, uint32_t il, struct executor_ctx *c,
+                         int *cpu_rc, bool *torn)
+{
+    struct gpu_xpool *px = gw->pool;
+    int               rc = 0;
+    if (!px->n_miss)
+        return 0;
+    if (gpu_copy_wait(px->ev_k) < 0)
+        rc = COMMON_EDEVICE;
+    static const enum common_expert_part order[] = {COMMON_EXPERT_GATE, COMMON_EXPERT_UP,
+                                                    COMMON_EXPERT_DOWN};
+    for (int k = 0; k < COMMON_EXPERT_PART_COUNT && rc == 0; k++) {
+        for (uint32_t i = 0; i < px->n_miss && rc == 0; i++)
+            rc = gpu_pool_copy_part(gw, il, px->miss_x[i], px->miss_s[i], order[k], c, torn);
+        if (rc == 0 && order[k] == COMMON_EXPERT_UP && gpu_event_record_copy(px->ev_gu) < 0)
+            rc = COMMON_EDEVICE;
+        if (rc == 0 && order[k] == COMMON_EXPERT_DOWN && gpu_event_record_copy(px->ev_d) < 0)
+            rc = COMMON_EDEVICE;
+    }
+    if (rc == 0)
+        return 0;
+    (void)gpu_loans_end(px, gw->m->w, torn);
+    for (uint32_t i = 0; i < px->n_miss; i++) {
+        const uint32_t sl = px->miss_s[i];
+        if (px->owner[sl] != UINT32_MAX)
+            px->slot_of[px->owner[sl]] = -1;
+        px->owner[sl] = UINT32_MAX;
+    }
+    if (rc == COMMON_EDEVICE)
+        return -1;
+    *cpu_rc = rc;
+    return -2;
 }
 
 static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct common_errmsg *e)
@@ -637,8 +766,8 @@ void executor_gpu_weights_destroy(struct executor_gpu_weights *gw)
 {
     if (!gw)
         return;
+    gpu_pool_destroy(gw->pool, gw->m->w);
     gpu_allocs_free(&gw->mem);
-    gpu_pool_destroy(gw->pool);
     free(gw->layers);
     free(gw);
 }
@@ -670,6 +799,8 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->cs = gpu_take(a, B * (hp->n_rot ? hp->n_rot : 1) * F, c)) &&
          (g->att_scratch = gpu_take(a, B * hp->n_head * (size_t)g->n_ctx * F, c)) &&
          (g->xq = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * F, c)) &&
+         (g->xq8 = gpu_take(a, gpu_q8_bytes(B, &w), c)) &&
+         (g->pos_d = gpu_take(a, sizeof(uint32_t), c)) &&
          (g->x16 = gpu_take(a, B * w.cols * sizeof(uint16_t), c)) &&
          (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
     if (ok && g->head)
@@ -737,6 +868,7 @@ void executor_gpu_destroy(struct executor_gpu *g)
 {
     if (!g)
         return;
+    gpu_graph_free(g->graph);
     gpu_allocs_free(&g->mem);
     executor_gpu_weights_destroy(g->own_w);
     free(g->k_cache);
@@ -747,6 +879,11 @@ void executor_gpu_destroy(struct executor_gpu *g)
     free(g->h_start);
     free(g->h_count);
     free(g);
+}
+
+uint64_t executor_gpu_graph_steps(const struct executor_gpu *g)
+{
+    return g->graph_steps;
 }
 
 uint32_t executor_gpu_first_layer(const struct executor_gpu *g)
@@ -821,6 +958,32 @@ static const float *gpu_round_for(struct executor_gpu *g, uint32_t type, const f
     return gpu_act_round(vdt, x, x_stride, n, cols, g->xq) < 0 ? NULL : g->xq;
 }
 
+/* The q8 image of x rows for weights of `type` in g->xq8 (gpu_act_q8), or the one already there
+ * when g->q8_reuse is set and it holds these rows quantized alike; NULL on a device error. */
+static const void *gpu_q8_for(struct executor_gpu *g, uint32_t type, const float *x,
+                              int64_t x_stride, uint32_t n, int64_t cols)
+{
+    const uint32_t vdt = executor_vec_dot_type(type);
+    if (g->q8_reuse && g->q8_src == x && g->q8_stride == x_stride && g->q8_n == n &&
+        g->q8_cols == cols && g->q8_vdt == vdt)
+        return g->xq8;
+    g->q8_src = NULL;
+    if (gpu_act_q8(vdt, x, x_stride, n, cols, g->xq8) < 0)
+        return NULL;
+    g->q8_src = x;
+    g->q8_stride = x_stride;
+    g->q8_n = n;
+    g->q8_cols = cols;
+    g->q8_vdt = vdt;
+    return g->xq8;
+}
+
+/* Whether the products of `type` over cols columns take the int8 path (gpu_matvec_q8). */
+static bool gpu_q8_path(uint32_t type, int64_t cols)
+{
+    return gpu_matvec_q8_supported(type) && cols % 32 == 0;
+}
+
 /* y (n rows, y_stride apart) = W . x rows: matvec kernels for a few rows, the f16 tensor-core
  * matmul over row blocks of W dequantized to f16 for more. */
 static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t row_bytes,
@@ -828,6 +991,21 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
                   float *y, int64_t y_stride)
 {
     const bool matvec = n < GPU_GEMM_MIN_N || cols % 32 != 0;
+    if (matvec && gpu_q8_path(type, cols)) {
+        /* int8 activations as the CPU quantizes them, integer products (dp4a). */
+        const uint8_t *q8 = gpu_q8_for(g, type, x, x_stride, n, cols);
+        if (!q8)
+            return -1;
+        const size_t xrb = gpu_q8_row_bytes(cols);
+        for (uint32_t t = 0; t < n; t += GPU_MATVEC_MAX_N) {
+            const uint32_t k = n - t < GPU_MATVEC_MAX_N ? n - t : GPU_MATVEC_MAX_N;
+            if (gpu_matvec_q8(type, w, row_bytes, rows, cols, q8 + (size_t)t * xrb, k,
+                              y + (size_t)t * y_stride, y_stride) < 0)
+                return -1;
+        }
+        return 0;
+    }
+    g->q8_src = NULL; /* the next product's image is not this one's */
     /* Activations rounded as the CPU quantizes them: the CPU's products up to the order of the
      * sums (greedy tokens as llama.cpp's). For F16 weights the matmul's own f16 conversion is
      * that rounding. */
@@ -872,6 +1050,17 @@ static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const flo
     return gpu_mm(g, w->type, w->d, w->row_bytes, w->rows, w->cols, x, x_stride, n, y, y_stride);
 }
 
+/* gpu_mm_mat over the rows of the product before it (same_x: x has not changed since), whose
+ * int8 activations it may reuse. */
+static int gpu_mm_shared(struct executor_gpu *g, const struct gpu_mat *w, const float *x,
+                         int64_t x_stride, uint32_t n, float *y, int64_t y_stride, bool same_x)
+{
+    g->q8_reuse = same_x;
+    const int rc = gpu_mm_mat(g, w, x, x_stride, n, y, y_stride);
+    g->q8_reuse = false;
+    return rc;
+}
+
 /* Self-attention of layer il for the n rows of g->x (g: the batch's scratch), member by member
  * over each member's own cache and positions: adds its output. */
 static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
@@ -884,9 +1073,9 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
     const float                  scale =
         hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim_k);
     if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->attn_norm, n, ne, hp->rms_eps) < 0 ||
-        gpu_mm_mat(g, &gl->wq, g->xn, ne, n, g->q, (int64_t)w.qd) < 0 ||
-        gpu_mm_mat(g, &gl->wk, g->xn, ne, n, g->k, (int64_t)w.kd) < 0 ||
-        gpu_mm_mat(g, &gl->wv, g->xn, ne, n, g->v, (int64_t)w.vd) < 0)
+        gpu_mm_shared(g, &gl->wq, g->xn, ne, n, g->q, (int64_t)w.qd, false) < 0 ||
+        gpu_mm_shared(g, &gl->wk, g->xn, ne, n, g->k, (int64_t)w.kd, true) < 0 ||
+        gpu_mm_shared(g, &gl->wv, g->xn, ne, n, g->v, (int64_t)w.vd, true) < 0)
         return -1;
     if ((gl->bq && gpu_add_bias(g->q, (int64_t)w.qd, gl->bq, n, (int64_t)w.qd) < 0) ||
         (gl->bk && gpu_add_bias(g->k, (int64_t)w.kd, gl->bk, n, (int64_t)w.kd) < 0) ||
@@ -908,13 +1097,22 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         return -1;
     for (uint32_t i = 0; i < n_mb; i++) {
         const struct executor_gpu_member *b = &mb[i];
-        if (gpu_kv_store(b->g->k_cache[il], b->g->v_cache[il], (uint32_t)w.kd, (uint32_t)w.vd,
-                         g->k + (size_t)b->row * w.kd, g->v + (size_t)b->row * w.vd, b->p0,
-                         b->n) < 0 ||
-            gpu_attention(g->att + (size_t)b->row * w.ad, g->q + (size_t)b->row * w.qd,
-                          b->g->k_cache[il], b->g->v_cache[il], b->n, b->p0, hp->n_head,
-                          hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
-                          g->att_scratch) < 0)
+        float                            *att = g->att + (size_t)b->row * w.ad;
+        const float *q = g->q + (size_t)b->row * w.qd, *k = g->k + (size_t)b->row * w.kd,
+                    *v = g->v + (size_t)b->row * w.vd;
+        uint16_t      *kc = b->g->k_cache[il], *vc = b->g->v_cache[il];
+        const uint32_t kd = (uint32_t)w.kd, vd = (uint32_t)w.vd;
+        /* A graph's kernels read the position from device memory (the same graph every step). */
+        const int rc =
+            g->capturing
+                ? gpu_kv_store_at(kc, vc, kd, vd, k, v, g->pos_d, b->n) < 0 ||
+                      gpu_attention_at(att, q, kc, vc, b->n, g->pos_d, g->n_ctx, hp->n_head,
+                                       hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
+                                       g->att_scratch)
+                : gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
+                      gpu_attention(att, q, kc, vc, b->n, b->p0, hp->n_head, hp->n_head_kv,
+                                    hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch);
+        if (rc < 0)
             return -1;
     }
     if (gpu_mm_mat(g, &gl->wo, g->att, (int64_t)w.ad, n, g->tmp, ne) < 0)
@@ -925,12 +1123,13 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
 /* silu(gate . x) * (up . x) into g->ga, then down into `out` (n rows of ne). */
 static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
                           const struct gpu_mat *up, const struct gpu_mat *down, const float *x,
-                          uint32_t n, float *out)
+                          uint32_t n, float *out, struct gpu_event *before_down)
 {
     const int64_t ne = g->m->desc->hp.n_embd, nf = gate->rows;
-    if (gpu_mm_mat(g, gate, x, ne, n, g->ga, nf) < 0 ||
-        gpu_mm_mat(g, up, x, ne, n, g->up, nf) < 0 ||
-        gpu_swiglu(g->ga, g->up, (int64_t)n * nf, false) < 0)
+    if (gpu_mm_shared(g, gate, x, ne, n, g->ga, nf, false) < 0 ||
+        gpu_mm_shared(g, up, x, ne, n, g->up, nf, true) < 0 ||
+        gpu_swiglu(g->ga, g->up, (int64_t)n * nf, false) < 0 ||
+        (before_down && gpu_stream_wait(before_down) < 0))
         return -1;
     return gpu_mm_mat(g, down, g->ga, nf, n, out, ne);
 }
@@ -945,16 +1144,28 @@ static struct gpu_mat gpu_expert(const struct gpu_experts *x, int32_t e)
                             .row_bytes = x->row_bytes};
 }
 
-/* The slot of expert x of layer il in the pool (the lock held), copied in when missing; -1
- * on a device error, -2 when the weight source failed (*cpu_rc and c->err say how). */
-static int32_t gpu_slot(struct executor_gpu *g, uint32_t il, uint32_t x, struct executor_ctx *c,
-                        int *cpu_rc)
+/* After a pooled round's kernels: event k (the next round's copies wait for it), the loans
+ * ended. Returns 0 (*again when a loan's bytes changed, now or when `torn` says so before: the
+ * round must be done again, at most GPU_POOL_TRIES times), -1 (device), -2 (a part kept
+ * changing: *cpu_rc). */
+static int gpu_pool_round_end(const struct executor_gpu_weights *gw, uint32_t tries, bool torn,
+                              bool *again, struct executor_ctx *c, int *cpu_rc)
 {
-    struct common_errmsg le = {{0}};
-    const int32_t        s = gpu_pool_get(g->w, il, x, c, &le);
-    if (s >= 0 || s == COMMON_EDEVICE)
-        return s >= 0 ? s : -1;
-    *cpu_rc = common_errmsg_set(&c->err, s, "%s", le.text);
+    struct gpu_xpool *px = gw->pool;
+    *again = false;
+    if (gpu_event_record_kernels(px->ev_k) < 0 || gpu_loans_end(px, gw->m->w, &torn) < 0)
+        return -1;
+    if (!torn)
+        return 0;
+    px->redone++;
+    if (tries + 1 < GPU_POOL_TRIES) {
+        *again = true;
+        return 0;
+    }
+    *cpu_rc = common_errmsg_set(&c->err, COMMON_EIO,
+                                "an expert's bytes kept changing while they were copied to the "
+                                "device (%u tries)",
+                                GPU_POOL_TRIES);
     return -2;
 }
 
@@ -993,19 +1204,36 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
         const int32_t cnt = g->h_start[x + 1] - g->h_start[x];
         if (cnt == 0)
             continue;
-        int32_t at = (int32_t)x;
-        if (gl->pooled) {
-            g->w->pool->round++;
-            if ((at = gpu_slot(g, il, x, c, cpu_rc)) < 0)
-                return at == -1 ? -1 : 0;
+        struct gpu_xpool *px = gl->pooled ? g->w->pool : NULL;
+        for (uint32_t tries = 0;; tries++) {
+            int32_t at = (int32_t)x;
+            bool    torn = false, again = false, miss = false;
+            if (px) {
+                px->round++;
+                px->n_miss = 0;
+                at = gpu_pool_take(px, il, x);
+                miss = px->n_miss > 0;
+                const int rc = gpu_pool_fill(g->w, il, c, cpu_rc, &torn);
+                if (rc < 0)
+                    return rc == -1 ? -1 : 0;
+            }
+            const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
+            const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
+            const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
+            if (gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
+                (miss && gpu_stream_wait(px->ev_gu) < 0) ||
+                gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp,
+                               miss ? px->ev_d : NULL) < 0 ||
+                gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0)
+                return -1;
+            if (!px)
+                break;
+            const int rc = gpu_pool_round_end(g->w, tries, torn, &again, c, cpu_rc);
+            if (rc < 0)
+                return rc == -1 ? -1 : 0;
+            if (!again)
+                break;
         }
-        const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
-        const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
-        const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
-        if (gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
-            gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp) < 0 ||
-            gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0)
-            return -1;
     }
     return 0;
 }
@@ -1013,8 +1241,32 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
 /* The routed experts of tokens [t0, t1) of a step of fewer than GPU_GEMM_MIN_N rows: every
  * (token, slot) item in one launch per part, the experts (or their slots in the pool) at ids
  * (device memory, n * K of them), outputs into g->moe_y. 0 or -1. */
+/* y row i = expert ids[i]'s matrix of xe . activation row i / x_div of x (n_x rows of xe->cols,
+ * contiguous), i < items: int8 activations (gpu_matvec_ids_q8) where the type takes them,
+ * rounded floats otherwise. same_x: x has not changed since the product before (its image is
+ * reused). */
+static int gpu_experts_mv(struct executor_gpu *g, const struct gpu_experts *xe, const int32_t *ids,
+                          int64_t items, const float *x, int64_t cols, uint32_t n_x, int64_t x_div,
+                          float *y, int64_t y_stride, bool same_x)
+{
+    if (gpu_q8_path(xe->type, cols)) {
+        g->q8_reuse = same_x;
+        const void *q8 = gpu_q8_for(g, xe->type, x, cols, n_x, cols);
+        g->q8_reuse = false;
+        return q8 ? gpu_matvec_ids_q8(xe->type, xe->d, xe->bytes, xe->row_bytes, xe->rows, xe->cols,
+                                      ids, items, q8, x_div, y, y_stride)
+                  : -1;
+    }
+    g->q8_src = NULL;
+    const float *xr = gpu_round_for(g, xe->type, x, cols, n_x, cols);
+    return xr ? gpu_matvec_ids(xe->type, xe->d, xe->bytes, xe->row_bytes, xe->rows, xe->cols, ids,
+                               items, xr, cols, x_div, y, y_stride)
+              : -1;
+}
+
 static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, const int32_t *ids,
-                         uint32_t t0, uint32_t t1)
+                         uint32_t t0, uint32_t t1, struct gpu_event *before_gu,
+                         struct gpu_event *before_down)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const uint32_t               K = hp->n_expert_used;
@@ -1025,17 +1277,16 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
     const int64_t                nf = xg->rows, items = (int64_t)(t1 - t0) * K;
     const size_t                 i0 = (size_t)t0 * K;
     float                       *ga = g->ga + i0 * (size_t)nf, *up = g->up + i0 * (size_t)nf;
-    const float *xa = gpu_round_for(g, xg->type, g->xn + (size_t)t0 * ne, ne, t1 - t0, ne);
-    if (!xa || executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
-        gpu_matvec_ids(xg->type, xg->d, xg->bytes, xg->row_bytes, xg->rows, xg->cols, ids + i0,
-                       items, xa, ne, K, ga, nf) < 0 ||
-        gpu_matvec_ids(xu->type, xu->d, xu->bytes, xu->row_bytes, xu->rows, xu->cols, ids + i0,
-                       items, xa, ne, K, up, nf) < 0 ||
-        gpu_swiglu(ga, up, items * nf, false) < 0)
-        return -1;
-    const float *xd_in = gpu_round_for(g, xd->type, ga, nf, (uint32_t)items, nf);
-    if (!xd_in || gpu_matvec_ids(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, xd->cols,
-                                 ids + i0, items, xd_in, nf, 1, g->moe_y + i0 * (size_t)ne, ne) < 0)
+    if (executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
+        (before_gu && gpu_stream_wait(before_gu) < 0) ||
+        gpu_experts_mv(g, xg, ids + i0, items, g->xn + (size_t)t0 * ne, ne, t1 - t0, K, ga, nf,
+                       false) < 0 ||
+        gpu_experts_mv(g, xu, ids + i0, items, g->xn + (size_t)t0 * ne, ne, t1 - t0, K, up, nf,
+                       true) < 0 ||
+        gpu_swiglu(ga, up, items * nf, false) < 0 ||
+        (before_down && gpu_stream_wait(before_down) < 0) ||
+        gpu_experts_mv(g, xd, ids + i0, items, ga, nf, (uint32_t)items, 1,
+                       g->moe_y + i0 * (size_t)ne, ne, false) < 0)
         return -1;
     return 0;
 }
@@ -1062,10 +1313,12 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
             (void)w->ops->expert_request(w->impl, il, (uint32_t)g->h_sel[i],
                                          EXECUTOR_HINT_POSTFETCH);
     }
-    for (uint32_t t0 = 0; t0 < n;) {
-        uint32_t used = 0, t1 = t0;
+    for (uint32_t t0 = 0, t1 = 0, tries = 0; t0 < n; t0 = t1) {
+        uint32_t used = 0;
+        bool     torn = false, again = false;
         px->round++;
-        for (; t1 < n; t1++) {
+        px->n_miss = 0;
+        for (t1 = t0; t1 < n; t1++) {
             const int32_t *sel = g->h_sel + (size_t)t1 * K;
             uint32_t       add = 0;
             for (uint32_t j = 0; j < K; j++)
@@ -1075,18 +1328,25 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
             used += add;
             for (uint32_t j = 0; j < K; j++) {
                 px->mark[sel[j]] = px->round;
-                const int32_t s = gpu_slot(g, il, (uint32_t)sel[j], c, cpu_rc);
-                if (s < 0)
-                    return s == -1 ? -1 : 0;
-                g->h_items[(size_t)t1 * K + j] = s;
+                g->h_items[(size_t)t1 * K + j] = gpu_pool_take(px, il, (uint32_t)sel[j]);
             }
         }
+        const bool miss = px->n_miss > 0;
+        const int  rc = gpu_pool_fill(gw, il, c, cpu_rc, &torn);
+        if (rc < 0)
+            return rc == -1 ? -1 : 0;
         const size_t i0 = (size_t)t0 * K;
         if (gpu_upload(g->items + i0, g->h_items + i0, (size_t)(t1 - t0) * K * sizeof(int32_t)) <
                 0 ||
-            gpu_moe_items(g, &gw->layers[il], g->items, t0, t1) < 0)
+            gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px->ev_gu : NULL,
+                          miss ? px->ev_d : NULL) < 0)
             return -1;
-        t0 = t1;
+        const int end = gpu_pool_round_end(gw, tries, torn, &again, c, cpu_rc);
+        if (end < 0)
+            return end == -1 ? -1 : 0;
+        tries = again ? tries + 1 : 0;
+        if (again)
+            t1 = t0; /* the same tokens again */
     }
     return 0;
 }
@@ -1112,7 +1372,7 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->ffn_norm, n, ne, hp->rms_eps) < 0)
         return -1;
     if (!gl->gate_inp.d) {
-        if (gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->tmp) < 0)
+        if (gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->tmp, NULL) < 0)
             return -1;
         return gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne);
     }
@@ -1124,7 +1384,7 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         return -1;
     if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
-        if (gpu_moe_items(g, gl, g->sel, 0, n) < 0)
+        if (gpu_moe_items(g, gl, g->sel, 0, n, NULL, NULL) < 0)
             return -1;
     } else {
         struct gpu_xpool *px = gl->pooled ? g->w->pool : NULL;
@@ -1139,11 +1399,90 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     }
     if (gl->sh_gate.d) {
         /* An ungated shared expert beside the routed ones: its output added first. */
-        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->tmp) < 0 ||
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->tmp, NULL) < 0 ||
             gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne) < 0)
             return -1;
     }
     return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);
+}
+
+/* The kernels of a step after its inputs are on the device: every layer from il0, then (with
+ * the head) the norm and output matrix of the n_out rows out_rows into g->logits. 0, -1 (device),
+ * or 0 with *cpu_rc < 0 (a layer's MoE on the CPU failed). */
+static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                            uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                            const uint32_t *out_rows, uint32_t n_out, int *cpu_rc)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const int64_t                ne = hp->n_embd;
+    for (uint32_t il = g->il0; il < hp->n_layer && *cpu_rc == 0; il++)
+        if (gpu_attention_block(g, il, n, mb, n_mb) < 0 || gpu_ffn_block(g, il, n, c, cpu_rc) < 0)
+            return -1;
+    if (*cpu_rc < 0 || !g->head || !n_out)
+        return 0;
+    /* The output rows: contiguous ones read in place, others gathered first. */
+    bool contiguous = true;
+    for (uint32_t i = 1; i < n_out; i++)
+        contiguous = contiguous && out_rows[i] == out_rows[0] + i;
+    const float *xs = g->x + (size_t)out_rows[0] * ne;
+    if (!contiguous) {
+        for (uint32_t i = 0; i < n_out; i++)
+            g->h_rows[i] = (int32_t)out_rows[i];
+        if (gpu_upload(g->rows, g->h_rows, (size_t)n_out * sizeof(int32_t)) < 0 ||
+            gpu_gather_rows(g->gx, ne, g->x, ne, g->rows, n_out, ne) < 0)
+            return -1;
+        xs = g->gx;
+    }
+    if (gpu_rmsnorm(g->xn, ne, xs, ne, g->w->output_norm, n_out, ne, hp->rms_eps) < 0 ||
+        gpu_mm_mat(g, &g->w->output, g->xn, ne, n_out, g->logits, hp->n_vocab) < 0)
+        return -1;
+    return 0;
+}
+
+/* Whether a step runs as the sequence's graph: one token of this sequence alone with its
+ * logits, every layer's kernels independent of the host while they run (no expert pool, no
+ * MoE on the CPU), on a backend with graphs, and SLUICE_NO_CUDA_GRAPHS unset. */
+static bool gpu_graph_step(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                           uint32_t n_mb, uint32_t n, uint32_t n_out, const float *logits)
+{
+    if (g->graph_off || n != 1 || n_mb != 1 || mb[0].g != g || mb[0].row != 0 || n_out != 1 ||
+        !logits || !g->head || g->w->pool)
+        return false;
+    if (!gpu_graphs_supported() || getenv("SLUICE_NO_CUDA_GRAPHS")) {
+        g->graph_off = true;
+        return false;
+    }
+    for (uint32_t il = g->il0; il < g->m->desc->hp.n_layer; il++)
+        if (g->w->layers[il].cpu_moe) {
+            g->graph_off = true;
+            return false;
+        }
+    return true;
+}
+
+/* Captures the kernels of a one-token step into g->graph. A capture that fails leaves no graph
+ * and turns graphs off for the sequence (its steps then launch their kernels); -1 only when the
+ * device failed outright. */
+static int gpu_graph_capture(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                             struct executor_ctx *c, const uint32_t *out_rows)
+{
+    int cpu_rc = 0;
+    if (gpu_graph_begin() < 0) {
+        g->graph_off = true;
+        return 0;
+    }
+    g->capturing = true;
+    g->q8_src = NULL;
+    const int rc = gpu_step_kernels(g, mb, 1, c, 1, out_rows, 1, &cpu_rc);
+    g->capturing = false;
+    g->q8_src = NULL;
+    if (gpu_graph_end(&g->graph) < 0 || rc < 0 || cpu_rc < 0) {
+        gpu_graph_free(g->graph);
+        g->graph = NULL;
+        g->graph_off = true;
+        return gpu_sync();
+    }
+    return 0;
 }
 
 int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
@@ -1169,11 +1508,20 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
     rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
     if (rc == 0 && hp->n_rot)
         rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
-    int cpu_rc = 0;
-    for (uint32_t il = g->il0; il < hp->n_layer && rc == 0 && cpu_rc == 0; il++) {
-        rc = gpu_attention_block(g, il, n, mb, n_mb);
-        if (rc == 0)
-            rc = gpu_ffn_block(g, il, n, c, &cpu_rc);
+    int        cpu_rc = 0;
+    const bool graph = rc == 0 && gpu_graph_step(g, mb, n_mb, n, n_out, logits);
+    if (graph) {
+        /* One token of this sequence: its graph, captured at the first such step. */
+        rc = gpu_upload(g->pos_d, &mb[0].p0, sizeof(uint32_t));
+        if (rc == 0 && !g->graph && gpu_graph_capture(g, mb, c, out_rows) < 0)
+            return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
+                                     gpu_last_error());
+    }
+    if (rc == 0 && graph && g->graph) {
+        rc = gpu_graph_launch(g->graph);
+        g->graph_steps += rc == 0;
+    } else if (rc == 0) {
+        rc = gpu_step_kernels(g, mb, n_mb, c, n, out_rows, logits ? n_out : 0, &cpu_rc);
     }
     if (cpu_rc < 0)
         return c->err.text[0] ? common_errmsg_set(e, cpu_rc, "%s", c->err.text)
@@ -1184,25 +1532,7 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
         if (rc == 0)
             return 0;
     } else if (rc == 0 && n_out && logits) {
-        /* The output rows: contiguous ones read in place, others gathered first. */
-        bool contiguous = true;
-        for (uint32_t i = 1; i < n_out; i++)
-            contiguous = contiguous && out_rows[i] == out_rows[0] + i;
-        const float *xs = g->x + (size_t)out_rows[0] * ne;
-        if (!contiguous) {
-            for (uint32_t i = 0; i < n_out; i++)
-                g->h_rows[i] = (int32_t)out_rows[i];
-            rc = gpu_upload(g->rows, g->h_rows, (size_t)n_out * sizeof(int32_t));
-            if (rc == 0)
-                rc = gpu_gather_rows(g->gx, ne, g->x, ne, g->rows, n_out, ne);
-            xs = g->gx;
-        }
-        if (rc == 0)
-            rc = gpu_rmsnorm(g->xn, ne, xs, ne, g->w->output_norm, n_out, ne, hp->rms_eps);
-        if (rc == 0)
-            rc = gpu_mm_mat(g, &g->w->output, g->xn, ne, n_out, g->logits, hp->n_vocab);
-        if (rc == 0)
-            rc = gpu_download(logits, g->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
+        rc = gpu_download(logits, g->logits, (size_t)n_out * hp->n_vocab * sizeof(float));
     } else if (rc == 0) {
         rc = gpu_sync();
     }

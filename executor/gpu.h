@@ -27,6 +27,8 @@ uint32_t executor_gpu_first_layer(const struct executor_gpu *g);
 int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len);
 /* One line: the device, the layers on it and the device memory they take. */
 void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len);
+/* Steps run as g's graph (executor_ctx_gpu_graph_steps). */
+uint64_t executor_gpu_graph_steps(const struct executor_gpu *g);
 /* The expert pool of g's weights (executor_ctx_gpu_pool_stats). */
 void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_pool_stats *out);
 

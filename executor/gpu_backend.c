@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "cuda/gpu.h"
 
 static const char g_none[] = "this sluice was built without CUDA (-DSLUICE_CUDA=OFF or no nvcc)";
@@ -78,6 +79,78 @@ void gpu_free(void *p)
         be()->release(p);
 }
 
+struct gpu_event *gpu_event_new(void)
+{
+    return be() ? be()->event_new() : NULL;
+}
+
+void gpu_event_free(struct gpu_event *ev)
+{
+    if (be() && ev)
+        be()->event_free(ev);
+}
+
+int gpu_copy_async(void *dst_device, const void *src_host, size_t bytes)
+{
+    return be() ? be()->copy_async(dst_device, src_host, bytes) : -1;
+}
+
+int gpu_event_record_copy(struct gpu_event *ev)
+{
+    return be() ? be()->event_record_copy(ev) : -1;
+}
+
+int gpu_event_record_kernels(struct gpu_event *ev)
+{
+    return be() ? be()->event_record_kernels(ev) : -1;
+}
+
+int gpu_stream_wait(struct gpu_event *ev)
+{
+    return be() ? be()->stream_wait(ev) : -1;
+}
+
+int gpu_copy_wait(struct gpu_event *ev)
+{
+    return be() ? be()->copy_wait(ev) : -1;
+}
+
+int gpu_event_sync(struct gpu_event *ev)
+{
+    return be() ? be()->event_sync(ev) : -1;
+}
+
+bool gpu_copy_times(uint64_t *busy_ns, uint64_t *stall_ns)
+{
+    return be() && be()->copy_times(busy_ns, stall_ns);
+}
+
+bool gpu_graphs_supported(void)
+{
+    return be() && be()->graph_begin;
+}
+
+int gpu_graph_begin(void)
+{
+    return gpu_graphs_supported() ? be()->graph_begin() : -1;
+}
+
+int gpu_graph_end(struct gpu_graph **graph)
+{
+    return gpu_graphs_supported() ? be()->graph_end(graph) : -1;
+}
+
+int gpu_graph_launch(struct gpu_graph *graph)
+{
+    return gpu_graphs_supported() && graph ? be()->graph_launch(graph) : -1;
+}
+
+void gpu_graph_free(struct gpu_graph *graph)
+{
+    if (graph && gpu_graphs_supported())
+        be()->graph_free(graph);
+}
+
 int gpu_upload(void *dst, const void *src, size_t bytes)
 {
     return be() ? be()->upload(dst, src, bytes) : -1;
@@ -143,6 +216,44 @@ int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t
     return be() ? be()->gemm_f16(w16, rows, cols, x16, n, y, y_stride) : -1;
 }
 
+bool gpu_matvec_q8_supported(uint32_t type)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_Q4_0:
+    case COMMON_GGML_TYPE_Q4_1:
+    case COMMON_GGML_TYPE_Q5_0:
+    case COMMON_GGML_TYPE_Q5_1:
+    case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q4_K:
+    case COMMON_GGML_TYPE_Q5_K:
+    case COMMON_GGML_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+               void *q8)
+{
+    return be() ? be()->act_q8(act_type, x, x_stride, n, cols, q8) : -1;
+}
+
+int gpu_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                  const void *q8, int64_t n, float *y, int64_t y_stride)
+{
+    return be() ? be()->matvec_q8(type, w, row_bytes, rows, cols, q8, n, y, y_stride) : -1;
+}
+
+int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                      int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                      const void *q8, int64_t x_div, float *y, int64_t y_stride)
+{
+    return be() ? be()->matvec_ids_q8(type, w, expert_bytes, row_bytes, rows, cols, ids, n_items,
+                                      q8, x_div, y, y_stride)
+                : -1;
+}
+
 int gpu_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                   float *out)
 {
@@ -179,7 +290,15 @@ int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint
 int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                  const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
 {
-    return be() ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, pos0, n_tok) : -1;
+    return be() ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, pos0, NULL, n_tok) : -1;
+}
+
+int gpu_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                    const float *k, const float *v, const uint32_t *pos_dev, uint32_t n_tok)
+{
+    return be() && pos_dev
+               ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, 0, pos_dev, n_tok)
+               : -1;
 }
 
 int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -187,9 +306,20 @@ int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uin
                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
                   float *scratch)
 {
-    return be() ? be()->attention(out, q, k_cache, v_cache, n_tok, pos0, n_head, n_head_kv,
+    return be() ? be()->attention(out, q, k_cache, v_cache, n_tok, pos0, NULL, 0, n_head, n_head_kv,
                                   head_dim_k, head_dim_v, scale, window, scratch)
                 : -1;
+}
+
+int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                     uint32_t n_tok, const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
+                     uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v, float scale,
+                     uint32_t window, float *scratch)
+{
+    return be() && pos_dev && row_stride
+               ? be()->attention(out, q, k_cache, v_cache, n_tok, 0, pos_dev, row_stride, n_head,
+                                 n_head_kv, head_dim_k, head_dim_v, scale, window, scratch)
+               : -1;
 }
 
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,

@@ -6,6 +6,7 @@
  * too (device memory here is host memory they watch; it starts as 0xff bytes, NaN as floats and
  * halves, so a read of something never written shows). Argument checks are CUDA's. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,184 @@ static double h_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- the copy stream: a thread ----------------------------------------------------------------
+ */
+
+/* An event: done once the copier has done `seq` copies (0: done from the start). Kernels run in
+ * the caller, so an event recorded after them is done at once. */
+struct gpu_event {
+    uint64_t seq;
+};
+
+struct h_job {
+    void       *dst;
+    const void *src;
+    size_t      bytes;
+};
+
+/* The copies queued, in order, and the thread that does them (started at the first). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t  work, done_cv;
+    struct h_job   *q; /* a ring of cap jobs from head */
+    size_t          cap, head, n;
+    uint64_t        queued, done;
+    uint64_t        busy_ns, stall_ns;
+    bool            started;
+} hc = {.mu = PTHREAD_MUTEX_INITIALIZER,
+        .work = PTHREAD_COND_INITIALIZER,
+        .done_cv = PTHREAD_COND_INITIALIZER};
+
+static uint64_t h_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *h_copier(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&hc.mu);
+    for (;;) {
+        while (hc.n == 0)
+            pthread_cond_wait(&hc.work, &hc.mu);
+        const struct h_job j = hc.q[hc.head];
+        hc.head = (hc.head + 1) % hc.cap;
+        hc.n--;
+        pthread_mutex_unlock(&hc.mu);
+        const uint64_t t0 = h_ns();
+        memcpy(j.dst, j.src, j.bytes);
+        const uint64_t dt = h_ns() - t0;
+        pthread_mutex_lock(&hc.mu);
+        hc.busy_ns += dt;
+        hc.done++;
+        pthread_cond_broadcast(&hc.done_cv);
+    }
+    return NULL;
+}
+
+static struct gpu_event *h_event_new(void)
+{
+    struct gpu_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        snprintf(h_err, sizeof(h_err), "creating an event: out of memory");
+    return ev;
+}
+
+static void h_event_free(struct gpu_event *ev)
+{
+    free(ev);
+}
+
+static int h_copy_async(void *dst, const void *src, size_t bytes)
+{
+    if (bytes && (!dst || !src))
+        return h_bad("copying to the device (copy stream)");
+    if (!bytes)
+        return 0;
+    pthread_mutex_lock(&hc.mu);
+    if (hc.n == hc.cap) {
+        const size_t  cap = hc.cap ? hc.cap * 2 : 64;
+        struct h_job *q = malloc(cap * sizeof(*q));
+        if (!q) {
+            pthread_mutex_unlock(&hc.mu);
+            snprintf(h_err, sizeof(h_err), "copying to the device: out of memory");
+            return -1;
+        }
+        for (size_t i = 0; i < hc.n; i++)
+            q[i] = hc.q[(hc.head + i) % hc.cap];
+        free(hc.q);
+        hc.q = q;
+        hc.cap = cap;
+        hc.head = 0;
+    }
+    if (!hc.started) {
+        pthread_t      t;
+        pthread_attr_t at;
+        int            rc = pthread_attr_init(&at);
+        if (rc == 0) {
+            (void)pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            rc = pthread_create(&t, &at, h_copier, NULL);
+            (void)pthread_attr_destroy(&at);
+        }
+        if (rc != 0) {
+            pthread_mutex_unlock(&hc.mu);
+            snprintf(h_err, sizeof(h_err), "starting the copy thread: %s", strerror(rc));
+            return -1;
+        }
+        hc.started = true;
+    }
+    hc.q[(hc.head + hc.n) % hc.cap] = (struct h_job){.dst = dst, .src = src, .bytes = bytes};
+    hc.n++;
+    hc.queued++;
+    pthread_cond_signal(&hc.work);
+    pthread_mutex_unlock(&hc.mu);
+    return 0;
+}
+
+static int h_event_record_copy(struct gpu_event *ev)
+{
+    if (!ev)
+        return h_bad("recording an event (copy stream)");
+    pthread_mutex_lock(&hc.mu);
+    ev->seq = hc.queued;
+    pthread_mutex_unlock(&hc.mu);
+    return 0;
+}
+
+static int h_event_record_kernels(struct gpu_event *ev)
+{
+    if (!ev)
+        return h_bad("recording an event");
+    pthread_mutex_lock(&hc.mu);
+    ev->seq = 0; /* the kernels before it have run */
+    pthread_mutex_unlock(&hc.mu);
+    return 0;
+}
+
+/* Waits until ev is done; the time counts as the kernels' stall when `stall`. */
+static int h_wait(struct gpu_event *ev, bool stall)
+{
+    if (!ev)
+        return h_bad("waiting for an event");
+    pthread_mutex_lock(&hc.mu);
+    if (hc.done < ev->seq) {
+        const uint64_t t0 = h_ns();
+        while (hc.done < ev->seq)
+            pthread_cond_wait(&hc.done_cv, &hc.mu);
+        if (stall)
+            hc.stall_ns += h_ns() - t0;
+    }
+    pthread_mutex_unlock(&hc.mu);
+    return 0;
+}
+
+static int h_stream_wait(struct gpu_event *ev)
+{
+    return h_wait(ev, true);
+}
+
+static int h_event_sync(struct gpu_event *ev)
+{
+    return h_wait(ev, false);
+}
+
+static int h_copy_wait(struct gpu_event *ev)
+{
+    /* A kernels' event is done when recorded; a copy stream's is ordered by the queue. */
+    return ev ? 0 : h_bad("waiting for kernels (copy stream)");
+}
+
+static bool h_copy_times(uint64_t *busy_ns, uint64_t *stall_ns)
+{
+    pthread_mutex_lock(&hc.mu);
+    *busy_ns = hc.busy_ns;
+    *stall_ns = hc.stall_ns;
+    pthread_mutex_unlock(&hc.mu);
+    return true;
 }
 
 /* The best of a few copies of `bytes`, counting bytes read and written. */
@@ -318,6 +497,40 @@ static int h_clamp_round(float v, int lo, int hi)
     return r < (float)lo ? lo : r > (float)hi ? hi : (int)r;
 }
 
+/* A block of 32 as Q8_0 and Q8_1 activations: d = amax / 127 as f16, q = x * 127 / amax rounded
+ * to nearest even, clamped to [-128, 127]. */
+static float h_q8_32(const float *xs, int8_t *q)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(xs[j]));
+    const float d = executor_fp16_to_fp32(executor_fp32_to_fp16(amax / 127.0f));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < 32; j++)
+        q[j] = (int8_t)h_clamp_round(xs[j] * id, -128, 127);
+    return d;
+}
+
+/* A block of 256 as Q8_K activations: iscale = -127 / the signed value of the largest magnitude
+ * (the first), q = min(127, iscale * x rounded to nearest even), d = 1 / iscale (0 for zeros). */
+static float h_q8_K(const float *xs, int8_t *q)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 256; j++)
+        if (fabsf(xs[j]) > amax) {
+            amax = fabsf(xs[j]);
+            max = xs[j];
+        }
+    if (amax == 0.0f) {
+        memset(q, 0, 256);
+        return 0.0f;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; j++)
+        q[j] = (int8_t)h_clamp_round(iscale * xs[j], -2147483647, 127);
+    return 1.0f / iscale;
+}
+
 static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                        float *out)
 {
@@ -325,6 +538,7 @@ static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int6
         return h_bad("gpu_act_round: bad arguments");
     if (n == 0 || cols == 0)
         return 0;
+    int8_t q[256];
     switch (act_type) {
     case COMMON_GGML_TYPE_Q8_0:
     case COMMON_GGML_TYPE_Q8_1:
@@ -332,15 +546,10 @@ static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int6
             return h_bad("gpu_act_round: cols not a multiple of 32");
         for (int64_t t = 0; t < n; t++)
             for (int64_t b = 0; b < cols / 32; b++) {
-                const float *xs = x + t * x_stride + b * 32;
-                float       *ys = out + t * cols + b * 32;
-                float        amax = 0.0f;
+                float      *ys = out + t * cols + b * 32;
+                const float d = h_q8_32(x + t * x_stride + b * 32, q);
                 for (int j = 0; j < 32; j++)
-                    amax = fmaxf(amax, fabsf(xs[j]));
-                const float d = executor_fp16_to_fp32(executor_fp32_to_fp16(amax / 127.0f));
-                const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-                for (int j = 0; j < 32; j++)
-                    ys[j] = d * (float)h_clamp_round(xs[j] * id, -128, 127);
+                    ys[j] = d * (float)q[j];
             }
         return 0;
     case COMMON_GGML_TYPE_Q8_K:
@@ -348,22 +557,10 @@ static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int6
             return h_bad("gpu_act_round: cols not a multiple of 256");
         for (int64_t t = 0; t < n; t++)
             for (int64_t b = 0; b < cols / 256; b++) {
-                const float *xs = x + t * x_stride + b * 256;
-                float       *ys = out + t * cols + b * 256;
-                float        amax = 0.0f, max = 0.0f;
+                float      *ys = out + t * cols + b * 256;
+                const float d = h_q8_K(x + t * x_stride + b * 256, q);
                 for (int j = 0; j < 256; j++)
-                    if (fabsf(xs[j]) > amax) {
-                        amax = fabsf(xs[j]);
-                        max = xs[j];
-                    }
-                if (amax == 0.0f) {
-                    memset(ys, 0, 256 * sizeof(float));
-                    continue;
-                }
-                const float iscale = -127.0f / max;
-                const float d = 1.0f / iscale;
-                for (int j = 0; j < 256; j++)
-                    ys[j] = d * (float)h_clamp_round(iscale * xs[j], -2147483647, 127);
+                    ys[j] = d * (float)q[j];
             }
         return 0;
     case COMMON_GGML_TYPE_F16:
@@ -379,6 +576,92 @@ static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int6
     default:
         return h_bad("gpu_act_round: not an activation type");
     }
+}
+
+static int h_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                    void *q8)
+{
+    if (!x || !q8 || n < 0 || cols < 0 || cols % 32 || x_stride < cols || ((uintptr_t)q8 & 3) != 0)
+        return h_bad("gpu_act_q8: bad arguments");
+    const bool k = act_type == COMMON_GGML_TYPE_Q8_K;
+    if (!k && act_type != COMMON_GGML_TYPE_Q8_0 && act_type != COMMON_GGML_TYPE_Q8_1)
+        return h_bad("gpu_act_q8: not an int8 activation type");
+    if (k && cols % 256)
+        return h_bad("gpu_act_q8: cols not a multiple of 256");
+    const int64_t blk = k ? 256 : 32;
+    for (int64_t t = 0; t < n; t++) {
+        uint8_t *row = (uint8_t *)q8 + (size_t)t * gpu_q8_row_bytes(cols);
+        float   *d = (float *)(void *)(row + cols);
+        for (int64_t b = 0; b < cols / blk; b++) {
+            int8_t     *q = (int8_t *)row + b * blk;
+            const float db =
+                k ? h_q8_K(x + t * x_stride + b * blk, q) : h_q8_32(x + t * x_stride + b * blk, q);
+            for (int64_t c = 0; c < blk / 32; c++)
+                d[b * (blk / 32) + c] = db;
+        }
+    }
+    return 0;
+}
+
+/* Image row `row` expanded to floats: value j times the scale of its 32. */
+static void h_q8_expand(const void *q8, int64_t row, int64_t cols, float *out)
+{
+    const uint8_t *r = (const uint8_t *)q8 + (size_t)row * gpu_q8_row_bytes(cols);
+    const int8_t  *q = (const int8_t *)r;
+    const float   *d = (const float *)(const void *)(r + cols);
+    for (int64_t j = 0; j < cols; j++)
+        out[j] = d[j / 32] * (float)q[j];
+}
+
+static int h_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                       const void *q8, int64_t n, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
+    if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 || n < 1 ||
+        n > GPU_MATVEC_MAX_N || (n > 1 && y_stride < rows))
+        return h_bad(what);
+    if (rows == 0)
+        return 0;
+    if (cols == 0 || !w || !q8 || !y || ((uintptr_t)q8 & 3) != 0)
+        return h_bad(what);
+    float *x = malloc((size_t)(n * cols) * sizeof(float));
+    if (!x)
+        return h_bad("matvec: out of host memory");
+    for (int64_t t = 0; t < n; t++)
+        h_q8_expand(q8, t, cols, x + t * cols);
+    const int rc = h_products(type, w, row_bytes, rows, cols, x, cols, n, y, y_stride);
+    free(x);
+    return rc;
+}
+
+static int h_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                           int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                           const void *q8, int64_t x_div, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_ids_q8: unsupported type or bad arguments";
+    if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 ||
+        n_items < 0 || x_div < 1 || (uint64_t)rows * row_bytes > expert_bytes ||
+        (n_items > 1 && y_stride < rows))
+        return h_bad(what);
+    if (rows == 0 || n_items == 0)
+        return 0;
+    if (cols == 0 || !w || !ids || !q8 || !y || ((uintptr_t)q8 & 3) != 0)
+        return h_bad(what);
+    float *x = malloc((size_t)cols * sizeof(float));
+    if (!x)
+        return h_bad("matvec: out of host memory");
+    int rc = 0;
+    for (int64_t i = 0; i < n_items && rc == 0; i++) {
+        if (ids[i] < 0) {
+            rc = h_bad(what);
+            break;
+        }
+        h_q8_expand(q8, i / x_div, cols, x);
+        rc = h_products(type, (const uint8_t *)w + (size_t)ids[i] * expert_bytes, row_bytes, rows,
+                        cols, x, 0, 1, y + i * y_stride, 0);
+    }
+    free(x);
+    return rc;
 }
 
 /* ---- the other operations of a layer (ops.cu) ----------------------------------------------- */
@@ -462,10 +745,13 @@ static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads,
 }
 
 static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
-                      const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
+                      const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                      uint32_t n_tok)
 {
     if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
         return h_bad("gpu_kv_store: bad arguments");
+    if (pos_dev)
+        pos0 = *pos_dev;
     for (uint32_t t = 0; t < n_tok; t++) {
         for (uint32_t c = 0; c < k_width; c++)
             k_cache[((int64_t)pos0 + t) * k_width + c] =
@@ -486,10 +772,15 @@ static float h_round_f16(float x)
  * exp(score - max) and its sum in f32, the probabilities normalised and rounded to f16 before
  * the value sum. */
 static int h_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                       uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
-                       uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                       float *scratch)
+                       uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
+                       uint32_t head_dim_v, float scale, uint32_t window, float *scratch)
 {
+    if (pos_dev) {
+        pos0 = *pos_dev;
+        if ((uint64_t)pos0 + n_tok > row_stride)
+            return h_bad("gpu_attention: positions past the scratch's row");
+    }
     if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
         n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
         head_dim_k > HOST_ATT_MAX_DIM || head_dim_v > HOST_ATT_MAX_DIM ||
@@ -665,6 +956,15 @@ const struct gpu_backend *gpu_backend_host(void)
         .fill = h_fill,
         .sync = h_sync,
         .membw_probe = h_membw_probe,
+        .event_new = h_event_new,
+        .event_free = h_event_free,
+        .copy_async = h_copy_async,
+        .event_record_copy = h_event_record_copy,
+        .event_record_kernels = h_event_record_kernels,
+        .stream_wait = h_stream_wait,
+        .copy_wait = h_copy_wait,
+        .event_sync = h_event_sync,
+        .copy_times = h_copy_times,
         .type_supported = h_type_supported,
         .dequant_rows = h_dequant_rows,
         .matvec = h_matvec,
@@ -672,6 +972,9 @@ const struct gpu_backend *gpu_backend_host(void)
         .f32_to_f16 = h_f32_to_f16,
         .gemm_f16 = h_gemm_f16,
         .act_round = h_act_round,
+        .act_q8 = h_act_q8,
+        .matvec_q8 = h_matvec_q8,
+        .matvec_ids_q8 = h_matvec_ids_q8,
         .rmsnorm = h_rmsnorm,
         .add = h_add,
         .add_bias = h_add_bias,

@@ -8,61 +8,93 @@
 #include "gpu_impl.cuh"
 
 #define ACT_THREADS 128
+#define FULL_MASK   0xffffffffu
 
-/* One block of 32 (Q8_0, Q8_1): d = amax / 127 stored as f16, q = round-half-even(x * 127 /
- * amax) clamped to [-128, 127]; out = f16(d) * q. */
+/* One warp per block of 32 (Q8_0, Q8_1), lane j on value j: d = amax / 127 stored as f16,
+ * q = round-half-even(x * 127 / amax) clamped to [-128, 127]; out = f16(d) * q (OUT), and the q8
+ * image's q and d (Q8). */
+template <bool OUT, bool Q8>
 static __global__ void k_act_q8_32(const float *x, int64_t x_stride, int64_t n, int64_t cols,
-                                   float *out)
+                                   float *out, uint8_t *q8)
 {
     const int64_t nb = cols / 32;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * nb)
+    const int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int     lane = threadIdx.x & 31;
+    if (wi >= n * nb) /* the whole warp leaves together */
         return;
-    const int64_t t = i / nb, b = i % nb;
-    const float  *xs = x + t * x_stride + b * 32;
-    float        *ys = out + t * cols + b * 32;
-    float         amax = 0.0f;
-    for (int j = 0; j < 32; j++)
-        amax = fmaxf(amax, fabsf(xs[j]));
+    const int64_t t = wi / nb, b = wi % nb;
+    const float   v = x[t * x_stride + b * 32 + lane];
+    float         amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
     const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
     const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    for (int j = 0; j < 32; j++) {
-        int v = __float2int_rn(__fmul_rn(xs[j], id));
-        v = v < -128 ? -128 : v > 127 ? 127 : v;
-        ys[j] = __fmul_rn(d, (float)v);
+    int         q = __float2int_rn(__fmul_rn(v, id));
+    q = q < -128 ? -128 : q > 127 ? 127 : q;
+    if (OUT)
+        out[t * cols + b * 32 + lane] = __fmul_rn(d, (float)q);
+    if (Q8) {
+        uint8_t *row = q8 + t * (int64_t)gpu_q8_row_bytes(cols);
+        row[b * 32 + lane] = (uint8_t)(int8_t)q;
+        if (lane == 0)
+            reinterpret_cast<float *>(row + cols)[b] = d;
     }
 }
 
-/* One block of 256 (Q8_K): the signed value of the largest magnitude (first one), iscale =
- * -127 / it, q = min(127, round-half-even(iscale * x)), d = 1 / iscale; out = d * q. */
+/* One warp per block of 256 (Q8_K), lane l on values l, 32 + l, ..: the signed value of the
+ * largest magnitude (the first one), iscale = -127 / it, q = min(127, round-half-even(iscale *
+ * x)), d = 1 / iscale; out = d * q (OUT), and the q8 image's q and d, d for each of the eight
+ * 32s (Q8). */
+template <bool OUT, bool Q8>
 static __global__ void k_act_q8_K(const float *x, int64_t x_stride, int64_t n, int64_t cols,
-                                  float *out)
+                                  float *out, uint8_t *q8)
 {
     const int64_t nb = cols / 256;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * nb)
+    const int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int     lane = threadIdx.x & 31;
+    if (wi >= n * nb)
         return;
-    const int64_t t = i / nb, b = i % nb;
+    const int64_t t = wi / nb, b = wi % nb;
     const float  *xs = x + t * x_stride + b * 256;
-    float        *ys = out + t * cols + b * 256;
-    float         amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 256; j++)
-        if (fabsf(xs[j]) > amax) {
-            amax = fabsf(xs[j]);
-            max = xs[j];
+    float         v[8], amax = 0.0f, max = 0.0f;
+    int           at = 256; /* the index of max; 256 = none */
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        v[k] = xs[k * 32 + lane];
+        if (fabsf(v[k]) > amax) { /* in increasing index: the lane's first largest */
+            amax = fabsf(v[k]);
+            max = v[k];
+            at = k * 32 + lane;
         }
-    if (amax == 0.0f) {
-        for (int j = 0; j < 256; j++)
-            ys[j] = 0.0f;
-        return;
     }
-    const float iscale = __fdiv_rn(-127.0f, max);
-    const float d = __fdiv_rn(1.0f, iscale);
-    for (int j = 0; j < 256; j++) {
-        int v = __float2int_rn(__fmul_rn(iscale, xs[j]));
-        v = v > 127 ? 127 : v;
-        ys[j] = __fmul_rn(d, (float)v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(FULL_MASK, amax, o);
+        const float om = __shfl_xor_sync(FULL_MASK, max, o);
+        const int   oi = __shfl_xor_sync(FULL_MASK, at, o);
+        if (oa > amax || (oa == amax && oi < at)) {
+            amax = oa;
+            max = om;
+            at = oi;
+        }
     }
+    float      *ys = OUT ? out + t * cols + b * 256 : nullptr;
+    uint8_t    *row = Q8 ? q8 + t * (int64_t)gpu_q8_row_bytes(cols) : nullptr;
+    const bool  zero = amax == 0.0f;
+    const float iscale = zero ? 0.0f : __fdiv_rn(-127.0f, max);
+    const float d = zero ? 0.0f : __fdiv_rn(1.0f, iscale);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        int q = zero ? 0 : __float2int_rn(__fmul_rn(iscale, v[k]));
+        q = q > 127 ? 127 : q;
+        if (OUT)
+            ys[k * 32 + lane] = zero ? 0.0f : __fmul_rn(d, (float)q);
+        if (Q8)
+            row[b * 256 + k * 32 + lane] = (uint8_t)(int8_t)q;
+    }
+    if (Q8 && lane < 8)
+        reinterpret_cast<float *>(row + cols)[b * 8 + lane] = d;
 }
 
 /* F16 / BF16: each value rounded to nearest even. */
@@ -89,14 +121,16 @@ int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t 
     case COMMON_GGML_TYPE_Q8_1:
         if (cols % 32)
             return gpu_record(cudaErrorInvalidValue, "gpu_act_round: cols not a multiple of 32");
-        k_act_q8_32<<<gpu_blocks(n * (cols / 32), ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
-            x, x_stride, n, cols, out);
+        k_act_q8_32<true, false>
+            <<<gpu_blocks(n * (cols / 32) * 32, ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
+                x, x_stride, n, cols, out, nullptr);
         return GPU_LAUNCHED("k_act_q8_32");
     case COMMON_GGML_TYPE_Q8_K:
         if (cols % 256)
             return gpu_record(cudaErrorInvalidValue, "gpu_act_round: cols not a multiple of 256");
-        k_act_q8_K<<<gpu_blocks(n * (cols / 256), ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
-            x, x_stride, n, cols, out);
+        k_act_q8_K<true, false>
+            <<<gpu_blocks(n * (cols / 256) * 32, ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
+                x, x_stride, n, cols, out, nullptr);
         return GPU_LAUNCHED("k_act_q8_K");
     case COMMON_GGML_TYPE_F16:
         k_act_half<false><<<gpu_blocks(n * cols, ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
@@ -108,5 +142,32 @@ int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t 
         return GPU_LAUNCHED("k_act_half");
     default:
         return gpu_record(cudaErrorInvalidValue, "gpu_act_round: not an activation type");
+    }
+}
+
+int cuda_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                void *q8)
+{
+    if (!x || !q8 || n < 0 || cols < 0 || cols % 32 || x_stride < cols)
+        return gpu_record(cudaErrorInvalidValue, "gpu_act_q8: bad arguments");
+    if (n == 0 || cols == 0)
+        return 0;
+    uint8_t *img = static_cast<uint8_t *>(q8);
+    switch (act_type) {
+    case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q8_1:
+        k_act_q8_32<false, true>
+            <<<gpu_blocks(n * (cols / 32) * 32, ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
+                x, x_stride, n, cols, nullptr, img);
+        return GPU_LAUNCHED("k_act_q8_32");
+    case COMMON_GGML_TYPE_Q8_K:
+        if (cols % 256)
+            return gpu_record(cudaErrorInvalidValue, "gpu_act_q8: cols not a multiple of 256");
+        k_act_q8_K<false, true>
+            <<<gpu_blocks(n * (cols / 256) * 32, ACT_THREADS), ACT_THREADS, 0, gpu_stream()>>>(
+                x, x_stride, n, cols, nullptr, img);
+        return GPU_LAUNCHED("k_act_q8_K");
+    default:
+        return gpu_record(cudaErrorInvalidValue, "gpu_act_q8: not an int8 activation type");
     }
 }

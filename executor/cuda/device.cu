@@ -1,10 +1,12 @@
 /* executor/cuda/device.cu - device selection, the backend's stream, memory, error recording. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_impl.cuh"
 
 static cudaStream_t g_stream;   /* created by gpu_select */
+static cudaStream_t g_copy;     /* the copy stream (gpu_copy_async), created with it */
 static char         g_err[256]; /* the last recorded error, one line */
 
 cudaStream_t gpu_stream(void)
@@ -60,6 +62,8 @@ int cuda_select(int dev, struct gpu_info *info, char *why, size_t why_len)
         err = cudaGetDeviceProperties(&p, dev);
     if (err == cudaSuccess && !g_stream)
         err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
+    if (err == cudaSuccess && !g_copy)
+        err = cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking);
     size_t free_b = 0, total_b = 0;
     if (err == cudaSuccess)
         err = cudaMemGetInfo(&free_b, &total_b);
@@ -171,6 +175,135 @@ out:
     return bw;
 }
 
+/* An event: CUDA's, without timing (the cheapest to record and wait on). */
+struct gpu_event {
+    cudaEvent_t e;
+};
+
+static struct gpu_event *cuda_event_new(void)
+{
+    struct gpu_event *ev = (struct gpu_event *)calloc(1, sizeof(*ev));
+    if (!ev) {
+        snprintf(g_err, sizeof(g_err), "creating an event: out of memory");
+        return NULL;
+    }
+    if (gpu_record(cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming), "creating an event") <
+        0) {
+        free(ev);
+        return NULL;
+    }
+    return ev;
+}
+
+static void cuda_event_free(struct gpu_event *ev)
+{
+    if (!ev)
+        return;
+    (void)cudaEventDestroy(ev->e);
+    free(ev);
+}
+
+static int cuda_copy_async(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return 0;
+    return gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_copy),
+                      "copying to the device (copy stream)");
+}
+
+static int cuda_event_record_copy(struct gpu_event *ev)
+{
+    return gpu_record(cudaEventRecord(ev->e, g_copy), "recording an event (copy stream)");
+}
+
+static int cuda_event_record_kernels(struct gpu_event *ev)
+{
+    return gpu_record(cudaEventRecord(ev->e, g_stream), "recording an event");
+}
+
+static int cuda_stream_wait(struct gpu_event *ev)
+{
+    return gpu_record(cudaStreamWaitEvent(g_stream, ev->e, 0), "waiting for copies");
+}
+
+static int cuda_copy_wait(struct gpu_event *ev)
+{
+    return gpu_record(cudaStreamWaitEvent(g_copy, ev->e, 0), "waiting for kernels (copy stream)");
+}
+
+static int cuda_event_sync(struct gpu_event *ev)
+{
+    return gpu_record(cudaEventSynchronize(ev->e), "waiting for an event");
+}
+
+static bool cuda_copy_times(uint64_t *busy_ns, uint64_t *stall_ns)
+{
+    *busy_ns = *stall_ns = 0;
+    return false;
+}
+
+/* A captured graph, instantiated. */
+struct gpu_graph {
+    cudaGraphExec_t exec;
+};
+
+static int cuda_graph_begin(void)
+{
+    return gpu_record(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal),
+                      "beginning a graph capture");
+}
+
+static int cuda_graph_end(struct gpu_graph **out)
+{
+    cudaGraph_t       graph = NULL;
+    const cudaError_t err = cudaStreamEndCapture(g_stream, &graph);
+    if (err != cudaSuccess || !graph) {
+        if (graph)
+            (void)cudaGraphDestroy(graph);
+        (void)cudaGetLastError(); /* the capture's error is recorded here, not left sticky */
+        return gpu_record(err != cudaSuccess ? err : cudaErrorStreamCaptureInvalidated,
+                          "capturing a graph");
+    }
+    struct gpu_graph *gg = *out;
+    if (gg) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(gg->exec, graph, &info) == cudaSuccess) {
+            (void)cudaGraphDestroy(graph);
+            return 0;
+        }
+        (void)cudaGetLastError();
+        (void)cudaGraphExecDestroy(gg->exec);
+        gg->exec = NULL;
+    } else if (!(gg = (struct gpu_graph *)calloc(1, sizeof(*gg)))) {
+        (void)cudaGraphDestroy(graph);
+        snprintf(g_err, sizeof(g_err), "capturing a graph: out of memory");
+        return -1;
+    }
+    const int rc = gpu_record(cudaGraphInstantiate(&gg->exec, graph, 0), "instantiating a graph");
+    (void)cudaGraphDestroy(graph);
+    if (rc < 0) {
+        free(gg);
+        *out = NULL;
+        return -1;
+    }
+    *out = gg;
+    return 0;
+}
+
+static int cuda_graph_launch(struct gpu_graph *gg)
+{
+    return gpu_record(cudaGraphLaunch(gg->exec, g_stream), "launching a graph");
+}
+
+static void cuda_graph_free(struct gpu_graph *gg)
+{
+    if (!gg)
+        return;
+    if (gg->exec)
+        (void)cudaGraphExecDestroy(gg->exec);
+    free(gg);
+}
+
 extern "C" const struct gpu_backend *gpu_backend_cuda(void)
 {
     static const struct gpu_backend be = {
@@ -185,6 +318,19 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .fill = cuda_memset,
         .sync = cuda_sync,
         .membw_probe = cuda_membw_probe,
+        .event_new = cuda_event_new,
+        .event_free = cuda_event_free,
+        .copy_async = cuda_copy_async,
+        .event_record_copy = cuda_event_record_copy,
+        .event_record_kernels = cuda_event_record_kernels,
+        .stream_wait = cuda_stream_wait,
+        .copy_wait = cuda_copy_wait,
+        .event_sync = cuda_event_sync,
+        .copy_times = cuda_copy_times,
+        .graph_begin = cuda_graph_begin,
+        .graph_end = cuda_graph_end,
+        .graph_launch = cuda_graph_launch,
+        .graph_free = cuda_graph_free,
         .type_supported = cuda_type_supported,
         .dequant_rows = cuda_dequant_rows,
         .matvec = cuda_matvec,
@@ -192,6 +338,9 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .f32_to_f16 = cuda_f32_to_f16,
         .gemm_f16 = cuda_gemm_f16,
         .act_round = cuda_act_round,
+        .act_q8 = cuda_act_q8,
+        .matvec_q8 = cuda_matvec_q8,
+        .matvec_ids_q8 = cuda_matvec_ids_q8,
         .rmsnorm = cuda_rmsnorm,
         .add = cuda_add,
         .add_bias = cuda_add_bias,

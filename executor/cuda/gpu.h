@@ -56,6 +56,42 @@ int   gpu_sync(void); /* waits for every queued kernel; 0 or -1 (a kernel failed
  * counting bytes read and written; 0 when it could not be measured. */
 double gpu_membw_probe(size_t bytes);
 
+/* ---- copies beside the kernels (executor/cuda/device.cu) ---------------------------------- */
+/* A second stream, the copy stream, carries host-to-device copies beside the kernels' stream.
+ * Events order the two: kernels queued after gpu_stream_wait(ev) run once the copies queued
+ * before gpu_event_record_copy(ev) are done; copies queued after gpu_copy_wait(ev) start once the
+ * kernels queued before gpu_event_record_kernels(ev) are. An event never recorded is done. The
+ * host backend runs its copy stream on a thread (its kernels run in the caller, so their events
+ * are done when recorded, and gpu_stream_wait blocks the caller). */
+struct gpu_event;
+struct gpu_event *gpu_event_new(void);                  /* NULL (error recorded) when it cannot */
+void              gpu_event_free(struct gpu_event *ev); /* accepts NULL */
+/* Queues a copy on the copy stream; src must stay as it is until an event recorded on the copy
+ * stream after it is done (gpu_event_sync). */
+int gpu_copy_async(void *dst_device, const void *src_host, size_t bytes);
+int gpu_event_record_copy(struct gpu_event *ev);
+int gpu_event_record_kernels(struct gpu_event *ev);
+int gpu_stream_wait(struct gpu_event *ev); /* the kernels queued next wait for ev */
+int gpu_copy_wait(struct gpu_event *ev);   /* the copies queued next wait for ev */
+int gpu_event_sync(struct gpu_event *ev);  /* the host waits for ev */
+/* Nanoseconds the copy stream spent copying, and the kernels spent waiting in gpu_stream_wait,
+ * since the process started; false when the backend does not measure them (CUDA's does not). */
+bool gpu_copy_times(uint64_t *busy_ns, uint64_t *stall_ns);
+
+/* ---- graphs (executor/cuda/device.cu) ---------------------------------------------------- */
+/* The kernels queued between gpu_graph_begin and gpu_graph_end are recorded, not run (a CUDA
+ * graph); gpu_graph_launch runs them all again with one call, without the launch gaps between
+ * them. Nothing else may use the device between begin and end (no copies, no syncs). Backends
+ * without graphs (the host's) say so in gpu_graphs_supported. */
+struct gpu_graph;
+bool gpu_graphs_supported(void);
+int  gpu_graph_begin(void);
+/* Ends the capture: *graph is made (or remade in place); -1 when the capture failed (the
+ * kernels queued meanwhile are dropped, *graph unchanged). */
+int  gpu_graph_end(struct gpu_graph **graph);
+int  gpu_graph_launch(struct gpu_graph *graph);
+void gpu_graph_free(struct gpu_graph *graph); /* accepts NULL */
+
 /* ---- weights: dequantize, matvec, matmul (executor/cuda/quant.cu) ------------------------- */
 /* `type` is enum common_ggml_type; the types supported are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q4_K, Q5_K, Q6_K (gpu_type_supported). A matrix is `rows` rows of `cols` elements, each
@@ -91,6 +127,39 @@ int gpu_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, ui
  * multiple of 32; rows and n any. */
 int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
                  float *y, int64_t y_stride);
+
+/* ---- int8 activations and the int8 matvec (executor/cuda/act.cu, quant.cu) ---------------- */
+/* A q8 image of n activation rows of cols values (cols a multiple of 32): each row
+ * gpu_q8_row_bytes(cols) bytes, rows contiguous: cols int8 values, then one f32 scale per 32
+ * values. Value j of a row times the scale of its 32 is exactly what gpu_act_round gives. */
+#ifdef __CUDACC__
+#define GPU_HOST_DEVICE __host__ __device__
+#else
+#define GPU_HOST_DEVICE
+#endif
+static inline GPU_HOST_DEVICE size_t gpu_q8_row_bytes(int64_t cols)
+{
+    return (size_t)cols + (size_t)cols / 32 * sizeof(float);
+}
+
+/* Writes the q8 image of x rows quantized to act_type (Q8_0, Q8_1 or Q8_K, as gpu_act_round;
+ * Q8_K's one scale per 256 stands for each of its eight 32s). */
+int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+               void *q8);
+
+/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K), whose activations the
+ * CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). */
+bool gpu_matvec_q8_supported(uint32_t type);
+
+/* As gpu_matvec over the activations of a q8 image (n rows): integer products of the weights'
+ * quants and the activations' per 32 (dp4a), scaled in f32. */
+int gpu_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                  const void *q8, int64_t n, float *y, int64_t y_stride);
+
+/* As gpu_matvec_ids over the rows of a q8 image: item i reads image row i / x_div. */
+int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                      int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                      const void *q8, int64_t x_div, float *y, int64_t y_stride);
 
 /* ---- activations as the CPU rounds them (executor/cuda/act.cu) ---------------------------- */
 
@@ -132,6 +201,16 @@ int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uin
                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
                   float *scratch);
+/* As gpu_kv_store and gpu_attention with the first position read from device memory when the
+ * kernels run (*pos_dev), so that a captured graph (gpu_graph_end) serves every position: the
+ * caller keeps *pos_dev + n_tok within the cache and, for attention, within row_stride, the
+ * scratch floats of each (token, head) (scratch: n_tok * n_head * row_stride floats). */
+int gpu_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
+                    const float *k, const float *v, const uint32_t *pos_dev, uint32_t n_tok);
+int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                     uint32_t n_tok, const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
+                     uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v, float scale,
+                     uint32_t window, float *scratch);
 /* MoE routing of n_tok tokens from router logits (n_tok rows of n_expert): probabilities by
  * softmax (gating 0) or sigmoid (gating 1); selection by top-k of probability + bias[e] (bias
  * NULL = none; ties to the lower index); weights = the chosen probabilities, divided by their sum
@@ -167,6 +246,20 @@ struct gpu_backend {
     int (*fill)(void *dst_device, int byte, size_t bytes);
     int (*sync)(void);
     double (*membw_probe)(size_t bytes);
+    struct gpu_event *(*event_new)(void);
+    void (*event_free)(struct gpu_event *ev);
+    int (*copy_async)(void *dst_device, const void *src_host, size_t bytes);
+    int (*event_record_copy)(struct gpu_event *ev);
+    int (*event_record_kernels)(struct gpu_event *ev);
+    int (*stream_wait)(struct gpu_event *ev);
+    int (*copy_wait)(struct gpu_event *ev);
+    int (*event_sync)(struct gpu_event *ev);
+    bool (*copy_times)(uint64_t *busy_ns, uint64_t *stall_ns);
+    /* NULL where the backend has no graphs */
+    int (*graph_begin)(void);
+    int (*graph_end)(struct gpu_graph **graph);
+    int (*graph_launch)(struct gpu_graph *graph);
+    void (*graph_free)(struct gpu_graph *graph);
     bool (*type_supported)(uint32_t type);
     int (*dequant_rows)(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
                         const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
@@ -181,6 +274,13 @@ struct gpu_backend {
                     float *y, int64_t y_stride);
     int (*act_round)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                      float *out);
+    int (*act_q8)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                  void *q8);
+    int (*matvec_q8)(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                     const void *q8, int64_t n, float *y, int64_t y_stride);
+    int (*matvec_ids_q8)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                         int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                         const void *q8, int64_t x_div, float *y, int64_t y_stride);
     int (*rmsnorm)(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                    int64_t n_rows, int64_t width, float eps);
     int (*add)(float *y, const float *a, const float *b, int64_t n);
@@ -188,12 +288,14 @@ struct gpu_backend {
     int (*swiglu)(float *g, const float *u, int64_t n, bool relu2);
     int (*rope)(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
                 uint32_t n_rot, const float *cs, bool neox);
+    /* pos_dev NULL: pos0; else *pos_dev (row_stride: the attention scratch's, 0 = pos0 + n_tok) */
     int (*kv_store)(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
-                    const float *k, const float *v, uint32_t pos0, uint32_t n_tok);
+                    const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                    uint32_t n_tok);
     int (*attention)(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                     uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
-                     uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                     float *scratch);
+                     uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                     uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
+                     float scale, uint32_t window, float *scratch);
     int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                      uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
     int (*moe_combine)(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,

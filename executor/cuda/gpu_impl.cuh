@@ -38,6 +38,13 @@ int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_
                   float *y, int64_t y_stride);
 int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                    float *out);
+int cuda_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
+                void *q8);
+int cuda_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                   const void *q8, int64_t n, float *y, int64_t y_stride);
+int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                       const void *q8, int64_t x_div, float *y, int64_t y_stride);
 int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                  int64_t n_rows, int64_t width, float eps);
 int cuda_add(float *y, const float *a, const float *b, int64_t n);
@@ -46,11 +53,12 @@ int cuda_swiglu(float *g, const float *u, int64_t n, bool relu2);
 int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
               uint32_t n_rot, const float *cs, bool neox);
 int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
-                  const float *k, const float *v, uint32_t pos0, uint32_t n_tok);
+                  const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                  uint32_t n_tok);
 int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
-                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                   float *scratch);
+                   uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                   uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
+                   float scale, uint32_t window, float *scratch);
 int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                    uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
 int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,

@@ -222,8 +222,10 @@ int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uin
 /* Items [0, n_tok * k_width) are keys, the rest values. */
 static __global__ void ops_kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width,
                                            uint32_t v_width, const float *k, const float *v,
-                                           uint32_t pos0, uint32_t n_tok)
+                                           uint32_t pos0, const uint32_t *pos_dev, uint32_t n_tok)
 {
+    if (pos_dev)
+        pos0 = *pos_dev;
     const int64_t nk = (int64_t)n_tok * k_width, n = nk + (int64_t)n_tok * v_width;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -238,15 +240,16 @@ static __global__ void ops_kv_store_kernel(uint16_t *k_cache, uint16_t *v_cache,
 }
 
 int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
-                  const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
+                  const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                  uint32_t n_tok)
 {
     if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
         return ops_bad("gpu_kv_store: bad arguments");
     const int64_t n = (int64_t)n_tok * ((int64_t)k_width + v_width);
     if (n == 0)
         return 0;
-    ops_kv_store_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(k_cache, v_cache, k_width,
-                                                                       v_width, k, v, pos0, n_tok);
+    ops_kv_store_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(
+        k_cache, v_cache, k_width, v_width, k, v, pos0, pos_dev, n_tok);
     return GPU_LAUNCHED("ops_kv_store_kernel");
 }
 
@@ -258,6 +261,7 @@ struct ops_att_args {
     const float    *q;
     const uint16_t *k_cache, *v_cache;
     float          *scratch; /* (n_tok * n_head, row): scores, probabilities, chunk partials */
+    const uint32_t *pos_dev; /* the first position in device memory, or NULL: pos0 */
     uint32_t        pos0, n_head, gqa, hk, hv, window;
     uint32_t        k_width, v_width; /* n_head_kv * hk, n_head_kv * hv */
     int64_t         row;              /* pos0 + n_tok: scratch floats per (token, head) */
@@ -272,7 +276,8 @@ struct ops_att_args {
 static __device__ void ops_att_span(const struct ops_att_args *a, uint32_t t, uint32_t *p_lo,
                                     int *n_kv)
 {
-    const uint32_t last = a->pos0 + t + 1; /* one past the query's own position */
+    const uint32_t pos0 = a->pos_dev ? *a->pos_dev : a->pos0;
+    const uint32_t last = pos0 + t + 1; /* one past the query's own position */
     *p_lo = a->window && last > a->window ? last - a->window : 0;
     *n_kv = (int)(last - *p_lo);
 }
@@ -439,10 +444,12 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
 }
 
 int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
-                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                   float *scratch)
+                   uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                   uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
+                   float scale, uint32_t window, float *scratch)
 {
+    if (pos_dev && ((uint64_t)row_stride < n_tok || row_stride > INT32_MAX))
+        return ops_bad("gpu_attention: bad arguments (row stride)");
     if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
         n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
         head_dim_k > OPS_ATT_MAX_DIM || head_dim_v > OPS_ATT_MAX_DIM ||
@@ -456,6 +463,7 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.k_cache = k_cache;
     a.v_cache = v_cache;
     a.scratch = scratch;
+    a.pos_dev = pos_dev;
     a.pos0 = pos0;
     a.n_head = n_head;
     a.gqa = n_head / n_head_kv;
@@ -464,7 +472,7 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.window = window;
     a.k_width = n_head_kv * head_dim_k;
     a.v_width = n_head_kv * head_dim_v;
-    a.row = (int64_t)pos0 + n_tok;
+    a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
     /* 4-byte loads when every row start of a head is even and the cache is 4-byte aligned. */
     const int      vk = head_dim_k % 2 == 0 && (uintptr_t)k_cache % 4 == 0 ? 2 : 1;

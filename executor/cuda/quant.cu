@@ -199,75 +199,98 @@ __device__ __forceinline__ void decode8<COMMON_GGML_TYPE_BF16>(const uint8_t *ro
         o.q[i] = bf16_to_f32(h[i]);
 }
 
+/* One lane's eight quants of a chunk of a quantized type, as two words of bytes: lo holds
+ * elements 4s..4s+3, hi 16+4s..16+4s+3, each byte the stored quant (unsigned; Q8_0's signed),
+ * with the scales of the low and high four (d0, d1: equal unless split) and the min (has_min:
+ * value = d * q + m). The value of a byte q is d * (q - qoff<T>()) (+ m). */
+struct wq8 {
+    uint32_t lo, hi;
+    float    d0, d1, m;
+};
+
+template <int T> static constexpr __host__ __device__ int qoff()
+{
+    return T == COMMON_GGML_TYPE_Q4_0   ? 8
+           : T == COMMON_GGML_TYPE_Q5_0 ? 16
+           : T == COMMON_GGML_TYPE_Q6_K ? 32
+                                        : 0;
+}
+
+template <int T>
+static __device__ __forceinline__ void decodeq(const uint8_t *row, int64_t c, int s, wq8 &o,
+                                               bool a4);
+
 /* Q4_0 (18 bytes): d, qs[16]; element j in the low nibble of qs[j], j + 16 in the high. Value
  * (q - 8) * d. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_0>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool /* a4 */)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q4_0>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool /* a4 */)
 {
     const uint8_t *b = row + c * 18;
     const uint32_t qs = ld32(b + 2 + 4 * s);
     o.d0 = o.d1 = f16_to_f32(ld16(b));
-    o.m0 = o.m1 = 0.0f;
-    bytes8(o, qs & NIBBLES, (qs >> 4) & NIBBLES, 8.0f);
+    o.m = 0.0f;
+    o.lo = qs & NIBBLES;
+    o.hi = (qs >> 4) & NIBBLES;
 }
 
 /* Q4_1 (20 bytes): d, m, qs[16] as Q4_0. Value q * d + m. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_1>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool a4)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q4_1>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool a4)
 {
     const uint8_t *b = row + c * 20;
     const uint32_t dm = ld32a(b, a4), qs = ld32a(b + 4 + 4 * s, a4);
     o.d0 = o.d1 = f16_to_f32(dm & 0xffff);
-    o.m0 = o.m1 = f16_to_f32(dm >> 16);
-    bytes8(o, qs & NIBBLES, (qs >> 4) & NIBBLES, 0.0f);
+    o.m = f16_to_f32(dm >> 16);
+    o.lo = qs & NIBBLES;
+    o.hi = (qs >> 4) & NIBBLES;
 }
 
 /* Q5_0 (22 bytes): d, qh (bit j: 5th bit of element j), qs[16] as Q4_0. Value (q - 16) * d. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_0>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool /* a4 */)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q5_0>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool /* a4 */)
 {
     const uint8_t *b = row + c * 22;
     const uint32_t qh = ld32(b + 2);
     const uint32_t qs = ld32(b + 6 + 4 * s);
     o.d0 = o.d1 = f16_to_f32(ld16(b));
-    o.m0 = o.m1 = 0.0f;
-    bytes8(o, (qs & NIBBLES) | spread4(qh >> (4 * s)) << 4,
-           ((qs >> 4) & NIBBLES) | spread4(qh >> (16 + 4 * s)) << 4, 16.0f);
+    o.m = 0.0f;
+    o.lo = (qs & NIBBLES) | spread4(qh >> (4 * s)) << 4;
+    o.hi = ((qs >> 4) & NIBBLES) | spread4(qh >> (16 + 4 * s)) << 4;
 }
 
 /* Q5_1 (24 bytes): d, m, qh, qs[16] as Q5_0. Value q * d + m. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_1>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool a4)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q5_1>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool a4)
 {
     const uint8_t *b = row + c * 24;
     const uint32_t dm = ld32a(b, a4), qh = ld32a(b + 4, a4), qs = ld32a(b + 8 + 4 * s, a4);
     o.d0 = o.d1 = f16_to_f32(dm & 0xffff);
-    o.m0 = o.m1 = f16_to_f32(dm >> 16);
-    bytes8(o, (qs & NIBBLES) | spread4(qh >> (4 * s)) << 4,
-           ((qs >> 4) & NIBBLES) | spread4(qh >> (16 + 4 * s)) << 4, 0.0f);
+    o.m = f16_to_f32(dm >> 16);
+    o.lo = (qs & NIBBLES) | spread4(qh >> (4 * s)) << 4;
+    o.hi = ((qs >> 4) & NIBBLES) | spread4(qh >> (16 + 4 * s)) << 4;
 }
 
-/* Q8_0 (34 bytes): d, qs[32] signed. Value q * d. The signed bytes are read biased by 128. */
+/* Q8_0 (34 bytes): d, qs[32] signed. Value q * d. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q8_0>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool /* a4 */)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q8_0>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool /* a4 */)
 {
     const uint8_t *b = row + c * 34;
-    const uint32_t lo = ld32(b + 2 + 4 * s), hi = ld32(b + 18 + 4 * s);
+    o.lo = ld32(b + 2 + 4 * s);
+    o.hi = ld32(b + 18 + 4 * s);
     o.d0 = o.d1 = f16_to_f32(ld16(b));
-    o.m0 = o.m1 = 0.0f;
-    bytes8(o, lo ^ 0x80808080u, hi ^ 0x80808080u, 128.0f);
+    o.m = 0.0f;
 }
 
 /* Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Sub-block j (0..7) of 32: element l is the low
  * (j even) or high (j odd) nibble of qs[32 (j / 2) + l]; value (d * sc_j) * q - dmin * m_j. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_K>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool a4)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q4_K>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool a4)
 {
     const uint8_t *b = row + (c >> 3) * 144;
     const int      j = static_cast<int>(c & 7);
@@ -277,15 +300,16 @@ __device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q4_K>(const uint8_t *ro
     uint32_t       sc, m;
     scale_min_k4(b + 4, a4, j, sc, m);
     o.d0 = o.d1 = __fmul_rn(f16_to_f32(dm & 0xffff), static_cast<float>(sc));
-    o.m0 = o.m1 = -__fmul_rn(f16_to_f32(dm >> 16), static_cast<float>(m));
-    bytes8(o, (lo >> sh) & NIBBLES, (hi >> sh) & NIBBLES, 0.0f);
+    o.m = -__fmul_rn(f16_to_f32(dm >> 16), static_cast<float>(m));
+    o.lo = (lo >> sh) & NIBBLES;
+    o.hi = (hi >> sh) & NIBBLES;
 }
 
 /* Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]. As Q4_K, plus 16 when bit j of qh[l] is
  * set. */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_K>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool a4)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q5_K>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool a4)
 {
     const uint8_t *b = row + (c >> 3) * 176;
     const int      j = static_cast<int>(c & 7);
@@ -297,17 +321,17 @@ __device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q5_K>(const uint8_t *ro
     uint32_t       sc, m;
     scale_min_k4(b + 4, a4, j, sc, m);
     o.d0 = o.d1 = __fmul_rn(f16_to_f32(dm & 0xffff), static_cast<float>(sc));
-    o.m0 = o.m1 = -__fmul_rn(f16_to_f32(dm >> 16), static_cast<float>(m));
-    bytes8(o, ((lo >> sh) & NIBBLES) | ((hlo >> j) & BYTE_LOW_BITS) << 4,
-           ((hi >> sh) & NIBBLES) | ((hhi >> j) & BYTE_LOW_BITS) << 4, 0.0f);
+    o.m = -__fmul_rn(f16_to_f32(dm >> 16), static_cast<float>(m));
+    o.lo = ((lo >> sh) & NIBBLES) | ((hlo >> j) & BYTE_LOW_BITS) << 4;
+    o.hi = ((hi >> sh) & NIBBLES) | ((hhi >> j) & BYTE_LOW_BITS) << 4;
 }
 
 /* Q6_K (210 bytes): ql[128], qh[64], scales[16] (signed), d. Sub-block j = 4h + k lies in half h
  * (128 elements): element l takes nibble (k < 2 low, else high) of ql[64h + 32 (k & 1) + l], bits
  * 2k, 2k+1 of qh[32h + l] above it, and scale[8h + 2k + l / 16]; value (d * scale) * (q - 32). */
 template <>
-__device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q6_K>(const uint8_t *row, int64_t c, int s,
-                                                               sub8 &o, bool /* a4 */)
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q6_K>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool /* a4 */)
 {
     const uint8_t *b = row + (c >> 3) * 210;
     const int      j = static_cast<int>(c & 7);
@@ -321,10 +345,35 @@ __device__ __forceinline__ void decode8<COMMON_GGML_TYPE_Q6_K>(const uint8_t *ro
     const float    d = f16_to_f32(ld16(b + 208));
     o.d0 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc & 0xff)));
     o.d1 = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(sc >> 8)));
-    o.m0 = o.m1 = 0.0f;
-    bytes8(o, ((lo >> sh) & NIBBLES) | ((hlo >> (2 * k)) & 0x03030303u) << 4,
-           ((hi >> sh) & NIBBLES) | ((hhi >> (2 * k)) & 0x03030303u) << 4, 32.0f);
+    o.m = 0.0f;
+    o.lo = ((lo >> sh) & NIBBLES) | ((hlo >> (2 * k)) & 0x03030303u) << 4;
+    o.hi = ((hi >> sh) & NIBBLES) | ((hhi >> (2 * k)) & 0x03030303u) << 4;
 }
+
+/* The quantized types' decode8: their words as exact floats (Q8_0's signed bytes read biased by
+ * 128). */
+#define DECODE8_Q(T)                                                                               \
+    template <>                                                                                    \
+    __device__ __forceinline__ void decode8<T>(const uint8_t *row, int64_t c, int s, sub8 &o,      \
+                                               bool a4)                                            \
+    {                                                                                              \
+        wq8 w;                                                                                     \
+        decodeq<T>(row, c, s, w, a4);                                                              \
+        o.d0 = w.d0, o.d1 = w.d1, o.m0 = o.m1 = w.m;                                               \
+        if (T == COMMON_GGML_TYPE_Q8_0)                                                            \
+            bytes8(o, w.lo ^ 0x80808080u, w.hi ^ 0x80808080u, 128.0f);                             \
+        else                                                                                       \
+            bytes8(o, w.lo, w.hi, static_cast<float>(qoff<T>()));                                  \
+    }
+DECODE8_Q(COMMON_GGML_TYPE_Q4_0)
+DECODE8_Q(COMMON_GGML_TYPE_Q4_1)
+DECODE8_Q(COMMON_GGML_TYPE_Q5_0)
+DECODE8_Q(COMMON_GGML_TYPE_Q5_1)
+DECODE8_Q(COMMON_GGML_TYPE_Q8_0)
+DECODE8_Q(COMMON_GGML_TYPE_Q4_K)
+DECODE8_Q(COMMON_GGML_TYPE_Q5_K)
+DECODE8_Q(COMMON_GGML_TYPE_Q6_K)
+#undef DECODE8_Q
 
 /* Element i (0..7) of a decoded chunk with ref.c's rounding: one product (and one sum), never
  * fused. */
@@ -556,6 +605,120 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
                 yb[(threadIdx.x % N) * y_stride + r] = v;
         }
         __syncthreads(); /* part is written again for the next item */
+    }
+}
+
+/* ---- int8 matvec ----------------------------------------------------------------------------- */
+
+/* Blocks of the int8 matvec an SM holds at least (at most 64 registers a thread): enough warps
+ * in flight to cover the latency of the weight loads. */
+#define MVQ_MIN_BLOCKS 8
+
+/* Weight rows per int8 matvec block. */
+template <int N> static constexpr __host__ __device__ int mvq_rows()
+{
+    return N <= 2 ? 4 : 2;
+}
+
+/* k_matvec over a q8 image (gpu.h): lane s of a chunk takes the weight's quant words (decodeq)
+ * and the activations' int8 words at the same places, one dp4a per word; the offset (qoff) and
+ * the min come from the activations' sums over the same four values (a dp4a with ones, shared by
+ * the block's rows). Per chunk: y += dx * (d * (dot - off * sum) + m * sum), in f32 (split: the
+ * low and high four with their own d). Layout of the work and of the reduction as k_matvec's. */
+template <int T, int N, bool IDS, bool A4>
+__global__ void __launch_bounds__(MV_WARPS * 32, MVQ_MIN_BLOCKS)
+    k_matvec_q8(const uint8_t *__restrict__ w, size_t row_bytes, size_t expert_bytes, int64_t rows,
+                int64_t cols, const int32_t *__restrict__ ids, int64_t n_items,
+                const uint8_t *__restrict__ q8, int64_t x_div, float *__restrict__ y,
+                int64_t y_stride)
+{
+    constexpr int    R = mvq_rows<N>();
+    constexpr int    OFF = qoff<T>();
+    constexpr bool   SUMS = OFF != 0 || qtype<T>::has_min;
+    __shared__ float part[MV_WARPS][R * N];
+    const int        lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int        s = lane & 3;
+    const int64_t    row0 = static_cast<int64_t>(blockIdx.x) * R;
+    const int64_t    nch = cols / QK;
+    const int64_t    xrb = static_cast<int64_t>(gpu_q8_row_bytes(cols));
+    for (int64_t item = IDS ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
+        const uint8_t *wb = w, *xb = q8;
+        float         *yb = y;
+        if (IDS) {
+            wb += static_cast<int64_t>(__ldg(ids + item)) * static_cast<int64_t>(expert_bytes);
+            xb += item / x_div * xrb;
+            yb += item * y_stride;
+        }
+        const uint8_t *wr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wr[r] = wb + min(row0 + r, rows - 1) * static_cast<int64_t>(row_bytes);
+        float acc[R][N];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < N; t++)
+                acc[r][t] = 0.0f;
+
+#pragma unroll 1
+        for (int64_t c = warp * 8 + (lane >> 2); c < nch; c += 8 * MV_WARPS) {
+            wq8 d[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                decodeq<T>(wr[r], c, s, d[r], A4);
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                const uint8_t *xp = xb + t * xrb;
+                const int      xl = __ldg(reinterpret_cast<const int *>(xp + c * QK + 4 * s));
+                const int      xh = __ldg(reinterpret_cast<const int *>(xp + c * QK + 16 + 4 * s));
+                const float    dx = __ldg(reinterpret_cast<const float *>(xp + cols) + c);
+                int            sl = 0, sh = 0;
+                if (SUMS) {
+                    sl = __dp4a(xl, 0x01010101, 0);
+                    sh = __dp4a(xh, 0x01010101, 0);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int il = __dp4a(static_cast<int>(d[r].lo), xl, 0);
+                    const int ih = __dp4a(static_cast<int>(d[r].hi), xh, 0);
+                    float     v;
+                    if (qtype<T>::split)
+                        v = fmaf(d[r].d0, static_cast<float>(il - OFF * sl),
+                                 d[r].d1 * static_cast<float>(ih - OFF * sh));
+                    else
+                        v = d[r].d0 * static_cast<float>(il + ih - OFF * (sl + sh));
+                    if (qtype<T>::has_min)
+                        v = fmaf(d[r].m, static_cast<float>(sl + sh), v);
+                    acc[r][t] = fmaf(dx, v, acc[r][t]);
+                }
+            }
+        }
+
+        float mine = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                float v = acc[r][t];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == r * N + t)
+                    mine = v;
+            }
+        if (lane < R * N)
+            part[warp][lane] = mine;
+        __syncthreads();
+        if (threadIdx.x < R * N) {
+            float v = part[0][threadIdx.x];
+#pragma unroll
+            for (int k = 1; k < MV_WARPS; k++)
+                v += part[k][threadIdx.x];
+            const int64_t r = row0 + threadIdx.x / N;
+            if (r < rows)
+                yb[(threadIdx.x % N) * y_stride + r] = v;
+        }
+        __syncthreads();
     }
 }
 
@@ -869,6 +1032,99 @@ int cuda_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t ro
                 x, x_stride, x_div, y, y_stride);
         });
         return GPU_LAUNCHED("k_matvec_ids");
+    });
+}
+
+template <int T, int N>
+static void launch_matvec_q8(const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                             const uint8_t *q8, float *y, int64_t y_stride)
+{
+    const unsigned blocks = gpu_blocks(rows, mvq_rows<N>());
+    with_a4<T>(blocks_a4(w, row_bytes, 0), [&](auto a4) {
+        k_matvec_q8<T, N, false, decltype(a4)::value><<<blocks, MV_WARPS * 32, 0, gpu_stream()>>>(
+            static_cast<const uint8_t *>(w), row_bytes, 0, rows, cols, nullptr, 1, q8, 1, y,
+            y_stride);
+    });
+}
+
+/* with_type for the quantized types alone (gpu_matvec_q8_supported). */
+template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_Q4_0:
+        return f(type_tag<COMMON_GGML_TYPE_Q4_0>());
+    case COMMON_GGML_TYPE_Q4_1:
+        return f(type_tag<COMMON_GGML_TYPE_Q4_1>());
+    case COMMON_GGML_TYPE_Q5_0:
+        return f(type_tag<COMMON_GGML_TYPE_Q5_0>());
+    case COMMON_GGML_TYPE_Q5_1:
+        return f(type_tag<COMMON_GGML_TYPE_Q5_1>());
+    case COMMON_GGML_TYPE_Q8_0:
+        return f(type_tag<COMMON_GGML_TYPE_Q8_0>());
+    case COMMON_GGML_TYPE_Q4_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q4_K>());
+    case COMMON_GGML_TYPE_Q5_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q5_K>());
+    case COMMON_GGML_TYPE_Q6_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q6_K>());
+    default:
+        return gpu_record(cudaErrorInvalidValue, what);
+    }
+}
+
+/* A q8 image must be 4-byte aligned (its words are read whole). */
+static bool q8_ok(const void *q8)
+{
+    return (reinterpret_cast<uintptr_t>(q8) & 3) == 0;
+}
+
+int cuda_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
+                   const void *q8, int64_t n, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
+    return with_qtype(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || rows < 0 || n < 1 || n > GPU_MATVEC_MAX_N ||
+            (n > 1 && y_stride < rows))
+            return bad(what);
+        if (rows == 0 || cols == 0)
+            return rows == 0 ? 0 : bad(what);
+        if (!w || !q8 || !y || !q8_ok(q8))
+            return bad(what);
+        using launch_fn =
+            void (*)(const void *, size_t, int64_t, int64_t, const uint8_t *, float *, int64_t);
+        static constexpr launch_fn launch[GPU_MATVEC_MAX_N] = {
+            launch_matvec_q8<T, 1>, launch_matvec_q8<T, 2>, launch_matvec_q8<T, 3>,
+            launch_matvec_q8<T, 4>, launch_matvec_q8<T, 5>, launch_matvec_q8<T, 6>,
+            launch_matvec_q8<T, 7>, launch_matvec_q8<T, 8>};
+        launch[n - 1](w, row_bytes, rows, cols, static_cast<const uint8_t *>(q8), y, y_stride);
+        return GPU_LAUNCHED("k_matvec_q8");
+    });
+}
+
+int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
+                       const void *q8, int64_t x_div, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_ids_q8: unsupported type or bad arguments";
+    return with_qtype(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || rows < 0 || n_items < 0 || x_div < 1 ||
+            static_cast<uint64_t>(rows) * row_bytes > expert_bytes ||
+            (n_items > 1 && y_stride < rows))
+            return bad(what);
+        if (rows == 0 || n_items == 0)
+            return 0;
+        if (cols == 0 || !w || !ids || !q8 || !y || !q8_ok(q8))
+            return bad(what);
+        const dim3 grid(gpu_blocks(rows, mvq_rows<1>()),
+                        static_cast<unsigned>(n_items < GRID_Y_MAX ? n_items : GRID_Y_MAX));
+        with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a4) {
+            k_matvec_q8<T, 1, true, decltype(a4)::value><<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
+                static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, ids, n_items,
+                static_cast<const uint8_t *>(q8), x_div, y, y_stride);
+        });
+        return GPU_LAUNCHED("k_matvec_ids_q8");
     });
 }
 

@@ -494,6 +494,95 @@ Test(executor_cuda_ops, attention_split_matches_reference, .timeout = 600)
         att_run(&cases[i]);
 }
 
+/* Description: with the first position read from device memory (gpu_kv_store_at,
+ * gpu_attention_at: what a captured graph runs) the cache and the outputs are bit for bit those
+ * of the position given by value, a wider scratch row included: decode, a split decode, a
+ * window, a few tokens. */
+Test(executor_cuda_ops, positions_from_device_memory_give_the_same_bits, .timeout = 300)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {1, 0, 8, 2, 64, 64, 0},     {1, 40, 8, 2, 64, 64, 0}, {1, 1500, 8, 2, 128, 128, 0},
+        {1, 700, 4, 4, 64, 64, 256}, {3, 40, 4, 2, 64, 64, 0},
+    };
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const struct att_case *ac = &cases[ci];
+        const uint32_t         n_pos = ac->pos0 + ac->n_tok, kw = ac->n_head_kv * ac->hk,
+                       vw = ac->n_head_kv * ac->hv, stride = n_pos + 37;
+        const size_t nq = (size_t)ac->n_tok * ac->n_head * ac->hk;
+        const size_t no = (size_t)ac->n_tok * ac->n_head * ac->hv;
+        const size_t nk = (size_t)n_pos * kw, nvv = (size_t)n_pos * vw;
+        float       *q = xmalloc(nq * sizeof(float)), *kf = xmalloc(nk * sizeof(float));
+        float       *vf = xmalloc(nvv * sizeof(float));
+        fill_gauss(q, nq, 1.0f);
+        fill_gauss(kf, nk, 1.0f);
+        fill_data(vf, nvv);
+        /* Both caches: positions before pos0 from the same f16 values, the new ones stored. */
+        uint16_t *hk = xmalloc(nk * 2), *hv = xmalloc(nvv * 2);
+        for (size_t i = 0; i < nk; i++)
+            hk[i] = executor_fp32_to_fp16(kf[i]);
+        for (size_t i = 0; i < nvv; i++)
+            hv[i] = executor_fp32_to_fp16(vf[i]);
+        uint16_t *dk[2], *dv[2];
+        float    *dout[2], *dsc[2], *out[2];
+        uint32_t *dpos = dev_from(&ac->pos0, sizeof(uint32_t));
+        float *dnk = dev_from(kf + (size_t)ac->pos0 * kw, (size_t)ac->n_tok * kw * sizeof(float));
+        float *dnv = dev_from(vf + (size_t)ac->pos0 * vw, (size_t)ac->n_tok * vw * sizeof(float));
+        float *dq = dev_from(q, nq * sizeof(float));
+        for (int w = 0; w < 2; w++) {
+            dk[w] = dev_poisoned(nk * 2);
+            dv[w] = dev_poisoned(nvv * 2);
+            if (ac->pos0) {
+                cr_assert_eq(gpu_upload(dk[w], hk, (size_t)ac->pos0 * kw * 2), 0);
+                cr_assert_eq(gpu_upload(dv[w], hv, (size_t)ac->pos0 * vw * 2), 0);
+            }
+            dout[w] = dev_poisoned(no * sizeof(float));
+            dsc[w] = dev_poisoned((size_t)ac->n_tok * ac->n_head * stride * sizeof(float));
+            out[w] = xmalloc(no * sizeof(float));
+        }
+        const float scale = 1.0f / sqrtf((float)ac->hk);
+        cr_assert_eq(gpu_kv_store(dk[0], dv[0], kw, vw, dnk, dnv, ac->pos0, ac->n_tok), 0, "%s",
+                     gpu_last_error());
+        cr_assert_eq(gpu_kv_store_at(dk[1], dv[1], kw, vw, dnk, dnv, dpos, ac->n_tok), 0, "%s",
+                     gpu_last_error());
+        cr_assert_eq(gpu_attention(dout[0], dq, dk[0], dv[0], ac->n_tok, ac->pos0, ac->n_head,
+                                   ac->n_head_kv, ac->hk, ac->hv, scale, ac->window, dsc[0]),
+                     0, "%s", gpu_last_error());
+        cr_assert_eq(gpu_attention_at(dout[1], dq, dk[1], dv[1], ac->n_tok, dpos, stride,
+                                      ac->n_head, ac->n_head_kv, ac->hk, ac->hv, scale, ac->window,
+                                      dsc[1]),
+                     0, "%s", gpu_last_error());
+        uint16_t *c0 = xmalloc(nk * 2), *c1 = xmalloc(nk * 2);
+        dev_to(c0, dk[0], nk * 2);
+        dev_to(c1, dk[1], nk * 2);
+        cr_assert(memcmp(c0, c1, nk * 2) == 0, "case %zu: key caches differ", ci);
+        for (int w = 0; w < 2; w++)
+            dev_to(out[w], dout[w], no * sizeof(float));
+        for (size_t i = 0; i < no; i++)
+            cr_assert(isfinite(out[0][i]) && memcmp(&out[0][i], &out[1][i], sizeof(float)) == 0,
+                      "case %zu: output %zu is %.9g by value, %.9g from device memory", ci, i,
+                      (double)out[0][i], (double)out[1][i]);
+        for (int w = 0; w < 2; w++) {
+            gpu_free(dk[w]);
+            gpu_free(dv[w]);
+            gpu_free(dout[w]);
+            gpu_free(dsc[w]);
+            free(out[w]);
+        }
+        gpu_free(dpos);
+        gpu_free(dnk);
+        gpu_free(dnv);
+        gpu_free(dq);
+        free(c0);
+        free(c1);
+        free(q);
+        free(kf);
+        free(vf);
+        free(hk);
+        free(hv);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* MoE routing and combination                                                                 */
 /* ------------------------------------------------------------------------------------------ */

@@ -416,6 +416,181 @@ Test(executor_cuda_quant, matvec_ids_matches_reference)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The int8 matvec over q8 images                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* n activation rows of x (cols each, contiguous) as the CPU rounds them for weights of `type`
+ * (executor_quantize_act, expanded), into xr; and their q8 image made on the device into *dq8. */
+static void q8_activations(uint32_t type, const float *x, int64_t n, int64_t cols, float *xr,
+                           void **dq8)
+{
+    const uint32_t vdt = executor_vec_dot_type(type);
+    uint8_t       *q = xmalloc(executor_act_row_size(type, cols));
+    for (int64_t t = 0; t < n; t++) {
+        cr_assert_eq(executor_quantize_act(type, x + t * cols, q, cols), 0);
+        cr_assert_eq(executor_dequantize_row(vdt, q, xr + t * cols, cols), 0);
+    }
+    free(q);
+    float *dx = dev_from(x, (size_t)(n * cols) * sizeof(float));
+    *dq8 = dev_poisoned((size_t)n * gpu_q8_row_bytes(cols));
+    cr_assert_eq(gpu_act_q8(vdt, dx, cols, n, cols, *dq8), 0, "gpu_act_q8: %s", gpu_last_error());
+    gpu_free(dx);
+}
+
+/* The double dots (and sums of |w x|) of `rows` weight rows of wd with n activation rows. */
+static void q8_reference(const float *wd, int64_t rows, const float *xr, int64_t n, int64_t cols,
+                         double *ref, double *mag)
+{
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double sum = 0.0, m = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double p = (double)wd[r * cols + c] * (double)xr[t * cols + c];
+                sum += p;
+                m += fabs(p);
+            }
+            ref[t * rows + r] = sum;
+            mag[t * rows + r] = m;
+        }
+}
+
+/* Description: gpu_matvec_q8 against the double dot of the reference's dequantized weights with
+ * the activations the CPU quantizes (gpu_act_q8 makes their image on the device), for every
+ * quantized type at 1..257 rows, one block to 4352 columns, 1, 2, 3 and 8 activation rows;
+ * every output written, no padding. The float types are refused. */
+Test(executor_cuda_quant, matvec_q8_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 31, 32, 33, 255, 256, 257};
+    static const int64_t n_list[] = {1, 2, 3, 8};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type)) {
+            float y_host[1];
+            cr_assert_eq(gpu_matvec_q8(type, g_types, 128, 1, 32, g_types, 1, y_host, 1), -1,
+                         "%s: no int8 path, refused", type_name(type));
+            continue;
+        }
+        int64_t   cols_list[8];
+        const int n_cols = test_cols(type, cols_list);
+        double    worst = 0.0;
+        for (int ci = 0; ci < n_cols; ci++) {
+            const int64_t cols = cols_list[ci], nmax = GPU_MATVEC_MAX_N;
+            const size_t  rb = row_size(type, cols);
+            uint8_t      *wq;
+            float        *wd;
+            make_weights(type, QT_MAX_ROWS, cols, &wq, &wd);
+            float *x = xmalloc((size_t)(nmax * cols) * sizeof(float));
+            float *xr = xmalloc((size_t)(nmax * cols) * sizeof(float));
+            fill_data(x, (size_t)(nmax * cols));
+            void *dq8;
+            q8_activations(type, x, nmax, cols, xr, &dq8);
+            void *dw = dev_from(wq, (size_t)QT_MAX_ROWS * rb);
+            for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++)
+                for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+                    const int64_t n = n_list[ni], rows = rows_list[ri], ys = rows + 5;
+                    const size_t  ny = (size_t)(n * ys);
+                    float        *dy = dev_poisoned(ny * sizeof(float));
+                    float        *y = xmalloc(ny * sizeof(float));
+                    double       *ref = xmalloc((size_t)(n * rows) * sizeof(double));
+                    double       *mag = xmalloc((size_t)(n * rows) * sizeof(double));
+                    cr_assert_eq(gpu_matvec_q8(type, dw, rb, rows, cols, dq8, n, dy, ys), 0,
+                                 "%s: %s", type_name(type), gpu_last_error());
+                    dev_to(y, dy, ny * sizeof(float));
+                    q8_reference(wd, rows, xr, n, cols, ref, mag);
+                    char what[160];
+                    snprintf(what, sizeof(what), "matvec_q8 %s rows=%lld cols=%lld n=%lld",
+                             type_name(type), (long long)rows, (long long)cols, (long long)n);
+                    const double rel = check_outputs(what, y, ys, ref, mag, n, rows, QT_MV_RTOL);
+                    if (n * rows >= QT_NORM_MIN && rel > worst)
+                        worst = rel;
+                    free(ref);
+                    free(mag);
+                    free(y);
+                    gpu_free(dy);
+                }
+            gpu_free(dw);
+            gpu_free(dq8);
+            free(wq);
+            free(wd);
+            free(x);
+            free(xr);
+        }
+        cr_log_info("matvec_q8 %s: worst ||y - ref|| / ||ref|| %.3g", type_name(type), worst);
+    }
+}
+
+/* Description: gpu_matvec_ids_q8 over three experts (ids 2, 0, 2, 1 in device memory, experts
+ * padded apart), image rows shared by x_div items (1 and 2), against the double reference. */
+Test(executor_cuda_quant, matvec_ids_q8_matches_reference)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 33, 257};
+    static const int32_t ids[] = {2, 0, 2, 1};
+    const int64_t        n_exp = 3, n_items = (int64_t)(sizeof(ids) / sizeof(ids[0]));
+    int32_t             *d_ids = dev_from(ids, sizeof(ids));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const int64_t cols_list[] = {256, 1024 + 256};
+        for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++)
+            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+                const int64_t cols = cols_list[ci], rows = rows_list[ri];
+                const size_t  rb = row_size(type, cols);
+                const size_t  eb = (size_t)rows * rb + 64;
+                uint8_t      *wq[3];
+                float        *wd[3];
+                uint8_t      *all = xmalloc((size_t)n_exp * eb);
+                memset(all, 0x7f, (size_t)n_exp * eb);
+                for (int64_t e = 0; e < n_exp; e++) {
+                    make_weights(type, rows, cols, &wq[e], &wd[e]);
+                    memcpy(all + (size_t)e * eb, wq[e], (size_t)rows * rb);
+                }
+                void  *dw = dev_from(all, (size_t)n_exp * eb);
+                float *x = xmalloc((size_t)(n_items * cols) * sizeof(float));
+                float *xr = xmalloc((size_t)(n_items * cols) * sizeof(float));
+                fill_data(x, (size_t)(n_items * cols));
+                void *dq8;
+                q8_activations(type, x, n_items, cols, xr, &dq8);
+                for (int64_t x_div = 1; x_div <= 2; x_div++) {
+                    const int64_t ys = rows + 3;
+                    const size_t  ny = (size_t)(n_items * ys);
+                    float        *dy = dev_poisoned(ny * sizeof(float));
+                    float        *y = xmalloc(ny * sizeof(float));
+                    double       *ref = xmalloc((size_t)(n_items * rows) * sizeof(double));
+                    double       *mag = xmalloc((size_t)(n_items * rows) * sizeof(double));
+                    cr_assert_eq(gpu_matvec_ids_q8(type, dw, eb, rb, rows, cols, d_ids, n_items,
+                                                   dq8, x_div, dy, ys),
+                                 0, "%s: %s", type_name(type), gpu_last_error());
+                    dev_to(y, dy, ny * sizeof(float));
+                    for (int64_t i = 0; i < n_items; i++)
+                        q8_reference(wd[ids[i]], rows, xr + (i / x_div) * cols, 1, cols,
+                                     ref + i * rows, mag + i * rows);
+                    char what[160];
+                    snprintf(what, sizeof(what), "matvec_ids_q8 %s rows=%lld cols=%lld x_div=%lld",
+                             type_name(type), (long long)rows, (long long)cols, (long long)x_div);
+                    (void)check_outputs(what, y, ys, ref, mag, n_items, rows, QT_MV_RTOL);
+                    free(ref);
+                    free(mag);
+                    free(y);
+                    gpu_free(dy);
+                }
+                for (int64_t e = 0; e < n_exp; e++) {
+                    free(wq[e]);
+                    free(wd[e]);
+                }
+                free(all);
+                free(x);
+                free(xr);
+                gpu_free(dw);
+                gpu_free(dq8);
+            }
+    }
+    gpu_free(d_ids);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* f16 conversion and the tensor-core matmul                                                   */
 /* ------------------------------------------------------------------------------------------ */
 

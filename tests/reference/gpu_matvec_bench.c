@@ -100,6 +100,7 @@ struct bench_case {
     int       n_copies;            /* copies of the matrix the matvec cycles through */
     void     *w[BENCH_MAX_COPIES]; /* owned: device copies */
     float    *x, *y;               /* owned: device activations (BENCH_TOKENS rows), outputs */
+    void     *q8;                  /* owned: the q8 image of the first GPU_MATVEC_MAX_N rows */
     uint16_t *w16, *x16;           /* owned: device f16 weights and activations of the matmul */
 };
 
@@ -108,6 +109,20 @@ static int call_matvec(void *arg, int i)
     struct bench_case *c = arg;
     return gpu_matvec(c->type, c->w[i % c->n_copies], c->row_bytes, c->rows, c->cols, c->x, c->cols,
                       c->n, c->y, c->rows);
+}
+
+static int call_matvec_q8(void *arg, int i)
+{
+    struct bench_case *c = arg;
+    return gpu_matvec_q8(c->type, c->w[i % c->n_copies], c->row_bytes, c->rows, c->cols, c->q8,
+                         c->n, c->y, c->rows);
+}
+
+static int call_act_q8(void *arg, int i)
+{
+    struct bench_case *c = arg;
+    (void)i;
+    return gpu_act_q8(executor_vec_dot_type(c->type), c->x, c->cols, 1, c->cols, c->q8);
 }
 
 static int call_dequant(void *arg, int i)
@@ -168,26 +183,37 @@ static void bench_one(uint32_t type, int64_t rows, int64_t cols)
     c.w16 = dev_alloc((size_t)(rows * cols) * sizeof(uint16_t));
     c.x16 = dev_alloc((size_t)(BENCH_TOKENS * cols) * sizeof(uint16_t));
 
-    double gbs[2];
+    double gbs[2], gbq[2] = {0, 0}, t_act = 0;
     for (int k = 0; k < 2; k++) {
         c.n = k == 0 ? 1 : 4;
         gbs[k] = (double)c.bytes / time_calls(call_matvec, &c, "gpu_matvec") * 1e-9;
+    }
+    if (gpu_matvec_q8_supported(type)) {
+        c.q8 = dev_alloc(GPU_MATVEC_MAX_N * gpu_q8_row_bytes(cols));
+        check(gpu_act_q8(executor_vec_dot_type(type), c.x, cols, GPU_MATVEC_MAX_N, cols, c.q8),
+              "gpu_act_q8");
+        for (int k = 0; k < 2; k++) {
+            c.n = k == 0 ? 1 : 4;
+            gbq[k] = (double)c.bytes / time_calls(call_matvec_q8, &c, "gpu_matvec_q8") * 1e-9;
+        }
+        t_act = time_calls(call_act_q8, &c, "gpu_act_q8");
     }
     const double t_dq = time_calls(call_dequant, &c, "gpu_dequant_rows");
     const double t_cv = time_calls(call_convert, &c, "gpu_f32_to_f16");
     const double t_mm = time_calls(call_gemm, &c, "gpu_gemm_f16");
     const double flop = 2.0 * (double)rows * (double)cols * BENCH_TOKENS;
-    printf("%-5s %5lld x %5lld  %7.1f MiB  matvec n=1 %7.1f GB/s  n=4 %7.1f GB/s  "
-           "dequant->f16 %7.3f ms  f32->f16 %6.3f ms  gemm %7.3f ms %6.1f TFLOP/s  "
-           "prefill path %6.1f TFLOP/s\n",
+    printf("%-5s %5lld x %5lld %6.1f MiB  matvec f32 x: n=1 %6.1f n=4 %6.1f GB/s  int8 x: n=1 "
+           "%6.1f n=4 %6.1f GB/s, act_q8 %5.1f us  dequant->f16 %6.3f ms  gemm %6.3f ms "
+           "%5.1f TFLOP/s, prefill path %5.1f\n",
            ti->name, (long long)rows, (long long)cols, (double)c.bytes / 1048576.0, gbs[0], gbs[1],
-           t_dq * 1e3, t_cv * 1e3, t_mm * 1e3, flop / t_mm * 1e-12,
+           gbq[0], gbq[1], t_act * 1e6, t_dq * 1e3, t_mm * 1e3, flop / t_mm * 1e-12,
            flop / (t_dq + t_cv + t_mm) * 1e-12);
     fflush(stdout);
 
     for (int k = 0; k < c.n_copies; k++)
         gpu_free(c.w[k]);
     gpu_free(c.x);
+    gpu_free(c.q8);
     gpu_free(c.y);
     gpu_free(c.w16);
     gpu_free(c.x16);
@@ -202,7 +228,7 @@ int main(int argc, char **argv)
         COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16, COMMON_GGML_TYPE_Q8_0,
         COMMON_GGML_TYPE_Q4_0, COMMON_GGML_TYPE_Q4_1, COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1,
         COMMON_GGML_TYPE_Q4_K, COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K};
-    static const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}};
+    static const int64_t shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
     const int            dev = argc > 1 ? atoi(argv[1]) : 0;
     char                 why[256] = "";
     struct gpu_info      info;
