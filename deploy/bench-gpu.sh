@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# deploy/bench-gpu.sh - the GPU benchmark of docs/bench.md: `sluice bench -ngl 999` beside
+# llama.cpp's llama-bench (built with CUDA) on the same random-weight models, in the same run: a
+# dense 8B-shaped llama in Q4_0 and in Q4_K, and a 30B-A3B-shaped MoE (qwen3moe, 128 experts,
+# top-8, Q4_K). Prefill (ppP) and decode (tgN) tok/s of both, and decode as a fraction of the
+# device's memory bandwidth measured in the same run (sluice bench's device-to-device copy probe:
+# weights a token touches x tok/s / bandwidth). Needs a CUDA device; not run by CI.
+#
+# Environment (all optional):
+#   SLUICE   sluice binary                                          [build/bin/sluice]
+#   PEER     llama-bench binary (llama.cpp built with CUDA); empty = sluice alone []
+#   MODELS   directory of the models, made there when missing       [/tmp/sluice-bench/gpu]
+#   WHICH    models to run, of: dense-q4_0 dense-q4_k moe-q4_k      [all three]
+#   P, N     prompt tokens of the prefill test, tokens of the decode test   [512, 128]
+#   REPS     repetitions of each test                               [3]
+#   OUT      results directory                        [/tmp/sluice-bench/gpu-<date>]
+set -euo pipefail
+
+SLUICE=${SLUICE:-build/bin/sluice}
+PEER=${PEER:-}
+MODELS=${MODELS:-/tmp/sluice-bench/gpu}
+WHICH=${WHICH:-dense-q4_0 dense-q4_k moe-q4_k}
+P=${P:-512}
+N=${N:-128}
+REPS=${REPS:-3}
+OUT=${OUT:-/tmp/sluice-bench/gpu-$(date +%Y%m%d-%H%M%S)}
+
+[ -x "$SLUICE" ] || { echo "bench-gpu: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
+[ -z "$PEER" ] || [ -x "$PEER" ] || { echo "bench-gpu: PEER=$PEER is not executable" >&2; exit 1; }
+mkdir -p "$MODELS" "$OUT"
+
+# make_model NAME: the model's path, made first when missing. K-quants use mkmodel's
+# --quick-quant (min/max scales: ten times faster to make, the same bytes per weight).
+make_model() {
+    local name=$1 path=$MODELS/$1.gguf
+    local dense=(--arch llama --n-embd 4096 --n-layer 32 --n-head 32 --n-head-kv 8 --n-ff 14336
+                 --n-vocab 128256)
+    local moe=(--arch qwen3moe --n-embd 2048 --n-layer 48 --n-head 32 --n-head-kv 4 --n-ff 768
+               --n-expert 128 --n-expert-used 8 --n-vocab 151936)
+    if [ ! -f "$path" ]; then
+        local t0=$SECONDS
+        case $name in
+        dense-q4_0) "$SLUICE" mkmodel -o "$path.part" "${dense[@]}" --type q4_0 -q ;;
+        dense-q4_k) "$SLUICE" mkmodel -o "$path.part" "${dense[@]}" --type q4_K --quick-quant -q ;;
+        moe-q4_k) "$SLUICE" mkmodel -o "$path.part" "${moe[@]}" --type q4_K --quick-quant -q ;;
+        *) echo "bench-gpu: unknown model $name" >&2; return 1 ;;
+        esac
+        mv "$path.part" "$path"
+        echo "made $path in $((SECONDS - t0)) s" >&2
+    fi
+    echo "$path"
+}
+
+# csv_field FILE ROW COLUMN: the field of data row ROW (1 = the first after the header) under the
+# header COLUMN, quotes removed.
+csv_field() {
+    awk -F, -v row="$2" -v col="$3" '
+        NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); if ($i == col) c = i } next }
+        NR == row + 1 { v = $c; gsub(/"/, "", v); print v; exit }' "$1"
+}
+
+# peer_ts FILE N_PROMPT N_GEN: llama-bench's avg_ts of that test.
+peer_ts() {
+    awk -F, -v p="$2" -v g="$3" '
+        NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); h[$i] = i } next }
+        { np = $h["n_prompt"]; ng = $h["n_gen"]; gsub(/"/, "", np); gsub(/"/, "", ng)
+          if (np == p && ng == g) { v = $h["avg_ts"]; gsub(/"/, "", v); print v; exit } }' "$1"
+}
+
+table=$OUT/table.md
+{
+    echo "| model | size | test | sluice t/s | llama.cpp t/s | sluice / llama.cpp | sluice bw ratio | llama.cpp bw ratio |"
+    echo "|---|---:|---|---:|---:|---:|---:|---:|"
+} >"$table"
+for name in $WHICH; do
+    model=$(make_model "$name")
+    "$SLUICE" bench -m "$model" -ngl 999 -p "$P" -n "$N" -r "$REPS" -o csv \
+        >"$OUT/$name.sluice.csv" 2>"$OUT/$name.sluice.log" ||
+        { echo "bench-gpu: sluice bench failed on $name:" >&2; tail -5 "$OUT/$name.sluice.log" >&2; exit 1; }
+    grep -m1 '^gpu:' "$OUT/$name.sluice.log" >&2 || true
+    if [ -n "$PEER" ]; then
+        "$PEER" -m "$model" -ngl 99 -p "$P" -n "$N" -r "$REPS" -o csv \
+            >"$OUT/$name.peer.csv" 2>"$OUT/$name.peer.log" ||
+            { echo "bench-gpu: llama-bench failed on $name:" >&2; tail -5 "$OUT/$name.peer.log" >&2; }
+    fi
+    f=$OUT/$name.sluice.csv
+    size=$(awk -v b="$(csv_field "$f" 1 model_size)" 'BEGIN { printf "%.2f GiB", b / 1073741824 }')
+    active=$(csv_field "$f" 2 model_active_bytes)
+    membw=$(csv_field "$f" 2 membw_bytes_per_s)
+    for row in 1 2; do
+        np=$(csv_field "$f" "$row" n_prompt)
+        ng=$(csv_field "$f" "$row" n_gen)
+        ts=$(csv_field "$f" "$row" avg_ts)
+        test=$([ "$np" != 0 ] && echo "pp$np" || echo "tg$ng")
+        peer=""
+        [ -n "$PEER" ] && [ -s "$OUT/$name.peer.csv" ] && peer=$(peer_ts "$OUT/$name.peer.csv" "$np" "$ng")
+        awk -v name="$name" -v size="$size" -v test="$test" -v ts="$ts" -v peer="$peer" \
+            -v active="$active" -v bw="$membw" -v dec="$([ "$ng" != 0 ] && echo 1 || echo 0)" 'BEGIN {
+            ratio = peer != "" ? sprintf("%.2fx", ts / peer) : "-"
+            sb = dec && bw > 0 ? sprintf("%.3f", ts * active / bw) : "-"
+            pb = dec && bw > 0 && peer != "" ? sprintf("%.3f", peer * active / bw) : "-"
+            printf "| %s | %s | %s | %.2f | %s | %s | %s | %s |\n", name, size, test, ts,
+                   peer != "" ? sprintf("%.2f", peer) : "-", ratio, sb, pb }' >>"$table"
+    done
+done
+echo
+echo "device bandwidth (sluice bench's copy probe, bytes read + written): $(awk -v b="$membw" 'BEGIN { printf "%.0f GB/s", b / 1e9 }')"
+echo "weights touched per decoded token: see model_active_bytes in $OUT/*.sluice.csv"
+cat "$table"
