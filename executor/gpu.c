@@ -125,6 +125,7 @@ struct executor_gpu {
     int64_t      q8_stride, q8_cols;
     uint32_t     q8_n, q8_vdt;
     bool         q8_reuse;
+    bool         mv_only; /* products of any row count on the matvec kernels (gpu_moe_grouped) */
     /* The decode step of this sequence alone as a CUDA graph (gpu_graph_step): captured at the
      * first such step, replayed after, the position read from pos_d. */
     struct gpu_graph *graph;
@@ -134,7 +135,10 @@ struct executor_gpu {
     int32_t          *sel, *items, *rows;
     uint16_t         *x16, *w16;
     /* Host copies for the grouping of a prefill's experts. */
-    int32_t          *h_sel, *h_items, *h_rows, *h_start, *h_count;
+    int32_t *h_sel, *h_items, *h_rows, *h_start, *h_count;
+    /* A prefill's (token, expert) items in groups of up to GPU_GROUP_MAX per expert, twice:
+     * rows of xn for gate and up, then rows of the items for down (gpu_moe_groups). */
+    struct gpu_group *groups, *h_groups;
     struct gpu_allocs mem;
     size_t            bytes_kv, bytes_scratch;
 };
@@ -351,6 +355,13 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
     return wb;
 }
 
+/* The most groups of a batch of n_batch tokens (gpu_moe_groups): each expert's items in groups
+ * of GPU_GROUP_MAX, the last of each expert partial. */
+static size_t gpu_max_groups(size_t n_batch, const struct gpu_widths *w)
+{
+    return n_batch * (w->K ? w->K : 1) / GPU_GROUP_MAX + w->E + 1;
+}
+
 /* Bytes of the q8 image scratch (g->xq8): as many activation rows as g->xq holds. */
 static size_t gpu_q8_bytes(size_t n_batch, const struct gpu_widths *w)
 {
@@ -372,7 +383,8 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool he
     if (head)
         f += B * w.n_vocab;
     return kb + f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
-           (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t) + gpu_q8_bytes(B, &w);
+           (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t) + gpu_q8_bytes(B, &w) +
+           2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
 }
 
 /* Copies part p of expert x of layer il from the weight source to device memory at dst.
@@ -801,6 +813,7 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->xq = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * F, c)) &&
          (g->xq8 = gpu_take(a, gpu_q8_bytes(B, &w), c)) &&
          (g->pos_d = gpu_take(a, sizeof(uint32_t), c)) &&
+         (g->groups = gpu_take(a, 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group), c)) &&
          (g->x16 = gpu_take(a, B * w.cols * sizeof(uint16_t), c)) &&
          (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
     if (ok && g->head)
@@ -814,7 +827,8 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     g->h_rows = calloc(n, sizeof(int32_t));
     g->h_start = calloc(w.E + 1, sizeof(int32_t));
     g->h_count = calloc(w.E + 1, sizeof(int32_t));
-    if (!g->h_sel || !g->h_items || !g->h_rows || !g->h_start || !g->h_count)
+    g->h_groups = calloc(2 * gpu_max_groups(B, &w), sizeof(struct gpu_group));
+    if (!g->h_sel || !g->h_items || !g->h_rows || !g->h_start || !g->h_count || !g->h_groups)
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     return 0;
 }
@@ -873,6 +887,7 @@ void executor_gpu_destroy(struct executor_gpu *g)
     executor_gpu_weights_destroy(g->own_w);
     free(g->k_cache);
     free(g->v_cache);
+    free(g->h_groups);
     free(g->h_sel);
     free(g->h_items);
     free(g->h_rows);
@@ -990,7 +1005,8 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
                   int64_t rows, int64_t cols, const float *x, int64_t x_stride, uint32_t n,
                   float *y, int64_t y_stride)
 {
-    const bool matvec = n < GPU_GEMM_MIN_N || cols % 32 != 0;
+    const bool matvec =
+        n < GPU_GEMM_MIN_N || cols % 32 != 0 || (g->mv_only && gpu_q8_path(type, cols));
     if (matvec && gpu_q8_path(type, cols)) {
         /* int8 activations as the CPU quantizes them, integer products (dp4a). */
         const uint8_t *q8 = gpu_q8_for(g, type, x, x_stride, n, cols);
@@ -1173,6 +1189,85 @@ static int gpu_pool_round_end(const struct executor_gpu_weights *gw, uint32_t tr
  * expert's rows gathered and computed through the matmul (from its slot when the layer's
  * experts are in the pool, the lock held), its outputs put back by (token, slot) row into
  * g->moe_y. Returns 0 (*cpu_rc < 0 when the weight source failed) or -1 (device). */
+/* Whether every part of a layer's routed experts takes int8 products (gpu_moe_groups, and
+ * gpu_moe_grouped's per-expert products under the pool, which then give the same bits). */
+static bool gpu_q8_experts(const struct gpu_layer *gl, int64_t ne)
+{
+    const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
+                             *xd = &gl->exps[COMMON_EXPERT_DOWN];
+    return gpu_q8_path(xg->type, ne) && gpu_q8_path(xu->type, ne) &&
+           executor_vec_dot_type(xg->type) == executor_vec_dot_type(xu->type) &&
+           gpu_q8_path(xd->type, xg->rows);
+}
+
+/* The routed experts of a step of many rows (a prefill), every expert resident: the router's
+ * picks brought to the host once, each expert's (token, slot) items in groups of up to
+ * GPU_GROUP_MAX, then one launch per part over every group (gpu_matvec_groups_q8: each weight row
+ * read once per group), swiglu over all items, outputs into g->moe_y by item. 0 or -1. */
+static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
+{
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const uint32_t               E = hp->n_expert, K = hp->n_expert_used;
+    const int64_t                ne = hp->n_embd;
+    const uint32_t               nk = n * K;
+    const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
+                             *xd = &gl->exps[COMMON_EXPERT_DOWN];
+    const int64_t nf = xg->rows;
+    if (gpu_download(g->h_sel, g->sel, (size_t)nk * sizeof(int32_t)) < 0)
+        return -1;
+    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
+    for (uint32_t i = 0; i < nk; i++) {
+        if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
+            return -1; /* a routing kernel gone wrong: never index with it */
+        g->h_count[g->h_sel[i]]++;
+    }
+    g->h_start[0] = 0;
+    for (uint32_t x = 0; x < E; x++)
+        g->h_start[x + 1] = g->h_start[x] + g->h_count[x];
+    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
+    for (uint32_t i = 0; i < nk; i++) {
+        const int32_t x = g->h_sel[i];
+        g->h_items[g->h_start[x] + g->h_count[x]++] = (int32_t)i;
+    }
+    /* Groups for gate and up (activation rows: tokens), then the same for down (the items). */
+    struct gpu_group *gu = g->h_groups;
+    uint32_t          ng = 0;
+    for (uint32_t x = 0; x < E; x++)
+        for (int32_t at = g->h_start[x]; at < g->h_start[x + 1]; at += GPU_GROUP_MAX) {
+            struct gpu_group *gr = &gu[ng++];
+            const int32_t     left = g->h_start[x + 1] - at;
+            gr->expert = (int32_t)x;
+            gr->n = left < GPU_GROUP_MAX ? left : GPU_GROUP_MAX;
+            for (int32_t t = 0; t < GPU_GROUP_MAX; t++) {
+                const int32_t item = g->h_items[at + (t < gr->n ? t : 0)];
+                gr->x_row[t] = item / (int32_t)K;
+                gr->y_row[t] = item;
+            }
+        }
+    struct gpu_group *gd = gu + ng;
+    for (uint32_t i = 0; i < ng; i++) {
+        gd[i] = gu[i];
+        memcpy(gd[i].x_row, gu[i].y_row, sizeof(gd[i].x_row));
+    }
+    if (gpu_upload(g->groups, gu, 2 * (size_t)ng * sizeof(struct gpu_group)) < 0)
+        return -1;
+    const void *xq = gpu_q8_for(g, xg->type, g->xn, ne, n, ne);
+    if (!xq ||
+        gpu_matvec_groups_q8(xg->type, xg->d, xg->bytes, xg->row_bytes, nf, ne, g->groups, ng, xq,
+                             g->ga, nf) < 0 ||
+        gpu_matvec_groups_q8(xu->type, xu->d, xu->bytes, xu->row_bytes, nf, ne, g->groups, ng, xq,
+                             g->up, nf) < 0 ||
+        gpu_swiglu(g->ga, g->up, (int64_t)nk * nf, false) < 0)
+        return -1;
+    g->q8_src = NULL;
+    const void *hq = gpu_q8_for(g, xd->type, g->ga, nf, nk, nf);
+    return hq && gpu_matvec_groups_q8(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf,
+                                      g->groups + ng, ng, hq, g->moe_y, ne) == 0
+               ? 0
+               : -1;
+}
+
 static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
                            int *cpu_rc)
 {
@@ -1220,11 +1315,16 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
             const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
             const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
             const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
-            if (gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
+            /* int8 experts on the matvec kernels at any count: gpu_moe_groups' bits */
+            g->mv_only = gpu_q8_experts(gl, ne);
+            const bool bad =
+                gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
                 (miss && gpu_stream_wait(px->ev_gu) < 0) ||
                 gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp,
                                miss ? px->ev_d : NULL) < 0 ||
-                gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0)
+                gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0;
+            g->mv_only = false;
+            if (bad)
                 return -1;
             if (!px)
                 break;
@@ -1385,6 +1485,9 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
         if (gpu_moe_items(g, gl, g->sel, 0, n, NULL, NULL) < 0)
+            return -1;
+    } else if (!gl->pooled && gpu_q8_experts(gl, ne)) {
+        if (gpu_moe_groups(g, il, n) < 0)
             return -1;
     } else {
         struct gpu_xpool *px = gl->pooled ? g->w->pool : NULL;

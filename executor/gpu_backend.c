@@ -254,6 +254,15 @@ int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t 
                 : -1;
 }
 
+int gpu_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                         int64_t rows, int64_t cols, const struct gpu_group *groups,
+                         int64_t n_groups, const void *q8, float *y, int64_t y_stride)
+{
+    return be() ? be()->matvec_groups_q8(type, w, expert_bytes, row_bytes, rows, cols, groups,
+                                         n_groups, q8, y, y_stride)
+                : -1;
+}
+
 int gpu_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                   float *out)
 {

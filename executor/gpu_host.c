@@ -664,6 +664,38 @@ static int h_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, si
     return rc;
 }
 
+static int h_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                              int64_t rows, int64_t cols, const struct gpu_group *groups,
+                              int64_t n_groups, const void *q8, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_groups_q8: unsupported type or bad arguments";
+    if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 ||
+        n_groups < 0 || (uint64_t)rows * row_bytes > expert_bytes || y_stride < rows)
+        return h_bad(what);
+    if (rows == 0 || n_groups == 0)
+        return 0;
+    if (cols == 0 || !w || !groups || !q8 || !y || ((uintptr_t)q8 & 3) != 0)
+        return h_bad(what);
+    float *x = malloc((size_t)cols * sizeof(float));
+    if (!x)
+        return h_bad("matvec: out of host memory");
+    int rc = 0;
+    for (int64_t i = 0; i < n_groups && rc == 0; i++) {
+        const struct gpu_group *g = &groups[i];
+        if (g->expert < 0 || g->n < 1 || g->n > GPU_GROUP_MAX) {
+            rc = h_bad(what);
+            break;
+        }
+        for (int t = 0; t < g->n && rc == 0; t++) {
+            h_q8_expand(q8, g->x_row[t], cols, x);
+            rc = h_products(type, (const uint8_t *)w + (size_t)g->expert * expert_bytes, row_bytes,
+                            rows, cols, x, 0, 1, y + (int64_t)g->y_row[t] * y_stride, 0);
+        }
+    }
+    free(x);
+    return rc;
+}
+
 /* ---- the other operations of a layer (ops.cu) ----------------------------------------------- */
 
 static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
@@ -975,6 +1007,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .act_q8 = h_act_q8,
         .matvec_q8 = h_matvec_q8,
         .matvec_ids_q8 = h_matvec_ids_q8,
+        .matvec_groups_q8 = h_matvec_groups_q8,
         .rmsnorm = h_rmsnorm,
         .add = h_add,
         .add_bias = h_add_bias,

@@ -341,6 +341,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .act_q8 = cuda_act_q8,
         .matvec_q8 = cuda_matvec_q8,
         .matvec_ids_q8 = cuda_matvec_ids_q8,
+        .matvec_groups_q8 = cuda_matvec_groups_q8,
         .rmsnorm = cuda_rmsnorm,
         .add = cuda_add,
         .add_bias = cuda_add_bias,

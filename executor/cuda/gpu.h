@@ -161,6 +161,20 @@ int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t 
                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                       const void *q8, int64_t x_div, float *y, int64_t y_stride);
 
+/* A group of up to GPU_GROUP_MAX activation rows multiplied with one expert's matrix: rows
+ * x_row[0..n) of a q8 image, products into rows y_row[0..n) of y. */
+#define GPU_GROUP_MAX 8
+struct gpu_group {
+    int32_t expert, n;
+    int32_t x_row[GPU_GROUP_MAX], y_row[GPU_GROUP_MAX];
+};
+
+/* MoE prefill: for each group (device memory), expert `expert`'s matrix (at w + expert *
+ * expert_bytes) times its activation rows, each weight row read once for the group's rows. */
+int gpu_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                         int64_t rows, int64_t cols, const struct gpu_group *groups,
+                         int64_t n_groups, const void *q8, float *y, int64_t y_stride);
+
 /* ---- activations as the CPU rounds them (executor/cuda/act.cu) ---------------------------- */
 
 /* out (n rows of cols, contiguous) = x rows quantized to `act_type` (the CPU's
@@ -281,6 +295,9 @@ struct gpu_backend {
     int (*matvec_ids_q8)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                          int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                          const void *q8, int64_t x_div, float *y, int64_t y_stride);
+    int (*matvec_groups_q8)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                            int64_t rows, int64_t cols, const struct gpu_group *groups,
+                            int64_t n_groups, const void *q8, float *y, int64_t y_stride);
     int (*rmsnorm)(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                    int64_t n_rows, int64_t width, float eps);
     int (*add)(float *y, const float *a, const float *b, int64_t n);

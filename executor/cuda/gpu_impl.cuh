@@ -45,6 +45,9 @@ int cuda_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
 int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                        int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                        const void *q8, int64_t x_div, float *y, int64_t y_stride);
+int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                          int64_t rows, int64_t cols, const struct gpu_group *groups,
+                          int64_t n_groups, const void *q8, float *y, int64_t y_stride);
 int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                  int64_t n_rows, int64_t width, float eps);
 int cuda_add(float *y, const float *a, const float *b, int64_t n);

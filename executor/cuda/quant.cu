@@ -611,7 +611,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
 /* ---- int8 matvec ----------------------------------------------------------------------------- */
 
 /* Blocks of the int8 matvec an SM holds at least (at most 64 registers a thread): enough warps
- * in flight to cover the latency of the weight loads. */
+ * in flight to cover the latency of the weight loads. Half for groups (8 activation rows of
+ * scattered addresses, up to 128 registers, no spills). */
 #define MVQ_MIN_BLOCKS 8
 
 /* Weight rows per int8 matvec block. */
@@ -625,11 +626,18 @@ template <int N> static constexpr __host__ __device__ int mvq_rows()
  * the min come from the activations' sums over the same four values (a dp4a with ones, shared by
  * the block's rows). Per chunk: y += dx * (d * (dot - off * sum) + m * sum), in f32 (split: the
  * low and high four with their own d). Layout of the work and of the reduction as k_matvec's. */
-template <int T, int N, bool IDS, bool A4>
-__global__ void __launch_bounds__(MV_WARPS * 32, MVQ_MIN_BLOCKS)
+/* What k_matvec_q8's items are: the one product of gpu_matvec_q8 (N activation rows), an
+ * expert each (gpu_matvec_ids_q8, N = 1), or a group of up to N rows sharing an expert
+ * (gpu_matvec_groups_q8). */
+enum { MVQ_PLAIN, MVQ_IDS, MVQ_GROUPS };
+
+template <int T, int N, int MODE, bool A4>
+__global__ void __launch_bounds__(MV_WARPS * 32,
+                                  MODE == MVQ_GROUPS ? MVQ_MIN_BLOCKS / 2 : MVQ_MIN_BLOCKS)
     k_matvec_q8(const uint8_t *__restrict__ w, size_t row_bytes, size_t expert_bytes, int64_t rows,
-                int64_t cols, const int32_t *__restrict__ ids, int64_t n_items,
-                const uint8_t *__restrict__ q8, int64_t x_div, float *__restrict__ y,
+                int64_t cols, const int32_t *__restrict__ ids,
+                const struct gpu_group *__restrict__ groups, int64_t n_items,
+                const uint8_t *__restrict__ q8, int64_t              x_div, float *__restrict__ y,
                 int64_t y_stride)
 {
     constexpr int    R = mvq_rows<N>();
@@ -641,13 +649,25 @@ __global__ void __launch_bounds__(MV_WARPS * 32, MVQ_MIN_BLOCKS)
     const int64_t    row0 = static_cast<int64_t>(blockIdx.x) * R;
     const int64_t    nch = cols / QK;
     const int64_t    xrb = static_cast<int64_t>(gpu_q8_row_bytes(cols));
-    for (int64_t item = IDS ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
-        const uint8_t *wb = w, *xb = q8;
+    for (int64_t item = MODE != MVQ_PLAIN ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
+        const uint8_t *wb = w, *xr[N]; /* the activation rows */
         float         *yb = y;
-        if (IDS) {
+        int            n_act = N;
+        if (MODE == MVQ_IDS) {
             wb += static_cast<int64_t>(__ldg(ids + item)) * static_cast<int64_t>(expert_bytes);
-            xb += item / x_div * xrb;
+            xr[0] = q8 + item / x_div * xrb;
             yb += item * y_stride;
+        } else if (MODE == MVQ_GROUPS) {
+            const struct gpu_group *g = groups + item;
+            wb += static_cast<int64_t>(__ldg(&g->expert)) * static_cast<int64_t>(expert_bytes);
+            n_act = __ldg(&g->n);
+#pragma unroll
+            for (int t = 0; t < N; t++) /* rows past n repeat the first (never stored) */
+                xr[t] = q8 + static_cast<int64_t>(__ldg(&g->x_row[t < n_act ? t : 0])) * xrb;
+        } else {
+#pragma unroll
+            for (int t = 0; t < N; t++)
+                xr[t] = q8 + t * xrb;
         }
         const uint8_t *wr[R];
 #pragma unroll
@@ -668,7 +688,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32, MVQ_MIN_BLOCKS)
                 decodeq<T>(wr[r], c, s, d[r], A4);
 #pragma unroll
             for (int t = 0; t < N; t++) {
-                const uint8_t *xp = xb + t * xrb;
+                const uint8_t *xp = xr[t];
                 const int      xl = __ldg(reinterpret_cast<const int *>(xp + c * QK + 4 * s));
                 const int      xh = __ldg(reinterpret_cast<const int *>(xp + c * QK + 16 + 4 * s));
                 const float    dx = __ldg(reinterpret_cast<const float *>(xp + cols) + c);
@@ -715,8 +735,12 @@ __global__ void __launch_bounds__(MV_WARPS * 32, MVQ_MIN_BLOCKS)
             for (int k = 1; k < MV_WARPS; k++)
                 v += part[k][threadIdx.x];
             const int64_t r = row0 + threadIdx.x / N;
-            if (r < rows)
-                yb[(threadIdx.x % N) * y_stride + r] = v;
+            const int     t = static_cast<int>(threadIdx.x % N);
+            if (r < rows && t < n_act) {
+                const int64_t yr =
+                    MODE == MVQ_GROUPS ? static_cast<int64_t>(__ldg(&groups[item].y_row[t])) : t;
+                yb[yr * y_stride + r] = v;
+            }
         }
         __syncthreads();
     }
@@ -1041,9 +1065,10 @@ static void launch_matvec_q8(const void *w, size_t row_bytes, int64_t rows, int6
 {
     const unsigned blocks = gpu_blocks(rows, mvq_rows<N>());
     with_a4<T>(blocks_a4(w, row_bytes, 0), [&](auto a4) {
-        k_matvec_q8<T, N, false, decltype(a4)::value><<<blocks, MV_WARPS * 32, 0, gpu_stream()>>>(
-            static_cast<const uint8_t *>(w), row_bytes, 0, rows, cols, nullptr, 1, q8, 1, y,
-            y_stride);
+        k_matvec_q8<T, N, MVQ_PLAIN, decltype(a4)::value>
+            <<<blocks, MV_WARPS * 32, 0, gpu_stream()>>>(static_cast<const uint8_t *>(w), row_bytes,
+                                                         0, rows, cols, nullptr, nullptr, 1, q8, 1,
+                                                         y, y_stride);
     });
 }
 
@@ -1120,11 +1145,38 @@ int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t
         const dim3 grid(gpu_blocks(rows, mvq_rows<1>()),
                         static_cast<unsigned>(n_items < GRID_Y_MAX ? n_items : GRID_Y_MAX));
         with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a4) {
-            k_matvec_q8<T, 1, true, decltype(a4)::value><<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
-                static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, ids, n_items,
-                static_cast<const uint8_t *>(q8), x_div, y, y_stride);
+            k_matvec_q8<T, 1, MVQ_IDS, decltype(a4)::value>
+                <<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
+                    static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, ids,
+                    nullptr, n_items, static_cast<const uint8_t *>(q8), x_div, y, y_stride);
         });
         return GPU_LAUNCHED("k_matvec_ids_q8");
+    });
+}
+
+int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                          int64_t rows, int64_t cols, const struct gpu_group *groups,
+                          int64_t n_groups, const void *q8, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_groups_q8: unsupported type or bad arguments";
+    return with_qtype(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || rows < 0 || n_groups < 0 ||
+            static_cast<uint64_t>(rows) * row_bytes > expert_bytes || y_stride < rows)
+            return bad(what);
+        if (rows == 0 || n_groups == 0)
+            return 0;
+        if (cols == 0 || !w || !groups || !q8 || !y || !q8_ok(q8))
+            return bad(what);
+        const dim3 grid(gpu_blocks(rows, mvq_rows<GPU_GROUP_MAX>()),
+                        static_cast<unsigned>(n_groups < GRID_Y_MAX ? n_groups : GRID_Y_MAX));
+        with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a4) {
+            k_matvec_q8<T, GPU_GROUP_MAX, MVQ_GROUPS, decltype(a4)::value>
+                <<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
+                    static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, nullptr,
+                    groups, n_groups, static_cast<const uint8_t *>(q8), 1, y, y_stride);
+        });
+        return GPU_LAUNCHED("k_matvec_groups_q8");
     });
 }
 

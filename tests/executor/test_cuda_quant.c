@@ -590,6 +590,97 @@ Test(executor_cuda_quant, matvec_ids_q8_matches_reference)
     gpu_free(d_ids);
 }
 
+/* Description: gpu_matvec_groups_q8 over three experts (padded apart): groups of 1, 3, 8 and 5
+ * activation rows in a scrambled order, each into its own rows of y, against the double
+ * reference; every row a group names written, the others (and the padding) not. */
+Test(executor_cuda_quant, matvec_groups_q8_matches_reference)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 33, 257};
+    static const int32_t sizes[] = {1, 3, 8, 5}, experts[] = {2, 0, 2, 1};
+    const int64_t        n_exp = 3, n_groups = 4, n_x = 17, n_y = 20;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const int64_t cols_list[] = {256, 1024 + 256};
+        for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++)
+            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+                const int64_t cols = cols_list[ci], rows = rows_list[ri], ys = rows + 3;
+                const size_t  rb = row_size(type, cols), eb = (size_t)rows * rb + 64;
+                uint8_t      *wq[3];
+                float        *wd[3];
+                uint8_t      *all = xmalloc((size_t)n_exp * eb);
+                memset(all, 0x7f, (size_t)n_exp * eb);
+                for (int64_t e = 0; e < n_exp; e++) {
+                    make_weights(type, rows, cols, &wq[e], &wd[e]);
+                    memcpy(all + (size_t)e * eb, wq[e], (size_t)rows * rb);
+                }
+                void  *dw = dev_from(all, (size_t)n_exp * eb);
+                float *x = xmalloc((size_t)(n_x * cols) * sizeof(float));
+                float *xr = xmalloc((size_t)(n_x * cols) * sizeof(float));
+                fill_data(x, (size_t)(n_x * cols));
+                void *dq8;
+                q8_activations(type, x, n_x, cols, xr, &dq8);
+                /* Group k's rows: x rows (5k + 3t) % n_x, y rows (7k + 2t + 1) % n_y; distinct
+                 * y rows over all groups (17 of the 20), and the rest never named. */
+                struct gpu_group g[4];
+                bool             named[20] = {false};
+                int32_t          next_y = 0;
+                for (int64_t k = 0; k < n_groups; k++) {
+                    g[k].expert = experts[k];
+                    g[k].n = sizes[k];
+                    for (int t = 0; t < GPU_GROUP_MAX; t++) {
+                        g[k].x_row[t] = (int32_t)((5 * k + 3 * t) % n_x);
+                        g[k].y_row[t] = t < sizes[k] ? (next_y * 7 + 3) % (int32_t)n_y : -1;
+                        if (t < sizes[k])
+                            named[g[k].y_row[t]] = true, next_y++;
+                    }
+                }
+                struct gpu_group *dg = dev_from(g, sizeof(g));
+                const size_t      ny = (size_t)(n_y * ys);
+                float            *dy = dev_poisoned(ny * sizeof(float));
+                float            *y = xmalloc(ny * sizeof(float));
+                cr_assert_eq(
+                    gpu_matvec_groups_q8(type, dw, eb, rb, rows, cols, dg, n_groups, dq8, dy, ys),
+                    0, "%s: %s", type_name(type), gpu_last_error());
+                dev_to(y, dy, ny * sizeof(float));
+                double *ref = xmalloc((size_t)rows * sizeof(double));
+                double *mag = xmalloc((size_t)rows * sizeof(double));
+                for (int64_t k = 0; k < n_groups; k++)
+                    for (int t = 0; t < g[k].n; t++) {
+                        q8_reference(wd[g[k].expert], rows, xr + g[k].x_row[t] * cols, 1, cols, ref,
+                                     mag);
+                        char what[160];
+                        snprintf(what, sizeof(what),
+                                 "matvec_groups_q8 %s rows=%lld cols=%lld group %lld row %d",
+                                 type_name(type), (long long)rows, (long long)cols, (long long)k,
+                                 t);
+                        (void)check_outputs(what, y + (int64_t)g[k].y_row[t] * ys, ys, ref, mag, 1,
+                                            rows, QT_MV_RTOL);
+                    }
+                for (int64_t r = 0; r < n_y; r++)
+                    for (int64_t i = 0; !named[r] && i < ys; i++)
+                        cr_assert(is_poison(&y[r * ys + i]), "%s: row %lld, no group's, written",
+                                  type_name(type), (long long)r);
+                free(ref);
+                free(mag);
+                free(y);
+                gpu_free(dy);
+                gpu_free(dg);
+                for (int64_t e = 0; e < n_exp; e++) {
+                    free(wq[e]);
+                    free(wd[e]);
+                }
+                free(all);
+                free(x);
+                free(xr);
+                gpu_free(dw);
+                gpu_free(dq8);
+            }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* f16 conversion and the tensor-core matmul                                                   */
 /* ------------------------------------------------------------------------------------------ */
