@@ -1185,10 +1185,33 @@ static int gpu_pool_round_end(const struct executor_gpu_weights *gw, uint32_t tr
     return -2;
 }
 
-/* The routed experts of a prefill: the choices brought to the host and grouped by expert, each
- * expert's rows gathered and computed through the matmul (from its slot when the layer's
- * experts are in the pool, the lock held), its outputs put back by (token, slot) row into
- * g->moe_y. Returns 0 (*cpu_rc < 0 when the weight source failed) or -1 (device). */
+/* The router's picks of the step's n rows brought to the host and sorted by expert: expert x's
+ * (token, slot) items are g->h_items[h_start[x] .. h_start[x + 1]), in item order, and
+ * g->h_rows holds each one's token. 0, or -1 (device, or a pick out of range). */
+static int gpu_picks_by_expert(struct executor_gpu *g, uint32_t n)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const uint32_t               E = hp->n_expert, K = hp->n_expert_used, nk = n * K;
+    if (gpu_download(g->h_sel, g->sel, (size_t)nk * sizeof(int32_t)) < 0)
+        return -1;
+    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
+    for (uint32_t i = 0; i < nk; i++) {
+        if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
+            return -1; /* a routing kernel gone wrong: never index with it */
+        g->h_count[g->h_sel[i]]++;
+    }
+    g->h_start[0] = 0;
+    for (uint32_t x = 0; x < E; x++)
+        g->h_start[x + 1] = g->h_start[x] + g->h_count[x];
+    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
+    for (uint32_t i = 0; i < nk; i++) {
+        const int32_t x = g->h_sel[i], at = g->h_start[x] + g->h_count[x]++;
+        g->h_items[at] = (int32_t)i;      /* its (token, slot) row of moe_y */
+        g->h_rows[at] = (int32_t)(i / K); /* its token's row of xn */
+    }
+    return 0;
+}
+
 /* Whether every part of a layer's routed experts takes int8 products (gpu_moe_groups, and
  * gpu_moe_grouped's per-expert products under the pool, which then give the same bits). */
 static bool gpu_q8_experts(const struct gpu_layer *gl, int64_t ne)
@@ -1214,22 +1237,8 @@ static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
     const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
                              *xd = &gl->exps[COMMON_EXPERT_DOWN];
     const int64_t nf = xg->rows;
-    if (gpu_download(g->h_sel, g->sel, (size_t)nk * sizeof(int32_t)) < 0)
+    if (gpu_picks_by_expert(g, n) < 0)
         return -1;
-    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
-    for (uint32_t i = 0; i < nk; i++) {
-        if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
-            return -1; /* a routing kernel gone wrong: never index with it */
-        g->h_count[g->h_sel[i]]++;
-    }
-    g->h_start[0] = 0;
-    for (uint32_t x = 0; x < E; x++)
-        g->h_start[x + 1] = g->h_start[x] + g->h_count[x];
-    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
-    for (uint32_t i = 0; i < nk; i++) {
-        const int32_t x = g->h_sel[i];
-        g->h_items[g->h_start[x] + g->h_count[x]++] = (int32_t)i;
-    }
     /* Groups for gate and up (activation rows: tokens), then the same for down (the items). */
     struct gpu_group *gu = g->h_groups;
     uint32_t          ng = 0;
@@ -1268,6 +1277,10 @@ static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
                : -1;
 }
 
+/* The routed experts of a prefill whose experts are in the pool or not all int8: the choices brought to the host and grouped by expert, each
+ * expert's rows gathered and computed through the matmul (from its slot when the layer's
+ * experts are in the pool, the lock held), its outputs put back by (token, slot) row into
+ * g->moe_y. Returns 0 (*cpu_rc < 0 when the weight source failed) or -1 (device). */
 static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
                            int *cpu_rc)
 {

@@ -481,6 +481,39 @@ static __device__ __forceinline__ void load_x4(const float *p, bool vec, float v
     }
 }
 
+/* The sums of a matvec block: every lane ends with its warp's sums (shuffles), lane r * N + t
+ * keeping (r, t); the warps' meet through `part` in a fixed order. Thread i < R * N gets the
+ * total of (i / N, i % N) in *out and true. Every thread of the block calls it. */
+template <int R, int N>
+static __device__ __forceinline__ bool mv_block_sum(const float (&acc)[R][N],
+                                                    float (&part)[MV_WARPS][R * N], float *out)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float     mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            float v = acc[r][t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == r * N + t)
+                mine = v;
+        }
+    if (lane < R * N)
+        part[warp][lane] = mine;
+    __syncthreads();
+    if (threadIdx.x >= R * N)
+        return false;
+    float v = part[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < MV_WARPS; k++)
+        v += part[k][threadIdx.x];
+    *out = v;
+    return true;
+}
+
 /* Weight rows per matvec block; each activation load serves them all. Four, except two for one
  * activation row of the float types and Q6_K (measured on an H100 at 4096 and 14336 x 4096: four
  * gave the block types 5-15% more GB/s, the others 5-15% less). */
@@ -579,27 +612,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
             }
         }
 
-        /* Every lane ends with its warp's sums; lane r * N + t keeps (row0 + r, t). */
-        float mine = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int t = 0; t < N; t++) {
-                float v = acc[r][t];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == r * N + t)
-                    mine = v;
-            }
-        if (lane < R * N)
-            part[warp][lane] = mine;
-        __syncthreads();
-        if (threadIdx.x < R * N) {
-            float v = part[0][threadIdx.x];
-#pragma unroll
-            for (int k = 1; k < MV_WARPS; k++)
-                v += part[k][threadIdx.x];
+        float v;
+        if (mv_block_sum<R, N>(acc, part, &v)) {
             const int64_t r = row0 + threadIdx.x / N;
             if (r < rows)
                 yb[(threadIdx.x % N) * y_stride + r] = v;
@@ -714,26 +728,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
             }
         }
 
-        float mine = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int t = 0; t < N; t++) {
-                float v = acc[r][t];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    v += __shfl_xor_sync(0xffffffffu, v, o);
-                if (lane == r * N + t)
-                    mine = v;
-            }
-        if (lane < R * N)
-            part[warp][lane] = mine;
-        __syncthreads();
-        if (threadIdx.x < R * N) {
-            float v = part[0][threadIdx.x];
-#pragma unroll
-            for (int k = 1; k < MV_WARPS; k++)
-                v += part[k][threadIdx.x];
+        float v;
+        if (mv_block_sum<R, N>(acc, part, &v)) {
             const int64_t r = row0 + threadIdx.x / N;
             const int     t = static_cast<int>(threadIdx.x % N);
             if (r < rows && t < n_act) {

@@ -82,6 +82,37 @@ static void make_weights(uint32_t type, int64_t rows, int64_t cols, uint8_t **wq
     free(src);
 }
 
+/* Three experts of `rows` x `cols` random weights of `type` in one device buffer, eb = rows * rb
+ * + 64 bytes apart (0x7f bytes between them); each one's dequantized weights in wd[e]. */
+struct qt_experts {
+    size_t rb, eb;
+    float *wd[3];
+    void  *dw;
+};
+
+static void experts_make(uint32_t type, int64_t rows, int64_t cols, struct qt_experts *x)
+{
+    x->rb = row_size(type, cols);
+    x->eb = (size_t)rows * x->rb + 64;
+    uint8_t *all = xmalloc(3 * x->eb);
+    memset(all, 0x7f, 3 * x->eb);
+    for (int e = 0; e < 3; e++) {
+        uint8_t *wq;
+        make_weights(type, rows, cols, &wq, &x->wd[e]);
+        memcpy(all + (size_t)e * x->eb, wq, (size_t)rows * x->rb);
+        free(wq);
+    }
+    x->dw = dev_from(all, 3 * x->eb);
+    free(all);
+}
+
+static void experts_free(struct qt_experts *x)
+{
+    for (int e = 0; e < 3; e++)
+        free(x->wd[e]);
+    gpu_free(x->dw);
+}
+
 /* Checks n x rows outputs (y_stride apart in y) against ref and mag (the sums of |w * x|, both
  * n x rows), that every output was written and that the padding up to y_stride was not. Returns
  * ||y - ref|| / ||ref||. */
@@ -346,25 +377,19 @@ Test(executor_cuda_quant, matvec_ids_matches_reference)
     gpu_or_skip();
     static const int64_t rows_list[] = {1, 33, 257};
     static const int32_t ids[] = {2, 0, 2, 1};
-    const int64_t        n_exp = 3, n_items = (int64_t)(sizeof(ids) / sizeof(ids[0]));
+    const int64_t        n_items = (int64_t)(sizeof(ids) / sizeof(ids[0]));
     int32_t             *d_ids = dev_from(ids, sizeof(ids));
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const uint32_t type = g_types[ti];
         const int64_t  cols_list[] = {256, 1024 + 256};
         for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++) {
             for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
-                const int64_t cols = cols_list[ci], rows = rows_list[ri];
-                const size_t  rb = row_size(type, cols);
-                const size_t  eb = (size_t)rows * rb + 64; /* padding between experts */
-                uint8_t      *wq[3];
-                float        *wd[3];
-                uint8_t      *all = xmalloc((size_t)n_exp * eb);
-                memset(all, 0x7f, (size_t)n_exp * eb);
-                for (int64_t e = 0; e < n_exp; e++) {
-                    make_weights(type, rows, cols, &wq[e], &wd[e]);
-                    memcpy(all + (size_t)e * eb, wq[e], (size_t)rows * rb);
-                }
-                void         *dw = dev_from(all, (size_t)n_exp * eb);
+                const int64_t     cols = cols_list[ci], rows = rows_list[ri];
+                struct qt_experts ex;
+                experts_make(type, rows, cols, &ex);
+                const size_t  rb = ex.rb, eb = ex.eb;
+                float *const *wd = ex.wd;
+                void         *dw = ex.dw;
                 const int64_t xs = cols + 4, ys = rows + 3;
                 float        *x = xmalloc((size_t)(n_items * xs) * sizeof(float));
                 fill_data(x, (size_t)(n_items * xs));
@@ -401,13 +426,8 @@ Test(executor_cuda_quant, matvec_ids_matches_reference)
                     free(y);
                     gpu_free(dy);
                 }
-                for (int64_t e = 0; e < n_exp; e++) {
-                    free(wq[e]);
-                    free(wd[e]);
-                }
-                free(all);
                 free(x);
-                gpu_free(dw);
+                experts_free(&ex);
                 gpu_free(dx);
             }
         }
@@ -527,7 +547,7 @@ Test(executor_cuda_quant, matvec_ids_q8_matches_reference)
     gpu_or_skip();
     static const int64_t rows_list[] = {1, 33, 257};
     static const int32_t ids[] = {2, 0, 2, 1};
-    const int64_t        n_exp = 3, n_items = (int64_t)(sizeof(ids) / sizeof(ids[0]));
+    const int64_t        n_items = (int64_t)(sizeof(ids) / sizeof(ids[0]));
     int32_t             *d_ids = dev_from(ids, sizeof(ids));
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const uint32_t type = g_types[ti];
@@ -536,20 +556,14 @@ Test(executor_cuda_quant, matvec_ids_q8_matches_reference)
         const int64_t cols_list[] = {256, 1024 + 256};
         for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++)
             for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
-                const int64_t cols = cols_list[ci], rows = rows_list[ri];
-                const size_t  rb = row_size(type, cols);
-                const size_t  eb = (size_t)rows * rb + 64;
-                uint8_t      *wq[3];
-                float        *wd[3];
-                uint8_t      *all = xmalloc((size_t)n_exp * eb);
-                memset(all, 0x7f, (size_t)n_exp * eb);
-                for (int64_t e = 0; e < n_exp; e++) {
-                    make_weights(type, rows, cols, &wq[e], &wd[e]);
-                    memcpy(all + (size_t)e * eb, wq[e], (size_t)rows * rb);
-                }
-                void  *dw = dev_from(all, (size_t)n_exp * eb);
-                float *x = xmalloc((size_t)(n_items * cols) * sizeof(float));
-                float *xr = xmalloc((size_t)(n_items * cols) * sizeof(float));
+                const int64_t     cols = cols_list[ci], rows = rows_list[ri];
+                struct qt_experts ex;
+                experts_make(type, rows, cols, &ex);
+                const size_t  rb = ex.rb, eb = ex.eb;
+                float *const *wd = ex.wd;
+                void         *dw = ex.dw;
+                float        *x = xmalloc((size_t)(n_items * cols) * sizeof(float));
+                float        *xr = xmalloc((size_t)(n_items * cols) * sizeof(float));
                 fill_data(x, (size_t)(n_items * cols));
                 void *dq8;
                 q8_activations(type, x, n_items, cols, xr, &dq8);
@@ -576,14 +590,9 @@ Test(executor_cuda_quant, matvec_ids_q8_matches_reference)
                     free(y);
                     gpu_free(dy);
                 }
-                for (int64_t e = 0; e < n_exp; e++) {
-                    free(wq[e]);
-                    free(wd[e]);
-                }
-                free(all);
                 free(x);
                 free(xr);
-                gpu_free(dw);
+                experts_free(&ex);
                 gpu_free(dq8);
             }
     }
@@ -598,7 +607,7 @@ Test(executor_cuda_quant, matvec_groups_q8_matches_reference)
     gpu_or_skip();
     static const int64_t rows_list[] = {1, 33, 257};
     static const int32_t sizes[] = {1, 3, 8, 5}, experts[] = {2, 0, 2, 1};
-    const int64_t        n_exp = 3, n_groups = 4, n_x = 17, n_y = 20;
+    const int64_t        n_groups = 4, n_x = 17, n_y = 20;
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const uint32_t type = g_types[ti];
         if (!gpu_matvec_q8_supported(type))
@@ -606,19 +615,14 @@ Test(executor_cuda_quant, matvec_groups_q8_matches_reference)
         const int64_t cols_list[] = {256, 1024 + 256};
         for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++)
             for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
-                const int64_t cols = cols_list[ci], rows = rows_list[ri], ys = rows + 3;
-                const size_t  rb = row_size(type, cols), eb = (size_t)rows * rb + 64;
-                uint8_t      *wq[3];
-                float        *wd[3];
-                uint8_t      *all = xmalloc((size_t)n_exp * eb);
-                memset(all, 0x7f, (size_t)n_exp * eb);
-                for (int64_t e = 0; e < n_exp; e++) {
-                    make_weights(type, rows, cols, &wq[e], &wd[e]);
-                    memcpy(all + (size_t)e * eb, wq[e], (size_t)rows * rb);
-                }
-                void  *dw = dev_from(all, (size_t)n_exp * eb);
-                float *x = xmalloc((size_t)(n_x * cols) * sizeof(float));
-                float *xr = xmalloc((size_t)(n_x * cols) * sizeof(float));
+                const int64_t     cols = cols_list[ci], rows = rows_list[ri], ys = rows + 3;
+                struct qt_experts ex;
+                experts_make(type, rows, cols, &ex);
+                const size_t  rb = ex.rb, eb = ex.eb;
+                float *const *wd = ex.wd;
+                void         *dw = ex.dw;
+                float        *x = xmalloc((size_t)(n_x * cols) * sizeof(float));
+                float        *xr = xmalloc((size_t)(n_x * cols) * sizeof(float));
                 fill_data(x, (size_t)(n_x * cols));
                 void *dq8;
                 q8_activations(type, x, n_x, cols, xr, &dq8);
@@ -668,14 +672,9 @@ Test(executor_cuda_quant, matvec_groups_q8_matches_reference)
                 free(y);
                 gpu_free(dy);
                 gpu_free(dg);
-                for (int64_t e = 0; e < n_exp; e++) {
-                    free(wq[e]);
-                    free(wd[e]);
-                }
-                free(all);
                 free(x);
                 free(xr);
-                gpu_free(dw);
+                experts_free(&ex);
                 gpu_free(dq8);
             }
     }
