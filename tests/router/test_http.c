@@ -50,7 +50,7 @@ static void skip_without_tools(void)
         cr_skip_test("curl is not installed: skipped");
 }
 
-/* The tiny MoE fixture (q8_0, else f32); without fixtures a model from `sluice mkmodel`. */
+/* The tiny MoE fixture (q8_0, else f32); without fixtures a MoE from `sluice mkmodel`. */
 static void pick_model(void)
 {
     const char *rels[] = {"moe-tiny/moe-tiny-q8_0.gguf", "moe-tiny/moe-tiny-f32.gguf"};
@@ -62,11 +62,15 @@ static void pick_model(void)
             return;
         }
     }
-    cr_log_warn("moe-tiny fixtures absent: serving a `sluice mkmodel --preset tiny` model");
+    cr_log_warn("moe-tiny fixtures absent: serving a `sluice mkmodel --preset tiny` MoE of 4 "
+                "experts");
     char cmd[4096];
     int  st;
     snprintf(t_model, sizeof(t_model), "%s/tiny.gguf", t_dir);
-    snprintf(cmd, sizeof(cmd), "%s/sluice mkmodel -q --preset tiny -o '%s'", BIN, t_model);
+    /* A MoE, so that a fetcher serves it as the fixture's (the metrics count its experts). */
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice mkmodel -q --preset tiny --n-expert 4 --n-expert-used 2 -o '%s'", BIN,
+             t_model);
     char *out = sh(cmd, &st);
     cr_assert_eq(st, 0, "mkmodel: %s", out);
     free(out);
