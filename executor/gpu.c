@@ -1066,6 +1066,41 @@ static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const flo
     return gpu_mm(g, w->type, w->d, w->row_bytes, w->rows, w->cols, x, x_stride, n, y, y_stride);
 }
 
+/* Whether gpu_mm takes the int8 matvec for these n rows of w. */
+static bool gpu_mm_q8(const struct executor_gpu *g, const struct gpu_mat *w, uint32_t n)
+{
+    return (n < GPU_GEMM_MIN_N || g->mv_only) && gpu_q8_path(w->type, w->cols);
+}
+
+/* The int8 matvec of w (and w2, GLU) over x's rows, fused as op says (gpu_matvec_q8_op), into y.
+ * 0 or -1. */
+static int gpu_mv_q8_op(struct executor_gpu *g, enum gpu_mv_op op, const struct gpu_mat *w,
+                        const struct gpu_mat *w2, const float *x, int64_t x_stride, uint32_t n,
+                        float *y, int64_t y_stride)
+{
+    const uint8_t *q8 = gpu_q8_for(g, w->type, x, x_stride, n, w->cols);
+    const size_t   xrb = gpu_q8_row_bytes(w->cols);
+    for (uint32_t t = 0; q8 && t < n; t += GPU_MATVEC_MAX_N) {
+        const uint32_t k = n - t < GPU_MATVEC_MAX_N ? n - t : GPU_MATVEC_MAX_N;
+        if (gpu_matvec_q8_op(op, w->type, w->d, w2 ? w2->d : NULL, w->row_bytes, w->rows, w->cols,
+                             q8 + (size_t)t * xrb, k, y + (size_t)t * y_stride, y_stride) < 0)
+            return -1;
+    }
+    return q8 ? 0 : -1;
+}
+
+/* y rows (the residual stream, y_stride apart) += W . x rows: in the int8 matvec's store where
+ * it runs, else through g->tmp and gpu_add (y_stride = n_embd). */
+static int gpu_mm_add(struct executor_gpu *g, const struct gpu_mat *w, const float *x,
+                      int64_t x_stride, uint32_t n, float *y, int64_t y_stride)
+{
+    if (gpu_mm_q8(g, w, n))
+        return gpu_mv_q8_op(g, GPU_MV_ADD, w, NULL, x, x_stride, n, y, y_stride);
+    return gpu_mm_mat(g, w, x, x_stride, n, g->tmp, y_stride) < 0
+               ? -1
+               : gpu_add(y, y, g->tmp, (int64_t)n * y_stride);
+}
+
 /* gpu_mm_mat over the rows of the product before it (same_x: x has not changed since), whose
  * int8 activations it may reuse. */
 static int gpu_mm_shared(struct executor_gpu *g, const struct gpu_mat *w, const float *x,
@@ -1131,23 +1166,28 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         if (rc < 0)
             return -1;
     }
-    if (gpu_mm_mat(g, &gl->wo, g->att, (int64_t)w.ad, n, g->tmp, ne) < 0)
-        return -1;
-    return gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne);
+    return gpu_mm_add(g, &gl->wo, g->att, (int64_t)w.ad, n, g->x, ne);
 }
 
 /* silu(gate . x) * (up . x) into g->ga, then down into `out` (n rows of ne). */
 static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
                           const struct gpu_mat *up, const struct gpu_mat *down, const float *x,
-                          uint32_t n, float *out, struct gpu_event *before_down)
+                          uint32_t n, float *out, struct gpu_event *before_down, bool add)
 {
     const int64_t ne = g->m->desc->hp.n_embd, nf = gate->rows;
-    if (gpu_mm_shared(g, gate, x, ne, n, g->ga, nf, false) < 0 ||
-        gpu_mm_shared(g, up, x, ne, n, g->up, nf, true) < 0 ||
-        gpu_swiglu(g->ga, g->up, (int64_t)n * nf, false) < 0 ||
-        (before_down && gpu_stream_wait(before_down) < 0))
+    /* gate and up in one int8 matvec and the product in its store where they are alike */
+    const bool glu = gpu_mm_q8(g, gate, n) && gpu_mm_q8(g, up, n) && gate->type == up->type &&
+                     gate->row_bytes == up->row_bytes && gate->rows == up->rows &&
+                     gate->cols == up->cols;
+    if (glu ? gpu_mv_q8_op(g, GPU_MV_GLU, gate, up, x, ne, n, g->ga, nf) < 0
+            : gpu_mm_shared(g, gate, x, ne, n, g->ga, nf, false) < 0 ||
+                  gpu_mm_shared(g, up, x, ne, n, g->up, nf, true) < 0 ||
+                  gpu_swiglu(g->ga, g->up, (int64_t)n * nf, false) < 0)
         return -1;
-    return gpu_mm_mat(g, down, g->ga, nf, n, out, ne);
+    if (before_down && gpu_stream_wait(before_down) < 0)
+        return -1;
+    return add ? gpu_mm_add(g, down, g->ga, nf, n, out, ne)
+               : gpu_mm_mat(g, down, g->ga, nf, n, out, ne);
 }
 
 /* Expert e's part p as a matrix. */
@@ -1277,10 +1317,11 @@ static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
                : -1;
 }
 
-/* The routed experts of a prefill whose experts are in the pool or not all int8: the choices brought to the host and grouped by expert, each
- * expert's rows gathered and computed through the matmul (from its slot when the layer's
- * experts are in the pool, the lock held), its outputs put back by (token, slot) row into
- * g->moe_y. Returns 0 (*cpu_rc < 0 when the weight source failed) or -1 (device). */
+/* The routed experts of a prefill whose experts are in the pool or not all int8: the choices
+ * brought to the host and grouped by expert, each expert's rows gathered and computed through the
+ * matmul (from its slot when the layer's experts are in the pool, the lock held), its outputs put
+ * back by (token, slot) row into g->moe_y. Returns 0 (*cpu_rc < 0 when the weight source failed) or
+ * -1 (device). */
 static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
                            int *cpu_rc)
 {
@@ -1334,7 +1375,7 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
                 gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
                 (miss && gpu_stream_wait(px->ev_gu) < 0) ||
                 gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp,
-                               miss ? px->ev_d : NULL) < 0 ||
+                               miss ? px->ev_d : NULL, false) < 0 ||
                 gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0;
             g->mv_only = false;
             if (bad)
@@ -1390,14 +1431,23 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
     const int64_t                nf = xg->rows, items = (int64_t)(t1 - t0) * K;
     const size_t                 i0 = (size_t)t0 * K;
     float                       *ga = g->ga + i0 * (size_t)nf, *up = g->up + i0 * (size_t)nf;
+    const float                 *xa = g->xn + (size_t)t0 * ne;
+    /* gate and up in one int8 matvec, the product in its store, where they are alike */
+    const bool glu = gpu_q8_path(xg->type, ne) && xg->type == xu->type &&
+                     xg->row_bytes == xu->row_bytes && xg->bytes == xu->bytes &&
+                     xg->rows == xu->rows && xg->cols == xu->cols;
+    const void *q8 = NULL;
     if (executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
-        (before_gu && gpu_stream_wait(before_gu) < 0) ||
-        gpu_experts_mv(g, xg, ids + i0, items, g->xn + (size_t)t0 * ne, ne, t1 - t0, K, ga, nf,
-                       false) < 0 ||
-        gpu_experts_mv(g, xu, ids + i0, items, g->xn + (size_t)t0 * ne, ne, t1 - t0, K, up, nf,
-                       true) < 0 ||
-        gpu_swiglu(ga, up, items * nf, false) < 0 ||
-        (before_down && gpu_stream_wait(before_down) < 0) ||
+        (before_gu && gpu_stream_wait(before_gu) < 0))
+        return -1;
+    if (glu ? !(q8 = gpu_q8_for(g, xg->type, xa, ne, t1 - t0, ne)) ||
+                  gpu_matvec_ids_glu_q8(xg->type, xg->d, xu->d, xg->bytes, xg->row_bytes, xg->rows,
+                                        xg->cols, ids + i0, items, q8, K, ga, nf) < 0
+            : gpu_experts_mv(g, xg, ids + i0, items, xa, ne, t1 - t0, K, ga, nf, false) < 0 ||
+                  gpu_experts_mv(g, xu, ids + i0, items, xa, ne, t1 - t0, K, up, nf, true) < 0 ||
+                  gpu_swiglu(ga, up, items * nf, false) < 0)
+        return -1;
+    if ((before_down && gpu_stream_wait(before_down) < 0) ||
         gpu_experts_mv(g, xd, ids + i0, items, ga, nf, (uint32_t)items, 1,
                        g->moe_y + i0 * (size_t)ne, ne, false) < 0)
         return -1;
@@ -1485,9 +1535,7 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->ffn_norm, n, ne, hp->rms_eps) < 0)
         return -1;
     if (!gl->gate_inp.d) {
-        if (gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->tmp, NULL) < 0)
-            return -1;
-        return gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne);
+        return gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->x, NULL, true);
     }
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID ? 1 : 0;
@@ -1515,8 +1563,8 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     }
     if (gl->sh_gate.d) {
         /* An ungated shared expert beside the routed ones: its output added first. */
-        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->tmp, NULL) < 0 ||
-            gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne) < 0)
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true) <
+            0)
             return -1;
     }
     return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);

@@ -242,16 +242,34 @@ int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, i
 int gpu_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
                   const void *q8, int64_t n, float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec_q8(type, w, row_bytes, rows, cols, q8, n, y, y_stride) : -1;
+    return gpu_matvec_q8_op(GPU_MV_SET, type, w, NULL, row_bytes, rows, cols, q8, n, y, y_stride);
+}
+
+int gpu_matvec_q8_op(enum gpu_mv_op op, uint32_t type, const void *w, const void *w2,
+                     size_t row_bytes, int64_t rows, int64_t cols, const void *q8, int64_t n,
+                     float *y, int64_t y_stride)
+{
+    return be() ? be()->matvec_q8((int)op, type, w, w2, row_bytes, rows, cols, q8, n, y, y_stride)
+                : -1;
 }
 
 int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                       const void *q8, int64_t x_div, float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec_ids_q8(type, w, expert_bytes, row_bytes, rows, cols, ids, n_items,
-                                      q8, x_div, y, y_stride)
+    return be() ? be()->matvec_ids_q8(type, w, NULL, expert_bytes, row_bytes, rows, cols, ids,
+                                      n_items, q8, x_div, y, y_stride)
                 : -1;
+}
+
+int gpu_matvec_ids_glu_q8(uint32_t type, const void *wg, const void *wu, size_t expert_bytes,
+                          size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                          int64_t n_items, const void *q8, int64_t x_div, float *y,
+                          int64_t y_stride)
+{
+    return be() && wu ? be()->matvec_ids_q8(type, wg, wu, expert_bytes, row_bytes, rows, cols, ids,
+                                            n_items, q8, x_div, y, y_stride)
+                      : -1;
 }
 
 int gpu_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,

@@ -613,30 +613,59 @@ static void h_q8_expand(const void *q8, int64_t row, int64_t cols, float *out)
         out[j] = d[j / 32] * (float)q[j];
 }
 
-static int h_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
-                       const void *q8, int64_t n, float *y, int64_t y_stride)
+/* silu(g) * u as h_swiglu computes it. */
+static float h_silu_mul(float g, float u)
 {
-    static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
-    if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 || n < 1 ||
-        n > GPU_MATVEC_MAX_N || (n > 1 && y_stride < rows))
-        return h_bad(what);
-    if (rows == 0)
-        return 0;
-    if (cols == 0 || !w || !q8 || !y || ((uintptr_t)q8 & 3) != 0)
-        return h_bad(what);
-    float *x = malloc((size_t)(n * cols) * sizeof(float));
-    if (!x)
-        return h_bad("matvec: out of host memory");
-    for (int64_t t = 0; t < n; t++)
-        h_q8_expand(q8, t, cols, x + t * cols);
-    const int rc = h_products(type, w, row_bytes, rows, cols, x, cols, n, y, y_stride);
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* The products of w (and w2, GLU) with image rows `row0 + t * step` (t < n) into tmp (n rows of
+ * `rows`, then the same for w2), and y written by op. */
+static int h_q8_op(int op, uint32_t type, const uint8_t *w, const uint8_t *w2, size_t row_bytes,
+                   int64_t rows, int64_t cols, const void *q8, int64_t row0, int64_t n, float *y,
+                   int64_t y_stride)
+{
+    float *x = calloc((size_t)(n * cols), sizeof(float));
+    float *tmp = calloc((size_t)(2 * n * rows), sizeof(float));
+    int    rc = x && tmp ? 0 : h_bad("matvec: out of host memory");
+    for (int64_t t = 0; rc == 0 && t < n; t++)
+        h_q8_expand(q8, row0 + t, cols, x + t * cols);
+    if (rc == 0)
+        rc = h_products(type, w, row_bytes, rows, cols, x, cols, n, tmp, rows);
+    if (rc == 0 && op == GPU_MV_GLU)
+        rc = h_products(type, w2, row_bytes, rows, cols, x, cols, n, tmp + n * rows, rows);
+    for (int64_t t = 0; rc == 0 && t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float v = tmp[t * rows + r];
+            float      *o = y + t * y_stride + r;
+            *o = op == GPU_MV_GLU   ? h_silu_mul(v, tmp[(n + t) * rows + r])
+                 : op == GPU_MV_ADD ? *o + v
+                                    : v;
+        }
     free(x);
+    free(tmp);
     return rc;
 }
 
-static int h_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
-                           int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
-                           const void *q8, int64_t x_div, float *y, int64_t y_stride)
+static int h_matvec_q8(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
+                       int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
+                       int64_t y_stride)
+{
+    static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
+    if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 || n < 1 ||
+        n > GPU_MATVEC_MAX_N || (n > 1 && y_stride < rows) || op < GPU_MV_SET || op > GPU_MV_GLU)
+        return h_bad(what);
+    if (rows == 0)
+        return 0;
+    if (cols == 0 || !w || !q8 || !y || ((uintptr_t)q8 & 3) != 0 || (op == GPU_MV_GLU && !w2))
+        return h_bad(what);
+    return h_q8_op(op, type, w, w2, row_bytes, rows, cols, q8, 0, n, y, y_stride);
+}
+
+static int h_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
+                           size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                           int64_t n_items, const void *q8, int64_t x_div, float *y,
+                           int64_t y_stride)
 {
     static const char what[] = "gpu_matvec_ids_q8: unsupported type or bad arguments";
     if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 ||
@@ -647,20 +676,15 @@ static int h_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, si
         return 0;
     if (cols == 0 || !w || !ids || !q8 || !y || ((uintptr_t)q8 & 3) != 0)
         return h_bad(what);
-    float *x = malloc((size_t)cols * sizeof(float));
-    if (!x)
-        return h_bad("matvec: out of host memory");
     int rc = 0;
     for (int64_t i = 0; i < n_items && rc == 0; i++) {
-        if (ids[i] < 0) {
-            rc = h_bad(what);
-            break;
-        }
-        h_q8_expand(q8, i / x_div, cols, x);
-        rc = h_products(type, (const uint8_t *)w + (size_t)ids[i] * expert_bytes, row_bytes, rows,
-                        cols, x, 0, 1, y + i * y_stride, 0);
+        if (ids[i] < 0)
+            return h_bad(what);
+        const size_t off = (size_t)ids[i] * expert_bytes;
+        rc = h_q8_op(w2 ? GPU_MV_GLU : GPU_MV_SET, type, (const uint8_t *)w + off,
+                     w2 ? (const uint8_t *)w2 + off : NULL, row_bytes, rows, cols, q8, i / x_div, 1,
+                     y + i * y_stride, 0);
     }
-    free(x);
     return rc;
 }
 

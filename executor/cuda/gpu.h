@@ -156,10 +156,24 @@ bool gpu_matvec_q8_supported(uint32_t type);
 int gpu_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
                   const void *q8, int64_t n, float *y, int64_t y_stride);
 
+/* gpu_matvec_q8 fused with what follows it: GPU_MV_ADD adds the products to y (y += W . x);
+ * GPU_MV_GLU multiplies w (gate) and w2 (up, of the same type and layout) with the same
+ * activations and writes silu(gate . x) * (up . x), as gpu_swiglu does, bit for bit. */
+enum gpu_mv_op { GPU_MV_SET = 0, GPU_MV_ADD = 1, GPU_MV_GLU = 2 };
+int gpu_matvec_q8_op(enum gpu_mv_op op, uint32_t type, const void *w, const void *w2,
+                     size_t row_bytes, int64_t rows, int64_t cols, const void *q8, int64_t n,
+                     float *y, int64_t y_stride);
+
 /* As gpu_matvec_ids over the rows of a q8 image: item i reads image row i / x_div. */
 int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                       const void *q8, int64_t x_div, float *y, int64_t y_stride);
+/* The same for gate (wg) and up (wu, the same layout) at once: y item row = silu(gate . x) *
+ * (up . x), bit for bit what the two products and gpu_swiglu give. */
+int gpu_matvec_ids_glu_q8(uint32_t type, const void *wg, const void *wu, size_t expert_bytes,
+                          size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                          int64_t n_items, const void *q8, int64_t x_div, float *y,
+                          int64_t y_stride);
 
 /* A group of up to GPU_GROUP_MAX activation rows multiplied with one expert's matrix: rows
  * x_row[0..n) of a q8 image, products into rows y_row[0..n) of y. */
@@ -290,11 +304,14 @@ struct gpu_backend {
                      float *out);
     int (*act_q8)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                   void *q8);
-    int (*matvec_q8)(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
-                     const void *q8, int64_t n, float *y, int64_t y_stride);
-    int (*matvec_ids_q8)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
-                         int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
-                         const void *q8, int64_t x_div, float *y, int64_t y_stride);
+    int (*matvec_q8)(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
+                     int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
+                     int64_t y_stride);
+    /* w2 NULL: gpu_matvec_ids_q8; else gpu_matvec_ids_glu_q8 */
+    int (*matvec_ids_q8)(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
+                         size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                         int64_t n_items, const void *q8, int64_t x_div, float *y,
+                         int64_t y_stride);
     int (*matvec_groups_q8)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                             int64_t rows, int64_t cols, const struct gpu_group *groups,
                             int64_t n_groups, const void *q8, float *y, int64_t y_stride);

@@ -40,11 +40,12 @@ int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t 
                    float *out);
 int cuda_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                 void *q8);
-int cuda_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
-                   const void *q8, int64_t n, float *y, int64_t y_stride);
-int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
-                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
-                       const void *q8, int64_t x_div, float *y, int64_t y_stride);
+int cuda_matvec_q8(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
+                   int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
+                   int64_t y_stride);
+int cuda_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
+                       size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                       int64_t n_items, const void *q8, int64_t x_div, float *y, int64_t y_stride);
 int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                           int64_t rows, int64_t cols, const struct gpu_group *groups,
                           int64_t n_groups, const void *q8, float *y, int64_t y_stride);
@@ -70,6 +71,13 @@ int cuda_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t s
                      const int32_t *rows, int64_t n, int64_t width);
 int cuda_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                       const int32_t *rows, int64_t n, int64_t width);
+
+/* silu(g) * u with the CPU's expressions and no fused multiply-adds (executor_fwd_dense_gate_up):
+ * the swiglu kernel's, and the fused gate/up matvec's. */
+static __device__ __forceinline__ float gpu_silu_mul(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
 
 /* After a launch: the launch error (bad configuration), recorded under the kernel's name. */
 #define GPU_LAUNCHED(name) gpu_record(cudaGetLastError(), name)

@@ -155,14 +155,12 @@ static __global__ void ops_swiglu_kernel(float *g, const float *u, int64_t n, bo
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float x = g[i];
-        float       a;
         if (relu2) {
             const float r = x > 0.0f ? x : 0.0f;
-            a = __fmul_rn(r, r);
+            g[i] = __fmul_rn(__fmul_rn(r, r), u[i]);
         } else {
-            a = __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
+            g[i] = gpu_silu_mul(x, u[i]);
         }
-        g[i] = __fmul_rn(a, u[i]);
     }
 }
 

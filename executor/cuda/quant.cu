@@ -630,9 +630,9 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
 #define MVQ_MIN_BLOCKS 8
 
 /* Weight rows per int8 matvec block. */
-template <int N> static constexpr __host__ __device__ int mvq_rows()
+template <int T, int N> static constexpr __host__ __device__ int mvq_rows()
 {
-    return N <= 2 ? 4 : 2;
+    return N <= 2 && T != COMMON_GGML_TYPE_Q6_K ? 4 : 2; /* Q6_K's decode needs the registers */
 }
 
 /* k_matvec over a q8 image (gpu.h): lane s of a chunk takes the weight's quant words (decodeq)
@@ -645,30 +645,38 @@ template <int N> static constexpr __host__ __device__ int mvq_rows()
  * (gpu_matvec_groups_q8). */
 enum { MVQ_PLAIN, MVQ_IDS, MVQ_GROUPS };
 
-template <int T, int N, int MODE, bool A4>
+/* GLU: the block's R rows of w (gate) and the same R rows of w2 (up), of the same layout, and
+ * y = silu(gate) * up (gpu_silu_mul); else add: y += the product instead of y =. */
+template <int T, int N, int MODE, bool A4, bool GLU>
 __global__ void __launch_bounds__(MV_WARPS * 32,
                                   MODE == MVQ_GROUPS ? MVQ_MIN_BLOCKS / 2 : MVQ_MIN_BLOCKS)
-    k_matvec_q8(const uint8_t *__restrict__ w, size_t row_bytes, size_t expert_bytes, int64_t rows,
-                int64_t cols, const int32_t *__restrict__ ids,
+    k_matvec_q8(const uint8_t *__restrict__ w, const uint8_t *__restrict__ w2, size_t row_bytes,
+                size_t expert_bytes, int64_t rows, int64_t cols, const int32_t *__restrict__ ids,
                 const struct gpu_group *__restrict__ groups, int64_t n_items,
                 const uint8_t *__restrict__ q8, int64_t              x_div, float *__restrict__ y,
-                int64_t y_stride)
+                int64_t y_stride, bool add)
 {
-    constexpr int    R = mvq_rows<N>();
+    constexpr int    R = GLU ? mvq_rows<T, N>() / 2 : mvq_rows<T, N>(); /* output rows a block */
+    constexpr int    RR = GLU ? 2 * R : R;                              /* weight rows it reads */
     constexpr int    OFF = qoff<T>();
     constexpr bool   SUMS = OFF != 0 || qtype<T>::has_min;
-    __shared__ float part[MV_WARPS][R * N];
+    __shared__ float part[MV_WARPS][RR * N];
+    __shared__ float glu[GLU ? RR * N : 1];
     const int        lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int        s = lane & 3;
     const int64_t    row0 = static_cast<int64_t>(blockIdx.x) * R;
     const int64_t    nch = cols / QK;
     const int64_t    xrb = static_cast<int64_t>(gpu_q8_row_bytes(cols));
     for (int64_t item = MODE != MVQ_PLAIN ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
-        const uint8_t *wb = w, *xr[N]; /* the activation rows */
+        const uint8_t *wb = w, *wb2 = w2, *xr[N]; /* the activation rows */
         float         *yb = y;
         int            n_act = N;
         if (MODE == MVQ_IDS) {
-            wb += static_cast<int64_t>(__ldg(ids + item)) * static_cast<int64_t>(expert_bytes);
+            const int64_t off =
+                static_cast<int64_t>(__ldg(ids + item)) * static_cast<int64_t>(expert_bytes);
+            wb += off;
+            if (GLU)
+                wb2 += off;
             xr[0] = q8 + item / x_div * xrb;
             yb += item * y_stride;
         } else if (MODE == MVQ_GROUPS) {
@@ -683,22 +691,25 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
             for (int t = 0; t < N; t++)
                 xr[t] = q8 + t * xrb;
         }
-        const uint8_t *wr[R];
+        const uint8_t *wr[RR];
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
             wr[r] = wb + min(row0 + r, rows - 1) * static_cast<int64_t>(row_bytes);
-        float acc[R][N];
+            if (GLU)
+                wr[R + r] = wb2 + min(row0 + r, rows - 1) * static_cast<int64_t>(row_bytes);
+        }
+        float acc[RR][N];
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < RR; r++)
 #pragma unroll
             for (int t = 0; t < N; t++)
                 acc[r][t] = 0.0f;
 
 #pragma unroll 1
         for (int64_t c = warp * 8 + (lane >> 2); c < nch; c += 8 * MV_WARPS) {
-            wq8 d[R];
+            wq8 d[RR];
 #pragma unroll
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < RR; r++)
                 decodeq<T>(wr[r], c, s, d[r], A4);
 #pragma unroll
             for (int t = 0; t < N; t++) {
@@ -712,7 +723,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
                     sh = __dp4a(xh, 0x01010101, 0);
                 }
 #pragma unroll
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < RR; r++) {
                     const int il = __dp4a(static_cast<int>(d[r].lo), xl, 0);
                     const int ih = __dp4a(static_cast<int>(d[r].hi), xh, 0);
                     float     v;
@@ -728,14 +739,24 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
             }
         }
 
-        float v;
-        if (mv_block_sum<R, N>(acc, part, &v)) {
+        /* Thread i < RR * N sums (i / N, i % N): with GLU, up's (r, t) is gate's + R * N. */
+        float      v;
+        const bool mine = mv_block_sum<RR, N>(acc, part, &v);
+        if (GLU) {
+            if (mine)
+                glu[threadIdx.x] = v;
+            __syncthreads();
+            if (threadIdx.x < R * N)
+                v = gpu_silu_mul(glu[threadIdx.x], glu[threadIdx.x + R * N]);
+        }
+        if (threadIdx.x < R * N) {
             const int64_t r = row0 + threadIdx.x / N;
             const int     t = static_cast<int>(threadIdx.x % N);
             if (r < rows && t < n_act) {
                 const int64_t yr =
                     MODE == MVQ_GROUPS ? static_cast<int64_t>(__ldg(&groups[item].y_row[t])) : t;
-                yb[yr * y_stride + r] = v;
+                float *out = yb + yr * y_stride + r;
+                *out = !GLU && add ? *out + v : v;
             }
         }
         __syncthreads();
@@ -1055,16 +1076,18 @@ int cuda_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t ro
     });
 }
 
-template <int T, int N>
-static void launch_matvec_q8(const void *w, size_t row_bytes, int64_t rows, int64_t cols,
-                             const uint8_t *q8, float *y, int64_t y_stride)
+template <int T, int N, bool GLU>
+static void launch_matvec_q8(const void *w, const void *w2, size_t row_bytes, int64_t rows,
+                             int64_t cols, const uint8_t *q8, float *y, int64_t y_stride, bool add)
 {
-    const unsigned blocks = gpu_blocks(rows, mvq_rows<N>());
-    with_a4<T>(blocks_a4(w, row_bytes, 0), [&](auto a4) {
-        k_matvec_q8<T, N, MVQ_PLAIN, decltype(a4)::value>
-            <<<blocks, MV_WARPS * 32, 0, gpu_stream()>>>(static_cast<const uint8_t *>(w), row_bytes,
-                                                         0, rows, cols, nullptr, nullptr, 1, q8, 1,
-                                                         y, y_stride);
+    constexpr int  R = GLU ? mvq_rows<T, N>() / 2 : mvq_rows<T, N>();
+    const unsigned blocks = gpu_blocks(rows, R);
+    const bool     a4 = blocks_a4(w, row_bytes, 0) && (!GLU || blocks_a4(w2, row_bytes, 0));
+    with_a4<T>(a4, [&](auto a) {
+        k_matvec_q8<T, N, MVQ_PLAIN, decltype(a)::value, GLU>
+            <<<blocks, MV_WARPS * 32, 0, gpu_stream()>>>(
+                static_cast<const uint8_t *>(w), static_cast<const uint8_t *>(w2), row_bytes, 0,
+                rows, cols, nullptr, nullptr, 1, q8, 1, y, y_stride, add);
     });
 }
 
@@ -1099,33 +1122,42 @@ static bool q8_ok(const void *q8)
     return (reinterpret_cast<uintptr_t>(q8) & 3) == 0;
 }
 
-int cuda_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
-                   const void *q8, int64_t n, float *y, int64_t y_stride)
+int cuda_matvec_q8(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
+                   int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
+                   int64_t y_stride)
 {
     static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
     return with_qtype(type, what, [&](auto tag) -> int {
         constexpr int T = decltype(tag)::value;
         if (!row_fits<T>(cols, row_bytes) || rows < 0 || n < 1 || n > GPU_MATVEC_MAX_N ||
-            (n > 1 && y_stride < rows))
+            (n > 1 && y_stride < rows) || op < GPU_MV_SET || op > GPU_MV_GLU)
             return bad(what);
         if (rows == 0 || cols == 0)
             return rows == 0 ? 0 : bad(what);
-        if (!w || !q8 || !y || !q8_ok(q8))
+        if (!w || !q8 || !y || !q8_ok(q8) || (op == GPU_MV_GLU && !w2))
             return bad(what);
-        using launch_fn =
-            void (*)(const void *, size_t, int64_t, int64_t, const uint8_t *, float *, int64_t);
-        static constexpr launch_fn launch[GPU_MATVEC_MAX_N] = {
-            launch_matvec_q8<T, 1>, launch_matvec_q8<T, 2>, launch_matvec_q8<T, 3>,
-            launch_matvec_q8<T, 4>, launch_matvec_q8<T, 5>, launch_matvec_q8<T, 6>,
-            launch_matvec_q8<T, 7>, launch_matvec_q8<T, 8>};
-        launch[n - 1](w, row_bytes, rows, cols, static_cast<const uint8_t *>(q8), y, y_stride);
+        using launch_fn = void (*)(const void *, const void *, size_t, int64_t, int64_t,
+                                   const uint8_t *, float *, int64_t, bool);
+        static constexpr launch_fn plain[GPU_MATVEC_MAX_N] = {
+            launch_matvec_q8<T, 1, false>, launch_matvec_q8<T, 2, false>,
+            launch_matvec_q8<T, 3, false>, launch_matvec_q8<T, 4, false>,
+            launch_matvec_q8<T, 5, false>, launch_matvec_q8<T, 6, false>,
+            launch_matvec_q8<T, 7, false>, launch_matvec_q8<T, 8, false>};
+        static constexpr launch_fn glu[GPU_MATVEC_MAX_N] = {
+            launch_matvec_q8<T, 1, true>, launch_matvec_q8<T, 2, true>,
+            launch_matvec_q8<T, 3, true>, launch_matvec_q8<T, 4, true>,
+            launch_matvec_q8<T, 5, true>, launch_matvec_q8<T, 6, true>,
+            launch_matvec_q8<T, 7, true>, launch_matvec_q8<T, 8, true>};
+        (op == GPU_MV_GLU ? glu : plain)[n - 1](w, w2, row_bytes, rows, cols,
+                                                static_cast<const uint8_t *>(q8), y, y_stride,
+                                                op == GPU_MV_ADD);
         return GPU_LAUNCHED("k_matvec_q8");
     });
 }
 
-int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
-                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
-                       const void *q8, int64_t x_div, float *y, int64_t y_stride)
+int cuda_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
+                       size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                       int64_t n_items, const void *q8, int64_t x_div, float *y, int64_t y_stride)
 {
     static const char what[] = "gpu_matvec_ids_q8: unsupported type or bad arguments";
     return with_qtype(type, what, [&](auto tag) -> int {
@@ -1138,13 +1170,23 @@ int cuda_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t
             return 0;
         if (cols == 0 || !w || !ids || !q8 || !y || !q8_ok(q8))
             return bad(what);
-        const dim3 grid(gpu_blocks(rows, mvq_rows<1>()),
-                        static_cast<unsigned>(n_items < GRID_Y_MAX ? n_items : GRID_Y_MAX));
-        with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a4) {
-            k_matvec_q8<T, 1, MVQ_IDS, decltype(a4)::value>
-                <<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
-                    static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, ids,
-                    nullptr, n_items, static_cast<const uint8_t *>(q8), x_div, y, y_stride);
+        const unsigned rows_y = static_cast<unsigned>(n_items < GRID_Y_MAX ? n_items : GRID_Y_MAX);
+        const bool     a4 = blocks_a4(w, row_bytes, expert_bytes) &&
+                        (!w2 || blocks_a4(w2, row_bytes, expert_bytes));
+        with_a4<T>(a4, [&](auto a) {
+            const uint8_t *wb = static_cast<const uint8_t *>(w),
+                          *wb2 = static_cast<const uint8_t *>(w2);
+            const uint8_t *xq = static_cast<const uint8_t *>(q8);
+            if (w2)
+                k_matvec_q8<T, 1, MVQ_IDS, decltype(a)::value, true>
+                    <<<dim3(gpu_blocks(rows, mvq_rows<T, 1>() / 2), rows_y), MV_WARPS * 32, 0,
+                       gpu_stream()>>>(wb, wb2, row_bytes, expert_bytes, rows, cols, ids, nullptr,
+                                       n_items, xq, x_div, y, y_stride, false);
+            else
+                k_matvec_q8<T, 1, MVQ_IDS, decltype(a)::value, false>
+                    <<<dim3(gpu_blocks(rows, mvq_rows<T, 1>()), rows_y), MV_WARPS * 32, 0,
+                       gpu_stream()>>>(wb, nullptr, row_bytes, expert_bytes, rows, cols, ids,
+                                       nullptr, n_items, xq, x_div, y, y_stride, false);
         });
         return GPU_LAUNCHED("k_matvec_ids_q8");
     });
@@ -1164,13 +1206,14 @@ int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, siz
             return 0;
         if (cols == 0 || !w || !groups || !q8 || !y || !q8_ok(q8))
             return bad(what);
-        const dim3 grid(gpu_blocks(rows, mvq_rows<GPU_GROUP_MAX>()),
+        const dim3 grid(gpu_blocks(rows, mvq_rows<T, GPU_GROUP_MAX>()),
                         static_cast<unsigned>(n_groups < GRID_Y_MAX ? n_groups : GRID_Y_MAX));
         with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a4) {
-            k_matvec_q8<T, GPU_GROUP_MAX, MVQ_GROUPS, decltype(a4)::value>
+            k_matvec_q8<T, GPU_GROUP_MAX, MVQ_GROUPS, decltype(a4)::value, false>
                 <<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
-                    static_cast<const uint8_t *>(w), row_bytes, expert_bytes, rows, cols, nullptr,
-                    groups, n_groups, static_cast<const uint8_t *>(q8), 1, y, y_stride);
+                    static_cast<const uint8_t *>(w), nullptr, row_bytes, expert_bytes, rows, cols,
+                    nullptr, groups, n_groups, static_cast<const uint8_t *>(q8), 1, y, y_stride,
+                    false);
         });
         return GPU_LAUNCHED("k_matvec_groups_q8");
     });

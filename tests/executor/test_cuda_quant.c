@@ -599,6 +599,114 @@ Test(executor_cuda_quant, matvec_ids_q8_matches_reference)
     gpu_free(d_ids);
 }
 
+/* Description: the fused forms of the int8 matvec give bit for bit what they stand for:
+ * GPU_MV_ADD y + (the plain products), GPU_MV_GLU gpu_swiglu of the gate and up products, and
+ * gpu_matvec_ids_glu_q8 the same per item (x_div 2), for every quantized type at edge row
+ * counts and 1, 2, 3 and 8 activation rows. */
+Test(executor_cuda_quant, fused_matvec_q8_equals_its_parts, .timeout = 300)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 33, 257};
+    static const int64_t n_list[] = {1, 2, 3, 8};
+    static const int32_t ids[] = {2, 0, 2, 1};
+    int32_t             *d_ids = dev_from(ids, sizeof(ids));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const int64_t cols = common_ggml_type_get(type)->blck == 256 ? 512 : 96;
+        for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+            const int64_t     rows = rows_list[ri], ys = rows + 2, nmax = GPU_MATVEC_MAX_N;
+            struct qt_experts ex; /* gate: expert 0 (or by id), up: expert 1 */
+            experts_make(type, rows, cols, &ex);
+            const uint8_t *wg = ex.dw, *wu = (const uint8_t *)ex.dw + ex.eb;
+            float         *x = xmalloc((size_t)(nmax * cols) * sizeof(float));
+            float         *xr = xmalloc((size_t)(nmax * cols) * sizeof(float));
+            fill_data(x, (size_t)(nmax * cols));
+            void *dq8;
+            q8_activations(type, x, nmax, cols, xr, &dq8);
+            const size_t ny = (size_t)(nmax * ys);
+            float       *base = xmalloc(ny * sizeof(float));
+            fill_data(base, ny);
+            float *a = xmalloc(ny * sizeof(float)), *b = xmalloc(ny * sizeof(float));
+            float *dg = dev_poisoned(ny * sizeof(float)), *du = dev_poisoned(ny * sizeof(float));
+            float *dy = dev_poisoned(ny * sizeof(float));
+            for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++) {
+                const int64_t n = n_list[ni];
+                /* ADD: base + products against the products, added here */
+                cr_assert_eq(gpu_matvec_q8(type, wg, ex.rb, rows, cols, dq8, n, dg, ys), 0, "%s",
+                             gpu_last_error());
+                cr_assert_eq(gpu_upload(dy, base, ny * sizeof(float)), 0);
+                cr_assert_eq(
+                    gpu_matvec_q8_op(GPU_MV_ADD, type, wg, NULL, ex.rb, rows, cols, dq8, n, dy, ys),
+                    0, "%s", gpu_last_error());
+                dev_to(a, dg, ny * sizeof(float));
+                dev_to(b, dy, ny * sizeof(float));
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows; r++) {
+                        const float want = base[t * ys + r] + a[t * ys + r];
+                        cr_assert(memcmp(&want, &b[t * ys + r], sizeof(float)) == 0,
+                                  "add %s rows %lld n %lld: y[%lld][%lld] %.9g, want %.9g",
+                                  type_name(type), (long long)rows, (long long)n, (long long)t,
+                                  (long long)r, (double)b[t * ys + r], (double)want);
+                    }
+                /* GLU: gate, up, gpu_swiglu against the fused form */
+                cr_assert_eq(gpu_matvec_q8(type, wu, ex.rb, rows, cols, dq8, n, du, ys), 0);
+                cr_assert_eq(gpu_swiglu(dg, du, (int64_t)ny, false), 0);
+                cr_assert_eq(gpu_memset(dy, 0xff, ny * sizeof(float)), 0);
+                cr_assert_eq(
+                    gpu_matvec_q8_op(GPU_MV_GLU, type, wg, wu, ex.rb, rows, cols, dq8, n, dy, ys),
+                    0, "%s", gpu_last_error());
+                dev_to(a, dg, ny * sizeof(float));
+                dev_to(b, dy, ny * sizeof(float));
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t r = 0; r < rows; r++)
+                        cr_assert(isfinite(b[t * ys + r]) &&
+                                      memcmp(&a[t * ys + r], &b[t * ys + r], sizeof(float)) == 0,
+                                  "glu %s rows %lld n %lld: y[%lld][%lld] %.9g, want %.9g",
+                                  type_name(type), (long long)rows, (long long)n, (long long)t,
+                                  (long long)r, (double)b[t * ys + r], (double)a[t * ys + r]);
+            }
+            /* ids: items of experts 2, 0, 2, 1, gate from ex and up from a second set */
+            const int64_t     n_items = 4;
+            struct qt_experts ux;
+            experts_make(type, rows, cols, &ux);
+            cr_assert_eq(gpu_matvec_ids_q8(type, ex.dw, ex.eb, ex.rb, rows, cols, d_ids, n_items,
+                                           dq8, 2, dg, ys),
+                         0, "%s", gpu_last_error());
+            cr_assert_eq(gpu_matvec_ids_q8(type, ux.dw, ux.eb, ux.rb, rows, cols, d_ids, n_items,
+                                           dq8, 2, du, ys),
+                         0, "%s", gpu_last_error());
+            cr_assert_eq(gpu_swiglu(dg, du, n_items * ys, false), 0);
+            cr_assert_eq(gpu_memset(dy, 0xff, ny * sizeof(float)), 0);
+            cr_assert_eq(gpu_matvec_ids_glu_q8(type, ex.dw, ux.dw, ex.eb, ex.rb, rows, cols, d_ids,
+                                               n_items, dq8, 2, dy, ys),
+                         0, "%s", gpu_last_error());
+            dev_to(a, dg, ny * sizeof(float));
+            dev_to(b, dy, ny * sizeof(float));
+            for (int64_t i = 0; i < n_items; i++)
+                for (int64_t r = 0; r < rows; r++)
+                    cr_assert(isfinite(b[i * ys + r]) &&
+                                  memcmp(&a[i * ys + r], &b[i * ys + r], sizeof(float)) == 0,
+                              "ids glu %s rows %lld: item %lld row %lld %.9g, want %.9g",
+                              type_name(type), (long long)rows, (long long)i, (long long)r,
+                              (double)b[i * ys + r], (double)a[i * ys + r]);
+            experts_free(&ux);
+            free(base);
+            free(a);
+            free(b);
+            gpu_free(dg);
+            gpu_free(du);
+            gpu_free(dy);
+            gpu_free(dq8);
+            free(x);
+            free(xr);
+            experts_free(&ex);
+        }
+    }
+    gpu_free(d_ids);
+}
+
 /* Description: gpu_matvec_groups_q8 over three experts (padded apart): groups of 1, 3, 8 and 5
  * activation rows in a scrambled order, each into its own rows of y, against the double
  * reference; every row a group names written, the others (and the padding) not. */
