@@ -381,6 +381,7 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
     }
     struct common_pool_key  key = {layer, expert, COMMON_POOL_BUNDLE};
     struct common_pool_loan l;
+    bool                    asked = false; /* this call queued a load of the bundle */
     for (;;) {
         uint64_t seq = fetcher_pool_change_seq(f->pool);
         int      rc = fetcher_pool_try_acquire(f->pool, &key, part, &l);
@@ -400,8 +401,15 @@ int fetcher_acquire(struct fetcher *f, uint32_t layer, uint32_t expert,
             return rc;
         }
         pthread_mutex_lock(&f->mu);
-        rc = fetcher_front_ensure(f, layer, expert, FETCHER_PRIO_DEMAND);
         bool failed = f->failed[(uint64_t)layer * f->n_expert + expert];
+        if (asked && failed) {
+            /* The load this call queued failed before the call could wait for it (a short
+             * read returns at once): that is the answer, not a reason to read again. */
+            pthread_mutex_unlock(&f->mu);
+            return COMMON_EIO;
+        }
+        rc = fetcher_front_ensure(f, layer, expert, FETCHER_PRIO_DEMAND);
+        asked = asked || rc == COMMON_OK;
         pthread_mutex_unlock(&f->mu);
         if (rc == COMMON_EAGAIN) {
             struct fetcher_pool_counts c;
