@@ -1329,23 +1329,8 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
     const struct common_hparams *hp = &g->m->desc->hp;
     const uint32_t               E = hp->n_expert, K = hp->n_expert_used, ne = hp->n_embd;
     const uint32_t               nk = n * K;
-    if (gpu_download(g->h_sel, g->sel, (size_t)nk * sizeof(int32_t)) < 0)
+    if (gpu_picks_by_expert(g, n) < 0)
         return -1;
-    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
-    for (uint32_t i = 0; i < nk; i++) {
-        if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
-            return -1; /* a routing kernel gone wrong: never index with it */
-        g->h_count[g->h_sel[i]]++;
-    }
-    g->h_start[0] = 0;
-    for (uint32_t x = 0; x < E; x++)
-        g->h_start[x + 1] = g->h_start[x] + g->h_count[x];
-    memset(g->h_count, 0, (E + 1) * sizeof(int32_t));
-    for (uint32_t i = 0; i < nk; i++) {
-        const int32_t x = g->h_sel[i], at = g->h_start[x] + g->h_count[x]++;
-        g->h_items[at] = (int32_t)i;      /* its (token, slot) row of moe_y */
-        g->h_rows[at] = (int32_t)(i / K); /* its token's row of xn */
-    }
     if (gpu_upload(g->items, g->h_items, (size_t)nk * sizeof(int32_t)) < 0 ||
         gpu_upload(g->rows, g->h_rows, (size_t)nk * sizeof(int32_t)) < 0)
         return -1;
