@@ -1,7 +1,9 @@
 /* executor/cuda/ops.cu - the layer operations other than the weight products: RMS norm, adds,
  * SwiGLU, RoPE, the f16 KV store, attention, MoE routing and combination, row gather/scatter. */
 #include <cuda_fp16.h>
+#include <mma.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gpu_impl.cuh"
 
@@ -15,6 +17,7 @@
 #define OPS_ROUTE_MAX_E    4096 /* most experts: probabilities and scores sit in shared memory */
 #define OPS_ROUTE_MAX_K    64   /* most experts chosen per token */
 #define OPS_FULL_MASK      0xffffffffu
+#define OPS_FA_MIN_TOK     16 /* from this many tokens on, attention takes the tensor-core kernel */
 
 /* Grid of the grid-stride elementwise kernels for n items. */
 static unsigned ops_grid(long long n)
@@ -441,6 +444,166 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
     }
 }
 
+/* ---- flash attention (prefill) -------------------------------------------------------------- */
+
+/* A prefill's attention on the tensor cores, for equal key and value head dims D (64 or 128):
+ * one block per (64 query tokens, head), four warps of 16 queries. Over the visible positions in
+ * tiles of 64: the tile's keys and values into shared memory (f16, as cached), S = Q K^T (the
+ * queries rounded to f16, f32 sums), the running max and sum of each query row updated and
+ * exp(s - max) written as f16, the output rows (f32, in shared memory) scaled by exp(old max -
+ * new max) and P V added by the tensor cores; at the end out = O / sum. Positions past a query's
+ * own or before its window are masked. Two lanes of a warp per query row in the softmax. */
+#define FA_BQ   64
+#define FA_BK   64
+#define FA_WARP 16 /* query rows per warp */
+#define FA_LDS  (FA_BK + 4)
+#define FA_LDP  (FA_BK + 8)
+
+template <int D> struct fa_layout {
+    static constexpr int    ldh = D + 8, ldo = D + 4;
+    static constexpr size_t q = 0, k = q + sizeof(__half) * FA_BQ * ldh,
+                            v = k + sizeof(__half) * FA_BK * ldh,
+                            s = v + sizeof(__half) * FA_BK * ldh,
+                            p = s + sizeof(float) * FA_BQ * FA_LDS,
+                            o = p + sizeof(__half) * FA_BQ * FA_LDP,
+                            bytes = o + sizeof(float) * FA_BQ * ldo;
+};
+
+template <int D>
+static __global__ void __launch_bounds__(128)
+    ops_flash_kernel(struct ops_att_args a, uint32_t n_tok)
+{
+    using namespace nvcuda;
+    using L = fa_layout<D>;
+    extern __shared__ __align__(128) unsigned char fsm[];
+    __half                                        *sq = reinterpret_cast<__half *>(fsm + L::q),
+           *sk = reinterpret_cast<__half *>(fsm + L::k),
+           *sv = reinterpret_cast<__half *>(fsm + L::v),
+           *sp = reinterpret_cast<__half *>(fsm + L::p);
+    float *ss = reinterpret_cast<float *>(fsm + L::s), *so = reinterpret_cast<float *>(fsm + L::o);
+    const uint32_t t0 = blockIdx.x * FA_BQ, h = blockIdx.y, kvh = h / a.gqa;
+    const int      tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const uint32_t t_end = t0 + FA_BQ < n_tok ? t0 + FA_BQ : n_tok; /* one past the block's last */
+
+    for (int i = tid; i < FA_BQ * D; i += blockDim.x) {
+        const int      r = i / D, d = i % D;
+        const uint32_t t = t0 + r;
+        sq[r * L::ldh + d] =
+            t < n_tok ? __float2half_rn(a.q[((int64_t)t * a.n_head + h) * D + d]) : __half();
+        so[r * L::ldo + d] = 0.0f;
+    }
+    /* lane's query row (of the warp's 16) and half of the tile's columns / the output dims */
+    const int      row = lane >> 1, half = lane & 1, qr = warp * FA_WARP + row;
+    const uint32_t tq = t0 + qr, pq = a.pos0 + tq; /* its token and position */
+    const uint32_t lo_q = a.window && pq + 1 > a.window ? pq + 1 - a.window : 0;
+    float          m = -INFINITY, l = 0.0f;
+    /* the block's span: from the first query's window start to the last query's position */
+    const uint32_t first = a.pos0 + t0 + 1,
+                   kv_lo = a.window && first > a.window ? first - a.window : 0;
+    const uint32_t kv_hi = a.pos0 + t_end; /* one past */
+    __half        *pw = sp + warp * FA_WARP * FA_LDP;
+    float         *sw = ss + warp * FA_WARP * FA_LDS, *ow = so + warp * FA_WARP * L::ldo;
+
+    for (uint32_t j0 = kv_lo; j0 < kv_hi; j0 += FA_BK) {
+        __syncthreads(); /* the last tile's K and V read by every warp (and Q, O filled) */
+        const __half *kc = reinterpret_cast<const __half *>(a.k_cache);
+        const __half *vc = reinterpret_cast<const __half *>(a.v_cache);
+        for (int i = tid; i < FA_BK * (D / 2); i += blockDim.x) {
+            const int      r = i / (D / 2), d = 2 * (i % (D / 2));
+            const uint32_t p = j0 + r;
+            __half2        kk = __half2(), vv = __half2();
+            if (p < kv_hi) {
+                kk = *reinterpret_cast<const __half2 *>(kc + (int64_t)p * a.k_width + kvh * D + d);
+                vv = *reinterpret_cast<const __half2 *>(vc + (int64_t)p * a.v_width + kvh * D + d);
+            }
+            *reinterpret_cast<__half2 *>(sk + r * L::ldh + d) = kk;
+            *reinterpret_cast<__half2 *>(sv + r * L::ldh + d) = vv;
+        }
+        __syncthreads();
+        /* S = Q K^T for the warp's 16 rows */
+#pragma unroll
+        for (int nb = 0; nb < FA_BK / 16; nb++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < D; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
+                wmma::load_matrix_sync(fq, sq + warp * FA_WARP * L::ldh + kk, L::ldh);
+                wmma::load_matrix_sync(fk, sk + nb * 16 * L::ldh + kk, L::ldh);
+                wmma::mma_sync(acc, fq, fk, acc);
+            }
+            wmma::store_matrix_sync(sw + nb * 16, acc, FA_LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* the softmax update of the lane's row over its 32 columns, the pair combined */
+        float sv_[32], mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const uint32_t p = j0 + half * 32 + c;
+            const bool     ok = tq < n_tok && p <= pq && p >= lo_q && p < kv_hi;
+            sv_[c] = ok ? sw[row * FA_LDS + half * 32 + c] * a.scale : -INFINITY;
+            mx = fmaxf(mx, sv_[c]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(OPS_FULL_MASK, mx, 1));
+        const float mn = fmaxf(m, mx);
+        const float alpha = mn == -INFINITY ? 1.0f : expf(m - mn);
+        float       sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 32; c++) {
+            const float e = sv_[c] == -INFINITY ? 0.0f : expf(sv_[c] - mn);
+            pw[row * FA_LDP + half * 32 + c] = __float2half_rn(e);
+            sum += e;
+        }
+        sum += __shfl_xor_sync(OPS_FULL_MASK, sum, 1);
+        l = l * alpha + sum;
+        m = mn;
+        for (int d = half * (D / 2); d < (half + 1) * (D / 2); d++)
+            ow[row * L::ldo + d] *= alpha;
+        __syncwarp();
+        /* O += P V */
+#pragma unroll
+        for (int db = 0; db < D / 16; db++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, ow + db * 16, L::ldo, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < FA_BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fp;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
+                wmma::load_matrix_sync(fp, pw + kk, FA_LDP);
+                wmma::load_matrix_sync(fv, sv + kk * L::ldh + db * 16, L::ldh);
+                wmma::mma_sync(acc, fp, fv, acc);
+            }
+            wmma::store_matrix_sync(ow + db * 16, acc, L::ldo, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    if (tq >= n_tok)
+        return;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float      *out = a.out + ((int64_t)tq * a.n_head + h) * D;
+    for (int d = half * (D / 2); d < (half + 1) * (D / 2); d++)
+        out[d] = ow[row * L::ldo + d] * inv;
+}
+
+/* Launches ops_flash_kernel<D> (its shared memory opted in on first use); -1 when D is not one
+ * of its dims. */
+template <int D> static int ops_flash_launch(const struct ops_att_args &a, uint32_t n_tok)
+{
+    static bool opted;
+    if (!opted) {
+        if (gpu_record(cudaFuncSetAttribute(ops_flash_kernel<D>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)fa_layout<D>::bytes),
+                       "ops_flash_kernel shared memory") < 0)
+            return -1;
+        opted = true;
+    }
+    const dim3 grid((n_tok + FA_BQ - 1) / FA_BQ, a.n_head);
+    ops_flash_kernel<D><<<grid, 128, fa_layout<D>::bytes, gpu_stream()>>>(a, n_tok);
+    return GPU_LAUNCHED("ops_flash_kernel");
+}
+
 int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                    uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                    uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
@@ -472,6 +635,11 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.v_width = n_head_kv * head_dim_v;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
+    /* A prefill with equal head dims of 64 or 128 (rows 4-byte aligned): the tensor cores. */
+    if (!pos_dev && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v && n_head <= 65535 &&
+        (head_dim_k == 64 || head_dim_k == 128) && (uintptr_t)k_cache % 4 == 0 &&
+        (uintptr_t)v_cache % 4 == 0 && !getenv("SLUICE_NO_FLASH_ATTN"))
+        return head_dim_k == 64 ? ops_flash_launch<64>(a, n_tok) : ops_flash_launch<128>(a, n_tok);
     /* 4-byte loads when every row start of a head is even and the cache is 4-byte aligned. */
     const int      vk = head_dim_k % 2 == 0 && (uintptr_t)k_cache % 4 == 0 ? 2 : 1;
     const int      vv = head_dim_v % 2 == 0 && (uintptr_t)v_cache % 4 == 0 ? 2 : 1;

@@ -494,6 +494,21 @@ Test(executor_cuda_ops, attention_split_matches_reference, .timeout = 600)
         att_run(&cases[i]);
 }
 
+/* Description: prefills of 16 tokens and more with equal head dims of 64 or 128, which ops.cu
+ * computes on the tensor cores (64 queries per block, positions in tiles of 64): partial query and
+ * position tiles, a start past 0, windows shorter than a tile and across tiles, GQA 1 to 8. */
+Test(executor_cuda_ops, attention_flash_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {16, 0, 8, 2, 64, 64, 0},    {63, 0, 8, 2, 128, 128, 0},     {64, 0, 32, 8, 128, 128, 0},
+        {65, 7, 4, 4, 128, 128, 0},  {129, 70, 8, 2, 128, 128, 100}, {200, 0, 4, 1, 64, 64, 64},
+        {130, 300, 2, 2, 64, 64, 0}, {40, 1000, 8, 1, 128, 128, 30},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        att_run(&cases[i]);
+}
+
 /* Description: with the first position read from device memory (gpu_kv_store_at,
  * gpu_attention_at: what a captured graph runs) the cache and the outputs are bit for bit those
  * of the position given by value, a wider scratch row included: decode, a split decode, a
