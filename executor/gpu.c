@@ -125,7 +125,9 @@ struct executor_gpu {
     int64_t      q8_stride, q8_cols;
     uint32_t     q8_n, q8_vdt;
     bool         q8_reuse;
-    bool         mv_only; /* products of any row count on the matvec kernels (gpu_moe_grouped) */
+    bool         mv_only;    /* products of any row count on the matvec kernels (gpu_moe_grouped) */
+    bool         gemm_q_off; /* SLUICE_NO_GEMM_Q: matmuls over f16 copies of the weights */
+    bool         mm_only;    /* products of any row count on the matmul (gpu_moe_grouped) */
     /* The decode step of this sequence alone as a CUDA graph (gpu_graph_step): captured at the
      * first such step, replayed after, the position read from pos_d. */
     struct gpu_graph *graph;
@@ -383,8 +385,8 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool he
     if (head)
         f += B * w.n_vocab;
     return kb + f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
-           (B + GPU_GEMM_ROWS) * w.cols * sizeof(uint16_t) + gpu_q8_bytes(B, &w) +
-           2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
+           (B * (w.ff > w.cols ? w.ff : w.cols) + GPU_GEMM_ROWS * w.cols) * sizeof(uint16_t) +
+           gpu_q8_bytes(B, &w) + 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
 }
 
 /* Copies part p of expert x of layer il from the weight source to device memory at dst.
@@ -814,7 +816,7 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->xq8 = gpu_take(a, gpu_q8_bytes(B, &w), c)) &&
          (g->pos_d = gpu_take(a, sizeof(uint32_t), c)) &&
          (g->groups = gpu_take(a, 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group), c)) &&
-         (g->x16 = gpu_take(a, B * w.cols * sizeof(uint16_t), c)) &&
+         (g->x16 = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * sizeof(uint16_t), c)) &&
          (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
     if (ok && g->head)
         ok = (g->logits = gpu_take(a, B * w.n_vocab * F, c)) != NULL;
@@ -868,6 +870,7 @@ int executor_gpu_create(const struct executor_model *m, const struct executor_gp
     g->dev = shared->dev;
     g->il0 = shared->il0;
     g->head = shared->head;
+    g->gemm_q_off = getenv("SLUICE_NO_GEMM_Q") != NULL;
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
     if ((rc = gpu_put_scratch(g, e)) < 0) {
@@ -999,14 +1002,21 @@ static bool gpu_q8_path(uint32_t type, int64_t cols)
     return gpu_matvec_q8_supported(type) && cols % 32 == 0;
 }
 
+/* Whether a matmul of `type` over cols columns may read the quantized weights itself
+ * (gpu_gemm_q) rather than row blocks dequantized to f16 first (SLUICE_NO_GEMM_Q=1: never). */
+static bool gpu_gemm_q_path(const struct executor_gpu *g, uint32_t type, int64_t cols)
+{
+    return !g->gemm_q_off && gpu_matvec_q8_supported(type) && cols % 32 == 0;
+}
+
 /* y (n rows, y_stride apart) = W . x rows: matvec kernels for a few rows, the f16 tensor-core
- * matmul over row blocks of W dequantized to f16 for more. */
+ * matmul for more (over the quantized rows, or row blocks of W dequantized to f16). */
 static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t row_bytes,
                   int64_t rows, int64_t cols, const float *x, int64_t x_stride, uint32_t n,
                   float *y, int64_t y_stride)
 {
-    const bool matvec =
-        n < GPU_GEMM_MIN_N || cols % 32 != 0 || (g->mv_only && gpu_q8_path(type, cols));
+    const bool matvec = (n < GPU_GEMM_MIN_N && !g->mm_only) || cols % 32 != 0 ||
+                        (g->mv_only && gpu_q8_path(type, cols));
     if (matvec && gpu_q8_path(type, cols)) {
         /* int8 activations as the CPU quantizes them, integer products (dp4a). */
         const uint8_t *q8 = gpu_q8_for(g, type, x, x_stride, n, cols);
@@ -1045,6 +1055,12 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
     }
     if (gpu_f32_to_f16(x, x_stride, n, cols, g->x16) < 0)
         return -1;
+    /* The pool's experts (g->mm_only): the quantized rows read by the matmul itself, as the
+     * resident experts' tiles are (gpu_moe_tiles). A dense matrix is faster dequantized to f16
+     * once per step, then multiplied (the matmul decodes a weight once per 64 rows of x). */
+    if (g->mm_only && gpu_gemm_q_path(g, type, cols))
+        return gpu_gemm_q(type, w, 0, row_bytes, rows, cols, g->x16, n, NULL, 0, NULL, 1, y,
+                          y_stride);
     for (int64_t r0 = 0; r0 < rows; r0 += GPU_GEMM_ROWS) {
         const int64_t   nr = rows - r0 < GPU_GEMM_ROWS ? rows - r0 : GPU_GEMM_ROWS;
         const uint8_t  *wr = (const uint8_t *)w + (size_t)r0 * row_bytes;
@@ -1069,7 +1085,7 @@ static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const flo
 /* Whether gpu_mm takes the int8 matvec for these n rows of w. */
 static bool gpu_mm_q8(const struct executor_gpu *g, const struct gpu_mat *w, uint32_t n)
 {
-    return (n < GPU_GEMM_MIN_N || g->mv_only) && gpu_q8_path(w->type, w->cols);
+    return ((n < GPU_GEMM_MIN_N && !g->mm_only) || g->mv_only) && gpu_q8_path(w->type, w->cols);
 }
 
 /* The int8 matvec of w (and w2, GLU) over x's rows, fused as op says (gpu_matvec_q8_op), into y.
@@ -1317,6 +1333,63 @@ static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
                : -1;
 }
 
+/* Whether a prefill's routed experts of layer gl go through gpu_gemm_q by tiles (gpu_moe_tiles),
+ * and the pool's per-expert products through the same matmul (g->mm_only), whatever their rows. */
+static bool gpu_tiles_experts(const struct executor_gpu *g, const struct gpu_layer *gl, int64_t ne)
+{
+    const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
+                             *xd = &gl->exps[COMMON_EXPERT_DOWN];
+    return gpu_gemm_q_path(g, xg->type, ne) && gpu_gemm_q_path(g, xu->type, ne) &&
+           gpu_gemm_q_path(g, xd->type, xg->rows);
+}
+
+/* The routed experts of a step of many rows (a prefill), every expert resident, on the tensor
+ * cores: the router's picks brought to the host once, each expert's (token, slot) items cut into
+ * tiles of up to GPU_MM_TILE, then one gpu_gemm_q launch per part over every tile (each expert's
+ * quantized rows read once per tile), swiglu over all items, outputs into g->moe_y by item. */
+static int gpu_moe_tiles(struct executor_gpu *g, uint32_t il, uint32_t n)
+{
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const uint32_t               E = hp->n_expert, K = hp->n_expert_used;
+    const int64_t                ne = hp->n_embd;
+    const uint32_t               nk = n * K;
+    const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
+                             *xd = &gl->exps[COMMON_EXPERT_DOWN];
+    const int64_t nf = xg->rows;
+    if (gpu_picks_by_expert(g, n) < 0)
+        return -1;
+    /* The tiles go where the groups would (g->groups holds more than enough of them). */
+    struct gpu_mm_tile *tl = (struct gpu_mm_tile *)(void *)g->h_groups;
+    uint32_t            nt = 0;
+    for (uint32_t x = 0; x < E; x++)
+        for (int32_t at = g->h_start[x]; at < g->h_start[x + 1]; at += GPU_MM_TILE) {
+            const int32_t left = g->h_start[x + 1] - at;
+            tl[nt++] = (struct gpu_mm_tile){.expert = (int32_t)x,
+                                            .first = at,
+                                            .count = left < GPU_MM_TILE ? left : GPU_MM_TILE};
+        }
+    struct gpu_mm_tile *dt = (struct gpu_mm_tile *)(void *)g->groups;
+    if (gpu_upload(dt, tl, (size_t)nt * sizeof(*tl)) < 0 ||
+        gpu_upload(g->items, g->h_items, (size_t)nk * sizeof(int32_t)) < 0)
+        return -1;
+    g->q8_src = NULL;
+    const float *xr = gpu_round_for(g, xg->type, g->xn, ne, n, ne);
+    if (!xr || gpu_f32_to_f16(xr, ne, n, ne, g->x16) < 0 ||
+        gpu_gemm_q(xg->type, xg->d, xg->bytes, xg->row_bytes, nf, ne, g->x16, n, dt, nt, g->items,
+                   (int32_t)K, g->ga, nf) < 0 ||
+        gpu_gemm_q(xu->type, xu->d, xu->bytes, xu->row_bytes, nf, ne, g->x16, n, dt, nt, g->items,
+                   (int32_t)K, g->up, nf) < 0 ||
+        gpu_swiglu(g->ga, g->up, (int64_t)nk * nf, false) < 0)
+        return -1;
+    const float *hr = gpu_round_for(g, xd->type, g->ga, nf, nk, nf);
+    return hr && gpu_f32_to_f16(hr, nf, nk, nf, g->x16) == 0 &&
+                   gpu_gemm_q(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf, g->x16, nk,
+                              dt, nt, g->items, 1, g->moe_y, ne) == 0
+               ? 0
+               : -1;
+}
+
 /* The routed experts of a prefill whose experts are in the pool or not all int8: the choices
  * brought to the host and grouped by expert, each expert's rows gathered and computed through the
  * matmul (from its slot when the layer's experts are in the pool, the lock held), its outputs put
@@ -1354,8 +1427,10 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
             const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
             const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
             const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
-            /* int8 experts on the matvec kernels at any count: gpu_moe_groups' bits */
-            g->mv_only = gpu_q8_experts(gl, ne);
+            /* the resident path's kernels at any count, for its bits: the matmul from the
+             * quantized rows (gpu_moe_tiles), or the int8 matvec (gpu_moe_groups) */
+            g->mm_only = gpu_tiles_experts(g, gl, ne);
+            g->mv_only = !g->mm_only && gpu_q8_experts(gl, ne);
             const bool bad =
                 gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
                 (miss && gpu_stream_wait(px->ev_gu) < 0) ||
@@ -1363,6 +1438,7 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
                                miss ? px->ev_d : NULL, false) < 0 ||
                 gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0;
             g->mv_only = false;
+            g->mm_only = false;
             if (bad)
                 return -1;
             if (!px)
@@ -1531,6 +1607,9 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
         if (gpu_moe_items(g, gl, g->sel, 0, n, NULL, NULL) < 0)
+            return -1;
+    } else if (!gl->pooled && gpu_tiles_experts(g, gl, ne)) {
+        if (gpu_moe_tiles(g, il, n) < 0)
             return -1;
     } else if (!gl->pooled && gpu_q8_experts(gl, ne)) {
         if (gpu_moe_groups(g, il, n) < 0)

@@ -35,6 +35,88 @@ static const struct gpu_backend *be(void)
     return g_be;
 }
 
+/* ---- SLUICE_GPU_PROFILE=1: each operation synchronised and timed --------------------------- */
+
+/* With SLUICE_GPU_PROFILE set (not "0"), every kernel operation waits for the device before and
+ * after it, and its wall time is added to its name's row; the table goes to stderr at exit. The
+ * waits slow a run down (a decode step most), so the figures say where the time of a prefill goes,
+ * not how fast a run is. Graph captures are not timed (a graph's launch is, whole). */
+#define PROF_MAX 48
+struct prof_row {
+    const char *name;
+    uint64_t    calls, ns;
+};
+static struct prof_row g_prof[PROF_MAX];
+static int             g_prof_on = -1; /* -1: not yet read */
+static bool            g_capturing;
+static pthread_mutex_t g_prof_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void prof_report(void)
+{
+    uint64_t all = 0, ops = 0;
+    int      n = 0;
+    for (; n < PROF_MAX && g_prof[n].name; n++) {
+        all += g_prof[n].ns;
+        ops += g_prof[n].calls;
+    }
+    for (int i = 1; i < n; i++) /* by time, the most first */
+        for (int j = i; j > 0 && g_prof[j].ns > g_prof[j - 1].ns; j--) {
+            const struct prof_row t = g_prof[j];
+            g_prof[j] = g_prof[j - 1];
+            g_prof[j - 1] = t;
+        }
+    fprintf(stderr, "gpu profile: %llu operations, each synchronised, %.1f ms in all\n",
+            (unsigned long long)ops, (double)all / 1e6);
+    fprintf(stderr, "  %-22s %9s %11s %10s %6s\n", "operation", "calls", "total ms", "mean us",
+            "share");
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "  %-22s %9llu %11.2f %10.1f %5.1f%%\n", g_prof[i].name,
+                (unsigned long long)g_prof[i].calls, (double)g_prof[i].ns / 1e6,
+                (double)g_prof[i].ns / 1e3 / (double)g_prof[i].calls,
+                all ? 100.0 * (double)g_prof[i].ns / (double)all : 0.0);
+}
+
+static bool prof_on(void)
+{
+    if (g_prof_on < 0) {
+        const char *v = getenv("SLUICE_GPU_PROFILE");
+        g_prof_on = v && *v && strcmp(v, "0") != 0;
+        if (g_prof_on)
+            atexit(prof_report);
+    }
+    return g_prof_on == 1 && !g_capturing && be();
+}
+
+/* The start of an operation: 0 when it is not timed. */
+static uint64_t prof_begin(void)
+{
+    if (!prof_on())
+        return 0;
+    (void)be()->sync();
+    return common_now_ns();
+}
+
+/* The end of an operation begun at t0; returns its result rc. */
+static int prof_end(uint64_t t0, const char *name, int rc)
+{
+    if (t0 == 0)
+        return rc;
+    (void)be()->sync();
+    const uint64_t dt = common_now_ns() - t0;
+    pthread_mutex_lock(&g_prof_mu);
+    for (int i = 0; i < PROF_MAX; i++) {
+        if (!g_prof[i].name)
+            g_prof[i].name = name;
+        if (strcmp(g_prof[i].name, name) == 0) {
+            g_prof[i].calls++;
+            g_prof[i].ns += dt;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_prof_mu);
+    return rc;
+}
+
 bool gpu_built(void)
 {
     return be() != NULL;
@@ -132,17 +214,22 @@ bool gpu_graphs_supported(void)
 
 int gpu_graph_begin(void)
 {
-    return gpu_graphs_supported() ? be()->graph_begin() : -1;
+    const int rc = gpu_graphs_supported() ? be()->graph_begin() : -1;
+    g_capturing = rc == 0;
+    return rc;
 }
 
 int gpu_graph_end(struct gpu_graph **graph)
 {
+    g_capturing = false;
     return gpu_graphs_supported() ? be()->graph_end(graph) : -1;
 }
 
 int gpu_graph_launch(struct gpu_graph *graph)
 {
-    return gpu_graphs_supported() && graph ? be()->graph_launch(graph) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "graph_launch",
+                    gpu_graphs_supported() && graph ? be()->graph_launch(graph) : -1);
 }
 
 void gpu_graph_free(struct gpu_graph *graph)
@@ -153,12 +240,14 @@ void gpu_graph_free(struct gpu_graph *graph)
 
 int gpu_upload(void *dst, const void *src, size_t bytes)
 {
-    return be() ? be()->upload(dst, src, bytes) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "upload", be() ? be()->upload(dst, src, bytes) : -1);
 }
 
 int gpu_download(void *dst, const void *src, size_t bytes)
 {
-    return be() ? be()->download(dst, src, bytes) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "download", be() ? be()->download(dst, src, bytes) : -1);
 }
 
 int gpu_memset(void *dst, int byte, size_t bytes)
@@ -185,35 +274,56 @@ int gpu_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t col
                      const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
                      bool out_f16)
 {
-    return be()
-               ? be()->dequant_rows(type, w, row_bytes, cols, ids, n_rows, out, out_stride, out_f16)
-               : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(
+        t0, "dequant_rows",
+        be() ? be()->dequant_rows(type, w, row_bytes, cols, ids, n_rows, out, out_stride, out_f16)
+             : -1);
 }
 
 int gpu_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
                const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec(type, w, row_bytes, rows, cols, x, x_stride, n, y, y_stride) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec",
+                    be() ? be()->matvec(type, w, row_bytes, rows, cols, x, x_stride, n, y, y_stride)
+                         : -1);
 }
 
 int gpu_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                    int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items, const float *x,
                    int64_t x_stride, int64_t x_div, float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec_ids(type, w, expert_bytes, row_bytes, rows, cols, ids, n_items, x,
-                                   x_stride, x_div, y, y_stride)
-                : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec_ids",
+                    be() ? be()->matvec_ids(type, w, expert_bytes, row_bytes, rows, cols, ids,
+                                            n_items, x, x_stride, x_div, y, y_stride)
+                         : -1);
 }
 
 int gpu_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out)
 {
-    return be() ? be()->f32_to_f16(x, x_stride, n, cols, out) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "f32_to_f16", be() ? be()->f32_to_f16(x, x_stride, n, cols, out) : -1);
 }
 
 int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
                  float *y, int64_t y_stride)
 {
-    return be() ? be()->gemm_f16(w16, rows, cols, x16, n, y, y_stride) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "gemm_f16",
+                    be() ? be()->gemm_f16(w16, rows, cols, x16, n, y, y_stride) : -1);
+}
+
+int gpu_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
+               int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
+               int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, tiles ? "gemm_q_tiles" : "gemm_q",
+                    be() ? be()->gemm_q(type, w, expert_bytes, row_bytes, rows, cols, x16, n, tiles,
+                                        n_tiles, items, x_div, y, y_stride)
+                         : -1);
 }
 
 bool gpu_matvec_q8_supported(uint32_t type)
@@ -236,7 +346,8 @@ bool gpu_matvec_q8_supported(uint32_t type)
 int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                void *q8)
 {
-    return be() ? be()->act_q8(act_type, x, x_stride, n, cols, q8) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "act_q8", be() ? be()->act_q8(act_type, x, x_stride, n, cols, q8) : -1);
 }
 
 int gpu_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
@@ -249,17 +360,22 @@ int gpu_matvec_q8_op(enum gpu_mv_op op, uint32_t type, const void *w, const void
                      size_t row_bytes, int64_t rows, int64_t cols, const void *q8, int64_t n,
                      float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec_q8((int)op, type, w, w2, row_bytes, rows, cols, q8, n, y, y_stride)
-                : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(
+        t0, "matvec_q8",
+        be() ? be()->matvec_q8((int)op, type, w, w2, row_bytes, rows, cols, q8, n, y, y_stride)
+             : -1);
 }
 
 int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                       const void *q8, int64_t x_div, float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec_ids_q8(type, w, NULL, expert_bytes, row_bytes, rows, cols, ids,
-                                      n_items, q8, x_div, y, y_stride)
-                : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec_ids_q8",
+                    be() ? be()->matvec_ids_q8(type, w, NULL, expert_bytes, row_bytes, rows, cols,
+                                               ids, n_items, q8, x_div, y, y_stride)
+                         : -1);
 }
 
 int gpu_matvec_ids_glu_q8(uint32_t type, const void *wg, const void *wu, size_t expert_bytes,
@@ -267,65 +383,84 @@ int gpu_matvec_ids_glu_q8(uint32_t type, const void *wg, const void *wu, size_t 
                           int64_t n_items, const void *q8, int64_t x_div, float *y,
                           int64_t y_stride)
 {
-    return be() && wu ? be()->matvec_ids_q8(type, wg, wu, expert_bytes, row_bytes, rows, cols, ids,
-                                            n_items, q8, x_div, y, y_stride)
-                      : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec_ids_q8",
+                    be() && wu ? be()->matvec_ids_q8(type, wg, wu, expert_bytes, row_bytes, rows,
+                                                     cols, ids, n_items, q8, x_div, y, y_stride)
+                               : -1);
 }
 
 int gpu_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                          int64_t rows, int64_t cols, const struct gpu_group *groups,
                          int64_t n_groups, const void *q8, float *y, int64_t y_stride)
 {
-    return be() ? be()->matvec_groups_q8(type, w, expert_bytes, row_bytes, rows, cols, groups,
-                                         n_groups, q8, y, y_stride)
-                : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec_groups_q8",
+                    be() ? be()->matvec_groups_q8(type, w, expert_bytes, row_bytes, rows, cols,
+                                                  groups, n_groups, q8, y, y_stride)
+                         : -1);
 }
 
 int gpu_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                   float *out)
 {
-    return be() ? be()->act_round(act_type, x, x_stride, n, cols, out) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "act_round",
+                    be() ? be()->act_round(act_type, x, x_stride, n, cols, out) : -1);
 }
 
 int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                 int64_t n_rows, int64_t width, float eps)
 {
-    return be() ? be()->rmsnorm(y, y_stride, x, x_stride, w, n_rows, width, eps) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "rmsnorm",
+                    be() ? be()->rmsnorm(y, y_stride, x, x_stride, w, n_rows, width, eps) : -1);
 }
 
 int gpu_add(float *y, const float *a, const float *b, int64_t n)
 {
-    return be() ? be()->add(y, a, b, n) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "add", be() ? be()->add(y, a, b, n) : -1);
 }
 
 int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
 {
-    return be() ? be()->add_bias(y, stride, bias, n_rows, width) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "add_bias", be() ? be()->add_bias(y, stride, bias, n_rows, width) : -1);
 }
 
 int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2)
 {
-    return be() ? be()->swiglu(g, u, n, relu2) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "swiglu", be() ? be()->swiglu(g, u, n, relu2) : -1);
 }
 
 int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
              uint32_t n_rot, const float *cs, bool neox)
 {
-    return be() ? be()->rope(v, n_tok, tok_stride, n_heads, head_dim, n_rot, cs, neox) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "rope",
+                    be() ? be()->rope(v, n_tok, tok_stride, n_heads, head_dim, n_rot, cs, neox)
+                         : -1);
 }
 
 int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                  const float *k, const float *v, uint32_t pos0, uint32_t n_tok)
 {
-    return be() ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, pos0, NULL, n_tok) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(
+        t0, "kv_store",
+        be() ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, pos0, NULL, n_tok) : -1);
 }
 
 int gpu_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                     const float *k, const float *v, const uint32_t *pos_dev, uint32_t n_tok)
 {
-    return be() && pos_dev
-               ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, 0, pos_dev, n_tok)
-               : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "kv_store",
+                    be() && pos_dev ? be()->kv_store(k_cache, v_cache, k_width, v_width, k, v, 0,
+                                                     pos_dev, n_tok)
+                                    : -1);
 }
 
 int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -333,9 +468,12 @@ int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uin
                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
                   float *scratch)
 {
-    return be() ? be()->attention(out, q, k_cache, v_cache, n_tok, pos0, NULL, 0, n_head, n_head_kv,
-                                  head_dim_k, head_dim_v, scale, window, scratch)
-                : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "attention",
+                    be()
+                        ? be()->attention(out, q, k_cache, v_cache, n_tok, pos0, NULL, 0, n_head,
+                                          n_head_kv, head_dim_k, head_dim_v, scale, window, scratch)
+                        : -1);
 }
 
 int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -343,33 +481,46 @@ int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const 
                      uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v, float scale,
                      uint32_t window, float *scratch)
 {
-    return be() && pos_dev && row_stride
-               ? be()->attention(out, q, k_cache, v_cache, n_tok, 0, pos_dev, row_stride, n_head,
-                                 n_head_kv, head_dim_k, head_dim_v, scale, window, scratch)
-               : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "attention",
+                    be() && pos_dev && row_stride
+                        ? be()->attention(out, q, k_cache, v_cache, n_tok, 0, pos_dev, row_stride,
+                                          n_head, n_head_kv, head_dim_k, head_dim_v, scale, window,
+                                          scratch)
+                        : -1);
 }
 
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
 {
-    return be() ? be()->moe_route(logits, bias, n_tok, n_expert, k, gating, norm, scale, sel, sel_w)
-                : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(
+        t0, "moe_route",
+        be() ? be()->moe_route(logits, bias, n_tok, n_expert, k, gating, norm, scale, sel, sel_w)
+             : -1);
 }
 
 int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                     uint32_t ne)
 {
-    return be() ? be()->moe_combine(x, y, sel_w, n_tok, k, ne) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "moe_combine", be() ? be()->moe_combine(x, y, sel_w, n_tok, k, ne) : -1);
 }
 
 int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                     const int32_t *rows, int64_t n, int64_t width)
 {
-    return be() ? be()->gather_rows(dst, dst_stride, src, src_stride, rows, n, width) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "gather_rows",
+                    be() ? be()->gather_rows(dst, dst_stride, src, src_stride, rows, n, width)
+                         : -1);
 }
 
 int gpu_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                      const int32_t *rows, int64_t n, int64_t width)
 {
-    return be() ? be()->scatter_rows(dst, dst_stride, src, src_stride, rows, n, width) : -1;
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "scatter_rows",
+                    be() ? be()->scatter_rows(dst, dst_stride, src, src_stride, rows, n, width)
+                         : -1);
 }

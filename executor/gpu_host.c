@@ -489,6 +489,59 @@ static int h_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uin
     return 0;
 }
 
+/* gpu_gemm_q: the weights decoded, rounded to f16 as the kernel's tiles hold them, then
+ * h_gemm_f16's products, row by row of the dense activations or of each tile. */
+static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                    int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
+                    const struct gpu_mm_tile *tiles, int64_t n_tiles, const int32_t *items,
+                    int32_t x_div, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_gemm_q: unsupported type or bad arguments";
+    const bool        by_tiles = tiles != NULL;
+    if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) ||
+        cols % HOST_GEMM_BK != 0 || rows < 0 || n < 0 || n_tiles < 0 ||
+        (by_tiles && (x_div < 1 || !items)) || y_stride < rows ||
+        (by_tiles && (uint64_t)rows * row_bytes > expert_bytes))
+        return h_bad(what);
+    const int64_t blocks_y = by_tiles ? n_tiles : (n + 63) / 64;
+    if (rows == 0 || blocks_y == 0)
+        return 0;
+    if (cols == 0 || !w || !x16 || !y || ((uintptr_t)x16 & 15) != 0 || blocks_y > HOST_GRID_Y_MAX)
+        return h_bad(what);
+    float *wf = malloc((size_t)cols * sizeof(float));
+    float *xf = malloc((size_t)cols * sizeof(float));
+    if (!wf || !xf) {
+        free(wf);
+        free(xf);
+        return h_bad("gpu_gemm_q: out of host memory");
+    }
+    int rc = 0;
+    for (int64_t b = 0; b < (by_tiles ? n_tiles : 1) && rc == 0; b++) {
+        const struct gpu_mm_tile dense = {.expert = 0, .first = 0, .count = (int32_t)n};
+        const struct gpu_mm_tile tl = by_tiles ? tiles[b] : dense;
+        if (tl.expert < 0 || tl.count < 0 || (by_tiles && tl.count > GPU_MM_TILE)) {
+            rc = h_bad(what);
+            break;
+        }
+        const uint8_t *we = (const uint8_t *)w + (size_t)tl.expert * (by_tiles ? expert_bytes : 0);
+        for (int64_t r = 0; r < rows; r++) {
+            h_row(type, we, row_bytes, r, cols, wf);
+            for (int64_t c = 0; c < cols; c++)
+                wf[c] = executor_fp16_to_fp32(executor_fp32_to_fp16(wf[c]));
+            for (int32_t j = 0; j < tl.count; j++) {
+                const int64_t yr = by_tiles ? items[tl.first + j] : j;
+                const int64_t xr = by_tiles ? yr / x_div : j;
+                for (int64_t c = 0; c < cols; c++)
+                    xf[c] = executor_fp16_to_fp32(x16[xr * cols + c]);
+                y[yr * y_stride + r] = h_dot(wf, xf, cols);
+            }
+        }
+    }
+    free(wf);
+    free(xf);
+    return rc;
+}
+
 /* ---- activations as the CPU rounds them (act.cu) -------------------------------------------- */
 
 static int h_clamp_round(float v, int lo, int hi)
@@ -1027,6 +1080,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .matvec_ids = h_matvec_ids,
         .f32_to_f16 = h_f32_to_f16,
         .gemm_f16 = h_gemm_f16,
+        .gemm_q = h_gemm_q,
         .act_round = h_act_round,
         .act_q8 = h_act_q8,
         .matvec_q8 = h_matvec_q8,

@@ -337,6 +337,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .matvec_ids = cuda_matvec_ids,
         .f32_to_f16 = cuda_f32_to_f16,
         .gemm_f16 = cuda_gemm_f16,
+        .gemm_q = cuda_gemm_q,
         .act_round = cuda_act_round,
         .act_q8 = cuda_act_q8,
         .matvec_q8 = cuda_matvec_q8,

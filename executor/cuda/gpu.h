@@ -189,6 +189,21 @@ int gpu_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size
                          int64_t rows, int64_t cols, const struct gpu_group *groups,
                          int64_t n_groups, const void *q8, float *y, int64_t y_stride);
 
+/* Tensor-core matmul straight from quantized weights (a type of gpu_matvec_q8_supported): as
+ * gpu_gemm_f16, with W decoded to f16 chunk by chunk inside the kernel, never written out. cols is
+ * a multiple of 32; x16 is 16-byte aligned, rows cols apart. Dense (tiles NULL): activation rows
+ * 0..n of x16, output row t at y + t * y_stride (expert_bytes, items, x_div unused). By tiles (MoE
+ * prefill; tiles and items in device memory): tile i multiplies expert tiles[i].expert's matrix
+ * (at w + expert * expert_bytes) with activation rows items[first + j] / x_div of x16 for
+ * j < count <= GPU_MM_TILE, into y rows items[first + j]. */
+#define GPU_MM_TILE 32
+struct gpu_mm_tile {
+    int32_t expert, first, count;
+};
+int gpu_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
+               int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
+               int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride);
+
 /* ---- activations as the CPU rounds them (executor/cuda/act.cu) ---------------------------- */
 
 /* out (n rows of cols, contiguous) = x rows quantized to `act_type` (the CPU's
@@ -300,6 +315,9 @@ struct gpu_backend {
     int (*f32_to_f16)(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out);
     int (*gemm_f16)(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
                     float *y, int64_t y_stride);
+    int (*gemm_q)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
+                  int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
+                  int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride);
     int (*act_round)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                      float *out);
     int (*act_q8)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,

@@ -894,6 +894,162 @@ static __global__ void __launch_bounds__(GM_THREADS)
     }
 }
 
+/* ---- tensor-core matmul from quantized weights ------------------------------------------------
+ */
+
+/* As k_gemm_f16, with the weight tile decoded from the quantized rows in the kernel: each k-step
+ * is one chunk of 32 columns, whose 128 rows x 4 lanes decode8 tasks the 256 threads share (two
+ * each), rounded to f16 into shared memory. Two stages: the activations of step k + 1 copy
+ * (cp.async) and its weights load while step k's fragments multiply. BM activation rows per
+ * block (64 dense, GPU_MM_TILE by tiles); warps 2 x 4, each (BM / 2) x 32. TILES: blockIdx.y is a
+ * tile of gathered activation rows of one expert (gpu_gemm_q). */
+#define GQ_STAGES 2
+
+template <int BM> struct gemmq_tiles {
+    __half a[GQ_STAGES][BM][GM_LDS];
+    __half b[GQ_STAGES][GM_BN][GM_LDS];
+};
+template <int BM> union gemmq_smem {
+    gemmq_tiles<BM> t;
+    float           c[BM][GM_LDC];
+};
+
+/* The f16 values of one decoded lane into row `row` of a weight tile (zeros past the end). */
+template <int T>
+static __device__ __forceinline__ void gemmq_put(__half (*b)[GM_LDS], int row, int s, const sub8 &d,
+                                                 bool in)
+{
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        v[k] = in ? exact_value<T>(d, k) : 0.0f;
+    __half2 *lo = reinterpret_cast<__half2 *>(&b[row][4 * s]);
+    __half2 *hi = reinterpret_cast<__half2 *>(&b[row][16 + 4 * s]);
+    lo[0] = __floats2half2_rn(v[0], v[1]);
+    lo[1] = __floats2half2_rn(v[2], v[3]);
+    hi[0] = __floats2half2_rn(v[4], v[5]);
+    hi[1] = __floats2half2_rn(v[6], v[7]);
+}
+
+template <int T, bool A4, int BM, bool TILES>
+__global__ void __launch_bounds__(GM_THREADS)
+    k_gemm_q(const uint8_t *__restrict__ w, size_t expert_bytes, size_t row_bytes, int64_t rows,
+             int64_t cols, const __half *__restrict__ x, int64_t n,
+             const struct gpu_mm_tile *__restrict__ tiles, const int32_t *__restrict__ items,
+             int32_t x_div, float *__restrict__ y, int64_t y_stride)
+{
+    using namespace nvcuda;
+    constexpr int FM = BM / 32; /* fragments per warp down the tokens */
+    __shared__ __align__(128) gemmq_smem<BM> sm;
+    __shared__ int64_t xrow[BM], yrow[BM]; /* the block's activation and output rows (-1: none) */
+    const int64_t      r0 = static_cast<int64_t>(blockIdx.x) * GM_BN;
+    const int          warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int          wm = (warp >> 2) * (BM / 2), wn = (warp & 3) * 32;
+    const int64_t      nk = cols / QK;
+    const uint8_t     *wbase = w;
+    if (TILES) {
+        const struct gpu_mm_tile tl = tiles[blockIdx.y];
+        wbase = w + static_cast<int64_t>(tl.expert) * static_cast<int64_t>(expert_bytes);
+        for (int i = tid; i < BM; i += GM_THREADS) {
+            const int32_t it = i < tl.count ? __ldg(items + tl.first + i) : -1;
+            xrow[i] = it < 0 ? -1 : it / x_div;
+            yrow[i] = it;
+        }
+    } else {
+        const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM;
+        for (int i = tid; i < BM; i += GM_THREADS) {
+            xrow[i] = t0 + i < n ? t0 + i : -1;
+            yrow[i] = xrow[i];
+        }
+    }
+    __syncthreads();
+
+    /* this thread's two weight tasks: rows wr[i] of the tile, lane ws[i] */
+    int            wr[2], ws[2];
+    bool           win[2];
+    const uint8_t *wrow[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int idx = tid + i * GM_THREADS;
+        wr[i] = idx >> 2;
+        ws[i] = idx & 3;
+        win[i] = r0 + wr[i] < rows;
+        wrow[i] = wbase + (win[i] ? (r0 + wr[i]) : 0) * static_cast<int64_t>(row_bytes);
+    }
+    auto load_a = [&](int st, int64_t kt) {
+        for (int idx = tid; idx < BM * 4; idx += GM_THREADS) {
+            const int     row = idx >> 2, ch = idx & 3;
+            const int64_t xr = xrow[row];
+            const __half *src = xr >= 0 ? x + xr * cols + kt * QK + ch * 8 : x;
+            __pipeline_memcpy_async(&sm.t.a[st][row][ch * 8], src, 16, xr >= 0 ? 0 : 16);
+        }
+        __pipeline_commit();
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][2];
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+
+    sub8 dw[2];
+    load_a(0, 0);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        decode8<T>(wrow[i], 0, ws[i], dw[i], A4);
+        gemmq_put<T>(sm.t.b[0], wr[i], ws[i], dw[i], win[i]);
+    }
+    for (int64_t kt = 0; kt < nk; kt++) {
+        const int st = static_cast<int>(kt & 1);
+        /* Step kt's tiles are in (this thread's copies waited for, everyone's stores behind the
+         * barrier), and everyone is past step kt - 1, whose stage the next step fills. */
+        __pipeline_wait_prior(0);
+        __syncthreads();
+        const bool more = kt + 1 < nk;
+        if (more) {
+            load_a(st ^ 1, kt + 1);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                decode8<T>(wrow[i], kt + 1, ws[i], dw[i], A4);
+        }
+#pragma unroll
+        for (int kk = 0; kk < QK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+                wmma::load_matrix_sync(fa[i], &sm.t.a[st][wm + 16 * i][kk], GM_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], &sm.t.b[st][wn + 16 * j][kk], GM_LDS);
+#pragma unroll
+            for (int i = 0; i < FM; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (more)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                gemmq_put<T>(sm.t.b[st ^ 1], wr[i], ws[i], dw[i], win[i]);
+    }
+    __syncthreads(); /* the tiles are dead: their memory takes the result */
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], GM_LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < BM * GM_BN; idx += GM_THREADS) {
+        const int     tt = idx / GM_BN, rr = idx % GM_BN;
+        const int64_t yr = yrow[tt], r = r0 + rr;
+        if (yr >= 0 && r < rows)
+            y[yr * y_stride + r] = sm.c[tt][rr];
+    }
+}
+
 /* ---- host side ------------------------------------------------------------------------------- */
 
 template <int T> struct type_tag {
@@ -1251,4 +1407,40 @@ int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_
                                                       cols, reinterpret_cast<const __half *>(x16),
                                                       n, y, y_stride);
     return GPU_LAUNCHED("k_gemm_f16");
+}
+
+int cuda_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
+                int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
+                int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride)
+{
+    static const char what[] = "gpu_gemm_q: unsupported type or bad arguments";
+    return with_qtype(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        const bool    by_tiles = tiles != nullptr;
+        if (!row_fits<T>(cols, row_bytes) || cols % QK != 0 || rows < 0 || n < 0 || n_tiles < 0 ||
+            (by_tiles && (x_div < 1 || !items)) || y_stride < rows ||
+            (by_tiles && static_cast<uint64_t>(rows) * row_bytes > expert_bytes))
+            return bad(what);
+        const int64_t blocks_y = by_tiles ? n_tiles : (n + 63) / 64;
+        if (rows == 0 || blocks_y == 0)
+            return 0;
+        if (cols == 0 || !w || !x16 || !y || (reinterpret_cast<uintptr_t>(x16) & 15) != 0 ||
+            blocks_y > GRID_Y_MAX)
+            return bad(what);
+        const dim3   grid(gpu_blocks(rows, GM_BN), static_cast<unsigned>(blocks_y));
+        const size_t eb = by_tiles ? expert_bytes : 0;
+        with_a4<T>(blocks_a4(w, row_bytes, eb), [&](auto a4) {
+            constexpr bool A4 = decltype(a4)::value;
+            const auto    *wq = static_cast<const uint8_t *>(w);
+            const auto    *xh = reinterpret_cast<const __half *>(x16);
+            if (by_tiles)
+                k_gemm_q<T, A4, GPU_MM_TILE, true><<<grid, GM_THREADS, 0, gpu_stream()>>>(
+                    wq, expert_bytes, row_bytes, rows, cols, xh, n, tiles, items, x_div, y,
+                    y_stride);
+            else
+                k_gemm_q<T, A4, 64, false><<<grid, GM_THREADS, 0, gpu_stream()>>>(
+                    wq, 0, row_bytes, rows, cols, xh, n, nullptr, nullptr, 1, y, y_stride);
+        });
+        return GPU_LAUNCHED("k_gemm_q");
+    });
 }

@@ -897,3 +897,168 @@ Test(executor_cuda_quant, gemm_f16_matches_reference)
                 free(y);
             }
 }
+
+/* The f16 values of a type's dequantized weights (what gpu_gemm_q's tiles hold) and of the
+ * activations, in place, with their f16 images of the activations in x16. */
+static void round_f16(float *w, size_t nw, float *x, uint16_t *x16, size_t nx)
+{
+    for (size_t i = 0; i < nw; i++)
+        w[i] = executor_fp16_to_fp32(executor_fp32_to_fp16(w[i]));
+    for (size_t i = 0; i < nx; i++) {
+        x16[i] = executor_fp32_to_fp16(x[i]);
+        x[i] = executor_fp16_to_fp32(x16[i]);
+    }
+}
+
+/* The double products (and sums of |w x|) of `rows` weight rows with one activation row. */
+static void dot_reference(const float *w, int64_t rows, int64_t cols, const float *x, double *ref,
+                          double *mag)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0.0, m = 0.0;
+        for (int64_t c = 0; c < cols; c++) {
+            const double p = (double)w[r * cols + c] * (double)x[c];
+            s += p;
+            m += fabs(p);
+        }
+        ref[r] = s;
+        mag[r] = m;
+    }
+}
+
+/* Description: gpu_gemm_q (the matmul that decodes quantized weights itself) for every quantized
+ * type against the double product of the f16-rounded dequantized weights and f16 activations:
+ * partial tiles in rows (1, 127, 128, 129, 257) and tokens (1, 17, 63, 64, 65, 130), one block to
+ * several super-blocks of columns, y_stride > rows; every output written, no padding. */
+Test(executor_cuda_quant, gemm_q_matches_reference, .timeout = 600)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 127, 128, 129, 257};
+    static const int64_t n_list[] = {1, 17, 63, 64, 65, 130};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const uint32_t blck = common_ggml_type_get(type)->blck;
+        const int64_t  cols_list[] = {blck == 256 ? 256 : 32, 1280};
+        for (size_t ci = 0; ci < 2; ci++) {
+            const int64_t cols = cols_list[ci];
+            uint8_t      *wq;
+            float        *wd;
+            make_weights(type, QT_MAX_ROWS, cols, &wq, &wd);
+            const size_t rb = row_size(type, cols);
+            void        *dw = dev_from(wq, (size_t)QT_MAX_ROWS * rb);
+            const size_t nxx = (size_t)(130 * cols);
+            float       *xf = xmalloc(nxx * sizeof(float));
+            uint16_t    *x16 = xmalloc(nxx * 2);
+            fill_data(xf, nxx);
+            round_f16(wd, (size_t)(QT_MAX_ROWS * cols), xf, x16, nxx);
+            uint16_t *dx = dev_from(x16, nxx * 2);
+            for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
+                for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++) {
+                    const int64_t rows = rows_list[ri], n = n_list[ni], ys = rows + 3;
+                    double       *ref = xmalloc((size_t)(n * rows) * sizeof(double));
+                    double       *mag = xmalloc((size_t)(n * rows) * sizeof(double));
+                    for (int64_t t = 0; t < n; t++)
+                        dot_reference(wd, rows, cols, xf + t * cols, ref + t * rows,
+                                      mag + t * rows);
+                    const size_t ny = (size_t)(n * ys);
+                    float       *dy = dev_poisoned(ny * sizeof(float));
+                    float       *y = xmalloc(ny * sizeof(float));
+                    cr_assert_eq(
+                        gpu_gemm_q(type, dw, 0, rb, rows, cols, dx, n, NULL, 0, NULL, 1, dy, ys), 0,
+                        "%s: %s", type_name(type), gpu_last_error());
+                    dev_to(y, dy, ny * sizeof(float));
+                    char what[128];
+                    snprintf(what, sizeof(what), "gemm_q %s rows=%lld cols=%lld n=%lld",
+                             type_name(type), (long long)rows, (long long)cols, (long long)n);
+                    (void)check_outputs(what, y, ys, ref, mag, n, rows, QT_GEMM_RTOL);
+                    gpu_free(dy);
+                    free(y);
+                    free(ref);
+                    free(mag);
+                }
+            gpu_free(dx);
+            gpu_free(dw);
+            free(xf);
+            free(x16);
+            free(wq);
+            free(wd);
+        }
+    }
+}
+
+/* Description: gpu_gemm_q by tiles over three experts (padded apart): tiles of 5, 32 (full), 1
+ * and 20 items of experts 2, 0, 2, 1, each item's activation row item / 3, against the double
+ * reference; every row an item names written, the others (and the padding) not. */
+Test(executor_cuda_quant, gemm_q_tiles_match_reference, .timeout = 300)
+{
+    gpu_or_skip();
+    static const int64_t            rows_list[] = {1, 129, 257};
+    static const struct gpu_mm_tile tiles[] = {
+        {2, 0, 5}, {0, 5, GPU_MM_TILE}, {2, 5 + GPU_MM_TILE, 1}, {1, 6 + GPU_MM_TILE, 20}};
+    enum { N_ITEMS = 26 + GPU_MM_TILE, N_Y = N_ITEMS + 9, X_DIV = 3 };
+    const int64_t n_x = N_Y / X_DIV + 1;
+    int32_t       items[N_ITEMS];
+    bool          named[N_Y] = {false};
+    for (int32_t i = 0; i < N_ITEMS; i++) { /* distinct rows of y, scrambled */
+        items[i] = (i * 37 + 5) % N_Y;
+        cr_assert(!named[items[i]]);
+        named[items[i]] = true;
+    }
+    int32_t            *d_items = dev_from(items, sizeof(items));
+    struct gpu_mm_tile *d_tiles = dev_from(tiles, sizeof(tiles));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const int64_t cols = 512;
+        for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
+            const int64_t     rows = rows_list[ri], ys = rows + 3;
+            struct qt_experts ex;
+            experts_make(type, rows, cols, &ex);
+            const size_t nxx = (size_t)(n_x * cols);
+            float       *xf = xmalloc(nxx * sizeof(float));
+            uint16_t    *x16 = xmalloc(nxx * 2);
+            fill_data(xf, nxx);
+            for (int e = 0; e < 3; e++)
+                round_f16(ex.wd[e], (size_t)(rows * cols), NULL, NULL, 0);
+            round_f16(NULL, 0, xf, x16, nxx);
+            uint16_t    *dx = dev_from(x16, nxx * 2);
+            const size_t ny = (size_t)(N_Y * ys);
+            float       *dy = dev_poisoned(ny * sizeof(float));
+            float       *y = xmalloc(ny * sizeof(float));
+            cr_assert_eq(gpu_gemm_q(type, ex.dw, ex.eb, ex.rb, rows, cols, dx, n_x, d_tiles, 4,
+                                    d_items, X_DIV, dy, ys),
+                         0, "%s: %s", type_name(type), gpu_last_error());
+            dev_to(y, dy, ny * sizeof(float));
+            double *ref = xmalloc((size_t)rows * sizeof(double));
+            double *mag = xmalloc((size_t)rows * sizeof(double));
+            for (size_t k = 0; k < 4; k++)
+                for (int32_t j = 0; j < tiles[k].count; j++) {
+                    const int32_t it = items[tiles[k].first + j];
+                    dot_reference(ex.wd[tiles[k].expert], rows, cols, xf + (it / X_DIV) * cols, ref,
+                                  mag);
+                    char what[160];
+                    snprintf(what, sizeof(what), "gemm_q tiles %s rows=%lld tile %zu item %d",
+                             type_name(type), (long long)rows, k, j);
+                    (void)check_outputs(what, y + (int64_t)it * ys, ys, ref, mag, 1, rows,
+                                        QT_GEMM_RTOL);
+                }
+            for (int64_t r = 0; r < N_Y; r++)
+                for (int64_t i = 0; !named[r] && i < ys; i++)
+                    cr_assert(is_poison(&y[r * ys + i]), "%s: row %lld, no item's, written",
+                              type_name(type), (long long)r);
+            free(ref);
+            free(mag);
+            free(y);
+            gpu_free(dy);
+            gpu_free(dx);
+            free(xf);
+            free(x16);
+            experts_free(&ex);
+        }
+    }
+    gpu_free(d_items);
+    gpu_free(d_tiles);
+}
