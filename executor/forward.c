@@ -691,7 +691,8 @@ static int fwd_batch(struct executor_ctx *c, const int32_t *tokens, uint32_t n, 
     for (uint32_t t = 0; t < n; t++)
         c->rows[t] = (struct fwd_row){.kv = &c->kv, .pos = p0 + t};
     c->err.text[0] = '\0';
-    int rc = fwd_cpu_layers(c, tokens, n);
+    const uint64_t prof = c->gpu ? gpu_prof_begin() : 0;
+    int rc = gpu_prof_end(prof, "(host: embeddings, cpu layers)", fwd_cpu_layers(c, tokens, n));
     if (rc < 0)
         return c->err.text[0] ? common_errmsg_set(e, rc, "%s", c->err.text) : rc;
     if (c->gpu) {

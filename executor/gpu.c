@@ -1733,6 +1733,7 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
                                      "weights",
                                      i, b->n, b->p0, b->row, n, b->g->n_ctx);
     }
+    const uint64_t prof = gpu_prof_begin();
     rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
     if (rc == 0 && hp->n_rot)
         rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
@@ -1764,6 +1765,7 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
     } else if (rc == 0) {
         rc = gpu_sync();
     }
+    rc = gpu_prof_end(prof, "(device step, whole)", rc);
     if (rc < 0)
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
                                  gpu_last_error());

@@ -117,6 +117,16 @@ static int prof_end(uint64_t t0, const char *name, int rc)
     return rc;
 }
 
+uint64_t gpu_prof_begin(void)
+{
+    return prof_begin();
+}
+
+int gpu_prof_end(uint64_t t0, const char *name, int rc)
+{
+    return prof_end(t0, name, rc);
+}
+
 bool gpu_built(void)
 {
     return be() != NULL;

@@ -56,6 +56,13 @@ int   gpu_sync(void); /* waits for every queued kernel; 0 or -1 (a kernel failed
  * counting bytes read and written; 0 when it could not be measured. */
 double gpu_membw_probe(size_t bytes);
 
+/* SLUICE_GPU_PROFILE (gpu_backend.c): with it set, every operation below waits for the device
+ * before and after it and its time goes to a table printed at exit. A region of other code is
+ * timed the same way between t0 = gpu_prof_begin() (0 when not profiling) and
+ * gpu_prof_end(t0, name, rc), which returns rc. */
+uint64_t gpu_prof_begin(void);
+int      gpu_prof_end(uint64_t t0, const char *name, int rc);
+
 /* ---- copies beside the kernels (executor/cuda/device.cu) ---------------------------------- */
 /* A second stream, the copy stream, carries host-to-device copies beside the kernels' stream.
  * Events order the two: kernels queued after gpu_stream_wait(ev) run once the copies queued
