@@ -1061,8 +1061,12 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
     if (g->mm_only && gpu_gemm_q_path(g, type, cols))
         return gpu_gemm_q(type, w, 0, row_bytes, rows, cols, g->x16, n, NULL, 0, NULL, 1, y,
                           y_stride);
-    for (int64_t r0 = 0; r0 < rows; r0 += GPU_GEMM_ROWS) {
-        const int64_t   nr = rows - r0 < GPU_GEMM_ROWS ? rows - r0 : GPU_GEMM_ROWS;
+    /* As many rows at once as the f16 scratch holds (GPU_GEMM_ROWS of the widest row): a whole
+     * FFN matrix, one launch each. */
+    const int64_t chunk =
+        (int64_t)GPU_GEMM_ROWS * (int64_t)gpu_widths_of(&g->m->desc->hp).cols / cols;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        const int64_t   nr = rows - r0 < chunk ? rows - r0 : chunk;
         const uint8_t  *wr = (const uint8_t *)w + (size_t)r0 * row_bytes;
         const uint16_t *w16 = (const uint16_t *)(const void *)wr;
         if (type != COMMON_GGML_TYPE_F16) {

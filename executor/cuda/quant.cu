@@ -779,37 +779,41 @@ static __global__ void __launch_bounds__(CV_THREADS)
 
 /* ---- tensor-core matmul ---------------------------------------------------------------------- */
 
-/* Block tile: GM_BM activation rows (tokens) x GM_BN weight rows, GM_BK columns per step, through
- * a GM_STAGES-deep cp.async ring in shared memory (rows padded to GM_LDS halves so that the
- * fragment loads hit distinct banks). Eight warps in 2 x 4, each 32 x 32 (2 x 2 fragments of
- * 16 x 16 x 16, f32 accumulators). Rows past the end load as zeros; the tile goes out through
- * shared memory, where the guards and any y_stride are handled. */
-#define GM_BM      64
+/* Block tile: BM activation rows (tokens; 64, or 128 for big products) x GM_BN weight rows, GM_BK
+ * columns per step, through a GM_STAGES-deep cp.async ring in shared memory (rows padded to
+ * GM_LDS halves so that the fragment loads hit distinct banks). Eight warps in 2 x 4, each
+ * (BM / 2) x 32 (BM / 32 x 2 fragments of 16 x 16 x 16, f32 accumulators). Rows past the end load
+ * as zeros; the tile goes out through shared memory, where the guards and any y_stride are
+ * handled. BM = 128 needs more than 48 KiB of shared memory: dynamic, opted in once. */
 #define GM_BN      128
 #define GM_BK      32
 #define GM_STAGES  3
 #define GM_LDS     (GM_BK + 8)
 #define GM_LDC     (GM_BN + 4)
 #define GM_THREADS 256
+#define GM_BIG_MIN 264 /* blocks of 128 tokens from which the bigger tile is taken (2 per SM) */
 
-struct gemm_tiles {
-    __half a[GM_STAGES][GM_BM][GM_LDS]; /* activations: [token][column] */
+template <int BM> struct gemm_tiles {
+    __half a[GM_STAGES][BM][GM_LDS];    /* activations: [token][column] */
     __half b[GM_STAGES][GM_BN][GM_LDS]; /* weights: [row][column] */
 };
-union gemm_smem {
-    gemm_tiles t;
-    float      c[GM_BM][GM_LDC]; /* the finished tile: [token][row] */
+template <int BM> union gemm_smem {
+    gemm_tiles<BM> t;
+    float          c[BM][GM_LDC]; /* the finished tile: [token][row] */
 };
-static_assert(sizeof(gemm_smem) <= 48 * 1024, "gemm tiles exceed static shared memory");
+static_assert(sizeof(gemm_smem<64>) <= 48 * 1024, "gemm tiles exceed static shared memory");
 
 /* Queues the copies of step k0's tiles into stage st (16 bytes each, zeros past the ends). */
-static __device__ __forceinline__ void gemm_load(gemm_smem &sm, int st, const __half *w,
+template <int BM>
+static __device__ __forceinline__ void gemm_load(gemm_smem<BM> &sm, int st, const __half *w,
                                                  int64_t rows, const __half *x, int64_t n,
                                                  int64_t cols, int64_t r0, int64_t t0, int64_t k0)
 {
     const int tid = threadIdx.x;
-    {
-        const int     row = tid >> 2, ch = tid & 3; /* 64 rows x 4 pieces: one each */
+#pragma unroll
+    for (int i = 0; i < BM * 4 / GM_THREADS; i++) { /* BM rows x 4 pieces */
+        const int     idx = tid + i * GM_THREADS;
+        const int     row = idx >> 2, ch = idx & 3;
         const bool    in = t0 + row < n;
         const __half *src = in ? x + (t0 + row) * cols + k0 + ch * 8 : x;
         __pipeline_memcpy_async(&sm.t.a[st][row][ch * 8], src, 16, in ? 0 : 16);
@@ -824,21 +828,24 @@ static __device__ __forceinline__ void gemm_load(gemm_smem &sm, int st, const __
     }
 }
 
+template <int BM>
 static __global__ void __launch_bounds__(GM_THREADS)
     k_gemm_f16(const __half *__restrict__ w, int64_t rows, int64_t cols,
                const __half *__restrict__ x, int64_t n, float *__restrict__ y, int64_t y_stride)
 {
     using namespace nvcuda;
-    __shared__ __align__(128) gemm_smem sm;
-    const int64_t                       r0 = static_cast<int64_t>(blockIdx.x) * GM_BN;
-    const int64_t                       t0 = static_cast<int64_t>(blockIdx.y) * GM_BM;
-    const int                           warp = threadIdx.x >> 5;
-    const int     wm = (warp >> 2) * 32, wn = (warp & 3) * 32; /* the warp's tile corner */
+    constexpr int     FM = BM / 32;
+    extern __shared__ __align__(128) unsigned char gm_raw[];
+    gemm_smem<BM>                                 &sm = *reinterpret_cast<gemm_smem<BM> *>(gm_raw);
+    const int64_t                                  r0 = static_cast<int64_t>(blockIdx.x) * GM_BN;
+    const int64_t                                  t0 = static_cast<int64_t>(blockIdx.y) * BM;
+    const int                                      warp = threadIdx.x >> 5;
+    const int     wm = (warp >> 2) * (BM / 2), wn = (warp & 3) * 32; /* the warp's tile corner */
     const int64_t nk = cols / GM_BK;
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][2];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FM; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
             wmma::fill_fragment(acc[i][j], 0.0f);
@@ -846,7 +853,7 @@ static __global__ void __launch_bounds__(GM_THREADS)
 #pragma unroll
     for (int st = 0; st < GM_STAGES - 1; st++) {
         if (st < nk)
-            gemm_load(sm, st, w, rows, x, n, cols, r0, t0, st * GM_BK);
+            gemm_load<BM>(sm, st, w, rows, x, n, cols, r0, t0, st * GM_BK);
         __pipeline_commit();
     }
     for (int64_t kt = 0; kt < nk; kt++) {
@@ -856,22 +863,22 @@ static __global__ void __launch_bounds__(GM_THREADS)
         __syncthreads();
         const int64_t next = kt + GM_STAGES - 1;
         if (next < nk)
-            gemm_load(sm, static_cast<int>(next % GM_STAGES), w, rows, x, n, cols, r0, t0,
-                      next * GM_BK);
+            gemm_load<BM>(sm, static_cast<int>(next % GM_STAGES), w, rows, x, n, cols, r0, t0,
+                          next * GM_BK);
         __pipeline_commit();
         const int st = static_cast<int>(kt % GM_STAGES);
 #pragma unroll
         for (int kk = 0; kk < GM_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < FM; i++)
                 wmma::load_matrix_sync(fa[i], &sm.t.a[st][wm + 16 * i][kk], GM_LDS);
 #pragma unroll
             for (int j = 0; j < 2; j++)
                 wmma::load_matrix_sync(fb[j], &sm.t.b[st][wn + 16 * j][kk], GM_LDS);
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < FM; i++)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
                     wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
@@ -880,13 +887,13 @@ static __global__ void __launch_bounds__(GM_THREADS)
     __pipeline_wait_prior(0);
     __syncthreads(); /* the tiles are dead: their memory takes the result */
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FM; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
             wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], GM_LDC,
                                     wmma::mem_row_major);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < GM_BM * GM_BN; idx += GM_THREADS) {
+    for (int idx = threadIdx.x; idx < BM * GM_BN; idx += GM_THREADS) {
         const int     tt = idx / GM_BN, rr = idx % GM_BN;
         const int64_t t = t0 + tt, r = r0 + rr;
         if (t < n && r < rows)
@@ -1400,12 +1407,30 @@ int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_
     if (rows == 0 || n == 0)
         return 0;
     if (!w16 || !x16 || !y || (reinterpret_cast<uintptr_t>(w16) & 15) != 0 ||
-        (reinterpret_cast<uintptr_t>(x16) & 15) != 0 || (n + GM_BM - 1) / GM_BM > GRID_Y_MAX)
+        (reinterpret_cast<uintptr_t>(x16) & 15) != 0 || (n + 63) / 64 > GRID_Y_MAX)
         return bad(what);
-    const dim3 grid(gpu_blocks(rows, GM_BN), gpu_blocks(n, GM_BM));
-    k_gemm_f16<<<grid, GM_THREADS, 0, gpu_stream()>>>(reinterpret_cast<const __half *>(w16), rows,
-                                                      cols, reinterpret_cast<const __half *>(x16),
-                                                      n, y, y_stride);
+    const auto *wh = reinterpret_cast<const __half *>(w16);
+    const auto *xh = reinterpret_cast<const __half *>(x16);
+    /* 128 tokens a block where that still gives two blocks an SM (the FFN products of a
+     * prefill), else 64. */
+    if (static_cast<int64_t>(gpu_blocks(rows, GM_BN)) * gpu_blocks(n, 128) >= GM_BIG_MIN) {
+        static bool opted;
+        if (!opted) {
+            if (gpu_record(cudaFuncSetAttribute(k_gemm_f16<128>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(sizeof(gemm_smem<128>))),
+                           "k_gemm_f16 shared memory") < 0)
+                return -1;
+            opted = true;
+        }
+        const dim3 grid(gpu_blocks(rows, GM_BN), gpu_blocks(n, 128));
+        k_gemm_f16<128><<<grid, GM_THREADS, sizeof(gemm_smem<128>), gpu_stream()>>>(
+            wh, rows, cols, xh, n, y, y_stride);
+    } else {
+        const dim3 grid(gpu_blocks(rows, GM_BN), gpu_blocks(n, 64));
+        k_gemm_f16<64><<<grid, GM_THREADS, sizeof(gemm_smem<64>), gpu_stream()>>>(
+            wh, rows, cols, xh, n, y, y_stride);
+    }
     return GPU_LAUNCHED("k_gemm_f16");
 }
 

@@ -834,10 +834,63 @@ Test(executor_cuda_quant, f32_to_f16_matches_reference_bits)
         }
 }
 
+/* gpu_gemm_f16 of random f16 inputs against their double product (see below). */
+static void gemm_f16_case(int64_t rows, int64_t cols, int64_t n)
+{
+    const int64_t ys = rows + 3;
+    const size_t  nw = (size_t)(rows * cols), nxx = (size_t)(n * cols);
+    float        *wf = xmalloc(nw * sizeof(float)), *xf = xmalloc(nxx * sizeof(float));
+    uint16_t     *w16 = xmalloc(nw * 2), *x16 = xmalloc(nxx * 2);
+    fill_data(wf, nw);
+    fill_data(xf, nxx);
+    for (size_t i = 0; i < nw; i++) {
+        w16[i] = executor_fp32_to_fp16(wf[i]);
+        wf[i] = executor_fp16_to_fp32(w16[i]);
+    }
+    for (size_t i = 0; i < nxx; i++) {
+        x16[i] = executor_fp32_to_fp16(xf[i]);
+        xf[i] = executor_fp16_to_fp32(x16[i]);
+    }
+    double *ref = xmalloc((size_t)(n * rows) * sizeof(double));
+    double *mag = xmalloc((size_t)(n * rows) * sizeof(double));
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double sum = 0.0, m = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                const double p = (double)wf[r * cols + c] * (double)xf[t * cols + c];
+                sum += p;
+                m += fabs(p);
+            }
+            ref[t * rows + r] = sum;
+            mag[t * rows + r] = m;
+        }
+    uint16_t    *dw = dev_from(w16, nw * 2), *dx = dev_from(x16, nxx * 2);
+    const size_t ny = (size_t)(n * ys);
+    float       *dy = dev_poisoned(ny * sizeof(float));
+    float       *y = xmalloc(ny * sizeof(float));
+    cr_assert_eq(gpu_gemm_f16(dw, rows, cols, dx, n, dy, ys), 0, "%s", gpu_last_error());
+    dev_to(y, dy, ny * sizeof(float));
+    char what[128];
+    snprintf(what, sizeof(what), "gemm_f16 rows=%lld cols=%lld n=%lld", (long long)rows,
+             (long long)cols, (long long)n);
+    (void)check_outputs(what, y, ys, ref, mag, n, rows, QT_GEMM_RTOL);
+    gpu_free(dw);
+    gpu_free(dx);
+    gpu_free(dy);
+    free(wf);
+    free(xf);
+    free(w16);
+    free(x16);
+    free(ref);
+    free(mag);
+    free(y);
+}
+
 /* Description: gpu_gemm_f16 against the double product of the same f16 inputs, with partial tiles
  * in rows and tokens, one to sixteen steps of 32 columns, y_stride > rows; every output written,
- * no padding. */
-Test(executor_cuda_quant, gemm_f16_matches_reference)
+ * no padding. Then products big enough for the tile of 128 tokens (at least 264 such blocks),
+ * with partial tiles. */
+Test(executor_cuda_quant, gemm_f16_matches_reference, .timeout = 300)
 {
     gpu_or_skip();
     static const int64_t rows_list[] = {1, 33, 64, 257};
@@ -845,57 +898,11 @@ Test(executor_cuda_quant, gemm_f16_matches_reference)
     static const int64_t cols_list[] = {32, 96, 512};
     for (size_t ci = 0; ci < sizeof(cols_list) / sizeof(cols_list[0]); ci++)
         for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++)
-            for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++) {
-                const int64_t cols = cols_list[ci], rows = rows_list[ri], n = n_list[ni];
-                const int64_t ys = rows + 3;
-                const size_t  nw = (size_t)(rows * cols), nxx = (size_t)(n * cols);
-                float        *wf = xmalloc(nw * sizeof(float)), *xf = xmalloc(nxx * sizeof(float));
-                uint16_t     *w16 = xmalloc(nw * 2), *x16 = xmalloc(nxx * 2);
-                fill_data(wf, nw);
-                fill_data(xf, nxx);
-                for (size_t i = 0; i < nw; i++) {
-                    w16[i] = executor_fp32_to_fp16(wf[i]);
-                    wf[i] = executor_fp16_to_fp32(w16[i]);
-                }
-                for (size_t i = 0; i < nxx; i++) {
-                    x16[i] = executor_fp32_to_fp16(xf[i]);
-                    xf[i] = executor_fp16_to_fp32(x16[i]);
-                }
-                double *ref = xmalloc((size_t)(n * rows) * sizeof(double));
-                double *mag = xmalloc((size_t)(n * rows) * sizeof(double));
-                for (int64_t t = 0; t < n; t++)
-                    for (int64_t r = 0; r < rows; r++) {
-                        double s = 0.0, m = 0.0;
-                        for (int64_t c = 0; c < cols; c++) {
-                            const double p = (double)wf[r * cols + c] * (double)xf[t * cols + c];
-                            s += p;
-                            m += fabs(p);
-                        }
-                        ref[t * rows + r] = s;
-                        mag[t * rows + r] = m;
-                    }
-                uint16_t    *dw = dev_from(w16, nw * 2), *dx = dev_from(x16, nxx * 2);
-                const size_t ny = (size_t)(n * ys);
-                float       *dy = dev_poisoned(ny * sizeof(float));
-                float       *y = xmalloc(ny * sizeof(float));
-                cr_assert_eq(gpu_gemm_f16(dw, rows, cols, dx, n, dy, ys), 0, "%s",
-                             gpu_last_error());
-                dev_to(y, dy, ny * sizeof(float));
-                char what[128];
-                snprintf(what, sizeof(what), "gemm_f16 rows=%lld cols=%lld n=%lld", (long long)rows,
-                         (long long)cols, (long long)n);
-                (void)check_outputs(what, y, ys, ref, mag, n, rows, QT_GEMM_RTOL);
-                gpu_free(dw);
-                gpu_free(dx);
-                gpu_free(dy);
-                free(wf);
-                free(xf);
-                free(w16);
-                free(x16);
-                free(ref);
-                free(mag);
-                free(y);
-            }
+            for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++)
+                gemm_f16_case(rows_list[ri], cols_list[ci], n_list[ni]);
+    gemm_f16_case(16900, 64, 130);
+    gemm_f16_case(33800 + 5, 96, 100);
+    gemm_f16_case(4225, 32, 1000);
 }
 
 /* The f16 values of a type's dequantized weights (what gpu_gemm_q's tiles hold) and of the
