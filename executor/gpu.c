@@ -128,10 +128,12 @@ struct executor_gpu {
     bool         mv_only;    /* products of any row count on the matvec kernels (gpu_moe_grouped) */
     bool         gemm_q_off; /* SLUICE_NO_GEMM_Q: matmuls over f16 copies of the weights */
     bool         mm_only;    /* products of any row count on the matmul (gpu_moe_grouped) */
+    bool         device_sort; /* SLUICE_MOE_DEVICE_SORT: gpu_moe_tiles sorts on the device */
     /* The decode step of this sequence alone as a CUDA graph (gpu_graph_step): captured at the
      * first such step, replayed after, the position read from pos_d. */
     struct gpu_graph *graph;
     uint32_t         *pos_d;
+    int32_t          *n_tiles_d; /* gpu_moe_sort's count of tiles */
     bool              capturing, graph_off;
     uint64_t          graph_steps;
     int32_t          *sel, *items, *rows;
@@ -815,6 +817,7 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->xq = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * F, c)) &&
          (g->xq8 = gpu_take(a, gpu_q8_bytes(B, &w), c)) &&
          (g->pos_d = gpu_take(a, sizeof(uint32_t), c)) &&
+         (g->n_tiles_d = gpu_take(a, sizeof(int32_t), c)) &&
          (g->groups = gpu_take(a, 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group), c)) &&
          (g->x16 = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * sizeof(uint16_t), c)) &&
          (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
@@ -871,6 +874,7 @@ int executor_gpu_create(const struct executor_model *m, const struct executor_gp
     g->il0 = shared->il0;
     g->head = shared->head;
     g->gemm_q_off = getenv("SLUICE_NO_GEMM_Q") != NULL;
+    g->device_sort = getenv("SLUICE_MOE_DEVICE_SORT") != NULL;
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
     if ((rc = gpu_put_scratch(g, e)) < 0) {
@@ -1348,9 +1352,11 @@ static bool gpu_tiles_experts(const struct executor_gpu *g, const struct gpu_lay
 }
 
 /* The routed experts of a step of many rows (a prefill), every expert resident, on the tensor
- * cores: the router's picks brought to the host once, each expert's (token, slot) items cut into
- * tiles of up to GPU_MM_TILE, then one gpu_gemm_q launch per part over every tile (each expert's
- * quantized rows read once per tile), swiglu over all items, outputs into g->moe_y by item. */
+ * cores: the router's picks sorted by expert (brought to the host, or with
+ * SLUICE_MOE_DEVICE_SORT=1 on the device, gpu_moe_sort, without a round trip), each expert's
+ * (token, slot) items cut into tiles of up to GPU_MM_TILE, then one gpu_gemm_q launch per part
+ * over every tile (each expert's quantized rows read once per tile), swiglu over all items,
+ * outputs into g->moe_y by item. */
 static int gpu_moe_tiles(struct executor_gpu *g, uint32_t il, uint32_t n)
 {
     const struct gpu_layer      *gl = &g->w->layers[il];
@@ -1361,35 +1367,42 @@ static int gpu_moe_tiles(struct executor_gpu *g, uint32_t il, uint32_t n)
     const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
                              *xd = &gl->exps[COMMON_EXPERT_DOWN];
     const int64_t nf = xg->rows;
-    if (gpu_picks_by_expert(g, n) < 0)
-        return -1;
-    /* The tiles go where the groups would (g->groups holds more than enough of them). */
-    struct gpu_mm_tile *tl = (struct gpu_mm_tile *)(void *)g->h_groups;
-    uint32_t            nt = 0;
-    for (uint32_t x = 0; x < E; x++)
-        for (int32_t at = g->h_start[x]; at < g->h_start[x + 1]; at += GPU_MM_TILE) {
-            const int32_t left = g->h_start[x + 1] - at;
-            tl[nt++] = (struct gpu_mm_tile){.expert = (int32_t)x,
-                                            .first = at,
-                                            .count = left < GPU_MM_TILE ? left : GPU_MM_TILE};
-        }
+    /* The tiles go where the groups would (g->groups holds more than the most there can be). */
     struct gpu_mm_tile *dt = (struct gpu_mm_tile *)(void *)g->groups;
-    if (gpu_upload(dt, tl, (size_t)nt * sizeof(*tl)) < 0 ||
-        gpu_upload(g->items, g->h_items, (size_t)nk * sizeof(int32_t)) < 0)
-        return -1;
+    const int64_t       max_tiles = nk / GPU_MM_TILE + E;
+    if (g->device_sort) { /* SLUICE_MOE_DEVICE_SORT=1: not yet run on a CUDA device */
+        if (gpu_moe_sort(g->sel, nk, E, GPU_MM_TILE, g->items, dt, g->n_tiles_d) < 0)
+            return -1;
+    } else {
+        if (gpu_picks_by_expert(g, n) < 0)
+            return -1;
+        struct gpu_mm_tile *tl = (struct gpu_mm_tile *)(void *)g->h_groups;
+        int32_t             nt = 0;
+        for (uint32_t x = 0; x < E; x++)
+            for (int32_t at = g->h_start[x]; at < g->h_start[x + 1]; at += GPU_MM_TILE) {
+                const int32_t left = g->h_start[x + 1] - at;
+                tl[nt++] = (struct gpu_mm_tile){.expert = (int32_t)x,
+                                                .first = at,
+                                                .count = left < GPU_MM_TILE ? left : GPU_MM_TILE};
+            }
+        if (gpu_upload(dt, tl, (size_t)nt * sizeof(*tl)) < 0 ||
+            gpu_upload(g->items, g->h_items, (size_t)nk * sizeof(int32_t)) < 0 ||
+            gpu_upload(g->n_tiles_d, &nt, sizeof(nt)) < 0)
+            return -1;
+    }
     g->q8_src = NULL;
     const float *xr = gpu_round_for(g, xg->type, g->xn, ne, n, ne);
     if (!xr || gpu_f32_to_f16(xr, ne, n, ne, g->x16) < 0 ||
-        gpu_gemm_q(xg->type, xg->d, xg->bytes, xg->row_bytes, nf, ne, g->x16, n, dt, nt, g->items,
-                   (int32_t)K, g->ga, nf) < 0 ||
-        gpu_gemm_q(xu->type, xu->d, xu->bytes, xu->row_bytes, nf, ne, g->x16, n, dt, nt, g->items,
-                   (int32_t)K, g->up, nf) < 0 ||
+        gpu_gemm_q_used(xg->type, xg->d, xg->bytes, xg->row_bytes, nf, ne, g->x16, dt, max_tiles,
+                        g->n_tiles_d, g->items, (int32_t)K, g->ga, nf) < 0 ||
+        gpu_gemm_q_used(xu->type, xu->d, xu->bytes, xu->row_bytes, nf, ne, g->x16, dt, max_tiles,
+                        g->n_tiles_d, g->items, (int32_t)K, g->up, nf) < 0 ||
         gpu_swiglu(g->ga, g->up, (int64_t)nk * nf, false) < 0)
         return -1;
     const float *hr = gpu_round_for(g, xd->type, g->ga, nf, nk, nf);
     return hr && gpu_f32_to_f16(hr, nf, nk, nf, g->x16) == 0 &&
-                   gpu_gemm_q(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf, g->x16, nk,
-                              dt, nt, g->items, 1, g->moe_y, ne) == 0
+                   gpu_gemm_q_used(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf, g->x16,
+                                   dt, max_tiles, g->n_tiles_d, g->items, 1, g->moe_y, ne) == 0
                ? 0
                : -1;
 }

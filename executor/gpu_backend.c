@@ -332,8 +332,21 @@ int gpu_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_byt
     const uint64_t t0 = prof_begin();
     return prof_end(t0, tiles ? "gemm_q_tiles" : "gemm_q",
                     be() ? be()->gemm_q(type, w, expert_bytes, row_bytes, rows, cols, x16, n, tiles,
-                                        n_tiles, items, x_div, y, y_stride)
+                                        n_tiles, NULL, items, x_div, y, y_stride)
                          : -1);
+}
+
+int gpu_gemm_q_used(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                    int64_t rows, int64_t cols, const uint16_t *x16,
+                    const struct gpu_mm_tile *tiles, int64_t n_tiles, const int32_t *n_used,
+                    const int32_t *items, int32_t x_div, float *y, int64_t y_stride)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "gemm_q_tiles",
+                    be() && tiles && n_used
+                        ? be()->gemm_q(type, w, expert_bytes, row_bytes, rows, cols, x16, 0, tiles,
+                                       n_tiles, n_used, items, x_div, y, y_stride)
+                        : -1);
 }
 
 bool gpu_matvec_q8_supported(uint32_t type)
@@ -508,6 +521,14 @@ int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32
         t0, "moe_route",
         be() ? be()->moe_route(logits, bias, n_tok, n_expert, k, gating, norm, scale, sel, sel_w)
              : -1);
+}
+
+int gpu_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
+                 struct gpu_mm_tile *tiles, int32_t *n_tiles)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "moe_sort",
+                    be() ? be()->moe_sort(sel, n, n_expert, tile, items, tiles, n_tiles) : -1);
 }
 
 int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,

@@ -493,8 +493,8 @@ static int h_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uin
  * h_gemm_f16's products, row by row of the dense activations or of each tile. */
 static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                     int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
-                    const struct gpu_mm_tile *tiles, int64_t n_tiles, const int32_t *items,
-                    int32_t x_div, float *y, int64_t y_stride)
+                    const struct gpu_mm_tile *tiles, int64_t n_tiles, const int32_t *n_used,
+                    const int32_t *items, int32_t x_div, float *y, int64_t y_stride)
 {
     static const char what[] = "gpu_gemm_q: unsupported type or bad arguments";
     const bool        by_tiles = tiles != NULL;
@@ -516,6 +516,8 @@ static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t ro
         return h_bad("gpu_gemm_q: out of host memory");
     }
     int rc = 0;
+    if (by_tiles && n_used && *n_used < n_tiles)
+        n_tiles = *n_used < 0 ? 0 : *n_used; /* the tiles the sort made */
     for (int64_t b = 0; b < (by_tiles ? n_tiles : 1) && rc == 0; b++) {
         const struct gpu_mm_tile dense = {.expert = 0, .first = 0, .count = (int32_t)n};
         const struct gpu_mm_tile tl = by_tiles ? tiles[b] : dense;
@@ -1010,6 +1012,42 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
     return 0;
 }
 
+/* gpu_moe_sort: a counting sort, stable, the tiles in expert order. */
+static int h_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile,
+                      int32_t *items, struct gpu_mm_tile *tiles, int32_t *n_tiles)
+{
+    if (!sel || !items || !tiles || !n_tiles || n_expert == 0 || n_expert > 4096 || tile < 1 ||
+        n > INT32_MAX)
+        return h_bad("gpu_moe_sort: bad arguments");
+    int32_t *cur = calloc(n_expert, sizeof(int32_t));
+    if (!cur)
+        return h_bad("gpu_moe_sort: out of host memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t x = sel[i] < 0                     ? 0
+                          : (uint32_t)sel[i] >= n_expert ? (int32_t)n_expert - 1
+                                                         : sel[i];
+        cur[x]++;
+    }
+    int32_t at = 0, nt = 0;
+    for (uint32_t x = 0; x < n_expert; x++) {
+        const int32_t c = cur[x];
+        for (int32_t j = 0; j < c; j += tile)
+            tiles[nt++] = (struct gpu_mm_tile){
+                .expert = (int32_t)x, .first = at + j, .count = c - j < tile ? c - j : tile};
+        cur[x] = at;
+        at += c;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t x = sel[i] < 0                     ? 0
+                          : (uint32_t)sel[i] >= n_expert ? (int32_t)n_expert - 1
+                                                         : sel[i];
+        items[cur[x]++] = (int32_t)i;
+    }
+    *n_tiles = nt;
+    free(cur);
+    return 0;
+}
+
 static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                          uint32_t ne)
 {
@@ -1094,6 +1132,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .kv_store = h_kv_store,
         .attention = h_attention,
         .moe_route = h_moe_route,
+        .moe_sort = h_moe_sort,
         .moe_combine = h_moe_combine,
         .gather_rows = h_gather_rows,
         .scatter_rows = h_scatter_rows,

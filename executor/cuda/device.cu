@@ -351,6 +351,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .kv_store = cuda_kv_store,
         .attention = cuda_attention,
         .moe_route = cuda_moe_route,
+        .moe_sort = cuda_moe_sort,
         .moe_combine = cuda_moe_combine,
         .gather_rows = cuda_gather_rows,
         .scatter_rows = cuda_scatter_rows,

@@ -210,6 +210,13 @@ struct gpu_mm_tile {
 int gpu_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
                int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
                int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride);
+/* The same where the number of tiles is known on the device only (gpu_moe_sort's *n_used, device
+ * memory): tiles n_used .. n_tiles - 1 of the launch do nothing (n_tiles: the most there can be).
+ */
+int gpu_gemm_q_used(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                    int64_t rows, int64_t cols, const uint16_t *x16,
+                    const struct gpu_mm_tile *tiles, int64_t n_tiles, const int32_t *n_used,
+                    const int32_t *items, int32_t x_div, float *y, int64_t y_stride);
 
 /* ---- activations as the CPU rounds them (executor/cuda/act.cu) ---------------------------- */
 
@@ -270,6 +277,12 @@ int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32
                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
 /* x row t (width ne) += sum over j < k, in order j = 0.., of sel_w[t * k + j] * y row (t * k + j);
  * t < n_tok. */
+/* The n (token, slot) items of a step by expert, on the device: items[] (device) lists the item
+ * indices i (sel[i] their experts) expert by expert, each expert's in increasing order, and
+ * tiles[] (device) cuts each expert's run into tiles of up to `tile` items in expert order, their
+ * number in *n_tiles (device): at most n / tile + n_expert of them. */
+int gpu_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
+                 struct gpu_mm_tile *tiles, int32_t *n_tiles);
 int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                     uint32_t ne);
 /* dst row i (width, dst_stride apart) = src row rows[i] (src_stride apart), i < n; rows is device
@@ -322,9 +335,11 @@ struct gpu_backend {
     int (*f32_to_f16)(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out);
     int (*gemm_f16)(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
                     float *y, int64_t y_stride);
+    /* n_used: NULL, or gpu_gemm_q_used's count of tiles in device memory */
     int (*gemm_q)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
                   int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
-                  int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride);
+                  int64_t n_tiles, const int32_t *n_used, const int32_t *items, int32_t x_div,
+                  float *y, int64_t y_stride);
     int (*act_round)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                      float *out);
     int (*act_q8)(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
@@ -357,6 +372,8 @@ struct gpu_backend {
                      float scale, uint32_t window, float *scratch);
     int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                      uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+    int (*moe_sort)(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
+                    struct gpu_mm_tile *tiles, int32_t *n_tiles);
     int (*moe_combine)(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                        uint32_t ne);
     int (*gather_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,

@@ -38,7 +38,10 @@ int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_
                   float *y, int64_t y_stride);
 int cuda_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
                 int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
-                int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride);
+                int64_t n_tiles, const int32_t *n_used, const int32_t *items, int32_t x_div,
+                float *y, int64_t y_stride);
+int cuda_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
+                  struct gpu_mm_tile *tiles, int32_t *n_tiles);
 int cuda_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                    float *out);
 int cuda_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,

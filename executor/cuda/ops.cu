@@ -809,6 +809,72 @@ int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_to
     return GPU_LAUNCHED("ops_moe_combine_kernel");
 }
 
+/* ---- MoE items by expert ------------------------------------------------------------------ */
+
+/* One block: the items' experts counted (shared atomics), the counts' prefix sums and the
+ * tiles (thread 0, in expert order), then one warp places the items in order, 32 at a time: the
+ * lanes of an expert found by __match_any_sync, each placed after its lower peers, so that
+ * every expert's items keep their order. Expert ids out of range are clamped (the routing kernel
+ * never writes one). */
+#define OPS_SORT_THREADS 1024
+static __global__ void __launch_bounds__(OPS_SORT_THREADS)
+    ops_moe_sort_kernel(const int32_t *__restrict__ sel, uint32_t n, uint32_t n_expert,
+                        int32_t tile, int32_t *__restrict__ items,
+                        struct gpu_mm_tile *__restrict__ tiles, int32_t *__restrict__ n_tiles)
+{
+    extern __shared__ int32_t cnt[]; /* n_expert counts, then n_expert cursors */
+    int32_t                  *cur = cnt + n_expert;
+    for (uint32_t x = threadIdx.x; x < n_expert; x += blockDim.x)
+        cnt[x] = 0;
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const int32_t x = sel[i];
+        atomicAdd(&cnt[x < 0 ? 0 : (uint32_t)x >= n_expert ? n_expert - 1 : x], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t at = 0, nt = 0;
+        for (uint32_t x = 0; x < n_expert; x++) {
+            const int32_t c = cnt[x];
+            cur[x] = at;
+            for (int32_t j = 0; j < c; j += tile)
+                tiles[nt++] = {(int32_t)x, at + j, c - j < tile ? c - j : tile};
+            at += c;
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32)
+        return;
+    const unsigned lane = threadIdx.x, below = (1u << lane) - 1u;
+    for (uint32_t base = 0; base < n; base += 32) {
+        const uint32_t i = base + lane;
+        const unsigned act = __ballot_sync(OPS_FULL_MASK, i < n);
+        if (i < n) {
+            int32_t x = sel[i];
+            x = x < 0 ? 0 : (uint32_t)x >= n_expert ? (int32_t)n_expert - 1 : x;
+            const unsigned peers = __match_any_sync(act, x);
+            const int32_t  at = cur[x] + __popc(peers & below);
+            items[at] = (int32_t)i;
+            __syncwarp(act);
+            if ((peers & below) == 0) /* the lowest of its peers moves the cursor */
+                cur[x] += __popc(peers);
+        }
+        __syncwarp();
+    }
+}
+
+int cuda_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
+                  struct gpu_mm_tile *tiles, int32_t *n_tiles)
+{
+    if (!sel || !items || !tiles || !n_tiles || n_expert == 0 || n_expert > OPS_ROUTE_MAX_E ||
+        tile < 1 || n > INT32_MAX)
+        return ops_bad("gpu_moe_sort: bad arguments");
+    ops_moe_sort_kernel<<<1, OPS_SORT_THREADS, 2 * n_expert * sizeof(int32_t), gpu_stream()>>>(
+        sel, n, n_expert, tile, items, tiles, n_tiles);
+    return GPU_LAUNCHED("ops_moe_sort_kernel");
+}
+
 /* ---- row gather / scatter ----------------------------------------------------------------- */
 
 /* dst row (gather ? i : rows[i]) = src row (gather ? rows[i] : i), one thread per element. */

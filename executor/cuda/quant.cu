@@ -942,11 +942,14 @@ template <int T, bool A4, int BM, bool TILES>
 __global__ void __launch_bounds__(GM_THREADS)
     k_gemm_q(const uint8_t *__restrict__ w, size_t expert_bytes, size_t row_bytes, int64_t rows,
              int64_t cols, const __half *__restrict__ x, int64_t n,
-             const struct gpu_mm_tile *__restrict__ tiles, const int32_t *__restrict__ items,
-             int32_t x_div, float *__restrict__ y, int64_t y_stride)
+             const struct gpu_mm_tile *__restrict__ tiles, const int32_t *__restrict__ n_used,
+             const int32_t *__restrict__ items, int32_t x_div, float *__restrict__ y,
+             int64_t y_stride)
 {
     using namespace nvcuda;
     constexpr int FM = BM / 32; /* fragments per warp down the tokens */
+    if (TILES && n_used && static_cast<int32_t>(blockIdx.y) >= __ldg(n_used))
+        return; /* a tile the sort did not make */
     __shared__ __align__(128) gemmq_smem<BM> sm;
     __shared__ int64_t xrow[BM], yrow[BM]; /* the block's activation and output rows (-1: none) */
     const int64_t      r0 = static_cast<int64_t>(blockIdx.x) * GM_BN;
@@ -1436,7 +1439,8 @@ int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_
 
 int cuda_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes, int64_t rows,
                 int64_t cols, const uint16_t *x16, int64_t n, const struct gpu_mm_tile *tiles,
-                int64_t n_tiles, const int32_t *items, int32_t x_div, float *y, int64_t y_stride)
+                int64_t n_tiles, const int32_t *n_used, const int32_t *items, int32_t x_div,
+                float *y, int64_t y_stride)
 {
     static const char what[] = "gpu_gemm_q: unsupported type or bad arguments";
     return with_qtype(type, what, [&](auto tag) -> int {
@@ -1460,11 +1464,11 @@ int cuda_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_by
             const auto    *xh = reinterpret_cast<const __half *>(x16);
             if (by_tiles)
                 k_gemm_q<T, A4, GPU_MM_TILE, true><<<grid, GM_THREADS, 0, gpu_stream()>>>(
-                    wq, expert_bytes, row_bytes, rows, cols, xh, n, tiles, items, x_div, y,
+                    wq, expert_bytes, row_bytes, rows, cols, xh, n, tiles, n_used, items, x_div, y,
                     y_stride);
             else
                 k_gemm_q<T, A4, 64, false><<<grid, GM_THREADS, 0, gpu_stream()>>>(
-                    wq, 0, row_bytes, rows, cols, xh, n, nullptr, nullptr, 1, y, y_stride);
+                    wq, 0, row_bytes, rows, cols, xh, n, nullptr, nullptr, nullptr, 1, y, y_stride);
         });
         return GPU_LAUNCHED("k_gemm_q");
     });

@@ -843,6 +843,77 @@ Test(executor_cuda_ops, moe_combine_matches_reference)
 /* Row gather and scatter                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Description: gpu_moe_sort against a stable counting sort on the host: items by expert in
+ * increasing order, tiles of up to `tile` in expert order and their count; skewed and uniform
+ * picks, an expert with exactly a multiple of the tile, unused experts, one item, none. */
+Test(executor_cuda_ops, moe_sort_matches_reference)
+{
+    gpu_or_skip();
+    static const struct {
+        uint32_t n, n_expert;
+        int32_t  tile;
+        int      skew;
+    } cases[] = {{4096, 128, 32, 0}, {4096, 128, 32, 1}, {1, 8, 32, 0},  {64, 4, 32, 2},
+                 {3000, 256, 7, 0},  {40, 1, 32, 0},     {0, 16, 32, 0}, {1025, 60, 1, 1}};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+        const uint32_t n = cases[ci].n, E = cases[ci].n_expert;
+        const int32_t  tile = cases[ci].tile;
+        int32_t       *sel = xmalloc((n ? n : 1) * sizeof(int32_t));
+        for (uint32_t i = 0; i < n; i++) {
+            const uint64_t r = rng_next();
+            /* skew 1: most picks in the first eighth; skew 2: expert 1 holds exactly 2 tiles */
+            sel[i] = cases[ci].skew == 1 && r % 4 != 0 ? (int32_t)((r >> 8) % (E / 8 ? E / 8 : 1))
+                     : cases[ci].skew == 2             ? (int32_t)(i < 64 ? 1 : 3)
+                                                       : (int32_t)((r >> 8) % E);
+        }
+        /* the reference */
+        const uint32_t      max_t = n / (uint32_t)tile + E;
+        int32_t            *want = xmalloc((n ? n : 1) * sizeof(int32_t));
+        struct gpu_mm_tile *want_t = xmalloc(max_t * sizeof(*want_t));
+        int32_t             nt = 0, at = 0;
+        for (uint32_t x = 0; x < E; x++) {
+            int32_t c = 0;
+            for (uint32_t i = 0; i < n; i++)
+                if ((uint32_t)sel[i] == x)
+                    want[at + c++] = (int32_t)i;
+            for (int32_t j = 0; j < c; j += tile)
+                want_t[nt++] =
+                    (struct gpu_mm_tile){(int32_t)x, at + j, c - j < tile ? c - j : tile};
+            at += c;
+        }
+        int32_t            *dsel = dev_from(sel, (n ? n : 1) * sizeof(int32_t));
+        int32_t            *ditems = dev_poisoned((n ? n : 1) * sizeof(int32_t));
+        struct gpu_mm_tile *dtiles = dev_poisoned(max_t * sizeof(struct gpu_mm_tile));
+        int32_t            *dnt = dev_poisoned(sizeof(int32_t));
+        cr_assert_eq(gpu_moe_sort(dsel, n, E, tile, ditems, dtiles, dnt), 0, "%s",
+                     gpu_last_error());
+        int32_t            *got = xmalloc((n ? n : 1) * sizeof(int32_t)), got_nt = -1;
+        struct gpu_mm_tile *got_t = xmalloc(max_t * sizeof(*got_t));
+        dev_to(got, ditems, (n ? n : 1) * sizeof(int32_t));
+        dev_to(got_t, dtiles, max_t * sizeof(*got_t));
+        dev_to(&got_nt, dnt, sizeof(int32_t));
+        cr_assert_eq(got_nt, nt, "case %zu: %d tiles, want %d", ci, got_nt, nt);
+        for (uint32_t i = 0; i < n; i++)
+            cr_assert_eq(got[i], want[i], "case %zu: items[%u] = %d, want %d", ci, i, got[i],
+                         want[i]);
+        for (int32_t t = 0; t < nt; t++)
+            cr_assert(got_t[t].expert == want_t[t].expert && got_t[t].first == want_t[t].first &&
+                          got_t[t].count == want_t[t].count,
+                      "case %zu: tile %d = {%d, %d, %d}, want {%d, %d, %d}", ci, t, got_t[t].expert,
+                      got_t[t].first, got_t[t].count, want_t[t].expert, want_t[t].first,
+                      want_t[t].count);
+        gpu_free(dsel);
+        gpu_free(ditems);
+        gpu_free(dtiles);
+        gpu_free(dnt);
+        free(sel);
+        free(want);
+        free(want_t);
+        free(got);
+        free(got_t);
+    }
+}
+
 /* Description: rows copied by a device index array (gather with repeats, scatter to distinct
  * rows); the other rows and the padding untouched. */
 Test(executor_cuda_ops, gather_scatter_rows_copy_rows)

@@ -995,7 +995,8 @@ Test(executor_cuda_quant, gemm_q_matches_reference, .timeout = 600)
     }
 }
 
-/* Description: gpu_gemm_q by tiles over three experts (padded apart): tiles of 5, 32 (full), 1
+/* Description: gpu_gemm_q by tiles over three experts (padded apart), their number in device
+ * memory (gpu_gemm_q_used: four of six launched, the last two garbage): tiles of 5, 32 (full), 1
  * and 20 items of experts 2, 0, 2, 1, each item's activation row item / 3, against the double
  * reference; every row an item names written, the others (and the padding) not. */
 Test(executor_cuda_quant, gemm_q_tiles_match_reference, .timeout = 300)
@@ -1013,8 +1014,15 @@ Test(executor_cuda_quant, gemm_q_tiles_match_reference, .timeout = 300)
         cr_assert(!named[items[i]]);
         named[items[i]] = true;
     }
-    int32_t            *d_items = dev_from(items, sizeof(items));
-    struct gpu_mm_tile *d_tiles = dev_from(tiles, sizeof(tiles));
+    int32_t *d_items = dev_from(items, sizeof(items));
+    /* two tiles past the four that a sort made: they would write row 0 and read far away */
+    struct gpu_mm_tile all[6];
+    memcpy(all, tiles, sizeof(tiles));
+    all[4] = (struct gpu_mm_tile){1, 0, GPU_MM_TILE};
+    all[5] = (struct gpu_mm_tile){1 << 20, 1 << 20, GPU_MM_TILE};
+    const int32_t       used = 4;
+    struct gpu_mm_tile *d_tiles = dev_from(all, sizeof(all));
+    int32_t            *d_used = dev_from(&used, sizeof(used));
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const uint32_t type = g_types[ti];
         if (!gpu_matvec_q8_supported(type))
@@ -1035,8 +1043,9 @@ Test(executor_cuda_quant, gemm_q_tiles_match_reference, .timeout = 300)
             const size_t ny = (size_t)(N_Y * ys);
             float       *dy = dev_poisoned(ny * sizeof(float));
             float       *y = xmalloc(ny * sizeof(float));
-            cr_assert_eq(gpu_gemm_q(type, ex.dw, ex.eb, ex.rb, rows, cols, dx, n_x, d_tiles, 4,
-                                    d_items, X_DIV, dy, ys),
+            /* gpu_gemm_q_used: four tiles made of six launched (the last two are garbage) */
+            cr_assert_eq(gpu_gemm_q_used(type, ex.dw, ex.eb, ex.rb, rows, cols, dx, d_tiles, 6,
+                                         d_used, d_items, X_DIV, dy, ys),
                          0, "%s: %s", type_name(type), gpu_last_error());
             dev_to(y, dy, ny * sizeof(float));
             double *ref = xmalloc((size_t)rows * sizeof(double));
@@ -1068,4 +1077,5 @@ Test(executor_cuda_quant, gemm_q_tiles_match_reference, .timeout = 300)
     }
     gpu_free(d_items);
     gpu_free(d_tiles);
+    gpu_free(d_used);
 }

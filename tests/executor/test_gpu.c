@@ -227,6 +227,45 @@ Test(executor_gpu, expert_pool_logits_equal_every_expert_uploaded, .timeout = 30
     free(model_path);
 }
 
+/* The MoE prefill's picks sorted on the device (SLUICE_MOE_DEVICE_SORT=1, gpu_moe_sort) give the
+ * logits of the host's sort, bit for bit: two prefills of 40 and 100 tokens, then a decode step,
+ * on each quantized MoE fixture. */
+Test(executor_gpu, moe_device_sort_equals_host_sort, .timeout = 300)
+{
+    GPU_OR_SKIP();
+    static const char *const rels[] = {"moe-tiny/moe-tiny-q8_0.gguf",
+                                       "moe-tiny/moe-tiny-q4_k_m.gguf"};
+    for (size_t f = 0; f < sizeof(rels) / sizeof(rels[0]); f++) {
+        FIXTURE_OR_SKIP(model_path, rels[f]);
+        struct gpu_run       host, dev;
+        struct common_errmsg e = {{0}};
+        cr_assert_eq(unsetenv("SLUICE_MOE_DEVICE_SORT"), 0);
+        run_open(&host, model_path, GPU_ALL);
+        cr_assert_eq(setenv("SLUICE_MOE_DEVICE_SORT", "1", 1), 0);
+        run_open(&dev, model_path, GPU_ALL);
+        cr_assert_eq(unsetenv("SLUICE_MOE_DEVICE_SORT"), 0);
+        const uint32_t nv = executor_ctx_n_vocab(host.c);
+        int32_t        toks[141];
+        for (uint32_t i = 0; i < 141; i++)
+            toks[i] = (int32_t)(1 + (i * 71 + 3) % (nv - 1));
+        float         *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+        const uint32_t steps[][2] = {{0, 40}, {40, 100}, {140, 1}};
+        for (size_t k = 0; k < 3; k++) {
+            const uint32_t at = steps[k][0], n = steps[k][1];
+            cr_assert_eq(executor_ctx_decode(host.c, toks + at, n, la, NULL, &e), 0, "%s", e.text);
+            cr_assert_eq(executor_ctx_decode(dev.c, toks + at, n, lb, NULL, &e), 0, "%s", e.text);
+            cr_assert_eq(memcmp(la, lb, nv * sizeof(float)), 0,
+                         "%s: step %zu (%u tokens at %u): the device's sort changed the logits",
+                         rels[f], k, n, at);
+        }
+        free(la);
+        free(lb);
+        run_close(&host);
+        run_close(&dev);
+        free(model_path);
+    }
+}
+
 /* A budget below one token's experts is refused, naming what it holds and what it needs. */
 Test(executor_gpu, a_vram_budget_below_a_token_is_refused, .timeout = 60)
 {
