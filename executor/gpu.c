@@ -1287,20 +1287,38 @@ static bool gpu_q8_experts(const struct gpu_layer *gl, int64_t ne)
            gpu_q8_path(xd->type, xg->rows);
 }
 
+/* What the MoE prefill paths of layer il over n rows work with: the expert parts, the counts
+ * of experts, picks per token and items, and the widths. */
+struct gpu_moe_parts {
+    const struct gpu_experts *xg, *xu, *xd;
+    uint32_t                  E, K, nk;
+    int64_t                   ne, nf;
+};
+
+static struct gpu_moe_parts gpu_moe_parts_of(const struct executor_gpu *g, uint32_t il, uint32_t n)
+{
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const struct common_hparams *hp = &g->m->desc->hp;
+    return (struct gpu_moe_parts){.xg = &gl->exps[COMMON_EXPERT_GATE],
+                                  .xu = &gl->exps[COMMON_EXPERT_UP],
+                                  .xd = &gl->exps[COMMON_EXPERT_DOWN],
+                                  .E = hp->n_expert,
+                                  .K = hp->n_expert_used,
+                                  .nk = n * hp->n_expert_used,
+                                  .ne = hp->n_embd,
+                                  .nf = gl->exps[COMMON_EXPERT_GATE].rows};
+}
+
 /* The routed experts of a step of many rows (a prefill), every expert resident: the router's
  * picks brought to the host once, each expert's (token, slot) items in groups of up to
  * GPU_GROUP_MAX, then one launch per part over every group (gpu_matvec_groups_q8: each weight row
  * read once per group), swiglu over all items, outputs into g->moe_y by item. 0 or -1. */
 static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
 {
-    const struct gpu_layer      *gl = &g->w->layers[il];
-    const struct common_hparams *hp = &g->m->desc->hp;
-    const uint32_t               E = hp->n_expert, K = hp->n_expert_used;
-    const int64_t                ne = hp->n_embd;
-    const uint32_t               nk = n * K;
-    const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
-                             *xd = &gl->exps[COMMON_EXPERT_DOWN];
-    const int64_t nf = xg->rows;
+    const struct gpu_moe_parts p = gpu_moe_parts_of(g, il, n);
+    const uint32_t             E = p.E, K = p.K, nk = p.nk;
+    const int64_t              ne = p.ne, nf = p.nf;
+    const struct gpu_experts  *xg = p.xg, *xu = p.xu, *xd = p.xd;
     if (gpu_picks_by_expert(g, n) < 0)
         return -1;
     /* Groups for gate and up (activation rows: tokens), then the same for down (the items). */
@@ -1359,14 +1377,10 @@ static bool gpu_tiles_experts(const struct executor_gpu *g, const struct gpu_lay
  * outputs into g->moe_y by item. */
 static int gpu_moe_tiles(struct executor_gpu *g, uint32_t il, uint32_t n)
 {
-    const struct gpu_layer      *gl = &g->w->layers[il];
-    const struct common_hparams *hp = &g->m->desc->hp;
-    const uint32_t               E = hp->n_expert, K = hp->n_expert_used;
-    const int64_t                ne = hp->n_embd;
-    const uint32_t               nk = n * K;
-    const struct gpu_experts *xg = &gl->exps[COMMON_EXPERT_GATE], *xu = &gl->exps[COMMON_EXPERT_UP],
-                             *xd = &gl->exps[COMMON_EXPERT_DOWN];
-    const int64_t nf = xg->rows;
+    const struct gpu_moe_parts p = gpu_moe_parts_of(g, il, n);
+    const uint32_t             E = p.E, K = p.K, nk = p.nk;
+    const int64_t              ne = p.ne, nf = p.nf;
+    const struct gpu_experts  *xg = p.xg, *xu = p.xu, *xd = p.xd;
     /* The tiles go where the groups would (g->groups holds more than the most there can be). */
     struct gpu_mm_tile *dt = (struct gpu_mm_tile *)(void *)g->groups;
     const int64_t       max_tiles = nk / GPU_MM_TILE + E;

@@ -828,6 +828,46 @@ static __device__ __forceinline__ void gemm_load(gemm_smem<BM> &sm, int st, cons
     }
 }
 
+/* One GM_BK-column step of a warp's (FM x 2 fragment) tile: the A fragments (activations, rows
+ * wm..) and B fragments (weights, rows wn..) of the step's tiles, multiplied into acc. */
+template <int FM>
+static __device__ __forceinline__ void
+gemm_mma(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[FM][2],
+         const __half (*a)[GM_LDS], const __half (*b)[GM_LDS], int wm, int wn)
+{
+    using namespace nvcuda;
+#pragma unroll
+    for (int kk = 0; kk < GM_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+        for (int i = 0; i < FM; i++)
+            wmma::load_matrix_sync(fa[i], &a[wm + 16 * i][kk], GM_LDS);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::load_matrix_sync(fb[j], &b[wn + 16 * j][kk], GM_LDS);
+#pragma unroll
+        for (int i = 0; i < FM; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+
+/* A warp's accumulators into its corner of the finished tile c ([token][row], GM_LDC apart). */
+template <int FM>
+static __device__ __forceinline__ void gemm_acc_store(
+    const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[FM][2],
+    float (*c)[GM_LDC], int wm, int wn)
+{
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            nvcuda::wmma::store_matrix_sync(&c[wm + 16 * i][wn + 16 * j], acc[i][j], GM_LDC,
+                                            nvcuda::wmma::mem_row_major);
+}
+
 template <int BM>
 static __global__ void __launch_bounds__(GM_THREADS)
     k_gemm_f16(const __half *__restrict__ w, int64_t rows, int64_t cols,
@@ -867,31 +907,11 @@ static __global__ void __launch_bounds__(GM_THREADS)
                           next * GM_BK);
         __pipeline_commit();
         const int st = static_cast<int>(kt % GM_STAGES);
-#pragma unroll
-        for (int kk = 0; kk < GM_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < FM; i++)
-                wmma::load_matrix_sync(fa[i], &sm.t.a[st][wm + 16 * i][kk], GM_LDS);
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &sm.t.b[st][wn + 16 * j][kk], GM_LDS);
-#pragma unroll
-            for (int i = 0; i < FM; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
+        gemm_mma<FM>(acc, sm.t.a[st], sm.t.b[st], wm, wn);
     }
     __pipeline_wait_prior(0);
     __syncthreads(); /* the tiles are dead: their memory takes the result */
-#pragma unroll
-    for (int i = 0; i < FM; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], GM_LDC,
-                                    wmma::mem_row_major);
+    gemm_acc_store<FM>(acc, sm.c, wm, wn);
     __syncthreads();
     for (int idx = threadIdx.x; idx < BM * GM_BN; idx += GM_THREADS) {
         const int     tt = idx / GM_BN, rr = idx % GM_BN;
@@ -1023,34 +1043,14 @@ __global__ void __launch_bounds__(GM_THREADS)
             for (int i = 0; i < 2; i++)
                 decode8<T>(wrow[i], kt + 1, ws[i], dw[i], A4);
         }
-#pragma unroll
-        for (int kk = 0; kk < QK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < FM; i++)
-                wmma::load_matrix_sync(fa[i], &sm.t.a[st][wm + 16 * i][kk], GM_LDS);
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &sm.t.b[st][wn + 16 * j][kk], GM_LDS);
-#pragma unroll
-            for (int i = 0; i < FM; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-        }
+        gemm_mma<FM>(acc, sm.t.a[st], sm.t.b[st], wm, wn);
         if (more)
 #pragma unroll
             for (int i = 0; i < 2; i++)
                 gemmq_put<T>(sm.t.b[st ^ 1], wr[i], ws[i], dw[i], win[i]);
     }
     __syncthreads(); /* the tiles are dead: their memory takes the result */
-#pragma unroll
-    for (int i = 0; i < FM; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], GM_LDC,
-                                    wmma::mem_row_major);
+    gemm_acc_store<FM>(acc, sm.c, wm, wn);
     __syncthreads();
     for (int idx = threadIdx.x; idx < BM * GM_BN; idx += GM_THREADS) {
         const int     tt = idx / GM_BN, rr = idx % GM_BN;
