@@ -1012,21 +1012,25 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
     return 0;
 }
 
+/* A pick's expert, clamped into range as the CUDA sort does (the routing never writes one out of
+ * range). */
+static int32_t h_expert_of(int32_t x, uint32_t n_expert)
+{
+    return x < 0 ? 0 : (uint32_t)x >= n_expert ? (int32_t)n_expert - 1 : x;
+}
+
 /* gpu_moe_sort: a counting sort, stable, the tiles in expert order. */
 static int h_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile,
                       int32_t *items, struct gpu_mm_tile *tiles, int32_t *n_tiles)
 {
-    if (!sel || !items || !tiles || !n_tiles || n_expert == 0 || n_expert > 4096 || tile < 1 ||
-        n > INT32_MAX)
+    if (!sel || !items || !tiles || !n_tiles || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E ||
+        tile < 1 || n > INT32_MAX)
         return h_bad("gpu_moe_sort: bad arguments");
     int32_t *cur = calloc(n_expert, sizeof(int32_t));
     if (!cur)
         return h_bad("gpu_moe_sort: out of host memory");
     for (uint32_t i = 0; i < n; i++) {
-        const int32_t x = sel[i] < 0                     ? 0
-                          : (uint32_t)sel[i] >= n_expert ? (int32_t)n_expert - 1
-                                                         : sel[i];
-        cur[x]++;
+        cur[h_expert_of(sel[i], n_expert)]++;
     }
     int32_t at = 0, nt = 0;
     for (uint32_t x = 0; x < n_expert; x++) {
@@ -1038,10 +1042,7 @@ static int h_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t
         at += c;
     }
     for (uint32_t i = 0; i < n; i++) {
-        const int32_t x = sel[i] < 0                     ? 0
-                          : (uint32_t)sel[i] >= n_expert ? (int32_t)n_expert - 1
-                                                         : sel[i];
-        items[cur[x]++] = (int32_t)i;
+        items[cur[h_expert_of(sel[i], n_expert)]++] = (int32_t)i;
     }
     *n_tiles = nt;
     free(cur);

@@ -817,6 +817,12 @@ int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_to
  * every expert's items keep their order. Expert ids out of range are clamped (the routing kernel
  * never writes one). */
 #define OPS_SORT_THREADS 1024
+
+/* A pick's expert, clamped into range (the routing kernel never writes one out of it). */
+static __device__ __forceinline__ int32_t ops_expert_of(int32_t x, uint32_t n_expert)
+{
+    return x < 0 ? 0 : (uint32_t)x >= n_expert ? (int32_t)n_expert - 1 : x;
+}
 static __global__ void __launch_bounds__(OPS_SORT_THREADS)
     ops_moe_sort_kernel(const int32_t *__restrict__ sel, uint32_t n, uint32_t n_expert,
                         int32_t tile, int32_t *__restrict__ items,
@@ -828,8 +834,7 @@ static __global__ void __launch_bounds__(OPS_SORT_THREADS)
         cnt[x] = 0;
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const int32_t x = sel[i];
-        atomicAdd(&cnt[x < 0 ? 0 : (uint32_t)x >= n_expert ? n_expert - 1 : x], 1);
+        atomicAdd(&cnt[ops_expert_of(sel[i], n_expert)], 1);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -851,8 +856,7 @@ static __global__ void __launch_bounds__(OPS_SORT_THREADS)
         const uint32_t i = base + lane;
         const unsigned act = __ballot_sync(OPS_FULL_MASK, i < n);
         if (i < n) {
-            int32_t x = sel[i];
-            x = x < 0 ? 0 : (uint32_t)x >= n_expert ? (int32_t)n_expert - 1 : x;
+            const int32_t  x = ops_expert_of(sel[i], n_expert);
             const unsigned peers = __match_any_sync(act, x);
             const int32_t  at = cur[x] + __popc(peers & below);
             items[at] = (int32_t)i;

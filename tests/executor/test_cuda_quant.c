@@ -142,6 +142,22 @@ static double check_outputs(const char *what, const float *y, int64_t y_stride, 
     return rel;
 }
 
+/* The double products (and sums of |w x|) of `rows` weight rows with one activation row. */
+static void dot_reference(const float *w, int64_t rows, int64_t cols, const float *x, double *ref,
+                          double *mag)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0.0, m = 0.0;
+        for (int64_t c = 0; c < cols; c++) {
+            const double p = (double)w[r * cols + c] * (double)x[c];
+            s += p;
+            m += fabs(p);
+        }
+        ref[r] = s;
+        mag[r] = m;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Types and arguments                                                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -305,16 +321,8 @@ Test(executor_cuda_quant, matvec_matches_reference, .timeout = 600)
             double *ref = xmalloc((size_t)(nmax * QT_MAX_ROWS) * sizeof(double));
             double *mag = xmalloc((size_t)(nmax * QT_MAX_ROWS) * sizeof(double));
             for (int64_t t = 0; t < nmax; t++)
-                for (int64_t r = 0; r < QT_MAX_ROWS; r++) {
-                    double s = 0.0, m = 0.0;
-                    for (int64_t c = 0; c < cols; c++) {
-                        const double p = (double)wd[r * cols + c] * (double)x[t * cols + c];
-                        s += p;
-                        m += fabs(p);
-                    }
-                    ref[t * QT_MAX_ROWS + r] = s;
-                    mag[t * QT_MAX_ROWS + r] = m;
-                }
+                dot_reference(wd, QT_MAX_ROWS, cols, x + t * cols, ref + t * QT_MAX_ROWS,
+                              mag + t * QT_MAX_ROWS);
             void *dw = dev_from(wq, (size_t)QT_MAX_ROWS * rb);
             for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); li++) {
                 const struct qt_layout *l = &layouts[li];
@@ -854,16 +862,7 @@ static void gemm_f16_case(int64_t rows, int64_t cols, int64_t n)
     double *ref = xmalloc((size_t)(n * rows) * sizeof(double));
     double *mag = xmalloc((size_t)(n * rows) * sizeof(double));
     for (int64_t t = 0; t < n; t++)
-        for (int64_t r = 0; r < rows; r++) {
-            double sum = 0.0, m = 0.0;
-            for (int64_t c = 0; c < cols; c++) {
-                const double p = (double)wf[r * cols + c] * (double)xf[t * cols + c];
-                sum += p;
-                m += fabs(p);
-            }
-            ref[t * rows + r] = sum;
-            mag[t * rows + r] = m;
-        }
+        dot_reference(wf, rows, cols, xf + t * cols, ref + t * rows, mag + t * rows);
     uint16_t    *dw = dev_from(w16, nw * 2), *dx = dev_from(x16, nxx * 2);
     const size_t ny = (size_t)(n * ys);
     float       *dy = dev_poisoned(ny * sizeof(float));
@@ -914,22 +913,6 @@ static void round_f16(float *w, size_t nw, float *x, uint16_t *x16, size_t nx)
     for (size_t i = 0; i < nx; i++) {
         x16[i] = executor_fp32_to_fp16(x[i]);
         x[i] = executor_fp16_to_fp32(x16[i]);
-    }
-}
-
-/* The double products (and sums of |w x|) of `rows` weight rows with one activation row. */
-static void dot_reference(const float *w, int64_t rows, int64_t cols, const float *x, double *ref,
-                          double *mag)
-{
-    for (int64_t r = 0; r < rows; r++) {
-        double s = 0.0, m = 0.0;
-        for (int64_t c = 0; c < cols; c++) {
-            const double p = (double)w[r * cols + c] * (double)x[c];
-            s += p;
-            m += fabs(p);
-        }
-        ref[r] = s;
-        mag[r] = m;
     }
 }
 
