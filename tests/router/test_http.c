@@ -62,7 +62,7 @@ static void pick_model(void)
             return;
         }
     }
-    cr_log_warn("moe-tiny fixtures absent: serving a `sluice mkmodel --preset tiny` MoE of 4 "
+    cr_log_info("moe-tiny fixtures absent: serving a `sluice mkmodel --preset tiny` MoE of 4 "
                 "experts");
     char cmd[4096];
     int  st;
