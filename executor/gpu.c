@@ -21,6 +21,7 @@ struct gpu_mat {
     uint32_t type;
     int64_t  rows, cols;
     size_t   row_bytes;
+    float    scale; /* multiplies every output; 0 = none (bitnet's per-tensor scales) */
 };
 
 /* Every routed expert of one part of a layer, expert e at d + e * bytes; in a pool
@@ -35,6 +36,7 @@ struct gpu_experts {
 
 struct gpu_layer {
     float             *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv, *exp_probs_b;
+    float             *attn_sub_norm, *ffn_sub_norm; /* bitnet: before wo, before down */
     uint32_t           q_norm_n, k_norm_n;
     struct gpu_mat     wq, wk, wv, wo, gate, up, down, gate_inp, sh_gate, sh_up, sh_down;
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
@@ -159,7 +161,7 @@ static const char *gpu_type_name(uint32_t type)
 
 static bool gpu_mat_ok(const struct executor_mat *w)
 {
-    return !w->data || (gpu_type_supported(w->type) && w->out_scale == 0.0f);
+    return !w->data || gpu_type_supported(w->type);
 }
 
 const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, size_t len)
@@ -169,8 +171,8 @@ const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, 
         return "latent attention (deepseek2) is not on the CUDA path yet";
     if (hp->swiglu_oai || hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT)
         return "gpt-oss's experts are not on the CUDA path yet";
-    if (hp->sub_norms || hp->ffn_relu2)
-        return "bitnet's sub-norms and ternary weights are not on the CUDA path yet";
+    if ((hp->sub_norms || hp->ffn_relu2) && hp->n_expert)
+        return "routed experts with sub-norms or relu^2 are not on the CUDA path yet";
     if (hp->n_expert_groups > 1)
         return "group-limited expert selection is not on the CUDA path yet";
     for (uint32_t il = 0; il < hp->n_layer; il++) {
@@ -190,7 +192,9 @@ const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, 
                 return buf;
             }
         for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++)
-            if (!gpu_type_supported(lw->exp[p].type)) {
+            if (lw->exp_scale[p] != 0.0f)
+                return "per-tensor scales of routed experts are not on the CUDA path yet";
+            else if (!gpu_type_supported(lw->exp[p].type)) {
                 snprintf(buf, len, "layer %u's experts are %s, which the CUDA path cannot read yet",
                          il, gpu_type_name(lw->exp[p].type));
                 return buf;
@@ -251,8 +255,11 @@ static void *gpu_put(struct executor_gpu_weights *gw, const void *src, size_t by
 static struct gpu_mat gpu_put_mat(struct executor_gpu_weights *gw, const struct executor_mat *w,
                                   bool *ok)
 {
-    struct gpu_mat d = {
-        .type = w->type, .rows = w->rows, .cols = w->cols, .row_bytes = w->row_bytes};
+    struct gpu_mat d = {.type = w->type,
+                        .rows = w->rows,
+                        .cols = w->cols,
+                        .row_bytes = w->row_bytes,
+                        .scale = w->out_scale};
     d.d = gpu_put(gw, w->data, (size_t)w->rows * w->row_bytes, ok);
     return d;
 }
@@ -353,6 +360,10 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
         if (!cpu && n_slots < 0)
             wb += (size_t)hp->n_expert * gpu_expert_bytes(m, il);
         wb += (4 * w.ne + w.qd + w.kd + w.vd + w.E) * sizeof(float);
+        if (lw->attn_sub_norm)
+            wb += w.ad * sizeof(float);
+        if (lw->ffn_sub_norm)
+            wb += (size_t)hp->n_ff * sizeof(float);
     }
     if (head)
         wb += gpu_mat_bytes(&m->output) + w.ne * sizeof(float);
@@ -638,6 +649,8 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->ffn_norm = gpu_put(gw, lw->ffn_norm, w.ne * sizeof(float), &ok);
     gl->q_norm = gpu_put(gw, lw->q_norm, lw->q_norm_n * sizeof(float), &ok);
     gl->k_norm = gpu_put(gw, lw->k_norm, lw->k_norm_n * sizeof(float), &ok);
+    gl->attn_sub_norm = gpu_put(gw, lw->attn_sub_norm, w.ad * sizeof(float), &ok);
+    gl->ffn_sub_norm = gpu_put(gw, lw->ffn_sub_norm, (size_t)hp->n_ff * sizeof(float), &ok);
     gl->q_norm_n = lw->q_norm_n;
     gl->k_norm_n = lw->k_norm_n;
     gl->bq = gpu_put(gw, lw->bq, w.qd * sizeof(float), &ok);
@@ -1084,16 +1097,25 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
     return 0;
 }
 
+/* gpu_mm of w, then its per-tensor scale (the CPU's executor_matvec, then out_scale). */
 static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const float *x,
                       int64_t x_stride, uint32_t n, float *y, int64_t y_stride)
 {
-    return gpu_mm(g, w->type, w->d, w->row_bytes, w->rows, w->cols, x, x_stride, n, y, y_stride);
+    if (gpu_mm(g, w->type, w->d, w->row_bytes, w->rows, w->cols, x, x_stride, n, y, y_stride) < 0)
+        return -1;
+    return w->scale != 0.0f ? gpu_scale_rows(y, y_stride, n, w->rows, w->scale) : 0;
 }
 
 /* Whether gpu_mm takes the int8 matvec for these n rows of w. */
 static bool gpu_mm_q8(const struct executor_gpu *g, const struct gpu_mat *w, uint32_t n)
 {
     return ((n < GPU_GEMM_MIN_N && !g->mm_only) || g->mv_only) && gpu_q8_path(w->type, w->cols);
+}
+
+/* Whether the int8 matvec of w may fuse what follows it (gpu_mv_q8_op): no scale after it. */
+static bool gpu_mm_q8_fused(const struct executor_gpu *g, const struct gpu_mat *w, uint32_t n)
+{
+    return gpu_mm_q8(g, w, n) && w->scale == 0.0f;
 }
 
 /* The int8 matvec of w (and w2, GLU) over x's rows, fused as op says (gpu_matvec_q8_op), into y.
@@ -1118,7 +1140,7 @@ static int gpu_mv_q8_op(struct executor_gpu *g, enum gpu_mv_op op, const struct 
 static int gpu_mm_add(struct executor_gpu *g, const struct gpu_mat *w, const float *x,
                       int64_t x_stride, uint32_t n, float *y, int64_t y_stride)
 {
-    if (gpu_mm_q8(g, w, n))
+    if (gpu_mm_q8_fused(g, w, n))
         return gpu_mv_q8_op(g, GPU_MV_ADD, w, NULL, x, x_stride, n, y, y_stride);
     return gpu_mm_mat(g, w, x, x_stride, n, g->tmp, y_stride) < 0
                ? -1
@@ -1190,23 +1212,33 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         if (rc < 0)
             return -1;
     }
+    if (gl->attn_sub_norm && gpu_rmsnorm(g->att, (int64_t)w.ad, g->att, (int64_t)w.ad,
+                                         gl->attn_sub_norm, n, (int64_t)w.ad, hp->rms_eps) < 0)
+        return -1;
     return gpu_mm_add(g, &gl->wo, g->att, (int64_t)w.ad, n, g->x, ne);
 }
 
-/* silu(gate . x) * (up . x) into g->ga, then down into `out` (n rows of ne). */
+/* silu(gate . x) * (up . x) into g->ga (relu(gate . x)^2 * (up . x) with bitnet's relu2, then
+ * its ffn_sub_norm when sub_norm is given, as executor_fwd_dense_gate_up), then down into `out`
+ * (n rows of ne). */
 static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
                           const struct gpu_mat *up, const struct gpu_mat *down, const float *x,
-                          uint32_t n, float *out, struct gpu_event *before_down, bool add)
+                          uint32_t n, float *out, struct gpu_event *before_down, bool add,
+                          const float *sub_norm)
 {
-    const int64_t ne = g->m->desc->hp.n_embd, nf = gate->rows;
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const int64_t                ne = hp->n_embd, nf = gate->rows;
+    const bool                   relu2 = hp->ffn_relu2 != 0;
     /* gate and up in one int8 matvec and the product in its store where they are alike */
-    const bool glu = gpu_mm_q8(g, gate, n) && gpu_mm_q8(g, up, n) && gate->type == up->type &&
-                     gate->row_bytes == up->row_bytes && gate->rows == up->rows &&
-                     gate->cols == up->cols;
+    const bool glu = !relu2 && gpu_mm_q8_fused(g, gate, n) && gpu_mm_q8_fused(g, up, n) &&
+                     gate->type == up->type && gate->row_bytes == up->row_bytes &&
+                     gate->rows == up->rows && gate->cols == up->cols;
     if (glu ? gpu_mv_q8_op(g, GPU_MV_GLU, gate, up, x, ne, n, g->ga, nf) < 0
             : gpu_mm_shared(g, gate, x, ne, n, g->ga, nf, false) < 0 ||
                   gpu_mm_shared(g, up, x, ne, n, g->up, nf, true) < 0 ||
-                  gpu_swiglu(g->ga, g->up, (int64_t)n * nf, false) < 0)
+                  gpu_swiglu(g->ga, g->up, (int64_t)n * nf, relu2) < 0)
+        return -1;
+    if (sub_norm && gpu_rmsnorm(g->ga, nf, g->ga, nf, sub_norm, n, nf, hp->rms_eps) < 0)
         return -1;
     if (before_down && gpu_stream_wait(before_down) < 0)
         return -1;
@@ -1466,7 +1498,7 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
                 gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
                 (miss && gpu_stream_wait(px->ev_gu) < 0) ||
                 gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp,
-                               miss ? px->ev_d : NULL, false) < 0 ||
+                               miss ? px->ev_d : NULL, false, NULL) < 0 ||
                 gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0;
             g->mv_only = false;
             g->mm_only = false;
@@ -1627,7 +1659,8 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->ffn_norm, n, ne, hp->rms_eps) < 0)
         return -1;
     if (!gl->gate_inp.d) {
-        return gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->x, NULL, true);
+        return gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->x, NULL, true,
+                              gl->ffn_sub_norm);
     }
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID ? 1 : 0;
@@ -1658,8 +1691,8 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     }
     if (gl->sh_gate.d) {
         /* An ungated shared expert beside the routed ones: its output added first. */
-        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true) <
-            0)
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true,
+                           NULL) < 0)
             return -1;
     }
     return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);

@@ -360,6 +360,8 @@ bool gpu_matvec_q8_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_TQ1_0:
+    case COMMON_GGML_TYPE_TQ2_0:
         return true;
     default:
         return false;
@@ -450,6 +452,12 @@ int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, in
 {
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "add_bias", be() ? be()->add_bias(y, stride, bias, n_rows, width) : -1);
+}
+
+int gpu_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "scale_rows", be() ? be()->scale_rows(y, stride, n_rows, width, s) : -1);
 }
 
 int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2)

@@ -327,6 +327,8 @@ static bool h_type_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_TQ1_0:
+    case COMMON_GGML_TYPE_TQ2_0:
         return true;
     default:
         return false;
@@ -816,6 +818,16 @@ static int h_add_bias(float *y, int64_t stride, const float *bias, int64_t n_row
     return 0;
 }
 
+static int h_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s)
+{
+    if (!y || n_rows < 0 || width < 0 || stride < width)
+        return h_bad("gpu_scale_rows: bad arguments");
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t c = 0; c < width; c++)
+            y[r * stride + c] *= s;
+    return 0;
+}
+
 static int h_swiglu(float *g, const float *u, int64_t n, bool relu2)
 {
     if (!g || !u || n < 0)
@@ -1128,6 +1140,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .rmsnorm = h_rmsnorm,
         .add = h_add,
         .add_bias = h_add_bias,
+        .scale_rows = h_scale_rows,
         .swiglu = h_swiglu,
         .rope = h_rope,
         .kv_store = h_kv_store,

@@ -346,6 +346,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .rmsnorm = cuda_rmsnorm,
         .add = cuda_add,
         .add_bias = cuda_add_bias,
+        .scale_rows = cuda_scale_rows,
         .swiglu = cuda_swiglu,
         .rope = cuda_rope,
         .kv_store = cuda_kv_store,

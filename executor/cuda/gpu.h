@@ -101,9 +101,9 @@ void gpu_graph_free(struct gpu_graph *graph); /* accepts NULL */
 
 /* ---- weights: dequantize, matvec, matmul (executor/cuda/quant.cu) ------------------------- */
 /* `type` is enum common_ggml_type; the types supported are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K (gpu_type_supported). A matrix is `rows` rows of `cols` elements, each
- * row `row_bytes` bytes (the GGUF layout, rows contiguous); cols is a multiple of the type's
- * block size. */
+ * Q5_1, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 (gpu_type_supported). A matrix is `rows` rows of `cols`
+ * elements, each row `row_bytes` bytes (the GGUF layout, rows contiguous); cols is a multiple of
+ * the type's block size. */
 
 bool gpu_type_supported(uint32_t type);
 
@@ -154,8 +154,8 @@ static inline GPU_HOST_DEVICE size_t gpu_q8_row_bytes(int64_t cols)
 int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                void *q8);
 
-/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K), whose activations the
- * CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). */
+/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K, TQ1_0, TQ2_0), whose
+ * activations the CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). */
 bool gpu_matvec_q8_supported(uint32_t type);
 
 /* As gpu_matvec over the activations of a q8 image (n rows): integer products of the weights'
@@ -237,6 +237,8 @@ int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, co
 int gpu_add(float *y, const float *a, const float *b, int64_t n);
 /* y[r * stride + i] += bias[i] for r < n_rows, i < width. */
 int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+/* y[r * stride + i] *= s for r < n_rows, i < width (a matrix's per-tensor scale, bitnet). */
+int gpu_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s);
 /* g[i] = silu(g[i]) * u[i] (relu2 false) or max(g[i], 0)^2 * u[i], i < n. */
 int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2);
 /* Rotary embedding in place: token t's vector at v + t * tok_stride holds n_heads heads of
@@ -359,6 +361,7 @@ struct gpu_backend {
                    int64_t n_rows, int64_t width, float eps);
     int (*add)(float *y, const float *a, const float *b, int64_t n);
     int (*add_bias)(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+    int (*scale_rows)(float *y, int64_t stride, int64_t n_rows, int64_t width, float s);
     int (*swiglu)(float *g, const float *u, int64_t n, bool relu2);
     int (*rope)(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
                 uint32_t n_rot, const float *cs, bool neox);

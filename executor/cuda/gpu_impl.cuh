@@ -59,6 +59,7 @@ int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, c
                  int64_t n_rows, int64_t width, float eps);
 int cuda_add(float *y, const float *a, const float *b, int64_t n);
 int cuda_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+int cuda_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s);
 int cuda_swiglu(float *g, const float *u, int64_t n, bool relu2);
 int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
               uint32_t n_rot, const float *cs, bool neox);

@@ -152,6 +152,29 @@ int cuda_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, i
     return GPU_LAUNCHED("ops_add_bias_kernel");
 }
 
+static __global__ void ops_scale_rows_kernel(float *y, int64_t stride, int64_t n_rows,
+                                             int64_t width, float s)
+{
+    const int64_t n = n_rows * width;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / width, c = i - r * width;
+        float        *p = y + r * stride + c;
+        *p = __fmul_rn(*p, s);
+    }
+}
+
+int cuda_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s)
+{
+    if (!y || n_rows < 0 || width < 0 || stride < width)
+        return ops_bad("gpu_scale_rows: bad arguments");
+    if (n_rows == 0 || width == 0)
+        return 0;
+    ops_scale_rows_kernel<<<ops_grid(n_rows * width), OPS_THREADS, 0, gpu_stream()>>>(
+        y, stride, n_rows, width, s);
+    return GPU_LAUNCHED("ops_scale_rows_kernel");
+}
+
 /* The CPU's expressions (executor_fwd_dense_gate_up), with no fused multiply-adds. */
 static __global__ void ops_swiglu_kernel(float *g, const float *u, int64_t n, bool relu2)
 {

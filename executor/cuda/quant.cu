@@ -16,10 +16,11 @@
  * four"), the two runs that one 4-byte word of nibbles holds in Q4_0's layout. The layouts and
  * formulas are those of executor/kernels/ref.c (ggml's): keep them in step.
  *
- * Blocks are 18, 20, 22, 24, 34, 144, 176 or 210 bytes, so only 2-byte alignment holds for every
- * block start (weight rows are 2-byte aligned, as on the CPU): quantized data is read with 16-bit
- * loads, 32-bit words put together from two, except by the A4 kernels, picked where the block size
- * is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K) and the rows are 4-byte aligned, which read words. */
+ * Blocks are 18, 20, 22, 24, 34, 54, 66, 144, 176 or 210 bytes, so only 2-byte alignment holds for
+ * every block start (weight rows are 2-byte aligned, as on the CPU): quantized data is read with
+ * 16-bit loads, 32-bit words put together from two, except by the A4 kernels, picked where the
+ * block size is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K) and the rows are 4-byte aligned, which
+ * read words. */
 
 #define QK            32  /* elements per chunk, and per block of Q4_0 .. Q8_0 */
 #define MV_WARPS      4   /* warps per matvec block */
@@ -53,6 +54,8 @@ QTYPE(COMMON_GGML_TYPE_Q8_0, 32, 34, false, false, false);
 QTYPE(COMMON_GGML_TYPE_Q4_K, 256, 144, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q5_K, 256, 176, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q6_K, 256, 210, false, true, false);
+QTYPE(COMMON_GGML_TYPE_TQ1_0, 256, 54, false, false, false);
+QTYPE(COMMON_GGML_TYPE_TQ2_0, 256, 66, false, false, false);
 #undef QTYPE
 
 /* One lane's eight elements of a chunk: q[0..3] are elements 4s..4s+3, q[4..7] 16+4s..16+4s+3.
@@ -210,10 +213,11 @@ struct wq8 {
 
 template <int T> static constexpr __host__ __device__ int qoff()
 {
-    return T == COMMON_GGML_TYPE_Q4_0   ? 8
-           : T == COMMON_GGML_TYPE_Q5_0 ? 16
-           : T == COMMON_GGML_TYPE_Q6_K ? 32
-                                        : 0;
+    return T == COMMON_GGML_TYPE_Q4_0                                   ? 8
+           : T == COMMON_GGML_TYPE_Q5_0                                 ? 16
+           : T == COMMON_GGML_TYPE_Q6_K                                 ? 32
+           : T == COMMON_GGML_TYPE_TQ1_0 || T == COMMON_GGML_TYPE_TQ2_0 ? 1
+                                                                        : 0;
 }
 
 template <int T>
@@ -350,6 +354,57 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q6_K>(const uint8_t *ro
     o.hi = ((hi >> sh) & NIBBLES) | ((hhi >> (2 * k)) & 0x03030303u) << 4;
 }
 
+/* TQ1_0 (54 bytes): qs[48], qh[4], d; five trits a byte of qs, four of qh, base 3 scaled to a
+ * byte: trit k of byte b is ((b * 3^k mod 256) * 3) >> 8. Element 32k + m is trit k of qs[m]
+ * (k < 5, m < 32), 160 + 16k + m trit k of qs[32 + m] (m < 16), 240 + 4k + j trit k of qh[j].
+ * Value (t - 1) * d. */
+static __device__ __forceinline__ uint32_t tq1_trits(uint32_t b, int k)
+{
+    const uint32_t p = k == 0 ? 1u : k == 1 ? 3u : k == 2 ? 9u : k == 3 ? 27u : 81u;
+    /* each byte times 3^k mod 256: even and odd bytes apart in 16-bit lanes (no carry across) */
+    const uint32_t q =
+        ((b & 0x00ff00ffu) * p & 0x00ff00ffu) | ((b >> 8 & 0x00ff00ffu) * p & 0x00ff00ffu) << 8;
+    /* (q * 3) >> 8 = (q >= 86) + (q >= 171) */
+    return (__vcmpgeu4(q, 0x56565656u) & BYTE_LOW_BITS) +
+           (__vcmpgeu4(q, 0xababababu) & BYTE_LOW_BITS);
+}
+
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_TQ1_0>(const uint8_t *row, int64_t c,
+                                                                int s, wq8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + (c >> 3) * 54;
+    const int      j = static_cast<int>(c & 7);
+    o.d0 = o.d1 = f16_to_f32(ld16(b + 52));
+    o.m = 0.0f;
+    if (j < 5) {
+        o.lo = tq1_trits(ld32(b + 4 * s), j);
+        o.hi = tq1_trits(ld32(b + 16 + 4 * s), j);
+    } else {
+        /* chunks 5, 6: trits 2j - 10 and 2j - 9 of qs[32 + 4s ..]; chunk 7: trit 4 of them, then
+         * trit s of the four qh bytes */
+        const uint32_t w = ld32(b + 32 + 4 * s);
+        o.lo = tq1_trits(w, 2 * j - 10);
+        o.hi = j < 7 ? tq1_trits(w, 2 * j - 9) : tq1_trits(ld32(b + 48), s);
+    }
+}
+
+/* TQ2_0 (66 bytes): qs[64], d. Element 128h + 32k + m is bits 2k..2k+1 of qs[32h + m]. Value
+ * (q - 1) * d. */
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_TQ2_0>(const uint8_t *row, int64_t c,
+                                                                int s, wq8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + (c >> 3) * 66;
+    const int      j = static_cast<int>(c & 7);
+    const uint8_t *qs = b + 32 * (j >> 2) + 4 * s;
+    const int      sh = 2 * (j & 3);
+    o.d0 = o.d1 = f16_to_f32(ld16(b + 64));
+    o.m = 0.0f;
+    o.lo = (ld32(qs) >> sh) & 0x03030303u;
+    o.hi = (ld32(qs + 16) >> sh) & 0x03030303u;
+}
+
 /* The quantized types' decode8: their words as exact floats (Q8_0's signed bytes read biased by
  * 128). */
 #define DECODE8_Q(T)                                                                               \
@@ -373,6 +428,8 @@ DECODE8_Q(COMMON_GGML_TYPE_Q8_0)
 DECODE8_Q(COMMON_GGML_TYPE_Q4_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q5_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q6_K)
+DECODE8_Q(COMMON_GGML_TYPE_TQ1_0)
+DECODE8_Q(COMMON_GGML_TYPE_TQ2_0)
 #undef DECODE8_Q
 
 /* Element i (0..7) of a decoded chunk with ref.c's rounding: one product (and one sum), never
@@ -1092,6 +1149,10 @@ template <class F> static int with_type(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_Q5_K>());
     case COMMON_GGML_TYPE_Q6_K:
         return f(type_tag<COMMON_GGML_TYPE_Q6_K>());
+    case COMMON_GGML_TYPE_TQ1_0:
+        return f(type_tag<COMMON_GGML_TYPE_TQ1_0>());
+    case COMMON_GGML_TYPE_TQ2_0:
+        return f(type_tag<COMMON_GGML_TYPE_TQ2_0>());
     default:
         return gpu_record(cudaErrorInvalidValue, what);
     }
@@ -1144,6 +1205,8 @@ bool cuda_type_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_TQ1_0:
+    case COMMON_GGML_TYPE_TQ2_0:
         return true;
     default:
         return false;
@@ -1277,6 +1340,10 @@ template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_Q5_K>());
     case COMMON_GGML_TYPE_Q6_K:
         return f(type_tag<COMMON_GGML_TYPE_Q6_K>());
+    case COMMON_GGML_TYPE_TQ1_0:
+        return f(type_tag<COMMON_GGML_TYPE_TQ1_0>());
+    case COMMON_GGML_TYPE_TQ2_0:
+        return f(type_tag<COMMON_GGML_TYPE_TQ2_0>());
     default:
         return gpu_record(cudaErrorInvalidValue, what);
     }

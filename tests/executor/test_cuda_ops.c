@@ -171,6 +171,40 @@ Test(executor_cuda_ops, add_bias_matches_reference)
     }
 }
 
+/* Description: every row times one scale, the float product bit for bit; the padding between
+ * rows untouched. */
+Test(executor_cuda_ops, scale_rows_matches_reference)
+{
+    gpu_or_skip();
+    const int64_t n_rows = 3;
+    const float   sc = 1.3717f;
+    for (size_t wi = 0; wi < N_WIDTHS; wi++) {
+        const int64_t width = g_widths[wi], stride = width + 3;
+        const size_t  ny = (size_t)(n_rows * stride);
+        float        *y = xmalloc(ny * sizeof(float)), *got = xmalloc(ny * sizeof(float));
+        fill_data(y, ny);
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t i = width; i < stride; i++)
+                memset(&y[r * stride + i], 0xff, sizeof(float));
+        float *dy = dev_from(y, ny * sizeof(float));
+        cr_assert_eq(gpu_scale_rows(dy, stride, n_rows, width, sc), 0, "%s", gpu_last_error());
+        dev_to(got, dy, ny * sizeof(float));
+        for (int64_t r = 0; r < n_rows; r++) {
+            for (int64_t i = 0; i < width; i++) {
+                const float want = y[r * stride + i] * sc;
+                cr_assert(memcmp(&got[r * stride + i], &want, sizeof(float)) == 0,
+                          "scale_rows[%lld][%lld]: got %.9g, want %.9g", (long long)r, (long long)i,
+                          (double)got[r * stride + i], (double)want);
+            }
+            for (int64_t i = width; i < stride; i++)
+                cr_assert(is_poison(&got[r * stride + i]), "scale_rows wrote padding");
+        }
+        gpu_free(dy);
+        free(y);
+        free(got);
+    }
+}
+
 /* Description: g = silu(g) * u and relu(g)^2 * u. */
 Test(executor_cuda_ops, swiglu_matches_reference)
 {
@@ -1000,6 +1034,8 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_add(NULL, f, f, 4), -1, "add NULL");
     cr_assert_eq(gpu_add(f, f, f, -1), -1, "add n < 0");
     cr_assert_eq(gpu_add_bias(f, 4, f, 2, 8), -1, "add_bias stride < width");
+    cr_assert_eq(gpu_scale_rows(f, 4, 2, 8, 2.0f), -1, "scale_rows stride < width");
+    cr_assert_eq(gpu_scale_rows(NULL, 8, 2, 8, 2.0f), -1, "scale_rows NULL");
     cr_assert_eq(gpu_swiglu(f, NULL, 4, false), -1, "swiglu NULL");
     cr_assert_eq(gpu_rope(f, 1, 64, 1, 32, 34, f, false), -1, "rope n_rot > head_dim");
     cr_assert_eq(gpu_rope(f, 1, 16, 1, 32, 32, f, false), -1, "rope tok_stride too small");
