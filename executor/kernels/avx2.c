@@ -624,11 +624,17 @@ static inline __m128i avx2_tq1_times3_128(__m128i x)
     return _mm_add_epi8(x, _mm_add_epi8(x, x));
 }
 
-/* The top trit of each byte, (q * 3) >> 8 = (q >= 86) + (q >= 171), as unsigned compares
- * through the sign flip (no unsigned byte compare in AVX2). */
-static inline __m256i avx2_tq1_top_trit(__m256i q)
+/* TQ1_0's bytes are unpacked with their top bit flipped (s = q ^ 0x80 = q + 128 mod 256), where
+ * AVX2's signed compares order them as unsigned; the flipped domain is closed under x3:
+ * 3 (q + 128) = 3q + 384 = 3q + 128 mod 256, so each byte is flipped once, when loaded. */
+static inline __m256i avx2_tq1_flip(__m256i q)
 {
-    const __m256i s = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+    return _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+}
+
+/* The top trit of each byte q from its flipped s: (q * 3) >> 8 = (q >= 86) + (q >= 171). */
+static inline __m256i avx2_tq1_top_trit(__m256i s)
+{
     const __m256i ge86 = _mm256_cmpgt_epi8(s, _mm256_set1_epi8((char)(85 ^ 0x80)));
     const __m256i ge171 = _mm256_cmpgt_epi8(s, _mm256_set1_epi8((char)(170 ^ 0x80)));
     return _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_add_epi8(ge86, ge171));
@@ -643,17 +649,18 @@ static inline __m256i avx2_tq1_top_trit(__m256i q)
  * dword k of a 16-byte lane) share three vectors. */
 static inline void avx2_tq1_unpack(const struct executor_block_tq1_0 *x, __m256i t[AVX2_TQ_VECS])
 {
-    __m256i p = _mm256_loadu_si256((const __m256i *)x->qs);
+    __m256i p = avx2_tq1_flip(_mm256_loadu_si256((const __m256i *)x->qs));
     for (int k = 0; k < 5; k++, p = avx2_tq1_times3(p))
         t[k] = avx2_tq1_top_trit(p);
-    /* r[k] = qs[32..47] * 3^k; the qh word times 3^k in dword k */
+    /* r[k] = qs[32..47] * 3^k; the qh word times 3^k in dword k (all flipped) */
     __m128i r[5];
-    r[0] = _mm_loadu_si128((const __m128i *)(x->qs + 32));
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    r[0] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(x->qs + 32)), flip);
     for (int k = 1; k < 5; k++)
         r[k] = avx2_tq1_times3_128(r[k - 1]);
     uint32_t qh;
     memcpy(&qh, x->qh, sizeof(qh));
-    const __m128i h0 = _mm_set1_epi32((int)qh);
+    const __m128i h0 = _mm_xor_si128(_mm_set1_epi32((int)qh), flip);
     const __m128i h1 = avx2_tq1_times3_128(h0);
     const __m128i h2 = avx2_tq1_times3_128(h1);
     const __m128i h3 = avx2_tq1_times3_128(h2);
@@ -675,14 +682,19 @@ static inline void avx2_tq2_unpack(const struct executor_block_tq2_0 *x, __m256i
 }
 
 /* acc + (the quants t times the block's activations, less its bsums) * (d_a * d_w): the step of
- * one block and one activation that every ternary kernel below runs, so they agree bit for bit. */
+ * one block and one activation that every ternary kernel below runs, so they agree bit for bit.
+ * The eight products stay in int16 pairs until one widening (|sum| <= 8 * 2 * 3 * 128 = 6144):
+ * int32 lane k still holds bytes 4k .. 4k + 3 of every vector, the same integers. */
 static inline __m256 avx2_tq_block(const __m256i                     t[AVX2_TQ_VECS],
                                    const struct executor_block_q8_K *y, float dw, __m256 acc)
 {
-    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), avx2_bsums_i32(y->bsums));
-    for (int k = 0; k < AVX2_TQ_VECS; k++)
-        sumi = _mm256_add_epi32(
-            sumi, avx2_dot_u8(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
+    __m256i s16 = _mm256_maddubs_epi16(t[0], _mm256_loadu_si256((const __m256i *)y->qs));
+    for (int k = 1; k < AVX2_TQ_VECS; k++)
+        s16 = _mm256_add_epi16(
+            s16,
+            _mm256_maddubs_epi16(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
+    const __m256i sumi =
+        _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), avx2_bsums_i32(y->bsums));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(y->d * dw), acc);
 }
 
