@@ -329,6 +329,9 @@ static bool h_type_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q6_K:
     case COMMON_GGML_TYPE_TQ1_0:
     case COMMON_GGML_TYPE_TQ2_0:
+    case COMMON_GGML_TYPE_I2S_Q128:
+    case COMMON_GGML_TYPE_I2S_B32H:
+    case COMMON_GGML_TYPE_I2S_B32F:
         return true;
     default:
         return false;

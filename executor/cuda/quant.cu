@@ -16,11 +16,11 @@
  * four"), the two runs that one 4-byte word of nibbles holds in Q4_0's layout. The layouts and
  * formulas are those of executor/kernels/ref.c (ggml's): keep them in step.
  *
- * Blocks are 18, 20, 22, 24, 34, 54, 66, 144, 176 or 210 bytes, so only 2-byte alignment holds for
- * every block start (weight rows are 2-byte aligned, as on the CPU): quantized data is read with
- * 16-bit loads, 32-bit words put together from two, except by the A4 kernels, picked where the
- * block size is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K) and the rows are 4-byte aligned, which
- * read words. */
+ * Blocks are 10, 12, 18, 20, 22, 24, 32, 34, 54, 66, 144, 176 or 210 bytes, so only 2-byte
+ * alignment holds for every block start (weight rows are 2-byte aligned, as on the CPU): quantized
+ * data is read with 16-bit loads, 32-bit words put together from two, except by the A4 kernels,
+ * picked where the block size is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K, I2S_Q128, I2S_B32F) and
+ * the rows are 4-byte aligned, which read words. */
 
 #define QK            32  /* elements per chunk, and per block of Q4_0 .. Q8_0 */
 #define MV_WARPS      4   /* warps per matvec block */
@@ -56,6 +56,9 @@ QTYPE(COMMON_GGML_TYPE_Q5_K, 256, 176, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q6_K, 256, 210, false, true, false);
 QTYPE(COMMON_GGML_TYPE_TQ1_0, 256, 54, false, false, false);
 QTYPE(COMMON_GGML_TYPE_TQ2_0, 256, 66, false, false, false);
+QTYPE(COMMON_GGML_TYPE_I2S_Q128, 128, 32, false, false, false);
+QTYPE(COMMON_GGML_TYPE_I2S_B32H, 32, 10, false, false, false);
+QTYPE(COMMON_GGML_TYPE_I2S_B32F, 32, 12, false, false, false);
 #undef QTYPE
 
 /* One lane's eight elements of a chunk: q[0..3] are elements 4s..4s+3, q[4..7] 16+4s..16+4s+3.
@@ -217,7 +220,10 @@ template <int T> static constexpr __host__ __device__ int qoff()
            : T == COMMON_GGML_TYPE_Q5_0                                 ? 16
            : T == COMMON_GGML_TYPE_Q6_K                                 ? 32
            : T == COMMON_GGML_TYPE_TQ1_0 || T == COMMON_GGML_TYPE_TQ2_0 ? 1
-                                                                        : 0;
+           : T == COMMON_GGML_TYPE_I2S_Q128 || T == COMMON_GGML_TYPE_I2S_B32H ||
+                   T == COMMON_GGML_TYPE_I2S_B32F
+               ? 1
+               : 0;
 }
 
 template <int T>
@@ -405,6 +411,56 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_TQ2_0>(const uint8_t *r
     o.hi = (ld32(qs + 16) >> sh) & 0x03030303u;
 }
 
+/* I2_S (BitNet b1.58), three layouts of 2-bit codes c, weight (c - 1) * d (docs/kernels.md).
+ * I2S_Q128 (32 bytes a 128): element 32g + m at bits 6 - 2g of byte m, no scale (d = 1: the
+ * tensor's scale multiplies the products, struct gpu_mat's scale). */
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_I2S_Q128>(const uint8_t *row, int64_t c,
+                                                                   int s, wq8 &o, bool a4)
+{
+    const uint8_t *b = row + (c >> 2) * 32;
+    const int      sh = 6 - 2 * static_cast<int>(c & 3);
+    o.d0 = o.d1 = 1.0f;
+    o.m = 0.0f;
+    o.lo = (ld32a(b + 4 * s, a4) >> sh) & 0x03030303u;
+    o.hi = (ld32a(b + 16 + 4 * s, a4) >> sh) & 0x03030303u;
+}
+
+/* The four 2-bit codes of byte v (element 4k + l at bits 2l) into bytes 0..3. */
+static __device__ __forceinline__ uint32_t codes4(uint32_t v)
+{
+    return (v | v << 6 | v << 12 | v << 18) & 0x03030303u;
+}
+
+/* I2S_B32H (10 bytes a 32): element j at bits 2 (j % 4) of byte j / 4, then an f16 scale; so lane
+ * s's low four are byte s, its high four byte 4 + s. I2S_B32F (12): an f32 scale instead. */
+template <int T>
+static __device__ __forceinline__ void decode_i2s_b32(const uint8_t *row, int64_t c, int s, wq8 &o,
+                                                      bool a4)
+{
+    const uint8_t *b = row + c * qtype<T>::bytes;
+    const uint32_t w = ld32a(b, a4), w2 = ld32a(b + 4, a4); /* codes bytes 0..3, 4..7 */
+    o.lo = codes4((w >> (8 * s)) & 0xffu);
+    o.hi = codes4((w2 >> (8 * s)) & 0xffu);
+    o.d0 = o.d1 = T == COMMON_GGML_TYPE_I2S_B32H ? f16_to_f32(ld16(b + 8))
+                                                 : __uint_as_float(ld32a(b + 8, a4));
+    o.m = 0.0f;
+}
+
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_I2S_B32H>(const uint8_t *row, int64_t c,
+                                                                   int s, wq8 &o, bool a4)
+{
+    decode_i2s_b32<COMMON_GGML_TYPE_I2S_B32H>(row, c, s, o, a4);
+}
+
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_I2S_B32F>(const uint8_t *row, int64_t c,
+                                                                   int s, wq8 &o, bool a4)
+{
+    decode_i2s_b32<COMMON_GGML_TYPE_I2S_B32F>(row, c, s, o, a4);
+}
+
 /* The quantized types' decode8: their words as exact floats (Q8_0's signed bytes read biased by
  * 128). */
 #define DECODE8_Q(T)                                                                               \
@@ -430,6 +486,9 @@ DECODE8_Q(COMMON_GGML_TYPE_Q5_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q6_K)
 DECODE8_Q(COMMON_GGML_TYPE_TQ1_0)
 DECODE8_Q(COMMON_GGML_TYPE_TQ2_0)
+DECODE8_Q(COMMON_GGML_TYPE_I2S_Q128)
+DECODE8_Q(COMMON_GGML_TYPE_I2S_B32H)
+DECODE8_Q(COMMON_GGML_TYPE_I2S_B32F)
 #undef DECODE8_Q
 
 /* Element i (0..7) of a decoded chunk with ref.c's rounding: one product (and one sum), never
@@ -1153,6 +1212,12 @@ template <class F> static int with_type(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_TQ1_0>());
     case COMMON_GGML_TYPE_TQ2_0:
         return f(type_tag<COMMON_GGML_TYPE_TQ2_0>());
+    case COMMON_GGML_TYPE_I2S_Q128:
+        return f(type_tag<COMMON_GGML_TYPE_I2S_Q128>());
+    case COMMON_GGML_TYPE_I2S_B32H:
+        return f(type_tag<COMMON_GGML_TYPE_I2S_B32H>());
+    case COMMON_GGML_TYPE_I2S_B32F:
+        return f(type_tag<COMMON_GGML_TYPE_I2S_B32F>());
     default:
         return gpu_record(cudaErrorInvalidValue, what);
     }
@@ -1207,6 +1272,9 @@ bool cuda_type_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q6_K:
     case COMMON_GGML_TYPE_TQ1_0:
     case COMMON_GGML_TYPE_TQ2_0:
+    case COMMON_GGML_TYPE_I2S_Q128:
+    case COMMON_GGML_TYPE_I2S_B32H:
+    case COMMON_GGML_TYPE_I2S_B32F:
         return true;
     default:
         return false;
@@ -1344,6 +1412,12 @@ template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_TQ1_0>());
     case COMMON_GGML_TYPE_TQ2_0:
         return f(type_tag<COMMON_GGML_TYPE_TQ2_0>());
+    case COMMON_GGML_TYPE_I2S_Q128:
+        return f(type_tag<COMMON_GGML_TYPE_I2S_Q128>());
+    case COMMON_GGML_TYPE_I2S_B32H:
+        return f(type_tag<COMMON_GGML_TYPE_I2S_B32H>());
+    case COMMON_GGML_TYPE_I2S_B32F:
+        return f(type_tag<COMMON_GGML_TYPE_I2S_B32F>());
     default:
         return gpu_record(cudaErrorInvalidValue, what);
     }

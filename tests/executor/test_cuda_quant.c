@@ -29,10 +29,12 @@
 
 /* The weight types of quant.cu. */
 static const uint32_t g_types[] = {
-    COMMON_GGML_TYPE_F32,  COMMON_GGML_TYPE_F16,  COMMON_GGML_TYPE_BF16, COMMON_GGML_TYPE_Q4_0,
-    COMMON_GGML_TYPE_Q4_1, COMMON_GGML_TYPE_Q5_0, COMMON_GGML_TYPE_Q5_1, COMMON_GGML_TYPE_Q8_0,
-    COMMON_GGML_TYPE_Q4_K, COMMON_GGML_TYPE_Q5_K, COMMON_GGML_TYPE_Q6_K, COMMON_GGML_TYPE_TQ1_0,
-    COMMON_GGML_TYPE_TQ2_0};
+    COMMON_GGML_TYPE_F32,     COMMON_GGML_TYPE_F16,      COMMON_GGML_TYPE_BF16,
+    COMMON_GGML_TYPE_Q4_0,    COMMON_GGML_TYPE_Q4_1,     COMMON_GGML_TYPE_Q5_0,
+    COMMON_GGML_TYPE_Q5_1,    COMMON_GGML_TYPE_Q8_0,     COMMON_GGML_TYPE_Q4_K,
+    COMMON_GGML_TYPE_Q5_K,    COMMON_GGML_TYPE_Q6_K,     COMMON_GGML_TYPE_TQ1_0,
+    COMMON_GGML_TYPE_TQ2_0,   COMMON_GGML_TYPE_I2S_Q128, COMMON_GGML_TYPE_I2S_B32H,
+    COMMON_GGML_TYPE_I2S_B32F};
 #define N_TYPES (sizeof(g_types) / sizeof(g_types[0]))
 
 static const char *type_name(uint32_t type)
@@ -47,14 +49,14 @@ static size_t row_size(uint32_t type, int64_t cols)
     return (size_t)(cols / ti->blck) * ti->type_size;
 }
 
-/* Column counts for a type: one block (32 or 256), 256, 512 and 4096 + 256; float types add
+/* Column counts for a type: one block (32, 128 or 256), 256, 512 and 4096 + 256; float types add
  * ragged counts (a tail past the last 32, rows not 16-byte aligned). Returns the count. */
 static int test_cols(uint32_t type, int64_t *out)
 {
     const uint32_t blck = common_ggml_type_get(type)->blck;
     int            k = 0;
     if (blck != 256)
-        out[k++] = 32;
+        out[k++] = blck > 32 ? blck : 32;
     out[k++] = 256;
     out[k++] = 512;
     out[k++] = 4096 + 256;
@@ -163,7 +165,7 @@ static void dot_reference(const float *w, int64_t rows, int64_t cols, const floa
 /* Types and arguments                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Description: the supported types are the thirteen of gpu.h; other types and bad sizes fail with
+/* Description: the supported types are the sixteen of gpu.h; other types and bad sizes fail with
  * -1 and a recorded error, launching nothing. */
 Test(executor_cuda_quant, rejects_unsupported_types_and_bad_sizes)
 {
@@ -622,7 +624,7 @@ Test(executor_cuda_quant, fused_matvec_q8_equals_its_parts, .timeout = 300)
         const uint32_t type = g_types[ti];
         if (!gpu_matvec_q8_supported(type))
             continue;
-        const int64_t cols = common_ggml_type_get(type)->blck == 256 ? 512 : 96;
+        const int64_t cols = common_ggml_type_get(type)->blck >= 128 ? 512 : 96;
         for (size_t ri = 0; ri < sizeof(rows_list) / sizeof(rows_list[0]); ri++) {
             const int64_t     rows = rows_list[ri], ys = rows + 2, nmax = GPU_MATVEC_MAX_N;
             struct qt_experts ex; /* gate: expert 0 (or by id), up: expert 1 */
@@ -930,7 +932,7 @@ Test(executor_cuda_quant, gemm_q_matches_reference, .timeout = 600)
         if (!gpu_matvec_q8_supported(type))
             continue;
         const uint32_t blck = common_ggml_type_get(type)->blck;
-        const int64_t  cols_list[] = {blck == 256 ? 256 : 32, 1280};
+        const int64_t  cols_list[] = {blck > 32 ? blck : 32, 1280};
         for (size_t ci = 0; ci < 2; ci++) {
             const int64_t cols = cols_list[ci];
             uint8_t      *wq;

@@ -415,31 +415,53 @@ static void check_against_cpu(const char *rel, int32_t ngl)
  * and the device path (its prefill rounds activations to f16) up to 0.045 from the CPU on the
  * host backend, where F32 weights stay within 0.003: hence 0.1 and ties under 0.05. A missing
  * scale or sub-norm moves the logits by tens of percent. */
-static void check_bitnet_against_cpu(uint32_t type)
+static void check_bitnet_against_cpu_as(enum common_arch arch, uint32_t type,
+                                        enum executor_synth_i2s layout, const char *name)
 {
     GPU_OR_SKIP();
     char *dir = fixture_tmpdir();
     cr_assert_not_null(dir);
     char path[4096];
     snprintf(path, sizeof(path), "%s/bitnet.gguf", dir);
-    struct common_errmsg e = {{0}};
-    cr_assert_eq(executor_synth_write(&(struct executor_synth_opts){.path = path,
-                                                                    .arch = COMMON_ARCH_BITNET,
-                                                                    .n_embd = 256,
-                                                                    .n_layer = 2,
-                                                                    .n_head = 4,
-                                                                    .n_head_kv = 2,
-                                                                    .n_ff = 512,
-                                                                    .n_vocab = 512,
-                                                                    .type = type,
-                                                                    .seed = 20,
-                                                                    .n_threads = 1},
-                                      &e),
-                 0, "synth: %s", e.text);
-    check_path_against_cpu(common_ggml_type_get(type)->name, path, GPU_ALL,
-                           (struct check_tol){0.1, 0.05f});
+    const struct executor_synth_opts o = {.path = path,
+                                          .arch = arch,
+                                          .n_embd = 256,
+                                          .n_layer = 2,
+                                          .n_head = 4,
+                                          .n_head_kv = 2,
+                                          .n_ff = 512,
+                                          .n_vocab = 512,
+                                          .type = type,
+                                          .i2s_layout = layout,
+                                          .seed = 20,
+                                          .n_threads = 1};
+    struct common_errmsg             e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
+    check_path_against_cpu(name, path, GPU_ALL, (struct check_tol){0.1, 0.05f});
     fixture_rmtree(dir);
     free(dir);
+}
+
+static void check_bitnet_against_cpu(uint32_t type)
+{
+    check_bitnet_against_cpu_as(COMMON_ARCH_BITNET, type, EXECUTOR_SYNTH_I2S_QK256,
+                                common_ggml_type_get(type)->name);
+}
+
+/* bitnet-b1.58 (relu^2, I2_S weights times one scale per tensor) in each of the three layouts:
+ * Microsoft's (products unscaled, the tensor's scale after them), inline f16 block scales, and
+ * block scales in a sibling tensor (rebuilt in memory with inline f32 scales). */
+Test(executor_gpu, bitnet_b158_i2s_as_the_cpu, .timeout = 300)
+{
+    static const struct {
+        enum executor_synth_i2s layout;
+        const char             *name;
+    } lay[] = {{EXECUTOR_SYNTH_I2S_QK256, "i2_s qk256"},
+               {EXECUTOR_SYNTH_I2S_BITNET32, "i2_s bitnet32"},
+               {EXECUTOR_SYNTH_I2S_SPLIT32, "i2_s split32"}};
+    for (size_t i = 0; i < sizeof(lay) / sizeof(lay[0]); i++)
+        check_bitnet_against_cpu_as(COMMON_ARCH_BITNET_B158, COMMON_GGML_TYPE_I2_S, lay[i].layout,
+                                    lay[i].name);
 }
 
 Test(executor_gpu, bitnet_f32_as_the_cpu, .timeout = 300)
