@@ -253,11 +253,12 @@ Test(cli_archs, deepseek2_lite_matches_llama_cpp_and_streams, .timeout = 300)
 }
 
 /* bitnet: sub-norms before the output and down projections, a per-tensor scale after each of the
- * seven projections, NeoX RoPE, the embedding as the head; F32 and the ternary TQ1_0 and TQ2_0.
- * Dense: under a budget its FFNs stream, one "expert" per layer, with the same tokens. */
+ * seven projections, NeoX RoPE, the embedding as the head; F32 and the ternary TQ1_0 and TQ2_0,
+ * on the CPU and on the device path (host backend). Dense: under a budget its FFNs stream, one
+ * "expert" per layer, with the same tokens. */
 Test(cli_archs, bitnet_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("bitnet", true);
+    check_arch_on("bitnet", true, true);
 }
 
 /* Microsoft's bitnet-b1.58 with I2_S weights streams its FFNs under a budget in Microsoft's
