@@ -607,12 +607,6 @@ static inline float avx2_hsum_ps_ggml(__m256 v)
     return _mm_cvtss_f32(r);
 }
 
-/* The 16 bsums of a Q8_K block summed in pairs into 8 int32 lanes. */
-static inline __m256i avx2_bsums_i32(const int16_t *bsums)
-{
-    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), _mm256_set1_epi16(1));
-}
-
 /* x * 3 in each byte, mod 256: moves the next TQ1_0 trit to the top. */
 static inline __m256i avx2_tq1_times3(__m256i x)
 {
@@ -653,7 +647,7 @@ static inline void avx2_tq1_unpack(const struct executor_block_tq1_0 *x, __m256i
     for (int k = 0; k < 5; k++, p = avx2_tq1_times3(p))
         t[k] = avx2_tq1_top_trit(p);
     /* r[k] = qs[32..47] * 3^k; the qh word times 3^k in dword k (all flipped) */
-    __m128i r[5];
+    __m128i       r[5];
     const __m128i flip = _mm_set1_epi8((char)0x80);
     r[0] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(x->qs + 32)), flip);
     for (int k = 1; k < 5; k++)
@@ -683,44 +677,44 @@ static inline void avx2_tq2_unpack(const struct executor_block_tq2_0 *x, __m256i
 
 /* acc + (the quants t times the block's activations, less its bsums) * (d_a * d_w): the step of
  * one block and one activation that every ternary kernel below runs, so they agree bit for bit.
- * The eight products stay in int16 pairs until one widening (|sum| <= 8 * 2 * 3 * 128 = 6144):
- * int32 lane k still holds bytes 4k .. 4k + 3 of every vector, the same integers. */
+ * The eight products stay in int16 pairs until one widening (|sum| <= 8 * 2 * 3 * 128 = 6144),
+ * the 16 bsums taken off there as llama.cpp does: int32 lane k still holds bytes 4k .. 4k + 3 of
+ * every vector less the activations 32k .. 32k + 31, the same integers. */
 static inline __m256 avx2_tq_block(const __m256i                     t[AVX2_TQ_VECS],
                                    const struct executor_block_q8_K *y, float dw, __m256 acc)
 {
     __m256i s16 = _mm256_maddubs_epi16(t[0], _mm256_loadu_si256((const __m256i *)y->qs));
     for (int k = 1; k < AVX2_TQ_VECS; k++)
         s16 = _mm256_add_epi16(
-            s16,
-            _mm256_maddubs_epi16(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
-    const __m256i sumi =
-        _mm256_sub_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), avx2_bsums_i32(y->bsums));
+            s16, _mm256_maddubs_epi16(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
+    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256((const __m256i *)y->bsums)); /* |.| <= 2048 */
+    const __m256i sumi = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(y->d * dw), acc);
 }
 
-/* Activations sharing one unpack of a TQ1_0 block in its gemm. TQ2_0 has none: its unpack is two
- * instructions a vector, and a gemm shaped like this one ran 6-25% slower than vec_dot over
- * executor_matmul's row tiles (which keep one activation in L1 while the tile passes). */
+/* Activations sharing one unpack of a ternary block in the gemms. */
 #define AVX2_TQ_NACT 4
 
 /* Dots of n_rows ternary rows (TQ1_0 when tq1, else TQ2_0) with n_act activations: each block is
  * unpacked once for up to AVX2_TQ_NACT of them, which then run avx2_tq_block in block order as
- * vec_dot (n_rows = n_act = 1) does: the TQ1_0 gemm and both vec_dots. */
+ * vec_dot (n_rows = n_act = 1) does: the gemms and both vec_dots. The activations are the outer
+ * loop: a group of AVX2_TQ_NACT (12 KiB at 2560 columns) stays in L1 while the rows (the gemm
+ * tile, in L2) pass, rather than every activation passing for each row. */
 static inline __attribute__((always_inline)) void
 avx2_tq_rows(const bool tq1, int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
              size_t act_stride, int64_t n_act, float *y, size_t ys)
 {
     const int64_t nb = n / EXECUTOR_QK_K;
-    for (int64_t r = 0; r < n_rows; r++) {
-        const char *row = (const char *)w + (size_t)r * rb;
-        for (int64_t j0 = 0; j0 < n_act; j0 += AVX2_TQ_NACT) {
-            const int na = n_act - j0 < AVX2_TQ_NACT ? (int)(n_act - j0) : AVX2_TQ_NACT;
-            const struct executor_block_q8_K *a[AVX2_TQ_NACT];
-            __m256                            acc[AVX2_TQ_NACT];
-            for (int j = 0; j < na; j++) {
-                a[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX2_TQ_NACT) {
+        const int na = n_act - j0 < AVX2_TQ_NACT ? (int)(n_act - j0) : AVX2_TQ_NACT;
+        const struct executor_block_q8_K *a[AVX2_TQ_NACT];
+        for (int j = 0; j < na; j++)
+            a[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const char *row = (const char *)w + (size_t)r * rb;
+            __m256      acc[AVX2_TQ_NACT];
+            for (int j = 0; j < na; j++)
                 acc[j] = _mm256_setzero_ps();
-            }
             for (int64_t i = 0; i < nb; i++) {
                 __m256i t[AVX2_TQ_VECS];
                 float   dw;
@@ -760,6 +754,108 @@ static void avx2_gemm_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows,
                             size_t act_stride, int64_t n_act, float *y, size_t ys)
 {
     avx2_tq_rows(true, n, w, rb, n_rows, act, act_stride, n_act, y, ys);
+}
+
+/* The TQ1_0 gemv: two rows at a time, whose independent chains overlap where one row's dot
+ * would wait on its own latencies, the call and the horizontal sums paid once per pair; each
+ * row's integers and FMAs are vec_dot's, in its order (its bits; an odd last row runs vec_dot).
+ * TQ2_0 keeps vec_dot row by row: the same two-row shape read 7-12 GB/s from DRAM on two threads
+ * against vec_dot's 12-15 (Zen 3; its cheap unpack leaves it to the prefetchers, which follow
+ * one stream better than two). */
+
+/* acc + (s16 less the block's bsums, widened) * (d_a * d_w): avx2_tq_block's end. */
+static inline __m256 avx2_tq_finish(__m256i s16, const struct executor_block_q8_K *y, float dw,
+                                    __m256 acc)
+{
+    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256((const __m256i *)y->bsums));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1))),
+                           _mm256_set1_ps(y->d * dw), acc);
+}
+
+/* One TQ1_0 block of a row against its activations, in int16 pairs (avx2_tq_block's integers). */
+static inline __m256i avx2_tq1_block_s16(const struct executor_block_tq1_0 *x,
+                                         const struct executor_block_q8_K  *y)
+{
+    __m256i t[AVX2_TQ_VECS];
+    avx2_tq1_unpack(x, t);
+    __m256i s16 = _mm256_maddubs_epi16(t[0], _mm256_loadu_si256((const __m256i *)y->qs));
+    for (int k = 1; k < AVX2_TQ_VECS; k++)
+        s16 = _mm256_add_epi16(
+            s16, _mm256_maddubs_epi16(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
+    return s16;
+}
+
+static void avx2_gemv_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                            float *y)
+{
+    const int64_t                     nb = n / EXECUTOR_QK_K;
+    const struct executor_block_q8_K *a = act;
+    int64_t                           r = 0;
+    for (; r + 2 <= n_rows; r += 2) {
+        const struct executor_block_tq1_0 *x0 = (const void *)((const char *)w + (size_t)r * rb);
+        const struct executor_block_tq1_0 *x1 = (const void *)((const char *)x0 + rb);
+        __m256                             acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const __m256i s0 = avx2_tq1_block_s16(x0 + i, a + i);
+            const __m256i s1 = avx2_tq1_block_s16(x1 + i, a + i);
+            acc0 = avx2_tq_finish(s0, a + i, avx2_fp16(x0[i].d), acc0);
+            acc1 = avx2_tq_finish(s1, a + i, avx2_fp16(x1[i].d), acc1);
+        }
+        y[r] = avx2_hsum_ps_ggml(acc0);
+        y[r + 1] = avx2_hsum_ps_ggml(acc1);
+    }
+    if (r < n_rows)
+        avx2_tq_rows(true, n, (const char *)w + (size_t)r * rb, rb, 1, act, 0, 1, y + r, 1);
+}
+
+/* The TQ2_0 gemm: four activations at a time meet each row, half a block (32 bytes of qs, four
+ * shifts and masks) at a time, their int16 sums in four registers, so nothing of a block spills;
+ * each (row, activation) takes avx2_tq_block's integers and one FMA per block, the bits of
+ * vec_dot, which the last n_act % 4 activations run. */
+static void avx2_gemm_tq2_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                            size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    const int64_t nb = n / EXECUTOR_QK_K;
+    const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    int64_t       j0 = 0;
+    for (; j0 + 4 <= n_act; j0 += 4) {
+        const struct executor_block_q8_K *a[4];
+        for (int j = 0; j < 4; j++)
+            a[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const struct executor_block_tq2_0 *x = (const void *)((const char *)w + (size_t)r * rb);
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            for (int64_t i = 0; i < nb; i++) {
+                __m256i s16[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                  _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int h = 0; h < 2; h++) {
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i t = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+                        const size_t  o = (size_t)(128 * h + 32 * k);
+                        for (int j = 0; j < 4; j++)
+                            s16[j] = _mm256_add_epi16(
+                                s16[j],
+                                _mm256_maddubs_epi16(
+                                    t, _mm256_loadu_si256((const __m256i *)(a[j][i].qs + o))));
+                    }
+                }
+                const float dw = avx2_fp16(x[i].d);
+                for (int j = 0; j < 4; j++) {
+                    const __m256i d16 = _mm256_sub_epi16(
+                        s16[j], _mm256_loadu_si256((const __m256i *)a[j][i].bsums));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)),
+                                             _mm256_set1_ps(a[j][i].d * dw), acc[j]);
+                }
+            }
+            for (int j = 0; j < 4; j++)
+                y[(size_t)(j0 + j) * ys + (size_t)r] = avx2_hsum_ps_ggml(acc[j]);
+        }
+    }
+    if (j0 < n_act)
+        avx2_tq_rows(false, n, w, rb, n_rows, (const char *)act + (size_t)j0 * act_stride,
+                     act_stride, n_act - j0, y + (size_t)j0 * ys, ys);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1018,6 +1114,8 @@ void executor_kernels_fill_avx2(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = avx2_dot_tq1_0;
     ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = avx2_dot_tq2_0;
     ks->gemm[COMMON_GGML_TYPE_TQ1_0] = avx2_gemm_tq1_0;
+    ks->gemm[COMMON_GGML_TYPE_TQ2_0] = avx2_gemm_tq2_0;
+    ks->gemv[COMMON_GGML_TYPE_TQ1_0] = avx2_gemv_tq1_0;
     ks->vec_dot[COMMON_GGML_TYPE_I2S_Q128] = avx2_dot_i2s_q128;
     ks->vec_dot[COMMON_GGML_TYPE_I2S_B32H] = avx2_dot_i2s_b32h;
     ks->vec_dot[COMMON_GGML_TYPE_I2S_B32F] = avx2_dot_i2s_b32f;
