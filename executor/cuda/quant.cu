@@ -1182,16 +1182,11 @@ template <int T> struct type_tag {
     static constexpr int value = T;
 };
 
-/* Calls f(type_tag<T>()) for a supported type; -1 (recorded) otherwise. */
-template <class F> static int with_type(uint32_t type, const char *what, F &&f)
+/* Calls f(type_tag<T>()) for a quantized type (gpu_matvec_q8_supported); -1 (recorded)
+ * otherwise. */
+template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
 {
     switch (type) {
-    case COMMON_GGML_TYPE_F32:
-        return f(type_tag<COMMON_GGML_TYPE_F32>());
-    case COMMON_GGML_TYPE_F16:
-        return f(type_tag<COMMON_GGML_TYPE_F16>());
-    case COMMON_GGML_TYPE_BF16:
-        return f(type_tag<COMMON_GGML_TYPE_BF16>());
     case COMMON_GGML_TYPE_Q4_0:
         return f(type_tag<COMMON_GGML_TYPE_Q4_0>());
     case COMMON_GGML_TYPE_Q4_1:
@@ -1220,6 +1215,21 @@ template <class F> static int with_type(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_I2S_B32F>());
     default:
         return gpu_record(cudaErrorInvalidValue, what);
+    }
+}
+
+/* with_qtype, and the float types: every type of gpu_type_supported. */
+template <class F> static int with_type(uint32_t type, const char *what, F &&f)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_F32:
+        return f(type_tag<COMMON_GGML_TYPE_F32>());
+    case COMMON_GGML_TYPE_F16:
+        return f(type_tag<COMMON_GGML_TYPE_F16>());
+    case COMMON_GGML_TYPE_BF16:
+        return f(type_tag<COMMON_GGML_TYPE_BF16>());
+    default:
+        return with_qtype(type, what, static_cast<F &&>(f));
     }
 }
 
@@ -1386,41 +1396,6 @@ static void launch_matvec_q8(const void *w, const void *w2, size_t row_bytes, in
                 static_cast<const uint8_t *>(w), static_cast<const uint8_t *>(w2), row_bytes, 0,
                 rows, cols, nullptr, nullptr, 1, q8, 1, y, y_stride, add);
     });
-}
-
-/* with_type for the quantized types alone (gpu_matvec_q8_supported). */
-template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
-{
-    switch (type) {
-    case COMMON_GGML_TYPE_Q4_0:
-        return f(type_tag<COMMON_GGML_TYPE_Q4_0>());
-    case COMMON_GGML_TYPE_Q4_1:
-        return f(type_tag<COMMON_GGML_TYPE_Q4_1>());
-    case COMMON_GGML_TYPE_Q5_0:
-        return f(type_tag<COMMON_GGML_TYPE_Q5_0>());
-    case COMMON_GGML_TYPE_Q5_1:
-        return f(type_tag<COMMON_GGML_TYPE_Q5_1>());
-    case COMMON_GGML_TYPE_Q8_0:
-        return f(type_tag<COMMON_GGML_TYPE_Q8_0>());
-    case COMMON_GGML_TYPE_Q4_K:
-        return f(type_tag<COMMON_GGML_TYPE_Q4_K>());
-    case COMMON_GGML_TYPE_Q5_K:
-        return f(type_tag<COMMON_GGML_TYPE_Q5_K>());
-    case COMMON_GGML_TYPE_Q6_K:
-        return f(type_tag<COMMON_GGML_TYPE_Q6_K>());
-    case COMMON_GGML_TYPE_TQ1_0:
-        return f(type_tag<COMMON_GGML_TYPE_TQ1_0>());
-    case COMMON_GGML_TYPE_TQ2_0:
-        return f(type_tag<COMMON_GGML_TYPE_TQ2_0>());
-    case COMMON_GGML_TYPE_I2S_Q128:
-        return f(type_tag<COMMON_GGML_TYPE_I2S_Q128>());
-    case COMMON_GGML_TYPE_I2S_B32H:
-        return f(type_tag<COMMON_GGML_TYPE_I2S_B32H>());
-    case COMMON_GGML_TYPE_I2S_B32F:
-        return f(type_tag<COMMON_GGML_TYPE_I2S_B32F>());
-    default:
-        return gpu_record(cudaErrorInvalidValue, what);
-    }
 }
 
 /* A q8 image must be 4-byte aligned (its words are read whole). */
