@@ -27,11 +27,14 @@ run_suite() {
 
 run_suite build "" ""
 if [ -z "${SLUICE_QUICK:-}" ]; then
+    # The sanitizer builds leave the CUDA kernels out (-DSLUICE_CUDA=OFF): without a device
+    # their tests run on the host backend either way, and the release build above compiles and
+    # links the kernels (two architectures each, the slowest files of the build).
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        run_suite build-asan asan "" -DSANITIZE=asan
+        run_suite build-asan asan "" -DSANITIZE=asan -DSLUICE_CUDA=OFF
     # Criterion's runner cannot start under ThreadSanitizer, so the TSan suite is the plain
     # programs of tests/tsan/ (label tsan), which drive every multi-threaded part.
-    TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan tsan "-L tsan" -DSANITIZE=tsan
+    TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan tsan "-L tsan" -DSANITIZE=tsan -DSLUICE_CUDA=OFF
     echo "== fuzz: ${fuzz_secs}s"
     bash deploy/fuzz.sh "$fuzz_secs"
 fi
