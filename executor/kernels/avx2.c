@@ -675,21 +675,35 @@ static inline void avx2_tq2_unpack(const struct executor_block_tq2_0 *x, __m256i
     }
 }
 
-/* acc + (the quants t times the block's activations, less its bsums) * (d_a * d_w): the step of
- * one block and one activation that every ternary kernel below runs, so they agree bit for bit.
- * The eight products stay in int16 pairs until one widening (|sum| <= 8 * 2 * 3 * 128 = 6144),
- * the 16 bsums taken off there as llama.cpp does: int32 lane k still holds bytes 4k .. 4k + 3 of
- * every vector less the activations 32k .. 32k + 31, the same integers. */
-static inline __m256 avx2_tq_block(const __m256i                     t[AVX2_TQ_VECS],
-                                   const struct executor_block_q8_K *y, float dw, __m256 acc)
+/* The step of one block and one activation that every ternary kernel below runs, so they agree
+ * bit for bit: the quants t times the block's activations (avx2_tq_sum16), less its bsums, times
+ * d_a * d_w onto acc (avx2_tq_finish; avx2_tq_block is both). The eight products stay in int16
+ * pairs until one widening (|sum| <= 8 * 2 * 3 * 128 = 6144), the 16 bsums taken off there as
+ * llama.cpp does: int32 lane k still holds bytes 4k .. 4k + 3 of every vector less the
+ * activations 32k .. 32k + 31, the same integers. */
+static inline __m256i avx2_tq_sum16(const __m256i                     t[AVX2_TQ_VECS],
+                                    const struct executor_block_q8_K *y)
 {
     __m256i s16 = _mm256_maddubs_epi16(t[0], _mm256_loadu_si256((const __m256i *)y->qs));
     for (int k = 1; k < AVX2_TQ_VECS; k++)
         s16 = _mm256_add_epi16(
             s16, _mm256_maddubs_epi16(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
+    return s16;
+}
+
+/* acc + (s16 less the block's bsums, widened) * (d_a * d_w). */
+static inline __m256 avx2_tq_finish(__m256i s16, const struct executor_block_q8_K *y, float dw,
+                                    __m256 acc)
+{
     s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256((const __m256i *)y->bsums)); /* |.| <= 2048 */
-    const __m256i sumi = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(y->d * dw), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1))),
+                           _mm256_set1_ps(y->d * dw), acc);
+}
+
+static inline __m256 avx2_tq_block(const __m256i                     t[AVX2_TQ_VECS],
+                                   const struct executor_block_q8_K *y, float dw, __m256 acc)
+{
+    return avx2_tq_finish(avx2_tq_sum16(t, y), y, dw, acc);
 }
 
 /* Activations sharing one unpack of a ternary block in the gemms. */
@@ -763,28 +777,6 @@ static void avx2_gemm_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows,
  * against vec_dot's 12-15 (Zen 3; its cheap unpack leaves it to the prefetchers, which follow
  * one stream better than two). */
 
-/* acc + (s16 less the block's bsums, widened) * (d_a * d_w): avx2_tq_block's end. */
-static inline __m256 avx2_tq_finish(__m256i s16, const struct executor_block_q8_K *y, float dw,
-                                    __m256 acc)
-{
-    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256((const __m256i *)y->bsums));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, _mm256_set1_epi16(1))),
-                           _mm256_set1_ps(y->d * dw), acc);
-}
-
-/* One TQ1_0 block of a row against its activations, in int16 pairs (avx2_tq_block's integers). */
-static inline __m256i avx2_tq1_block_s16(const struct executor_block_tq1_0 *x,
-                                         const struct executor_block_q8_K  *y)
-{
-    __m256i t[AVX2_TQ_VECS];
-    avx2_tq1_unpack(x, t);
-    __m256i s16 = _mm256_maddubs_epi16(t[0], _mm256_loadu_si256((const __m256i *)y->qs));
-    for (int k = 1; k < AVX2_TQ_VECS; k++)
-        s16 = _mm256_add_epi16(
-            s16, _mm256_maddubs_epi16(t[k], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * k))));
-    return s16;
-}
-
 static void avx2_gemv_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
                             float *y)
 {
@@ -796,8 +788,10 @@ static void avx2_gemv_tq1_0(int64_t n, const void *w, size_t rb, int64_t n_rows,
         const struct executor_block_tq1_0 *x1 = (const void *)((const char *)x0 + rb);
         __m256                             acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
-            const __m256i s0 = avx2_tq1_block_s16(x0 + i, a + i);
-            const __m256i s1 = avx2_tq1_block_s16(x1 + i, a + i);
+            __m256i t0[AVX2_TQ_VECS], t1[AVX2_TQ_VECS];
+            avx2_tq1_unpack(x0 + i, t0);
+            avx2_tq1_unpack(x1 + i, t1);
+            const __m256i s0 = avx2_tq_sum16(t0, a + i), s1 = avx2_tq_sum16(t1, a + i);
             acc0 = avx2_tq_finish(s0, a + i, avx2_fp16(x0[i].d), acc0);
             acc1 = avx2_tq_finish(s1, a + i, avx2_fp16(x1[i].d), acc1);
         }
@@ -816,7 +810,7 @@ static void avx2_gemm_tq2_0(int64_t n, const void *w, size_t rb, int64_t n_rows,
                             size_t act_stride, int64_t n_act, float *y, size_t ys)
 {
     const int64_t nb = n / EXECUTOR_QK_K;
-    const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    const __m256i m3 = _mm256_set1_epi8(3);
     int64_t       j0 = 0;
     for (; j0 + 4 <= n_act; j0 += 4) {
         const struct executor_block_q8_K *a[4];
@@ -843,10 +837,7 @@ static void avx2_gemm_tq2_0(int64_t n, const void *w, size_t rb, int64_t n_rows,
                 }
                 const float dw = avx2_fp16(x[i].d);
                 for (int j = 0; j < 4; j++) {
-                    const __m256i d16 = _mm256_sub_epi16(
-                        s16[j], _mm256_loadu_si256((const __m256i *)a[j][i].bsums));
-                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)),
-                                             _mm256_set1_ps(a[j][i].d * dw), acc[j]);
+                    acc[j] = avx2_tq_finish(s16[j], a[j] + i, dw, acc[j]);
                 }
             }
             for (int j = 0; j < 4; j++)
