@@ -513,8 +513,10 @@ static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t ro
         return 0;
     if (cols == 0 || !w || !x16 || !y || ((uintptr_t)x16 & 15) != 0 || blocks_y > HOST_GRID_Y_MAX)
         return h_bad(what);
-    float *wf = malloc((size_t)cols * sizeof(float));
-    float *xf = malloc((size_t)cols * sizeof(float));
+    /* The activations of a tile (or of the dense product) in f32, converted once. */
+    const int64_t x_rows = by_tiles ? GPU_MM_TILE : n;
+    float        *wf = malloc((size_t)cols * sizeof(float));
+    float        *xf = malloc((size_t)x_rows * (size_t)cols * sizeof(float));
     if (!wf || !xf) {
         free(wf);
         free(xf);
@@ -530,6 +532,11 @@ static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t ro
             rc = h_bad(what);
             break;
         }
+        for (int32_t j = 0; j < tl.count; j++) {
+            const int64_t xr = by_tiles ? items[tl.first + j] / x_div : j;
+            for (int64_t c = 0; c < cols; c++)
+                xf[j * cols + c] = executor_fp16_to_fp32(x16[xr * cols + c]);
+        }
         const uint8_t *we = (const uint8_t *)w + (size_t)tl.expert * (by_tiles ? expert_bytes : 0);
         for (int64_t r = 0; r < rows; r++) {
             h_row(type, we, row_bytes, r, cols, wf);
@@ -537,10 +544,7 @@ static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t ro
                 wf[c] = executor_fp16_to_fp32(executor_fp32_to_fp16(wf[c]));
             for (int32_t j = 0; j < tl.count; j++) {
                 const int64_t yr = by_tiles ? items[tl.first + j] : j;
-                const int64_t xr = by_tiles ? yr / x_div : j;
-                for (int64_t c = 0; c < cols; c++)
-                    xf[c] = executor_fp16_to_fp32(x16[xr * cols + c]);
-                y[yr * y_stride + r] = h_dot(wf, xf, cols);
+                y[yr * y_stride + r] = h_dot(wf, xf + j * cols, cols);
             }
         }
     }
