@@ -36,6 +36,7 @@ struct generate_args {
     const char                 *stops_v[GENERATE_MAX_STOPS]; /* --stop: borrowed from argv */
     struct common_opt_strs      stops;                       /* --stop: into stops_v */
     bool                        chat;                        /* --chat */
+    uint32_t                    router_wait_s;               /* --router-wait */
 };
 
 /* The sampling rows, as `sluice run` names them. */
@@ -141,6 +142,15 @@ static int generate_parse(int argc, char **argv, struct generate_args *a)
          .type = COMMON_OPT_SWITCH,
          .target = &a->o.special,
          .help = "parse special-token text (<|im_start|>...) in the prompt"},
+        {.name = "router-wait",
+         .type = COMMON_OPT_U32,
+         .target = &a->router_wait_s,
+         .metavar = "SEC",
+         .min = 1,
+         .max = 86400,
+         .help = "a router that dies mid-request: wait this long for a restarted one, which "
+                 "resumes the request, before failing",
+         .def = "60"},
         {0},
     };
     const struct common_opt_group groups[] = {{.title = "Sampling options", .opts = sampling}, {0}};
@@ -169,6 +179,7 @@ static int generate_parse(int argc, char **argv, struct generate_args *a)
                                         "SLUICE_RUN_DIR)");
     a->o.stops = a->stops_v;
     a->o.n_stops = a->stops.n;
+    a->o.resume_wait_s = a->router_wait_s;
     return 0;
 }
 

@@ -21,7 +21,8 @@
 #define CLIENT_GONE_MS       2000  /* its socket file missing this long: it is not running */
 #define CLIENT_PAUSE_MS      50    /* between retries after a closed connection */
 #define CLIENT_RESUME_MS     60000 /* a router that died mid-request: wait this long for it */
-#define CLIENT_RESUME_MINOR  3     /* routers from protocol 0.3 on resume a request */
+                                   /* (unless the request's resume_wait_s says otherwise) */
+#define CLIENT_RESUME_MINOR 3      /* routers from protocol 0.3 on resume a request */
 
 _Static_assert((int)SLUICE_ECLOSED == (int)COMMON_ECLOSED &&
                    (int)SLUICE_ERANGE == (int)COMMON_ERANGE &&
@@ -361,16 +362,25 @@ static int client_submit(struct sluice_client *c, const struct sluice_generate_o
 }
 
 /* Resubmits request `id` after the tokens in `got` until a router takes it (one being
- * restarted is waited for, CLIENT_RESUME_MS at most). Returns 0 or the last failure. */
+ * restarted is waited for, resume_wait_s or CLIENT_RESUME_MS at most). Returns 0 or the last
+ * failure. */
 static int client_resume(struct sluice_client *c, const struct sluice_generate_opts *o, uint64_t id,
                          const struct client_got *got)
 {
     const uint64_t t0 = common_now_ns();
+    const uint64_t wait_ms =
+        o->resume_wait_s ? (uint64_t)o->resume_wait_s * 1000u : CLIENT_RESUME_MS;
     for (;;) {
-        int rc = client_submit(c, o, id, got);
+        /* Nothing listening yet: no call (it would wait out its timeout), look again soon. */
+        int rc = !client_socket_exists(c)
+                     ? client_fail(SLUICE_ECLOSED, "router not running: %s is gone", c->sock_path)
+                 : !client_socket_listened(c)
+                     ? client_fail(SLUICE_ECLOSED, "router not running: nobody listens on %s",
+                                   c->sock_path)
+                     : client_submit(c, o, id, got);
         if (rc != SLUICE_ECLOSED && rc != SLUICE_ETIMEDOUT && rc != SLUICE_EBUSY)
             return rc;
-        if ((common_now_ns() - t0) / 1000000u >= CLIENT_RESUME_MS)
+        if ((common_now_ns() - t0) / 1000000u >= wait_ms)
             return rc;
         struct timespec ts = {0, 200 * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {

@@ -62,6 +62,8 @@ struct sluice_generate_opts {
     bool                              no_stream; /* one callback with everything at the end */
     bool                              special;   /* parse special-token text in the prompt */
     uint64_t                          id;        /* request id; 0 = random */
+    uint32_t resume_wait_s; /* a router that died mid-request: how long to wait for a
+                               restarted one before failing; 0 = 60 s   [0] */
 };
 
 void sluice_generate_opts_init(struct sluice_generate_opts *o);
