@@ -86,10 +86,11 @@ struct cli_stream_opts {
     int32_t  main_gpu;                 /* --main-gpu / --device CUDAn */
     int32_t  n_cpu_moe;                /* --n-cpu-moe N: the first N layers' MoE on the CPU */
     uint64_t vram_budget; /* --vram-budget SIZE: the device's experts in a pool; 0 = all */
+    enum executor_expert_miss expert_miss; /* --expert-miss */
 };
 
 /* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
-#define CLI_STREAM_N_ROWS 17
+#define CLI_STREAM_N_ROWS 18
 
 /* The option table of the streaming options that run, chat, perplexity and bench share. */
 struct cli_stream_table {

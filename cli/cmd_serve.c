@@ -14,19 +14,20 @@
 #define SERVE_PROG "sluice serve"
 
 struct serve_args {
-    const char            *model;       /* -m: borrowed from argv */
-    const char            *http;        /* --http HOST:PORT: borrowed */
-    const char            *api_key;     /* --api-key: borrowed */
-    uint64_t               max_body;    /* --http-max-body */
-    uint32_t               n_threads;   /* -t: 0 = physical cores */
-    uint32_t               n_ctx;       /* -c: 0 = the model's, at most 4096 */
-    uint32_t               n_seq;       /* --parallel */
-    uint32_t               n_batch;     /* -b */
-    enum common_cache_type cache;       /* --cache-type */
-    int32_t                ngl;         /* -ngl */
-    int32_t                n_cpu_moe;   /* --n-cpu-moe */
-    uint64_t               vram_budget; /* --vram-budget */
-    int32_t                main_gpu;    /* --main-gpu */
+    const char               *model;       /* -m: borrowed from argv */
+    const char               *http;        /* --http HOST:PORT: borrowed */
+    const char               *api_key;     /* --api-key: borrowed */
+    uint64_t                  max_body;    /* --http-max-body */
+    uint32_t                  n_threads;   /* -t: 0 = physical cores */
+    uint32_t                  n_ctx;       /* -c: 0 = the model's, at most 4096 */
+    uint32_t                  n_seq;       /* --parallel */
+    uint32_t                  n_batch;     /* -b */
+    enum common_cache_type    cache;       /* --cache-type */
+    int32_t                   ngl;         /* -ngl */
+    int32_t                   n_cpu_moe;   /* --n-cpu-moe */
+    uint64_t                  vram_budget; /* --vram-budget */
+    enum executor_expert_miss expert_miss; /* --expert-miss */
+    int32_t                   main_gpu;    /* --main-gpu */
 };
 
 static int serve_parse(int argc, char **argv, struct serve_args *a)
@@ -127,6 +128,12 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .min = 1,
          .metavar = "SIZE",
          .help = EXECUTOR_VRAM_BUDGET_HELP},
+        {.name = "expert-miss",
+         .type = COMMON_OPT_CHOICE,
+         .target = &a->expert_miss,
+         .choices = executor_expert_miss_names,
+         .help = EXECUTOR_EXPERT_MISS_HELP,
+         .def = "copy"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -190,7 +197,8 @@ int cli_cmd_serve(int argc, char **argv)
                                      .n_gpu_layers = a.ngl,
                                      .main_gpu = a.main_gpu,
                                      .n_cpu_moe = a.n_cpu_moe,
-                                     .vram_budget = a.vram_budget};
+                                     .vram_budget = a.vram_budget,
+                                     .expert_miss = a.expert_miss};
     if ((rc = executor_serve_start(&xo, &exec, &e)) < 0) {
         cli_error(SERVE_PROG, "%s", e.text[0] ? e.text : common_strerror(rc));
         goto out;

@@ -165,6 +165,12 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .min = 1,
          .metavar = "SIZE",
          .help = EXECUTOR_VRAM_BUDGET_HELP},
+        {.name = "expert-miss",
+         .type = COMMON_OPT_CHOICE,
+         .target = &o->expert_miss,
+         .choices = executor_expert_miss_names,
+         .help = EXECUTOR_EXPERT_MISS_HELP,
+         .def = "copy"},
         {.name = "device",
          .short_name = "dev",
          .type = COMMON_OPT_CALLBACK,
@@ -349,6 +355,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
             co.main_gpu = en->so.main_gpu;
             co.n_cpu_moe = en->so.n_cpu_moe;
             co.vram_budget = en->so.vram_budget;
+            co.expert_miss = en->so.expert_miss;
         } else {
             fprintf(stderr, "%s: warning: -ngl %d ignored, running on the CPU: %s\n", en->prog,
                     en->so.n_gpu_layers, why);
@@ -363,7 +370,8 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         const struct executor_gpu_place pl = {.n_gpu_layers = co.n_gpu_layers,
                                               .n_cpu_moe = co.n_cpu_moe,
                                               .main_gpu = co.main_gpu,
-                                              .vram_budget = co.vram_budget};
+                                              .vram_budget = co.vram_budget,
+                                              .expert_miss = co.expert_miss};
         if ((rc = executor_gpu_weights_create(en->model, &pl, n_ctx, co.n_batch ? co.n_batch : 512,
                                               o->n_seqs, &en->gpu_w, &e)) < 0) {
             cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));
@@ -446,13 +454,18 @@ int cli_engine_report(struct cli_engine *en)
     struct executor_gpu_pool_stats gs;
     if (en->ctx && executor_ctx_gpu_pool_stats(en->ctx, &gs) && gs.n_slots) {
         char           cb[32];
-        const uint64_t picks = gs.hits + gs.misses;
+        const uint64_t picks = gs.hits + gs.misses + gs.cpu_misses;
         fprintf(stderr,
                 "gpu expert pool: %u slots; %llu picks, %llu found (%.1f%%), %llu copied in "
-                "(%s to the device)\n",
+                "(%s to the device), %llu computed on the CPU",
                 gs.n_slots, (unsigned long long)picks, (unsigned long long)gs.hits,
                 picks ? 100.0 * (double)gs.hits / (double)picks : 0.0,
-                (unsigned long long)gs.misses, common_format_size(gs.copied_bytes, cb, sizeof(cb)));
+                (unsigned long long)gs.misses, common_format_size(gs.copied_bytes, cb, sizeof(cb)),
+                (unsigned long long)gs.cpu_misses);
+        if (gs.copy_gbps > 0)
+            fprintf(stderr, " (copies %.2f GB/s, the CPU %.2f GB/s of expert bytes)", gs.copy_gbps,
+                    gs.cpu_gbps);
+        fputc('\n', stderr);
     }
     if (en->so.report_rss) {
         uint64_t kb = engine_vmhwm_kb();

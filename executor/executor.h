@@ -307,6 +307,16 @@ struct executor_weights     *executor_model_weights(const struct executor_model 
 struct executor_ctx;
 struct executor_gpu_weights;
 
+/* What a device step does with a routed expert missing from the --vram-budget pool. */
+enum executor_expert_miss {
+    EXECUTOR_MISS_COPY = 0, /* copy it into the pool, compute it there (the default) */
+    EXECUTOR_MISS_CPU,      /* compute it on the CPU from the weight source (RAM) */
+    EXECUTOR_MISS_AUTO,     /* either, per miss, by the measured copy and CPU rates */
+};
+/* "copy", "cpu", "auto"; the names in enum order, NULL-terminated (an option's choices). */
+const char              *executor_expert_miss_name(enum executor_expert_miss m);
+extern const char *const executor_expert_miss_names[];
+
 struct executor_ctx_opts {
     uint32_t                    n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
     uint32_t                    n_batch;    /* tokens per forward batch; 0 = 512 */
@@ -339,6 +349,8 @@ struct executor_ctx_opts {
     uint64_t vram_budget;  /* --vram-budget SIZE (EXECUTOR_VRAM_BUDGET_HELP): the device
                               memory the routed experts of its layers may take; 0 = all of them
                               uploaded */
+    enum executor_expert_miss expert_miss; /* --expert-miss: a decode step's pick that is not
+                                              in that pool (EXECUTOR_EXPERT_MISS_HELP) */
     /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
      * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
     const struct executor_gpu_weights *gpu_weights;
@@ -346,9 +358,17 @@ struct executor_ctx_opts {
 
 /* Where the layers go on the device: executor_ctx_opts' fields of the same names. */
 struct executor_gpu_place {
-    int32_t  n_gpu_layers, n_cpu_moe, main_gpu;
-    uint64_t vram_budget;
+    int32_t                   n_gpu_layers, n_cpu_moe, main_gpu;
+    uint64_t                  vram_budget;
+    enum executor_expert_miss expert_miss;
 };
+
+/* The --expert-miss option's help line, shared by the commands and the executor daemon. */
+#define EXECUTOR_EXPERT_MISS_HELP                                                                  \
+    "with --vram-budget, a decode step's expert that is not in the device pool: copy it in "       \
+    "(copy), compute it on the CPU from RAM while the device computes the others (cpu), or "       \
+    "choose per miss from the measured copy and CPU rates (auto; the CPU's products differ "       \
+    "from the device's in the last bits, so runs are not bit-reproducible)"
 
 /* The --vram-budget option's help line, shared by the commands and the executor daemon. */
 #define EXECUTOR_VRAM_BUDGET_HELP                                                                  \
@@ -407,6 +427,10 @@ struct executor_gpu_pool_stats {
     uint64_t expert_bytes; /* every routed expert of the device's layers */
     uint64_t hits, misses; /* expert picks found in the pool, and copied in */
     uint64_t copied_bytes; /* copied to the device for the misses */
+    uint64_t cpu_misses;   /* expert picks not in the pool computed on the CPU (--expert-miss),
+                              counted apart from hits and misses */
+    double copy_gbps;      /* the copy rate measured when the pool was made, GB/s */
+    double cpu_gbps;       /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);
@@ -675,9 +699,10 @@ struct executor_serve_opts {
                              on the CPU and the instance id changes, so the router replays its
                              sequences. SLUICE_TEST_DEVICE_FAULT=N in the environment (tests)
                              makes the Nth batched step fail that way, with or without a device */
-    int32_t  main_gpu;    /* the CUDA device */
-    int32_t  n_cpu_moe;   /* --n-cpu-moe: as executor_ctx_opts */
-    uint64_t vram_budget; /* --vram-budget: as executor_ctx_opts */
+    int32_t                   main_gpu;    /* the CUDA device */
+    int32_t                   n_cpu_moe;   /* --n-cpu-moe: as executor_ctx_opts */
+    uint64_t                  vram_budget; /* --vram-budget: as executor_ctx_opts */
+    enum executor_expert_miss expert_miss; /* --expert-miss: as executor_ctx_opts */
 };
 
 /* Creates the contexts, writes the pid file, starts the step thread and listens on

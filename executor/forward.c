@@ -1098,7 +1098,8 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                   &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
                                                                .n_cpu_moe = o->n_cpu_moe,
                                                                .main_gpu = o->main_gpu,
-                                                               .vram_budget = o->vram_budget},
+                                                               .vram_budget = o->vram_budget,
+                                                               .expert_miss = o->expert_miss},
                                   c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;

@@ -231,5 +231,9 @@ int executor_fwd_cpu_ffn(struct executor_ctx *c, uint32_t il, uint32_t n);
 /* Says in c->err which part of which expert could not be had (rc), and why when the weight
  * source knows (the file, offset and checksum of a failed load); returns rc. */
 int executor_moe_acquire_failed(struct executor_ctx *c, uint32_t il, uint32_t e, int part, int rc);
+/* Routed expert e of layer il over the cnt rows of c->gx (cnt <= n_batch): its outputs, its
+ * bias added, unweighted, in c->tmp (cnt rows of n_embd). Returns 0 or the weight source's
+ * error (message in c->err). */
+int executor_moe_expert_rows(struct executor_ctx *c, uint32_t il, uint32_t e, int32_t cnt);
 
 #endif /* EXECUTOR_FORWARD_IMPL_H */

@@ -81,6 +81,12 @@ struct gpu_xpool {
     uint32_t          loan_next;
     uint64_t          tick, round;
     uint64_t          hits, misses, copied, redone;
+    /* --expert-miss: a decode round's missing experts computed on the CPU instead. */
+    enum executor_expert_miss miss_mode;
+    uint64_t                 *cpu_mark;   /* expert -> the round that computes it on the CPU */
+    double                    copy_ns_b;  /* measured ns per byte copied in (auto) */
+    double                    cpu_ns_b;   /* the CPU's ns per expert byte; 0 = not measured */
+    uint64_t                  cpu_misses; /* picks computed on the CPU */
 };
 
 /* Device allocations freed together. */
@@ -496,12 +502,36 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     free(px->mark);
     free(px->miss_x);
     free(px->miss_s);
+    free(px->cpu_mark);
     free(px);
+}
+
+/* ns per byte of a copy into the pool from host memory: the best of three copies of one slot
+ * from a pageable buffer (as the weight source's are), each waited for; 0 when it fails. */
+static double gpu_pool_copy_rate(struct gpu_xpool *px)
+{
+    uint8_t *buf = malloc(px->slot_bytes);
+    double   best = 0;
+    if (!buf)
+        return 0;
+    memset(buf, 1, px->slot_bytes);
+    for (int k = 0; k < 3; k++) {
+        const uint64_t t0 = common_now_ns();
+        if (gpu_copy_async(px->d, buf, px->slot_bytes) < 0 ||
+            gpu_event_record_copy(px->ev_gu) < 0 || gpu_event_sync(px->ev_gu) < 0) {
+            best = 0;
+            break;
+        }
+        const double ns_b = (double)(common_now_ns() - t0) / (double)px->slot_bytes;
+        best = k == 0 || ns_b < best ? ns_b : best;
+    }
+    free(buf);
+    return best;
 }
 
 /* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's). */
 static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, size_t slot_bytes,
-                           struct common_errmsg *e)
+                           enum executor_expert_miss miss_mode, struct common_errmsg *e)
 {
     const struct common_hparams *hp = &gw->m->desc->hp;
     const size_t                 n_keys = (size_t)hp->n_layer * hp->n_expert;
@@ -521,8 +551,10 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     px->mark = calloc(hp->n_expert, sizeof(*px->mark));
     px->miss_x = calloc(hp->n_expert, sizeof(*px->miss_x));
     px->miss_s = calloc(hp->n_expert, sizeof(*px->miss_s));
+    px->cpu_mark = calloc(hp->n_expert, sizeof(*px->cpu_mark));
+    px->miss_mode = miss_mode;
     if (!px->slot_of || !px->owner || !px->last || !px->pin || !px->mark || !px->miss_x ||
-        !px->miss_s)
+        !px->miss_s || !px->cpu_mark)
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     for (size_t i = 0; i < n_keys; i++)
         px->slot_of[i] = -1;
@@ -535,6 +567,9 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     if (!ok || !(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
                                  gw->dev, gpu_last_error());
+    if (miss_mode == EXECUTOR_MISS_AUTO && !(px->copy_ns_b = gpu_pool_copy_rate(px)))
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: a copy into the expert pool: %s",
+                                 gpu_backend_name(), gw->dev, gpu_last_error());
     return 0;
 }
 
@@ -772,7 +807,7 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     gw->head = head;
     gw->expert_bytes = all;
     if (n_slots > 0)
-        rc = gpu_pool_create(gw, (uint32_t)n_slots, slot_bytes, e);
+        rc = gpu_pool_create(gw, (uint32_t)n_slots, slot_bytes, pl->expert_miss, e);
     for (uint32_t il = il0; il < hp->n_layer && rc == 0; il++)
         rc = gpu_put_layer(gw, il, e);
     if (rc == 0 && head) {
@@ -956,10 +991,12 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
         const uint64_t pb = (uint64_t)gw->pool->n_slots * gw->pool->slot_bytes;
         char           a[32], b[32];
         snprintf(buf + at2, len - at2,
-                 "; the experts in a pool of %u slots (%s of --vram-budget, %.1f%% of their %s)",
+                 "; the experts in a pool of %u slots (%s of --vram-budget, %.1f%% of their %s; "
+                 "--expert-miss %s)",
                  gw->pool->n_slots, common_format_size(pb, a, sizeof(a)),
                  100.0 * (double)pb / (double)gw->expert_bytes,
-                 common_format_size(gw->expert_bytes, b, sizeof(b)));
+                 common_format_size(gw->expert_bytes, b, sizeof(b)),
+                 executor_expert_miss_name(gw->pool->miss_mode));
     }
 }
 
@@ -975,6 +1012,9 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->hits = px->hits;
     out->misses = px->misses;
     out->copied_bytes = px->copied;
+    out->cpu_misses = px->cpu_misses;
+    out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
+    out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);
 }
 
@@ -1578,12 +1618,77 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
     return 0;
 }
 
+/* Whether a round's missing expert of `bytes` is computed on the CPU (--expert-miss): always
+ * (cpu), never (copy), or (auto) when the CPU would be done with it and the round's other CPU
+ * experts sooner than the copy stream with it and the round's other copies (*t_cpu, *t_copy:
+ * the round's estimated ns so far, the two working side by side). The first miss in auto mode
+ * goes to the CPU, which measures its rate. */
+static bool gpu_miss_on_cpu(const struct gpu_xpool *px, size_t bytes, double *t_cpu, double *t_copy)
+{
+    if (px->miss_mode != EXECUTOR_MISS_AUTO)
+        return px->miss_mode == EXECUTOR_MISS_CPU;
+    const double cpu = px->cpu_ns_b * (double)bytes, copy = px->copy_ns_b * (double)bytes;
+    if (px->cpu_ns_b > 0 && *t_copy + copy <= *t_cpu + cpu) {
+        *t_copy += copy;
+        return false;
+    }
+    *t_cpu += cpu;
+    return true;
+}
+
+/* A pooled round's experts that the CPU computes (px->cpu_mark is this round's): the rows of
+ * their tokens (g->xn, brought to the host once a step: *have_xn) through the CPU's expert
+ * (executor_moe_expert_rows, from the weight source), each (token, slot) output uploaded to its
+ * row of g->moe_y, after the device's kernels (which computed a stand-in there). The CPU's
+ * ns per byte is kept as a running mean. Returns 0, -1 (device) or -2 (the weight source
+ * failed: *cpu_rc, text in c->err). */
+static int gpu_moe_cpu_round(struct executor_gpu *g, uint32_t il, uint32_t n, uint32_t t0,
+                             uint32_t t1, struct executor_ctx *c, bool *have_xn, int *cpu_rc)
+{
+    struct gpu_xpool *px = g->w->pool;
+    const int64_t     ne = g->m->desc->hp.n_embd;
+    const uint32_t    K = g->m->desc->hp.n_expert_used;
+    const size_t      row = (size_t)ne * sizeof(float);
+    size_t            bytes = 0; /* one expert of the layer */
+    for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
+        bytes += (size_t)g->w->layers[il].exps[p].rows * g->w->layers[il].exps[p].row_bytes;
+    if (!*have_xn && gpu_download(c->xn, g->xn, (size_t)n * row) < 0)
+        return -1;
+    *have_xn = true;
+    for (uint32_t i = t0 * K; i < t1 * K; i++) {
+        const int32_t x = g->h_sel[i];
+        if (px->cpu_mark[x] != px->round || g->h_items[i] == INT32_MIN)
+            continue;
+        int32_t cnt = 0; /* the round's items of expert x, listed in g->h_rows */
+        for (uint32_t k = i; k < t1 * K; k++)
+            if (g->h_sel[k] == x) {
+                memcpy(c->gx + (size_t)cnt * ne, c->xn + (size_t)(k / K) * ne, row);
+                g->h_rows[cnt++] = (int32_t)k;
+                g->h_items[k] = INT32_MIN; /* done */
+            }
+        const uint64_t ts = common_now_ns();
+        const int      rc = executor_moe_expert_rows(c, il, (uint32_t)x, cnt);
+        if (rc < 0) {
+            *cpu_rc = rc;
+            return -2;
+        }
+        const double ns_b = (double)(common_now_ns() - ts) / (double)bytes;
+        px->cpu_ns_b = px->cpu_ns_b > 0 ? 0.75 * px->cpu_ns_b + 0.25 * ns_b : ns_b;
+        px->cpu_misses += (uint64_t)cnt;
+        for (int32_t r = 0; r < cnt; r++)
+            if (gpu_upload(g->moe_y + (size_t)g->h_rows[r] * ne, c->tmp + (size_t)r * ne, row) < 0)
+                return -1;
+    }
+    return 0;
+}
+
 /* The routed experts of a step of fewer than GPU_GEMM_MIN_N rows from the pool (the lock
  * held): the picks brought to the host (and asked of the weight source at once, so that its
  * reads overlap), the tokens taken in rounds whose experts fit in the pool together (one
  * token's always do), each round's missing experts copied in, then computed over their slots
- * (gpu_moe_items: the same products as with every expert uploaded). Returns 0 (*cpu_rc < 0
- * when the weight source failed) or -1 (device). */
+ * (gpu_moe_items: the same products as with every expert uploaded), or, as --expert-miss
+ * chooses, computed on the CPU meanwhile (gpu_moe_cpu_round). Returns 0 (*cpu_rc < 0 when the
+ * weight source failed) or -1 (device). */
 static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
                           int *cpu_rc)
 {
@@ -1591,6 +1696,10 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
     struct gpu_xpool                  *px = gw->pool;
     const struct executor_weights     *w = gw->m->w;
     const uint32_t                     E = px->n_expert, K = gw->m->desc->hp.n_expert_used;
+    size_t                             bytes = 0; /* one expert of the layer */
+    bool                               have_xn = false;
+    for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
+        bytes += (size_t)gw->layers[il].exps[p].rows * gw->layers[il].exps[p].row_bytes;
     if (gpu_download(g->h_sel, g->sel, (size_t)n * K * sizeof(int32_t)) < 0)
         return -1;
     for (uint32_t i = 0; i < n * K; i++) {
@@ -1601,8 +1710,9 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
                                          EXECUTOR_HINT_POSTFETCH);
     }
     for (uint32_t t0 = 0, t1 = 0, tries = 0; t0 < n; t0 = t1) {
-        uint32_t used = 0;
+        uint32_t used = 0, on_cpu = 0;
         bool     torn = false, again = false;
+        double   t_cpu = 0, t_copy = 0;
         px->round++;
         px->n_miss = 0;
         for (t1 = t0; t1 < n; t1++) {
@@ -1614,22 +1724,38 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
                 break;
             used += add;
             for (uint32_t j = 0; j < K; j++) {
-                px->mark[sel[j]] = px->round;
-                g->h_items[(size_t)t1 * K + j] = gpu_pool_take(px, il, (uint32_t)sel[j]);
+                const uint32_t x = (uint32_t)sel[j];
+                if (px->mark[x] != px->round) {
+                    px->mark[x] = px->round;
+                    if (px->slot_of[il * E + x] < 0 && gpu_miss_on_cpu(px, bytes, &t_cpu, &t_copy))
+                        px->cpu_mark[x] = px->round;
+                }
+                const bool cpu = px->cpu_mark[x] == px->round;
+                on_cpu += cpu;
+                g->h_items[(size_t)t1 * K + j] = cpu ? -1 : gpu_pool_take(px, il, x);
             }
         }
+        /* The device computes a stand-in (a slot of the round) where the CPU computes. */
+        const size_t i0 = (size_t)t0 * K, i1 = (size_t)t1 * K;
+        int32_t      stand_in = -1;
+        for (size_t i = i0; i < i1 && stand_in < 0; i++)
+            stand_in = g->h_items[i];
+        for (size_t i = i0; i < i1 && on_cpu; i++)
+            g->h_items[i] = g->h_items[i] < 0 ? stand_in : g->h_items[i];
         const bool miss = px->n_miss > 0;
         const int  rc = gpu_pool_fill(gw, il, c, cpu_rc, &torn);
         if (rc < 0)
             return rc == -1 ? -1 : 0;
-        const size_t i0 = (size_t)t0 * K;
-        if (gpu_upload(g->items + i0, g->h_items + i0, (size_t)(t1 - t0) * K * sizeof(int32_t)) <
-                0 ||
-            gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px->ev_gu : NULL,
-                          miss ? px->ev_d : NULL) < 0)
+        if (stand_in >= 0 &&
+            (gpu_upload(g->items + i0, g->h_items + i0, (i1 - i0) * sizeof(int32_t)) < 0 ||
+             gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px->ev_gu : NULL,
+                           miss ? px->ev_d : NULL) < 0))
+            return -1;
+        const int cpu = on_cpu ? gpu_moe_cpu_round(g, il, n, t0, t1, c, &have_xn, cpu_rc) : 0;
+        if (cpu == -1)
             return -1;
         const int end = gpu_pool_round_end(gw, tries, torn, &again, c, cpu_rc);
-        if (end < 0)
+        if (end < 0 || cpu < 0) /* -2: *cpu_rc says why */
             return end == -1 ? -1 : 0;
         tries = again ? tries + 1 : 0;
         if (again)

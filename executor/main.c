@@ -12,21 +12,22 @@
 #include "proto.h"
 
 struct main_config {
-    const char            *model;
-    const char            *run_dir;
-    uint32_t               n_fetchers;
-    uint32_t               n_threads;
-    uint32_t               n_ctx;
-    uint32_t               n_seq;
-    uint32_t               n_batch;
-    enum common_cache_type cache_type;
-    uint32_t               connect_timeout_s;
-    bool                   direct_reads;
-    bool                   stream_dense;
-    int32_t                n_gpu_layers;
-    int32_t                main_gpu;
-    int32_t                n_cpu_moe;
-    uint64_t               vram_budget;
+    const char               *model;
+    const char               *run_dir;
+    uint32_t                  n_fetchers;
+    uint32_t                  n_threads;
+    uint32_t                  n_ctx;
+    uint32_t                  n_seq;
+    uint32_t                  n_batch;
+    enum common_cache_type    cache_type;
+    uint32_t                  connect_timeout_s;
+    bool                      direct_reads;
+    bool                      stream_dense;
+    int32_t                   n_gpu_layers;
+    int32_t                   main_gpu;
+    int32_t                   n_cpu_moe;
+    uint64_t                  vram_budget;
+    enum executor_expert_miss expert_miss;
 };
 
 #define PROG "sluice-executor"
@@ -135,6 +136,12 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .min = 1,
          .metavar = "SIZE",
          .help = EXECUTOR_VRAM_BUDGET_HELP},
+        {.name = "expert-miss",
+         .type = COMMON_OPT_CHOICE,
+         .target = &c->expert_miss,
+         .choices = executor_expert_miss_names,
+         .help = EXECUTOR_EXPERT_MISS_HELP,
+         .def = "copy"},
         {.name = "stream-dense",
          .type = COMMON_OPT_SWITCH,
          .target = &c->stream_dense,
@@ -279,7 +286,8 @@ static int main_run(const struct main_config *c)
                                      .n_gpu_layers = c->n_gpu_layers,
                                      .main_gpu = c->main_gpu,
                                      .n_cpu_moe = c->n_cpu_moe,
-                                     .vram_budget = c->vram_budget};
+                                     .vram_budget = c->vram_budget,
+                                     .expert_miss = c->expert_miss};
     if ((rc = executor_serve_start(&so, &st.serve, &e)) < 0) {
         fprintf(stderr, PROG ": error: cannot serve in %s: %s\n", c->run_dir,
                 e.text[0] ? e.text : common_strerror(rc));

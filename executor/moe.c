@@ -30,6 +30,13 @@ const char *executor_predictor_name(enum executor_predictor p)
     return (unsigned)p < EXECUTOR_PRED_COUNT ? g_pred_names[p] : "?";
 }
 
+const char *const executor_expert_miss_names[] = {"copy", "cpu", "auto", NULL};
+
+const char *executor_expert_miss_name(enum executor_expert_miss m)
+{
+    return (unsigned)m <= EXECUTOR_MISS_AUTO ? executor_expert_miss_names[m] : "?";
+}
+
 void executor_ctx_predictor_stats(const struct executor_ctx      *c,
                                   struct executor_predictor_stats out[EXECUTOR_PRED_COUNT])
 {
@@ -358,6 +365,22 @@ static int moe_expert_pass(struct executor_ctx *c, uint32_t il, uint32_t e, int3
     return rc < 0 ? rc : torn ? 1 : 0;
 }
 
+int executor_moe_expert_rows(struct executor_ctx *c, uint32_t il, uint32_t e, int32_t cnt)
+{
+    const uint32_t ne = c->m->desc->hp.n_embd;
+    int            rc;
+    for (uint32_t attempt = 0; (rc = moe_expert_pass(c, il, e, cnt)) == 1; attempt++)
+        if (attempt + 1 >= FWD_TORN_RETRIES)
+            return COMMON_EIO; /* a source that keeps lending changing bytes */
+    if (rc < 0)
+        return rc;
+    const float *db = c->m->layers[il].down_exps_b;
+    for (int32_t i = 0; db && i < cnt; i++)
+        for (uint32_t d = 0; d < ne; d++)
+            c->tmp[(size_t)i * ne + d] = c->tmp[(size_t)i * ne + d] + db[(size_t)e * ne + d];
+    return 0;
+}
+
 /* Expert e of layer il over the batch's rows routed to it (one wave: its parts are read once
  * for all of them); the weighted outputs go to their (token, slot) rows of c->moe_out. A part
  * lent without a pin whose bytes were reused meanwhile gave a wrong result: the expert is
@@ -370,16 +393,9 @@ static int moe_expert(struct executor_ctx *c, uint32_t il, uint32_t e)
     for (int32_t i = 0; i < cnt; i++)
         memcpy(c->gx + (size_t)i * ne, c->xn + (size_t)(items[i] / (int32_t)K) * ne,
                ne * sizeof(float));
-    int rc;
-    for (uint32_t attempt = 0; (rc = moe_expert_pass(c, il, e, cnt)) == 1; attempt++)
-        if (attempt + 1 >= FWD_TORN_RETRIES)
-            return COMMON_EIO; /* a source that keeps lending changing bytes */
+    const int rc = executor_moe_expert_rows(c, il, e, cnt);
     if (rc < 0)
         return rc;
-    const float *db = c->m->layers[il].down_exps_b;
-    for (int32_t i = 0; db && i < cnt; i++)
-        for (uint32_t d = 0; d < ne; d++)
-            c->tmp[(size_t)i * ne + d] = c->tmp[(size_t)i * ne + d] + db[(size_t)e * ne + d];
     for (int32_t i = 0; i < cnt; i++) {
         const float  wt = c->sel_w[items[i]];
         const float *src = c->tmp + (size_t)i * ne;

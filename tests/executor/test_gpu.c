@@ -46,7 +46,8 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
                                                              .pool = r->pool,
                                                              .n_gpu_layers = pl.n_gpu_layers,
                                                              .n_cpu_moe = pl.n_cpu_moe,
-                                                             .vram_budget = pl.vram_budget},
+                                                             .vram_budget = pl.vram_budget,
+                                                             .expert_miss = pl.expert_miss},
                                  &r->c, &e);
     cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d --vram-budget %llu: %s", pl.n_gpu_layers,
                  pl.n_cpu_moe, (unsigned long long)pl.vram_budget, e.text);
@@ -398,6 +399,89 @@ static void check_path_against_cpu(const char *rel, const char *model_path, int3
     free(lb);
     run_close(&cpu);
     run_close(&dev);
+}
+
+/* --expert-miss cpu and auto: a decode step's experts missing from a pool of two slots are
+ * computed on the CPU from RAM while the device computes the others; greedy tokens as
+ * llama.cpp's. */
+Test(executor_gpu, greedy_with_pool_misses_on_the_cpu, .timeout = 300)
+{
+    check_greedy_at("q8_0", (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                        .vram_budget = 2 * GPU_TINY_EXPERT,
+                                                        .expert_miss = EXECUTOR_MISS_CPU});
+    check_greedy_at("f32", (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                       .vram_budget = 2 * 3 * 256 * 256 * 4,
+                                                       .expert_miss = EXECUTOR_MISS_CPU});
+    check_greedy_at("q8_0", (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                        .vram_budget = 3 * GPU_TINY_EXPERT,
+                                                        .expert_miss = EXECUTOR_MISS_AUTO});
+}
+
+/* The pool's misses on the CPU (cpu, then auto) against every expert uploaded: the prefill of
+ * 40 tokens copies its misses in (the matmul path), the decode steps (of 1 and of 5 tokens)
+ * compute theirs on the CPU; the logits within the device-against-CPU tolerance at every step
+ * and the same top token (but near ties). Every pick of a decode step is counted once: found,
+ * copied in, or computed on the CPU; in cpu mode no decode step copies. */
+Test(executor_gpu, pool_misses_on_the_cpu_match_every_expert_uploaded, .timeout = 300)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    const enum executor_expert_miss modes[] = {EXECUTOR_MISS_CPU, EXECUTOR_MISS_AUTO};
+    for (size_t mi = 0; mi < sizeof(modes) / sizeof(modes[0]); mi++) {
+        struct gpu_run       all, pooled;
+        struct common_errmsg e = {{0}};
+        run_open(&all, model_path, GPU_ALL);
+        run_open_at(&pooled, model_path,
+                    (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                .vram_budget = 2 * GPU_TINY_EXPERT,
+                                                .expert_miss = modes[mi]});
+        const struct common_hparams *hp = executor_model_hparams(all.m);
+        const uint32_t               nv = executor_ctx_n_vocab(all.c);
+        int32_t                      toks[64];
+        for (uint32_t i = 0; i < 64; i++)
+            toks[i] = (int32_t)(1 + (i * 53 + 7) % (nv - 1));
+        float         *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+        const uint32_t steps[][2] = {{0, 40}, {40, 1}, {41, 1}, {42, 1}, {43, 5}, {48, 1}};
+        uint32_t       n_tok = 0, flips = 0;
+        uint64_t       prefill_copies = 0, prefill_counted = 0;
+        struct executor_gpu_pool_stats st;
+        for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+            const uint32_t at = steps[k][0], n = steps[k][1];
+            cr_assert_eq(executor_ctx_decode(all.c, toks + at, n, la, NULL, &e), 0, "%s", e.text);
+            cr_assert_eq(executor_ctx_decode(pooled.c, toks + at, n, lb, NULL, &e), 0, "%s",
+                         e.text);
+            n_tok += k ? n : 0;
+            const double d = rel_l2(la, lb, nv);
+            if (top_margin(la, nv) >= 0.02f)
+                cr_expect_eq(argmax(la, nv), argmax(lb, nv), "%s: step %zu: another top token",
+                             executor_expert_miss_name(modes[mi]), k);
+            if (d >= CHECK_RTOL)
+                flips++;
+            cr_expect(flips <= 1 && d < CHECK_FLIP_RTOL,
+                      "%s: step %zu (%u tokens at %u): logits differ by %.3g from every expert "
+                      "uploaded (%u such steps)",
+                      executor_expert_miss_name(modes[mi]), k, n, at, d, flips);
+            cr_assert(executor_ctx_gpu_pool_stats(pooled.c, &st));
+            if (k == 0) {
+                prefill_copies = st.misses;
+                prefill_counted = st.hits + st.misses + st.cpu_misses;
+            }
+        }
+        cr_assert_eq(st.hits + st.misses + st.cpu_misses - prefill_counted,
+                     (uint64_t)n_tok * hp->n_expert_used * hp->n_layer,
+                     "every pick of a decode step counted once");
+        cr_assert_gt(st.cpu_misses, 0);
+        cr_assert_eq(st.copied_bytes, st.misses * GPU_TINY_EXPERT);
+        if (modes[mi] == EXECUTOR_MISS_CPU)
+            cr_assert_eq(st.misses, prefill_copies, "a decode step copied an expert in");
+        else
+            cr_assert(st.copy_gbps > 0 && st.cpu_gbps > 0, "auto measured no rates");
+        free(la);
+        free(lb);
+        run_close(&all);
+        run_close(&pooled);
+    }
+    free(model_path);
 }
 
 static void check_against_cpu(const char *rel, int32_t ngl)
