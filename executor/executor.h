@@ -199,6 +199,10 @@ struct executor_weight_ops {
     /* Why an expert_acquire of expert e of layer L failed, in one line naming what was read
      * (file, offset, checksum); out is left empty when the source does not know. */
     void (*expert_error)(void *impl, uint32_t layer, uint32_t expert, struct common_errmsg *out);
+    /* The memory every expert loan points into (a pool segment, mapped read-write in this
+     * process for the source's whole life), for a device to register as pinned memory; false
+     * when there is none such. */
+    bool (*expert_region)(void *impl, void **base, size_t *bytes);
 };
 
 /* A weight source: an implementation table and its state. */
@@ -237,7 +241,8 @@ struct executor_expert_source {
     void (*token_begin)(void *arg);                               /* NULL = not needed */
     void (*error)(void *arg, uint32_t layer, uint32_t expert,
                   struct common_errmsg *out); /* why acquire failed; NULL = not known */
-    void *arg;                                /* borrowed: must outlive the weight source */
+    bool (*region)(void *arg, void **base, size_t *bytes); /* as expert_region; NULL = none */
+    void *arg; /* borrowed: must outlive the weight source */
 };
 
 /* Maps every split of the model read-only; tensors and experts point into the mapping (an
@@ -429,8 +434,10 @@ struct executor_gpu_pool_stats {
     uint64_t copied_bytes; /* copied to the device for the misses */
     uint64_t cpu_misses;   /* expert picks not in the pool computed on the CPU (--expert-miss),
                               counted apart from hits and misses */
-    double copy_gbps;      /* the copy rate measured when the pool was made, GB/s */
-    double cpu_gbps;       /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
+    double   copy_gbps;    /* the copy rate measured when the pool was made, GB/s */
+    double   cpu_gbps;     /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
+    uint64_t pinned_bytes; /* the weight source's RAM pool registered as pinned memory; 0 =
+                              the copies read pageable memory */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

@@ -87,6 +87,11 @@ struct gpu_xpool {
     double                    copy_ns_b;  /* measured ns per byte copied in (auto) */
     double                    cpu_ns_b;   /* the CPU's ns per expert byte; 0 = not measured */
     uint64_t                  cpu_misses; /* picks computed on the CPU */
+    /* The weight source's region (its RAM pool) registered as pinned memory, or NULL: the
+     * copies then read pageable memory (pin_err says why when registering failed). */
+    void  *pinned;
+    size_t pinned_bytes;
+    char   pin_err[160];
 };
 
 /* Device allocations freed together. */
@@ -489,6 +494,7 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
         return;
     bool torn = false;
     (void)gpu_loans_end(px, w, &torn);
+    gpu_host_unregister(px->pinned);
     for (uint32_t i = 0; i < GPU_POOL_LOANS; i++)
         gpu_event_free(px->loans[i].ev);
     gpu_event_free(px->ev_gu);
@@ -567,6 +573,18 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     if (!ok || !(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
                                  gw->dev, gpu_last_error());
+    /* The weight source's RAM pool as pinned memory: its copies go by DMA, without staging. */
+    const struct executor_weights *w = gw->m->w;
+    void                          *base = NULL;
+    size_t                         len = 0;
+    if (w->ops->expert_region && w->ops->expert_region(w->impl, &base, &len)) {
+        if (gpu_host_register(base, len) == 0) {
+            px->pinned = base;
+            px->pinned_bytes = len;
+        } else {
+            snprintf(px->pin_err, sizeof(px->pin_err), "%s", gpu_last_error());
+        }
+    }
     if (miss_mode == EXECUTOR_MISS_AUTO && !(px->copy_ns_b = gpu_pool_copy_rate(px)))
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: a copy into the expert pool: %s",
                                  gpu_backend_name(), gw->dev, gpu_last_error());
@@ -992,11 +1010,17 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
         char           a[32], b[32];
         snprintf(buf + at2, len - at2,
                  "; the experts in a pool of %u slots (%s of --vram-budget, %.1f%% of their %s; "
-                 "--expert-miss %s)",
+                 "--expert-miss %s), copied in from %s%s%s",
                  gw->pool->n_slots, common_format_size(pb, a, sizeof(a)),
                  100.0 * (double)pb / (double)gw->expert_bytes,
                  common_format_size(gw->expert_bytes, b, sizeof(b)),
-                 executor_expert_miss_name(gw->pool->miss_mode));
+                 executor_expert_miss_name(gw->pool->miss_mode),
+                 gw->pool->pinned ? "the RAM pool, pinned" : "pageable memory",
+                 gw->pool->pin_err[0] ? " (pinning the RAM pool failed: " : "",
+                 gw->pool->pin_err[0] ? gw->pool->pin_err : "");
+        const size_t at3 = strlen(buf);
+        if (gw->pool->pin_err[0] && at3 + 1 < len)
+            snprintf(buf + at3, len - at3, ")");
     }
 }
 
@@ -1013,6 +1037,7 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->misses = px->misses;
     out->copied_bytes = px->copied;
     out->cpu_misses = px->cpu_misses;
+    out->pinned_bytes = px->pinned_bytes;
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);

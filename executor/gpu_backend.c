@@ -187,6 +187,17 @@ int gpu_copy_async(void *dst_device, const void *src_host, size_t bytes)
     return be() ? be()->copy_async(dst_device, src_host, bytes) : -1;
 }
 
+int gpu_host_register(void *p, size_t bytes)
+{
+    return be() ? be()->host_register(p, bytes) : -1;
+}
+
+void gpu_host_unregister(void *p)
+{
+    if (be() && p)
+        be()->host_unregister(p);
+}
+
 int gpu_event_record_copy(struct gpu_event *ev)
 {
     return be() ? be()->event_record_copy(ev) : -1;

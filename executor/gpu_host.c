@@ -182,6 +182,19 @@ static void h_event_free(struct gpu_event *ev)
     free(ev);
 }
 
+/* The host backend's device memory is host memory: registering only checks the arguments. */
+static int h_host_register(void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return h_bad("registering host memory");
+    return 0;
+}
+
+static void h_host_unregister(void *p)
+{
+    (void)p;
+}
+
 static int h_copy_async(void *dst, const void *src, size_t bytes)
 {
     if (bytes && (!dst || !src))
@@ -1131,6 +1144,8 @@ const struct gpu_backend *gpu_backend_host(void)
         .stream_wait = h_stream_wait,
         .copy_wait = h_copy_wait,
         .event_sync = h_event_sync,
+        .host_register = h_host_register,
+        .host_unregister = h_host_unregister,
         .copy_times = h_copy_times,
         .type_supported = h_type_supported,
         .dequant_rows = h_dequant_rows,

@@ -211,6 +211,21 @@ static int cuda_copy_async(void *dst, const void *src, size_t bytes)
                       "copying to the device (copy stream)");
 }
 
+/* Portable (every context may use it); the segment is mapped read-write here, so the plain
+ * registration (not cudaHostRegisterReadOnly) applies. */
+static int cuda_host_register(void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return gpu_record(cudaErrorInvalidValue, "registering host memory");
+    return gpu_record(cudaHostRegister(p, bytes, cudaHostRegisterPortable),
+                      "registering host memory as pinned");
+}
+
+static void cuda_host_unregister(void *p)
+{
+    (void)cudaHostUnregister(p);
+}
+
 static int cuda_event_record_copy(struct gpu_event *ev)
 {
     return gpu_record(cudaEventRecord(ev->e, g_copy), "recording an event (copy stream)");
@@ -326,6 +341,8 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .stream_wait = cuda_stream_wait,
         .copy_wait = cuda_copy_wait,
         .event_sync = cuda_event_sync,
+        .host_register = cuda_host_register,
+        .host_unregister = cuda_host_unregister,
         .copy_times = cuda_copy_times,
         .graph_begin = cuda_graph_begin,
         .graph_end = cuda_graph_end,

@@ -191,6 +191,16 @@ Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 12
     cr_assert(strstr(pooled, "the experts in a pool of 3 slots") &&
                   strstr(pooled, "gpu expert pool: 3 slots; 32 picks"),
               "no pool in the plan or no pool line at the end:\n%s", pooled);
+    cr_assert(strstr(pooled, "copied in from pageable memory"), "%s", pooled);
+    /* Under --ram-budget the copies read the fetcher's RAM pool, registered as pinned. */
+    snprintf(cmd, sizeof(cmd),
+             "%s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 --vram-budget 324K --ram-budget 26M "
+             "2>&1 >/dev/null",
+             SLUICE, model);
+    char *pinned = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", pinned);
+    cr_assert(strstr(pinned, "copied in from the RAM pool, pinned"), "%s", pinned);
+    free(pinned);
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 -t 2 -ngl 999 --vram-budget 200K 2>&1",
              SLUICE, model);
     char *small = sh(cmd, &st);
