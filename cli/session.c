@@ -478,6 +478,15 @@ int cli_engine_report(struct cli_engine *en)
         if (gs.copy_gbps > 0)
             fprintf(stderr, " (copies %.2f GB/s, the CPU %.2f GB/s of expert bytes)", gs.copy_gbps,
                     gs.cpu_gbps);
+        if (gs.copy_timed && gs.copy_busy_ns)
+            fprintf(stderr,
+                    "; copying took %.1f ms, the kernels waited %.1f ms for copies (%.0f%% of the "
+                    "copy time hidden behind compute)",
+                    (double)gs.copy_busy_ns / 1e6, (double)gs.copy_stall_ns / 1e6,
+                    gs.copy_stall_ns >= gs.copy_busy_ns
+                        ? 0.0
+                        : 100.0 * (double)(gs.copy_busy_ns - gs.copy_stall_ns) /
+                              (double)gs.copy_busy_ns);
         fputc('\n', stderr);
     }
     if (en->so.report_rss) {

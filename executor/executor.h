@@ -427,17 +427,20 @@ void executor_gpu_weights_destroy(struct executor_gpu_weights *gw);
 /* The device's expert pool (--vram-budget): its slots (one expert each) and what the router's
  * picks found there since the weights were made. */
 struct executor_gpu_pool_stats {
-    uint32_t n_slots;      /* 0: no pool (every expert uploaded, or none on the device) */
-    uint64_t slot_bytes;   /* one expert's parts */
-    uint64_t expert_bytes; /* every routed expert of the device's layers */
-    uint64_t hits, misses; /* expert picks found in the pool, and copied in */
-    uint64_t copied_bytes; /* copied to the device for the misses */
-    uint64_t cpu_misses;   /* expert picks not in the pool computed on the CPU (--expert-miss),
-                              counted apart from hits and misses */
-    double   copy_gbps;    /* the copy rate measured when the pool was made, GB/s */
-    double   cpu_gbps;     /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
-    uint64_t pinned_bytes; /* the weight source's RAM pool registered as pinned memory; 0 =
-                              the copies read pageable memory */
+    uint32_t n_slots;       /* 0: no pool (every expert uploaded, or none on the device) */
+    uint64_t slot_bytes;    /* one expert's parts */
+    uint64_t expert_bytes;  /* every routed expert of the device's layers */
+    uint64_t hits, misses;  /* expert picks found in the pool, and copied in */
+    uint64_t copied_bytes;  /* copied to the device for the misses */
+    uint64_t cpu_misses;    /* expert picks not in the pool computed on the CPU (--expert-miss),
+                               counted apart from hits and misses */
+    double   copy_gbps;     /* the copy rate measured when the pool was made, GB/s */
+    double   cpu_gbps;      /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
+    uint64_t pinned_bytes;  /* the weight source's RAM pool registered as pinned memory; 0 =
+                               the copies read pageable memory */
+    bool     copy_timed;    /* the backend timed the copies: */
+    uint64_t copy_busy_ns;  /* the copy stream's time copying, */
+    uint64_t copy_stall_ns; /* and the kernels' time waiting for copies */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

@@ -92,6 +92,8 @@ struct gpu_xpool {
     void  *pinned;
     size_t pinned_bytes;
     char   pin_err[160];
+    /* gpu_copy_times when the pool was made (the backend's are the process's). */
+    uint64_t busy0_ns, stall0_ns;
 };
 
 /* Device allocations freed together. */
@@ -585,6 +587,7 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
             snprintf(px->pin_err, sizeof(px->pin_err), "%s", gpu_last_error());
         }
     }
+    (void)gpu_copy_times(&px->busy0_ns, &px->stall0_ns);
     if (miss_mode == EXECUTOR_MISS_AUTO && !(px->copy_ns_b = gpu_pool_copy_rate(px)))
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: a copy into the expert pool: %s",
                                  gpu_backend_name(), gw->dev, gpu_last_error());
@@ -1038,6 +1041,12 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->copied_bytes = px->copied;
     out->cpu_misses = px->cpu_misses;
     out->pinned_bytes = px->pinned_bytes;
+    uint64_t busy, stall;
+    if (gpu_copy_times(&busy, &stall)) {
+        out->copy_busy_ns = busy - px->busy0_ns;
+        out->copy_stall_ns = stall - px->stall0_ns;
+        out->copy_timed = true;
+    }
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);

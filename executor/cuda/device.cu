@@ -1,4 +1,5 @@
 /* executor/cuda/device.cu - device selection, the backend's stream, memory, error recording. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,12 +204,113 @@ static void cuda_event_free(struct gpu_event *ev)
     free(ev);
 }
 
+/* The copy stream's busy time and the kernels' waits for it (gpu_copy_times), from pairs of
+ * timing events around each copy and each wait, read once both are done. A pair still in
+ * flight when its turn in the ring comes again is not timed (counted in g_untimed). Timing is
+ * best effort: its failures are never the caller's. */
+#define TIMED_PAIRS 512
+struct timed_pair {
+    cudaEvent_t a, b;
+    bool        stall; /* a kernels' wait, else a copy */
+    bool        pending;
+};
+static pthread_mutex_t   g_tp_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct timed_pair g_tp[TIMED_PAIRS];
+static unsigned          g_tp_next;
+static int               g_tp_state; /* 0 = not made yet, 1 = made, -1 = unusable */
+static uint64_t          g_busy_ns, g_stall_ns, g_untimed;
+
+/* Adds the done pairs to the totals (the lock held). */
+static void timed_harvest(void)
+{
+    for (unsigned i = 0; g_tp_state == 1 && i < TIMED_PAIRS; i++) {
+        struct timed_pair *t = &g_tp[i];
+        if (!t->pending)
+            continue;
+        const cudaError_t q = cudaEventQuery(t->b);
+        if (q == cudaErrorNotReady) {
+            (void)cudaGetLastError(); /* not an error of anyone's */
+            continue;
+        }
+        float ms = 0;
+        if (q == cudaSuccess && cudaEventElapsedTime(&ms, t->a, t->b) == cudaSuccess && ms > 0)
+            *(t->stall ? &g_stall_ns : &g_busy_ns) += (uint64_t)((double)ms * 1e6);
+        else
+            (void)cudaGetLastError();
+        t->pending = false;
+    }
+}
+
+/* A free pair of timing events for the next copy or wait on stream s (the lock held), or NULL:
+ * timing unusable, the stream being captured into a graph, or the ring full of pairs in flight. */
+static struct timed_pair *timed_take(cudaStream_t s)
+{
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (g_tp_state == 0) {
+        g_tp_state = 1;
+        for (unsigned i = 0; i < TIMED_PAIRS && g_tp_state == 1; i++)
+            if (cudaEventCreate(&g_tp[i].a) != cudaSuccess ||
+                cudaEventCreate(&g_tp[i].b) != cudaSuccess) {
+                (void)cudaGetLastError();
+                g_tp_state = -1;
+            }
+    }
+    if (g_tp_state != 1 || cudaStreamIsCapturing(s, &cs) != cudaSuccess ||
+        cs != cudaStreamCaptureStatusNone) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    struct timed_pair *t = &g_tp[g_tp_next];
+    if (t->pending)
+        timed_harvest();
+    if (t->pending) {
+        g_untimed++;
+        return NULL;
+    }
+    g_tp_next = (g_tp_next + 1) % TIMED_PAIRS;
+    return t;
+}
+
+/* Runs op (a copy or a wait queued on stream s) between the two events of a timed pair. */
+static cudaError_t timed(cudaStream_t s, bool stall, cudaError_t (*op)(const void *), const void *arg)
+{
+    pthread_mutex_lock(&g_tp_mu);
+    struct timed_pair *t = timed_take(s);
+    if (t && cudaEventRecord(t->a, s) != cudaSuccess) {
+        (void)cudaGetLastError();
+        t = NULL;
+    }
+    const cudaError_t err = op(arg);
+    if (t && err == cudaSuccess) {
+        if (cudaEventRecord(t->b, s) == cudaSuccess) {
+            t->stall = stall;
+            t->pending = true;
+        } else {
+            (void)cudaGetLastError();
+        }
+    }
+    pthread_mutex_unlock(&g_tp_mu);
+    return err;
+}
+
+struct copy_args {
+    void       *dst;
+    const void *src;
+    size_t      bytes;
+};
+
+static cudaError_t copy_op(const void *arg)
+{
+    const struct copy_args *c = (const struct copy_args *)arg;
+    return cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyHostToDevice, g_copy);
+}
+
 static int cuda_copy_async(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
         return 0;
-    return gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_copy),
-                      "copying to the device (copy stream)");
+    const struct copy_args c = {dst, src, bytes};
+    return gpu_record(timed(g_copy, false, copy_op, &c), "copying to the device (copy stream)");
 }
 
 /* Portable (every context may use it); the segment is mapped read-write here, so the plain
@@ -236,9 +338,14 @@ static int cuda_event_record_kernels(struct gpu_event *ev)
     return gpu_record(cudaEventRecord(ev->e, g_stream), "recording an event");
 }
 
+static cudaError_t wait_op(const void *arg)
+{
+    return cudaStreamWaitEvent(g_stream, ((const struct gpu_event *)arg)->e, 0);
+}
+
 static int cuda_stream_wait(struct gpu_event *ev)
 {
-    return gpu_record(cudaStreamWaitEvent(g_stream, ev->e, 0), "waiting for copies");
+    return gpu_record(timed(g_stream, true, wait_op, ev), "waiting for copies");
 }
 
 static int cuda_copy_wait(struct gpu_event *ev)
@@ -253,8 +360,13 @@ static int cuda_event_sync(struct gpu_event *ev)
 
 static bool cuda_copy_times(uint64_t *busy_ns, uint64_t *stall_ns)
 {
-    *busy_ns = *stall_ns = 0;
-    return false;
+    pthread_mutex_lock(&g_tp_mu);
+    timed_harvest();
+    *busy_ns = g_busy_ns;
+    *stall_ns = g_stall_ns;
+    const bool ok = g_tp_state == 1;
+    pthread_mutex_unlock(&g_tp_mu);
+    return ok;
 }
 
 /* A captured graph, instantiated. */

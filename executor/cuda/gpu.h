@@ -88,7 +88,8 @@ int gpu_event_sync(struct gpu_event *ev);  /* the host waits for ev */
 int  gpu_host_register(void *p, size_t bytes);
 void gpu_host_unregister(void *p);
 /* Nanoseconds the copy stream spent copying, and the kernels spent waiting in gpu_stream_wait,
- * since the process started; false when the backend does not measure them (CUDA's does not). */
+ * since the process started (CUDA: timing events around each copy and wait, counted once both
+ * are done); false when the backend cannot measure them. */
 bool gpu_copy_times(uint64_t *busy_ns, uint64_t *stall_ns);
 
 /* ---- graphs (executor/cuda/device.cu) ---------------------------------------------------- */
