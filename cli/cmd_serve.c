@@ -128,12 +128,7 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .min = 1,
          .metavar = "SIZE",
          .help = EXECUTOR_VRAM_BUDGET_HELP},
-        {.name = "expert-miss",
-         .type = COMMON_OPT_CHOICE,
-         .target = &a->expert_miss,
-         .choices = executor_expert_miss_names,
-         .help = EXECUTOR_EXPERT_MISS_HELP,
-         .def = "copy"},
+        EXECUTOR_EXPERT_MISS_OPT(&a->expert_miss),
         {0},
     };
     const struct common_opts_spec spec = {

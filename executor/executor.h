@@ -374,6 +374,13 @@ struct executor_gpu_place {
     "(copy), compute it on the CPU from RAM while the device computes the others (cpu), or "       \
     "choose per miss from the measured copy and CPU rates (auto; the CPU's products differ "       \
     "from the device's in the last bits, so runs are not bit-reproducible)"
+/* The --expert-miss row of an option table (struct common_opt), its target an enum
+ * executor_expert_miss. */
+#define EXECUTOR_EXPERT_MISS_OPT(tgt)                                                              \
+    {                                                                                              \
+        .name = "expert-miss", .type = COMMON_OPT_CHOICE, .target = (tgt),                         \
+        .choices = executor_expert_miss_names, .help = EXECUTOR_EXPERT_MISS_HELP, .def = "copy"    \
+    }
 
 /* The --vram-budget option's help line, shared by the commands and the executor daemon. */
 #define EXECUTOR_VRAM_BUDGET_HELP                                                                  \

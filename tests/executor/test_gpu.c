@@ -180,6 +180,18 @@ Test(executor_gpu, greedy_q8_0_with_the_experts_in_a_small_pool, .timeout = 300)
                                                         .vram_budget = 3 * GPU_TINY_EXPERT});
 }
 
+/* The steps of the pool tests, {first position, tokens}: a prefill of 40 (the matmul path), steps
+ * of one token, a step of 5 (whose experts may outnumber the slots: rounds), over POOL_TOKS
+ * tokens of the vocabulary (nv). */
+#define POOL_TOKS 64
+static const uint32_t g_pool_steps[][2] = {{0, 40}, {40, 1}, {41, 1}, {42, 1}, {43, 5}, {48, 1}};
+#define POOL_STEPS (sizeof(g_pool_steps) / sizeof(g_pool_steps[0]))
+static void pool_tokens(int32_t toks[POOL_TOKS], uint32_t nv)
+{
+    for (uint32_t i = 0; i < POOL_TOKS; i++)
+        toks[i] = (int32_t)(1 + (i * 53 + 7) % (nv - 1));
+}
+
 /* Logits with the experts in a pool (of 3 and of 2 slots) against every expert uploaded, bit
  * for bit: a prefill of 40 tokens (grouped by expert, the matmul path), decode steps of one
  * token, and a step of 5 tokens whose experts outnumber the slots (taken in rounds). The pool's
@@ -197,13 +209,11 @@ Test(executor_gpu, expert_pool_logits_equal_every_expert_uploaded, .timeout = 30
             &pooled, model_path,
             (struct executor_gpu_place){.n_gpu_layers = GPU_ALL, .vram_budget = budgets[b]});
         const uint32_t nv = executor_ctx_n_vocab(all.c);
-        int32_t        toks[64];
-        for (uint32_t i = 0; i < 64; i++)
-            toks[i] = (int32_t)(1 + (i * 53 + 7) % (nv - 1));
-        float         *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
-        const uint32_t steps[][2] = {{0, 40}, {40, 1}, {41, 1}, {42, 1}, {43, 5}, {48, 1}};
-        for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
-            const uint32_t at = steps[k][0], n = steps[k][1];
+        int32_t        toks[POOL_TOKS];
+        pool_tokens(toks, nv);
+        float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+        for (size_t k = 0; k < POOL_STEPS; k++) {
+            const uint32_t at = g_pool_steps[k][0], n = g_pool_steps[k][1];
             cr_assert_eq(executor_ctx_decode(all.c, toks + at, n, la, NULL, &e), 0, "%s", e.text);
             cr_assert_eq(executor_ctx_decode(pooled.c, toks + at, n, lb, NULL, &e), 0, "%s",
                          e.text);
@@ -437,16 +447,14 @@ Test(executor_gpu, pool_misses_on_the_cpu_match_every_expert_uploaded, .timeout 
                                                 .expert_miss = modes[mi]});
         const struct common_hparams *hp = executor_model_hparams(all.m);
         const uint32_t               nv = executor_ctx_n_vocab(all.c);
-        int32_t                      toks[64];
-        for (uint32_t i = 0; i < 64; i++)
-            toks[i] = (int32_t)(1 + (i * 53 + 7) % (nv - 1));
-        float         *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
-        const uint32_t steps[][2] = {{0, 40}, {40, 1}, {41, 1}, {42, 1}, {43, 5}, {48, 1}};
-        uint32_t       n_tok = 0, flips = 0;
-        uint64_t       prefill_copies = 0, prefill_counted = 0;
+        int32_t                      toks[POOL_TOKS];
+        pool_tokens(toks, nv);
+        float   *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+        uint32_t n_tok = 0, flips = 0;
+        uint64_t prefill_copies = 0, prefill_counted = 0;
         struct executor_gpu_pool_stats st;
-        for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
-            const uint32_t at = steps[k][0], n = steps[k][1];
+        for (size_t k = 0; k < POOL_STEPS; k++) {
+            const uint32_t at = g_pool_steps[k][0], n = g_pool_steps[k][1];
             cr_assert_eq(executor_ctx_decode(all.c, toks + at, n, la, NULL, &e), 0, "%s", e.text);
             cr_assert_eq(executor_ctx_decode(pooled.c, toks + at, n, lb, NULL, &e), 0, "%s",
                          e.text);
