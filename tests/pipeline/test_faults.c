@@ -401,15 +401,17 @@ Test(pipeline_faults, concurrent_clients_on_the_host_device_equal_one_process, .
 
 /* ---- kill -9 mid-generation ---------------------------------------------------------------- */
 
-static void check_kill_midway(const char *victim, const char *sampling)
+/* kill -9 of `victim` mid-generation of n tokens of `model` by daemons started with `up_args`
+ * (NULL: two fetchers): the text is one process's with `sampling` and `run_args`. */
+static void check_kill_midway_of(const char *victim, const char *sampling, char *dir, char *model,
+                                 int n, const char *up_args, const char *run_args)
 {
-    skip_without_daemons();
-    char *dir = fixture_tmpdir();
-    char *model = slow_model(dir);
-    char *want = one_process(model, 300, sampling);
-    up(dir, model, 2, NULL);
+    char how[512];
+    snprintf(how, sizeof(how), "%s %s", sampling, run_args ? run_args : "");
+    char *want = one_process(model, n, how);
+    up(dir, model, 2, up_args);
 
-    struct gen  g = gen_start(dir, 300, sampling);
+    struct gen  g = gen_start(dir, n, sampling);
     static char buf[1 << 16];
     size_t      have = gen_read(&g, buf, sizeof(buf), 0, 8, 120);
     cr_assert_gt(have, 0, "no output before the kill");
@@ -424,6 +426,29 @@ static void check_kill_midway(const char *victim, const char *sampling)
     free(model);
     fixture_rmtree(dir);
     free(dir);
+}
+
+static void check_kill_midway(const char *victim, const char *sampling)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    check_kill_midway_of(victim, sampling, dir, slow_model(dir), 300, NULL, NULL);
+}
+
+/* The same on the device (the host backend): every layer there, the experts in a device pool of
+ * three slots copied in from the fetchers' RAM pool, which a killed fetcher takes away
+ * mid-copy; the executor relinks, and the text is one process's on the same device. */
+Test(pipeline_faults, kill_fetcher_midway_with_a_device_pool_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200,
+                         "--ram-budget 40M --executor-args '-ngl 999 --vram-budget 640K'",
+                         "-ngl 999 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
 }
 
 Test(pipeline_faults, kill_fetcher_midway_same_tokens, .timeout = 600, .fini = fini)
