@@ -37,6 +37,9 @@ struct bench_args {
 struct bench_io {
     uint64_t read_bytes;              /* storage bytes (/proc/self/io) */
     uint64_t accesses, hits, fetched; /* expert trace deltas (fetched: bytes the fetcher read) */
+    /* The device's expert pool (--vram-budget): picks found, copied in, computed on the CPU,
+     * bytes copied, the copy stream's busy time and the kernels' waits for it. */
+    uint64_t vram_hits, vram_misses, vram_cpu, vram_copied, vram_busy_ns, vram_stall_ns;
 };
 
 /* One row of the table: a prefill or a decode test and its samples. */
@@ -77,6 +80,8 @@ struct bench_run {
     uint32_t                   n_tests;    /* rows */
     double                     membw;      /* bytes/s; 0 = not measured (streaming) */
     int32_t                    gpu_layers; /* layers the engine put on a device (-ngl) */
+    bool                       vram_pool;  /* the device's experts are in a pool (--vram-budget) */
+    double                     vram_copy_bw; /* its copy probe, bytes/s (the limit of its copies) */
     bool gpu_bw;        /* membw is the device's: every layer and the head are on it */
     char gpu_name[128]; /* the device, when gpu_bw */
     struct fetcher_probe_result pr, pr1; /* cold storage probes (--io-probe) */

@@ -535,6 +535,46 @@ static void bench_print_limits(const struct bench_run *r)
     }
 }
 
+/* md: the device pool's share of each test (--vram-budget), a line each, and a 'result_vram:'
+ * line each for scripts; the decode against the pool's copy probe, the limit of its copies. */
+static void bench_print_vram(const struct bench_run *r)
+{
+    if (!r->vram_pool)
+        return;
+    printf("device expert pool: copies at %.2f GB/s (probe: a slot copied from where the pool's "
+           "copies come)\n",
+           r->vram_copy_bw / 1e9);
+    for (uint32_t k = 0; k < r->n_tests; k++) {
+        const struct bench_test *t = &r->tests[k];
+        const struct bench_io   *io = &t->io;
+        const uint64_t           picks = io->vram_hits + io->vram_misses + io->vram_cpu;
+        const double             toks = (double)t->n * t->np * r->a->reps;
+        const double             cpt = (double)io->vram_copied / toks; /* bytes copied per token */
+        const double             ts = bench_ts(r, t).mean;
+        const double             hidden =
+            io->vram_busy_ns && io->vram_stall_ns < io->vram_busy_ns
+                            ? (double)(io->vram_busy_ns - io->vram_stall_ns) / (double)io->vram_busy_ns
+                            : 0.0;
+        if (!picks)
+            continue;
+        printf("device pool %s%u: %.1f%% found, %.1f%% copied in, %.1f%% on the CPU; %.0f bytes "
+               "copied per token",
+               t->gen ? "tg" : "pp", t->n, 100.0 * (double)io->vram_hits / (double)picks,
+               100.0 * (double)io->vram_misses / (double)picks,
+               100.0 * (double)io->vram_cpu / (double)picks, cpt);
+        if (t->gen && cpt > 0 && r->vram_copy_bw > 0)
+            printf(" = a copy limit of %.2f tok/s: ratio %.3f", r->vram_copy_bw / cpt,
+                   ts * cpt / r->vram_copy_bw);
+        printf("; %.0f%% of the copy time hidden\n", 100.0 * hidden);
+        printf("result_vram: test=%s%u hits=%llu copied=%llu cpu=%llu copied_bytes_per_tok=%.0f "
+               "copy_bw=%.0f copy_ratio=%.4f copy_busy_ms=%.3f copy_stall_ms=%.3f\n",
+               t->gen ? "tg" : "pp", t->n, (unsigned long long)io->vram_hits,
+               (unsigned long long)io->vram_misses, (unsigned long long)io->vram_cpu, cpt,
+               r->vram_copy_bw, r->vram_copy_bw > 0 ? ts * cpt / r->vram_copy_bw : 0.0,
+               (double)io->vram_busy_ns / 1e6, (double)io->vram_stall_ns / 1e6);
+    }
+}
+
 /* md: the 'result:' line of the first prefill and the first decode test, for scripts. */
 static void bench_print_result(const struct bench_run *r)
 {
@@ -600,6 +640,7 @@ int cli_bench_print(const struct bench_run *r)
     }
     bench_print_table(r);
     bench_print_limits(r);
+    bench_print_vram(r);
     bench_print_parallel(r);
     bench_print_result(r);
     return fflush(stdout) == 0 ? COMMON_OK : COMMON_EIO;

@@ -172,6 +172,15 @@ static void bench_io_mark(struct cli_engine *en, struct bench_io *b)
 {
     b->read_bytes = bench_read_bytes();
     b->accesses = b->hits = b->fetched = 0;
+    struct executor_gpu_pool_stats gs;
+    if (en->ctx && executor_ctx_gpu_pool_stats(en->ctx, &gs)) {
+        b->vram_hits = gs.hits;
+        b->vram_misses = gs.misses;
+        b->vram_cpu = gs.cpu_misses;
+        b->vram_copied = gs.copied_bytes;
+        b->vram_busy_ns = gs.copy_busy_ns;
+        b->vram_stall_ns = gs.copy_stall_ns;
+    }
     if (en->fetcher) {
         struct fetcher_trace_totals t;
         fetcher_trace_totals(fetcher_get_trace(en->fetcher), &t);
@@ -189,6 +198,12 @@ static void bench_io_since(struct cli_engine *en, const struct bench_io *a, stru
     d->accesses += now.accesses - a->accesses;
     d->hits += now.hits - a->hits;
     d->fetched += now.fetched - a->fetched;
+    d->vram_hits += now.vram_hits - a->vram_hits;
+    d->vram_misses += now.vram_misses - a->vram_misses;
+    d->vram_cpu += now.vram_cpu - a->vram_cpu;
+    d->vram_copied += now.vram_copied - a->vram_copied;
+    d->vram_busy_ns += now.vram_busy_ns - a->vram_busy_ns;
+    d->vram_stall_ns += now.vram_stall_ns - a->vram_stall_ns;
 }
 
 /* The storage limit with the fetcher's engine, on its own model handle while no engine exists
@@ -294,6 +309,11 @@ static int bench_open(struct bench_run *r)
     r->model.log_keys = (uint64_t)d->hp.n_layer * d->hp.n_expert;
     r->gpu_layers = executor_ctx_gpu_layers(r->en.ctx, r->gpu_name, sizeof(r->gpu_name));
     r->gpu_bw = r->gpu_layers > (int32_t)d->hp.n_layer;
+    struct executor_gpu_pool_stats gs;
+    if (executor_ctx_gpu_pool_stats(r->en.ctx, &gs) && gs.n_slots) {
+        r->vram_pool = true;
+        r->vram_copy_bw = gs.copy_gbps * 1e9;
+    }
     r->io_name = !r->en.fetcher      ? "none"
                  : a->so.mmap_advise ? "mmap-advise"
                                      : fetcher_io_mode_name(fetcher_get_io_mode(r->en.fetcher));

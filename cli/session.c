@@ -471,8 +471,11 @@ int cli_engine_report(struct cli_engine *en)
                 (unsigned long long)gs.misses, common_format_size(gs.copied_bytes, cb, sizeof(cb)),
                 (unsigned long long)gs.cpu_misses);
         if (gs.copy_gbps > 0)
-            fprintf(stderr, " (copies %.2f GB/s, the CPU %.2f GB/s of expert bytes)", gs.copy_gbps,
-                    gs.cpu_gbps);
+            fprintf(stderr, " (copies at %.2f GB/s", gs.copy_gbps);
+        if (gs.copy_gbps > 0 && gs.cpu_gbps > 0)
+            fprintf(stderr, ", the CPU at %.2f GB/s of expert bytes", gs.cpu_gbps);
+        if (gs.copy_gbps > 0)
+            fputc(')', stderr);
         if (gs.copy_timed && gs.copy_busy_ns)
             fprintf(stderr,
                     "; copying took %.1f ms, the kernels waited %.1f ms for copies (%.0f%% of the "

@@ -441,7 +441,8 @@ struct executor_gpu_pool_stats {
     uint64_t copied_bytes;  /* copied to the device for the misses */
     uint64_t cpu_misses;    /* expert picks not in the pool computed on the CPU (--expert-miss),
                                counted apart from hits and misses */
-    double   copy_gbps;     /* the copy rate measured when the pool was made, GB/s */
+    double copy_gbps;       /* the copy rate measured when the pool was made (from where its
+                               copies come: the pinned region, else pageable memory), GB/s */
     double   cpu_gbps;      /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
     uint64_t pinned_bytes;  /* the weight source's RAM pool registered as pinned memory; 0 =
                                the copies read pageable memory */

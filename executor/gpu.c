@@ -514,15 +514,18 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     free(px);
 }
 
-/* ns per byte of a copy into the pool from host memory: the best of three copies of one slot
- * from a pageable buffer (as the weight source's are), each waited for; 0 when it fails. */
+/* ns per byte of a copy into the pool from where its copies come: the best of three copies of
+ * one slot from the start of the weight source's pinned region, else from a pageable buffer
+ * (as the weight source's are), each waited for; 0 when it fails. */
 static double gpu_pool_copy_rate(struct gpu_xpool *px)
 {
-    uint8_t *buf = malloc(px->slot_bytes);
-    double   best = 0;
+    const bool from_pinned = px->pinned && px->pinned_bytes >= px->slot_bytes;
+    uint8_t   *buf = from_pinned ? px->pinned : malloc(px->slot_bytes);
+    double     best = 0;
     if (!buf)
         return 0;
-    memset(buf, 1, px->slot_bytes);
+    if (!from_pinned)
+        memset(buf, 1, px->slot_bytes);
     for (int k = 0; k < 3; k++) {
         const uint64_t t0 = common_now_ns();
         if (gpu_copy_async(px->d, buf, px->slot_bytes) < 0 ||
@@ -533,7 +536,8 @@ static double gpu_pool_copy_rate(struct gpu_xpool *px)
         const double ns_b = (double)(common_now_ns() - t0) / (double)px->slot_bytes;
         best = k == 0 || ns_b < best ? ns_b : best;
     }
-    free(buf);
+    if (!from_pinned)
+        free(buf);
     return best;
 }
 
@@ -587,10 +591,10 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
             snprintf(px->pin_err, sizeof(px->pin_err), "%s", gpu_last_error());
         }
     }
-    (void)gpu_copy_times(&px->busy0_ns, &px->stall0_ns);
-    if (miss_mode == EXECUTOR_MISS_AUTO && !(px->copy_ns_b = gpu_pool_copy_rate(px)))
+    if (!(px->copy_ns_b = gpu_pool_copy_rate(px)))
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: a copy into the expert pool: %s",
                                  gpu_backend_name(), gw->dev, gpu_last_error());
+    (void)gpu_copy_times(&px->busy0_ns, &px->stall0_ns); /* the probe's copies not counted */
     return 0;
 }
 
