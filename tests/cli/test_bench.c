@@ -133,3 +133,40 @@ Test(cli_bench, parallel_list_runs_each_decode_test_per_value, .timeout = 120)
     free(out);
     free(model);
 }
+
+/* --vram-budget on the device (the host backend): each test's share of the device pool's picks
+ * (found, copied in, on the CPU) adds up to its picks, and a decode test that copies is set
+ * against the pool's copy probe; with every miss on the CPU nothing is copied. */
+Test(cli_bench, device_pool_lines_account_for_every_pick, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    char *copy = bench(model, "-p 8 -n 4 -r 1 -t 2 --membw-size 16M -ngl 999 --vram-budget 400K");
+    char *cpu = bench(model, "-p 8 -n 4 -r 1 -t 2 --membw-size 16M -ngl 999 --vram-budget 400K "
+                             "--expert-miss cpu");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    const struct {
+        const char *out, *mode;
+    } runs[] = {{copy, "copy"}, {cpu, "cpu"}};
+    for (size_t i = 0; i < 2; i++) {
+        const char *out = runs[i].out;
+        cr_assert(strstr(out, "\ndevice expert pool: copies at "), "%s:\n%s", runs[i].mode, out);
+        cr_assert(strstr(out, "\ndevice pool tg4: ") &&
+                      (i == 1 || strstr(out, "= a copy limit of ")),
+                  "%s:\n%s", runs[i].mode, out);
+        const char        *rv = strstr(out, "\nresult_vram: test=tg4 ");
+        unsigned long long hits, copied, on_cpu;
+        cr_assert(rv && sscanf(rv, "\nresult_vram: test=tg4 hits=%llu copied=%llu cpu=%llu", &hits,
+                               &copied, &on_cpu) == 3,
+                  "%s:\n%s", runs[i].mode, out);
+        /* moe-tiny: 4 layers, 2 experts a token, 4 decode tokens. */
+        cr_expect_eq(hits + copied + on_cpu, 4ull * 2 * 4, "%s: %llu + %llu + %llu picks",
+                     runs[i].mode, hits, copied, on_cpu);
+        if (i == 1)
+            cr_expect(copied == 0 && on_cpu > 0, "cpu: %llu copied, %llu on the CPU", copied,
+                      on_cpu);
+    }
+    free(copy);
+    free(cpu);
+    free(model);
+}
