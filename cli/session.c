@@ -355,6 +355,9 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     if (en->so.vram_budget && en->so.n_gpu_layers <= 0)
         fprintf(stderr, "%s: warning: --vram-budget ignored: no layer is on a device (-ngl)\n",
                 en->prog);
+    if (en->so.expert_miss != EXECUTOR_MISS_COPY && !en->so.vram_budget)
+        fprintf(stderr, "%s: warning: --expert-miss %s ignored: it needs --vram-budget\n", en->prog,
+                executor_expert_miss_name(en->so.expert_miss));
     if (en->so.n_gpu_layers > 0 && en->so.main_gpu >= 0) {
         /* As llama.cpp: without a usable device the layers stay on the CPU, with a warning. */
         char why[256] = "";
