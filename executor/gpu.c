@@ -83,10 +83,12 @@ struct gpu_xpool {
     uint64_t          hits, misses, copied, redone;
     /* --expert-miss: a decode round's missing experts computed on the CPU instead. */
     enum executor_expert_miss miss_mode;
-    uint64_t                 *cpu_mark;   /* expert -> the round that computes it on the CPU */
-    double                    copy_ns_b;  /* measured ns per byte copied in (auto) */
-    double                    cpu_ns_b;   /* the CPU's ns per expert byte; 0 = not measured */
-    uint64_t                  cpu_misses; /* picks computed on the CPU */
+    uint64_t                 *cpu_mark;  /* expert -> the round that computes it on the CPU */
+    bool                     *cpu_clean; /* expert -> it was in RAM when chosen: a clean sample
+                                            of the CPU's rate (no storage wait in it) */
+    double   copy_ns_b;                  /* measured ns per byte copied in (auto) */
+    double   cpu_ns_b;                   /* the CPU's ns per expert byte; 0 = not measured */
+    uint64_t cpu_misses;                 /* picks computed on the CPU */
     /* The weight source's region (its RAM pool) registered as pinned memory, or NULL: the
      * copies then read pageable memory (pin_err says why when registering failed). */
     void  *pinned;
@@ -511,6 +513,7 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     free(px->miss_x);
     free(px->miss_s);
     free(px->cpu_mark);
+    free(px->cpu_clean);
     free(px);
 }
 
@@ -564,9 +567,10 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     px->miss_x = calloc(hp->n_expert, sizeof(*px->miss_x));
     px->miss_s = calloc(hp->n_expert, sizeof(*px->miss_s));
     px->cpu_mark = calloc(hp->n_expert, sizeof(*px->cpu_mark));
+    px->cpu_clean = calloc(hp->n_expert, sizeof(*px->cpu_clean));
     px->miss_mode = miss_mode;
     if (!px->slot_of || !px->owner || !px->last || !px->pin || !px->mark || !px->miss_x ||
-        !px->miss_s || !px->cpu_mark)
+        !px->miss_s || !px->cpu_mark || !px->cpu_clean)
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     for (size_t i = 0; i < n_keys; i++)
         px->slot_of[i] = -1;
@@ -1659,14 +1663,18 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
 /* Whether a round's missing expert of `bytes` is computed on the CPU (--expert-miss): always
  * (cpu), never (copy), or (auto) when the CPU would be done with it and the round's other CPU
  * experts sooner than the copy stream with it and the round's other copies (*t_cpu, *t_copy:
- * the round's estimated ns so far, the two working side by side). The first miss in auto mode
- * goes to the CPU, which measures its rate. */
-static bool gpu_miss_on_cpu(const struct gpu_xpool *px, size_t bytes, double *t_cpu, double *t_copy)
+ * the round's estimated ns so far, the two working side by side). Both rates leave storage out
+ * (an expert still being read waits for it either way): until the CPU's is measured, auto
+ * gives it the first miss already in RAM (`in_ram`), and copies the others. */
+static bool gpu_miss_on_cpu(const struct gpu_xpool *px, size_t bytes, bool in_ram, double *t_cpu,
+                            double *t_copy)
 {
     if (px->miss_mode != EXECUTOR_MISS_AUTO)
         return px->miss_mode == EXECUTOR_MISS_CPU;
+    if (!(px->cpu_ns_b > 0))
+        return in_ram;
     const double cpu = px->cpu_ns_b * (double)bytes, copy = px->copy_ns_b * (double)bytes;
-    if (px->cpu_ns_b > 0 && *t_copy + copy <= *t_cpu + cpu) {
+    if (*t_copy + copy <= *t_cpu + cpu) {
         *t_copy += copy;
         return false;
     }
@@ -1711,7 +1719,8 @@ static int gpu_moe_cpu_round(struct executor_gpu *g, uint32_t il, uint32_t n, ui
             return -2;
         }
         const double ns_b = (double)(common_now_ns() - ts) / (double)bytes;
-        px->cpu_ns_b = px->cpu_ns_b > 0 ? 0.75 * px->cpu_ns_b + 0.25 * ns_b : ns_b;
+        if (px->cpu_clean[x])
+            px->cpu_ns_b = px->cpu_ns_b > 0 ? 0.75 * px->cpu_ns_b + 0.25 * ns_b : ns_b;
         px->cpu_misses += (uint64_t)cnt;
         for (int32_t r = 0; r < cnt; r++)
             if (gpu_upload(g->moe_y + (size_t)g->h_rows[r] * ne, c->tmp + (size_t)r * ne, row) < 0)
@@ -1765,8 +1774,13 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
                 const uint32_t x = (uint32_t)sel[j];
                 if (px->mark[x] != px->round) {
                     px->mark[x] = px->round;
-                    if (px->slot_of[il * E + x] < 0 && gpu_miss_on_cpu(px, bytes, &t_cpu, &t_copy))
+                    const bool in_ram =
+                        !w->ops->expert_is_ready || w->ops->expert_is_ready(w->impl, il, x);
+                    if (px->slot_of[il * E + x] < 0 &&
+                        gpu_miss_on_cpu(px, bytes, in_ram, &t_cpu, &t_copy)) {
                         px->cpu_mark[x] = px->round;
+                        px->cpu_clean[x] = in_ram;
+                    }
                 }
                 const bool cpu = px->cpu_mark[x] == px->round;
                 on_cpu += cpu;
