@@ -62,6 +62,7 @@ struct executor_serve {
     uint64_t           steps, tokens_done, step_ns, errors, bad_records, attaches, dropped;
     uint64_t           rounds, batches, batched_seqs, device_fallbacks;
     double             last_ms;
+    struct executor_gpu_pool_stats gpu_pool; /* the device pool's, after the last round */
 };
 
 /* ---- the router link ----------------------------------------------------------------------- */
@@ -261,8 +262,12 @@ static bool serve_round(struct executor_serve *s, struct serve_link *l,
         serve_run_batch(s, recs, nb, rep);
     if (s->device_failed)
         return false;
-    uint64_t dt = common_now_ns() - t0;
+    uint64_t                       dt = common_now_ns() - t0;
+    struct executor_gpu_pool_stats gp;
+    const bool                     pooled = executor_ctx_gpu_pool_stats(s->ctx[0], &gp);
     pthread_mutex_lock(&s->mu);
+    if (pooled)
+        s->gpu_pool = gp;
     s->rounds++;
     s->step_ns += dt;
     s->last_ms = (double)dt / 1e6;
@@ -459,6 +464,17 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
     proto_stats_add(r, "links_dropped", (double)s->dropped);
     proto_stats_add(r, "device_fallbacks", (double)s->device_fallbacks);
     proto_stats_add(r, "router_linked", s->has_link || s->pending ? 1.0 : 0.0);
+    if (s->gpu_pool.n_slots) {
+        /* The device's expert pool (--vram-budget), as `sluice bench` reports it. */
+        const struct executor_gpu_pool_stats *gp = &s->gpu_pool;
+        proto_stats_add(r, "gpu_pool.slots", (double)gp->n_slots);
+        proto_stats_add(r, "gpu_pool.hits", (double)gp->hits);
+        proto_stats_add(r, "gpu_pool.copied", (double)gp->misses);
+        proto_stats_add(r, "gpu_pool.cpu", (double)gp->cpu_misses);
+        proto_stats_add(r, "gpu_pool.copied_bytes", (double)gp->copied_bytes);
+        proto_stats_add(r, "gpu_pool.copy_busy_ms", (double)gp->copy_busy_ns / 1e6);
+        proto_stats_add(r, "gpu_pool.copy_stall_ms", (double)gp->copy_stall_ns / 1e6);
+    }
     pthread_mutex_unlock(&s->mu);
     proto_stats_add(r, "sequences", (double)s->n_seq);
     proto_stats_add(r, "n_ctx", (double)s->n_ctx);

@@ -760,6 +760,21 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
     cr_expect_eq(st, 0, "the executor's log says neither where its layers went nor why not");
     cr_log_info("%s", log);
     free(log);
+    if (strstr(extra, "--vram-budget")) {
+        /* The device pool's counters in the executor's stats: picks found or copied in. */
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice ctl --run-dir '%s' --daemon executor stats | grep -E "
+                 "'gpu_pool\\.(hits|copied|cpu) '",
+                 BIN, run_dir);
+        char *stats = sh(cmd, &st);
+        cr_expect_eq(st, 0, "no gpu_pool counters in the executor's stats");
+        unsigned long long hits = 0, copied = 0;
+        const char *h = strstr(stats, "gpu_pool.hits"), *c = strstr(stats, "gpu_pool.copied ");
+        cr_expect(h && c && sscanf(h, "gpu_pool.hits %llu", &hits) == 1 &&
+                      sscanf(c, "gpu_pool.copied %llu", &copied) == 1 && hits + copied > 0,
+                  "%s", stats);
+        free(stats);
+    }
     sluicectl_down(run_dir);
     if (host)
         cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
