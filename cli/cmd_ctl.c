@@ -207,10 +207,13 @@ static void ctl_print_hello(const struct proto_hello *h, bool json)
     if (json) {
         json_t *shards = json_array();
         for (uint32_t i = 0; i < n; i++)
-            json_array_append_new(
-                shards, json_pack("{s:I,s:I,s:I}", "fetcher", (json_int_t)h->shards[i].fetcher,
-                                  "first_expert", (json_int_t)h->shards[i].first_expert,
-                                  "n_experts", (json_int_t)h->shards[i].n_experts));
+            json_array_append_new(shards,
+                                  json_pack("{s:I,s:I,s:I,s:I,s:I}", "fetcher",
+                                            (json_int_t)h->shards[i].fetcher, "first_expert",
+                                            (json_int_t)h->shards[i].first_expert, "n_experts",
+                                            (json_int_t)h->shards[i].n_experts, "first_layer",
+                                            (json_int_t)h->shards[i].first_layer, "n_layers",
+                                            (json_int_t)h->shards[i].n_layers));
         (void)cli_json_print(json_pack("{s:s,s:o,s:s,s:I,s:I,s:I,s:I,s:o}", "kind", "hello", "name",
                                        ctl_json_cstr(h->name), "role", ctl_role_name(h->role),
                                        "major", (json_int_t)h->major, "minor", (json_int_t)h->minor,
@@ -230,9 +233,12 @@ static void ctl_print_hello(const struct proto_hello *h, bool json)
         printf("shards    -\n");
     for (uint32_t i = 0; i < n; i++) {
         const struct proto_shard *s = &h->shards[i];
-        printf("%s fetcher-%u: experts %u..%u (%u)\n", i ? "         " : "shards   ", s->fetcher,
+        printf("%s fetcher-%u: experts %u..%u (%u)", i ? "         " : "shards   ", s->fetcher,
                s->first_expert, s->first_expert + s->n_experts - (s->n_experts ? 1u : 0u),
                s->n_experts);
+        if (s->n_layers)
+            printf(" of layers %u..%u", s->first_layer, s->first_layer + s->n_layers - 1);
+        putchar('\n');
     }
 }
 

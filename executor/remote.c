@@ -18,7 +18,8 @@ static struct remote_link *remote_owner(struct executor_remote *r, uint32_t laye
 {
     if (layer >= r->model->hp.n_layer || expert >= r->model->hp.n_expert)
         return NULL;
-    return &r->links[r->owner[expert]];
+    const uint32_t i = r->owner[(size_t)layer * r->model->hp.n_expert + expert];
+    return i < r->n_links ? &r->links[i] : NULL;
 }
 
 /* Takes a free loan id for (link, gen, floan, map); returns 0 or COMMON_ENOMEM. */
@@ -537,7 +538,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     pthread_mutex_init(&r->loan_mu, NULL);
     r->run_dir = strdup(o->run_dir);
     r->links = calloc(n, sizeof(*r->links));
-    r->owner = calloc(o->model->hp.n_expert, sizeof(*r->owner));
+    r->owner = calloc((size_t)o->model->hp.n_layer * o->model->hp.n_expert, sizeof(*r->owner));
     r->loans = calloc(r->n_cap, sizeof(*r->loans));
     if (!r->run_dir || !r->links || !r->owner || !r->loans) {
         common_errmsg_set(e, rc, "out of memory");

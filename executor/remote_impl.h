@@ -143,9 +143,10 @@ struct executor_remote {
     bool (*cancelled)(void); /* startup wait ends when it returns true; may be NULL */
     uint32_t            n_links;
     struct remote_link *links; /* owned: n_links */
-    uint32_t           *owner; /* owned: fetcher index per expert */
-    _Atomic bool        stop;
-    bool                no_direct; /* every part is pinned through an ACQUIRE */
+    uint32_t           *owner; /* owned: fetcher index per (layer, expert), layer * n_expert +
+                                  expert; UINT32_MAX for a dense layer's */
+    _Atomic bool stop;
+    bool         no_direct; /* every part is pinned through an ACQUIRE */
 
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */

@@ -155,7 +155,7 @@ static int remote_hello(struct remote_link *L, struct proto_msg *rep, struct com
 static int remote_hello_shard(struct remote_link *L, const struct proto_hello *h,
                               struct proto_shard *out, struct common_errmsg *e)
 {
-    uint32_t n_expert = L->r->model->hp.n_expert;
+    uint32_t n_expert = L->r->model->hp.n_expert, n_layer = L->r->model->hp.n_layer;
     for (uint32_t k = 0; k < h->n_shards && k < PROTO_MAX_SHARDS; k++) {
         const struct proto_shard *s = &h->shards[k];
         if (s->fetcher != L->index)
@@ -165,6 +165,10 @@ static int remote_hello_shard(struct remote_link *L, const struct proto_hello *h
             return common_errmsg_set(
                 e, COMMON_EPROTO, "fetcher %u announces experts [%u, %u+%u) of a model with %u",
                 L->index, s->first_expert, s->first_expert, s->n_experts, n_expert);
+        if (s->n_layers && (s->first_layer >= n_layer || s->n_layers > n_layer - s->first_layer))
+            return common_errmsg_set(
+                e, COMMON_EPROTO, "fetcher %u announces layers [%u, %u+%u) of a model with %u",
+                L->index, s->first_layer, s->first_layer, s->n_layers, n_layer);
         *out = *s;
         return COMMON_OK;
     }
@@ -513,7 +517,9 @@ static void remote_relink(struct remote_link *L)
         struct common_errmsg e = {{0}};
         int                  rc = remote_try_connect(L, &c, &e);
         if (rc == COMMON_OK && (c.shard.first_expert != L->shard.first_expert ||
-                                c.shard.n_experts != L->shard.n_experts)) {
+                                c.shard.n_experts != L->shard.n_experts ||
+                                c.shard.first_layer != L->shard.first_layer ||
+                                c.shard.n_layers != L->shard.n_layers)) {
             rc = common_errmsg_set(
                 &e, COMMON_EPROTO, "restarted with experts [%u,+%u), was [%u,+%u)",
                 c.shard.first_expert, c.shard.n_experts, L->shard.first_expert, L->shard.n_experts);
@@ -606,29 +612,41 @@ int executor_remote_connect_all(struct executor_remote *r, struct common_errmsg 
                                          le.text[0] ? le.text : common_strerror(rc));
             remote_sleep_ms(REMOTE_RETRY_MS);
         }
-        COMMON_LOG_INFO("executor.remote", "fetcher=%u linked pid=%u instance=%llx experts=[%u,%u)",
-                        i, L->pid, (unsigned long long)L->instance, L->shard.first_expert,
-                        L->shard.first_expert + L->shard.n_experts);
+        const uint32_t l0 = L->shard.n_layers ? L->shard.first_layer : 0;
+        const uint32_t l1 = L->shard.n_layers ? l0 + L->shard.n_layers : r->model->hp.n_layer;
+        COMMON_LOG_INFO("executor.remote",
+                        "fetcher=%u linked pid=%u instance=%llx experts=[%u,%u) layers=[%u,%u)", i,
+                        L->pid, (unsigned long long)L->instance, L->shard.first_expert,
+                        L->shard.first_expert + L->shard.n_experts, l0, l1);
     }
-    /* Every expert must have exactly one owner. */
-    uint32_t n_expert = r->model->hp.n_expert;
-    for (uint32_t x = 0; x < n_expert; x++)
-        r->owner[x] = UINT32_MAX;
+    /* Every expert of every layer with experts must have exactly one owner. */
+    const uint32_t n_expert = r->model->hp.n_expert, n_layer = r->model->hp.n_layer;
+    for (size_t k = 0; k < (size_t)n_layer * n_expert; k++)
+        r->owner[k] = UINT32_MAX;
     for (uint32_t i = 0; i < r->n_links; i++) {
         const struct proto_shard *s = &r->links[i].shard;
-        for (uint32_t x = s->first_expert; x < s->first_expert + s->n_experts; x++) {
-            if (r->owner[x] != UINT32_MAX)
-                return common_errmsg_set(e, COMMON_EPROTO,
-                                         "expert %u is claimed by fetchers %u and %u", x,
-                                         r->owner[x], i);
-            r->owner[x] = i;
-        }
+        const uint32_t            l0 = s->n_layers ? s->first_layer : 0;
+        const uint32_t            l1 = s->n_layers ? l0 + s->n_layers : n_layer;
+        for (uint32_t l = l0; l < l1; l++)
+            for (uint32_t x = s->first_expert; x < s->first_expert + s->n_experts; x++) {
+                uint32_t *o = &r->owner[(size_t)l * n_expert + x];
+                if (*o != UINT32_MAX)
+                    return common_errmsg_set(e, COMMON_EPROTO,
+                                             "layer %u expert %u is claimed by fetchers %u and %u",
+                                             l, x, *o, i);
+                *o = i;
+            }
     }
-    for (uint32_t x = 0; x < n_expert; x++)
-        if (r->owner[x] == UINT32_MAX)
-            return common_errmsg_set(e, COMMON_EPROTO,
-                                     "expert %u has no fetcher (%u fetchers linked: is --fetchers "
-                                     "the same for every daemon?)",
-                                     x, r->n_links);
+    for (uint32_t l = 0; l < n_layer; l++)
+        for (uint32_t x = 0; x < n_expert; x++) {
+            struct common_span sp;
+            if (r->owner[(size_t)l * n_expert + x] == UINT32_MAX &&
+                common_model_expert_span(r->model, l, x, COMMON_EXPERT_GATE, &sp) == COMMON_OK)
+                return common_errmsg_set(e, COMMON_EPROTO,
+                                         "layer %u expert %u has no fetcher (%u fetchers linked: "
+                                         "are --fetchers and --shard-by the same for every "
+                                         "daemon?)",
+                                         l, x, r->n_links);
+        }
     return COMMON_OK;
 }

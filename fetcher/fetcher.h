@@ -396,8 +396,11 @@ struct fetcher_serve_opts {
     const char *run_dir;    /* borrowed: run directory; created 0700 when missing; required */
     uint32_t    shard;      /* this fetcher's index i, < n_shards */
     uint32_t    n_shards;   /* N fetchers; 0 = 1 */
-    uint64_t    ram_budget; /* budget of the whole system; 0 = none (see n_slots) */
-    uint32_t    n_slots;    /* explicit pool slots (overrides the budget); 0 = from the budget,
+    int         shard_by;   /* 1 (--shard-by file): fetcher i serves the experts stored in the i-th
+                               directory of the model's files (GGUF splits or QSF bundle files, their real
+                               paths): one fetcher per device; 0: a range of experts of every layer */
+    uint64_t ram_budget;    /* budget of the whole system; 0 = none (see n_slots) */
+    uint32_t n_slots;       /* explicit pool slots (overrides the budget); 0 = from the budget,
                                or one slot per bundle of the shard without a budget */
     uint32_t
         n_ctx; /* executor context per sequence, for the KV estimate; 0 = the executor's default */

@@ -335,8 +335,9 @@ static void link_reply_error(struct fetcher_link *l, uint32_t tag, int status)
 
 static bool link_req_valid(const struct fetcher_link_host *h, const struct proto_fetch_req *r)
 {
-    bool in_shard =
-        r->layer < h->n_layer && r->expert >= h->first && r->expert - h->first < h->n_exp;
+    bool in_shard = r->layer < h->n_layer && r->layer >= h->first_layer &&
+                    r->layer - h->first_layer < h->n_layers && r->expert >= h->first &&
+                    r->expert - h->first < h->n_exp;
     switch (r->op) {
     case PROTO_FETCH_ACQUIRE:
         return in_shard && r->part < COMMON_EXPERT_PART_COUNT;

@@ -20,9 +20,10 @@ struct fetcher_link_host {
     uint32_t                     n_layer;    /* layers of the model */
     uint32_t                     first;      /* first expert of this shard */
     uint32_t                     n_exp;      /* experts of this shard */
-    const char                  *run_dir;    /* borrowed: where the ring segments live */
-    pthread_mutex_t             *mu;         /* borrowed: guards *c and every link's loans */
-    struct fetcher_serve_counts *c;          /* borrowed: data-plane counters, under *mu */
+    uint32_t                     first_layer, n_layers; /* of its layers */
+    const char                  *run_dir;               /* borrowed: where the ring segments live */
+    pthread_mutex_t             *mu; /* borrowed: guards *c and every link's loans */
+    struct fetcher_serve_counts *c;  /* borrowed: data-plane counters, under *mu */
 };
 
 /* One executor's ring pair and the loans it holds. Shared: the service holds one reference,

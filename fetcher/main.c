@@ -44,6 +44,8 @@ static int parse_policy(void *arg, const char *v, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+static const char *const g_shard_by[] = {"expert", "file", NULL};
+
 /* Parses the config file and the command line into *o (*owned: the config words). Returns 0
  * (run), COMMON_OPTS_HELP or a negative common_err (printed). */
 static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char ***owned)
@@ -54,8 +56,17 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .target = o,
          .parse = parse_shard,
          .metavar = "I/N",
-         .help = "serve experts [I*E/N, (I+1)*E/N) of each layer",
+         .help = "serve experts [I*E/N, (I+1)*E/N) of each layer (or, with --shard-by file, "
+                 "those of the I-th directory)",
          .def = "0/1"},
+        {.name = "shard-by",
+         .type = COMMON_OPT_CHOICE,
+         .target = &o->shard_by,
+         .choices = g_shard_by,
+         .help = "expert: a range of experts of every layer; file: the experts stored in the I-th "
+                 "directory of the model's files (real paths of its GGUF splits or QSF bundle "
+                 "files, in order): one fetcher per device",
+         .def = "expert"},
         {.name = "ram-budget",
          .type = COMMON_OPT_SIZE,
          .target = &o->ram_budget,

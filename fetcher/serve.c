@@ -32,9 +32,12 @@ struct fetcher_server {
     uint32_t                  n_shards;    /* fetchers in all */
     uint32_t                  first;       /* first expert of this shard */
     uint32_t                  n_exp;       /* experts of this shard */
-    uint32_t                  n_layer;     /* of the model */
-    uint32_t                  n_expert;    /* of the model */
-    uint32_t                  n_slots;     /* pool slots of this shard */
+    uint32_t                  first_layer; /* first layer of this shard */
+    uint32_t                  n_layers;    /* layers of this shard */
+    struct proto_shard        shards[PROTO_MAX_SHARDS]; /* every fetcher's, for HELLO */
+    uint32_t                  n_layer;                  /* of the model */
+    uint32_t                  n_expert;                 /* of the model */
+    uint32_t                  n_slots;                  /* pool slots of this shard */
     uint32_t       plan_n_seq, plan_n_ctx; /* contexts the --ram-budget plan holds (0 = no plan) */
     uint64_t       instance;               /* random id, the pool fd's tag */
     const uint8_t *pool_base;              /* borrowed: the fetcher's pool mapping */
@@ -66,6 +69,90 @@ static void serve_shard_range(uint32_t i, uint32_t n, uint32_t n_expert, uint32_
     uint32_t b = (uint32_t)((uint64_t)(i + 1) * n_expert / n);
     *first = a;
     *count = b - a;
+}
+
+/* The directory of the real path of file k of the model (a symlink beside the first split
+ * followed): where the file lives, one directory per device. */
+static int serve_file_dir(const struct common_gguf *g, uint32_t k, char *dir, size_t len)
+{
+    char real[PATH_MAX];
+    if (!realpath(common_gguf_split_path(g, k), real))
+        return COMMON_EIO;
+    char *slash = strrchr(real, '/');
+    if (slash)
+        *slash = '\0';
+    return snprintf(dir, len, "%s", slash && real[0] ? real : "/") < (int)len ? COMMON_OK
+                                                                              : COMMON_EINVAL;
+}
+
+/* --shard-by file: fetcher i serves the experts whose gate part lies in a file of the i-th
+ * directory of the model's files (in the order their experts come, layer by layer), so that
+ * each fetcher reads one device. Each directory's experts must be a rectangle of layers and
+ * experts (GGUF splits: a range of layers, every expert; QSF bundle files of convert --shards:
+ * every layer, a range of experts). Fills s->shards. */
+static int serve_file_shards(struct fetcher_server *s, uint32_t n_shards, struct common_errmsg *e)
+{
+    const uint32_t n_files = common_gguf_n_splits(s->g), L = s->n_layer, E = s->n_expert;
+    char(*dirs)[PATH_MAX] = calloc(n_files ? n_files : 1, sizeof(*dirs));
+    int32_t *group = malloc((size_t)(n_files ? n_files : 1) * sizeof(*group));
+    int32_t *cell = malloc((size_t)L * E * sizeof(*cell)); /* (layer, expert) -> group, -1 */
+    uint32_t n_groups = 0;
+    int      rc = dirs && group && cell ? COMMON_OK : COMMON_ENOMEM;
+    for (uint32_t k = 0; rc == COMMON_OK && k < n_files; k++) {
+        group[k] = -1;
+        if (serve_file_dir(s->g, k, dirs[k], sizeof(dirs[k])) != COMMON_OK)
+            rc = common_errmsg_set(e, COMMON_EIO, "--shard-by file: %s: cannot resolve its path",
+                                   common_gguf_split_path(s->g, k));
+    }
+    for (uint32_t l = 0; rc == COMMON_OK && l < L; l++)
+        for (uint32_t x = 0; x < E; x++) {
+            struct common_span sp;
+            cell[(size_t)l * E + x] = -1;
+            if (common_model_expert_span(&s->m, l, x, COMMON_EXPERT_GATE, &sp) != COMMON_OK ||
+                sp.split >= n_files)
+                continue;              /* a dense layer */
+            if (group[sp.split] < 0) { /* a directory seen before, or the next one */
+                uint32_t gi = 0;
+                for (uint32_t k = 0; k < n_files; k++)
+                    if (group[k] >= 0 && strcmp(dirs[k], dirs[sp.split]) == 0)
+                        gi = (uint32_t)group[k] + 1;
+                group[sp.split] = gi ? (int32_t)gi - 1 : (int32_t)n_groups++;
+            }
+            cell[(size_t)l * E + x] = group[sp.split];
+        }
+    if (rc == COMMON_OK && n_groups != n_shards)
+        rc = common_errmsg_set(e, COMMON_EINVAL,
+                               "--shard-by file: the model's experts lie in %u director%s, for %u "
+                               "fetchers: run one fetcher per directory (device)",
+                               n_groups, n_groups == 1 ? "y" : "ies", n_shards);
+    for (uint32_t gi = 0; rc == COMMON_OK && gi < n_groups; gi++) {
+        uint32_t l0 = L, l1 = 0, x0 = E, x1 = 0; /* its bounding box */
+        for (uint32_t l = 0; l < L; l++)
+            for (uint32_t x = 0; x < E; x++)
+                if (cell[(size_t)l * E + x] == (int32_t)gi) {
+                    l0 = l < l0 ? l : l0;
+                    l1 = l + 1 > l1 ? l + 1 : l1;
+                    x0 = x < x0 ? x : x0;
+                    x1 = x + 1 > x1 ? x + 1 : x1;
+                }
+        for (uint32_t l = l0; l < l1 && rc == COMMON_OK; l++)
+            for (uint32_t x = x0; x < x1 && rc == COMMON_OK; x++)
+                if (cell[(size_t)l * E + x] != (int32_t)gi && cell[(size_t)l * E + x] >= 0)
+                    rc = common_errmsg_set(
+                        e, COMMON_EINVAL,
+                        "--shard-by file: the experts in directory %u (layers %u..%u, experts "
+                        "%u..%u) are not a range of layers or of experts: shard by expert",
+                        gi, l0, l1 - 1, x0, x1 - 1);
+        s->shards[gi] = (struct proto_shard){.fetcher = gi,
+                                             .first_expert = x0,
+                                             .n_experts = x1 - x0,
+                                             .first_layer = l0,
+                                             .n_layers = l1 - l0};
+    }
+    free(dirs);
+    free(group);
+    free(cell);
+    return rc == COMMON_ENOMEM ? common_errmsg_set(e, rc, "fetcher: out of memory") : rc;
 }
 
 static int serve_path(char *buf, size_t len, const char *dir, const char *name, uint32_t i,
@@ -120,6 +207,8 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
     proto_stats_add(st, "shard.count", s->n_shards);
     proto_stats_add(st, "shard.first_expert", s->first);
     proto_stats_add(st, "shard.n_experts", s->n_exp);
+    proto_stats_add(st, "shard.first_layer", s->first_layer);
+    proto_stats_add(st, "shard.n_layers", s->n_layers);
     proto_stats_add(st, "pool.slots", pc.n_slots);
     proto_stats_add(st, "pool.slot_bytes", (double)pc.slot_bytes);
     proto_stats_add(st, "pool.free", pc.n_free);
@@ -167,12 +256,16 @@ static void ctl_health(void *arg, struct proto_health_reply *h)
     pthread_mutex_unlock(&s->mu);
     if (live)
         snprintf(h->message, sizeof(h->message),
-                 "shard %u/%u experts [%u,%u) pool %u slots; executor pid %u attached", s->shard,
-                 s->n_shards, s->first, s->first + s->n_exp, s->n_slots, pid);
+                 "shard %u/%u experts [%u,%u) layers [%u,%u) pool %u slots; executor pid %u "
+                 "attached",
+                 s->shard, s->n_shards, s->first, s->first + s->n_exp, s->first_layer,
+                 s->first_layer + s->n_layers, s->n_slots, pid);
     else
         snprintf(h->message, sizeof(h->message),
-                 "shard %u/%u experts [%u,%u) pool %u slots; no executor attached", s->shard,
-                 s->n_shards, s->first, s->first + s->n_exp, s->n_slots);
+                 "shard %u/%u experts [%u,%u) layers [%u,%u) pool %u slots; no executor "
+                 "attached",
+                 s->shard, s->n_shards, s->first, s->first + s->n_exp, s->first_layer,
+                 s->first_layer + s->n_layers, s->n_slots);
     /* Serving from a file that shrank fails every read past its new end: not READY. */
     struct common_errmsg e = {{0}};
     if (common_gguf_check_files(s->g, &e) != COMMON_OK) {
@@ -185,11 +278,8 @@ static void ctl_hello(void *arg, struct proto_hello *h)
 {
     struct fetcher_server *s = arg;
     h->n_shards = s->n_shards;
-    for (uint32_t i = 0; i < s->n_shards; i++) {
-        h->shards[i].fetcher = i;
-        serve_shard_range(i, s->n_shards, s->n_expert, &h->shards[i].first_expert,
-                          &h->shards[i].n_experts);
-    }
+    for (uint32_t i = 0; i < s->n_shards; i++)
+        h->shards[i] = s->shards[i];
 }
 
 static void ctl_drain(void *arg)
@@ -294,7 +384,7 @@ static int serve_open_model(struct fetcher_server *s, struct common_errmsg *e)
 static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
 {
     const struct fetcher_serve_opts *o = &s->o;
-    uint32_t                         shard_bundles = s->n_layer * s->n_exp;
+    uint32_t                         shard_bundles = s->n_layers * s->n_exp;
     if (o->n_slots) {
         s->n_slots = o->n_slots;
     } else if (o->ram_budget) {
@@ -357,27 +447,39 @@ static int serve_open_fetcher(struct fetcher_server *s, struct common_errmsg *e)
         return common_errmsg_set(e, COMMON_ENOTSUP,
                                  "fetcher: the pool is not a memfd: cannot share");
     if (o->plan_out) {
-        char sz[2][32];
+        char sz[2][32], layers[48] = "each layer";
+        if (s->n_layers < s->n_layer)
+            snprintf(layers, sizeof(layers), "layers [%u,%u)", s->first_layer,
+                     s->first_layer + s->n_layers);
         fprintf(o->plan_out,
-                "shard %u/%u: experts [%u,%u) of each layer, pool %u slots x %s = %s, io %s%s, "
+                "shard %u/%u: experts [%u,%u) of %s, pool %u slots x %s = %s, io %s%s, "
                 "policy %s\n",
-                s->shard, s->n_shards, s->first, s->first + s->n_exp, s->n_slots,
+                s->shard, s->n_shards, s->first, s->first + s->n_exp, layers, s->n_slots,
                 common_format_size(fetcher_get_plan(s->f)->slot_bytes, sz[0], 32),
                 common_format_size(fetcher_get_plan(s->f)->pool_bytes, sz[1], 32),
                 fetcher_io_mode_name(fetcher_get_io_mode(s->f)),
                 fetcher_is_direct(s->f) ? " (O_DIRECT)" : "", fetcher_policy_name(o->policy));
-        /* QSF bundle files: which of them this shard reads (one each when the conversion's
-         * --shards matches the fetchers: one device per fetcher). */
-        for (uint32_t k = 1; common_gguf_is_qsf(s->g) && k < common_gguf_n_splits(s->g); k++) {
+        /* The files of several (QSF bundle files, GGUF splits) this shard reads its experts
+         * from: one each, one device per fetcher, when the conversion's --shards matches the
+         * fetchers or with --shard-by file. */
+        const bool qsf = common_gguf_is_qsf(s->g);
+        for (uint32_t k = qsf ? 1 : 0;
+             common_gguf_n_splits(s->g) > 1 && k < common_gguf_n_splits(s->g); k++) {
             bool reads = false;
-            for (uint32_t l = 0; l < s->n_layer && !reads; l++)
+            for (uint32_t l = s->first_layer; l < s->first_layer + s->n_layers && !reads; l++)
                 for (uint32_t x = s->first; x < s->first + s->n_exp && !reads; x++) {
-                    struct common_qsf_bundle b;
-                    reads = common_gguf_bundle(s->g, l, x, &b) == COMMON_OK && b.file == k;
+                    struct common_span sp;
+                    reads = common_model_expert_span(&s->m, l, x, COMMON_EXPERT_GATE, &sp) ==
+                                COMMON_OK &&
+                            sp.split == k;
                 }
+            char real[PATH_MAX]; /* where it lives: a symlink followed */
             if (reads)
-                fprintf(o->plan_out, "shard %u/%u reads bundle file %s\n", s->shard, s->n_shards,
-                        common_gguf_split_path(s->g, k));
+                fprintf(o->plan_out, "shard %u/%u reads %s %s\n", s->shard, s->n_shards,
+                        qsf ? "bundle file" : "split file",
+                        realpath(common_gguf_split_path(s->g, k), real)
+                            ? real
+                            : common_gguf_split_path(s->g, k));
         }
     }
     s->host = (struct fetcher_link_host){.f = s->f,
@@ -388,6 +490,8 @@ static int serve_open_fetcher(struct fetcher_server *s, struct common_errmsg *e)
                                          .n_layer = s->n_layer,
                                          .first = s->first,
                                          .n_exp = s->n_exp,
+                                         .first_layer = s->first_layer,
+                                         .n_layers = s->n_layers,
                                          .run_dir = s->run_dir,
                                          .mu = &s->mu,
                                          .c = &s->c};
@@ -445,7 +549,20 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
                                n_shards, s->n_expert);
         goto out_stop;
     }
-    serve_shard_range(s->shard, n_shards, s->n_expert, &s->first, &s->n_exp);
+    if (o->shard_by == 1) {
+        if ((rc = serve_file_shards(s, n_shards, e)) != COMMON_OK)
+            goto out_stop;
+    } else {
+        for (uint32_t i = 0; i < n_shards; i++) {
+            s->shards[i] = (struct proto_shard){.fetcher = i};
+            serve_shard_range(i, n_shards, s->n_expert, &s->shards[i].first_expert,
+                              &s->shards[i].n_experts);
+        }
+    }
+    s->first = s->shards[s->shard].first_expert;
+    s->n_exp = s->shards[s->shard].n_experts;
+    s->first_layer = s->shards[s->shard].n_layers ? s->shards[s->shard].first_layer : 0;
+    s->n_layers = s->shards[s->shard].n_layers ? s->shards[s->shard].n_layers : s->n_layer;
     if ((rc = serve_size_pool(s, e)) != COMMON_OK)
         goto out_stop;
     if ((rc = serve_open_fetcher(s, e)) != COMMON_OK)

@@ -75,7 +75,8 @@ static int codec_encode_hello(fb::FlatBufferBuilder &b, const struct proto_msg *
     std::vector<fb::Offset<sp::Shard>> shards;
     for (uint32_t i = 0; i < h->n_shards; i++)
         shards.push_back(sp::CreateShard(b, h->shards[i].fetcher, h->shards[i].first_expert,
-                                         h->shards[i].n_experts));
+                                         h->shards[i].n_experts, h->shards[i].first_layer,
+                                         h->shards[i].n_layers));
     auto name = b.CreateString(h->name);
     auto vec = b.CreateVector(shards);
     *body = sp::CreateHello(b, h->major, h->minor, static_cast<sp::Role>(role), name, vec, h->pid,
@@ -365,8 +366,8 @@ static int codec_decode_hello(const sp::Envelope *env, struct proto_msg *m)
         for (const sp::Shard *s : *h->shards()) {
             if (!s)
                 return COMMON_EPROTO;
-            m->u.hello.shards[m->u.hello.n_shards++] = {s->fetcher(), s->first_expert(),
-                                                        s->n_experts()};
+            m->u.hello.shards[m->u.hello.n_shards++] = {
+                s->fetcher(), s->first_expert(), s->n_experts(), s->first_layer(), s->n_layers()};
         }
     }
     return COMMON_OK;

@@ -50,11 +50,15 @@ enum proto_kind {
 /* Static name of a kind ("hello", "generate", ...), "?" for an unknown value. */
 const char *proto_kind_name(enum proto_kind k);
 
-/* One fetcher's share of the experts: [first_expert, first_expert + n_experts). */
+/* One fetcher's share of the experts: [first_expert, first_expert + n_experts) of the layers
+ * [first_layer, first_layer + n_layers), of every layer when n_layers is 0 (fetchers sharded by
+ * expert; by file, a fetcher per device, with --shard-by file). */
 struct proto_shard {
     uint32_t fetcher;
     uint32_t first_expert;
     uint32_t n_experts;
+    uint32_t first_layer;
+    uint32_t n_layers;
 };
 
 struct proto_hello {

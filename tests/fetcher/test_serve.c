@@ -561,6 +561,68 @@ Test(fetcher_serve, shard_1_of_2_refuses_experts_of_shard_0)
     munmap((void *)(uintptr_t)pool, len);
 }
 
+/* --shard-by file over GGUF splits by layer in two directories: fetcher 1 of 2 serves every
+ * expert of the second directory's layers (its HELLO says so for both) and refuses the others'.
+ * Three fetchers for two directories, or two for a one-file model, are refused in one line. */
+Test(fetcher_serve, by_file_shard_serves_the_layers_of_its_directory)
+{
+    FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-q4_0.gguf");
+    t_dir = fixture_tmpdir();
+    char ssd[2][600], first[1024];
+    for (int i = 0; i < 2; i++) {
+        snprintf(ssd[i], sizeof(ssd[i]), "%s/ssd%d", t_dir, i + 1);
+        cr_assert_eq(mkdir(ssd[i], 0700), 0);
+    }
+    cr_assert_eq(fixture_split_gguf_by_layer(src, ssd[0], ssd[1], "m", first, sizeof(first)), 0);
+    t_model = strdup(first);
+    snprintf(t_run, sizeof(t_run), "%s/run", t_dir);
+    open_model();
+    const uint32_t            E = t_m.hp.n_expert, L = t_m.hp.n_layer;
+    struct common_errmsg      e = {{0}};
+    struct fetcher_serve_opts o = {.model_path = t_model,
+                                   .run_dir = t_run,
+                                   .shard = 1,
+                                   .n_shards = 3,
+                                   .shard_by = 1,
+                                   .n_slots = 4,
+                                   .io = FETCHER_IO_PREAD};
+    cr_assert_eq(fetcher_serve_start(&o, &t_srv, &e), COMMON_EINVAL);
+    cr_assert(strstr(e.text, "lie in 2 directories, for 3 fetchers"), "%s", e.text);
+    o.n_shards = 2;
+    cr_assert_eq(fetcher_serve_start(&o, &t_srv, &e), COMMON_OK, "%s", e.text);
+    struct proto_msg req = hello_req(), rep;
+    cr_assert_eq(call(1, &req, &rep), PROTO_KIND_HELLO);
+    cr_assert_eq(rep.u.hello.n_shards, 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        const struct proto_shard *sh = &rep.u.hello.shards[i];
+        cr_assert(sh->fetcher == i && sh->first_expert == 0 && sh->n_experts == E &&
+                      sh->first_layer == i * (L / 2) && sh->n_layers == L / 2,
+                  "shard %u: experts %u+%u of layers %u+%u", i, sh->first_expert, sh->n_experts,
+                  sh->first_layer, sh->n_layers);
+    }
+    proto_msg_clear(&rep);
+    uint64_t         tag;
+    size_t           len;
+    const uint8_t   *pool = map_pool(1, &tag, &len);
+    struct exec_link l;
+    attach(1, &l, "exec-fetch-1.req", "exec-fetch-1.rep");
+    struct proto_fetch_rep r = acquire(&l, 1, L / 2 - 1, 0, COMMON_EXPERT_GATE);
+    cr_assert_eq(r.status, COMMON_EINVAL, "layer %u belongs to fetcher 0", L / 2 - 1);
+    r = acquire(&l, 2, L - 1, E - 1, COMMON_EXPERT_DOWN);
+    cr_assert_eq(r.status, COMMON_OK);
+    compare_part(pool, len, &r, L - 1, E - 1, COMMON_EXPERT_DOWN);
+    release(&l, r.loan);
+    link_close(&l);
+    munmap((void *)(uintptr_t)pool, len);
+    fetcher_serve_stop(t_srv, NULL);
+    t_srv = NULL;
+    /* A one-file model has one directory. */
+    o.model_path = src;
+    cr_assert_eq(fetcher_serve_start(&o, &t_srv, &e), COMMON_EINVAL);
+    cr_assert(strstr(e.text, "lie in 1 directory, for 2 fetchers"), "%s", e.text);
+    free(src);
+}
+
 /* A model file truncated under the running fetcher fails the reads past its new end: health says
  * DEGRADED and names the file, instead of READY. */
 Test(fetcher_serve, health_degrades_when_the_model_file_shrinks)

@@ -341,6 +341,41 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
     free(model);
 }
 
+/* GGUF splits on two devices (directories; the second split a symlink beside the first, as a
+ * user would place it): with --shard-by file, fetcher i serves the layers of the i-th directory
+ * and reads only its split, and the text is the one-file model's in one process. The default
+ * sharding (by expert) over the same splits gives it too. */
+Test(pipeline_faults, split_gguf_on_two_devices_one_fetcher_each, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char  ssd[2][1024], first[2048], cmd[4096];
+    int   st;
+    for (int i = 0; i < 2; i++) {
+        snprintf(ssd[i], sizeof(ssd[i]), "%s/ssd%d", dir, i + 1);
+        cr_assert_eq(mkdir(ssd[i], 0700), 0);
+    }
+    cr_assert_eq(fixture_split_gguf_by_layer(model, ssd[0], ssd[1], "m", first, sizeof(first)), 0);
+    up(dir, first, 2, "--shard-by file");
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "grep -h -E 'reads split file|^shard' %s/logs/fetcher-%d*.log",
+                 dir, i);
+        char *log = sh(cmd, &st);
+        cr_assert(strstr(log, i ? "layers [2,4)" : "layers [0,2)"), "fetcher %d: %s", i, log);
+        cr_assert(strstr(log, i ? "/ssd2/m-00002-of-00002.gguf" : "/ssd1/m-00001-of-00002.gguf"),
+                  "fetcher %d: %s", i, log);
+        cr_assert(!strstr(log, i ? "ssd1/" : "ssd2/"), "fetcher %d reads both: %s", i, log);
+        free(log);
+    }
+    assert_daemons_equal_one_process(dir, model, "--temp 0", "splits, a fetcher per directory");
+    up(dir, first, 2, NULL);
+    assert_daemons_equal_one_process(dir, model, "--temp 0", "splits, by expert");
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 /* Four clients at once (the executor batches the requests that overlap: one batch per step for
  * all of them): each gets the text of its sampling settings in one process. */
 /* Four clients at once, greedy and sampled, each getting its `sluice run` text. `host`: the

@@ -52,7 +52,7 @@ static struct proto_msg make_msg(enum proto_kind k, bool max)
             fill(m.u.hello.name, PROTO_MAX_NAME - 1, 'a');
             m.u.hello.n_shards = PROTO_MAX_SHARDS;
             for (uint32_t i = 0; i < PROTO_MAX_SHARDS; i++)
-                m.u.hello.shards[i] = (struct proto_shard){i, 8 * i, UINT32_MAX - i};
+                m.u.hello.shards[i] = (struct proto_shard){i, 8 * i, UINT32_MAX - i, 3 * i, i};
             m.u.hello.pid = 4242;
             m.u.hello.instance = 0xfeedfacecafebeefull;
         }

@@ -111,6 +111,86 @@ char *fixture_run(const char *cmd, int *status)
     return out;
 }
 
+/* The layer of a tensor named blk.N.*, or -1. */
+static long fixture_tensor_layer(const char *name)
+{
+    char *end;
+    if (strncmp(name, "blk.", 4) != 0)
+        return -1;
+    long n = strtol(name + 4, &end, 10);
+    return end != name + 4 && *end == '.' ? n : -1;
+}
+
+int fixture_split_gguf_by_layer(const char *src, const char *dir1, const char *dir2,
+                                const char *stem, char *first, size_t len)
+{
+    struct common_gguf        *g = NULL;
+    struct common_gguf_writer *w[2] = {NULL, NULL};
+    char                       path[2][1024];
+    int                        rc = -1;
+    void                      *buf = NULL;
+    long                       n_layer = 0;
+    snprintf(path[0], sizeof(path[0]), "%s/%s-00001-of-00002.gguf", dir1, stem);
+    snprintf(path[1], sizeof(path[1]), "%s/%s-00002-of-00002.gguf", dir2, stem);
+    if (common_gguf_open(src, NULL, &g, NULL) != COMMON_OK)
+        goto out;
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+        const long l = fixture_tensor_layer(common_gguf_tensor_at(g, i)->name);
+        n_layer = l + 1 > n_layer ? l + 1 : n_layer;
+    }
+    int32_t count[2] = {0, 0};
+    for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++)
+        count[fixture_tensor_layer(common_gguf_tensor_at(g, i)->name) >= n_layer / 2]++;
+    for (int k = 0; k < 2; k++) {
+        if (common_gguf_writer_create(&w[k], (uint32_t)common_gguf_alignment(g)) != COMMON_OK)
+            goto out;
+        for (uint64_t i = 0; k == 0 && i < common_gguf_n_kv(g); i++)
+            if (common_gguf_writer_copy_kv(w[k], common_gguf_kv_at(g, i)) != COMMON_OK)
+                goto out;
+        if (common_gguf_writer_set_u32(w[k], "split.no", (uint32_t)k) != COMMON_OK ||
+            common_gguf_writer_set_u32(w[k], "split.count", 2) != COMMON_OK ||
+            common_gguf_writer_set_i32(w[k], "split.tensors.count", count[0] + count[1]) !=
+                COMMON_OK)
+            goto out;
+    }
+    for (int k = 0; k < 2; k++) {
+        for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+            const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+            if ((fixture_tensor_layer(t->name) >= n_layer / 2) == (k == 1) &&
+                common_gguf_writer_add_tensor(w[k], t->name, t->type, t->n_dims, t->ne) !=
+                    COMMON_OK)
+                goto out;
+        }
+        if (common_gguf_writer_begin(w[k], path[k], NULL) != COMMON_OK)
+            goto out;
+        for (uint64_t i = 0; i < common_gguf_n_tensors(g); i++) {
+            const struct common_gguf_tensor *t = common_gguf_tensor_at(g, i);
+            struct common_span s = {.split = t->split, .offset = t->offset, .size = t->size};
+            if ((fixture_tensor_layer(t->name) >= n_layer / 2) != (k == 1))
+                continue;
+            free(buf);
+            if (!(buf = malloc(t->size ? t->size : 1)) ||
+                common_gguf_read_span(g, &s, buf, NULL) != COMMON_OK ||
+                common_gguf_writer_write_data(w[k], buf, t->size, NULL) != COMMON_OK)
+                goto out;
+        }
+        if (common_gguf_writer_finish(w[k], NULL) != COMMON_OK)
+            goto out;
+    }
+    char link[1024];
+    snprintf(link, sizeof(link), "%s/%s-00002-of-00002.gguf", dir1, stem);
+    if (strcmp(dir1, dir2) != 0 && symlink(path[1], link) != 0)
+        goto out;
+    snprintf(first, len, "%s", path[0]);
+    rc = 0;
+out:
+    free(buf);
+    common_gguf_writer_destroy(w[0]);
+    common_gguf_writer_destroy(w[1]);
+    common_gguf_close(g);
+    return rc;
+}
+
 int fixture_write_coarse_experts(const char *src, const char *dst)
 {
     struct common_gguf        *g = NULL;

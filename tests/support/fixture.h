@@ -34,4 +34,12 @@ void fixture_rmtree(const char *dir);
  * values), for QSF's LZ4 path. Returns 0, or -1 (src not F32 experts, or an I/O error). */
 int fixture_write_coarse_experts(const char *src, const char *dst);
 
+/* Writes the one-file GGUF model `src` as two splits by layer, as llama.cpp's gguf-split does:
+ * `dir1`/STEM-00001-of-00002.gguf with the metadata, the tensors outside blocks and those of the
+ * first half of the layers, `dir2`/STEM-00002-of-00002.gguf with the rest, and a symlink to the
+ * second beside the first (where a split is looked for). The first split's path goes to `first`
+ * (len bytes). Returns 0, or -1. */
+int fixture_split_gguf_by_layer(const char *src, const char *dir1, const char *dir2,
+                                const char *stem, char *first, size_t len);
+
 #endif /* TESTS_SUPPORT_FIXTURE_H */
