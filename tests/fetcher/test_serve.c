@@ -524,6 +524,15 @@ Test(fetcher_serve, attach_with_bad_segments_is_refused)
     link_close(&l);
 }
 
+/* Maps the pool of fetcher 1 (its length in *len) and attaches a link to it. */
+static const uint8_t *attach_shard_1(struct exec_link *l, size_t *len)
+{
+    uint64_t       tag;
+    const uint8_t *pool = map_pool(1, &tag, len);
+    attach(1, l, "exec-fetch-1.req", "exec-fetch-1.rep");
+    return pool;
+}
+
 Test(fetcher_serve, shard_1_of_2_refuses_experts_of_shard_0)
 {
     START(1, 2);
@@ -540,11 +549,9 @@ Test(fetcher_serve, shard_1_of_2_refuses_experts_of_shard_0)
     cr_assert_eq(rep.u.hello.shards[1].n_experts, E - E / 2);
     proto_msg_clear(&rep);
 
-    uint64_t         tag;
-    size_t           len;
-    const uint8_t   *pool = map_pool(1, &tag, &len);
-    struct exec_link l;
-    attach(1, &l, "exec-fetch-1.req", "exec-fetch-1.rep");
+    size_t                 len;
+    struct exec_link       l;
+    const uint8_t         *pool = attach_shard_1(&l, &len);
     struct proto_fetch_rep r = acquire(&l, 1, 0, 0, COMMON_EXPERT_GATE);
     cr_assert_eq(r.status, COMMON_EINVAL, "expert 0 belongs to fetcher 0");
     r = acquire(&l, 2, 0, E / 2 - 1, COMMON_EXPERT_GATE);
@@ -601,11 +608,9 @@ Test(fetcher_serve, by_file_shard_serves_the_layers_of_its_directory)
                   sh->first_layer, sh->n_layers);
     }
     proto_msg_clear(&rep);
-    uint64_t         tag;
-    size_t           len;
-    const uint8_t   *pool = map_pool(1, &tag, &len);
-    struct exec_link l;
-    attach(1, &l, "exec-fetch-1.req", "exec-fetch-1.rep");
+    size_t                 len;
+    struct exec_link       l;
+    const uint8_t         *pool = attach_shard_1(&l, &len);
     struct proto_fetch_rep r = acquire(&l, 1, L / 2 - 1, 0, COMMON_EXPERT_GATE);
     cr_assert_eq(r.status, COMMON_EINVAL, "layer %u belongs to fetcher 0", L / 2 - 1);
     r = acquire(&l, 2, L - 1, E - 1, COMMON_EXPERT_DOWN);
