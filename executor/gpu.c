@@ -1686,18 +1686,16 @@ static bool gpu_miss_on_cpu(const struct gpu_xpool *px, size_t bytes, bool in_ra
  * their tokens (g->xn, brought to the host once a step: *have_xn) through the CPU's expert
  * (executor_moe_expert_rows, from the weight source), each (token, slot) output uploaded to its
  * row of g->moe_y, after the device's kernels (which computed a stand-in there). The CPU's
- * ns per byte is kept as a running mean. Returns 0, -1 (device) or -2 (the weight source
- * failed: *cpu_rc, text in c->err). */
-static int gpu_moe_cpu_round(struct executor_gpu *g, uint32_t il, uint32_t n, uint32_t t0,
-                             uint32_t t1, struct executor_ctx *c, bool *have_xn, int *cpu_rc)
+ * ns per byte (`bytes`: one expert of layer il) is kept as a running mean. Returns 0, -1 (device)
+ * or -2 (the weight source failed: *cpu_rc, text in c->err). */
+static int gpu_moe_cpu_round(struct executor_gpu *g, uint32_t il, size_t bytes, uint32_t n,
+                             uint32_t t0, uint32_t t1, struct executor_ctx *c, bool *have_xn,
+                             int *cpu_rc)
 {
     struct gpu_xpool *px = g->w->pool;
     const int64_t     ne = g->m->desc->hp.n_embd;
     const uint32_t    K = g->m->desc->hp.n_expert_used;
     const size_t      row = (size_t)ne * sizeof(float);
-    size_t            bytes = 0; /* one expert of the layer */
-    for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
-        bytes += (size_t)g->w->layers[il].exps[p].rows * g->w->layers[il].exps[p].row_bytes;
     if (!*have_xn && gpu_download(c->xn, g->xn, (size_t)n * row) < 0)
         return -1;
     *have_xn = true;
@@ -1803,7 +1801,8 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
              gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px->ev_gu : NULL,
                            miss ? px->ev_d : NULL) < 0))
             return -1;
-        const int cpu = on_cpu ? gpu_moe_cpu_round(g, il, n, t0, t1, c, &have_xn, cpu_rc) : 0;
+        const int cpu =
+            on_cpu ? gpu_moe_cpu_round(g, il, bytes, n, t0, t1, c, &have_xn, cpu_rc) : 0;
         if (cpu == -1)
             return -1;
         const int end = gpu_pool_round_end(gw, tries, torn, &again, c, cpu_rc);
