@@ -1156,6 +1156,12 @@ bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t l
     if (!c->gpu)
         return false;
     executor_gpu_describe(c->gpu, buf, len);
+    const size_t at = strlen(buf);
+    if (c->kv.type != COMMON_CACHE_F16 && at < len)
+        snprintf(buf + at, len - at,
+                 "; --cache-type %s holds for the CPU's layers only: the device keeps its KV "
+                 "cache in f16",
+                 common_cache_type_name(c->kv.type));
     return true;
 }
 
