@@ -199,15 +199,14 @@ static void engine_error(void *arg, uint32_t layer, uint32_t expert, struct comm
 }
 
 /* The fetcher's pool segment (mapped read-write here, fixed for its life): a device pool's
- * copies read it as pinned memory once registered. */
-static bool engine_region(void *arg, void **base, size_t *bytes)
+ * copies read it as pinned memory once registered. It is never remapped, so remove is never
+ * called: the device unregisters it itself, before the source goes. */
+static void engine_regions(void *arg, const struct executor_region_hooks *h)
 {
-    const void *b = fetcher_get_pool_base(arg);
-    if (!b)
-        return false;
-    memcpy(base, &b, sizeof(*base)); /* the device only reads it */
-    *bytes = (size_t)fetcher_get_pool_bytes(arg);
-    return *bytes > 0;
+    const void    *b = fetcher_get_pool_base(arg);
+    const uint64_t n = fetcher_get_pool_bytes(arg);
+    if (h && b && n > 0)
+        (void)h->add(h->arg, b, (size_t)n, false);
 }
 
 static int engine_release(void *arg, uint32_t loan)
@@ -300,7 +299,7 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                                          .is_ready = engine_is_ready,
                                          .token_begin = engine_token_begin,
                                          .error = engine_error,
-                                         .region = engine_region,
+                                         .regions = engine_regions,
                                          .arg = en->fetcher};
     struct executor_weights_opts  wo = {.read_span =
                                            mode == FETCHER_IO_MMAP ? NULL : common_gguf_read_span,

@@ -172,6 +172,16 @@ enum executor_expert_hint {
  *   says whether the bytes stayed the same during the loan, and when they did not, what was
  *   computed from them is thrown away and the part acquired again.
  * Implementations are thread-safe: any thread may call any entry at any time. */
+/* A device's registration of the memory expert loans point into (expert_regions below). */
+struct executor_region_hooks {
+    /* [base, base + bytes) holds loans now; read_only: mapped without write access here.
+     * Returns 0, or < 0: it stays unregistered (copies from it still work, staged). */
+    int (*add)(void *arg, const void *base, size_t bytes, bool read_only);
+    /* [base, ...) as added is about to be unmapped: no loan is out on it. */
+    void (*remove)(void *arg, const void *base);
+    void *arg; /* borrowed */
+};
+
 struct executor_weight_ops {
     /* Bytes of GGUF tensor `index` (file order). Returns 0, COMMON_EINVAL (bad index),
      * COMMON_EIO. */
@@ -199,10 +209,14 @@ struct executor_weight_ops {
     /* Why an expert_acquire of expert e of layer L failed, in one line naming what was read
      * (file, offset, checksum); out is left empty when the source does not know. */
     void (*expert_error)(void *impl, uint32_t layer, uint32_t expert, struct common_errmsg *out);
-    /* The memory every expert loan points into (a pool segment, mapped read-write in this
-     * process for the source's whole life), for a device to register as pinned memory; false
-     * when there is none such. */
-    bool (*expert_region)(void *impl, void **base, size_t *bytes);
+    /* The memory expert loans point into (pool segments), for a device to register as pinned
+     * memory: with h, h->add is called now for every region mapped and later for every region
+     * mapped anew (a restarted fetcher's pool), h->remove before one is unmapped (no loan is out
+     * on it then); *h is copied. With NULL the calls stop (none is in progress when it returns),
+     * and the device unregisters what it still holds itself. The calls come
+     * from any thread, possibly under the source's own locks: the hooks must not call into the
+     * source. NULL op = the source has no such memory. */
+    void (*expert_regions)(void *impl, const struct executor_region_hooks *h);
 };
 
 /* A weight source: an implementation table and its state. */
@@ -241,7 +255,8 @@ struct executor_expert_source {
     void (*token_begin)(void *arg);                               /* NULL = not needed */
     void (*error)(void *arg, uint32_t layer, uint32_t expert,
                   struct common_errmsg *out); /* why acquire failed; NULL = not known */
-    bool (*region)(void *arg, void **base, size_t *bytes); /* as expert_region; NULL = none */
+    void (*regions)(void *arg, const struct executor_region_hooks *h); /* as expert_regions;
+                                                                         NULL = none */
     void *arg; /* borrowed: must outlive the weight source */
 };
 
@@ -434,21 +449,24 @@ void executor_gpu_weights_destroy(struct executor_gpu_weights *gw);
 /* The device's expert pool (--vram-budget): its slots (one expert each) and what the router's
  * picks found there since the weights were made. */
 struct executor_gpu_pool_stats {
-    uint32_t n_slots;       /* 0: no pool (every expert uploaded, or none on the device) */
-    uint64_t slot_bytes;    /* one expert's parts */
-    uint64_t expert_bytes;  /* every routed expert of the device's layers */
-    uint64_t hits, misses;  /* expert picks found in the pool, and copied in */
-    uint64_t copied_bytes;  /* copied to the device for the misses */
-    uint64_t cpu_misses;    /* expert picks not in the pool computed on the CPU (--expert-miss),
-                               counted apart from hits and misses */
-    double copy_gbps;       /* the copy rate measured when the pool was made (from where its
-                               copies come: the pinned region, else pageable memory), GB/s */
-    double   cpu_gbps;      /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
-    uint64_t pinned_bytes;  /* the weight source's RAM pool registered as pinned memory; 0 =
-                               the copies read pageable memory */
-    bool     copy_timed;    /* the backend timed the copies: */
-    uint64_t copy_busy_ns;  /* the copy stream's time copying, */
-    uint64_t copy_stall_ns; /* and the kernels' time waiting for copies */
+    uint32_t n_slots;        /* 0: no pool (every expert uploaded, or none on the device) */
+    uint64_t slot_bytes;     /* one expert's parts */
+    uint64_t expert_bytes;   /* every routed expert of the device's layers */
+    uint64_t hits, misses;   /* expert picks found in the pool, and copied in */
+    uint64_t copied_bytes;   /* copied to the device for the misses */
+    uint64_t cpu_misses;     /* expert picks not in the pool computed on the CPU (--expert-miss),
+                                counted apart from hits and misses */
+    double copy_gbps;        /* the copy rate measured when the pool was made (from where its
+                                copies come: the pinned region, else pageable memory), GB/s */
+    double   cpu_gbps;       /* the CPU's rate over an expert's bytes, GB/s; 0 = not measured yet */
+    uint64_t pinned_bytes;   /* the weight source's RAM pools registered as pinned memory now;
+                                0 = the copies read pageable memory */
+    uint32_t pinned_regions; /* how many (one per fetcher through the daemons) */
+    uint64_t pin_adds, pin_removes; /* registrations and unregistrations so far (a restarted
+                                       fetcher's pool: one of each) */
+    bool     copy_timed;            /* the backend timed the copies: */
+    uint64_t copy_busy_ns;          /* the copy stream's time copying, */
+    uint64_t copy_stall_ns;         /* and the kernels' time waiting for copies */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

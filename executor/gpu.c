@@ -45,8 +45,9 @@ struct gpu_layer {
     bool               pooled;  /* its experts are in the pool, by slot */
 };
 
-#define GPU_POOL_LOANS 3 /* weight-source loans held while their copies are in flight */
-#define GPU_POOL_TRIES 8 /* rounds done again when a loan's bytes changed during its copy */
+#define GPU_POOL_LOANS 3  /* weight-source loans held while their copies are in flight */
+#define GPU_POOL_PINS  64 /* regions of the weight source registered at once (one per fetcher) */
+#define GPU_POOL_TRIES 8  /* rounds done again when a loan's bytes changed during its copy */
 
 /* A part of an expert lent by the weight source while its copy into the pool is in flight. */
 struct gpu_loan {
@@ -89,11 +90,19 @@ struct gpu_xpool {
     double   copy_ns_b;                  /* measured ns per byte copied in (auto) */
     double   cpu_ns_b;                   /* the CPU's ns per expert byte; 0 = not measured */
     uint64_t cpu_misses;                 /* picks computed on the CPU */
-    /* The weight source's region (its RAM pool) registered as pinned memory, or NULL: the
-     * copies then read pageable memory (pin_err says why when registering failed). */
-    void  *pinned;
-    size_t pinned_bytes;
-    char   pin_err[160];
+    /* The weight source's regions (its RAM pools: one in a process, one per fetcher through the
+     * daemons, remapped when a fetcher restarts) registered as pinned memory: copies from them go
+     * by DMA, copies from elsewhere read pageable memory (pin_err says why the last registration
+     * failed). reg_mu guards them; it is taken under mu or a weight source's lock, and takes no
+     * other lock. */
+    pthread_mutex_t reg_mu;
+    struct gpu_pin {
+        const void *base;
+        size_t      bytes;
+    } pins[GPU_POOL_PINS];
+    uint32_t n_pins;
+    uint64_t pinned_bytes, pin_adds, pin_removes;
+    char     pin_err[160];
     /* gpu_copy_times when the pool was made (the backend's are the process's). */
     uint64_t busy0_ns, stall0_ns;
 };
@@ -498,7 +507,11 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
         return;
     bool torn = false;
     (void)gpu_loans_end(px, w, &torn);
-    gpu_host_unregister(px->pinned);
+    if (w->ops->expert_regions)
+        w->ops->expert_regions(w->impl, NULL); /* no more calls to the hooks below */
+    for (uint32_t i = 0; i < px->n_pins; i++)
+        gpu_host_unregister(px->pins[i].base);
+    pthread_mutex_destroy(&px->reg_mu);
     for (uint32_t i = 0; i < GPU_POOL_LOANS; i++)
         gpu_event_free(px->loans[i].ev);
     gpu_event_free(px->ev_gu);
@@ -517,18 +530,60 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     free(px);
 }
 
+/* The weight source mapped a region expert loans point into: registered as pinned memory. */
+static int gpu_pin_add(void *arg, const void *base, size_t bytes, bool read_only)
+{
+    struct gpu_xpool *px = arg;
+    int               rc = -1;
+    pthread_mutex_lock(&px->reg_mu);
+    if (px->n_pins == GPU_POOL_PINS) {
+        snprintf(px->pin_err, sizeof(px->pin_err), "more than %d regions", GPU_POOL_PINS);
+    } else if (gpu_host_register(base, bytes, read_only) == 0) {
+        px->pins[px->n_pins++] = (struct gpu_pin){base, bytes};
+        px->pinned_bytes += bytes;
+        px->pin_adds++;
+        rc = 0;
+    } else {
+        snprintf(px->pin_err, sizeof(px->pin_err), "%s", gpu_last_error());
+    }
+    pthread_mutex_unlock(&px->reg_mu);
+    return rc;
+}
+
+/* The weight source unmaps a region (no loan out on it, so no copy reads it): unregistered. */
+static void gpu_pin_remove(void *arg, const void *base)
+{
+    struct gpu_xpool *px = arg;
+    pthread_mutex_lock(&px->reg_mu);
+    for (uint32_t i = 0; i < px->n_pins; i++)
+        if (px->pins[i].base == base) {
+            gpu_host_unregister(base);
+            px->pinned_bytes -= px->pins[i].bytes;
+            px->pins[i] = px->pins[--px->n_pins];
+            px->pin_removes++;
+            break;
+        }
+    pthread_mutex_unlock(&px->reg_mu);
+}
+
 /* ns per byte of a copy into the pool from where its copies come: the best of three copies of
- * one slot from the start of the weight source's pinned region, else from a pageable buffer
- * (as the weight source's are), each waited for; 0 when it fails. */
+ * one slot from the start of the weight source's first pinned region, else from a pageable
+ * buffer (as the weight source's are), each waited for; 0 when it fails. reg_mu is held
+ * throughout, so the region stays mapped. */
 static double gpu_pool_copy_rate(struct gpu_xpool *px)
 {
-    const bool from_pinned = px->pinned && px->pinned_bytes >= px->slot_bytes;
-    uint8_t   *buf = from_pinned ? px->pinned : malloc(px->slot_bytes);
-    double     best = 0;
-    if (!buf)
+    pthread_mutex_lock(&px->reg_mu);
+    const bool     from_pinned = px->n_pins > 0 && px->pins[0].bytes >= px->slot_bytes;
+    const uint8_t *pinned = from_pinned ? px->pins[0].base : NULL;
+    uint8_t       *own = from_pinned ? NULL : malloc(px->slot_bytes);
+    const uint8_t *buf = from_pinned ? pinned : own;
+    double         best = 0;
+    if (!buf) {
+        pthread_mutex_unlock(&px->reg_mu);
         return 0;
-    if (!from_pinned)
-        memset(buf, 1, px->slot_bytes);
+    }
+    if (own)
+        memset(own, 1, px->slot_bytes);
     for (int k = 0; k < 3; k++) {
         const uint64_t t0 = common_now_ns();
         if (gpu_copy_async(px->d, buf, px->slot_bytes) < 0 ||
@@ -539,8 +594,8 @@ static double gpu_pool_copy_rate(struct gpu_xpool *px)
         const double ns_b = (double)(common_now_ns() - t0) / (double)px->slot_bytes;
         best = k == 0 || ns_b < best ? ns_b : best;
     }
-    if (!from_pinned)
-        free(buf);
+    free(own);
+    pthread_mutex_unlock(&px->reg_mu);
     return best;
 }
 
@@ -552,6 +607,11 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     const size_t                 n_keys = (size_t)hp->n_layer * hp->n_expert;
     struct gpu_xpool            *px = calloc(1, sizeof(*px));
     if (!px || pthread_mutex_init(&px->mu, NULL) != 0) {
+        free(px);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    if (pthread_mutex_init(&px->reg_mu, NULL) != 0) {
+        pthread_mutex_destroy(&px->mu);
         free(px);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
@@ -583,18 +643,13 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     if (!ok || !(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
                                  gw->dev, gpu_last_error());
-    /* The weight source's RAM pool as pinned memory: its copies go by DMA, without staging. */
+    /* The weight source's RAM pools as pinned memory, now and as they are remapped: their
+     * copies go by DMA, without staging. */
     const struct executor_weights *w = gw->m->w;
-    void                          *base = NULL;
-    size_t                         len = 0;
-    if (w->ops->expert_region && w->ops->expert_region(w->impl, &base, &len)) {
-        if (gpu_host_register(base, len) == 0) {
-            px->pinned = base;
-            px->pinned_bytes = len;
-        } else {
-            snprintf(px->pin_err, sizeof(px->pin_err), "%s", gpu_last_error());
-        }
-    }
+    if (w->ops->expert_regions)
+        w->ops->expert_regions(w->impl, &(struct executor_region_hooks){.add = gpu_pin_add,
+                                                                        .remove = gpu_pin_remove,
+                                                                        .arg = px});
     if (!(px->copy_ns_b = gpu_pool_copy_rate(px)))
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: a copy into the expert pool: %s",
                                  gpu_backend_name(), gw->dev, gpu_last_error());
@@ -1015,23 +1070,27 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
     if (on_cpu && at < len)
         snprintf(buf + at, len - at, "; the MoE of %u of them on the CPU (--n-cpu-moe %u)", on_cpu,
                  gw->n_cpu_moe);
-    const size_t at2 = strlen(buf);
-    if (gw->pool && at2 < len) {
-        const uint64_t pb = (uint64_t)gw->pool->n_slots * gw->pool->slot_bytes;
-        char           a[32], b[32];
+    const size_t      at2 = strlen(buf);
+    struct gpu_xpool *px = gw->pool;
+    if (px && at2 < len) {
+        const uint64_t pb = (uint64_t)px->n_slots * px->slot_bytes;
+        char           a[32], b[32], from[64];
+        pthread_mutex_lock(&px->reg_mu);
+        if (px->n_pins > 1)
+            snprintf(from, sizeof(from), "the RAM pools of %u fetchers, pinned", px->n_pins);
+        else
+            snprintf(from, sizeof(from), "%s",
+                     px->n_pins ? "the RAM pool, pinned" : "pageable memory");
         snprintf(buf + at2, len - at2,
                  "; the experts in a pool of %u slots (%s of --vram-budget, %.1f%% of their %s; "
-                 "--expert-miss %s), copied in from %s%s%s",
-                 gw->pool->n_slots, common_format_size(pb, a, sizeof(a)),
+                 "--expert-miss %s), copied in from %s%s%s%s",
+                 px->n_slots, common_format_size(pb, a, sizeof(a)),
                  100.0 * (double)pb / (double)gw->expert_bytes,
                  common_format_size(gw->expert_bytes, b, sizeof(b)),
-                 executor_expert_miss_name(gw->pool->miss_mode),
-                 gw->pool->pinned ? "the RAM pool, pinned" : "pageable memory",
-                 gw->pool->pin_err[0] ? " (pinning the RAM pool failed: " : "",
-                 gw->pool->pin_err[0] ? gw->pool->pin_err : "");
-        const size_t at3 = strlen(buf);
-        if (gw->pool->pin_err[0] && at3 + 1 < len)
-            snprintf(buf + at3, len - at3, ")");
+                 executor_expert_miss_name(px->miss_mode), from,
+                 px->pin_err[0] ? " (pinning the RAM pool failed: " : "", px->pin_err,
+                 px->pin_err[0] ? ")" : "");
+        pthread_mutex_unlock(&px->reg_mu);
     }
 }
 
@@ -1048,7 +1107,12 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->misses = px->misses;
     out->copied_bytes = px->copied;
     out->cpu_misses = px->cpu_misses;
+    pthread_mutex_lock(&px->reg_mu);
     out->pinned_bytes = px->pinned_bytes;
+    out->pinned_regions = px->n_pins;
+    out->pin_adds = px->pin_adds;
+    out->pin_removes = px->pin_removes;
+    pthread_mutex_unlock(&px->reg_mu);
     uint64_t busy, stall;
     if (gpu_copy_times(&busy, &stall)) {
         out->copy_busy_ns = busy - px->busy0_ns;

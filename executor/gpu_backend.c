@@ -187,12 +187,12 @@ int gpu_copy_async(void *dst_device, const void *src_host, size_t bytes)
     return be() ? be()->copy_async(dst_device, src_host, bytes) : -1;
 }
 
-int gpu_host_register(void *p, size_t bytes)
+int gpu_host_register(const void *p, size_t bytes, bool read_only)
 {
-    return be() ? be()->host_register(p, bytes) : -1;
+    return be() ? be()->host_register(p, bytes, read_only) : -1;
 }
 
-void gpu_host_unregister(void *p)
+void gpu_host_unregister(const void *p)
 {
     if (be() && p)
         be()->host_unregister(p);

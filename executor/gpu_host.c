@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -182,17 +183,64 @@ static void h_event_free(struct gpu_event *ev)
     free(ev);
 }
 
-/* The host backend's device memory is host memory: registering only checks the arguments. */
-static int h_host_register(void *p, size_t bytes)
+/* The host backend's device memory is host memory: registering pins nothing, but checks what
+ * CUDA checks, so that the pool's bookkeeping is tested here: the range must be mapped, and may
+ * not overlap a registration (cudaErrorHostMemoryAlreadyRegistered); an unregistration names a
+ * registration's start (else cudaErrorHostMemoryNotRegistered, which callers ignore). */
+#define HOST_MAX_REGS 64
+static pthread_mutex_t h_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+struct h_reg {
+    uintptr_t p;
+    size_t    bytes;
+};
+static struct h_reg h_regs[HOST_MAX_REGS];
+static unsigned     h_n_regs;
+
+static int h_host_register(const void *p, size_t bytes, bool read_only)
 {
+    (void)read_only;
     if (!p || !bytes)
         return h_bad("registering host memory");
-    return 0;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    const uintptr_t lo = a & ~(page - 1), hi = (a + bytes + page - 1) & ~(page - 1);
+    unsigned char   vec[64];
+    for (uintptr_t at = lo; at < hi;) { /* mincore fails with ENOMEM on an unmapped page */
+        const uintptr_t n = hi - at < 64 * page ? hi - at : 64 * page;
+        if (mincore((void *)at, (size_t)n, vec) != 0) {
+            snprintf(h_err, sizeof(h_err), "registering host memory: %#lx is not mapped",
+                     (unsigned long)at);
+            return -1;
+        }
+        at += n;
+    }
+    pthread_mutex_lock(&h_reg_mu);
+    int rc = 0;
+    for (unsigned i = 0; i < h_n_regs && rc == 0; i++)
+        if (a < h_regs[i].p + h_regs[i].bytes && h_regs[i].p < a + bytes) {
+            snprintf(h_err, sizeof(h_err),
+                     "registering host memory: part of it is already "
+                     "registered");
+            rc = -1;
+        }
+    if (rc == 0 && h_n_regs == HOST_MAX_REGS) {
+        snprintf(h_err, sizeof(h_err), "registering host memory: out of memory");
+        rc = -1;
+    }
+    if (rc == 0)
+        h_regs[h_n_regs++] = (struct h_reg){a, bytes};
+    pthread_mutex_unlock(&h_reg_mu);
+    return rc;
 }
 
-static void h_host_unregister(void *p)
+static void h_host_unregister(const void *p)
 {
-    (void)p;
+    pthread_mutex_lock(&h_reg_mu);
+    for (unsigned i = 0; i < h_n_regs; i++)
+        if (h_regs[i].p == (uintptr_t)p) {
+            h_regs[i] = h_regs[--h_n_regs];
+            break;
+        }
+    pthread_mutex_unlock(&h_reg_mu);
 }
 
 static int h_copy_async(void *dst, const void *src, size_t bytes)

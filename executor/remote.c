@@ -500,6 +500,29 @@ static void remote_token_begin(void *arg)
     }
 }
 
+/* The fetchers' pools as a device registers them: each link's current map now, and every map
+ * installed later (remote_install), until the hooks are cleared. */
+static void remote_regions(void *arg, const struct executor_region_hooks *h)
+{
+    struct executor_remote *r = arg;
+    pthread_mutex_lock(&r->hooks_mu);
+    if (h) {
+        r->hooks = *h;
+        if (++r->hooks_gen == 0)
+            r->hooks_gen = 1;
+    } else {
+        r->hooks = (struct executor_region_hooks){0};
+    }
+    pthread_mutex_unlock(&r->hooks_mu);
+    for (uint32_t i = 0; h && i < r->n_links; i++) {
+        struct remote_link *L = &r->links[i];
+        pthread_mutex_lock(&L->mu);
+        if (L->map)
+            executor_remote_map_hook(r, L->map);
+        pthread_mutex_unlock(&L->mu);
+    }
+}
+
 void executor_remote_source(struct executor_remote *r, struct executor_expert_source *out)
 {
     *out = (struct executor_expert_source){.acquire = remote_acquire,
@@ -507,6 +530,7 @@ void executor_remote_source(struct executor_remote *r, struct executor_expert_so
                                            .request = remote_request,
                                            .is_ready = remote_is_ready,
                                            .token_begin = remote_token_begin,
+                                           .regions = remote_regions,
                                            .arg = r};
 }
 
@@ -536,6 +560,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->no_direct = !o->direct_reads || REMOTE_TSAN;
     r->n_cap = 1024;
     pthread_mutex_init(&r->loan_mu, NULL);
+    pthread_mutex_init(&r->hooks_mu, NULL);
     r->run_dir = strdup(o->run_dir);
     r->links = calloc(n, sizeof(*r->links));
     r->owner = calloc((size_t)o->model->hp.n_layer * o->model->hp.n_expert, sizeof(*r->owner));
@@ -613,17 +638,18 @@ void executor_remote_destroy(struct executor_remote *r)
         proto_client_close(L->client);
         common_ring_segment_close(&L->req_seg);
         common_ring_segment_close(&L->rep_seg);
-        executor_remote_map_free(L->map);
+        executor_remote_map_drop(r, L->map);
         while (L->retired) {
             struct remote_map *m = L->retired;
             L->retired = m->next;
-            executor_remote_map_free(m);
+            executor_remote_map_drop(r, m);
         }
         pthread_cond_destroy(&L->cond);
         pthread_mutex_destroy(&L->mu);
         pthread_mutex_destroy(&L->push_mu);
     }
     pthread_mutex_destroy(&r->loan_mu);
+    pthread_mutex_destroy(&r->hooks_mu);
     free(r->loans);
     free(r->owner);
     free(r->links);

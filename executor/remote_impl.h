@@ -49,6 +49,7 @@ struct remote_map {
     size_t                  bytes;   /* mapped length */
     struct common_pool_view view;    /* owned: checked read-only view for read_begin (is_ready) */
     uint32_t                n_loans; /* loans handed out on it and not yet released (link mu) */
+    uint32_t                hooked;  /* the region hooks' generation told of it; 0 = none */
     struct remote_map      *next;    /* retired list of the link */
 };
 
@@ -148,6 +149,13 @@ struct executor_remote {
     _Atomic bool stop;
     bool         no_direct; /* every part is pinned through an ACQUIRE */
 
+    /* A device's registration of the pools' mappings (executor_region_hooks): told of every
+     * link's map as it is installed, and before one is unmapped. hooks_mu is taken under a
+     * link's mu and takes no other of ours. */
+    pthread_mutex_t              hooks_mu;
+    struct executor_region_hooks hooks;     /* .add NULL = none */
+    uint32_t                     hooks_gen; /* bumped by each new set of hooks */
+
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */
     uint32_t            n_cap;
@@ -174,6 +182,10 @@ int executor_remote_connect_all(struct executor_remote *r, struct common_errmsg 
 
 /* Unmaps one pool mapping and frees it; accepts NULL. */
 void executor_remote_map_free(struct remote_map *m);
+/* The same for a map that was installed: the region hooks told first. Link mu. */
+void executor_remote_map_drop(struct executor_remote *r, struct remote_map *m);
+/* Tells the region hooks of m, the link's map now. Link mu. */
+void executor_remote_map_hook(struct executor_remote *r, struct remote_map *m);
 
 /* One loan on `m` ended. Link mu. */
 void executor_remote_map_unref(struct remote_link *L, struct remote_map *m);

@@ -44,6 +44,28 @@ void executor_remote_map_free(struct remote_map *m)
     free(m);
 }
 
+void executor_remote_map_hook(struct executor_remote *r, struct remote_map *m)
+{
+    pthread_mutex_lock(&r->hooks_mu);
+    if (r->hooks.add && m->hooked != r->hooks_gen) {
+        /* read-only here; a failure leaves it pageable, which the device reports */
+        (void)r->hooks.add(r->hooks.arg, m->base, m->bytes, true);
+        m->hooked = r->hooks_gen;
+    }
+    pthread_mutex_unlock(&r->hooks_mu);
+}
+
+void executor_remote_map_drop(struct executor_remote *r, struct remote_map *m)
+{
+    if (m && m->hooked) {
+        pthread_mutex_lock(&r->hooks_mu);
+        if (r->hooks.remove && m->hooked == r->hooks_gen)
+            r->hooks.remove(r->hooks.arg, m->base);
+        pthread_mutex_unlock(&r->hooks_mu);
+    }
+    executor_remote_map_free(m);
+}
+
 /* Drops the current map: freed now, or kept on the retired list while loans are out. Link mu. */
 static void remote_retire_map(struct remote_link *L)
 {
@@ -52,7 +74,7 @@ static void remote_retire_map(struct remote_link *L)
     if (!m)
         return;
     if (m->n_loans == 0) {
-        executor_remote_map_free(m);
+        executor_remote_map_drop(L->r, m);
         return;
     }
     m->next = L->retired;
@@ -69,7 +91,7 @@ void executor_remote_map_unref(struct remote_link *L, struct remote_map *m)
     for (struct remote_map **pp = &L->retired; *pp; pp = &(*pp)->next)
         if (*pp == m) {
             *pp = m->next;
-            executor_remote_map_free(m);
+            executor_remote_map_drop(L->r, m);
             return;
         }
 }
@@ -323,6 +345,7 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
     common_ring_segment_close(&L->req_seg);
     common_ring_segment_close(&L->rep_seg);
     L->map = c->map;
+    executor_remote_map_hook(L->r, L->map);
     L->req_seg = c->req_seg;
     L->rep_seg = c->rep_seg;
     L->req = c->req;

@@ -474,6 +474,10 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
         proto_stats_add(r, "gpu_pool.copied_bytes", (double)gp->copied_bytes);
         proto_stats_add(r, "gpu_pool.copy_busy_ms", (double)gp->copy_busy_ns / 1e6);
         proto_stats_add(r, "gpu_pool.copy_stall_ms", (double)gp->copy_stall_ns / 1e6);
+        proto_stats_add(r, "gpu_pool.pinned_bytes", (double)gp->pinned_bytes);
+        proto_stats_add(r, "gpu_pool.pinned_regions", (double)gp->pinned_regions);
+        proto_stats_add(r, "gpu_pool.pin_adds", (double)gp->pin_adds);
+        proto_stats_add(r, "gpu_pool.pin_removes", (double)gp->pin_removes);
     }
     pthread_mutex_unlock(&s->mu);
     proto_stats_add(r, "sequences", (double)s->n_seq);

@@ -527,10 +527,11 @@ static void weights_stream_expert_error(void *impl, uint32_t layer, uint32_t exp
         w->src.error(w->src.arg, layer, expert, out);
 }
 
-static bool weights_stream_expert_region(void *impl, void **base, size_t *bytes)
+static void weights_stream_expert_regions(void *impl, const struct executor_region_hooks *h)
 {
     struct weights_stream *w = impl;
-    return w->src.region && w->src.region(w->src.arg, base, bytes);
+    if (w->src.regions)
+        w->src.regions(w->src.arg, h);
 }
 
 static const struct executor_weight_ops weights_stream_ops = {
@@ -542,7 +543,7 @@ static const struct executor_weight_ops weights_stream_ops = {
     .expert_is_ready = weights_stream_is_ready,
     .token_begin = weights_stream_token_begin,
     .expert_error = weights_stream_expert_error,
-    .expert_region = weights_stream_expert_region,
+    .expert_regions = weights_stream_expert_regions,
 };
 
 int executor_weights_stream_create(const struct common_model           *m,

@@ -9,6 +9,7 @@
 static cudaStream_t g_stream;   /* created by gpu_select */
 static cudaStream_t g_copy;     /* the copy stream (gpu_copy_async), created with it */
 static char         g_err[256]; /* the last recorded error, one line */
+static int          g_dev;      /* the device gpu_select chose */
 
 cudaStream_t gpu_stream(void)
 {
@@ -61,6 +62,7 @@ int cuda_select(int dev, struct gpu_info *info, char *why, size_t why_len)
     cudaError_t    err = cudaSetDevice(dev);
     if (err == cudaSuccess)
         err = cudaGetDeviceProperties(&p, dev);
+    g_dev = dev;
     if (err == cudaSuccess && !g_stream)
         err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
     if (err == cudaSuccess && !g_copy)
@@ -272,7 +274,8 @@ static struct timed_pair *timed_take(cudaStream_t s)
 }
 
 /* Runs op (a copy or a wait queued on stream s) between the two events of a timed pair. */
-static cudaError_t timed(cudaStream_t s, bool stall, cudaError_t (*op)(const void *), const void *arg)
+static cudaError_t timed(cudaStream_t s, bool stall, cudaError_t (*op)(const void *),
+                         const void *arg)
 {
     pthread_mutex_lock(&g_tp_mu);
     struct timed_pair *t = timed_take(s);
@@ -313,19 +316,30 @@ static int cuda_copy_async(void *dst, const void *src, size_t bytes)
     return gpu_record(timed(g_copy, false, copy_op, &c), "copying to the device (copy stream)");
 }
 
-/* Portable (every context may use it); the segment is mapped read-write here, so the plain
- * registration (not cudaHostRegisterReadOnly) applies. */
-static int cuda_host_register(void *p, size_t bytes)
+/* Portable (every context may use it); a mapping without write access (a fetcher's pool seen
+ * from the executor daemon) needs cudaHostRegisterReadOnly, where the device supports it. */
+static int cuda_host_register(const void *p, size_t bytes, bool read_only)
 {
     if (!p || !bytes)
         return gpu_record(cudaErrorInvalidValue, "registering host memory");
-    return gpu_record(cudaHostRegister(p, bytes, cudaHostRegisterPortable),
+    unsigned flags = cudaHostRegisterPortable;
+    (void)cudaSetDevice(g_dev); /* the calling thread's device (a fetcher link's thread) */
+    if (read_only) {
+        int ok = 0;
+        if (cudaDeviceGetAttribute(&ok, cudaDevAttrHostRegisterReadOnlySupported, g_dev) !=
+                cudaSuccess ||
+            !ok)
+            return gpu_record(cudaErrorNotSupported, "registering read-only host memory");
+        flags |= cudaHostRegisterReadOnly;
+    }
+    return gpu_record(cudaHostRegister((void *)(uintptr_t)p, bytes, flags),
                       "registering host memory as pinned");
 }
 
-static void cuda_host_unregister(void *p)
+static void cuda_host_unregister(const void *p)
 {
-    (void)cudaHostUnregister(p);
+    if (p)
+        (void)cudaHostUnregister((void *)(uintptr_t)p);
 }
 
 static int cuda_event_record_copy(struct gpu_event *ev)

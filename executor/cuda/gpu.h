@@ -82,11 +82,13 @@ int gpu_stream_wait(struct gpu_event *ev); /* the kernels queued next wait for e
 int gpu_copy_wait(struct gpu_event *ev);   /* the copies queued next wait for ev */
 int gpu_event_sync(struct gpu_event *ev);  /* the host waits for ev */
 /* Registers host memory [p, p + bytes) as pinned (page-locked, mapped for the device), so that
- * copies from it are DMA'd without staging and gpu_copy_async returns at once; 0, or -1 (error
- * recorded: the memory stays pageable and copies still work). gpu_host_unregister(p) undoes a
- * registration (before the memory is unmapped). The host backend accepts and counts them. */
-int  gpu_host_register(void *p, size_t bytes);
-void gpu_host_unregister(void *p);
+ * copies from it are DMA'd without staging and gpu_copy_async returns at once; read_only: it is
+ * mapped without write access (CUDA: cudaHostRegisterReadOnly). 0, or -1 (error recorded: the
+ * memory stays pageable and copies still work). gpu_host_unregister(p) undoes a registration
+ * (before the memory is unmapped). The host backend checks them as CUDA would: the range must
+ * be mapped and overlap no registration, and an unregistration must name one. */
+int  gpu_host_register(const void *p, size_t bytes, bool read_only);
+void gpu_host_unregister(const void *p);
 /* Nanoseconds the copy stream spent copying, and the kernels spent waiting in gpu_stream_wait,
  * since the process started (CUDA: timing events around each copy and wait, counted once both
  * are done); false when the backend cannot measure them. */
@@ -327,8 +329,8 @@ struct gpu_backend {
     int (*stream_wait)(struct gpu_event *ev);
     int (*copy_wait)(struct gpu_event *ev);
     int (*event_sync)(struct gpu_event *ev);
-    int (*host_register)(void *p, size_t bytes);
-    void (*host_unregister)(void *p);
+    int (*host_register)(const void *p, size_t bytes, bool read_only);
+    void (*host_unregister)(const void *p);
     bool (*copy_times)(uint64_t *busy_ns, uint64_t *stall_ns);
     /* NULL where the backend has no graphs */
     int (*graph_begin)(void);

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define CUDA_TEST_SEED 0x2545F4914F6CDD1Dull
 #include "cuda_test.h"
@@ -1066,4 +1068,29 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_sync(), 0, "the stream failed: %s", gpu_last_error());
     gpu_free(f);
     gpu_free(i32);
+}
+
+/* Pinned host memory (the pool's RAM regions): a mapped range registers, read-only too (a
+ * fetcher's pool as the executor daemon maps it); a range overlapping a registration and an
+ * unmapped one are refused; after its unregistration a range registers again. The host backend
+ * checks what CUDA does. */
+Test(executor_cuda_ops, host_memory_registers_as_cuda_allows)
+{
+    gpu_or_skip();
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t     *p = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(p, MAP_FAILED);
+    memset(p, 1, 4 * pg);
+    cr_assert_eq(gpu_host_register(p, 4 * pg, false), 0, "%s", gpu_last_error());
+    cr_assert_eq(gpu_host_register(p + pg, pg, false), -1, "an overlapping range registered");
+    cr_assert_neq(gpu_last_error()[0], '\0', "no error recorded");
+    gpu_host_unregister(p);
+    cr_assert_eq(gpu_host_register(p + pg, pg, false), 0, "%s", gpu_last_error());
+    gpu_host_unregister(p + pg);
+    cr_assert_eq(mprotect(p, 4 * pg, PROT_READ), 0);
+    cr_assert_eq(gpu_host_register(p, 4 * pg, true), 0, "read-only: %s", gpu_last_error());
+    gpu_host_unregister(p);
+    cr_assert_eq(munmap(p + 2 * pg, 2 * pg), 0);
+    cr_assert_eq(gpu_host_register(p, 4 * pg, true), -1, "a range half unmapped registered");
+    cr_assert_eq(munmap(p, 2 * pg), 0);
 }

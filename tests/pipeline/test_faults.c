@@ -454,6 +454,25 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
     cr_assert_eq(kill(pid, SIGKILL), 0);
     int st = gen_finish(&g, buf, sizeof(buf), have, 240);
     wait_restarted(dir, victim, pid, 30);
+    if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher")) {
+        /* The executor registers each fetcher's pool with the device as pinned memory: the
+         * restarted fetcher's new pool too, the dead one's unregistered before it is unmapped
+         * (the host backend refuses a registration that overlaps one, as CUDA does). */
+        char cmd[1024];
+        int  sst = 0;
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice ctl --run-dir %s --daemon executor stats | grep 'gpu_pool\\.p'", BIN,
+                 dir);
+        char       *stats = sh(cmd, &sst);
+        const char *r = strstr(stats, "gpu_pool.pinned_regions "),
+                   *a = strstr(stats, "gpu_pool.pin_adds ");
+        unsigned regions = 0, adds = 0;
+        cr_expect(r && a && sscanf(r, "gpu_pool.pinned_regions %u", &regions) == 1 &&
+                      sscanf(a, "gpu_pool.pin_adds %u", &adds) == 1 && regions == 2 && adds >= 3,
+                  "want both fetchers' pools pinned, the restarted one's anew:\n%s", stats);
+        cr_log_info("executor after the restart: %s", stats);
+        free(stats);
+    }
     down(dir);
     cr_assert_eq(st, 0, "generate failed after kill -9 %s (%s/gen.err)", victim, dir);
     cr_assert_str_eq(buf, want, "after kill -9 %s: '%s'\nundisturbed: '%s'", victim, buf, want);
