@@ -975,9 +975,11 @@ int executor_ctx_decode_batch(struct executor_ctx *lead, struct executor_batch_s
         int                  rc = fwd_run_members(lead, seqs, mb, n_mb, nb, &be);
         if (rc < 0) {
             fwd_batch_failed(seqs, mb, n_mb, rc);
-            if (first == 0)
-                first = common_errmsg_set(e, rc, "a batch of %u sequences failed: %s", n_mb,
-                                          lead->err.text[0] ? lead->err.text : common_strerror(rc));
+            const char *why = lead->err.text[0] ? lead->err.text : common_strerror(rc);
+            if (first == 0 && n_mb > 1)
+                first = common_errmsg_set(e, rc, "a batch of %u sequences failed: %s", n_mb, why);
+            else if (first == 0)
+                first = common_errmsg_set(e, rc, "%s", why);
             if (off) { /* the sequence split here failed with the batch */
                 si++;
                 off = 0;

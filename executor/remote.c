@@ -500,6 +500,28 @@ static void remote_token_begin(void *arg)
     }
 }
 
+/* Why the acquire of (layer, expert) failed, as its fetcher tells it (EXPERT_ERROR: the file,
+ * layer, expert and what was wrong); out is left empty when the fetcher is gone, older than 0.4
+ * (it refuses the message with COMMON_EPROTO) or knows of no failure. A fresh socket, so that
+ * the link's client may be reopened meanwhile; called only after a failure. */
+static void remote_error(void *arg, uint32_t layer, uint32_t expert, struct common_errmsg *out)
+{
+    struct executor_remote *r = arg;
+    struct remote_link     *L = remote_owner(r, layer, expert);
+    out->text[0] = '\0';
+    if (!L)
+        return;
+    struct proto_msg req = {.kind = PROTO_KIND_EXPERT_ERROR,
+                            .request_id = 1,
+                            .u.expert_error = {.layer = layer, .expert = expert}},
+                     rep = {0};
+    struct common_errmsg e;
+    if (proto_call(L->url, &req, &rep, REMOTE_CALL_MS, &e) == 0 && rep.kind == PROTO_KIND_ERROR &&
+        rep.u.error.code == COMMON_EIO && rep.u.error.message[0])
+        common_errmsg_set(out, COMMON_EIO, "fetcher %u: %s", L->index, rep.u.error.message);
+    proto_msg_clear(&rep);
+}
+
 /* The fetchers' pools as a device registers them: each link's current map now, and every map
  * installed later (remote_install), until the hooks are cleared. */
 static void remote_regions(void *arg, const struct executor_region_hooks *h)
@@ -530,6 +552,7 @@ void executor_remote_source(struct executor_remote *r, struct executor_expert_so
                                            .request = remote_request,
                                            .is_ready = remote_is_ready,
                                            .token_begin = remote_token_begin,
+                                           .error = remote_error,
                                            .regions = remote_regions,
                                            .arg = r};
 }

@@ -203,10 +203,20 @@ static void serve_run_batch(struct executor_serve *s, const struct proto_step_re
         COMMON_LOG_WARN("executor.serve", "a step of %u sequence(s) failed: %s", nb,
                         e.text[0] ? e.text : common_strerror(rc));
     }
+    const size_t row_bytes = (size_t)s->n_vocab * sizeof(float);
     for (uint32_t k = 0; k < nb; k++) {
-        rep[s->bidx[k]].status = s->bseq[k].status;
-        rep[s->bidx[k]].n_past = executor_ctx_n_past(s->bseq[k].ctx);
+        struct proto_step_rep *r = &rep[s->bidx[k]];
+        r->status = s->bseq[k].status;
+        r->n_past = executor_ctx_n_past(s->bseq[k].ctx);
         s->in_batch[recs[s->bidx[k]].seq] = false;
+        if (r->status < 0 && rc < 0 && e.text[0] && row_bytes > 1) {
+            /* the reason instead of logits, for the router to pass on to the client */
+            const size_t cap = row_bytes < PROTO_MAX_ERROR_TEXT ? row_bytes : PROTO_MAX_ERROR_TEXT;
+            const size_t n = strnlen(e.text, cap - 1);
+            memcpy(s->bseq[k].logits, e.text, n);
+            ((char *)s->bseq[k].logits)[n] = '\0';
+            r->flags |= PROTO_STEP_REP_TEXT;
+        }
     }
     pthread_mutex_lock(&s->mu);
     s->batches++;

@@ -348,6 +348,17 @@ static int ctl_handler(void *arg, const struct proto_msg *req, struct proto_msg 
     struct fetcher_server *s = arg;
     if (req->kind == PROTO_KIND_ATTACH)
         return ctl_attach(s, &req->u.attach, rep);
+    if (req->kind == PROTO_KIND_EXPERT_ERROR) {
+        /* the reason of the last failed load of the expert, as in one process */
+        struct common_errmsg why = {{0}};
+        if (s->f)
+            fetcher_expert_error(s->f, req->u.expert_error.layer, req->u.expert_error.expert, &why);
+        if (!why.text[0]) {
+            rep->kind = PROTO_KIND_OK;
+            return COMMON_OK;
+        }
+        return proto_reply_error(rep, COMMON_EIO, "%s", why.text);
+    }
     return proto_reply_error(rep, COMMON_EPROTO, "a fetcher does not serve '%s'",
                              proto_kind_name(req->kind));
 }

@@ -20,6 +20,7 @@ static_assert(static_cast<int>(sp::Body_Hello) == PROTO_KIND_HELLO, "Body order"
 static_assert(static_cast<int>(sp::Body_Ok) == PROTO_KIND_OK, "Body order");
 static_assert(static_cast<int>(sp::Body_Attach) == PROTO_KIND_ATTACH, "Body order");
 static_assert(static_cast<int>(sp::Body_Cancel) == PROTO_KIND_CANCEL, "Body order");
+static_assert(static_cast<int>(sp::Body_ExpertError) == PROTO_KIND_EXPERT_ERROR, "Body order");
 
 /* Largest heap-owned text of an EVENTS reply (its detokenized tokens). */
 #define CODEC_MAX_EVENT_TEXT PROTO_MAX_PROMPT
@@ -280,6 +281,9 @@ static int codec_encode_body(fb::FlatBufferBuilder &b, const struct proto_msg *m
         return codec_encode_events(b, m, body);
     case PROTO_KIND_CANCEL:
         *body = sp::CreateCancel(b).Union();
+        return COMMON_OK;
+    case PROTO_KIND_EXPERT_ERROR:
+        *body = sp::CreateExpertError(b, m->u.expert_error.layer, m->u.expert_error.expert).Union();
         return COMMON_OK;
     default:
         return COMMON_EINVAL;
@@ -561,6 +565,14 @@ static int codec_decode_body(const sp::Envelope *env, struct proto_msg *m)
     case sp::Body_Shutdown:
     case sp::Body_Cancel:
         return env->body() ? COMMON_OK : COMMON_EPROTO;
+    case sp::Body_ExpertError: {
+        const sp::ExpertError *x = env->body_as_ExpertError();
+        if (!x)
+            return COMMON_EPROTO;
+        m->u.expert_error.layer = x->layer();
+        m->u.expert_error.expert = x->expert();
+        return COMMON_OK;
+    }
     case sp::Body_Configure: {
         const sp::Configure *c = env->body_as_Configure();
         if (!c || !codec_copy_str(c->key(), m->u.configure.key, sizeof(m->u.configure.key)) ||

@@ -48,6 +48,8 @@ const char *proto_kind_name(enum proto_kind k)
         return "events";
     case PROTO_KIND_CANCEL:
         return "cancel";
+    case PROTO_KIND_EXPERT_ERROR:
+        return "expert_error";
     }
     return "?";
 }

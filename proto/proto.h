@@ -10,7 +10,7 @@
 
 /* Protocol version spoken by this build; bumped on any incompatible message change. */
 #define PROTO_VERSION_MAJOR 0
-#define PROTO_VERSION_MINOR 3
+#define PROTO_VERSION_MINOR 4
 
 /* Limits on decoded messages; larger inbound messages are refused with COMMON_EPROTO. */
 #define PROTO_MAX_MESSAGE_BYTES (1u << 20)
@@ -45,6 +45,7 @@ enum proto_kind {
     PROTO_KIND_POLL,         /* client -> router: next token events of a request (long poll) */
     PROTO_KIND_EVENTS,       /* router -> client: token events, and final stats when done */
     PROTO_KIND_CANCEL,       /* client -> router: stop a request */
+    PROTO_KIND_EXPERT_ERROR, /* executor -> fetcher: why an expert's acquire failed (0.4) */
 };
 
 /* Static name of a kind ("hello", "generate", ...), "?" for an unknown value. */
@@ -220,6 +221,13 @@ struct proto_events {
     char                     error_text[PROTO_MAX_ERROR_TEXT];
 };
 
+/* EXPERT_ERROR: the fetcher replies ERROR with the reason the acquire of (layer, expert) failed
+ * last (its file, layer, expert and what was wrong), or OK when it knows of none. */
+struct proto_expert_error {
+    uint32_t layer;
+    uint32_t expert;
+};
+
 /* A control message. request_id ties a reply to its request; for GENERATE, POLL, EVENTS and
  * CANCEL it is the generation's id (chosen by the client, unique per client connection). */
 struct proto_msg {
@@ -236,6 +244,7 @@ struct proto_msg {
         struct proto_generate     generate;
         struct proto_poll         poll;
         struct proto_events       events;
+        struct proto_expert_error expert_error;
     } u; /* OK, STATS, HEALTH, DRAIN, SHUTDOWN and CANCEL have no body */
 };
 
@@ -360,14 +369,19 @@ struct proto_step_req {
     uint32_t pad;
 };
 
+/* A failed step's reply (status < 0) with this flag has the reason in row `seq` of the logits
+ * slab instead of logits: one line of text, NUL-terminated within PROTO_MAX_ERROR_TEXT bytes and
+ * the row (a corrupt expert names its file, layer and expert, as in one process). */
+#define PROTO_STEP_REP_TEXT 1u
+
 struct proto_step_rep {
     uint64_t tag;    /* the request's tag */
     uint32_t seq;    /* the request's sequence */
     int32_t  status; /* 0: logits of token pos+n-1 are in row `seq` of the logits slab; or a
                         negative common_err */
     uint32_t n_past; /* the sequence's length after the step */
-    uint32_t pad;
-    double   ms; /* executor time of the step (of its round, when batched) */
+    uint32_t flags;  /* PROTO_STEP_REP_*; 0 from executors before 0.4 (the field was padding) */
+    double   ms;     /* executor time of the step (of its round, when batched) */
 };
 
 /* ------------------------------------------------------------------------------------------ */

@@ -273,6 +273,25 @@ static void sched_recover(struct router_serve *s)
     }
 }
 
+/* A failed step's reason, which the executor wrote in the sequence's logits row (the slab is
+ * shared memory: read within the row and PROTO_MAX_ERROR_TEXT, whatever the bytes are). */
+static void router_step_error_text(const struct router_serve *s, uint32_t seq, int status,
+                                   char *msg, size_t len)
+{
+    char         why[PROTO_MAX_ERROR_TEXT];
+    const size_t row = (size_t)s->n_vocab * sizeof(float);
+    const size_t n = row < sizeof(why) ? row : sizeof(why);
+    memcpy(why, (const char *)(s->logits + (size_t)seq * s->n_vocab), n);
+    why[n - 1] = '\0';
+    for (char *c = why; *c; c++) /* one line of printable text */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = ' ';
+    if (why[0])
+        snprintf(msg, len, "executor step failed: %.230s", why);
+    else
+        snprintf(msg, len, "executor step failed: %s", common_strerror(status));
+}
+
 /* Picks and records the next token of `r` from its logits row; emits it. Scheduler thread. */
 static void sched_sample(struct router_serve *s, struct rq *r, struct router_text *piece)
 {
@@ -400,7 +419,9 @@ static bool sched_round(struct router_serve *s, struct rq **batch, uint32_t n,
         uint32_t want = r->n_past + r->step_n;
         if (p.status < 0 || p.n_past != want) {
             char msg[PROTO_MAX_ERROR_TEXT];
-            if (p.status < 0)
+            if (p.status < 0 && (p.flags & PROTO_STEP_REP_TEXT) && s->n_vocab > 0)
+                router_step_error_text(s, p.seq, p.status, msg, sizeof(msg));
+            else if (p.status < 0)
                 snprintf(msg, sizeof(msg), "executor step failed: %s", common_strerror(p.status));
             else
                 snprintf(msg, sizeof(msg), "executor holds %u positions, expected %u", p.n_past,

@@ -690,6 +690,10 @@ Test(fetcher_serve, control_messages)
     req = (struct proto_msg){.kind = PROTO_KIND_GENERATE};
     cr_assert_eq(call(0, &req, &rep), PROTO_KIND_ERROR);
     proto_msg_clear(&rep);
+    /* Why an expert failed: nothing failed here (the reason of a real failure reaches the client:
+     * pipeline_faults::qsf_corrupt_bundle_is_named_to_the_client). */
+    req = (struct proto_msg){.kind = PROTO_KIND_EXPERT_ERROR, .u.expert_error = {1, 0}};
+    cr_assert_eq(call(0, &req, &rep), PROTO_KIND_OK);
 
     cr_assert_eq(stat_of("shard.n_experts"), t_m.hp.n_expert);
     cr_assert_eq(stat_of("pool.slots"), 4);

@@ -341,6 +341,57 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
     free(model);
 }
 
+/* A corrupt expert through the daemons: the client's error line names what the fetcher found
+ * (the bundle's layer and expert, its file, the checksum), as one process's does, where it used
+ * to say "I/O error" (the executor asks the fetcher why, EXPERT_ERROR, and puts the reason in the
+ * step's reply for the router). */
+Test(pipeline_faults, qsf_corrupt_bundle_is_named_to_the_client, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char  qsf[2048], cmd[4096];
+    int   st;
+    snprintf(qsf, sizeof(qsf), "%s/model.qsf", dir);
+    snprintf(cmd, sizeof(cmd), "%s/sluice convert %s %s >/dev/null 2>&1", BIN, model, qsf);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "sluice convert failed");
+    /* One byte flipped in every bundle of layer 1, so the first token needs a bad one. */
+    struct common_gguf *g = NULL;
+    cr_assert_eq(common_gguf_open(qsf, NULL, &g, NULL), COMMON_OK);
+    FILE *f = fopen(qsf, "r+b");
+    cr_assert_not_null(f);
+    struct common_qsf_bundle b;
+    uint32_t                 n = 0;
+    for (uint32_t x = 0; common_gguf_bundle(g, 1, x, &b) == COMMON_OK; x++, n++) {
+        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
+        int c = fgetc(f);
+        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
+        fputc(c ^ 0x40, f);
+    }
+    fclose(f);
+    common_gguf_close(g);
+    cr_assert_gt(n, 0, "no bundles in layer 1");
+    up(dir, qsf, 1, NULL);
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice generate --run-dir %s -p '%s' -n 8 --temp 0 2>&1 >/dev/null", BIN, dir,
+             k_prompt);
+    char *err = sh(cmd, &st);
+    down(dir);
+    cr_assert_neq(st, 0, "a corrupt expert gave no error:\n%s", err);
+    const char *line = strstr(err, "executor step failed: fetcher 0: ");
+    cr_assert_not_null(line, "the error does not carry the fetcher's reason:\n%s", err);
+    char one[1024];
+    snprintf(one, sizeof(one), "%.*s", (int)strcspn(line, "\n"), line);
+    cr_assert(strstr(one, "layer 1 expert") && strstr(one, "checksum") && strstr(one, qsf), "%s",
+              one);
+    cr_log_info("%s", one);
+    free(err);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 /* GGUF splits on two devices (directories; the second split a symlink beside the first, as a
  * user would place it): with --shard-by file, fetcher i serves the layers of the i-th directory
  * and reads only its split, and the text is the one-file model's in one process. The default

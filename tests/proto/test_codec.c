@@ -15,6 +15,7 @@ static const enum proto_kind k_all_kinds[] = {
     PROTO_KIND_LOAD_MODEL,   PROTO_KIND_STATS, PROTO_KIND_STATS_REPLY, PROTO_KIND_HEALTH,
     PROTO_KIND_HEALTH_REPLY, PROTO_KIND_DRAIN, PROTO_KIND_SHUTDOWN,    PROTO_KIND_ATTACH,
     PROTO_KIND_GENERATE,     PROTO_KIND_POLL,  PROTO_KIND_EVENTS,      PROTO_KIND_CANCEL,
+    PROTO_KIND_EXPERT_ERROR,
 };
 #define N_KINDS (sizeof(k_all_kinds) / sizeof(k_all_kinds[0]))
 
@@ -131,6 +132,10 @@ static struct proto_msg make_msg(enum proto_kind k, bool max)
         }
         break;
     }
+    case PROTO_KIND_EXPERT_ERROR:
+        m.u.expert_error.layer = max ? UINT32_MAX : 0;
+        m.u.expert_error.expert = max ? UINT32_MAX - 1 : 0;
+        break;
     case PROTO_KIND_POLL:
         m.u.poll.max_events = max ? UINT32_MAX : 0;
         m.u.poll.timeout_ms = max ? UINT32_MAX : 0;
@@ -255,6 +260,10 @@ static void assert_same_msg(const struct proto_msg *a, const struct proto_msg *b
         cr_assert_eq(x->special, y->special);
         break;
     }
+    case PROTO_KIND_EXPERT_ERROR:
+        cr_assert_eq(a->u.expert_error.layer, b->u.expert_error.layer);
+        cr_assert_eq(a->u.expert_error.expert, b->u.expert_error.expert);
+        break;
     case PROTO_KIND_POLL:
         cr_assert_eq(a->u.poll.max_events, b->u.poll.max_events);
         cr_assert_eq(a->u.poll.timeout_ms, b->u.poll.timeout_ms);
