@@ -407,7 +407,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                 goto out_close;
             }
     }
-    char gd[512];
+    char gd[1024];
     if (executor_ctx_gpu_describe(en->ctx, gd, sizeof(gd)))
         fprintf(stderr, "%s\n", gd);
     return COMMON_OK;
@@ -487,6 +487,9 @@ int cli_engine_report(struct cli_engine *en)
                         ? 0.0
                         : 100.0 * (double)(gs.copy_busy_ns - gs.copy_stall_ns) /
                               (double)gs.copy_busy_ns);
+        if (gs.on_demand)
+            fprintf(stderr, "; %s of device memory mapped behind its slots as they filled",
+                    common_format_size(gs.mapped_bytes, cb, sizeof(cb)));
         fputc('\n', stderr);
     }
     if (en->so.report_rss) {

@@ -462,6 +462,9 @@ struct executor_gpu_pool_stats {
     uint64_t pinned_bytes;   /* the weight source's RAM pools registered as pinned memory now;
                                 0 = the copies read pageable memory */
     uint32_t pinned_regions; /* how many (one per fetcher through the daemons) */
+    bool     on_demand;      /* the slots' address space reserved, backed as slots are first
+                                used (virtual memory management); else one allocation */
+    uint64_t mapped_bytes;   /* device memory behind the slots now */
     uint64_t pin_adds, pin_removes; /* registrations and unregistrations so far (a restarted
                                        fetcher's pool: one of each) */
     bool     copy_timed;            /* the backend timed the copies: */

@@ -105,6 +105,10 @@ struct gpu_xpool {
     char     pin_err[160];
     /* gpu_copy_times when the pool was made (the backend's are the process's). */
     uint64_t busy0_ns, stall0_ns;
+    /* The slots' device memory: address space for all of them reserved once and backed chunk
+     * by chunk, in slot order, as slots are first filled (va_chunk 0: one plain allocation). */
+    size_t   va_chunk, va_bytes;
+    uint32_t va_mapped; /* chunks backed */
 };
 
 /* Device allocations freed together. */
@@ -509,6 +513,12 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     (void)gpu_loans_end(px, w, &torn);
     if (w->ops->expert_regions)
         w->ops->expert_regions(w->impl, NULL); /* no more calls to the hooks below */
+    if (px->va_chunk) { /* once no kernel reads it (the copies ended with the loans above) */
+        (void)gpu_sync();
+        for (uint32_t k = 0; k < px->va_mapped; k++)
+            gpu_va_unmap(px->d + (size_t)k * px->va_chunk, px->va_chunk);
+        gpu_va_free(px->d, px->va_bytes);
+    }
     for (uint32_t i = 0; i < px->n_pins; i++)
         gpu_host_unregister(px->pins[i].base);
     pthread_mutex_destroy(&px->reg_mu);
@@ -599,7 +609,21 @@ static double gpu_pool_copy_rate(struct gpu_xpool *px)
     return best;
 }
 
-/* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's). */
+/* Backs the pool's slots up to slot s with device memory, a chunk at a time (slots are taken
+ * empty in index order, so the backed chunks are a prefix). 0, or -1 (error recorded). */
+static int gpu_pool_back(struct gpu_xpool *px, uint32_t s)
+{
+    const size_t end = ((size_t)s + 1) * px->slot_bytes;
+    while (px->va_chunk && (size_t)px->va_mapped * px->va_chunk < end) {
+        if (gpu_va_map(px->d + (size_t)px->va_mapped * px->va_chunk, px->va_chunk) < 0)
+            return -1;
+        px->va_mapped++;
+    }
+    return 0;
+}
+
+/* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's, or its
+ * own reservation). */
 static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, size_t slot_bytes,
                            enum executor_expert_miss miss_mode, struct common_errmsg *e)
 {
@@ -640,7 +664,26 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
               (px->ev_k = gpu_event_new());
     for (uint32_t i = 0; ok && i < GPU_POOL_LOANS; i++)
         ok = (px->loans[i].ev = gpu_event_new()) != NULL;
-    if (!ok || !(px->d = gpu_take(&gw->mem, (size_t)n_slots * slot_bytes, &gw->bytes)))
+    if (!ok)
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
+                                 gw->dev, gpu_last_error());
+    /* Address space for every slot, backed as slots are first used (the first now, for the
+     * probe below); a plain allocation where virtual memory management is not to be had. */
+    const size_t gran = gpu_va_granularity(), want = (size_t)n_slots * slot_bytes;
+    if (gran) {
+        px->va_chunk = gran; /* the slots' bytes rounded up to it at most: within a piece of
+                                the budget */
+        px->va_bytes = (want + gran - 1) / gran * gran;
+        if ((px->d = gpu_va_reserve(px->va_bytes)) != NULL && gpu_pool_back(px, 0) == 0) {
+            gw->bytes += want;
+        } else {
+            if (px->d)
+                gpu_va_free(px->d, px->va_bytes);
+            px->d = NULL;
+            px->va_chunk = px->va_bytes = 0;
+        }
+    }
+    if (!px->d && !(px->d = gpu_take(&gw->mem, want, &gw->bytes)))
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
                                  gw->dev, gpu_last_error());
     /* The weight source's RAM pools as pinned memory, now and as they are remapped: their
@@ -731,6 +774,9 @@ static int gpu_pool_fill(const struct executor_gpu_weights *gw, uint32_t il, str
         return 0;
     if (gpu_copy_wait(px->ev_k) < 0)
         rc = COMMON_EDEVICE;
+    for (uint32_t i = 0; i < px->n_miss && rc == 0; i++)
+        if (gpu_pool_back(px, px->miss_s[i]) < 0)
+            rc = COMMON_EDEVICE;
     static const enum common_expert_part order[] = {COMMON_EXPERT_GATE, COMMON_EXPERT_UP,
                                                     COMMON_EXPERT_DOWN};
     for (int k = 0; k < COMMON_EXPERT_PART_COUNT && rc == 0; k++) {
@@ -1081,10 +1127,14 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
         else
             snprintf(from, sizeof(from), "%s",
                      px->n_pins ? "the RAM pool, pinned" : "pageable memory");
+        char vm[64] = "";
+        if (px->va_chunk)
+            snprintf(vm, sizeof(vm), ", reserved and mapped in %s pieces as slots fill",
+                     common_format_size(px->va_chunk, b, sizeof(b)));
         snprintf(buf + at2, len - at2,
-                 "; the experts in a pool of %u slots (%s of --vram-budget, %.1f%% of their %s; "
+                 "; the experts in a pool of %u slots (%s of --vram-budget%s, %.1f%% of their %s; "
                  "--expert-miss %s), copied in from %s%s%s%s",
-                 px->n_slots, common_format_size(pb, a, sizeof(a)),
+                 px->n_slots, common_format_size(pb, a, sizeof(a)), vm,
                  100.0 * (double)pb / (double)gw->expert_bytes,
                  common_format_size(gw->expert_bytes, b, sizeof(b)),
                  executor_expert_miss_name(px->miss_mode), from,
@@ -1107,6 +1157,9 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->misses = px->misses;
     out->copied_bytes = px->copied;
     out->cpu_misses = px->cpu_misses;
+    out->on_demand = px->va_chunk > 0;
+    out->mapped_bytes = px->va_chunk ? (uint64_t)px->va_mapped * px->va_chunk
+                                     : (uint64_t)px->n_slots * px->slot_bytes;
     pthread_mutex_lock(&px->reg_mu);
     out->pinned_bytes = px->pinned_bytes;
     out->pinned_regions = px->n_pins;

@@ -192,6 +192,36 @@ int gpu_host_register(const void *p, size_t bytes, bool read_only)
     return be() ? be()->host_register(p, bytes, read_only) : -1;
 }
 
+size_t gpu_va_granularity(void)
+{
+    const char *no = getenv("SLUICE_NO_VMM");
+    if (!be() || !be()->va_granularity || (no && no[0] && strcmp(no, "0") != 0))
+        return 0;
+    return be()->va_granularity();
+}
+
+void *gpu_va_reserve(size_t bytes)
+{
+    return be() && be()->va_reserve ? be()->va_reserve(bytes) : NULL;
+}
+
+int gpu_va_map(void *at, size_t bytes)
+{
+    return be() && be()->va_map ? be()->va_map(at, bytes) : -1;
+}
+
+void gpu_va_unmap(void *at, size_t bytes)
+{
+    if (be() && be()->va_unmap)
+        be()->va_unmap(at, bytes);
+}
+
+void gpu_va_free(void *base, size_t bytes)
+{
+    if (be() && be()->va_free && base)
+        be()->va_free(base, bytes);
+}
+
 void gpu_host_unregister(const void *p)
 {
     if (be() && p)

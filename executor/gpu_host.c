@@ -243,6 +243,63 @@ static void h_host_unregister(const void *p)
     pthread_mutex_unlock(&h_reg_mu);
 }
 
+/* Virtual memory management: address space without access until mapped, as on the device; a
+ * mapped piece starts as 0xff bytes like every allocation here. */
+#define HOST_VA_GRAN ((size_t)64 << 10)
+
+static size_t h_va_granularity(void)
+{
+    return HOST_VA_GRAN;
+}
+
+static void *h_va_reserve(size_t bytes)
+{
+    if (!bytes || bytes % HOST_VA_GRAN) {
+        h_bad("reserving address space");
+        return NULL;
+    }
+    /* aligned to the granularity as CUDA's are: a larger range, its ends trimmed */
+    const size_t n = bytes + HOST_VA_GRAN;
+    uint8_t     *p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        snprintf(h_err, sizeof(h_err), "reserving %zu bytes of address space: out of memory",
+                 bytes);
+        return NULL;
+    }
+    const size_t head = (HOST_VA_GRAN - (uintptr_t)p % HOST_VA_GRAN) % HOST_VA_GRAN;
+    if (head)
+        (void)munmap(p, head);
+    if (n - head > bytes)
+        (void)munmap(p + head + bytes, n - head - bytes);
+    return p + head;
+}
+
+static int h_va_map(void *at, size_t bytes)
+{
+    if (!at || !bytes || bytes % HOST_VA_GRAN || (uintptr_t)at % HOST_VA_GRAN)
+        return h_bad("mapping device memory");
+    if (mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0) {
+        snprintf(h_err, sizeof(h_err), "mapping %zu bytes of device memory: out of memory", bytes);
+        return -1;
+    }
+    memset(at, 0xff, bytes);
+    return 0;
+}
+
+static void h_va_unmap(void *at, size_t bytes)
+{
+    if (at && bytes) {
+        (void)madvise(at, bytes, MADV_DONTNEED);
+        (void)mprotect(at, bytes, PROT_NONE);
+    }
+}
+
+static void h_va_free(void *base, size_t bytes)
+{
+    if (base && bytes)
+        (void)munmap(base, bytes);
+}
+
 static int h_copy_async(void *dst, const void *src, size_t bytes)
 {
     if (bytes && (!dst || !src))
@@ -1193,6 +1250,11 @@ const struct gpu_backend *gpu_backend_host(void)
         .copy_wait = h_copy_wait,
         .event_sync = h_event_sync,
         .host_register = h_host_register,
+        .va_granularity = h_va_granularity,
+        .va_reserve = h_va_reserve,
+        .va_map = h_va_map,
+        .va_unmap = h_va_unmap,
+        .va_free = h_va_free,
         .host_unregister = h_host_unregister,
         .copy_times = h_copy_times,
         .type_supported = h_type_supported,

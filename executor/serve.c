@@ -672,7 +672,7 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     for (uint32_t i = 0; i < s->n_seq; i++)
         if ((rc = executor_ctx_create(o->model, &s->co, &s->ctx[i], e)) < 0)
             goto out_stop;
-    char gd[512];
+    char gd[1024];
     if (executor_ctx_gpu_describe(s->ctx[0], gd, sizeof(gd)))
         COMMON_LOG_INFO("executor", "%s (x%u sequences)", gd, s->n_seq);
     s->n_ctx = executor_ctx_n_ctx(s->ctx[0]);

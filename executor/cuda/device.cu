@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda.h> /* the driver API's types: its functions come through entry points */
+
 #include "gpu_impl.cuh"
 
 static cudaStream_t g_stream;   /* created by gpu_select */
@@ -342,6 +344,137 @@ static void cuda_host_unregister(const void *p)
         (void)cudaHostUnregister((void *)(uintptr_t)p);
 }
 
+/* ---- virtual memory management ----------------------------------------------------------- */
+/* The driver's cuMem* functions, found through the runtime (cudaGetDriverEntryPointByVersion), so
+ * that nothing links libcuda: a machine without the driver still runs the CPU path. Loaded once,
+ * at the first question (the pool is made on one thread). */
+static decltype(&cuMemGetAllocationGranularity) p_cu_granularity;
+static decltype(&cuMemAddressReserve)           p_cu_reserve;
+static decltype(&cuMemAddressFree)              p_cu_addr_free;
+static decltype(&cuMemCreate)                   p_cu_create;
+static decltype(&cuMemRelease)                  p_cu_release;
+static decltype(&cuMemMap)                      p_cu_map;
+static decltype(&cuMemUnmap)                    p_cu_unmap;
+static decltype(&cuMemSetAccess)                p_cu_access;
+static decltype(&cuDeviceGet)                   p_cu_device;
+static decltype(&cuDeviceGetAttribute)          p_cu_attribute;
+static pthread_once_t                           g_vmm_once = PTHREAD_ONCE_INIT;
+static size_t                                   g_vmm_gran; /* 0 = not available */
+
+static int cu_record(CUresult r, const char *what)
+{
+    if (r == CUDA_SUCCESS)
+        return 0;
+    snprintf(g_err, sizeof(g_err), "%s: CUDA driver error %d", what, (int)r);
+    return -1;
+}
+
+static CUmemAllocationProp cuda_vmm_prop(void)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = g_dev;
+    return p;
+}
+
+static void cuda_vmm_load(void)
+{
+    struct {
+        const char *name;
+        void      **fn;
+    } const t[] = {
+        {"cuMemGetAllocationGranularity", (void **)&p_cu_granularity},
+        {"cuMemAddressReserve", (void **)&p_cu_reserve},
+        {"cuMemAddressFree", (void **)&p_cu_addr_free},
+        {"cuMemCreate", (void **)&p_cu_create},
+        {"cuMemRelease", (void **)&p_cu_release},
+        {"cuMemMap", (void **)&p_cu_map},
+        {"cuMemUnmap", (void **)&p_cu_unmap},
+        {"cuMemSetAccess", (void **)&p_cu_access},
+        {"cuDeviceGet", (void **)&p_cu_device},
+        {"cuDeviceGetAttribute", (void **)&p_cu_attribute},
+    };
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion(t[i].name, t[i].fn, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !*t[i].fn) {
+            (void)cudaGetLastError();
+            return;
+        }
+    }
+    CUdevice d = 0;
+    int      ok = 0;
+    if (p_cu_device(&d, g_dev) != CUDA_SUCCESS ||
+        p_cu_attribute(&ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d) !=
+            CUDA_SUCCESS ||
+        !ok)
+        return;
+    const CUmemAllocationProp prop = cuda_vmm_prop();
+    size_t                    gran = 0;
+    if (p_cu_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS)
+        g_vmm_gran = gran;
+}
+
+static size_t cuda_va_granularity(void)
+{
+    (void)pthread_once(&g_vmm_once, cuda_vmm_load);
+    return g_vmm_gran;
+}
+
+static void *cuda_va_reserve(size_t bytes)
+{
+    CUdeviceptr p = 0;
+    if (!cuda_va_granularity() || !bytes || bytes % g_vmm_gran) {
+        gpu_record(cudaErrorInvalidValue, "reserving device address space");
+        return NULL;
+    }
+    if (cu_record(p_cu_reserve(&p, bytes, 0, 0, 0), "reserving device address space") < 0)
+        return NULL;
+    return (void *)(uintptr_t)p;
+}
+
+/* A piece of its own physical memory, mapped, its handle released at once: the memory lives
+ * until it is unmapped. */
+static int cuda_va_map(void *at, size_t bytes)
+{
+    if (!g_vmm_gran || !at || !bytes || bytes % g_vmm_gran)
+        return gpu_record(cudaErrorInvalidValue, "mapping device memory");
+    const CUmemAllocationProp    prop = cuda_vmm_prop();
+    CUmemGenericAllocationHandle h;
+    const CUdeviceptr            p = (CUdeviceptr)(uintptr_t)at;
+    if (cu_record(p_cu_create(&h, bytes, &prop, 0), "backing the expert pool") < 0)
+        return -1;
+    if (cu_record(p_cu_map(p, bytes, 0, h, 0), "mapping device memory") < 0) {
+        (void)p_cu_release(h);
+        return -1;
+    }
+    (void)p_cu_release(h);
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof(d));
+    d.location = prop.location;
+    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (cu_record(p_cu_access(p, bytes, &d, 1), "granting access to device memory") < 0) {
+        (void)p_cu_unmap(p, bytes);
+        return -1;
+    }
+    return 0;
+}
+
+static void cuda_va_unmap(void *at, size_t bytes)
+{
+    if (g_vmm_gran && at && bytes)
+        (void)p_cu_unmap((CUdeviceptr)(uintptr_t)at, bytes);
+}
+
+static void cuda_va_free(void *base, size_t bytes)
+{
+    if (g_vmm_gran && base && bytes)
+        (void)p_cu_addr_free((CUdeviceptr)(uintptr_t)base, bytes);
+}
+
 static int cuda_event_record_copy(struct gpu_event *ev)
 {
     return gpu_record(cudaEventRecord(ev->e, g_copy), "recording an event (copy stream)");
@@ -468,6 +601,11 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .copy_wait = cuda_copy_wait,
         .event_sync = cuda_event_sync,
         .host_register = cuda_host_register,
+        .va_granularity = cuda_va_granularity,
+        .va_reserve = cuda_va_reserve,
+        .va_map = cuda_va_map,
+        .va_unmap = cuda_va_unmap,
+        .va_free = cuda_va_free,
         .host_unregister = cuda_host_unregister,
         .copy_times = cuda_copy_times,
         .graph_begin = cuda_graph_begin,

@@ -89,6 +89,21 @@ int gpu_event_sync(struct gpu_event *ev);  /* the host waits for ev */
  * be mapped and overlap no registration, and an unregistration must name one. */
 int  gpu_host_register(const void *p, size_t bytes, bool read_only);
 void gpu_host_unregister(const void *p);
+/* Device address space reserved once and backed by memory piece by piece, on demand (CUDA's
+ * virtual memory management: cuMemAddressReserve, then cuMemCreate, cuMemMap and cuMemSetAccess
+ * per piece). gpu_va_granularity: the size pieces and reservations are multiples of; 0 where
+ * the backend or the driver cannot (SLUICE_NO_VMM=1 says so too): allocate plainly instead.
+ * gpu_va_reserve: `bytes` of address space (a multiple of it), or NULL (error recorded);
+ * gpu_va_map backs [at, at + bytes) inside it with device memory (0, or -1: out of memory, error
+ * recorded); gpu_va_unmap gives a mapping's memory back (exactly as mapped); gpu_va_free gives
+ * the address space back (nothing mapped in it any more). The host backend reserves with
+ * mmap(PROT_NONE) and maps by mprotect, in 64 KiB pieces, so that a read of a piece never mapped
+ * faults there as it would on the device. */
+size_t gpu_va_granularity(void);
+void  *gpu_va_reserve(size_t bytes);
+int    gpu_va_map(void *at, size_t bytes);
+void   gpu_va_unmap(void *at, size_t bytes);
+void   gpu_va_free(void *base, size_t bytes);
 /* Nanoseconds the copy stream spent copying, and the kernels spent waiting in gpu_stream_wait,
  * since the process started (CUDA: timing events around each copy and wait, counted once both
  * are done); false when the backend cannot measure them. */
@@ -330,6 +345,11 @@ struct gpu_backend {
     int (*copy_wait)(struct gpu_event *ev);
     int (*event_sync)(struct gpu_event *ev);
     int (*host_register)(const void *p, size_t bytes, bool read_only);
+    size_t (*va_granularity)(void); /* NULL: no virtual memory management */
+    void *(*va_reserve)(size_t bytes);
+    int (*va_map)(void *at, size_t bytes);
+    void (*va_unmap)(void *at, size_t bytes);
+    void (*va_free)(void *base, size_t bytes);
     void (*host_unregister)(const void *p);
     bool (*copy_times)(uint64_t *busy_ns, uint64_t *stall_ns);
     /* NULL where the backend has no graphs */

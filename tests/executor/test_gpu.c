@@ -238,6 +238,71 @@ Test(executor_gpu, expert_pool_logits_equal_every_expert_uploaded, .timeout = 30
     free(model_path);
 }
 
+/* The pool's device memory: address space for every slot reserved at once, memory mapped behind
+ * the slots as they are first filled (virtual memory management; the host backend maps 64 KiB
+ * pieces and leaves the rest without access, so a read of a slot never filled would fault):
+ * after one token, a few slots' worth; after the pool steps, every slot. The logits equal every
+ * expert uploaded, and a plain allocation's (SLUICE_NO_VMM=1), bit for bit. */
+Test(executor_gpu, expert_pool_memory_is_mapped_as_its_slots_fill, .timeout = 300)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct gpu_run                  all, vm, plain;
+    struct common_errmsg            e = {{0}};
+    struct executor_gpu_pool_stats  st;
+    const struct executor_gpu_place pl = {.n_gpu_layers = GPU_ALL,
+                                          .vram_budget = 24 * (uint64_t)GPU_TINY_EXPERT};
+    run_open(&all, model_path, GPU_ALL);
+    run_open_at(&vm, model_path, pl);
+    cr_assert_eq(setenv("SLUICE_NO_VMM", "1", 1), 0);
+    run_open_at(&plain, model_path, pl);
+    cr_assert_eq(unsetenv("SLUICE_NO_VMM"), 0);
+    cr_assert(executor_ctx_gpu_pool_stats(plain.c, &st));
+    cr_assert(!st.on_demand && st.mapped_bytes == 24 * (uint64_t)GPU_TINY_EXPERT,
+              "SLUICE_NO_VMM=1: one allocation of every slot");
+    cr_assert(executor_ctx_gpu_pool_stats(vm.c, &st));
+    cr_assert(st.on_demand, "no virtual memory management on this device");
+    cr_assert_eq(st.n_slots, 24);
+    const uint64_t first = st.mapped_bytes;
+    cr_assert(first >= GPU_TINY_EXPERT && first < 24 * (uint64_t)GPU_TINY_EXPERT,
+              "%llu bytes mapped before any token", (unsigned long long)first);
+    const uint32_t nv = executor_ctx_n_vocab(all.c);
+    int32_t        toks[POOL_TOKS];
+    pool_tokens(toks, nv);
+    float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float)),
+          *lc = malloc(nv * sizeof(float));
+    for (size_t k = 0; k < POOL_STEPS; k++) {
+        /* the first step one token, so that few slots fill */
+        const uint32_t at = k ? g_pool_steps[k][0] : 0, n = k ? g_pool_steps[k][1] : 1;
+        cr_assert_eq(executor_ctx_decode(all.c, toks + at, n, la, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(vm.c, toks + at, n, lb, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(plain.c, toks + at, n, lc, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(memcmp(la, lb, nv * sizeof(float)), 0, "step %zu: mapped on demand", k);
+        cr_assert_eq(memcmp(la, lc, nv * sizeof(float)), 0, "step %zu: one allocation", k);
+        cr_assert(executor_ctx_gpu_pool_stats(vm.c, &st));
+        if (k == 0)
+            cr_assert(st.mapped_bytes < 24 * (uint64_t)GPU_TINY_EXPERT &&
+                          st.mapped_bytes >= (st.hits + st.misses) / 4 * GPU_TINY_EXPERT,
+                      "one token: %llu bytes mapped for %llu picks",
+                      (unsigned long long)st.mapped_bytes,
+                      (unsigned long long)(st.hits + st.misses));
+    }
+    /* empty slots are taken first: one a copy until the pool is full */
+    const uint64_t filled = st.misses < 24 ? st.misses : 24;
+    cr_assert_gt(st.mapped_bytes, first, "nothing mapped after the first token");
+    cr_assert_geq(st.mapped_bytes, filled * GPU_TINY_EXPERT, "%llu slots filled, %llu bytes mapped",
+                  (unsigned long long)filled, (unsigned long long)st.mapped_bytes);
+    cr_log_info("%llu copies into 24 slots, %llu bytes mapped", (unsigned long long)st.misses,
+                (unsigned long long)st.mapped_bytes);
+    free(la);
+    free(lb);
+    free(lc);
+    run_close(&all);
+    run_close(&vm);
+    run_close(&plain);
+    free(model_path);
+}
+
 /* The MoE prefill's picks sorted on the device (SLUICE_MOE_DEVICE_SORT=1, gpu_moe_sort) give the
  * logits of the host's sort, bit for bit: two prefills of 40 and 100 tokens, then a decode step,
  * on each quantized MoE fixture. */
