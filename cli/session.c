@@ -366,6 +366,8 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
             co.n_cpu_moe = en->so.n_cpu_moe;
             co.vram_budget = en->so.vram_budget;
             co.expert_miss = en->so.expert_miss;
+            co.pool_policy =
+                en->so.policy == FETCHER_POLICY_LFU ? EXECUTOR_POOL_LFU : EXECUTOR_POOL_LRU;
         } else {
             fprintf(stderr, "%s: warning: -ngl %d ignored, running on the CPU: %s\n", en->prog,
                     en->so.n_gpu_layers, why);
@@ -381,7 +383,8 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                                               .n_cpu_moe = co.n_cpu_moe,
                                               .main_gpu = co.main_gpu,
                                               .vram_budget = co.vram_budget,
-                                              .expert_miss = co.expert_miss};
+                                              .expert_miss = co.expert_miss,
+                                              .pool_policy = co.pool_policy};
         if ((rc = executor_gpu_weights_create(en->model, &pl, n_ctx, co.n_batch ? co.n_batch : 512,
                                               o->n_seqs, &en->gpu_w, &e)) < 0) {
             cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));

@@ -337,6 +337,13 @@ enum executor_expert_miss {
 const char              *executor_expert_miss_name(enum executor_expert_miss m);
 extern const char *const executor_expert_miss_names[];
 
+/* Which expert the --vram-budget pool gives up for a missing one: the fetchers' RAM pool
+ * policies (--policy), so that one policy rules both tiers. */
+enum executor_pool_policy {
+    EXECUTOR_POOL_LRU = 0, /* the least recently used (the default) */
+    EXECUTOR_POOL_LFU,     /* the least frequently used, counts halved every 4 x slots uses */
+};
+
 struct executor_ctx_opts {
     uint32_t                    n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
     uint32_t                    n_batch;    /* tokens per forward batch; 0 = 512 */
@@ -371,6 +378,7 @@ struct executor_ctx_opts {
                               uploaded */
     enum executor_expert_miss expert_miss; /* --expert-miss: a decode step's pick that is not
                                               in that pool (EXECUTOR_EXPERT_MISS_HELP) */
+    enum executor_pool_policy pool_policy; /* --policy: which expert that pool gives up */
     /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
      * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
     const struct executor_gpu_weights *gpu_weights;
@@ -381,6 +389,7 @@ struct executor_gpu_place {
     int32_t                   n_gpu_layers, n_cpu_moe, main_gpu;
     uint64_t                  vram_budget;
     enum executor_expert_miss expert_miss;
+    enum executor_pool_policy pool_policy;
 };
 
 /* The --expert-miss option's help line, shared by the commands and the executor daemon. */
@@ -401,7 +410,8 @@ struct executor_gpu_place {
 #define EXECUTOR_VRAM_BUDGET_HELP                                                                  \
     "bound the device memory of the routed experts to SIZE (e.g. 4G): the experts of the "         \
     "device's layers live in a pool of that size, copied in from RAM (or storage under "           \
-    "--ram-budget) when the router picks one that is not there, the least recently used given up"
+    "--ram-budget) when the router picks one that is not there, the least recently used (or, "     \
+    "with --policy lfu, frequently used) given up"
 
 /* The --n-cpu-moe option's help line, shared by the commands and the executor daemon. */
 #define EXECUTOR_N_CPU_MOE_HELP                                                                    \
@@ -742,6 +752,7 @@ struct executor_serve_opts {
     int32_t                   n_cpu_moe;   /* --n-cpu-moe: as executor_ctx_opts */
     uint64_t                  vram_budget; /* --vram-budget: as executor_ctx_opts */
     enum executor_expert_miss expert_miss; /* --expert-miss: as executor_ctx_opts */
+    enum executor_pool_policy pool_policy; /* --policy: as executor_ctx_opts */
 };
 
 /* Creates the contexts, writes the pid file, starts the step thread and listens on

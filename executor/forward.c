@@ -1101,7 +1101,8 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                                                .n_cpu_moe = o->n_cpu_moe,
                                                                .main_gpu = o->main_gpu,
                                                                .vram_budget = o->vram_budget,
-                                                               .expert_miss = o->expert_miss},
+                                                               .expert_miss = o->expert_miss,
+                                                               .pool_policy = o->pool_policy},
                                   c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;

@@ -67,13 +67,18 @@ struct gpu_loan {
  * loans are held until their copies are done, at most GPU_POOL_LOANS at once. The lock is held
  * from the lookup to the last kernel over the slots. */
 struct gpu_xpool {
-    pthread_mutex_t   mu;
-    uint8_t          *d;
-    size_t            slot_bytes;
-    uint32_t          n_slots, n_expert;
-    int32_t          *slot_of;                 /* il * n_expert + x -> its slot, or -1 */
-    uint32_t         *owner;                   /* slot -> il * n_expert + x, or UINT32_MAX: empty */
-    uint64_t         *last;                    /* slot -> the tick of its last use */
+    pthread_mutex_t mu;
+    uint8_t        *d;
+    size_t          slot_bytes;
+    uint32_t        n_slots, n_expert;
+    int32_t        *slot_of; /* il * n_expert + x -> its slot, or -1 */
+    uint32_t       *owner;   /* slot -> il * n_expert + x, or UINT32_MAX: empty */
+    uint64_t       *last;    /* slot -> the tick of its last use */
+    /* --policy lfu: slot -> its expert's use count, decayed by half every lfu_half ticks, as of
+     * tick lfu_at (the fetcher's pool counts the same way); NULL under lru */
+    double           *lfu;
+    uint64_t         *lfu_at;
+    double            lfu_half;
     uint64_t         *pin;                     /* slot -> the round that uses it */
     uint64_t         *mark;                    /* expert -> the round that counted it */
     uint32_t         *miss_x, *miss_s, n_miss; /* this round's experts to copy in, their slots */
@@ -531,6 +536,8 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     free(px->slot_of);
     free(px->owner);
     free(px->last);
+    free(px->lfu);
+    free(px->lfu_at);
     free(px->pin);
     free(px->mark);
     free(px->miss_x);
@@ -625,7 +632,8 @@ static int gpu_pool_back(struct gpu_xpool *px, uint32_t s)
 /* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's, or its
  * own reservation). */
 static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, size_t slot_bytes,
-                           enum executor_expert_miss miss_mode, struct common_errmsg *e)
+                           enum executor_expert_miss miss_mode, enum executor_pool_policy policy,
+                           struct common_errmsg *e)
 {
     const struct common_hparams *hp = &gw->m->desc->hp;
     const size_t                 n_keys = (size_t)hp->n_layer * hp->n_expert;
@@ -653,8 +661,14 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     px->cpu_mark = calloc(hp->n_expert, sizeof(*px->cpu_mark));
     px->cpu_clean = calloc(hp->n_expert, sizeof(*px->cpu_clean));
     px->miss_mode = miss_mode;
+    if (policy == EXECUTOR_POOL_LFU) {
+        px->lfu = calloc(n_slots, sizeof(*px->lfu));
+        px->lfu_at = calloc(n_slots, sizeof(*px->lfu_at));
+        px->lfu_half = 4.0 * (double)n_slots;
+    }
     if (!px->slot_of || !px->owner || !px->last || !px->pin || !px->mark || !px->miss_x ||
-        !px->miss_s || !px->cpu_mark || !px->cpu_clean)
+        !px->miss_s || !px->cpu_mark || !px->cpu_clean ||
+        (policy == EXECUTOR_POOL_LFU && (!px->lfu || !px->lfu_at)))
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     for (size_t i = 0; i < n_keys; i++)
         px->slot_of[i] = -1;
@@ -704,6 +718,26 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
  * (an empty slot, else the least recently used one no expert of this round holds) and put on
  * the round's list of copies. The caller holds the lock, and keeps the round's experts within
  * the slots. */
+/* Slot s's decayed use count now (--policy lfu). */
+static double gpu_pool_lfu_now(const struct gpu_xpool *px, uint32_t s)
+{
+    return px->lfu[s] * exp2(-(double)(px->tick - px->lfu_at[s]) / px->lfu_half);
+}
+
+/* True when slot i should be given up before slot s (-1: none chosen yet): the least recently
+ * used, or under --policy lfu the least frequently used (the less recent of equals). */
+static bool gpu_pool_before(const struct gpu_xpool *px, uint32_t i, int32_t s)
+{
+    if (s < 0)
+        return true;
+    if (px->lfu) {
+        const double fi = gpu_pool_lfu_now(px, i), fs = gpu_pool_lfu_now(px, (uint32_t)s);
+        if (fi != fs)
+            return fi < fs;
+    }
+    return px->last[i] < px->last[s];
+}
+
 static int32_t gpu_pool_take(struct gpu_xpool *px, uint32_t il, uint32_t x)
 {
     const uint32_t key = il * px->n_expert + x;
@@ -715,7 +749,7 @@ static int32_t gpu_pool_take(struct gpu_xpool *px, uint32_t il, uint32_t x)
                 s = (int32_t)i;
                 break;
             }
-            if (px->pin[i] != px->round && (s < 0 || px->last[i] < px->last[s]))
+            if (px->pin[i] != px->round && gpu_pool_before(px, i, s))
                 s = (int32_t)i;
         }
         if (px->owner[s] != UINT32_MAX)
@@ -725,8 +759,14 @@ static int32_t gpu_pool_take(struct gpu_xpool *px, uint32_t il, uint32_t x)
         px->miss_x[px->n_miss] = x;
         px->miss_s[px->n_miss++] = (uint32_t)s;
         px->misses++;
+        if (px->lfu)
+            px->lfu[s] = 0.0; /* a new expert's count starts over */
     } else {
         px->hits++;
+    }
+    if (px->lfu) {
+        px->lfu[s] = gpu_pool_lfu_now(px, (uint32_t)s) + 1.0;
+        px->lfu_at[s] = px->tick;
     }
     px->last[s] = px->tick;
     px->pin[s] = px->round;
@@ -937,7 +977,8 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     gw->head = head;
     gw->expert_bytes = all;
     if (n_slots > 0)
-        rc = gpu_pool_create(gw, (uint32_t)n_slots, slot_bytes, pl->expert_miss, e);
+        rc =
+            gpu_pool_create(gw, (uint32_t)n_slots, slot_bytes, pl->expert_miss, pl->pool_policy, e);
     for (uint32_t il = il0; il < hp->n_layer && rc == 0; il++)
         rc = gpu_put_layer(gw, il, e);
     if (rc == 0 && head) {
@@ -1133,11 +1174,11 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
                      common_format_size(px->va_chunk, b, sizeof(b)));
         snprintf(buf + at2, len - at2,
                  "; the experts in a pool of %u slots (%s of --vram-budget%s, %.1f%% of their %s; "
-                 "--expert-miss %s), copied in from %s%s%s%s",
+                 "--expert-miss %s%s), copied in from %s%s%s%s",
                  px->n_slots, common_format_size(pb, a, sizeof(a)), vm,
                  100.0 * (double)pb / (double)gw->expert_bytes,
                  common_format_size(gw->expert_bytes, b, sizeof(b)),
-                 executor_expert_miss_name(px->miss_mode), from,
+                 executor_expert_miss_name(px->miss_mode), px->lfu ? ", --policy lfu" : "", from,
                  px->pin_err[0] ? " (pinning the RAM pool failed: " : "", px->pin_err,
                  px->pin_err[0] ? ")" : "");
         pthread_mutex_unlock(&px->reg_mu);

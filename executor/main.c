@@ -28,6 +28,7 @@ struct main_config {
     int32_t                   n_cpu_moe;
     uint64_t                  vram_budget;
     enum executor_expert_miss expert_miss;
+    int                       pool_lfu; /* --policy: 0 lru, 1 lfu */
 };
 
 #define PROG "sluice-executor"
@@ -42,6 +43,9 @@ static int main_cache_type(void *arg, const char *v, struct common_errmsg *e)
 
 /* Parses the command line (after the config file's words). Returns 0 (run), COMMON_OPTS_HELP or
  * a negative common_err (printed). */
+/* --policy: the fetchers' names, in enum executor_pool_policy order. */
+static const char *const k_policies[] = {"lru", "lfu", NULL};
+
 static int main_parse(int argc, char **argv, struct main_config *c, char ***owned)
 {
     const struct common_opt rows[] = {
@@ -137,6 +141,13 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .metavar = "SIZE",
          .help = EXECUTOR_VRAM_BUDGET_HELP},
         EXECUTOR_EXPERT_MISS_OPT(&c->expert_miss),
+        {.name = "policy",
+         .type = COMMON_OPT_CHOICE,
+         .target = &c->pool_lfu,
+         .choices = k_policies,
+         .help = "with --vram-budget, which expert the device pool gives up: the least recently "
+                 "(lru) or frequently (lfu) used, as the fetchers' --policy",
+         .def = "lru"},
         {.name = "stream-dense",
          .type = COMMON_OPT_SWITCH,
          .target = &c->stream_dense,
@@ -282,7 +293,9 @@ static int main_run(const struct main_config *c)
                                      .main_gpu = c->main_gpu,
                                      .n_cpu_moe = c->n_cpu_moe,
                                      .vram_budget = c->vram_budget,
-                                     .expert_miss = c->expert_miss};
+                                     .expert_miss = c->expert_miss,
+                                     .pool_policy =
+                                         c->pool_lfu ? EXECUTOR_POOL_LFU : EXECUTOR_POOL_LRU};
     if ((rc = executor_serve_start(&so, &st.serve, &e)) < 0) {
         fprintf(stderr, PROG ": error: cannot serve in %s: %s\n", c->run_dir,
                 e.text[0] ? e.text : common_strerror(rc));

@@ -47,7 +47,8 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
                                                              .n_gpu_layers = pl.n_gpu_layers,
                                                              .n_cpu_moe = pl.n_cpu_moe,
                                                              .vram_budget = pl.vram_budget,
-                                                             .expert_miss = pl.expert_miss},
+                                                             .expert_miss = pl.expert_miss,
+                                                             .pool_policy = pl.pool_policy},
                                  &r->c, &e);
     cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d --vram-budget %llu: %s", pl.n_gpu_layers,
                  pl.n_cpu_moe, (unsigned long long)pl.vram_budget, e.text);
@@ -235,6 +236,49 @@ Test(executor_gpu, expert_pool_logits_equal_every_expert_uploaded, .timeout = 30
         run_close(&all);
         run_close(&pooled);
     }
+    free(model_path);
+}
+
+/* --policy lfu in the device pool: the logits stay those of every expert uploaded, bit for bit,
+ * and where a token's picks outnumber the slots (7 slots, 8 picks a token), so that the least
+ * recently used is always the next one wanted, keeping the most used finds more of them. */
+Test(executor_gpu, lfu_pool_keeps_the_most_used_experts, .timeout = 300)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct gpu_run       all;
+    struct common_errmsg e = {{0}};
+    run_open(&all, model_path, GPU_ALL);
+    const uint32_t nv = executor_ctx_n_vocab(all.c);
+    int32_t        toks[POOL_TOKS];
+    pool_tokens(toks, nv);
+    float   *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+    uint64_t hits[2] = {0, 0};
+    for (int lfu = 0; lfu < 2; lfu++) {
+        struct gpu_run pooled;
+        run_open_at(&pooled, model_path,
+                    (struct executor_gpu_place){.n_gpu_layers = GPU_ALL,
+                                                .vram_budget = 7 * (uint64_t)GPU_TINY_EXPERT,
+                                                .pool_policy =
+                                                    lfu ? EXECUTOR_POOL_LFU : EXECUTOR_POOL_LRU});
+        executor_ctx_reset(all.c);
+        for (uint32_t t = 0; t < 48; t++) {
+            cr_assert_eq(executor_ctx_decode(all.c, toks + t, 1, la, NULL, &e), 0, "%s", e.text);
+            cr_assert_eq(executor_ctx_decode(pooled.c, toks + t, 1, lb, NULL, &e), 0, "%s", e.text);
+            cr_assert_eq(memcmp(la, lb, nv * sizeof(float)), 0, "%s: token %u: logits differ",
+                         lfu ? "lfu" : "lru", t);
+        }
+        struct executor_gpu_pool_stats st;
+        cr_assert(executor_ctx_gpu_pool_stats(pooled.c, &st));
+        hits[lfu] = st.hits;
+        run_close(&pooled);
+    }
+    cr_log_info("48 tokens, 7 slots: lru found %llu picks in the pool, lfu %llu",
+                (unsigned long long)hits[0], (unsigned long long)hits[1]);
+    cr_assert_gt(hits[1], hits[0], "lfu found no more than lru");
+    free(la);
+    free(lb);
+    run_close(&all);
     free(model_path);
 }
 

@@ -800,11 +800,12 @@ Test(pipeline_sluicectl, ngl_daemons_on_the_host_backend_give_the_one_process_te
 
 /* The executor's experts in a device pool of three slots (moe-tiny's q4_0 experts are 108 KiB),
  * filled from the fetcher's RAM pool under a RAM budget, which the executor registers with the
- * device as pinned memory (its mapping of the fetcher's pool segment). */
+ * device as pinned memory (its mapping of the fetcher's pool segment); both pools give up the
+ * least frequently used expert (--policy lfu, to the fetcher and the executor). */
 Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_process_text,
      .timeout = 300, .fini = stop_leftovers)
 {
-    check_ngl_daemons(true, "--vram-budget 324K --ram-budget 37M",
-                      "gpu: HOST0.*the experts in a pool of 3 slots.*copied in from the RAM pool, "
-                      "pinned");
+    check_ngl_daemons(true, "--vram-budget 324K --ram-budget 37M --policy lfu",
+                      "gpu: HOST0.*the experts in a pool of 3 slots.*--policy lfu\\), copied in "
+                      "from the RAM pool, pinned");
 }
