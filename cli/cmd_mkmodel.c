@@ -230,6 +230,17 @@ int cli_cmd_mkmodel(int argc, char **argv)
                        "gate logit: 0 = uniform, 1 = a skewed load, 4 = a few experts take most "
                        "tokens (the trace summary's load entropy says how much)",
             .def = "0"},
+           {.name = "routing-reuse",
+            .type = COMMON_OPT_F32,
+            .target = &o.routing_reuse,
+            .max = 1000,
+            .metavar = "X",
+            .help = "with --routing balanced and --arch qwen2moe or gpt-oss: every head attends "
+                       "to the last few tokens and carries them into the routing, X times as "
+                       "strongly as the embeddings, so experts repeat over neighbouring tokens "
+                       "(temporal reuse) while the load stays spread: 0 = memoryless (the trace "
+                       "summary's reuse histogram says how much)",
+            .def = "0"},
            {.name = "preset",
             .type = COMMON_OPT_CALLBACK,
             .target = &o,

@@ -90,11 +90,18 @@ struct executor_synth_opts {
     bool     lite;          /* deepseek2: the V2-Lite shape (no q LoRA, softmax routing)
                                instead of V3's */
     enum executor_synth_routing routing; /* MoE routing statistics; 0 = natural */
-    float routing_skew; /* balanced routing only: every token embedding gets a component common
-                           to all tokens, routing_skew times as large per element as the token's
-                           own spread, so each expert of a layer gets a fixed offset of that many
-                           times the token-dependent part of its gate logit: 0 = uniform; about 1
-                           = a skewed load; 4 and more = a few experts take most tokens. >= 0 */
+    float routing_skew;  /* balanced routing only: every token embedding gets a component common
+                            to all tokens, routing_skew times as large per element as the token's
+                            own spread, so each expert of a layer gets a fixed offset of that many
+                            times the token-dependent part of its gate logit: 0 = uniform; about 1
+                            = a skewed load; 4 and more = a few experts take most tokens. >= 0 */
+    float routing_reuse; /* balanced routing, architectures with q/k biases (qwen2moe, gpt-oss)
+                            only: every head attends to the recent tokens (constant q and k
+                            rotated by RoPE score by distance alone: weights falling about as
+                            distance^-1.5), and the attention output, routing_reuse times the
+                            embeddings' spread, carries them into the routing: experts repeat
+                            over neighbouring tokens (temporal reuse) while the load stays
+                            spread. 0 = memoryless. >= 0 */
     uint32_t                type;       /* enum common_ggml_type of the 2-D/3-D weights; 0 = F32 */
     enum executor_synth_i2s i2s_layout; /* type I2_S: which of seed 003's layouts; 0 = qk256 */
     uint64_t    target_bytes;   /* 0 = keep n_layer; else choose n_layer to approach this size */

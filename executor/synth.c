@@ -199,6 +199,8 @@ struct synth_geom {
     bool     lite;
     float    embd_std;  /* token embeddings (larger for balanced routing) */
     float    embd_mean; /* their component common to all tokens (--routing-skew) */
+    float    reuse;     /* --routing-reuse: the attention output's scale over embd_std; 0 = off */
+    float    qk_bias;   /* with reuse: the constant of every q and k bias element */
     uint32_t
         head_dim; /* attention head width (gpt-oss: twice n_embd / n_head), else n_embd/n_head */
     uint32_t type;
@@ -252,14 +254,23 @@ static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p
     const uint32_t hd = g->head_dim ? g->head_dim : g->n_embd / g->n_head;
     const uint64_t kv = (uint64_t)g->n_head_kv * hd, qd = (uint64_t)g->n_head * hd;
     const float    s_e = 1.0f / sqrtf((float)g->n_embd);
-    int            rc;
+    /* --routing-reuse: q and k are their biases alone, the same constant c in every element, so
+     * that after RoPE a score depends on the distance d alone: 2 c^2 / sqrt(hd) times the sum
+     * over the hd/2 rotated pairs of cos(theta_i d), about (hd/2)(1 - ln d / ln base) (the
+     * frequencies spread evenly in log). Softmax weights then fall as d^-a with
+     * a = c^2 hd / (sqrt(hd) ln base): a = 1.5 spreads them over the last few tokens. The
+     * output projection scales what they carry to `reuse` times the embeddings' spread. */
+    const float s_qk = g->reuse > 0.0f ? 0.0f : s_e;
+    const float s_o = (g->reuse > 0.0f ? g->reuse * g->embd_std : 1.0f) / sqrtf((float)qd);
+    const float c_qk = sqrtf(1.5f * sqrtf((float)hd) * logf(g->rope_freq_base) / (float)hd);
+    int         rc;
     if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 1.0f, 0.05f, 1, g->n_embd, 1, 1,
                         "blk.%u.attn_norm.weight", il)) ||
-        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, qd, 1, "blk.%u.attn_q.weight", il)) ||
-        (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_k.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_qk, 2, g->n_embd, qd, 1, "blk.%u.attn_q.weight", il)) ||
+        (rc = synth_add(p, g->type, 0.0f, s_qk, 2, g->n_embd, kv, 1, "blk.%u.attn_k.weight", il)) ||
         (rc = synth_add(p, g->type, 0.0f, s_e, 2, g->n_embd, kv, 1, "blk.%u.attn_v.weight", il)) ||
-        (rc = synth_add(p, g->type, 0.0f, 1.0f / sqrtf((float)qd), 2, qd, g->n_embd, 1,
-                        "blk.%u.attn_output.weight", il)))
+        (rc = synth_add(p, g->type, 0.0f, s_o, 2, qd, g->n_embd, 1, "blk.%u.attn_output.weight",
+                        il)))
         return rc;
     switch (g->arch) {
     case COMMON_ARCH_BITNET:
@@ -285,10 +296,12 @@ static int synth_plan_attention(const struct synth_geom *g, struct synth_plan *p
     case COMMON_ARCH_QWEN2:
     case COMMON_ARCH_QWEN2MOE:
     case COMMON_ARCH_GLM4MOE:
-        if ((rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, qd, 1, 1, "blk.%u.attn_q.bias",
-                            il)) ||
-            (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_k.bias",
-                            il)) ||
+        if ((rc =
+                 synth_add(p, COMMON_GGML_TYPE_F32, g->reuse > 0.0f ? c_qk : 0.0f,
+                           g->reuse > 0.0f ? 0.0f : 0.1f, 1, qd, 1, 1, "blk.%u.attn_q.bias", il)) ||
+            (rc =
+                 synth_add(p, COMMON_GGML_TYPE_F32, g->reuse > 0.0f ? c_qk : 0.0f,
+                           g->reuse > 0.0f ? 0.0f : 0.1f, 1, kv, 1, 1, "blk.%u.attn_k.bias", il)) ||
             (rc = synth_add(p, COMMON_GGML_TYPE_F32, 0.0f, 0.1f, 1, kv, 1, 1, "blk.%u.attn_v.bias",
                             il)))
             return rc;
@@ -553,6 +566,17 @@ static int synth_geometry(const struct executor_synth_opts *o, struct synth_geom
      * dot with expert e's gate row is e's offset. Its spread over experts against that of the
      * token part: mean / std, as both see the same random gate rows. */
     g->embd_mean = o->routing_skew * g->embd_std;
+    if (!(o->routing_reuse >= 0.0f) || !isfinite(o->routing_reuse))
+        return common_errmsg_set(e, COMMON_EINVAL, "routing reuse %g is not a number >= 0",
+                                 (double)o->routing_reuse);
+    if (o->routing_reuse > 0.0f && o->routing != EXECUTOR_SYNTH_ROUTING_BALANCED)
+        return common_errmsg_set(
+            e, COMMON_EINVAL, "a routing reuse applies to balanced routing (--routing balanced)");
+    if (o->routing_reuse > 0.0f && g->arch != COMMON_ARCH_QWEN2MOE && g->arch != COMMON_ARCH_GPTOSS)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "a routing reuse needs attention biases: --arch qwen2moe or "
+                                 "gpt-oss");
+    g->reuse = o->routing_reuse;
     g->n_layer = o->n_layer ? o->n_layer : 2;
     g->n_head = o->n_head ? o->n_head : 8;
     g->n_head_kv = o->n_head_kv ? o->n_head_kv : g->n_head;

@@ -324,19 +324,18 @@ Test(cli_mkmodel, progress_to_a_file_has_no_carriage_returns, .timeout = 300)
 }
 
 /* The routing summary (trace JSON) of 256 sampled tokens of a 4-layer, 32-expert top-4 model made
- * with --routing MODE (and --routing-skew SKEW when not NULL). */
-static void routing_skewed(const char *dir, const char *mode, const char *skew, double *entropy,
-                           double *reuse1)
+ * with the options `args` (file DIR/NAME.gguf). */
+static void routing_with(const char *dir, const char *name, const char *args, double *entropy,
+                         double *reuse1)
 {
-    char cmd[2048], name[64];
-    snprintf(name, sizeof(name), "%s%s", mode, skew ? skew : "");
+    char cmd[2048];
     snprintf(cmd, sizeof(cmd),
              "%s/bin/sluice mkmodel -q -o %s/%s.gguf --n-embd 256 --n-layer 4 --n-expert 32 "
-             "--n-expert-used 4 --n-ff 256 --n-vocab 512 --type q8_0 --routing %s %s%s --seed 3 "
+             "--n-expert-used 4 --n-ff 256 --n-vocab 512 --type q8_0 %s --seed 3 "
              "&& %s/bin/sluice run -m %s/%s.gguf -p ab -n 256 --temp 1 --seed 1 --ignore-eos -t 2 "
              "--ram-budget 50M --trace-out %s/%s.json > /dev/null 2>&1 && cat %s/%s.json",
-             SLUICE_BINARY_DIR, dir, name, mode, skew ? "--routing-skew " : "", skew ? skew : "",
-             SLUICE_BINARY_DIR, dir, name, dir, name, dir, name);
+             SLUICE_BINARY_DIR, dir, name, args, SLUICE_BINARY_DIR, dir, name, dir, name, dir,
+             name);
     int   status = -1;
     char *out = run_capture(cmd, &status);
     cr_assert_eq(status, 0, "%s", out);
@@ -351,9 +350,52 @@ static void routing_skewed(const char *dir, const char *mode, const char *skew, 
     free(out);
 }
 
+/* The same for --routing MODE (and --routing-skew SKEW when not NULL). */
+static void routing_skewed(const char *dir, const char *mode, const char *skew, double *entropy,
+                           double *reuse1)
+{
+    char name[64], args[256];
+    snprintf(name, sizeof(name), "%s%s", mode, skew ? skew : "");
+    snprintf(args, sizeof(args), "--routing %s %s%s", mode, skew ? "--routing-skew " : "",
+             skew ? skew : "");
+    routing_with(dir, name, args, entropy, reuse1);
+}
+
 static void routing_of(const char *dir, const char *mode, double *entropy, double *reuse1)
 {
     routing_skewed(dir, mode, NULL, entropy, reuse1);
+}
+
+/* --routing-reuse carries the last few tokens into the routing: an expert is used again one token
+ * later far more often than chance (4 of 32: 12.5%) while the load stays spread (entropy near 1,
+ * unlike a skew's); it needs balanced routing and attention biases, and is refused otherwise. */
+Test(cli_mkmodel, routing_reuse_repeats_experts_over_neighbouring_tokens, .timeout = 300)
+{
+    char  *dir = fixture_tmpdir();
+    double h[2], r[2];
+    routing_with(dir, "reuse0", "--arch qwen2moe --routing balanced", &h[0], &r[0]);
+    routing_with(dir, "reuse4", "--arch qwen2moe --routing balanced --routing-reuse 4", &h[1],
+                 &r[1]);
+    cr_log_info("reuse 0/4: load entropy %.3f %.3f, reuse after 1 token %.3f %.3f", h[0], h[1],
+                r[0], r[1]);
+    cr_expect(r[0] > 0.08 && r[0] < 0.17, "reuse 0 is memoryless: %.3f, chance 0.125", r[0]);
+    cr_expect_gt(r[1], r[0] + 0.15, "reuse 4 repeats experts: %.3f against %.3f", r[1], r[0]);
+    cr_expect_gt(h[1], 0.93, "reuse 4 keeps the load spread: entropy %.3f", h[1]);
+    static const char *bad[] = {"--routing balanced --routing-reuse 2",
+                                "--arch qwen2moe --routing-reuse 2",
+                                "--arch qwen2moe --routing balanced --routing-reuse -1"};
+    for (int i = 0; i < 3; i++) {
+        char cmd[1024];
+        int  status = -1;
+        snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --n-expert 8 %s 2>&1",
+                 SLUICE_BINARY_DIR, dir, bad[i]);
+        char *out = run_capture(cmd, &status);
+        cr_expect_neq(status, 0, "'%s' accepted: %s", bad[i], out);
+        cr_expect_not_null(strstr(out, "reuse"), "the error names the reuse: %s", out);
+        free(out);
+    }
+    fixture_rmtree(dir);
+    free(dir);
 }
 
 /* --routing-skew tunes balanced routing from uniform towards a few experts taking most tokens:
