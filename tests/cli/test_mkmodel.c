@@ -350,6 +350,22 @@ static void routing_with(const char *dir, const char *name, const char *args, do
     free(out);
 }
 
+/* Each of the n option sets `bad` (beside --n-expert 8) makes mkmodel fail with an error that
+ * names `word`. */
+static void expect_refused(const char *dir, const char *const *bad, int n, const char *word)
+{
+    for (int i = 0; i < n; i++) {
+        char cmd[1024];
+        int  status = -1;
+        snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --n-expert 8 %s 2>&1",
+                 SLUICE_BINARY_DIR, dir, bad[i]);
+        char *out = run_capture(cmd, &status);
+        cr_expect_neq(status, 0, "'%s' accepted: %s", bad[i], out);
+        cr_expect_not_null(strstr(out, word), "the error does not name the %s: %s", word, out);
+        free(out);
+    }
+}
+
 /* The same for --routing MODE (and --routing-skew SKEW when not NULL). */
 static void routing_skewed(const char *dir, const char *mode, const char *skew, double *entropy,
                            double *reuse1)
@@ -384,16 +400,7 @@ Test(cli_mkmodel, routing_reuse_repeats_experts_over_neighbouring_tokens, .timeo
     static const char *bad[] = {"--routing balanced --routing-reuse 2",
                                 "--arch qwen2moe --routing-reuse 2",
                                 "--arch qwen2moe --routing balanced --routing-reuse -1"};
-    for (int i = 0; i < 3; i++) {
-        char cmd[1024];
-        int  status = -1;
-        snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --n-expert 8 %s 2>&1",
-                 SLUICE_BINARY_DIR, dir, bad[i]);
-        char *out = run_capture(cmd, &status);
-        cr_expect_neq(status, 0, "'%s' accepted: %s", bad[i], out);
-        cr_expect_not_null(strstr(out, "reuse"), "the error names the reuse: %s", out);
-        free(out);
-    }
+    expect_refused(dir, bad, 3, "reuse");
     fixture_rmtree(dir);
     free(dir);
 }
@@ -416,16 +423,7 @@ Test(cli_mkmodel, routing_skew_tunes_the_load, .timeout = 300)
     cr_expect(r[2] > r[1] && r[1] > r[0], "reuse should rise with the skew: %.3f %.3f %.3f", r[0],
               r[1], r[2]);
     static const char *bad[] = {"--routing-skew 1", "--routing balanced --routing-skew -1"};
-    for (int i = 0; i < 2; i++) {
-        char cmd[1024];
-        int  status = -1;
-        snprintf(cmd, sizeof(cmd), "%s/bin/sluice mkmodel -q -o %s/x.gguf --n-expert 8 %s 2>&1",
-                 SLUICE_BINARY_DIR, dir, bad[i]);
-        char *out = run_capture(cmd, &status);
-        cr_expect_neq(status, 0, "'%s' accepted: %s", bad[i], out);
-        cr_expect_not_null(strstr(out, "skew"), "the error names the skew: %s", out);
-        free(out);
-    }
+    expect_refused(dir, bad, 2, "skew");
     fixture_rmtree(dir);
     free(dir);
 }

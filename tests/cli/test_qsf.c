@@ -207,20 +207,7 @@ Test(cli_qsf, corrupt_bundle_is_an_error_naming_it, .timeout = 180)
     snprintf(qsf, sizeof(qsf), "%s/m.qsf", dir);
     convert(gguf, qsf, "", NULL);
     /* One byte flipped in every bundle of layer 1, so the first token needs a bad one. */
-    struct common_gguf *g = NULL;
-    cr_assert_eq(common_gguf_open(qsf, NULL, &g, NULL), COMMON_OK);
-    FILE *f = fopen(qsf, "r+b");
-    cr_assert_not_null(f);
-    for (uint32_t x = 0; x < 8; x++) {
-        struct common_qsf_bundle b;
-        cr_assert_eq(common_gguf_bundle(g, 1, x, &b), COMMON_OK);
-        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
-        int c = fgetc(f);
-        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
-        fputc(c ^ 0x40, f);
-    }
-    fclose(f);
-    common_gguf_close(g);
+    cr_assert_eq(fixture_flip_bundles(qsf, 1), 8, "not the 8 bundles of layer 1 changed");
     int   st = 0;
     char *o;
     snprintf(cmd, sizeof(cmd), "%s verify %s 2>&1", SLUICE, qsf);

@@ -306,6 +306,17 @@ Test(pipeline_faults, sampled_tokens_equal_one_process_two_fetchers, .timeout = 
     check_same_as_one_process(2, "--temp 0.8 --seed 42");
 }
 
+/* Converts `model` to DIR/model.qsf (its path to qsf) with the options `args`. */
+static void convert_qsf(const char *dir, const char *model, const char *args, char *qsf, size_t len)
+{
+    char cmd[4096];
+    int  st;
+    snprintf(qsf, len, "%s/model.qsf", dir);
+    snprintf(cmd, sizeof(cmd), "%s/sluice convert %s %s %s >/dev/null 2>&1", BIN, args, model, qsf);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "sluice convert %s failed", args);
+}
+
 /* The daemons on the QSF file of the model, its bundles in two files in two directories (as on
  * two devices), one per fetcher (each reads its experts' bundles, each checked, one read per
  * expert): the GGUF's tokens in one process. */
@@ -314,15 +325,13 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
     char *dir = fixture_tmpdir();
-    char  qsf[2048], cmd[4096];
+    char  qsf[2048], cmd[4096], args[2048];
     int   st;
-    snprintf(qsf, sizeof(qsf), "%s/model.qsf", dir);
-    snprintf(cmd, sizeof(cmd),
-             "mkdir %s/ssd1 %s/ssd2 && %s/sluice convert --shards 2 --shard-dir %s/ssd1 "
-             "--shard-dir %s/ssd2 %s %s >/dev/null 2>&1",
-             dir, dir, BIN, dir, dir, model, qsf);
+    snprintf(cmd, sizeof(cmd), "mkdir %s/ssd1 %s/ssd2", dir, dir);
     free(sh(cmd, &st));
-    cr_assert_eq(st, 0, "sluice convert failed");
+    cr_assert_eq(st, 0, "%s", cmd);
+    snprintf(args, sizeof(args), "--shards 2 --shard-dir %s/ssd1 --shard-dir %s/ssd2", dir, dir);
+    convert_qsf(dir, model, args, qsf, sizeof(qsf));
     up(dir, qsf, 2, NULL);
     /* Each fetcher reads its own file (its own device). */
     for (int i = 0; i < 2; i++) {
@@ -352,26 +361,9 @@ Test(pipeline_faults, qsf_corrupt_bundle_is_named_to_the_client, .timeout = 300,
     char *dir = fixture_tmpdir();
     char  qsf[2048], cmd[4096];
     int   st;
-    snprintf(qsf, sizeof(qsf), "%s/model.qsf", dir);
-    snprintf(cmd, sizeof(cmd), "%s/sluice convert %s %s >/dev/null 2>&1", BIN, model, qsf);
-    free(sh(cmd, &st));
-    cr_assert_eq(st, 0, "sluice convert failed");
-    /* One byte flipped in every bundle of layer 1, so the first token needs a bad one. */
-    struct common_gguf *g = NULL;
-    cr_assert_eq(common_gguf_open(qsf, NULL, &g, NULL), COMMON_OK);
-    FILE *f = fopen(qsf, "r+b");
-    cr_assert_not_null(f);
-    struct common_qsf_bundle b;
-    uint32_t                 n = 0;
-    for (uint32_t x = 0; common_gguf_bundle(g, 1, x, &b) == COMMON_OK; x++, n++) {
-        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
-        int c = fgetc(f);
-        cr_assert_eq(fseek(f, (long)(b.offset + 100), SEEK_SET), 0);
-        fputc(c ^ 0x40, f);
-    }
-    fclose(f);
-    common_gguf_close(g);
-    cr_assert_gt(n, 0, "no bundles in layer 1");
+    convert_qsf(dir, model, "", qsf, sizeof(qsf));
+    /* Every bundle of layer 1 corrupt, so the first token needs a bad one. */
+    cr_assert_gt(fixture_flip_bundles(qsf, 1), 0, "no bundle of layer 1 changed");
     up(dir, qsf, 1, NULL);
     snprintf(cmd, sizeof(cmd),
              "%s/sluice generate --run-dir %s -p '%s' -n 8 --temp 0 2>&1 >/dev/null", BIN, dir,

@@ -233,3 +233,28 @@ out:
     common_gguf_close(g);
     return rc;
 }
+
+int fixture_flip_bundles(const char *path, uint32_t layer)
+{
+    struct common_gguf *g = NULL;
+    if (common_gguf_open(path, NULL, &g, NULL) != COMMON_OK)
+        return 0;
+    FILE *f = fopen(path, "r+b");
+    int   n = 0;
+    for (uint32_t x = 0; f; x++) {
+        struct common_qsf_bundle b;
+        if (common_gguf_bundle(g, layer, x, &b) != COMMON_OK)
+            break;
+        int c;
+        if (fseek(f, (long)(b.offset + 100), SEEK_SET) != 0 || (c = fgetc(f)) == EOF ||
+            fseek(f, (long)(b.offset + 100), SEEK_SET) != 0 || fputc(c ^ 0x40, f) == EOF) {
+            n = 0;
+            break;
+        }
+        n++;
+    }
+    if (f && fclose(f) != 0)
+        n = 0;
+    common_gguf_close(g);
+    return n;
+}

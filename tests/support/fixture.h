@@ -42,4 +42,8 @@ int fixture_write_coarse_experts(const char *src, const char *dst);
 int fixture_split_gguf_by_layer(const char *src, const char *dir1, const char *dir2,
                                 const char *stem, char *first, size_t len);
 
+/* Flips one bit of byte 100 of every expert bundle of `layer` in the QSF file `path`, so that
+ * each fails its checksum. Returns how many bundles were changed (0: none, or an error). */
+int fixture_flip_bundles(const char *path, uint32_t layer);
+
 #endif /* TESTS_SUPPORT_FIXTURE_H */
