@@ -397,6 +397,7 @@ struct executor_gpu_place {
     uint64_t                  vram_budget;
     enum executor_expert_miss expert_miss;
     enum executor_pool_policy pool_policy;
+    enum common_cache_type    cache_type; /* the device's KV cache (executor_gpu_create) */
 };
 
 /* The --expert-miss option's help line, shared by the commands and the executor daemon. */

@@ -1102,7 +1102,8 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                                                .main_gpu = o->main_gpu,
                                                                .vram_budget = o->vram_budget,
                                                                .expert_miss = o->expert_miss,
-                                                               .pool_policy = o->pool_policy},
+                                                               .pool_policy = o->pool_policy,
+                                                               .cache_type = o->cache_type},
                                   c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;
@@ -1159,12 +1160,6 @@ bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t l
     if (!c->gpu)
         return false;
     executor_gpu_describe(c->gpu, buf, len);
-    const size_t at = strlen(buf);
-    if (c->kv.type != COMMON_CACHE_F16 && at < len)
-        snprintf(buf + at, len - at,
-                 "; --cache-type %s holds for the CPU's layers only: the device keeps its KV "
-                 "cache in f16",
-                 common_cache_type_name(c->kv.type));
     return true;
 }
 

@@ -148,7 +148,9 @@ struct executor_gpu {
     uint32_t                           il0;
     bool                               head;
     uint32_t                           n_ctx, n_batch;
-    uint16_t **k_cache, **v_cache; /* per layer (from il0): (n_ctx, kd), (n_ctx, vd) */
+    void **k_cache, **v_cache; /* per layer (from il0): (n_ctx, kd), (n_ctx, vd) f16 values, or
+                                  with kv_q8 their q8_0 blocks (gpu_kv_store_q8) */
+    bool kv_q8;                /* --cache-type q8_0 */
     /* Scratch (n_batch rows of the widths in gpu_need). */
     float   *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
     float   *att_scratch, *logits, *xq;
@@ -1016,9 +1018,11 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     size_t                      *c = &g->bytes_scratch;
     bool                         ok = true;
     for (uint32_t il = g->il0; il < hp->n_layer && ok; il++) {
-        const size_t kvb = (size_t)g->n_ctx * sizeof(uint16_t);
-        ok = (g->k_cache[il] = gpu_take(a, kvb * w.kd, &g->bytes_kv)) &&
-             (g->v_cache[il] = gpu_take(a, kvb * w.vd, &g->bytes_kv));
+        /* bytes of one position: f16 values, or q8_0 blocks of 32 (34 bytes) */
+        const size_t kpb = g->kv_q8 ? w.kd / 32 * 34 : w.kd * sizeof(uint16_t);
+        const size_t vpb = g->kv_q8 ? w.vd / 32 * 34 : w.vd * sizeof(uint16_t);
+        ok = (g->k_cache[il] = gpu_take(a, (size_t)g->n_ctx * kpb, &g->bytes_kv)) &&
+             (g->v_cache[il] = gpu_take(a, (size_t)g->n_ctx * vpb, &g->bytes_kv));
     }
     ok = ok && (g->x = gpu_take(a, B * w.ne * F, c)) && (g->xn = gpu_take(a, B * w.ne * F, c)) &&
          (g->tmp = gpu_take(a, B * w.ne * F, c)) && (g->gx = gpu_take(a, B * w.ne * F, c)) &&
@@ -1096,6 +1100,9 @@ int executor_gpu_create(const struct executor_model *m, const struct executor_gp
     g->device_sort = getenv("SLUICE_MOE_DEVICE_SORT") != NULL;
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
+    /* q8_0 blocks need head dims of multiples of 32 (as on the CPU, which refuses others) */
+    g->kv_q8 =
+        pl->cache_type == COMMON_CACHE_Q8_0 && hp->head_dim_k % 32 == 0 && hp->head_dim_v % 32 == 0;
     if ((rc = gpu_put_scratch(g, e)) < 0) {
         executor_gpu_destroy(g);
         return rc;
@@ -1122,6 +1129,11 @@ void executor_gpu_destroy(struct executor_gpu *g)
     free(g);
 }
 
+bool executor_gpu_kv_q8(const struct executor_gpu *g)
+{
+    return g->kv_q8;
+}
+
 uint64_t executor_gpu_graph_steps(const struct executor_gpu *g)
 {
     return g->graph_steps;
@@ -1145,11 +1157,12 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
     const uint32_t                     nl = g->m->desc->hp.n_layer;
     snprintf(buf, len,
              "gpu: %s%d (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
-             "%.0f MiB KV (f16), %.0f MiB scratch",
+             "%.0f MiB KV (%s), %.0f MiB scratch",
              gpu_backend_name(), gw->dev, gw->info.name, gw->info.cc_major, gw->info.cc_minor,
              (double)gw->info.total_bytes / 1048576.0, gw->il0, nl - 1,
              gw->head ? " and the output head" : "", (double)gw->bytes / 1048576.0,
-             (double)g->bytes_kv / 1048576.0, (double)g->bytes_scratch / 1048576.0);
+             (double)g->bytes_kv / 1048576.0, g->kv_q8 ? "q8_0" : "f16",
+             (double)g->bytes_scratch / 1048576.0);
     uint32_t on_cpu = 0;
     for (uint32_t il = gw->il0; il < nl; il++)
         on_cpu += gw->layers[il].cpu_moe;
@@ -1437,18 +1450,23 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         float                            *att = g->att + (size_t)b->row * w.ad;
         const float *q = g->q + (size_t)b->row * w.qd, *k = g->k + (size_t)b->row * w.kd,
                     *v = g->v + (size_t)b->row * w.vd;
-        uint16_t      *kc = b->g->k_cache[il], *vc = b->g->v_cache[il];
+        void          *kc = b->g->k_cache[il], *vc = b->g->v_cache[il];
         const uint32_t kd = (uint32_t)w.kd, vd = (uint32_t)w.vd;
         /* A graph's kernels read the position from device memory (the same graph every step). */
-        const int rc =
-            g->capturing
-                ? gpu_kv_store_at(kc, vc, kd, vd, k, v, g->pos_d, b->n) < 0 ||
+        const uint32_t *pd = g->capturing ? g->pos_d : NULL;
+        const int       rc =
+            b->g->kv_q8 ? gpu_kv_store_q8(kc, vc, kd, vd, k, v, b->p0, pd, b->n) < 0 ||
+                              gpu_attention_q8(att, q, kc, vc, b->n, b->p0, pd, pd ? g->n_ctx : 0,
+                                                     hp->n_head, hp->n_head_kv, hp->head_dim_k,
+                                                     hp->head_dim_v, scale, window, g->att_scratch)
+                  : g->capturing
+                      ? gpu_kv_store_at(kc, vc, kd, vd, k, v, g->pos_d, b->n) < 0 ||
                       gpu_attention_at(att, q, kc, vc, b->n, g->pos_d, g->n_ctx, hp->n_head,
-                                       hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
-                                       g->att_scratch)
-                : gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
+                                             hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
+                                             g->att_scratch)
+                      : gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
                       gpu_attention(att, q, kc, vc, b->n, b->p0, hp->n_head, hp->n_head_kv,
-                                    hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch);
+                                          hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch);
         if (rc < 0)
             return -1;
     }

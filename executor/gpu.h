@@ -13,13 +13,17 @@ struct executor_gpu;
  * and weight types the CUDA path implements. */
 const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, size_t len);
 
-/* One sequence's device side: an f16 KV cache of n_ctx positions for the device's layers and
+/* One sequence's device side: a KV cache of n_ctx positions for the device's layers (f16, or
+ * q8_0 as pl->cache_type says) and
  * the scratch of n_batch tokens, over `shared` weights (borrowed; NULL = made for this ctx alone
  * as pl places them). Returns 0 or a negative common_err with the message in e. */
 int  executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
                          const struct executor_gpu_place *pl, uint32_t n_ctx, uint32_t n_batch,
                          struct executor_gpu **out, struct common_errmsg *e);
 void executor_gpu_destroy(struct executor_gpu *g);
+
+/* The device's KV cache is q8_0 (--cache-type q8_0 and head dims of multiples of 32). */
+bool executor_gpu_kv_q8(const struct executor_gpu *g);
 
 /* First layer on the device (n_layer when none). */
 uint32_t executor_gpu_first_layer(const struct executor_gpu *g);

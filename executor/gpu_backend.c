@@ -565,6 +565,32 @@ int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const 
                         : -1);
 }
 
+int gpu_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
+                    const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                    uint32_t n_tok)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(
+        t0, "kv_store",
+        be() && be()->kv_store_q8
+            ? be()->kv_store_q8(k_cache, v_cache, k_width, v_width, k, v, pos0, pos_dev, n_tok)
+            : -1);
+}
+
+int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
+                     uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                     uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
+                     float scale, uint32_t window, float *scratch)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "attention",
+                    be() && be()->attention_q8 && (!pos_dev || row_stride)
+                        ? be()->attention_q8(out, q, k_cache, v_cache, n_tok, pos0, pos_dev,
+                                             row_stride, n_head, n_head_kv, head_dim_k, head_dim_v,
+                                             scale, window, scratch)
+                        : -1);
+}
+
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
 {

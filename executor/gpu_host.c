@@ -1086,6 +1086,124 @@ static int h_attention(float *out, const float *q, const uint16_t *k_cache, cons
     return 0;
 }
 
+/* ---- the q8_0 KV cache --------------------------------------------------------------------- */
+
+#define HOST_Q8_BLOCK 34 /* an f16 scale and 32 int8 */
+
+/* Rows quantized by the CPU's own activation quantizer (the CUDA kernel's arithmetic). */
+static int h_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
+                         const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                         uint32_t n_tok)
+{
+    if (k_width % 32 || v_width % 32 || (k_width && (!k_cache || !k)) ||
+        (v_width && (!v_cache || !v)))
+        return h_bad("gpu_kv_store_q8: bad arguments");
+    if (pos_dev)
+        pos0 = *pos_dev;
+    const size_t kb = (size_t)k_width / 32 * HOST_Q8_BLOCK,
+                 vb = (size_t)v_width / 32 * HOST_Q8_BLOCK;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const size_t p = (size_t)pos0 + t;
+        if ((k_width && executor_quantize_act(COMMON_GGML_TYPE_Q8_0, k + (size_t)t * k_width,
+                                              (uint8_t *)k_cache + p * kb, k_width) < 0) ||
+            (v_width && executor_quantize_act(COMMON_GGML_TYPE_Q8_0, v + (size_t)t * v_width,
+                                              (uint8_t *)v_cache + p * vb, v_width) < 0))
+            return h_bad("gpu_kv_store_q8: quantizing");
+    }
+    return 0;
+}
+
+/* The dot of two q8_0 rows of n values as the CUDA kernel sums it: each block's integer dot
+ * times both scales, added block after block. */
+static float h_dot_q8(const uint8_t *a, const uint8_t *b, uint32_t n)
+{
+    float s = 0.0f;
+    for (uint32_t i = 0; i < n / 32; i++, a += HOST_Q8_BLOCK, b += HOST_Q8_BLOCK) {
+        uint16_t da, db;
+        memcpy(&da, a, 2);
+        memcpy(&db, b, 2);
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++)
+            isum += (int32_t)(int8_t)a[2 + j] * (int32_t)(int8_t)b[2 + j];
+        s += (float)isum * (executor_fp16_to_fp32(da) * executor_fp16_to_fp32(db));
+    }
+    return s;
+}
+
+/* As the CUDA kernel: the query quantized to q8_0, scores by h_dot_q8, scaled, softmax in f32,
+ * the output the probabilities (unrounded) times the dequantized values, position by position. */
+static int h_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
+                          uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev,
+                          uint32_t row_stride, uint32_t n_head, uint32_t n_head_kv,
+                          uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
+                          float *scratch)
+{
+    if (pos_dev) {
+        pos0 = *pos_dev;
+        if ((uint64_t)pos0 + n_tok > row_stride)
+            return h_bad("gpu_attention_q8: positions past the scratch's row");
+    }
+    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
+        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 || head_dim_k % 32 ||
+        head_dim_v % 32 || head_dim_k > HOST_ATT_MAX_DIM || head_dim_v > HOST_ATT_MAX_DIM ||
+        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+        return h_bad("gpu_attention_q8: bad arguments");
+    if (n_tok == 0)
+        return 0;
+    const uint32_t gqa = n_head / n_head_kv;
+    const size_t   hkb = head_dim_k / 32 * HOST_Q8_BLOCK, hvb = head_dim_v / 32 * HOST_Q8_BLOCK;
+    const size_t   krow = hkb * n_head_kv, vrow = hvb * n_head_kv;
+    uint8_t       *qb = malloc(hkb);
+    float         *sc = malloc(((size_t)pos0 + n_tok) * sizeof(float));
+    if (!qb || !sc) {
+        free(qb);
+        free(sc);
+        return h_bad("gpu_attention_q8: out of host memory");
+    }
+    int rc = 0;
+    for (uint32_t t = 0; t < n_tok && rc == 0; t++) {
+        const uint32_t last = pos0 + t + 1;
+        const uint32_t p_lo = window && last > window ? last - window : 0;
+        for (uint32_t h = 0; h < n_head && rc == 0; h++) {
+            const uint32_t kvh = h / gqa;
+            if (executor_quantize_act(COMMON_GGML_TYPE_Q8_0,
+                                      q + ((int64_t)t * n_head + h) * head_dim_k, qb,
+                                      head_dim_k) < 0) {
+                rc = h_bad("gpu_attention_q8: quantizing the query");
+                break;
+            }
+            float mx = -INFINITY;
+            for (uint32_t p = p_lo; p < last; p++) {
+                sc[p] = h_dot_q8(qb, (const uint8_t *)k_cache + p * krow + kvh * hkb, head_dim_k) *
+                        scale;
+                mx = fmaxf(mx, sc[p]);
+            }
+            float total = 0.0f;
+            for (uint32_t p = p_lo; p < last; p++) {
+                sc[p] = expf(sc[p] - mx);
+                total += sc[p];
+            }
+            const float inv = 1.0f / total;
+            float      *o = out + ((int64_t)t * n_head + h) * head_dim_v;
+            for (uint32_t d = 0; d < head_dim_v; d++)
+                o[d] = 0.0f;
+            for (uint32_t p = p_lo; p < last; p++) {
+                const float    pr = sc[p] * inv;
+                const uint8_t *vr = (const uint8_t *)v_cache + p * vrow + kvh * hvb;
+                for (uint32_t d = 0; d < head_dim_v; d++) {
+                    const uint8_t *blk = vr + (size_t)(d / 32) * HOST_Q8_BLOCK;
+                    uint16_t       dv;
+                    memcpy(&dv, blk, 2);
+                    o[d] += pr * (executor_fp16_to_fp32(dv) * (float)(int8_t)blk[2 + d % 32]);
+                }
+            }
+        }
+    }
+    free(qb);
+    free(sc);
+    return rc;
+}
+
 static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                        uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
 {
@@ -1277,6 +1395,8 @@ const struct gpu_backend *gpu_backend_host(void)
         .rope = h_rope,
         .kv_store = h_kv_store,
         .attention = h_attention,
+        .kv_store_q8 = h_kv_store_q8,
+        .attention_q8 = h_attention_q8,
         .moe_route = h_moe_route,
         .moe_sort = h_moe_sort,
         .moe_combine = h_moe_combine,

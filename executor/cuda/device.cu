@@ -632,6 +632,8 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .rope = cuda_rope,
         .kv_store = cuda_kv_store,
         .attention = cuda_attention,
+        .kv_store_q8 = cuda_kv_store_q8,
+        .attention_q8 = cuda_attention_q8,
         .moe_route = cuda_moe_route,
         .moe_sort = cuda_moe_sort,
         .moe_combine = cuda_moe_combine,

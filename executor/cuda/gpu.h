@@ -295,6 +295,23 @@ int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const 
                      uint32_t n_tok, const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
                      uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v, float scale,
                      uint32_t window, float *scratch);
+/* The q8_0 KV cache (--cache-type q8_0): position p's key row of k_width values (a multiple of
+ * 32) as q8_0 blocks (an f16 scale and 32 int8, 34 bytes) at k_cache + p * k_width / 32 * 34,
+ * quantized as the CPU's cache is (gpu_act_q8's Q8_0: d = amax / 127, round half to even); the
+ * value row likewise. pos_dev NULL: the first position is pos0, else *pos_dev (a graph). */
+int gpu_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
+                    const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                    uint32_t n_tok);
+/* gpu_attention over the q8_0 cache, as the CPU computes it with one (head dims multiples of 32):
+ * the query quantized to q8_0 the same way, each score the sum over blocks, in order, of the
+ * block's integer dot times both scales, then scaled; softmax in f32; the output the sum over
+ * positions, in order, of the probability times the dequantized value (no f16 rounding). One
+ * block per (token, head) whatever the length (no flash or split kernels). pos_dev and
+ * row_stride as gpu_attention_at (NULL and 0: pos0, and rows of pos0 + n_tok). */
+int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
+                     uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                     uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
+                     float scale, uint32_t window, float *scratch);
 /* MoE routing of n_tok tokens from router logits (n_tok rows of n_expert): probabilities by
  * softmax (gating 0) or sigmoid (gating 1); selection by top-k of probability + bias[e] (bias
  * NULL = none; ties to the lower index); weights = the chosen probabilities, divided by their sum
@@ -405,6 +422,13 @@ struct gpu_backend {
                      uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
                      float scale, uint32_t window, float *scratch);
+    int (*kv_store_q8)(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
+                       const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                       uint32_t n_tok);
+    int (*attention_q8)(float *out, const float *q, const void *k_cache, const void *v_cache,
+                        uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                        uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
+                        uint32_t head_dim_v, float scale, uint32_t window, float *scratch);
     int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                      uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
     int (*moe_sort)(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,

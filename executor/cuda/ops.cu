@@ -695,6 +695,188 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     return GPU_LAUNCHED("ops_attention_combine_kernel");
 }
 
+/* ---- the q8_0 KV cache -------------------------------------------------------------------- */
+
+#define OPS_Q8_BLOCK 34 /* an f16 scale and 32 int8 */
+
+/* 32 values quantized by a warp, lane j on value j, as the CPU's activation quantizer (and
+ * k_act_q8_32) does: d = f16(amax / 127), q = round-half-even(x * 127 / amax) in [-128, 127].
+ * Returns q; *d the scale (as a float). */
+static __device__ int ops_q8_lane(float x, float *d)
+{
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(OPS_FULL_MASK, amax, o));
+    *d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const int   q = __float2int_rn(__fmul_rn(x, id));
+    return q < -128 ? -128 : q > 127 ? 127 : q;
+}
+
+/* One warp per block of 32 of a row: warps [0, n_tok * kb) the keys' blocks, the rest the
+ * values'. kb, vb: blocks per row. */
+static __global__ void ops_kv_store_q8_kernel(uint8_t *k8, uint8_t *v8, uint32_t kb, uint32_t vb,
+                                              const float *k, const float *v, uint32_t pos0,
+                                              const uint32_t *pos_dev, uint32_t n_tok)
+{
+    const int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int     lane = threadIdx.x & 31;
+    const int64_t nk = (int64_t)n_tok * kb;
+    if (wi >= nk + (int64_t)n_tok * vb) /* the whole warp leaves together */
+        return;
+    const bool     key = wi < nk;
+    const uint32_t per = key ? kb : vb;
+    const int64_t  j = key ? wi : wi - nk, t = j / per, b = j % per;
+    const float    x = (key ? k : v)[t * per * 32 + b * 32 + lane];
+    float          d;
+    const int      q = ops_q8_lane(x, &d);
+    const int64_t  p = (int64_t)(pos_dev ? *pos_dev : pos0) + t;
+    uint8_t       *blk = (key ? k8 : v8) + (p * per + b) * OPS_Q8_BLOCK;
+    blk[2 + lane] = (uint8_t)(int8_t)q;
+    if (lane == 0)
+        *reinterpret_cast<__half *>(blk) = __float2half_rn(d); /* 34-byte blocks: 2-aligned */
+}
+
+int cuda_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
+                     const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
+                     uint32_t n_tok)
+{
+    if (k_width % 32 || v_width % 32 || (k_width && (!k_cache || !k)) ||
+        (v_width && (!v_cache || !v)))
+        return ops_bad("gpu_kv_store_q8: bad arguments");
+    const int64_t warps = (int64_t)n_tok * ((int64_t)k_width / 32 + v_width / 32);
+    if (warps == 0)
+        return 0;
+    const int64_t blocks = (warps * 32 + OPS_THREADS - 1) / OPS_THREADS;
+    if (blocks > INT32_MAX)
+        return ops_bad("gpu_kv_store_q8: too many rows");
+    ops_kv_store_q8_kernel<<<(unsigned)blocks, OPS_THREADS, 0, gpu_stream()>>>(
+        static_cast<uint8_t *>(k_cache), static_cast<uint8_t *>(v_cache), k_width / 32,
+        v_width / 32, k, v, pos0, pos_dev, n_tok);
+    return GPU_LAUNCHED("ops_kv_store_q8_kernel");
+}
+
+struct ops_att8_args {
+    float          *out;
+    const float    *q;
+    const uint8_t  *k8, *v8;
+    float          *scratch; /* (n_tok * n_head, row): scores, then probabilities */
+    const uint32_t *pos_dev;
+    uint32_t        pos0, n_head, gqa, hk, hv, window;
+    int64_t         k_row, v_row; /* bytes of one position's keys, values (every kv head) */
+    int64_t         row;
+    float           scale;
+};
+
+/* One block per (token, head), as the CPU's q8_0 path: the query quantized to q8_0 in shared
+ * memory (a warp per block of 32); pass 1, a thread per position: the blocks' integer dots times
+ * both scales, added in block order, scaled, into the scratch row; the max, exp(s - max) and
+ * their sum; pass 2, a thread per output dim: the sum over positions, in order, of the
+ * probability times the dequantized value. */
+static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
+{
+    extern __shared__ float sh8[]; /* hk / 32 scales, then hk int8 */
+    __shared__ float        red[32];
+    const uint32_t          t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
+    const uint32_t          kvh = h / a.gqa, nbk = a.hk / 32, nbv = a.hv / 32;
+    const uint32_t          pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
+    const uint32_t          last = pos0 + t + 1;
+    const uint32_t          p_lo = a.window && last > a.window ? last - a.window : 0;
+    const int               n_kv = (int)(last - p_lo);
+    const float            *qv = a.q + ((int64_t)t * a.n_head + h) * a.hk;
+    float                  *sc = a.scratch + (int64_t)blockIdx.x * a.row;
+    float                  *sd = sh8;
+    int8_t                 *sq = reinterpret_cast<int8_t *>(sh8 + nbk);
+    const unsigned          lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    for (uint32_t b = warp; b < nbk; b += blockDim.x >> 5) {
+        float     d;
+        const int q = ops_q8_lane(qv[b * 32 + lane], &d);
+        sq[b * 32 + lane] = (int8_t)q;
+        if (lane == 0)
+            sd[b] = d;
+    }
+    __syncthreads();
+
+    const uint8_t *kbase = a.k8 + (int64_t)p_lo * a.k_row + (int64_t)kvh * nbk * OPS_Q8_BLOCK;
+    float          lmax = -INFINITY;
+    for (int i = (int)threadIdx.x; i < n_kv; i += (int)blockDim.x) {
+        const uint8_t *kr = kbase + (int64_t)i * a.k_row;
+        float          s = 0.0f;
+        for (uint32_t b = 0; b < nbk; b++) {
+            const uint8_t *blk = kr + b * OPS_Q8_BLOCK;
+            const int8_t  *qs = reinterpret_cast<const int8_t *>(blk + 2);
+            int            isum = 0;
+#pragma unroll 8
+            for (int j = 0; j < 32; j++)
+                isum += (int)qs[j] * (int)sq[b * 32 + j];
+            const float dk = __half2float(*reinterpret_cast<const __half *>(blk));
+            s += (float)isum * (dk * sd[b]);
+        }
+        s *= a.scale;
+        sc[i] = s;
+        lmax = fmaxf(lmax, s);
+    }
+    const float mx = ops_block_reduce(lmax, ops_max(), red);
+    float       lsum = 0.0f;
+    for (int i = (int)threadIdx.x; i < n_kv; i += (int)blockDim.x) {
+        const float e = expf(sc[i] - mx);
+        sc[i] = e;
+        lsum += e;
+    }
+    const float    total = ops_block_reduce(lsum, ops_sum(), red); /* its barrier: sc is whole */
+    const float    inv = 1.0f / total;
+    const uint8_t *vbase = a.v8 + (int64_t)p_lo * a.v_row + (int64_t)kvh * nbv * OPS_Q8_BLOCK;
+    float         *o = a.out + ((int64_t)t * a.n_head + h) * a.hv;
+    for (uint32_t d = threadIdx.x; d < a.hv; d += blockDim.x) {
+        const uint8_t *col = vbase + (d / 32) * OPS_Q8_BLOCK;
+        float          acc = 0.0f;
+        for (int i = 0; i < n_kv; i++) {
+            const uint8_t *blk = col + (int64_t)i * a.v_row;
+            const float    dv = __half2float(*reinterpret_cast<const __half *>(blk));
+            acc += (sc[i] * inv) * (dv * (float)reinterpret_cast<const int8_t *>(blk)[2 + d % 32]);
+        }
+        o[d] = acc;
+    }
+}
+
+int cuda_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
+                      uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
+                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
+                      float scale, uint32_t window, float *scratch)
+{
+    if (pos_dev && ((uint64_t)row_stride < n_tok || row_stride > INT32_MAX))
+        return ops_bad("gpu_attention_q8: bad arguments (row stride)");
+    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
+        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 || head_dim_k % 32 ||
+        head_dim_v % 32 || head_dim_k > OPS_ATT_MAX_DIM || head_dim_v > OPS_ATT_MAX_DIM ||
+        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+        return ops_bad("gpu_attention_q8: bad arguments");
+    if (n_tok == 0)
+        return 0;
+    struct ops_att8_args a;
+    a.out = out;
+    a.q = q;
+    a.k8 = static_cast<const uint8_t *>(k_cache);
+    a.v8 = static_cast<const uint8_t *>(v_cache);
+    a.scratch = scratch;
+    a.pos_dev = pos_dev;
+    a.pos0 = pos0;
+    a.n_head = n_head;
+    a.gqa = n_head / n_head_kv;
+    a.hk = head_dim_k;
+    a.hv = head_dim_v;
+    a.window = window;
+    a.k_row = (int64_t)n_head_kv * (head_dim_k / 32) * OPS_Q8_BLOCK;
+    a.v_row = (int64_t)n_head_kv * (head_dim_v / 32) * OPS_Q8_BLOCK;
+    a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
+    a.scale = scale;
+    const size_t shm = sizeof(float) * (head_dim_k / 32) + head_dim_k;
+    ops_attention_q8_kernel<<<(unsigned)((uint64_t)n_tok * n_head), OPS_ATT_THREADS, shm,
+                              gpu_stream()>>>(a);
+    return GPU_LAUNCHED("ops_attention_q8_kernel");
+}
+
 /* ---- MoE routing -------------------------------------------------------------------------- */
 
 /* Ties to the lower index: whether candidate (v, i) beats (bv, bi); bi < 0 is no candidate. */

@@ -485,6 +485,158 @@ Test(executor_cuda_ops, attention_matches_reference, .timeout = 600)
                                                    .window = windows[wi]});
 }
 
+/* ---- the q8_0 cache ---- */
+
+#define Q8_BLOCK 34
+
+/* Runs one attention case over a q8_0 cache (gpu_kv_store_q8 then gpu_attention_q8, or the
+ * graph form with the position in device memory): the cache's bytes equal the CPU's quantizer's
+ * (executor_quantize_act), the positions before pos0 untouched, and every output is within
+ * OPS_ATT_RTOL of a double reference over the same dequantized keys and values and the query
+ * quantized the same way (sum_p prob_p |v_p| the scale). */
+static void att_q8_run(const struct att_case *ac, bool at)
+{
+    const uint32_t n_pos = ac->pos0 + ac->n_tok, kw = ac->n_head_kv * ac->hk,
+                   vw = ac->n_head_kv * ac->hv, gqa = ac->n_head / ac->n_head_kv;
+    const size_t kb = (size_t)kw / 32 * Q8_BLOCK, vb = (size_t)vw / 32 * Q8_BLOCK;
+    const size_t nq = (size_t)ac->n_tok * ac->n_head * ac->hk;
+    const size_t no = (size_t)ac->n_tok * ac->n_head * ac->hv;
+    const size_t nsc = (size_t)ac->n_tok * ac->n_head * n_pos;
+    const float  scale = 1.0f / sqrtf((float)ac->hk);
+    float       *q = xmalloc(nq * sizeof(float)), *out = xmalloc(no * sizeof(float));
+    float       *kf = xmalloc((size_t)n_pos * kw * sizeof(float));
+    float       *vf = xmalloc((size_t)n_pos * vw * sizeof(float));
+    uint8_t     *k8 = xmalloc((size_t)n_pos * kb), *v8 = xmalloc((size_t)n_pos * vb);
+    uint8_t     *want = xmalloc(kb > vb ? kb : vb), *qb = xmalloc(ac->hk / 32 * Q8_BLOCK);
+    float       *qd = xmalloc(ac->hk * sizeof(float));
+    double      *prob = xmalloc((size_t)n_pos * sizeof(double));
+    fill_gauss(q, nq, 1.0f);
+    fill_gauss(kf, (size_t)n_pos * kw, 1.0f);
+    fill_data(vf, (size_t)n_pos * vw);
+    for (size_t i = 0; i < (size_t)n_pos * kw; i += 37)
+        kf[i] = 0.0f; /* a block of zeros now and then does not hurt */
+    /* The positions before pos0 as the CPU would have stored them; the rest by the device. */
+    uint8_t *dk = dev_poisoned((size_t)n_pos * kb), *dv = dev_poisoned((size_t)n_pos * vb);
+    for (uint32_t p = 0; p < ac->pos0; p++) {
+        cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, kf + (size_t)p * kw, want, kw),
+                      0);
+        cr_assert_eq(gpu_upload(dk + p * kb, want, kb), 0);
+        cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, vf + (size_t)p * vw, want, vw),
+                      0);
+        cr_assert_eq(gpu_upload(dv + p * vb, want, vb), 0);
+    }
+    float    *dkf = dev_from(kf + (size_t)ac->pos0 * kw, (size_t)ac->n_tok * kw * sizeof(float));
+    float    *dvf = dev_from(vf + (size_t)ac->pos0 * vw, (size_t)ac->n_tok * vw * sizeof(float));
+    float    *dq = dev_from(q, nq * sizeof(float)), *dout = dev_poisoned(no * sizeof(float));
+    float    *dsc = dev_poisoned((nsc + ATT_GUARD) * sizeof(float));
+    uint32_t *dpos = dev_from(&ac->pos0, sizeof(uint32_t));
+    cr_assert_eq(
+        gpu_kv_store_q8(dk, dv, kw, vw, dkf, dvf, at ? 0 : ac->pos0, at ? dpos : NULL, ac->n_tok),
+        0, "%s", gpu_last_error());
+    cr_assert_eq(gpu_attention_q8(dout, dq, dk, dv, ac->n_tok, at ? 0 : ac->pos0, at ? dpos : NULL,
+                                  at ? n_pos : 0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv, scale,
+                                  ac->window, dsc),
+                 0, "%s", gpu_last_error());
+    dev_to(k8, dk, (size_t)n_pos * kb);
+    dev_to(v8, dv, (size_t)n_pos * vb);
+    dev_to(out, dout, no * sizeof(float));
+    for (uint32_t p = ac->pos0; p < n_pos; p++) {
+        cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, kf + (size_t)p * kw, want, kw),
+                      0);
+        cr_assert(memcmp(k8 + p * kb, want, kb) == 0, "q8_0 keys of position %u", p);
+        cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, vf + (size_t)p * vw, want, vw),
+                      0);
+        cr_assert(memcmp(v8 + p * vb, want, vb) == 0, "q8_0 values of position %u", p);
+    }
+    /* From here on, the reference reads the cache as stored: dequantized keys and values. */
+    for (uint32_t p = 0; p < n_pos; p++) {
+        cr_assert_geq(
+            executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, k8 + p * kb, kf + (size_t)p * kw, kw),
+            0);
+        cr_assert_geq(
+            executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, v8 + p * vb, vf + (size_t)p * vw, vw),
+            0);
+    }
+    for (uint32_t t = 0; t < ac->n_tok; t++)
+        for (uint32_t h = 0; h < ac->n_head; h++) {
+            const uint32_t kvh = h / gqa, last = ac->pos0 + t + 1;
+            const uint32_t lo = ac->window && last > ac->window ? last - ac->window : 0;
+            cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0,
+                                                q + ((size_t)t * ac->n_head + h) * ac->hk, qb,
+                                                ac->hk),
+                          0);
+            cr_assert_geq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, qb, qd, ac->hk), 0);
+            double mx = -(double)INFINITY, sum = 0.0;
+            for (uint32_t p = lo; p < last; p++) {
+                const float *kr = kf + (size_t)p * kw + (size_t)kvh * ac->hk;
+                double       sdot = 0.0;
+                for (uint32_t d = 0; d < ac->hk; d++)
+                    sdot += (double)qd[d] * (double)kr[d];
+                prob[p] = sdot * (double)scale;
+                mx = prob[p] > mx ? prob[p] : mx;
+            }
+            for (uint32_t p = lo; p < last; p++) {
+                prob[p] = exp(prob[p] - mx);
+                sum += prob[p];
+            }
+            const size_t o = ((size_t)t * ac->n_head + h) * ac->hv;
+            for (uint32_t d = 0; d < ac->hv; d++) {
+                double acc = 0.0, mag = 0.0;
+                for (uint32_t p = lo; p < last; p++) {
+                    const double vv = (double)vf[(size_t)p * vw + (size_t)kvh * ac->hv + d];
+                    acc += prob[p] * vv;
+                    mag += prob[p] * fabs(vv);
+                }
+                cr_assert(isfinite(out[o + d]) &&
+                              fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
+                          "q8_0 attention%s n_tok %u pos0 %u heads %u/%u dims %u/%u window %u: "
+                          "t %u h %u d %u got %.7g want %.7g",
+                          at ? " (graph form)" : "", ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv,
+                          ac->hk, ac->hv, ac->window, t, h, d, (double)out[o + d], acc / sum);
+            }
+        }
+    gpu_free(dk);
+    gpu_free(dv);
+    gpu_free(dkf);
+    gpu_free(dvf);
+    gpu_free(dq);
+    gpu_free(dout);
+    gpu_free(dsc);
+    gpu_free(dpos);
+    free(q);
+    free(out);
+    free(kf);
+    free(vf);
+    free(k8);
+    free(v8);
+    free(want);
+    free(qb);
+    free(qd);
+    free(prob);
+}
+
+/* Description: the q8_0 cache's store and attention (--cache-type q8_0 on the device): head dims
+ * 32 to 256 and unequal ones, GQA, one to 17 tokens after 0, 31, 40 and 300 positions, a
+ * window, and the graph form (the position in device memory). */
+Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {1, 0, 4, 2, 32, 32, 0},    {1, 40, 8, 2, 64, 64, 0},   {3, 31, 4, 4, 128, 128, 0},
+        {17, 0, 8, 2, 64, 64, 5},   {5, 40, 4, 1, 96, 64, 0},   {1, 300, 4, 2, 128, 128, 0},
+        {2, 33, 2, 2, 256, 256, 7}, {17, 255, 8, 8, 32, 64, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        att_q8_run(&cases[i], false);
+        att_q8_run(&cases[i], true);
+    }
+    /* Widths that are not multiples of 32 are refused, as the CPU refuses them. */
+    float *f = dev_poisoned(1024 * sizeof(float));
+    cr_assert_eq(gpu_kv_store_q8(f, f, 33, 32, f, f, 0, NULL, 1), -1);
+    cr_assert_eq(gpu_attention_q8(f, f, f, f, 1, 0, NULL, 0, 2, 1, 48, 32, 1.0f, 0, f), -1);
+    gpu_free(f);
+}
+
 /* Description: key and value head dims that differ, odd dims (2-byte loads), one dim. */
 Test(executor_cuda_ops, attention_odd_dims_match_reference)
 {

@@ -34,6 +34,9 @@ struct gpu_run {
     struct executor_ctx        *c;
 };
 
+/* The KV cache type of every ctx the tests open (run_open_at), the CPU's and the device's. */
+static enum common_cache_type g_cache_type;
+
 /* Opens a model with the layers on device 0 as pl places them. */
 static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu_place pl)
 {
@@ -43,6 +46,7 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
     cr_assert_eq(executor_model_open(path, NULL, &r->m, &e), 0, "%s", e.text);
     int rc = executor_ctx_create(r->m,
                                  &(struct executor_ctx_opts){.n_ctx = 256,
+                                                             .cache_type = g_cache_type,
                                                              .pool = r->pool,
                                                              .n_gpu_layers = pl.n_gpu_layers,
                                                              .n_cpu_moe = pl.n_cpu_moe,
@@ -688,6 +692,26 @@ Test(executor_gpu, f32_as_the_cpu, .timeout = 300)
 Test(executor_gpu, q4_0_as_the_cpu, .timeout = 300)
 {
     check_against_cpu("moe-tiny/moe-tiny-q4_0.gguf", GPU_ALL);
+}
+
+/* --cache-type q8_0 on both sides: the device's q8_0 cache (gpu_kv_store_q8, gpu_attention_q8)
+ * against the CPU's, over a 48-token prefill and 16 decode steps (the graph form), every layer
+ * on the device, then two; the placement says q8_0. */
+Test(executor_gpu, q8_0_cache_as_the_cpu, .timeout = 300)
+{
+    g_cache_type = COMMON_CACHE_Q8_0;
+    check_against_cpu("moe-tiny/moe-tiny-q8_0.gguf", GPU_ALL);
+    check_against_cpu("moe-tiny/moe-tiny-q8_0.gguf", 2);
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct gpu_run r;
+    run_open(&r, model_path, GPU_ALL);
+    char line[1024];
+    cr_assert(executor_ctx_gpu_describe(r.c, line, sizeof(line)));
+    cr_assert(strstr(line, " KV (q8_0), "), "%s", line);
+    run_close(&r);
+    g_cache_type = COMMON_CACHE_F16;
+    free(model_path);
 }
 
 Test(executor_gpu, q4_k_m_as_the_cpu, .timeout = 300)
