@@ -384,7 +384,8 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                                               .main_gpu = co.main_gpu,
                                               .vram_budget = co.vram_budget,
                                               .expert_miss = co.expert_miss,
-                                              .pool_policy = co.pool_policy};
+                                              .pool_policy = co.pool_policy,
+                                              .cache_type = co.cache_type};
         if ((rc = executor_gpu_weights_create(en->model, &pl, n_ctx, co.n_batch ? co.n_batch : 512,
                                               o->n_seqs, &en->gpu_w, &e)) < 0) {
             cli_error(en->prog, "%s", e.text[0] ? e.text : common_strerror(rc));

@@ -419,14 +419,17 @@ static size_t gpu_q8_bytes(size_t n_batch, const struct gpu_widths *w)
     return n_batch * gpu_q8_row_bytes((int64_t)cols) + 16;
 }
 
-/* Device bytes of one sequence: the KV cache of the layers from il0 and the scratch. */
+/* Device bytes of one sequence: the KV cache of the layers from il0 (f16, or q8_0: 34 bytes per
+ * 32 values) and the scratch. */
 static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool head, uint32_t n_ctx,
-                           uint32_t n_batch)
+                           uint32_t n_batch, enum common_cache_type kv)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
     const size_t                 B = n_batch;
-    size_t kb = (size_t)(hp->n_layer - il0) * n_ctx * (w.kd + w.vd) * sizeof(uint16_t);
+    const bool q8 = kv == COMMON_CACHE_Q8_0 && hp->head_dim_k % 32 == 0 && hp->head_dim_v % 32 == 0;
+    size_t     kb = (size_t)(hp->n_layer - il0) * n_ctx *
+                (q8 ? (w.kd + w.vd) / 32 * 34 : (w.kd + w.vd) * sizeof(uint16_t));
     size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
                     hp->n_rot + (w.ff > w.cols ? w.ff : w.cols));
     f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
@@ -908,7 +911,7 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
 static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint32_t n_cpu_moe,
                          uint64_t vram_budget, int32_t dev, const struct gpu_info *info,
                          size_t need, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                         struct common_errmsg *e)
+                         enum common_cache_type kv, struct common_errmsg *e)
 {
     const uint32_t nl = m->desc->hp.n_layer;
     if (need + GPU_MARGIN_BYTES <= info->free_bytes)
@@ -916,7 +919,7 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint3
     uint32_t fit = 0;
     for (uint32_t k = 1; k <= nl; k++)
         if (gpu_need_weights(m, nl - k, false, n_cpu_moe, vram_budget) +
-                n_seq * gpu_need_ctx(m, nl - k, false, n_ctx, n_batch) + GPU_MARGIN_BYTES <=
+                n_seq * gpu_need_ctx(m, nl - k, false, n_ctx, n_batch, kv) + GPU_MARGIN_BYTES <=
             info->free_bytes)
             fit = k;
     return common_errmsg_set(e, COMMON_ENOMEM,
@@ -961,9 +964,9 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
             common_format_size(all, sum, sizeof(sum)));
     }
     const size_t need = gpu_need_weights(m, il0, head, cpu_moe, pl->vram_budget) +
-                        (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch);
+                        (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch, pl->cache_type);
     int rc = gpu_check_fit(m, n_layers, cpu_moe, pl->vram_budget, dev, &info, need, n_ctx, n_batch,
-                           n_seq, e);
+                           n_seq, pl->cache_type, e);
     if (rc < 0)
         return rc;
     struct executor_gpu_weights *gw = calloc(1, sizeof(*gw));

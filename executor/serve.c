@@ -659,7 +659,8 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                                      .main_gpu = o->main_gpu,
                                                      .vram_budget = o->vram_budget,
                                                      .expert_miss = o->expert_miss,
-                                                     .pool_policy = o->pool_policy},
+                                                     .pool_policy = o->pool_policy,
+                                                     .cache_type = o->cache_type},
                         n_ctx, o->n_batch ? o->n_batch : 512, s->n_seq, &s->gpu_w, &ge)) ==
                    COMMON_EDEVICE) {
             COMMON_LOG_WARN("executor", "-ngl %d dropped, running on the CPU: %s", o->n_gpu_layers,
