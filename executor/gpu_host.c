@@ -1016,6 +1016,20 @@ static float h_round_f16(float x)
     return executor_fp16_to_fp32(executor_fp32_to_fp16(x));
 }
 
+/* The attention kernels' softmax over sc[lo, hi): exp(s - max) in place, in f32; returns one
+ * over their sum (the probabilities are sc[p] times it). */
+static float h_softmax_exp(float *sc, uint32_t lo, uint32_t hi)
+{
+    float mx = -INFINITY, total = 0.0f;
+    for (uint32_t p = lo; p < hi; p++)
+        mx = fmaxf(mx, sc[p]);
+    for (uint32_t p = lo; p < hi; p++) {
+        sc[p] = expf(sc[p] - mx);
+        total += sc[p];
+    }
+    return 1.0f / total;
+}
+
 /* As the CUDA kernel with one chunk per row: the query rounded to f16, scaled scores, their max,
  * exp(score - max) and its sum in f32, the probabilities normalised and rounded to f16 before
  * the value sum. */
@@ -1055,23 +1069,15 @@ static int h_attention(float *out, const float *q, const uint16_t *k_cache, cons
             const float   *qv = q + ((int64_t)t * n_head + h) * head_dim_k;
             for (uint32_t d = 0; d < head_dim_k; d++)
                 qr[d] = h_round_f16(qv[d]);
-            float mx = -INFINITY;
             for (uint32_t p = p_lo; p < last; p++) {
                 const uint16_t *kr = k_cache + (int64_t)p * k_width + (int64_t)kvh * head_dim_k;
                 for (uint32_t d = 0; d < head_dim_k; d++)
                     kf[d] = executor_fp16_to_fp32(kr[d]);
                 sc[p] = h_dot(qr, kf, head_dim_k) * scale;
-                mx = fmaxf(mx, sc[p]);
             }
-            float total = 0.0f;
-            for (uint32_t p = p_lo; p < last; p++) {
-                sc[p] = expf(sc[p] - mx);
-                total += sc[p];
-            }
-            const float inv = 1.0f / total;
+            const float inv = h_softmax_exp(sc, p_lo, last);
             float      *o = out + ((int64_t)t * n_head + h) * head_dim_v;
-            for (uint32_t d = 0; d < head_dim_v; d++)
-                o[d] = 0.0f;
+            memset(o, 0, head_dim_v * sizeof(*o));
             for (uint32_t p = p_lo; p < last; p++) {
                 const float     pr = h_round_f16(sc[p] * inv);
                 const uint16_t *vr = v_cache + (int64_t)p * v_width + (int64_t)kvh * head_dim_v;
@@ -1172,21 +1178,12 @@ static int h_attention_q8(float *out, const float *q, const void *k_cache, const
                 rc = h_bad("gpu_attention_q8: quantizing the query");
                 break;
             }
-            float mx = -INFINITY;
-            for (uint32_t p = p_lo; p < last; p++) {
+            for (uint32_t p = p_lo; p < last; p++)
                 sc[p] = h_dot_q8(qb, (const uint8_t *)k_cache + p * krow + kvh * hkb, head_dim_k) *
                         scale;
-                mx = fmaxf(mx, sc[p]);
-            }
-            float total = 0.0f;
-            for (uint32_t p = p_lo; p < last; p++) {
-                sc[p] = expf(sc[p] - mx);
-                total += sc[p];
-            }
-            const float inv = 1.0f / total;
+            const float inv = h_softmax_exp(sc, p_lo, last);
             float      *o = out + ((int64_t)t * n_head + h) * head_dim_v;
-            for (uint32_t d = 0; d < head_dim_v; d++)
-                o[d] = 0.0f;
+            memset(o, 0, head_dim_v * sizeof(*o));
             for (uint32_t p = p_lo; p < last; p++) {
                 const float    pr = sc[p] * inv;
                 const uint8_t *vr = (const uint8_t *)v_cache + p * vrow + kvh * hvb;

@@ -374,6 +374,48 @@ struct att_case {
 
 #define ATT_GUARD 1024 /* floats past the stated scratch size that must stay untouched */
 
+/* Checks the output of query token t, head h against a double reference: scores of the query as
+ * the kernel reads it (qr: hk values) with the keys kf, softmax, the values vf (both as stored:
+ * rows of n_head_kv heads, pos0 + n_tok of them): |out - ref| <= OPS_ATT_RTOL * sum_p prob_p
+ * |v_p| / sum_p prob_p. prob: pos0 + n_tok doubles of room. */
+static void att_check_head(const struct att_case *ac, uint32_t t, uint32_t h, const float *qr,
+                           const float *kf, const float *vf, const float *out, double *prob,
+                           const char *what)
+{
+    const uint32_t kw = ac->n_head_kv * ac->hk, vw = ac->n_head_kv * ac->hv;
+    const uint32_t kvh = h / (ac->n_head / ac->n_head_kv), last = ac->pos0 + t + 1;
+    const uint32_t lo = ac->window && last > ac->window ? last - ac->window : 0;
+    const double   scale = (double)(1.0f / sqrtf((float)ac->hk));
+    double         mx = -(double)INFINITY, sum = 0.0;
+    for (uint32_t p = lo; p < last; p++) {
+        const float *kr = kf + (size_t)p * kw + (size_t)kvh * ac->hk;
+        double       s = 0.0;
+        for (uint32_t d = 0; d < ac->hk; d++)
+            s += (double)qr[d] * (double)kr[d];
+        prob[p] = s * scale;
+        mx = prob[p] > mx ? prob[p] : mx;
+    }
+    for (uint32_t p = lo; p < last; p++) {
+        prob[p] = exp(prob[p] - mx);
+        sum += prob[p];
+    }
+    const size_t o = ((size_t)t * ac->n_head + h) * ac->hv;
+    for (uint32_t d = 0; d < ac->hv; d++) {
+        double acc = 0.0, mag = 0.0;
+        for (uint32_t p = lo; p < last; p++) {
+            const double vv = (double)vf[(size_t)p * vw + (size_t)kvh * ac->hv + d];
+            acc += prob[p] * vv;
+            mag += prob[p] * fabs(vv);
+        }
+        cr_assert(isfinite(out[o + d]) &&
+                      fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
+                  "%s n_tok %u pos0 %u heads %u/%u dims %u/%u window %u: t %u h %u d %u got %.7g "
+                  "want %.7g",
+                  what, ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv, ac->window,
+                  t, h, d, (double)out[o + d], acc / sum);
+    }
+}
+
 /* Runs one attention case on random q and an f16 cache of pos0 + n_tok positions, and checks
  * every output against a double reference on the same (f16-rounded) keys and values:
  * |gpu - ref| <= OPS_ATT_RTOL * sum_p prob_p |v_p| per output element. Also checks that no
@@ -381,7 +423,7 @@ struct att_case {
 static void att_run(const struct att_case *ac)
 {
     const uint32_t n_pos = ac->pos0 + ac->n_tok, kw = ac->n_head_kv * ac->hk,
-                   vw = ac->n_head_kv * ac->hv, gqa = ac->n_head / ac->n_head_kv;
+                   vw = ac->n_head_kv * ac->hv;
     const size_t nq = (size_t)ac->n_tok * ac->n_head * ac->hk;
     const size_t no = (size_t)ac->n_tok * ac->n_head * ac->hv;
     const size_t nk = (size_t)n_pos * kw, nvv = (size_t)n_pos * vw;
@@ -414,41 +456,15 @@ static void att_run(const struct att_case *ac)
     for (size_t i = 0; i < ATT_GUARD; i++)
         cr_assert(is_poison(&guard[i]), "attention wrote scratch float %zu past its size", nsc + i);
 
+    float *qr = xmalloc(ac->hk * sizeof(float));
     for (uint32_t t = 0; t < ac->n_tok; t++)
         for (uint32_t h = 0; h < ac->n_head; h++) {
-            const uint32_t kvh = h / gqa, last = ac->pos0 + t + 1;
-            const uint32_t lo = ac->window && last > ac->window ? last - ac->window : 0;
-            const float   *qv = q + ((size_t)t * ac->n_head + h) * ac->hk;
-            double         mx = -(double)INFINITY, sum = 0.0;
-            for (uint32_t p = lo; p < last; p++) {
-                const float *kr = kf + (size_t)p * kw + (size_t)kvh * ac->hk;
-                double       s = 0.0;
-                for (uint32_t d = 0; d < ac->hk; d++) /* the query rounded to f16 too */
-                    s +=
-                        (double)executor_fp16_to_fp32(executor_fp32_to_fp16(qv[d])) * (double)kr[d];
-                prob[p] = s * (double)scale;
-                mx = prob[p] > mx ? prob[p] : mx;
-            }
-            for (uint32_t p = lo; p < last; p++) {
-                prob[p] = exp(prob[p] - mx);
-                sum += prob[p];
-            }
-            const size_t o = ((size_t)t * ac->n_head + h) * ac->hv;
-            for (uint32_t d = 0; d < ac->hv; d++) {
-                double acc = 0.0, mag = 0.0;
-                for (uint32_t p = lo; p < last; p++) {
-                    const double vv = (double)vf[(size_t)p * vw + (size_t)kvh * ac->hv + d];
-                    acc += prob[p] * vv;
-                    mag += prob[p] * fabs(vv);
-                }
-                cr_assert(isfinite(out[o + d]) &&
-                              fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
-                          "attention n_tok %u pos0 %u heads %u/%u dims %u/%u window %u: t %u h %u "
-                          "d %u got %.7g want %.7g",
-                          ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv,
-                          ac->window, t, h, d, (double)out[o + d], acc / sum);
-            }
+            const float *qv = q + ((size_t)t * ac->n_head + h) * ac->hk;
+            for (uint32_t d = 0; d < ac->hk; d++) /* the query rounded to f16 too */
+                qr[d] = executor_fp16_to_fp32(executor_fp32_to_fp16(qv[d]));
+            att_check_head(ac, t, h, qr, kf, vf, out, prob, "attention");
         }
+    free(qr);
     gpu_free(dq);
     gpu_free(dout);
     gpu_free(dk);
@@ -497,7 +513,7 @@ Test(executor_cuda_ops, attention_matches_reference, .timeout = 600)
 static void att_q8_run(const struct att_case *ac, bool at)
 {
     const uint32_t n_pos = ac->pos0 + ac->n_tok, kw = ac->n_head_kv * ac->hk,
-                   vw = ac->n_head_kv * ac->hv, gqa = ac->n_head / ac->n_head_kv;
+                   vw = ac->n_head_kv * ac->hv;
     const size_t kb = (size_t)kw / 32 * Q8_BLOCK, vb = (size_t)vw / 32 * Q8_BLOCK;
     const size_t nq = (size_t)ac->n_tok * ac->n_head * ac->hk;
     const size_t no = (size_t)ac->n_tok * ac->n_head * ac->hv;
@@ -559,41 +575,13 @@ static void att_q8_run(const struct att_case *ac, bool at)
     }
     for (uint32_t t = 0; t < ac->n_tok; t++)
         for (uint32_t h = 0; h < ac->n_head; h++) {
-            const uint32_t kvh = h / gqa, last = ac->pos0 + t + 1;
-            const uint32_t lo = ac->window && last > ac->window ? last - ac->window : 0;
             cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0,
                                                 q + ((size_t)t * ac->n_head + h) * ac->hk, qb,
                                                 ac->hk),
                           0);
             cr_assert_geq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, qb, qd, ac->hk), 0);
-            double mx = -(double)INFINITY, sum = 0.0;
-            for (uint32_t p = lo; p < last; p++) {
-                const float *kr = kf + (size_t)p * kw + (size_t)kvh * ac->hk;
-                double       sdot = 0.0;
-                for (uint32_t d = 0; d < ac->hk; d++)
-                    sdot += (double)qd[d] * (double)kr[d];
-                prob[p] = sdot * (double)scale;
-                mx = prob[p] > mx ? prob[p] : mx;
-            }
-            for (uint32_t p = lo; p < last; p++) {
-                prob[p] = exp(prob[p] - mx);
-                sum += prob[p];
-            }
-            const size_t o = ((size_t)t * ac->n_head + h) * ac->hv;
-            for (uint32_t d = 0; d < ac->hv; d++) {
-                double acc = 0.0, mag = 0.0;
-                for (uint32_t p = lo; p < last; p++) {
-                    const double vv = (double)vf[(size_t)p * vw + (size_t)kvh * ac->hv + d];
-                    acc += prob[p] * vv;
-                    mag += prob[p] * fabs(vv);
-                }
-                cr_assert(isfinite(out[o + d]) &&
-                              fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
-                          "q8_0 attention%s n_tok %u pos0 %u heads %u/%u dims %u/%u window %u: "
-                          "t %u h %u d %u got %.7g want %.7g",
-                          at ? " (graph form)" : "", ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv,
-                          ac->hk, ac->hv, ac->window, t, h, d, (double)out[o + d], acc / sum);
-            }
+            att_check_head(ac, t, h, qd, kf, vf, out, prob,
+                           at ? "q8_0 attention (graph form)" : "q8_0 attention");
         }
     gpu_free(dk);
     gpu_free(dv);
