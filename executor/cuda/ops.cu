@@ -279,6 +279,21 @@ int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
+/* True when an attention call's arguments are not ones its kernels take: head dims multiples
+ * of `mult` (32 for the q8_0 cache) up to OPS_ATT_MAX_DIM, whole GQA groups, counts within int32,
+ * and with pos_dev a scratch row stride of at least n_tok. */
+static bool ops_att_bad(const float *out, const float *q, const void *k, const void *v,
+                        const float *scratch, uint32_t n_tok, uint32_t pos0,
+                        const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
+                        uint32_t n_head_kv, uint32_t hk, uint32_t hv, uint32_t mult)
+{
+    return (pos_dev && ((uint64_t)row_stride < n_tok || row_stride > INT32_MAX)) || !out || !q ||
+           !k || !v || !scratch || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 ||
+           hk == 0 || hv == 0 || hk % mult || hv % mult || hk > OPS_ATT_MAX_DIM ||
+           hv > OPS_ATT_MAX_DIM || (uint64_t)pos0 + n_tok > INT32_MAX ||
+           (uint64_t)n_tok * n_head > INT32_MAX;
+}
+
 /* The geometry of one gpu_attention call, shared by its blocks. */
 struct ops_att_args {
     float          *out;
@@ -632,12 +647,8 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
                    uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
                    float scale, uint32_t window, float *scratch)
 {
-    if (pos_dev && ((uint64_t)row_stride < n_tok || row_stride > INT32_MAX))
-        return ops_bad("gpu_attention: bad arguments (row stride)");
-    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
-        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
-        head_dim_k > OPS_ATT_MAX_DIM || head_dim_v > OPS_ATT_MAX_DIM ||
-        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+    if (ops_att_bad(out, q, k_cache, v_cache, scratch, n_tok, pos0, pos_dev, row_stride, n_head,
+                    n_head_kv, head_dim_k, head_dim_v, 1))
         return ops_bad("gpu_attention: bad arguments");
     if (n_tok == 0)
         return 0;
@@ -845,12 +856,8 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
                       float scale, uint32_t window, float *scratch)
 {
-    if (pos_dev && ((uint64_t)row_stride < n_tok || row_stride > INT32_MAX))
-        return ops_bad("gpu_attention_q8: bad arguments (row stride)");
-    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
-        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 || head_dim_k % 32 ||
-        head_dim_v % 32 || head_dim_k > OPS_ATT_MAX_DIM || head_dim_v > OPS_ATT_MAX_DIM ||
-        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+    if (ops_att_bad(out, q, k_cache, v_cache, scratch, n_tok, pos0, pos_dev, row_stride, n_head,
+                    n_head_kv, head_dim_k, head_dim_v, 32))
         return ops_bad("gpu_attention_q8: bad arguments");
     if (n_tok == 0)
         return 0;
