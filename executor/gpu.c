@@ -419,17 +419,29 @@ static size_t gpu_q8_bytes(size_t n_batch, const struct gpu_widths *w)
     return n_batch * gpu_q8_row_bytes((int64_t)cols) + 16;
 }
 
-/* Device bytes of one sequence: the KV cache of the layers from il0 (f16, or q8_0: 34 bytes per
- * 32 values) and the scratch. */
+/* The device keeps a q8_0 KV cache: asked for, with head dims of multiples of 32 (the CPU
+ * refuses q8_0 for others). */
+static bool gpu_kv_is_q8(const struct common_hparams *hp, enum common_cache_type kv)
+{
+    return kv == COMMON_CACHE_Q8_0 && hp->head_dim_k % 32 == 0 && hp->head_dim_v % 32 == 0;
+}
+
+/* Bytes of one position's `width` cached values: f16, or q8_0 blocks of 32 (34 bytes). */
+static size_t gpu_kv_bytes(size_t width, bool q8)
+{
+    return q8 ? width / 32 * 34 : width * sizeof(uint16_t);
+}
+
+/* Device bytes of one sequence: the KV cache of the layers from il0 and the scratch. */
 static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool head, uint32_t n_ctx,
                            uint32_t n_batch, enum common_cache_type kv)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
     const size_t                 B = n_batch;
-    const bool q8 = kv == COMMON_CACHE_Q8_0 && hp->head_dim_k % 32 == 0 && hp->head_dim_v % 32 == 0;
-    size_t     kb = (size_t)(hp->n_layer - il0) * n_ctx *
-                (q8 ? (w.kd + w.vd) / 32 * 34 : (w.kd + w.vd) * sizeof(uint16_t));
+    const bool                   q8 = gpu_kv_is_q8(hp, kv);
+    size_t                       kb =
+        (size_t)(hp->n_layer - il0) * n_ctx * (gpu_kv_bytes(w.kd, q8) + gpu_kv_bytes(w.vd, q8));
     size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
                     hp->n_rot + (w.ff > w.cols ? w.ff : w.cols));
     f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
@@ -719,10 +731,6 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     return 0;
 }
 
-/* The slot of expert x of layer il, pinned for this round: where it is, or one taken for it
- * (an empty slot, else the least recently used one no expert of this round holds) and put on
- * the round's list of copies. The caller holds the lock, and keeps the round's experts within
- * the slots. */
 /* Slot s's decayed use count now (--policy lfu). */
 static double gpu_pool_lfu_now(const struct gpu_xpool *px, uint32_t s)
 {
@@ -743,12 +751,17 @@ static bool gpu_pool_before(const struct gpu_xpool *px, uint32_t i, int32_t s)
     return px->last[i] < px->last[s];
 }
 
+/* The slot of expert x of layer il, pinned for this round: where it is, or one taken for it
+ * (an empty slot, else the one gpu_pool_before gives up first that no expert of this round holds)
+ * and put on the round's list of copies. The caller holds the lock, and keeps the round's experts
+ * within the slots. */
 static int32_t gpu_pool_take(struct gpu_xpool *px, uint32_t il, uint32_t x)
 {
     const uint32_t key = il * px->n_expert + x;
     int32_t        s = px->slot_of[key];
+    const bool     hit = s >= 0;
     px->tick++;
-    if (s < 0) {
+    if (!hit) {
         for (uint32_t i = 0; i < px->n_slots; i++) {
             if (px->owner[i] == UINT32_MAX) {
                 s = (int32_t)i;
@@ -764,13 +777,11 @@ static int32_t gpu_pool_take(struct gpu_xpool *px, uint32_t il, uint32_t x)
         px->miss_x[px->n_miss] = x;
         px->miss_s[px->n_miss++] = (uint32_t)s;
         px->misses++;
-        if (px->lfu)
-            px->lfu[s] = 0.0; /* a new expert's count starts over */
     } else {
         px->hits++;
     }
-    if (px->lfu) {
-        px->lfu[s] = gpu_pool_lfu_now(px, (uint32_t)s) + 1.0;
+    if (px->lfu) { /* a new expert's count starts at this use */
+        px->lfu[s] = (hit ? gpu_pool_lfu_now(px, (uint32_t)s) : 0.0) + 1.0;
         px->lfu_at[s] = px->tick;
     }
     px->last[s] = px->tick;
@@ -1021,11 +1032,9 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     size_t                      *c = &g->bytes_scratch;
     bool                         ok = true;
     for (uint32_t il = g->il0; il < hp->n_layer && ok; il++) {
-        /* bytes of one position: f16 values, or q8_0 blocks of 32 (34 bytes) */
-        const size_t kpb = g->kv_q8 ? w.kd / 32 * 34 : w.kd * sizeof(uint16_t);
-        const size_t vpb = g->kv_q8 ? w.vd / 32 * 34 : w.vd * sizeof(uint16_t);
-        ok = (g->k_cache[il] = gpu_take(a, (size_t)g->n_ctx * kpb, &g->bytes_kv)) &&
-             (g->v_cache[il] = gpu_take(a, (size_t)g->n_ctx * vpb, &g->bytes_kv));
+        ok =
+            (g->k_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.kd, g->kv_q8), &g->bytes_kv)) &&
+            (g->v_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.vd, g->kv_q8), &g->bytes_kv));
     }
     ok = ok && (g->x = gpu_take(a, B * w.ne * F, c)) && (g->xn = gpu_take(a, B * w.ne * F, c)) &&
          (g->tmp = gpu_take(a, B * w.ne * F, c)) && (g->gx = gpu_take(a, B * w.ne * F, c)) &&
@@ -1103,9 +1112,7 @@ int executor_gpu_create(const struct executor_model *m, const struct executor_gp
     g->device_sort = getenv("SLUICE_MOE_DEVICE_SORT") != NULL;
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
-    /* q8_0 blocks need head dims of multiples of 32 (as on the CPU, which refuses others) */
-    g->kv_q8 =
-        pl->cache_type == COMMON_CACHE_Q8_0 && hp->head_dim_k % 32 == 0 && hp->head_dim_v % 32 == 0;
+    g->kv_q8 = gpu_kv_is_q8(hp, pl->cache_type);
     if ((rc = gpu_put_scratch(g, e)) < 0) {
         executor_gpu_destroy(g);
         return rc;
@@ -1457,20 +1464,22 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         const uint32_t kd = (uint32_t)w.kd, vd = (uint32_t)w.vd;
         /* A graph's kernels read the position from device memory (the same graph every step). */
         const uint32_t *pd = g->capturing ? g->pos_d : NULL;
-        const int       rc =
-            b->g->kv_q8 ? gpu_kv_store_q8(kc, vc, kd, vd, k, v, b->p0, pd, b->n) < 0 ||
-                              gpu_attention_q8(att, q, kc, vc, b->n, b->p0, pd, pd ? g->n_ctx : 0,
-                                                     hp->n_head, hp->n_head_kv, hp->head_dim_k,
-                                                     hp->head_dim_v, scale, window, g->att_scratch)
-                  : g->capturing
-                      ? gpu_kv_store_at(kc, vc, kd, vd, k, v, g->pos_d, b->n) < 0 ||
-                      gpu_attention_at(att, q, kc, vc, b->n, g->pos_d, g->n_ctx, hp->n_head,
-                                             hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
-                                             g->att_scratch)
-                      : gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
-                      gpu_attention(att, q, kc, vc, b->n, b->p0, hp->n_head, hp->n_head_kv,
-                                          hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch);
-        if (rc < 0)
+        int             rc;
+        if (b->g->kv_q8)
+            rc = gpu_kv_store_q8(kc, vc, kd, vd, k, v, b->p0, pd, b->n) < 0 ||
+                 gpu_attention_q8(att, q, kc, vc, b->n, b->p0, pd, pd ? g->n_ctx : 0, hp->n_head,
+                                  hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
+                                  g->att_scratch) < 0;
+        else if (pd)
+            rc =
+                gpu_kv_store_at(kc, vc, kd, vd, k, v, pd, b->n) < 0 ||
+                gpu_attention_at(att, q, kc, vc, b->n, pd, g->n_ctx, hp->n_head, hp->n_head_kv,
+                                 hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch) < 0;
+        else
+            rc = gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
+                 gpu_attention(att, q, kc, vc, b->n, b->p0, hp->n_head, hp->n_head_kv,
+                               hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch) < 0;
+        if (rc)
             return -1;
     }
     if (gl->attn_sub_norm && gpu_rmsnorm(g->att, (int64_t)w.ad, g->att, (int64_t)w.ad,

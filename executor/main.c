@@ -28,7 +28,7 @@ struct main_config {
     int32_t                   n_cpu_moe;
     uint64_t                  vram_budget;
     enum executor_expert_miss expert_miss;
-    int                       pool_lfu; /* --policy: 0 lru, 1 lfu */
+    enum executor_pool_policy pool_policy; /* --policy */
 };
 
 #define PROG "sluice-executor"
@@ -143,7 +143,7 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
         EXECUTOR_EXPERT_MISS_OPT(&c->expert_miss),
         {.name = "policy",
          .type = COMMON_OPT_CHOICE,
-         .target = &c->pool_lfu,
+         .target = &c->pool_policy,
          .choices = k_policies,
          .help = "with --vram-budget, which expert the device pool gives up: the least recently "
                  "(lru) or frequently (lfu) used, as the fetchers' --policy",
@@ -294,8 +294,7 @@ static int main_run(const struct main_config *c)
                                      .n_cpu_moe = c->n_cpu_moe,
                                      .vram_budget = c->vram_budget,
                                      .expert_miss = c->expert_miss,
-                                     .pool_policy =
-                                         c->pool_lfu ? EXECUTOR_POOL_LFU : EXECUTOR_POOL_LRU};
+                                     .pool_policy = c->pool_policy};
     if ((rc = executor_serve_start(&so, &st.serve, &e)) < 0) {
         fprintf(stderr, PROG ": error: cannot serve in %s: %s\n", c->run_dir,
                 e.text[0] ? e.text : common_strerror(rc));
