@@ -438,8 +438,10 @@ void proto_client_close(struct proto_client *c);
  * one fail). For a peer that stopped answering: once, under load, an executor got no reply from
  * a restarted fetcher for 30 s while that fetcher's listener accepted new connections (its
  * watchdog probes passed), i.e. the client's dialer was stuck; so callers waiting for a restarted
- * server start over with a new dialer after a call times out. Returns 0 or COMMON_EIO /
- * COMMON_ENOMEM (the old socket is kept). Not thread-safe against calls on the same client. */
+ * server start over with a new dialer after a call times out. The old socket is closed on a
+ * thread of its own (nng 1.5.2 may never return from closing a socket whose dial failed in the
+ * handshake). Returns 0 or COMMON_EIO / COMMON_ENOMEM (the old socket is kept). Not thread-safe
+ * against calls on the same client. */
 int proto_client_reopen(struct proto_client *c, struct common_errmsg *e);
 
 /* Sends `req` and waits up to `timeout_ms` for the reply, decoded into *rep (release it with

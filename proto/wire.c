@@ -267,7 +267,7 @@ static void wire_pipe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
 }
 
 /* One probe's socket and what its pipe callback sets. The callback gets this, never the server:
- * the socket is closed on a thread of its own (wire_probe_release), which may outlive the server
+ * the socket is closed on a thread of its own (wire_close_detached), which may outlive the server
  * when nng_close() hangs. */
 struct wire_probe_sock {
     nng_socket  sock;
@@ -283,29 +283,47 @@ static void wire_probe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
         atomic_store(&ps->added, true);
 }
 
-static void *wire_probe_closer_main(void *arg)
+/* A socket to close, and what to free once it is closed (what its callbacks may use until). */
+struct wire_closing {
+    nng_socket sock;
+    void      *owned;
+};
+
+static void *wire_closer_main(void *arg)
 {
-    struct wire_probe_sock *ps = arg;
-    nng_close(ps->sock);
-    free(ps);
+    struct wire_closing *c = arg;
+    nng_close(c->sock);
+    free(c->owned);
+    free(c);
     return NULL;
 }
 
-/* Closes a probe socket without waiting for it: nng 1.5.2's nng_close() was seen to hang on a
- * socket whose dial was stuck in the handshake (a router resumed after a 20 s SIGSTOP), and the
- * watchdog must go on watching. When no thread can be made, it closes here. */
-static void wire_probe_release(struct wire_probe_sock *ps)
+/* Closes `sock` without waiting for it, then frees `owned`: nng 1.5.2's nng_close() hangs for
+ * good on a socket whose dialer saw a handshake fail (its ipc transport frees the failed pipe but
+ * leaves it on the endpoint's list that close walks; fixed upstream in 2024). That happens to a
+ * probe (a router resumed after a 20 s SIGSTOP) and to a client whose server was killed while it
+ * connected (a router waiting for an executor killed right after its start, seen in CI): the
+ * caller must go on. When no thread can be made, it closes here. */
+static void wire_close_detached(nng_socket sock, void *owned)
 {
+    struct wire_closing *c = malloc(sizeof(*c));
+    if (!c) {
+        nng_close(sock);
+        free(owned);
+        return;
+    }
+    c->sock = sock;
+    c->owned = owned;
     pthread_attr_t attr;
     pthread_t      t;
     bool           started = false;
     if (pthread_attr_init(&attr) == 0) {
         if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
-            started = pthread_create(&t, &attr, wire_probe_closer_main, ps) == 0;
+            started = pthread_create(&t, &attr, wire_closer_main, c) == 0;
         pthread_attr_destroy(&attr);
     }
     if (!started)
-        wire_probe_closer_main(ps);
+        wire_closer_main(c);
 }
 
 /* A CLOCK_MONOTONIC deadline `ms` from now. */
@@ -358,7 +376,7 @@ static int wire_probe(struct proto_server *s)
     if (rv == 0)
         rv = nng_dial(ps->sock, s->url, NULL, NNG_FLAG_NONBLOCK);
     if (rv != 0) {
-        wire_probe_release(ps);
+        wire_close_detached(ps->sock, ps);
         return -1;
     }
     struct timespec until = wire_deadline(WIRE_PROBE_MS);
@@ -376,7 +394,7 @@ static int wire_probe(struct proto_server *s)
     bool probe_added = atomic_load(&ps->added);
     int  result = s->added != base ? 1 : s->stopping || !probe_added ? -1 : 0;
     pthread_mutex_unlock(&s->mu);
-    wire_probe_release(ps);
+    wire_close_detached(ps->sock, ps);
     return result;
 }
 
@@ -663,7 +681,7 @@ int proto_client_reopen(struct proto_client *c, struct common_errmsg *e)
     int        rc = wire_client_sock(c->url, &fresh, e);
     if (rc < 0)
         return rc;
-    nng_close(c->sock);
+    wire_close_detached(c->sock, NULL); /* the old one may be stuck in a failed handshake */
     c->sock = fresh;
     return COMMON_OK;
 }

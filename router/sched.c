@@ -219,9 +219,13 @@ static void sched_assign(struct router_serve *s)
  * request so the next rounds replay its prompt and tokens. */
 static void sched_recover(struct router_serve *s)
 {
+    atomic_store(&s->recover_since_ns, common_now_ns());
     pthread_mutex_lock(&s->mu);
     s->degraded = true;
     pthread_mutex_unlock(&s->mu);
+    if (getenv("SLUICE_TEST_ROUTER_WEDGE")) /* tests: a call that never returns (watchdog) */
+        for (;;)
+            serve_sleep_ms(1000);
     router_exec_segments_close(s);
     COMMON_LOG_WARN(SERVE_COMP, "executor lost (pid %u); waiting for it to come back", s->exec_pid);
     uint32_t timeout_s = s->o.connect_timeout_s ? s->o.connect_timeout_s : 30;
@@ -266,6 +270,7 @@ static void sched_recover(struct router_serve *s)
                                 s->exec_pid, s->n_active);
             }
             pthread_mutex_unlock(&s->mu);
+            atomic_store(&s->recover_since_ns, 0);
             return;
         }
         pthread_mutex_unlock(&s->mu);

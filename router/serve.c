@@ -140,6 +140,31 @@ static int serve_load_model(struct router_serve *s, struct common_errmsg *e)
     return 0;
 }
 
+/* The scheduler's safety net. A wait for the executor that outlives its own deadline by
+ * SERVE_WEDGE_GRACE_S is stuck in a call that does not return (nng 1.5.2 was seen never to
+ * return from closing a socket whose dial failed in the handshake, and the scheduler then waited
+ * for ever): the router exits with a clear line, its monitor restarts it, and clients send their
+ * requests again to the new one with the tokens they have (nothing is lost). */
+static void *router_watch_main(void *arg)
+{
+    struct router_serve *s = arg;
+    const uint64_t       wait_s = s->o.connect_timeout_s ? s->o.connect_timeout_s : 30;
+    const uint64_t       limit_ns = (wait_s + SERVE_WEDGE_GRACE_S) * 1000000000ull;
+    while (!atomic_load(&s->watch_stop)) {
+        serve_sleep_ms(250);
+        uint64_t since = atomic_load(&s->recover_since_ns), now = common_now_ns();
+        if (since && now > since && now - since > limit_ns) {
+            COMMON_LOG_ERR(SERVE_COMP,
+                           "the wait for the executor is stuck (%llu s, its deadline %llu s): "
+                           "exiting for the monitor to restart the router",
+                           (unsigned long long)((now - since) / 1000000000ull),
+                           (unsigned long long)wait_s);
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
 int router_serve_create(const struct router_serve_opts *o, struct router_serve **out,
                         struct common_errmsg *e)
 {
@@ -197,6 +222,11 @@ int router_serve_create(const struct router_serve_opts *o, struct router_serve *
         goto fail;
     }
     s->sched_started = true;
+    if (pthread_create(&s->watch, NULL, router_watch_main, s) != 0) {
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "cannot start the watchdog thread");
+        goto fail;
+    }
+    s->watch_started = true;
     if (o->http_addr && o->http_addr[0] && (rc = router_http_start(s, e)) < 0)
         goto fail;
     /* Long polls hold a worker each but return within their timeout; requests beyond the
@@ -286,7 +316,10 @@ void router_serve_destroy(struct router_serve *s)
     proto_service_stop(s->svc); /* waits for handlers: none touches s afterwards */
     s->svc = NULL;
     if (s->sched_started)
-        pthread_join(s->sched, NULL);
+        pthread_join(s->sched, NULL); /* still watched: a stuck wait ends the process */
+    atomic_store(&s->watch_stop, true);
+    if (s->watch_started)
+        pthread_join(s->watch, NULL);
     router_exec_segments_close(s);
     proto_client_close(s->exec);
     while (s->head) {

@@ -129,6 +129,23 @@ static int log_count(const char *dir, const char *name, const char *text)
     return n;
 }
 
+/* The last lines of the client's errors and of the router's and the monitor's logs in `dir`, for
+ * a failure message (CI shows the message, not the files). */
+static const char *last_words(const char *dir)
+{
+    static char out[4096];
+    char        cmd[2048];
+    int         st;
+    snprintf(cmd, sizeof(cmd),
+             "cd '%s' && for f in gen.err logs/router.log logs/sluicectl.log; do [ -s $f ] && "
+             "echo \"  $f: $(tail -n 3 $f | cut -c1-200 | tr '\\n' '|')\"; done; true",
+             dir);
+    char *s = sh(cmd, &st);
+    snprintf(out, sizeof(out), "%s", s);
+    free(s);
+    return out;
+}
+
 /* Waits until `name`'s pid file names a live process other than `old`. */
 static void wait_restarted(const char *dir, const char *name, pid_t old, double secs)
 {
@@ -249,7 +266,7 @@ static void assert_daemons_equal_one_process(const char *dir, const char *model,
              dir, k_prompt, sampling, dir);
     char *got = sh(cmd, &st);
     down(dir);
-    cr_assert_eq(st, 0, "%s: sluice generate failed (%s/gen.err)", what, dir);
+    cr_assert_eq(st, 0, "%s: sluice generate failed (%s/gen.err)\n%s", what, dir, last_words(dir));
     cr_assert_gt(strlen(want), 20);
     cr_assert_str_eq(got, want, "%s daemons: '%s'\none process: '%s'", what, got, want);
     cr_log_info("%s: %zu bytes of text identical through the daemons", what, strlen(got));
@@ -517,7 +534,8 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
         free(stats);
     }
     down(dir);
-    cr_assert_eq(st, 0, "generate failed after kill -9 %s (%s/gen.err)", victim, dir);
+    cr_assert_eq(st, 0, "generate failed after kill -9 %s (%s/gen.err)\n%s", victim, dir,
+                 last_words(dir));
     cr_assert_str_eq(buf, want, "after kill -9 %s: '%s'\nundisturbed: '%s'", victim, buf, want);
     free(want);
     free(model);
@@ -648,8 +666,45 @@ Test(pipeline_faults, executor_killed_seven_times_costs_time_not_the_request, .t
     }
     int st = gen_finish(&g, buf, sizeof(buf), have, 300);
     down(dir);
-    cr_assert_eq(st, 0, "generate failed after 7 kills of the executor (%s/gen.err)", dir);
+    cr_assert_eq(st, 0, "generate failed after 7 kills of the executor (%s/gen.err)\n%s", dir,
+                 last_words(dir));
     cr_assert_str_eq(buf, want, "after 7 kills: '%s'\nundisturbed: '%s'", buf, want);
+    free(want);
+    free(model);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* A router whose wait for a restarted executor never returns (SLUICE_TEST_ROUTER_WEDGE stands
+ * for the nng call seen to hang there in CI) is ended by its watchdog once the wait outlived its
+ * deadline (--connect-timeout 3 here) by 15 s; the monitor restarts it and the client's request
+ * completes with the undisturbed text. */
+Test(pipeline_faults, router_stuck_waiting_for_the_executor_exits_and_loses_nothing, .timeout = 600,
+     .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char *model = slow_model(dir);
+    char *want = one_process(model, 200, "--temp 0");
+    setenv("SLUICE_TEST_ROUTER_WEDGE", "1", 1); /* the daemons inherit it; the router reads it */
+    up(dir, model, 1, "--max-restart-delay 1 --router-args '--connect-timeout 3'");
+    unsetenv("SLUICE_TEST_ROUTER_WEDGE");
+    cr_assert_eq(connect_timeout_of(dir, "router"), 3);
+    pid_t       router = read_pid(dir, "router");
+    struct gen  g = gen_start(dir, 200, "--temp 0");
+    static char buf[1 << 16];
+    size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
+    cr_assert_gt(have, 0, "no output before the kill");
+    pid_t pid = read_pid(dir, "executor");
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    wait_restarted(dir, "router", router, 240);
+    int st = gen_finish(&g, buf, sizeof(buf), have, 300);
+    int stuck = log_count(dir, "router", "the wait for the executor is stuck");
+    down(dir);
+    cr_assert_eq(st, 0, "generate failed after the router was stuck (%s/gen.err)\n%s", dir,
+                 last_words(dir));
+    cr_assert_eq(stuck, 1, "the watchdog's line is in the router's log once");
+    cr_assert_str_eq(buf, want, "after a stuck router: '%s'\nundisturbed: '%s'", buf, want);
     free(want);
     free(model);
     fixture_rmtree(dir);
