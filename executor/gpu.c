@@ -951,12 +951,12 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
     *out = NULL;
-    const char *no = executor_gpu_unsupported(m, why, sizeof(why));
-    if (no)
-        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
     struct gpu_info info;
     if (gpu_select(dev, &info, why, sizeof(why)) < 0)
         return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
+    const char *no = executor_gpu_unsupported(m, why, sizeof(why));
+    if (no)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
     const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
     const uint32_t il0 = hp->n_layer - on;
     const bool     head = (uint32_t)n_layers > hp->n_layer;
@@ -2227,11 +2227,11 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
 
 bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len)
 {
-    const char *no = executor_gpu_unsupported(m, why, len);
-    if (no) {
-        if (no != why)
-            snprintf(why, len, "%s", no);
+    /* The device first: without a backend no type is supported, which is not the reason. */
+    if (gpu_select(dev, NULL, why, len) < 0)
         return false;
-    }
-    return gpu_select(dev, NULL, why, len) == 0;
+    const char *no = executor_gpu_unsupported(m, why, len);
+    if (no && no != why)
+        snprintf(why, len, "%s", no);
+    return !no;
 }

@@ -242,6 +242,17 @@ Test(cli_run, ngl_gives_the_cpu_tokens_on_a_device_or_without_one, .timeout = 12
                   strstr(err, "gpu: CUDA0 (") != NULL,
               "neither a placement nor a warning:\n%s", err);
     cr_log_info("%s", err);
+    /* Without a backend the warning says so, not that a weight type cannot be read. */
+    snprintf(cmd, sizeof(cmd),
+             "SLUICE_GPU_BACKEND=none %s run -m %s -p hi -n 2 --temp 0 -t 2 -ngl 999 2>&1 "
+             ">/dev/null",
+             SLUICE, model);
+    char *none = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", none);
+    cr_assert(strstr(none, "warning: -ngl 999 ignored, running on the CPU: no device backend "
+                           "(SLUICE_GPU_BACKEND=none)\n") != NULL,
+              "%s", none);
+    free(none);
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --device CUDA9x 2>&1", SLUICE, model);
     char *bad = sh(cmd, &st);
     cr_assert_eq(st, 2, "a bad --device is a usage error (exit 2), got %d:\n%s", st, bad);
