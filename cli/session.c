@@ -233,9 +233,11 @@ static void engine_token_begin(void *arg)
     fetcher_token_begin(arg);
 }
 
-/* Opens the streamed model: plan, fetcher, resident weights, model. */
+/* Opens the streamed model: plan, fetcher, resident weights, model. The plan leaves out the KV
+ * of the last `n_dev` layers (a device holds it). */
 static int engine_open_stream(struct cli_engine *en, const char *path,
-                              const struct cli_engine_opts *o, struct common_errmsg *e)
+                              const struct cli_engine_opts *o, uint32_t n_dev,
+                              struct common_errmsg *e)
 {
     const struct cli_stream_opts *so = &en->so;
     int                           rc;
@@ -257,7 +259,8 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
              &(struct common_ctx_layout_opts){.n_ctx = o->ctx.n_ctx,
                                               .n_batch = o->ctx.n_batch,
                                               .n_threads = executor_threadpool_n_threads(en->pool),
-                                              .cache_type = o->ctx.cache_type},
+                                              .cache_type = o->ctx.cache_type,
+                                              .n_device_layers = n_dev},
              &lay, e)) < 0)
         return rc;
     enum fetcher_io_mode io = so->io_set ? so->io : FETCHER_IO_AUTO;
@@ -274,25 +277,7 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                               .mmap_advise = so->mmap_advise};
     if ((rc = fetcher_create(en->gguf, en->desc, &fo, &en->fetcher, e)) < 0)
         return rc;
-    const struct fetcher_plan *plan = fetcher_get_plan(en->fetcher);
-    if (so->ram_budget) {
-        char buf[2048];
-        fetcher_plan_format(plan, buf, sizeof(buf));
-        fputs(buf, stderr);
-    }
-    enum fetcher_io_mode mode = fetcher_get_io_mode(en->fetcher);
-    char                 sz[32];
-    if (mode == FETCHER_IO_MMAP)
-        fprintf(stderr,
-                "experts: io mmap%s (the page cache decides what stays; the budget is not "
-                "enforced in-process: run under a memory cgroup)\n",
-                so->mmap_advise ? ", madvise(WILLNEED) on requested experts" : "");
-    else
-        fprintf(stderr, "experts: io %s%s, policy %s, pool %u slots of %s, queue depth %u\n",
-                fetcher_io_mode_name(mode), fetcher_is_direct(en->fetcher) ? " (O_DIRECT)" : "",
-                fetcher_policy_name(so->policy), plan->n_slots,
-                common_format_size(plan->slot_bytes, sz, sizeof(sz)),
-                so->queue_depth ? so->queue_depth : 32);
+    enum fetcher_io_mode          mode = fetcher_get_io_mode(en->fetcher);
     struct executor_expert_source src = {.acquire = engine_acquire,
                                          .release = engine_release,
                                          .request = engine_request,
@@ -315,6 +300,48 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
     return 0;
 }
 
+/* Prints the streamed model's plan (under a budget) and how its experts are read. */
+static void engine_print_stream(const struct cli_engine *en)
+{
+    const struct cli_stream_opts *so = &en->so;
+    const struct fetcher_plan    *plan = fetcher_get_plan(en->fetcher);
+    if (so->ram_budget) {
+        char buf[2048];
+        fetcher_plan_format(plan, buf, sizeof(buf));
+        fputs(buf, stderr);
+    }
+    enum fetcher_io_mode mode = fetcher_get_io_mode(en->fetcher);
+    char                 sz[32];
+    if (mode == FETCHER_IO_MMAP)
+        fprintf(stderr,
+                "experts: io mmap%s (the page cache decides what stays; the budget is not "
+                "enforced in-process: run under a memory cgroup)\n",
+                so->mmap_advise ? ", madvise(WILLNEED) on requested experts" : "");
+    else
+        fprintf(stderr, "experts: io %s%s, policy %s, pool %u slots of %s, queue depth %u\n",
+                fetcher_io_mode_name(mode), fetcher_is_direct(en->fetcher) ? " (O_DIRECT)" : "",
+                fetcher_policy_name(so->policy), plan->n_slots,
+                common_format_size(plan->slot_bytes, sz, sizeof(sz)),
+                so->queue_depth ? so->queue_depth : 32);
+}
+
+/* Frees what engine_open_stream made (the model borrows desc and its weights: in order). */
+static void engine_close_stream(struct cli_engine *en)
+{
+    struct executor_weights *w = en->model ? executor_model_weights(en->model) : NULL;
+    executor_model_destroy(en->model);
+    executor_weights_destroy(w);
+    fetcher_destroy(en->fetcher);
+    if (en->desc)
+        common_model_fini(en->desc);
+    free(en->desc);
+    common_gguf_close(en->gguf);
+    en->model = NULL;
+    en->fetcher = NULL;
+    en->desc = NULL;
+    en->gguf = NULL;
+}
+
 int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_stream_opts *so,
                     const struct cli_engine_opts *o)
 {
@@ -328,15 +355,32 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         cli_error(en->prog, "thread pool: %s", common_strerror(rc));
         goto out_close;
     }
-    if (cli_stream_is_on(&en->so))
-        rc = engine_open_stream(en, path, o, &e);
+    const bool stream = cli_stream_is_on(&en->so);
+    const bool want_gpu = en->so.n_gpu_layers > 0 && en->so.main_gpu >= 0;
+    /* The plan leaves out the KV of the layers on a device. Whether the device takes this model
+     * is known once it is open (its architecture and types): if not, it opens again with all
+     * the KV in the plan (nothing was read yet). */
+    uint32_t n_dev = stream && want_gpu && executor_gpu_usable(NULL, en->so.main_gpu, NULL, 0)
+                         ? (uint32_t)en->so.n_gpu_layers
+                         : 0;
+    if (stream)
+        rc = engine_open_stream(en, path, o, n_dev, &e);
     else
         rc = executor_model_open(path, &(struct executor_model_opts){.populate = o->populate},
                                  &en->model, &e);
+    char why[256] = "";
+    bool gpu_ok =
+        rc >= 0 && want_gpu && executor_gpu_usable(en->model, en->so.main_gpu, why, sizeof(why));
+    if (rc >= 0 && n_dev && !gpu_ok) {
+        engine_close_stream(en);
+        rc = engine_open_stream(en, path, o, 0, &e);
+    }
     if (rc < 0) {
         cli_error_path(en->prog, path, rc, &e);
         goto out_close;
     }
+    if (stream)
+        engine_print_stream(en);
     struct executor_ctx_opts co = o->ctx;
     co.pool = en->pool;
     co.no_prefetch = co.no_prefetch || en->so.no_prefetch;
@@ -357,10 +401,9 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     if (en->so.expert_miss != EXECUTOR_MISS_COPY && !en->so.vram_budget)
         fprintf(stderr, "%s: warning: --expert-miss %s ignored: it needs --vram-budget\n", en->prog,
                 executor_expert_miss_name(en->so.expert_miss));
-    if (en->so.n_gpu_layers > 0 && en->so.main_gpu >= 0) {
+    if (want_gpu) {
         /* As llama.cpp: without a usable device the layers stay on the CPU, with a warning. */
-        char why[256] = "";
-        if (executor_gpu_usable(en->model, en->so.main_gpu, why, sizeof(why))) {
+        if (gpu_ok) {
             co.n_gpu_layers = en->so.n_gpu_layers;
             co.main_gpu = en->so.main_gpu;
             co.n_cpu_moe = en->so.n_cpu_moe;
@@ -519,17 +562,10 @@ int cli_engine_close(struct cli_engine *en)
     executor_ctx_destroy(en->ctx);
     en->ctx = NULL;
     executor_gpu_weights_destroy(en->gpu_w);
-    if (en->desc) {
-        /* Streaming: the model borrows desc and its weights; free them in order. */
-        struct executor_weights *w = en->model ? executor_model_weights(en->model) : NULL;
+    if (en->desc)
+        engine_close_stream(en);
+    else
         executor_model_destroy(en->model);
-        executor_weights_destroy(w);
-        fetcher_destroy(en->fetcher);
-        common_model_fini(en->desc);
-        free(en->desc);
-    } else {
-        executor_model_destroy(en->model);
-    }
     common_gguf_close(en->gguf);
     executor_threadpool_destroy(en->pool);
     memset(en, 0, sizeof(*en));

@@ -805,10 +805,12 @@ enum common_ctx_buf {
 #define COMMON_CTX_MAX_CTX     (1u << 24)
 
 struct common_ctx_layout_opts {
-    uint32_t               n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
-    uint32_t               n_batch;    /* tokens per forward batch; 0 = 512 (at most n_ctx) */
-    uint32_t               n_threads;  /* threads with per-thread scratch; 0 = 1 */
-    enum common_cache_type cache_type; /* 0 = f16 */
+    uint32_t               n_ctx;           /* KV positions; 0 = min(context_length, 4096) */
+    uint32_t               n_batch;         /* tokens per forward batch; 0 = 512 (at most n_ctx) */
+    uint32_t               n_threads;       /* threads with per-thread scratch; 0 = 1 */
+    enum common_cache_type cache_type;      /* 0 = f16 */
+    uint32_t               n_device_layers; /* the last layers, whose KV lives on a device (-ngl):
+                                               none in this layout; 0 = every layer's is here */
 };
 
 /* What one context allocates: the KV cache and every scratch buffer. The executor allocates
@@ -818,7 +820,8 @@ struct common_ctx_layout {
     enum common_cache_type cache_type;                /* as given */
     uint64_t               kv_k_head_bytes;           /* one kv head of one position's K row */
     uint64_t               kv_v_head_bytes;        /* q8_0: one kv head of one position's V row */
-    uint64_t               kv_k_bytes, kv_v_bytes; /* the K and V arrays of all layers */
+    uint32_t               kv_layers;              /* layers [0, kv_layers) have KV here */
+    uint64_t               kv_k_bytes, kv_v_bytes; /* the K and V arrays of those layers */
     uint64_t               act_row_bytes;          /* bytes per token row of ACT0..2 */
     uint64_t               th_q_bytes;             /* bytes of one query in TH_Q */
     uint32_t               att_heads;              /* queries per thread in TH_Q, TH_SCORES */

@@ -144,7 +144,7 @@ static int layout_kv(const struct common_hparams *hp, struct common_ctx_layout *
         v_head = 0;
     /* Sliding layers keep a ring of their window (common_kv_layer_positions). */
     uint64_t cells = 0;
-    for (uint32_t il = 0; il < hp->n_layer; il++)
+    for (uint32_t il = 0; il < l->kv_layers; il++)
         cells += common_kv_layer_positions(hp, l->n_ctx, l->n_batch, il);
     uint64_t positions;
     if (!common_mul_u64(cells, hp->n_head_kv, &positions) ||
@@ -177,6 +177,7 @@ int common_ctx_layout_compute(const struct common_hparams         *hp,
     if (l.n_batch > l.n_ctx)
         l.n_batch = l.n_ctx;
     l.n_threads = o->n_threads ? o->n_threads : 1;
+    l.kv_layers = o->n_device_layers < hp->n_layer ? hp->n_layer - o->n_device_layers : 0;
     int rc = layout_kv(hp, &l, e);
     if (rc < 0)
         return rc;

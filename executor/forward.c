@@ -1031,10 +1031,6 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     c->nth = lay.n_threads;
     c->n_ctx = lay.n_ctx;
     c->n_batch = lay.n_batch;
-    if ((rc = executor_kv_init(&c->kv, &lay, hp)) < 0) {
-        free(c);
-        return common_errmsg_set(e, rc, "out of memory for a KV cache of %u tokens", lay.n_ctx);
-    }
     bool ok = true;
     /* Allocates buffer b of the layout (the MoE ones only for a model with experts). */
 #define FWD_BUF(b) fwd_alloc((size_t)lay.buf[b], &ok)
@@ -1107,6 +1103,23 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                   c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;
+    }
+    /* The KV of the layers on the device is there (the same table, without them). */
+    if (c->gpu && (rc = common_ctx_layout_compute(
+                       hp,
+                       &(struct common_ctx_layout_opts){
+                           .n_ctx = o->n_ctx,
+                           .n_batch = o->n_batch,
+                           .n_threads = lay.n_threads,
+                           .cache_type = o->cache_type,
+                           .n_device_layers = hp->n_layer - executor_gpu_first_layer(c->gpu)},
+                       &lay, e)) < 0) {
+        executor_ctx_destroy(c);
+        return rc;
+    }
+    if ((rc = executor_kv_init(&c->kv, &lay, hp)) < 0) {
+        executor_ctx_destroy(c);
+        return common_errmsg_set(e, rc, "out of memory for a KV cache of %u tokens", lay.n_ctx);
     }
     *out = c;
     return 0;

@@ -2227,9 +2227,16 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
 
 bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len)
 {
+    char buf[256];
+    if (!why || !len) {
+        why = buf;
+        len = sizeof(buf);
+    }
     /* The device first: without a backend no type is supported, which is not the reason. */
     if (gpu_select(dev, NULL, why, len) < 0)
         return false;
+    if (!m)
+        return true;
     const char *no = executor_gpu_unsupported(m, why, len);
     if (no && no != why)
         snprintf(why, len, "%s", no);

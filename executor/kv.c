@@ -33,7 +33,9 @@ int executor_kv_init(struct executor_kv *kv, const struct common_ctx_layout *lay
     /* Each layer's cells one after the other: the sizes add up to the layout's. */
     size_t ko = 0, vo = 0;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
-        kv->cap[il] = common_kv_layer_positions(hp, lay->n_ctx, lay->n_batch, il);
+        /* A layer on a device keeps its KV there: no cells here. */
+        kv->cap[il] =
+            il < lay->kv_layers ? common_kv_layer_positions(hp, lay->n_ctx, lay->n_batch, il) : 0;
         kv->k_off[il] = ko;
         kv->v_off[il] = vo;
         ko += (size_t)kv->cap[il] * kv->k_pos_bytes;

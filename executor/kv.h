@@ -15,7 +15,8 @@
  * - V f16: transposed, (layer, kv_head, head_dim_v, cell), so one output element of attention is
  *   one f16 dot product over positions;
  * - V q8_0: (layer, cell, n_head_kv * head_dim_v) rows of q8_0 blocks;
- * a layer has cap[layer] cells, position p in cell p % cap[layer];
+ * a layer has cap[layer] cells, position p in cell p % cap[layer] (none for a layer whose KV
+ * is on a device: the layout's kv_layers);
  * - latent attention (v_in_k): no V; the values are the first head_dim_v elements of K. */
 struct executor_kv {
     enum common_cache_type type;

@@ -159,6 +159,73 @@ Test(cli_run, unwritable_trace_out_exits_1, .timeout = 60)
     free(model);
 }
 
+/* The "kv cache" bytes of the memory plan `sluice run` prints for `args` (-1 when none). */
+static double plan_kv_kib(const char *model, const char *args, int *n_plans)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 %s 2>&1 >/dev/null", SLUICE,
+             model, args);
+    char *err = sh(cmd, &st);
+    cr_assert_eq(st, 0, "%s", err);
+    const char *at = strstr(err, "  kv cache ");
+    double      v = -1;
+    char        unit[8] = "";
+    if (at && sscanf(at, "  kv cache %lf %7s", &v, unit) == 2)
+        v *= strcmp(unit, "MiB") == 0 ? 1024 : strcmp(unit, "KiB") == 0 ? 1 : 1.0 / 1024;
+    *n_plans = 0;
+    for (const char *p = err; (p = strstr(p, "memory plan:")); p++)
+        (*n_plans)++;
+    free(err);
+    return v;
+}
+
+/* Under a budget, the plan leaves out the KV of the layers on the device: none with -ngl 999,
+ * half with 2 of 4 layers there; the CPU's when no device takes the model (its KV all in the
+ * plan again, printed once). */
+Test(cli_run, ngl_leaves_the_device_layers_kv_out_of_the_ram_plan, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    int n = 0;
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    double cpu = plan_kv_kib(model, "--ram-budget 64M -c 1024", &n);
+    cr_assert_gt(cpu, 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(plan_kv_kib(model, "--ram-budget 64M -c 1024 -ngl 999", &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_float_eq(plan_kv_kib(model, "--ram-budget 64M -c 1024 -ngl 2", &n), cpu / 2, 1e-6);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "none", 1), 0);
+    cr_assert_float_eq(plan_kv_kib(model, "--ram-budget 64M -c 1024 -ngl 999", &n), cpu, 1e-6);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    free(model);
+}
+
+/* A device that cannot take the model (deepseek2's latent attention is not on it yet): the
+ * model opens again with every layer's KV in the plan, printed once, and runs on the CPU. */
+Test(cli_run, ngl_refused_by_the_model_keeps_its_kv_in_the_ram_plan, .timeout = 120)
+{
+    char *dir = fixture_tmpdir();
+    char  model[1024], cmd[4096];
+    int   st = 0, n = 0;
+    snprintf(model, sizeof(model), "%s/ds2.gguf", dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s mkmodel -q -o %s --arch deepseek2 --n-embd 64 --n-head 2 --n-head-kv 2 "
+             "--n-ff 32 --n-layer 2 --n-vocab 259 --type q8_0 2>&1",
+             SLUICE, model);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0);
+    double cpu = plan_kv_kib(model, "--ram-budget 64M -c 1024", &n);
+    cr_assert_gt(cpu, 0);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    cr_assert_float_eq(plan_kv_kib(model, "--ram-budget 64M -c 1024 -ngl 999", &n), cpu, 1e-6);
+    cr_assert_eq(n, 1, "the plan is printed once");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* -ngl puts layers on a CUDA device: the same greedy tokens as the CPU, and the placement said
  * once on stderr; where no device is usable (this build, no driver, no GPU), a one-line warning
  * and the CPU's tokens, as llama.cpp does. The host backend (SLUICE_GPU_BACKEND=host) runs the

@@ -38,6 +38,27 @@ Test(common_ctx_layout, f16_kv_counts_every_position_of_every_layer)
     cr_assert_eq(l.logits_bytes, 1024ull * 4);
 }
 
+/* -ngl: the last layers keep their KV on the device, so none of theirs is here; the scratch
+ * buffers do not change. */
+Test(common_ctx_layout, device_layers_have_no_kv_here)
+{
+    struct common_hparams         hp = moe_hp();
+    struct common_ctx_layout      all, some, none;
+    struct common_ctx_layout_opts o = {.n_ctx = 128, .n_threads = 2};
+    cr_assert_eq(common_ctx_layout_compute(&hp, &o, &all, NULL), COMMON_OK);
+    o.n_device_layers = 3;
+    cr_assert_eq(common_ctx_layout_compute(&hp, &o, &some, NULL), COMMON_OK);
+    o.n_device_layers = 999; /* llama.cpp's "all" */
+    cr_assert_eq(common_ctx_layout_compute(&hp, &o, &none, NULL), COMMON_OK);
+    cr_assert_eq(all.kv_layers, 4);
+    cr_assert_eq(some.kv_layers, 1);
+    cr_assert_eq(none.kv_layers, 0);
+    cr_assert_eq(some.kv_k_bytes, all.kv_k_bytes / 4);
+    cr_assert_eq(some.kv_bytes, all.kv_bytes / 4);
+    cr_assert_eq(none.kv_bytes, 0);
+    cr_assert_eq(none.scratch_bytes, all.scratch_bytes);
+}
+
 Test(common_ctx_layout, scratch_is_the_sum_of_the_aligned_buffers)
 {
     struct common_hparams    hp = moe_hp();
