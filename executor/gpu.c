@@ -39,6 +39,7 @@ struct gpu_layer {
     float             *attn_sub_norm, *ffn_sub_norm; /* bitnet: before wo, before down */
     uint32_t           q_norm_n, k_norm_n;
     struct gpu_mat     wq, wk, wv, wo, gate, up, down, gate_inp, sh_gate, sh_up, sh_down;
+    struct gpu_mat     sh_gate_inp; /* qwen2moe: the shared expert's sigmoid gate (one row) */
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
     bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
@@ -212,14 +213,13 @@ const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, 
         return "group-limited expert selection is not on the CUDA path yet";
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
-        if (lw->sinks || lw->bo || lw->gate_inp_b || lw->sh_gate_inp.data)
-            return "attention sinks, output or router biases and gated shared experts are not "
-                   "on the CUDA path yet";
+        if (lw->sinks || lw->bo || lw->gate_inp_b)
+            return "attention sinks and output or router biases are not on the CUDA path yet";
         if (lw->ffn_streamed)
             return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
-        const struct executor_mat *ms[] = {&lw->wq,      &lw->wk,    &lw->wv,     &lw->wo,
-                                           &lw->gate,    &lw->up,    &lw->down,   &lw->gate_inp,
-                                           &lw->sh_gate, &lw->sh_up, &lw->sh_down};
+        const struct executor_mat *ms[] = {
+            &lw->wq,   &lw->wk,       &lw->wv,      &lw->wo,    &lw->gate,    &lw->up,
+            &lw->down, &lw->gate_inp, &lw->sh_gate, &lw->sh_up, &lw->sh_down, &lw->sh_gate_inp};
         for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
             if (!gpu_mat_ok(ms[i])) {
                 snprintf(buf, len, "layer %u has a %s matrix, which the CUDA path cannot read yet",
@@ -385,9 +385,9 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
     for (uint32_t il = il0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     cpu = gpu_cpu_moe(m, il, n_cpu_moe);
-        const struct executor_mat     *ms[] = {&lw->wq,      &lw->wk,    &lw->wv,     &lw->wo,
-                                               &lw->gate,    &lw->up,    &lw->down,   &lw->gate_inp,
-                                               &lw->sh_gate, &lw->sh_up, &lw->sh_down};
+        const struct executor_mat     *ms[] = {
+                &lw->wq,   &lw->wk,       &lw->wv,      &lw->wo,    &lw->gate,    &lw->up,
+                &lw->down, &lw->gate_inp, &lw->sh_gate, &lw->sh_up, &lw->sh_down, &lw->sh_gate_inp};
         /* The first seven (attention, a dense FFN) always; the router and the shared expert
          * only with the MoE on the device. */
         for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
@@ -892,6 +892,7 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
         gl->sh_gate = gpu_put_mat(gw, &lw->sh_gate, &ok);
         gl->sh_up = gpu_put_mat(gw, &lw->sh_up, &ok);
         gl->sh_down = gpu_put_mat(gw, &lw->sh_down, &ok);
+        gl->sh_gate_inp = gpu_put_mat(gw, &lw->sh_gate_inp, &ok);
     }
     gl->swa = lw->swa;
     if (!ok)
@@ -2054,7 +2055,16 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         if (rc < 0 || *cpu_rc < 0)
             return rc;
     }
-    if (gl->sh_gate.d) {
+    if (gl->sh_gate.d && gl->sh_gate_inp.d) {
+        /* A gated shared expert (qwen2moe): its output (in gx, free once the routed experts
+         * are done) times the sigmoid of its gate's one logit a row (in router, whose logits
+         * are spent) added first. */
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->gx, NULL, false,
+                           NULL) < 0 ||
+            gpu_mm_mat(g, &gl->sh_gate_inp, g->xn, ne, n, g->router, 1) < 0 ||
+            gpu_gated_add(g->x, g->gx, g->router, n, (uint32_t)ne) < 0)
+            return -1;
+    } else if (gl->sh_gate.d) {
         /* An ungated shared expert beside the routed ones: its output added first. */
         if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true,
                            NULL) < 0)

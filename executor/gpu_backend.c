@@ -616,6 +616,12 @@ int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok
     return prof_end(t0, "moe_combine", be() ? be()->moe_combine(x, y, sel_w, n_tok, k, ne) : -1);
 }
 
+int gpu_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "gated_add", be() ? be()->gated_add(x, y, gate, n_tok, ne) : -1);
+}
+
 int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                     const int32_t *rows, int64_t n, int64_t width)
 {

@@ -1318,6 +1318,19 @@ static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t 
     return 0;
 }
 
+static int h_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne)
+{
+    if (!x || !y || !gate)
+        return h_bad("gpu_gated_add: bad arguments");
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const float g = gate[t];
+        const float s = g != 0.0f ? g / (1.0f + expf(-g)) / g : 0.5f; /* silu(g) / g */
+        for (uint32_t d = 0; d < ne; d++)
+            x[(int64_t)t * ne + d] = y[(int64_t)t * ne + d] * s + x[(int64_t)t * ne + d];
+    }
+    return 0;
+}
+
 static int h_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                   const int32_t *rows, int64_t n, int64_t width, bool gather)
 {
@@ -1397,6 +1410,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .moe_route = h_moe_route,
         .moe_sort = h_moe_sort,
         .moe_combine = h_moe_combine,
+        .gated_add = h_gated_add,
         .gather_rows = h_gather_rows,
         .scatter_rows = h_scatter_rows,
     };

@@ -637,6 +637,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .moe_route = cuda_moe_route,
         .moe_sort = cuda_moe_sort,
         .moe_combine = cuda_moe_combine,
+        .gated_add = cuda_gated_add,
         .gather_rows = cuda_gather_rows,
         .scatter_rows = cuda_scatter_rows,
     };

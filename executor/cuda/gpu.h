@@ -329,6 +329,9 @@ int gpu_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile
                  struct gpu_mm_tile *tiles, int32_t *n_tiles);
 int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                     uint32_t ne);
+/* A gated shared expert (qwen2moe): x row t (width ne) = y row t * s + x row t, s = the sigmoid
+ * of gate[t] computed as llama.cpp does, silu(g) / g (0.5 at g = 0); t < n_tok. */
+int gpu_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne);
 /* dst row i (width, dst_stride apart) = src row rows[i] (src_stride apart), i < n; rows is device
  * memory. */
 int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
@@ -435,6 +438,7 @@ struct gpu_backend {
                     struct gpu_mm_tile *tiles, int32_t *n_tiles);
     int (*moe_combine)(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                        uint32_t ne);
+    int (*gated_add)(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne);
     int (*gather_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                        const int32_t *rows, int64_t n, int64_t width);
     int (*scatter_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,

@@ -81,6 +81,7 @@ int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint3
                    uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
 int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                      uint32_t ne);
+int cuda_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne);
 int cuda_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                      const int32_t *rows, int64_t n, int64_t width);
 int cuda_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,

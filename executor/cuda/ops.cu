@@ -1021,6 +1021,30 @@ int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_to
     return GPU_LAUNCHED("ops_moe_combine_kernel");
 }
 
+/* One thread per (t, d): x = y * s + x, s = silu(g) / g of the row's gate (gpu_gated_add). */
+static __global__ void ops_gated_add_kernel(float *x, const float *y, const float *gate,
+                                            uint32_t n_tok, uint32_t ne)
+{
+    const int64_t n = (int64_t)n_tok * ne;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i / ne];
+        const float s = g != 0.0f ? __fdiv_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), g) : 0.5f;
+        x[i] = __fadd_rn(__fmul_rn(y[i], s), x[i]);
+    }
+}
+
+int cuda_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne)
+{
+    if (!x || !y || !gate)
+        return ops_bad("gpu_gated_add: bad arguments");
+    const int64_t n = (int64_t)n_tok * ne;
+    if (n == 0)
+        return 0;
+    ops_gated_add_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(x, y, gate, n_tok, ne);
+    return GPU_LAUNCHED("ops_gated_add_kernel");
+}
+
 /* ---- MoE items by expert ------------------------------------------------------------------ */
 
 /* One block: the items' experts counted (shared atomics), the counts' prefix sums and the

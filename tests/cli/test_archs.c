@@ -212,7 +212,7 @@ Test(cli_archs, qwen3_matches_llama_cpp, .timeout = 300)
 
 Test(cli_archs, qwen2moe_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("qwen2moe", true);
+    check_arch_on("qwen2moe", true, true);
 }
 
 Test(cli_archs, qwen3moe_matches_llama_cpp_and_streams, .timeout = 300)
@@ -226,7 +226,10 @@ Test(cli_archs, olmoe_matches_llama_cpp_and_streams, .timeout = 300)
 }
 
 /* GLM-4.5's layout: q/k/v biases, rotary on half of each head, post-attention norm, a dense first
- * layer, one shared expert, sigmoid routing with a selection bias, a prediction block not run. */
+ * layer, one shared expert, sigmoid routing with a selection bias, a prediction block not run.
+ * Not on the device path here: its Q8_0 model left llama.cpp's ids there at step 30 of 32 (the
+ * device's prefill rounds activations to f16; with random weights such drift can move an
+ * expert choice); the F32 device path gives the CPU's logits (executor_gpu::glm4moe_as_the_cpu). */
 Test(cli_archs, glm4moe_matches_llama_cpp_and_streams, .timeout = 300)
 {
     check_arch("glm4moe", true);

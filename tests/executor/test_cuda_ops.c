@@ -973,6 +973,46 @@ Test(executor_cuda_ops, moe_route_ties_to_lower_index)
     }
 }
 
+/* Description: x += y * sigmoid(gate) per row (qwen2moe's gated shared expert), the gate at 0,
+ * at large magnitudes of either sign and random, over edge widths. */
+Test(executor_cuda_ops, gated_add_matches_reference)
+{
+    gpu_or_skip();
+    const uint32_t toks[] = {1, 5, 33}, nes[] = {1, 31, 32, 33, 257, 4096};
+    for (size_t ti = 0; ti < sizeof(toks) / sizeof(toks[0]); ti++)
+        for (size_t ni = 0; ni < sizeof(nes) / sizeof(nes[0]); ni++) {
+            const uint32_t n_tok = toks[ti], ne = nes[ni];
+            const size_t   nx = (size_t)n_tok * ne;
+            float         *x = xmalloc(nx * sizeof(float)), *y = xmalloc(nx * sizeof(float));
+            float         *got = xmalloc(nx * sizeof(float)), *g = xmalloc(n_tok * sizeof(float));
+            fill_data(x, nx);
+            fill_data(y, nx);
+            static const float special[] = {0.0f, 40.0f, -40.0f, 1e-30f};
+            for (uint32_t t = 0; t < n_tok; t++)
+                g[t] = t < 4 ? special[t] : 8.0f * (rng_uniform() - 0.5f);
+            float *dx = dev_from(x, nx * sizeof(float)), *dy = dev_from(y, nx * sizeof(float));
+            float *dg = dev_from(g, n_tok * sizeof(float));
+            cr_assert_eq(gpu_gated_add(dx, dy, dg, n_tok, ne), 0, "%s", gpu_last_error());
+            dev_to(got, dx, nx * sizeof(float));
+            for (uint32_t t = 0; t < n_tok; t++) {
+                const double s = 1.0 / (1.0 + exp(-(double)g[t]));
+                for (uint32_t d = 0; d < ne; d++) {
+                    const size_t i = (size_t)t * ne + d;
+                    const double term = (double)y[i] * s;
+                    check_close("gated_add", i, got[i], term + (double)x[i],
+                                fabs(term) + fabs((double)x[i]), OPS_RTOL);
+                }
+            }
+            gpu_free(dx);
+            gpu_free(dy);
+            gpu_free(dg);
+            free(x);
+            free(y);
+            free(got);
+            free(g);
+        }
+}
+
 /* Description: x += the slot-ordered weighted sum of the k expert rows per token. */
 Test(executor_cuda_ops, moe_combine_matches_reference)
 {
@@ -1196,6 +1236,7 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 0, 0, true, 0.0f, i32, f), -1, "route k 0");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 2, true, 0.0f, i32, f), -1, "route gating 2");
     cr_assert_eq(gpu_moe_combine(f, f, f, 1, 0, 8), -1, "combine k 0");
+    cr_assert_eq(gpu_gated_add(f, f, NULL, 1, 8), -1, "gated_add NULL gate");
     cr_assert_eq(gpu_gather_rows(f, 4, f, 8, i32, 1, 8), -1, "gather dst_stride < width");
     cr_assert_eq(gpu_scatter_rows(f, 8, f, 8, NULL, 1, 8), -1, "scatter NULL rows");
 

@@ -684,6 +684,59 @@ Test(executor_gpu, bitnet_tq2_0_as_the_cpu, .timeout = 300)
     check_bitnet_against_cpu(COMMON_GGML_TYPE_TQ2_0);
 }
 
+/* check_path_against_cpu on a random-weight model of `arch` (mkmodel's writer), Q8_0 or F32:
+ * the MoE architectures the device path takes beside llama's layout. */
+static void check_arch_against_cpu(enum common_arch arch, uint32_t n_head_kv, uint32_t type)
+{
+    GPU_OR_SKIP();
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char path[4096], name[64];
+    snprintf(path, sizeof(path), "%s/arch.gguf", dir);
+    snprintf(name, sizeof(name), "%s %s", common_arch_name(arch), common_ggml_type_get(type)->name);
+    const struct executor_synth_opts o = {.path = path,
+                                          .arch = arch,
+                                          .n_embd = 128,
+                                          .n_layer = 3,
+                                          .n_head = 4,
+                                          .n_head_kv = n_head_kv,
+                                          .n_ff = 128,
+                                          .n_vocab = 512,
+                                          .type = type,
+                                          .seed = 7,
+                                          .n_threads = 1};
+    struct common_errmsg             e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
+    check_path_against_cpu(name, path, GPU_ALL, g_tol);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+/* olmoe: q/k norms over the whole projection. */
+Test(executor_gpu, olmoe_as_the_cpu, .timeout = 300)
+{
+    check_arch_against_cpu(COMMON_ARCH_OLMOE, 4, COMMON_GGML_TYPE_F32);
+}
+
+/* glm4moe: partial rotary, a leading dense layer, a shared expert, sigmoid routing with a bias. */
+Test(executor_gpu, glm4moe_as_the_cpu, .timeout = 300)
+{
+    check_arch_against_cpu(COMMON_ARCH_GLM4MOE, 2, COMMON_GGML_TYPE_F32);
+}
+
+/* qwen2moe: q/k/v biases, a shared expert beside the routed ones scaled by the sigmoid of its
+ * own gate (gpu_gated_add). */
+Test(executor_gpu, qwen2moe_as_the_cpu, .timeout = 300)
+{
+    check_arch_against_cpu(COMMON_ARCH_QWEN2MOE, 2, COMMON_GGML_TYPE_F32);
+}
+
+/* qwen3moe: per-head q/k norms, no shared expert. */
+Test(executor_gpu, qwen3moe_as_the_cpu, .timeout = 300)
+{
+    check_arch_against_cpu(COMMON_ARCH_QWEN3MOE, 2, COMMON_GGML_TYPE_F32);
+}
+
 Test(executor_gpu, f32_as_the_cpu, .timeout = 300)
 {
     check_against_cpu("moe-tiny/moe-tiny-f32.gguf", GPU_ALL);
