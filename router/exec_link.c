@@ -124,7 +124,9 @@ int router_exec_connect(struct router_serve *s, uint32_t timeout_s, bool want_ne
     for (;;) {
         uint32_t pid = 0;
         uint64_t inst = 0;
-        int      rc = router_exec_hello(s, 500, &pid, &inst, e);
+        if (atomic_load(&s->recover_beat_ns)) /* a pass of the scheduler's wait (watchdog) */
+            atomic_store(&s->recover_beat_ns, common_now_ns());
+        int rc = router_exec_hello(s, 500, &pid, &inst, e);
         if (rc == 0 && (!want_new || inst != old || !common_pid_gone(old_pid))) {
             s->exec_pid = pid;
             s->exec_instance = inst;

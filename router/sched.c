@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- requests ----------------------------------------------------------------------------- */
 
@@ -219,11 +220,14 @@ static void sched_assign(struct router_serve *s)
  * request so the next rounds replay its prompt and tokens. */
 static void sched_recover(struct router_serve *s)
 {
-    atomic_store(&s->recover_since_ns, common_now_ns());
+    atomic_store(&s->recover_beat_ns, common_now_ns());
     pthread_mutex_lock(&s->mu);
     s->degraded = true;
     pthread_mutex_unlock(&s->mu);
-    if (getenv("SLUICE_TEST_ROUTER_WEDGE")) /* tests: a call that never returns (watchdog) */
+    /* Tests: SLUICE_TEST_ROUTER_WEDGE=FILE makes the first wait after FILE appears hang, as a
+     * call that never returns would (FILE is removed: a restarted router does not hang). */
+    const char *wedge = getenv("SLUICE_TEST_ROUTER_WEDGE");
+    if (wedge && unlink(wedge) == 0)
         for (;;)
             serve_sleep_ms(1000);
     router_exec_segments_close(s);
@@ -236,6 +240,7 @@ static void sched_recover(struct router_serve *s)
          * supervisor restarts it once more) is waited for within the same time. */
         struct common_errmsg e = {{0}};
         uint64_t             now = common_now_ns();
+        atomic_store(&s->recover_beat_ns, now);
         uint32_t left_s = now >= deadline ? 1 : (uint32_t)((deadline - now) / 1000000000ull) + 1;
         int      rc = router_exec_connect(s, left_s, true, &e);
         if (rc == 0)
@@ -243,14 +248,26 @@ static void sched_recover(struct router_serve *s)
         pthread_mutex_lock(&s->mu);
         bool stopping = s->stopping;
         bool late = common_now_ns() >= deadline;
-        if (rc < 0 && late && !failed && !stopping) {
-            /* Too long: fail the work in flight, keep waiting for new work's sake. */
-            COMMON_LOG_ERR(SERVE_COMP, "executor did not come back: %s", e.text);
+        if (rc < 0 && late && !stopping) {
+            /* Too long: fail the work in flight, and what comes while it keeps waiting for new
+             * work's sake (a clear error rather than a request that waits for ever). */
+            if (!failed)
+                COMMON_LOG_ERR(SERVE_COMP, "executor did not come back: %s", e.text);
             for (struct rq *r = s->head; r; r = r->next)
                 if (!r->done)
                     router_rq_finish(s, r, PROTO_STOP_ERROR, COMMON_ECLOSED,
                                      "the executor died and did not come back");
             failed = true;
+        }
+        if (rc < 0 && failed && s->draining) {
+            /* Stopping without an executor: no round of the failed requests is in flight any
+             * more, so their slots go and the drain can end. */
+            for (uint32_t i = 0; i < s->n_seq; i++)
+                if (s->slots[i])
+                    s->slots[i]->tag = 0;
+            pthread_mutex_unlock(&s->mu);
+            atomic_store(&s->recover_beat_ns, 0);
+            return;
         }
         if (rc == 0 || stopping) {
             if (rc == 0) {
@@ -270,7 +287,7 @@ static void sched_recover(struct router_serve *s)
                                 s->exec_pid, s->n_active);
             }
             pthread_mutex_unlock(&s->mu);
-            atomic_store(&s->recover_since_ns, 0);
+            atomic_store(&s->recover_beat_ns, 0);
             return;
         }
         pthread_mutex_unlock(&s->mu);

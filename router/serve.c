@@ -140,25 +140,25 @@ static int serve_load_model(struct router_serve *s, struct common_errmsg *e)
     return 0;
 }
 
-/* The scheduler's safety net. A wait for the executor that outlives its own deadline by
- * SERVE_WEDGE_GRACE_S is stuck in a call that does not return (nng 1.5.2 was seen never to
+/* The scheduler's safety net. A wait for the executor whose loops make no pass for --watchdog
+ * seconds (SERVE_WEDGE_S) is stuck in a call that does not return (nng 1.5.2 was seen never to
  * return from closing a socket whose dial failed in the handshake, and the scheduler then waited
  * for ever): the router exits with a clear line, its monitor restarts it, and clients send their
- * requests again to the new one with the tokens they have (nothing is lost). */
+ * requests again to the new one with the tokens they have (nothing is lost). A wait that goes on
+ * because the executor is gone for good keeps passing its loops: that router stays. */
 static void *router_watch_main(void *arg)
 {
     struct router_serve *s = arg;
-    const uint64_t       wait_s = s->o.connect_timeout_s ? s->o.connect_timeout_s : 30;
-    const uint64_t       limit_ns = (wait_s + SERVE_WEDGE_GRACE_S) * 1000000000ull;
+    const uint64_t       limit_ns =
+        (uint64_t)(s->o.watchdog_s ? s->o.watchdog_s : SERVE_WEDGE_S) * 1000000000ull;
     while (!atomic_load(&s->watch_stop)) {
         serve_sleep_ms(250);
-        uint64_t since = atomic_load(&s->recover_since_ns), now = common_now_ns();
-        if (since && now > since && now - since > limit_ns) {
+        uint64_t beat = atomic_load(&s->recover_beat_ns), now = common_now_ns();
+        if (beat && now > beat && now - beat > limit_ns) {
             COMMON_LOG_ERR(SERVE_COMP,
-                           "the wait for the executor is stuck (%llu s, its deadline %llu s): "
-                           "exiting for the monitor to restart the router",
-                           (unsigned long long)((now - since) / 1000000000ull),
-                           (unsigned long long)wait_s);
+                           "the wait for the executor is stuck in a call (no progress for %llu "
+                           "s): exiting for the monitor to restart the router",
+                           (unsigned long long)((now - beat) / 1000000000ull));
             _exit(1);
         }
     }

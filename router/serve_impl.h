@@ -24,14 +24,14 @@
 /* A finished request whose final events went out to a client that acknowledges (protocol 0.2)
  * stays this long after its last poll, so a retry of a lost final reply gets it again. */
 #define SERVE_DONE_LINGER_MS 10000u
-/* How long past its own deadline a wait for the executor may last before the watchdog takes it
- * for stuck (the longest call inside it, ATTACH, gives up after 10 s). */
-#define SERVE_WEDGE_GRACE_S 15u
-#define SERVE_SEG_REQ       0
-#define SERVE_SEG_REP       1
-#define SERVE_SEG_TOKENS    2
-#define SERVE_SEG_LOGITS    3
-#define SERVE_N_SEG         4
+/* How long a wait for the executor may go without a pass of its loops before the watchdog takes
+ * it for stuck in a call (the longest call of a pass, ATTACH, gives up after 10 s). */
+#define SERVE_WEDGE_S    20u
+#define SERVE_SEG_REQ    0
+#define SERVE_SEG_REP    1
+#define SERVE_SEG_TOKENS 2
+#define SERVE_SEG_LOGITS 3
+#define SERVE_N_SEG      4
 
 enum rq_state { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
 
@@ -119,14 +119,14 @@ struct router_serve {
     uint64_t c_rounds, round_wall_ns; /* rounds (one executor batch each) and their wall time */
     double   step_exec_ms;
 
-    pthread_t        sched;
-    bool             sched_started;
-    _Atomic uint64_t recover_since_ns; /* the scheduler waits for the executor since (0: not) */
-    pthread_t        watch;            /* the watchdog (serve.c) */
-    bool             watch_started;
-    atomic_bool      watch_stop; /* set once the scheduler was joined */
-    struct proto_service *svc;   /* owned: router.sock (clients and control), pid file */
-    struct router_http   *http;  /* owned: the HTTP front end (http.c); NULL without --http */
+    pthread_t             sched;
+    bool                  sched_started;
+    _Atomic uint64_t      recover_beat_ns; /* the wait for the executor's last pass (0: none) */
+    pthread_t             watch;           /* the watchdog (serve.c) */
+    bool                  watch_started;
+    atomic_bool           watch_stop; /* set once the scheduler was joined */
+    struct proto_service *svc;        /* owned: router.sock (clients and control), pid file */
+    struct router_http   *http;       /* owned: the HTTP front end (http.c); NULL without --http */
 };
 
 /* The router's counters (its STATS answer; `arg` is the struct router_serve). */

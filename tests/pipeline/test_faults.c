@@ -676,9 +676,11 @@ Test(pipeline_faults, executor_killed_seven_times_costs_time_not_the_request, .t
 }
 
 /* A router whose wait for a restarted executor never returns (SLUICE_TEST_ROUTER_WEDGE stands
- * for the nng call seen to hang there in CI) is ended by its watchdog once the wait outlived its
- * deadline (--connect-timeout 3 here) by 15 s; the monitor restarts it and the client's request
- * completes with the undisturbed text. */
+ * for the nng call seen to hang there in CI) is ended by its watchdog once that wait made no
+ * pass of its loops for --watchdog seconds (5 here, 20 by default); the monitor restarts it and
+ * the client's request completes with the undisturbed text. Then an executor gone for good (its
+ * monitor killed first) is no stuck wait: the router fails the request after its deadline
+ * (--connect-timeout 3) and waits on, past the watchdog's time. */
 Test(pipeline_faults, router_stuck_waiting_for_the_executor_exits_and_loses_nothing, .timeout = 600,
      .fini = fini)
 {
@@ -686,8 +688,10 @@ Test(pipeline_faults, router_stuck_waiting_for_the_executor_exits_and_loses_noth
     char *dir = fixture_tmpdir();
     char *model = slow_model(dir);
     char *want = one_process(model, 200, "--temp 0");
-    setenv("SLUICE_TEST_ROUTER_WEDGE", "1", 1); /* the daemons inherit it; the router reads it */
-    up(dir, model, 1, "--max-restart-delay 1 --router-args '--connect-timeout 3'");
+    char  wedge[1024];
+    snprintf(wedge, sizeof(wedge), "%s/wedge", dir);
+    setenv("SLUICE_TEST_ROUTER_WEDGE", wedge, 1); /* the daemons inherit it; the router reads it */
+    up(dir, model, 1, "--max-restart-delay 1 --router-args '--connect-timeout 3 --watchdog 5'");
     unsetenv("SLUICE_TEST_ROUTER_WEDGE");
     cr_assert_eq(connect_timeout_of(dir, "router"), 3);
     pid_t       router = read_pid(dir, "router");
@@ -695,16 +699,37 @@ Test(pipeline_faults, router_stuck_waiting_for_the_executor_exits_and_loses_noth
     static char buf[1 << 16];
     size_t      have = gen_read(&g, buf, sizeof(buf), 0, 4, 120);
     cr_assert_gt(have, 0, "no output before the kill");
-    pid_t pid = read_pid(dir, "executor");
-    cr_assert_eq(kill(pid, SIGKILL), 0);
+    FILE *f = fopen(wedge, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    cr_assert_eq(kill(read_pid(dir, "executor"), SIGKILL), 0);
     wait_restarted(dir, "router", router, 240);
     int st = gen_finish(&g, buf, sizeof(buf), have, 300);
-    int stuck = log_count(dir, "router", "the wait for the executor is stuck");
-    down(dir);
     cr_assert_eq(st, 0, "generate failed after the router was stuck (%s/gen.err)\n%s", dir,
                  last_words(dir));
-    cr_assert_eq(stuck, 1, "the watchdog's line is in the router's log once");
     cr_assert_str_eq(buf, want, "after a stuck router: '%s'\nundisturbed: '%s'", buf, want);
+
+    router = read_pid(dir, "router");
+    const int lost = log_count(dir, "router", "executor lost");
+    cr_assert_eq(kill(read_pid(dir, "sluicectl"), SIGKILL), 0);
+    cr_assert_eq(kill(read_pid(dir, "executor"), SIGKILL), 0);
+    /* A request finds it gone: it fails after the deadline. */
+    struct gen g2 = gen_start(dir, 8, "--temp 0");
+    st = gen_finish(&g2, buf, sizeof(buf), 0, 120);
+    cr_assert(st > 0, "generate must fail when the executor is gone for good (status %d)", st);
+    cr_assert_gt(log_count(dir, "router", "executor lost"), lost, "the router did not notice");
+    cr_assert_eq(log_count(dir, "router", "executor did not come back"), 1);
+    double t0 = now_s();
+    while (now_s() - t0 < 8)
+        usleep(200 * 1000);
+    const bool alive = kill(router, 0) == 0;
+    const int  stuck = log_count(dir, "router", "the wait for the executor is stuck");
+    down(dir);
+    cr_assert(alive, "the router exited while it waited for an executor gone for good\n%s",
+              last_words(dir));
+    cr_assert_eq(stuck, 1, "the watchdog's line is in the router's log once");
+    /* Asked to stop, it stops (its drain used to wait for a slot the wait held: SIGKILL). */
+    cr_assert_eq(log_count(dir, "router", "router stopped"), 1, "%s", last_words(dir));
     free(want);
     free(model);
     fixture_rmtree(dir);
