@@ -1013,14 +1013,12 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
     if (!o)
         o = &def;
     /* Every size comes from the layout table the memory plan uses too. */
-    struct common_ctx_layout lay;
-    int                      rc = common_ctx_layout_compute(
-                             hp,
-                             &(struct common_ctx_layout_opts){.n_ctx = o->n_ctx,
-                                                              .n_batch = o->n_batch,
-                                                              .n_threads = executor_threadpool_n_threads(o->pool),
-                                                              .cache_type = o->cache_type},
-                             &lay, e);
+    struct common_ctx_layout      lay;
+    struct common_ctx_layout_opts lo = {.n_ctx = o->n_ctx,
+                                        .n_batch = o->n_batch,
+                                        .n_threads = executor_threadpool_n_threads(o->pool),
+                                        .cache_type = o->cache_type};
+    int                           rc = common_ctx_layout_compute(hp, &lo, &lay, e);
     if (rc < 0)
         return rc;
     struct executor_ctx *c = calloc(1, sizeof(*c));
@@ -1105,15 +1103,8 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
         return rc;
     }
     /* The KV of the layers on the device is there (the same table, without them). */
-    if (c->gpu && (rc = common_ctx_layout_compute(
-                       hp,
-                       &(struct common_ctx_layout_opts){
-                           .n_ctx = o->n_ctx,
-                           .n_batch = o->n_batch,
-                           .n_threads = lay.n_threads,
-                           .cache_type = o->cache_type,
-                           .n_device_layers = hp->n_layer - executor_gpu_first_layer(c->gpu)},
-                       &lay, e)) < 0) {
+    lo.n_device_layers = c->gpu ? hp->n_layer - executor_gpu_first_layer(c->gpu) : 0;
+    if (c->gpu && (rc = common_ctx_layout_compute(hp, &lo, &lay, e)) < 0) {
         executor_ctx_destroy(c);
         return rc;
     }

@@ -1324,7 +1324,7 @@ static int h_gated_add(float *x, const float *y, const float *gate, uint32_t n_t
         return h_bad("gpu_gated_add: bad arguments");
     for (uint32_t t = 0; t < n_tok; t++) {
         const float g = gate[t];
-        const float s = g != 0.0f ? g / (1.0f + expf(-g)) / g : 0.5f; /* silu(g) / g */
+        const float s = g != 0.0f ? h_silu_mul(g, 1.0f) / g : 0.5f; /* silu(g) / g */
         for (uint32_t d = 0; d < ne; d++)
             x[(int64_t)t * ne + d] = y[(int64_t)t * ne + d] * s + x[(int64_t)t * ne + d];
     }

@@ -341,12 +341,12 @@ struct router_serve_opts {
     uint32_t    queue_max;         /* --queue: requests waiting for a sequence; 0 = 64 */
     uint32_t    client_timeout_s;  /* --client-timeout: drop a request nobody polls; 0 = 60 */
     uint32_t    connect_timeout_s; /* --connect-timeout: wait for the executor; 0 = 30 */
-    uint32_t    watchdog_s;        /* --watchdog: a wait for the executor without progress this long
-                                      ends the process (serve.c); 0 = SERVE_WEDGE_S (20) */
-    uint32_t poll_default_ms;      /* long poll when the client says 0; 0 = 2000 */
-    uint32_t stream_ms;            /* --stream-interval: a streaming poll answered less than this
+    uint32_t    poll_default_ms;   /* long poll when the client says 0; 0 = 2000 */
+    uint32_t    stream_ms;         /* --stream-interval: a streaming poll answered less than this
                                       long ago waits out the rest of the interval to gather tokens
                                       (one round trip per interval, not per token); 0 = none */
+    uint32_t watchdog_s;           /* --watchdog: a wait for the executor without progress this
+                                      long ends the process (serve.c); 0 = SERVE_WEDGE_S (20) */
     uint32_t exec_wait_ms;         /* ring wait before checking the executor; 0 = 200 */
     uint32_t prefill_chunk;        /* --prefill-chunk: prompt tokens of a sequence per round, so
                                       that a long prompt shares rounds with the others' decoding

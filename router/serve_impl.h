@@ -24,14 +24,15 @@
 /* A finished request whose final events went out to a client that acknowledges (protocol 0.2)
  * stays this long after its last poll, so a retry of a lost final reply gets it again. */
 #define SERVE_DONE_LINGER_MS 10000u
+#define SERVE_SEG_REQ        0
+#define SERVE_SEG_REP        1
+#define SERVE_SEG_TOKENS     2
+#define SERVE_SEG_LOGITS     3
+#define SERVE_N_SEG          4
+
 /* How long a wait for the executor may go without a pass of its loops before the watchdog takes
  * it for stuck in a call (the longest call of a pass, ATTACH, gives up after 10 s). */
-#define SERVE_WEDGE_S    20u
-#define SERVE_SEG_REQ    0
-#define SERVE_SEG_REP    1
-#define SERVE_SEG_TOKENS 2
-#define SERVE_SEG_LOGITS 3
-#define SERVE_N_SEG      4
+#define SERVE_WEDGE_S 20u
 
 enum rq_state { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
 

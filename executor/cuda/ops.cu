@@ -1029,7 +1029,7 @@ static __global__ void ops_gated_add_kernel(float *x, const float *y, const floa
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float g = gate[i / ne];
-        const float s = g != 0.0f ? __fdiv_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), g) : 0.5f;
+        const float s = g != 0.0f ? __fdiv_rn(gpu_silu_mul(g, 1.0f), g) : 0.5f;
         x[i] = __fadd_rn(__fmul_rn(y[i], s), x[i]);
     }
 }
