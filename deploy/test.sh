@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/setup.sh
+echo "== setup done [${SECONDS}s]"
 
 jobs=$(nproc)
 fuzz_secs="${SLUICE_FUZZ_SECONDS:-60}"
@@ -13,14 +14,14 @@ fuzz_secs="${SLUICE_FUZZ_SECONDS:-60}"
 run_suite() {
     local dir=$1 san=$2 ctest_args=$3
     shift 3
-    echo "== $dir: configure and build ($*)"
+    echo "== $dir: configure and build ($*) [${SECONDS}s]"
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSLUICE_WERROR=ON "$@" >/dev/null
     if ! cmake --build "$dir" -j"$jobs" >"$dir/build.log" 2>&1; then
         grep -E 'error|warning' "$dir/build.log" | head -40 || tail -40 "$dir/build.log"
         echo "build failed in $dir (full log: $dir/build.log)"
         exit 1
     fi
-    echo "== $dir: tests"
+    echo "== $dir: tests [${SECONDS}s]"
     # shellcheck disable=SC2086
     (cd "$dir" && SLUICE_SANITIZER="$san" ctest --output-on-failure -j"$jobs" --timeout 1500 $ctest_args)
 }
@@ -35,7 +36,7 @@ if [ -z "${SLUICE_QUICK:-}" ]; then
     # Criterion's runner cannot start under ThreadSanitizer, so the TSan suite is the plain
     # programs of tests/tsan/ (label tsan), which drive every multi-threaded part.
     TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan tsan "-L tsan" -DSANITIZE=tsan -DSLUICE_CUDA=OFF
-    echo "== fuzz: ${fuzz_secs}s"
+    echo "== fuzz: ${fuzz_secs}s [${SECONDS}s]"
     bash deploy/fuzz.sh "$fuzz_secs"
 fi
-echo "== all suites passed"
+echo "== all suites passed [${SECONDS}s]"
