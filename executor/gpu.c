@@ -35,11 +35,15 @@ struct gpu_experts {
 };
 
 struct gpu_layer {
-    float             *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv, *exp_probs_b;
-    float             *attn_sub_norm, *ffn_sub_norm; /* bitnet: before wo, before down */
-    uint32_t           q_norm_n, k_norm_n;
-    struct gpu_mat     wq, wk, wv, wo, gate, up, down, gate_inp, sh_gate, sh_up, sh_down;
-    struct gpu_mat     sh_gate_inp; /* qwen2moe: the shared expert's sigmoid gate (one row) */
+    float         *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv, *exp_probs_b;
+    float         *attn_sub_norm, *ffn_sub_norm; /* bitnet: before wo, before down */
+    uint32_t       q_norm_n, k_norm_n;
+    struct gpu_mat wq, wk, wv, wo, gate, up, down, gate_inp, sh_gate, sh_up, sh_down;
+    struct gpu_mat sh_gate_inp; /* qwen2moe: the shared expert's sigmoid gate (one row) */
+    /* Latent attention (deepseek2, as executor_layer_w): wq or wq_a, q_a_norm, wq_b; wkv_a and
+     * kv_a_norm; wk_b and wv_b of n_head blocks of rows. */
+    struct gpu_mat     wq_a, wq_b, wkv_a, wk_b, wv_b;
+    float             *q_a_norm, *kv_a_norm;
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
     bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
@@ -155,6 +159,7 @@ struct executor_gpu {
     /* Scratch (n_batch rows of the widths in gpu_need). */
     float   *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
     float   *att_scratch, *logits, *xq;
+    float   *mla_qa, *mla_q, *mla_kv, *mla_o; /* latent attention (gpu_mla_widths), else NULL */
     uint8_t *xq8; /* the q8 image of activations for gpu_matvec_q8 (gpu_q8_for) */
     /* What g->xq8 holds (gpu_q8_for): rows x_src .. of cols, quantized as q8_vdt; reused by the
      * next product over the same rows only while q8_reuse is set (the callers set it around
@@ -200,27 +205,36 @@ static bool gpu_mat_ok(const struct executor_mat *w)
     return !w->data || gpu_type_supported(w->type);
 }
 
+#define GPU_LAYER_MATS     17
+#define GPU_LAYER_MATS_ATT 12 /* the first ones: attention and a dense FFN */
+
+/* The matrices of a layer but its routed experts into ms (GPU_LAYER_MATS), those of attention
+ * and of a dense FFN first (GPU_LAYER_MATS_ATT), then the router and the shared expert. */
+static size_t gpu_layer_mats(const struct executor_layer_w *lw, const struct executor_mat **ms)
+{
+    const struct executor_mat *all[GPU_LAYER_MATS] = {
+        &lw->wq,       &lw->wk,      &lw->wv,    &lw->wo,      &lw->gate,       &lw->up,
+        &lw->down,     &lw->wq_a,    &lw->wq_b,  &lw->wkv_a,   &lw->wk_b,       &lw->wv_b,
+        &lw->gate_inp, &lw->sh_gate, &lw->sh_up, &lw->sh_down, &lw->sh_gate_inp};
+    memcpy(ms, all, sizeof(all));
+    return GPU_LAYER_MATS;
+}
+
 const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, size_t len)
 {
     const struct common_hparams *hp = &m->desc->hp;
-    if (hp->n_lora_kv)
-        return "latent attention (deepseek2) is not on the CUDA path yet";
     if (hp->swiglu_oai || hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT)
         return "gpt-oss's experts are not on the CUDA path yet";
     if ((hp->sub_norms || hp->ffn_relu2) && hp->n_expert)
         return "routed experts with sub-norms or relu^2 are not on the CUDA path yet";
-    if (hp->n_expert_groups > 1)
-        return "group-limited expert selection is not on the CUDA path yet";
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         if (lw->sinks || lw->bo || lw->gate_inp_b)
             return "attention sinks and output or router biases are not on the CUDA path yet";
         if (lw->ffn_streamed)
             return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
-        const struct executor_mat *ms[] = {
-            &lw->wq,   &lw->wk,       &lw->wv,      &lw->wo,    &lw->gate,    &lw->up,
-            &lw->down, &lw->gate_inp, &lw->sh_gate, &lw->sh_up, &lw->sh_down, &lw->sh_gate_inp};
-        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
+        const struct executor_mat *ms[GPU_LAYER_MATS];
+        for (size_t i = 0; i < gpu_layer_mats(lw, ms); i++)
             if (!gpu_mat_ok(ms[i])) {
                 snprintf(buf, len, "layer %u has a %s matrix, which the CUDA path cannot read yet",
                          il, gpu_type_name(ms[i]->type));
@@ -307,6 +321,7 @@ static size_t gpu_mat_bytes(const struct executor_mat *w)
 /* Widths of the scratch, from the hyper-parameters. */
 struct gpu_widths {
     size_t ne, qd, kd, vd, ad, ff, cols, n_vocab, E, K;
+    size_t mla; /* the four scratch rows of latent attention together (gpu_put_scratch), or 0 */
 };
 
 static struct gpu_widths gpu_widths_of(const struct common_hparams *hp)
@@ -327,7 +342,14 @@ static struct gpu_widths gpu_widths_of(const struct common_hparams *hp)
     cols = hp->n_ff > cols ? hp->n_ff : cols;
     cols = hp->n_ff_exp > cols ? hp->n_ff_exp : cols;
     cols = hp->n_ff_shexp > cols ? hp->n_ff_shexp : cols;
+    cols = hp->n_lora_q > cols ? hp->n_lora_q : cols;
+    cols = hp->n_lora_kv > cols ? hp->n_lora_kv : cols;
+    cols = (size_t)hp->n_head * hp->head_dim_v_mla > cols ? (size_t)hp->n_head * hp->head_dim_v_mla
+                                                          : cols;
     w.cols = cols;
+    if (hp->n_lora_kv)
+        w.mla = hp->n_lora_q + (size_t)hp->n_head * hp->head_dim_k_mla + hp->n_lora_kv + hp->n_rot +
+                (size_t)hp->n_head * hp->head_dim_v_mla;
     return w;
 }
 
@@ -385,13 +407,11 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
     for (uint32_t il = il0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     cpu = gpu_cpu_moe(m, il, n_cpu_moe);
-        const struct executor_mat     *ms[] = {
-                &lw->wq,   &lw->wk,       &lw->wv,      &lw->wo,    &lw->gate,    &lw->up,
-                &lw->down, &lw->gate_inp, &lw->sh_gate, &lw->sh_up, &lw->sh_down, &lw->sh_gate_inp};
-        /* The first seven (attention, a dense FFN) always; the router and the shared expert
-         * only with the MoE on the device. */
-        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
-            wb += i < 7 || !cpu ? gpu_mat_bytes(ms[i]) : 0;
+        const struct executor_mat     *ms[GPU_LAYER_MATS];
+        /* Attention and a dense FFN always; the router and the shared expert only with the MoE
+         * on the device. */
+        for (size_t i = 0; i < gpu_layer_mats(lw, ms); i++)
+            wb += i < GPU_LAYER_MATS_ATT || !cpu ? gpu_mat_bytes(ms[i]) : 0;
         if (!cpu && n_slots < 0)
             wb += (size_t)hp->n_expert * gpu_expert_bytes(m, il);
         wb += (4 * w.ne + w.qd + w.kd + w.vd + w.E) * sizeof(float);
@@ -399,6 +419,10 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
             wb += w.ad * sizeof(float);
         if (lw->ffn_sub_norm)
             wb += (size_t)hp->n_ff * sizeof(float);
+        if (lw->q_a_norm)
+            wb += (size_t)hp->n_lora_q * sizeof(float);
+        if (lw->kv_a_norm)
+            wb += (size_t)hp->n_lora_kv * sizeof(float);
     }
     if (head)
         wb += gpu_mat_bytes(&m->output) + w.ne * sizeof(float);
@@ -443,7 +467,7 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool he
     size_t                       kb =
         (size_t)(hp->n_layer - il0) * n_ctx * (gpu_kv_bytes(w.kd, q8) + gpu_kv_bytes(w.vd, q8));
     size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
-                    hp->n_rot + (w.ff > w.cols ? w.ff : w.cols));
+                    hp->n_rot + (w.ff > w.cols ? w.ff : w.cols) + w.mla);
     f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
     if (head)
         f += B * w.n_vocab;
@@ -884,6 +908,13 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->wk = gpu_put_mat(gw, &lw->wk, &ok);
     gl->wv = gpu_put_mat(gw, &lw->wv, &ok);
     gl->wo = gpu_put_mat(gw, &lw->wo, &ok);
+    gl->wq_a = gpu_put_mat(gw, &lw->wq_a, &ok);
+    gl->wq_b = gpu_put_mat(gw, &lw->wq_b, &ok);
+    gl->wkv_a = gpu_put_mat(gw, &lw->wkv_a, &ok);
+    gl->wk_b = gpu_put_mat(gw, &lw->wk_b, &ok);
+    gl->wv_b = gpu_put_mat(gw, &lw->wv_b, &ok);
+    gl->q_a_norm = gpu_put(gw, lw->q_a_norm, (size_t)hp->n_lora_q * sizeof(float), &ok);
+    gl->kv_a_norm = gpu_put(gw, lw->kv_a_norm, (size_t)hp->n_lora_kv * sizeof(float), &ok);
     gl->gate = gpu_put_mat(gw, &lw->gate, &ok);
     gl->up = gpu_put_mat(gw, &lw->up, &ok);
     gl->down = gpu_put_mat(gw, &lw->down, &ok);
@@ -1059,6 +1090,13 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
     if (ok && g->head)
         ok = (g->logits = gpu_take(a, B * w.n_vocab * F, c)) != NULL;
+    if (ok && w.mla) {
+        const size_t H = hp->n_head;
+        ok = (g->mla_qa = gpu_take(a, B * (hp->n_lora_q ? hp->n_lora_q : 1) * F, c)) &&
+             (g->mla_q = gpu_take(a, B * H * hp->head_dim_k_mla * F, c)) &&
+             (g->mla_kv = gpu_take(a, B * ((size_t)hp->n_lora_kv + hp->n_rot) * F, c)) &&
+             (g->mla_o = gpu_take(a, B * H * hp->head_dim_v_mla * F, c));
+    }
     if (!ok)
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: KV cache and scratch: %s",
                                  gpu_backend_name(), g->dev, gpu_last_error());
@@ -1422,40 +1460,17 @@ static int gpu_mm_shared(struct executor_gpu *g, const struct gpu_mat *w, const 
     return rc;
 }
 
-/* Self-attention of layer il for the n rows of g->x (g: the batch's scratch), member by member
- * over each member's own cache and positions: adds its output. */
-static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
-                               const struct executor_gpu_member *mb, uint32_t n_mb)
+/* The cache stores and attention of layer il, member by member over each member's own cache and
+ * positions: g->k and g->v rows into the cache, g->q rows over it into g->att. */
+static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
+                              const struct executor_gpu_member *mb, uint32_t n_mb)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const struct gpu_layer      *gl = &g->w->layers[il];
     const struct gpu_widths      w = gpu_widths_of(hp);
-    const int64_t                ne = (int64_t)w.ne;
     const float                  scale =
         hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim_k);
-    if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->attn_norm, n, ne, hp->rms_eps) < 0 ||
-        gpu_mm_shared(g, &gl->wq, g->xn, ne, n, g->q, (int64_t)w.qd, false) < 0 ||
-        gpu_mm_shared(g, &gl->wk, g->xn, ne, n, g->k, (int64_t)w.kd, true) < 0 ||
-        gpu_mm_shared(g, &gl->wv, g->xn, ne, n, g->v, (int64_t)w.vd, true) < 0)
-        return -1;
-    if ((gl->bq && gpu_add_bias(g->q, (int64_t)w.qd, gl->bq, n, (int64_t)w.qd) < 0) ||
-        (gl->bk && gpu_add_bias(g->k, (int64_t)w.kd, gl->bk, n, (int64_t)w.kd) < 0) ||
-        (gl->bv && gpu_add_bias(g->v, (int64_t)w.vd, gl->bv, n, (int64_t)w.vd) < 0))
-        return -1;
-    /* Per head (the norm as wide as a head) or over the whole projection (olmoe). */
-    if (gl->q_norm &&
-        gpu_rmsnorm(g->q, gl->q_norm_n, g->q, gl->q_norm_n, gl->q_norm,
-                    (int64_t)(n * w.qd / gl->q_norm_n), gl->q_norm_n, hp->rms_eps) < 0)
-        return -1;
-    if (gl->k_norm &&
-        gpu_rmsnorm(g->k, gl->k_norm_n, g->k, gl->k_norm_n, gl->k_norm,
-                    (int64_t)(n * w.kd / gl->k_norm_n), gl->k_norm_n, hp->rms_eps) < 0)
-        return -1;
-    const bool     neox = hp->rope_neox != 0;
     const uint32_t window = gl->swa ? hp->n_swa : 0;
-    if (gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0 ||
-        gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0)
-        return -1;
     for (uint32_t i = 0; i < n_mb; i++) {
         const struct executor_gpu_member *b = &mb[i];
         float                            *att = g->att + (size_t)b->row * w.ad;
@@ -1483,6 +1498,104 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         if (rc)
             return -1;
     }
+    return 0;
+}
+
+/* Rows [h * rows / n_head, (h + 1) * rows / n_head) of w: head h's block (fwd_head_block). */
+static struct gpu_mat gpu_head_block(const struct gpu_mat *w, uint32_t h, uint32_t n_head)
+{
+    struct gpu_mat b = *w;
+    b.rows = w->rows / n_head;
+    b.d = (uint8_t *)w->d + (size_t)h * (size_t)b.rows * w->row_bytes;
+    return b;
+}
+
+/* Multi-head latent attention of layer il (deepseek2) as the CPU's fwd_attention_mla, in its
+ * absorbed form: the cache holds per position K = [the normalised latent, the rotated shared
+ * key] and V = the normalised latent (a copy: the device's attention reads values from a cache
+ * of their own); head h's query is attn_k_b[h] . q_nope[h] followed by its rotated q_pe; its
+ * output over the latent expands by attn_v_b[h]. g->xn holds the normed rows. */
+static int gpu_attention_mla(struct executor_gpu *g, uint32_t il, uint32_t n,
+                             const struct executor_gpu_member *mb, uint32_t n_mb)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const int64_t                ne = hp->n_embd, H = hp->n_head, rot = hp->n_rot;
+    const int64_t                kvr = hp->n_lora_kv, kq = hp->head_dim_k_mla, nope = kq - rot;
+    const int64_t                hk = hp->head_dim_k, vm = hp->head_dim_v_mla, lq = hp->n_lora_q;
+    const bool                   neox = hp->rope_neox != 0;
+    if (gl->wq_a.d) {
+        if (gpu_mm_mat(g, &gl->wq_a, g->xn, ne, n, g->mla_qa, lq) < 0 ||
+            gpu_mm_shared(g, &gl->wkv_a, g->xn, ne, n, g->mla_kv, kvr + rot, true) < 0 ||
+            gpu_rmsnorm(g->mla_qa, lq, g->mla_qa, lq, gl->q_a_norm, n, lq, hp->rms_eps) < 0 ||
+            gpu_mm_mat(g, &gl->wq_b, g->mla_qa, lq, n, g->mla_q, H * kq) < 0)
+            return -1;
+    } else if (gpu_mm_mat(g, &gl->wq, g->xn, ne, n, g->mla_q, H * kq) < 0 ||
+               gpu_mm_shared(g, &gl->wkv_a, g->xn, ne, n, g->mla_kv, kvr + rot, true) < 0) {
+        return -1;
+    }
+    /* K = [norm(latent), rope(k_pe)], V = norm(latent); q_pe of every head rotated. */
+    if (gpu_rope(g->mla_kv + kvr, n, kvr + rot, 1, (uint32_t)rot, (uint32_t)rot, g->cs, neox) < 0 ||
+        gpu_rmsnorm(g->k, hk, g->mla_kv, kvr + rot, gl->kv_a_norm, n, kvr, hp->rms_eps) < 0 ||
+        gpu_gather_rows(g->k + kvr, hk, g->mla_kv + kvr, kvr + rot, NULL, n, rot) < 0 ||
+        gpu_gather_rows(g->v, kvr, g->k, hk, NULL, n, kvr) < 0 ||
+        gpu_rope(g->mla_q + nope, n, H * kq, (uint32_t)H, (uint32_t)kq, (uint32_t)rot, g->cs,
+                 neox) < 0)
+        return -1;
+    /* Absorb: head h's query over the latent is attn_k_b[h] . q_nope[h], then its q_pe. */
+    for (uint32_t h = 0; h < H; h++) {
+        const struct gpu_mat kb = gpu_head_block(&gl->wk_b, h, (uint32_t)H);
+        if (gpu_mm_mat(g, &kb, g->mla_q + h * kq, H * kq, n, g->q + h * hk, H * hk) < 0)
+            return -1;
+    }
+    if (gpu_gather_rows(g->q + kvr, hk, g->mla_q + nope, kq, NULL, (int64_t)n * H, rot) < 0 ||
+        gpu_attend_members(g, il, mb, n_mb) < 0)
+        return -1;
+    /* Expand: head h's value is attn_v_b[h] . its output over the latent. */
+    for (uint32_t h = 0; h < H; h++) {
+        const struct gpu_mat vb = gpu_head_block(&gl->wv_b, h, (uint32_t)H);
+        if (gpu_mm_mat(g, &vb, g->att + h * kvr, H * kvr, n, g->mla_o + h * vm, H * vm) < 0)
+            return -1;
+    }
+    return gpu_mm_add(g, &gl->wo, g->mla_o, H * vm, n, g->x, ne);
+}
+
+/* Self-attention of layer il for the n rows of g->x (g: the batch's scratch), member by member
+ * over each member's own cache and positions: adds its output. */
+static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
+                               const struct executor_gpu_member *mb, uint32_t n_mb)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const struct gpu_layer      *gl = &g->w->layers[il];
+    const struct gpu_widths      w = gpu_widths_of(hp);
+    const int64_t                ne = (int64_t)w.ne;
+    if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->attn_norm, n, ne, hp->rms_eps) < 0)
+        return -1;
+    if (hp->n_lora_kv)
+        return gpu_attention_mla(g, il, n, mb, n_mb);
+    if (gpu_mm_shared(g, &gl->wq, g->xn, ne, n, g->q, (int64_t)w.qd, false) < 0 ||
+        gpu_mm_shared(g, &gl->wk, g->xn, ne, n, g->k, (int64_t)w.kd, true) < 0 ||
+        gpu_mm_shared(g, &gl->wv, g->xn, ne, n, g->v, (int64_t)w.vd, true) < 0)
+        return -1;
+    if ((gl->bq && gpu_add_bias(g->q, (int64_t)w.qd, gl->bq, n, (int64_t)w.qd) < 0) ||
+        (gl->bk && gpu_add_bias(g->k, (int64_t)w.kd, gl->bk, n, (int64_t)w.kd) < 0) ||
+        (gl->bv && gpu_add_bias(g->v, (int64_t)w.vd, gl->bv, n, (int64_t)w.vd) < 0))
+        return -1;
+    /* Per head (the norm as wide as a head) or over the whole projection (olmoe). */
+    if (gl->q_norm &&
+        gpu_rmsnorm(g->q, gl->q_norm_n, g->q, gl->q_norm_n, gl->q_norm,
+                    (int64_t)(n * w.qd / gl->q_norm_n), gl->q_norm_n, hp->rms_eps) < 0)
+        return -1;
+    if (gl->k_norm &&
+        gpu_rmsnorm(g->k, gl->k_norm_n, g->k, gl->k_norm_n, gl->k_norm,
+                    (int64_t)(n * w.kd / gl->k_norm_n), gl->k_norm_n, hp->rms_eps) < 0)
+        return -1;
+    const bool neox = hp->rope_neox != 0;
+    if (gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0 ||
+        gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs, neox) <
+            0 ||
+        gpu_attend_members(g, il, mb, n_mb) < 0)
+        return -1;
     if (gl->attn_sub_norm && gpu_rmsnorm(g->att, (int64_t)w.ad, g->att, (int64_t)w.ad,
                                          gl->attn_sub_norm, n, (int64_t)w.ad, hp->rms_eps) < 0)
         return -1;
@@ -2031,8 +2144,9 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID ? 1 : 0;
     if (gpu_mm_mat(g, &gl->gate_inp, g->xn, ne, n, g->router, E) < 0 ||
-        gpu_moe_route(g->router, gl->exp_probs_b, n, E, K, gating, hp->norm_topk_prob != 0,
-                      hp->expert_weights_scale, g->sel, g->sel_w) < 0)
+        gpu_moe_route(g->router, gl->exp_probs_b, n, E, K, hp->n_expert_groups, hp->n_group_used,
+                      gating, hp->norm_topk_prob != 0, hp->expert_weights_scale, g->sel,
+                      g->sel_w) < 0)
         return -1;
     if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */

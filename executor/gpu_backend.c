@@ -592,13 +592,14 @@ int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void
 }
 
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                  uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
+                  uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
+                  float scale, int32_t *sel, float *sel_w)
 {
     const uint64_t t0 = prof_begin();
-    return prof_end(
-        t0, "moe_route",
-        be() ? be()->moe_route(logits, bias, n_tok, n_expert, k, gating, norm, scale, sel, sel_w)
-             : -1);
+    return prof_end(t0, "moe_route",
+                    be() ? be()->moe_route(logits, bias, n_tok, n_expert, k, n_group, n_group_used,
+                                           gating, norm, scale, sel, sel_w)
+                         : -1);
 }
 
 int gpu_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,

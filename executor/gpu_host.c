@@ -1201,11 +1201,44 @@ static int h_attention_q8(float *out, const float *q, const void *k_cache, const
     return rc;
 }
 
+/* gpu_moe_route's group-limited selection: the experts of every group outside the n_used best
+ * (a group scoring the sum of its two best scores s) marked taken, so that none is selected. */
+static void h_route_groups(const float *s, uint32_t n_expert, uint32_t n_group, uint32_t n_used,
+                           unsigned char *taken)
+{
+    const uint32_t per = n_expert / n_group;
+    float          gs[GPU_ROUTE_MAX_GROUPS];
+    bool           kept[GPU_ROUTE_MAX_GROUPS] = {false};
+    for (uint32_t g = 0; g < n_group; g++) {
+        const float *gr = s + (size_t)g * per;
+        int          b0 = -1, b1 = -1; /* the best two, ties to the lower index */
+        for (uint32_t e = 0; e < per; e++)
+            if (b0 < 0 || gr[e] > gr[b0]) {
+                b1 = b0;
+                b0 = (int)e;
+            } else if (b1 < 0 || gr[e] > gr[b1]) {
+                b1 = (int)e;
+            }
+        gs[g] = b1 < 0 ? gr[b0] : gr[b0] + gr[b1];
+    }
+    for (uint32_t j = 0; j < n_used; j++) {
+        int bg = -1;
+        for (uint32_t g = 0; g < n_group; g++)
+            if (!kept[g] && (bg < 0 || gs[g] > gs[bg]))
+                bg = (int)g;
+        kept[bg] = true;
+    }
+    for (uint32_t e = 0; e < n_expert; e++)
+        taken[e] = !kept[e / per];
+}
+
 static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                       uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
+                       uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
+                       float scale, int32_t *sel, float *sel_w)
 {
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E || k == 0 ||
-        k > n_expert || k > HOST_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX)
+        k > n_expert || k > HOST_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX ||
+        !gpu_route_groups_ok(n_expert, k, n_group, n_group_used))
         return h_bad("gpu_moe_route: bad arguments");
     float         *p = malloc(n_expert * sizeof(float)), *s = malloc(n_expert * sizeof(float));
     unsigned char *taken = malloc(n_expert);
@@ -1237,6 +1270,8 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
             s[e] = bias ? p[e] + bias[e] : p[e];
             taken[e] = 0;
         }
+        if (n_group > 1)
+            h_route_groups(s, n_expert, n_group, n_group_used, taken);
         int32_t *so = sel + (int64_t)t * k;
         float   *wo = sel_w + (int64_t)t * k;
         for (uint32_t j = 0; j < k; j++) { /* the highest score, ties to the lower index */
@@ -1334,10 +1369,11 @@ static int h_gated_add(float *x, const float *y, const float *gate, uint32_t n_t
 static int h_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                   const int32_t *rows, int64_t n, int64_t width, bool gather)
 {
-    if (!dst || !src || !rows || n < 0 || width < 0 || dst_stride < width || src_stride < width)
+    if (!dst || !src || (!rows && !gather) || n < 0 || width < 0 || dst_stride < width ||
+        src_stride < width)
         return h_bad(gather ? "gpu_gather_rows: bad arguments" : "gpu_scatter_rows: bad arguments");
     for (int64_t r = 0; r < n; r++) {
-        const int64_t rd = gather ? r : rows[r], rs = gather ? rows[r] : r;
+        const int64_t rd = gather ? r : rows[r], rs = !gather ? r : rows ? rows[r] : r;
         memmove(dst + rd * dst_stride, src + rs * src_stride, (size_t)width * sizeof(float));
     }
     return 0;

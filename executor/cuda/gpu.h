@@ -313,12 +313,26 @@ int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void
                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
                      float scale, uint32_t window, float *scratch);
 /* MoE routing of n_tok tokens from router logits (n_tok rows of n_expert): probabilities by
- * softmax (gating 0) or sigmoid (gating 1); selection by top-k of probability + bias[e] (bias
- * NULL = none; ties to the lower index); weights = the chosen probabilities, divided by their sum
- * (clamped below at 6.103515625e-5) when norm, times scale when scale is not 0 or 1. sel and
- * sel_w: n_tok rows of k. */
+ * softmax (gating 0) or sigmoid (gating 1); selection by top-k of the score probability +
+ * bias[e] (bias NULL = none; ties to the lower index); weights = the chosen probabilities,
+ * divided by their sum (clamped below at 6.103515625e-5) when norm, times scale when scale is not
+ * 0 or 1. sel and sel_w: n_tok rows of k. With n_group > 1 (DeepSeek V3's group-limited
+ * selection) the experts are n_group groups of n_expert / n_group in index order, a group scores
+ * the sum of its two best scores (its best alone with one expert a group), and only the experts
+ * of the n_group_used best groups (ties to the lower index) are selected from: n_group divides
+ * n_expert, is at most 64, n_group_used < n_group, k <= n_group_used * n_expert / n_group. */
+#define GPU_ROUTE_MAX_GROUPS 64u
+/* Whether gpu_moe_route's group arguments are good (n_group 0 or 1: no groups). */
+static inline bool gpu_route_groups_ok(uint32_t n_expert, uint32_t k, uint32_t n_group,
+                                       uint32_t n_group_used)
+{
+    return n_group <= 1 ||
+           (n_group <= GPU_ROUTE_MAX_GROUPS && n_expert % n_group == 0 && n_group_used > 0 &&
+            n_group_used < n_group && k <= n_group_used * (n_expert / n_group));
+}
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                  uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+                  uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
+                  float scale, int32_t *sel, float *sel_w);
 /* x row t (width ne) += sum over j < k, in order j = 0.., of sel_w[t * k + j] * y row (t * k + j);
  * t < n_tok. */
 /* The n (token, slot) items of a step by expert, on the device: items[] (device) lists the item
@@ -333,7 +347,7 @@ int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok
  * of gate[t] computed as llama.cpp does, silu(g) / g (0.5 at g = 0); t < n_tok. */
 int gpu_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne);
 /* dst row i (width, dst_stride apart) = src row rows[i] (src_stride apart), i < n; rows is device
- * memory. */
+ * memory, or NULL: src row i (a strided copy). */
 int gpu_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                     const int32_t *rows, int64_t n, int64_t width);
 /* dst row rows[i] = src row i, i < n; rows is device memory. */
@@ -433,7 +447,8 @@ struct gpu_backend {
                         uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
                         uint32_t head_dim_v, float scale, uint32_t window, float *scratch);
     int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                     uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+                     uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
+                     float scale, int32_t *sel, float *sel_w);
     int (*moe_sort)(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
                     struct gpu_mm_tile *tiles, int32_t *n_tiles);
     int (*moe_combine)(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,

@@ -78,7 +78,8 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
                       float scale, uint32_t window, float *scratch);
 int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w);
+                   uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
+                   float scale, int32_t *sel, float *sel_w);
 int cuda_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                      uint32_t ne);
 int cuda_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne);

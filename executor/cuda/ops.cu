@@ -892,20 +892,62 @@ static __device__ bool ops_route_better(float v, int i, float bv, int bi)
     return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
 }
 
+/* Group-limited selection (n_group > 1): a lane per group scores it by the sum of its two best
+ * scores (ties to the lower index, as the CPU's fwd_topk), lane 0 keeps the n_used best groups
+ * (ties to the lower index), and the experts of the others are marked taken. */
+static __device__ void ops_route_groups(const float *s, uint32_t n_expert, uint32_t n_group,
+                                        uint32_t n_used, float *gs, unsigned char *kept,
+                                        unsigned char *taken)
+{
+    const unsigned lane = threadIdx.x;
+    const uint32_t per = n_expert / n_group;
+    for (uint32_t g = lane; g < n_group; g += 32) {
+        const float *gr = s + (size_t)g * per;
+        int          b0 = -1, b1 = -1;
+        for (uint32_t e = 0; e < per; e++)
+            if (b0 < 0 || gr[e] > gr[b0]) {
+                b1 = b0;
+                b0 = (int)e;
+            } else if (b1 < 0 || gr[e] > gr[b1]) {
+                b1 = (int)e;
+            }
+        gs[g] = b1 < 0 ? gr[b0] : __fadd_rn(gr[b0], gr[b1]);
+        kept[g] = 0;
+    }
+    __syncwarp();
+    if (lane == 0)
+        for (uint32_t j = 0; j < n_used; j++) {
+            int bg = -1;
+            for (uint32_t g = 0; g < n_group; g++)
+                if (!kept[g] && (bg < 0 || gs[g] > gs[bg]))
+                    bg = (int)g;
+            kept[bg] = 1;
+        }
+    __syncwarp();
+    for (uint32_t e = lane; e < n_expert; e += 32)
+        taken[e] = !kept[e / per];
+    __syncwarp();
+}
+
 /* One warp per token (blockDim.x == 32, blockIdx.x the token). Shared: p (n_expert), the
- * selection scores s (n_expert, only with a bias) and the taken flags. Probabilities as
- * moe_route/fwd_softmax: expf(l - max), the sum in double, times (float)(1 / sum); selection
- * by k rounds of a warp argmax over the experts not yet taken, the winner the highest score,
- * ties to the lower index (fwd_topk, for scores without NaN). Lane 0 finishes the k weights in
- * slot order as the CPU does. */
+ * selection scores s (n_expert, only with a bias), the group scores (n_group, only with
+ * groups), the taken flags and the groups' kept flags. Probabilities as moe_route/fwd_softmax:
+ * expf(l - max), the sum in double, times (float)(1 / sum); selection by k rounds of a warp
+ * argmax over the experts not yet taken, the winner the highest score, ties to the lower index
+ * (fwd_topk, for scores without NaN). Lane 0 finishes the k weights in slot order as the CPU
+ * does. */
 static __global__ void ops_moe_route_kernel(const float *logits, const float *bias,
-                                            uint32_t n_expert, uint32_t k, int gating, bool norm,
+                                            uint32_t n_expert, uint32_t k, uint32_t n_group,
+                                            uint32_t n_group_used, int gating, bool norm,
                                             float scale, int32_t *sel, float *sel_w)
 {
     extern __shared__ float rs[];
+    const uint32_t          G = n_group > 1 ? n_group : 0;
     float                  *p = rs;
     float                  *s = bias ? rs + n_expert : rs;
-    unsigned char          *taken = (unsigned char *)(rs + (bias ? 2 * n_expert : n_expert));
+    float                  *gs = rs + (bias ? 2 * n_expert : n_expert);
+    unsigned char          *taken = (unsigned char *)(gs + G);
+    unsigned char          *kept = taken + n_expert;
     const unsigned          lane = threadIdx.x;
     const float            *l = logits + (int64_t)blockIdx.x * n_expert;
 
@@ -934,6 +976,8 @@ static __global__ void ops_moe_route_kernel(const float *logits, const float *bi
         taken[e] = 0;
     }
     __syncwarp();
+    if (G)
+        ops_route_groups(s, n_expert, G, n_group_used, gs, kept, taken);
 
     int32_t *so = sel + (int64_t)blockIdx.x * k;
     for (uint32_t j = 0; j < k; j++) {
@@ -975,16 +1019,19 @@ static __global__ void ops_moe_route_kernel(const float *logits, const float *bi
 }
 
 int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
-                   uint32_t k, int gating, bool norm, float scale, int32_t *sel, float *sel_w)
+                   uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
+                   float scale, int32_t *sel, float *sel_w)
 {
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > OPS_ROUTE_MAX_E || k == 0 ||
-        k > n_expert || k > OPS_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX)
+        k > n_expert || k > OPS_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX ||
+        !gpu_route_groups_ok(n_expert, k, n_group, n_group_used))
         return ops_bad("gpu_moe_route: bad arguments");
     if (n_tok == 0)
         return 0;
-    const size_t shm = sizeof(float) * n_expert * (bias ? 2 : 1) + n_expert;
-    ops_moe_route_kernel<<<n_tok, 32, shm, gpu_stream()>>>(logits, bias, n_expert, k, gating, norm,
-                                                           scale, sel, sel_w);
+    const uint32_t G = n_group > 1 ? n_group : 0;
+    const size_t   shm = sizeof(float) * (n_expert * (bias ? 2 : 1) + G) + n_expert + G;
+    ops_moe_route_kernel<<<n_tok, 32, shm, gpu_stream()>>>(
+        logits, bias, n_expert, k, n_group, n_group_used, gating, norm, scale, sel, sel_w);
     return GPU_LAUNCHED("ops_moe_route_kernel");
 }
 
@@ -1117,7 +1164,8 @@ int cuda_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t til
 
 /* ---- row gather / scatter ----------------------------------------------------------------- */
 
-/* dst row (gather ? i : rows[i]) = src row (gather ? rows[i] : i), one thread per element. */
+/* dst row (gather ? i : rows[i]) = src row (gather ? rows[i] : i), one thread per element; a
+ * gather without rows copies row i. */
 static __global__ void ops_rows_kernel(float *dst, int64_t dst_stride, const float *src,
                                        int64_t src_stride, const int32_t *rows, int64_t n,
                                        int64_t width, bool gather)
@@ -1126,7 +1174,7 @@ static __global__ void ops_rows_kernel(float *dst, int64_t dst_stride, const flo
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / width, c = i - r * width;
-        const int64_t rd = gather ? r : rows[r], rs = gather ? rows[r] : r;
+        const int64_t rd = gather ? r : rows[r], rs = !gather ? r : rows ? rows[r] : r;
         dst[rd * dst_stride + c] = src[rs * src_stride + c];
     }
 }
@@ -1134,7 +1182,8 @@ static __global__ void ops_rows_kernel(float *dst, int64_t dst_stride, const flo
 static int ops_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                     const int32_t *rows, int64_t n, int64_t width, bool gather)
 {
-    if (!dst || !src || !rows || n < 0 || width < 0 || dst_stride < width || src_stride < width)
+    if (!dst || !src || (!rows && !gather) || n < 0 || width < 0 || dst_stride < width ||
+        src_stride < width)
         return ops_bad(gather ? "gpu_gather_rows: bad arguments"
                               : "gpu_scatter_rows: bad arguments");
     if (n == 0 || width == 0)

@@ -243,16 +243,18 @@ Test(cli_archs, gpt_oss_matches_llama_cpp_and_streams, .timeout = 300)
 }
 
 /* DeepSeek V3's shape: latent attention with q LoRA, a dense first layer, a shared expert,
- * sigmoid routing with a selection bias over 4 groups, renormalised and scaled weights, YaRN. */
+ * sigmoid routing with a selection bias over 4 groups, renormalised and scaled weights, YaRN; on
+ * the CPU and on the device path (host backend). */
 Test(cli_archs, deepseek2_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("deepseek2", true);
+    check_arch_on("deepseek2", true, true);
 }
 
-/* V2-Lite's: one q projection, softmax routing; llama.cpp knows it by its 27 layers. */
+/* V2-Lite's: one q projection, softmax routing; llama.cpp knows it by its 27 layers. CPU and
+ * device path. */
 Test(cli_archs, deepseek2_lite_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("deepseek2-lite", true);
+    check_arch_on("deepseek2-lite", true, true);
 }
 
 /* bitnet: sub-norms before the output and down projections, a per-tensor scale after each of the

@@ -821,7 +821,7 @@ static void rng_perm(uint32_t *perm, uint32_t n)
 }
 
 struct route_case {
-    uint32_t n_expert, k;
+    uint32_t n_expert, k, n_group, n_group_used;
     int      gating;
     bool     bias, norm;
     float    scale;
@@ -837,6 +837,47 @@ static bool route_gapped(const double *s, uint32_t n, uint32_t k)
         if (s[top[j]] - s[top[j + 1]] <= 1e-5 * fabs(s[top[0]]))
             return false;
     return true;
+}
+
+/* DeepSeek V3's group-limited selection on double scores s: each group of E / G scores the sum of
+ * its two best, and the scores of every group outside the `used` best become -inf. Returns whether
+ * the top used + 1 group scores are clearly apart (route_gapped), so that f32 agrees. */
+static bool ref_route_groups(double *s, uint32_t E, uint32_t G, uint32_t used)
+{
+    const uint32_t per = E / G;
+    double         gs[64] = {0};
+    int32_t        top[2], keep[64];
+    for (uint32_t g = 0; g < G; g++) {
+        ref_topk(s + (size_t)g * per, per, per < 2 ? per : 2, top);
+        gs[g] = s[(size_t)g * per + (uint32_t)top[0]];
+        if (per >= 2)
+            gs[g] += s[(size_t)g * per + (uint32_t)top[1]];
+    }
+    const bool gapped = route_gapped(gs, G, used + 1);
+    ref_topk(gs, G, used, keep);
+    for (uint32_t g = 0; g < G; g++) {
+        bool kept = false;
+        for (uint32_t i = 0; i < used; i++)
+            kept = kept || keep[i] == (int32_t)g;
+        for (uint32_t e = 0; !kept && e < per; e++)
+            s[(size_t)g * per + e] = -(double)INFINITY;
+    }
+    return gapped;
+}
+
+/* The selection scores of a token: p + bias, with groups limited as ref_route_groups; whether
+ * they are clearly apart where it matters. */
+static bool ref_route_scores(const struct route_case *rc, const double *p, const float *bias,
+                             double *s, uint32_t K1)
+{
+    const uint32_t E = rc->n_expert;
+    for (uint32_t e = 0; e < E; e++)
+        s[e] = p[e] + (double)bias[e];
+    const bool groups_gapped =
+        rc->n_group <= 1 || ref_route_groups(s, E, rc->n_group, rc->n_group_used);
+    /* With groups the k + 1st may be masked (-inf): the top k must still be apart. */
+    const uint32_t kept = rc->n_group > 1 ? rc->n_group_used * (E / rc->n_group) : E;
+    return groups_gapped && route_gapped(s, E, K1 < kept ? K1 : kept);
 }
 
 /* Routes n_tok tokens whose logits are a permutation of evenly spaced values (clear gaps between
@@ -864,22 +905,20 @@ static void route_run(const struct route_case *rc)
             for (uint32_t e = 0; e < E; e++)
                 l[e] = (float)(-4.0 + gap * ((double)perm[e] + 0.2 * (double)rng_uniform()));
             ref_probs(l, E, rc->gating, p);
-            for (uint32_t e = 0; e < E; e++)
-                s[e] = p[e] + (double)bias[e];
-        } while (!route_gapped(s, E, K1));
+        } while (!ref_route_scores(rc, p, bias, s, K1));
     }
     float   *dl = dev_from(logits, (size_t)n_tok * E * sizeof(float));
     float   *db = rc->bias ? dev_from(bias, E * sizeof(float)) : NULL;
     int32_t *dsel = dev_poisoned((size_t)n_tok * K * sizeof(int32_t));
     float   *dw = dev_poisoned((size_t)n_tok * K * sizeof(float));
-    cr_assert_eq(gpu_moe_route(dl, db, n_tok, E, K, rc->gating, rc->norm, rc->scale, dsel, dw), 0,
-                 "%s", gpu_last_error());
+    cr_assert_eq(gpu_moe_route(dl, db, n_tok, E, K, rc->n_group, rc->n_group_used, rc->gating,
+                               rc->norm, rc->scale, dsel, dw),
+                 0, "%s", gpu_last_error());
     dev_to(sel, dsel, (size_t)n_tok * K * sizeof(int32_t));
     dev_to(sel_w, dw, (size_t)n_tok * K * sizeof(float));
     for (uint32_t t = 0; t < n_tok; t++) {
         ref_probs(logits + (size_t)t * E, E, rc->gating, p);
-        for (uint32_t e = 0; e < E; e++)
-            s[e] = p[e] + (double)bias[e];
+        ref_route_scores(rc, p, bias, s, K1);
         ref_topk(s, E, K, want);
         double sum = 0.0;
         for (uint32_t j = 0; j < K; j++)
@@ -888,8 +927,10 @@ static void route_run(const struct route_case *rc)
         const double mul = rc->scale != 0.0f && rc->scale != 1.0f ? (double)rc->scale : 1.0;
         for (uint32_t j = 0; j < K; j++) {
             cr_assert_eq(sel[t * K + j], want[j],
-                         "E %u k %u gating %d bias %d: token %u slot %u chose %d, want %d", E, K,
-                         rc->gating, rc->bias, t, j, sel[t * K + j], want[j]);
+                         "E %u k %u groups %u/%u gating %d bias %d: token %u slot %u chose %d, "
+                         "want %d",
+                         E, K, rc->n_group_used, rc->n_group, rc->gating, rc->bias, t, j,
+                         sel[t * K + j], want[j]);
             const double w = p[want[j]] / div * mul;
             check_close("sel_w", t * K + j, sel_w[t * K + j], w, fabs(w), OPS_RTOL);
         }
@@ -931,6 +972,32 @@ Test(executor_cuda_ops, moe_route_matches_reference)
                         }
 }
 
+/* Description: DeepSeek V3's group-limited selection: 8..256 experts in 2..64 groups (one, two and
+ * many experts a group), 1..G-1 of them kept, k up to what the kept groups hold, softmax and
+ * sigmoid, with and without a bias. */
+Test(executor_cuda_ops, moe_route_groups_match_reference)
+{
+    gpu_or_skip();
+    static const uint32_t cases[][4] = {
+        /* E, G, used, k */
+        {8, 4, 2, 2},   {8, 8, 3, 3},   {16, 2, 1, 8},   {64, 8, 3, 6},    {64, 64, 5, 5},
+        {160, 8, 4, 8}, {256, 8, 4, 8}, {256, 8, 1, 16}, {256, 32, 7, 16}, {256, 16, 15, 33}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        for (int gating = 0; gating < 2; gating++)
+            for (int bias = 0; bias < 2; bias++) {
+                if (cases[i][3] > 64)
+                    continue;
+                route_run(&(struct route_case){.n_expert = cases[i][0],
+                                               .n_group = cases[i][1],
+                                               .n_group_used = cases[i][2],
+                                               .k = cases[i][3],
+                                               .gating = gating,
+                                               .bias = bias != 0,
+                                               .norm = true,
+                                               .scale = 2.5f});
+            }
+}
+
 /* Routes one token of `E` logits (with `bias` or none) and checks the chosen experts. */
 static void route_ties(const float *logits, const float *bias, uint32_t E, uint32_t k, int gating,
                        const int32_t *want)
@@ -939,7 +1006,7 @@ static void route_ties(const float *logits, const float *bias, uint32_t E, uint3
     float   *db = bias ? dev_from(bias, E * sizeof(float)) : NULL;
     int32_t *dsel = dev_poisoned(k * sizeof(int32_t)), sel[16];
     float   *dw = dev_poisoned(k * sizeof(float));
-    cr_assert_eq(gpu_moe_route(dl, db, 1, E, k, gating, true, 0.0f, dsel, dw), 0, "%s",
+    cr_assert_eq(gpu_moe_route(dl, db, 1, E, k, 0, 0, gating, true, 0.0f, dsel, dw), 0, "%s",
                  gpu_last_error());
     dev_to(sel, dsel, k * sizeof(int32_t));
     for (uint32_t j = 0; j < k; j++)
@@ -1131,7 +1198,7 @@ Test(executor_cuda_ops, moe_sort_matches_reference)
 }
 
 /* Description: rows copied by a device index array (gather with repeats, scatter to distinct
- * rows); the other rows and the padding untouched. */
+ * rows) and without one (a strided copy); the other rows and the padding untouched. */
 Test(executor_cuda_ops, gather_scatter_rows_copy_rows)
 {
     gpu_or_skip();
@@ -1165,6 +1232,22 @@ Test(executor_cuda_ops, gather_scatter_rows_copy_rows)
                         cr_assert(is_poison(g), "gather wrote outside its rows");
                 }
             gpu_free(drows);
+            gpu_free(ddst);
+
+            /* Gather without rows: dst row i = src row i (a strided copy). */
+            ddst = dev_poisoned(ndst * sizeof(float));
+            cr_assert_eq(gpu_gather_rows(ddst, ds, dsrc, ss, NULL, n, width), 0, "%s",
+                         gpu_last_error());
+            dev_to(got, ddst, ndst * sizeof(float));
+            for (int64_t r = 0; r < n_src; r++)
+                for (int64_t c = 0; c < ds; c++) {
+                    const float *g = &got[r * ds + c];
+                    if (r < n && c < width)
+                        cr_assert(memcmp(g, &src[r * ss + c], 4) == 0, "copy row %lld",
+                                  (long long)r);
+                    else
+                        cr_assert(is_poison(g), "the copy wrote outside its rows");
+                }
             gpu_free(ddst);
 
             /* Scatter: dst row rows[i] = src row i, distinct rows. */
@@ -1232,9 +1315,18 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 4, 4, 0, 8,
                                1.0f, 0, f),
                  -1, "attention head_dim_k 0");
-    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 9, 0, true, 0.0f, i32, f), -1, "route k > E");
-    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 0, 0, true, 0.0f, i32, f), -1, "route k 0");
-    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 2, true, 0.0f, i32, f), -1, "route gating 2");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 9, 0, 0, 0, true, 0.0f, i32, f), -1, "route k > E");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 0, 0, 0, 0, true, 0.0f, i32, f), -1, "route k 0");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 0, 0, 2, true, 0.0f, i32, f), -1,
+                 "route gating 2");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 3, 1, 0, true, 0.0f, i32, f), -1,
+                 "route groups not dividing the experts");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 4, 4, 0, true, 0.0f, i32, f), -1,
+                 "route every group kept");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 4, 0, 0, true, 0.0f, i32, f), -1,
+                 "route no group kept");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 5, 4, 2, 0, true, 0.0f, i32, f), -1,
+                 "route k over the kept groups' experts");
     cr_assert_eq(gpu_moe_combine(f, f, f, 1, 0, 8), -1, "combine k 0");
     cr_assert_eq(gpu_gated_add(f, f, NULL, 1, 8), -1, "gated_add NULL gate");
     cr_assert_eq(gpu_gather_rows(f, 4, f, 8, i32, 1, 8), -1, "gather dst_stride < width");
@@ -1245,7 +1337,8 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 0, 0, 4, 4, 8, 8,
                                1.0f, 0, f),
                  0, "attention of no tokens");
-    cr_assert_eq(gpu_moe_route(f, NULL, 0, 8, 2, 0, true, 0.0f, i32, f), 0, "route no tokens");
+    cr_assert_eq(gpu_moe_route(f, NULL, 0, 8, 2, 0, 0, 0, true, 0.0f, i32, f), 0,
+                 "route no tokens");
     cr_assert_eq(gpu_sync(), 0, "the stream failed: %s", gpu_last_error());
     gpu_free(f);
     gpu_free(i32);
