@@ -11,8 +11,9 @@ jobs=$(nproc)
 fuzz_secs="${SLUICE_FUZZ_SECONDS:-60}"
 
 # run_suite DIR SANITIZER CTEST_ARGS TARGETS CMAKE_ARGS...: configure, build (TARGETS, or
-# everything when empty), run the tests with ctest. ctest gets twice the cores in slots: a test
-# that computes takes two (tests/CMakeLists.txt), one that mostly waits on daemons one.
+# everything when empty), run the tests with ctest. ctest gets twice the cores plus two in
+# slots: a test that computes takes two (tests/CMakeLists.txt), the two fault suites, which
+# mostly wait on daemons, one each.
 run_suite() {
     local dir=$1 san=$2 ctest_args=$3 targets=$4
     shift 4
@@ -26,7 +27,7 @@ run_suite() {
     fi
     echo "== $dir: tests [${SECONDS}s]"
     # shellcheck disable=SC2086
-    (cd "$dir" && SLUICE_SANITIZER="$san" ctest --output-on-failure -j"$((2 * jobs))" --timeout 1500 $ctest_args)
+    (cd "$dir" && SLUICE_SANITIZER="$san" ctest --output-on-failure -j"$((2 * jobs + 2))" --timeout 1500 $ctest_args)
 }
 
 run_suite build "" "" ""
