@@ -360,7 +360,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     /* The plan leaves out the KV of the layers on a device. Whether the device takes this model
      * is known once it is open (its architecture and types): if not, it opens again with all
      * the KV in the plan (nothing was read yet). */
-    uint32_t n_dev = stream && want_gpu && executor_gpu_usable(NULL, en->so.main_gpu, NULL, 0)
+    uint32_t n_dev = stream && want_gpu && executor_gpu_usable(NULL, en->so.main_gpu, 0, NULL, 0)
                          ? (uint32_t)en->so.n_gpu_layers
                          : 0;
     if (stream)
@@ -370,7 +370,8 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                                  &en->model, &e);
     char why[256] = "";
     bool gpu_ok =
-        rc >= 0 && want_gpu && executor_gpu_usable(en->model, en->so.main_gpu, why, sizeof(why));
+        rc >= 0 && want_gpu &&
+        executor_gpu_usable(en->model, en->so.main_gpu, en->so.n_cpu_moe, why, sizeof(why));
     if (rc >= 0 && n_dev && !gpu_ok) {
         engine_close_stream(en);
         rc = engine_open_stream(en, path, o, 0, &e);

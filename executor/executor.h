@@ -502,10 +502,12 @@ int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes);
 /* One line on the layers the ctx placed on a CUDA device; false (buf untouched) when none. */
 bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len);
-/* Whether `m` can put layers on CUDA device `dev`: true, or false with the reason in `why`
- * (built without CUDA, no driver or device, an architecture or type the CUDA path lacks).
- * m NULL: whether the device is there, whatever the model. */
-bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len);
+/* Whether `m` can put layers on CUDA device `dev` with the MoE of its first n_cpu_moe layers on
+ * the CPU (--n-cpu-moe): true, or false with the reason in `why` (built without CUDA, no driver
+ * or device, an architecture or type the CUDA path lacks). m NULL: whether the device is there,
+ * whatever the model. */
+bool executor_gpu_usable(const struct executor_model *m, int32_t dev, int32_t n_cpu_moe, char *why,
+                         size_t len);
 /* Positions filled so far (tokens decoded since the last reset). */
 uint32_t executor_ctx_n_past(const struct executor_ctx *c);
 /* Logits per token (the model's vocabulary size). */

@@ -44,6 +44,7 @@ struct gpu_layer {
      * kv_a_norm; wk_b and wv_b of n_head blocks of rows. */
     struct gpu_mat     wq_a, wq_b, wkv_a, wk_b, wv_b;
     float             *q_a_norm, *kv_a_norm;
+    float             *sinks, *bo; /* gpt-oss: attention sinks (n_head), the output's bias */
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
     bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
@@ -220,27 +221,43 @@ static size_t gpu_layer_mats(const struct executor_layer_w *lw, const struct exe
     return GPU_LAYER_MATS;
 }
 
-const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, size_t len)
+/* Whether layer il's MoE stays on the CPU (--n-cpu-moe): a layer with routed experts, below
+ * n_cpu_moe. */
+static bool gpu_cpu_moe(const struct executor_model *m, uint32_t il, uint32_t n_cpu_moe)
+{
+    return il < n_cpu_moe && m->layers[il].gate_inp.data != NULL;
+}
+
+const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_cpu_moe, char *buf,
+                                     size_t len)
 {
     const struct common_hparams *hp = &m->desc->hp;
-    if (hp->swiglu_oai || hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT)
-        return "gpt-oss's experts are not on the CUDA path yet";
-    if ((hp->sub_norms || hp->ffn_relu2) && hp->n_expert)
+    const uint32_t               cpu_moe = n_cpu_moe > 0 ? (uint32_t)n_cpu_moe : 0;
+    /* Whether some layer's MoE would run on the device (the rest of the checks below that are
+     * about the MoE concern those layers only). */
+    bool moe_here = false;
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        moe_here = moe_here || (m->layers[il].gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe));
+    if (moe_here && (hp->swiglu_oai || hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT))
+        return "gpt-oss's experts are not on the CUDA path yet (--n-cpu-moe with every layer "
+               "keeps them on the CPU)";
+    if (moe_here && (hp->sub_norms || hp->ffn_relu2) && hp->n_expert)
         return "routed experts with sub-norms or relu^2 are not on the CUDA path yet";
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
-        if (lw->sinks || lw->bo || lw->gate_inp_b)
-            return "attention sinks and output or router biases are not on the CUDA path yet";
+        const bool                     moe = lw->gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe);
+        if (moe && lw->gate_inp_b)
+            return "router biases are not on the CUDA path yet";
         if (lw->ffn_streamed)
             return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
         const struct executor_mat *ms[GPU_LAYER_MATS];
         for (size_t i = 0; i < gpu_layer_mats(lw, ms); i++)
-            if (!gpu_mat_ok(ms[i])) {
+            if ((i < GPU_LAYER_MATS_ATT || moe) && !gpu_mat_ok(ms[i])) {
                 snprintf(buf, len, "layer %u has a %s matrix, which the CUDA path cannot read yet",
                          il, gpu_type_name(ms[i]->type));
                 return buf;
             }
-        for (int p = 0; lw->gate_inp.data && p < COMMON_EXPERT_PART_COUNT; p++)
+        for (int p = 0; moe && p < COMMON_EXPERT_PART_COUNT; p++)
             if (lw->exp_scale[p] != 0.0f)
                 return "per-tensor scales of routed experts are not on the CUDA path yet";
             else if (!gpu_type_supported(lw->exp[p].type)) {
@@ -353,13 +370,6 @@ static struct gpu_widths gpu_widths_of(const struct common_hparams *hp)
     return w;
 }
 
-/* Whether layer il's MoE stays on the CPU (--n-cpu-moe): a layer with routed experts, below
- * n_cpu_moe. */
-static bool gpu_cpu_moe(const struct executor_model *m, uint32_t il, uint32_t n_cpu_moe)
-{
-    return il < n_cpu_moe && m->layers[il].gate_inp.data != NULL;
-}
-
 /* Bytes of one routed expert of layer il, its parts together. */
 static size_t gpu_expert_bytes(const struct executor_model *m, uint32_t il)
 {
@@ -423,6 +433,10 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
             wb += (size_t)hp->n_lora_q * sizeof(float);
         if (lw->kv_a_norm)
             wb += (size_t)hp->n_lora_kv * sizeof(float);
+        if (lw->sinks)
+            wb += (size_t)hp->n_head * sizeof(float);
+        if (lw->bo)
+            wb += w.ne * sizeof(float);
     }
     if (head)
         wb += gpu_mat_bytes(&m->output) + w.ne * sizeof(float);
@@ -464,8 +478,8 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool he
     const struct gpu_widths      w = gpu_widths_of(hp);
     const size_t                 B = n_batch;
     const bool                   q8 = gpu_kv_is_q8(hp, kv);
-    size_t                       kb =
-        (size_t)(hp->n_layer - il0) * n_ctx * (gpu_kv_bytes(w.kd, q8) + gpu_kv_bytes(w.vd, q8));
+    size_t                       kb = (size_t)(hp->n_layer - il0) * n_ctx *
+                (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
     size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
                     hp->n_rot + (w.ff > w.cols ? w.ff : w.cols) + w.mla);
     f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
@@ -901,6 +915,8 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->bq = gpu_put(gw, lw->bq, w.qd * sizeof(float), &ok);
     gl->bk = gpu_put(gw, lw->bk, w.kd * sizeof(float), &ok);
     gl->bv = gpu_put(gw, lw->bv, w.vd * sizeof(float), &ok);
+    gl->sinks = gpu_put(gw, lw->sinks, (size_t)hp->n_head * sizeof(float), &ok);
+    gl->bo = gpu_put(gw, lw->bo, w.ne * sizeof(float), &ok);
     gl->cpu_moe = gpu_cpu_moe(m, il, gw->n_cpu_moe);
     if (!gl->cpu_moe)
         gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
@@ -986,7 +1002,7 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     struct gpu_info info;
     if (gpu_select(dev, &info, why, sizeof(why)) < 0)
         return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
-    const char *no = executor_gpu_unsupported(m, why, sizeof(why));
+    const char *no = executor_gpu_unsupported(m, pl->n_cpu_moe, why, sizeof(why));
     if (no)
         return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
     const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
@@ -1066,7 +1082,8 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     for (uint32_t il = g->il0; il < hp->n_layer && ok; il++) {
         ok =
             (g->k_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.kd, g->kv_q8), &g->bytes_kv)) &&
-            (g->v_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.vd, g->kv_q8), &g->bytes_kv));
+            (w.mla || /* latent attention: the values head the key rows */
+             (g->v_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.vd, g->kv_q8), &g->bytes_kv)));
     }
     ok = ok && (g->x = gpu_take(a, B * w.ne * F, c)) && (g->xn = gpu_take(a, B * w.ne * F, c)) &&
          (g->tmp = gpu_take(a, B * w.ne * F, c)) && (g->gx = gpu_take(a, B * w.ne * F, c)) &&
@@ -1476,8 +1493,9 @@ static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
         float                            *att = g->att + (size_t)b->row * w.ad;
         const float *q = g->q + (size_t)b->row * w.qd, *k = g->k + (size_t)b->row * w.kd,
                     *v = g->v + (size_t)b->row * w.vd;
-        void          *kc = b->g->k_cache[il], *vc = b->g->v_cache[il];
-        const uint32_t kd = (uint32_t)w.kd, vd = (uint32_t)w.vd;
+        /* Latent attention has no value cache (its values head the key rows): vc NULL, vd 0. */
+        void          *kc = b->g->k_cache[il], *vc = w.mla ? NULL : b->g->v_cache[il];
+        const uint32_t kd = (uint32_t)w.kd, vd = w.mla ? 0 : (uint32_t)w.vd;
         /* A graph's kernels read the position from device memory (the same graph every step). */
         const uint32_t *pd = g->capturing ? g->pos_d : NULL;
         int             rc;
@@ -1485,16 +1503,17 @@ static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
             rc = gpu_kv_store_q8(kc, vc, kd, vd, k, v, b->p0, pd, b->n) < 0 ||
                  gpu_attention_q8(att, q, kc, vc, b->n, b->p0, pd, pd ? g->n_ctx : 0, hp->n_head,
                                   hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
-                                  g->att_scratch) < 0;
+                                  g->att_scratch, gl->sinks) < 0;
         else if (pd)
-            rc =
-                gpu_kv_store_at(kc, vc, kd, vd, k, v, pd, b->n) < 0 ||
-                gpu_attention_at(att, q, kc, vc, b->n, pd, g->n_ctx, hp->n_head, hp->n_head_kv,
-                                 hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch) < 0;
+            rc = gpu_kv_store_at(kc, vc, kd, vd, k, v, pd, b->n) < 0 ||
+                 gpu_attention_at(att, q, kc, vc, b->n, pd, g->n_ctx, hp->n_head, hp->n_head_kv,
+                                  hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch,
+                                  gl->sinks) < 0;
         else
             rc = gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
                  gpu_attention(att, q, kc, vc, b->n, b->p0, hp->n_head, hp->n_head_kv,
-                               hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch) < 0;
+                               hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch,
+                               gl->sinks) < 0;
         if (rc)
             return -1;
     }
@@ -1512,9 +1531,9 @@ static struct gpu_mat gpu_head_block(const struct gpu_mat *w, uint32_t h, uint32
 
 /* Multi-head latent attention of layer il (deepseek2) as the CPU's fwd_attention_mla, in its
  * absorbed form: the cache holds per position K = [the normalised latent, the rotated shared
- * key] and V = the normalised latent (a copy: the device's attention reads values from a cache
- * of their own); head h's query is attn_k_b[h] . q_nope[h] followed by its rotated q_pe; its
- * output over the latent expands by attn_v_b[h]. g->xn holds the normed rows. */
+ * key], whose head are the values (no value cache); head h's query is attn_k_b[h] . q_nope[h]
+ * followed by its rotated q_pe; its output over the latent expands by attn_v_b[h]. g->xn holds
+ * the normed rows. */
 static int gpu_attention_mla(struct executor_gpu *g, uint32_t il, uint32_t n,
                              const struct executor_gpu_member *mb, uint32_t n_mb)
 {
@@ -1534,11 +1553,10 @@ static int gpu_attention_mla(struct executor_gpu *g, uint32_t il, uint32_t n,
                gpu_mm_shared(g, &gl->wkv_a, g->xn, ne, n, g->mla_kv, kvr + rot, true) < 0) {
         return -1;
     }
-    /* K = [norm(latent), rope(k_pe)], V = norm(latent); q_pe of every head rotated. */
+    /* K = [norm(latent), rope(k_pe)] (V its head); q_pe of every head rotated. */
     if (gpu_rope(g->mla_kv + kvr, n, kvr + rot, 1, (uint32_t)rot, (uint32_t)rot, g->cs, neox) < 0 ||
         gpu_rmsnorm(g->k, hk, g->mla_kv, kvr + rot, gl->kv_a_norm, n, kvr, hp->rms_eps) < 0 ||
         gpu_gather_rows(g->k + kvr, hk, g->mla_kv + kvr, kvr + rot, NULL, n, rot) < 0 ||
-        gpu_gather_rows(g->v, kvr, g->k, hk, NULL, n, kvr) < 0 ||
         gpu_rope(g->mla_q + nope, n, H * kq, (uint32_t)H, (uint32_t)kq, (uint32_t)rot, g->cs,
                  neox) < 0)
         return -1;
@@ -1599,6 +1617,12 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
     if (gl->attn_sub_norm && gpu_rmsnorm(g->att, (int64_t)w.ad, g->att, (int64_t)w.ad,
                                          gl->attn_sub_norm, n, (int64_t)w.ad, hp->rms_eps) < 0)
         return -1;
+    if (gl->bo) /* the bias added to the product before the residual, as the CPU's order */
+        return gpu_mm_mat(g, &gl->wo, g->att, (int64_t)w.ad, n, g->tmp, ne) < 0 ||
+                       gpu_add_bias(g->tmp, ne, gl->bo, n, ne) < 0 ||
+                       gpu_add(g->x, g->x, g->tmp, (int64_t)n * ne) < 0
+                   ? -1
+                   : 0;
     return gpu_mm_add(g, &gl->wo, g->att, (int64_t)w.ad, n, g->x, ne);
 }
 
@@ -2349,7 +2373,8 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
                                         e);
 }
 
-bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why, size_t len)
+bool executor_gpu_usable(const struct executor_model *m, int32_t dev, int32_t n_cpu_moe, char *why,
+                         size_t len)
 {
     char buf[256];
     if (!why || !len) {
@@ -2361,7 +2386,7 @@ bool executor_gpu_usable(const struct executor_model *m, int32_t dev, char *why,
         return false;
     if (!m)
         return true;
-    const char *no = executor_gpu_unsupported(m, why, len);
+    const char *no = executor_gpu_unsupported(m, n_cpu_moe, why, len);
     if (no && no != why)
         snprintf(why, len, "%s", no);
     return !no;

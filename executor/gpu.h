@@ -10,8 +10,10 @@
 struct executor_gpu;
 
 /* Why `m` cannot run on the GPU (a line for the user), or NULL when it can: the architectures
- * and weight types the CUDA path implements. */
-const char *executor_gpu_unsupported(const struct executor_model *m, char *buf, size_t len);
+ * and weight types the CUDA path implements; the MoE of the first n_cpu_moe layers runs on the
+ * CPU (--n-cpu-moe) and is not asked about. */
+const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_cpu_moe, char *buf,
+                                     size_t len);
 
 /* One sequence's device side: a KV cache of n_ctx positions for the device's layers (f16, or
  * q8_0 as pl->cache_type says) and

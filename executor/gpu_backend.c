@@ -541,27 +541,27 @@ int gpu_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint
 int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                  float *scratch)
+                  float *scratch, const float *sinks)
 {
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "attention",
-                    be()
-                        ? be()->attention(out, q, k_cache, v_cache, n_tok, pos0, NULL, 0, n_head,
-                                          n_head_kv, head_dim_k, head_dim_v, scale, window, scratch)
-                        : -1);
+                    be() ? be()->attention(out, q, k_cache, v_cache, n_tok, pos0, NULL, 0, n_head,
+                                           n_head_kv, head_dim_k, head_dim_v, scale, window,
+                                           scratch, sinks)
+                         : -1);
 }
 
 int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                      uint32_t n_tok, const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
                      uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v, float scale,
-                     uint32_t window, float *scratch)
+                     uint32_t window, float *scratch, const float *sinks)
 {
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "attention",
                     be() && pos_dev && row_stride
                         ? be()->attention(out, q, k_cache, v_cache, n_tok, 0, pos_dev, row_stride,
                                           n_head, n_head_kv, head_dim_k, head_dim_v, scale, window,
-                                          scratch)
+                                          scratch, sinks)
                         : -1);
 }
 
@@ -580,14 +580,14 @@ int gpu_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_w
 int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
                      uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                     float scale, uint32_t window, float *scratch)
+                     float scale, uint32_t window, float *scratch, const float *sinks)
 {
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "attention",
                     be() && be()->attention_q8 && (!pos_dev || row_stride)
                         ? be()->attention_q8(out, q, k_cache, v_cache, n_tok, pos0, pos_dev,
                                              row_stride, n_head, n_head_kv, head_dim_k, head_dim_v,
-                                             scale, window, scratch)
+                                             scale, window, scratch, sinks)
                         : -1);
 }
 

@@ -1017,16 +1017,19 @@ static float h_round_f16(float x)
 }
 
 /* The attention kernels' softmax over sc[lo, hi): exp(s - max) in place, in f32; returns one
- * over their sum (the probabilities are sc[p] times it). */
-static float h_softmax_exp(float *sc, uint32_t lo, uint32_t hi)
+ * over their sum (the probabilities are sc[p] times it). A sink (sinks NULL: none) takes part in
+ * the max and the sum. */
+static float h_softmax_exp(float *sc, uint32_t lo, uint32_t hi, const float *sink)
 {
-    float mx = -INFINITY, total = 0.0f;
+    float mx = sink ? *sink : -INFINITY, total = 0.0f;
     for (uint32_t p = lo; p < hi; p++)
         mx = fmaxf(mx, sc[p]);
     for (uint32_t p = lo; p < hi; p++) {
         sc[p] = expf(sc[p] - mx);
         total += sc[p];
     }
+    if (sink)
+        total += expf(*sink - mx);
     return 1.0f / total;
 }
 
@@ -1036,23 +1039,26 @@ static float h_softmax_exp(float *sc, uint32_t lo, uint32_t hi)
 static int h_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                        uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                        uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
-                       uint32_t head_dim_v, float scale, uint32_t window, float *scratch)
+                       uint32_t head_dim_v, float scale, uint32_t window, float *scratch,
+                       const float *sinks)
 {
     if (pos_dev) {
         pos0 = *pos_dev;
         if ((uint64_t)pos0 + n_tok > row_stride)
             return h_bad("gpu_attention: positions past the scratch's row");
     }
-    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
-        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 ||
-        head_dim_k > HOST_ATT_MAX_DIM || head_dim_v > HOST_ATT_MAX_DIM ||
+    if (!out || !q || !k_cache || (!v_cache && (n_head_kv != 1 || head_dim_v > head_dim_k)) ||
+        !scratch || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim_k == 0 ||
+        head_dim_v == 0 || head_dim_k > HOST_ATT_MAX_DIM || head_dim_v > HOST_ATT_MAX_DIM ||
         (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
         return h_bad("gpu_attention: bad arguments");
     if (n_tok == 0)
         return 0;
     const uint32_t gqa = n_head / n_head_kv;
     const int64_t  k_width = (int64_t)n_head_kv * head_dim_k,
-                  v_width = (int64_t)n_head_kv * head_dim_v;
+                  v_width = v_cache ? (int64_t)n_head_kv * head_dim_v : k_width;
+    if (!v_cache) /* latent attention: the values head the key rows */
+        v_cache = k_cache;
     float *qr = malloc(head_dim_k * sizeof(float)), *kf = malloc(head_dim_k * sizeof(float));
     float *sc = malloc(((size_t)pos0 + n_tok) * sizeof(float));
     if (!qr || !kf || !sc) {
@@ -1075,7 +1081,7 @@ static int h_attention(float *out, const float *q, const uint16_t *k_cache, cons
                     kf[d] = executor_fp16_to_fp32(kr[d]);
                 sc[p] = h_dot(qr, kf, head_dim_k) * scale;
             }
-            const float inv = h_softmax_exp(sc, p_lo, last);
+            const float inv = h_softmax_exp(sc, p_lo, last, sinks ? &sinks[h] : NULL);
             float      *o = out + ((int64_t)t * n_head + h) * head_dim_v;
             memset(o, 0, head_dim_v * sizeof(*o));
             for (uint32_t p = p_lo; p < last; p++) {
@@ -1142,25 +1148,28 @@ static int h_attention_q8(float *out, const float *q, const void *k_cache, const
                           uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev,
                           uint32_t row_stride, uint32_t n_head, uint32_t n_head_kv,
                           uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                          float *scratch)
+                          float *scratch, const float *sinks)
 {
     if (pos_dev) {
         pos0 = *pos_dev;
         if ((uint64_t)pos0 + n_tok > row_stride)
             return h_bad("gpu_attention_q8: positions past the scratch's row");
     }
-    if (!out || !q || !k_cache || !v_cache || !scratch || n_head == 0 || n_head_kv == 0 ||
-        n_head % n_head_kv != 0 || head_dim_k == 0 || head_dim_v == 0 || head_dim_k % 32 ||
-        head_dim_v % 32 || head_dim_k > HOST_ATT_MAX_DIM || head_dim_v > HOST_ATT_MAX_DIM ||
-        (uint64_t)pos0 + n_tok > INT32_MAX || (uint64_t)n_tok * n_head > INT32_MAX)
+    if (!out || !q || !k_cache || (!v_cache && (n_head_kv != 1 || head_dim_v > head_dim_k)) ||
+        !scratch || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim_k == 0 ||
+        head_dim_v == 0 || head_dim_k % 32 || head_dim_v % 32 || head_dim_k > HOST_ATT_MAX_DIM ||
+        head_dim_v > HOST_ATT_MAX_DIM || (uint64_t)pos0 + n_tok > INT32_MAX ||
+        (uint64_t)n_tok * n_head > INT32_MAX)
         return h_bad("gpu_attention_q8: bad arguments");
     if (n_tok == 0)
         return 0;
     const uint32_t gqa = n_head / n_head_kv;
     const size_t   hkb = head_dim_k / 32 * HOST_Q8_BLOCK, hvb = head_dim_v / 32 * HOST_Q8_BLOCK;
-    const size_t   krow = hkb * n_head_kv, vrow = hvb * n_head_kv;
-    uint8_t       *qb = malloc(hkb);
-    float         *sc = malloc(((size_t)pos0 + n_tok) * sizeof(float));
+    const size_t   krow = hkb * n_head_kv, vrow = v_cache ? hvb * n_head_kv : krow;
+    if (!v_cache) /* latent attention: the values head the key rows */
+        v_cache = k_cache;
+    uint8_t *qb = malloc(hkb);
+    float   *sc = malloc(((size_t)pos0 + n_tok) * sizeof(float));
     if (!qb || !sc) {
         free(qb);
         free(sc);
@@ -1181,7 +1190,7 @@ static int h_attention_q8(float *out, const float *q, const void *k_cache, const
             for (uint32_t p = p_lo; p < last; p++)
                 sc[p] = h_dot_q8(qb, (const uint8_t *)k_cache + p * krow + kvh * hkb, head_dim_k) *
                         scale;
-            const float inv = h_softmax_exp(sc, p_lo, last);
+            const float inv = h_softmax_exp(sc, p_lo, last, sinks ? &sinks[h] : NULL);
             float      *o = out + ((int64_t)t * n_head + h) * head_dim_v;
             memset(o, 0, head_dim_v * sizeof(*o));
             for (uint32_t p = p_lo; p < last; p++) {

@@ -649,7 +649,7 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                                                       : 4096;
         char                         why[256] = "";
         struct common_errmsg         ge = {{0}};
-        if (!executor_gpu_usable(o->model, o->main_gpu, why, sizeof(why))) {
+        if (!executor_gpu_usable(o->model, o->main_gpu, o->n_cpu_moe, why, sizeof(why))) {
             COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
                             why);
         } else if ((rc = executor_gpu_weights_create(

@@ -280,11 +280,14 @@ int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_
  * head_dim_v) for query row t (n_head * head_dim_k); query head h reads kv head
  * h / (n_head / n_head_kv). Token t sees positions max(0, pos0 + t + 1 - window) .. pos0 + t
  * (window 0 = all). Scores scaled by `scale`, softmax in f32 with the max subtracted. scratch:
- * device floats, at least n_tok * n_head * (pos0 + n_tok). */
+ * device floats, at least n_tok * n_head * (pos0 + n_tok). sinks: NULL, or n_head device floats,
+ * head h's sink logit (gpt-oss), which takes part in its softmax's max and sum and has no value.
+ * v_cache NULL (latent attention, one KV head, head_dim_v <= head_dim_k): a position's values are
+ * the first head_dim_v of its key row (the same for gpu_attention_q8, whole q8_0 blocks). */
 int gpu_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                   uint32_t n_tok, uint32_t pos0, uint32_t n_head, uint32_t n_head_kv,
                   uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
-                  float *scratch);
+                  float *scratch, const float *sinks);
 /* As gpu_kv_store and gpu_attention with the first position read from device memory when the
  * kernels run (*pos_dev), so that a captured graph (gpu_graph_end) serves every position: the
  * caller keeps *pos_dev + n_tok within the cache and, for attention, within row_stride, the
@@ -294,7 +297,7 @@ int gpu_kv_store_at(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint
 int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                      uint32_t n_tok, const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
                      uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v, float scale,
-                     uint32_t window, float *scratch);
+                     uint32_t window, float *scratch, const float *sinks);
 /* The q8_0 KV cache (--cache-type q8_0): position p's key row of k_width values (a multiple of
  * 32) as q8_0 blocks (an f16 scale and 32 int8, 34 bytes) at k_cache + p * k_width / 32 * 34,
  * quantized as the CPU's cache is (gpu_act_q8's Q8_0: d = amax / 127, round half to even); the
@@ -311,7 +314,7 @@ int gpu_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_w
 int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
                      uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                     float scale, uint32_t window, float *scratch);
+                     float scale, uint32_t window, float *scratch, const float *sinks);
 /* MoE routing of n_tok tokens from router logits (n_tok rows of n_expert): probabilities by
  * softmax (gating 0) or sigmoid (gating 1); selection by top-k of the score probability +
  * bias[e] (bias NULL = none; ties to the lower index); weights = the chosen probabilities,
@@ -438,14 +441,15 @@ struct gpu_backend {
     int (*attention)(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                      uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                     float scale, uint32_t window, float *scratch);
+                     float scale, uint32_t window, float *scratch, const float *sinks);
     int (*kv_store_q8)(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
                        const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                        uint32_t n_tok);
     int (*attention_q8)(float *out, const float *q, const void *k_cache, const void *v_cache,
                         uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                         uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
-                        uint32_t head_dim_v, float scale, uint32_t window, float *scratch);
+                        uint32_t head_dim_v, float scale, uint32_t window, float *scratch,
+                        const float *sinks);
     int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                      uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                      float scale, int32_t *sel, float *sel_w);

@@ -69,14 +69,14 @@ int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32
 int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                    uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                    uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                   float scale, uint32_t window, float *scratch);
+                   float scale, uint32_t window, float *scratch, const float *sinks);
 int cuda_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
                      const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                      uint32_t n_tok);
 int cuda_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
                       uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                      float scale, uint32_t window, float *scratch);
+                      float scale, uint32_t window, float *scratch, const float *sinks);
 int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                    uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                    float scale, int32_t *sel, float *sel_w);

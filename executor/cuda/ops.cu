@@ -281,16 +281,17 @@ int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32
 
 /* True when an attention call's arguments are not ones its kernels take: head dims multiples
  * of `mult` (32 for the q8_0 cache) up to OPS_ATT_MAX_DIM, whole GQA groups, counts within int32,
- * and with pos_dev a scratch row stride of at least n_tok. */
+ * with pos_dev a scratch row stride of at least n_tok, and without a value cache (v NULL: the
+ * values are the head of each key row) one KV head no narrower than the values. */
 static bool ops_att_bad(const float *out, const float *q, const void *k, const void *v,
                         const float *scratch, uint32_t n_tok, uint32_t pos0,
                         const uint32_t *pos_dev, uint32_t row_stride, uint32_t n_head,
                         uint32_t n_head_kv, uint32_t hk, uint32_t hv, uint32_t mult)
 {
     return (pos_dev && ((uint64_t)row_stride < n_tok || row_stride > INT32_MAX)) || !out || !q ||
-           !k || !v || !scratch || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 ||
-           hk == 0 || hv == 0 || hk % mult || hv % mult || hk > OPS_ATT_MAX_DIM ||
-           hv > OPS_ATT_MAX_DIM || (uint64_t)pos0 + n_tok > INT32_MAX ||
+           !k || (!v && (n_head_kv != 1 || hv > hk)) || !scratch || n_head == 0 || n_head_kv == 0 ||
+           n_head % n_head_kv != 0 || hk == 0 || hv == 0 || hk % mult || hv % mult ||
+           hk > OPS_ATT_MAX_DIM || hv > OPS_ATT_MAX_DIM || (uint64_t)pos0 + n_tok > INT32_MAX ||
            (uint64_t)n_tok * n_head > INT32_MAX;
 }
 
@@ -301,6 +302,7 @@ struct ops_att_args {
     const uint16_t *k_cache, *v_cache;
     float          *scratch; /* (n_tok * n_head, row): scores, probabilities, chunk partials */
     const uint32_t *pos_dev; /* the first position in device memory, or NULL: pos0 */
+    const float    *sinks;   /* n_head sink logits (gpt-oss), or NULL */
     uint32_t        pos0, n_head, gqa, hk, hv, window;
     uint32_t        k_width, v_width; /* n_head_kv * hk, n_head_kv * hv */
     int64_t         row;              /* pos0 + n_tok: scratch floats per (token, head) */
@@ -403,7 +405,11 @@ template <int VK, int VV> static __global__ void ops_attention_kernel(struct ops
             lmax = fmaxf(lmax, s);
         }
     }
-    const float mx = ops_block_reduce(lmax, ops_max(), red);
+    /* A sink takes part in the max and the sum: here with one chunk, else in the combine. */
+    const bool sink = a.sinks && n_c == 1;
+    float      mx = ops_block_reduce(lmax, ops_max(), red);
+    if (sink)
+        mx = fmaxf(mx, a.sinks[h]);
 
     float lsum = 0.0f;
     for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
@@ -411,7 +417,9 @@ template <int VK, int VV> static __global__ void ops_attention_kernel(struct ops
         sc[i] = e;
         lsum += e;
     }
-    const float total = ops_block_reduce(lsum, ops_sum(), red);
+    float total = ops_block_reduce(lsum, ops_sum(), red);
+    if (sink)
+        total += expf(a.sinks[h] - mx);
 
     /* Pass 2: the weighted sum of the values into part (G, v_units * VV). With G == 1 a thread
      * may own several units; with G > 1, G * v_units <= blockDim.x and it owns one at most. */
@@ -464,13 +472,15 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
         return;
     const float *sc = a.scratch + (int64_t)blockIdx.x * a.row;
     float       *o = a.out + ((int64_t)t * a.n_head + h) * a.hv;
-    float        mx = -INFINITY, total = 0.0f;
+    float        mx = a.sinks ? a.sinks[h] : -INFINITY, total = 0.0f;
     for (unsigned c = 0; c < n_c; c++)
         mx = fmaxf(mx, sc[ops_att_chunk_start(n_kv, c, n_c)]);
     for (unsigned c = 0; c < n_c; c++) {
         const float *pc = sc + ops_att_chunk_start(n_kv, c, n_c);
         total += pc[1] * expf(pc[0] - mx);
     }
+    if (a.sinks)
+        total += expf(a.sinks[h] - mx);
     const float inv = 1.0f / total;
     for (uint32_t d = threadIdx.x; d < a.hv; d += blockDim.x) {
         float acc = 0.0f;
@@ -645,13 +655,16 @@ template <int D> static int ops_flash_launch(const struct ops_att_args &a, uint3
 int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                    uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                    uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                   float scale, uint32_t window, float *scratch)
+                   float scale, uint32_t window, float *scratch, const float *sinks)
 {
     if (ops_att_bad(out, q, k_cache, v_cache, scratch, n_tok, pos0, pos_dev, row_stride, n_head,
                     n_head_kv, head_dim_k, head_dim_v, 1))
         return ops_bad("gpu_attention: bad arguments");
     if (n_tok == 0)
         return 0;
+    const bool v_in_k = !v_cache; /* latent attention: the values head the key rows */
+    if (v_in_k)
+        v_cache = k_cache;
     struct ops_att_args a;
     a.out = out;
     a.q = q;
@@ -659,6 +672,7 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.v_cache = v_cache;
     a.scratch = scratch;
     a.pos_dev = pos_dev;
+    a.sinks = sinks;
     a.pos0 = pos0;
     a.n_head = n_head;
     a.gqa = n_head / n_head_kv;
@@ -666,17 +680,18 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.hv = head_dim_v;
     a.window = window;
     a.k_width = n_head_kv * head_dim_k;
-    a.v_width = n_head_kv * head_dim_v;
+    a.v_width = v_in_k ? a.k_width : n_head_kv * head_dim_v;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
-    /* A prefill with equal head dims of 64 or 128 (rows 4-byte aligned): the tensor cores. */
-    if (!pos_dev && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v && n_head <= 65535 &&
-        (head_dim_k == 64 || head_dim_k == 128) && (uintptr_t)k_cache % 4 == 0 &&
+    /* A prefill with equal head dims of 64 or 128 (rows 4-byte aligned), without sinks, values
+     * of their own: the tensor cores. */
+    if (!pos_dev && !sinks && !v_in_k && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v &&
+        n_head <= 65535 && (head_dim_k == 64 || head_dim_k == 128) && (uintptr_t)k_cache % 4 == 0 &&
         (uintptr_t)v_cache % 4 == 0 && !getenv("SLUICE_NO_FLASH_ATTN"))
         return head_dim_k == 64 ? ops_flash_launch<64>(a, n_tok) : ops_flash_launch<128>(a, n_tok);
     /* 4-byte loads when every row start of a head is even and the cache is 4-byte aligned. */
-    const int      vk = head_dim_k % 2 == 0 && (uintptr_t)k_cache % 4 == 0 ? 2 : 1;
-    const int      vv = head_dim_v % 2 == 0 && (uintptr_t)v_cache % 4 == 0 ? 2 : 1;
+    const int vk = head_dim_k % 2 == 0 && (uintptr_t)k_cache % 4 == 0 ? 2 : 1;
+    const int vv = head_dim_v % 2 == 0 && a.v_width % 2 == 0 && (uintptr_t)v_cache % 4 == 0 ? 2 : 1;
     const uint32_t k_units = (head_dim_k + vk - 1) / vk, v_units = (head_dim_v + vv - 1) / vv;
     a.k_lanes = 1;
     while (a.k_lanes < 32 && a.k_lanes < k_units)
@@ -774,6 +789,7 @@ struct ops_att8_args {
     const uint8_t  *k8, *v8;
     float          *scratch; /* (n_tok * n_head, row): scores, then probabilities */
     const uint32_t *pos_dev;
+    const float    *sinks; /* n_head sink logits (gpt-oss), or NULL */
     uint32_t        pos0, n_head, gqa, hk, hv, window;
     int64_t         k_row, v_row; /* bytes of one position's keys, values (every kv head) */
     int64_t         row;
@@ -828,14 +844,18 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
         sc[i] = s;
         lmax = fmaxf(lmax, s);
     }
-    const float mx = ops_block_reduce(lmax, ops_max(), red);
-    float       lsum = 0.0f;
+    float mx = ops_block_reduce(lmax, ops_max(), red);
+    if (a.sinks) /* a sink takes part in the max and the sum */
+        mx = fmaxf(mx, a.sinks[h]);
+    float lsum = 0.0f;
     for (int i = (int)threadIdx.x; i < n_kv; i += (int)blockDim.x) {
         const float e = expf(sc[i] - mx);
         sc[i] = e;
         lsum += e;
     }
-    const float    total = ops_block_reduce(lsum, ops_sum(), red); /* its barrier: sc is whole */
+    float total = ops_block_reduce(lsum, ops_sum(), red); /* its barrier: sc is whole */
+    if (a.sinks)
+        total += expf(a.sinks[h] - mx);
     const float    inv = 1.0f / total;
     const uint8_t *vbase = a.v8 + (int64_t)p_lo * a.v_row + (int64_t)kvh * nbv * OPS_Q8_BLOCK;
     float         *o = a.out + ((int64_t)t * a.n_head + h) * a.hv;
@@ -854,7 +874,7 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
 int cuda_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
                       uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                      float scale, uint32_t window, float *scratch)
+                      float scale, uint32_t window, float *scratch, const float *sinks)
 {
     if (ops_att_bad(out, q, k_cache, v_cache, scratch, n_tok, pos0, pos_dev, row_stride, n_head,
                     n_head_kv, head_dim_k, head_dim_v, 32))
@@ -865,9 +885,10 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
     a.out = out;
     a.q = q;
     a.k8 = static_cast<const uint8_t *>(k_cache);
-    a.v8 = static_cast<const uint8_t *>(v_cache);
+    a.v8 = static_cast<const uint8_t *>(v_cache ? v_cache : k_cache); /* NULL: V heads K */
     a.scratch = scratch;
     a.pos_dev = pos_dev;
+    a.sinks = sinks;
     a.pos0 = pos0;
     a.n_head = n_head;
     a.gqa = n_head / n_head_kv;
@@ -875,7 +896,7 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
     a.hv = head_dim_v;
     a.window = window;
     a.k_row = (int64_t)n_head_kv * (head_dim_k / 32) * OPS_Q8_BLOCK;
-    a.v_row = (int64_t)n_head_kv * (head_dim_v / 32) * OPS_Q8_BLOCK;
+    a.v_row = v_cache ? (int64_t)n_head_kv * (head_dim_v / 32) * OPS_Q8_BLOCK : a.k_row;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
     const size_t shm = sizeof(float) * (head_dim_k / 32) + head_dim_k;

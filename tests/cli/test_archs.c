@@ -132,9 +132,10 @@ static void expect_like_llama(const struct arch_ref *r, const int *ids, const ch
                     N_STEPS);
 }
 
-/* `device`: the architecture runs on the device too (executor/gpu.c): it is run there as well,
- * on the host backend (SLUICE_GPU_BACKEND=host, -ngl 999), which every machine has. */
-static void check_arch_on(const char *arch, bool moe, bool device)
+/* `device`: options that put the architecture on the device too (executor/gpu.c), NULL for
+ * none: it is run there as well, on the host backend (SLUICE_GPU_BACKEND=host), which every
+ * machine has. */
+static void check_arch_on(const char *arch, bool moe, const char *device)
 {
     struct arch_ref refs[4];
     int             n = load_refs(arch, refs, 4);
@@ -151,10 +152,12 @@ static void check_arch_on(const char *arch, bool moe, bool device)
         if (device) {
             int dev[N_STEPS];
             cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-            const int got = run_ids(model, "-ngl 999", dev);
+            const int got = run_ids(model, device, dev);
             cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
             cr_assert_eq(got, N_STEPS);
-            expect_like_llama(r, dev, " -ngl 999 (host backend)");
+            char how[128];
+            snprintf(how, sizeof(how), " %s (host backend)", device);
+            expect_like_llama(r, dev, how);
         }
         if (strcmp(r->name, "gpt-oss") == 0) {
             /* Batches of 3 make the sliding layers' ring 16 + 3 cells for 48 positions: it
@@ -192,37 +195,37 @@ static void check_arch_on(const char *arch, bool moe, bool device)
 
 static void check_arch(const char *arch, bool moe)
 {
-    check_arch_on(arch, moe, false);
+    check_arch_on(arch, moe, NULL);
 }
 
 Test(cli_archs, llama_matches_llama_cpp, .timeout = 300)
 {
-    check_arch_on("llama", false, true);
+    check_arch_on("llama", false, "-ngl 999");
 }
 
 Test(cli_archs, qwen2_matches_llama_cpp, .timeout = 300)
 {
-    check_arch_on("qwen2", false, true);
+    check_arch_on("qwen2", false, "-ngl 999");
 }
 
 Test(cli_archs, qwen3_matches_llama_cpp, .timeout = 300)
 {
-    check_arch_on("qwen3", false, true);
+    check_arch_on("qwen3", false, "-ngl 999");
 }
 
 Test(cli_archs, qwen2moe_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("qwen2moe", true, true);
+    check_arch_on("qwen2moe", true, "-ngl 999");
 }
 
 Test(cli_archs, qwen3moe_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("qwen3moe", true, true);
+    check_arch_on("qwen3moe", true, "-ngl 999");
 }
 
 Test(cli_archs, olmoe_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("olmoe", true, true);
+    check_arch_on("olmoe", true, "-ngl 999");
 }
 
 /* GLM-4.5's layout: q/k/v biases, rotary on half of each head, post-attention norm, a dense first
@@ -236,10 +239,11 @@ Test(cli_archs, glm4moe_matches_llama_cpp_and_streams, .timeout = 300)
 }
 
 /* gpt-oss: sinks, a sliding window that the 48 positions exceed, biases everywhere, the clamped
- * SwiGLU, softmax over the chosen logits, YaRN; F32, Q8_0 and MXFP4. */
+ * SwiGLU, softmax over the chosen logits, YaRN; F32, Q8_0 and MXFP4; its attention on the device
+ * path too, with the MoE on the CPU (--n-cpu-moe). */
 Test(cli_archs, gpt_oss_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch("gpt-oss", true);
+    check_arch_on("gpt-oss", true, "-ngl 999 --n-cpu-moe 999");
 }
 
 /* DeepSeek V3's shape: latent attention with q LoRA, a dense first layer, a shared expert,
@@ -247,14 +251,14 @@ Test(cli_archs, gpt_oss_matches_llama_cpp_and_streams, .timeout = 300)
  * the CPU and on the device path (host backend). */
 Test(cli_archs, deepseek2_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("deepseek2", true, true);
+    check_arch_on("deepseek2", true, "-ngl 999");
 }
 
 /* V2-Lite's: one q projection, softmax routing; llama.cpp knows it by its 27 layers. CPU and
  * device path. */
 Test(cli_archs, deepseek2_lite_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("deepseek2-lite", true, true);
+    check_arch_on("deepseek2-lite", true, "-ngl 999");
 }
 
 /* bitnet: sub-norms before the output and down projections, a per-tensor scale after each of the
@@ -263,7 +267,7 @@ Test(cli_archs, deepseek2_lite_matches_llama_cpp_and_streams, .timeout = 300)
  * "expert" per layer, with the same tokens. */
 Test(cli_archs, bitnet_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("bitnet", true, true);
+    check_arch_on("bitnet", true, "-ngl 999");
 }
 
 /* Microsoft's bitnet-b1.58 with I2_S weights streams its FFNs under a budget in Microsoft's

@@ -370,7 +370,23 @@ Test(executor_cuda_ops, kv_store_matches_reference)
 
 struct att_case {
     uint32_t n_tok, pos0, n_head, n_head_kv, hk, hv, window;
+    bool     sinks;  /* a sink logit per head (gpt-oss) */
+    bool     v_in_k; /* no value cache: the values head the key rows (one KV head) */
 };
+
+/* Sink logits of a case, in [-1, 3) (scores of these queries and keys are about N(0, 1)), or
+ * NULL when it has none; *dev gets their device copy (NULL when none). */
+static float *att_sinks(const struct att_case *ac, float **dev)
+{
+    *dev = NULL;
+    if (!ac->sinks)
+        return NULL;
+    float *s = xmalloc(ac->n_head * sizeof(float));
+    for (uint32_t h = 0; h < ac->n_head; h++)
+        s[h] = -1.0f + 4.0f * rng_uniform();
+    *dev = dev_from(s, ac->n_head * sizeof(float));
+    return s;
+}
 
 #define ATT_GUARD 1024 /* floats past the stated scratch size that must stay untouched */
 
@@ -380,7 +396,7 @@ struct att_case {
  * |v_p| / sum_p prob_p. prob: pos0 + n_tok doubles of room. */
 static void att_check_head(const struct att_case *ac, uint32_t t, uint32_t h, const float *qr,
                            const float *kf, const float *vf, const float *out, double *prob,
-                           const char *what)
+                           const float *sinks, const char *what)
 {
     const uint32_t kw = ac->n_head_kv * ac->hk, vw = ac->n_head_kv * ac->hv;
     const uint32_t kvh = h / (ac->n_head / ac->n_head_kv), last = ac->pos0 + t + 1;
@@ -395,10 +411,14 @@ static void att_check_head(const struct att_case *ac, uint32_t t, uint32_t h, co
         prob[p] = s * scale;
         mx = prob[p] > mx ? prob[p] : mx;
     }
+    if (sinks) /* in the max and the sum, with no value */
+        mx = (double)sinks[h] > mx ? (double)sinks[h] : mx;
     for (uint32_t p = lo; p < last; p++) {
         prob[p] = exp(prob[p] - mx);
         sum += prob[p];
     }
+    if (sinks)
+        sum += exp((double)sinks[h] - mx);
     const size_t o = ((size_t)t * ac->n_head + h) * ac->hv;
     for (uint32_t d = 0; d < ac->hv; d++) {
         double acc = 0.0, mag = 0.0;
@@ -409,10 +429,10 @@ static void att_check_head(const struct att_case *ac, uint32_t t, uint32_t h, co
         }
         cr_assert(isfinite(out[o + d]) &&
                       fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
-                  "%s n_tok %u pos0 %u heads %u/%u dims %u/%u window %u: t %u h %u d %u got %.7g "
-                  "want %.7g",
+                  "%s n_tok %u pos0 %u heads %u/%u dims %u/%u window %u sinks %d: t %u h %u d %u "
+                  "got %.7g want %.7g",
                   what, ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv, ac->window,
-                  t, h, d, (double)out[o + d], acc / sum);
+                  ac->sinks, t, h, d, (double)out[o + d], acc / sum);
     }
 }
 
@@ -445,11 +465,14 @@ static void att_run(const struct att_case *ac)
         v16[i] = executor_fp32_to_fp16(vf[i]);
         vf[i] = executor_fp16_to_fp32(v16[i]);
     }
+    for (uint32_t p = 0; ac->v_in_k && p < n_pos; p++) /* the reference's values: the keys' head */
+        memcpy(vf + (size_t)p * vw, kf + (size_t)p * kw, vw * sizeof(float));
     float    *dq = dev_from(q, nq * sizeof(float)), *dout = dev_poisoned(no * sizeof(float));
-    uint16_t *dk = dev_from(k16, nk * 2), *dv = dev_from(v16, nvv * 2);
-    float    *dsc = dev_poisoned((nsc + ATT_GUARD) * sizeof(float));
+    uint16_t *dk = dev_from(k16, nk * 2), *dv = ac->v_in_k ? NULL : dev_from(v16, nvv * 2);
+    float    *dsc = dev_poisoned((nsc + ATT_GUARD) * sizeof(float)), *dsinks;
+    float    *sinks = att_sinks(ac, &dsinks);
     cr_assert_eq(gpu_attention(dout, dq, dk, dv, ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv,
-                               ac->hk, ac->hv, scale, ac->window, dsc),
+                               ac->hk, ac->hv, scale, ac->window, dsc, dsinks),
                  0, "%s", gpu_last_error());
     dev_to(out, dout, no * sizeof(float));
     dev_to(guard, dsc + nsc, ATT_GUARD * sizeof(float));
@@ -462,9 +485,11 @@ static void att_run(const struct att_case *ac)
             const float *qv = q + ((size_t)t * ac->n_head + h) * ac->hk;
             for (uint32_t d = 0; d < ac->hk; d++) /* the query rounded to f16 too */
                 qr[d] = executor_fp16_to_fp32(executor_fp32_to_fp16(qv[d]));
-            att_check_head(ac, t, h, qr, kf, vf, out, prob, "attention");
+            att_check_head(ac, t, h, qr, kf, vf, out, prob, sinks, "attention");
         }
     free(qr);
+    free(sinks);
+    gpu_free(dsinks);
     gpu_free(dq);
     gpu_free(dout);
     gpu_free(dk);
@@ -546,12 +571,14 @@ static void att_q8_run(const struct att_case *ac, bool at)
     float    *dq = dev_from(q, nq * sizeof(float)), *dout = dev_poisoned(no * sizeof(float));
     float    *dsc = dev_poisoned((nsc + ATT_GUARD) * sizeof(float));
     uint32_t *dpos = dev_from(&ac->pos0, sizeof(uint32_t));
-    cr_assert_eq(
-        gpu_kv_store_q8(dk, dv, kw, vw, dkf, dvf, at ? 0 : ac->pos0, at ? dpos : NULL, ac->n_tok),
-        0, "%s", gpu_last_error());
-    cr_assert_eq(gpu_attention_q8(dout, dq, dk, dv, ac->n_tok, at ? 0 : ac->pos0, at ? dpos : NULL,
-                                  at ? n_pos : 0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv, scale,
-                                  ac->window, dsc),
+    float    *dsinks, *sinks = att_sinks(ac, &dsinks);
+    cr_assert_eq(gpu_kv_store_q8(dk, ac->v_in_k ? NULL : dv, kw, ac->v_in_k ? 0 : vw, dkf,
+                                 ac->v_in_k ? NULL : dvf, at ? 0 : ac->pos0, at ? dpos : NULL,
+                                 ac->n_tok),
+                 0, "%s", gpu_last_error());
+    cr_assert_eq(gpu_attention_q8(dout, dq, dk, ac->v_in_k ? NULL : dv, ac->n_tok,
+                                  at ? 0 : ac->pos0, at ? dpos : NULL, at ? n_pos : 0, ac->n_head,
+                                  ac->n_head_kv, ac->hk, ac->hv, scale, ac->window, dsc, dsinks),
                  0, "%s", gpu_last_error());
     dev_to(k8, dk, (size_t)n_pos * kb);
     dev_to(v8, dv, (size_t)n_pos * vb);
@@ -560,6 +587,8 @@ static void att_q8_run(const struct att_case *ac, bool at)
         cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, kf + (size_t)p * kw, want, kw),
                       0);
         cr_assert(memcmp(k8 + p * kb, want, kb) == 0, "q8_0 keys of position %u", p);
+        if (ac->v_in_k)
+            continue;
         cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, vf + (size_t)p * vw, want, vw),
                       0);
         cr_assert(memcmp(v8 + p * vb, want, vb) == 0, "q8_0 values of position %u", p);
@@ -569,9 +598,12 @@ static void att_q8_run(const struct att_case *ac, bool at)
         cr_assert_geq(
             executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, k8 + p * kb, kf + (size_t)p * kw, kw),
             0);
-        cr_assert_geq(
-            executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, v8 + p * vb, vf + (size_t)p * vw, vw),
-            0);
+        if (ac->v_in_k) /* the values: the keys' head */
+            memcpy(vf + (size_t)p * vw, kf + (size_t)p * kw, vw * sizeof(float));
+        else
+            cr_assert_geq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, v8 + p * vb,
+                                                  vf + (size_t)p * vw, vw),
+                          0);
     }
     for (uint32_t t = 0; t < ac->n_tok; t++)
         for (uint32_t h = 0; h < ac->n_head; h++) {
@@ -580,9 +612,11 @@ static void att_q8_run(const struct att_case *ac, bool at)
                                                 ac->hk),
                           0);
             cr_assert_geq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, qb, qd, ac->hk), 0);
-            att_check_head(ac, t, h, qd, kf, vf, out, prob,
+            att_check_head(ac, t, h, qd, kf, vf, out, prob, sinks,
                            at ? "q8_0 attention (graph form)" : "q8_0 attention");
         }
+    free(sinks);
+    gpu_free(dsinks);
     gpu_free(dk);
     gpu_free(dv);
     gpu_free(dkf);
@@ -610,9 +644,10 @@ Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {1, 0, 4, 2, 32, 32, 0},    {1, 40, 8, 2, 64, 64, 0},   {3, 31, 4, 4, 128, 128, 0},
-        {17, 0, 8, 2, 64, 64, 5},   {5, 40, 4, 1, 96, 64, 0},   {1, 300, 4, 2, 128, 128, 0},
-        {2, 33, 2, 2, 256, 256, 7}, {17, 255, 8, 8, 32, 64, 0},
+        {1, 0, 4, 2, 32, 32, 0, false, false},    {1, 40, 8, 2, 64, 64, 0, false, false},
+        {3, 31, 4, 4, 128, 128, 0, false, false}, {17, 0, 8, 2, 64, 64, 5, false, false},
+        {5, 40, 4, 1, 96, 64, 0, false, false},   {1, 300, 4, 2, 128, 128, 0, false, false},
+        {2, 33, 2, 2, 256, 256, 7, false, false}, {17, 255, 8, 8, 32, 64, 0, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         att_q8_run(&cases[i], false);
@@ -621,7 +656,57 @@ Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
     /* Widths that are not multiples of 32 are refused, as the CPU refuses them. */
     float *f = dev_poisoned(1024 * sizeof(float));
     cr_assert_eq(gpu_kv_store_q8(f, f, 33, 32, f, f, 0, NULL, 1), -1);
-    cr_assert_eq(gpu_attention_q8(f, f, f, f, 1, 0, NULL, 0, 2, 1, 48, 32, 1.0f, 0, f), -1);
+    cr_assert_eq(gpu_attention_q8(f, f, f, f, 1, 0, NULL, 0, 2, 1, 48, 32, 1.0f, 0, f, NULL), -1);
+    gpu_free(f);
+}
+
+/* Description: a sink logit per head (gpt-oss) in the softmax's max and sum: decode, a prefill
+ * that would take the tensor cores without sinks (head dims 64), a split decode over a long span
+ * (the sink in the chunks' combine), a window, GQA; the f16 cache and the q8_0 cache (and its
+ * graph form). */
+Test(executor_cuda_ops, attention_sinks_match_reference, .timeout = 300)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {1, 0, 8, 2, 64, 64, 0, true, false},    {1, 40, 8, 2, 64, 64, 0, true, false},
+        {17, 0, 8, 2, 64, 64, 0, true, false},   {64, 30, 4, 4, 64, 64, 16, true, false},
+        {1, 2000, 4, 2, 64, 64, 0, true, false}, {1, 1500, 8, 2, 128, 128, 128, true, false},
+        {3, 5, 4, 1, 32, 32, 0, true, false},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        att_run(&cases[i]);
+        att_q8_run(&cases[i], false);
+        att_q8_run(&cases[i], true);
+    }
+}
+
+/* Description: no value cache (latent attention: the values head the key rows, one KV head):
+ * deepseek2's shape (keys 576 wide, values 512), narrower ones, odd dims, a prefill, a split
+ * decode; the f16 cache and the q8_0 cache (and its graph form). */
+Test(executor_cuda_ops, attention_values_in_keys_match_reference, .timeout = 300)
+{
+    gpu_or_skip();
+    const struct att_case cases[] = {
+        {1, 0, 16, 1, 576, 512, 0, false, true},  {3, 40, 16, 1, 576, 512, 0, false, true},
+        {17, 0, 4, 1, 96, 64, 0, false, true},    {1, 2000, 4, 1, 96, 64, 0, false, true},
+        {20, 10, 8, 1, 64, 64, 0, false, true},   {2, 5, 4, 1, 33, 17, 0, false, true},
+        {1, 600, 8, 1, 160, 128, 0, false, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        att_run(&cases[i]);
+        if (cases[i].hk % 32 == 0 && cases[i].hv % 32 == 0) {
+            att_q8_run(&cases[i], false);
+            att_q8_run(&cases[i], true);
+        }
+    }
+    /* More than one KV head, or values wider than the keys, are refused. */
+    float *f = dev_poisoned(4096 * sizeof(float));
+    cr_assert_eq(
+        gpu_attention(f, f, (uint16_t *)(void *)f, NULL, 1, 0, 4, 2, 64, 64, 1.0f, 0, f, NULL), -1,
+        "values in keys with two KV heads");
+    cr_assert_eq(
+        gpu_attention(f, f, (uint16_t *)(void *)f, NULL, 1, 0, 4, 1, 64, 96, 1.0f, 0, f, NULL), -1,
+        "values wider than the keys");
     gpu_free(f);
 }
 
@@ -630,8 +715,9 @@ Test(executor_cuda_ops, attention_odd_dims_match_reference)
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {3, 40, 8, 2, 192, 128, 0}, {17, 0, 4, 4, 96, 64, 5},  {3, 40, 8, 2, 33, 33, 0},
-        {17, 5, 4, 1, 1, 1, 0},     {1, 40, 6, 3, 65, 129, 5}, {5, 2, 2, 2, 640, 576, 0},
+        {3, 40, 8, 2, 192, 128, 0, false, false}, {17, 0, 4, 4, 96, 64, 5, false, false},
+        {3, 40, 8, 2, 33, 33, 0, false, false},   {17, 5, 4, 1, 1, 1, 0, false, false},
+        {1, 40, 6, 3, 65, 129, 5, false, false},  {5, 2, 2, 2, 640, 576, 0, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         att_run(&cases[i]);
@@ -643,10 +729,10 @@ Test(executor_cuda_ops, attention_long_matches_reference, .timeout = 600)
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {1, 3999, 32, 8, 128, 128, 0},    {2, 4500, 8, 2, 64, 64, 0},
-        {512, 0, 8, 2, 128, 128, 0},      {200, 3900, 4, 1, 64, 64, 0},
-        {64, 3000, 8, 2, 256, 256, 0},    {512, 0, 8, 2, 64, 64, 128},
-        {1, 3999, 32, 8, 128, 128, 4096},
+        {1, 3999, 32, 8, 128, 128, 0, false, false},    {2, 4500, 8, 2, 64, 64, 0, false, false},
+        {512, 0, 8, 2, 128, 128, 0, false, false},      {200, 3900, 4, 1, 64, 64, 0, false, false},
+        {64, 3000, 8, 2, 256, 256, 0, false, false},    {512, 0, 8, 2, 64, 64, 128, false, false},
+        {1, 3999, 32, 8, 128, 128, 4096, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         att_run(&cases[i]);
@@ -660,11 +746,14 @@ Test(executor_cuda_ops, attention_split_matches_reference, .timeout = 600)
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {1, 510, 8, 2, 64, 64, 0},      {1, 511, 8, 2, 64, 64, 0},     {1, 512, 8, 2, 64, 64, 0},
-        {1, 767, 8, 2, 64, 64, 0},      {1, 8447, 8, 2, 64, 64, 0},    {1, 514, 8, 2, 256, 256, 0},
-        {1, 515, 8, 2, 256, 256, 0},    {1, 516, 8, 2, 256, 256, 0},   {3, 510, 4, 4, 128, 128, 0},
-        {2, 5000, 4, 4, 128, 128, 600}, {1, 2000, 4, 2, 33, 33, 0},    {1, 3000, 8, 2, 192, 128, 0},
-        {1, 2000, 4, 2, 64, 576, 0},    {4, 1500, 16, 2, 128, 128, 0}, {1, 300, 1, 1, 1, 1, 0},
+        {1, 510, 8, 2, 64, 64, 0, false, false},   {1, 511, 8, 2, 64, 64, 0, false, false},
+        {1, 512, 8, 2, 64, 64, 0, false, false},   {1, 767, 8, 2, 64, 64, 0, false, false},
+        {1, 8447, 8, 2, 64, 64, 0, false, false},  {1, 514, 8, 2, 256, 256, 0, false, false},
+        {1, 515, 8, 2, 256, 256, 0, false, false}, {1, 516, 8, 2, 256, 256, 0, false, false},
+        {3, 510, 4, 4, 128, 128, 0, false, false}, {2, 5000, 4, 4, 128, 128, 600, false, false},
+        {1, 2000, 4, 2, 33, 33, 0, false, false},  {1, 3000, 8, 2, 192, 128, 0, false, false},
+        {1, 2000, 4, 2, 64, 576, 0, false, false}, {4, 1500, 16, 2, 128, 128, 0, false, false},
+        {1, 300, 1, 1, 1, 1, 0, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         att_run(&cases[i]);
@@ -677,9 +766,10 @@ Test(executor_cuda_ops, attention_flash_matches_reference, .timeout = 600)
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {16, 0, 8, 2, 64, 64, 0},    {63, 0, 8, 2, 128, 128, 0},     {64, 0, 32, 8, 128, 128, 0},
-        {65, 7, 4, 4, 128, 128, 0},  {129, 70, 8, 2, 128, 128, 100}, {200, 0, 4, 1, 64, 64, 64},
-        {130, 300, 2, 2, 64, 64, 0}, {40, 1000, 8, 1, 128, 128, 30},
+        {16, 0, 8, 2, 64, 64, 0, false, false},       {63, 0, 8, 2, 128, 128, 0, false, false},
+        {64, 0, 32, 8, 128, 128, 0, false, false},    {65, 7, 4, 4, 128, 128, 0, false, false},
+        {129, 70, 8, 2, 128, 128, 100, false, false}, {200, 0, 4, 1, 64, 64, 64, false, false},
+        {130, 300, 2, 2, 64, 64, 0, false, false},    {40, 1000, 8, 1, 128, 128, 30, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         att_run(&cases[i]);
@@ -693,8 +783,9 @@ Test(executor_cuda_ops, positions_from_device_memory_give_the_same_bits, .timeou
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {1, 0, 8, 2, 64, 64, 0},     {1, 40, 8, 2, 64, 64, 0}, {1, 1500, 8, 2, 128, 128, 0},
-        {1, 700, 4, 4, 64, 64, 256}, {3, 40, 4, 2, 64, 64, 0},
+        {1, 0, 8, 2, 64, 64, 0, false, false},      {1, 40, 8, 2, 64, 64, 0, false, false},
+        {1, 1500, 8, 2, 128, 128, 0, false, false}, {1, 700, 4, 4, 64, 64, 256, false, false},
+        {3, 40, 4, 2, 64, 64, 0, false, false},
     };
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
         const struct att_case *ac = &cases[ci];
@@ -737,11 +828,11 @@ Test(executor_cuda_ops, positions_from_device_memory_give_the_same_bits, .timeou
         cr_assert_eq(gpu_kv_store_at(dk[1], dv[1], kw, vw, dnk, dnv, dpos, ac->n_tok), 0, "%s",
                      gpu_last_error());
         cr_assert_eq(gpu_attention(dout[0], dq, dk[0], dv[0], ac->n_tok, ac->pos0, ac->n_head,
-                                   ac->n_head_kv, ac->hk, ac->hv, scale, ac->window, dsc[0]),
+                                   ac->n_head_kv, ac->hk, ac->hv, scale, ac->window, dsc[0], NULL),
                      0, "%s", gpu_last_error());
         cr_assert_eq(gpu_attention_at(dout[1], dq, dk[1], dv[1], ac->n_tok, dpos, stride,
                                       ac->n_head, ac->n_head_kv, ac->hk, ac->hv, scale, ac->window,
-                                      dsc[1]),
+                                      dsc[1], NULL),
                      0, "%s", gpu_last_error());
         uint16_t *c0 = xmalloc(nk * 2), *c1 = xmalloc(nk * 2);
         dev_to(c0, dk[0], nk * 2);
@@ -1307,13 +1398,13 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_kv_store(NULL, (uint16_t *)(void *)f, 8, 8, f, f, 0, 1), -1,
                  "kv_store NULL cache");
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 6, 4, 8, 8,
-                               1.0f, 0, f),
+                               1.0f, 0, f, NULL),
                  -1, "attention n_head %% n_head_kv");
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 4, 0, 8, 8,
-                               1.0f, 0, f),
+                               1.0f, 0, f, NULL),
                  -1, "attention n_head_kv 0");
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 4, 4, 0, 8,
-                               1.0f, 0, f),
+                               1.0f, 0, f, NULL),
                  -1, "attention head_dim_k 0");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 9, 0, 0, 0, true, 0.0f, i32, f), -1, "route k > E");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 0, 0, 0, 0, true, 0.0f, i32, f), -1, "route k 0");
@@ -1335,7 +1426,7 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_rmsnorm(f, 8, f, 8, f, 0, 8, 1e-5f), 0, "rmsnorm of no rows");
     cr_assert_eq(gpu_add(f, f, f, 0), 0, "add of nothing");
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 0, 0, 4, 4, 8, 8,
-                               1.0f, 0, f),
+                               1.0f, 0, f, NULL),
                  0, "attention of no tokens");
     cr_assert_eq(gpu_moe_route(f, NULL, 0, 8, 2, 0, 0, 0, true, 0.0f, i32, f), 0,
                  "route no tokens");

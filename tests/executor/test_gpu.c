@@ -36,6 +36,7 @@ struct gpu_run {
 
 /* The KV cache type of every ctx the tests open (run_open_at), the CPU's and the device's. */
 static enum common_cache_type g_cache_type;
+static int32_t g_n_cpu_moe; /* --n-cpu-moe of the device side of check_*_against_cpu */
 
 /* Opens a model with the layers on device 0 as pl places them. */
 static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu_place pl)
@@ -67,7 +68,7 @@ static void run_open_moe(struct gpu_run *r, const char *path, int32_t ngl, int32
 
 static void run_open(struct gpu_run *r, const char *path, int32_t ngl)
 {
-    run_open_moe(r, path, ngl, 0);
+    run_open_moe(r, path, ngl, ngl ? g_n_cpu_moe : 0);
 }
 
 static void run_close(struct gpu_run *r)
@@ -739,6 +740,21 @@ Test(executor_gpu, deepseek2_lite_q8_0_as_the_cpu, .timeout = 300)
                               (struct check_tol){4e-2, 0.02f});
 }
 
+/* gpt-oss with its MoE on the CPU (--n-cpu-moe for every layer, the usual way to run it on a
+ * small GPU): attention with sinks, q/k/v and output biases, a sliding window of 16 on every
+ * other layer (the 48-token prompt passes it) on the device; F32 with the f16 cache, and Q8_0
+ * with the q8_0 cache (tolerance as deepseek2_lite_q8_0_as_the_cpu's). */
+Test(executor_gpu, gpt_oss_attention_as_the_cpu, .timeout = 300)
+{
+    g_n_cpu_moe = 999;
+    check_arch_against_cpu(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_F32);
+    g_cache_type = COMMON_CACHE_Q8_0;
+    check_arch_against_cpu_as(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_Q8_0, false,
+                              (struct check_tol){4e-2, 0.02f});
+    g_cache_type = COMMON_CACHE_F16;
+    g_n_cpu_moe = 0;
+}
+
 /* olmoe: q/k norms over the whole projection. */
 Test(executor_gpu, olmoe_as_the_cpu, .timeout = 300)
 {
@@ -886,7 +902,7 @@ Test(executor_gpu, no_device_refused_with_a_reason, .timeout = 60)
     struct executor_ctx   *c = NULL;
     struct common_errmsg   e = {{0}};
     cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
-    cr_assert_not(executor_gpu_usable(m, 0, why, sizeof(why)));
+    cr_assert_not(executor_gpu_usable(m, 0, 0, why, sizeof(why)));
     cr_assert(strlen(why) > 0);
     int rc = executor_ctx_create(
         m, &(struct executor_ctx_opts){.n_ctx = 64, .n_gpu_layers = GPU_ALL}, &c, &e);
