@@ -45,6 +45,7 @@ struct gpu_layer {
     struct gpu_mat     wq_a, wq_b, wkv_a, wk_b, wv_b;
     float             *q_a_norm, *kv_a_norm;
     float             *sinks, *bo; /* gpt-oss: attention sinks (n_head), the output's bias */
+    float             *gate_inp_b; /* gpt-oss: the router's bias (n_expert) */
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
     bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
@@ -246,8 +247,6 @@ const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_c
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     moe = lw->gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe);
-        if (moe && lw->gate_inp_b)
-            return "router biases are not on the CUDA path yet";
         if (lw->ffn_streamed)
             return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
         const struct executor_mat *ms[GPU_LAYER_MATS];
@@ -424,7 +423,7 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
             wb += i < GPU_LAYER_MATS_ATT || !cpu ? gpu_mat_bytes(ms[i]) : 0;
         if (!cpu && n_slots < 0)
             wb += (size_t)hp->n_expert * gpu_expert_bytes(m, il);
-        wb += (4 * w.ne + w.qd + w.kd + w.vd + w.E) * sizeof(float);
+        wb += (4 * w.ne + w.qd + w.kd + w.vd + 2 * w.E) * sizeof(float);
         if (lw->attn_sub_norm)
             wb += w.ad * sizeof(float);
         if (lw->ffn_sub_norm)
@@ -918,8 +917,10 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->sinks = gpu_put(gw, lw->sinks, (size_t)hp->n_head * sizeof(float), &ok);
     gl->bo = gpu_put(gw, lw->bo, w.ne * sizeof(float), &ok);
     gl->cpu_moe = gpu_cpu_moe(m, il, gw->n_cpu_moe);
-    if (!gl->cpu_moe)
+    if (!gl->cpu_moe) {
         gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
+        gl->gate_inp_b = gpu_put(gw, lw->gate_inp_b, w.E * sizeof(float), &ok);
+    }
     gl->wq = gpu_put_mat(gw, &lw->wq, &ok);
     gl->wk = gpu_put_mat(gw, &lw->wk, &ok);
     gl->wv = gpu_put_mat(gw, &lw->wv, &ok);
@@ -2166,8 +2167,11 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
                               gl->ffn_sub_norm);
     }
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
-    const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID ? 1 : 0;
+    const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID          ? 1
+                            : hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT ? 2
+                                                                                : 0;
     if (gpu_mm_mat(g, &gl->gate_inp, g->xn, ne, n, g->router, E) < 0 ||
+        (gl->gate_inp_b && gpu_add_bias(g->router, E, gl->gate_inp_b, n, E) < 0) ||
         gpu_moe_route(g->router, gl->exp_probs_b, n, E, K, hp->n_expert_groups, hp->n_group_used,
                       gating, hp->norm_topk_prob != 0, hp->expert_weights_scale, g->sel,
                       g->sel_w) < 0)

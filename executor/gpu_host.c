@@ -1246,7 +1246,7 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
                        float scale, int32_t *sel, float *sel_w)
 {
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E || k == 0 ||
-        k > n_expert || k > HOST_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX ||
+        k > n_expert || k > HOST_ROUTE_MAX_K || gating < 0 || gating > 2 || n_tok > INT32_MAX ||
         !gpu_route_groups_ok(n_expert, k, n_group, n_group_used))
         return h_bad("gpu_moe_route: bad arguments");
     float         *p = malloc(n_expert * sizeof(float)), *s = malloc(n_expert * sizeof(float));
@@ -1271,9 +1271,12 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
             const float inv = (float)(1.0 / sum);
             for (uint32_t e = 0; e < n_expert; e++)
                 p[e] = p[e] * inv;
-        } else {
+        } else if (gating == 1) {
             for (uint32_t e = 0; e < n_expert; e++)
                 p[e] = 1.0f / (1.0f + expf(-l[e]));
+        } else { /* gpt-oss: the logits; the softmax over the chosen ones comes after */
+            for (uint32_t e = 0; e < n_expert; e++)
+                p[e] = l[e];
         }
         for (uint32_t e = 0; e < n_expert; e++) {
             s[e] = bias ? p[e] + bias[e] : p[e];
@@ -1295,6 +1298,22 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
         for (uint32_t j = 0; j < k; j++) {
             wo[j] = p[so[j]];
             sum += (double)wo[j];
+        }
+        if (gating == 2) { /* the softmax of the chosen logits, as fwd_softmax */
+            float mx = -INFINITY;
+            for (uint32_t j = 0; j < k; j++)
+                mx = fmaxf(mx, wo[j]);
+            double es = 0.0;
+            for (uint32_t j = 0; j < k; j++) {
+                wo[j] = expf(wo[j] - mx);
+                es += (double)wo[j];
+            }
+            const float inv = (float)(1.0 / es);
+            sum = 0.0;
+            for (uint32_t j = 0; j < k; j++) {
+                wo[j] = wo[j] * inv;
+                sum += (double)wo[j];
+            }
         }
         const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
         for (uint32_t j = 0; norm && j < k; j++)

@@ -316,10 +316,10 @@ int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void
                      uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
                      float scale, uint32_t window, float *scratch, const float *sinks);
 /* MoE routing of n_tok tokens from router logits (n_tok rows of n_expert): probabilities by
- * softmax (gating 0) or sigmoid (gating 1); selection by top-k of the score probability +
- * bias[e] (bias NULL = none; ties to the lower index); weights = the chosen probabilities,
- * divided by their sum (clamped below at 6.103515625e-5) when norm, times scale when scale is not
- * 0 or 1. sel and sel_w: n_tok rows of k. With n_group > 1 (DeepSeek V3's group-limited
+ * softmax (gating 0), sigmoid (gating 1) or the logits themselves (gating 2, gpt-oss); selection
+ * by top-k of the score probability + bias[e] (bias NULL = none; ties to the lower index);
+ * weights = the chosen probabilities (gating 2: their softmax over the k), divided by their sum
+ * (clamped below at 6.103515625e-5) when norm, times scale when scale is not 0 or 1. sel and sel_w: n_tok rows of k. With n_group > 1 (DeepSeek V3's group-limited
  * selection) the experts are n_group groups of n_expert / n_group in index order, a group scores
  * the sum of its two best scores (its best alone with one expert a group), and only the experts
  * of the n_group_used best groups (ties to the lower index) are selected from: n_group divides

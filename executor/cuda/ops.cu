@@ -987,9 +987,12 @@ static __global__ void ops_moe_route_kernel(const float *logits, const float *bi
         const float inv = (float)(1.0 / sum);
         for (uint32_t e = lane; e < n_expert; e += 32)
             p[e] = __fmul_rn(p[e], inv);
-    } else {
+    } else if (gating == 1) {
         for (uint32_t e = lane; e < n_expert; e += 32)
             p[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-l[e])));
+    } else { /* gpt-oss: the logits themselves; the softmax over the chosen ones comes after */
+        for (uint32_t e = lane; e < n_expert; e += 32)
+            p[e] = l[e];
     }
     for (uint32_t e = lane; e < n_expert; e += 32) {
         if (bias)
@@ -1032,6 +1035,22 @@ static __global__ void ops_moe_route_kernel(const float *logits, const float *bi
         wo[j] = p[so[j]];
         sum += (double)wo[j];
     }
+    if (gating == 2) { /* the softmax of the chosen logits, as fwd_softmax */
+        float mx = -INFINITY;
+        for (uint32_t j = 0; j < k; j++)
+            mx = fmaxf(mx, wo[j]);
+        double es = 0.0;
+        for (uint32_t j = 0; j < k; j++) {
+            wo[j] = expf(wo[j] - mx);
+            es += (double)wo[j];
+        }
+        const float inv = (float)(1.0 / es);
+        sum = 0.0;
+        for (uint32_t j = 0; j < k; j++) {
+            wo[j] = __fmul_rn(wo[j], inv);
+            sum += (double)wo[j];
+        }
+    }
     const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
     for (uint32_t j = 0; norm && j < k; j++)
         wo[j] = __fdiv_rn(wo[j], fsum);
@@ -1044,7 +1063,7 @@ int cuda_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint3
                    float scale, int32_t *sel, float *sel_w)
 {
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > OPS_ROUTE_MAX_E || k == 0 ||
-        k > n_expert || k > OPS_ROUTE_MAX_K || (gating != 0 && gating != 1) || n_tok > INT32_MAX ||
+        k > n_expert || k > OPS_ROUTE_MAX_K || gating < 0 || gating > 2 || n_tok > INT32_MAX ||
         !gpu_route_groups_ok(n_expert, k, n_group, n_group_used))
         return ops_bad("gpu_moe_route: bad arguments");
     if (n_tok == 0)

@@ -885,14 +885,17 @@ static void ref_topk(const double *s, uint32_t n, uint32_t k, int32_t *out)
     }
 }
 
-/* Probabilities of one row of logits in double: softmax (gating 0) or sigmoid. */
+/* Probabilities of one row of logits in double: softmax (gating 0), sigmoid (1) or the logits
+ * themselves (2, gpt-oss). */
 static void ref_probs(const float *l, uint32_t n, int gating, double *p)
 {
     double mx = -(double)INFINITY, sum = 0.0;
     for (uint32_t e = 0; e < n; e++)
         mx = (double)l[e] > mx ? (double)l[e] : mx;
     for (uint32_t e = 0; e < n; e++) {
-        p[e] = gating == 0 ? exp((double)l[e] - mx) : 1.0 / (1.0 + exp(-(double)l[e]));
+        p[e] = gating == 0   ? exp((double)l[e] - mx)
+               : gating == 1 ? 1.0 / (1.0 + exp(-(double)l[e]))
+                             : (double)l[e];
         sum += p[e];
     }
     for (uint32_t e = 0; gating == 0 && e < n; e++)
@@ -1011,9 +1014,19 @@ static void route_run(const struct route_case *rc)
         ref_probs(logits + (size_t)t * E, E, rc->gating, p);
         ref_route_scores(rc, p, bias, s, K1);
         ref_topk(s, E, K, want);
-        double sum = 0.0;
-        for (uint32_t j = 0; j < K; j++)
-            sum += p[want[j]];
+        double sum = 0.0, ww[64], mx = -(double)INFINITY, es = 0.0;
+        for (uint32_t j = 0; j < K; j++) {
+            ww[j] = p[want[j]];
+            mx = ww[j] > mx ? ww[j] : mx;
+        }
+        for (uint32_t j = 0; rc->gating == 2 && j < K; j++) { /* softmax of the chosen logits */
+            ww[j] = exp(ww[j] - mx);
+            es += ww[j];
+        }
+        for (uint32_t j = 0; j < K; j++) {
+            ww[j] = rc->gating == 2 ? ww[j] / es : ww[j];
+            sum += ww[j];
+        }
         const double div = rc->norm ? (sum > 6.103515625e-5 ? sum : 6.103515625e-5) : 1.0;
         const double mul = rc->scale != 0.0f && rc->scale != 1.0f ? (double)rc->scale : 1.0;
         for (uint32_t j = 0; j < K; j++) {
@@ -1022,7 +1035,7 @@ static void route_run(const struct route_case *rc)
                          "want %d",
                          E, K, rc->n_group_used, rc->n_group, rc->gating, rc->bias, t, j,
                          sel[t * K + j], want[j]);
-            const double w = p[want[j]] / div * mul;
+            const double w = ww[j] / div * mul;
             check_close("sel_w", t * K + j, sel_w[t * K + j], w, fabs(w), OPS_RTOL);
         }
     }
@@ -1039,8 +1052,9 @@ static void route_run(const struct route_case *rc)
     free(sel_w);
 }
 
-/* Description: 8..256 experts, k 1..16, softmax and sigmoid, with and without a selection bias,
- * with and without renormalisation, scale 0 (none), 1 and 2.5. */
+/* Description: 8..256 experts, k 1..16, softmax, sigmoid and gpt-oss's softmax over the chosen
+ * logits, with and without a selection bias, with and without renormalisation, scale 0 (none), 1
+ * and 2.5. */
 Test(executor_cuda_ops, moe_route_matches_reference)
 {
     gpu_or_skip();
@@ -1048,7 +1062,7 @@ Test(executor_cuda_ops, moe_route_matches_reference)
     const float    scales[] = {0.0f, 1.0f, 2.5f};
     for (size_t ei = 0; ei < 4; ei++)
         for (size_t ki = 0; ki < 4; ki++)
-            for (int gating = 0; gating < 2; gating++)
+            for (int gating = 0; gating < 3; gating++)
                 for (int bias = 0; bias < 2; bias++)
                     for (int norm = 0; norm < 2; norm++)
                         for (size_t si = 0; si < 3; si++) {
@@ -1408,8 +1422,8 @@ Test(executor_cuda_ops, bad_arguments_fail)
                  -1, "attention head_dim_k 0");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 9, 0, 0, 0, true, 0.0f, i32, f), -1, "route k > E");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 0, 0, 0, 0, true, 0.0f, i32, f), -1, "route k 0");
-    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 0, 0, 2, true, 0.0f, i32, f), -1,
-                 "route gating 2");
+    cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 0, 0, 3, true, 0.0f, i32, f), -1,
+                 "route gating 3");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 3, 1, 0, true, 0.0f, i32, f), -1,
                  "route groups not dividing the experts");
     cr_assert_eq(gpu_moe_route(f, NULL, 1, 8, 2, 4, 4, 0, true, 0.0f, i32, f), -1,
