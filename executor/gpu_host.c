@@ -1241,6 +1241,23 @@ static void h_route_groups(const float *s, uint32_t n_expert, uint32_t n_group, 
         taken[e] = !kept[e / per];
 }
 
+/* x[0..n) by its softmax as the CPU's fwd_softmax computes it: exp(x - max) in f32, the sum in
+ * double, times (float)(1 / sum). */
+static void h_softmax(float *x, uint32_t n)
+{
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        mx = fmaxf(mx, x[i]);
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += (double)x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t i = 0; i < n; i++)
+        x[i] = x[i] * inv;
+}
+
 static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                        uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                        float scale, int32_t *sel, float *sel_w)
@@ -1259,24 +1276,13 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
     }
     for (uint32_t t = 0; t < n_tok; t++) {
         const float *l = logits + (int64_t)t * n_expert;
-        if (gating == 0) {
-            float mx = -INFINITY;
-            for (uint32_t e = 0; e < n_expert; e++)
-                mx = fmaxf(mx, l[e]);
-            double sum = 0.0;
-            for (uint32_t e = 0; e < n_expert; e++) {
-                p[e] = expf(l[e] - mx);
-                sum += (double)p[e];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (uint32_t e = 0; e < n_expert; e++)
-                p[e] = p[e] * inv;
-        } else if (gating == 1) {
+        if (gating == 1) {
             for (uint32_t e = 0; e < n_expert; e++)
                 p[e] = 1.0f / (1.0f + expf(-l[e]));
-        } else { /* gpt-oss: the logits; the softmax over the chosen ones comes after */
-            for (uint32_t e = 0; e < n_expert; e++)
-                p[e] = l[e];
+        } else { /* gpt-oss (2): the logits; the softmax over the chosen ones comes after */
+            memcpy(p, l, n_expert * sizeof(float));
+            if (gating == 0)
+                h_softmax(p, n_expert);
         }
         for (uint32_t e = 0; e < n_expert; e++) {
             s[e] = bias ? p[e] + bias[e] : p[e];
@@ -1294,27 +1300,13 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
             so[j] = bi;
             taken[bi] = 1;
         }
-        double sum = 0.0;
-        for (uint32_t j = 0; j < k; j++) {
+        for (uint32_t j = 0; j < k; j++)
             wo[j] = p[so[j]];
+        if (gating == 2) /* the softmax of the chosen logits */
+            h_softmax(wo, k);
+        double sum = 0.0;
+        for (uint32_t j = 0; j < k; j++)
             sum += (double)wo[j];
-        }
-        if (gating == 2) { /* the softmax of the chosen logits, as fwd_softmax */
-            float mx = -INFINITY;
-            for (uint32_t j = 0; j < k; j++)
-                mx = fmaxf(mx, wo[j]);
-            double es = 0.0;
-            for (uint32_t j = 0; j < k; j++) {
-                wo[j] = expf(wo[j] - mx);
-                es += (double)wo[j];
-            }
-            const float inv = (float)(1.0 / es);
-            sum = 0.0;
-            for (uint32_t j = 0; j < k; j++) {
-                wo[j] = wo[j] * inv;
-                sum += (double)wo[j];
-            }
-        }
         const float fsum = (float)sum > 6.103515625e-5f ? (float)sum : 6.103515625e-5f;
         for (uint32_t j = 0; norm && j < k; j++)
             wo[j] = wo[j] / fsum;
