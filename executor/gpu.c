@@ -161,8 +161,9 @@ struct executor_gpu {
     /* Scratch (n_batch rows of the widths in gpu_need). */
     float   *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
     float   *att_scratch, *logits, *xq;
-    float   *mla_qa, *mla_q, *mla_kv, *mla_o; /* latent attention (gpu_mla_widths), else NULL */
-    uint8_t *xq8; /* the q8 image of activations for gpu_matvec_q8 (gpu_q8_for) */
+    float   *mla_qa, *mla_q, *mla_kv, *mla_o; /* latent attention (gpu_widths.mla), else NULL */
+    int32_t *mla_heads; /* latent attention: item i's head, i % n_head (gpu_heads_of) */
+    uint8_t *xq8;       /* the q8 image of activations for gpu_matvec_q8 (gpu_q8_for) */
     /* What g->xq8 holds (gpu_q8_for): rows x_src .. of cols, quantized as q8_vdt; reused by the
      * next product over the same rows only while q8_reuse is set (the callers set it around
      * products that share their input: q, k, v; gate, up). */
@@ -362,10 +363,13 @@ static struct gpu_widths gpu_widths_of(const struct common_hparams *hp)
     cols = hp->n_lora_kv > cols ? hp->n_lora_kv : cols;
     cols = (size_t)hp->n_head * hp->head_dim_v_mla > cols ? (size_t)hp->n_head * hp->head_dim_v_mla
                                                           : cols;
+    /* the latent path's per-head products: n_head rows of q_nope (or of the latent) a token */
+    cols = (size_t)hp->n_head * hp->head_dim_k_mla > cols ? (size_t)hp->n_head * hp->head_dim_k_mla
+                                                          : cols;
     w.cols = cols;
     if (hp->n_lora_kv)
         w.mla = hp->n_lora_q + (size_t)hp->n_head * hp->head_dim_k_mla + hp->n_lora_kv + hp->n_rot +
-                (size_t)hp->n_head * hp->head_dim_v_mla;
+                (size_t)hp->n_head * hp->head_dim_v_mla + hp->n_head; /* + the heads' ids */
     return w;
 }
 
@@ -1113,7 +1117,13 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
         ok = (g->mla_qa = gpu_take(a, B * (hp->n_lora_q ? hp->n_lora_q : 1) * F, c)) &&
              (g->mla_q = gpu_take(a, B * H * hp->head_dim_k_mla * F, c)) &&
              (g->mla_kv = gpu_take(a, B * ((size_t)hp->n_lora_kv + hp->n_rot) * F, c)) &&
-             (g->mla_o = gpu_take(a, B * H * hp->head_dim_v_mla * F, c));
+             (g->mla_o = gpu_take(a, B * H * hp->head_dim_v_mla * F, c)) &&
+             (g->mla_heads = gpu_take(a, B * H * sizeof(int32_t), c));
+        int32_t *heads = ok ? malloc(B * H * sizeof(int32_t)) : NULL;
+        for (size_t i = 0; heads && i < B * H; i++)
+            heads[i] = (int32_t)(i % H);
+        ok = heads && gpu_upload(g->mla_heads, heads, B * H * sizeof(int32_t)) == 0;
+        free(heads);
     }
     if (!ok)
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: KV cache and scratch: %s",
@@ -1521,13 +1531,22 @@ static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
     return 0;
 }
 
-/* Rows [h * rows / n_head, (h + 1) * rows / n_head) of w: head h's block (fwd_head_block). */
-static struct gpu_mat gpu_head_block(const struct gpu_mat *w, uint32_t h, uint32_t n_head)
+static int gpu_experts_mv(struct executor_gpu *g, const struct gpu_experts *xe, const int32_t *ids,
+                          int64_t items, const float *x, int64_t x_stride, int64_t cols,
+                          uint32_t n_x, int64_t x_div, float *y, int64_t y_stride, bool same_x);
+
+/* w's n_head blocks of rows (fwd_head_block's) as the "experts" of gpu_experts_mv: head h's
+ * product over item i = t * n_head + h takes expert g->mla_heads[i] = h, so every head of every
+ * token is one launch. */
+static struct gpu_experts gpu_heads_of(const struct gpu_mat *w, uint32_t n_head)
 {
-    struct gpu_mat b = *w;
-    b.rows = w->rows / n_head;
-    b.d = (uint8_t *)w->d + (size_t)h * (size_t)b.rows * w->row_bytes;
-    return b;
+    const int64_t rows = w->rows / n_head;
+    return (struct gpu_experts){.d = w->d,
+                                .type = w->type,
+                                .rows = rows,
+                                .cols = w->cols,
+                                .row_bytes = w->row_bytes,
+                                .bytes = (size_t)rows * w->row_bytes};
 }
 
 /* Multi-head latent attention of layer il (deepseek2) as the CPU's fwd_attention_mla, in its
@@ -1561,21 +1580,20 @@ static int gpu_attention_mla(struct executor_gpu *g, uint32_t il, uint32_t n,
         gpu_rope(g->mla_q + nope, n, H * kq, (uint32_t)H, (uint32_t)kq, (uint32_t)rot, g->cs,
                  neox) < 0)
         return -1;
-    /* Absorb: head h's query over the latent is attn_k_b[h] . q_nope[h], then its q_pe. */
-    for (uint32_t h = 0; h < H; h++) {
-        const struct gpu_mat kb = gpu_head_block(&gl->wk_b, h, (uint32_t)H);
-        if (gpu_mm_mat(g, &kb, g->mla_q + h * kq, H * kq, n, g->q + h * hk, H * hk) < 0)
-            return -1;
-    }
-    if (gpu_gather_rows(g->q + kvr, hk, g->mla_q + nope, kq, NULL, (int64_t)n * H, rot) < 0 ||
+    /* Absorb: head h's query over the latent is attn_k_b[h] . q_nope[h], then its q_pe; the
+     * (token, head) rows of q_nope are kq apart, those of q hk apart. */
+    const struct gpu_experts kb = gpu_heads_of(&gl->wk_b, (uint32_t)H);
+    const struct gpu_experts vb = gpu_heads_of(&gl->wv_b, (uint32_t)H);
+    const int64_t            items = (int64_t)n * H;
+    if (gpu_experts_mv(g, &kb, g->mla_heads, items, g->mla_q, kq, nope, (uint32_t)items, 1, g->q,
+                       hk, false) < 0 ||
+        gpu_gather_rows(g->q + kvr, hk, g->mla_q + nope, kq, NULL, items, rot) < 0 ||
         gpu_attend_members(g, il, mb, n_mb) < 0)
         return -1;
     /* Expand: head h's value is attn_v_b[h] . its output over the latent. */
-    for (uint32_t h = 0; h < H; h++) {
-        const struct gpu_mat vb = gpu_head_block(&gl->wv_b, h, (uint32_t)H);
-        if (gpu_mm_mat(g, &vb, g->att + h * kvr, H * kvr, n, g->mla_o + h * vm, H * vm) < 0)
-            return -1;
-    }
+    if (gpu_experts_mv(g, &vb, g->mla_heads, items, g->att, kvr, kvr, (uint32_t)items, 1, g->mla_o,
+                       vm, false) < 0)
+        return -1;
     return gpu_mm_add(g, &gl->wo, g->mla_o, H * vm, n, g->x, ne);
 }
 
@@ -1933,21 +1951,22 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
  * rounded floats otherwise. same_x: x has not changed since the product before (its image is
  * reused). */
 static int gpu_experts_mv(struct executor_gpu *g, const struct gpu_experts *xe, const int32_t *ids,
-                          int64_t items, const float *x, int64_t cols, uint32_t n_x, int64_t x_div,
-                          float *y, int64_t y_stride, bool same_x)
+                          int64_t items, const float *x, int64_t x_stride, int64_t cols,
+                          uint32_t n_x, int64_t x_div, float *y, int64_t y_stride, bool same_x)
 {
     if (gpu_q8_path(xe->type, cols)) {
         g->q8_reuse = same_x;
-        const void *q8 = gpu_q8_for(g, xe->type, x, cols, n_x, cols);
+        const void *q8 = gpu_q8_for(g, xe->type, x, x_stride, n_x, cols);
         g->q8_reuse = false;
         return q8 ? gpu_matvec_ids_q8(xe->type, xe->d, xe->bytes, xe->row_bytes, xe->rows, xe->cols,
                                       ids, items, q8, x_div, y, y_stride)
                   : -1;
     }
     g->q8_src = NULL;
-    const float *xr = gpu_round_for(g, xe->type, x, cols, n_x, cols);
+    const float *xr = gpu_round_for(g, xe->type, x, x_stride, n_x, cols);
+    /* gpu_round_for's rows are packed (cols apart) unless it returned x itself */
     return xr ? gpu_matvec_ids(xe->type, xe->d, xe->bytes, xe->row_bytes, xe->rows, xe->cols, ids,
-                               items, xr, cols, x_div, y, y_stride)
+                               items, xr, xr == x ? x_stride : cols, x_div, y, y_stride)
               : -1;
 }
 
@@ -1976,12 +1995,13 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
     if (glu ? !(q8 = gpu_q8_for(g, xg->type, xa, ne, t1 - t0, ne)) ||
                   gpu_matvec_ids_glu_q8(xg->type, xg->d, xu->d, xg->bytes, xg->row_bytes, xg->rows,
                                         xg->cols, ids + i0, items, q8, K, ga, nf) < 0
-            : gpu_experts_mv(g, xg, ids + i0, items, xa, ne, t1 - t0, K, ga, nf, false) < 0 ||
-                  gpu_experts_mv(g, xu, ids + i0, items, xa, ne, t1 - t0, K, up, nf, true) < 0 ||
+            : gpu_experts_mv(g, xg, ids + i0, items, xa, ne, ne, t1 - t0, K, ga, nf, false) < 0 ||
+                  gpu_experts_mv(g, xu, ids + i0, items, xa, ne, ne, t1 - t0, K, up, nf, true) <
+                      0 ||
                   gpu_swiglu(ga, up, items * nf, false) < 0)
         return -1;
     if ((before_down && gpu_stream_wait(before_down) < 0) ||
-        gpu_experts_mv(g, xd, ids + i0, items, ga, nf, (uint32_t)items, 1,
+        gpu_experts_mv(g, xd, ids + i0, items, ga, nf, nf, (uint32_t)items, 1,
                        g->moe_y + i0 * (size_t)ne, ne, false) < 0)
         return -1;
     return 0;
