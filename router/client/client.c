@@ -20,6 +20,7 @@
 #define CLIENT_RETRY_MS      30000 /* no answer this long (calls retried): the router is gone */
 #define CLIENT_GONE_MS       2000  /* its socket file missing this long: it is not running */
 #define CLIENT_PAUSE_MS      50    /* between retries after a closed connection */
+#define CLIENT_SUBMIT_MS     8000  /* one GENERATE call, then it goes out again (see below) */
 #define CLIENT_RESUME_MS     60000 /* a router that died mid-request: wait this long for it */
                                    /* (unless the request's resume_wait_s says otherwise) */
 #define CLIENT_RESUME_MINOR 3      /* routers from protocol 0.3 on resume a request */
@@ -351,7 +352,12 @@ static int client_submit(struct sluice_client *c, const struct sluice_generate_o
         g->resume_bytes = got->bytes;
     }
     struct proto_msg rep;
-    if (rc == 0 && (rc = client_call_retry(c, req, &rep, 30000, CLIENT_RETRY_MS)) == 0) {
+    /* nng 1.5.2 loses a request whose connection closes after the send and before the wait for
+     * the reply begins (no error, the reply never comes): a router replaced at that instant
+     * would fail the request after the whole CLIENT_RETRY_MS. The router answers GENERATE at
+     * once and takes a repeat (same id, same content) as the same request, so a silent call is
+     * sent again after CLIENT_SUBMIT_MS. */
+    if (rc == 0 && (rc = client_call_retry(c, req, &rep, CLIENT_SUBMIT_MS, CLIENT_RETRY_MS)) == 0) {
         if (rep.kind != PROTO_KIND_OK)
             rc = client_fail(SLUICE_EPROTO, "router answered GENERATE with %s",
                              proto_kind_name(rep.kind));
