@@ -42,10 +42,13 @@ struct gpu_layer {
     struct gpu_mat sh_gate_inp; /* qwen2moe: the shared expert's sigmoid gate (one row) */
     /* Latent attention (deepseek2, as executor_layer_w): wq or wq_a, q_a_norm, wq_b; wkv_a and
      * kv_a_norm; wk_b and wv_b of n_head blocks of rows. */
-    struct gpu_mat     wq_a, wq_b, wkv_a, wk_b, wv_b;
-    float             *q_a_norm, *kv_a_norm;
-    float             *sinks, *bo; /* gpt-oss: attention sinks (n_head), the output's bias */
-    float             *gate_inp_b; /* gpt-oss: the router's bias (n_expert) */
+    struct gpu_mat wq_a, wq_b, wkv_a, wk_b, wv_b;
+    float         *q_a_norm, *kv_a_norm;
+    float         *sinks, *bo; /* gpt-oss: attention sinks (n_head), the output's bias */
+    float         *gate_inp_b; /* gpt-oss: the router's bias (n_expert) */
+    /* gpt-oss: the routed experts' biases (n_expert rows of n_ff_exp, n_ff_exp, n_embd); with
+     * gate's, the clamped SwiGLU (gpu_swiglu_oai) as the CPU's executor_fwd_oai_gate_up */
+    float             *gate_exps_b, *up_exps_b, *down_exps_b;
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
     bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
@@ -240,9 +243,10 @@ const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_c
     bool moe_here = false;
     for (uint32_t il = 0; il < hp->n_layer; il++)
         moe_here = moe_here || (m->layers[il].gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe));
-    if (moe_here && (hp->swiglu_oai || hp->expert_gating == COMMON_GATING_SOFTMAX_WEIGHT))
-        return "gpt-oss's experts are not on the CUDA path yet (--n-cpu-moe with every layer "
-               "keeps them on the CPU)";
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        if (m->layers[il].gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe) &&
+            (!m->layers[il].gate_exps_b) != (!m->layers[il].up_exps_b))
+            return "routed experts with a bias on gate or up alone are not on the CUDA path";
     if (moe_here && (hp->sub_norms || hp->ffn_relu2) && hp->n_expert)
         return "routed experts with sub-norms or relu^2 are not on the CUDA path yet";
     for (uint32_t il = 0; il < hp->n_layer; il++) {
@@ -440,6 +444,10 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, boo
             wb += (size_t)hp->n_head * sizeof(float);
         if (lw->bo)
             wb += w.ne * sizeof(float);
+        if (!cpu && lw->gate_exps_b)
+            wb += 2 * (size_t)hp->n_ff_exp * w.E * sizeof(float);
+        if (!cpu && lw->down_exps_b)
+            wb += w.ne * w.E * sizeof(float);
     }
     if (head)
         wb += gpu_mat_bytes(&m->output) + w.ne * sizeof(float);
@@ -924,6 +932,10 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     if (!gl->cpu_moe) {
         gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
         gl->gate_inp_b = gpu_put(gw, lw->gate_inp_b, w.E * sizeof(float), &ok);
+        const size_t nfx = (size_t)hp->n_ff_exp * w.E * sizeof(float);
+        gl->gate_exps_b = gpu_put(gw, lw->gate_exps_b, nfx, &ok);
+        gl->up_exps_b = gpu_put(gw, lw->up_exps_b, nfx, &ok);
+        gl->down_exps_b = gpu_put(gw, lw->down_exps_b, w.ne * w.E * sizeof(float), &ok);
     }
     gl->wq = gpu_put_mat(gw, &lw->wq, &ok);
     gl->wk = gpu_put_mat(gw, &lw->wk, &ok);
@@ -1645,32 +1657,42 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
     return gpu_mm_add(g, &gl->wo, g->att, (int64_t)w.ad, n, g->x, ne);
 }
 
+/* One routed expert's biases (gpt-oss), device rows: gate's and up's (both or neither), down's
+ * (or NULL). */
+struct gpu_exp_bias {
+    const float *g, *u, *d;
+};
+
 /* silu(gate . x) * (up . x) into g->ga (relu(gate . x)^2 * (up . x) with bitnet's relu2, then
- * its ffn_sub_norm when sub_norm is given, as executor_fwd_dense_gate_up), then down into `out`
- * (n rows of ne). */
+ * its ffn_sub_norm when sub_norm is given, as executor_fwd_dense_gate_up; the clamped SwiGLU of
+ * gpt-oss's experts when xb gives gate and up biases), then down (plus xb's down bias) into
+ * `out` (n rows of ne). */
 static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
                           const struct gpu_mat *up, const struct gpu_mat *down, const float *x,
                           uint32_t n, float *out, struct gpu_event *before_down, bool add,
-                          const float *sub_norm)
+                          const float *sub_norm, const struct gpu_exp_bias *xb)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const int64_t                ne = hp->n_embd, nf = gate->rows;
-    const bool                   relu2 = hp->ffn_relu2 != 0;
+    const bool                   relu2 = hp->ffn_relu2 != 0, oai = xb && xb->g;
     /* gate and up in one int8 matvec and the product in its store where they are alike */
-    const bool glu = !relu2 && gpu_mm_q8_fused(g, gate, n) && gpu_mm_q8_fused(g, up, n) &&
+    const bool glu = !relu2 && !oai && gpu_mm_q8_fused(g, gate, n) && gpu_mm_q8_fused(g, up, n) &&
                      gate->type == up->type && gate->row_bytes == up->row_bytes &&
                      gate->rows == up->rows && gate->cols == up->cols;
     if (glu ? gpu_mv_q8_op(g, GPU_MV_GLU, gate, up, x, ne, n, g->ga, nf) < 0
             : gpu_mm_shared(g, gate, x, ne, n, g->ga, nf, false) < 0 ||
                   gpu_mm_shared(g, up, x, ne, n, g->up, nf, true) < 0 ||
-                  gpu_swiglu(g->ga, g->up, (int64_t)n * nf, relu2) < 0)
+                  (oai ? gpu_swiglu_oai(g->ga, g->up, n, nf, xb->g, xb->u, 1, NULL)
+                       : gpu_swiglu(g->ga, g->up, (int64_t)n * nf, relu2)) < 0)
         return -1;
     if (sub_norm && gpu_rmsnorm(g->ga, nf, g->ga, nf, sub_norm, n, nf, hp->rms_eps) < 0)
         return -1;
     if (before_down && gpu_stream_wait(before_down) < 0)
         return -1;
-    return add ? gpu_mm_add(g, down, g->ga, nf, n, out, ne)
-               : gpu_mm_mat(g, down, g->ga, nf, n, out, ne);
+    if ((add ? gpu_mm_add(g, down, g->ga, nf, n, out, ne)
+             : gpu_mm_mat(g, down, g->ga, nf, n, out, ne)) < 0)
+        return -1;
+    return xb && xb->d ? gpu_add_bias(out, ne, xb->d, n, ne) : 0;
 }
 
 /* Expert e's part p as a matrix. */
@@ -1733,6 +1755,29 @@ static int gpu_picks_by_expert(struct executor_gpu *g, uint32_t n)
         g->h_rows[at] = (int32_t)(i / K); /* its token's row of xn */
     }
     return 0;
+}
+
+/* The activation of a MoE path's gate and up products, `items` rows of nf in ga and up, item i's
+ * expert at experts[i] (device): gpt-oss's clamped SwiGLU with its experts' gate and up biases,
+ * else silu(g) * u. */
+static int gpu_moe_act(const struct executor_gpu *g, const struct gpu_layer *gl, float *ga,
+                       const float *up, int64_t items, int64_t nf, const int32_t *experts)
+{
+    const int32_t E = (int32_t)g->m->desc->hp.n_expert;
+    return gl->gate_exps_b
+               ? gpu_swiglu_oai(ga, up, items, nf, gl->gate_exps_b, gl->up_exps_b, E, experts)
+               : gpu_swiglu(ga, up, items * nf, false);
+}
+
+/* Down's biases (gpt-oss) added to a MoE path's `items` output rows y (ne apart), item i's
+ * expert at experts[i] (device). */
+static int gpu_moe_down_bias(const struct executor_gpu *g, const struct gpu_layer *gl, float *y,
+                             int64_t items, const int32_t *experts)
+{
+    const int64_t ne = g->m->desc->hp.n_embd;
+    return gl->down_exps_b ? gpu_add_bias_ids(y, ne, gl->down_exps_b,
+                                              (int32_t)g->m->desc->hp.n_expert, experts, items, ne)
+                           : 0;
 }
 
 /* Whether every part of a layer's routed experts takes int8 products (gpu_moe_groups, and
@@ -1808,12 +1853,14 @@ static int gpu_moe_groups(struct executor_gpu *g, uint32_t il, uint32_t n)
                              g->ga, nf) < 0 ||
         gpu_matvec_groups_q8(xu->type, xu->d, xu->bytes, xu->row_bytes, nf, ne, g->groups, ng, xq,
                              g->up, nf) < 0 ||
-        gpu_swiglu(g->ga, g->up, (int64_t)nk * nf, false) < 0)
+        gpu_moe_act(g, &g->w->layers[il], g->ga, g->up, nk, nf, g->sel) < 0)
         return -1;
     g->q8_src = NULL;
     const void *hq = gpu_q8_for(g, xd->type, g->ga, nf, nk, nf);
-    return hq && gpu_matvec_groups_q8(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf,
-                                      g->groups + ng, ng, hq, g->moe_y, ne) == 0
+    return hq &&
+                   gpu_matvec_groups_q8(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf,
+                                        g->groups + ng, ng, hq, g->moe_y, ne) == 0 &&
+                   gpu_moe_down_bias(g, &g->w->layers[il], g->moe_y, nk, g->sel) == 0
                ? 0
                : -1;
 }
@@ -1870,12 +1917,13 @@ static int gpu_moe_tiles(struct executor_gpu *g, uint32_t il, uint32_t n)
                         g->n_tiles_d, g->items, (int32_t)K, g->ga, nf) < 0 ||
         gpu_gemm_q_used(xu->type, xu->d, xu->bytes, xu->row_bytes, nf, ne, g->x16, dt, max_tiles,
                         g->n_tiles_d, g->items, (int32_t)K, g->up, nf) < 0 ||
-        gpu_swiglu(g->ga, g->up, (int64_t)nk * nf, false) < 0)
+        gpu_moe_act(g, &g->w->layers[il], g->ga, g->up, nk, nf, g->sel) < 0)
         return -1;
     const float *hr = gpu_round_for(g, xd->type, g->ga, nf, nk, nf);
     return hr && gpu_f32_to_f16(hr, nf, nk, nf, g->x16) == 0 &&
                    gpu_gemm_q_used(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows, nf, g->x16,
-                                   dt, max_tiles, g->n_tiles_d, g->items, 1, g->moe_y, ne) == 0
+                                   dt, max_tiles, g->n_tiles_d, g->items, 1, g->moe_y, ne) == 0 &&
+                   gpu_moe_down_bias(g, &g->w->layers[il], g->moe_y, nk, g->sel) == 0
                ? 0
                : -1;
 }
@@ -1914,9 +1962,14 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
                 if (rc < 0)
                     return rc == -1 ? -1 : 0;
             }
-            const struct gpu_mat ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
-            const struct gpu_mat ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
-            const struct gpu_mat de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
+            const struct gpu_mat      ge = gpu_expert(&gl->exps[COMMON_EXPERT_GATE], at);
+            const struct gpu_mat      ue = gpu_expert(&gl->exps[COMMON_EXPERT_UP], at);
+            const struct gpu_mat      de = gpu_expert(&gl->exps[COMMON_EXPERT_DOWN], at);
+            const size_t              nfx = (size_t)gl->exps[COMMON_EXPERT_GATE].rows;
+            const struct gpu_exp_bias xb = {.g = gl->gate_exps_b ? gl->gate_exps_b + x * nfx : NULL,
+                                            .u = gl->up_exps_b ? gl->up_exps_b + x * nfx : NULL,
+                                            .d = gl->down_exps_b ? gl->down_exps_b + (size_t)x * ne
+                                                                 : NULL};
             /* the resident path's kernels at any count, for its bits: the matmul from the
              * quantized rows (gpu_moe_tiles), or the int8 matvec (gpu_moe_groups) */
             g->mm_only = gpu_tiles_experts(g, gl, ne);
@@ -1925,7 +1978,7 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
                 gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
                 (miss && gpu_stream_wait(px->ev_gu) < 0) ||
                 gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp,
-                               miss ? px->ev_d : NULL, false, NULL) < 0 ||
+                               miss ? px->ev_d : NULL, false, NULL, &xb) < 0 ||
                 gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0;
             g->mv_only = false;
             g->mm_only = false;
@@ -1984,8 +2037,9 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
     const size_t                 i0 = (size_t)t0 * K;
     float                       *ga = g->ga + i0 * (size_t)nf, *up = g->up + i0 * (size_t)nf;
     const float                 *xa = g->xn + (size_t)t0 * ne;
-    /* gate and up in one int8 matvec, the product in its store, where they are alike */
-    const bool glu = gpu_q8_path(xg->type, ne) && xg->type == xu->type &&
+    /* gate and up in one int8 matvec, the product in its store, where they are alike (and the
+     * activation is silu(g) * u) */
+    const bool glu = !gl->gate_exps_b && gpu_q8_path(xg->type, ne) && xg->type == xu->type &&
                      xg->row_bytes == xu->row_bytes && xg->bytes == xu->bytes &&
                      xg->rows == xu->rows && xg->cols == xu->cols;
     const void *q8 = NULL;
@@ -1998,11 +2052,13 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
             : gpu_experts_mv(g, xg, ids + i0, items, xa, ne, ne, t1 - t0, K, ga, nf, false) < 0 ||
                   gpu_experts_mv(g, xu, ids + i0, items, xa, ne, ne, t1 - t0, K, up, nf, true) <
                       0 ||
-                  gpu_swiglu(ga, up, items * nf, false) < 0)
+                  gpu_moe_act(g, gl, ga, up, items, nf, g->sel + i0) < 0)
         return -1;
+    /* the biases by the items' experts (g->sel), not by ids (slots, in the pool) */
     if ((before_down && gpu_stream_wait(before_down) < 0) ||
         gpu_experts_mv(g, xd, ids + i0, items, ga, nf, nf, (uint32_t)items, 1,
-                       g->moe_y + i0 * (size_t)ne, ne, false) < 0)
+                       g->moe_y + i0 * (size_t)ne, ne, false) < 0 ||
+        gpu_moe_down_bias(g, gl, g->moe_y + i0 * (size_t)ne, items, g->sel + i0) < 0)
         return -1;
     return 0;
 }
@@ -2184,7 +2240,7 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         return -1;
     if (!gl->gate_inp.d) {
         return gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->x, NULL, true,
-                              gl->ffn_sub_norm);
+                              gl->ffn_sub_norm, NULL);
     }
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     const int      gating = hp->expert_gating == COMMON_GATING_SIGMOID          ? 1
@@ -2222,14 +2278,14 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
          * are done) times the sigmoid of its gate's one logit a row (in router, whose logits
          * are spent) added first. */
         if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->gx, NULL, false,
-                           NULL) < 0 ||
+                           NULL, NULL) < 0 ||
             gpu_mm_mat(g, &gl->sh_gate_inp, g->xn, ne, n, g->router, 1) < 0 ||
             gpu_gated_add(g->x, g->gx, g->router, n, (uint32_t)ne) < 0)
             return -1;
     } else if (gl->sh_gate.d) {
         /* An ungated shared expert beside the routed ones: its output added first. */
         if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true,
-                           NULL) < 0)
+                           NULL, NULL) < 0)
             return -1;
     }
     return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);

@@ -401,6 +401,7 @@ bool gpu_matvec_q8_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_MXFP4:
     case COMMON_GGML_TYPE_TQ1_0:
     case COMMON_GGML_TYPE_TQ2_0:
     case COMMON_GGML_TYPE_I2S_Q128:
@@ -495,7 +496,16 @@ int gpu_add(float *y, const float *a, const float *b, int64_t n)
 int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
 {
     const uint64_t t0 = prof_begin();
-    return prof_end(t0, "add_bias", be() ? be()->add_bias(y, stride, bias, n_rows, width) : -1);
+    return prof_end(t0, "add_bias",
+                    be() ? be()->add_bias(y, stride, bias, 1, NULL, n_rows, width) : -1);
+}
+
+int gpu_add_bias_ids(float *y, int64_t stride, const float *bias, int32_t n_bias,
+                     const int32_t *ids, int64_t n_rows, int64_t width)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "add_bias_ids",
+                    be() ? be()->add_bias(y, stride, bias, n_bias, ids, n_rows, width) : -1);
 }
 
 int gpu_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s)
@@ -508,6 +518,14 @@ int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2)
 {
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "swiglu", be() ? be()->swiglu(g, u, n, relu2) : -1);
+}
+
+int gpu_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
+                   const float *ub, int32_t n_bias, const int32_t *ids)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "swiglu_oai",
+                    be() ? be()->swiglu_oai(g, u, n_rows, width, gb, ub, n_bias, ids) : -1);
 }
 
 int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,

@@ -445,6 +445,7 @@ static bool h_type_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_MXFP4:
     case COMMON_GGML_TYPE_TQ1_0:
     case COMMON_GGML_TYPE_TQ2_0:
     case COMMON_GGML_TYPE_I2S_Q128:
@@ -933,13 +934,23 @@ static int h_add(float *y, const float *a, const float *b, int64_t n)
     return 0;
 }
 
-static int h_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
+/* Row r's bias row: ids[r] (row 0 without ids), or -1 when it is out of range (ops.cu's). */
+static int64_t h_bias_row(const int32_t *ids, int64_t r, int32_t n_bias)
 {
-    if (!y || !bias || n_rows < 0 || width < 0 || stride < width)
+    const int32_t e = ids ? ids[r] : 0;
+    return e >= 0 && e < n_bias ? e : -1;
+}
+
+static int h_add_bias(float *y, int64_t stride, const float *bias, int32_t n_bias,
+                      const int32_t *ids, int64_t n_rows, int64_t width)
+{
+    if (!y || !bias || n_bias < 1 || n_rows < 0 || width < 0 || stride < width)
         return h_bad("gpu_add_bias: bad arguments");
-    for (int64_t r = 0; r < n_rows; r++)
-        for (int64_t c = 0; c < width; c++)
-            y[r * stride + c] += bias[c];
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t e = h_bias_row(ids, r, n_bias);
+        for (int64_t c = 0; e >= 0 && c < width; c++)
+            y[r * stride + c] += bias[e * width + c];
+    }
     return 0;
 }
 
@@ -967,6 +978,25 @@ static int h_swiglu(float *g, const float *u, int64_t n, bool relu2)
             a = x / (1.0f + expf(-x));
         }
         g[i] = a * u[i];
+    }
+    return 0;
+}
+
+static int h_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
+                        const float *ub, int32_t n_bias, const int32_t *ids)
+{
+    if (!g || !u || !gb || !ub || n_bias < 1 || n_rows < 0 || width < 0)
+        return h_bad("gpu_swiglu_oai: bad arguments");
+    const float alpha = 1.702f, limit = 7.0f;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t e = h_bias_row(ids, r, n_bias);
+        for (int64_t c = 0; e >= 0 && c < width; c++) {
+            const int64_t i = r * width + c;
+            const float   gv = g[i] + gb[e * width + c], uv = u[i] + ub[e * width + c];
+            const float   x = gv < limit ? gv : limit;
+            const float   y = uv < -limit ? -limit : uv > limit ? limit : uv;
+            g[i] = x / (1.0f + expf(alpha * (-x))) * (y + 1.0f);
+        }
     }
     return 0;
 }
@@ -1458,6 +1488,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .add_bias = h_add_bias,
         .scale_rows = h_scale_rows,
         .swiglu = h_swiglu,
+        .swiglu_oai = h_swiglu_oai,
         .rope = h_rope,
         .kv_store = h_kv_store,
         .attention = h_attention,

@@ -629,6 +629,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .add_bias = cuda_add_bias,
         .scale_rows = cuda_scale_rows,
         .swiglu = cuda_swiglu,
+        .swiglu_oai = cuda_swiglu_oai,
         .rope = cuda_rope,
         .kv_store = cuda_kv_store,
         .attention = cuda_attention,

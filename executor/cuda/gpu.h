@@ -125,10 +125,10 @@ void gpu_graph_free(struct gpu_graph *graph); /* accepts NULL */
 
 /* ---- weights: dequantize, matvec, matmul (executor/cuda/quant.cu) ------------------------- */
 /* `type` is enum common_ggml_type; the types supported are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 and the three I2_S layouts I2S_Q128, I2S_B32H, I2S_B32F
- * (gpu_type_supported; I2S_Q128's products are unscaled, as on the CPU). A matrix is `rows` rows of
- * `cols` elements, each row `row_bytes` bytes (the GGUF layout, rows contiguous); cols is a
- * multiple of the type's block size. */
+ * Q5_1, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0, TQ2_0 and the three I2_S layouts I2S_Q128, I2S_B32H,
+ * I2S_B32F (gpu_type_supported; I2S_Q128's products are unscaled, as on the CPU). A matrix is
+ * `rows` rows of `cols` elements, each row `row_bytes` bytes (the GGUF layout, rows contiguous);
+ * cols is a multiple of the type's block size. */
 
 bool gpu_type_supported(uint32_t type);
 
@@ -179,8 +179,8 @@ static inline GPU_HOST_DEVICE size_t gpu_q8_row_bytes(int64_t cols)
 int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                void *q8);
 
-/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K, TQ1_0, TQ2_0, I2_S), whose
- * activations the CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). */
+/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K, MXFP4, TQ1_0, TQ2_0,
+ * I2_S), whose activations the CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). */
 bool gpu_matvec_q8_supported(uint32_t type);
 
 /* As gpu_matvec over the activations of a q8 image (n rows): integer products of the weights'
@@ -262,10 +262,21 @@ int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, co
 int gpu_add(float *y, const float *a, const float *b, int64_t n);
 /* y[r * stride + i] += bias[i] for r < n_rows, i < width. */
 int gpu_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+/* The same with row r's own bias: bias + ids[r] * width, of the n_bias rows of `bias` (a row
+ * whose id is outside 0..n_bias-1 is left as it is). Routed experts' biases (gpt-oss): ids are
+ * the items' experts. */
+int gpu_add_bias_ids(float *y, int64_t stride, const float *bias, int32_t n_bias,
+                     const int32_t *ids, int64_t n_rows, int64_t width);
 /* y[r * stride + i] *= s for r < n_rows, i < width (a matrix's per-tensor scale, bitnet). */
 int gpu_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s);
 /* g[i] = silu(g[i]) * u[i] (relu2 false) or max(g[i], 0)^2 * u[i], i < n. */
 int gpu_swiglu(float *g, const float *u, int64_t n, bool relu2);
+/* gpt-oss's clamped SwiGLU of routed experts (executor_fwd_oai_gate_up) over n_rows rows of
+ * `width` (contiguous): with b = gb, c = ub of row r's expert (ids[r] of the n_bias rows of the
+ * biases; row 0 for every row when ids is NULL; a row whose id is out of range is left as it
+ * is), x = min(g + b, 7), y = clamp(u + c, -7, 7), g = x * sigmoid(1.702 x) * (y + 1). */
+int gpu_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
+                   const float *ub, int32_t n_bias, const int32_t *ids);
 /* Rotary embedding in place: token t's vector at v + t * tok_stride holds n_heads heads of
  * head_dim; the first n_rot dims of each head rotate by the (cos, sin) pairs of cs + t * n_rot
  * (pair i at cs[t * n_rot + 2i], [.. + 2i + 1]): pairs (2i, 2i+1), or (i, i + n_rot/2) with neox.
@@ -319,11 +330,12 @@ int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void
  * softmax (gating 0), sigmoid (gating 1) or the logits themselves (gating 2, gpt-oss); selection
  * by top-k of the score probability + bias[e] (bias NULL = none; ties to the lower index);
  * weights = the chosen probabilities (gating 2: their softmax over the k), divided by their sum
- * (clamped below at 6.103515625e-5) when norm, times scale when scale is not 0 or 1. sel and sel_w: n_tok rows of k. With n_group > 1 (DeepSeek V3's group-limited
- * selection) the experts are n_group groups of n_expert / n_group in index order, a group scores
- * the sum of its two best scores (its best alone with one expert a group), and only the experts
- * of the n_group_used best groups (ties to the lower index) are selected from: n_group divides
- * n_expert, is at most 64, n_group_used < n_group, k <= n_group_used * n_expert / n_group. */
+ * (clamped below at 6.103515625e-5) when norm, times scale when scale is not 0 or 1. sel and sel_w:
+ * n_tok rows of k. With n_group > 1 (DeepSeek V3's group-limited selection) the experts are n_group
+ * groups of n_expert / n_group in index order, a group scores the sum of its two best scores (its
+ * best alone with one expert a group), and only the experts of the n_group_used best groups (ties
+ * to the lower index) are selected from: n_group divides n_expert, is at most 64, n_group_used <
+ * n_group, k <= n_group_used * n_expert / n_group. */
 #define GPU_ROUTE_MAX_GROUPS 64u
 /* Whether gpu_moe_route's group arguments are good (n_group 0 or 1: no groups). */
 static inline bool gpu_route_groups_ok(uint32_t n_expert, uint32_t k, uint32_t n_group,
@@ -429,9 +441,13 @@ struct gpu_backend {
     int (*rmsnorm)(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                    int64_t n_rows, int64_t width, float eps);
     int (*add)(float *y, const float *a, const float *b, int64_t n);
-    int (*add_bias)(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+    /* ids NULL: the same bias row for every row (n_bias 1) */
+    int (*add_bias)(float *y, int64_t stride, const float *bias, int32_t n_bias, const int32_t *ids,
+                    int64_t n_rows, int64_t width);
     int (*scale_rows)(float *y, int64_t stride, int64_t n_rows, int64_t width, float s);
     int (*swiglu)(float *g, const float *u, int64_t n, bool relu2);
+    int (*swiglu_oai)(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
+                      const float *ub, int32_t n_bias, const int32_t *ids);
     int (*rope)(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
                 uint32_t n_rot, const float *cs, bool neox);
     /* pos_dev NULL: pos0; else *pos_dev (row_stride: the attention scratch's, 0 = pos0 + n_tok) */

@@ -58,9 +58,12 @@ int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, siz
 int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                  int64_t n_rows, int64_t width, float eps);
 int cuda_add(float *y, const float *a, const float *b, int64_t n);
-int cuda_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width);
+int cuda_add_bias(float *y, int64_t stride, const float *bias, int32_t n_bias, const int32_t *ids,
+                  int64_t n_rows, int64_t width);
 int cuda_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s);
 int cuda_swiglu(float *g, const float *u, int64_t n, bool relu2);
+int cuda_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
+                    const float *ub, int32_t n_bias, const int32_t *ids);
 int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
               uint32_t n_rot, const float *cs, bool neox);
 int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,

@@ -129,26 +129,37 @@ int cuda_add(float *y, const float *a, const float *b, int64_t n)
     return GPU_LAUNCHED("ops_add_kernel");
 }
 
+/* Row r's bias row: ids[r] (row 0 without ids), or -1 when it is out of range. */
+static __device__ __forceinline__ int64_t ops_bias_row(const int32_t *ids, int64_t r,
+                                                       int32_t n_bias)
+{
+    const int32_t e = ids ? __ldg(ids + r) : 0;
+    return e >= 0 && e < n_bias ? e : -1;
+}
+
 static __global__ void ops_add_bias_kernel(float *y, int64_t stride, const float *bias,
-                                           int64_t n_rows, int64_t width)
+                                           int32_t n_bias, const int32_t *ids, int64_t n_rows,
+                                           int64_t width)
 {
     const int64_t n = n_rows * width;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / width, c = i - r * width;
+        const int64_t r = i / width, c = i - r * width, e = ops_bias_row(ids, r, n_bias);
         float        *p = y + r * stride + c;
-        *p = __fadd_rn(*p, bias[c]);
+        if (e >= 0)
+            *p = __fadd_rn(*p, bias[e * width + c]);
     }
 }
 
-int cuda_add_bias(float *y, int64_t stride, const float *bias, int64_t n_rows, int64_t width)
+int cuda_add_bias(float *y, int64_t stride, const float *bias, int32_t n_bias, const int32_t *ids,
+                  int64_t n_rows, int64_t width)
 {
-    if (!y || !bias || n_rows < 0 || width < 0 || stride < width)
+    if (!y || !bias || n_bias < 1 || n_rows < 0 || width < 0 || stride < width)
         return ops_bad("gpu_add_bias: bad arguments");
     if (n_rows == 0 || width == 0)
         return 0;
-    ops_add_bias_kernel<<<ops_grid(n_rows * width), OPS_THREADS, 0, gpu_stream()>>>(y, stride, bias,
-                                                                                    n_rows, width);
+    ops_add_bias_kernel<<<ops_grid(n_rows * width), OPS_THREADS, 0, gpu_stream()>>>(
+        y, stride, bias, n_bias, ids, n_rows, width);
     return GPU_LAUNCHED("ops_add_bias_kernel");
 }
 
@@ -198,6 +209,39 @@ int cuda_swiglu(float *g, const float *u, int64_t n, bool relu2)
         return 0;
     ops_swiglu_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(g, u, n, relu2);
     return GPU_LAUNCHED("ops_swiglu_kernel");
+}
+
+/* executor_fwd_oai_gate_up's expressions, with no fused multiply-adds. */
+static __global__ void ops_swiglu_oai_kernel(float *g, const float *u, int64_t n_rows,
+                                             int64_t width, const float *gb, const float *ub,
+                                             int32_t n_bias, const int32_t *ids)
+{
+    const float   alpha = 1.702f, limit = 7.0f;
+    const int64_t n = n_rows * width;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / width, c = i - r * width, e = ops_bias_row(ids, r, n_bias);
+        if (e < 0)
+            continue;
+        const float gv = __fadd_rn(g[i], gb[e * width + c]);
+        const float uv = __fadd_rn(u[i], ub[e * width + c]);
+        const float x = gv < limit ? gv : limit;
+        const float y = uv < -limit ? -limit : uv > limit ? limit : uv;
+        const float s = __fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(alpha, -x))));
+        g[i] = __fmul_rn(s, __fadd_rn(y, 1.0f));
+    }
+}
+
+int cuda_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
+                    const float *ub, int32_t n_bias, const int32_t *ids)
+{
+    if (!g || !u || !gb || !ub || n_bias < 1 || n_rows < 0 || width < 0)
+        return ops_bad("gpu_swiglu_oai: bad arguments");
+    if (n_rows == 0 || width == 0)
+        return 0;
+    ops_swiglu_oai_kernel<<<ops_grid(n_rows * width), OPS_THREADS, 0, gpu_stream()>>>(
+        g, u, n_rows, width, gb, ub, n_bias, ids);
+    return GPU_LAUNCHED("ops_swiglu_oai_kernel");
 }
 
 /* ---- RoPE --------------------------------------------------------------------------------- */

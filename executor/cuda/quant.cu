@@ -20,7 +20,8 @@
  * alignment holds for every block start (weight rows are 2-byte aligned, as on the CPU): quantized
  * data is read with 16-bit loads, 32-bit words put together from two, except by the A4 kernels,
  * picked where the block size is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K, I2S_Q128, I2S_B32F) and
- * the rows are 4-byte aligned, which read words. */
+ * the rows are 4-byte aligned, which read words. MXFP4's blocks (17 bytes) start anywhere: they
+ * are read a byte at a time. */
 
 #define QK            32  /* elements per chunk, and per block of Q4_0 .. Q8_0 */
 #define MV_WARPS      4   /* warps per matvec block */
@@ -54,6 +55,7 @@ QTYPE(COMMON_GGML_TYPE_Q8_0, 32, 34, false, false, false);
 QTYPE(COMMON_GGML_TYPE_Q4_K, 256, 144, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q5_K, 256, 176, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q6_K, 256, 210, false, true, false);
+QTYPE(COMMON_GGML_TYPE_MXFP4, 32, 17, false, false, false);
 QTYPE(COMMON_GGML_TYPE_TQ1_0, 256, 54, false, false, false);
 QTYPE(COMMON_GGML_TYPE_TQ2_0, 256, 66, false, false, false);
 QTYPE(COMMON_GGML_TYPE_I2S_Q128, 128, 32, false, false, false);
@@ -80,6 +82,13 @@ static __device__ __forceinline__ uint32_t ld16(const uint8_t *p)
 static __device__ __forceinline__ uint32_t ld32(const uint8_t *p)
 {
     return ld16(p) | (ld16(p + 2) << 16);
+}
+
+/* A little-endian 32-bit word at any address (MXFP4's 17-byte blocks): four byte loads. */
+static __device__ __forceinline__ uint32_t ld32u(const uint8_t *p)
+{
+    return static_cast<uint32_t>(__ldg(p)) | static_cast<uint32_t>(__ldg(p + 1)) << 8 |
+           static_cast<uint32_t>(__ldg(p + 2)) << 16 | static_cast<uint32_t>(__ldg(p + 3)) << 24;
 }
 
 /* The same where a4 says the address is 4-byte aligned: one load. */
@@ -296,6 +305,34 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q8_0>(const uint8_t *ro
     o.m = 0.0f;
 }
 
+/* Four nibbles (bytes of v, 0..15) through MXFP4's table of doubled e2m1 values {0, 1, 2, 3, 4,
+ * 6, 8, 12, then the same negated}, as four signed bytes: byte_perm picks each byte from the
+ * positive half by the nibble's low three bits, and from the negative half where bit 3 is set. */
+static __device__ __forceinline__ uint32_t mxfp4_bytes(uint32_t v)
+{
+    const uint32_t s = v & 0x07070707u;
+    const uint32_t sel = (s & 0x7u) | (s >> 4 & 0x70u) | (s >> 8 & 0x700u) | (s >> 12 & 0x7000u);
+    const uint32_t pos = __byte_perm(0x03020100u, 0x0c080604u, sel);
+    const uint32_t neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, sel);
+    const uint32_t m = (v >> 3 & 0x01010101u) * 0xffu; /* 0xff where the sign bit is set */
+    return (pos & ~m) | (neg & m);
+}
+
+/* MXFP4 (17 bytes): e (E8M0), qs[16]; element j in the low nibble of qs[j], j + 16 in the high.
+ * Value table[q] * 2^(e - 128) (the table doubled, the scale halved, as the CPU's
+ * kimpl_e8m0_half: subnormal for e < 2). Blocks at any address: byte loads. */
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_MXFP4>(const uint8_t *row, int64_t c,
+                                                                int s, wq8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + c * 17;
+    const uint32_t e = __ldg(b), qs = ld32u(b + 1 + 4 * s);
+    o.d0 = o.d1 = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+    o.m = 0.0f;
+    o.lo = mxfp4_bytes(qs & NIBBLES);
+    o.hi = mxfp4_bytes((qs >> 4) & NIBBLES);
+}
+
 /* Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Sub-block j (0..7) of 32: element l is the low
  * (j even) or high (j odd) nibble of qs[32 (j / 2) + l]; value (d * sc_j) * q - dmin * m_j. */
 template <>
@@ -471,7 +508,7 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_I2S_B32F>(const uint8_t
         wq8 w;                                                                                     \
         decodeq<T>(row, c, s, w, a4);                                                              \
         o.d0 = w.d0, o.d1 = w.d1, o.m0 = o.m1 = w.m;                                               \
-        if (T == COMMON_GGML_TYPE_Q8_0)                                                            \
+        if (T == COMMON_GGML_TYPE_Q8_0 || T == COMMON_GGML_TYPE_MXFP4)                             \
             bytes8(o, w.lo ^ 0x80808080u, w.hi ^ 0x80808080u, 128.0f);                             \
         else                                                                                       \
             bytes8(o, w.lo, w.hi, static_cast<float>(qoff<T>()));                                  \
@@ -484,6 +521,7 @@ DECODE8_Q(COMMON_GGML_TYPE_Q8_0)
 DECODE8_Q(COMMON_GGML_TYPE_Q4_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q5_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q6_K)
+DECODE8_Q(COMMON_GGML_TYPE_MXFP4)
 DECODE8_Q(COMMON_GGML_TYPE_TQ1_0)
 DECODE8_Q(COMMON_GGML_TYPE_TQ2_0)
 DECODE8_Q(COMMON_GGML_TYPE_I2S_Q128)
@@ -1203,6 +1241,8 @@ template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_Q5_K>());
     case COMMON_GGML_TYPE_Q6_K:
         return f(type_tag<COMMON_GGML_TYPE_Q6_K>());
+    case COMMON_GGML_TYPE_MXFP4:
+        return f(type_tag<COMMON_GGML_TYPE_MXFP4>());
     case COMMON_GGML_TYPE_TQ1_0:
         return f(type_tag<COMMON_GGML_TYPE_TQ1_0>());
     case COMMON_GGML_TYPE_TQ2_0:
@@ -1280,6 +1320,7 @@ bool cuda_type_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_MXFP4:
     case COMMON_GGML_TYPE_TQ1_0:
     case COMMON_GGML_TYPE_TQ2_0:
     case COMMON_GGML_TYPE_I2S_Q128:

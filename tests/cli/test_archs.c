@@ -75,7 +75,8 @@ static int load_refs(const char *arch, struct arch_ref *out, int cap)
     return n;
 }
 
-/* Greedy ids of `sluice run` on `model` with extra `opts`; returns how many were read. */
+/* Greedy ids of `sluice run` on `model` with extra `opts`; returns how many were read. With -ngl
+ * in opts, the device must have taken the model (no warning that it runs on the CPU). */
 static int run_ids(const char *model, const char *opts, int *ids)
 {
     char cmd[4096];
@@ -86,6 +87,8 @@ static int run_ids(const char *model, const char *opts, int *ids)
     char *out = fixture_run(cmd, &st);
     cr_assert_not_null(out);
     cr_assert_eq(st, 0, "%s:\n%s", cmd, out);
+    cr_assert(!strstr(opts, "-ngl") || !strstr(out, "running on the CPU"),
+              "the device refused the model: %s:\n%s", cmd, out);
     int n = 0;
     for (const char *p = out; (p = strstr(p, "gen: ")) && n < N_STEPS; p += 5)
         ids[n++] = atoi(p + 5);
@@ -239,11 +242,10 @@ Test(cli_archs, glm4moe_matches_llama_cpp_and_streams, .timeout = 300)
 }
 
 /* gpt-oss: sinks, a sliding window that the 48 positions exceed, biases everywhere, the clamped
- * SwiGLU, softmax over the chosen logits, YaRN; F32, Q8_0 and MXFP4; its attention on the device
- * path too, with the MoE on the CPU (--n-cpu-moe). */
+ * SwiGLU, softmax over the chosen logits, YaRN; F32, Q8_0 and MXFP4; on the device path too. */
 Test(cli_archs, gpt_oss_matches_llama_cpp_and_streams, .timeout = 300)
 {
-    check_arch_on("gpt-oss", true, "-ngl 999 --n-cpu-moe 999");
+    check_arch_on("gpt-oss", true, "-ngl 999");
 }
 
 /* DeepSeek V3's shape: latent attention with q LoRA, a dense first layer, a shared expert,

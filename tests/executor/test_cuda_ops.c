@@ -173,6 +173,48 @@ Test(executor_cuda_ops, add_bias_matches_reference)
     }
 }
 
+/* Description: row r takes bias row ids[r] of four (a routed expert's bias, gpt-oss); a row
+ * whose id is out of range (-1, 4) stays as it is, and so does the padding between rows. */
+Test(executor_cuda_ops, add_bias_ids_matches_reference)
+{
+    gpu_or_skip();
+    const int64_t n_rows = 6;
+    const int32_t n_bias = 4, ids[6] = {2, 0, -1, 3, 4, 2};
+    for (size_t wi = 0; wi < N_WIDTHS; wi++) {
+        const int64_t width = g_widths[wi], stride = width + 2;
+        const size_t  ny = (size_t)(n_rows * stride), nb = (size_t)(n_bias * width);
+        float        *y = xmalloc(ny * sizeof(float)), *bias = xmalloc(nb * sizeof(float));
+        float        *got = xmalloc(ny * sizeof(float));
+        fill_data(y, ny);
+        fill_data(bias, nb);
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int64_t i = width; i < stride; i++)
+                memset(&y[r * stride + i], 0xff, sizeof(float));
+        float   *dy = dev_from(y, ny * sizeof(float)), *db = dev_from(bias, nb * sizeof(float));
+        int32_t *di = dev_from(ids, sizeof(ids));
+        cr_assert_eq(gpu_add_bias_ids(dy, stride, db, n_bias, di, n_rows, width), 0, "%s",
+                     gpu_last_error());
+        dev_to(got, dy, ny * sizeof(float));
+        for (int64_t r = 0; r < n_rows; r++) {
+            const bool in = ids[r] >= 0 && ids[r] < n_bias;
+            for (int64_t i = 0; i < width; i++) {
+                const float  v = y[r * stride + i];
+                const double b = in ? (double)bias[ids[r] * width + i] : 0.0;
+                check_close("add_bias_ids", (size_t)(r * stride + i), got[r * stride + i],
+                            (double)v + b, fabs((double)v) + fabs(b), OPS_RTOL);
+            }
+            for (int64_t i = width; i < stride; i++)
+                cr_assert(is_poison(&got[r * stride + i]), "add_bias_ids wrote padding");
+        }
+        gpu_free(dy);
+        gpu_free(db);
+        gpu_free(di);
+        free(y);
+        free(bias);
+        free(got);
+    }
+}
+
 /* Description: every row times one scale, the float product bit for bit; the padding between
  * rows untouched. */
 Test(executor_cuda_ops, scale_rows_matches_reference)
@@ -232,6 +274,66 @@ Test(executor_cuda_ops, swiglu_matches_reference)
             gpu_free(du);
             free(g);
             free(u);
+            free(got);
+        }
+}
+
+/* Description: gpt-oss's clamped SwiGLU with row r's expert biases (ids[r] of three, or row 0
+ * for every row without ids): x = min(g + b, 7), y = clamp(u + c, -7, 7), x * sigmoid(1.702 x) *
+ * (y + 1); values spread over +-12 so that both clamps act; a row whose id is out of range
+ * stays as it is. */
+Test(executor_cuda_ops, swiglu_oai_matches_reference)
+{
+    gpu_or_skip();
+    const int64_t n_rows = 5;
+    const int32_t n_bias = 3, ids[5] = {1, 2, 0, 3, 1};
+    for (int with_ids = 0; with_ids < 2; with_ids++)
+        for (size_t wi = 0; wi < N_WIDTHS; wi++) {
+            const int64_t width = g_widths[wi];
+            const size_t  n = (size_t)(n_rows * width), nb = (size_t)(n_bias * width);
+            float        *g = xmalloc(n * sizeof(float)), *u = xmalloc(n * sizeof(float));
+            float        *gb = xmalloc(nb * sizeof(float)), *ub = xmalloc(nb * sizeof(float));
+            float        *got = xmalloc(n * sizeof(float));
+            fill_gauss(g, n, 6.0f);
+            fill_gauss(u, n, 6.0f);
+            fill_gauss(gb, nb, 1.0f);
+            fill_gauss(ub, nb, 1.0f);
+            float   *dg = dev_from(g, n * 4), *du = dev_from(u, n * 4);
+            float   *dgb = dev_from(gb, nb * 4), *dub = dev_from(ub, nb * 4);
+            int32_t *di = dev_from(ids, sizeof(ids));
+            cr_assert_eq(
+                gpu_swiglu_oai(dg, du, n_rows, width, dgb, dub, n_bias, with_ids ? di : NULL), 0,
+                "%s", gpu_last_error());
+            dev_to(got, dg, n * sizeof(float));
+            for (int64_t r = 0; r < n_rows; r++) {
+                const int32_t e = with_ids ? ids[r] : 0;
+                for (int64_t i = 0; i < width; i++) {
+                    const size_t k = (size_t)(r * width + i);
+                    if (e < 0 || e >= n_bias) {
+                        cr_assert(memcmp(&got[k], &g[k], sizeof(float)) == 0,
+                                  "swiglu_oai changed row %lld, whose id is out of range",
+                                  (long long)r);
+                        continue;
+                    }
+                    const double gv = (double)g[k] + (double)gb[e * width + i];
+                    const double uv = (double)u[k] + (double)ub[e * width + i];
+                    const double x = gv < 7.0 ? gv : 7.0;
+                    const double y = uv < -7.0 ? -7.0 : uv > 7.0 ? 7.0 : uv;
+                    const double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+                    /* the sums round before the clamp: scale by the terms' magnitudes */
+                    const double scale = (fabs(x) + 1.0) * (fabs(y) + 1.0) + fabs(want);
+                    check_close("swiglu_oai", k, got[k], want, scale, OPS_RTOL);
+                }
+            }
+            gpu_free(dg);
+            gpu_free(du);
+            gpu_free(dgb);
+            gpu_free(dub);
+            gpu_free(di);
+            free(g);
+            free(u);
+            free(gb);
+            free(ub);
             free(got);
         }
 }
@@ -1407,6 +1509,9 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_scale_rows(f, 4, 2, 8, 2.0f), -1, "scale_rows stride < width");
     cr_assert_eq(gpu_scale_rows(NULL, 8, 2, 8, 2.0f), -1, "scale_rows NULL");
     cr_assert_eq(gpu_swiglu(f, NULL, 4, false), -1, "swiglu NULL");
+    cr_assert_eq(gpu_swiglu_oai(f, f, 1, 4, f, NULL, 1, NULL), -1, "swiglu_oai NULL bias");
+    cr_assert_eq(gpu_swiglu_oai(f, f, 1, 4, f, f, 0, NULL), -1, "swiglu_oai no bias rows");
+    cr_assert_eq(gpu_add_bias_ids(f, 4, f, 0, NULL, 1, 4), -1, "add_bias_ids no bias rows");
     cr_assert_eq(gpu_rope(f, 1, 64, 1, 32, 34, f, false), -1, "rope n_rot > head_dim");
     cr_assert_eq(gpu_rope(f, 1, 16, 1, 32, 32, f, false), -1, "rope tok_stride too small");
     cr_assert_eq(gpu_kv_store(NULL, (uint16_t *)(void *)f, 8, 8, f, f, 0, 1), -1,

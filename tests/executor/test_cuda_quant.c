@@ -29,12 +29,12 @@
 
 /* The weight types of quant.cu. */
 static const uint32_t g_types[] = {
-    COMMON_GGML_TYPE_F32,     COMMON_GGML_TYPE_F16,      COMMON_GGML_TYPE_BF16,
-    COMMON_GGML_TYPE_Q4_0,    COMMON_GGML_TYPE_Q4_1,     COMMON_GGML_TYPE_Q5_0,
-    COMMON_GGML_TYPE_Q5_1,    COMMON_GGML_TYPE_Q8_0,     COMMON_GGML_TYPE_Q4_K,
-    COMMON_GGML_TYPE_Q5_K,    COMMON_GGML_TYPE_Q6_K,     COMMON_GGML_TYPE_TQ1_0,
-    COMMON_GGML_TYPE_TQ2_0,   COMMON_GGML_TYPE_I2S_Q128, COMMON_GGML_TYPE_I2S_B32H,
-    COMMON_GGML_TYPE_I2S_B32F};
+    COMMON_GGML_TYPE_F32,      COMMON_GGML_TYPE_F16,     COMMON_GGML_TYPE_BF16,
+    COMMON_GGML_TYPE_Q4_0,     COMMON_GGML_TYPE_Q4_1,    COMMON_GGML_TYPE_Q5_0,
+    COMMON_GGML_TYPE_Q5_1,     COMMON_GGML_TYPE_Q8_0,    COMMON_GGML_TYPE_Q4_K,
+    COMMON_GGML_TYPE_Q5_K,     COMMON_GGML_TYPE_Q6_K,    COMMON_GGML_TYPE_MXFP4,
+    COMMON_GGML_TYPE_TQ1_0,    COMMON_GGML_TYPE_TQ2_0,   COMMON_GGML_TYPE_I2S_Q128,
+    COMMON_GGML_TYPE_I2S_B32H, COMMON_GGML_TYPE_I2S_B32F};
 #define N_TYPES (sizeof(g_types) / sizeof(g_types[0]))
 
 static const char *type_name(uint32_t type)
@@ -165,16 +165,16 @@ static void dot_reference(const float *w, int64_t rows, int64_t cols, const floa
 /* Types and arguments                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Description: the supported types are the sixteen of gpu.h; other types and bad sizes fail with
+/* Description: the supported types are the seventeen of gpu.h; other types and bad sizes fail with
  * -1 and a recorded error, launching nothing. */
 Test(executor_cuda_quant, rejects_unsupported_types_and_bad_sizes)
 {
     gpu_or_skip();
     for (size_t i = 0; i < N_TYPES; i++)
         cr_assert(gpu_type_supported(g_types[i]), "%s", type_name(g_types[i]));
-    const uint32_t others[] = {COMMON_GGML_TYPE_Q8_1, COMMON_GGML_TYPE_Q2_K, COMMON_GGML_TYPE_Q3_K,
-                               COMMON_GGML_TYPE_Q8_K, COMMON_GGML_TYPE_I2_S, COMMON_GGML_TYPE_MXFP4,
-                               COMMON_GGML_TYPE_COUNT};
+    const uint32_t others[] = {COMMON_GGML_TYPE_Q8_1, COMMON_GGML_TYPE_Q2_K,
+                               COMMON_GGML_TYPE_Q3_K, COMMON_GGML_TYPE_Q8_K,
+                               COMMON_GGML_TYPE_I2_S, COMMON_GGML_TYPE_COUNT};
     for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
         cr_assert(!gpu_type_supported(others[i]), "type %u", others[i]);
 

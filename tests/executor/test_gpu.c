@@ -36,7 +36,8 @@ struct gpu_run {
 
 /* The KV cache type of every ctx the tests open (run_open_at), the CPU's and the device's. */
 static enum common_cache_type g_cache_type;
-static int32_t g_n_cpu_moe; /* --n-cpu-moe of the device side of check_*_against_cpu */
+static int32_t  g_n_cpu_moe;   /* --n-cpu-moe of the device side of check_*_against_cpu */
+static uint64_t g_vram_budget; /* --vram-budget of the device side of check_*_against_cpu */
 
 /* Opens a model with the layers on device 0 as pl places them. */
 static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu_place pl)
@@ -59,16 +60,13 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
                  pl.n_cpu_moe, (unsigned long long)pl.vram_budget, e.text);
 }
 
-/* Opens moe-tiny/<file> (or models/<file>) with n_gpu_layers on device 0, the MoE of the first
- * n_cpu_moe layers on the CPU. */
-static void run_open_moe(struct gpu_run *r, const char *path, int32_t ngl, int32_t n_cpu_moe)
-{
-    run_open_at(r, path, (struct executor_gpu_place){.n_gpu_layers = ngl, .n_cpu_moe = n_cpu_moe});
-}
-
+/* Opens `path` with n_gpu_layers on device 0 (and g_n_cpu_moe, g_vram_budget with some). */
 static void run_open(struct gpu_run *r, const char *path, int32_t ngl)
 {
-    run_open_moe(r, path, ngl, ngl ? g_n_cpu_moe : 0);
+    run_open_at(r, path,
+                (struct executor_gpu_place){.n_gpu_layers = ngl,
+                                            .n_cpu_moe = ngl ? g_n_cpu_moe : 0,
+                                            .vram_budget = ngl ? g_vram_budget : 0});
 }
 
 static void run_close(struct gpu_run *r)
@@ -688,7 +686,7 @@ Test(executor_gpu, bitnet_tq2_0_as_the_cpu, .timeout = 300)
 /* check_path_against_cpu on a random-weight model of `arch` (mkmodel's writer), Q8_0 or F32:
  * the MoE architectures the device path takes beside llama's layout. */
 static void check_arch_against_cpu_as(enum common_arch arch, uint32_t n_head_kv, uint32_t type,
-                                      bool lite, struct check_tol tol)
+                                      bool lite, struct check_tol tol, uint32_t seed)
 {
     GPU_OR_SKIP();
     char *dir = fixture_tmpdir();
@@ -707,7 +705,7 @@ static void check_arch_against_cpu_as(enum common_arch arch, uint32_t n_head_kv,
                                           .n_ff = 128,
                                           .n_vocab = 512,
                                           .type = type,
-                                          .seed = 7,
+                                          .seed = seed,
                                           .n_threads = 1};
     struct common_errmsg             e = {{0}};
     cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
@@ -718,7 +716,7 @@ static void check_arch_against_cpu_as(enum common_arch arch, uint32_t n_head_kv,
 
 static void check_arch_against_cpu(enum common_arch arch, uint32_t n_head_kv, uint32_t type)
 {
-    check_arch_against_cpu_as(arch, n_head_kv, type, false, g_tol);
+    check_arch_against_cpu_as(arch, n_head_kv, type, false, g_tol, 7);
 }
 
 /* deepseek2 (V3's shape): latent attention with a q LoRA, a leading dense layer, a shared
@@ -737,7 +735,7 @@ Test(executor_gpu, deepseek2_as_the_cpu, .timeout = 300)
 Test(executor_gpu, deepseek2_lite_q8_0_as_the_cpu, .timeout = 300)
 {
     check_arch_against_cpu_as(COMMON_ARCH_DEEPSEEK2, 4, COMMON_GGML_TYPE_Q8_0, true,
-                              (struct check_tol){4e-2, 0.02f});
+                              (struct check_tol){4e-2, 0.02f}, 7);
 }
 
 /* gpt-oss with its MoE on the CPU (--n-cpu-moe for every layer, the usual way to run it on a
@@ -750,9 +748,29 @@ Test(executor_gpu, gpt_oss_attention_as_the_cpu, .timeout = 300)
     check_arch_against_cpu(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_F32);
     g_cache_type = COMMON_CACHE_Q8_0;
     check_arch_against_cpu_as(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_Q8_0, false,
-                              (struct check_tol){4e-2, 0.02f});
+                              (struct check_tol){4e-2, 0.02f}, 7);
     g_cache_type = COMMON_CACHE_F16;
     g_n_cpu_moe = 0;
+}
+
+/* gpt-oss with its MoE on the device too: the router's bias, top-k of the logits weighted by
+ * their softmax, the experts' gate, up and down biases and clamped SwiGLU (gpu_swiglu_oai), in
+ * F32 (a prefill's per-expert matmuls), Q8_0 and MXFP4 (the int8 groups or tiles), decode steps in
+ * one launch a part; then from a pool of three experts' slots of the eight (a prefill's experts one
+ * by one from their slots; decode in rounds, misses copied in or computed on the CPU, whose
+ * own expert path adds the biases). */
+Test(executor_gpu, gpt_oss_as_the_cpu, .timeout = 300)
+{
+    check_arch_against_cpu(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_F32);
+    check_arch_against_cpu_as(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_Q8_0, false,
+                              (struct check_tol){4e-2, 0.02f}, 7);
+    /* seed 5: seed 7's MXFP4 model has a routing near tie at step 3, where an expert flips and
+     * the two caches part (Q8_0 does the same at seeds 2 and 9) */
+    check_arch_against_cpu_as(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_MXFP4, false,
+                              (struct check_tol){4e-2, 0.02f}, 5);
+    g_vram_budget = 3 * 3 * 128 * 128 * 4; /* three F32 experts of 128 x 128 */
+    check_arch_against_cpu(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_F32);
+    g_vram_budget = 0;
 }
 
 /* olmoe: q/k norms over the whole projection. */
