@@ -544,7 +544,8 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
  * queries rounded to f16, f32 sums), the running max and sum of each query row updated and
  * exp(s - max) written as f16, the output rows (f32, in shared memory) scaled by exp(old max -
  * new max) and P V added by the tensor cores; at the end out = O / sum. Positions past a query's
- * own or before its window are masked. Two lanes of a warp per query row in the softmax. */
+ * own or before its window are masked. Two lanes of a warp per query row in the softmax. A sink
+ * (gpt-oss) is a logit with no value: each row's max starts at it and its sum at 1. */
 #define FA_BQ   64
 #define FA_BK   64
 #define FA_WARP 16 /* query rows per warp */
@@ -588,7 +589,7 @@ static __global__ void __launch_bounds__(128)
     const int      row = lane >> 1, half = lane & 1, qr = warp * FA_WARP + row;
     const uint32_t tq = t0 + qr, pq = a.pos0 + tq; /* its token and position */
     const uint32_t lo_q = a.window && pq + 1 > a.window ? pq + 1 - a.window : 0;
-    float          m = -INFINITY, l = 0.0f;
+    float          m = a.sinks ? a.sinks[h] : -INFINITY, l = a.sinks ? 1.0f : 0.0f;
     /* the block's span: from the first query's window start to the last query's position */
     const uint32_t first = a.pos0 + t0 + 1,
                    kv_lo = a.window && first > a.window ? first - a.window : 0;
@@ -727,9 +728,9 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.v_width = v_in_k ? a.k_width : n_head_kv * head_dim_v;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
-    /* A prefill with equal head dims of 64 or 128 (rows 4-byte aligned), without sinks, values
-     * of their own: the tensor cores. */
-    if (!pos_dev && !sinks && !v_in_k && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v &&
+    /* A prefill with equal head dims of 64 or 128 (rows 4-byte aligned), values of their own:
+     * the tensor cores. */
+    if (!pos_dev && !v_in_k && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v &&
         n_head <= 65535 && (head_dim_k == 64 || head_dim_k == 128) && (uintptr_t)k_cache % 4 == 0 &&
         (uintptr_t)v_cache % 4 == 0 && !getenv("SLUICE_NO_FLASH_ATTN"))
         return head_dim_k == 64 ? ops_flash_launch<64>(a, n_tok) : ops_flash_launch<128>(a, n_tok);

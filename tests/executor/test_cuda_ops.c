@@ -762,8 +762,8 @@ Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
     gpu_free(f);
 }
 
-/* Description: a sink logit per head (gpt-oss) in the softmax's max and sum: decode, a prefill
- * that would take the tensor cores without sinks (head dims 64), a split decode over a long span
+/* Description: a sink logit per head (gpt-oss) in the softmax's max and sum: decode, prefills on
+ * the tensor cores (head dims 64; the second with a window), a split decode over a long span
  * (the sink in the chunks' combine), a window, GQA; the f16 cache and the q8_0 cache (and its
  * graph form). */
 Test(executor_cuda_ops, attention_sinks_match_reference, .timeout = 300)
