@@ -368,10 +368,15 @@ static __device__ void ops_att_span(const struct ops_att_args *a, uint32_t t, ui
 }
 
 /* Chunks of a row of n_kv positions: as many as n_split allows with c_min positions each. */
+static __device__ unsigned ops_att_nchunks(int n_kv, unsigned c_min, unsigned n_split)
+{
+    const unsigned n = (unsigned)n_kv / c_min;
+    return n < 1 ? 1 : n < n_split ? n : n_split;
+}
+
 static __device__ unsigned ops_att_chunks(const struct ops_att_args *a, int n_kv)
 {
-    const unsigned n = (unsigned)n_kv / a->c_min;
-    return n < 1 ? 1 : n < a->n_split ? n : a->n_split;
+    return ops_att_nchunks(n_kv, a->c_min, a->n_split);
 }
 
 /* First position (relative to p_lo) of chunk c of n_c; chunk c is [start(c), start(c + 1)). */
@@ -839,16 +844,19 @@ struct ops_att8_args {
     int64_t         k_row, v_row; /* bytes of one position's keys, values (every kv head) */
     int64_t         row;
     float           scale;
+    unsigned        n_split, c_min; /* as ops_att_args' */
 };
 
-/* One block per (token, head), as the CPU's q8_0 path: the query quantized to q8_0 in shared
- * memory (a warp per block of 32); pass 1, a thread per position: the blocks' integer dots times
- * both scales, added in block order, scaled, into the scratch row; the max, exp(s - max) and
- * their sum; pass 2, a thread per output dim: the sum over positions, in order, of the
- * probability times the dequantized value. */
+/* One block per (token, head, chunk), as the CPU's q8_0 path: the query quantized to q8_0 in
+ * shared memory (a warp per block of 32); pass 1, a thread per position: the blocks' integer dots
+ * times both scales, added in block order, scaled, into the scratch row; the max, exp(s - max)
+ * and their sum; pass 2, a thread per output dim: the sum over positions, in order, of the
+ * probability times the dequantized value. The positions split into chunks as in
+ * ops_attention_kernel (a long decode): each chunk leaves (max, total, unnormalised sums) at the
+ * start of its stretch of the scratch row for ops_attention_combine_kernel. */
 static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
 {
-    extern __shared__ float sh8[]; /* hk / 32 scales, then hk int8 */
+    extern __shared__ float sh8[]; /* hk / 32 scales, hk int8, then hv partial sums */
     __shared__ float        red[32];
     const uint32_t          t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
     const uint32_t          kvh = h / a.gqa, nbk = a.hk / 32, nbv = a.hv / 32;
@@ -856,11 +864,16 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
     const uint32_t          last = pos0 + t + 1;
     const uint32_t          p_lo = a.window && last > a.window ? last - a.window : 0;
     const int               n_kv = (int)(last - p_lo);
-    const float            *qv = a.q + ((int64_t)t * a.n_head + h) * a.hk;
-    float                  *sc = a.scratch + (int64_t)blockIdx.x * a.row;
-    float                  *sd = sh8;
-    int8_t                 *sq = reinterpret_cast<int8_t *>(sh8 + nbk);
-    const unsigned          lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned          n_c = ops_att_nchunks(n_kv, a.c_min, a.n_split);
+    if (blockIdx.y >= n_c)
+        return;
+    const int      c0 = ops_att_chunk_start(n_kv, blockIdx.y, n_c);
+    const int      c1 = ops_att_chunk_start(n_kv, blockIdx.y + 1, n_c);
+    const float   *qv = a.q + ((int64_t)t * a.n_head + h) * a.hk;
+    float         *sc = a.scratch + (int64_t)blockIdx.x * a.row;
+    float         *sd = sh8;
+    int8_t        *sq = reinterpret_cast<int8_t *>(sh8 + nbk);
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     for (uint32_t b = warp; b < nbk; b += blockDim.x >> 5) {
         float     d;
         const int q = ops_q8_lane(qv[b * 32 + lane], &d);
@@ -872,7 +885,7 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
 
     const uint8_t *kbase = a.k8 + (int64_t)p_lo * a.k_row + (int64_t)kvh * nbk * OPS_Q8_BLOCK;
     float          lmax = -INFINITY;
-    for (int i = (int)threadIdx.x; i < n_kv; i += (int)blockDim.x) {
+    for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
         const uint8_t *kr = kbase + (int64_t)i * a.k_row;
         float          s = 0.0f;
         for (uint32_t b = 0; b < nbk; b++) {
@@ -889,30 +902,48 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
         sc[i] = s;
         lmax = fmaxf(lmax, s);
     }
-    float mx = ops_block_reduce(lmax, ops_max(), red);
-    if (a.sinks) /* a sink takes part in the max and the sum */
+    /* A sink takes part in the max and the sum: here with one chunk, else in the combine. */
+    const bool sink = a.sinks && n_c == 1;
+    float      mx = ops_block_reduce(lmax, ops_max(), red);
+    if (sink)
         mx = fmaxf(mx, a.sinks[h]);
     float lsum = 0.0f;
-    for (int i = (int)threadIdx.x; i < n_kv; i += (int)blockDim.x) {
+    for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
         const float e = expf(sc[i] - mx);
         sc[i] = e;
         lsum += e;
     }
     float total = ops_block_reduce(lsum, ops_sum(), red); /* its barrier: sc is whole */
-    if (a.sinks)
+    if (sink)
         total += expf(a.sinks[h] - mx);
-    const float    inv = 1.0f / total;
+    /* several chunks: unnormalised sums, normalised in the combine */
+    const float    inv = n_c == 1 ? 1.0f / total : 1.0f;
     const uint8_t *vbase = a.v8 + (int64_t)p_lo * a.v_row + (int64_t)kvh * nbv * OPS_Q8_BLOCK;
     float         *o = a.out + ((int64_t)t * a.n_head + h) * a.hv;
+    float         *part = sh8 + nbk + a.hk / 4;
     for (uint32_t d = threadIdx.x; d < a.hv; d += blockDim.x) {
         const uint8_t *col = vbase + (d / 32) * OPS_Q8_BLOCK;
         float          acc = 0.0f;
-        for (int i = 0; i < n_kv; i++) {
+        for (int i = c0; i < c1; i++) {
             const uint8_t *blk = col + (int64_t)i * a.v_row;
             const float    dv = __half2float(*reinterpret_cast<const __half *>(blk));
             acc += (sc[i] * inv) * (dv * (float)reinterpret_cast<const int8_t *>(blk)[2 + d % 32]);
         }
-        o[d] = acc;
+        if (n_c == 1)
+            o[d] = acc;
+        else
+            part[d] = acc;
+    }
+    if (n_c == 1)
+        return;
+    /* Every read of this chunk's probabilities is done: its stretch may take the partials
+     * (a chunk holds at least hv + 2 positions). */
+    __syncthreads();
+    for (uint32_t d = threadIdx.x; d < a.hv; d += blockDim.x)
+        sc[c0 + 2 + d] = part[d];
+    if (threadIdx.x == 0) {
+        sc[c0] = mx;
+        sc[c0 + 1] = total;
     }
 }
 
@@ -944,10 +975,33 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
     a.v_row = v_cache ? (int64_t)n_head_kv * (head_dim_v / 32) * OPS_Q8_BLOCK : a.k_row;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
-    const size_t shm = sizeof(float) * (head_dim_k / 32) + head_dim_k;
-    ops_attention_q8_kernel<<<(unsigned)((uint64_t)n_tok * n_head), OPS_ATT_THREADS, shm,
+    /* Few (token, head) rows (decode): the positions split as in cuda_attention. */
+    const uint64_t rows = (uint64_t)n_tok * n_head;
+    a.n_split =
+        rows >= OPS_ATT_MIN_BLOCKS ? 1u : (unsigned)((OPS_ATT_MIN_BLOCKS + rows - 1) / rows);
+    a.n_split = a.n_split < OPS_ATT_MAX_SPLIT ? a.n_split : OPS_ATT_MAX_SPLIT;
+    a.c_min = head_dim_v + 2 > OPS_ATT_MIN_CHUNK ? head_dim_v + 2 : OPS_ATT_MIN_CHUNK;
+    const size_t shm = sizeof(float) * (head_dim_k / 32) + head_dim_k + sizeof(float) * head_dim_v;
+    ops_attention_q8_kernel<<<dim3((unsigned)rows, a.n_split), OPS_ATT_THREADS, shm,
                               gpu_stream()>>>(a);
-    return GPU_LAUNCHED("ops_attention_q8_kernel");
+    const int rc = GPU_LAUNCHED("ops_attention_q8_kernel");
+    if (rc != 0 || a.n_split == 1)
+        return rc;
+    /* the f16 path's combine, over the same chunks of the scratch rows */
+    struct ops_att_args c = {};
+    c.out = out;
+    c.scratch = scratch;
+    c.pos_dev = pos_dev;
+    c.sinks = sinks;
+    c.pos0 = pos0;
+    c.n_head = n_head;
+    c.hv = head_dim_v;
+    c.window = window;
+    c.row = a.row;
+    c.n_split = a.n_split;
+    c.c_min = a.c_min;
+    ops_attention_combine_kernel<<<(unsigned)rows, OPS_ATT_THREADS, 0, gpu_stream()>>>(c);
+    return GPU_LAUNCHED("ops_attention_combine_kernel");
 }
 
 /* ---- MoE routing -------------------------------------------------------------------------- */
