@@ -481,6 +481,7 @@ void *router_sched_main(void *arg)
     struct router_serve *s = arg;
     struct router_text   piece = {0};
     struct rq          **batch = calloc(s->n_seq, sizeof(*batch));
+    uint64_t             last_hello = common_now_ns();
     pthread_mutex_lock(&s->mu);
     while (!s->stopping && batch) {
         sched_reap(s, common_now_ns());
@@ -490,6 +491,21 @@ void *router_sched_main(void *arg)
         for (uint32_t i = 0; i < s->n_seq; i++)
             if (s->slots[i] && !s->slots[i]->done)
                 batch[n++] = s->slots[i];
+        if (n == 0 && !s->degraded) {
+            /* Idle: an executor that died or was restarted meanwhile is noticed now (its pid
+             * gone, or a HELLO every 2 s naming another instance), not by the next request, so
+             * that health and metrics say so and the link is made again before work comes. */
+            pthread_mutex_unlock(&s->mu);
+            const bool alive = router_exec_is_alive(s, &last_hello);
+            pthread_mutex_lock(&s->mu);
+            if (!alive && !s->stopping) {
+                pthread_mutex_unlock(&s->mu);
+                sched_recover(s);
+                pthread_mutex_lock(&s->mu);
+                last_hello = common_now_ns();
+                continue;
+            }
+        }
         if (n == 0) {
             struct timespec ts;
             serve_deadline_after(&ts, 100);

@@ -675,6 +675,52 @@ Test(pipeline_faults, executor_killed_seven_times_costs_time_not_the_request, .t
     free(dir);
 }
 
+/* An idle router notices by itself that its executor was killed (the pid gone, or a HELLO
+ * every 2 s naming another instance): with no request at all it logs the loss, links to the
+ * restarted executor (a restart in its stats, so in /metrics) before work comes, and the next
+ * request gives the undisturbed text. Before, the loss was found by the next request only. */
+Test(pipeline_faults, idle_router_notices_a_killed_executor, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    char *dir = fixture_tmpdir();
+    char  model[1024], cmd[4096];
+    int   st = 0;
+    snprintf(model, sizeof(model), "%s/tiny.gguf", dir);
+    snprintf(cmd, sizeof(cmd), "%s/sluice mkmodel -q --preset tiny -o %s 2>&1", BIN, model);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "mkmodel failed");
+    char *want = one_process(model, 16, "--temp 0");
+    up(dir, model, 1, "--max-restart-delay 1");
+    const pid_t pid = read_pid(dir, "executor");
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    wait_restarted(dir, "executor", pid, 120);
+    const double t0 = now_s();
+    while (log_count(dir, "router", "executor back") < 1 && now_s() - t0 < 120)
+        usleep(100 * 1000);
+    const int lost = log_count(dir, "router", "executor lost");
+    const int back = log_count(dir, "router", "executor back");
+    snprintf(cmd, sizeof(cmd), "%s/sluice ctl --run-dir %s --daemon router stats 2>&1", BIN, dir);
+    char       *stats = sh(cmd, &st);
+    struct gen  g = gen_start(dir, 16, "--temp 0");
+    static char buf[1 << 16];
+    st = gen_finish(&g, buf, sizeof(buf), 0, 120);
+    down(dir);
+    cr_assert_eq(lost, 1, "the idle router did not notice the executor's death\n%s",
+                 last_words(dir));
+    cr_assert_eq(back, 1, "the idle router did not link to the restarted executor\n%s",
+                 last_words(dir));
+    const char *rs = strstr(stats, "executor.restarts ");
+    double      restarts = -1;
+    cr_assert(rs && sscanf(rs, "executor.restarts %lf", &restarts) == 1 && restarts == 1,
+              "not one restart in the router's stats:\n%s", stats);
+    cr_assert_eq(st, 0, "generate failed after the restart (%s/gen.err)\n%s", dir, last_words(dir));
+    cr_assert_str_eq(buf, want, "after the restart: '%s'\nundisturbed: '%s'", buf, want);
+    free(stats);
+    free(want);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* A router whose wait for a restarted executor never returns (SLUICE_TEST_ROUTER_WEDGE stands
  * for the nng call seen to hang there in CI) is ended by its watchdog once that wait made no
  * pass of its loops for --watchdog seconds (5 here, 20 by default); the monitor restarts it and
