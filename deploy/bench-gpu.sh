@@ -2,7 +2,10 @@
 # deploy/bench-gpu.sh - the GPU benchmark of docs/bench.md: `sluice bench -ngl 999` beside
 # llama.cpp's llama-bench (built with CUDA) on the same random-weight models, in the same run: a
 # dense 8B-shaped llama in Q4_0 and in Q4_K, and a 30B-A3B-shaped MoE (qwen3moe, 128 experts,
-# top-8, Q4_K). Prefill (ppP) and decode (tgN) tok/s of both, and decode as a fraction of the
+# top-8, Q4_K); on request a model of gpt-oss-20b's size in MXFP4 (24 layers of 32 experts of
+# 2880 x 2880, top-4, heads of 64, attention sinks, a sliding window on every other layer; mkmodel
+# gives gpt-oss 2 x n_embd / n_head wide heads, so 90 query heads and 10 KV heads; about 11 GB).
+# Prefill (ppP) and decode (tgN) tok/s of both, and decode as a fraction of the
 # device's memory bandwidth measured in the same run (sluice bench's device-to-device copy probe:
 # weights a token touches x tok/s / bandwidth). Needs a CUDA device; not run by CI.
 #
@@ -10,7 +13,8 @@
 #   SLUICE   sluice binary                                          [build/bin/sluice]
 #   PEER     llama-bench binary (llama.cpp built with CUDA); empty = sluice alone []
 #   MODELS   directory of the models, made there when missing       [/tmp/sluice-bench/gpu]
-#   WHICH    models to run, of: dense-q4_0 dense-q4_k moe-q4_k      [all three]
+#   WHICH    models to run, of: dense-q4_0 dense-q4_k moe-q4_k gptoss-mxfp4
+#                                                     [dense-q4_0 dense-q4_k moe-q4_k]
 #   P, N     prompt tokens of the prefill test, tokens of the decode test   [512, 128]
 #   REPS     repetitions of each test                               [3]
 #   OUT      results directory                        [/tmp/sluice-bench/gpu-<date>]
@@ -37,12 +41,15 @@ make_model() {
                  --n-vocab 128256)
     local moe=(--arch qwen3moe --n-embd 2048 --n-layer 48 --n-head 32 --n-head-kv 4 --n-ff 768
                --n-expert 128 --n-expert-used 8 --n-vocab 151936)
+    local gptoss=(--arch gpt-oss --n-embd 2880 --n-layer 24 --n-head 90 --n-head-kv 10 --n-ff 2880
+                  --n-expert 32 --n-expert-used 4 --n-vocab 201088)
     if [ ! -f "$path" ]; then
         local t0=$SECONDS
         case $name in
         dense-q4_0) "$SLUICE" mkmodel -o "$path.part" "${dense[@]}" --type q4_0 -q ;;
         dense-q4_k) "$SLUICE" mkmodel -o "$path.part" "${dense[@]}" --type q4_K --quick-quant -q ;;
         moe-q4_k) "$SLUICE" mkmodel -o "$path.part" "${moe[@]}" --type q4_K --quick-quant -q ;;
+        gptoss-mxfp4) "$SLUICE" mkmodel -o "$path.part" "${gptoss[@]}" --type mxfp4 -q ;;
         *) echo "bench-gpu: unknown model $name" >&2; return 1 ;;
         esac
         mv "$path.part" "$path"
