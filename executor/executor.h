@@ -427,6 +427,18 @@ struct executor_gpu_place {
     "the device's layers: their experts take no device memory and stream under --ram-budget "      \
     "(llama.cpp's --n-cpu-moe)"
 
+/* The option rows of --main-gpu, --n-cpu-moe and --vram-budget (int32_t, int32_t and uint64_t
+ * targets), shared by the commands and the executor daemon beside their own -ngl. */
+/* clang-format off */
+#define EXECUTOR_DEVICE_OPTS(main_gpu, n_cpu_moe, vram_budget)                                     \
+    {.name = "main-gpu", .short_name = "mg", .type = COMMON_OPT_I32, .target = (main_gpu),        \
+     .max = 64, .metavar = "I", .help = "the CUDA device used for -ngl", .def = "0"},              \
+    {.name = "n-cpu-moe", .short_name = "ncmoe", .type = COMMON_OPT_I32, .target = (n_cpu_moe),   \
+     .max = 1u << 20, .metavar = "N", .help = EXECUTOR_N_CPU_MOE_HELP, .def = "0"},                \
+    {.name = "vram-budget", .type = COMMON_OPT_SIZE, .target = (vram_budget), .min = 1,           \
+     .metavar = "SIZE", .help = EXECUTOR_VRAM_BUDGET_HELP}
+/* clang-format on */
+
 /* Expert predictors of the forward pass (DESIGN.md section 2): counts over (token, layer)
  * pairs of predicted experts, predicted experts the router then picked, and picked experts. */
 enum executor_predictor {
