@@ -23,6 +23,7 @@ struct main_config {
     uint32_t                  connect_timeout_s;
     bool                      direct_reads;
     bool                      stream_dense;
+    bool                      probe_device; /* --probe-device: print the device's layers, exit */
     int32_t                   n_gpu_layers;
     int32_t                   main_gpu;
     int32_t                   n_cpu_moe;
@@ -132,6 +133,12 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .target = &c->stream_dense,
          .help = "a dense model: take each layer's FFN from the fetchers (which serve it as one "
                  "expert per layer) instead of mapping the whole file"},
+        {.name = "probe-device",
+         .type = COMMON_OPT_SWITCH,
+         .target = &c->probe_device,
+         .help = "print how many layers -ngl puts on the device for this model (0 when no device "
+                 "is usable or the device path does not take the model) and exit: sluicectl up "
+                 "plans the fetchers' memory without those layers' KV"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -288,6 +295,29 @@ static int main_run(const struct main_config *c)
     return 0;
 }
 
+/* --probe-device: the layers -ngl puts on the device (their KV lives there), as
+ * executor_serve_start will place them, on stdout. The model is mapped, not read. A device error
+ * at start or later still moves them to the CPU (with their KV in RAM, past a plan made from
+ * this count: the warning says so). */
+static int main_probe(const struct main_config *c)
+{
+    uint32_t n = 0;
+    if (c->n_gpu_layers > 0 && executor_gpu_usable(NULL, c->main_gpu, 0, NULL, 0)) {
+        struct executor_model *m = NULL;
+        struct common_errmsg   e = {{0}};
+        if (executor_model_open(c->model, NULL, &m, &e) < 0) {
+            fprintf(stderr, PROG ": error: %s\n", e.text);
+            return 1;
+        }
+        const uint32_t n_layer = executor_model_hparams(m)->n_layer;
+        if (executor_gpu_usable(m, c->main_gpu, c->n_cpu_moe, NULL, 0))
+            n = (uint32_t)c->n_gpu_layers < n_layer ? (uint32_t)c->n_gpu_layers : n_layer;
+        executor_model_destroy(m);
+    }
+    printf("%u\n", n);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct main_config c = {
@@ -297,6 +327,11 @@ int main(int argc, char **argv)
     if (rc != 0) {
         free(owned);
         return common_opts_exit_status(rc);
+    }
+    if (c.probe_device) {
+        rc = main_probe(&c);
+        free(owned);
+        return rc;
     }
     proto_daemon_signals();
     rc = main_run(&c);

@@ -663,8 +663,10 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                                      .cache_type = o->cache_type},
                         n_ctx, o->n_batch ? o->n_batch : 512, s->n_seq, &s->gpu_w, &ge)) ==
                    COMMON_EDEVICE) {
-            COMMON_LOG_WARN("executor", "-ngl %d dropped, running on the CPU: %s", o->n_gpu_layers,
-                            ge.text);
+            COMMON_LOG_WARN("executor",
+                            "-ngl %d dropped, running on the CPU: %s (a RAM budget that sluicectl "
+                            "planned without those layers' KV is exceeded by it)",
+                            o->n_gpu_layers, ge.text);
         } else if (rc < 0) {
             common_errmsg_set(e, rc, "%s", ge.text);
             goto out_stop;

@@ -405,6 +405,8 @@ struct fetcher_serve_opts {
     uint32_t
         n_ctx; /* executor context per sequence, for the KV estimate; 0 = the executor's default */
     uint32_t n_seq;                   /* executor sequences, for the KV estimate; 0 = 4 */
+    uint32_t n_device_layers;         /* the executor's last layers whose KV lives on a device
+                                         (sluicectl up -ngl): left out of the KV estimate */
     uint32_t n_threads;               /* executor threads, for its per-thread scratch in the
                                          plan; 0 = the CPUs online */
     enum fetcher_policy  policy;      /* 0 = LRU */

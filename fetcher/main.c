@@ -95,6 +95,14 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .help =
              "executor sequences, for the KV estimate (the executor refuses to attach with more)",
          .def = "4, as the executor and the router"},
+        {.name = "device-layers",
+         .type = COMMON_OPT_U32,
+         .target = &o->n_device_layers,
+         .max = 1u << 20,
+         .metavar = "N",
+         .help = "the executor's last N layers keep their KV on a device (sluicectl up -ngl, "
+                 "through sluice-executor --probe-device): left out of the KV estimate",
+         .def = "0"},
         {.name = "io",
          .type = COMMON_OPT_CALLBACK,
          .target = &o->io,

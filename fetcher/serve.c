@@ -407,7 +407,8 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
                                  &s->m.hp,
                                  &(struct common_ctx_layout_opts){
                                      .n_ctx = o->n_ctx,
-                                     .n_threads = o->n_threads ? o->n_threads : (ncpu > 0 ? (uint32_t)ncpu : 1)},
+                                     .n_threads = o->n_threads ? o->n_threads : (ncpu > 0 ? (uint32_t)ncpu : 1),
+                                     .n_device_layers = o->n_device_layers},
                                  &lay, e);
         if (lrc != COMMON_OK)
             return lrc;

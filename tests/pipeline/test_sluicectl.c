@@ -760,6 +760,18 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
     cr_expect_eq(st, 0, "the executor's log says neither where its layers went nor why not");
     cr_log_info("%s", log);
     free(log);
+    if (host && strstr(extra, "--ram-budget")) {
+        /* The device takes the model: sluicectl's probe (sluice-executor --probe-device) counts
+         * its layers, and the fetcher's plan leaves their KV out of the budget, as one process
+         * does (`kv cache 0 B`; 8.00 MiB for the CPU's f16 cache of 4 x 4096 positions). */
+        snprintf(cmd, sizeof(cmd),
+                 "grep -h 'puts 4 layers on the device' '%s'/logs/sluicectl.log && grep -h -E "
+                 "'^  kv cache +0 B$' '%s'/logs/fetcher-0.log",
+                 run_dir, run_dir);
+        char *plan = sh(cmd, &st);
+        cr_expect_eq(st, 0, "the fetcher's plan holds the device's KV:\n%s", plan);
+        free(plan);
+    }
     if (strstr(extra, "--vram-budget")) {
         /* The device pool's counters in the executor's stats: picks found or copied in. */
         snprintf(cmd, sizeof(cmd),
@@ -801,7 +813,8 @@ Test(pipeline_sluicectl, ngl_daemons_on_the_host_backend_give_the_one_process_te
 /* The executor's experts in a device pool of three slots (moe-tiny's q4_0 experts are 108 KiB),
  * filled from the fetcher's RAM pool under a RAM budget, which the executor registers with the
  * device as pinned memory (its mapping of the fetcher's pool segment); both pools give up the
- * least frequently used expert (--policy lfu, to the fetcher and the executor). */
+ * least frequently used expert (--policy lfu, to the fetcher and the executor); the fetcher's
+ * plan without the KV of the device's layers. */
 Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_process_text,
      .timeout = 300, .fini = stop_leftovers)
 {
