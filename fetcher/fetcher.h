@@ -404,18 +404,19 @@ struct fetcher_serve_opts {
                                or one slot per bundle of the shard without a budget */
     uint32_t
         n_ctx; /* executor context per sequence, for the KV estimate; 0 = the executor's default */
-    uint32_t n_seq;                   /* executor sequences, for the KV estimate; 0 = 4 */
-    uint32_t n_device_layers;         /* the executor's last layers whose KV lives on a device
-                                         (sluicectl up -ngl): left out of the KV estimate */
-    uint32_t n_threads;               /* executor threads, for its per-thread scratch in the
-                                         plan; 0 = the CPUs online */
-    enum fetcher_policy  policy;      /* 0 = LRU */
-    enum fetcher_io_mode io;          /* AUTO, URING or PREAD (MMAP is refused: no pool) */
-    uint32_t             queue_depth; /* reads in flight; 0 = 32 */
-    FILE                *plan_out;    /* borrowed: the plan is printed here; NULL = silent */
-    const char          *trace_out;   /* borrowed: trace JSON written at stop; NULL = none */
-    FILE                *summary_out; /* borrowed: trace summary printed at stop; NULL = none */
-    bool                 no_pidfile;  /* do not write RUN_DIR/fetcher-I.pid (tests) */
+    uint32_t n_seq;                    /* executor sequences, for the KV estimate; 0 = 4 */
+    uint32_t n_device_layers;          /* the executor's last layers whose KV lives on a device
+                                          (sluicectl up -ngl): left out of the KV estimate */
+    enum common_cache_type cache_type; /* the executor's KV cache type, for the KV estimate */
+    uint32_t               n_threads;  /* executor threads, for its per-thread scratch in the
+                                          plan; 0 = the CPUs online */
+    enum fetcher_policy  policy;       /* 0 = LRU */
+    enum fetcher_io_mode io;           /* AUTO, URING or PREAD (MMAP is refused: no pool) */
+    uint32_t             queue_depth;  /* reads in flight; 0 = 32 */
+    FILE                *plan_out;     /* borrowed: the plan is printed here; NULL = silent */
+    const char          *trace_out;    /* borrowed: trace JSON written at stop; NULL = none */
+    FILE                *summary_out;  /* borrowed: trace summary printed at stop; NULL = none */
+    bool                 no_pidfile;   /* do not write RUN_DIR/fetcher-I.pid (tests) */
 };
 
 /* A running fetcher service. Opaque. */

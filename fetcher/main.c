@@ -36,6 +36,14 @@ static int parse_io(void *arg, const char *v, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+/* --cache-type f16|q8_0. */
+static int parse_cache_type(void *arg, const char *v, struct common_errmsg *e)
+{
+    if (common_cache_type_parse(v, arg) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_EINVAL, "expects f16 or q8_0, got '%s'", v);
+    return COMMON_OK;
+}
+
 /* --policy lru|lfu. */
 static int parse_policy(void *arg, const char *v, struct common_errmsg *e)
 {
@@ -95,6 +103,14 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .help =
              "executor sequences, for the KV estimate (the executor refuses to attach with more)",
          .def = "4, as the executor and the router"},
+        {.name = "cache-type",
+         .short_name = "ctk",
+         .type = COMMON_OPT_CALLBACK,
+         .target = &o->cache_type,
+         .parse = parse_cache_type,
+         .metavar = "T",
+         .help = "the executor's KV cache type (f16 or q8_0), for the KV estimate",
+         .def = "f16"},
         {.name = "device-layers",
          .type = COMMON_OPT_U32,
          .target = &o->n_device_layers,

@@ -408,7 +408,8 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
                                  &(struct common_ctx_layout_opts){
                                      .n_ctx = o->n_ctx,
                                      .n_threads = o->n_threads ? o->n_threads : (ncpu > 0 ? (uint32_t)ncpu : 1),
-                                     .n_device_layers = o->n_device_layers},
+                                     .n_device_layers = o->n_device_layers,
+                                     .cache_type = o->cache_type},
                                  &lay, e);
         if (lrc != COMMON_OK)
             return lrc;

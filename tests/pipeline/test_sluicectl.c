@@ -719,6 +719,50 @@ Test(pipeline_sluicectl, dense_model_runs_with_and_without_fetchers, .timeout = 
     free(dir);
 }
 
+/* `up -ctk q8_0 --ram-budget`: the executor keeps a q8_0 KV cache (the text is one process's
+ * with -ctk q8_0) and the fetcher's plan counts it at 34 bytes per 32 values (moe-tiny's f16
+ * KV of its default context is 1.00 MiB there: 544.00 KiB); another cache type is refused. */
+Test(pipeline_sluicectl, cache_type_reaches_the_executor_and_the_fetchers_plan, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *dir = fixture_tmpdir();
+    char  cmd[8192], run_dir[1024];
+    int   st;
+    snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
+    char *out = sluicectl_up_with(run_dir, model, 1, "-ctk q4_0 --ram-budget 37M", &st);
+    cr_assert_eq(st, 2, "-ctk q4_0 must be a usage error: %s", out);
+    cr_assert(strstr(out, "--cache-type expects f16 or q8_0"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0 -ctk q8_0 2>/dev/null", BIN,
+             model);
+    char *single = sh(cmd, &st);
+    cr_assert_eq(st, 0, "run: %s", single);
+    single[strcspn(single, "\n")] = '\0';
+    out = sluicectl_up_with(run_dir, model, 1, "-ctk q8_0 --ram-budget 37M", &st);
+    cr_assert_eq(st, 0, "up: %s", out);
+    free(out);
+    char *daemons = generate_line(run_dir);
+    snprintf(cmd, sizeof(cmd),
+             "grep -h -E '^  kv cache +544.00 KiB$' '%s'/logs/fetcher-0.log && grep -h -E "
+             "'sluice-executor .*--cache-type q8_0' '%s'/logs/sluicectl.log",
+             run_dir, run_dir);
+    char *logs = sh(cmd, &st);
+    sluicectl_down(run_dir);
+    cr_expect_eq(st, 0, "no q8_0 KV in the fetcher's plan or the executor's command line:\n%s",
+                 logs);
+    cr_expect_str_eq(daemons, single, "through the daemons with -ctk q8_0");
+    free(logs);
+    free(daemons);
+    free(single);
+    free(model);
+    t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+}
+
 /* `up -ngl 999` (and `extra`): the executor puts its layers on the CUDA device (or, without one,
  * warns and uses the CPU); the client's greedy text equals `sluice run -ngl 999` in one process
  * and the CPU's. `host` runs everything with SLUICE_GPU_BACKEND=host: the layers go to HOST0, the
