@@ -741,15 +741,23 @@ static void att_q8_run(const struct att_case *ac, bool at)
 
 /* Description: the q8_0 cache's store and attention (--cache-type q8_0 on the device): head dims
  * 32 to 256 and unequal ones, GQA, one to 17 tokens after 0, 31, 40 and 300 positions, a
- * window, and the graph form (the position in device memory). */
+ * window, decodes over 900 and 1200 positions (split into chunks and combined), and the graph
+ * form (the position in device memory). */
 Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
 {
     gpu_or_skip();
     const struct att_case cases[] = {
-        {1, 0, 4, 2, 32, 32, 0, false, false},    {1, 40, 8, 2, 64, 64, 0, false, false},
-        {3, 31, 4, 4, 128, 128, 0, false, false}, {17, 0, 8, 2, 64, 64, 5, false, false},
-        {5, 40, 4, 1, 96, 64, 0, false, false},   {1, 300, 4, 2, 128, 128, 0, false, false},
-        {2, 33, 2, 2, 256, 256, 7, false, false}, {17, 255, 8, 8, 32, 64, 0, false, false},
+        {1, 0, 4, 2, 32, 32, 0, false, false},
+        {1, 40, 8, 2, 64, 64, 0, false, false},
+        {3, 31, 4, 4, 128, 128, 0, false, false},
+        {17, 0, 8, 2, 64, 64, 5, false, false},
+        {5, 40, 4, 1, 96, 64, 0, false, false},
+        {1, 300, 4, 2, 128, 128, 0, false, false},
+        {2, 33, 2, 2, 256, 256, 7, false, false},
+        {17, 255, 8, 8, 32, 64, 0, false, false},
+        /* long decodes: positions split into chunks of 256 or more, then combined */
+        {1, 1200, 8, 2, 128, 128, 0, false, false},
+        {2, 900, 4, 4, 64, 96, 0, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         att_q8_run(&cases[i], false);
