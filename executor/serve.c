@@ -355,7 +355,8 @@ static void serve_fall_back(struct executor_serve *s)
 {
     COMMON_LOG_ERR("executor",
                    "%s; going on without the device (on the CPU): the router replays "
-                   "its sequences",
+                   "its sequences (their KV now in RAM, past a RAM budget that sluicectl "
+                   "planned without the device's layers)",
                    s->device_err.text);
     for (uint32_t i = 0; i < s->n_seq; i++) {
         executor_ctx_destroy(s->ctx[i]);
