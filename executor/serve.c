@@ -355,7 +355,7 @@ static void serve_fall_back(struct executor_serve *s)
 {
     COMMON_LOG_ERR("executor",
                    "%s; going on without the device (on the CPU): the router replays "
-                   "its sequences (their KV now in RAM, past a RAM budget that sluicectl "
+                   "its sequences (their KV now in RAM, past a RAM budget "
                    "planned without the device's layers)",
                    s->device_err.text);
     for (uint32_t i = 0; i < s->n_seq; i++) {
@@ -665,7 +665,7 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                         n_ctx, o->n_batch ? o->n_batch : 512, s->n_seq, &s->gpu_w, &ge)) ==
                    COMMON_EDEVICE) {
             COMMON_LOG_WARN("executor",
-                            "-ngl %d dropped, running on the CPU: %s (a RAM budget that sluicectl "
+                            "-ngl %d dropped, running on the CPU: %s (a RAM budget "
                             "planned without those layers' KV is exceeded by it)",
                             o->n_gpu_layers, ge.text);
         } else if (rc < 0) {
