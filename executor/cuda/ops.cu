@@ -385,6 +385,39 @@ static __device__ int ops_att_chunk_start(int n_kv, unsigned c, unsigned n_c)
     return (int)((int64_t)c * n_kv / n_c);
 }
 
+/* The softmax of a chunk's scores sc[c0..c1) (lmax: this thread's largest of them): *mx the
+ * chunk's max, exp(s - max) in place, *total their sum. A sink (gpt-oss: a logit with no value)
+ * takes part in the max and the sum here when the row is one chunk, else in the combine. */
+static __device__ void ops_att_chunk_softmax(float *sc, int c0, int c1, float lmax,
+                                             const float *sink, float *red, float *mx, float *total)
+{
+    float m = ops_block_reduce(lmax, ops_max(), red);
+    if (sink)
+        m = fmaxf(m, *sink);
+    float lsum = 0.0f;
+    for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
+        const float e = expf(sc[i] - m);
+        sc[i] = e;
+        lsum += e;
+    }
+    float t = ops_block_reduce(lsum, ops_sum(), red); /* its barrier: sc is whole */
+    if (sink)
+        t += expf(*sink - m);
+    *mx = m;
+    *total = t;
+}
+
+/* The split of a call's positions (cuda_attention, cuda_attention_q8): few (token, head) rows
+ * (decode) split theirs so that about OPS_ATT_MIN_BLOCKS blocks share the work, each chunk long
+ * enough to hold its partials afterwards (hv + 2 floats). */
+static void ops_att_split(uint64_t rows, uint32_t hv, unsigned *n_split, unsigned *c_min)
+{
+    const unsigned n =
+        rows >= OPS_ATT_MIN_BLOCKS ? 1u : (unsigned)((OPS_ATT_MIN_BLOCKS + rows - 1) / rows);
+    *n_split = n < OPS_ATT_MAX_SPLIT ? n : OPS_ATT_MAX_SPLIT;
+    *c_min = hv + 2 > OPS_ATT_MIN_CHUNK ? hv + 2 : OPS_ATT_MIN_CHUNK;
+}
+
 /* Loads `VEC` consecutive f16 values (VEC 2: 4-byte aligned) as floats. */
 template <int VEC> static __device__ float2 ops_load_h(const uint16_t *p)
 {
@@ -454,21 +487,9 @@ template <int VK, int VV> static __global__ void ops_attention_kernel(struct ops
             lmax = fmaxf(lmax, s);
         }
     }
-    /* A sink takes part in the max and the sum: here with one chunk, else in the combine. */
-    const bool sink = a.sinks && n_c == 1;
-    float      mx = ops_block_reduce(lmax, ops_max(), red);
-    if (sink)
-        mx = fmaxf(mx, a.sinks[h]);
-
-    float lsum = 0.0f;
-    for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
-        const float e = expf(sc[i] - mx);
-        sc[i] = e;
-        lsum += e;
-    }
-    float total = ops_block_reduce(lsum, ops_sum(), red);
-    if (sink)
-        total += expf(a.sinks[h] - mx);
+    float mx, total;
+    ops_att_chunk_softmax(sc, c0, c1, lmax, a.sinks && n_c == 1 ? a.sinks + h : NULL, red, &mx,
+                          &total);
 
     /* Pass 2: the weighted sum of the values into part (G, v_units * VV). With G == 1 a thread
      * may own several units; with G > 1, G * v_units <= blockDim.x and it owns one at most. */
@@ -747,13 +768,8 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     while (a.k_lanes < 32 && a.k_lanes < k_units)
         a.k_lanes *= 2;
     a.v_groups = v_units >= OPS_ATT_THREADS ? 1u : OPS_ATT_THREADS / v_units;
-    /* Few (token, head) rows (decode): split the positions so that about OPS_ATT_MIN_BLOCKS
-     * blocks share the work, each chunk long enough to hold its partials afterwards. */
     const uint64_t rows = (uint64_t)n_tok * n_head;
-    a.n_split =
-        rows >= OPS_ATT_MIN_BLOCKS ? 1u : (unsigned)((OPS_ATT_MIN_BLOCKS + rows - 1) / rows);
-    a.n_split = a.n_split < OPS_ATT_MAX_SPLIT ? a.n_split : OPS_ATT_MAX_SPLIT;
-    a.c_min = head_dim_v + 2 > OPS_ATT_MIN_CHUNK ? head_dim_v + 2 : OPS_ATT_MIN_CHUNK;
+    ops_att_split(rows, head_dim_v, &a.n_split, &a.c_min);
     const size_t shm = sizeof(float) * (head_dim_k + (size_t)a.v_groups * v_units * vv);
     const dim3   grid((unsigned)rows, a.n_split);
     if (vk == 2 && vv == 2)
@@ -902,20 +918,9 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
         sc[i] = s;
         lmax = fmaxf(lmax, s);
     }
-    /* A sink takes part in the max and the sum: here with one chunk, else in the combine. */
-    const bool sink = a.sinks && n_c == 1;
-    float      mx = ops_block_reduce(lmax, ops_max(), red);
-    if (sink)
-        mx = fmaxf(mx, a.sinks[h]);
-    float lsum = 0.0f;
-    for (int i = c0 + (int)threadIdx.x; i < c1; i += (int)blockDim.x) {
-        const float e = expf(sc[i] - mx);
-        sc[i] = e;
-        lsum += e;
-    }
-    float total = ops_block_reduce(lsum, ops_sum(), red); /* its barrier: sc is whole */
-    if (sink)
-        total += expf(a.sinks[h] - mx);
+    float mx, total;
+    ops_att_chunk_softmax(sc, c0, c1, lmax, a.sinks && n_c == 1 ? a.sinks + h : NULL, red, &mx,
+                          &total);
     /* several chunks: unnormalised sums, normalised in the combine */
     const float    inv = n_c == 1 ? 1.0f / total : 1.0f;
     const uint8_t *vbase = a.v8 + (int64_t)p_lo * a.v_row + (int64_t)kvh * nbv * OPS_Q8_BLOCK;
@@ -975,12 +980,8 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
     a.v_row = v_cache ? (int64_t)n_head_kv * (head_dim_v / 32) * OPS_Q8_BLOCK : a.k_row;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
-    /* Few (token, head) rows (decode): the positions split as in cuda_attention. */
     const uint64_t rows = (uint64_t)n_tok * n_head;
-    a.n_split =
-        rows >= OPS_ATT_MIN_BLOCKS ? 1u : (unsigned)((OPS_ATT_MIN_BLOCKS + rows - 1) / rows);
-    a.n_split = a.n_split < OPS_ATT_MAX_SPLIT ? a.n_split : OPS_ATT_MAX_SPLIT;
-    a.c_min = head_dim_v + 2 > OPS_ATT_MIN_CHUNK ? head_dim_v + 2 : OPS_ATT_MIN_CHUNK;
+    ops_att_split(rows, head_dim_v, &a.n_split, &a.c_min);
     const size_t shm = sizeof(float) * (head_dim_k / 32) + head_dim_k + sizeof(float) * head_dim_v;
     ops_attention_q8_kernel<<<dim3((unsigned)rows, a.n_split), OPS_ATT_THREADS, shm,
                               gpu_stream()>>>(a);
