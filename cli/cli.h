@@ -183,10 +183,6 @@ struct cli_session_table {
     struct common_opt_group groups[4];    /* the three tables above, then the end */
 };
 
-/* COMMON_OPT_CALLBACK parser of --cache-type: f16 or q8_0 (either case) into the enum
- * common_cache_type at `arg`. */
-int cli_parse_cache_type(void *arg, const char *v, struct common_errmsg *e);
-
 /* Fills `t` with rows writing into `o` (which must outlive the parse); pass t->groups as the
  * spec's groups. The sampling values are range-checked as they are parsed. */
 void cli_session_table_init(struct cli_session_table *t, struct cli_session_opts *o);

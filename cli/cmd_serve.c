@@ -93,7 +93,7 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .short_name = "ctk",
          .type = COMMON_OPT_CALLBACK,
          .target = &a->cache,
-         .parse = cli_parse_cache_type,
+         .parse = common_cache_type_opt,
          .metavar = "f16|q8_0",
          .help = "KV cache type",
          .def = "f16"},

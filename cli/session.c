@@ -564,13 +564,6 @@ void cli_session_opts_default(struct cli_session_opts *o, const char *prog)
         .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f};
 }
 
-int cli_parse_cache_type(void *arg, const char *v, struct common_errmsg *e)
-{
-    if (common_cache_type_parse(v, arg) != COMMON_OK)
-        return common_errmsg_set(e, COMMON_EINVAL, "expects f16 or q8_0, got '%s'", v);
-    return COMMON_OK;
-}
-
 /* The model and context rows of the session table. */
 static void session_model_rows(struct common_opt *rows, size_t cap, struct cli_session_opts *o)
 {
@@ -617,7 +610,7 @@ static void session_model_rows(struct common_opt *rows, size_t cap, struct cli_s
          .short_name = "ctk",
          .type = COMMON_OPT_CALLBACK,
          .target = &o->cache,
-         .parse = cli_parse_cache_type,
+         .parse = common_cache_type_opt,
          .metavar = "f16|q8_0",
          .help = "KV cache type",
          .def = "f16"},

@@ -751,6 +751,9 @@ enum common_cache_type {
 
 /* Parses "f16" / "q8_0" (either case); returns 0 or COMMON_EINVAL. */
 int common_cache_type_parse(const char *s, enum common_cache_type *out);
+/* The same as an option parser (struct common_opt's parse, the enum at arg): the commands' and
+ * the daemons' --cache-type, with "expects f16 or q8_0, got ..." in e. */
+int common_cache_type_opt(void *arg, const char *v, struct common_errmsg *e);
 /* Static name of a cache type ("f16", "q8_0"). */
 const char *common_cache_type_name(enum common_cache_type t);
 

@@ -92,6 +92,13 @@ int common_cache_type_parse(const char *s, enum common_cache_type *out)
     return COMMON_EINVAL;
 }
 
+int common_cache_type_opt(void *arg, const char *v, struct common_errmsg *e)
+{
+    if (common_cache_type_parse(v, arg) != COMMON_OK)
+        return common_errmsg_set(e, COMMON_EINVAL, "expects f16 or q8_0, got '%s'", v);
+    return COMMON_OK;
+}
+
 const char *common_cache_type_name(enum common_cache_type t)
 {
     return t == COMMON_CACHE_Q8_0 ? "q8_0" : "f16";

@@ -243,15 +243,13 @@ const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_c
     bool moe_here = false;
     for (uint32_t il = 0; il < hp->n_layer; il++)
         moe_here = moe_here || (m->layers[il].gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe));
-    for (uint32_t il = 0; il < hp->n_layer; il++)
-        if (m->layers[il].gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe) &&
-            (!m->layers[il].gate_exps_b) != (!m->layers[il].up_exps_b))
-            return "routed experts with a bias on gate or up alone are not on the CUDA path";
     if (moe_here && (hp->sub_norms || hp->ffn_relu2) && hp->n_expert)
         return "routed experts with sub-norms or relu^2 are not on the CUDA path yet";
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     moe = lw->gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe);
+        if (moe && (!lw->gate_exps_b) != (!lw->up_exps_b))
+            return "routed experts with a bias on gate or up alone are not on the CUDA path";
         if (lw->ffn_streamed)
             return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
         const struct executor_mat *ms[GPU_LAYER_MATS];

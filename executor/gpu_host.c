@@ -16,6 +16,7 @@
 
 #include "common.h"
 #include "cuda/gpu.h"
+#include "forward_impl.h"
 #include "kernels/kernels.h"
 
 #define HOST_ALIGN       256  /* as cudaMalloc's */
@@ -1271,23 +1272,6 @@ static void h_route_groups(const float *s, uint32_t n_expert, uint32_t n_group, 
         taken[e] = !kept[e / per];
 }
 
-/* x[0..n) by its softmax as the CPU's fwd_softmax computes it: exp(x - max) in f32, the sum in
- * double, times (float)(1 / sum). */
-static void h_softmax(float *x, uint32_t n)
-{
-    float mx = -INFINITY;
-    for (uint32_t i = 0; i < n; i++)
-        mx = fmaxf(mx, x[i]);
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += (double)x[i];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] = x[i] * inv;
-}
-
 static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                        uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                        float scale, int32_t *sel, float *sel_w)
@@ -1312,7 +1296,7 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
         } else { /* gpt-oss (2): the logits; the softmax over the chosen ones comes after */
             memcpy(p, l, n_expert * sizeof(float));
             if (gating == 0)
-                h_softmax(p, n_expert);
+                fwd_softmax(p, n_expert); /* the CPU's own */
         }
         for (uint32_t e = 0; e < n_expert; e++) {
             s[e] = bias ? p[e] + bias[e] : p[e];
@@ -1333,7 +1317,7 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
         for (uint32_t j = 0; j < k; j++)
             wo[j] = p[so[j]];
         if (gating == 2) /* the softmax of the chosen logits */
-            h_softmax(wo, k);
+            fwd_softmax(wo, k);
         double sum = 0.0;
         for (uint32_t j = 0; j < k; j++)
             sum += (double)wo[j];

@@ -34,14 +34,6 @@ struct main_config {
 
 #define PROG "sluice-executor"
 
-/* --cache-type f16|q8_0. */
-static int main_cache_type(void *arg, const char *v, struct common_errmsg *e)
-{
-    if (common_cache_type_parse(v, arg) != COMMON_OK)
-        return common_errmsg_set(e, COMMON_EINVAL, "expects f16 or q8_0, got '%s'", v);
-    return COMMON_OK;
-}
-
 /* Parses the command line (after the config file's words). Returns 0 (run), COMMON_OPTS_HELP or
  * a negative common_err (printed). */
 /* --policy: the fetchers' names, in enum executor_pool_policy order. */
@@ -90,7 +82,7 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
         {.name = "cache-type",
          .type = COMMON_OPT_CALLBACK,
          .target = &c->cache_type,
-         .parse = main_cache_type,
+         .parse = common_cache_type_opt,
          .metavar = "T",
          .help = "KV cache type: f16 or q8_0",
          .def = "f16"},

@@ -36,14 +36,6 @@ static int parse_io(void *arg, const char *v, struct common_errmsg *e)
     return COMMON_OK;
 }
 
-/* --cache-type f16|q8_0. */
-static int parse_cache_type(void *arg, const char *v, struct common_errmsg *e)
-{
-    if (common_cache_type_parse(v, arg) != COMMON_OK)
-        return common_errmsg_set(e, COMMON_EINVAL, "expects f16 or q8_0, got '%s'", v);
-    return COMMON_OK;
-}
-
 /* --policy lru|lfu. */
 static int parse_policy(void *arg, const char *v, struct common_errmsg *e)
 {
@@ -107,7 +99,7 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .short_name = "ctk",
          .type = COMMON_OPT_CALLBACK,
          .target = &o->cache_type,
-         .parse = parse_cache_type,
+         .parse = common_cache_type_opt,
          .metavar = "T",
          .help = "the executor's KV cache type (f16 or q8_0), for the KV estimate",
          .def = "f16"},

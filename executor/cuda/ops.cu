@@ -358,12 +358,11 @@ struct ops_att_args {
 };
 
 /* The visible positions of query token t: p_lo .. p_lo + n_kv - 1. */
-static __device__ void ops_att_span(const struct ops_att_args *a, uint32_t t, uint32_t *p_lo,
-                                    int *n_kv)
+static __device__ void ops_att_span(const uint32_t *pos_dev, uint32_t pos0, uint32_t window,
+                                    uint32_t t, uint32_t *p_lo, int *n_kv)
 {
-    const uint32_t pos0 = a->pos_dev ? *a->pos_dev : a->pos0;
-    const uint32_t last = pos0 + t + 1; /* one past the query's own position */
-    *p_lo = a->window && last > a->window ? last - a->window : 0;
+    const uint32_t last = (pos_dev ? *pos_dev : pos0) + t + 1; /* past the query's position */
+    *p_lo = window && last > window ? last - window : 0;
     *n_kv = (int)(last - *p_lo);
 }
 
@@ -444,7 +443,7 @@ template <int VK, int VV> static __global__ void ops_attention_kernel(struct ops
     const uint32_t          kvh = h / a.gqa;
     uint32_t                p_lo;
     int                     n_kv;
-    ops_att_span(&a, t, &p_lo, &n_kv);
+    ops_att_span(a.pos_dev, a.pos0, a.window, t, &p_lo, &n_kv);
     const unsigned n_c = ops_att_chunks(&a, n_kv);
     if (blockIdx.y >= n_c)
         return;
@@ -536,7 +535,7 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
     const uint32_t t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
     uint32_t       p_lo;
     int            n_kv;
-    ops_att_span(&a, t, &p_lo, &n_kv);
+    ops_att_span(a.pos_dev, a.pos0, a.window, t, &p_lo, &n_kv);
     const unsigned n_c = ops_att_chunks(&a, n_kv);
     if (n_c == 1)
         return;
@@ -876,11 +875,10 @@ static __global__ void ops_attention_q8_kernel(struct ops_att8_args a)
     __shared__ float        red[32];
     const uint32_t          t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head;
     const uint32_t          kvh = h / a.gqa, nbk = a.hk / 32, nbv = a.hv / 32;
-    const uint32_t          pos0 = a.pos_dev ? *a.pos_dev : a.pos0;
-    const uint32_t          last = pos0 + t + 1;
-    const uint32_t          p_lo = a.window && last > a.window ? last - a.window : 0;
-    const int               n_kv = (int)(last - p_lo);
-    const unsigned          n_c = ops_att_nchunks(n_kv, a.c_min, a.n_split);
+    uint32_t                p_lo;
+    int                     n_kv;
+    ops_att_span(a.pos_dev, a.pos0, a.window, t, &p_lo, &n_kv);
+    const unsigned n_c = ops_att_nchunks(n_kv, a.c_min, a.n_split);
     if (blockIdx.y >= n_c)
         return;
     const int      c0 = ops_att_chunk_start(n_kv, blockIdx.y, n_c);
