@@ -160,6 +160,11 @@ static int client_call_retry(struct sluice_client *c, const struct proto_msg *re
         if (waited_ms >= give_up_ms)
             return client_fail(SLUICE_ECLOSED, "router not answering for %u s: %s",
                                (give_up_ms + 999) / 1000, e.text);
+        /* Silence: the next try dials afresh. Under a listener replaced again and again (nng
+         * 1.5.2's #1518) a dialer was seen to stay stuck, every call of a client timing out for
+         * 30 s while new connections were served, as the router's link to its executor does. */
+        if (rc == COMMON_ETIMEDOUT)
+            (void)proto_client_reopen(c->pc, NULL);
         if (rc == COMMON_ECLOSED || gone) {
             struct timespec ts = {0, CLIENT_PAUSE_MS * 1000000L};
             while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
