@@ -1092,6 +1092,102 @@ int common_config_load(const char *prog, const char *section, int argc, char **a
                        char ***out_argv, char ***owned);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Device memory two processes share (common/devmem.c; library common_devmem)                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The VRAM expert tier's device side (DESIGN section 8): device memory that one process makes
+ * and another maps, copies from host memory on the process's own copy stream, and events that
+ * order copies and kernels across processes. A fetcher makes a device pool and fills it; the
+ * executor maps the same memory and computes from it once the fetcher's events are done.
+ *
+ * Two backends, chosen as the executor's are (SLUICE_GPU_BACKEND): CUDA's (common/devmem_cuda.c,
+ * in builds with CUDA: virtual memory management with POSIX descriptors as shareable handles,
+ * cudaIpc event handles, a stream of its own) and the host's emulation (common/devmem_host.c):
+ * device memory is shared host memory (a memfd), copies run on a thread in queue order, and an
+ * event is a pair of counters in a shared page, waited on as a futex. So the tier's logic and its
+ * handshake run in CI without a device. "none" gives neither.
+ *
+ * What crosses to the other process is a struct common_devmem_handle: a descriptor (passed with
+ * common_fd_send; -1 when there is none) and up to 64 opaque bytes. A receiver treats both as
+ * untrusted: a descriptor of the wrong kind or size, or bytes that name no event, give
+ * COMMON_EINVAL or COMMON_EDEVICE with a message, never a fault.
+ *
+ * CUDA does not survive fork(): a process forks before it opens the backend. Functions are
+ * thread-safe; a piece or an event is used by one thread at a time, and an event is recorded by
+ * one process only (its maker, or the one importer that records it), as each side of the tier
+ * records its own. Errors: 0 or a negative common_err with the message in `e` (may be NULL). */
+
+struct common_devmem_piece; /* a piece of device memory, made here or imported */
+struct common_devmem_event; /* an event either process records and the other waits for */
+
+#define COMMON_DEVMEM_BLOB 64
+struct common_devmem_handle {
+    int      fd;  /* a descriptor the receiver owns once imported; -1 = none */
+    uint32_t len; /* bytes of blob used */
+    uint8_t  blob[COMMON_DEVMEM_BLOB];
+};
+
+/* Opens the backend on device `dev` (0 for the host's emulation, whose one device is HOST0):
+ * the device made current, the copy stream created. Once per process; a second call with the
+ * same device returns 0, with another COMMON_EINVAL. COMMON_ENOTSUP when no backend is there
+ * (a build without CUDA, no driver, SLUICE_GPU_BACKEND=none), with the reason. */
+int common_devmem_open(int dev, struct common_errmsg *e);
+/* The backend opened: "HOST" or "CUDA"; NULL before common_devmem_open succeeded. */
+const char *common_devmem_backend(void);
+/* The size pieces and address reservations are multiples of (CUDA: the device's granularity
+ * for shareable allocations; the host: the page size times 16). 0 before open. */
+size_t common_devmem_granularity(void);
+
+/* Address space for pieces: `bytes` (a multiple of the granularity) reserved, nothing behind it
+ * (a read there faults on the host). Returns the base or NULL with e set. */
+void *common_devmem_reserve(size_t bytes, struct common_errmsg *e);
+/* Gives the reservation back; nothing may be mapped in it any more. Accepts NULL. */
+void common_devmem_unreserve(void *base, size_t bytes);
+
+/* A new piece of `bytes` of device memory (a multiple of the granularity), its contents
+ * undefined. */
+int common_devmem_piece_create(size_t bytes, struct common_devmem_piece **out,
+                               struct common_errmsg *e);
+/* Its handle for another process: h->fd is a new descriptor the caller sends and then closes. */
+int common_devmem_piece_export(const struct common_devmem_piece *p, struct common_devmem_handle *h,
+                               struct common_errmsg *e);
+/* The piece a handle names, `bytes` long as its maker said (checked against the memory where
+ * the backend can). Takes h->fd on success and on failure (closed either way). */
+int common_devmem_piece_import(struct common_devmem_handle *h, size_t bytes,
+                               struct common_devmem_piece **out, struct common_errmsg *e);
+/* Maps the piece at `at`, granularity-aligned inside a reservation, readable and writable by
+ * the device (and on the host backend by the CPU, as device pointers are there). A piece is
+ * mapped at most once per process. The memory stays while any process maps or holds it: a
+ * maker that dies leaves an importer's mapping intact. */
+int  common_devmem_piece_map(struct common_devmem_piece *p, void *at, struct common_errmsg *e);
+/* Unmaps (the address space stays reserved) if mapped, and frees this process's hold. Accepts
+ * NULL. */
+void common_devmem_piece_destroy(struct common_devmem_piece *p);
+size_t common_devmem_piece_bytes(const struct common_devmem_piece *p);
+
+/* Queues a copy of `bytes` from host memory to mapped device memory on this process's copy
+ * stream; `src` must stay unchanged until an event recorded after it is done. */
+int common_devmem_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e);
+
+/* A new event, made here (exportable), not yet recorded: it counts as done. */
+int common_devmem_event_create(struct common_devmem_event **out, struct common_errmsg *e);
+int common_devmem_event_export(const struct common_devmem_event *ev,
+                               struct common_devmem_handle *h, struct common_errmsg *e);
+/* The event a handle names (takes h->fd, as common_devmem_piece_import). */
+int common_devmem_event_import(struct common_devmem_handle *h, struct common_devmem_event **out,
+                               struct common_errmsg *e);
+/* Records ev after the copies queued on this process's copy stream so far: it is done once they
+ * are. A wait sees the last record made before it. */
+int common_devmem_event_record(struct common_devmem_event *ev, struct common_errmsg *e);
+/* The copies queued on this process's copy stream after this call start once ev is done. */
+int common_devmem_event_wait(struct common_devmem_event *ev, struct common_errmsg *e);
+/* The calling thread waits until ev is done. */
+int common_devmem_event_sync(struct common_devmem_event *ev, struct common_errmsg *e);
+/* Whether ev is done now (an error counts as done: the sync that follows reports it). */
+bool common_devmem_event_is_done(struct common_devmem_event *ev);
+void common_devmem_event_destroy(struct common_devmem_event *ev); /* accepts NULL */
+
+/* ------------------------------------------------------------------------------------------ */
 /* Shared-memory rings (common/ring.c)                                                         */
 /* ------------------------------------------------------------------------------------------ */
 

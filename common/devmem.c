@@ -1,0 +1,246 @@
+/* common/devmem.c - device memory two processes share: the backend of the process (the host's
+ * emulation when SLUICE_GPU_BACKEND=host, none when "none", otherwise CUDA's where built) and
+ * the argument checks both backends share. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "devmem_impl.h"
+
+static pthread_mutex_t              g_mu = PTHREAD_MUTEX_INITIALIZER;
+static const struct devmem_backend *g_be; /* set once open succeeded */
+static int                          g_dev = -1;
+static size_t                       g_gran;
+
+static const struct devmem_backend *devmem_pick(const char **why)
+{
+    const char *v = getenv("SLUICE_GPU_BACKEND");
+    if (v && strcmp(v, "host") == 0)
+        return devmem_host_backend();
+    if (v && strcmp(v, "none") == 0) {
+        *why = "no device backend (SLUICE_GPU_BACKEND=none)";
+        return NULL;
+    }
+#ifdef SLUICE_HAVE_CUDA
+    return devmem_cuda_backend();
+#else
+    *why = "this sluice was built without CUDA (-DSLUICE_CUDA=OFF or no nvcc)";
+    return NULL;
+#endif
+}
+
+int common_devmem_open(int dev, struct common_errmsg *e)
+{
+    if (dev < 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "device %d: not a device number", dev);
+    pthread_mutex_lock(&g_mu);
+    int rc = COMMON_OK;
+    if (g_be) {
+        if (dev != g_dev)
+            rc = common_errmsg_set(
+                e, COMMON_EINVAL, "device memory is open on device %d already, not %d", g_dev, dev);
+        pthread_mutex_unlock(&g_mu);
+        return rc;
+    }
+    const char                  *why = NULL;
+    const struct devmem_backend *be = devmem_pick(&why);
+    size_t                       gran = 0;
+    if (!be)
+        rc = common_errmsg_set(e, COMMON_ENOTSUP, "%s", why);
+    else if ((rc = be->open(dev, &gran, e)) == COMMON_OK) {
+        g_be = be;
+        g_dev = dev;
+        g_gran = gran;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* The backend once open (open's store is seen by any thread that later uses what it made). */
+static const struct devmem_backend *devmem_be(struct common_errmsg *e)
+{
+    pthread_mutex_lock(&g_mu);
+    const struct devmem_backend *be = g_be;
+    pthread_mutex_unlock(&g_mu);
+    if (!be)
+        common_errmsg_set(e, COMMON_EINVAL, "device memory: common_devmem_open was not called");
+    return be;
+}
+
+const char *common_devmem_backend(void)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    return be ? be->name : NULL;
+}
+
+size_t common_devmem_granularity(void)
+{
+    return devmem_be(NULL) ? g_gran : 0;
+}
+
+static int devmem_check_size(size_t bytes, struct common_errmsg *e)
+{
+    if (bytes == 0 || bytes % g_gran != 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "device memory: %zu bytes is not a positive multiple of the "
+                                 "granularity (%zu)",
+                                 bytes, g_gran);
+    return COMMON_OK;
+}
+
+void *common_devmem_reserve(size_t bytes, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be || devmem_check_size(bytes, e) != COMMON_OK)
+        return NULL;
+    return be->reserve(bytes, e);
+}
+
+void common_devmem_unreserve(void *base, size_t bytes)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    if (be && base)
+        be->unreserve(base, bytes);
+}
+
+int common_devmem_piece_create(size_t bytes, struct common_devmem_piece **out,
+                               struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be)
+        return COMMON_EINVAL;
+    int rc = devmem_check_size(bytes, e);
+    return rc != COMMON_OK ? rc : be->piece_create(bytes, out, e);
+}
+
+int common_devmem_piece_export(const struct common_devmem_piece *p, struct common_devmem_handle *h,
+                               struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be)
+        return COMMON_EINVAL;
+    memset(h, 0, sizeof(*h));
+    h->fd = -1;
+    return be->piece_export(p, h, e);
+}
+
+/* Closes what a handle carries that its import did not take. */
+static void devmem_handle_drop(struct common_devmem_handle *h)
+{
+    if (h->fd >= 0)
+        close(h->fd);
+    h->fd = -1;
+}
+
+int common_devmem_piece_import(struct common_devmem_handle *h, size_t bytes,
+                               struct common_devmem_piece **out, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    int                          rc = be ? devmem_check_size(bytes, e) : COMMON_EINVAL;
+    if (rc == COMMON_OK && h->fd < 0)
+        rc = common_errmsg_set(e, COMMON_EINVAL, "device memory: the handle has no descriptor");
+    if (rc != COMMON_OK) {
+        devmem_handle_drop(h);
+        return rc;
+    }
+    int fd = h->fd;
+    h->fd = -1;
+    return be->piece_import(fd, bytes, out, e); /* takes fd */
+}
+
+int common_devmem_piece_map(struct common_devmem_piece *p, void *at, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be)
+        return COMMON_EINVAL;
+    if (!at || (uintptr_t)at % g_gran != 0)
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "device memory: %p is not aligned to the granularity (%zu)", at,
+                                 g_gran);
+    return be->piece_map(p, at, e);
+}
+
+void common_devmem_piece_destroy(struct common_devmem_piece *p)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    if (be && p)
+        be->piece_destroy(p);
+}
+
+size_t common_devmem_piece_bytes(const struct common_devmem_piece *p)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    return be && p ? be->piece_bytes(p) : 0;
+}
+
+int common_devmem_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be)
+        return COMMON_EINVAL;
+    return bytes == 0 ? COMMON_OK : be->copy_async(dst, src, bytes, e);
+}
+
+int common_devmem_event_create(struct common_devmem_event **out, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    return be ? be->event_create(out, e) : COMMON_EINVAL;
+}
+
+int common_devmem_event_export(const struct common_devmem_event *ev, struct common_devmem_handle *h,
+                               struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be)
+        return COMMON_EINVAL;
+    memset(h, 0, sizeof(*h));
+    h->fd = -1;
+    return be->event_export(ev, h, e);
+}
+
+int common_devmem_event_import(struct common_devmem_handle *h, struct common_devmem_event **out,
+                               struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    int                          rc = COMMON_EINVAL;
+    if (be && h->len > COMMON_DEVMEM_BLOB)
+        common_errmsg_set(e, COMMON_EINVAL, "device event: a handle of %u bytes (at most %d)",
+                          h->len, COMMON_DEVMEM_BLOB);
+    else if (be)
+        rc = be->event_import(h, out, e);
+    devmem_handle_drop(h);
+    return rc;
+}
+
+int common_devmem_event_record(struct common_devmem_event *ev, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    return be ? be->event_record(ev, e) : COMMON_EINVAL;
+}
+
+int common_devmem_event_wait(struct common_devmem_event *ev, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    return be ? be->event_wait(ev, e) : COMMON_EINVAL;
+}
+
+int common_devmem_event_sync(struct common_devmem_event *ev, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    return be ? be->event_sync(ev, e) : COMMON_EINVAL;
+}
+
+bool common_devmem_event_is_done(struct common_devmem_event *ev)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    return !be || be->event_is_done(ev);
+}
+
+void common_devmem_event_destroy(struct common_devmem_event *ev)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    if (be && ev)
+        be->event_destroy(ev);
+}

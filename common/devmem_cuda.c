@@ -1,0 +1,353 @@
+/* common/devmem_cuda.c - shared device memory on CUDA: virtual memory management with POSIX
+ * descriptors as shareable handles, interprocess events (cudaIpc), and a copy stream of the
+ * process's own. The driver's cuMem* functions are found through the runtime
+ * (cudaGetDriverEntryPointByVersion), so nothing links libcuda and a machine without a driver
+ * still runs the binary. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "devmem_impl.h"
+
+_Static_assert(sizeof(cudaIpcEventHandle_t) <= COMMON_DEVMEM_BLOB, "an event handle fits a blob");
+
+static struct {
+    PFN_cuMemGetAllocationGranularity_v10020  granularity;
+    PFN_cuMemAddressReserve_v10020            reserve;
+    PFN_cuMemAddressFree_v10020               addr_free;
+    PFN_cuMemCreate_v10020                    create;
+    PFN_cuMemRelease_v10020                   release;
+    PFN_cuMemMap_v10020                       map;
+    PFN_cuMemUnmap_v10020                     unmap;
+    PFN_cuMemSetAccess_v10020                 access;
+    PFN_cuMemExportToShareableHandle_v10020   export_fd;
+    PFN_cuMemImportFromShareableHandle_v10020 import_fd;
+    PFN_cuDeviceGet_v2000                     device;
+    PFN_cuDeviceGetAttribute_v2000            attribute;
+} g_cu;
+static cudaStream_t g_stream; /* the copy stream */
+static int          g_dev;
+
+static int cuda_fail(struct common_errmsg *e, cudaError_t err, const char *what)
+{
+    return common_errmsg_set(e, COMMON_EDEVICE, "device memory: %s: %s", what,
+                             cudaGetErrorString(err));
+}
+
+static int cu_fail(struct common_errmsg *e, CUresult r, const char *what)
+{
+    return common_errmsg_set(e, r == CUDA_ERROR_OUT_OF_MEMORY ? COMMON_ENOMEM : COMMON_EDEVICE,
+                             "device memory: %s failed (CUresult %d)", what, (int)r);
+}
+
+static CUmemAllocationProp cuda_prop(void)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = g_dev;
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return p;
+}
+
+static int cuda_load(struct common_errmsg *e)
+{
+    const struct {
+        const char *name;
+        void      **fn;
+    } t[] = {
+        {"cuMemGetAllocationGranularity", (void **)&g_cu.granularity},
+        {"cuMemAddressReserve", (void **)&g_cu.reserve},
+        {"cuMemAddressFree", (void **)&g_cu.addr_free},
+        {"cuMemCreate", (void **)&g_cu.create},
+        {"cuMemRelease", (void **)&g_cu.release},
+        {"cuMemMap", (void **)&g_cu.map},
+        {"cuMemUnmap", (void **)&g_cu.unmap},
+        {"cuMemSetAccess", (void **)&g_cu.access},
+        {"cuMemExportToShareableHandle", (void **)&g_cu.export_fd},
+        {"cuMemImportFromShareableHandle", (void **)&g_cu.import_fd},
+        {"cuDeviceGet", (void **)&g_cu.device},
+        {"cuDeviceGetAttribute", (void **)&g_cu.attribute},
+    };
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion(t[i].name, t[i].fn, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !*t[i].fn)
+            return common_errmsg_set(e, COMMON_ENOTSUP, "device memory: the CUDA driver has no %s",
+                                     t[i].name);
+    }
+    return COMMON_OK;
+}
+
+static int cuda_open(int dev, size_t *granularity, struct common_errmsg *e)
+{
+    int         n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "device memory: no CUDA device (%s)",
+                                 err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    if (dev >= n)
+        return common_errmsg_set(e, COMMON_EINVAL, "device memory: no device CUDA%d (%d found)",
+                                 dev, n);
+    if ((err = cudaSetDevice(dev)) != cudaSuccess)
+        return cuda_fail(e, err, "cudaSetDevice");
+    int rc = cuda_load(e);
+    if (rc != COMMON_OK)
+        return rc;
+    g_dev = dev;
+    CUdevice cd;
+    int      vmm = 0, fds = 0;
+    CUresult r = g_cu.device(&cd, dev);
+    if (r == CUDA_SUCCESS)
+        r = g_cu.attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cd);
+    if (r == CUDA_SUCCESS)
+        r = g_cu.attribute(&fds, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                           cd);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(e, r, "cuDeviceGetAttribute");
+    if (!vmm || !fds)
+        return common_errmsg_set(e, COMMON_ENOTSUP,
+                                 "device memory: CUDA%d cannot share memory between processes "
+                                 "(virtual memory management %s, POSIX descriptor handles %s)",
+                                 dev, vmm ? "yes" : "no", fds ? "yes" : "no");
+    CUmemAllocationProp p = cuda_prop();
+    size_t              gran = 0;
+    r = g_cu.granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS || gran == 0)
+        return cu_fail(e, r, "cuMemGetAllocationGranularity");
+    if ((err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking)) != cudaSuccess)
+        return cuda_fail(e, err, "cudaStreamCreate");
+    *granularity = gran;
+    return COMMON_OK;
+}
+
+static void *cuda_reserve(size_t bytes, struct common_errmsg *e)
+{
+    CUdeviceptr p = 0;
+    CUresult    r = g_cu.reserve(&p, bytes, common_devmem_granularity(), 0, 0);
+    if (r != CUDA_SUCCESS) {
+        cu_fail(e, r, "cuMemAddressReserve");
+        return NULL;
+    }
+    return (void *)(uintptr_t)p;
+}
+
+static void cuda_unreserve(void *base, size_t bytes)
+{
+    (void)g_cu.addr_free((CUdeviceptr)(uintptr_t)base, bytes);
+}
+
+struct common_devmem_piece {
+    CUmemGenericAllocationHandle h;
+    size_t                       bytes;
+    void                        *at; /* where mapped here; NULL when not */
+};
+
+static int cuda_piece_create(size_t bytes, struct common_devmem_piece **out,
+                             struct common_errmsg *e)
+{
+    struct common_devmem_piece *p = calloc(1, sizeof(*p));
+    if (!p)
+        return common_errmsg_set(e, COMMON_ENOMEM, "device memory: out of host memory");
+    CUmemAllocationProp prop = cuda_prop();
+    CUresult            r = g_cu.create(&p->h, bytes, &prop, 0);
+    if (r != CUDA_SUCCESS) {
+        free(p);
+        return cu_fail(e, r, "cuMemCreate");
+    }
+    p->bytes = bytes;
+    *out = p;
+    return COMMON_OK;
+}
+
+static int cuda_piece_export(const struct common_devmem_piece *p, struct common_devmem_handle *h,
+                             struct common_errmsg *e)
+{
+    int      fd = -1;
+    CUresult r = g_cu.export_fd(&fd, p->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS || fd < 0)
+        return cu_fail(e, r, "cuMemExportToShareableHandle");
+    h->fd = fd;
+    h->len = 0;
+    return COMMON_OK;
+}
+
+static int cuda_piece_import(int fd, size_t bytes, struct common_devmem_piece **out,
+                             struct common_errmsg *e)
+{
+    struct common_devmem_piece *p = calloc(1, sizeof(*p));
+    CUresult                    r = CUDA_SUCCESS;
+    if (p)
+        r = g_cu.import_fd(&p->h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd); /* the imported handle holds the memory */
+    if (!p)
+        return common_errmsg_set(e, COMMON_ENOMEM, "device memory: out of host memory");
+    if (r != CUDA_SUCCESS) {
+        free(p);
+        return common_errmsg_set(e, COMMON_EINVAL,
+                                 "device memory: the descriptor is no device memory to import "
+                                 "(CUresult %d)",
+                                 (int)r);
+    }
+    p->bytes = bytes; /* checked by cuMemMap: a piece smaller than that does not map */
+    *out = p;
+    return COMMON_OK;
+}
+
+static int cuda_piece_map(struct common_devmem_piece *p, void *at, struct common_errmsg *e)
+{
+    if (p->at)
+        return common_errmsg_set(e, COMMON_EBUSY, "device memory: the piece is mapped already");
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)at;
+    CUresult    r = g_cu.map(d, p->bytes, 0, p->h, 0);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(e, r, "cuMemMap");
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof(a));
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = g_dev;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((r = g_cu.access(d, p->bytes, &a, 1)) != CUDA_SUCCESS) {
+        (void)g_cu.unmap(d, p->bytes);
+        return cu_fail(e, r, "cuMemSetAccess");
+    }
+    p->at = at;
+    return COMMON_OK;
+}
+
+static void cuda_piece_destroy(struct common_devmem_piece *p)
+{
+    if (p->at) {
+        (void)cudaStreamSynchronize(g_stream); /* no queued copy writes into it any more */
+        (void)g_cu.unmap((CUdeviceptr)(uintptr_t)p->at, p->bytes);
+    }
+    (void)g_cu.release(p->h);
+    free(p);
+}
+
+static size_t cuda_piece_bytes(const struct common_devmem_piece *p)
+{
+    return p->bytes;
+}
+
+static int cuda_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
+{
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
+    return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaMemcpyAsync");
+}
+
+struct common_devmem_event {
+    cudaEvent_t ev;
+};
+
+static int cuda_event_create(struct common_devmem_event **out, struct common_errmsg *e)
+{
+    struct common_devmem_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return common_errmsg_set(e, COMMON_ENOMEM, "device event: out of host memory");
+    cudaError_t err =
+        cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming | cudaEventInterprocess);
+    if (err != cudaSuccess) {
+        free(ev);
+        return cuda_fail(e, err, "cudaEventCreate");
+    }
+    *out = ev;
+    return COMMON_OK;
+}
+
+static int cuda_event_export(const struct common_devmem_event *ev, struct common_devmem_handle *h,
+                             struct common_errmsg *e)
+{
+    cudaIpcEventHandle_t ih;
+    cudaError_t          err = cudaIpcGetEventHandle(&ih, ev->ev);
+    if (err != cudaSuccess)
+        return cuda_fail(e, err, "cudaIpcGetEventHandle");
+    memcpy(h->blob, &ih, sizeof(ih));
+    h->len = sizeof(ih);
+    return COMMON_OK;
+}
+
+static int cuda_event_import(struct common_devmem_handle *h, struct common_devmem_event **out,
+                             struct common_errmsg *e)
+{
+    cudaIpcEventHandle_t ih;
+    if (h->len != sizeof(ih))
+        return common_errmsg_set(e, COMMON_EINVAL, "device event: a handle of %u bytes, not %zu",
+                                 h->len, sizeof(ih));
+    memcpy(&ih, h->blob, sizeof(ih));
+    struct common_devmem_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return common_errmsg_set(e, COMMON_ENOMEM, "device event: out of host memory");
+    cudaError_t err = cudaIpcOpenEventHandle(&ev->ev, ih);
+    if (err != cudaSuccess) {
+        free(ev);
+        (void)cudaGetLastError();
+        return common_errmsg_set(e, COMMON_EINVAL, "device event: the handle names no event: %s",
+                                 cudaGetErrorString(err));
+    }
+    *out = ev;
+    return COMMON_OK;
+}
+
+static int cuda_event_record(struct common_devmem_event *ev, struct common_errmsg *e)
+{
+    cudaError_t err = cudaEventRecord(ev->ev, g_stream);
+    return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaEventRecord");
+}
+
+static int cuda_event_wait(struct common_devmem_event *ev, struct common_errmsg *e)
+{
+    cudaError_t err = cudaStreamWaitEvent(g_stream, ev->ev, 0);
+    return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaStreamWaitEvent");
+}
+
+static int cuda_event_sync(struct common_devmem_event *ev, struct common_errmsg *e)
+{
+    cudaError_t err = cudaEventSynchronize(ev->ev);
+    return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaEventSynchronize");
+}
+
+static bool cuda_event_is_done(struct common_devmem_event *ev)
+{
+    return cudaEventQuery(ev->ev) != cudaErrorNotReady;
+}
+
+static void cuda_event_destroy(struct common_devmem_event *ev)
+{
+    (void)cudaEventDestroy(ev->ev);
+    free(ev);
+}
+
+static const struct devmem_backend g_cuda = {
+    .name = "CUDA",
+    .open = cuda_open,
+    .reserve = cuda_reserve,
+    .unreserve = cuda_unreserve,
+    .piece_create = cuda_piece_create,
+    .piece_export = cuda_piece_export,
+    .piece_import = cuda_piece_import,
+    .piece_map = cuda_piece_map,
+    .piece_destroy = cuda_piece_destroy,
+    .piece_bytes = cuda_piece_bytes,
+    .copy_async = cuda_copy_async,
+    .event_create = cuda_event_create,
+    .event_export = cuda_event_export,
+    .event_import = cuda_event_import,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_sync = cuda_event_sync,
+    .event_is_done = cuda_event_is_done,
+    .event_destroy = cuda_event_destroy,
+};
+
+const struct devmem_backend *devmem_cuda_backend(void)
+{
+    return &g_cuda;
+}
