@@ -875,6 +875,12 @@ int common_fd_send(int sock, int fd, uint64_t tag);
  * close-on-exec), COMMON_ETIMEDOUT, COMMON_EPROTO (no descriptor or a short message: anything
  * received is closed), COMMON_ECLOSED (peer closed), COMMON_EIO. */
 int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms);
+/* The same for a message of `len` bytes (len > 0) with a descriptor when fd >= 0: send returns 0,
+ * COMMON_EIO; receive fills buf and *fd (-1 when the message carried none) and returns 0,
+ * COMMON_ETIMEDOUT, COMMON_EPROTO (a message of another length: its descriptor is closed),
+ * COMMON_ECLOSED, COMMON_EIO. */
+int common_fd_send_bytes(int sock, int fd, const void *data, size_t len);
+int common_fd_recv_bytes(int sock, int *fd, void *buf, size_t len, int timeout_ms);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Command-line options: one table-driven parser for every binary (common/opts.c)              */
@@ -1186,6 +1192,18 @@ int common_devmem_event_sync(struct common_devmem_event *ev, struct common_errms
 /* Whether ev is done now (an error counts as done: the sync that follows reports it). */
 bool common_devmem_event_is_done(struct common_devmem_event *ev);
 void common_devmem_event_destroy(struct common_devmem_event *ev); /* accepts NULL */
+/* The backend's own event behind ev, for a device backend's kernel stream to wait for or record
+ * (executor/cuda: cudaEvent_t); NULL on the host's emulation, whose waits are
+ * common_devmem_event_sync. */
+void *common_devmem_event_native(struct common_devmem_event *ev);
+
+/* Sends a handle (its bytes, its descriptor) over the Unix stream socket `sock` with a caller's
+ * tag saying what it is; the caller still owns h->fd. Receives one: 0 (*h filled: h->fd is the
+ * caller's), or COMMON_EPROTO (a message that is no handle: its descriptor closed),
+ * COMMON_ETIMEDOUT, COMMON_ECLOSED, COMMON_EIO, as common_fd_recv_bytes. */
+int common_devmem_handle_send(int sock, const struct common_devmem_handle *h, uint64_t tag);
+int common_devmem_handle_recv(int sock, struct common_devmem_handle *h, uint64_t *tag,
+                              int timeout_ms);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared-memory rings (common/ring.c)                                                         */

@@ -244,3 +244,49 @@ void common_devmem_event_destroy(struct common_devmem_event *ev)
     if (be && ev)
         be->event_destroy(ev);
 }
+
+void *common_devmem_event_native(struct common_devmem_event *ev)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    return be && ev ? be->event_native(ev) : NULL;
+}
+
+/* A handle on the wire. */
+#define DEVMEM_WIRE_MAGIC 0x48444d53u /* "SMDH" read as a little-endian u32 */
+struct devmem_wire {
+    uint32_t magic, has_fd, len, pad;
+    uint64_t tag;
+    uint8_t  blob[COMMON_DEVMEM_BLOB];
+};
+
+int common_devmem_handle_send(int sock, const struct common_devmem_handle *h, uint64_t tag)
+{
+    if (h->len > COMMON_DEVMEM_BLOB)
+        return COMMON_EINVAL;
+    struct devmem_wire w = {
+        .magic = DEVMEM_WIRE_MAGIC, .has_fd = h->fd >= 0, .len = h->len, .tag = tag};
+    memcpy(w.blob, h->blob, h->len);
+    return common_fd_send_bytes(sock, h->fd, &w, sizeof(w));
+}
+
+int common_devmem_handle_recv(int sock, struct common_devmem_handle *h, uint64_t *tag,
+                              int timeout_ms)
+{
+    struct devmem_wire w;
+    int                fd = -1;
+    int                rc = common_fd_recv_bytes(sock, &fd, &w, sizeof(w), timeout_ms);
+    if (rc != COMMON_OK)
+        return rc;
+    if (w.magic != DEVMEM_WIRE_MAGIC || w.len > COMMON_DEVMEM_BLOB || w.has_fd > 1 ||
+        (w.has_fd == 1) != (fd >= 0)) {
+        if (fd >= 0)
+            close(fd);
+        return COMMON_EPROTO;
+    }
+    memset(h, 0, sizeof(*h));
+    h->fd = fd;
+    h->len = w.len;
+    memcpy(h->blob, w.blob, w.len);
+    *tag = w.tag;
+    return COMMON_OK;
+}

@@ -325,6 +325,11 @@ static void cuda_event_destroy(struct common_devmem_event *ev)
     free(ev);
 }
 
+static void *cuda_event_native(struct common_devmem_event *ev)
+{
+    return (void *)ev->ev;
+}
+
 static const struct devmem_backend g_cuda = {
     .name = "CUDA",
     .open = cuda_open,
@@ -345,6 +350,7 @@ static const struct devmem_backend g_cuda = {
     .event_sync = cuda_event_sync,
     .event_is_done = cuda_event_is_done,
     .event_destroy = cuda_event_destroy,
+    .event_native = cuda_event_native,
 };
 
 const struct devmem_backend *devmem_cuda_backend(void)

@@ -495,6 +495,12 @@ static void host_event_destroy(struct common_devmem_event *ev)
     host_ev_unref(ev);
 }
 
+static void *host_event_native(struct common_devmem_event *ev)
+{
+    (void)ev;
+    return NULL;
+}
+
 static const struct devmem_backend g_host = {
     .name = "HOST",
     .open = host_open,
@@ -515,6 +521,7 @@ static const struct devmem_backend g_host = {
     .event_sync = host_event_sync,
     .event_is_done = host_event_is_done,
     .event_destroy = host_event_destroy,
+    .event_native = host_event_native,
 };
 
 const struct devmem_backend *devmem_host_backend(void)

@@ -31,6 +31,7 @@ struct devmem_backend {
     int (*event_sync)(struct common_devmem_event *ev, struct common_errmsg *e);
     bool (*event_is_done)(struct common_devmem_event *ev);
     void (*event_destroy)(struct common_devmem_event *ev);
+    void *(*event_native)(struct common_devmem_event *ev);
 };
 
 /* The host's emulation (common/devmem_host.c). */

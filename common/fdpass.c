@@ -106,31 +106,38 @@ int common_unix_accept(int listen_fd, int timeout_ms, int *conn)
     }
 }
 
-int common_fd_send(int sock, int fd, uint64_t tag)
+/* One message of `len` bytes, with descriptor fd when fd >= 0. */
+int common_fd_send_bytes(int sock, int fd, const void *data, size_t len)
 {
     union {
         char           buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
     } ctl;
     memset(&ctl, 0, sizeof(ctl));
-    struct iovec    iov = {.iov_base = &tag, .iov_len = sizeof(tag)};
-    struct msghdr   msg = {.msg_iov = &iov,
-                           .msg_iovlen = 1,
-                           .msg_control = ctl.buf,
-                           .msg_controllen = sizeof(ctl.buf)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    struct iovec  iov = {.iov_base = (void *)(uintptr_t)data, .iov_len = len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof(ctl.buf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
     ssize_t n;
     do
         n = sendmsg(sock, &msg, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
-    return n == (ssize_t)sizeof(tag) ? COMMON_OK : COMMON_EIO;
+    return n == (ssize_t)len ? COMMON_OK : COMMON_EIO;
 }
 
-int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms)
+int common_fd_send(int sock, int fd, uint64_t tag)
+{
+    return fd < 0 ? COMMON_EINVAL : common_fd_send_bytes(sock, fd, &tag, sizeof(tag));
+}
+
+int common_fd_recv_bytes(int sock, int *fd, void *buf, size_t len, int timeout_ms)
 {
     int rc = fdpass_wait(sock, timeout_ms);
     if (rc != COMMON_OK)
@@ -139,8 +146,7 @@ int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms)
         char           buf[CMSG_SPACE(sizeof(int) * 4)];
         struct cmsghdr align;
     } ctl;
-    uint64_t      t = 0;
-    struct iovec  iov = {.iov_base = &t, .iov_len = sizeof(t)};
+    struct iovec  iov = {.iov_base = buf, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov,
                          .msg_iovlen = 1,
                          .msg_control = ctl.buf,
@@ -167,11 +173,24 @@ int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms)
     }
     if (n == 0 && got < 0)
         return COMMON_ECLOSED;
-    if (n != (ssize_t)sizeof(t) || got < 0 || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+    if (n != (ssize_t)len || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
         if (got >= 0)
             close(got);
         return COMMON_EPROTO;
     }
+    *fd = got;
+    return COMMON_OK;
+}
+
+int common_fd_recv(int sock, int *fd, uint64_t *tag, int timeout_ms)
+{
+    uint64_t t = 0;
+    int      got = -1;
+    int      rc = common_fd_recv_bytes(sock, &got, &t, sizeof(t), timeout_ms);
+    if (rc != COMMON_OK)
+        return rc;
+    if (got < 0)
+        return COMMON_EPROTO;
     *fd = got;
     *tag = t;
     return COMMON_OK;

@@ -40,7 +40,7 @@ face_owner() {
 # target_owner TARGET: the folder a CMake target of the project belongs to, or nothing.
 target_owner() {
     case "$1" in
-    common) echo common ;;
+    common | common_devmem) echo common ;;
     proto) echo proto ;;
     executor_core | executor_cuda | sluice-executor) echo executor ;;
     fetcher_core | sluice-fetcher) echo fetcher ;;

@@ -243,6 +243,16 @@ int gpu_stream_wait(struct gpu_event *ev)
     return be() ? be()->stream_wait(ev) : -1;
 }
 
+int gpu_stream_wait_shared(struct common_devmem_event *ev)
+{
+    return be() ? be()->stream_wait_shared(ev) : -1;
+}
+
+int gpu_event_record_kernels_shared(struct common_devmem_event *ev)
+{
+    return be() ? be()->event_record_kernels_shared(ev) : -1;
+}
+
 int gpu_copy_wait(struct gpu_event *ev)
 {
     return be() ? be()->copy_wait(ev) : -1;

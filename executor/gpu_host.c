@@ -34,6 +34,13 @@ static int h_bad(const char *what)
     return -1;
 }
 
+/* Records a failure reported elsewhere, as one line (cut to fit). */
+static int h_failed(const char *msg)
+{
+    snprintf(h_err, sizeof(h_err), "%.*s", (int)sizeof(h_err) - 1, msg);
+    return -1;
+}
+
 /* ---- device and memory ---------------------------------------------------------------------- */
 
 static int h_device_count(char *why, size_t why_len)
@@ -387,6 +394,29 @@ static int h_wait(struct gpu_event *ev, bool stall)
 static int h_stream_wait(struct gpu_event *ev)
 {
     return h_wait(ev, true);
+}
+
+/* Another process's event: the kernels run in the caller, so it waits here. */
+static int h_stream_wait_shared(struct common_devmem_event *ev)
+{
+    struct common_errmsg e = {{0}};
+    if (!ev || common_devmem_event_native(ev) != NULL)
+        return h_bad("waiting for a shared event: not the host's emulation");
+    if (common_devmem_event_sync(ev, &e) != COMMON_OK)
+        return h_failed(e.text);
+    return 0;
+}
+
+/* The kernels queued so far are done: the record is done once this process's shared copies
+ * queued before it are. */
+static int h_event_record_kernels_shared(struct common_devmem_event *ev)
+{
+    struct common_errmsg e = {{0}};
+    if (!ev || common_devmem_event_native(ev) != NULL)
+        return h_bad("recording a shared event: not the host's emulation");
+    if (common_devmem_event_record(ev, &e) != COMMON_OK)
+        return h_failed(e.text);
+    return 0;
 }
 
 static int h_event_sync(struct gpu_event *ev)
@@ -1445,6 +1475,8 @@ const struct gpu_backend *gpu_backend_host(void)
         .event_record_copy = h_event_record_copy,
         .event_record_kernels = h_event_record_kernels,
         .stream_wait = h_stream_wait,
+        .stream_wait_shared = h_stream_wait_shared,
+        .event_record_kernels_shared = h_event_record_kernels_shared,
         .copy_wait = h_copy_wait,
         .event_sync = h_event_sync,
         .host_register = h_host_register,

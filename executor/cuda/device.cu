@@ -495,6 +495,30 @@ static int cuda_stream_wait(struct gpu_event *ev)
     return gpu_record(timed(g_stream, true, wait_op, ev), "waiting for copies");
 }
 
+/* common/devmem.c's (C linkage): the cudaEvent_t behind a shared event. */
+extern "C" void *common_devmem_event_native(struct common_devmem_event *ev);
+
+static cudaError_t wait_shared_op(const void *arg)
+{
+    return cudaStreamWaitEvent(g_stream, (cudaEvent_t)arg, 0);
+}
+
+static int cuda_stream_wait_shared(struct common_devmem_event *ev)
+{
+    void *native = ev ? common_devmem_event_native(ev) : NULL;
+    if (!native)
+        return gpu_record(cudaErrorInvalidResourceHandle, "waiting for a shared event");
+    return gpu_record(timed(g_stream, true, wait_shared_op, native), "waiting for a shared event");
+}
+
+static int cuda_event_record_kernels_shared(struct common_devmem_event *ev)
+{
+    void *native = ev ? common_devmem_event_native(ev) : NULL;
+    if (!native)
+        return gpu_record(cudaErrorInvalidResourceHandle, "recording a shared event");
+    return gpu_record(cudaEventRecord((cudaEvent_t)native, g_stream), "recording a shared event");
+}
+
 static int cuda_copy_wait(struct gpu_event *ev)
 {
     return gpu_record(cudaStreamWaitEvent(g_copy, ev->e, 0), "waiting for kernels (copy stream)");
@@ -598,6 +622,8 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .event_record_copy = cuda_event_record_copy,
         .event_record_kernels = cuda_event_record_kernels,
         .stream_wait = cuda_stream_wait,
+        .stream_wait_shared = cuda_stream_wait_shared,
+        .event_record_kernels_shared = cuda_event_record_kernels_shared,
         .copy_wait = cuda_copy_wait,
         .event_sync = cuda_event_sync,
         .host_register = cuda_host_register,

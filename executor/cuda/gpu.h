@@ -81,6 +81,15 @@ int gpu_event_record_kernels(struct gpu_event *ev);
 int gpu_stream_wait(struct gpu_event *ev); /* the kernels queued next wait for ev */
 int gpu_copy_wait(struct gpu_event *ev);   /* the copies queued next wait for ev */
 int gpu_event_sync(struct gpu_event *ev);  /* the host waits for ev */
+/* Events of shared device memory (common.h: common_devmem_event, made by another process or this
+ * one): gpu_stream_wait_shared makes the kernels queued next wait for ev, as gpu_stream_wait for
+ * a copy's event; gpu_event_record_kernels_shared records ev after the kernels queued so far, so
+ * that the process filling the memory they read copies over it only once they are done. The
+ * backend and device must be those common_devmem_open chose (the host's emulation with the host
+ * backend; CUDA with CUDA, on the same device). */
+struct common_devmem_event;
+int gpu_stream_wait_shared(struct common_devmem_event *ev);
+int gpu_event_record_kernels_shared(struct common_devmem_event *ev);
 /* Registers host memory [p, p + bytes) as pinned (page-locked, mapped for the device), so that
  * copies from it are DMA'd without staging and gpu_copy_async returns at once; read_only: it is
  * mapped without write access (CUDA: cudaHostRegisterReadOnly). 0, or -1 (error recorded: the
@@ -391,6 +400,8 @@ struct gpu_backend {
     int (*event_record_copy)(struct gpu_event *ev);
     int (*event_record_kernels)(struct gpu_event *ev);
     int (*stream_wait)(struct gpu_event *ev);
+    int (*stream_wait_shared)(struct common_devmem_event *ev);
+    int (*event_record_kernels_shared)(struct common_devmem_event *ev);
     int (*copy_wait)(struct gpu_event *ev);
     int (*event_sync)(struct gpu_event *ev);
     int (*host_register)(const void *p, size_t bytes, bool read_only);

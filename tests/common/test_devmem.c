@@ -56,14 +56,10 @@ static size_t t_size(size_t want)
     return (want + g - 1) / g * g;
 }
 
-/* A handle over a socket: its length and blob, then its descriptor when it has one. */
+/* Sends a handle and closes its descriptor here. */
 static int t_send(int sock, struct common_devmem_handle *h)
 {
-    uint32_t hdr[2] = {h->fd >= 0, h->len};
-    if (write(sock, hdr, sizeof(hdr)) != (ssize_t)sizeof(hdr) ||
-        write(sock, h->blob, COMMON_DEVMEM_BLOB) != COMMON_DEVMEM_BLOB)
-        return -1;
-    int rc = h->fd >= 0 ? common_fd_send(sock, h->fd, 7) : 0;
+    int rc = common_devmem_handle_send(sock, h, 7);
     if (h->fd >= 0)
         close(h->fd);
     h->fd = -1;
@@ -72,15 +68,9 @@ static int t_send(int sock, struct common_devmem_handle *h)
 
 static int t_recv(int sock, struct common_devmem_handle *h)
 {
-    uint32_t hdr[2];
-    memset(h, 0, sizeof(*h));
-    h->fd = -1;
-    if (read(sock, hdr, sizeof(hdr)) != (ssize_t)sizeof(hdr) ||
-        read(sock, h->blob, COMMON_DEVMEM_BLOB) != COMMON_DEVMEM_BLOB)
-        return -1;
-    h->len = hdr[1];
-    uint64_t tag;
-    return hdr[0] ? common_fd_recv(sock, &h->fd, &tag, 20000) : 0;
+    uint64_t tag = 0;
+    int      rc = common_devmem_handle_recv(sock, h, &tag, 20000);
+    return rc == COMMON_OK && tag == 7 ? 0 : -1;
 }
 
 static void t_ack(int sock)
@@ -418,4 +408,43 @@ Test(common_devmem, bad_handles_and_ranges_are_refused)
     common_devmem_unreserve(base, 2 * g);
     fixture_rmtree(dir);
     free(dir);
+}
+
+/* The wire: a handle's bytes and descriptor cross together; a message that is no handle is
+ * refused and its descriptor closed. */
+Test(common_devmem, handles_cross_a_socket_and_garbage_does_not)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    struct common_devmem_handle h = {.fd = dup(0), .len = 5, .blob = {1, 2, 3, 4, 5}}, g;
+    cr_assert_geq(h.fd, 0);
+    cr_assert_eq(common_devmem_handle_send(sv[0], &h, 42), COMMON_OK);
+    uint64_t tag = 0;
+    cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 1000), COMMON_OK);
+    cr_assert_eq(tag, 42);
+    cr_assert_eq(g.len, 5);
+    cr_assert_eq(g.blob[4], 5);
+    cr_assert_geq(g.fd, 0);
+    cr_assert_neq(g.fd, h.fd);
+    close(g.fd);
+    h.fd = -1; /* no descriptor: a CUDA event's handle */
+    cr_assert_eq(common_devmem_handle_send(sv[0], &h, 43), COMMON_OK);
+    cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 1000), COMMON_OK);
+    cr_assert_eq(g.fd, -1);
+    cr_assert_eq(tag, 43);
+    h.len = COMMON_DEVMEM_BLOB + 1;
+    cr_assert_eq(common_devmem_handle_send(sv[0], &h, 44), COMMON_EINVAL);
+
+    /* A message of the right length with a bad magic, then one claiming a descriptor it lacks,
+     * then a short one with a descriptor. */
+    uint8_t junk[88];
+    memset(junk, 0x5a, sizeof(junk));
+    cr_assert_eq(common_fd_send_bytes(sv[0], 0, junk, sizeof(junk)), COMMON_OK);
+    cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 1000), COMMON_EPROTO);
+    cr_assert_eq(common_fd_send_bytes(sv[0], -1, junk, 8), COMMON_OK);
+    cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 1000), COMMON_EPROTO);
+    cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 50), COMMON_ETIMEDOUT);
+    close(sv[0]);
+    cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 1000), COMMON_ECLOSED);
+    close(sv[1]);
 }

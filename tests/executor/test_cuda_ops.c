@@ -2,14 +2,18 @@
  * references in double precision, at edge sizes; skipped, saying so, without a CUDA device. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define CUDA_TEST_SEED 0x2545F4914F6CDD1Dull
+#include "common.h"
 #include "cuda_test.h"
 #include "kernels/kernels.h"
 
@@ -1585,4 +1589,162 @@ Test(executor_cuda_ops, host_memory_registers_as_cuda_allows)
     cr_assert_eq(munmap(p + 2 * pg, 2 * pg), 0);
     cr_assert_eq(gpu_host_register(p, 4 * pg, true), -1, "a range half unmapped registered");
     cr_assert_eq(munmap(p, 2 * pg), 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Device memory another process fills (common_devmem), as the fetcher's VRAM tier will        */
+/* ------------------------------------------------------------------------------------------ */
+
+#define SHARED_ROWS 33
+#define SHARED_COLS 257
+
+/* Matrix `seed` of the shared test, rows of SHARED_COLS floats. */
+static void shared_matrix(float *w, uint32_t seed)
+{
+    for (int r = 0; r < SHARED_ROWS; r++)
+        for (int c = 0; c < SHARED_COLS; c++)
+            w[r * SHARED_COLS + c] = (float)((r * 7 + c * 3 + (int)seed) % 17) - 8.0f;
+}
+
+static bool shared_ack(int sock)
+{
+    char c = 'k';
+    return write(sock, &c, 1) == 1;
+}
+
+static bool shared_wait_ack(int sock)
+{
+    char c = 0;
+    return read(sock, &c, 1) == 1 && c == 'k';
+}
+
+/* The filling process (the fetcher's part): matrix 1 into a piece, its event; then, once the
+ * executor's kernels over it are recorded, matrix 2 over it after them, and the event again. */
+static int shared_filler(int sock)
+{
+    if (common_devmem_open(0, NULL) != COMMON_OK)
+        return 10;
+    size_t                      g = common_devmem_granularity();
+    size_t                      bytes = (SHARED_ROWS * SHARED_COLS * sizeof(float) + g - 1) / g * g;
+    struct common_devmem_piece *p = NULL;
+    struct common_devmem_event *ef = NULL, *ex = NULL;
+    uint8_t                    *at = common_devmem_reserve(bytes, NULL);
+    static float                w1[SHARED_ROWS * SHARED_COLS], w2[SHARED_ROWS * SHARED_COLS];
+    shared_matrix(w1, 1);
+    shared_matrix(w2, 2);
+    struct common_devmem_handle hp, he, hx;
+    uint64_t                    tag;
+    if (!at || common_devmem_piece_create(bytes, &p, NULL) != COMMON_OK ||
+        common_devmem_piece_map(p, at, NULL) != COMMON_OK ||
+        common_devmem_event_create(&ef, NULL) != COMMON_OK ||
+        common_devmem_copy_async(at, w1, sizeof(w1), NULL) != COMMON_OK ||
+        common_devmem_event_record(ef, NULL) != COMMON_OK ||
+        common_devmem_piece_export(p, &hp, NULL) != COMMON_OK ||
+        common_devmem_event_export(ef, &he, NULL) != COMMON_OK ||
+        common_devmem_handle_send(sock, &hp, 1) != COMMON_OK ||
+        common_devmem_handle_send(sock, &he, 2) != COMMON_OK)
+        return 11;
+    if (common_devmem_handle_recv(sock, &hx, &tag, 30000) != COMMON_OK || tag != 3 ||
+        common_devmem_event_import(&hx, &ex, NULL) != COMMON_OK)
+        return 12;
+    if (!shared_wait_ack(sock)) /* the executor recorded its kernels over matrix 1 */
+        return 13;
+    if (common_devmem_event_wait(ex, NULL) != COMMON_OK ||
+        common_devmem_copy_async(at, w2, sizeof(w2), NULL) != COMMON_OK ||
+        common_devmem_event_record(ef, NULL) != COMMON_OK || !shared_ack(sock))
+        return 14;
+    if (!shared_wait_ack(sock))
+        return 15;
+    common_devmem_event_destroy(ex);
+    common_devmem_event_destroy(ef);
+    common_devmem_piece_destroy(p);
+    return 0;
+}
+
+static void shared_check(const float *y, const float *x, uint32_t seed)
+{
+    static float w[SHARED_ROWS * SHARED_COLS];
+    shared_matrix(w, seed);
+    for (int r = 0; r < SHARED_ROWS; r++) {
+        double want = 0, scale = 0;
+        for (int c = 0; c < SHARED_COLS; c++) {
+            want += (double)w[r * SHARED_COLS + c] * (double)x[c];
+            scale += fabs((double)w[r * SHARED_COLS + c] * (double)x[c]);
+        }
+        check_close("shared matvec", (size_t)r, y[r], want, scale, OPS_RTOL);
+    }
+}
+
+/* Description: a process that is not the executor fills device memory and records an event; the
+ * executor maps that memory, its kernels wait for the event (gpu_stream_wait_shared) and read the
+ * matrix, and it records its own event after them (gpu_event_record_kernels_shared), after which
+ * the filler copies a second matrix over the first: the second product is that of matrix 2. The
+ * filler is forked before the device is touched (CUDA does not survive fork). */
+Test(executor_cuda_ops, kernels_read_memory_another_process_fills, .timeout = 120)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(shared_filler(sv[1]));
+    }
+    close(sv[1]);
+    const int sock = sv[0];
+    char      why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) <= 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        cr_skip_test("no device (%s): skipped", why);
+    }
+    gpu_or_skip();
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_devmem_open(0, &e), COMMON_OK, "%s", e.text);
+    size_t g = common_devmem_granularity();
+    size_t bytes = (SHARED_ROWS * SHARED_COLS * sizeof(float) + g - 1) / g * g;
+
+    struct common_devmem_handle h;
+    uint64_t                    tag;
+    struct common_devmem_piece *p;
+    struct common_devmem_event *ef, *ex;
+    cr_assert_eq(common_devmem_handle_recv(sock, &h, &tag, 30000), COMMON_OK);
+    cr_assert_eq(tag, 1);
+    cr_assert_eq(common_devmem_piece_import(&h, bytes, &p, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_handle_recv(sock, &h, &tag, 30000), COMMON_OK);
+    cr_assert_eq(tag, 2);
+    cr_assert_eq(common_devmem_event_import(&h, &ef, &e), COMMON_OK, "%s", e.text);
+    float *w = common_devmem_reserve(bytes, &e);
+    cr_assert_not_null(w, "%s", e.text);
+    cr_assert_eq(common_devmem_piece_map(p, w, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_event_create(&ex, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_event_export(ex, &h, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_handle_send(sock, &h, 3), COMMON_OK);
+    close(h.fd);
+
+    float x[SHARED_COLS], y[SHARED_ROWS];
+    fill_data(x, SHARED_COLS);
+    float *dx = dev_from(x, sizeof(x)), *dy = dev_poisoned(sizeof(y));
+    for (uint32_t round = 1; round <= 2; round++) {
+        cr_assert_eq(gpu_stream_wait_shared(ef), 0, "%s", gpu_last_error());
+        cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_F32, w, SHARED_COLS * sizeof(float), SHARED_ROWS,
+                                SHARED_COLS, dx, SHARED_COLS, 1, dy, SHARED_ROWS),
+                     0, "%s", gpu_last_error());
+        cr_assert_eq(gpu_event_record_kernels_shared(ex), 0, "%s", gpu_last_error());
+        dev_to(y, dy, sizeof(y));
+        shared_check(y, x, round);
+        cr_assert(shared_ack(sock));
+        if (round == 1)
+            cr_assert(shared_wait_ack(sock), "the filler's second matrix");
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the filler: status %d", st);
+    gpu_free(dx);
+    gpu_free(dy);
+    common_devmem_event_destroy(ex);
+    common_devmem_event_destroy(ef);
+    common_devmem_piece_destroy(p);
+    common_devmem_unreserve(w, bytes);
+    close(sock);
 }
