@@ -509,6 +509,8 @@ uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c);
 /* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
  * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
 int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len);
+/* Layers whose KV cache the ctx keeps on the device (the last ones); 0 = none. */
+uint32_t executor_ctx_gpu_kv_layers(const struct executor_ctx *c);
 /* The memory bandwidth of the ctx's device in bytes/s (executor/cuda: the best of a few
  * device-to-device copies of `bytes`, bytes read and written counted); 0 without a device. */
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes);
@@ -719,6 +721,11 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
 /* Stops the readers, closes the links, removes the ring files it created, unmaps the pools.
  * Every loan must have been released. Accepts NULL. */
 void executor_remote_destroy(struct executor_remote *r);
+
+/* Tells every fetcher, now and after each (re)attach, that the executor keeps the KV of its last
+ * n layers on a device (DEVICE_LAYERS): a fetcher whose --ram-budget plan left more layers' KV
+ * out of RAM shrinks its pool (after the device was dropped, or could not be used). */
+void executor_remote_device_layers(struct executor_remote *r, uint32_t n);
 
 /* The expert source to give executor_weights_stream_create() (arg = r: r must outlive it). */
 void executor_remote_source(struct executor_remote *r, struct executor_expert_source *out);

@@ -1140,6 +1140,14 @@ int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t
     return c->gpu ? executor_gpu_layers(c->gpu, name, len) : 0;
 }
 
+uint32_t executor_ctx_gpu_kv_layers(const struct executor_ctx *c)
+{
+    if (!c->gpu)
+        return 0;
+    const uint32_t n_layer = c->m->desc->hp.n_layer, il0 = executor_gpu_first_layer(c->gpu);
+    return il0 < n_layer ? n_layer - il0 : 0;
+}
+
 uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c)
 {
     return c->gpu ? executor_gpu_graph_steps(c->gpu) : 0;

@@ -289,8 +289,8 @@ static int main_run(const struct main_config *c)
 
 /* --probe-device: the layers -ngl puts on the device (their KV lives there), as
  * executor_serve_start will place them, on stdout. The model is mapped, not read. A device error
- * at start or later still moves them to the CPU (with their KV in RAM, past a plan made from
- * this count: the warning says so). */
+ * at start or later still moves them to the CPU, with their KV in RAM: the fetchers, told so
+ * (DEVICE_LAYERS), shrink pools planned from this count. */
 static int main_probe(const struct main_config *c)
 {
     uint32_t n = 0;

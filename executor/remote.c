@@ -500,6 +500,22 @@ static void remote_token_begin(void *arg)
     }
 }
 
+void executor_remote_device_layers(struct executor_remote *r, uint32_t n)
+{
+    atomic_store_explicit(&r->device_layers, (int64_t)n, memory_order_relaxed);
+    const struct proto_fetch_req rec = {.op = PROTO_FETCH_DEVICE_LAYERS, .layer = n};
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        struct remote_link *L = &r->links[i];
+        pthread_mutex_lock(&L->push_mu);
+        pthread_mutex_lock(&L->mu);
+        bool up = L->up;
+        pthread_mutex_unlock(&L->mu);
+        if (up) /* else the next ATTACH's install sends it */
+            (void)executor_remote_push(L, &rec, true);
+        pthread_mutex_unlock(&L->push_mu);
+    }
+}
+
 /* Why the acquire of (layer, expert) failed, as its fetcher tells it (EXPERT_ERROR: the file,
  * layer, expert and what was wrong); out is left empty when the fetcher is gone, older than 0.4
  * (it refuses the message with COMMON_EPROTO) or knows of no failure. A fresh socket, so that
@@ -581,6 +597,7 @@ int executor_remote_create(const struct executor_remote_opts *o, struct executor
     r->n_ctx = o->n_ctx;
     r->cancelled = o->cancelled;
     r->no_direct = !o->direct_reads || REMOTE_TSAN;
+    atomic_init(&r->device_layers, -1);
     r->n_cap = 1024;
     pthread_mutex_init(&r->loan_mu, NULL);
     pthread_mutex_init(&r->hooks_mu, NULL);

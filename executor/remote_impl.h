@@ -148,6 +148,9 @@ struct executor_remote {
                                   expert; UINT32_MAX for a dense layer's */
     _Atomic bool stop;
     bool         no_direct; /* every part is pinned through an ACQUIRE */
+    /* Layers whose KV the executor keeps on a device (DEVICE_LAYERS, sent after each ATTACH);
+     * -1 = not told yet. */
+    _Atomic int64_t device_layers;
 
     /* A device's registration of the pools' mappings (executor_region_hooks): told of every
      * link's map as it is installed, and before one is unmapped. hooks_mu is taken under a

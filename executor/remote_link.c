@@ -382,6 +382,11 @@ static void remote_install(struct remote_link *L, struct remote_conn *c)
                                       .part = w->part};
         (void)common_ring_push(&L->req, &rec, sizeof(rec)); /* a fresh ring has room */
     }
+    const int64_t dl = atomic_load_explicit(&L->r->device_layers, memory_order_relaxed);
+    if (dl >= 0) { /* a new fetcher learns where the KV is (its plan may have left it out) */
+        struct proto_fetch_req rec = {.op = PROTO_FETCH_DEVICE_LAYERS, .layer = (uint32_t)dl};
+        (void)common_ring_push(&L->req, &rec, sizeof(rec));
+    }
     executor_remote_pop_unclaim_locked(L);
     pthread_mutex_unlock(&L->mu);
     pthread_mutex_unlock(&L->push_mu);

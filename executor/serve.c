@@ -355,8 +355,8 @@ static void serve_fall_back(struct executor_serve *s)
 {
     COMMON_LOG_ERR("executor",
                    "%s; going on without the device (on the CPU): the router replays "
-                   "its sequences (their KV now in RAM, past a RAM budget "
-                   "planned without the device's layers)",
+                   "its sequences (their KV now in RAM: the fetchers give up pool slots for it "
+                   "where their RAM budget plan left it out)",
                    s->device_err.text);
     for (uint32_t i = 0; i < s->n_seq; i++) {
         executor_ctx_destroy(s->ctx[i]);
@@ -375,6 +375,8 @@ static void serve_fall_back(struct executor_serve *s)
             _exit(EXIT_FAILURE);
         }
     }
+    if (s->remote) /* their KV is in RAM now: the fetchers shrink their pools for it */
+        executor_remote_device_layers(s->remote, 0);
     atomic_store(&s->instance, common_random_id());
     pthread_mutex_lock(&s->mu);
     s->device_fallbacks++;
@@ -665,8 +667,9 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                         n_ctx, o->n_batch ? o->n_batch : 512, s->n_seq, &s->gpu_w, &ge)) ==
                    COMMON_EDEVICE) {
             COMMON_LOG_WARN("executor",
-                            "-ngl %d dropped, running on the CPU: %s (a RAM budget "
-                            "planned without those layers' KV is exceeded by it)",
+                            "-ngl %d dropped, running on the CPU: %s (the fetchers give up "
+                            "pool slots for those layers' KV where their RAM budget plan left "
+                            "it out)",
                             o->n_gpu_layers, ge.text);
         } else if (rc < 0) {
             common_errmsg_set(e, rc, "%s", ge.text);
@@ -680,6 +683,8 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     char gd[1024];
     if (executor_ctx_gpu_describe(s->ctx[0], gd, sizeof(gd)))
         COMMON_LOG_INFO("executor", "%s (x%u sequences)", gd, s->n_seq);
+    if (s->remote) /* the fetchers' plans may have left the device's KV out of RAM */
+        executor_remote_device_layers(s->remote, executor_ctx_gpu_kv_layers(s->ctx[0]));
     s->n_ctx = executor_ctx_n_ctx(s->ctx[0]);
     s->round_cap = 2 * s->n_seq + 2;
     s->tokens = malloc((size_t)s->n_seq * s->n_ctx * sizeof(int32_t));

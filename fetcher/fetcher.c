@@ -523,11 +523,48 @@ void fetcher_release(struct fetcher *f, uint32_t loan)
     }
 }
 
+/* Retires pool slots toward the wanted count, tracing the READY ones given up. Under f->mu. */
+static void fetcher_retire_locked(struct fetcher *f, uint32_t want)
+{
+    struct fetcher_pool_victim ev[64];
+    uint32_t                   n;
+    do {
+        n = fetcher_pool_retire(f->pool, want, ev, 64);
+        for (uint32_t i = 0; i < n; i++) {
+            fetcher_trace_evict(f->trace, ev[i].key.layer, ev[i].key.expert,
+                                ev[i].origin == FETCHER_PRIO_PREFETCH && ev[i].n_uses == 0);
+            fetcher_trace_resident(f->trace, ev[i].key.layer, -1);
+        }
+    } while (n == 64);
+}
+
+uint32_t fetcher_shrink_pool(struct fetcher *f, uint32_t n_keep)
+{
+    if (!f->pool)
+        return 0;
+    const uint32_t n = fetcher_pool_n_slots(f->pool);
+    if (n_keep < 1)
+        n_keep = 1;
+    uint32_t retired = 0, want = 0;
+    pthread_mutex_lock(&f->mu);
+    if (n_keep < n)
+        fetcher_retire_locked(f, n - n_keep);
+    fetcher_pool_retired(f->pool, &retired, &want);
+    pthread_mutex_unlock(&f->mu);
+    return retired;
+}
+
 void fetcher_token_begin(struct fetcher *f)
 {
     pthread_mutex_lock(&f->mu);
     f->explicit_tokens = true;
     fetcher_front_new_token(f);
+    if (f->pool) { /* slots still to give up (fetcher_shrink_pool) that were pinned before */
+        uint32_t retired = 0, want = 0;
+        fetcher_pool_retired(f->pool, &retired, &want);
+        if (retired < want)
+            fetcher_retire_locked(f, want);
+    }
     pthread_mutex_unlock(&f->mu);
 }
 

@@ -324,9 +324,16 @@ void fetcher_expert_error(struct fetcher *f, uint32_t layer, uint32_t expert,
 /* Pool state, for tests and stats: slots, slot size, and how many slots are in each state. */
 struct fetcher_pool_counts {
     uint32_t n_slots, n_free, n_loading, n_ready, n_failed, n_pinned;
+    uint32_t n_retired; /* given up for good (fetcher_shrink_pool); in no other count */
     uint64_t slot_bytes;
 };
 void fetcher_get_pool_counts(struct fetcher *f, struct fetcher_pool_counts *out);
+
+/* Shrinks the pool to n_keep usable slots (at least 1; never grows it back): free slots are
+ * given up first, then the policy's victims among those not pinned (traced as evictions), their
+ * memory returned to the system; slots pinned or loading now are given up at the next tokens.
+ * Returns the slots given up so far. Thread-safe. */
+uint32_t fetcher_shrink_pool(struct fetcher *f, uint32_t n_keep);
 
 /* The pool segment, for handing it to another process: its memfd (owned by f: do not close;
  * -1 in mmap mode or with no_memfd), the start of its mapping in this process (NULL in mmap mode)

@@ -348,6 +348,8 @@ static bool link_req_valid(const struct fetcher_link_host *h, const struct proto
     case PROTO_FETCH_RELEASE:
     case PROTO_FETCH_TOKEN:
         return true;
+    case PROTO_FETCH_DEVICE_LAYERS:
+        return r->layer <= h->n_layer;
     default:
         return false;
     }
@@ -408,6 +410,10 @@ static void link_handle(struct fetcher_link *l, const struct proto_fetch_req *r)
         pthread_mutex_lock(h->mu);
         h->c->tokens++;
         pthread_mutex_unlock(h->mu);
+        break;
+    case PROTO_FETCH_DEVICE_LAYERS:
+        if (h->device_layers)
+            h->device_layers(h->device_layers_arg, r->layer);
         break;
     default:
         break;

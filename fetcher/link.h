@@ -24,6 +24,10 @@ struct fetcher_link_host {
     const char                  *run_dir;               /* borrowed: where the ring segments live */
     pthread_mutex_t             *mu; /* borrowed: guards *c and every link's loans */
     struct fetcher_serve_counts *c;  /* borrowed: data-plane counters, under *mu */
+    /* DEVICE_LAYERS(n): the executor keeps n layers' KV on a device (NULL: ignored). On the
+     * reader thread, without *mu. */
+    void (*device_layers)(void *arg, uint32_t n);
+    void *device_layers_arg;
 };
 
 /* One executor's ring pair and the loans it holds. Shared: the service holds one reference,

@@ -31,6 +31,8 @@ struct fetcher_pool {
     uint64_t                 change_seq; /* under mu */
     uint64_t                *failed_gen; /* owned: per slot, 1 + the generation whose load failed
                                             (0 = none); under mu, creator only */
+    bool    *retired;                    /* owned: per slot, never used again; under mu */
+    uint32_t n_retired, retire_want;     /* under mu */
 };
 
 static bool pool_key_ok(const struct fetcher_pool *p, const struct common_pool_key *k)
@@ -107,7 +109,8 @@ int fetcher_pool_create(const struct fetcher_pool_opts *o, struct fetcher_pool *
     }
     p->sync_init = true;
     p->failed_gen = calloc(o->n_slots, sizeof(*p->failed_gen));
-    if (!p->failed_gen) {
+    p->retired = calloc(o->n_slots, sizeof(*p->retired));
+    if (!p->failed_gen || !p->retired) {
         fetcher_pool_destroy(p);
         return common_errmsg_set(e, COMMON_ENOMEM, "pool: out of memory");
     }
@@ -128,6 +131,7 @@ void fetcher_pool_destroy(struct fetcher_pool *p)
         pthread_mutex_destroy(&p->mu);
     }
     free(p->failed_gen);
+    free(p->retired);
     free(p);
 }
 
@@ -374,6 +378,8 @@ static uint32_t pool_pick_victim(struct fetcher_pool *p, uint64_t protect_since)
     for (uint32_t i = 0; i < p->hdr->n_slots; i++) {
         const struct common_pool_slot *s = &p->slots[i];
         uint32_t                       st = atomic_load_explicit(&s->state, memory_order_relaxed);
+        if (p->retired[i])
+            continue;
         if (st == COMMON_POOL_SLOT_FREE)
             return i;
         if (st != COMMON_POOL_SLOT_READY || atomic_load_explicit(&s->pins, memory_order_relaxed))
@@ -539,13 +545,60 @@ uint64_t fetcher_pool_tick(struct fetcher_pool *p)
     return t;
 }
 
+uint32_t fetcher_pool_retire(struct fetcher_pool *p, uint32_t want,
+                             struct fetcher_pool_victim *evicted, uint32_t cap)
+{
+    uint32_t n_ev = 0;
+    pthread_mutex_lock(&p->mu);
+    if (want > p->hdr->n_slots)
+        want = p->hdr->n_slots;
+    if (want > p->retire_want)
+        p->retire_want = want;
+    while (p->n_retired < p->retire_want) {
+        uint32_t i = pool_pick_victim(p, 0); /* FREE first, then the policy's READY victim */
+        if (i == COMMON_POOL_NO_SLOT)
+            break; /* the rest is pinned or loading: a later call */
+        struct common_pool_slot *s = &p->slots[i];
+        if (atomic_load_explicit(&s->state, memory_order_relaxed) == COMMON_POOL_SLOT_READY) {
+            if (n_ev == cap)
+                break;
+            evicted[n_ev++] = (struct fetcher_pool_victim){
+                .valid = true,
+                .key = {s->layer, s->expert, s->part},
+                .n_uses = s->n_uses,
+                .origin = s->origin,
+            };
+            pool_unindex(p, s);
+            pool_free_slot(p, s);
+        }
+        p->retired[i] = true;
+        p->n_retired++;
+        /* Its pages go back (the segment is shared memory: a memfd or shared anonymous). */
+        (void)madvise(fetcher_pool_slot_data(p, i), (size_t)p->hdr->slot_bytes, MADV_REMOVE);
+    }
+    pool_changed(p);
+    pthread_mutex_unlock(&p->mu);
+    return n_ev;
+}
+
+void fetcher_pool_retired(struct fetcher_pool *p, uint32_t *n_retired, uint32_t *want)
+{
+    pthread_mutex_lock(&p->mu);
+    *n_retired = p->n_retired;
+    *want = p->retire_want;
+    pthread_mutex_unlock(&p->mu);
+}
+
 void fetcher_pool_counts(struct fetcher_pool *p, struct fetcher_pool_counts *out)
 {
     *out =
         (struct fetcher_pool_counts){.n_slots = p->hdr->n_slots, .slot_bytes = p->hdr->slot_bytes};
     pthread_mutex_lock(&p->mu);
+    out->n_retired = p->n_retired;
     for (uint32_t i = 0; i < p->hdr->n_slots; i++) {
         const struct common_pool_slot *s = &p->slots[i];
+        if (p->retired[i])
+            continue;
         switch (atomic_load_explicit(&s->state, memory_order_relaxed)) {
         case COMMON_POOL_SLOT_FREE:
             out->n_free++;

@@ -39,10 +39,11 @@ struct fetcher_server {
     uint32_t                  n_expert;                 /* of the model */
     uint32_t                  n_slots;                  /* pool slots of this shard */
     uint32_t       plan_n_seq, plan_n_ctx; /* contexts the --ram-budget plan holds (0 = no plan) */
-    uint64_t       instance;               /* random id, the pool fd's tag */
-    const uint8_t *pool_base;              /* borrowed: the fetcher's pool mapping */
-    uint64_t       pool_bytes;             /* its length */
-    char           name[PROTO_MAX_NAME];   /* "fetcher-I" */
+    uint32_t       device_layers_seen;   /* the fewest device layers an executor told (under mu) */
+    uint64_t       instance;             /* random id, the pool fd's tag */
+    const uint8_t *pool_base;            /* borrowed: the fetcher's pool mapping */
+    uint64_t       pool_bytes;           /* its length */
+    char           name[PROTO_MAX_NAME]; /* "fetcher-I" */
     char           pool_path[SERVE_PATH_MAX]; /* RUN_DIR/fetcher-I.pool */
     struct proto_service       *svc;          /* owned: control socket, pid file */
     int                         pool_listen;  /* owned: -1 when not listening */
@@ -216,6 +217,7 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
     proto_stats_add(st, "pool.ready", pc.n_ready);
     proto_stats_add(st, "pool.failed", pc.n_failed);
     proto_stats_add(st, "pool.pinned", pc.n_pinned);
+    proto_stats_add(st, "pool.retired", pc.n_retired);
     proto_stats_add(st, "trace.accesses", (double)t.accesses);
     proto_stats_add(st, "trace.hits", (double)t.hits);
     proto_stats_add(st, "trace.misses", (double)t.misses);
@@ -391,6 +393,52 @@ static int serve_open_model(struct fetcher_server *s, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+/* This shard's share of the --ram-budget plan in which the executor keeps the KV of its last
+ * `device_layers` layers on a device (none of theirs in RAM): *n_slots, at least its share of the
+ * plan's minimum. The plan goes to `plan_out` when not NULL. */
+static int serve_plan_slots(struct fetcher_server *s, uint32_t device_layers, FILE *plan_out,
+                            uint32_t *n_slots, struct common_errmsg *e)
+{
+    const struct fetcher_serve_opts *o = &s->o;
+    /* The executor's contexts, sized by the same table it allocates from. */
+    long                     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t                 n_seq = o->n_seq ? o->n_seq : 4; /* the executor's default */
+    struct common_ctx_layout lay;
+    int                      lrc = common_ctx_layout_compute(
+                             &s->m.hp,
+                             &(struct common_ctx_layout_opts){
+                                 .n_ctx = o->n_ctx,
+                                 .n_threads = o->n_threads ? o->n_threads : (ncpu > 0 ? (uint32_t)ncpu : 1),
+                                 .n_device_layers = device_layers,
+                                 .cache_type = o->cache_type},
+                             &lay, e);
+    if (lrc != COMMON_OK)
+        return lrc;
+    uint64_t                 kv = lay.kv_bytes * n_seq;
+    uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
+    struct fetcher_plan      plan = {0};
+    struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
+                                   .kv_bytes = kv,
+                                   .act_bytes = act,
+                                   .queue_depth = o->queue_depth};
+    /* A budget under the plan's minimum is COMMON_ERANGE with the plan filled in: *n_slots is
+     * then the share of the minimum. */
+    int rc = fetcher_plan_compute(&s->m, &po, &plan, e);
+    if (rc != COMMON_OK && (rc != COMMON_ERANGE || plan.min_slots == 0))
+        return rc;
+    s->plan_n_seq = n_seq;
+    s->plan_n_ctx = lay.n_ctx;
+    uint32_t n = plan.n_slots / s->n_shards;
+    uint32_t min = (plan.min_slots + s->n_shards - 1) / s->n_shards;
+    *n_slots = n > min ? n : min;
+    if (plan_out && rc == COMMON_OK) {
+        char buf[2048];
+        fetcher_plan_format(&plan, buf, sizeof(buf));
+        fputs(buf, plan_out);
+    }
+    return rc;
+}
+
 /* This shard's pool slots: explicit, else its share of the plan for the whole budget. */
 static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
 {
@@ -399,40 +447,9 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     if (o->n_slots) {
         s->n_slots = o->n_slots;
     } else if (o->ram_budget) {
-        /* The executor's contexts, sized by the same table it allocates from. */
-        long                     ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        uint32_t                 n_seq = o->n_seq ? o->n_seq : 4; /* the executor's default */
-        struct common_ctx_layout lay;
-        int                      lrc = common_ctx_layout_compute(
-                                 &s->m.hp,
-                                 &(struct common_ctx_layout_opts){
-                                     .n_ctx = o->n_ctx,
-                                     .n_threads = o->n_threads ? o->n_threads : (ncpu > 0 ? (uint32_t)ncpu : 1),
-                                     .n_device_layers = o->n_device_layers,
-                                     .cache_type = o->cache_type},
-                                 &lay, e);
-        if (lrc != COMMON_OK)
-            return lrc;
-        uint64_t                 kv = lay.kv_bytes * n_seq;
-        uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
-        struct fetcher_plan      plan;
-        struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
-                                       .kv_bytes = kv,
-                                       .act_bytes = act,
-                                       .queue_depth = o->queue_depth};
-        int                      rc = fetcher_plan_compute(&s->m, &po, &plan, e);
+        int rc = serve_plan_slots(s, o->n_device_layers, o->plan_out, &s->n_slots, e);
         if (rc != COMMON_OK)
             return rc;
-        s->plan_n_seq = n_seq;
-        s->plan_n_ctx = lay.n_ctx;
-        uint32_t n = plan.n_slots / s->n_shards;
-        uint32_t min = (plan.min_slots + s->n_shards - 1) / s->n_shards;
-        s->n_slots = n > min ? n : min;
-        if (o->plan_out) {
-            char buf[2048];
-            fetcher_plan_format(&plan, buf, sizeof(buf));
-            fputs(buf, o->plan_out);
-        }
     } else {
         s->n_slots = shard_bundles;
     }
@@ -441,6 +458,49 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     if (s->n_slots == 0)
         s->n_slots = 1;
     return COMMON_OK;
+}
+
+/* DEVICE_LAYERS(n) from the executor: with fewer layers' KV on its device than the plan left out
+ * of RAM (it dropped its device, or could not use it), their KV is in RAM now, so the pool
+ * shrinks to the plan with n device layers, and the process stays within --ram-budget. A reader
+ * thread's; takes s->mu. */
+static void serve_device_layers(void *arg, uint32_t n)
+{
+    struct fetcher_server           *s = arg;
+    const struct fetcher_serve_opts *o = &s->o;
+    if (!o->ram_budget || o->n_slots || n >= o->n_device_layers)
+        return; /* no plan, or one that counted this KV already */
+    pthread_mutex_lock(&s->mu);
+    if (n < s->device_layers_seen) {
+        struct common_errmsg e = {{0}};
+        uint32_t             keep = 0;
+        int                  rc = serve_plan_slots(s, n, NULL, &keep, &e);
+        if (rc == COMMON_OK || rc == COMMON_ERANGE) { /* ERANGE: the minimum is kept */
+            if (keep > s->n_slots)
+                keep = s->n_slots;
+            const uint32_t retired = fetcher_shrink_pool(s->f, keep);
+            char           b[32];
+            COMMON_LOG_WARN(
+                "fetcher",
+                "the executor keeps the KV of %u layer(s) on its device, not the %u "
+                "the plan left out of RAM: the pool gives up %u of its %u slots "
+                "(%s) for their KV%s, to stay within --ram-budget%s",
+                n, o->n_device_layers, s->n_slots - keep, s->n_slots,
+                common_format_size((uint64_t)(s->n_slots - keep) * fetcher_plan_slot_bytes(&s->m),
+                                   b, sizeof(b)),
+                retired < s->n_slots - keep ? " (the pinned ones at the next tokens)" : "",
+                rc == COMMON_ERANGE ? "; the budget is now under the plan's "
+                                      "minimum, whose slots are kept"
+                                    : "");
+        } else {
+            COMMON_LOG_WARN("fetcher",
+                            "the executor keeps the KV of %u layer(s) on its device: "
+                            "no plan for it: %s",
+                            n, e.text);
+        }
+        s->device_layers_seen = n;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Creates the fetcher over this shard's pool, checks that the pool can be shared, prints the
@@ -507,7 +567,10 @@ static int serve_open_fetcher(struct fetcher_server *s, struct common_errmsg *e)
                                          .n_layers = s->n_layers,
                                          .run_dir = s->run_dir,
                                          .mu = &s->mu,
-                                         .c = &s->c};
+                                         .c = &s->c,
+                                         .device_layers = serve_device_layers,
+                                         .device_layers_arg = s};
+    s->device_layers_seen = o->n_device_layers;
     return COMMON_OK;
 }
 

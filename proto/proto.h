@@ -303,6 +303,11 @@ enum proto_fetch_op {
     PROTO_FETCH_USE = 5,     /* the parts in mask `part` (bit p: part p; 1..7) of (layer, expert)
                                 were read straight from the mapped pool without a loan
                                 (fetcher_note_use); no reply */
+    PROTO_FETCH_DEVICE_LAYERS = 6, /* the executor keeps the KV of `layer` layers (the last ones,
+                                      0..n_layer) on a device: sent after each ATTACH and when it
+                                      drops its device. A fetcher whose --ram-budget plan left more
+                                      layers' KV out shrinks its pool to the plan with that many;
+                                      no reply */
 };
 
 /* Priority of a HINT (the fetcher's request classes, most urgent first: the same values as its
@@ -317,7 +322,7 @@ enum proto_fetch_prio {
 struct proto_fetch_req {
     uint32_t op;     /* enum proto_fetch_op */
     uint32_t tag;    /* ACQUIRE: echoed in the reply */
-    uint32_t layer;  /* ACQUIRE, HINT, USE */
+    uint32_t layer;  /* ACQUIRE, HINT, USE; DEVICE_LAYERS: the count */
     uint32_t expert; /* ACQUIRE, HINT, USE: the model's expert id (not shard-relative) */
     uint32_t part;   /* ACQUIRE: enum common_expert_part; USE: a mask of parts */
     uint32_t prio;   /* HINT: enum proto_fetch_prio */

@@ -357,6 +357,57 @@ static void bad_slot_count(uint8_t *seg, size_t *len)
     memcpy(seg + 8, &n, 4);
 }
 
+/* Retiring: free slots first, then the LRU victims among the unpinned READY ones (reported, so
+ * that the caller traces them); a pinned slot stays until a later call; a retired slot is never
+ * claimed again, its memory is zero (given back), and the counts leave it out. */
+Test(fetcher_pool, retire_gives_up_free_then_unpinned_slots_for_good, .fini = teardown)
+{
+    t_pool = make_pool(6, FETCHER_POLICY_LRU, 0);
+    uint32_t s0 = load(t_pool, 0, 0, NULL), s1 = load(t_pool, 0, 1, NULL);
+    uint32_t s2 = load(t_pool, 0, 2, NULL), s3 = load(t_pool, 0, 3, NULL);
+    (void)s1;
+    use(t_pool, 0, 0); /* (0,1) is now the least recent */
+    memset(fetcher_pool_slot_data(t_pool, s2), 0x5a, FETCHER_ALIGN);
+    struct common_pool_key  k3 = key(0, 3);
+    struct common_pool_loan pinned;
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k3, COMMON_EXPERT_GATE, &pinned), COMMON_OK);
+
+    /* 2 free slots, then (0,1) and (0,2) by recency; (0,3) is pinned, (0,0) the most recent. */
+    struct fetcher_pool_victim ev[8];
+    cr_assert_eq(fetcher_pool_retire(t_pool, 4, ev, 8), 2);
+    cr_assert(ev[0].valid && ev[0].key.expert == 1, "first victim (0,%u)", ev[0].key.expert);
+    cr_assert(ev[1].valid && ev[1].key.expert == 2, "second victim (0,%u)", ev[1].key.expert);
+    uint32_t n = 0, want = 0;
+    fetcher_pool_retired(t_pool, &n, &want);
+    cr_assert_eq(n, 4);
+    cr_assert_eq(want, 4);
+    cr_assert_eq(((const uint8_t *)fetcher_pool_slot_data(t_pool, s2))[0], 0,
+                 "a retired slot's memory is given back (reads as zero)");
+    struct common_pool_loan l;
+    struct common_pool_key  k2 = key(0, 2);
+    cr_assert_eq(fetcher_pool_try_acquire(t_pool, &k2, COMMON_EXPERT_GATE, &l), COMMON_ENOENT);
+
+    /* Wanting 5 of 6: (0,0) goes, (0,3) is pinned: it stays until released. */
+    cr_assert_eq(fetcher_pool_retire(t_pool, 5, ev, 8), 1);
+    cr_assert_eq(ev[0].key.expert, 0);
+    fetcher_pool_retired(t_pool, &n, &want);
+    cr_assert_eq(n, 5);
+    /* A new key now takes the one usable slot: the pinned one cannot be, so the claim waits. */
+    struct common_pool_key k9 = key(1, 1);
+    uint32_t               slot, gen;
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k9, 0, 0, &slot, &gen, NULL), COMMON_EAGAIN);
+    fetcher_pool_release(t_pool, pinned.slot);
+    /* Fewer than before is no change; the count of usable slots is 1. */
+    cr_assert_eq(fetcher_pool_retire(t_pool, 2, ev, 8), 0);
+    struct fetcher_pool_counts c;
+    fetcher_pool_counts(t_pool, &c);
+    cr_assert_eq(c.n_retired, 5);
+    cr_assert_eq(c.n_free + c.n_ready + c.n_loading + c.n_failed, 1);
+    cr_assert_eq(fetcher_pool_claim(t_pool, &k9, 0, 0, &slot, &gen, NULL), COMMON_OK);
+    cr_assert_eq(slot, s3, "the one slot not retired");
+    (void)s0;
+}
+
 Test(fetcher_pool, attach_checks_header, .fini = teardown)
 {
     t_pool = make_pool(2, FETCHER_POLICY_LRU, 0);

@@ -866,3 +866,86 @@ Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_pr
                       "gpu: HOST0.*the experts in a pool of 3 slots.*--policy lfu\\), copied in "
                       "from the RAM pool, pinned");
 }
+
+/* The pool slots of fetcher-0's plan, from its log ("pool N slots"); 0 when absent. */
+static unsigned fetcher_plan_slots(const char *run_dir)
+{
+    char cmd[2048];
+    int  st;
+    snprintf(cmd, sizeof(cmd), "grep -h -o -E 'pool [0-9]+ slots' '%s'/logs/fetcher-0.log",
+             run_dir);
+    char    *out = sh(cmd, &st);
+    unsigned n = 0;
+    if (st != 0 || sscanf(out, "pool %u slots", &n) != 1)
+        n = 0;
+    free(out);
+    return n;
+}
+
+/* `sluicectl up -ngl 999 --ram-budget`: the fetcher's plan leaves the device's KV out of RAM.
+ * When the executor drops its device (SLUICE_TEST_DEVICE_FAULT: its 3rd batch fails as a failing
+ * CUDA device's does, on the host backend), that KV moves to RAM: the executor tells the fetcher
+ * (DEVICE_LAYERS 0), which gives up pool slots, their memory returned, down to exactly the pool
+ * the same budget plans without a device; the text is the one without a device. */
+Test(pipeline_sluicectl, a_dropped_device_shrinks_the_fetchers_pool_to_its_plan, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q4_0.gguf");
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char cmd[8192], run_dir[1024];
+    int  st;
+    /* Without a device: the text, and the plan's pool. */
+    snprintf(run_dir, sizeof(run_dir), "%s/cpu", dir);
+    char *out = sluicectl_up_with(run_dir, model, 1, "--ram-budget 37M", &st);
+    cr_assert_eq(st, 0, "up: %s", out);
+    free(out);
+    char          *cpu = generate_line(run_dir);
+    const unsigned cpu_slots = fetcher_plan_slots(run_dir);
+    sluicectl_down(run_dir);
+    cr_assert_gt(cpu_slots, 0, "no pool line in the fetcher's log");
+
+    snprintf(run_dir, sizeof(run_dir), "%s/dev", dir);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    cr_assert_eq(setenv("SLUICE_TEST_DEVICE_FAULT", "3", 1), 0);
+    out = sluicectl_up_with(run_dir, model, 1, "-ngl 999 --ram-budget 37M", &st);
+    cr_assert_eq(unsetenv("SLUICE_TEST_DEVICE_FAULT"), 0);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_assert_eq(st, 0, "up: %s", out);
+    free(out);
+    const unsigned dev_slots = fetcher_plan_slots(run_dir);
+    char          *got = generate_line(run_dir);
+    cr_expect_str_eq(got, cpu, "after the device was dropped");
+    snprintf(
+        cmd, sizeof(cmd),
+        "grep -h 'injected device failure; going on without the device' '%s'/logs/executor.log "
+        "&& grep -h -o -E 'the pool gives up [0-9]+ of its [0-9]+ slots' "
+        "'%s'/logs/fetcher-0.log",
+        run_dir, run_dir);
+    char *log = sh(cmd, &st);
+    cr_expect_eq(st, 0, "no fall back, or the fetcher kept its pool:\n%s", log);
+    unsigned    given = 0, of = 0;
+    const char *g = strstr(log, "gives up ");
+    cr_expect(g && sscanf(g, "gives up %u of its %u slots", &given, &of) == 2, "%s", log);
+    cr_expect_gt(dev_slots, cpu_slots, "the device's KV left out of the plan: a larger pool");
+    cr_expect_eq(of, dev_slots);
+    cr_expect_eq(of - given, cpu_slots, "shrunk to %u slots, not the %u planned without a device",
+                 of - given, cpu_slots);
+    /* Every slot given up by now (none is pinned between generations). */
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 stats | grep -E '^pool\\.retired '",
+             BIN, run_dir);
+    char    *stats = sh(cmd, &st);
+    unsigned retired = 0;
+    cr_expect(sscanf(stats, "pool.retired %u", &retired) == 1 && retired == given, "%s", stats);
+    sluicectl_down(run_dir);
+    free(stats);
+    free(log);
+    free(got);
+    free(cpu);
+    free(model);
+    t_dir[0] = '\0';
+    fixture_rmtree(dir);
+    free(dir);
+}
