@@ -115,15 +115,20 @@ int common_devmem_piece_create(size_t bytes, struct common_devmem_piece **out,
     return rc != COMMON_OK ? rc : be->piece_create(bytes, out, e);
 }
 
+/* The backend, and *h emptied for an export to fill (no descriptor, no bytes). */
+static const struct devmem_backend *devmem_handle_out(struct common_devmem_handle *h,
+                                                      struct common_errmsg        *e)
+{
+    memset(h, 0, sizeof(*h));
+    h->fd = -1;
+    return devmem_be(e);
+}
+
 int common_devmem_piece_export(const struct common_devmem_piece *p, struct common_devmem_handle *h,
                                struct common_errmsg *e)
 {
-    const struct devmem_backend *be = devmem_be(e);
-    if (!be)
-        return COMMON_EINVAL;
-    memset(h, 0, sizeof(*h));
-    h->fd = -1;
-    return be->piece_export(p, h, e);
+    const struct devmem_backend *be = devmem_handle_out(h, e);
+    return be ? be->piece_export(p, h, e) : COMMON_EINVAL;
 }
 
 /* Closes what a handle carries that its import did not take. */
@@ -192,12 +197,8 @@ int common_devmem_event_create(struct common_devmem_event **out, struct common_e
 int common_devmem_event_export(const struct common_devmem_event *ev, struct common_devmem_handle *h,
                                struct common_errmsg *e)
 {
-    const struct devmem_backend *be = devmem_be(e);
-    if (!be)
-        return COMMON_EINVAL;
-    memset(h, 0, sizeof(*h));
-    h->fd = -1;
-    return be->event_export(ev, h, e);
+    const struct devmem_backend *be = devmem_handle_out(h, e);
+    return be ? be->event_export(ev, h, e) : COMMON_EINVAL;
 }
 
 int common_devmem_event_import(struct common_devmem_handle *h, struct common_devmem_event **out,

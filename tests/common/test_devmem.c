@@ -85,21 +85,12 @@ static int t_wait_ack(int sock)
     return read(sock, &c, 1) == 1 && c == 'k' ? 0 : -1;
 }
 
-/* Forks; the child runs fn(sock) and exits with its result (0 = pass). The parent gets the
- * other end of the socket. */
+/* Forks the peer that runs fn (fixture_fork_peer). */
 static pid_t t_fork(int (*fn)(int), int *sock)
 {
-    int sv[2];
-    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(sv[0]);
-        _exit(fn(sv[1]));
-    }
-    close(sv[1]);
-    *sock = sv[0];
-    return pid;
+    int pid = fixture_fork_peer(fn, sock);
+    cr_assert_geq(pid, 0, "socketpair or fork failed");
+    return (pid_t)pid;
 }
 
 static int t_child_status(pid_t pid)

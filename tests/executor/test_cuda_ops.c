@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define CUDA_TEST_SEED 0x2545F4914F6CDD1Dull
 #include "common.h"
 #include "cuda_test.h"
+#include "fixture.h"
 #include "kernels/kernels.h"
 
 /* Tolerances: |gpu - ref| <= rtol * scale, where scale is the magnitude the result is made of
@@ -1682,17 +1682,10 @@ static void shared_check(const float *y, const float *x, uint32_t seed)
  * filler is forked before the device is touched (CUDA does not survive fork). */
 Test(executor_cuda_ops, kernels_read_memory_another_process_fills, .timeout = 120)
 {
-    int sv[2];
-    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0);
-    if (pid == 0) {
-        close(sv[0]);
-        _exit(shared_filler(sv[1]));
-    }
-    close(sv[1]);
-    const int sock = sv[0];
-    char      why[256] = "";
+    int         sock = -1;
+    const pid_t pid = (pid_t)fixture_fork_peer(shared_filler, &sock);
+    cr_assert_geq(pid, 0, "socketpair or fork failed");
+    char why[256] = "";
     if (gpu_device_count(why, sizeof(why)) <= 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);

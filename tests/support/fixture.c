@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -257,4 +258,24 @@ int fixture_flip_bundles(const char *path, uint32_t layer)
         n = 0;
     common_gguf_close(g);
     return n;
+}
+
+int fixture_fork_peer(int (*fn)(int sock), int *sock)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(fn(sv[1]));
+    }
+    close(sv[1]);
+    *sock = sv[0];
+    return (int)pid;
 }

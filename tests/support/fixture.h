@@ -23,6 +23,11 @@ char *fixture_read_all(const char *path, size_t *len);
  * and in *status its exit status (-1 when a signal ended it). NULL when popen or malloc failed. */
 char *fixture_run(const char *cmd, int *status);
 
+/* Forks a peer process joined to this one by a Unix stream socket: the child runs fn(its end)
+ * and exits with what fn returns (0 = pass); the parent gets its end in *sock and the child's
+ * pid, or -1 when socketpair or fork failed. */
+int fixture_fork_peer(int (*fn)(int sock), int *sock);
+
 /* Creates a fresh temporary directory and returns its malloc'd path. */
 char *fixture_tmpdir(void);
 
