@@ -284,15 +284,22 @@ static int host_piece_create(size_t bytes, struct common_devmem_piece **out,
     return COMMON_OK;
 }
 
+/* A handle of the memfd fd: a new descriptor of it, no bytes. */
+static int host_export_fd(int fd, const char *what, struct common_devmem_handle *h,
+                          struct common_errmsg *e)
+{
+    int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0)
+        return common_errmsg_set(e, COMMON_EIO, "%s: dup: %s", what, strerror(errno));
+    h->fd = dup;
+    h->len = 0;
+    return COMMON_OK;
+}
+
 static int host_piece_export(const struct common_devmem_piece *p, struct common_devmem_handle *h,
                              struct common_errmsg *e)
 {
-    int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0)
-        return common_errmsg_set(e, COMMON_EIO, "device memory: dup: %s", strerror(errno));
-    h->fd = fd;
-    h->len = 0;
-    return COMMON_OK;
+    return host_export_fd(p->fd, "device memory", h, e);
 }
 
 /* fd is a sealed memfd of exactly `bytes` (so a mapping of it can never fault for want of
@@ -436,12 +443,7 @@ static int host_event_create(struct common_devmem_event **out, struct common_err
 static int host_event_export(const struct common_devmem_event *ev, struct common_devmem_handle *h,
                              struct common_errmsg *e)
 {
-    int fd = fcntl(ev->fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0)
-        return common_errmsg_set(e, COMMON_EIO, "device event: dup: %s", strerror(errno));
-    h->fd = fd;
-    h->len = 0;
-    return COMMON_OK;
+    return host_export_fd(ev->fd, "device event", h, e);
 }
 
 static int host_event_import(struct common_devmem_handle *h, struct common_devmem_event **out,
