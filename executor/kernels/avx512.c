@@ -392,11 +392,12 @@ static void avx512_gemm_q4_0(int64_t n, const void *w, size_t rb, int64_t n_rows
     }
 }
 
-#define AVX512_Q80_NACT 4 /* activations sharing one weight load in the Q8_0 matmul kernel */
+#define AVX512_Q80_NACT 1 /* the dot below serves vec_dot and gemv (the gemm has its own) */
 
 /* Dots of one Q8_0 row x with NA Q8_0 activations y[j] into out[j], two blocks per vector. The
- * weight side (|x|, its sign mask, d_w) is made once for all NA; every activation runs the same
- * operations in the same order whatever NA is, so vec_dot (NA = 1) and gemm agree bit for bit. */
+ * weight side (|x|, its sign mask, d_w) is made once for all NA. avx512_gemm_q8_0 computes the
+ * same integers another way and runs the same float operations in the same order, so vec_dot and
+ * gemm agree bit for bit. */
 static inline __attribute__((always_inline)) void
 avx512_q8_0_acts(const int NA, int64_t nb, const struct executor_block_q8_0 *x,
                  const struct executor_block_q8_0 *const *y, float *out)
@@ -447,34 +448,132 @@ static float avx512_dot_q8_0(int64_t n, const void *w, const void *a)
     return out;
 }
 
+/* The Q8_0 gemm: up to AVX512_Q80G_NA activations per pass over a tile of rows. Each activation's
+ * block pairs are prepared once per pass (quants + 128 as unsigned bytes, the two scales in a
+ * vector), each row's once per pair for all of them (-128 times its sums of four, its scales), so
+ * a (row, activation) pair costs one vpdpbusd, one multiply of scales, one conversion and one FMA
+ * per pair of blocks. vpdpbusd over (y + 128, x) started from -128 * sum(x) is sum(x * y) exactly,
+ * as vec_dot's |x| * (sign(x) * y); the scales' products are vec_dot's, lane for lane, and the
+ * sums and the odd last block run as there: every (row, activation) gets vec_dot's bits. */
+#define AVX512_Q80G_NA 8 /* activations per pass */
+/* Block pairs of prepared activations per pass (128 KiB for 8, on the stack): whole rows up to
+ * 8192 columns, so that rows stream through in order (shorter runs of each row left a batched
+ * decode, whose weights come from DRAM, slower than the previous kernel). */
+#define AVX512_Q80G_CHUNK 128
+#define AVX512_Q80G_ROWS  64 /* rows of a tile whose accumulators persist between chunks */
+
+/* One activation's pair of blocks, prepared for the gemm. */
+struct avx512_q80_prep {
+    __m512i yu; /* quants + 128 (x ^ 0x80), as unsigned bytes */
+    __m512  dy; /* the first block's scale in lanes 0..7, the second's in 8..15 */
+};
+
+/* Pairs [p0, p0 + npk) of NA activations ya[] into g[i * NA + a]. */
+static void avx512_q80_prep(int NA, const struct executor_block_q8_0 *const *ya, int64_t p0,
+                            int64_t npk, struct avx512_q80_prep *g)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < npk; i++)
+        for (int a = 0; a < NA; a++) {
+            const struct executor_block_q8_0 *b = ya[a] + 2 * (p0 + i);
+            struct avx512_q80_prep           *q = g + i * NA + a;
+            q->yu = _mm512_xor_si512(avx512_load_pair(b[0].qs, b[1].qs), flip);
+            q->dy = avx512_scale_pair(avx512_fp16(b[0].d), avx512_fp16(b[1].d));
+        }
+}
+
+/* Pairs [p0, p0 + npk) of n_rows rows (stride rb) against NA prepared activations, onto
+ * acc[r * AVX512_Q80G_NA + a] (zeroed first when p0 is 0). */
+static inline __attribute__((always_inline)) void
+avx512_q80_rows(const int NA, const char *w, size_t rb, int64_t n_rows, int64_t p0, int64_t npk,
+                const struct avx512_q80_prep *g, __m512 *acc)
+{
+    const __m512i m128 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    for (int64_t r = 0; r < n_rows; r++) {
+        const struct executor_block_q8_0 *x =
+            (const struct executor_block_q8_0 *)(w + (size_t)r * rb) + 2 * p0;
+        __m512 s[AVX512_Q80G_NA];
+        for (int a = 0; a < NA; a++)
+            s[a] = p0 == 0 ? _mm512_setzero_ps() : acc[r * AVX512_Q80G_NA + a];
+        for (int64_t i = 0; i < npk; i++, x += 2) {
+            const __m512i qx = avx512_load_pair(x[0].qs, x[1].qs);
+            /* -128 * (the sum of each four of x): vpdpbusd's start, so that (y + 128) . x is x . y
+             */
+            const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, qx));
+            const __m512  dx = avx512_scale_pair(avx512_fp16(x[0].d), avx512_fp16(x[1].d));
+            const struct avx512_q80_prep *q = g + i * NA;
+            for (int a = 0; a < NA; a++) {
+                const __m512i v = _mm512_dpbusd_epi32(corr, q[a].yu, qx);
+                s[a] = _mm512_fmadd_ps(_mm512_mul_ps(dx, q[a].dy), _mm512_cvtepi32_ps(v), s[a]);
+            }
+        }
+        for (int a = 0; a < NA; a++)
+            acc[r * AVX512_Q80G_NA + a] = s[a];
+    }
+}
+
 static void avx512_gemm_q8_0(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
                              size_t act_stride, int64_t n_act, float *y, size_t ys)
 {
-    const int64_t nb = n / EXECUTOR_QK;
-    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q80_NACT) {
-        const int na = n_act - j0 < AVX512_Q80_NACT ? (int)(n_act - j0) : AVX512_Q80_NACT;
-        const struct executor_block_q8_0 *ya[AVX512_Q80_NACT];
-        for (int j = 0; j < na; j++)
-            ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
-        for (int64_t r = 0; r < n_rows; r++) {
-            const struct executor_block_q8_0 *x = (const void *)((const char *)w + (size_t)r * rb);
-            float                             out[AVX512_Q80_NACT] = {0};
-            switch (na) {
-            case 4:
-                avx512_q8_0_acts(4, nb, x, ya, out);
-                break;
-            case 3:
-                avx512_q8_0_acts(3, nb, x, ya, out);
-                break;
-            case 2:
-                avx512_q8_0_acts(2, nb, x, ya, out);
-                break;
-            default:
-                avx512_q8_0_acts(1, nb, x, ya, out);
-                break;
+    _Alignas(64) struct avx512_q80_prep g[AVX512_Q80G_CHUNK * AVX512_Q80G_NA];
+    _Alignas(64) __m512                 acc[AVX512_Q80G_ROWS * AVX512_Q80G_NA];
+    const int64_t                       nb = n / EXECUTOR_QK, npairs = nb / 2;
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q80G_NA) {
+        const int na = n_act - j0 < AVX512_Q80G_NA ? (int)(n_act - j0) : AVX512_Q80G_NA;
+        const struct executor_block_q8_0 *ya[AVX512_Q80G_NA];
+        for (int a = 0; a < na; a++)
+            ya[a] = (const void *)((const char *)act + (size_t)(j0 + a) * act_stride);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += AVX512_Q80G_ROWS) {
+            const int64_t nr = n_rows - r0 < AVX512_Q80G_ROWS ? n_rows - r0 : AVX512_Q80G_ROWS;
+            const char   *wr = (const char *)w + (size_t)r0 * rb;
+            for (int64_t p0 = 0; p0 < npairs; p0 += AVX512_Q80G_CHUNK) {
+                const int64_t npk =
+                    npairs - p0 < AVX512_Q80G_CHUNK ? npairs - p0 : AVX512_Q80G_CHUNK;
+                if (r0 == 0 || npairs > AVX512_Q80G_CHUNK)
+                    avx512_q80_prep(na, ya, p0, npk, g);
+                switch (na) {
+                case 8:
+                    avx512_q80_rows(8, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                case 7:
+                    avx512_q80_rows(7, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                case 6:
+                    avx512_q80_rows(6, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                case 5:
+                    avx512_q80_rows(5, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                case 4:
+                    avx512_q80_rows(4, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                case 3:
+                    avx512_q80_rows(3, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                case 2:
+                    avx512_q80_rows(2, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                default:
+                    avx512_q80_rows(1, wr, rb, nr, p0, npk, g, acc);
+                    break;
+                }
             }
-            for (int j = 0; j < na; j++)
-                y[(size_t)(j0 + j) * ys + (size_t)r] = out[j];
+            /* The sums and the odd last block, as vec_dot's. */
+            for (int64_t r = 0; r < nr; r++) {
+                const struct executor_block_q8_0 *x = (const void *)(wr + (size_t)r * rb);
+                for (int a = 0; a < na; a++) {
+                    float sum = npairs ? avx512_hsum_ps(acc[r * AVX512_Q80G_NA + a])
+                                       : avx512_hsum_ps(_mm512_setzero_ps());
+                    for (int64_t k = 2 * npairs; k < nb; k++) {
+                        int t = 0;
+                        for (int j = 0; j < EXECUTOR_QK; j++)
+                            t += x[k].qs[j] * ya[a][k].qs[j];
+                        const float d = avx512_fp16(x[k].d) * avx512_fp16(ya[a][k].d);
+                        sum = sum + (float)t * d;
+                    }
+                    y[(size_t)(j0 + a) * ys + (size_t)(r0 + r)] = sum;
+                }
+            }
         }
     }
 }

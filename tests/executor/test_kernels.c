@@ -1114,6 +1114,19 @@ static void check_matrices(void)
         check_matrix(COMMON_GGML_TYPE_Q6_K, 256 * 3, 5, n_act);
     }
     check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 70, 2);
+    /* The AVX-512 Q8_0 gemm (up to 8 activations a pass, 128 pairs of blocks prepared at a time,
+     * accumulators kept for 64 rows between them): 1..17 activations; rows of 1 block (no pair),
+     * 33 (a block left after the pairs), 256 (one whole chunk), 257, 258 (a pair past a chunk)
+     * and 515 blocks; 70 and 130 rows (several row tiles). */
+    for (int64_t n_act = 1; n_act <= 17; n_act++) {
+        check_matrix(COMMON_GGML_TYPE_Q8_0, 32, 5, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 33, 7, n_act);
+    }
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 256, 9, 8);
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 257, 3, 9);
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 258, 70, 3);
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 515, 66, 10);
+    check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 130, 11);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
     check_matrix(COMMON_GGML_TYPE_F16, 40, 9, 2);
     check_matrix(COMMON_GGML_TYPE_F32, 79, 9, 2);
