@@ -547,8 +547,7 @@ uint32_t fetcher_shrink_pool(struct fetcher *f, uint32_t n_keep)
         n_keep = 1;
     uint32_t retired = 0, want = 0;
     pthread_mutex_lock(&f->mu);
-    if (n_keep < n)
-        fetcher_retire_locked(f, n - n_keep);
+    fetcher_retire_locked(f, n_keep < n ? n - n_keep : 0);
     fetcher_pool_retired(f->pool, &retired, &want);
     pthread_mutex_unlock(&f->mu);
     return retired;
@@ -559,12 +558,8 @@ void fetcher_token_begin(struct fetcher *f)
     pthread_mutex_lock(&f->mu);
     f->explicit_tokens = true;
     fetcher_front_new_token(f);
-    if (f->pool) { /* slots still to give up (fetcher_shrink_pool) that were pinned before */
-        uint32_t retired = 0, want = 0;
-        fetcher_pool_retired(f->pool, &retired, &want);
-        if (retired < want)
-            fetcher_retire_locked(f, want);
-    }
+    if (f->pool) /* slots still to give up (fetcher_shrink_pool) that were pinned before */
+        fetcher_retire_locked(f, 0);
     pthread_mutex_unlock(&f->mu);
 }
 

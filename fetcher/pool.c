@@ -550,6 +550,7 @@ uint32_t fetcher_pool_retire(struct fetcher_pool *p, uint32_t want,
 {
     uint32_t n_ev = 0;
     pthread_mutex_lock(&p->mu);
+    const uint32_t before = p->n_retired;
     if (want > p->hdr->n_slots)
         want = p->hdr->n_slots;
     if (want > p->retire_want)
@@ -576,7 +577,8 @@ uint32_t fetcher_pool_retire(struct fetcher_pool *p, uint32_t want,
         /* Its pages go back (the segment is shared memory: a memfd or shared anonymous). */
         (void)madvise(fetcher_pool_slot_data(p, i), (size_t)p->hdr->slot_bytes, MADV_REMOVE);
     }
-    pool_changed(p);
+    if (p->n_retired != before)
+        pool_changed(p);
     pthread_mutex_unlock(&p->mu);
     return n_ev;
 }

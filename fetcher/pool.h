@@ -127,11 +127,12 @@ void fetcher_pool_abandon(struct fetcher_pool *p, uint32_t slot);
 /* The pool's use clock (bumped by every acquire and claim). */
 uint64_t fetcher_pool_tick(struct fetcher_pool *p);
 
-/* Retires slots until `want` of them are retired (never fewer than before: a retired slot is
- * never used again): FREE ones first, then READY unpinned ones in the policy's order of
- * eviction, whose keys go to evicted[0..cap) (the caller traces them); the memory of a retired
- * slot goes back to the system (MADV_REMOVE). Slots pinned or loading now stay until a later
- * call. Returns the READY slots evicted (at most cap are reported; the call stops there). */
+/* Retires slots until `want` of them are retired (never fewer than the most wanted before, so
+ * want 0 retires what an earlier call could not; a retired slot is never used again): FREE ones
+ * first, then READY unpinned ones in the policy's order of eviction, whose keys go to
+ * evicted[0..cap) (the caller traces them); the memory of a retired slot goes back to the system
+ * (MADV_REMOVE). Slots pinned or loading now stay until a later call. Returns the READY slots
+ * evicted (at most cap are reported; the call stops there). */
 uint32_t fetcher_pool_retire(struct fetcher_pool *p, uint32_t want,
                              struct fetcher_pool_victim *evicted, uint32_t cap);
 /* Retired slots, and how many are wanted retired. */

@@ -661,6 +661,20 @@ Test(pipeline_sluicectl, down_stops_daemons_of_a_killed_monitor, .timeout = 300,
 }
 
 /* Greedy text of `sluice generate` through the daemons of `run_dir` (first line, malloc'd). */
+/* `sluice run -m model -p 'hello world' -n 12 --temp 0 ARGS` in one process: its first line. */
+static char *one_process_line(const char *model, const char *args)
+{
+    char cmd[4096];
+    int  st;
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0 %s 2>/dev/null", BIN, model,
+             args);
+    char *out = sh(cmd, &st);
+    cr_assert_eq(st, 0, "run %s: %s", args, out);
+    out[strcspn(out, "\n")] = '\0';
+    return out;
+}
+
 static char *generate_line(const char *run_dir)
 {
     char cmd[4096];
@@ -735,12 +749,7 @@ Test(pipeline_sluicectl, cache_type_reaches_the_executor_and_the_fetchers_plan, 
     cr_assert_eq(st, 2, "-ctk q4_0 must be a usage error: %s", out);
     cr_assert(strstr(out, "--cache-type expects f16 or q8_0"), "%s", out);
     free(out);
-    snprintf(cmd, sizeof(cmd),
-             "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0 -ctk q8_0 2>/dev/null", BIN,
-             model);
-    char *single = sh(cmd, &st);
-    cr_assert_eq(st, 0, "run: %s", single);
-    single[strcspn(single, "\n")] = '\0';
+    char *single = one_process_line(model, "-ctk q8_0");
     out = sluicectl_up_with(run_dir, model, 1, "-ctk q8_0 --ram-budget 37M", &st);
     cr_assert_eq(st, 0, "up: %s", out);
     free(out);
@@ -775,18 +784,10 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
     cr_assert_not_null(dir);
     if (host)
         cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    char cmd[8192];
-    int  st;
-    snprintf(cmd, sizeof(cmd),
-             "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0 -ngl 999 2>/dev/null", BIN,
-             model);
-    char *single = sh(cmd, &st);
-    cr_assert_eq(st, 0, "run: %s", single);
-    single[strcspn(single, "\n")] = '\0';
-    snprintf(cmd, sizeof(cmd), "%s/sluice run -m '%s' -p 'hello world' -n 12 --temp 0", BIN, model);
-    char *cpu = sh(cmd, &st);
-    cr_assert_eq(st, 0, "run: %s", cpu);
-    cpu[strcspn(cpu, "\n")] = '\0';
+    char  cmd[8192];
+    int   st;
+    char *single = one_process_line(model, "-ngl 999");
+    char *cpu = one_process_line(model, "");
     cr_expect_str_eq(single, cpu, "-ngl 999 in one process vs the CPU");
     char run_dir[1024];
     snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
