@@ -189,6 +189,7 @@ struct executor_region_hooks {
     void *arg; /* borrowed */
 };
 
+struct executor_dev_ops; /* below */
 struct executor_weight_ops {
     /* Bytes of GGUF tensor `index` (file order). Returns 0, COMMON_EINVAL (bad index),
      * COMMON_EIO. */
@@ -224,6 +225,9 @@ struct executor_weight_ops {
      * from any thread, possibly under the source's own locks: the hooks must not call into the
      * source. NULL op = the source has no such memory. */
     void (*expert_regions)(void *impl, const struct executor_region_hooks *h);
+    /* The device expert pool a fetcher behind the source makes (struct executor_dev_ops, called
+     * with *arg); NULL op or result = none. */
+    const struct executor_dev_ops *(*expert_device)(void *impl, void **arg);
 };
 
 /* A weight source: an implementation table and its state. */
@@ -249,6 +253,45 @@ struct executor_weights_opts {
                                         "blk.N.ffn_down_exps.weight expert E" (NULL = off) */
 };
 
+/* A device expert pool that a fetcher makes and fills (DESIGN section 8; proto.h: the fetcher's
+ * device pool), for the device's pool of experts (executor/gpu.c). Its memory is the fetcher's,
+ * mapped here; the fetcher copies experts into it from its RAM pool on its own copy stream; the
+ * fetcher's events (ev, recorded by mark) say when copies are done, and this process's kernels
+ * event (kev, recorded after the kernels) lets the fetcher copy over slots only after them. */
+struct common_devmem_event;
+#define EXECUTOR_DEV_MAX_EVENTS 16u
+struct executor_dev_pool {
+    uint8_t                    *base; /* reserved here: bytes, mapped piece by piece by back */
+    size_t                      bytes, gran;
+    uint32_t                    n_events;
+    struct common_devmem_event *ev[EXECUTOR_DEV_MAX_EVENTS]; /* the fetcher's */
+    struct common_devmem_event *kev;                         /* this process's */
+    char                        backend[8];                  /* "HOST" or "CUDA" */
+};
+struct executor_dev_ops {
+    /* Asks the fetcher for a pool of `bytes` with n_events events on device dev. 0, or a
+     * negative common_err with the reason (COMMON_ENOTSUP: none to be had; the caller makes its
+     * own pool). At most one pool is open. */
+    int (*open)(void *arg, int dev, size_t bytes, uint32_t n_events, struct executor_dev_pool *out,
+                struct common_errmsg *e);
+    /* Maps piece k (gran bytes at base + k * gran): the fetcher's, or, once it is gone, one made
+     * here. 0 or a negative common_err. */
+    int (*back)(void *arg, uint32_t piece, struct common_errmsg *e);
+    /* Asks the fetcher to copy `bytes` from src (in a loan of this source, held until a later
+     * mark is ready and its event done) to base + dst. 0, or COMMON_ECLOSED: the fetcher is gone
+     * (and every later call fails so too; the pool's memory stays mapped). */
+    int (*copy)(void *arg, size_t dst, const void *src, size_t bytes);
+    /* Asks the fetcher to record event k after the copies asked so far; *seq names the mark. */
+    int (*mark)(void *arg, uint32_t k, uint32_t *seq);
+    /* Waits until the fetcher recorded mark seq (then its event may be waited for). 0 or
+     * COMMON_ECLOSED. */
+    int (*ready)(void *arg, uint32_t seq);
+    /* The copies asked next wait for kev (recorded by the caller just before). */
+    int (*after)(void *arg);
+    /* Ends the pool: pieces unmapped, events freed, the fetcher told. */
+    void (*close)(void *arg);
+};
+
 /* Routed experts served by someone else (the fetcher's budgeted pool, in one process): the same
  * shapes as the expert entries of struct executor_weight_ops, with the caller's state. */
 struct executor_expert_source {
@@ -264,6 +307,7 @@ struct executor_expert_source {
                   struct common_errmsg *out); /* why acquire failed; NULL = not known */
     void (*regions)(void *arg, const struct executor_region_hooks *h); /* as expert_regions;
                                                                          NULL = none */
+    const struct executor_dev_ops *dev; /* the fetcher's device pool; NULL = none */
     void *arg; /* borrowed: must outlive the weight source */
 };
 
@@ -500,6 +544,9 @@ struct executor_gpu_pool_stats {
     bool     copy_timed;            /* the backend timed the copies: */
     uint64_t copy_busy_ns;          /* the copy stream's time copying, */
     uint64_t copy_stall_ns;         /* and the kernels' time waiting for copies */
+    bool     fetcher_memory;        /* the slots are a fetcher's device memory (DESIGN section 8) */
+    bool     in_fetcher;            /* and that fetcher copies the experts in now */
+    uint64_t fetcher_losses;        /* times it went away (the executor copies since) */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

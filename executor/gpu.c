@@ -58,10 +58,13 @@ struct gpu_layer {
 #define GPU_POOL_LOANS 3  /* weight-source loans held while their copies are in flight */
 #define GPU_POOL_PINS  64 /* regions of the weight source registered at once (one per fetcher) */
 #define GPU_POOL_TRIES 8  /* rounds done again when a loan's bytes changed during its copy */
+/* The pool's copy events by index: the loans', then the round's gate/up and down. */
+enum { GPU_EV_GU = GPU_POOL_LOANS, GPU_EV_D, GPU_POOL_EVENTS };
 
 /* A part of an expert lent by the weight source while its copy into the pool is in flight. */
 struct gpu_loan {
     struct gpu_event *ev; /* recorded after its copy */
+    uint32_t          k;  /* its event index */
     uint32_t          src_slot, slot;
     bool              on;
 };
@@ -124,7 +127,92 @@ struct gpu_xpool {
      * by chunk, in slot order, as slots are first filled (va_chunk 0: one plain allocation). */
     size_t   va_chunk, va_bytes;
     uint32_t va_mapped; /* chunks backed */
+    /* The pool in the fetcher (DESIGN section 8): its memory the fetcher's device pool, mapped
+     * here (dev_mem; pieces made here once the fetcher is gone), its copies run by the fetcher on
+     * its copy stream (dev, while it lives): copy, record and wait go through the weight
+     * source's device ops. remote[k]: event k's last record is the fetcher's mark mark_seq[k]
+     * (dp.ev[k]), else this process's. lost: the fetcher went away during the round, which is
+     * then done again with every slot emptied (its copies may not have happened). */
+    const struct executor_dev_ops *dev, *dev_mem;
+    void                          *dev_arg;
+    struct executor_dev_pool       dp;
+    uint32_t                       mark_seq[GPU_POOL_EVENTS];
+    bool                           remote[GPU_POOL_EVENTS];
+    bool                           lost;
+    uint64_t                       dev_losses;
+    char                           dev_why[160]; /* why the pool is not the fetcher's */
 };
+
+/* The fetcher's copies end: from now on this process copies into the pool's memory itself. */
+static void gpu_pool_lose(struct gpu_xpool *px)
+{
+    if (px->dev) {
+        px->dev = NULL;
+        px->lost = true;
+        px->dev_losses++;
+        snprintf(px->dev_why, sizeof(px->dev_why), "the fetcher that filled it went away");
+    }
+}
+
+static struct gpu_event *gpu_pool_event(struct gpu_xpool *px, uint32_t k)
+{
+    return k < GPU_POOL_LOANS ? px->loans[k].ev : k == GPU_EV_GU ? px->ev_gu : px->ev_d;
+}
+
+/* Queues a copy into the pool: the fetcher's, or this process's. */
+static int gpu_pool_copy(struct gpu_xpool *px, void *dst, const void *src, size_t bytes)
+{
+    if (px->dev) {
+        if (px->dev->copy(px->dev_arg, (size_t)((uint8_t *)dst - px->d), src, bytes) == 0)
+            return 0;
+        gpu_pool_lose(px);
+    }
+    return gpu_copy_async(dst, src, bytes);
+}
+
+/* Records event k after the copies queued so far. */
+static int gpu_pool_record(struct gpu_xpool *px, uint32_t k)
+{
+    px->remote[k] = false;
+    if (px->dev) {
+        if (px->dev->mark(px->dev_arg, k, &px->mark_seq[k]) == 0) {
+            px->remote[k] = true;
+            return 0;
+        }
+        gpu_pool_lose(px);
+    }
+    return gpu_event_record_copy(gpu_pool_event(px, k));
+}
+
+/* The kernels queued next wait for event k (host: the caller waits for it). A fetcher gone
+ * meanwhile waits for nothing: the round is done again. */
+static int gpu_pool_wait(struct gpu_xpool *px, uint32_t k, bool host)
+{
+    if (!px->remote[k])
+        return host ? gpu_event_sync(gpu_pool_event(px, k))
+                    : gpu_stream_wait(gpu_pool_event(px, k));
+    if (host)
+        px->remote[k] = false;
+    if (px->dev && px->dev->ready(px->dev_arg, px->mark_seq[k]) == 0) {
+        if (!host)
+            return gpu_stream_wait_shared(px->dp.ev[k]);
+        if (common_devmem_event_sync(px->dp.ev[k], NULL) == 0)
+            return 0;
+    }
+    gpu_pool_lose(px);
+    return 0;
+}
+
+/* The copies queued next wait for the kernels queued so far (event k of the round's end). */
+static int gpu_pool_after_kernels(struct gpu_xpool *px)
+{
+    if (px->dev) {
+        if (px->dev->after(px->dev_arg) == 0)
+            return 0;
+        gpu_pool_lose(px);
+    }
+    return gpu_copy_wait(px->ev_k);
+}
 
 /* Device allocations freed together. */
 struct gpu_allocs {
@@ -555,7 +643,7 @@ static int gpu_loan_end(struct gpu_xpool *px, const struct executor_weights *w, 
     if (!ln->on)
         return 0;
     ln->on = false;
-    const int rc = gpu_event_sync(ln->ev);
+    const int rc = gpu_pool_wait(px, ln->k, true);
     if (w->ops->expert_release(w->impl, ln->src_slot) == COMMON_EAGAIN) {
         *torn = true;
         if (px->owner[ln->slot] != UINT32_MAX)
@@ -582,7 +670,11 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
     (void)gpu_loans_end(px, w, &torn);
     if (w->ops->expert_regions)
         w->ops->expert_regions(w->impl, NULL); /* no more calls to the hooks below */
-    if (px->va_chunk) { /* once no kernel reads it (the copies ended with the loans above) */
+    if (px->dev_mem) {
+        /* the fetcher's memory, once no kernel reads it */
+        (void)gpu_sync();
+        px->dev_mem->close(px->dev_arg);
+    } else if (px->va_chunk) { /* once no kernel reads it (the copies ended with the loans above) */
         (void)gpu_sync();
         for (uint32_t k = 0; k < px->va_mapped; k++)
             gpu_va_unmap(px->d + (size_t)k * px->va_chunk, px->va_chunk);
@@ -686,7 +778,9 @@ static int gpu_pool_back(struct gpu_xpool *px, uint32_t s)
 {
     const size_t end = ((size_t)s + 1) * px->slot_bytes;
     while (px->va_chunk && (size_t)px->va_mapped * px->va_chunk < end) {
-        if (gpu_va_map(px->d + (size_t)px->va_mapped * px->va_chunk, px->va_chunk) < 0)
+        if (px->dev_mem
+                ? px->dev_mem->back(px->dev_arg, px->va_mapped, NULL) < 0
+                : gpu_va_map(px->d + (size_t)px->va_mapped * px->va_chunk, px->va_chunk) < 0)
             return -1;
         px->va_mapped++;
     }
@@ -740,15 +834,43 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
         px->owner[s] = UINT32_MAX;
     bool ok = (px->ev_gu = gpu_event_new()) && (px->ev_d = gpu_event_new()) &&
               (px->ev_k = gpu_event_new());
-    for (uint32_t i = 0; ok && i < GPU_POOL_LOANS; i++)
+    for (uint32_t i = 0; ok && i < GPU_POOL_LOANS; i++) {
+        px->loans[i].k = i;
         ok = (px->loans[i].ev = gpu_event_new()) != NULL;
+    }
     if (!ok)
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
                                  gw->dev, gpu_last_error());
     /* Address space for every slot, backed as slots are first used (the first now, for the
      * probe below); a plain allocation where virtual memory management is not to be had. */
     const size_t gran = gpu_va_granularity(), want = (size_t)n_slots * slot_bytes;
-    if (gran) {
+    const struct executor_weights *ws = gw->m->w;
+    void                          *darg = NULL;
+    const struct executor_dev_ops *dops =
+        ws->ops->expert_device ? ws->ops->expert_device(ws->impl, &darg) : NULL;
+    if (dops && !getenv("SLUICE_DEVPOOL_OWN")) { /* the fetcher's device pool */
+        struct common_errmsg de = {{0}};
+        if (dops->open(darg, gw->dev, want, GPU_POOL_EVENTS, &px->dp, &de) != 0) {
+            snprintf(px->dev_why, sizeof(px->dev_why), "%.159s", de.text);
+        } else if (strcmp(px->dp.backend, gpu_backend_name()) != 0) {
+            snprintf(px->dev_why, sizeof(px->dev_why), "the fetcher's pool is %s memory",
+                     px->dp.backend);
+            dops->close(darg);
+        } else {
+            px->dev = px->dev_mem = dops;
+            px->dev_arg = darg;
+            px->d = px->dp.base;
+            px->va_chunk = px->dp.gran;
+            px->va_bytes = px->dp.bytes;
+            if (gpu_pool_back(px, 0) < 0)
+                return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: the fetcher's expert pool: %s",
+                                         gpu_backend_name(), gw->dev, gpu_last_error());
+            gw->bytes += want;
+        }
+    } else if (dops) {
+        snprintf(px->dev_why, sizeof(px->dev_why), "SLUICE_DEVPOOL_OWN is set");
+    }
+    if (gran && !px->d) {
         px->va_chunk = gran; /* the slots' bytes rounded up to it at most: within a piece of
                                 the budget */
         px->va_bytes = (want + gran - 1) / gran * gran;
@@ -855,10 +977,10 @@ static int gpu_pool_copy_part(const struct executor_gpu_weights *gw, uint32_t il
     int rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &src_slot);
     if (rc < 0)
         return executor_moe_acquire_failed(c, il, x, (int)p, rc);
-    *ln = (struct gpu_loan){.ev = ln->ev, .src_slot = src_slot, .slot = s, .on = true};
+    *ln = (struct gpu_loan){.ev = ln->ev, .k = ln->k, .src_slot = src_slot, .slot = s, .on = true};
     const size_t bytes = (size_t)xe->rows * xe->row_bytes;
-    if (gpu_copy_async((uint8_t *)xe->d + (size_t)s * px->slot_bytes, data, bytes) < 0 ||
-        gpu_event_record_copy(ln->ev) < 0)
+    if (gpu_pool_copy(px, (uint8_t *)xe->d + (size_t)s * px->slot_bytes, data, bytes) < 0 ||
+        gpu_pool_record(px, ln->k) < 0)
         return COMMON_EDEVICE;
     px->copied += bytes;
     return 0;
@@ -875,7 +997,7 @@ static int gpu_pool_fill(const struct executor_gpu_weights *gw, uint32_t il, str
     int               rc = 0;
     if (!px->n_miss)
         return 0;
-    if (gpu_copy_wait(px->ev_k) < 0)
+    if (gpu_pool_after_kernels(px) < 0)
         rc = COMMON_EDEVICE;
     for (uint32_t i = 0; i < px->n_miss && rc == 0; i++)
         if (gpu_pool_back(px, px->miss_s[i]) < 0)
@@ -885,9 +1007,9 @@ static int gpu_pool_fill(const struct executor_gpu_weights *gw, uint32_t il, str
     for (int k = 0; k < COMMON_EXPERT_PART_COUNT && rc == 0; k++) {
         for (uint32_t i = 0; i < px->n_miss && rc == 0; i++)
             rc = gpu_pool_copy_part(gw, il, px->miss_x[i], px->miss_s[i], order[k], c, torn);
-        if (rc == 0 && order[k] == COMMON_EXPERT_UP && gpu_event_record_copy(px->ev_gu) < 0)
+        if (rc == 0 && order[k] == COMMON_EXPERT_UP && gpu_pool_record(px, GPU_EV_GU) < 0)
             rc = COMMON_EDEVICE;
-        if (rc == 0 && order[k] == COMMON_EXPERT_DOWN && gpu_event_record_copy(px->ev_d) < 0)
+        if (rc == 0 && order[k] == COMMON_EXPERT_DOWN && gpu_pool_record(px, GPU_EV_D) < 0)
             rc = COMMON_EDEVICE;
     }
     if (rc == 0)
@@ -1272,14 +1394,20 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
         if (px->va_chunk)
             snprintf(vm, sizeof(vm), ", reserved and mapped in %s pieces as slots fill",
                      common_format_size(px->va_chunk, b, sizeof(b)));
+        char who[224] = ",";
+        if (px->dev)
+            snprintf(who, sizeof(who),
+                     ", in fetcher 0's device memory (%s, filled by the fetcher),", px->dp.backend);
+        else if (px->dev_why[0])
+            snprintf(who, sizeof(who), ", in this process's device memory (%s),", px->dev_why);
         snprintf(buf + at2, len - at2,
                  "; the experts in a pool of %u slots (%s of --vram-budget%s, %.1f%% of their %s; "
-                 "--expert-miss %s%s), copied in from %s%s%s%s",
+                 "--expert-miss %s%s)%s copied in from %s%s%s%s",
                  px->n_slots, common_format_size(pb, a, sizeof(a)), vm,
                  100.0 * (double)pb / (double)gw->expert_bytes,
                  common_format_size(gw->expert_bytes, b, sizeof(b)),
-                 executor_expert_miss_name(px->miss_mode), px->lfu ? ", --policy lfu" : "", from,
-                 px->pin_err[0] ? " (pinning the RAM pool failed: " : "", px->pin_err,
+                 executor_expert_miss_name(px->miss_mode), px->lfu ? ", --policy lfu" : "", who,
+                 from, px->pin_err[0] ? " (pinning the RAM pool failed: " : "", px->pin_err,
                  px->pin_err[0] ? ")" : "");
         pthread_mutex_unlock(&px->reg_mu);
     }
@@ -1313,6 +1441,9 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
         out->copy_stall_ns = stall - px->stall0_ns;
         out->copy_timed = true;
     }
+    out->fetcher_memory = px->dev_mem != NULL;
+    out->in_fetcher = px->dev != NULL;
+    out->fetcher_losses = px->dev_losses;
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);
@@ -1667,7 +1798,7 @@ struct gpu_exp_bias {
  * `out` (n rows of ne). */
 static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
                           const struct gpu_mat *up, const struct gpu_mat *down, const float *x,
-                          uint32_t n, float *out, struct gpu_event *before_down, bool add,
+                          uint32_t n, float *out, struct gpu_xpool *wait_px, bool add,
                           const float *sub_norm, const struct gpu_exp_bias *xb)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
@@ -1685,7 +1816,7 @@ static int gpu_swiglu_ffn(struct executor_gpu *g, const struct gpu_mat *gate,
         return -1;
     if (sub_norm && gpu_rmsnorm(g->ga, nf, g->ga, nf, sub_norm, n, nf, hp->rms_eps) < 0)
         return -1;
-    if (before_down && gpu_stream_wait(before_down) < 0)
+    if (wait_px && gpu_pool_wait(wait_px, GPU_EV_D, false) < 0)
         return -1;
     if ((add ? gpu_mm_add(g, down, g->ga, nf, n, out, ne)
              : gpu_mm_mat(g, down, g->ga, nf, n, out, ne)) < 0)
@@ -1712,8 +1843,19 @@ static int gpu_pool_round_end(const struct executor_gpu_weights *gw, uint32_t tr
 {
     struct gpu_xpool *px = gw->pool;
     *again = false;
-    if (gpu_event_record_kernels(px->ev_k) < 0 || gpu_loans_end(px, gw->m->w, &torn) < 0)
+    if (gpu_event_record_kernels(px->ev_k) < 0 ||
+        (px->dev && gpu_event_record_kernels_shared(px->dp.kev) < 0) ||
+        gpu_loans_end(px, gw->m->w, &torn) < 0)
         return -1;
+    if (px->lost) { /* the fetcher went away: what it copied this round may be missing */
+        px->lost = false;
+        torn = true;
+        for (uint32_t sl = 0; sl < px->n_slots; sl++) {
+            if (px->owner[sl] != UINT32_MAX)
+                px->slot_of[px->owner[sl]] = -1;
+            px->owner[sl] = UINT32_MAX;
+        }
+    }
     if (!torn)
         return 0;
     px->redone++;
@@ -1974,9 +2116,9 @@ static int gpu_moe_grouped(struct executor_gpu *g, uint32_t il, uint32_t n, stru
             g->mv_only = !g->mm_only && gpu_q8_experts(gl, ne);
             const bool bad =
                 gpu_gather_rows(g->gx, ne, g->xn, ne, g->rows + g->h_start[x], cnt, ne) < 0 ||
-                (miss && gpu_stream_wait(px->ev_gu) < 0) ||
-                gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp,
-                               miss ? px->ev_d : NULL, false, NULL, &xb) < 0 ||
+                (miss && gpu_pool_wait(px, GPU_EV_GU, false) < 0) ||
+                gpu_swiglu_ffn(g, &ge, &ue, &de, g->gx, (uint32_t)cnt, g->tmp, miss ? px : NULL,
+                               false, NULL, &xb) < 0 ||
                 gpu_scatter_rows(g->moe_y, ne, g->tmp, ne, g->items + g->h_start[x], cnt, ne) < 0;
             g->mv_only = false;
             g->mm_only = false;
@@ -2022,8 +2164,7 @@ static int gpu_experts_mv(struct executor_gpu *g, const struct gpu_experts *xe, 
 }
 
 static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, const int32_t *ids,
-                         uint32_t t0, uint32_t t1, struct gpu_event *before_gu,
-                         struct gpu_event *before_down)
+                         uint32_t t0, uint32_t t1, struct gpu_xpool *wait_px)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const uint32_t               K = hp->n_expert_used;
@@ -2042,7 +2183,7 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
                      xg->rows == xu->rows && xg->cols == xu->cols;
     const void *q8 = NULL;
     if (executor_vec_dot_type(xu->type) != executor_vec_dot_type(xg->type) ||
-        (before_gu && gpu_stream_wait(before_gu) < 0))
+        (wait_px && gpu_pool_wait(wait_px, GPU_EV_GU, false) < 0))
         return -1;
     if (glu ? !(q8 = gpu_q8_for(g, xg->type, xa, ne, t1 - t0, ne)) ||
                   gpu_matvec_ids_glu_q8(xg->type, xg->d, xu->d, xg->bytes, xg->row_bytes, xg->rows,
@@ -2053,7 +2194,7 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
                   gpu_moe_act(g, gl, ga, up, items, nf, g->sel + i0) < 0)
         return -1;
     /* the biases by the items' experts (g->sel), not by ids (slots, in the pool) */
-    if ((before_down && gpu_stream_wait(before_down) < 0) ||
+    if ((wait_px && gpu_pool_wait(wait_px, GPU_EV_D, false) < 0) ||
         gpu_experts_mv(g, xd, ids + i0, items, ga, nf, nf, (uint32_t)items, 1,
                        g->moe_y + i0 * (size_t)ne, ne, false) < 0 ||
         gpu_moe_down_bias(g, gl, g->moe_y + i0 * (size_t)ne, items, g->sel + i0) < 0)
@@ -2199,8 +2340,7 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
             return rc == -1 ? -1 : 0;
         if (stand_in >= 0 &&
             (gpu_upload(g->items + i0, g->h_items + i0, (i1 - i0) * sizeof(int32_t)) < 0 ||
-             gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px->ev_gu : NULL,
-                           miss ? px->ev_d : NULL) < 0))
+             gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px : NULL) < 0))
             return -1;
         const int cpu =
             on_cpu ? gpu_moe_cpu_round(g, il, bytes, n, t0, t1, c, &have_xn, cpu_rc) : 0;
@@ -2252,7 +2392,7 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         return -1;
     if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
-        if (gpu_moe_items(g, gl, g->sel, 0, n, NULL, NULL) < 0)
+        if (gpu_moe_items(g, gl, g->sel, 0, n, NULL) < 0)
             return -1;
     } else if (!gl->pooled && gpu_tiles_experts(g, gl, ne)) {
         if (gpu_moe_tiles(g, il, n) < 0)

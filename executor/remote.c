@@ -570,6 +570,7 @@ void executor_remote_source(struct executor_remote *r, struct executor_expert_so
                                            .token_begin = remote_token_begin,
                                            .error = remote_error,
                                            .regions = remote_regions,
+                                           .dev = &executor_remote_dev_ops,
                                            .arg = r};
 }
 
@@ -665,6 +666,7 @@ void executor_remote_destroy(struct executor_remote *r)
         if (L->thread_started)
             pthread_join(L->thread, NULL);
     }
+    executor_remote_dev_free(r); /* if the device's pool did not close it */
     for (uint32_t i = 0; i < r->n_links; i++) {
         struct remote_link *L = &r->links[i];
         while (L->waits) { /* only prefetch entries are left */

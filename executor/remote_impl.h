@@ -159,6 +159,8 @@ struct executor_remote {
     struct executor_region_hooks hooks;     /* .add NULL = none */
     uint32_t                     hooks_gen; /* bumped by each new set of hooks */
 
+    struct remote_dev *dev; /* owned: fetcher 0's device pool (remote_dev.c); NULL = none */
+
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */
     uint32_t            n_cap;
@@ -211,5 +213,12 @@ int executor_remote_push_quiet(struct remote_link *L, const struct proto_fetch_r
 /* The link's watcher: relinks, checks a silent fetcher, and collects replies nobody is polling
  * for (waiters pop their own replies: the fetcher's push wakes the waiting thread directly). */
 void *executor_remote_reader(void *arg);
+
+/* ---- the fetcher's device pool (remote_dev.c) --------------------------------------------- */
+
+/* Its operations for the device's expert pool (arg: the struct executor_remote). */
+extern const struct executor_dev_ops executor_remote_dev_ops;
+/* Frees what remains of it (after the links' threads stopped). */
+void executor_remote_dev_free(struct executor_remote *r);
 
 #endif /* EXECUTOR_REMOTE_IMPL_H */

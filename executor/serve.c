@@ -491,6 +491,9 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
         proto_stats_add(r, "gpu_pool.pinned_regions", (double)gp->pinned_regions);
         proto_stats_add(r, "gpu_pool.pin_adds", (double)gp->pin_adds);
         proto_stats_add(r, "gpu_pool.pin_removes", (double)gp->pin_removes);
+        proto_stats_add(r, "gpu_pool.in_fetcher", gp->in_fetcher);
+        proto_stats_add(r, "gpu_pool.fetcher_memory", gp->fetcher_memory);
+        proto_stats_add(r, "gpu_pool.fetcher_losses", (double)gp->fetcher_losses);
     }
     pthread_mutex_unlock(&s->mu);
     proto_stats_add(r, "sequences", (double)s->n_seq);

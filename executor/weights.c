@@ -527,6 +527,13 @@ static void weights_stream_expert_error(void *impl, uint32_t layer, uint32_t exp
         w->src.error(w->src.arg, layer, expert, out);
 }
 
+static const struct executor_dev_ops *weights_stream_expert_device(void *impl, void **arg)
+{
+    struct weights_stream *w = impl;
+    *arg = w->src.arg;
+    return w->src.dev;
+}
+
 static void weights_stream_expert_regions(void *impl, const struct executor_region_hooks *h)
 {
     struct weights_stream *w = impl;
@@ -544,6 +551,7 @@ static const struct executor_weight_ops weights_stream_ops = {
     .token_begin = weights_stream_token_begin,
     .expert_error = weights_stream_expert_error,
     .expert_regions = weights_stream_expert_regions,
+    .expert_device = weights_stream_expert_device,
 };
 
 int executor_weights_stream_create(const struct common_model           *m,

@@ -424,6 +424,8 @@ struct fetcher_serve_opts {
     const char          *trace_out;    /* borrowed: trace JSON written at stop; NULL = none */
     FILE                *summary_out;  /* borrowed: trace summary printed at stop; NULL = none */
     bool                 no_pidfile;   /* do not write RUN_DIR/fetcher-I.pid (tests) */
+    uint64_t vram_budget; /* > 0: serve a device expert pool of at most this many bytes to the
+                             executor (RUN_DIR/fetcher-I.dev; fetcher/devpool.h) */
 };
 
 /* A running fetcher service. Opaque. */

@@ -350,6 +350,10 @@ static bool link_req_valid(const struct fetcher_link_host *h, const struct proto
         return true;
     case PROTO_FETCH_DEVICE_LAYERS:
         return r->layer <= h->n_layer;
+    case PROTO_FETCH_DEV_COPY:
+    case PROTO_FETCH_DEV_MARK:
+    case PROTO_FETCH_DEV_WAIT:
+        return h->dev_record != NULL; /* the pool checks the rest */
     default:
         return false;
     }
@@ -414,6 +418,11 @@ static void link_handle(struct fetcher_link *l, const struct proto_fetch_req *r)
     case PROTO_FETCH_DEVICE_LAYERS:
         if (h->device_layers)
             h->device_layers(h->device_layers_arg, r->layer);
+        break;
+    case PROTO_FETCH_DEV_COPY:
+    case PROTO_FETCH_DEV_MARK:
+    case PROTO_FETCH_DEV_WAIT:
+        h->dev_record(h->dev_record_arg, r);
         break;
     default:
         break;

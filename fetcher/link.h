@@ -28,6 +28,10 @@ struct fetcher_link_host {
      * reader thread, without *mu. */
     void (*device_layers)(void *arg, uint32_t n);
     void *device_layers_arg;
+    /* DEV_COPY, DEV_MARK, DEV_WAIT (the device pool's records): on the reader thread, without
+     * *mu. NULL: counted as bad records. */
+    void (*dev_record)(void *arg, const struct proto_fetch_req *r);
+    void *dev_record_arg;
 };
 
 /* One executor's ring pair and the loans it holds. Shared: the service holds one reference,

@@ -73,6 +73,13 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .min = 1,
          .help = "memory of the whole system (all daemons), e.g. 8G; this fetcher's pool is 1/N "
                  "of the plan's pool"},
+        {.name = "vram-budget",
+         .type = COMMON_OPT_SIZE,
+         .target = &o->vram_budget,
+         .min = 1,
+         .help = "serve the executor a device expert pool of at most this much device memory "
+                 "(e.g. 10G): the fetcher makes it and copies experts into it from its RAM pool "
+                 "(the executor's --vram-budget sizes it)"},
         {.name = "pool-slots",
          .type = COMMON_OPT_U32,
          .target = &o->n_slots,

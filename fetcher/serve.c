@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "devpool.h"
 #include "link.h"
 #include "proto.h"
 
@@ -45,6 +46,8 @@ struct fetcher_server {
     uint64_t       pool_bytes;           /* its length */
     char           name[PROTO_MAX_NAME]; /* "fetcher-I" */
     char           pool_path[SERVE_PATH_MAX]; /* RUN_DIR/fetcher-I.pool */
+    char           dev_path[SERVE_PATH_MAX];  /* RUN_DIR/fetcher-I.dev (--vram-budget) */
+    struct fetcher_devpool     *devpool;      /* owned: NULL without --vram-budget */
     struct proto_service       *svc;          /* owned: control socket, pid file */
     int                         pool_listen;  /* owned: -1 when not listening */
     pthread_t                   pool_thread;  /* hands the pool fd */
@@ -163,6 +166,17 @@ static int serve_path(char *buf, size_t len, const char *dir, const char *name, 
     return n > 0 && (size_t)n < len ? COMMON_OK : COMMON_EINVAL;
 }
 
+/* A device record of the link's ring: the device pool's, counted as bad without one. */
+static void serve_dev_record(void *arg, const struct proto_fetch_req *r)
+{
+    struct fetcher_server *s = arg;
+    if (!s->devpool || fetcher_devpool_record(s->devpool, r) != COMMON_OK) {
+        pthread_mutex_lock(&s->mu);
+        s->c.bad_records++;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 /* ---- pool descriptor socket --------------------------------------------------------------- */
 
 static void *pool_thread(void *arg)
@@ -246,6 +260,20 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
     proto_stats_add(st, "serve.links_dropped", (double)c.links_dropped);
     proto_stats_add(st, "serve.link_pins", (double)c.link_pins);
     proto_stats_add(st, "serve.pool_fds_sent", (double)c.pool_fds_sent);
+    if (s->devpool) {
+        struct fetcher_devpool_counts dc;
+        fetcher_devpool_counts(s->devpool, &dc);
+        proto_stats_add(st, "devpool.open", dc.open);
+        proto_stats_add(st, "devpool.opens", (double)dc.opens);
+        proto_stats_add(st, "devpool.refused", (double)dc.refused);
+        proto_stats_add(st, "devpool.bytes", (double)dc.bytes);
+        proto_stats_add(st, "devpool.pieces", (double)dc.pieces);
+        proto_stats_add(st, "devpool.copies", (double)dc.copies);
+        proto_stats_add(st, "devpool.copied_bytes", (double)dc.copied_bytes);
+        proto_stats_add(st, "devpool.marks", (double)dc.marks);
+        proto_stats_add(st, "devpool.waits", (double)dc.waits);
+        proto_stats_add(st, "devpool.bad", (double)dc.bad);
+    }
 }
 
 static void ctl_health(void *arg, struct proto_health_reply *h)
@@ -569,7 +597,9 @@ static int serve_open_fetcher(struct fetcher_server *s, struct common_errmsg *e)
                                          .mu = &s->mu,
                                          .c = &s->c,
                                          .device_layers = serve_device_layers,
-                                         .device_layers_arg = s};
+                                         .device_layers_arg = s,
+                                         .dev_record = serve_dev_record,
+                                         .dev_record_arg = s};
     s->device_layers_seen = o->n_device_layers;
     return COMMON_OK;
 }
@@ -656,6 +686,15 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         goto out_stop;
     }
     s->pool_started = true;
+    if (o->vram_budget) {
+        if (serve_path(s->dev_path, sizeof(s->dev_path), s->run_dir, "fetcher", s->shard, ".dev")) {
+            rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
+            goto out_stop;
+        }
+        if ((rc = fetcher_devpool_start(s->dev_path, o->vram_budget, s->pool_base, s->pool_bytes,
+                                        &s->devpool, e)) != COMMON_OK)
+            goto out_stop;
+    }
     struct proto_service_opts so = {.run_dir = s->run_dir,
                                     .name = s->name,
                                     .role = PROTO_ROLE_FETCHER,
@@ -703,6 +742,8 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
         pthread_mutex_unlock(&s->mu);
         fetcher_link_drop(l); /* ACQUIREs still waiting are answered by fetcher_destroy() */
     }
+    fetcher_devpool_stop(s->devpool); /* after the link: no record reaches it any more */
+    s->devpool = NULL;
     if (s->pool_started)
         pthread_join(s->pool_thread, NULL);
     s->pool_started = false;

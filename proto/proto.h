@@ -308,6 +308,14 @@ enum proto_fetch_op {
                                       drops its device. A fetcher whose --ram-budget plan left more
                                       layers' KV out shrinks its pool to the plan with that many;
                                       no reply */
+    /* The fetcher's device expert pool (opened over "fetcher-<i>.dev", below); no replies: */
+    PROTO_FETCH_DEV_COPY = 7, /* queue a copy of `bytes` from pool-segment offset `src` to device-
+                                 pool offset `dst` on the fetcher's copy stream (the executor holds
+                                 the loan on the source until a later mark is done) */
+    PROTO_FETCH_DEV_MARK = 8, /* record the pool's event `tag` after the copies so far, then publish
+                                 `loan` as the marks' sequence in the pool's control page */
+    PROTO_FETCH_DEV_WAIT = 9, /* the copies queued next wait for the executor's kernels event (it
+                                 recorded it before pushing this) */
 };
 
 /* Priority of a HINT (the fetcher's request classes, most urgent first: the same values as its
@@ -326,8 +334,52 @@ struct proto_fetch_req {
     uint32_t expert; /* ACQUIRE, HINT, USE: the model's expert id (not shard-relative) */
     uint32_t part;   /* ACQUIRE: enum common_expert_part; USE: a mask of parts */
     uint32_t prio;   /* HINT: enum proto_fetch_prio */
-    uint32_t loan;   /* RELEASE */
+    uint32_t loan;   /* RELEASE; DEV_MARK: the mark's sequence number */
+    uint32_t bytes;  /* DEV_COPY */
+    uint64_t src;    /* DEV_COPY: offset in the pool segment */
+    uint64_t dst;    /* DEV_COPY: offset in the device pool */
+};
+
+/* ---- the fetcher's device pool ("fetcher-<i>.dev") ----------------------------------------- *
+ * A fetcher started with --vram-budget listens on the Unix socket "fetcher-<i>.dev" in the run
+ * directory. One executor at a time connects and keeps the connection for the pool's life; every
+ * message either way is a common_devmem_handle (common_devmem_handle_send) whose tag says what it
+ * is. The executor sends OPEN (blob: struct proto_devpool_open); the fetcher opens its device,
+ * reserves the bytes asked (within its budget) and answers GRANTED (blob: struct
+ * proto_devpool_granted) then CTL (fd: the control page, a memfd of PROTO_DEVPOOL_CTL_BYTES whose
+ * first 32-bit word is the last mark's sequence, a futex) then n_events EVENT handles, or ERROR
+ * (blob: the reason, text). The executor then sends KEVENT (its kernels' event, exported). Then,
+ * any number of times, PIECE (blob: uint32_t piece index): the fetcher makes piece k of the pool
+ * (granularity bytes at offset k * granularity), maps it and answers PIECE with its handle, or
+ * ERROR. Records DEV_COPY, DEV_MARK and DEV_WAIT on the link's ring act on the pool. When the
+ * connection closes the fetcher drops the pool (the executor's imports keep their memory). */
+
+enum proto_devpool_tag {
+    PROTO_DEVPOOL_OPEN = 1,
+    PROTO_DEVPOOL_GRANTED = 2,
+    PROTO_DEVPOOL_CTL = 3,
+    PROTO_DEVPOOL_EVENT = 4,
+    PROTO_DEVPOOL_KEVENT = 5,
+    PROTO_DEVPOOL_PIECE = 6,
+    PROTO_DEVPOOL_ERROR = 7,
+};
+
+#define PROTO_DEVPOOL_MAGIC      0x53445650u /* "SDVP" */
+#define PROTO_DEVPOOL_MAX_EVENTS 16u
+#define PROTO_DEVPOOL_CTL_BYTES  4096u
+
+struct proto_devpool_open {
+    uint32_t magic;    /* PROTO_DEVPOOL_MAGIC */
+    int32_t  device;   /* the executor's device index */
+    uint64_t bytes;    /* address space wanted (the executor's slots' bytes) */
+    uint32_t n_events; /* events the fetcher records (1..PROTO_DEVPOOL_MAX_EVENTS) */
     uint32_t pad;
+};
+
+struct proto_devpool_granted {
+    uint64_t bytes;       /* reserved: `bytes` rounded up to the granularity */
+    uint64_t granularity; /* piece size */
+    char     backend[8];  /* "HOST" or "CUDA", NUL-terminated */
 };
 
 struct proto_fetch_rep {

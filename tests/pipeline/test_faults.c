@@ -499,12 +499,13 @@ Test(pipeline_faults, concurrent_clients_on_the_host_device_equal_one_process, .
 /* kill -9 of `victim` mid-generation of n tokens of `model` by daemons started with `up_args`
  * (NULL: two fetchers): the text is one process's with `sampling` and `run_args`. */
 static void check_kill_midway_of(const char *victim, const char *sampling, char *dir, char *model,
-                                 int n, const char *up_args, const char *run_args)
+                                 int n, uint32_t n_fetchers, const char *up_args,
+                                 const char *run_args)
 {
     char how[512];
     snprintf(how, sizeof(how), "%s %s", sampling, run_args ? run_args : "");
     char *want = one_process(model, n, how);
-    up(dir, model, 2, up_args);
+    up(dir, model, n_fetchers, up_args);
 
     struct gen  g = gen_start(dir, n, sampling);
     static char buf[1 << 16];
@@ -514,7 +515,23 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
     cr_assert_eq(kill(pid, SIGKILL), 0);
     int st = gen_finish(&g, buf, sizeof(buf), have, 240);
     wait_restarted(dir, victim, pid, 30);
-    if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher")) {
+    if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher") &&
+        n_fetchers == 1) {
+        /* The device pool was the fetcher's (sluicectl gives fetcher 0 the --vram-budget too):
+         * its memory stays mapped in the executor, which copies into it itself since. */
+        char cmd[1024];
+        int  sst = 0;
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice ctl --run-dir %s --daemon executor stats | grep 'gpu_pool\\.[fi]'", BIN,
+                 dir);
+        char *stats = sh(cmd, &sst);
+        cr_expect(strstr(stats, "gpu_pool.fetcher_memory  1") &&
+                      strstr(stats, "gpu_pool.in_fetcher      0") &&
+                      strstr(stats, "gpu_pool.fetcher_losses  1"),
+                  "want the fetcher's pool, lost once:\n%s", stats);
+        cr_log_info("executor after the restart: %s", stats);
+        free(stats);
+    } else if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher")) {
         /* The executor registers each fetcher's pool with the device as pinned memory: the
          * restarted fetcher's new pool too, the dead one's unregistered before it is unmapped
          * (the host backend refuses a registration that overlaps one, as CUDA does). */
@@ -547,7 +564,7 @@ static void check_kill_midway(const char *victim, const char *sampling)
 {
     skip_without_daemons();
     char *dir = fixture_tmpdir();
-    check_kill_midway_of(victim, sampling, dir, slow_model(dir), 300, NULL, NULL);
+    check_kill_midway_of(victim, sampling, dir, slow_model(dir), 300, 2, NULL, NULL);
 }
 
 /* The same on the device (the host backend): every layer there, the experts in a device pool of
@@ -560,8 +577,25 @@ Test(pipeline_faults, kill_fetcher_midway_with_a_device_pool_same_tokens, .timeo
     FIXTURE_OR_SKIP(model, TINY_MODEL);
     char *dir = fixture_tmpdir();
     cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200,
+    check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200, 2,
                          "--ram-budget 40M --executor-args '-ngl 999 --vram-budget 640K'",
+                         "-ngl 999 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+}
+
+/* The same with the device pool in the fetcher (one fetcher, given --vram-budget by sluicectl):
+ * the fetcher that made the pool's memory and copied the experts in is killed mid-copy; the
+ * executor keeps the memory mapped, copies into it itself from then on (the round the fetcher
+ * may have left half done is done again), and the text is one process's on the same device. */
+Test(pipeline_faults, kill_the_fetcher_that_owns_the_device_pool_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    check_kill_midway_of("fetcher-0", "--temp 0", dir, model, 200, 1,
+                         "--ram-budget 40M -ngl 999 --vram-budget 640K",
                          "-ngl 999 --vram-budget 640K");
     cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
 }

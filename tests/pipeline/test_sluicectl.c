@@ -832,6 +832,33 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
                   "%s", stats);
         free(stats);
     }
+    if (host && strstr(extra, "--vram-budget") && !strstr(extra, "--fetcher-args")) {
+        /* The pool is fetcher 0's device memory (sluicectl gives it the --vram-budget too): the
+         * fetcher copied every expert in (three parts each), recorded the marks and waited for
+         * the kernels, and refused no record; the executor's pool is in it. */
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 stats | grep -E "
+                 "'^(devpool|serve\\.bad)'; %s/sluice ctl --run-dir '%s' --daemon executor stats "
+                 "| grep -E 'gpu_pool\\.(copied|in_fetcher) '",
+                 BIN, run_dir, BIN, run_dir);
+        char              *stats = sh(cmd, &st);
+        unsigned long long copies = 0, marks = 0, waits = 0, bad = 1, copied = 0, in = 0;
+        const char        *c = strstr(stats, "devpool.copies"), *m = strstr(stats, "devpool.marks"),
+                   *w = strstr(stats, "devpool.waits"), *b = strstr(stats, "serve.bad_records"),
+                   *x = strstr(stats, "gpu_pool.copied "),
+                   *i = strstr(stats, "gpu_pool.in_fetcher");
+        cr_expect(c && m && w && b && x && i && sscanf(c, "devpool.copies %llu", &copies) == 1 &&
+                      sscanf(m, "devpool.marks %llu", &marks) == 1 &&
+                      sscanf(w, "devpool.waits %llu", &waits) == 1 &&
+                      sscanf(b, "serve.bad_records %llu", &bad) == 1 &&
+                      sscanf(x, "gpu_pool.copied %llu", &copied) == 1 &&
+                      sscanf(i, "gpu_pool.in_fetcher %llu", &in) == 1,
+                  "%s", stats);
+        cr_expect(in == 1 && copied > 0 && copies == 3 * copied && marks > 0 && waits > 0 &&
+                      bad == 0,
+                  "the fetcher's device pool: %s", stats);
+        free(stats);
+    }
     sluicectl_down(run_dir);
     if (host)
         cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
@@ -864,8 +891,21 @@ Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_pr
      .timeout = 300, .fini = stop_leftovers)
 {
     check_ngl_daemons(true, "--vram-budget 324K --ram-budget 37M --policy lfu",
-                      "gpu: HOST0.*the experts in a pool of 3 slots.*--policy lfu\\), copied in "
-                      "from the RAM pool, pinned");
+                      "gpu: HOST0.*the experts in a pool of 3 slots.*--policy lfu\\), in fetcher "
+                      "0.s device memory \\(HOST, filled by the fetcher\\), copied in from the "
+                      "RAM pool, pinned");
+}
+
+/* A fetcher whose own --vram-budget is below the executor's pool refuses it: the executor says
+ * why and makes the pool in its own device memory; the text is the same. */
+Test(pipeline_sluicectl, a_fetcher_refuses_a_device_pool_over_its_budget, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons(true,
+                      "--vram-budget 324K --ram-budget 37M --fetcher-args '--vram-budget 100K'",
+                      "the experts in a pool of 3 slots .*, in this process.s device memory "
+                      "\\(fetcher 0 refused the pool: asks 331776 bytes, --vram-budget "
+                      "102400\\), copied in from the RAM pool, pinned");
 }
 
 /* The pool slots of fetcher-0's plan, from its log ("pool N slots"); 0 when absent. */

@@ -1,0 +1,417 @@
+/* fetcher/devpool.c - the fetcher's device expert pool: memory and events made with
+ * common_devmem, handed to the executor over a Unix socket, filled from the RAM pool on the
+ * fetcher's copy stream as the executor's ring records ask. */
+#include "devpool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define DEVPOOL_POLL_MS 200 /* socket waits: how soon stop shows */
+
+struct fetcher_devpool {
+    char           *path;      /* owned: the socket file */
+    int             listen_fd; /* owned */
+    pthread_t       thread;
+    bool            started;
+    _Atomic bool    stop;
+    uint64_t        budget;
+    const uint8_t  *ram; /* borrowed: the RAM pool's mapping */
+    uint64_t        ram_bytes;
+    pthread_mutex_t mu; /* everything below */
+    /* The open pool (open: every field valid). */
+    bool                          open;
+    uint8_t                      *base; /* reserved: bytes */
+    uint64_t                      bytes, gran;
+    uint32_t                      n_pieces; /* bytes / gran */
+    struct common_devmem_piece  **pieces;   /* owned: n_pieces entries, NULL = not made */
+    struct common_devmem_event   *ev[PROTO_DEVPOOL_MAX_EVENTS];
+    uint32_t                      n_events;
+    struct common_devmem_event   *kev;      /* imported: the executor's kernels */
+    void                         *ctl_page; /* mapped control page */
+    _Atomic uint32_t             *ctl;      /* its first word: the last mark's sequence */
+    int                           dev;      /* the device opened (-1: none yet) */
+    struct fetcher_devpool_counts c;
+};
+
+/* ---- the pool ----------------------------------------------------------------------------- */
+
+/* Drops the open pool once its queued copies are done. mu held. */
+static void devpool_drop_locked(struct fetcher_devpool *d)
+{
+    if (!d->open && !d->base && !d->pieces)
+        return;
+    d->open = false;
+    if (d->n_events && d->ev[0] && common_devmem_event_record(d->ev[0], NULL) == 0)
+        (void)common_devmem_event_sync(d->ev[0], NULL);
+    for (uint32_t k = 0; d->pieces && k < d->n_pieces; k++)
+        common_devmem_piece_destroy(d->pieces[k]);
+    free(d->pieces);
+    d->pieces = NULL;
+    if (d->base)
+        common_devmem_unreserve(d->base, d->bytes);
+    d->base = NULL;
+    for (uint32_t k = 0; k < d->n_events; k++)
+        common_devmem_event_destroy(d->ev[k]);
+    memset(d->ev, 0, sizeof(d->ev));
+    d->n_events = 0;
+    common_devmem_event_destroy(d->kev);
+    d->kev = NULL;
+    if (d->ctl_page)
+        munmap(d->ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    d->ctl_page = NULL;
+    d->ctl = NULL;
+    d->c.bytes = 0;
+}
+
+static int devpool_send_error(int sock, const char *text)
+{
+    struct common_devmem_handle h = {.fd = -1};
+    size_t                      n = strlen(text);
+    n = n < COMMON_DEVMEM_BLOB - 1 ? n : COMMON_DEVMEM_BLOB - 1;
+    memcpy(h.blob, text, n);
+    h.len = (uint32_t)n + 1;
+    return common_devmem_handle_send(sock, &h, PROTO_DEVPOOL_ERROR);
+}
+
+/* Receives one message, waiting while the service runs. COMMON_ECLOSED when it stops. */
+static int devpool_recv(struct fetcher_devpool *d, int sock, struct common_devmem_handle *h,
+                        uint64_t *tag)
+{
+    for (;;) {
+        if (atomic_load_explicit(&d->stop, memory_order_relaxed))
+            return COMMON_ECLOSED;
+        int rc = common_devmem_handle_recv(sock, h, tag, DEVPOOL_POLL_MS);
+        if (rc != COMMON_ETIMEDOUT)
+            return rc;
+    }
+}
+
+/* Makes the pool an OPEN asks for and sends its handles. 0, or a negative common_err (the
+ * reason sent as ERROR where the connection still works). */
+static int devpool_open(struct fetcher_devpool *d, int sock, const struct common_devmem_handle *h)
+{
+    struct common_errmsg      e = {{0}};
+    struct proto_devpool_open o;
+    if (h->len != sizeof(o)) {
+        (void)devpool_send_error(sock, "OPEN: a malformed message");
+        return COMMON_EPROTO;
+    }
+    memcpy(&o, h->blob, sizeof(o));
+    if (o.magic != PROTO_DEVPOOL_MAGIC || o.bytes == 0 || o.n_events == 0 ||
+        o.n_events > PROTO_DEVPOOL_MAX_EVENTS || o.device < 0) {
+        (void)devpool_send_error(sock, "OPEN: bad fields");
+        return COMMON_EPROTO;
+    }
+    pthread_mutex_lock(&d->mu);
+    int rc = d->dev < 0 || d->dev == o.device ? common_devmem_open(o.device, &e) : COMMON_EINVAL;
+    if (rc == COMMON_EINVAL && !e.text[0])
+        snprintf(e.text, sizeof(e.text), "this fetcher serves device %d", d->dev);
+    if (rc == 0)
+        d->dev = o.device;
+    const uint64_t gran = rc == 0 ? common_devmem_granularity() : 0;
+    const uint64_t want = gran ? (o.bytes + gran - 1) / gran * gran : 0;
+    if (rc == 0 && o.bytes > d->budget) { /* mapped: rounded up to a piece */
+        snprintf(e.text, sizeof(e.text), "asks %llu bytes, --vram-budget %llu",
+                 (unsigned long long)o.bytes, (unsigned long long)d->budget);
+        rc = COMMON_ERANGE;
+    }
+    if (rc == 0) {
+        d->gran = gran;
+        d->bytes = want;
+        d->n_pieces = (uint32_t)(want / gran);
+        d->pieces = calloc(d->n_pieces, sizeof(*d->pieces));
+        d->base = d->pieces ? common_devmem_reserve(want, &e) : NULL;
+        rc = d->base ? 0 : d->pieces ? COMMON_EDEVICE : COMMON_ENOMEM;
+    }
+    for (uint32_t k = 0; rc == 0 && k < o.n_events; k++, d->n_events++)
+        rc = common_devmem_event_create(&d->ev[k], &e);
+    int ctl_fd = -1;
+    if (rc == 0) {
+        ctl_fd = memfd_create("sluice-devpool-ctl", MFD_CLOEXEC);
+        void *p = MAP_FAILED;
+        if (ctl_fd >= 0 && ftruncate(ctl_fd, PROTO_DEVPOOL_CTL_BYTES) == 0)
+            p = mmap(NULL, PROTO_DEVPOOL_CTL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ctl_fd, 0);
+        if (p == MAP_FAILED) {
+            snprintf(e.text, sizeof(e.text), "control page: %s", strerror(errno));
+            rc = COMMON_EIO;
+        } else {
+            d->ctl_page = p;
+            d->ctl = p;
+        }
+    }
+    if (rc != 0) {
+        devpool_drop_locked(d);
+        d->c.refused++;
+        pthread_mutex_unlock(&d->mu);
+        if (ctl_fd >= 0)
+            close(ctl_fd);
+        (void)devpool_send_error(sock, e.text[0] ? e.text : common_strerror(rc));
+        return rc;
+    }
+    struct proto_devpool_granted g = {.bytes = want, .granularity = gran};
+    snprintf(g.backend, sizeof(g.backend), "%s", common_devmem_backend());
+    struct common_devmem_handle out = {.fd = -1, .len = sizeof(g)};
+    memcpy(out.blob, &g, sizeof(g));
+    rc = common_devmem_handle_send(sock, &out, PROTO_DEVPOOL_GRANTED);
+    out = (struct common_devmem_handle){.fd = ctl_fd};
+    if (rc == 0)
+        rc = common_devmem_handle_send(sock, &out, PROTO_DEVPOOL_CTL);
+    close(ctl_fd);
+    for (uint32_t k = 0; rc == 0 && k < d->n_events; k++) {
+        if ((rc = common_devmem_event_export(d->ev[k], &out, NULL)) != 0)
+            break;
+        rc = common_devmem_handle_send(sock, &out, PROTO_DEVPOOL_EVENT);
+        if (out.fd >= 0)
+            close(out.fd);
+    }
+    if (rc != 0)
+        devpool_drop_locked(d);
+    pthread_mutex_unlock(&d->mu);
+    if (rc != 0)
+        return rc;
+    /* The executor's kernels' event. */
+    struct common_devmem_handle kh;
+    uint64_t                    tag = 0;
+    if ((rc = devpool_recv(d, sock, &kh, &tag)) != 0)
+        return rc;
+    pthread_mutex_lock(&d->mu);
+    if (tag != PROTO_DEVPOOL_KEVENT) {
+        if (kh.fd >= 0)
+            close(kh.fd);
+        rc = COMMON_EPROTO;
+    } else {
+        rc = common_devmem_event_import(&kh, &d->kev, &e);
+    }
+    if (rc == 0) {
+        d->open = true;
+        d->c.opens++;
+    } else {
+        devpool_drop_locked(d);
+        d->c.refused++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (rc != 0)
+        (void)devpool_send_error(sock, e.text[0] ? e.text : "KEVENT: expected the kernels' event");
+    return rc;
+}
+
+/* Makes, maps and hands over piece k. 0, or a negative common_err (ERROR sent). */
+static int devpool_piece(struct fetcher_devpool *d, int sock, const struct common_devmem_handle *h)
+{
+    struct common_errmsg        e = {{0}};
+    struct common_devmem_handle out = {.fd = -1};
+    uint32_t                    k = UINT32_MAX;
+    if (h->len == sizeof(k))
+        memcpy(&k, h->blob, sizeof(k));
+    pthread_mutex_lock(&d->mu);
+    int rc = d->open && k < d->n_pieces ? 0 : COMMON_EINVAL;
+    if (rc == 0 && !d->pieces[k]) {
+        struct common_devmem_piece *p = NULL;
+        rc = common_devmem_piece_create(d->gran, &p, &e);
+        if (rc == 0 && (rc = common_devmem_piece_map(p, d->base + (size_t)k * d->gran, &e)) != 0)
+            common_devmem_piece_destroy(p);
+        if (rc == 0) {
+            d->pieces[k] = p;
+            d->c.bytes += d->gran;
+        }
+    }
+    if (rc == 0)
+        rc = common_devmem_piece_export(d->pieces[k], &out, &e);
+    if (rc == 0)
+        d->c.pieces++;
+    pthread_mutex_unlock(&d->mu);
+    if (rc != 0)
+        return devpool_send_error(sock, e.text[0] ? e.text : "PIECE: no such piece"), rc;
+    rc = common_devmem_handle_send(sock, &out, PROTO_DEVPOOL_PIECE);
+    close(out.fd);
+    return rc;
+}
+
+/* One executor's connection: OPEN, then PIECEs, until it closes or the service stops. */
+static void devpool_serve(struct fetcher_devpool *d, int sock)
+{
+    struct common_devmem_handle h;
+    uint64_t                    tag = 0;
+    if (devpool_recv(d, sock, &h, &tag) != 0)
+        return;
+    if (h.fd >= 0) /* neither OPEN nor PIECE carries one */
+        close(h.fd);
+    h.fd = -1;
+    if (tag != PROTO_DEVPOOL_OPEN) {
+        pthread_mutex_lock(&d->mu);
+        d->c.refused++;
+        pthread_mutex_unlock(&d->mu);
+        (void)devpool_send_error(sock, "expected OPEN");
+        return;
+    }
+    if (devpool_open(d, sock, &h) != 0)
+        return;
+    for (;;) {
+        int rc = devpool_recv(d, sock, &h, &tag);
+        if (rc == COMMON_EPROTO)
+            continue; /* not a handle: dropped */
+        if (rc != 0)
+            break;
+        if (h.fd >= 0)
+            close(h.fd);
+        h.fd = -1;
+        if (tag != PROTO_DEVPOOL_PIECE)
+            (void)devpool_send_error(sock, "expected PIECE");
+        else
+            (void)devpool_piece(d, sock, &h);
+    }
+}
+
+static void *devpool_thread(void *arg)
+{
+    struct fetcher_devpool *d = arg;
+    while (!atomic_load_explicit(&d->stop, memory_order_relaxed)) {
+        int conn = -1;
+        int rc = common_unix_accept(d->listen_fd, DEVPOOL_POLL_MS, &conn);
+        if (rc == COMMON_ETIMEDOUT)
+            continue;
+        if (rc != COMMON_OK) {
+            usleep(10000);
+            continue;
+        }
+        devpool_serve(d, conn);
+        close(conn);
+        pthread_mutex_lock(&d->mu);
+        devpool_drop_locked(d);
+        pthread_mutex_unlock(&d->mu);
+    }
+    return NULL;
+}
+
+/* ---- the ring's records ------------------------------------------------------------------- */
+
+/* Whether [off, off + n) lies in pieces that are mapped. mu held. */
+static bool devpool_backed_locked(const struct fetcher_devpool *d, uint64_t off, uint64_t n)
+{
+    if (n == 0 || off > d->bytes || n > d->bytes - off)
+        return false;
+    for (uint64_t k = off / d->gran; k <= (off + n - 1) / d->gran; k++)
+        if (!d->pieces[k])
+            return false;
+    return true;
+}
+
+int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r)
+{
+    int rc = COMMON_EINVAL;
+    pthread_mutex_lock(&d->mu);
+    if (d->open) {
+        switch (r->op) {
+        case PROTO_FETCH_DEV_COPY:
+            if (r->src <= d->ram_bytes && r->bytes <= d->ram_bytes - r->src &&
+                devpool_backed_locked(d, r->dst, r->bytes)) {
+                /* piece by piece: a copy stays within one mapping */
+                rc = 0;
+                for (uint64_t at = 0, n; rc == 0 && at < r->bytes; at += n) {
+                    const uint64_t o = r->dst + at;
+                    n = d->gran - o % d->gran;
+                    n = n < r->bytes - at ? n : r->bytes - at;
+                    rc = common_devmem_copy_async(d->base + o, d->ram + r->src + at, n, NULL);
+                }
+                if (rc == 0) {
+                    d->c.copies++;
+                    d->c.copied_bytes += r->bytes;
+                }
+            }
+            break;
+        case PROTO_FETCH_DEV_MARK:
+            if (r->tag < d->n_events) {
+                rc = common_devmem_event_record(d->ev[r->tag], NULL);
+                if (rc == 0) {
+                    atomic_store_explicit(&d->ctl[0], r->loan, memory_order_release);
+                    syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+                    d->c.marks++;
+                }
+            }
+            break;
+        case PROTO_FETCH_DEV_WAIT:
+            rc = common_devmem_event_wait(d->kev, NULL);
+            if (rc == 0)
+                d->c.waits++;
+            break;
+        default:
+            break;
+        }
+    }
+    if (rc != 0)
+        d->c.bad++;
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_counts *out)
+{
+    pthread_mutex_lock(&d->mu);
+    *out = d->c;
+    out->open = d->open;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ---- lifetime ----------------------------------------------------------------------------- */
+
+int fetcher_devpool_start(const char *path, uint64_t budget, const uint8_t *pool_base,
+                          uint64_t pool_bytes, struct fetcher_devpool **out,
+                          struct common_errmsg *e)
+{
+    struct fetcher_devpool *d = calloc(1, sizeof(*d));
+    if (!d || !(d->path = strdup(path))) {
+        free(d);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    d->budget = budget;
+    d->ram = pool_base;
+    d->ram_bytes = pool_bytes;
+    d->dev = -1;
+    d->listen_fd = -1;
+    atomic_init(&d->stop, false);
+    if (pthread_mutex_init(&d->mu, NULL) != 0) {
+        free(d->path);
+        free(d);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    int rc = common_unix_listen(path, &d->listen_fd);
+    if (rc != COMMON_OK) {
+        rc = common_errmsg_set(e, rc, "%s: %s", path, common_strerror(rc));
+    } else if (pthread_create(&d->thread, NULL, devpool_thread, d) != 0) {
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "%s: cannot start its thread", path);
+    } else {
+        d->started = true;
+        *out = d;
+        return COMMON_OK;
+    }
+    fetcher_devpool_stop(d);
+    return rc;
+}
+
+void fetcher_devpool_stop(struct fetcher_devpool *d)
+{
+    if (!d)
+        return;
+    atomic_store_explicit(&d->stop, true, memory_order_relaxed);
+    if (d->started)
+        pthread_join(d->thread, NULL);
+    if (d->listen_fd >= 0) {
+        close(d->listen_fd);
+        (void)unlink(d->path);
+    }
+    pthread_mutex_lock(&d->mu);
+    devpool_drop_locked(d);
+    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_destroy(&d->mu);
+    free(d->path);
+    free(d);
+}
