@@ -547,6 +547,9 @@ struct executor_gpu_pool_stats {
     bool     fetcher_memory;        /* the slots are a fetcher's device memory (DESIGN section 8) */
     bool     in_fetcher;            /* and that fetcher copies the experts in now */
     uint64_t fetcher_losses;        /* times it went away (the executor copies since) */
+    uint64_t fetcher_wait_ns;       /* the executor's waits for the fetcher's marks (and, where
+                                       the kernels run on the host, for its copies); the copy
+                                       times above count only the executor's own copies */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

@@ -140,6 +140,7 @@ struct gpu_xpool {
     bool                           remote[GPU_POOL_EVENTS];
     bool                           lost;
     uint64_t                       dev_losses;
+    uint64_t                       dev_wait_ns;  /* in gpu_pool_wait for the fetcher's marks */
     char                           dev_why[160]; /* why the pool is not the fetcher's */
 };
 
@@ -193,12 +194,17 @@ static int gpu_pool_wait(struct gpu_xpool *px, uint32_t k, bool host)
                     : gpu_stream_wait(gpu_pool_event(px, k));
     if (host)
         px->remote[k] = false;
+    const uint64_t t0 = common_now_ns();
+    int            rc = -2;
     if (px->dev && px->dev->ready(px->dev_arg, px->mark_seq[k]) == 0) {
         if (!host)
-            return gpu_stream_wait_shared(px->dp.ev[k]);
-        if (common_devmem_event_sync(px->dp.ev[k], NULL) == 0)
-            return 0;
+            rc = gpu_stream_wait_shared(px->dp.ev[k]);
+        else if (common_devmem_event_sync(px->dp.ev[k], NULL) == 0)
+            rc = 0;
     }
+    px->dev_wait_ns += common_now_ns() - t0;
+    if (rc != -2)
+        return rc;
     gpu_pool_lose(px);
     return 0;
 }
@@ -1444,6 +1450,7 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->fetcher_memory = px->dev_mem != NULL;
     out->in_fetcher = px->dev != NULL;
     out->fetcher_losses = px->dev_losses;
+    out->fetcher_wait_ns = px->dev_wait_ns;
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);

@@ -82,6 +82,13 @@ static int devpool_send_error(int sock, const char *text)
     return common_devmem_handle_send(sock, &h, PROTO_DEVPOOL_ERROR);
 }
 
+static void devpool_count_refused(struct fetcher_devpool *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->c.refused++;
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* Receives one message, waiting while the service runs. COMMON_ECLOSED when it stops. */
 static int devpool_recv(struct fetcher_devpool *d, int sock, struct common_devmem_handle *h,
                         uint64_t *tag)
@@ -102,12 +109,14 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
     struct common_errmsg      e = {{0}};
     struct proto_devpool_open o;
     if (h->len != sizeof(o)) {
+        devpool_count_refused(d);
         (void)devpool_send_error(sock, "OPEN: a malformed message");
         return COMMON_EPROTO;
     }
     memcpy(&o, h->blob, sizeof(o));
     if (o.magic != PROTO_DEVPOOL_MAGIC || o.bytes == 0 || o.n_events == 0 ||
         o.n_events > PROTO_DEVPOOL_MAX_EVENTS || o.device < 0) {
+        devpool_count_refused(d);
         (void)devpool_send_error(sock, "OPEN: bad fields");
         return COMMON_EPROTO;
     }
@@ -247,14 +256,12 @@ static void devpool_serve(struct fetcher_devpool *d, int sock)
         close(h.fd);
     h.fd = -1;
     if (tag != PROTO_DEVPOOL_OPEN) {
-        pthread_mutex_lock(&d->mu);
-        d->c.refused++;
-        pthread_mutex_unlock(&d->mu);
+        devpool_count_refused(d);
         (void)devpool_send_error(sock, "expected OPEN");
         return;
     }
     if (devpool_open(d, sock, &h) != 0)
-        return;
+        return; /* refused (counted there) */
     for (;;) {
         int rc = devpool_recv(d, sock, &h, &tag);
         if (rc == COMMON_EPROTO)

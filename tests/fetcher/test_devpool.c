@@ -1,0 +1,271 @@
+/* tests/fetcher/test_devpool.c - the fetcher's device expert pool (fetcher/devpool.c) on the
+ * host's emulation of device memory (SLUICE_GPU_BACKEND=host unless the environment names
+ * another backend): its handshake over the Unix socket, copies from the RAM pool marked and
+ * waited for as the executor does, and what it refuses. */
+#include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "devpool.h"
+#include "fixture.h"
+#include "proto.h"
+
+#define RAM_BYTES (1u << 20)
+#define BUDGET    (512u << 10)
+
+static char     g_dir[512], g_path[600];
+static uint8_t *g_ram;
+
+static void setup(void)
+{
+    setenv("SLUICE_GPU_BACKEND", "host", 0);
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    snprintf(g_dir, sizeof(g_dir), "%s", dir);
+    free(dir);
+    snprintf(g_path, sizeof(g_path), "%s/fetcher-0.dev", g_dir);
+    g_ram = malloc(RAM_BYTES);
+    cr_assert_not_null(g_ram);
+    for (uint32_t i = 0; i < RAM_BYTES; i++)
+        g_ram[i] = (uint8_t)(i * 7u + (i >> 11));
+}
+
+static void teardown(void)
+{
+    free(g_ram);
+    fixture_rmtree(g_dir);
+}
+
+/* The executor's side of the socket. */
+struct client {
+    int                          sock;
+    struct proto_devpool_granted g;
+    void                        *ctl_page;
+    _Atomic uint32_t            *ctl;
+    struct common_devmem_event  *ev[2], *kev;
+    uint8_t                     *base;
+};
+
+static uint64_t send_handle(int sock, uint64_t tag, const void *blob, uint32_t len)
+{
+    struct common_devmem_handle h = {.fd = -1, .len = len};
+    memcpy(h.blob, blob, len);
+    return (uint64_t)common_devmem_handle_send(sock, &h, tag);
+}
+
+/* The next message: its tag, *h filled. */
+static uint64_t recv_handle(int sock, struct common_devmem_handle *h)
+{
+    uint64_t tag = 0;
+    cr_assert_eq(common_devmem_handle_recv(sock, h, &tag, 10000), COMMON_OK);
+    return tag;
+}
+
+/* Sends OPEN for `bytes` and 2 events; returns the reply's tag (the error text in why). */
+static uint64_t open_pool(struct client *c, uint64_t bytes, char *why, size_t len)
+{
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_unix_connect(g_path, &c->sock), COMMON_OK);
+    const struct proto_devpool_open o = {
+        .magic = PROTO_DEVPOOL_MAGIC, .device = 0, .bytes = bytes, .n_events = 2};
+    cr_assert_eq(send_handle(c->sock, PROTO_DEVPOOL_OPEN, &o, sizeof(o)), 0);
+    struct common_devmem_handle h;
+    uint64_t                    tag = recv_handle(c->sock, &h);
+    if (tag != PROTO_DEVPOOL_GRANTED) {
+        snprintf(why, len, "%.*s", (int)h.len, (const char *)h.blob);
+        return tag;
+    }
+    cr_assert_eq(h.len, sizeof(c->g));
+    memcpy(&c->g, h.blob, sizeof(c->g));
+    cr_assert_eq(recv_handle(c->sock, &h), PROTO_DEVPOOL_CTL);
+    void *p = mmap(NULL, PROTO_DEVPOOL_CTL_BYTES, PROT_READ, MAP_SHARED, h.fd, 0);
+    close(h.fd);
+    cr_assert_neq(p, MAP_FAILED);
+    c->ctl_page = p;
+    c->ctl = p;
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(recv_handle(c->sock, &h), PROTO_DEVPOOL_EVENT);
+        cr_assert_eq(common_devmem_event_import(&h, &c->ev[k], &e), COMMON_OK, "%s", e.text);
+    }
+    cr_assert_eq(common_devmem_event_create(&c->kev, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_event_export(c->kev, &h, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_handle_send(c->sock, &h, PROTO_DEVPOOL_KEVENT), COMMON_OK);
+    close(h.fd);
+    c->base = common_devmem_reserve(c->g.bytes, &e);
+    cr_assert_not_null(c->base, "%s", e.text);
+    return tag;
+}
+
+/* Asks for piece k and maps it in the client's reservation; the reply's tag. */
+static uint64_t get_piece(struct client *c, uint32_t k, struct common_devmem_piece **out)
+{
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(send_handle(c->sock, PROTO_DEVPOOL_PIECE, &k, sizeof(k)), 0);
+    struct common_devmem_handle h;
+    uint64_t                    tag = recv_handle(c->sock, &h);
+    if (tag != PROTO_DEVPOOL_PIECE)
+        return tag;
+    cr_assert_eq(common_devmem_piece_import(&h, c->g.granularity, out, &e), COMMON_OK, "%s",
+                 e.text);
+    cr_assert_eq(common_devmem_piece_map(*out, c->base + (size_t)k * c->g.granularity, &e),
+                 COMMON_OK, "%s", e.text);
+    return tag;
+}
+
+/* Waits until the pool's open state is `open` (the service notices a closed connection at its
+ * next look); false after 30 s. */
+static bool wait_open(struct fetcher_devpool *d, bool open)
+{
+    for (int i = 0; i < 3000; i++) {
+        struct fetcher_devpool_counts c;
+        fetcher_devpool_counts(d, &c);
+        if (c.open == open)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+TestSuite(fetcher_devpool, .init = setup, .fini = teardown, .timeout = 120);
+
+/* What an executor does: the pool opened, two pieces mapped, a copy from the RAM pool across
+ * their boundary queued, marked, waited for (control page, then event): the bytes are there in
+ * the executor's mapping. */
+Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
+{
+    struct fetcher_devpool *d = NULL;
+    struct common_errmsg    e = {{0}};
+    cr_assert_eq(fetcher_devpool_start(g_path, BUDGET, g_ram, RAM_BYTES, &d, &e), COMMON_OK, "%s",
+                 e.text);
+    struct client c = {0};
+    char          why[80] = "";
+    cr_assert_eq(open_pool(&c, 300000, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);
+    const uint64_t gran = c.g.granularity;
+    cr_assert_gt(gran, 0);
+    cr_assert_eq(c.g.bytes, (300000 + gran - 1) / gran * gran);
+    cr_assert_str_eq(c.g.backend, "HOST");
+    cr_assert(wait_open(d, true));
+    struct common_devmem_piece *p0 = NULL, *p1 = NULL;
+    cr_assert_eq(get_piece(&c, 0, &p0), PROTO_DEVPOOL_PIECE);
+    cr_assert_eq(get_piece(&c, 1, &p1), PROTO_DEVPOOL_PIECE);
+
+    const uint64_t               dst = gran - 1000, src = 12345, n = 5000; /* across pieces */
+    const struct proto_fetch_req wait = {.op = PROTO_FETCH_DEV_WAIT};
+    const struct proto_fetch_req copy = {
+        .op = PROTO_FETCH_DEV_COPY, .bytes = (uint32_t)n, .src = src, .dst = dst};
+    const struct proto_fetch_req mark = {.op = PROTO_FETCH_DEV_MARK, .tag = 1, .loan = 7};
+    cr_assert_eq(fetcher_devpool_record(d, &wait), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_record(d, &copy), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_record(d, &mark), COMMON_OK);
+    cr_assert_eq(atomic_load(c.ctl), 7u, "the mark's number is published");
+    cr_assert_eq(common_devmem_event_sync(c.ev[1], &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(memcmp(c.base + dst, g_ram + src, n), 0, "the copy is in the executor's view");
+
+    /* Refused, each counted: a piece not made, outside the RAM pool, past the pool, an event
+     * that does not exist, an unknown op. */
+    const struct proto_fetch_req bad[] = {
+        {.op = PROTO_FETCH_DEV_COPY, .bytes = 64, .src = 0, .dst = 2 * gran},
+        {.op = PROTO_FETCH_DEV_COPY, .bytes = 64, .src = RAM_BYTES - 32, .dst = 0},
+        {.op = PROTO_FETCH_DEV_COPY, .bytes = 64, .src = 0, .dst = UINT64_MAX - 8},
+        {.op = PROTO_FETCH_DEV_COPY, .bytes = 0, .src = 0, .dst = 0},
+        {.op = PROTO_FETCH_DEV_MARK, .tag = 2, .loan = 8},
+        {.op = PROTO_FETCH_ACQUIRE},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_expect_eq(fetcher_devpool_record(d, &bad[i]), COMMON_EINVAL, "record %zu", i);
+    /* A piece past the pool is refused with a reason; the connection goes on. */
+    struct common_devmem_piece *px = NULL;
+    cr_expect_eq(get_piece(&c, (uint32_t)(c.g.bytes / gran), &px), PROTO_DEVPOOL_ERROR);
+    struct common_devmem_piece *p2 = NULL;
+    cr_assert_eq(get_piece(&c, 2, &p2), PROTO_DEVPOOL_PIECE);
+
+    struct fetcher_devpool_counts k;
+    fetcher_devpool_counts(d, &k);
+    cr_expect_eq(k.opens, 1);
+    cr_expect_eq(k.copies, 1);
+    cr_expect_eq(k.copied_bytes, n);
+    cr_expect_eq(k.marks, 1);
+    cr_expect_eq(k.waits, 1);
+    cr_expect_eq(k.bad, sizeof(bad) / sizeof(bad[0]));
+    cr_expect_eq(k.pieces, 3);
+    cr_expect_eq(k.bytes, 3 * gran);
+
+    /* The executor goes: the pool is dropped, its records refused; the memory stays in the
+     * executor's mapping. */
+    close(c.sock);
+    cr_assert(wait_open(d, false));
+    cr_expect_eq(fetcher_devpool_record(d, &copy), COMMON_EINVAL);
+    cr_expect_eq(memcmp(c.base + dst, g_ram + src, n), 0);
+    common_devmem_piece_destroy(p0);
+    common_devmem_piece_destroy(p1);
+    common_devmem_piece_destroy(p2);
+    common_devmem_unreserve(c.base, c.g.bytes);
+    common_devmem_event_destroy(c.ev[0]);
+    common_devmem_event_destroy(c.ev[1]);
+    common_devmem_event_destroy(c.kev);
+    munmap(c.ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    fetcher_devpool_stop(d);
+}
+
+/* A pool over the budget, a first message that is not OPEN, an OPEN with bad fields: each
+ * answered with ERROR and a reason; a good OPEN after them is served. */
+Test(fetcher_devpool, refuses_bad_openings_with_a_reason)
+{
+    struct fetcher_devpool *d = NULL;
+    struct common_errmsg    e = {{0}};
+    cr_assert_eq(fetcher_devpool_start(g_path, BUDGET, g_ram, RAM_BYTES, &d, &e), COMMON_OK, "%s",
+                 e.text);
+    struct client c = {0};
+    char          why[80] = "";
+    cr_assert_eq(open_pool(&c, BUDGET + 1, why, sizeof(why)), PROTO_DEVPOOL_ERROR);
+    cr_expect(strstr(why, "--vram-budget 524288") != NULL, "%s", why);
+    close(c.sock);
+
+    struct common_devmem_handle h;
+    int                         sock = -1;
+    uint32_t                    k = 0;
+    cr_assert_eq(common_unix_connect(g_path, &sock), COMMON_OK);
+    cr_assert_eq(send_handle(sock, PROTO_DEVPOOL_PIECE, &k, sizeof(k)), 0);
+    cr_assert_eq(recv_handle(sock, &h), PROTO_DEVPOOL_ERROR);
+    cr_expect(strstr((const char *)h.blob, "expected OPEN") != NULL);
+    close(sock);
+
+    const struct proto_devpool_open bad[] = {
+        {.magic = 1, .bytes = 4096, .n_events = 1},
+        {.magic = PROTO_DEVPOOL_MAGIC, .bytes = 0, .n_events = 1},
+        {.magic = PROTO_DEVPOOL_MAGIC, .bytes = 4096, .n_events = 0},
+        {.magic = PROTO_DEVPOOL_MAGIC, .bytes = 4096, .n_events = PROTO_DEVPOOL_MAX_EVENTS + 1},
+        {.magic = PROTO_DEVPOOL_MAGIC, .device = -1, .bytes = 4096, .n_events = 1},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(common_unix_connect(g_path, &sock), COMMON_OK);
+        cr_assert_eq(send_handle(sock, PROTO_DEVPOOL_OPEN, &bad[i], sizeof(bad[i])), 0);
+        cr_expect_eq(recv_handle(sock, &h), PROTO_DEVPOOL_ERROR, "OPEN %zu", i);
+        close(sock);
+    }
+    /* A short OPEN. */
+    cr_assert_eq(common_unix_connect(g_path, &sock), COMMON_OK);
+    cr_assert_eq(send_handle(sock, PROTO_DEVPOOL_OPEN, &bad[0], 8), 0);
+    cr_expect_eq(recv_handle(sock, &h), PROTO_DEVPOOL_ERROR);
+    close(sock);
+
+    struct client g = {0};
+    cr_assert_eq(open_pool(&g, 4096, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);
+    cr_assert(wait_open(d, true));
+    struct fetcher_devpool_counts n;
+    fetcher_devpool_counts(d, &n);
+    cr_expect_eq(n.opens, 1);
+    cr_expect_eq(n.refused, 1 + 1 + 5 + 1);
+    close(g.sock);
+    common_devmem_unreserve(g.base, g.g.bytes);
+    common_devmem_event_destroy(g.ev[0]);
+    common_devmem_event_destroy(g.ev[1]);
+    common_devmem_event_destroy(g.kev);
+    munmap(g.ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    fetcher_devpool_stop(d);
+}
