@@ -1174,6 +1174,10 @@ size_t common_devmem_piece_bytes(const struct common_devmem_piece *p);
 /* Queues a copy of `bytes` from host memory to mapped device memory on this process's copy
  * stream; `src` must stay unchanged until an event recorded after it is done. */
 int common_devmem_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e);
+/* Nanoseconds this process's copy stream has spent copying so far (CUDA: from timing events
+ * around each copy, counted as they complete; a copy whose events are still in flight when the
+ * ring of pairs comes round again is not counted). false (0) before open. */
+bool common_devmem_copy_time(uint64_t *busy_ns);
 
 /* A new event, made here (exportable), not yet recorded: it counts as done. */
 int common_devmem_event_create(struct common_devmem_event **out, struct common_errmsg *e);

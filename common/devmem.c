@@ -188,6 +188,13 @@ int common_devmem_copy_async(void *dst, const void *src, size_t bytes, struct co
     return bytes == 0 ? COMMON_OK : be->copy_async(dst, src, bytes, e);
 }
 
+bool common_devmem_copy_time(uint64_t *busy_ns)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    *busy_ns = be ? be->copy_busy_ns() : 0;
+    return be != NULL;
+}
+
 int common_devmem_event_create(struct common_devmem_event **out, struct common_errmsg *e)
 {
     const struct devmem_backend *be = devmem_be(e);

@@ -237,9 +237,73 @@ static size_t cuda_piece_bytes(const struct common_devmem_piece *p)
     return p->bytes;
 }
 
+/* The copies' busy time: a ring of timing-event pairs around each copy, each read once its end
+ * is done (best effort: timing failures are never the copy's). */
+#define TIMED_PAIRS 256
+static struct {
+    pthread_mutex_t mu;
+    int             state; /* 0 = events not made, 1 = made, -1 = unusable */
+    unsigned        next;
+    uint64_t        busy_ns;
+    struct {
+        cudaEvent_t a, b;
+        bool        pending;
+    } p[TIMED_PAIRS];
+} g_tp = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Adds the pairs that are done (the lock held). */
+static void cuda_timed_harvest(void)
+{
+    for (unsigned i = 0; g_tp.state == 1 && i < TIMED_PAIRS; i++) {
+        if (!g_tp.p[i].pending)
+            continue;
+        const cudaError_t q = cudaEventQuery(g_tp.p[i].b);
+        if (q == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        float ms = 0;
+        if (q == cudaSuccess &&
+            cudaEventElapsedTime(&ms, g_tp.p[i].a, g_tp.p[i].b) == cudaSuccess && ms > 0)
+            g_tp.busy_ns += (uint64_t)((double)ms * 1e6);
+        else
+            (void)cudaGetLastError();
+        g_tp.p[i].pending = false;
+    }
+}
+
+static uint64_t cuda_copy_busy_ns(void)
+{
+    pthread_mutex_lock(&g_tp.mu);
+    cuda_timed_harvest();
+    const uint64_t ns = g_tp.busy_ns;
+    pthread_mutex_unlock(&g_tp.mu);
+    return ns;
+}
+
 static int cuda_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
 {
+    pthread_mutex_lock(&g_tp.mu);
+    if (g_tp.state == 0) {
+        g_tp.state = 1;
+        for (unsigned i = 0; i < TIMED_PAIRS && g_tp.state == 1; i++)
+            if (cudaEventCreate(&g_tp.p[i].a) != cudaSuccess ||
+                cudaEventCreate(&g_tp.p[i].b) != cudaSuccess) {
+                (void)cudaGetLastError();
+                g_tp.state = -1;
+            }
+    }
+    unsigned k = g_tp.next;
+    if (g_tp.state == 1 && g_tp.p[k].pending)
+        cuda_timed_harvest();
+    const bool timed = g_tp.state == 1 && !g_tp.p[k].pending &&
+                       cudaEventRecord(g_tp.p[k].a, g_stream) == cudaSuccess;
     cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
+    if (timed && err == cudaSuccess && cudaEventRecord(g_tp.p[k].b, g_stream) == cudaSuccess) {
+        g_tp.p[k].pending = true;
+        g_tp.next = (k + 1) % TIMED_PAIRS;
+    }
+    pthread_mutex_unlock(&g_tp.mu);
     return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaMemcpyAsync");
 }
 
@@ -342,6 +406,7 @@ static const struct devmem_backend g_cuda = {
     .piece_destroy = cuda_piece_destroy,
     .piece_bytes = cuda_piece_bytes,
     .copy_async = cuda_copy_async,
+    .copy_busy_ns = cuda_copy_busy_ns,
     .event_create = cuda_event_create,
     .event_export = cuda_event_export,
     .event_import = cuda_event_import,

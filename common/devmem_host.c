@@ -146,6 +146,13 @@ static struct {
          .cv = PTHREAD_COND_INITIALIZER,
          .idle = PTHREAD_COND_INITIALIZER};
 
+static _Atomic uint64_t g_busy_ns; /* the copier's time in memcpy */
+
+static uint64_t host_copy_busy_ns(void)
+{
+    return atomic_load_explicit(&g_busy_ns, memory_order_relaxed);
+}
+
 static void host_ev_unref(struct common_devmem_event *ev)
 {
     if (atomic_fetch_sub(&ev->refs, 1) == 1) {
@@ -195,7 +202,9 @@ static void *host_copier(void *arg)
         g_q.running++;
         pthread_mutex_unlock(&g_q.mu);
         if (j->kind == JOB_COPY) {
+            const uint64_t t0 = common_now_ns();
             memcpy(j->dst, j->src, j->bytes);
+            atomic_fetch_add_explicit(&g_busy_ns, common_now_ns() - t0, memory_order_relaxed);
         } else if (j->kind == JOB_RECORD) {
             atomic_store_explicit(&j->ev->pg->done, j->t, memory_order_release);
             syscall(SYS_futex, &j->ev->pg->done, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
@@ -515,6 +524,7 @@ static const struct devmem_backend g_host = {
     .piece_destroy = host_piece_destroy,
     .piece_bytes = host_piece_bytes,
     .copy_async = host_copy_async,
+    .copy_busy_ns = host_copy_busy_ns,
     .event_create = host_event_create,
     .event_export = host_event_export,
     .event_import = host_event_import,

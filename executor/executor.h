@@ -288,6 +288,9 @@ struct executor_dev_ops {
     int (*ready)(void *arg, uint32_t seq);
     /* The copies asked next wait for kev (recorded by the caller just before). */
     int (*after)(void *arg);
+    /* Nanoseconds the fetcher's copy stream spent copying into the pool, as of its last mark
+     * (once it is gone, the last value seen). */
+    void (*copy_time)(void *arg, uint64_t *ns);
     /* Ends the pool: pieces unmapped, events freed, the fetcher told. */
     void (*close)(void *arg);
 };
@@ -548,8 +551,9 @@ struct executor_gpu_pool_stats {
     bool     in_fetcher;            /* and that fetcher copies the experts in now */
     uint64_t fetcher_losses;        /* times it went away (the executor copies since) */
     uint64_t fetcher_wait_ns;       /* the executor's waits for the fetcher's marks (and, where
-                                       the kernels run on the host, for its copies); the copy
-                                       times above count only the executor's own copies */
+                                       the kernels run on the host, for its copies) */
+    uint64_t fetcher_copy_ns;       /* the fetcher's copy time, part of copy_busy_ns (the
+                                       kernels' waits for its copies are in copy_stall_ns) */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

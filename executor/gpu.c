@@ -1447,6 +1447,12 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
         out->copy_stall_ns = stall - px->stall0_ns;
         out->copy_timed = true;
     }
+    if (px->dev_mem) { /* the fetcher's copies too (the kernels' waits for them are stalls) */
+        uint64_t fetcher_ns = 0;
+        px->dev_mem->copy_time(px->dev_arg, &fetcher_ns);
+        out->copy_busy_ns += fetcher_ns;
+        out->fetcher_copy_ns = fetcher_ns;
+    }
     out->fetcher_memory = px->dev_mem != NULL;
     out->in_fetcher = px->dev != NULL;
     out->fetcher_losses = px->dev_losses;

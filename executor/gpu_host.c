@@ -402,7 +402,12 @@ static int h_stream_wait_shared(struct common_devmem_event *ev)
     struct common_errmsg e = {{0}};
     if (!ev || common_devmem_event_native(ev) != NULL)
         return h_bad("waiting for a shared event: not the host's emulation");
-    if (common_devmem_event_sync(ev, &e) != COMMON_OK)
+    const uint64_t t0 = h_ns();
+    const int      rc = common_devmem_event_sync(ev, &e);
+    pthread_mutex_lock(&hc.mu);
+    hc.stall_ns += h_ns() - t0; /* the kernels' wait for another process's copies */
+    pthread_mutex_unlock(&hc.mu);
+    if (rc != COMMON_OK)
         return h_failed(e.text);
     return 0;
 }

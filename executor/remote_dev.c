@@ -26,7 +26,9 @@ struct remote_dev {
     struct common_devmem_piece **pieces; /* p.bytes / p.gran entries, NULL = not mapped */
     uint32_t                     n_pieces;
     void                        *ctl_page;
-    _Atomic uint32_t            *ctl; /* the fetcher's last mark */
+    _Atomic uint32_t            *ctl;      /* the fetcher's last mark */
+    _Atomic uint64_t            *ctl_busy; /* the fetcher's copy time */
+    uint64_t                     busy;     /* its last value seen */
     uint32_t                     seq; /* the last mark asked for */
 };
 
@@ -140,6 +142,7 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
             if (p != MAP_FAILED) {
                 d->ctl_page = p;
                 d->ctl = p;
+                d->ctl_busy = (_Atomic uint64_t *)((uint8_t *)p + 8);
             }
         }
         if (h.fd >= 0)
@@ -329,6 +332,15 @@ static int dev_ready(void *arg, uint32_t seq)
     }
 }
 
+static void dev_copy_time(void *arg, uint64_t *ns)
+{
+    struct executor_remote *r = arg;
+    struct remote_dev      *d = r->dev;
+    if (d && !atomic_load(&d->gone))
+        d->busy = atomic_load_explicit(d->ctl_busy, memory_order_relaxed);
+    *ns = d ? d->busy : 0;
+}
+
 static int dev_after(void *arg)
 {
     struct executor_remote      *r = arg;
@@ -349,6 +361,7 @@ const struct executor_dev_ops executor_remote_dev_ops = {.open = dev_open,
                                                          .mark = dev_mark,
                                                          .ready = dev_ready,
                                                          .after = dev_after,
+                                                         .copy_time = dev_copy_time,
                                                          .close = dev_close};
 
 void executor_remote_dev_free(struct executor_remote *r)

@@ -495,6 +495,7 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
         proto_stats_add(r, "gpu_pool.fetcher_memory", gp->fetcher_memory);
         proto_stats_add(r, "gpu_pool.fetcher_losses", (double)gp->fetcher_losses);
         proto_stats_add(r, "gpu_pool.fetcher_wait_ms", (double)gp->fetcher_wait_ns / 1e6);
+        proto_stats_add(r, "gpu_pool.fetcher_copy_ms", (double)gp->fetcher_copy_ns / 1e6);
     }
     pthread_mutex_unlock(&s->mu);
     proto_stats_add(r, "sequences", (double)s->n_seq);

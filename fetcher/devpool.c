@@ -38,6 +38,8 @@ struct fetcher_devpool {
     struct common_devmem_event   *kev;      /* imported: the executor's kernels */
     void                         *ctl_page; /* mapped control page */
     _Atomic uint32_t             *ctl;      /* its first word: the last mark's sequence */
+    _Atomic uint64_t             *ctl_busy; /* at offset 8: copy time since OPEN */
+    uint64_t                      busy0;    /* copy time at OPEN */
     int                           dev;      /* the device opened (-1: none yet) */
     struct fetcher_devpool_counts c;
 };
@@ -69,6 +71,7 @@ static void devpool_drop_locked(struct fetcher_devpool *d)
         munmap(d->ctl_page, PROTO_DEVPOOL_CTL_BYTES);
     d->ctl_page = NULL;
     d->ctl = NULL;
+    d->ctl_busy = NULL;
     d->c.bytes = 0;
 }
 
@@ -155,6 +158,8 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         } else {
             d->ctl_page = p;
             d->ctl = p;
+            d->ctl_busy = (_Atomic uint64_t *)((uint8_t *)p + 8);
+            (void)common_devmem_copy_time(&d->busy0);
         }
     }
     if (rc != 0) {
@@ -339,6 +344,9 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
             if (r->tag < d->n_events) {
                 rc = common_devmem_event_record(d->ev[r->tag], NULL);
                 if (rc == 0) {
+                    uint64_t busy = 0;
+                    (void)common_devmem_copy_time(&busy);
+                    atomic_store_explicit(d->ctl_busy, busy - d->busy0, memory_order_relaxed);
                     atomic_store_explicit(&d->ctl[0], r->loan, memory_order_release);
                     syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
                     d->c.marks++;
@@ -365,6 +373,7 @@ void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_co
     pthread_mutex_lock(&d->mu);
     *out = d->c;
     out->open = d->open;
+    (void)common_devmem_copy_time(&out->copy_busy_ns);
     pthread_mutex_unlock(&d->mu);
 }
 

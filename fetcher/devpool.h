@@ -25,6 +25,7 @@ struct fetcher_devpool_counts {
     uint64_t waits;        /* DEV_WAITs queued */
     uint64_t bad;          /* device records refused (no pool, out of range, device error) */
     uint64_t bytes;        /* the open pool's device memory mapped now */
+    uint64_t copy_busy_ns; /* the copy stream's time copying (this process's, all pools) */
     bool     open;         /* a pool is open now */
 };
 

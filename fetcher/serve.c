@@ -273,6 +273,7 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
         proto_stats_add(st, "devpool.marks", (double)dc.marks);
         proto_stats_add(st, "devpool.waits", (double)dc.waits);
         proto_stats_add(st, "devpool.bad", (double)dc.bad);
+        proto_stats_add(st, "devpool.copy_busy_ms", (double)dc.copy_busy_ns / 1e6);
     }
 }
 

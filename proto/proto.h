@@ -346,13 +346,15 @@ struct proto_fetch_req {
  * message either way is a common_devmem_handle (common_devmem_handle_send) whose tag says what it
  * is. The executor sends OPEN (blob: struct proto_devpool_open); the fetcher opens its device,
  * reserves the bytes asked (within its budget) and answers GRANTED (blob: struct
- * proto_devpool_granted) then CTL (fd: the control page, a memfd of PROTO_DEVPOOL_CTL_BYTES whose
- * first 32-bit word is the last mark's sequence, a futex) then n_events EVENT handles, or ERROR
- * (blob: the reason, text). The executor then sends KEVENT (its kernels' event, exported). Then,
- * any number of times, PIECE (blob: uint32_t piece index): the fetcher makes piece k of the pool
- * (granularity bytes at offset k * granularity), maps it and answers PIECE with its handle, or
- * ERROR. Records DEV_COPY, DEV_MARK and DEV_WAIT on the link's ring act on the pool. When the
- * connection closes the fetcher drops the pool (the executor's imports keep their memory). */
+ * proto_devpool_granted) then CTL (fd: the control page, a memfd of PROTO_DEVPOOL_CTL_BYTES: a
+ * 32-bit word at offset 0, the last mark's sequence, a futex; a 64-bit word at offset 8, the
+ * nanoseconds the fetcher's copy stream spent copying since OPEN, as of the last mark) then
+ * n_events EVENT handles, or ERROR (blob: the reason, text). The executor then sends KEVENT (its
+ * kernels' event, exported). Then, any number of times, PIECE (blob: uint32_t piece index): the
+ * fetcher makes piece k of the pool (granularity bytes at offset k * granularity), maps it and
+ * answers PIECE with its handle, or ERROR. Records DEV_COPY, DEV_MARK and DEV_WAIT on the link's
+ * ring act on the pool. When the connection closes the fetcher drops the pool (the executor's
+ * imports keep their memory). */
 
 enum proto_devpool_tag {
     PROTO_DEVPOOL_OPEN = 1,

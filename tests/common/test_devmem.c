@@ -169,6 +169,9 @@ Test(common_devmem, piece_filled_by_one_process_is_read_by_another)
     cr_assert_eq(t_send(sock, &he), 0);
     cr_assert_eq(t_child_status(pid), 0, "the importer's check");
     cr_assert_eq(common_devmem_event_sync(ev, &e), COMMON_OK, "%s", e.text);
+    uint64_t busy = 0;
+    cr_assert(common_devmem_copy_time(&busy));
+    cr_expect_gt(busy, 0, "the copy stream's time copying counts the copy");
     common_devmem_event_destroy(ev);
     common_devmem_piece_destroy(p);
     common_devmem_unreserve(at, bytes);

@@ -839,7 +839,7 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
         snprintf(cmd, sizeof(cmd),
                  "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 stats | grep -E "
                  "'^(devpool|serve\\.bad)'; %s/sluice ctl --run-dir '%s' --daemon executor stats "
-                 "| grep -E 'gpu_pool\\.(copied|in_fetcher) '",
+                 "| grep -E 'gpu_pool\\.(copied|in_fetcher|fetcher_copy_ms) '",
                  BIN, run_dir, BIN, run_dir);
         char              *stats = sh(cmd, &st);
         unsigned long long copies = 0, marks = 0, waits = 0, bad = 1, copied = 0, in = 0;
@@ -857,6 +857,11 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
         cr_expect(in == 1 && copied > 0 && copies == 3 * copied && marks > 0 && waits > 0 &&
                       bad == 0,
                   "the fetcher's device pool: %s", stats);
+        /* the fetcher's copy time reaches the executor (its overlap figures count it) */
+        const char *t = strstr(stats, "gpu_pool.fetcher_copy_ms");
+        double      copy_ms = 0;
+        cr_expect(t && sscanf(t, "gpu_pool.fetcher_copy_ms %lf", &copy_ms) == 1 && copy_ms > 0,
+                  "%s", stats);
         free(stats);
     }
     sluicectl_down(run_dir);
