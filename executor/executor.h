@@ -253,20 +253,21 @@ struct executor_weights_opts {
                                         "blk.N.ffn_down_exps.weight expert E" (NULL = off) */
 };
 
-/* A device expert pool that a fetcher makes and fills (DESIGN section 8; proto.h: the fetcher's
- * device pool), for the device's pool of experts (executor/gpu.c). Its memory is the fetcher's,
- * mapped here; the fetcher copies experts into it from its RAM pool on its own copy stream; the
- * fetcher's events (ev, recorded by mark) say when copies are done, and this process's kernels
- * event (kev, recorded after the kernels) lets the fetcher copy over slots only after them. */
+/* A device expert pool that the fetchers make and fill (DESIGN section 8; proto.h: the fetcher's
+ * device pool), for the device's pool of experts (executor/gpu.c). Its memory is fetcher 0's,
+ * mapped here and in every other fetcher; each fetcher copies the experts of its shard into it
+ * from its RAM pool on its own copy stream; the fetchers' events (recorded by mark) say when
+ * copies are done, and this process's kernels event (kev, recorded after the kernels) lets them
+ * copy over slots only after them. */
 struct common_devmem_event;
-#define EXECUTOR_DEV_MAX_EVENTS 16u
+#define EXECUTOR_DEV_MAX_EVENTS   16u
+#define EXECUTOR_DEV_MAX_FETCHERS 16u
 struct executor_dev_pool {
     uint8_t                    *base; /* reserved here: bytes, mapped piece by piece by back */
     size_t                      bytes, gran;
-    uint32_t                    n_events;
-    struct common_devmem_event *ev[EXECUTOR_DEV_MAX_EVENTS]; /* the fetcher's */
-    struct common_devmem_event *kev;                         /* this process's */
-    char                        backend[8];                  /* "HOST" or "CUDA" */
+    struct common_devmem_event *kev;        /* this process's, recorded after the kernels */
+    uint32_t                    n_fetchers; /* that copy into it (the memory is fetcher 0's) */
+    char                        backend[8]; /* "HOST" or "CUDA" */
 };
 struct executor_dev_ops {
     /* Asks the fetcher for a pool of `bytes` with n_events events on device dev. 0, or a
@@ -281,11 +282,13 @@ struct executor_dev_ops {
      * mark is ready and its event done) to base + dst. 0, or COMMON_ECLOSED: the fetcher is gone
      * (and every later call fails so too; the pool's memory stays mapped). */
     int (*copy)(void *arg, size_t dst, const void *src, size_t bytes);
-    /* Asks the fetcher to record event k after the copies asked so far; *seq names the mark. */
-    int (*mark)(void *arg, uint32_t k, uint32_t *seq);
-    /* Waits until the fetcher recorded mark seq (then its event may be waited for). 0 or
+    /* Asks each fetcher that copied since its last mark of event k to record its event k after
+     * its copies so far. 0 or COMMON_ECLOSED. */
+    int (*mark)(void *arg, uint32_t k);
+    /* Waits until those fetchers recorded the last marks of event k, and gives their events
+     * (*n of them, at most EXECUTOR_DEV_MAX_FETCHERS) for the caller to wait for. 0 or
      * COMMON_ECLOSED. */
-    int (*ready)(void *arg, uint32_t seq);
+    int (*ready)(void *arg, uint32_t k, struct common_devmem_event **evs, uint32_t *n);
     /* The copies asked next wait for kev (recorded by the caller just before). */
     int (*after)(void *arg);
     /* Nanoseconds the fetcher's copy stream spent copying into the pool, as of its last mark

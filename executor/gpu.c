@@ -127,16 +127,15 @@ struct gpu_xpool {
      * by chunk, in slot order, as slots are first filled (va_chunk 0: one plain allocation). */
     size_t   va_chunk, va_bytes;
     uint32_t va_mapped; /* chunks backed */
-    /* The pool in the fetcher (DESIGN section 8): its memory the fetcher's device pool, mapped
-     * here (dev_mem; pieces made here once the fetcher is gone), its copies run by the fetcher on
-     * its copy stream (dev, while it lives): copy, record and wait go through the weight
-     * source's device ops. remote[k]: event k's last record is the fetcher's mark mark_seq[k]
-     * (dp.ev[k]), else this process's. lost: the fetcher went away during the round, which is
-     * then done again with every slot emptied (its copies may not have happened). */
+    /* The pool in the fetchers (DESIGN section 8): its memory the fetchers' device pool, mapped
+     * here (dev_mem; pieces made here once they are gone), its copies run by the fetchers on
+     * their copy streams (dev, while they live): copy, record and wait go through the weight
+     * source's device ops. remote[k]: event k's last record is the fetchers' marks, else this
+     * process's. lost: a fetcher went away during the round, which is then done again with
+     * every slot emptied (its copies may not have happened). */
     const struct executor_dev_ops *dev, *dev_mem;
     void                          *dev_arg;
     struct executor_dev_pool       dp;
-    uint32_t                       mark_seq[GPU_POOL_EVENTS];
     bool                           remote[GPU_POOL_EVENTS];
     bool                           lost;
     uint64_t                       dev_losses;
@@ -176,7 +175,7 @@ static int gpu_pool_record(struct gpu_xpool *px, uint32_t k)
 {
     px->remote[k] = false;
     if (px->dev) {
-        if (px->dev->mark(px->dev_arg, k, &px->mark_seq[k]) == 0) {
+        if (px->dev->mark(px->dev_arg, k) == 0) {
             px->remote[k] = true;
             return 0;
         }
@@ -194,13 +193,17 @@ static int gpu_pool_wait(struct gpu_xpool *px, uint32_t k, bool host)
                     : gpu_stream_wait(gpu_pool_event(px, k));
     if (host)
         px->remote[k] = false;
-    const uint64_t t0 = common_now_ns();
-    int            rc = -2;
-    if (px->dev && px->dev->ready(px->dev_arg, px->mark_seq[k]) == 0) {
-        if (!host)
-            rc = gpu_stream_wait_shared(px->dp.ev[k]);
-        else if (common_devmem_event_sync(px->dp.ev[k], NULL) == 0)
-            rc = 0;
+    const uint64_t              t0 = common_now_ns();
+    int                         rc = -2;
+    struct common_devmem_event *evs[EXECUTOR_DEV_MAX_FETCHERS];
+    uint32_t                    n = 0;
+    if (px->dev && px->dev->ready(px->dev_arg, k, evs, &n) == 0) {
+        rc = 0;
+        for (uint32_t i = 0; i < n && rc == 0; i++)
+            if (!host)
+                rc = gpu_stream_wait_shared(evs[i]);
+            else if (common_devmem_event_sync(evs[i], NULL) != 0)
+                rc = -2;
     }
     px->dev_wait_ns += common_now_ns() - t0;
     if (rc != -2)
@@ -1402,8 +1405,9 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
                      common_format_size(px->va_chunk, b, sizeof(b)));
         char who[224] = ",";
         if (px->dev)
-            snprintf(who, sizeof(who),
-                     ", in fetcher 0's device memory (%s, filled by the fetcher),", px->dp.backend);
+            snprintf(who, sizeof(who), ", in fetcher 0's device memory (%s, filled by %s),",
+                     px->dp.backend,
+                     px->dp.n_fetchers > 1 ? "the fetchers, each its experts" : "the fetcher");
         else if (px->dev_why[0])
             snprintf(who, sizeof(who), ", in this process's device memory (%s),", px->dev_why);
         snprintf(buf + at2, len - at2,

@@ -29,6 +29,7 @@ struct fetcher_devpool {
     pthread_mutex_t mu; /* everything below */
     /* The open pool (open: every field valid). */
     bool                          open;
+    bool                          adopts; /* the memory is another fetcher's (ADOPT) */
     uint8_t                      *base; /* reserved: bytes */
     uint64_t                      bytes, gran;
     uint32_t                      n_pieces; /* bytes / gran */
@@ -118,7 +119,8 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
     }
     memcpy(&o, h->blob, sizeof(o));
     if (o.magic != PROTO_DEVPOOL_MAGIC || o.bytes == 0 || o.n_events == 0 ||
-        o.n_events > PROTO_DEVPOOL_MAX_EVENTS || o.device < 0) {
+        o.n_events > PROTO_DEVPOOL_MAX_EVENTS || o.device < 0 ||
+        (o.flags & ~PROTO_DEVPOOL_ADOPTS)) {
         devpool_count_refused(d);
         (void)devpool_send_error(sock, "OPEN: bad fields");
         return COMMON_EPROTO;
@@ -131,7 +133,8 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         d->dev = o.device;
     const uint64_t gran = rc == 0 ? common_devmem_granularity() : 0;
     const uint64_t want = gran ? (o.bytes + gran - 1) / gran * gran : 0;
-    if (rc == 0 && o.bytes > d->budget) { /* mapped: rounded up to a piece */
+    /* mapped: rounded up to a piece; another fetcher's memory is not charged here */
+    if (rc == 0 && o.bytes > d->budget && !(o.flags & PROTO_DEVPOOL_ADOPTS)) {
         snprintf(e.text, sizeof(e.text), "asks %llu bytes, --vram-budget %llu",
                  (unsigned long long)o.bytes, (unsigned long long)d->budget);
         rc = COMMON_ERANGE;
@@ -207,6 +210,7 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
     }
     if (rc == 0) {
         d->open = true;
+        d->adopts = (o.flags & PROTO_DEVPOOL_ADOPTS) != 0;
         d->c.opens++;
     } else {
         devpool_drop_locked(d);
@@ -227,7 +231,7 @@ static int devpool_piece(struct fetcher_devpool *d, int sock, const struct commo
     if (h->len == sizeof(k))
         memcpy(&k, h->blob, sizeof(k));
     pthread_mutex_lock(&d->mu);
-    int rc = d->open && k < d->n_pieces ? 0 : COMMON_EINVAL;
+    int rc = d->open && !d->adopts && k < d->n_pieces ? 0 : COMMON_EINVAL;
     if (rc == 0 && !d->pieces[k]) {
         struct common_devmem_piece *p = NULL;
         rc = common_devmem_piece_create(d->gran, &p, &e);
@@ -248,6 +252,35 @@ static int devpool_piece(struct fetcher_devpool *d, int sock, const struct commo
     rc = common_devmem_handle_send(sock, &out, PROTO_DEVPOOL_PIECE);
     close(out.fd);
     return rc;
+}
+
+/* Maps another fetcher's piece k (the handle h, its descriptor taken) and answers ADOPTED. */
+static int devpool_adopt(struct fetcher_devpool *d, int sock, uint32_t k,
+                         struct common_devmem_handle *h)
+{
+    struct common_errmsg e = {{0}};
+    pthread_mutex_lock(&d->mu);
+    int rc =
+        d->open && d->adopts && k < d->n_pieces && !d->pieces[k] && h->fd >= 0 ? 0 : COMMON_EINVAL;
+    struct common_devmem_piece *p = NULL;
+    if (rc != 0) {
+        if (h->fd >= 0)
+            close(h->fd);
+    } else if ((rc = common_devmem_piece_import(h, d->gran, &p, &e)) == 0 &&
+               (rc = common_devmem_piece_map(p, d->base + (size_t)k * d->gran, &e)) != 0) {
+        common_devmem_piece_destroy(p);
+    }
+    h->fd = -1;
+    if (rc == 0) {
+        d->pieces[k] = p;
+        d->c.bytes += d->gran;
+        d->c.pieces++;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (rc != 0)
+        return devpool_send_error(sock, e.text[0] ? e.text : "ADOPT: not here"), rc;
+    const struct common_devmem_handle ok = {.fd = -1};
+    return common_devmem_handle_send(sock, &ok, PROTO_DEVPOOL_ADOPTED | (uint64_t)k << 32);
 }
 
 /* One executor's connection: OPEN, then PIECEs, until it closes or the service stops. */
@@ -273,6 +306,10 @@ static void devpool_serve(struct fetcher_devpool *d, int sock)
             continue; /* not a handle: dropped */
         if (rc != 0)
             break;
+        if ((uint32_t)tag == PROTO_DEVPOOL_ADOPT) {
+            (void)devpool_adopt(d, sock, (uint32_t)(tag >> 32), &h);
+            continue;
+        }
         if (h.fd >= 0)
             close(h.fd);
         h.fd = -1;

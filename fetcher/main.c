@@ -78,8 +78,8 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .target = &o->vram_budget,
          .min = 1,
          .help = "serve the executor a device expert pool of at most this much device memory "
-                 "(e.g. 10G): the fetcher makes it and copies experts into it from its RAM pool "
-                 "(the executor's --vram-budget sizes it)"},
+                 "(e.g. 10G): fetcher 0 makes it, every fetcher copies its experts into it from "
+                 "its RAM pool (the executor's --vram-budget sizes it)"},
         {.name = "pool-slots",
          .type = COMMON_OPT_U32,
          .target = &o->n_slots,

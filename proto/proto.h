@@ -352,9 +352,9 @@ struct proto_fetch_req {
  * n_events EVENT handles, or ERROR (blob: the reason, text). The executor then sends KEVENT (its
  * kernels' event, exported). Then, any number of times, PIECE (blob: uint32_t piece index): the
  * fetcher makes piece k of the pool (granularity bytes at offset k * granularity), maps it and
- * answers PIECE with its handle, or ERROR. Records DEV_COPY, DEV_MARK and DEV_WAIT on the link's
- * ring act on the pool. When the connection closes the fetcher drops the pool (the executor's
- * imports keep their memory). */
+ * answers PIECE with its handle, or ERROR (ADOPT, below, with several fetchers). Records DEV_COPY,
+ * DEV_MARK and DEV_WAIT on the link's ring act on the pool. When the connection closes the fetcher
+ * drops the pool (the executor's imports keep their memory). */
 
 enum proto_devpool_tag {
     PROTO_DEVPOOL_OPEN = 1,
@@ -364,6 +364,8 @@ enum proto_devpool_tag {
     PROTO_DEVPOOL_KEVENT = 5,
     PROTO_DEVPOOL_PIECE = 6,
     PROTO_DEVPOOL_ERROR = 7,
+    PROTO_DEVPOOL_ADOPT = 8,   /* (tag | k << 32) another fetcher's piece k, its handle */
+    PROTO_DEVPOOL_ADOPTED = 9, /* piece k mapped */
 };
 
 #define PROTO_DEVPOOL_MAGIC      0x53445650u /* "SDVP" */
@@ -375,8 +377,15 @@ struct proto_devpool_open {
     int32_t  device;   /* the executor's device index */
     uint64_t bytes;    /* address space wanted (the executor's slots' bytes) */
     uint32_t n_events; /* events the fetcher records (1..PROTO_DEVPOOL_MAX_EVENTS) */
-    uint32_t pad;
+    uint32_t flags;    /* PROTO_DEVPOOL_ADOPTS: the memory is another fetcher's */
 };
+
+/* With several fetchers the pool's memory is fetcher 0's; every other fetcher opens with
+ * PROTO_DEVPOOL_ADOPTS (its budget is not charged), and instead of PIECE the executor sends it
+ * ADOPT (tag PROTO_DEVPOOL_ADOPT | k << 32, the piece's handle as fetcher 0 gave it): it maps the
+ * piece at the same offset of its reservation and answers ADOPTED, or ERROR. Each fetcher copies
+ * the experts of its shard from its own RAM pool and records its own events. */
+#define PROTO_DEVPOOL_ADOPTS 1u
 
 struct proto_devpool_granted {
     uint64_t bytes;       /* reserved: `bytes` rounded up to the granularity */

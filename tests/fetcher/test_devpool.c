@@ -3,6 +3,7 @@
  * another backend): its handshake over the Unix socket, copies from the RAM pool marked and
  * waited for as the executor does, and what it refuses. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,12 +68,13 @@ static uint64_t recv_handle(int sock, struct common_devmem_handle *h)
 }
 
 /* Sends OPEN for `bytes` and 2 events; returns the reply's tag (the error text in why). */
-static uint64_t open_pool(struct client *c, uint64_t bytes, char *why, size_t len)
+static uint64_t open_pool_at(const char *path, uint32_t flags, struct client *c, uint64_t bytes,
+                             char *why, size_t len)
 {
     struct common_errmsg e = {{0}};
-    cr_assert_eq(common_unix_connect(g_path, &c->sock), COMMON_OK);
+    cr_assert_eq(common_unix_connect(path, &c->sock), COMMON_OK);
     const struct proto_devpool_open o = {
-        .magic = PROTO_DEVPOOL_MAGIC, .device = 0, .bytes = bytes, .n_events = 2};
+        .magic = PROTO_DEVPOOL_MAGIC, .device = 0, .bytes = bytes, .n_events = 2, .flags = flags};
     cr_assert_eq(send_handle(c->sock, PROTO_DEVPOOL_OPEN, &o, sizeof(o)), 0);
     struct common_devmem_handle h;
     uint64_t                    tag = recv_handle(c->sock, &h);
@@ -99,6 +101,11 @@ static uint64_t open_pool(struct client *c, uint64_t bytes, char *why, size_t le
     c->base = common_devmem_reserve(c->g.bytes, &e);
     cr_assert_not_null(c->base, "%s", e.text);
     return tag;
+}
+
+static uint64_t open_pool(struct client *c, uint64_t bytes, char *why, size_t len)
+{
+    return open_pool_at(g_path, 0, c, bytes, why, len);
 }
 
 /* Asks for piece k and maps it in the client's reservation; the reply's tag. */
@@ -268,4 +275,82 @@ Test(fetcher_devpool, refuses_bad_openings_with_a_reason)
     common_devmem_event_destroy(g.kev);
     munmap(g.ctl_page, PROTO_DEVPOOL_CTL_BYTES);
     fetcher_devpool_stop(d);
+}
+
+/* A second fetcher (ADOPTS: its budget not charged) maps the first one's pieces as the executor
+ * hands them over (ADOPT), copies from its own RAM pool into them, and the bytes are in the
+ * first fetcher's memory as the executor sees it. It refuses PIECE, an ADOPT without a
+ * descriptor, out of range or of a piece it has. */
+Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
+{
+    struct fetcher_devpool *a = NULL, *b = NULL;
+    struct common_errmsg    e = {{0}};
+    char                    path_b[700], why[80] = "";
+    uint8_t                *ram_b = malloc(RAM_BYTES);
+    cr_assert_not_null(ram_b);
+    for (uint32_t i = 0; i < RAM_BYTES; i++)
+        ram_b[i] = (uint8_t)(i * 13u + 5u);
+    snprintf(path_b, sizeof(path_b), "%s/fetcher-1.dev", g_dir);
+    cr_assert_eq(fetcher_devpool_start(g_path, BUDGET, g_ram, RAM_BYTES, &a, &e), COMMON_OK, "%s",
+                 e.text);
+    cr_assert_eq(fetcher_devpool_start(path_b, 4096, ram_b, RAM_BYTES, &b, &e), COMMON_OK, "%s",
+                 e.text);
+    struct client ca = {0}, cb = {0};
+    cr_assert_eq(open_pool(&ca, 200000, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);
+    cr_assert_eq(open_pool_at(path_b, PROTO_DEVPOOL_ADOPTS, &cb, 200000, why, sizeof(why)),
+                 PROTO_DEVPOOL_GRANTED, "over its budget, yet not charged: %s", why);
+    cr_assert(wait_open(a, true));
+    cr_assert(wait_open(b, true));
+    const uint64_t gran = ca.g.granularity;
+
+    /* piece 0 from fetcher 0, handed to fetcher 1, then mapped here */
+    const uint32_t              k = 0;
+    struct common_devmem_handle h, r;
+    cr_assert_eq(send_handle(ca.sock, PROTO_DEVPOOL_PIECE, &k, sizeof(k)), 0);
+    cr_assert_eq(recv_handle(ca.sock, &h), PROTO_DEVPOOL_PIECE);
+    struct common_devmem_handle dup_h = h;
+    dup_h.fd = dup(h.fd);
+    cr_assert_eq(common_devmem_handle_send(cb.sock, &dup_h, PROTO_DEVPOOL_ADOPT), COMMON_OK);
+    close(dup_h.fd);
+    cr_assert_eq(recv_handle(cb.sock, &r), PROTO_DEVPOOL_ADOPTED);
+    struct common_devmem_piece *p = NULL;
+    cr_assert_eq(common_devmem_piece_import(&h, gran, &p, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_piece_map(p, ca.base, &e), COMMON_OK, "%s", e.text);
+
+    /* fetcher 1 copies from its RAM pool into it, marks, and the bytes are there */
+    const struct proto_fetch_req copy = {
+        .op = PROTO_FETCH_DEV_COPY, .bytes = 3000, .src = 777, .dst = 100};
+    const struct proto_fetch_req mark = {.op = PROTO_FETCH_DEV_MARK, .tag = 0, .loan = 1};
+    cr_assert_eq(fetcher_devpool_record(b, &copy), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_record(b, &mark), COMMON_OK);
+    cr_assert_eq(atomic_load(cb.ctl), 1u);
+    cr_assert_eq(common_devmem_event_sync(cb.ev[0], &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(memcmp(ca.base + 100, ram_b + 777, 3000), 0, "fetcher 1's copy in the memory");
+
+    /* refused: PIECE of an adopter, ADOPT of a piece it has, out of range, without a handle */
+    cr_assert_eq(send_handle(cb.sock, PROTO_DEVPOOL_PIECE, &k, sizeof(k)), 0);
+    cr_expect_eq(recv_handle(cb.sock, &r), PROTO_DEVPOOL_ERROR);
+    const uint64_t bad_tags[] = {PROTO_DEVPOOL_ADOPT, PROTO_DEVPOOL_ADOPT | (uint64_t)99 << 32};
+    for (size_t i = 0; i < 2; i++) {
+        struct common_devmem_handle d2 = h;
+        d2.fd = open("/dev/null", O_RDONLY);
+        cr_assert_eq(common_devmem_handle_send(cb.sock, &d2, bad_tags[i]), COMMON_OK);
+        close(d2.fd);
+        cr_expect_eq(recv_handle(cb.sock, &r), PROTO_DEVPOOL_ERROR, "ADOPT %zu", i);
+    }
+    const uint32_t one = 1;
+    cr_assert_eq(send_handle(cb.sock, PROTO_DEVPOOL_ADOPT | (uint64_t)1 << 32, &one, sizeof(one)),
+                 0);
+    cr_expect_eq(recv_handle(cb.sock, &r), PROTO_DEVPOOL_ERROR, "ADOPT without a handle");
+
+    struct fetcher_devpool_counts n;
+    fetcher_devpool_counts(b, &n);
+    cr_expect_eq(n.pieces, 1);
+    cr_expect_eq(n.copies, 1);
+    close(ca.sock);
+    close(cb.sock);
+    fetcher_devpool_stop(b);
+    fetcher_devpool_stop(a);
+    common_devmem_piece_destroy(p);
+    free(ram_b);
 }

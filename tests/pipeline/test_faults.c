@@ -516,18 +516,23 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
     int st = gen_finish(&g, buf, sizeof(buf), have, 240);
     wait_restarted(dir, victim, pid, 30);
     if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher") &&
-        n_fetchers == 1) {
-        /* The device pool was the fetcher's (sluicectl gives fetcher 0 the --vram-budget too):
-         * its memory stays mapped in the executor, which copies into it itself since. */
+        !strstr(up_args, "--executor-args")) {
+        /* The device pool was the fetchers' (sluicectl gives them the --vram-budget too): its
+         * memory stays mapped in the executor, which copies into it itself since. */
         char cmd[1024];
         int  sst = 0;
         snprintf(cmd, sizeof(cmd),
                  "%s/sluice ctl --run-dir %s --daemon executor stats | grep 'gpu_pool\\.[fi]'", BIN,
                  dir);
-        char *stats = sh(cmd, &sst);
-        cr_expect(strstr(stats, "gpu_pool.fetcher_memory  1") &&
-                      strstr(stats, "gpu_pool.in_fetcher      0") &&
-                      strstr(stats, "gpu_pool.fetcher_losses  1"),
+        char       *stats = sh(cmd, &sst);
+        const char *m = strstr(stats, "gpu_pool.fetcher_memory"),
+                   *i = strstr(stats, "gpu_pool.in_fetcher"),
+                   *l = strstr(stats, "gpu_pool.fetcher_losses");
+        unsigned memory = 0, in = 1, losses = 0;
+        cr_expect(m && i && l && sscanf(m, "gpu_pool.fetcher_memory %u", &memory) == 1 &&
+                      sscanf(i, "gpu_pool.in_fetcher %u", &in) == 1 &&
+                      sscanf(l, "gpu_pool.fetcher_losses %u", &losses) == 1 && memory == 1 &&
+                      in == 0 && losses == 1,
                   "want the fetcher's pool, lost once:\n%s", stats);
         cr_log_info("executor after the restart: %s", stats);
         free(stats);
@@ -579,6 +584,20 @@ Test(pipeline_faults, kill_fetcher_midway_with_a_device_pool_same_tokens, .timeo
     cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200, 2,
                          "--ram-budget 40M --executor-args '-ngl 999 --vram-budget 640K'",
+                         "-ngl 999 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+}
+
+/* Two fetchers filling the device pool (fetcher 0's memory): the other one killed. */
+Test(pipeline_faults, kill_a_fetcher_that_fills_the_device_pool_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200, 2,
+                         "--ram-budget 40M -ngl 999 --vram-budget 640K",
                          "-ngl 999 --vram-budget 640K");
     cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
 }

@@ -776,7 +776,8 @@ Test(pipeline_sluicectl, cache_type_reaches_the_executor_and_the_fetchers_plan, 
  * warns and uses the CPU); the client's greedy text equals `sluice run -ngl 999` in one process
  * and the CPU's. `host` runs everything with SLUICE_GPU_BACKEND=host: the layers go to HOST0, the
  * device's forward pass on the CPU, wherever the test runs; its log then holds `host_log`. */
-static void check_ngl_daemons(bool host, const char *extra, const char *host_log)
+static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extra,
+                                const char *host_log)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, "moe-tiny/moe-tiny-q4_0.gguf");
@@ -793,7 +794,7 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
     snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
     char up[256];
     snprintf(up, sizeof(up), "-ngl 999 %s", extra);
-    char *out = sluicectl_up_with(run_dir, model, 1, up, &st);
+    char *out = sluicectl_up_with(run_dir, model, n_fetchers, up, &st);
     cr_assert_eq(st, 0, "up: %s", out);
     free(out);
     char *daemons = generate_line(run_dir);
@@ -833,31 +834,48 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
         free(stats);
     }
     if (host && strstr(extra, "--vram-budget") && !strstr(extra, "--fetcher-args")) {
-        /* The pool is fetcher 0's device memory (sluicectl gives it the --vram-budget too): the
-         * fetcher copied every expert in (three parts each), recorded the marks and waited for
-         * the kernels, and refused no record; the executor's pool is in it. */
+        /* The pool is fetcher 0's device memory (sluicectl gives the fetchers the --vram-budget
+         * too), mapped in every fetcher: between them the fetchers copied every expert in (three
+         * parts each, each fetcher those of its shard), recorded marks and waited for the
+         * kernels, and refused no record; the executor's pool is in it. */
+        unsigned long long copies = 0, marks = 0, waits = 0, bad = 0, copied = 0, in = 0;
+        for (unsigned f = 0; f < n_fetchers; f++) {
+            snprintf(cmd, sizeof(cmd),
+                     "%s/sluice ctl --run-dir '%s' --daemon fetcher-%u stats | grep -E "
+                     "'^(devpool|serve\\.bad)'",
+                     BIN, run_dir, f);
+            char              *stats = sh(cmd, &st);
+            unsigned long long fc = 0, fm = 0, fw = 0, fb = 1;
+            const char *c = strstr(stats, "devpool.copies"), *m = strstr(stats, "devpool.marks"),
+                       *w = strstr(stats, "devpool.waits"), *b = strstr(stats, "serve.bad_records");
+            cr_expect(c && m && w && b && sscanf(c, "devpool.copies %llu", &fc) == 1 &&
+                          sscanf(m, "devpool.marks %llu", &fm) == 1 &&
+                          sscanf(w, "devpool.waits %llu", &fw) == 1 &&
+                          sscanf(b, "serve.bad_records %llu", &fb) == 1,
+                      "fetcher-%u: %s", f, stats);
+            cr_expect(fc > 0 && fm > 0 && fw > 0, "fetcher-%u copied nothing: %s", f, stats);
+            copies += fc;
+            marks += fm;
+            waits += fw;
+            bad += fb;
+            free(stats);
+        }
         snprintf(cmd, sizeof(cmd),
-                 "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 stats | grep -E "
-                 "'^(devpool|serve\\.bad)'; %s/sluice ctl --run-dir '%s' --daemon executor stats "
+                 "%s/sluice ctl --run-dir '%s' --daemon executor stats "
                  "| grep -E 'gpu_pool\\.(copied|in_fetcher|fetcher_copy_ms) '",
-                 BIN, run_dir, BIN, run_dir);
-        char              *stats = sh(cmd, &st);
-        unsigned long long copies = 0, marks = 0, waits = 0, bad = 1, copied = 0, in = 0;
-        const char        *c = strstr(stats, "devpool.copies"), *m = strstr(stats, "devpool.marks"),
-                   *w = strstr(stats, "devpool.waits"), *b = strstr(stats, "serve.bad_records"),
-                   *x = strstr(stats, "gpu_pool.copied "),
+                 BIN, run_dir);
+        char       *stats = sh(cmd, &st);
+        const char *x = strstr(stats, "gpu_pool.copied "),
                    *i = strstr(stats, "gpu_pool.in_fetcher");
-        cr_expect(c && m && w && b && x && i && sscanf(c, "devpool.copies %llu", &copies) == 1 &&
-                      sscanf(m, "devpool.marks %llu", &marks) == 1 &&
-                      sscanf(w, "devpool.waits %llu", &waits) == 1 &&
-                      sscanf(b, "serve.bad_records %llu", &bad) == 1 &&
-                      sscanf(x, "gpu_pool.copied %llu", &copied) == 1 &&
+        cr_expect(x && i && sscanf(x, "gpu_pool.copied %llu", &copied) == 1 &&
                       sscanf(i, "gpu_pool.in_fetcher %llu", &in) == 1,
                   "%s", stats);
         cr_expect(in == 1 && copied > 0 && copies == 3 * copied && marks > 0 && waits > 0 &&
                       bad == 0,
-                  "the fetcher's device pool: %s", stats);
-        /* the fetcher's copy time reaches the executor (its overlap figures count it) */
+                  "the fetchers' device pool: %llu copies, %llu marks, %llu waits, %llu bad "
+                  "records; the executor's %s",
+                  copies, marks, waits, bad, stats);
+        /* the fetchers' copy time reaches the executor (its overlap figures count it) */
         const char *t = strstr(stats, "gpu_pool.fetcher_copy_ms");
         double      copy_ms = 0;
         cr_expect(t && sscanf(t, "gpu_pool.fetcher_copy_ms %lf", &copy_ms) == 1 && copy_ms > 0,
@@ -873,6 +891,11 @@ static void check_ngl_daemons(bool host, const char *extra, const char *host_log
     t_dir[0] = '\0';
     fixture_rmtree(dir);
     free(dir);
+}
+
+static void check_ngl_daemons(bool host, const char *extra, const char *host_log)
+{
+    check_ngl_daemons_n(host, 1, extra, host_log);
 }
 
 Test(pipeline_sluicectl, ngl_daemons_give_the_one_process_text, .timeout = 300,
@@ -899,6 +922,16 @@ Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_pr
                       "gpu: HOST0.*the experts in a pool of 3 slots.*--policy lfu\\), in fetcher "
                       "0.s device memory \\(HOST, filled by the fetcher\\), copied in from the "
                       "RAM pool, pinned");
+}
+
+/* Two fetchers, each serving half the experts: the device pool is fetcher 0's memory, mapped in
+ * fetcher 1 too, and each copies its own experts in from its RAM pool. */
+Test(pipeline_sluicectl, two_fetchers_fill_one_device_pool, .timeout = 300, .fini = stop_leftovers)
+{
+    check_ngl_daemons_n(true, 2, "--vram-budget 324K --ram-budget 37M",
+                        "the experts in a pool of 3 slots .*, in fetcher 0.s device memory "
+                        "\\(HOST, filled by the fetchers, each its experts\\), copied in from "
+                        "the RAM pools of 2 fetchers, pinned");
 }
 
 /* A fetcher whose own --vram-budget is below the executor's pool refuses it: the executor says
