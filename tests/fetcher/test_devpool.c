@@ -108,6 +108,21 @@ static uint64_t open_pool(struct client *c, uint64_t bytes, char *why, size_t le
     return open_pool_at(g_path, 0, c, bytes, why, len);
 }
 
+/* Frees what open_pool gave the client (its mapped pieces are the caller's). */
+static void client_free(struct client *c)
+{
+    if (c->sock >= 0)
+        close(c->sock);
+    c->sock = -1;
+    common_devmem_unreserve(c->base, c->g.bytes);
+    common_devmem_event_destroy(c->ev[0]);
+    common_devmem_event_destroy(c->ev[1]);
+    common_devmem_event_destroy(c->kev);
+    if (c->ctl_page)
+        munmap(c->ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    memset(c, 0, sizeof(*c));
+}
+
 /* Asks for piece k and maps it in the client's reservation; the reply's tag. */
 static uint64_t get_piece(struct client *c, uint32_t k, struct common_devmem_piece **out)
 {
@@ -211,11 +226,8 @@ Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
     common_devmem_piece_destroy(p0);
     common_devmem_piece_destroy(p1);
     common_devmem_piece_destroy(p2);
-    common_devmem_unreserve(c.base, c.g.bytes);
-    common_devmem_event_destroy(c.ev[0]);
-    common_devmem_event_destroy(c.ev[1]);
-    common_devmem_event_destroy(c.kev);
-    munmap(c.ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    c.sock = -1; /* closed above */
+    client_free(&c);
     fetcher_devpool_stop(d);
 }
 
@@ -268,12 +280,7 @@ Test(fetcher_devpool, refuses_bad_openings_with_a_reason)
     fetcher_devpool_counts(d, &n);
     cr_expect_eq(n.opens, 1);
     cr_expect_eq(n.refused, 1 + 1 + 5 + 1);
-    close(g.sock);
-    common_devmem_unreserve(g.base, g.g.bytes);
-    common_devmem_event_destroy(g.ev[0]);
-    common_devmem_event_destroy(g.ev[1]);
-    common_devmem_event_destroy(g.kev);
-    munmap(g.ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    client_free(&g);
     fetcher_devpool_stop(d);
 }
 
@@ -347,10 +354,10 @@ Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
     fetcher_devpool_counts(b, &n);
     cr_expect_eq(n.pieces, 1);
     cr_expect_eq(n.copies, 1);
-    close(ca.sock);
-    close(cb.sock);
     fetcher_devpool_stop(b);
     fetcher_devpool_stop(a);
     common_devmem_piece_destroy(p);
+    client_free(&ca);
+    client_free(&cb);
     free(ram_b);
 }
