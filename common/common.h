@@ -1178,6 +1178,12 @@ int common_devmem_copy_async(void *dst, const void *src, size_t bytes, struct co
  * around each copy, counted as they complete; a copy whose events are still in flight when the
  * ring of pairs comes round again is not counted). false (0) before open. */
 bool common_devmem_copy_time(uint64_t *busy_ns);
+/* Registers mapped host memory [p, p + bytes) as pinned for the copy stream (CUDA:
+ * cudaHostRegister), so that copies from it are DMA'd without staging; refused (COMMON_EINVAL)
+ * when part of it is not mapped or is registered already; the memory must stay mapped until
+ * common_devmem_host_unregister(p). Copies from unregistered memory work too, slower. */
+int  common_devmem_host_register(const void *p, size_t bytes, struct common_errmsg *e);
+void common_devmem_host_unregister(const void *p);
 
 /* A new event, made here (exportable), not yet recorded: it counts as done. */
 int common_devmem_event_create(struct common_devmem_event **out, struct common_errmsg *e);

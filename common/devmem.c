@@ -188,6 +188,23 @@ int common_devmem_copy_async(void *dst, const void *src, size_t bytes, struct co
     return bytes == 0 ? COMMON_OK : be->copy_async(dst, src, bytes, e);
 }
 
+int common_devmem_host_register(const void *p, size_t bytes, struct common_errmsg *e)
+{
+    const struct devmem_backend *be = devmem_be(e);
+    if (!be)
+        return COMMON_EINVAL;
+    if (!p || !bytes)
+        return common_errmsg_set(e, COMMON_EINVAL, "registering host memory: nothing to register");
+    return be->host_register(p, bytes, e);
+}
+
+void common_devmem_host_unregister(const void *p)
+{
+    const struct devmem_backend *be = devmem_be(NULL);
+    if (be && p)
+        be->host_unregister(p);
+}
+
 bool common_devmem_copy_time(uint64_t *busy_ns)
 {
     const struct devmem_backend *be = devmem_be(NULL);

@@ -281,6 +281,22 @@ static uint64_t cuda_copy_busy_ns(void)
     return ns;
 }
 
+static int cuda_host_register(const void *p, size_t bytes, struct common_errmsg *e)
+{
+    cudaError_t err = cudaHostRegister((void *)(uintptr_t)p, bytes, cudaHostRegisterPortable);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return cuda_fail(e, err, "cudaHostRegister");
+    }
+    return COMMON_OK;
+}
+
+static void cuda_host_unregister(const void *p)
+{
+    if (cudaHostUnregister((void *)(uintptr_t)p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static int cuda_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
 {
     pthread_mutex_lock(&g_tp.mu);
@@ -407,6 +423,8 @@ static const struct devmem_backend g_cuda = {
     .piece_bytes = cuda_piece_bytes,
     .copy_async = cuda_copy_async,
     .copy_busy_ns = cuda_copy_busy_ns,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
     .event_create = cuda_event_create,
     .event_export = cuda_event_export,
     .event_import = cuda_event_import,

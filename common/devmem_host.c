@@ -398,6 +398,54 @@ static size_t host_piece_bytes(const struct common_devmem_piece *p)
     return p->bytes;
 }
 
+/* Registrations of host memory, checked as CUDA checks them: mapped, not overlapping one. */
+#define HOST_MAX_REGS 64
+static struct {
+    uintptr_t p;
+    size_t    bytes;
+} g_regs[HOST_MAX_REGS];
+static unsigned        g_n_regs;
+static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int host_host_register(const void *p, size_t bytes, struct common_errmsg *e)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    const uintptr_t lo = a & ~(page - 1), hi = (a + bytes + page - 1) & ~(page - 1);
+    unsigned char   vec[64];
+    for (uintptr_t at = lo; at < hi;) { /* mincore fails with ENOMEM on an unmapped page */
+        const uintptr_t n = hi - at < 64 * page ? hi - at : 64 * page;
+        if (mincore((void *)at, (size_t)n, vec) != 0)
+            return common_errmsg_set(
+                e, COMMON_EINVAL, "registering host memory: %#lx is not mapped", (unsigned long)at);
+        at += n;
+    }
+    int rc = COMMON_OK;
+    pthread_mutex_lock(&g_reg_mu);
+    for (unsigned i = 0; i < g_n_regs && rc == COMMON_OK; i++)
+        if (a < g_regs[i].p + g_regs[i].bytes && g_regs[i].p < a + bytes)
+            rc = common_errmsg_set(e, COMMON_EINVAL,
+                                   "registering host memory: part of it is registered already");
+    if (rc == COMMON_OK && g_n_regs == HOST_MAX_REGS)
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "registering host memory: too many");
+    if (rc == COMMON_OK) {
+        g_regs[g_n_regs].p = a;
+        g_regs[g_n_regs++].bytes = bytes;
+    }
+    pthread_mutex_unlock(&g_reg_mu);
+    return rc;
+}
+
+static void host_host_unregister(const void *p)
+{
+    pthread_mutex_lock(&g_reg_mu);
+    for (unsigned i = 0; i < g_n_regs; i++)
+        if (g_regs[i].p == (uintptr_t)p) {
+            g_regs[i] = g_regs[--g_n_regs];
+            break;
+        }
+    pthread_mutex_unlock(&g_reg_mu);
+}
+
 static int host_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
 {
     pthread_mutex_lock(&g_va_mu);
@@ -525,6 +573,8 @@ static const struct devmem_backend g_host = {
     .piece_bytes = host_piece_bytes,
     .copy_async = host_copy_async,
     .copy_busy_ns = host_copy_busy_ns,
+    .host_register = host_host_register,
+    .host_unregister = host_host_unregister,
     .event_create = host_event_create,
     .event_export = host_event_export,
     .event_import = host_event_import,

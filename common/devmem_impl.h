@@ -22,6 +22,8 @@ struct devmem_backend {
     size_t (*piece_bytes)(const struct common_devmem_piece *p);
     int (*copy_async)(void *dst, const void *src, size_t bytes, struct common_errmsg *e);
     uint64_t (*copy_busy_ns)(void);
+    int (*host_register)(const void *p, size_t bytes, struct common_errmsg *e);
+    void (*host_unregister)(const void *p);
     int (*event_create)(struct common_devmem_event **out, struct common_errmsg *e);
     int (*event_export)(const struct common_devmem_event *ev, struct common_devmem_handle *h,
                         struct common_errmsg *e);

@@ -42,6 +42,7 @@ struct fetcher_devpool {
     _Atomic uint64_t             *ctl_busy; /* at offset 8: copy time since OPEN */
     uint64_t                      busy0;    /* copy time at OPEN */
     int                           dev;      /* the device opened (-1: none yet) */
+    bool                          pinned;   /* ram registered with the device (once it is open) */
     struct fetcher_devpool_counts c;
 };
 
@@ -131,6 +132,15 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         snprintf(e.text, sizeof(e.text), "this fetcher serves device %d", d->dev);
     if (rc == 0)
         d->dev = o.device;
+    if (rc == 0 && !d->pinned) { /* the copies' source as pinned memory: DMA, no staging */
+        struct common_errmsg pe = {{0}};
+        d->pinned = common_devmem_host_register(d->ram, d->ram_bytes, &pe) == 0;
+        if (!d->pinned)
+            COMMON_LOG_WARN("fetcher.devpool",
+                            "pinning the RAM pool for the device failed (%s): its copies read "
+                            "pageable memory",
+                            pe.text);
+    }
     const uint64_t gran = rc == 0 ? common_devmem_granularity() : 0;
     const uint64_t want = gran ? (o.bytes + gran - 1) / gran * gran : 0;
     /* mapped: rounded up to a piece; another fetcher's memory is not charged here */
@@ -410,6 +420,7 @@ void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_co
     pthread_mutex_lock(&d->mu);
     *out = d->c;
     out->open = d->open;
+    out->pinned = d->pinned;
     (void)common_devmem_copy_time(&out->copy_busy_ns);
     pthread_mutex_unlock(&d->mu);
 }
@@ -462,7 +473,9 @@ void fetcher_devpool_stop(struct fetcher_devpool *d)
         (void)unlink(d->path);
     }
     pthread_mutex_lock(&d->mu);
-    devpool_drop_locked(d);
+    devpool_drop_locked(d); /* its copies done */
+    if (d->pinned)
+        common_devmem_host_unregister(d->ram);
     pthread_mutex_unlock(&d->mu);
     pthread_mutex_destroy(&d->mu);
     free(d->path);

@@ -27,6 +27,7 @@ struct fetcher_devpool_counts {
     uint64_t bytes;        /* the open pool's device memory mapped now */
     uint64_t copy_busy_ns; /* the copy stream's time copying (this process's, all pools) */
     bool     open;         /* a pool is open now */
+    bool     pinned;       /* the RAM pool is registered with the device as pinned memory */
 };
 
 /* Listens on `path` for an executor; its copies read [pool_base, pool_base + pool_bytes) (the RAM

@@ -264,6 +264,7 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
         struct fetcher_devpool_counts dc;
         fetcher_devpool_counts(s->devpool, &dc);
         proto_stats_add(st, "devpool.open", dc.open);
+        proto_stats_add(st, "devpool.pinned", dc.pinned);
         proto_stats_add(st, "devpool.opens", (double)dc.opens);
         proto_stats_add(st, "devpool.refused", (double)dc.refused);
         proto_stats_add(st, "devpool.bytes", (double)dc.bytes);

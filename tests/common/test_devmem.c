@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -441,4 +442,25 @@ Test(common_devmem, handles_cross_a_socket_and_garbage_does_not)
     close(sv[0]);
     cr_assert_eq(common_devmem_handle_recv(sv[1], &g, &tag, 1000), COMMON_ECLOSED);
     close(sv[1]);
+}
+
+/* Host memory registered as pinned for the copy stream: refused where part of it is not mapped
+ * or is registered already (as CUDA refuses), accepted again once unregistered. */
+Test(common_devmem, host_memory_registers_as_cuda_allows)
+{
+    struct common_errmsg e = {{0}};
+    t_open();
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *m = mmap(NULL, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(m, MAP_FAILED);
+    cr_assert_eq(munmap(m + 3 * page, page), 0); /* a hole at the end */
+    cr_expect_eq(common_devmem_host_register(m, 4 * page, &e), COMMON_EINVAL);
+    cr_expect(strstr(e.text, "not mapped") != NULL, "%s", e.text);
+    cr_assert_eq(common_devmem_host_register(m, 2 * page, &e), COMMON_OK, "%s", e.text);
+    cr_expect_eq(common_devmem_host_register(m + page, page, &e), COMMON_EINVAL, "overlaps");
+    common_devmem_host_unregister(m);
+    cr_expect_eq(common_devmem_host_register(m + page, page, &e), COMMON_OK, "%s", e.text);
+    common_devmem_host_unregister(m + page);
+    cr_expect_eq(common_devmem_host_register(NULL, page, &e), COMMON_EINVAL);
+    munmap(m, 3 * page);
 }

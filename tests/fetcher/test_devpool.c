@@ -208,6 +208,7 @@ Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
 
     struct fetcher_devpool_counts k;
     fetcher_devpool_counts(d, &k);
+    cr_expect(k.pinned, "the RAM pool registered as pinned memory");
     cr_expect_eq(k.opens, 1);
     cr_expect_eq(k.copies, 1);
     cr_expect_eq(k.copied_bytes, n);
@@ -302,6 +303,7 @@ Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
                  e.text);
     cr_assert_eq(fetcher_devpool_start(path_b, 4096, ram_b, RAM_BYTES, &b, &e), COMMON_OK, "%s",
                  e.text);
+
     struct client ca = {0}, cb = {0};
     cr_assert_eq(open_pool(&ca, 200000, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);
     cr_assert_eq(open_pool_at(path_b, PROTO_DEVPOOL_ADOPTS, &cb, 200000, why, sizeof(why)),

@@ -845,15 +845,18 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
                      "'^(devpool|serve\\.bad)'",
                      BIN, run_dir, f);
             char              *stats = sh(cmd, &st);
-            unsigned long long fc = 0, fm = 0, fw = 0, fb = 1;
+            unsigned long long fc = 0, fm = 0, fw = 0, fb = 1, fp = 0;
             const char *c = strstr(stats, "devpool.copies"), *m = strstr(stats, "devpool.marks"),
-                       *w = strstr(stats, "devpool.waits"), *b = strstr(stats, "serve.bad_records");
-            cr_expect(c && m && w && b && sscanf(c, "devpool.copies %llu", &fc) == 1 &&
+                       *w = strstr(stats, "devpool.waits"), *b = strstr(stats, "serve.bad_records"),
+                       *p = strstr(stats, "devpool.pinned");
+            cr_expect(c && m && w && b && p && sscanf(c, "devpool.copies %llu", &fc) == 1 &&
                           sscanf(m, "devpool.marks %llu", &fm) == 1 &&
                           sscanf(w, "devpool.waits %llu", &fw) == 1 &&
-                          sscanf(b, "serve.bad_records %llu", &fb) == 1,
+                          sscanf(b, "serve.bad_records %llu", &fb) == 1 &&
+                          sscanf(p, "devpool.pinned %llu", &fp) == 1,
                       "fetcher-%u: %s", f, stats);
             cr_expect(fc > 0 && fm > 0 && fw > 0, "fetcher-%u copied nothing: %s", f, stats);
+            cr_expect(fp == 1, "fetcher-%u's RAM pool is not pinned: %s", f, stats);
             copies += fc;
             marks += fm;
             waits += fw;
