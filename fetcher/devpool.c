@@ -222,6 +222,14 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         d->open = true;
         d->adopts = (o.flags & PROTO_DEVPOOL_ADOPTS) != 0;
         d->c.opens++;
+        char a[32], b[32];
+        COMMON_LOG_INFO("fetcher.devpool",
+                        "device pool open: %s of %s%d address space for the executor's experts "
+                        "(%s, --vram-budget %s), its copies from %s",
+                        common_format_size(d->bytes, a, sizeof(a)), common_devmem_backend(), d->dev,
+                        d->adopts ? "fetcher 0's memory" : "mapped as it fills",
+                        common_format_size(d->budget, b, sizeof(b)),
+                        d->pinned ? "the pinned RAM pool" : "the RAM pool, pageable");
     } else {
         devpool_drop_locked(d);
         d->c.refused++;

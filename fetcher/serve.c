@@ -696,6 +696,12 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         if ((rc = fetcher_devpool_start(s->dev_path, o->vram_budget, s->pool_base, s->pool_bytes,
                                         &s->devpool, e)) != COMMON_OK)
             goto out_stop;
+        char vb[32];
+        if (o->plan_out)
+            fprintf(o->plan_out,
+                    "device pool: up to %s of device memory (--vram-budget) for the executor's "
+                    "experts, made when it asks (%s)\n",
+                    common_format_size(o->vram_budget, vb, sizeof(vb)), s->dev_path);
     }
     struct proto_service_opts so = {.run_dir = s->run_dir,
                                     .name = s->name,
