@@ -536,6 +536,26 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
                   "want the fetcher's pool, lost once:\n%s", stats);
         cr_log_info("executor after the restart: %s", stats);
         free(stats);
+    } else if (up_args && strstr(up_args, "--vram-budget") && !strstr(up_args, "--executor-args")) {
+        /* The executor was killed: fetcher 0 dropped the pool when its connection closed and
+         * made a new one for the restarted executor, which fills it as before. */
+        char cmd[1024];
+        int  sst = 0;
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice ctl --run-dir %s --daemon fetcher-0 stats | grep -E "
+                 "'devpool\\.(open|opens) '; %s/sluice ctl --run-dir %s --daemon executor stats | "
+                 "grep 'gpu_pool\\.in_fetcher'",
+                 BIN, dir, BIN, dir);
+        char       *stats = sh(cmd, &sst);
+        const char *o = strstr(stats, "devpool.open "), *os = strstr(stats, "devpool.opens"),
+                   *i = strstr(stats, "gpu_pool.in_fetcher");
+        unsigned open = 0, opens = 0, in = 0;
+        cr_expect(o && os && i && sscanf(o, "devpool.open %u", &open) == 1 &&
+                      sscanf(os, "devpool.opens %u", &opens) == 1 &&
+                      sscanf(i, "gpu_pool.in_fetcher %u", &in) == 1 && open == 1 && opens == 2 &&
+                      in == 1,
+                  "want the fetcher's pool made anew for the new executor:\n%s", stats);
+        free(stats);
     } else if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher")) {
         /* The executor registers each fetcher's pool with the device as pinned memory: the
          * restarted fetcher's new pool too, the dead one's unregistered before it is unmapped
@@ -584,6 +604,21 @@ Test(pipeline_faults, kill_fetcher_midway_with_a_device_pool_same_tokens, .timeo
     cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200, 2,
                          "--ram-budget 40M --executor-args '-ngl 999 --vram-budget 640K'",
+                         "-ngl 999 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+}
+
+/* The executor killed while the fetcher's device pool feeds it: the fetcher drops that pool and
+ * makes one for the restarted executor; the text is one process's on the same device. */
+Test(pipeline_faults, kill_the_executor_of_a_fetchers_device_pool_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    check_kill_midway_of("executor", "--temp 0", dir, model, 200, 1,
+                         "--ram-budget 40M -ngl 999 --vram-budget 640K",
                          "-ngl 999 --vram-budget 640K");
     cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
 }
