@@ -25,6 +25,7 @@ static uint8_t *g_ram;
 static void setup(void)
 {
     setenv("SLUICE_GPU_BACKEND", "host", 0);
+    common_log_set_level(COMMON_LOG_LEVEL_WARN);
     char *dir = fixture_tmpdir();
     cr_assert_not_null(dir);
     snprintf(g_dir, sizeof(g_dir), "%s", dir);

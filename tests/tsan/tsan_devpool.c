@@ -1,0 +1,129 @@
+/* tests/tsan/tsan_devpool.c - the fetcher's device pool (fetcher/devpool.c) driven from several
+ * threads at once, as a plain program for ThreadSanitizer: an executor thread opens pools, asks
+ * for pieces and closes them, round after round, while a link-reader thread fires copy, mark and
+ * wait records at it and a third reads its counters. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "common.h"
+#include "devpool.h"
+#include "proto.h"
+
+#define ROUNDS    20
+#define RAM_BYTES (256u << 10)
+
+static char         g_path[256];
+static _Atomic bool g_done;
+
+/* One executor's pool: OPEN, the handles taken and dropped, PIECEs 0..3, then close. */
+static int executor_round(void)
+{
+    int sock = -1, bad = 0;
+    if (common_unix_connect(g_path, &sock) != COMMON_OK)
+        return 1;
+    const struct proto_devpool_open o = {
+        .magic = PROTO_DEVPOOL_MAGIC, .device = 0, .bytes = 4u << 16, .n_events = 2};
+    struct common_devmem_handle h = {.fd = -1, .len = sizeof(o)};
+    memcpy(h.blob, &o, sizeof(o));
+    uint64_t                    tag = 0;
+    struct common_devmem_event *ev = NULL;
+    bad += common_devmem_handle_send(sock, &h, PROTO_DEVPOOL_OPEN) != COMMON_OK;
+    for (int m = 0; m < 4 && !bad; m++) { /* GRANTED, CTL, 2 EVENTs */
+        bad += common_devmem_handle_recv(sock, &h, &tag, 10000) != COMMON_OK;
+        if (h.fd >= 0)
+            close(h.fd);
+    }
+    if (!bad && common_devmem_event_create(&ev, NULL) == COMMON_OK &&
+        common_devmem_event_export(ev, &h, NULL) == COMMON_OK) {
+        bad += common_devmem_handle_send(sock, &h, PROTO_DEVPOOL_KEVENT) != COMMON_OK;
+        close(h.fd);
+    }
+    for (uint32_t k = 0; k < 4 && !bad; k++) {
+        h = (struct common_devmem_handle){.fd = -1, .len = sizeof(k)};
+        memcpy(h.blob, &k, sizeof(k));
+        bad += common_devmem_handle_send(sock, &h, PROTO_DEVPOOL_PIECE) != COMMON_OK ||
+               common_devmem_handle_recv(sock, &h, &tag, 10000) != COMMON_OK ||
+               tag != PROTO_DEVPOOL_PIECE;
+        if (h.fd >= 0)
+            close(h.fd);
+    }
+    close(sock);
+    common_devmem_event_destroy(ev);
+    return bad;
+}
+
+static void *executor_run(void *arg)
+{
+    int *bad = arg;
+    for (int r = 0; r < ROUNDS; r++)
+        *bad += executor_round();
+    atomic_store(&g_done, true);
+    return NULL;
+}
+
+/* The link's reader: records as an executor's ring brings them, open pool or not. */
+static void *reader_run(void *arg)
+{
+    struct fetcher_devpool *d = arg;
+    uint32_t                seq = 0;
+    while (!atomic_load(&g_done)) {
+        const struct proto_fetch_req recs[] = {
+            {.op = PROTO_FETCH_DEV_WAIT},
+            {.op = PROTO_FETCH_DEV_COPY, .bytes = 1000, .src = 64, .dst = 500},
+            {.op = PROTO_FETCH_DEV_MARK, .tag = 1, .loan = ++seq},
+        };
+        for (size_t i = 0; i < 3; i++)
+            (void)fetcher_devpool_record(d, &recs[i]);
+    }
+    return NULL;
+}
+
+static void *counter_run(void *arg)
+{
+    struct fetcher_devpool *d = arg;
+    while (!atomic_load(&g_done)) {
+        struct fetcher_devpool_counts c;
+        fetcher_devpool_counts(d, &c);
+        usleep(100);
+    }
+    return NULL;
+}
+
+int main(void)
+{
+    setenv("SLUICE_GPU_BACKEND", "host", 1);
+    common_log_set_level(COMMON_LOG_LEVEL_WARN); /* not a line per pool */
+    char dir[] = "/tmp/sluice-tsan-devpool-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(g_path, sizeof(g_path), "%s/fetcher-0.dev", dir);
+    uint8_t *ram = malloc(RAM_BYTES);
+    CHECK(ram != NULL, "malloc");
+    memset(ram, 7, RAM_BYTES);
+    struct fetcher_devpool *d = NULL;
+    struct common_errmsg    e = {{0}};
+    CHECK(fetcher_devpool_start(g_path, 1u << 20, ram, RAM_BYTES, &d, &e) == COMMON_OK, "start: %s",
+          e.text);
+    int       bad = 0;
+    pthread_t te, tr, tc;
+    CHECK(pthread_create(&te, NULL, executor_run, &bad) == 0, "executor thread");
+    CHECK(pthread_create(&tr, NULL, reader_run, d) == 0, "reader thread");
+    CHECK(pthread_create(&tc, NULL, counter_run, d) == 0, "counter thread");
+    pthread_join(te, NULL);
+    pthread_join(tr, NULL);
+    pthread_join(tc, NULL);
+    struct fetcher_devpool_counts c;
+    fetcher_devpool_counts(d, &c);
+    CHECK(bad == 0, "%d executor rounds failed", bad);
+    CHECK(c.opens == ROUNDS, "%llu pools opened of %d", (unsigned long long)c.opens, ROUNDS);
+    CHECK(c.pieces == 4 * ROUNDS, "%llu pieces", (unsigned long long)c.pieces);
+    fetcher_devpool_stop(d);
+    free(ram);
+    rmdir(dir);
+    return check_report();
+}
