@@ -154,6 +154,16 @@ static bool wait_open(struct fetcher_devpool *d, bool open)
     return false;
 }
 
+/* A service on `path` over `ram` (RAM_BYTES). */
+static struct fetcher_devpool *start_at(const char *path, uint64_t budget, const uint8_t *ram)
+{
+    struct fetcher_devpool *d = NULL;
+    struct common_errmsg    e = {{0}};
+    cr_assert_eq(fetcher_devpool_start(path, budget, ram, RAM_BYTES, &d, &e), COMMON_OK, "%s",
+                 e.text);
+    return d;
+}
+
 TestSuite(fetcher_devpool, .init = setup, .fini = teardown, .timeout = 120);
 
 /* What an executor does: the pool opened, two pieces mapped, a copy from the RAM pool across
@@ -161,10 +171,8 @@ TestSuite(fetcher_devpool, .init = setup, .fini = teardown, .timeout = 120);
  * the executor's mapping. */
 Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
 {
-    struct fetcher_devpool *d = NULL;
+    struct fetcher_devpool *d = start_at(g_path, BUDGET, g_ram);
     struct common_errmsg    e = {{0}};
-    cr_assert_eq(fetcher_devpool_start(g_path, BUDGET, g_ram, RAM_BYTES, &d, &e), COMMON_OK, "%s",
-                 e.text);
     struct client c = {0};
     char          why[80] = "";
     cr_assert_eq(open_pool(&c, 300000, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);
@@ -237,12 +245,9 @@ Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
  * answered with ERROR and a reason; a good OPEN after them is served. */
 Test(fetcher_devpool, refuses_bad_openings_with_a_reason)
 {
-    struct fetcher_devpool *d = NULL;
-    struct common_errmsg    e = {{0}};
-    cr_assert_eq(fetcher_devpool_start(g_path, BUDGET, g_ram, RAM_BYTES, &d, &e), COMMON_OK, "%s",
-                 e.text);
-    struct client c = {0};
-    char          why[80] = "";
+    struct fetcher_devpool *d = start_at(g_path, BUDGET, g_ram);
+    struct client           c = {0};
+    char                    why[80] = "";
     cr_assert_eq(open_pool(&c, BUDGET + 1, why, sizeof(why)), PROTO_DEVPOOL_ERROR);
     cr_expect(strstr(why, "--vram-budget 524288") != NULL, "%s", why);
     close(c.sock);
@@ -300,10 +305,8 @@ Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
     for (uint32_t i = 0; i < RAM_BYTES; i++)
         ram_b[i] = (uint8_t)(i * 13u + 5u);
     snprintf(path_b, sizeof(path_b), "%s/fetcher-1.dev", g_dir);
-    cr_assert_eq(fetcher_devpool_start(g_path, BUDGET, g_ram, RAM_BYTES, &a, &e), COMMON_OK, "%s",
-                 e.text);
-    cr_assert_eq(fetcher_devpool_start(path_b, 4096, ram_b, RAM_BYTES, &b, &e), COMMON_OK, "%s",
-                 e.text);
+    a = start_at(g_path, BUDGET, g_ram);
+    b = start_at(path_b, 4096, ram_b);
 
     struct client ca = {0}, cb = {0};
     cr_assert_eq(open_pool(&ca, 200000, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);

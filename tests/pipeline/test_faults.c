@@ -585,6 +585,20 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
     free(dir);
 }
 
+/* check_kill_midway_of on moe-tiny with every layer on the host backend's device and the
+ * experts in a device pool of 640K (one process's text: -ngl 999 --vram-budget 640K). */
+static void check_kill_on_the_host_device(const char *victim, uint32_t n_fetchers,
+                                          const char *up_args)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    check_kill_midway_of(victim, "--temp 0", dir, model, 200, n_fetchers, up_args,
+                         "-ngl 999 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+}
+
 static void check_kill_midway(const char *victim, const char *sampling)
 {
     skip_without_daemons();
@@ -598,14 +612,8 @@ static void check_kill_midway(const char *victim, const char *sampling)
 Test(pipeline_faults, kill_fetcher_midway_with_a_device_pool_same_tokens, .timeout = 600,
      .fini = fini)
 {
-    skip_without_daemons();
-    FIXTURE_OR_SKIP(model, TINY_MODEL);
-    char *dir = fixture_tmpdir();
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200, 2,
-                         "--ram-budget 40M --executor-args '-ngl 999 --vram-budget 640K'",
-                         "-ngl 999 --vram-budget 640K");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    check_kill_on_the_host_device("fetcher-1", 2,
+                                  "--ram-budget 40M --executor-args '-ngl 999 --vram-budget 640K'");
 }
 
 /* The executor killed while the fetcher's device pool feeds it: the fetcher drops that pool and
@@ -613,28 +621,14 @@ Test(pipeline_faults, kill_fetcher_midway_with_a_device_pool_same_tokens, .timeo
 Test(pipeline_faults, kill_the_executor_of_a_fetchers_device_pool_same_tokens, .timeout = 600,
      .fini = fini)
 {
-    skip_without_daemons();
-    FIXTURE_OR_SKIP(model, TINY_MODEL);
-    char *dir = fixture_tmpdir();
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    check_kill_midway_of("executor", "--temp 0", dir, model, 200, 1,
-                         "--ram-budget 40M -ngl 999 --vram-budget 640K",
-                         "-ngl 999 --vram-budget 640K");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    check_kill_on_the_host_device("executor", 1, "--ram-budget 40M -ngl 999 --vram-budget 640K");
 }
 
 /* Two fetchers filling the device pool (fetcher 0's memory): the other one killed. */
 Test(pipeline_faults, kill_a_fetcher_that_fills_the_device_pool_same_tokens, .timeout = 600,
      .fini = fini)
 {
-    skip_without_daemons();
-    FIXTURE_OR_SKIP(model, TINY_MODEL);
-    char *dir = fixture_tmpdir();
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    check_kill_midway_of("fetcher-1", "--temp 0", dir, model, 200, 2,
-                         "--ram-budget 40M -ngl 999 --vram-budget 640K",
-                         "-ngl 999 --vram-budget 640K");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    check_kill_on_the_host_device("fetcher-1", 2, "--ram-budget 40M -ngl 999 --vram-budget 640K");
 }
 
 /* The same with the device pool in the fetcher (one fetcher, given --vram-budget by sluicectl):
@@ -644,14 +638,7 @@ Test(pipeline_faults, kill_a_fetcher_that_fills_the_device_pool_same_tokens, .ti
 Test(pipeline_faults, kill_the_fetcher_that_owns_the_device_pool_same_tokens, .timeout = 600,
      .fini = fini)
 {
-    skip_without_daemons();
-    FIXTURE_OR_SKIP(model, TINY_MODEL);
-    char *dir = fixture_tmpdir();
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    check_kill_midway_of("fetcher-0", "--temp 0", dir, model, 200, 1,
-                         "--ram-budget 40M -ngl 999 --vram-budget 640K",
-                         "-ngl 999 --vram-budget 640K");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    check_kill_on_the_host_device("fetcher-0", 1, "--ram-budget 40M -ngl 999 --vram-budget 640K");
 }
 
 Test(pipeline_faults, kill_fetcher_midway_same_tokens, .timeout = 600, .fini = fini)
