@@ -1,7 +1,6 @@
 /* tests/fetcher/test_devpool.c - the fetcher's device expert pool (fetcher/devpool.c) on the
- * host's emulation of device memory (SLUICE_GPU_BACKEND=host unless the environment names
- * another backend): its handshake over the Unix socket, copies from the RAM pool marked and
- * waited for as the executor does, and what it refuses. */
+ * host's emulation of device memory: its handshake over the Unix socket, copies from the RAM pool
+ * marked and waited for as the executor does, and what it refuses. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -24,7 +23,9 @@ static uint8_t *g_ram;
 
 static void setup(void)
 {
-    setenv("SLUICE_GPU_BACKEND", "host", 0);
+    /* the protocol on the host emulation: CUDA's calls are common_devmem's tests' (its event
+     * handles open only in another process than their maker's) */
+    setenv("SLUICE_GPU_BACKEND", "host", 1);
     common_log_set_level(COMMON_LOG_LEVEL_WARN);
     char *dir = fixture_tmpdir();
     cr_assert_not_null(dir);

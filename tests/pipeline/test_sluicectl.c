@@ -805,6 +805,7 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
     char *log = sh(cmd, &st);
     cr_expect_eq(st, 0, "the executor's log says neither where its layers went nor why not");
     cr_log_info("%s", log);
+    const bool on_device = host || strstr(log, "gpu: CUDA") != NULL; /* else: no device here */
     free(log);
     if (host && strstr(extra, "--ram-budget")) {
         /* The device takes the model: sluicectl's probe (sluice-executor --probe-device) counts
@@ -818,7 +819,7 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
         cr_expect_eq(st, 0, "the fetcher's plan holds the device's KV:\n%s", plan);
         free(plan);
     }
-    if (strstr(extra, "--vram-budget")) {
+    if (on_device && strstr(extra, "--vram-budget")) {
         /* The device pool's counters in the executor's stats: picks found or copied in. */
         snprintf(cmd, sizeof(cmd),
                  "%s/sluice ctl --run-dir '%s' --daemon executor stats | grep -E "
@@ -833,7 +834,7 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
                   "%s", stats);
         free(stats);
     }
-    if (host && strstr(extra, "--vram-budget") && !strstr(extra, "--fetcher-args")) {
+    if (on_device && strstr(extra, "--vram-budget") && !strstr(extra, "--fetcher-args")) {
         /* The pool is fetcher 0's device memory (sluicectl gives the fetchers the --vram-budget
          * too), mapped in every fetcher: between them the fetchers copied every expert in (three
          * parts each, each fetcher those of its shard), recorded marks and waited for the
@@ -925,6 +926,15 @@ Test(pipeline_sluicectl, vram_budget_daemons_on_the_host_backend_give_the_one_pr
                       "gpu: HOST0.*the experts in a pool of 3 slots.*--policy lfu\\), in fetcher "
                       "0.s device memory \\(HOST, filled by the fetcher\\), copied in from the "
                       "RAM pool, pinned");
+}
+
+/* The fetchers' device pool on the default backend: CUDA's where a device is (the text, the
+ * fetcher's copies and marks as on the host backend); without one the executor runs on the CPU
+ * and only the text is compared. */
+Test(pipeline_sluicectl, vram_budget_daemons_give_the_one_process_text, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons(false, "--vram-budget 324K --ram-budget 37M", NULL);
 }
 
 /* Two fetchers, each serving half the experts: the device pool is fetcher 0's memory, mapped in
