@@ -108,6 +108,9 @@ uint64_t common_now_ns(void);
  * peer that will never answer again. False for 0 (no pid known) and for a live process, also one
  * of another user. (common/proc.c) */
 bool common_pid_gone(uint32_t pid);
+/* The first page of [p, p + bytes) that this process has not mapped, or NULL when all of it is
+ * mapped (mincore; what a device's registration of host memory refuses). (common/proc.c) */
+const void *common_unmapped_page(const void *p, size_t bytes);
 /* A random non-zero 64-bit id (getrandom; the clock and pid when that fails): instance ids that
  * tell a restarted daemon from its predecessor, request ids. */
 uint64_t common_random_id(void);

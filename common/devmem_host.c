@@ -409,16 +409,11 @@ static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int host_host_register(const void *p, size_t bytes, struct common_errmsg *e)
 {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
-    const uintptr_t lo = a & ~(page - 1), hi = (a + bytes + page - 1) & ~(page - 1);
-    unsigned char   vec[64];
-    for (uintptr_t at = lo; at < hi;) { /* mincore fails with ENOMEM on an unmapped page */
-        const uintptr_t n = hi - at < 64 * page ? hi - at : 64 * page;
-        if (mincore((void *)at, (size_t)n, vec) != 0)
-            return common_errmsg_set(
-                e, COMMON_EINVAL, "registering host memory: %#lx is not mapped", (unsigned long)at);
-        at += n;
-    }
+    const uintptr_t a = (uintptr_t)p;
+    const void     *hole = common_unmapped_page(p, bytes);
+    if (hole)
+        return common_errmsg_set(e, COMMON_EINVAL, "registering host memory: %p is not mapped",
+                                 hole);
     int rc = COMMON_OK;
     pthread_mutex_lock(&g_reg_mu);
     for (unsigned i = 0; i < g_n_regs && rc == COMMON_OK; i++)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -122,4 +123,18 @@ void common_pid_file_remove(const char *dir, const char *name)
             (void)unlinkat(dfd, name, 0);
     }
     close(dfd);
+}
+
+const void *common_unmapped_page(const void *p, size_t bytes)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
+    const uintptr_t lo = a & ~(page - 1), hi = (a + bytes + page - 1) & ~(page - 1);
+    unsigned char   vec[64];
+    for (uintptr_t at = lo; at < hi;) { /* mincore fails with ENOMEM on an unmapped page */
+        const uintptr_t n = hi - at < 64 * page ? hi - at : 64 * page;
+        if (mincore((void *)at, (size_t)n, vec) != 0)
+            return (const void *)at;
+        at += n;
+    }
+    return NULL;
 }

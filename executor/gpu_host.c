@@ -209,17 +209,11 @@ static int h_host_register(const void *p, size_t bytes, bool read_only)
     (void)read_only;
     if (!p || !bytes)
         return h_bad("registering host memory");
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p;
-    const uintptr_t lo = a & ~(page - 1), hi = (a + bytes + page - 1) & ~(page - 1);
-    unsigned char   vec[64];
-    for (uintptr_t at = lo; at < hi;) { /* mincore fails with ENOMEM on an unmapped page */
-        const uintptr_t n = hi - at < 64 * page ? hi - at : 64 * page;
-        if (mincore((void *)at, (size_t)n, vec) != 0) {
-            snprintf(h_err, sizeof(h_err), "registering host memory: %#lx is not mapped",
-                     (unsigned long)at);
-            return -1;
-        }
-        at += n;
+    const uintptr_t a = (uintptr_t)p;
+    const void     *hole = common_unmapped_page(p, bytes);
+    if (hole) {
+        snprintf(h_err, sizeof(h_err), "registering host memory: %p is not mapped", hole);
+        return -1;
     }
     pthread_mutex_lock(&h_reg_mu);
     int rc = 0;
