@@ -28,6 +28,8 @@
 #                                                                       [5 10 25 50 75]
 #   DAEMONS  1: also through the daemons (sluicectl up, the fetchers' device pool), --expert-miss
 #            copy; 0: not                                               [1]
+#   FILLS    --vram-fill modes of the daemons' runs (where the pool's misses come from: the
+#            RAM pool, or storage through the fetcher's pinned staging)  [ram storage]
 #   PEER     llama-bench built with CUDA; empty = sluice alone          []
 #   SLACK    cgroup cap above the RAM budget (as root)                  [256M]
 #   OUT      results directory                          [/tmp/sluice-bench/vram-<date>]
@@ -45,6 +47,7 @@ THREADS=${THREADS:-}
 SWEEP=${SWEEP-"5 10 25 50 75"}
 PEER=${PEER:-}
 DAEMONS=${DAEMONS:-1}
+FILLS=${FILLS:-ram storage}
 SLACK=${SLACK:-$((256 << 20))}
 OUT=${OUT:-/tmp/sluice-bench/vram-$(date +%Y%m%d-%H%M%S)}
 
@@ -118,27 +121,30 @@ done
 
 if [ "$DAEMONS" = 1 ]; then
     # The same budgets through the daemons: the device pool is the fetcher's memory, filled by
-    # the fetcher from its RAM pool (docs/gpu.md). A prompt of about P words, then N tokens
-    # sampled at temperature 1; the executor's and the fetcher's counters after.
-    echo "== sluice through the daemons (the fetcher's device pool), --expert-miss copy"
-    RD=$OUT/run-daemons
+    # the fetcher from its RAM pool or from storage (--vram-fill; docs/gpu.md). A prompt of about
+    # P words, then N tokens sampled at temperature 1; the executor's and the fetcher's counters
+    # after.
     SLUICECTL=$(dirname "$0")/sluicectl
     BIN=$(dirname "$SLUICE")
     prompt=$(for ((i = 0; i < P; i++)); do printf 'word%d ' $((i % 17)); done)
-    # shellcheck disable=SC2086
-    if run "$OUT/daemons-up.log" "$SLUICECTL" up --bin "$BIN" -m "$MODEL" --run-dir "$RD" \
-        -ngl 999 --vram-budget "$VB" --ram-budget "$RAM_BYTES" $T; then
+    stat_of() { awk -v k="$1" '$1 == k {print $2}' "$2"; }
+    for fill in $FILLS; do
+        echo "== sluice through the daemons (the fetcher's device pool), --expert-miss copy, --vram-fill $fill"
+        RD=$OUT/run-daemons-$fill
+        D=$OUT/daemons-$fill
+        # shellcheck disable=SC2086
+        run "$D-up.log" "$SLUICECTL" up --bin "$BIN" -m "$MODEL" --run-dir "$RD" \
+            -ngl 999 --vram-budget "$VB" --ram-budget "$RAM_BYTES" --vram-fill "$fill" $T || continue
         "$SLUICE" generate --run-dir "$RD" -p "$prompt" -n "$N" --temp 1 --seed 1 \
-            > "$OUT/daemons-gen.log" 2>&1 || echo "bench-vram: generate failed" >&2
-        "$SLUICE" ctl --run-dir "$RD" --daemon executor stats > "$OUT/daemons-executor.txt" || true
-        "$SLUICE" ctl --run-dir "$RD" --daemon fetcher-0 stats > "$OUT/daemons-fetcher.txt" || true
+            > "$D-gen.log" 2>&1 || echo "bench-vram: generate failed" >&2
+        "$SLUICE" ctl --run-dir "$RD" --daemon executor stats > "$D-executor.txt" || true
+        "$SLUICE" ctl --run-dir "$RD" --daemon fetcher-0 stats > "$D-fetcher.txt" || true
         "$SLUICECTL" down --run-dir "$RD" > /dev/null 2>&1 || true
-        stat_of() { awk -v k="$1" '$1 == k {print $2}' "$2"; }
-        gen=$(grep -m1 '^generate:' "$OUT/daemons-gen.log" || true)
+        gen=$(grep -m1 '^generate:' "$D-gen.log" || true)
         ptok=$(echo "$gen" | sed -n 's/.*prompt \([0-9]*\) tokens in \([0-9.]*\) ms.*/\1 \2/p')
         dpp=$(echo "$ptok" | awk '$2 > 0 {printf "%.2f", $1 * 1000 / $2}')
         dtg=$(echo "$gen" | sed -n 's/.*decode \([0-9.]*\) tok\/s.*/\1/p')
-        ex=$OUT/daemons-executor.txt
+        ex=$D-executor.txt
         hits=$(stat_of gpu_pool.hits "$ex")
         copied=$(stat_of gpu_pool.copied "$ex")
         cbytes=$(stat_of gpu_pool.copied_bytes "$ex")
@@ -146,12 +152,13 @@ if [ "$DAEMONS" = 1 ]; then
         stall=$(stat_of gpu_pool.copy_stall_ms "$ex")
         hidden=$(awk -v b="$busy" -v s="$stall" 'BEGIN { if (b > 0) { h = 1 - s / b; if (h < 0) h = 0; printf "%.2f", h } }')
         # (found and copied count the prompt's picks too; the per-token columns are left empty)
-        echo "sluice-daemons,copy,$VB,$RAM_BYTES,$dpp,$dtg,$hits,$copied,0,,,," >> "$OUT/summary.csv"
-        echo "   the pool in the fetcher's memory: $(stat_of gpu_pool.in_fetcher "$ex"); over the" \
-            "run $cbytes bytes copied in, the fetcher copying $(stat_of gpu_pool.fetcher_copy_ms "$ex")" \
+        echo "sluice-daemons,copy fill-$fill,$VB,$RAM_BYTES,$dpp,$dtg,$hits,$copied,0,,,," >> "$OUT/summary.csv"
+        echo "   --vram-fill $fill: the pool in the fetcher's memory: $(stat_of gpu_pool.in_fetcher "$ex");" \
+            "over the run $cbytes bytes copied in ($(stat_of gpu_pool.staged "$ex") parts from" \
+            "storage through staging), the fetcher copying $(stat_of gpu_pool.fetcher_copy_ms "$ex")" \
             "ms, the kernels waiting $stall ms: ${hidden:-0} of the copy time hidden" \
-            | tee "$OUT/daemons-summary.txt"
-    fi
+            | tee "$D-summary.txt"
+    done
 fi
 
 if [ -n "$PEER" ]; then

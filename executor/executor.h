@@ -268,6 +268,7 @@ struct executor_dev_pool {
     struct common_devmem_event *kev;        /* this process's, recorded after the kernels */
     uint32_t                    n_fetchers; /* that copy into it (the memory is fetcher 0's) */
     char                        backend[8]; /* "HOST" or "CUDA" */
+    bool stages; /* every fetcher reads what is not in its RAM pool from storage (read) */
 };
 struct executor_dev_ops {
     /* Asks the fetcher for a pool of `bytes` with n_events events on device dev. 0, or a
@@ -282,12 +283,18 @@ struct executor_dev_ops {
      * mark is ready and its event done) to base + dst. 0, or COMMON_ECLOSED: the fetcher is gone
      * (and every later call fails so too; the pool's memory stays mapped). */
     int (*copy)(void *arg, size_t dst, const void *src, size_t bytes);
+    /* A pool that stages: asks the fetcher of (layer, expert) to read its bundle from storage
+     * into its staging and copy part `part` (`bytes`) to base + dst. 0, or COMMON_ECLOSED (as
+     * copy). A read that fails makes the ready of the next mark COMMON_EIO. */
+    int (*read)(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
+                size_t dst, size_t bytes);
     /* Asks each fetcher that copied since its last mark of event k to record its event k after
      * its copies so far. 0 or COMMON_ECLOSED. */
     int (*mark)(void *arg, uint32_t k);
     /* Waits until those fetchers recorded the last marks of event k, and gives their events
-     * (*n of them, at most EXECUTOR_DEV_MAX_FETCHERS) for the caller to wait for. 0 or
-     * COMMON_ECLOSED. */
+     * (*n of them, at most EXECUTOR_DEV_MAX_FETCHERS) for the caller to wait for. 0,
+     * COMMON_EIO (the same, but a read asked since the last ready failed: its part is not
+     * there), or COMMON_ECLOSED. */
     int (*ready)(void *arg, uint32_t k, struct common_devmem_event **evs, uint32_t *n);
     /* The copies asked next wait for kev (recorded by the caller just before). */
     int (*after)(void *arg);
@@ -557,6 +564,8 @@ struct executor_gpu_pool_stats {
                                        the kernels run on the host, for its copies) */
     uint64_t fetcher_copy_ns;       /* the fetcher's copy time, part of copy_busy_ns (the
                                        kernels' waits for its copies are in copy_stall_ns) */
+    uint64_t staged;                /* parts the fetchers read from storage for the pool */
+    uint64_t stage_failures;        /* rounds one of those reads failed in (done again) */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

@@ -138,6 +138,12 @@ struct gpu_xpool {
     struct executor_dev_pool       dp;
     bool                           remote[GPU_POOL_EVENTS];
     bool                           lost;
+    /* A pool that stages (dp.stages): a miss not in the fetchers' RAM pools is read from storage
+     * by its fetcher (dev->read), not asked of the weight source; a read that failed
+     * (stage_failed) has the round done again through the RAM pools (stage_off), where the
+     * source says what is wrong. */
+    bool                           stage, stage_failed, stage_off;
+    uint64_t                       staged, stage_failures;
     uint64_t                       dev_losses;
     uint64_t                       dev_wait_ns;  /* in gpu_pool_wait for the fetcher's marks */
     char                           dev_why[160]; /* why the pool is not the fetcher's */
@@ -197,7 +203,12 @@ static int gpu_pool_wait(struct gpu_xpool *px, uint32_t k, bool host)
     int                         rc = -2;
     struct common_devmem_event *evs[EXECUTOR_DEV_MAX_FETCHERS];
     uint32_t                    n = 0;
-    if (px->dev && px->dev->ready(px->dev_arg, k, evs, &n) == 0) {
+    const int ready = px->dev ? px->dev->ready(px->dev_arg, k, evs, &n) : COMMON_ECLOSED;
+    if (ready == COMMON_EIO) { /* a staged read failed: the round is done again */
+        px->stage_failed = true;
+        px->stage_failures++;
+    }
+    if (ready == 0 || ready == COMMON_EIO) {
         rc = 0;
         for (uint32_t i = 0; i < n && rc == 0; i++)
             if (!host)
@@ -868,6 +879,7 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
         } else {
             px->dev = px->dev_mem = dops;
             px->dev_arg = darg;
+            px->stage = px->dp.stages && dops->read;
             px->d = px->dp.base;
             px->va_chunk = px->dp.gran;
             px->va_bytes = px->dp.bytes;
@@ -980,6 +992,17 @@ static int gpu_pool_copy_part(const struct executor_gpu_weights *gw, uint32_t il
     struct gpu_loan               *ln = &px->loans[px->loan_next];
     const void                    *data;
     uint32_t                       src_slot;
+    const size_t                   bytes = (size_t)xe->rows * xe->row_bytes;
+    uint8_t                       *dst = (uint8_t *)xe->d + (size_t)s * px->slot_bytes;
+    if (px->dev && px->stage && !px->stage_off && px->dev->read &&
+        !(w->ops->expert_is_ready && w->ops->expert_is_ready(w->impl, il, x))) {
+        if (px->dev->read(px->dev_arg, il, x, p, (size_t)(dst - px->d), bytes) == 0) {
+            px->copied += bytes;
+            px->staged++;
+            return 0;
+        }
+        gpu_pool_lose(px); /* through the weight source, as below */
+    }
     px->loan_next = (px->loan_next + 1) % GPU_POOL_LOANS;
     if (gpu_loan_end(px, w, ln, torn) < 0)
         return COMMON_EDEVICE;
@@ -987,9 +1010,7 @@ static int gpu_pool_copy_part(const struct executor_gpu_weights *gw, uint32_t il
     if (rc < 0)
         return executor_moe_acquire_failed(c, il, x, (int)p, rc);
     *ln = (struct gpu_loan){.ev = ln->ev, .k = ln->k, .src_slot = src_slot, .slot = s, .on = true};
-    const size_t bytes = (size_t)xe->rows * xe->row_bytes;
-    if (gpu_pool_copy(px, (uint8_t *)xe->d + (size_t)s * px->slot_bytes, data, bytes) < 0 ||
-        gpu_pool_record(px, ln->k) < 0)
+    if (gpu_pool_copy(px, dst, data, bytes) < 0 || gpu_pool_record(px, ln->k) < 0)
         return COMMON_EDEVICE;
     px->copied += bytes;
     return 0;
@@ -1405,9 +1426,10 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
                      common_format_size(px->va_chunk, b, sizeof(b)));
         char who[224] = ",";
         if (px->dev)
-            snprintf(who, sizeof(who), ", in fetcher 0's device memory (%s, filled by %s),",
+            snprintf(who, sizeof(who), ", in fetcher 0's device memory (%s, filled by %s),%s",
                      px->dp.backend,
-                     px->dp.n_fetchers > 1 ? "the fetchers, each its experts" : "the fetcher");
+                     px->dp.n_fetchers > 1 ? "the fetchers, each its experts" : "the fetcher",
+                     px->stage ? " read from storage through their staging or" : "");
         else if (px->dev_why[0])
             snprintf(who, sizeof(who), ", in this process's device memory (%s),", px->dev_why);
         snprintf(buf + at2, len - at2,
@@ -1461,6 +1483,8 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->in_fetcher = px->dev != NULL;
     out->fetcher_losses = px->dev_losses;
     out->fetcher_wait_ns = px->dev_wait_ns;
+    out->staged = px->staged;
+    out->stage_failures = px->stage_failures;
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);
@@ -1864,7 +1888,10 @@ static int gpu_pool_round_end(const struct executor_gpu_weights *gw, uint32_t tr
         (px->dev && gpu_event_record_kernels_shared(px->dp.kev) < 0) ||
         gpu_loans_end(px, gw->m->w, &torn) < 0)
         return -1;
-    if (px->lost) { /* the fetcher went away: what it copied this round may be missing */
+    const bool stage_failed = px->stage_failed;
+    px->stage_failed = false;
+    px->stage_off = stage_failed;   /* the next round (this one again) through the RAM pools */
+    if (px->lost || stage_failed) { /* what the fetchers copied this round may be missing */
         px->lost = false;
         torn = true;
         for (uint32_t sl = 0; sl < px->n_slots; sl++) {
@@ -2309,7 +2336,8 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
     for (uint32_t i = 0; i < n * K; i++) {
         if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
             return -1; /* a routing kernel gone wrong: never index with it */
-        if (w->ops->expert_request && px->slot_of[il * E + (uint32_t)g->h_sel[i]] < 0)
+        if (w->ops->expert_request && px->slot_of[il * E + (uint32_t)g->h_sel[i]] < 0 &&
+            !(px->dev && px->stage && !px->stage_off)) /* staged: not through the RAM pool */
             (void)w->ops->expert_request(w->impl, il, (uint32_t)g->h_sel[i],
                                          EXECUTOR_HINT_POSTFETCH);
     }

@@ -26,6 +26,8 @@ struct dev_fetcher {
     void                       *ctl_page;
     _Atomic uint32_t           *ctl;         /* its last mark */
     _Atomic uint64_t           *ctl_busy;    /* its copy time */
+    _Atomic uint32_t           *ctl_failed;  /* the last mark after a failed read */
+    uint32_t                    failed_seen; /* its value as last seen */
     uint32_t                    seq;         /* the last mark asked of it */
     uint32_t pend[EXECUTOR_DEV_MAX_EVENTS];  /* event k's last mark not yet waited for, 0 = none */
     bool     dirty[EXECUTOR_DEV_MAX_EVENTS]; /* copies asked since its last mark of event k */
@@ -139,6 +141,8 @@ static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uin
             f->ctl_page = p;
             f->ctl = p;
             f->ctl_busy = (_Atomic uint64_t *)((uint8_t *)p + 8);
+            f->ctl_failed = (_Atomic uint32_t *)((uint8_t *)p + 16);
+            f->failed_seen = atomic_load_explicit(f->ctl_failed, memory_order_relaxed);
         }
     }
     if (h.fd >= 0)
@@ -197,9 +201,11 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
         d->f[i].sock = -1;
     rc = common_devmem_event_create(&d->p.kev, e);
     struct proto_devpool_granted g0 = {0};
+    bool                         stages = true;
     for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++) {
         struct proto_devpool_granted g = {0};
         rc = dev_open_fetcher(r, d, i, dev, bytes, n_events, &g, e);
+        stages = stages && (g.flags & PROTO_DEVPOOL_STAGES);
         if (rc == COMMON_OK && i == 0)
             g0 = g;
         else if (rc == COMMON_OK && (g.bytes != g0.bytes || g.granularity != g0.granularity))
@@ -212,6 +218,7 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
         d->p.bytes = g0.bytes;
         d->p.gran = g0.granularity;
         d->p.n_fetchers = d->n_f;
+        d->p.stages = stages;
         snprintf(d->p.backend, sizeof(d->p.backend), "%s", g0.backend);
         if (!d->pieces || !(d->p.base = common_devmem_reserve(g0.bytes, e)))
             rc = common_errmsg_set(e, COMMON_ENOMEM, "the device pool's address space: %s",
@@ -370,6 +377,33 @@ static int dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
     return COMMON_OK;
 }
 
+static int dev_read(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
+                    size_t dst, size_t bytes)
+{
+    struct executor_remote *r = arg;
+    struct remote_dev      *d = r->dev;
+    if (!d || atomic_load(&d->gone))
+        return COMMON_ECLOSED;
+    const uint32_t i = layer < r->model->hp.n_layer && expert < r->model->hp.n_expert
+                           ? r->owner[(size_t)layer * r->model->hp.n_expert + expert]
+                           : UINT32_MAX;
+    if (!d->p.stages || i >= d->n_f || bytes > UINT32_MAX) {
+        dev_gone(d, 0, "a read the fetchers cannot stage");
+        return COMMON_ECLOSED;
+    }
+    const struct proto_fetch_req rec = {.op = PROTO_FETCH_DEV_READ,
+                                        .layer = layer,
+                                        .expert = expert,
+                                        .part = (uint32_t)part,
+                                        .bytes = (uint32_t)bytes,
+                                        .dst = dst};
+    if (dev_push(r, d, i, &rec) != COMMON_OK)
+        return COMMON_ECLOSED;
+    for (uint32_t k = 0; k < d->n_events; k++)
+        d->f[i].dirty[k] = true;
+    return COMMON_OK;
+}
+
 static int dev_mark(void *arg, uint32_t k)
 {
     struct executor_remote *r = arg;
@@ -424,6 +458,7 @@ static int dev_ready(void *arg, uint32_t k, struct common_devmem_event **evs, ui
     *n = 0;
     if (!d || k >= d->n_events)
         return COMMON_ECLOSED;
+    bool failed = false;
     for (uint32_t i = 0; i < d->n_f; i++) {
         struct dev_fetcher *f = &d->f[i];
         if (!f->pend[k])
@@ -432,8 +467,12 @@ static int dev_ready(void *arg, uint32_t k, struct common_devmem_event **evs, ui
             return COMMON_ECLOSED;
         f->pend[k] = 0;
         evs[(*n)++] = f->ev[k];
+        /* a read that failed since the last look (the mark's store published it) */
+        const uint32_t fs = atomic_load_explicit(f->ctl_failed, memory_order_relaxed);
+        failed = failed || fs != f->failed_seen;
+        f->failed_seen = fs;
     }
-    return COMMON_OK;
+    return failed ? COMMON_EIO : COMMON_OK;
 }
 
 static void dev_copy_time(void *arg, uint64_t *ns)
@@ -470,6 +509,7 @@ static void dev_close(void *arg)
 const struct executor_dev_ops executor_remote_dev_ops = {.open = dev_open,
                                                          .back = dev_back,
                                                          .copy = dev_copy,
+                                                         .read = dev_read,
                                                          .mark = dev_mark,
                                                          .ready = dev_ready,
                                                          .after = dev_after,

@@ -3,6 +3,9 @@
  * fetcher's copy stream as the executor's ring records ask. */
 #include "devpool.h"
 
+#include "front.h"
+#include "io.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -16,6 +19,33 @@
 #include <unistd.h>
 
 #define DEVPOOL_POLL_MS 200 /* socket waits: how soon stop shows */
+
+/* A staging slot's state. */
+enum devpool_stage_state {
+    STAGE_EMPTY = 0,
+    STAGE_QUEUED, /* its bundle is to be read at the next flush */
+    STAGE_READY,  /* holds the bundle, checked */
+    STAGE_FAILED, /* its read or check failed */
+};
+
+struct devpool_stage {
+    uint32_t                    layer, expert;
+    enum devpool_stage_state    state;
+    uint64_t                    tick;    /* last use, for reuse in LRU order */
+    struct common_devmem_event *ev;      /* recorded after the copies from it */
+    bool                        copying; /* ev recorded and not yet waited for */
+    uint32_t                    pending; /* deferred copies from it */
+    uint32_t                    reads;   /* a flush's reads of it */
+    uint64_t                    bytes;   /* their bytes read */
+    int                         err;     /* a flush's first failed completion */
+    struct fetcher_io_cqe       err_cqe;
+};
+
+/* A DEV_READ waiting for its bundle's read: the copy it asks for. */
+struct devpool_defer {
+    uint32_t slot, part;
+    uint64_t dst, bytes;
+};
 
 struct fetcher_devpool {
     char           *path;      /* owned: the socket file */
@@ -44,6 +74,21 @@ struct fetcher_devpool {
     int                           dev;      /* the device opened (-1: none yet) */
     bool                          pinned;   /* ram registered with the device (once it is open) */
     struct fetcher_devpool_counts c;
+    /* Staging (stage_from set): bundles read from storage for DEV_READ. */
+    struct fetcher        *f;     /* borrowed */
+    uint8_t               *stage; /* owned: n_stage * stage_bytes, mapped */
+    uint64_t               stage_bytes;
+    uint32_t               n_stage;
+    bool                   stage_pinned;
+    struct fetcher_io     *io; /* owned: reads into `stage` */
+    struct devpool_stage   st[FETCHER_DEVPOOL_STAGE_SLOTS];
+    struct devpool_defer  *defer; /* owned: DEV_READs waiting for the next flush */
+    uint32_t               n_defer, cap_defer;
+    uint64_t               tick;
+    bool                   read_failed; /* since the last mark */
+    _Atomic uint32_t      *ctl_failed;  /* the control page's word at offset 16 */
+    struct fetcher_io_req *reqs;        /* owned: a flush's reads */
+    struct fetcher_io_cqe *cqes;        /* owned: their completions */
 };
 
 /* ---- the pool ----------------------------------------------------------------------------- */
@@ -56,6 +101,12 @@ static void devpool_drop_locked(struct fetcher_devpool *d)
     d->open = false;
     if (d->n_events && d->ev[0] && common_devmem_event_record(d->ev[0], NULL) == 0)
         (void)common_devmem_event_sync(d->ev[0], NULL);
+    for (uint32_t i = 0; i < d->n_stage; i++) {
+        common_devmem_event_destroy(d->st[i].ev); /* the copies from it are done (above) */
+        d->st[i] = (struct devpool_stage){0};
+    }
+    d->n_defer = 0;
+    d->read_failed = false;
     for (uint32_t k = 0; d->pieces && k < d->n_pieces; k++)
         common_devmem_piece_destroy(d->pieces[k]);
     free(d->pieces);
@@ -74,6 +125,7 @@ static void devpool_drop_locked(struct fetcher_devpool *d)
     d->ctl_page = NULL;
     d->ctl = NULL;
     d->ctl_busy = NULL;
+    d->ctl_failed = NULL;
     d->c.bytes = 0;
 }
 
@@ -141,6 +193,16 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
                             "pageable memory",
                             pe.text);
     }
+    if (rc == 0 && d->stage && !d->stage_pinned) {
+        struct common_errmsg pe = {{0}};
+        d->stage_pinned =
+            common_devmem_host_register(d->stage, (size_t)d->n_stage * d->stage_bytes, &pe) == 0;
+        if (!d->stage_pinned)
+            COMMON_LOG_WARN("fetcher.devpool",
+                            "pinning the staging for the device failed (%s): its copies read "
+                            "pageable memory",
+                            pe.text);
+    }
     const uint64_t gran = rc == 0 ? common_devmem_granularity() : 0;
     const uint64_t want = gran ? (o.bytes + gran - 1) / gran * gran : 0;
     /* mapped: rounded up to a piece; another fetcher's memory is not charged here */
@@ -159,6 +221,8 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
     }
     for (uint32_t k = 0; rc == 0 && k < o.n_events; k++, d->n_events++)
         rc = common_devmem_event_create(&d->ev[k], &e);
+    for (uint32_t i = 0; rc == 0 && d->stage && i < d->n_stage; i++) /* after base: drop frees */
+        rc = common_devmem_event_create(&d->st[i].ev, &e);
     int ctl_fd = -1;
     if (rc == 0) {
         ctl_fd = memfd_create("sluice-devpool-ctl", MFD_CLOEXEC);
@@ -172,6 +236,7 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
             d->ctl_page = p;
             d->ctl = p;
             d->ctl_busy = (_Atomic uint64_t *)((uint8_t *)p + 8);
+            d->ctl_failed = (_Atomic uint32_t *)((uint8_t *)p + 16);
             (void)common_devmem_copy_time(&d->busy0);
         }
     }
@@ -184,7 +249,8 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         (void)devpool_send_error(sock, e.text[0] ? e.text : common_strerror(rc));
         return rc;
     }
-    struct proto_devpool_granted g = {.bytes = want, .granularity = gran};
+    struct proto_devpool_granted g = {
+        .bytes = want, .granularity = gran, .flags = d->stage ? PROTO_DEVPOOL_STAGES : 0};
     snprintf(g.backend, sizeof(g.backend), "%s", common_devmem_backend());
     struct common_devmem_handle out = {.fd = -1, .len = sizeof(g)};
     memcpy(out.blob, &g, sizeof(g));
@@ -222,14 +288,18 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         d->open = true;
         d->adopts = (o.flags & PROTO_DEVPOOL_ADOPTS) != 0;
         d->c.opens++;
-        char a[32], b[32];
+        char a[32], b[32], c[32], st[96] = "";
+        if (d->stage)
+            snprintf(st, sizeof(st), " and from storage through %u %sstaging slots of %s",
+                     d->n_stage, d->stage_pinned ? "pinned " : "",
+                     common_format_size(d->stage_bytes, c, sizeof(c)));
         COMMON_LOG_INFO("fetcher.devpool",
                         "device pool open: %s of %s%d address space for the executor's experts "
-                        "(%s, --vram-budget %s), its copies from %s",
+                        "(%s, --vram-budget %s), its copies from %s%s",
                         common_format_size(d->bytes, a, sizeof(a)), common_devmem_backend(), d->dev,
                         d->adopts ? "fetcher 0's memory" : "mapped as it fills",
                         common_format_size(d->budget, b, sizeof(b)),
-                        d->pinned ? "the pinned RAM pool" : "the RAM pool, pageable");
+                        d->pinned ? "the pinned RAM pool" : "the RAM pool, pageable", st);
     } else {
         devpool_drop_locked(d);
         d->c.refused++;
@@ -372,28 +442,221 @@ static bool devpool_backed_locked(const struct fetcher_devpool *d, uint64_t off,
     return true;
 }
 
+/* Queues the copy of n bytes from host memory src to pool offset dst, piece by piece (a copy
+ * stays within one mapping). mu held; the range is backed. */
+static int devpool_copy_locked(struct fetcher_devpool *d, uint64_t dst, const uint8_t *src,
+                               uint64_t bytes)
+{
+    int rc = 0;
+    for (uint64_t at = 0, n; rc == 0 && at < bytes; at += n) {
+        const uint64_t o = dst + at;
+        n = d->gran - o % d->gran;
+        n = n < bytes - at ? n : bytes - at;
+        rc = common_devmem_copy_async(d->base + o, src + at, n, NULL);
+    }
+    return rc;
+}
+
+/* Staging slot i's bytes. */
+static uint8_t *devpool_stage_at(const struct fetcher_devpool *d, uint32_t i)
+{
+    return d->stage + (size_t)i * d->stage_bytes;
+}
+
+/* Reads every QUEUED slot's bundle (at the engine's depth), checks it, then queues the deferred
+ * copies in their order, each slot's event recorded after its copies. A failed bundle's copies
+ * are skipped and the next mark says so. mu held. Returns 0 or COMMON_EDEVICE. */
+static int devpool_flush_locked(struct fetcher_devpool *d)
+{
+    const struct fetcher *f = d->f;
+    uint32_t              n_req = 0, next = 0, in_flight = 0;
+    for (uint32_t i = 0; i < d->n_stage; i++) {
+        struct devpool_stage *st = &d->st[i];
+        if (st->state != STAGE_QUEUED)
+            continue;
+        st->reads = fetcher_front_bundle_reads(f, st->layer, st->expert, devpool_stage_at(d, i), i,
+                                               d->reqs + n_req);
+        st->bytes = 0;
+        st->err = st->reads ? 0 : EINVAL;
+        n_req += st->reads;
+    }
+    const uint64_t t0 = common_now_ns();
+    const uint32_t qd = fetcher_io_queue_depth(d->io);
+    while (next < n_req || in_flight) {
+        const uint32_t n = n_req - next < qd - in_flight ? n_req - next : qd - in_flight;
+        uint32_t       got = 0;
+        if (n && fetcher_io_submit(d->io, d->reqs + next, n) == COMMON_OK) {
+            next += n;
+            in_flight += n;
+        } else if (n && !in_flight) { /* they cannot start: they fail */
+            for (uint32_t k = 0; k < n; k++, next++)
+                d->cqes[got++] = (struct fetcher_io_cqe){.user = d->reqs[next].user,
+                                                         .err = EIO,
+                                                         .file = d->reqs[next].file,
+                                                         .offset = d->reqs[next].offset,
+                                                         .len = d->reqs[next].len};
+        }
+        if (!got && in_flight) {
+            got = fetcher_io_reap(d->io, d->cqes, qd, true);
+            in_flight -= got;
+        }
+        for (uint32_t k = 0; k < got; k++) {
+            struct devpool_stage *st = &d->st[d->cqes[k].user];
+            if (d->cqes[k].err && !st->err) {
+                st->err = d->cqes[k].err;
+                st->err_cqe = d->cqes[k];
+            }
+            st->bytes += d->cqes[k].bytes;
+            d->c.stage_bytes += d->cqes[k].bytes;
+        }
+    }
+    for (uint32_t i = 0; i < d->n_stage; i++) {
+        struct devpool_stage *st = &d->st[i];
+        if (st->state != STAGE_QUEUED)
+            continue;
+        d->c.stage_reads++;
+        if (!st->err && fetcher_front_check_region(f, st->layer, st->expert, 0,
+                                                   devpool_stage_at(d, i)) != COMMON_OK)
+            st->err = EBADMSG;
+        st->state = st->err ? STAGE_FAILED : STAGE_READY;
+        if (!st->err) {
+            fetcher_trace_load(fetcher_get_trace(d->f), st->layer, st->expert, st->bytes,
+                               common_now_ns() - t0);
+            continue;
+        }
+        struct common_errmsg m = {{0}};
+        if (st->err_cqe.len)
+            fetcher_io_describe_error(d->io, &st->err_cqe, &m);
+        else
+            snprintf(m.text, sizeof(m.text),
+                     "the bundle fails its checksum or does not decode (sluice verify names "
+                     "every bad one)");
+        COMMON_LOG_ERR("fetcher.devpool", "staging read failed layer=%u expert=%u: %s", st->layer,
+                       st->expert, m.text);
+        fetcher_trace_load_error(fetcher_get_trace(d->f), st->layer, st->expert);
+        d->c.stage_failed++;
+    }
+    int  rc = 0;
+    bool touched[FETCHER_DEVPOOL_STAGE_SLOTS] = {false};
+    for (uint32_t k = 0; k < d->n_defer; k++) {
+        const struct devpool_defer *q = &d->defer[k];
+        struct devpool_stage       *st = &d->st[q->slot];
+        st->pending--;
+        if (st->state != STAGE_READY) {
+            d->read_failed = true;
+            continue;
+        }
+        const struct front_part *pp =
+            &f->parts[((uint64_t)st->layer * f->n_expert + st->expert) * COMMON_EXPERT_PART_COUNT +
+                      q->part];
+        if (rc == 0)
+            rc = devpool_copy_locked(d, q->dst, devpool_stage_at(d, q->slot) + pp->data_off,
+                                     q->bytes);
+        touched[q->slot] = true;
+        d->c.staged++;
+        d->c.copied_bytes += q->bytes;
+    }
+    d->n_defer = 0;
+    for (uint32_t i = 0; i < d->n_stage; i++)
+        if (touched[i] && rc == 0 && (rc = common_devmem_event_record(d->st[i].ev, NULL)) == 0)
+            d->st[i].copying = true;
+    return rc ? COMMON_EDEVICE : 0;
+}
+
+/* A staging slot for bundle (layer, expert): the one that holds it or is to read it, else one
+ * that nothing waits on (free first, then the least recently used; its copies waited for), made
+ * QUEUED; the gathered reads and copies are done first when every slot is waited on. *fresh: the
+ * bundle is to be read. mu held. Returns the slot or -1 (device). */
+static int32_t devpool_stage_take(struct fetcher_devpool *d, uint32_t layer, uint32_t expert,
+                                  bool *fresh)
+{
+    int32_t s = -1;
+    *fresh = false;
+    for (uint32_t i = 0; i < d->n_stage && s < 0; i++)
+        if ((d->st[i].state == STAGE_QUEUED || d->st[i].state == STAGE_READY) &&
+            d->st[i].layer == layer && d->st[i].expert == expert)
+            s = (int32_t)i;
+    if (s >= 0) {
+        d->st[s].tick = ++d->tick;
+        return s;
+    }
+    for (int pass = 0; pass < 2 && s < 0; pass++) {
+        for (uint32_t i = 0; i < d->n_stage; i++)
+            if (d->st[i].state != STAGE_QUEUED && !d->st[i].pending &&
+                (s < 0 || d->st[i].tick < d->st[s].tick))
+                s = (int32_t)i;
+        if (s < 0 && devpool_flush_locked(d) != 0)
+            return -1;
+    }
+    if (s < 0)
+        return -1;
+    struct devpool_stage *st = &d->st[s];
+    if (st->copying && common_devmem_event_sync(st->ev, NULL) != 0)
+        return -1;
+    st->copying = false;
+    st->layer = layer;
+    st->expert = expert;
+    st->state = STAGE_QUEUED;
+    st->tick = ++d->tick;
+    *fresh = true;
+    return s;
+}
+
+/* DEV_READ: its copy deferred to the next flush (the next other record), its bundle read then
+ * unless in staging already. mu held. */
+static int devpool_read_locked(struct fetcher_devpool *d, const struct proto_fetch_req *r)
+{
+    struct fetcher_io_req reqs[COMMON_EXPERT_PART_COUNT];
+    if (!d->stage || r->part >= COMMON_EXPERT_PART_COUNT ||
+        !fetcher_front_bundle_reads(d->f, r->layer, r->expert, d->stage, 0, reqs))
+        return COMMON_EINVAL;
+    const struct front_part *pp =
+        &d->f->parts[((uint64_t)r->layer * d->f->n_expert + r->expert) * COMMON_EXPERT_PART_COUNT +
+                     r->part];
+    if (pp->size != r->bytes || pp->data_off + pp->size > d->stage_bytes ||
+        !devpool_backed_locked(d, r->dst, r->bytes))
+        return COMMON_EINVAL;
+    if (d->n_defer == d->cap_defer) {
+        uint32_t              cap = d->cap_defer ? 2 * d->cap_defer : 64;
+        struct devpool_defer *q = realloc(d->defer, cap * sizeof(*q));
+        if (!q)
+            return COMMON_EDEVICE;
+        d->defer = q;
+        d->cap_defer = cap;
+    }
+    bool          fresh = false;
+    const int32_t s = devpool_stage_take(d, r->layer, r->expert, &fresh);
+    if (s < 0)
+        return COMMON_EDEVICE;
+    if (!fresh)
+        d->c.stage_hits++;
+    d->st[s].pending++;
+    d->defer[d->n_defer++] = (struct devpool_defer){
+        .slot = (uint32_t)s, .part = r->part, .dst = r->dst, .bytes = r->bytes};
+    return 0;
+}
+
 int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r)
 {
     int rc = COMMON_EINVAL;
     pthread_mutex_lock(&d->mu);
-    if (d->open) {
+    /* every other record comes after the reads gathered before it */
+    if (d->open && r->op != PROTO_FETCH_DEV_READ && d->n_defer && devpool_flush_locked(d) != 0)
+        r = NULL;
+    if (d->open && r) {
         switch (r->op) {
         case PROTO_FETCH_DEV_COPY:
             if (r->src <= d->ram_bytes && r->bytes <= d->ram_bytes - r->src &&
                 devpool_backed_locked(d, r->dst, r->bytes)) {
-                /* piece by piece: a copy stays within one mapping */
-                rc = 0;
-                for (uint64_t at = 0, n; rc == 0 && at < r->bytes; at += n) {
-                    const uint64_t o = r->dst + at;
-                    n = d->gran - o % d->gran;
-                    n = n < r->bytes - at ? n : r->bytes - at;
-                    rc = common_devmem_copy_async(d->base + o, d->ram + r->src + at, n, NULL);
-                }
+                rc = devpool_copy_locked(d, r->dst, d->ram + r->src, r->bytes);
                 if (rc == 0) {
                     d->c.copies++;
                     d->c.copied_bytes += r->bytes;
                 }
             }
+            break;
+        case PROTO_FETCH_DEV_READ:
+            rc = devpool_read_locked(d, r);
             break;
         case PROTO_FETCH_DEV_MARK:
             if (r->tag < d->n_events) {
@@ -402,6 +665,9 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
                     uint64_t busy = 0;
                     (void)common_devmem_copy_time(&busy);
                     atomic_store_explicit(d->ctl_busy, busy - d->busy0, memory_order_relaxed);
+                    if (d->read_failed)
+                        atomic_store_explicit(d->ctl_failed, r->loan, memory_order_relaxed);
+                    d->read_failed = false;
                     atomic_store_explicit(&d->ctl[0], r->loan, memory_order_release);
                     syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
                     d->c.marks++;
@@ -435,18 +701,53 @@ void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_co
 
 /* ---- lifetime ----------------------------------------------------------------------------- */
 
-int fetcher_devpool_start(const char *path, uint64_t budget, const uint8_t *pool_base,
-                          uint64_t pool_bytes, struct fetcher_devpool **out,
+/* The staging of a pool fed from storage: its slots (mapped, O_DIRECT-aligned) and an I/O
+ * engine over the fetcher's files reading into them. */
+static int devpool_stage_init(struct fetcher_devpool *d, struct fetcher *f, struct common_errmsg *e)
+{
+    d->f = f;
+    d->n_stage = FETCHER_DEVPOOL_STAGE_SLOTS;
+    d->stage_bytes = (f->plan.slot_bytes + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN;
+    const size_t total = (size_t)d->n_stage * d->stage_bytes;
+    if (!f->pool || !d->stage_bytes)
+        return common_errmsg_set(e, COMMON_EINVAL, "staging: the fetcher has no pool to lay out");
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return common_errmsg_set(e, COMMON_ENOMEM, "staging: %s", strerror(errno));
+    d->stage = p;
+    const uint32_t qd = 3 * d->n_stage; /* every part of every slot in flight */
+    d->reqs = calloc(qd, sizeof(*d->reqs));
+    d->cqes = calloc(qd, sizeof(*d->cqes));
+    struct fetcher_io_file *files = calloc(f->n_splits, sizeof(*files));
+    if (!d->reqs || !d->cqes || !files) {
+        free(files);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    for (uint32_t s = 0; s < f->n_splits; s++)
+        files[s] = (struct fetcher_io_file){.fd = common_gguf_split_fd(f->g, s),
+                                            .path = common_gguf_split_path(f->g, s)};
+    const struct fetcher_io_opts io_o = {.mode = f->mode,
+                                         .direct = f->o.direct,
+                                         .queue_depth = qd,
+                                         .n_threads = f->o.io_threads,
+                                         .reg_base = d->stage,
+                                         .reg_bytes = total};
+    int                          rc = fetcher_io_create(&io_o, files, f->n_splits, &d->io, e);
+    free(files);
+    return rc;
+}
+
+int fetcher_devpool_start(const struct fetcher_devpool_opts *o, struct fetcher_devpool **out,
                           struct common_errmsg *e)
 {
     struct fetcher_devpool *d = calloc(1, sizeof(*d));
-    if (!d || !(d->path = strdup(path))) {
+    if (!d || !(d->path = strdup(o->path))) {
         free(d);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
-    d->budget = budget;
-    d->ram = pool_base;
-    d->ram_bytes = pool_bytes;
+    d->budget = o->budget;
+    d->ram = o->ram;
+    d->ram_bytes = o->ram_bytes;
     d->dev = -1;
     d->listen_fd = -1;
     atomic_init(&d->stop, false);
@@ -455,12 +756,14 @@ int fetcher_devpool_start(const char *path, uint64_t budget, const uint8_t *pool
         free(d);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
-    int rc = common_unix_listen(path, &d->listen_fd);
-    if (rc != COMMON_OK) {
-        rc = common_errmsg_set(e, rc, "%s: %s", path, common_strerror(rc));
-    } else if (pthread_create(&d->thread, NULL, devpool_thread, d) != 0) {
-        rc = common_errmsg_set(e, COMMON_ENOMEM, "%s: cannot start its thread", path);
-    } else {
+    int rc = o->stage_from ? devpool_stage_init(d, o->stage_from, e) : COMMON_OK;
+    if (rc != COMMON_OK)
+        ;
+    else if ((rc = common_unix_listen(o->path, &d->listen_fd)) != COMMON_OK)
+        rc = common_errmsg_set(e, rc, "%s: %s", o->path, common_strerror(rc));
+    else if (pthread_create(&d->thread, NULL, devpool_thread, d) != 0)
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "%s: cannot start its thread", o->path);
+    else {
         d->started = true;
         *out = d;
         return COMMON_OK;
@@ -484,7 +787,15 @@ void fetcher_devpool_stop(struct fetcher_devpool *d)
     devpool_drop_locked(d); /* its copies done */
     if (d->pinned)
         common_devmem_host_unregister(d->ram);
+    if (d->stage_pinned)
+        common_devmem_host_unregister(d->stage);
     pthread_mutex_unlock(&d->mu);
+    fetcher_io_destroy(d->io);
+    if (d->stage)
+        munmap(d->stage, (size_t)d->n_stage * d->stage_bytes);
+    free(d->reqs);
+    free(d->cqes);
+    free(d->defer);
     pthread_mutex_destroy(&d->mu);
     free(d->path);
     free(d);

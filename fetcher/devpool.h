@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "fetcher.h"
 #include "proto.h"
 
 /* The device pool a fetcher started with --vram-budget makes for its executor: it listens on the
@@ -14,6 +15,9 @@
  * copies, marks and waits the executor's ring records ask for on its own copy stream, from its
  * RAM pool. One executor at a time; its pool ends when its connection closes. */
 struct fetcher_devpool;
+
+/* Staging slots of a pool fed from storage (--vram-fill storage): bundles in flight at once. */
+#define FETCHER_DEVPOOL_STAGE_SLOTS 8u
 
 struct fetcher_devpool_counts {
     uint64_t opens;        /* pools made */
@@ -26,23 +30,39 @@ struct fetcher_devpool_counts {
     uint64_t bad;          /* device records refused (no pool, out of range, device error) */
     uint64_t bytes;        /* the open pool's device memory mapped now */
     uint64_t copy_busy_ns; /* the copy stream's time copying (this process's, all pools) */
+    uint64_t staged;       /* DEV_READs served: parts copied from staging */
+    uint64_t stage_reads;  /* bundles read from storage into staging */
+    uint64_t stage_bytes;  /* their bytes read */
+    uint64_t stage_hits;   /* DEV_READs of a bundle already in staging (no read) */
+    uint64_t stage_failed; /* bundles whose read or check failed */
     bool     open;         /* a pool is open now */
     bool     pinned;       /* the RAM pool is registered with the device as pinned memory */
 };
 
-/* Listens on `path` for an executor; its copies read [pool_base, pool_base + pool_bytes) (the RAM
- * pool's mapping, borrowed). budget: the most device memory a pool may reserve. Returns 0 or a
- * negative common_err (e says what). */
-int fetcher_devpool_start(const char *path, uint64_t budget, const uint8_t *pool_base,
-                          uint64_t pool_bytes, struct fetcher_devpool **out,
+struct fetcher_devpool_opts {
+    const char    *path;      /* the socket to listen on */
+    uint64_t       budget;    /* the most device memory a pool may reserve */
+    const uint8_t *ram;       /* borrowed: the RAM pool's mapping, DEV_COPY's source */
+    uint64_t       ram_bytes; /* its bytes */
+    /* Borrowed, or NULL: the fetcher whose model (layout, files, checks) DEV_READ reads into
+     * FETCHER_DEVPOOL_STAGE_SLOTS pinned staging slots of its plan's slot size (the pool then
+     * stages: PROTO_DEVPOOL_STAGES). Must outlive the pool. */
+    struct fetcher *stage_from;
+};
+
+/* Listens on o->path for an executor. Returns 0 or a negative common_err (e says what). */
+int fetcher_devpool_start(const struct fetcher_devpool_opts *o, struct fetcher_devpool **out,
                           struct common_errmsg *e);
 /* Stops listening, drops the pool (its copies waited for), removes the socket file. Accepts
  * NULL. */
 void fetcher_devpool_stop(struct fetcher_devpool *d);
 
-/* One DEV_COPY, DEV_MARK or DEV_WAIT record of the link's ring (on the link's reader thread):
- * queued on the copy stream. Returns 0, or COMMON_EINVAL (no pool, a range outside it or the RAM
- * pool, a bad event) or COMMON_EDEVICE (counted as bad; the executor sees its mark never come). */
+/* One DEV_COPY, DEV_MARK, DEV_WAIT or DEV_READ record of the link's ring (on the link's reader
+ * thread): queued on the copy stream. DEV_READs are gathered and their bundles read together (at
+ * the I/O engine's depth) before the next other record, or when the staging slots run out; a
+ * failed read is told by the next mark (the control page). Returns 0, or COMMON_EINVAL (no pool,
+ * a range outside it or the RAM pool, a bad event, a pool that does not stage) or COMMON_EDEVICE
+ * (counted as bad; the executor sees its mark never come). */
 int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r);
 
 void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_counts *out);

@@ -18,6 +18,8 @@ static const char *const g_policy_names[] = {"lru", "lfu"};
 static const char *const g_io_names[] = {"auto", "uring", "pread", "mmap"};
 static const char *const g_prio_names[] = {"demand", "postfetch", "prefetch"};
 
+const char *const fetcher_vram_fill_names[] = {"auto", "ram", "storage", NULL};
+
 const char *fetcher_policy_name(enum fetcher_policy p)
 {
     return (unsigned)p < 2 ? g_policy_names[p] : "?";

@@ -65,6 +65,7 @@ struct fetcher_plan_opts {
     uint64_t kv_bytes;    /* KV caches, computed by the caller (executor) */
     uint64_t act_bytes;   /* activations and scratch; 0 = one default context (common_ctx_layout) */
     uint64_t base_bytes;  /* code, stacks, allocator slack; 0 = 16 MiB */
+    uint64_t staging_bytes; /* pinned staging of a device pool fed from storage (--vram-fill) */
     uint32_t queue_depth; /* I/O queue depth, for ring memory; 0 = 32 */
     uint32_t min_slots;   /* smallest useful pool; 0 = 2 * n_expert_used */
 };
@@ -77,6 +78,7 @@ struct fetcher_plan {
     uint64_t act_bytes;      /* activations and scratch */
     uint64_t io_bytes;       /* rings, slot table, key index */
     uint64_t base_bytes;     /* fixed overhead */
+    uint64_t staging_bytes;  /* as given */
     uint64_t slot_bytes;     /* one slot: the largest bundle with its O_DIRECT padding */
     uint32_t n_slots;        /* pool slots */
     uint32_t n_bundles;      /* routed expert bundles in the model (n_layer * n_expert) */
@@ -398,6 +400,17 @@ uint64_t fetcher_load_log_take(struct fetcher *f, struct fetcher_probe_key **out
 /* The fetcher daemon: control socket, pool fd (fetcher/serve.c), executor rings (link.c)      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* --vram-fill: where the experts the device pool misses come from. */
+enum fetcher_vram_fill {
+    FETCHER_VRAM_FILL_AUTO = 0, /* storage when this fetcher's RAM pool is no bigger than its
+                                   share of the device pool (an inclusive RAM tier that small only
+                                   duplicates it), else ram */
+    FETCHER_VRAM_FILL_RAM,      /* through the RAM pool: read into a slot, copied from there */
+    FETCHER_VRAM_FILL_STORAGE,  /* those not in the RAM pool read from storage into pinned
+                                   staging and copied from there; the RAM pool keeps its own */
+};
+extern const char *const fetcher_vram_fill_names[]; /* "auto", "ram", "storage", NULL */
+
 struct fetcher_serve_opts {
     const char *model_path; /* borrowed: GGUF file (first split); required */
     const char *run_dir;    /* borrowed: run directory; created 0700 when missing; required */
@@ -426,6 +439,7 @@ struct fetcher_serve_opts {
     bool                 no_pidfile;   /* do not write RUN_DIR/fetcher-I.pid (tests) */
     uint64_t vram_budget; /* > 0: serve a device expert pool of at most this many bytes to the
                              executor (RUN_DIR/fetcher-I.dev; fetcher/devpool.h) */
+    enum fetcher_vram_fill vram_fill; /* how the device pool's misses arrive; 0 = auto */
 };
 
 /* A running fetcher service. Opaque. */

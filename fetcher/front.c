@@ -428,6 +428,41 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         front_wake_slot(f, slot);
 }
 
+int fetcher_front_check_region(const struct fetcher *f, uint32_t layer, uint32_t expert,
+                               uint32_t part, uint8_t *region)
+{
+    uint64_t k = (uint64_t)layer * f->n_expert + expert;
+    if (!f->checked)
+        return COMMON_OK; /* GGUF: nothing to check */
+    if (f->bundles)
+        return common_qsf_bundle_finish(&f->bundles[k], region, NULL);
+    /* A dense model's FFN streamed from a QSF file: each part is a whole resident tensor,
+     * checked against its own checksum. */
+    int64_t idx = f->m->layers[layer].tensor[COMMON_ROLE_FFN_GATE_EXPS + (int)part];
+    return idx < 0 ? COMMON_OK
+                   : common_gguf_check_tensor(
+                         f->g, (uint64_t)idx,
+                         region + f->parts[k * COMMON_EXPERT_PART_COUNT + part].data_off, NULL);
+}
+
+uint32_t fetcher_front_bundle_reads(const struct fetcher *f, uint32_t layer, uint32_t expert,
+                                    uint8_t *region, uint64_t user, struct fetcher_io_req *out)
+{
+    if (layer >= f->n_layer || expert >= f->n_expert || !common_model_layer_is_moe(f->m, layer) ||
+        (f->checked && !f->bundles))
+        return 0;
+    const struct front_part *pp =
+        &f->parts[((uint64_t)layer * f->n_expert + expert) * COMMON_EXPERT_PART_COUNT];
+    const uint32_t n = f->bundles ? 1 : COMMON_EXPERT_PART_COUNT; /* QSF: one read */
+    for (uint32_t p = 0; p < n; p++)
+        out[p] = (struct fetcher_io_req){.file = pp[p].file,
+                                         .offset = pp[p].offset,
+                                         .len = pp[p].read_len,
+                                         .buf = region + pp[p].read_off,
+                                         .user = user};
+    return n;
+}
+
 /* QSF: checks a bundle just read against its checksum and decodes it in its slot (or, for a
  * dense model's streamed FFN, the part's tensor against its own), before the load completes (on
  * the I/O thread, f->mu not held: the slot is this load's until then). A bad read fails the load
@@ -437,23 +472,9 @@ static void front_check_bundle(struct fetcher *f, struct fetcher_io_cqe *c)
     if (c->err)
         return;
     uint32_t                 slot = (uint32_t)(c->user >> 2);
-    uint32_t                 part = (uint32_t)(c->user & 3);
     const struct front_load *ld = &f->loads[slot];
-    uint8_t                 *data = fetcher_pool_slot_data(f->pool, slot);
-    uint64_t                 k = (uint64_t)ld->layer * f->n_expert + ld->expert;
-    int                      rc;
-    if (f->bundles) {
-        rc = common_qsf_bundle_finish(&f->bundles[k], data, NULL);
-    } else {
-        /* A dense model's FFN streamed from a QSF file: each part is a whole resident tensor,
-         * checked against its own checksum. */
-        int64_t idx = f->m->layers[ld->layer].tensor[COMMON_ROLE_FFN_GATE_EXPS + (int)part];
-        rc = idx < 0 ? COMMON_OK
-                     : common_gguf_check_tensor(
-                           f->g, (uint64_t)idx,
-                           data + f->parts[k * COMMON_EXPERT_PART_COUNT + part].data_off, NULL);
-    }
-    if (rc != COMMON_OK)
+    if (fetcher_front_check_region(f, ld->layer, ld->expert, (uint32_t)(c->user & 3),
+                                   fetcher_pool_slot_data(f->pool, slot)) != COMMON_OK)
         c->err = FRONT_ECHECK;
 }
 

@@ -183,6 +183,21 @@ void fetcher_front_waiter_place(struct fetcher *f, struct front_waiter *w, enum 
 enum front_wstep fetcher_front_waiter_step(struct fetcher *f, struct front_waiter *w,
                                            uint32_t *slot);
 
+/* ---- reads outside the pool (the device pool's staging, fetcher/devpool.c); no lock -------- */
+
+/* The reads (at most COMMON_EXPERT_PART_COUNT, into out) that bring bundle (layer, expert) into
+ * `region`, laid out as a pool slot (plan.slot_bytes, FETCHER_ALIGN-aligned; part p's bytes then
+ * at f->parts[...].data_off once fetcher_front_check_region passed), each with cookie `user`.
+ * Returns their count; 0 when the layer has no such bundle (ids out of range, a dense layer, a
+ * dense model's streamed FFN). */
+uint32_t fetcher_front_bundle_reads(const struct fetcher *f, uint32_t layer, uint32_t expert,
+                                    uint8_t *region, uint64_t user, struct fetcher_io_req *out);
+/* QSF: checks the bundle (or part, for a dense model's streamed FFN) just read into `region`
+ * against its checksum and decodes it there. COMMON_OK (and always for GGUF), else the check's
+ * error. */
+int fetcher_front_check_region(const struct fetcher *f, uint32_t layer, uint32_t expert,
+                               uint32_t part, uint8_t *region);
+
 /* Gives every node of `q` back to the free list. */
 void fetcher_front_waiters_put(struct fetcher *f, struct front_wlist *q);
 

@@ -354,6 +354,8 @@ static bool link_req_valid(const struct fetcher_link_host *h, const struct proto
     case PROTO_FETCH_DEV_MARK:
     case PROTO_FETCH_DEV_WAIT:
         return h->dev_record != NULL; /* the pool checks the rest */
+    case PROTO_FETCH_DEV_READ:
+        return in_shard && r->part < COMMON_EXPERT_PART_COUNT && h->dev_record != NULL;
     default:
         return false;
     }
@@ -422,6 +424,7 @@ static void link_handle(struct fetcher_link *l, const struct proto_fetch_req *r)
     case PROTO_FETCH_DEV_COPY:
     case PROTO_FETCH_DEV_MARK:
     case PROTO_FETCH_DEV_WAIT:
+    case PROTO_FETCH_DEV_READ:
         h->dev_record(h->dev_record_arg, r);
         break;
     default:

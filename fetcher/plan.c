@@ -64,6 +64,7 @@ int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan
         .kv_bytes = o->kv_bytes,
         .act_bytes = o->act_bytes ? o->act_bytes : plan_act_default(&m->hp),
         .base_bytes = o->base_bytes ? o->base_bytes : PLAN_DEFAULT_BASE,
+        .staging_bytes = o->staging_bytes,
         .slot_bytes = fetcher_plan_slot_bytes(m),
         .n_bundles = m->hp.n_layer * m->hp.n_expert,
     };
@@ -80,6 +81,7 @@ int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan
     if (!common_add_u64(p.resident_bytes, p.kv_bytes, &fixed) ||
         !common_add_u64(fixed, p.act_bytes, &fixed) || !common_add_u64(fixed, p.io_bytes, &fixed) ||
         !common_add_u64(fixed, p.base_bytes, &fixed) ||
+        !common_add_u64(fixed, p.staging_bytes, &fixed) ||
         !common_mul_u64(per_slot, p.min_slots, &min_pool) ||
         !common_add_u64(fixed, min_pool, &p.min_budget))
         return common_errmsg_set(e, COMMON_ERANGE, "plan: sizes overflow");
@@ -97,18 +99,21 @@ int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan
             common_format_size(p.min_budget, b[1], sizeof(b[1])), (unsigned long long)p.min_budget,
             common_format_size(p.resident_bytes, b[2], 32),
             common_format_size(p.kv_bytes, b[3], 32),
-            common_format_size(p.act_bytes + p.io_bytes + p.base_bytes, b[4], 32), p.min_slots,
-            common_format_size(p.slot_bytes, b[5], 32));
+            common_format_size(p.act_bytes + p.io_bytes + p.base_bytes + p.staging_bytes, b[4], 32),
+            p.min_slots, common_format_size(p.slot_bytes, b[5], 32));
     }
     return COMMON_OK;
 }
 
 int fetcher_plan_format(const struct fetcher_plan *p, char *buf, size_t len)
 {
-    char     b[10][32];
+    char     b[11][32], staging[96] = "";
     uint64_t used = p->resident_bytes + p->kv_bytes + p->act_bytes + p->io_bytes + p->base_bytes +
-                    p->pool_bytes + (uint64_t)p->n_slots * PLAN_SLOT_TABLE_BYTES;
+                    p->staging_bytes + p->pool_bytes + (uint64_t)p->n_slots * PLAN_SLOT_TABLE_BYTES;
     double share = p->n_bundles ? 100.0 * (double)p->n_slots / (double)p->n_bundles : 0.0;
+    if (p->staging_bytes)
+        snprintf(staging, sizeof(staging), "  device staging    %s (storage to the device pool)\n",
+                 common_format_size(p->staging_bytes, b[10], 32));
     return snprintf(
         buf, len,
         "memory plan: ram budget %s\n"
@@ -117,14 +122,16 @@ int fetcher_plan_format(const struct fetcher_plan *p, char *buf, size_t len)
         "  activations       %s\n"
         "  i/o and tables    %s\n"
         "  base overhead     %s\n"
+        "%s"
         "  expert pool       %s = %u slots x %s (%u of %u bundles, %.1f%%)%s\n"
         "  unused            %s\n"
         "  minimum budget    %s (%u slots)\n",
         common_format_size(p->ram_budget, b[0], 32),
         common_format_size(p->resident_bytes, b[1], 32), common_format_size(p->kv_bytes, b[2], 32),
         common_format_size(p->act_bytes, b[3], 32), common_format_size(p->io_bytes, b[4], 32),
-        common_format_size(p->base_bytes, b[5], 32), common_format_size(p->pool_bytes, b[6], 32),
-        p->n_slots, common_format_size(p->slot_bytes, b[7], 32), p->n_slots, p->n_bundles, share,
+        common_format_size(p->base_bytes, b[5], 32), staging,
+        common_format_size(p->pool_bytes, b[6], 32), p->n_slots,
+        common_format_size(p->slot_bytes, b[7], 32), p->n_slots, p->n_bundles, share,
         p->n_slots == p->n_bundles ? ": every expert fits" : "",
         common_format_size(p->ram_budget > used ? p->ram_budget - used : 0, b[8], 32),
         common_format_size(p->min_budget, b[9], 32), p->min_slots);

@@ -39,6 +39,7 @@ struct fetcher_server {
     uint32_t                  n_layer;                  /* of the model */
     uint32_t                  n_expert;                 /* of the model */
     uint32_t                  n_slots;                  /* pool slots of this shard */
+    bool           stages; /* the device pool's misses are read from storage (--vram-fill) */
     uint32_t       plan_n_seq, plan_n_ctx; /* contexts the --ram-budget plan holds (0 = no plan) */
     uint32_t       device_layers_seen;   /* the fewest device layers an executor told (under mu) */
     uint64_t       instance;             /* random id, the pool fd's tag */
@@ -275,6 +276,12 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
         proto_stats_add(st, "devpool.waits", (double)dc.waits);
         proto_stats_add(st, "devpool.bad", (double)dc.bad);
         proto_stats_add(st, "devpool.copy_busy_ms", (double)dc.copy_busy_ns / 1e6);
+        proto_stats_add(st, "devpool.stages", s->stages);
+        proto_stats_add(st, "devpool.staged", (double)dc.staged);
+        proto_stats_add(st, "devpool.stage_reads", (double)dc.stage_reads);
+        proto_stats_add(st, "devpool.stage_bytes", (double)dc.stage_bytes);
+        proto_stats_add(st, "devpool.stage_hits", (double)dc.stage_hits);
+        proto_stats_add(st, "devpool.stage_failed", (double)dc.stage_failed);
     }
 }
 
@@ -447,9 +454,14 @@ static int serve_plan_slots(struct fetcher_server *s, uint32_t device_layers, FI
     uint64_t                 kv = lay.kv_bytes * n_seq;
     uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
     struct fetcher_plan      plan = {0};
+    /* every fetcher's staging, when they stage */
+    const uint64_t stage_bytes = s->stages ? (uint64_t)s->n_shards * FETCHER_DEVPOOL_STAGE_SLOTS *
+                                                 fetcher_plan_slot_bytes(&s->m)
+                                           : 0;
     struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
                                    .kv_bytes = kv,
                                    .act_bytes = act,
+                                   .staging_bytes = stage_bytes,
                                    .queue_depth = o->queue_depth};
     /* A budget under the plan's minimum is COMMON_ERANGE with the plan filled in: *n_slots is
      * then the share of the minimum. */
@@ -469,15 +481,16 @@ static int serve_plan_slots(struct fetcher_server *s, uint32_t device_layers, FI
     return rc;
 }
 
-/* This shard's pool slots: explicit, else its share of the plan for the whole budget. */
-static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
+/* This shard's pool slots: explicit, else its share of the plan for the whole budget (printed
+ * to plan_out). */
+static int serve_size_once(struct fetcher_server *s, FILE *plan_out, struct common_errmsg *e)
 {
     const struct fetcher_serve_opts *o = &s->o;
     uint32_t                         shard_bundles = s->n_layers * s->n_exp;
     if (o->n_slots) {
         s->n_slots = o->n_slots;
     } else if (o->ram_budget) {
-        int rc = serve_plan_slots(s, o->n_device_layers, o->plan_out, &s->n_slots, e);
+        int rc = serve_plan_slots(s, o->n_device_layers, plan_out, &s->n_slots, e);
         if (rc != COMMON_OK)
             return rc;
     } else {
@@ -488,6 +501,22 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     if (s->n_slots == 0)
         s->n_slots = 1;
     return COMMON_OK;
+}
+
+/* The pool's size and, with --vram-budget, whether the device pool's misses come from storage
+ * (--vram-fill; auto: when the RAM pool is no bigger than this shard's share of the device
+ * pool), the staging then in the plan. */
+static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
+{
+    const struct fetcher_serve_opts *o = &s->o;
+    const bool auto_fill = o->vram_budget && o->vram_fill == FETCHER_VRAM_FILL_AUTO;
+    s->stages = o->vram_budget && o->vram_fill == FETCHER_VRAM_FILL_STORAGE;
+    int rc = serve_size_once(s, auto_fill ? NULL : o->plan_out, e);
+    if (rc != COMMON_OK || !auto_fill)
+        return rc;
+    s->stages =
+        (uint64_t)s->n_slots * fetcher_plan_slot_bytes(&s->m) <= o->vram_budget / s->n_shards;
+    return serve_size_once(s, o->plan_out, e); /* with the staging */
 }
 
 /* DEVICE_LAYERS(n) from the executor: with fewer layers' KV on its device than the plan left out
@@ -693,15 +722,25 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
             rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
             goto out_stop;
         }
-        if ((rc = fetcher_devpool_start(s->dev_path, o->vram_budget, s->pool_base, s->pool_bytes,
-                                        &s->devpool, e)) != COMMON_OK)
+        const struct fetcher_devpool_opts dopts = {.path = s->dev_path,
+                                                   .budget = o->vram_budget,
+                                                   .ram = s->pool_base,
+                                                   .ram_bytes = s->pool_bytes,
+                                                   .stage_from = s->stages ? s->f : NULL};
+        if ((rc = fetcher_devpool_start(&dopts, &s->devpool, e)) != COMMON_OK)
             goto out_stop;
-        char vb[32];
+        char vb[32], sb[32];
         if (o->plan_out)
             fprintf(o->plan_out,
                     "device pool: up to %s of device memory (--vram-budget) for the executor's "
-                    "experts, made when it asks (%s)\n",
-                    common_format_size(o->vram_budget, vb, sizeof(vb)), s->dev_path);
+                    "experts, made when it asks (%s); its misses %s (--vram-fill %s)\n",
+                    common_format_size(o->vram_budget, vb, sizeof(vb)), s->dev_path,
+                    s->stages ? "not in the RAM pool read from storage through pinned staging"
+                              : "read into the RAM pool and copied from there",
+                    fetcher_vram_fill_names[o->vram_fill]);
+        if (o->plan_out && s->stages)
+            fprintf(o->plan_out, "device staging: %u slots of %s\n", FETCHER_DEVPOOL_STAGE_SLOTS,
+                    common_format_size(fetcher_plan_slot_bytes(&s->m), sb, sizeof(sb)));
     }
     struct proto_service_opts so = {.run_dir = s->run_dir,
                                     .name = s->name,

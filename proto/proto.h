@@ -316,6 +316,11 @@ enum proto_fetch_op {
                                  `loan` as the marks' sequence in the pool's control page */
     PROTO_FETCH_DEV_WAIT = 9, /* the copies queued next wait for the executor's kernels event (it
                                  recorded it before pushing this) */
+    PROTO_FETCH_DEV_READ = 10, /* a pool that stages (PROTO_DEVPOOL_STAGES): read the bundle of
+                                  (layer, expert) from storage into the fetcher's pinned staging
+                                  (not its RAM pool) and queue the copy of its part `part`,
+                                  `bytes` long, to device-pool offset `dst`; the next mark comes
+                                  after that copy, or says it failed (the control page) */
 };
 
 /* Priority of a HINT (the fetcher's request classes, most urgent first: the same values as its
@@ -330,14 +335,14 @@ enum proto_fetch_prio {
 struct proto_fetch_req {
     uint32_t op;     /* enum proto_fetch_op */
     uint32_t tag;    /* ACQUIRE: echoed in the reply */
-    uint32_t layer;  /* ACQUIRE, HINT, USE; DEVICE_LAYERS: the count */
-    uint32_t expert; /* ACQUIRE, HINT, USE: the model's expert id (not shard-relative) */
-    uint32_t part;   /* ACQUIRE: enum common_expert_part; USE: a mask of parts */
+    uint32_t layer;  /* ACQUIRE, HINT, USE, DEV_READ; DEVICE_LAYERS: the count */
+    uint32_t expert; /* ACQUIRE, HINT, USE, DEV_READ: the model's expert id (not shard-relative) */
+    uint32_t part;   /* ACQUIRE, DEV_READ: enum common_expert_part; USE: a mask of parts */
     uint32_t prio;   /* HINT: enum proto_fetch_prio */
     uint32_t loan;   /* RELEASE; DEV_MARK: the mark's sequence number */
-    uint32_t bytes;  /* DEV_COPY */
+    uint32_t bytes;  /* DEV_COPY, DEV_READ */
     uint64_t src;    /* DEV_COPY: offset in the pool segment */
-    uint64_t dst;    /* DEV_COPY: offset in the device pool */
+    uint64_t dst;    /* DEV_COPY, DEV_READ: offset in the device pool */
 };
 
 /* ---- the fetcher's device pool ("fetcher-<i>.dev") ----------------------------------------- *
@@ -348,7 +353,8 @@ struct proto_fetch_req {
  * reserves the bytes asked (within its budget) and answers GRANTED (blob: struct
  * proto_devpool_granted) then CTL (fd: the control page, a memfd of PROTO_DEVPOOL_CTL_BYTES: a
  * 32-bit word at offset 0, the last mark's sequence, a futex; a 64-bit word at offset 8, the
- * nanoseconds the fetcher's copy stream spent copying since OPEN, as of the last mark) then
+ * nanoseconds the fetcher's copy stream spent copying since OPEN, as of the last mark; a 32-bit
+ * word at offset 16, the sequence of the last mark after which a DEV_READ failed, 0 = none) then
  * n_events EVENT handles, or ERROR (blob: the reason, text). The executor then sends KEVENT (its
  * kernels' event, exported). Then, any number of times, PIECE (blob: uint32_t piece index): the
  * fetcher makes piece k of the pool (granularity bytes at offset k * granularity), maps it and
@@ -387,10 +393,16 @@ struct proto_devpool_open {
  * the experts of its shard from its own RAM pool and records its own events. */
 #define PROTO_DEVPOOL_ADOPTS 1u
 
+/* GRANTED's flags: the fetcher reads the experts that are not in its RAM pool straight from
+ * storage into pinned staging (DEV_READ), its RAM pool left to what it holds (--vram-fill). */
+#define PROTO_DEVPOOL_STAGES 1u
+
 struct proto_devpool_granted {
     uint64_t bytes;       /* reserved: `bytes` rounded up to the granularity */
     uint64_t granularity; /* piece size */
     char     backend[8];  /* "HOST" or "CUDA", NUL-terminated */
+    uint32_t flags;       /* PROTO_DEVPOOL_STAGES */
+    uint32_t pad;
 };
 
 struct proto_fetch_rep {

@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "devpool.h"
+#include "fetcher.h"
 #include "fixture.h"
 #include "proto.h"
 
@@ -160,8 +161,9 @@ static struct fetcher_devpool *start_at(const char *path, uint64_t budget, const
 {
     struct fetcher_devpool *d = NULL;
     struct common_errmsg    e = {{0}};
-    cr_assert_eq(fetcher_devpool_start(path, budget, ram, RAM_BYTES, &d, &e), COMMON_OK, "%s",
-                 e.text);
+    const struct fetcher_devpool_opts o = {
+        .path = path, .budget = budget, .ram = ram, .ram_bytes = RAM_BYTES};
+    cr_assert_eq(fetcher_devpool_start(&o, &d, &e), COMMON_OK, "%s", e.text);
     return d;
 }
 
@@ -207,6 +209,7 @@ Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
         {.op = PROTO_FETCH_DEV_COPY, .bytes = 0, .src = 0, .dst = 0},
         {.op = PROTO_FETCH_DEV_MARK, .tag = 2, .loan = 8},
         {.op = PROTO_FETCH_ACQUIRE},
+        {.op = PROTO_FETCH_DEV_READ, .bytes = 64}, /* this pool does not stage */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_expect_eq(fetcher_devpool_record(d, &bad[i]), COMMON_EINVAL, "record %zu", i);
@@ -367,4 +370,145 @@ Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
     client_free(&ca);
     client_free(&cb);
     free(ram_b);
+}
+
+/* A pool fed from storage (--vram-fill storage) over moe-tiny's experts and a RAM pool of
+ * two slots: the gate and up parts of 12 experts (6 of layers 1 and 2 each) read (more bundles than
+ * staging slots: the reads gathered so far are done when they run out), marked, then every down
+ * part, marked: each part in the executor's view equals the bytes the RAM pool gives for it, and
+ * nothing failed. Bad reads are refused and counted. */
+static void check_staged_reads(bool qsf)
+{
+    FIXTURE_OR_SKIP(src, qsf ? "moe-tiny/moe-tiny-f32.gguf" : "moe-tiny/moe-tiny-q4_0.gguf");
+    char *path = src;
+    if (qsf) { /* experts of few distinct values, so that LZ4 shrinks every bundle */
+        path = malloc(strlen(g_dir) + 16);
+        cr_assert_not_null(path);
+        sprintf(path, "%s/coarse.gguf", g_dir);
+        cr_assert_eq(fixture_write_coarse_experts(src, path), 0);
+        free(src);
+    }
+    struct common_gguf  *g = NULL;
+    struct common_model  m;
+    struct fetcher      *f = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(path, NULL, &g, NULL), COMMON_OK);
+    cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
+    if (qsf) { /* every bundle LZ4-compressed: decoded in its staging slot */
+        char                                 qpath[700];
+        struct common_qsf_stats              st;
+        const struct common_qsf_convert_opts co = {.lz4 = COMMON_QSF_LZ4_ALWAYS};
+        snprintf(qpath, sizeof(qpath), "%s/model.qsf", g_dir);
+        cr_assert_eq(common_qsf_convert(g, &m, qpath, &co, &st, &e), COMMON_OK, "%s", e.text);
+        cr_assert_eq(st.n_lz4, st.n_bundles);
+        common_model_fini(&m);
+        common_gguf_close(g);
+        cr_assert_eq(common_gguf_open(qpath, NULL, &g, NULL), COMMON_OK);
+        cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
+    }
+    cr_assert_eq(fetcher_create(g, &m, &(struct fetcher_opts){.n_slots = 2}, &f, &e), COMMON_OK,
+                 "%s", e.text);
+    const struct fetcher_devpool_opts o = {.path = g_path,
+                                           .budget = 32u << 20,
+                                           .ram = fetcher_get_pool_base(f),
+                                           .ram_bytes = fetcher_get_pool_bytes(f),
+                                           .stage_from = f};
+    struct fetcher_devpool           *d = NULL;
+    cr_assert_eq(fetcher_devpool_start(&o, &d, &e), COMMON_OK, "%s", e.text);
+    struct client c = {0};
+    char          why[80] = "";
+    enum { N_X = 12, L = 1 };
+#define LX(i) (L + (i) / 6u), ((i) % 6u) /* bundle i's layer and expert */
+    uint64_t size[N_X][COMMON_EXPERT_PART_COUNT], at[N_X][COMMON_EXPERT_PART_COUNT], total = 0;
+    for (uint32_t x = 0; x < N_X; x++)
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+            struct common_span s;
+            cr_assert_eq(common_model_expert_span(&m, LX(x), (enum common_expert_part)p, &s),
+                         COMMON_OK);
+            size[x][p] = s.size;
+            at[x][p] = total;
+            total += s.size;
+        }
+    cr_assert_eq(open_pool(&c, total, why, sizeof(why)), PROTO_DEVPOOL_GRANTED, "%s", why);
+    cr_assert(c.g.flags & PROTO_DEVPOOL_STAGES, "the pool does not say it stages");
+    const uint64_t              gran = c.g.granularity;
+    struct common_devmem_piece *pieces[256] = {NULL};
+    const uint32_t              n_pieces = (uint32_t)(c.g.bytes / gran);
+    cr_assert_leq(n_pieces, 256);
+    for (uint32_t k = 0; k < n_pieces; k++)
+        cr_assert_eq(get_piece(&c, k, &pieces[k]), PROTO_DEVPOOL_PIECE);
+    cr_assert(wait_open(d, true));
+
+    for (int phase = 0; phase < 2; phase++) { /* gate and up, then down */
+        for (uint32_t x = 0; x < N_X; x++)
+            for (uint32_t p = phase ? 2 : 0; p < (phase ? 3u : 2u); p++) {
+                const struct proto_fetch_req r = {.op = PROTO_FETCH_DEV_READ,
+                                                  .layer = L + x / 6u,
+                                                  .expert = x % 6u,
+                                                  .part = p,
+                                                  .bytes = (uint32_t)size[x][p],
+                                                  .dst = at[x][p]};
+                cr_assert_eq(fetcher_devpool_record(d, &r), COMMON_OK, "expert %u part %u", x, p);
+            }
+        const struct proto_fetch_req mark = {
+            .op = PROTO_FETCH_DEV_MARK, .tag = (uint32_t)phase, .loan = 1u + (uint32_t)phase};
+        cr_assert_eq(fetcher_devpool_record(d, &mark), COMMON_OK);
+    }
+    cr_assert_eq(atomic_load(c.ctl), 2u, "the marks are published");
+    cr_assert_eq(*(const uint32_t *)((const uint8_t *)c.ctl_page + 16), 0u, "a read failed");
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(common_devmem_event_sync(c.ev[k], &e), COMMON_OK, "%s", e.text);
+    for (uint32_t x = 0; x < N_X; x++)
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+            const void *ref = NULL;
+            uint32_t    loan = 0;
+            cr_assert_eq(fetcher_acquire(f, LX(x), (enum common_expert_part)p, &ref, &loan),
+                         COMMON_OK);
+            cr_expect_eq(memcmp(c.base + at[x][p], ref, size[x][p]), 0, "expert %u part %u", x, p);
+            fetcher_release(f, loan);
+        }
+    /* Refused: the wrong size, a part that does not exist, a layer past the model, a
+     * destination past the pool. */
+    const struct proto_fetch_req bad[] = {
+        {.op = PROTO_FETCH_DEV_READ, .layer = L, .part = 0, .bytes = 64, .dst = 0},
+        {.op = PROTO_FETCH_DEV_READ, .layer = L, .part = 3, .bytes = (uint32_t)size[0][0]},
+        {.op = PROTO_FETCH_DEV_READ, .layer = 99, .part = 0, .bytes = (uint32_t)size[0][0]},
+        {.op = PROTO_FETCH_DEV_READ,
+         .layer = L,
+         .part = 0,
+         .bytes = (uint32_t)size[0][0],
+         .dst = c.g.bytes},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        cr_expect_eq(fetcher_devpool_record(d, &bad[i]), COMMON_EINVAL, "record %zu", i);
+    struct fetcher_devpool_counts k;
+    fetcher_devpool_counts(d, &k);
+    cr_expect_eq(k.staged, 3 * N_X);
+    cr_expect_eq(k.copies, 0, "nothing came from the RAM pool");
+    cr_expect_geq(k.stage_reads, N_X + 1, "more bundles than slots: some read twice");
+    cr_expect_eq(k.stage_reads + k.stage_hits, 3 * N_X);
+    cr_expect_gt(k.stage_bytes, 0);
+    cr_expect_eq(k.stage_failed, 0);
+    cr_expect_eq(k.bad, sizeof(bad) / sizeof(bad[0]));
+#undef LX
+    client_free(&c);
+    for (uint32_t i = 0; i < n_pieces; i++)
+        common_devmem_piece_destroy(pieces[i]);
+    fetcher_devpool_stop(d);
+    fetcher_destroy(f);
+    common_model_fini(&m);
+    common_gguf_close(g);
+    free(path);
+}
+
+Test(fetcher_devpool, reads_from_storage_through_staging_match_the_ram_pool)
+{
+    check_staged_reads(false);
+}
+
+/* The same from a QSF file whose bundles are all LZ4 frames (f32 experts of few values): each
+ * checked and decoded in staging. */
+Test(fetcher_devpool, qsf_bundles_staged_are_checked_and_decoded)
+{
+    check_staged_reads(true);
 }

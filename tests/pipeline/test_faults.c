@@ -401,6 +401,52 @@ Test(pipeline_faults, qsf_corrupt_bundle_is_named_to_the_client, .timeout = 300,
     free(model);
 }
 
+/* A corrupt bundle read from storage for the device pool (--vram-fill storage, the host
+ * backend): the fetcher's staging read fails its checksum, the next mark says so, the executor
+ * does the round again through the RAM pool, where the fetcher names the bundle, and the client
+ * gets that line, as without a device. */
+Test(pipeline_faults, qsf_corrupt_bundle_staged_for_the_device_is_named_to_the_client,
+     .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    char *dir = fixture_tmpdir();
+    char  qsf[2048], cmd[4096];
+    int   st;
+    convert_qsf(dir, model, "", qsf, sizeof(qsf));
+    cr_assert_gt(fixture_flip_bundles(qsf, 1), 0, "no bundle of layer 1 changed");
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    up(dir, qsf, 1, "-ngl 999 --vram-budget 1M --ram-budget 64M --vram-fill storage");
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice generate --run-dir %s -p '%s' -n 8 --temp 0 2>&1 >/dev/null", BIN, dir,
+             k_prompt);
+    char *err = sh(cmd, &st);
+    cr_assert_neq(st, 0, "a corrupt expert gave no error:\n%s", err);
+    const char *line = strstr(err, "executor step failed: ");
+    cr_assert_not_null(line, "the error does not carry the fetcher's reason:\n%s", err);
+    char one[1024];
+    snprintf(one, sizeof(one), "%.*s", (int)strcspn(line, "\n"), line);
+    cr_assert(strstr(one, "fetcher 0: ") && strstr(one, "layer 1 expert") &&
+                  strstr(one, "checksum") && strstr(one, qsf),
+              "%s", one);
+    free(err);
+    /* the staging found it first, and the executor knew */
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice ctl --run-dir %s --daemon fetcher-0 stats | grep -E "
+             "'^devpool\\.stage_failed +[1-9]' && %s/sluice ctl --run-dir %s --daemon executor "
+             "stats | grep -E '^gpu_pool\\.stage_failures +[1-9]'",
+             BIN, dir, BIN, dir);
+    char *stats = sh(cmd, &st);
+    cr_expect_eq(st, 0, "no failed staging read counted: %s", stats);
+    cr_log_info("%s\n%s", one, stats);
+    free(stats);
+    down(dir);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+}
+
 /* GGUF splits on two devices (directories; the second split a symlink beside the first, as a
  * user would place it): with --shard-by file, fetcher i serves the layers of the i-th directory
  * and reads only its split, and the text is the one-file model's in one process. The default
@@ -639,6 +685,16 @@ Test(pipeline_faults, kill_the_fetcher_that_owns_the_device_pool_same_tokens, .t
      .fini = fini)
 {
     check_kill_on_the_host_device("fetcher-0", 1, "--ram-budget 40M -ngl 999 --vram-budget 640K");
+}
+
+/* The same with the fetcher reading the device pool's misses from storage (--vram-fill storage):
+ * killed with reads gathered in its staging; the executor copies from then on, through the
+ * restarted fetcher's RAM pool. */
+Test(pipeline_faults, kill_the_fetcher_that_stages_for_the_device_pool_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    check_kill_on_the_host_device(
+        "fetcher-0", 1, "--ram-budget 40M -ngl 999 --vram-budget 640K --vram-fill storage");
 }
 
 Test(pipeline_faults, kill_fetcher_midway_same_tokens, .timeout = 600, .fini = fini)

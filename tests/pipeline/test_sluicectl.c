@@ -840,25 +840,34 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
          * parts each, each fetcher those of its shard), recorded marks and waited for the
          * kernels, and refused no record; the executor's pool is in it. */
         unsigned long long copies = 0, marks = 0, waits = 0, bad = 0, copied = 0, in = 0;
+        unsigned long long staged = 0, stage_reads = 0, ex_staged = 0;
         for (unsigned f = 0; f < n_fetchers; f++) {
             snprintf(cmd, sizeof(cmd),
                      "%s/sluice ctl --run-dir '%s' --daemon fetcher-%u stats | grep -E "
                      "'^(devpool|serve\\.bad)'",
                      BIN, run_dir, f);
             char              *stats = sh(cmd, &st);
-            unsigned long long fc = 0, fm = 0, fw = 0, fb = 1, fp = 0;
+            unsigned long long fc = 0, fm = 0, fw = 0, fb = 1, fp = 0, fs = 0, fr = 0;
             const char *c = strstr(stats, "devpool.copies"), *m = strstr(stats, "devpool.marks"),
                        *w = strstr(stats, "devpool.waits"), *b = strstr(stats, "serve.bad_records"),
-                       *p = strstr(stats, "devpool.pinned");
-            cr_expect(c && m && w && b && p && sscanf(c, "devpool.copies %llu", &fc) == 1 &&
+                       *p = strstr(stats, "devpool.pinned"), *s = strstr(stats, "devpool.staged"),
+                       *r = strstr(stats, "devpool.stage_reads");
+            cr_expect(c && m && w && b && p && s && r &&
+                          sscanf(c, "devpool.copies %llu", &fc) == 1 &&
                           sscanf(m, "devpool.marks %llu", &fm) == 1 &&
                           sscanf(w, "devpool.waits %llu", &fw) == 1 &&
                           sscanf(b, "serve.bad_records %llu", &fb) == 1 &&
-                          sscanf(p, "devpool.pinned %llu", &fp) == 1,
+                          sscanf(p, "devpool.pinned %llu", &fp) == 1 &&
+                          sscanf(s, "devpool.staged %llu", &fs) == 1 &&
+                          sscanf(r, "devpool.stage_reads %llu", &fr) == 1,
                       "fetcher-%u: %s", f, stats);
-            cr_expect(fc > 0 && fm > 0 && fw > 0, "fetcher-%u copied nothing: %s", f, stats);
+            cr_expect(fc + fs > 0 && fm > 0 && fw > 0, "fetcher-%u copied nothing: %s", f, stats);
+            cr_expect(!strstr(extra, "--vram-fill storage") || (fs > 0 && fr > 0),
+                      "fetcher-%u read nothing from storage for the device: %s", f, stats);
             cr_expect(fp == 1, "fetcher-%u's RAM pool is not pinned: %s", f, stats);
             copies += fc;
+            staged += fs;
+            stage_reads += fr;
             marks += fm;
             waits += fw;
             bad += fb;
@@ -866,7 +875,7 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
         }
         snprintf(cmd, sizeof(cmd),
                  "%s/sluice ctl --run-dir '%s' --daemon executor stats "
-                 "| grep -E 'gpu_pool\\.(copied|in_fetcher|fetcher_copy_ms) '",
+                 "| grep -E 'gpu_pool\\.(copied|in_fetcher|fetcher_copy_ms|staged) '",
                  BIN, run_dir);
         char       *stats = sh(cmd, &st);
         const char *x = strstr(stats, "gpu_pool.copied "),
@@ -874,11 +883,14 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
         cr_expect(x && i && sscanf(x, "gpu_pool.copied %llu", &copied) == 1 &&
                       sscanf(i, "gpu_pool.in_fetcher %llu", &in) == 1,
                   "%s", stats);
-        cr_expect(in == 1 && copied > 0 && copies == 3 * copied && marks > 0 && waits > 0 &&
-                      bad == 0,
-                  "the fetchers' device pool: %llu copies, %llu marks, %llu waits, %llu bad "
-                  "records; the executor's %s",
-                  copies, marks, waits, bad, stats);
+        const char *xs = strstr(stats, "gpu_pool.staged");
+        cr_expect(xs && sscanf(xs, "gpu_pool.staged %llu", &ex_staged) == 1, "%s", stats);
+        /* every part of every expert copied in came from a RAM pool or from storage */
+        cr_expect(in == 1 && copied > 0 && copies + staged == 3 * copied && staged == ex_staged &&
+                      marks > 0 && waits > 0 && bad == 0,
+                  "the fetchers' device pool: %llu copies, %llu staged (%llu bundles read), "
+                  "%llu marks, %llu waits, %llu bad records; the executor's %s",
+                  copies, staged, stage_reads, marks, waits, bad, stats);
         /* the fetchers' copy time reaches the executor (its overlap figures count it) */
         const char *t = strstr(stats, "gpu_pool.fetcher_copy_ms");
         double      copy_ms = 0;
@@ -945,6 +957,29 @@ Test(pipeline_sluicectl, two_fetchers_fill_one_device_pool, .timeout = 300, .fin
                         "the experts in a pool of 3 slots .*, in fetcher 0.s device memory "
                         "\\(HOST, filled by the fetchers, each its experts\\), copied in from "
                         "the RAM pools of 2 fetchers, pinned");
+}
+
+/* --vram-fill storage, two fetchers: the experts the device pool misses are not in the RAM pools
+ * (no post-fetch asks them there), so each fetcher reads those of its shard from storage into
+ * its pinned staging and copies them in from there; the plan counts the staging. */
+Test(pipeline_sluicectl, two_fetchers_fill_the_device_pool_from_storage, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons_n(true, 2, "--vram-budget 324K --ram-budget 40M --vram-fill storage",
+                        "the experts in a pool of 3 slots .*, in fetcher 0.s device memory "
+                        "\\(HOST, filled by the fetchers, each its experts\\), read from storage "
+                        "through their staging or copied in from the RAM pools of 2 fetchers");
+}
+
+/* --vram-fill auto: a RAM pool no bigger than the device pool (37M plans 19 slots of 120 KiB
+ * for moe-tiny, 2.2 MiB, under a 2.5 MiB --vram-budget) only duplicates it, so the fetcher
+ * stages; its plan holds the staging. */
+Test(pipeline_sluicectl, a_ram_pool_smaller_than_the_device_pool_stages_by_default, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons(true, "--vram-budget 2500K --ram-budget 37M",
+                      "in fetcher 0.s device memory \\(HOST, filled by the fetcher\\), read from "
+                      "storage through their staging");
 }
 
 /* A fetcher whose own --vram-budget is below the executor's pool refuses it: the executor says

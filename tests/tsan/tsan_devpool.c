@@ -1,7 +1,8 @@
 /* tests/tsan/tsan_devpool.c - the fetcher's device pool (fetcher/devpool.c) driven from several
  * threads at once, as a plain program for ThreadSanitizer: an executor thread opens pools, asks
- * for pieces and closes them, round after round, while a link-reader thread fires copy, mark and
- * wait records at it and a third reads its counters. */
+ * for pieces and closes them, round after round, while a link-reader thread fires copy, mark,
+ * wait and (a pool that stages, over moe-tiny's fetcher) read records at it and a third reads its
+ * counters. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -13,6 +14,8 @@
 #include "check.h"
 #include "common.h"
 #include "devpool.h"
+#include "fetcher.h"
+#include "fixture.h"
 #include "proto.h"
 
 #define ROUNDS    20
@@ -20,6 +23,7 @@
 
 static char         g_path[256];
 static _Atomic bool g_done;
+static uint32_t     g_part_bytes[8]; /* gate of layer 1, expert x (0: no fixture, no reads) */
 
 /* One executor's pool: OPEN, the handles taken and dropped, PIECEs 0..3, then close. */
 static int executor_round(void)
@@ -80,6 +84,17 @@ static void *reader_run(void *arg)
         };
         for (size_t i = 0; i < 3; i++)
             (void)fetcher_devpool_record(d, &recs[i]);
+        for (uint32_t x = 0; x < 8 && g_part_bytes[0]; x++) { /* 8 reads, gathered, then a mark */
+            const struct proto_fetch_req rd = {.op = PROTO_FETCH_DEV_READ,
+                                               .layer = 1,
+                                               .expert = (x + seq) % 8,
+                                               .part = 0,
+                                               .bytes = g_part_bytes[(x + seq) % 8],
+                                               .dst = 0};
+            (void)fetcher_devpool_record(d, &rd);
+        }
+        const struct proto_fetch_req mark = {.op = PROTO_FETCH_DEV_MARK, .tag = 0, .loan = ++seq};
+        (void)fetcher_devpool_record(d, &mark);
     }
     return NULL;
 }
@@ -107,8 +122,27 @@ int main(void)
     memset(ram, 7, RAM_BYTES);
     struct fetcher_devpool *d = NULL;
     struct common_errmsg    e = {{0}};
-    CHECK(fetcher_devpool_start(g_path, 1u << 20, ram, RAM_BYTES, &d, &e) == COMMON_OK, "start: %s",
-          e.text);
+    /* moe-tiny's fetcher, for the reads from storage (skipped without the fixture) */
+    struct common_gguf *g = NULL;
+    struct common_model m;
+    struct fetcher     *f = NULL;
+    char               *path = fixture_path("moe-tiny/moe-tiny-q4_0.gguf");
+    if (path) {
+        CHECK(common_gguf_open(path, NULL, &g, NULL) == COMMON_OK, "open");
+        CHECK(common_model_init(&m, g, NULL) == COMMON_OK, "model");
+        CHECK(fetcher_create(g, &m, &(struct fetcher_opts){.n_slots = 2}, &f, &e) == COMMON_OK,
+              "fetcher: %s", e.text);
+        for (uint32_t x = 0; x < 8; x++) {
+            struct common_span sp;
+            CHECK(common_model_expert_span(&m, 1, x, COMMON_EXPERT_GATE, &sp) == COMMON_OK, "span");
+            g_part_bytes[x] = (uint32_t)sp.size;
+        }
+    } else {
+        printf("skip reads: fixture moe-tiny/moe-tiny-q4_0.gguf not found\n");
+    }
+    const struct fetcher_devpool_opts o = {
+        .path = g_path, .budget = 1u << 20, .ram = ram, .ram_bytes = RAM_BYTES, .stage_from = f};
+    CHECK(fetcher_devpool_start(&o, &d, &e) == COMMON_OK, "start: %s", e.text);
     int       bad = 0;
     pthread_t te, tr, tc;
     CHECK(pthread_create(&te, NULL, executor_run, &bad) == 0, "executor thread");
@@ -122,7 +156,14 @@ int main(void)
     CHECK(bad == 0, "%d executor rounds failed", bad);
     CHECK(c.opens == ROUNDS, "%llu pools opened of %d", (unsigned long long)c.opens, ROUNDS);
     CHECK(c.pieces == 4 * ROUNDS, "%llu pieces", (unsigned long long)c.pieces);
+    CHECK(!f || c.stage_reads > 0, "no bundle read from storage");
     fetcher_devpool_stop(d);
+    if (f) {
+        fetcher_destroy(f);
+        common_model_fini(&m);
+        common_gguf_close(g);
+        free(path);
+    }
     free(ram);
     rmdir(dir);
     return check_report();
