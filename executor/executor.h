@@ -298,6 +298,12 @@ struct executor_dev_ops {
     int (*ready)(void *arg, uint32_t k, struct common_devmem_event **evs, uint32_t *n);
     /* The copies asked next wait for kev (recorded by the caller just before). */
     int (*after)(void *arg);
+    /* Once the caller lost the pool (a call above failed with COMMON_ECLOSED, or a fetcher's
+     * event was never done): when every fetcher runs again, they open their side anew over the
+     * same memory (now this process's) and copy again. 0 (*out updated: stages may differ),
+     * COMMON_EAGAIN (not yet), or another negative common_err with the reason; the pool stays
+     * lost (every call above failing) until a later call succeeds. */
+    int (*retake)(void *arg, struct executor_dev_pool *out, struct common_errmsg *e);
     /* Nanoseconds the fetcher's copy stream spent copying into the pool, as of its last mark
      * (once it is gone, the last value seen). */
     void (*copy_time)(void *arg, uint64_t *ns);
@@ -566,6 +572,7 @@ struct executor_gpu_pool_stats {
                                        kernels' waits for its copies are in copy_stall_ns) */
     uint64_t staged;                /* parts the fetchers read from storage for the pool */
     uint64_t stage_failures;        /* rounds one of those reads failed in (done again) */
+    uint64_t fetcher_retakes;       /* times the fetchers took the pool back after a loss */
 };
 /* The pool of the ctx's device weights; false (out zeroed) when the ctx has no device. */
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out);

@@ -58,6 +58,7 @@ struct gpu_layer {
 #define GPU_POOL_LOANS 3  /* weight-source loans held while their copies are in flight */
 #define GPU_POOL_PINS  64 /* regions of the weight source registered at once (one per fetcher) */
 #define GPU_POOL_TRIES 8  /* rounds done again when a loan's bytes changed during its copy */
+#define GPU_POOL_RETAKE_NS 1000000000ull /* a lost fetchers' pool: how often it is tried again */
 /* The pool's copy events by index: the loans', then the round's gate/up and down. */
 enum { GPU_EV_GU = GPU_POOL_LOANS, GPU_EV_D, GPU_POOL_EVENTS };
 
@@ -139,11 +140,16 @@ struct gpu_xpool {
     bool                           remote[GPU_POOL_EVENTS];
     bool                           lost;
     /* A pool that stages (dp.stages): a miss not in the fetchers' RAM pools is read from storage
-     * by its fetcher (dev->read), not asked of the weight source; a read that failed
-     * (stage_failed) has the round done again through the RAM pools (stage_off), where the
-     * source says what is wrong. */
+     * by its fetcher (dev->read), not asked of the weight source. A mark that says a read or copy
+     * failed (stage_failed) has the round done again through the RAM pools (stage_off), where
+     * the source says what is wrong; failing again there, the executor copies from then on. */
     bool                           stage, stage_failed, stage_off;
     uint64_t                       staged, stage_failures;
+    /* Once lost, the fetchers' pool is taken back when they all run again (dev_mem->retake,
+     * gpu_pool_retake). */
+    uint64_t retake_at; /* the last failed try (0: none) */
+    uint64_t retakes;
+    bool     retake_off; /* given up (its copies failed twice): never taken back */
     uint64_t                       dev_losses;
     uint64_t                       dev_wait_ns;  /* in gpu_pool_wait for the fetcher's marks */
     char                           dev_why[160]; /* why the pool is not the fetcher's */
@@ -158,6 +164,38 @@ static void gpu_pool_lose(struct gpu_xpool *px)
         px->dev_losses++;
         snprintf(px->dev_why, sizeof(px->dev_why), "the fetcher that filled it went away");
     }
+}
+
+/* A lost fetchers' pool taken back when every fetcher runs again (restarted): they copy from the
+ * next copies on. Tried at each round while a fetcher is down (a cheap look), and at most every
+ * GPU_POOL_RETAKE_NS after a failed try. The caller holds the pool's lock at a round's start. */
+static void gpu_pool_retake(struct gpu_xpool *px)
+{
+    if (px->dev || !px->dev_mem || !px->dev_mem->retake || px->retake_off ||
+        (px->retake_at && common_now_ns() - px->retake_at < GPU_POOL_RETAKE_NS))
+        return;
+    struct common_errmsg     e = {{0}};
+    struct executor_dev_pool dp = px->dp;
+    const int                rc = px->dev_mem->retake(px->dev_arg, &dp, &e);
+    if (rc != 0) {
+        if (rc != COMMON_EAGAIN) {
+            px->retake_at = common_now_ns();
+            COMMON_LOG_WARN("executor.gpu", "the fetchers' device pool is not taken back: %s",
+                            e.text);
+        }
+        return;
+    }
+    px->dp = dp;
+    px->dev = px->dev_mem;
+    px->stage = dp.stages && px->dev->read;
+    px->stage_off = px->stage_failed = false;
+    memset(px->remote, 0, sizeof(px->remote));
+    px->dev_why[0] = '\0';
+    px->retakes++;
+    COMMON_LOG_INFO("executor.gpu",
+                    "the fetchers run again: they copy the experts into the device "
+                    "pool again%s",
+                    px->stage ? " (from their RAM pools or from storage)" : "");
 }
 
 static struct gpu_event *gpu_pool_event(struct gpu_xpool *px, uint32_t k)
@@ -212,7 +250,7 @@ static int gpu_pool_wait(struct gpu_xpool *px, uint32_t k, bool host)
         rc = 0;
         for (uint32_t i = 0; i < n && rc == 0; i++)
             if (!host)
-                rc = gpu_stream_wait_shared(evs[i]);
+                rc = gpu_stream_wait_shared(evs[i]); /* -2: its fetcher died meanwhile */
             else if (common_devmem_event_sync(evs[i], NULL) != 0)
                 rc = -2;
     }
@@ -1485,6 +1523,7 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->fetcher_wait_ns = px->dev_wait_ns;
     out->staged = px->staged;
     out->stage_failures = px->stage_failures;
+    out->fetcher_retakes = px->retakes;
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);
@@ -1890,6 +1929,11 @@ static int gpu_pool_round_end(const struct executor_gpu_weights *gw, uint32_t tr
         return -1;
     const bool stage_failed = px->stage_failed;
     px->stage_failed = false;
+    if (stage_failed && px->stage_off && px->dev) { /* through the RAM pools too */
+        gpu_pool_lose(px);                          /* the executor copies from now on */
+        snprintf(px->dev_why, sizeof(px->dev_why), "the fetcher's copies failed twice");
+        px->retake_off = true;
+    }
     px->stage_off = stage_failed;   /* the next round (this one again) through the RAM pools */
     if (px->lost || stage_failed) { /* what the fetchers copied this round may be missing */
         px->lost = false;
@@ -2331,6 +2375,7 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
     bool                               have_xn = false;
     for (int p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
         bytes += (size_t)gw->layers[il].exps[p].rows * gw->layers[il].exps[p].row_bytes;
+    gpu_pool_retake(px);
     if (gpu_download(g->h_sel, g->sel, (size_t)n * K * sizeof(int32_t)) < 0)
         return -1;
     for (uint32_t i = 0; i < n * K; i++) {

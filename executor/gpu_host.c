@@ -401,6 +401,8 @@ static int h_stream_wait_shared(struct common_devmem_event *ev)
     pthread_mutex_lock(&hc.mu);
     hc.stall_ns += h_ns() - t0; /* the kernels' wait for another process's copies */
     pthread_mutex_unlock(&hc.mu);
+    if (rc == COMMON_ECLOSED)
+        return -2; /* its recorder died: a lost fetcher, not a failed device */
     if (rc != COMMON_OK)
         return h_failed(e.text);
     return 0;

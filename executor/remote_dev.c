@@ -36,6 +36,11 @@ struct dev_fetcher {
 struct remote_dev {
     pthread_mutex_t              mu; /* the sockets and pieces */
     _Atomic bool                 gone;
+    /* The pieces are this process's (a retake after a loss): made here and adopted by every
+     * fetcher, fetcher 0 included. */
+    bool                         own;
+    int                          dev; /* the device and bytes OPEN asked */
+    size_t                       asked;
     struct executor_dev_pool     p;
     uint32_t                     n_events;
     struct common_devmem_piece **pieces; /* p.bytes / p.gran entries, NULL = not mapped */
@@ -44,6 +49,27 @@ struct remote_dev {
     uint32_t                     n_f;
     struct dev_fetcher           f[]; /* one per link */
 };
+
+/* Ends this process's side of fetcher f's pool: its connection, events and control page (its
+ * sequence of marks goes on). */
+static void dev_fetcher_close(struct dev_fetcher *f)
+{
+    for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_EVENTS; k++) {
+        common_devmem_event_destroy(f->ev[k]);
+        f->ev[k] = NULL;
+        f->pend[k] = 0;
+        f->dirty[k] = false;
+    }
+    if (f->ctl_page)
+        munmap(f->ctl_page, PROTO_DEVPOOL_CTL_BYTES);
+    f->ctl_page = NULL;
+    f->ctl = NULL;
+    f->ctl_busy = NULL;
+    f->ctl_failed = NULL;
+    if (f->sock >= 0)
+        close(f->sock);
+    f->sock = -1;
+}
 
 static void dev_free(struct remote_dev *d)
 {
@@ -54,28 +80,21 @@ static void dev_free(struct remote_dev *d)
     free(d->pieces);
     common_devmem_unreserve(d->p.base, d->p.bytes);
     common_devmem_event_destroy(d->p.kev);
-    for (uint32_t i = 0; i < d->n_f; i++) {
-        struct dev_fetcher *f = &d->f[i];
-        for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_EVENTS; k++)
-            common_devmem_event_destroy(f->ev[k]);
-        if (f->ctl_page)
-            munmap(f->ctl_page, PROTO_DEVPOOL_CTL_BYTES);
-        if (f->sock >= 0)
-            close(f->sock);
-    }
+    for (uint32_t i = 0; i < d->n_f; i++)
+        dev_fetcher_close(&d->f[i]);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }
 
-/* A fetcher that copies into the pool is gone (or unusable): every later copy is refused; the
- * memory stays mapped. */
+/* A fetcher that copies into the pool is gone (or unusable): every later copy is refused until a
+ * retake; the memory stays mapped. */
 static void dev_gone(struct remote_dev *d, uint32_t i, const char *why)
 {
     if (atomic_exchange(&d->gone, true))
         return;
     COMMON_LOG_WARN("executor.remote",
                     "the fetchers' device pool is gone (fetcher=%u: %s); the executor fills its "
-                    "memory itself from now on",
+                    "memory itself until every fetcher runs again",
                     i, why);
 }
 
@@ -91,8 +110,8 @@ static const char *dev_error_text(struct common_devmem_handle *h)
 /* Opens fetcher i's side of the pool (adopts: the memory is fetcher 0's). *g: what it granted.
  * 0 or a negative common_err (e says what). */
 static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uint32_t i, int dev,
-                            size_t bytes, uint32_t n_events, struct proto_devpool_granted *g,
-                            struct common_errmsg *e)
+                            size_t bytes, uint32_t n_events, bool adopts,
+                            struct proto_devpool_granted *g, struct common_errmsg *e)
 {
     struct dev_fetcher *f = &d->f[i];
     char                path[PROTO_MAX_PATH];
@@ -108,7 +127,7 @@ static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uin
                                          .device = dev,
                                          .bytes = bytes,
                                          .n_events = n_events,
-                                         .flags = i > 0 ? PROTO_DEVPOOL_ADOPTS : 0};
+                                         .flags = adopts ? PROTO_DEVPOOL_ADOPTS : 0};
     struct common_devmem_handle     h = {.fd = -1, .len = sizeof(o)};
     memcpy(h.blob, &o, sizeof(o));
     uint64_t tag = 0;
@@ -197,6 +216,8 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
     atomic_init(&d->gone, false);
     d->n_f = r->n_links;
     d->n_events = n_events;
+    d->dev = dev;
+    d->asked = bytes;
     for (uint32_t i = 0; i < d->n_f; i++)
         d->f[i].sock = -1;
     rc = common_devmem_event_create(&d->p.kev, e);
@@ -204,7 +225,7 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
     bool                         stages = true;
     for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++) {
         struct proto_devpool_granted g = {0};
-        rc = dev_open_fetcher(r, d, i, dev, bytes, n_events, &g, e);
+        rc = dev_open_fetcher(r, d, i, dev, bytes, n_events, i > 0, &g, e);
         stages = stages && (g.flags & PROTO_DEVPOOL_STAGES);
         if (rc == COMMON_OK && i == 0)
             g0 = g;
@@ -256,6 +277,19 @@ static int dev_adopt(struct remote_dev *d, uint32_t i, uint32_t k,
     return COMMON_OK;
 }
 
+/* Hands piece k (made or imported here) to every fetcher to map. 0, or a negative common_err
+ * (e says which fetcher and why). d->mu held. */
+static int dev_adopt_all(struct remote_dev *d, uint32_t k, struct common_errmsg *e)
+{
+    struct common_devmem_handle h = {.fd = -1};
+    int                         rc = common_devmem_piece_export(d->pieces[k], &h, e);
+    for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++)
+        rc = dev_adopt(d, i, k, &h, e);
+    if (h.fd >= 0)
+        close(h.fd);
+    return rc;
+}
+
 static int dev_back(void *arg, uint32_t k, struct common_errmsg *e)
 {
     struct executor_remote *r = arg;
@@ -264,7 +298,7 @@ static int dev_back(void *arg, uint32_t k, struct common_errmsg *e)
         return common_errmsg_set(e, COMMON_EINVAL, "no such piece of the device pool");
     pthread_mutex_lock(&d->mu);
     int rc = COMMON_OK;
-    if (!d->pieces[k] && !atomic_load(&d->gone)) {
+    if (!d->pieces[k] && !d->own && !atomic_load(&d->gone)) {
         struct common_devmem_handle h = {.fd = -1, .len = sizeof(k)};
         uint64_t                    tag = 0;
         memcpy(h.blob, &k, sizeof(k));
@@ -299,13 +333,18 @@ static int dev_back(void *arg, uint32_t k, struct common_errmsg *e)
             rc = COMMON_OK;
         }
     }
-    if (rc == COMMON_OK && !d->pieces[k]) { /* the fetchers are gone: a piece of our own */
+    if (rc == COMMON_OK && !d->pieces[k]) { /* a piece of our own: the fetchers gone, or taken
+                                                back (then every fetcher maps it too) */
         struct common_devmem_piece *p = NULL;
         if ((rc = common_devmem_piece_create(d->p.gran, &p, e)) == COMMON_OK &&
             (rc = common_devmem_piece_map(p, d->p.base + (size_t)k * d->p.gran, e)) != COMMON_OK)
             common_devmem_piece_destroy(p);
         if (rc == COMMON_OK)
             d->pieces[k] = p;
+        struct common_errmsg ae = {{0}};
+        if (rc == COMMON_OK && d->own && !atomic_load(&d->gone) &&
+            dev_adopt_all(d, k, &ae) != COMMON_OK)
+            dev_gone(d, 0, ae.text[0] ? ae.text : "a fetcher could not map a piece");
     }
     pthread_mutex_unlock(&d->mu);
     return rc;
@@ -499,6 +538,55 @@ static int dev_after(void *arg)
     return d ? COMMON_OK : COMMON_ECLOSED;
 }
 
+/* Every fetcher is up again after the pool was lost: each one opens its side anew (ADOPTS: the
+ * memory is now this process's, mapped from the pieces held here), maps every piece made so far,
+ * and copies again from then on; later pieces are made here. 0 (*out updated), COMMON_EAGAIN
+ * (a fetcher is still down), or another negative common_err (e says what; the pool stays lost,
+ * to be tried again). */
+static int dev_retake(void *arg, struct executor_dev_pool *out, struct common_errmsg *e)
+{
+    struct executor_remote *r = arg;
+    struct remote_dev      *d = r->dev;
+    if (!d)
+        return common_errmsg_set(e, COMMON_EINVAL, "no device pool");
+    dev_gone(d, 0, "the executor lost it"); /* where only the caller saw it go */
+    for (uint32_t i = 0; i < d->n_f; i++) {
+        struct remote_link *L = &r->links[i];
+        pthread_mutex_lock(&L->mu);
+        const bool up = L->up;
+        pthread_mutex_unlock(&L->mu);
+        if (!up)
+            return common_errmsg_set(e, COMMON_EAGAIN, "fetcher %u is down", i);
+    }
+    pthread_mutex_lock(&d->mu);
+    int  rc = COMMON_OK;
+    bool stages = true;
+    for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++) {
+        struct proto_devpool_granted g = {0};
+        dev_fetcher_close(&d->f[i]);
+        rc = dev_open_fetcher(r, d, i, d->dev, d->asked, d->n_events, true, &g, e);
+        if (rc == COMMON_OK && (g.bytes != d->p.bytes || g.granularity != d->p.gran))
+            rc = common_errmsg_set(e, COMMON_EPROTO, "fetcher %u's device pool differs", i);
+        stages = stages && (g.flags & PROTO_DEVPOOL_STAGES);
+    }
+    for (uint32_t k = 0; rc == COMMON_OK && k < d->n_pieces; k++)
+        if (d->pieces[k])
+            rc = dev_adopt_all(d, k, e);
+    if (rc == COMMON_OK) {
+        for (uint32_t i = 0; i < d->n_f; i++)
+            d->f[i].failed_seen = atomic_load_explicit(d->f[i].ctl_failed, memory_order_relaxed);
+        d->own = true;
+        d->p.stages = stages;
+        atomic_store(&d->gone, false);
+        *out = d->p;
+    } else {
+        for (uint32_t i = 0; i < d->n_f; i++)
+            dev_fetcher_close(&d->f[i]);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
 static void dev_close(void *arg)
 {
     struct executor_remote *r = arg;
@@ -513,6 +601,7 @@ const struct executor_dev_ops executor_remote_dev_ops = {.open = dev_open,
                                                          .mark = dev_mark,
                                                          .ready = dev_ready,
                                                          .after = dev_after,
+                                                         .retake = dev_retake,
                                                          .copy_time = dev_copy_time,
                                                          .close = dev_close};
 

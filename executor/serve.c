@@ -498,6 +498,7 @@ static void serve_stats(void *arg, struct proto_stats_reply *r)
         proto_stats_add(r, "gpu_pool.fetcher_copy_ms", (double)gp->fetcher_copy_ns / 1e6);
         proto_stats_add(r, "gpu_pool.staged", (double)gp->staged);
         proto_stats_add(r, "gpu_pool.stage_failures", (double)gp->stage_failures);
+        proto_stats_add(r, "gpu_pool.fetcher_retakes", (double)gp->fetcher_retakes);
     }
     pthread_mutex_unlock(&s->mu);
     proto_stats_add(r, "sequences", (double)s->n_seq);

@@ -85,7 +85,7 @@ struct fetcher_devpool {
     struct devpool_defer  *defer; /* owned: DEV_READs waiting for the next flush */
     uint32_t               n_defer, cap_defer;
     uint64_t               tick;
-    bool                   read_failed; /* since the last mark */
+    bool failed; /* a copy or read refused or failed since the last mark: the mark says so */
     _Atomic uint32_t      *ctl_failed;  /* the control page's word at offset 16 */
     struct fetcher_io_req *reqs;        /* owned: a flush's reads */
     struct fetcher_io_cqe *cqes;        /* owned: their completions */
@@ -106,7 +106,7 @@ static void devpool_drop_locked(struct fetcher_devpool *d)
         d->st[i] = (struct devpool_stage){0};
     }
     d->n_defer = 0;
-    d->read_failed = false;
+    d->failed = false;
     for (uint32_t k = 0; d->pieces && k < d->n_pieces; k++)
         common_devmem_piece_destroy(d->pieces[k]);
     free(d->pieces);
@@ -543,7 +543,7 @@ static int devpool_flush_locked(struct fetcher_devpool *d)
         struct devpool_stage       *st = &d->st[q->slot];
         st->pending--;
         if (st->state != STAGE_READY) {
-            d->read_failed = true;
+            d->failed = true;
             continue;
         }
         const struct front_part *pp =
@@ -665,9 +665,9 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
                     uint64_t busy = 0;
                     (void)common_devmem_copy_time(&busy);
                     atomic_store_explicit(d->ctl_busy, busy - d->busy0, memory_order_relaxed);
-                    if (d->read_failed)
+                    if (d->failed)
                         atomic_store_explicit(d->ctl_failed, r->loan, memory_order_relaxed);
-                    d->read_failed = false;
+                    d->failed = false;
                     atomic_store_explicit(&d->ctl[0], r->loan, memory_order_release);
                     syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
                     d->c.marks++;
@@ -685,6 +685,8 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
     }
     if (rc != 0)
         d->c.bad++;
+    if (rc != 0 && d->open && (!r || r->op != PROTO_FETCH_DEV_MARK))
+        d->failed = true; /* never a mark over copies that did not happen */
     pthread_mutex_unlock(&d->mu);
     return rc;
 }

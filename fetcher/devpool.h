@@ -59,10 +59,10 @@ void fetcher_devpool_stop(struct fetcher_devpool *d);
 
 /* One DEV_COPY, DEV_MARK, DEV_WAIT or DEV_READ record of the link's ring (on the link's reader
  * thread): queued on the copy stream. DEV_READs are gathered and their bundles read together (at
- * the I/O engine's depth) before the next other record, or when the staging slots run out; a
- * failed read is told by the next mark (the control page). Returns 0, or COMMON_EINVAL (no pool,
- * a range outside it or the RAM pool, a bad event, a pool that does not stage) or COMMON_EDEVICE
- * (counted as bad; the executor sees its mark never come). */
+ * the I/O engine's depth) before the next other record, or when the staging slots run out. A
+ * copy, read or wait refused or failed is told by the next mark (the control page's failure
+ * word). Returns 0, or COMMON_EINVAL (no pool, a range outside it or the RAM pool, a bad event, a
+ * pool that does not stage) or COMMON_EDEVICE (counted as bad). */
 int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r);
 
 void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_counts *out);

@@ -354,7 +354,8 @@ struct proto_fetch_req {
  * proto_devpool_granted) then CTL (fd: the control page, a memfd of PROTO_DEVPOOL_CTL_BYTES: a
  * 32-bit word at offset 0, the last mark's sequence, a futex; a 64-bit word at offset 8, the
  * nanoseconds the fetcher's copy stream spent copying since OPEN, as of the last mark; a 32-bit
- * word at offset 16, the sequence of the last mark after which a DEV_READ failed, 0 = none) then
+ * word at offset 16, the sequence of the last mark after a DEV_COPY, DEV_READ or DEV_WAIT that was
+ * refused or failed, 0 = none: the copies that mark covers are not all there) then
  * n_events EVENT handles, or ERROR (blob: the reason, text). The executor then sends KEVENT (its
  * kernels' event, exported). Then, any number of times, PIECE (blob: uint32_t piece index): the
  * fetcher makes piece k of the pool (granularity bytes at offset k * granularity), maps it and

@@ -86,7 +86,10 @@ int gpu_event_sync(struct gpu_event *ev);  /* the host waits for ev */
  * a copy's event; gpu_event_record_kernels_shared records ev after the kernels queued so far, so
  * that the process filling the memory they read copies over it only once they are done. The
  * backend and device must be those common_devmem_open chose (the host's emulation with the host
- * backend; CUDA with CUDA, on the same device). */
+ * backend; CUDA with CUDA, on the same device). Both return 0 or -1 (a device error recorded);
+ * gpu_stream_wait_shared also -2 where the backend knows the process recording ev died before its
+ * record was done (the host's emulation: its kernels wait at once), so that its copies may not
+ * have happened: no device error. */
 struct common_devmem_event;
 int gpu_stream_wait_shared(struct common_devmem_event *ev);
 int gpu_event_record_kernels_shared(struct common_devmem_event *ev);

@@ -376,7 +376,7 @@ Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
  * two slots: the gate and up parts of 12 experts (6 of layers 1 and 2 each) read (more bundles than
  * staging slots: the reads gathered so far are done when they run out), marked, then every down
  * part, marked: each part in the executor's view equals the bytes the RAM pool gives for it, and
- * nothing failed. Bad reads are refused and counted. */
+ * nothing failed. Bad reads are refused and counted, and the next mark says so. */
 static void check_staged_reads(bool qsf)
 {
     FIXTURE_OR_SKIP(src, qsf ? "moe-tiny/moe-tiny-f32.gguf" : "moe-tiny/moe-tiny-q4_0.gguf");
@@ -481,6 +481,12 @@ static void check_staged_reads(bool qsf)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_expect_eq(fetcher_devpool_record(d, &bad[i]), COMMON_EINVAL, "record %zu", i);
+    /* the next mark says its copies are not all there */
+    const struct proto_fetch_req mark = {.op = PROTO_FETCH_DEV_MARK, .tag = 0, .loan = 3};
+    cr_assert_eq(fetcher_devpool_record(d, &mark), COMMON_OK);
+    cr_expect_eq(atomic_load(c.ctl), 3u);
+    cr_expect_eq(*(const uint32_t *)((const uint8_t *)c.ctl_page + 16), 3u,
+                 "the mark after refused reads does not say so");
     struct fetcher_devpool_counts k;
     fetcher_devpool_counts(d, &k);
     cr_expect_eq(k.staged, 3 * N_X);

@@ -367,11 +367,13 @@ Test(pipeline_faults, qsf_model_gives_the_tokens_of_its_gguf, .timeout = 300, .f
     free(model);
 }
 
-/* A corrupt expert through the daemons: the client's error line names what the fetcher found
- * (the bundle's layer and expert, its file, the checksum), as one process's does, where it used
- * to say "I/O error" (the executor asks the fetcher why, EXPERT_ERROR, and puts the reason in the
- * step's reply for the router). */
-Test(pipeline_faults, qsf_corrupt_bundle_is_named_to_the_client, .timeout = 300, .fini = fini)
+/* A corrupt expert through the daemons (every bundle of layer 1 corrupt, so the first token needs
+ * a bad one): the client's error line names what the fetcher found (the bundle's layer and
+ * expert, its file, the checksum), as one process's does. `staged`: the device pool's misses read
+ * from storage by the fetcher (--vram-fill storage, the host backend): its staging read fails the
+ * checksum first, the next mark says so, the executor does the round again through the RAM
+ * pool, and the fetcher's load there names the bundle. */
+static void check_corrupt_bundle_named(bool staged)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
@@ -379,72 +381,57 @@ Test(pipeline_faults, qsf_corrupt_bundle_is_named_to_the_client, .timeout = 300,
     char  qsf[2048], cmd[4096];
     int   st;
     convert_qsf(dir, model, "", qsf, sizeof(qsf));
-    /* Every bundle of layer 1 corrupt, so the first token needs a bad one. */
     cr_assert_gt(fixture_flip_bundles(qsf, 1), 0, "no bundle of layer 1 changed");
-    up(dir, qsf, 1, NULL);
+    if (staged)
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    up(dir, qsf, 1,
+       staged ? "-ngl 999 --vram-budget 1M --ram-budget 64M --vram-fill storage" : NULL);
     snprintf(cmd, sizeof(cmd),
              "%s/sluice generate --run-dir %s -p '%s' -n 8 --temp 0 2>&1 >/dev/null", BIN, dir,
              k_prompt);
     char *err = sh(cmd, &st);
+    char *stats = NULL;
+    if (staged) { /* the staging found it first, and the executor knew */
+        snprintf(cmd, sizeof(cmd),
+                 "%s/sluice ctl --run-dir %s --daemon fetcher-0 stats | grep -E "
+                 "'^devpool\\.stage_failed +[1-9]' && %s/sluice ctl --run-dir %s --daemon "
+                 "executor stats | grep -E '^gpu_pool\\.stage_failures +[1-9]'",
+                 BIN, dir, BIN, dir);
+        int sst = 0;
+        stats = sh(cmd, &sst);
+        cr_expect_eq(sst, 0, "no failed staging read counted: %s", stats);
+        cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    }
     down(dir);
     cr_assert_neq(st, 0, "a corrupt expert gave no error:\n%s", err);
-    const char *line = strstr(err, "executor step failed: fetcher 0: ");
-    cr_assert_not_null(line, "the error does not carry the fetcher's reason:\n%s", err);
+    /* (with a device, the line says first that a device batch failed) */
+    const char *line = strstr(err, "executor step failed: ");
+    cr_assert_not_null(line, "no step error:\n%s", err);
     char one[1024];
     snprintf(one, sizeof(one), "%.*s", (int)strcspn(line, "\n"), line);
+    cr_assert(strstr(one, staged ? "fetcher 0: " : "executor step failed: fetcher 0: "),
+              "the error does not carry the fetcher's reason:\n%s", one);
     cr_assert(strstr(one, "layer 1 expert") && strstr(one, "checksum") && strstr(one, qsf), "%s",
               one);
-    cr_log_info("%s", one);
+    cr_log_info("%s%s%s", one, stats ? "\n" : "", stats ? stats : "");
+    free(stats);
     free(err);
     fixture_rmtree(dir);
     free(dir);
     free(model);
 }
 
-/* A corrupt bundle read from storage for the device pool (--vram-fill storage, the host
- * backend): the fetcher's staging read fails its checksum, the next mark says so, the executor
- * does the round again through the RAM pool, where the fetcher names the bundle, and the client
- * gets that line, as without a device. */
+/* Where it used to say "I/O error" (the executor asks the fetcher why, EXPERT_ERROR, and puts the
+ * reason in the step's reply for the router). */
+Test(pipeline_faults, qsf_corrupt_bundle_is_named_to_the_client, .timeout = 300, .fini = fini)
+{
+    check_corrupt_bundle_named(false);
+}
+
 Test(pipeline_faults, qsf_corrupt_bundle_staged_for_the_device_is_named_to_the_client,
      .timeout = 300, .fini = fini)
 {
-    skip_without_daemons();
-    FIXTURE_OR_SKIP(model, TINY_MODEL);
-    char *dir = fixture_tmpdir();
-    char  qsf[2048], cmd[4096];
-    int   st;
-    convert_qsf(dir, model, "", qsf, sizeof(qsf));
-    cr_assert_gt(fixture_flip_bundles(qsf, 1), 0, "no bundle of layer 1 changed");
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    up(dir, qsf, 1, "-ngl 999 --vram-budget 1M --ram-budget 64M --vram-fill storage");
-    snprintf(cmd, sizeof(cmd),
-             "%s/sluice generate --run-dir %s -p '%s' -n 8 --temp 0 2>&1 >/dev/null", BIN, dir,
-             k_prompt);
-    char *err = sh(cmd, &st);
-    cr_assert_neq(st, 0, "a corrupt expert gave no error:\n%s", err);
-    const char *line = strstr(err, "executor step failed: ");
-    cr_assert_not_null(line, "the error does not carry the fetcher's reason:\n%s", err);
-    char one[1024];
-    snprintf(one, sizeof(one), "%.*s", (int)strcspn(line, "\n"), line);
-    cr_assert(strstr(one, "fetcher 0: ") && strstr(one, "layer 1 expert") &&
-                  strstr(one, "checksum") && strstr(one, qsf),
-              "%s", one);
-    free(err);
-    /* the staging found it first, and the executor knew */
-    snprintf(cmd, sizeof(cmd),
-             "%s/sluice ctl --run-dir %s --daemon fetcher-0 stats | grep -E "
-             "'^devpool\\.stage_failed +[1-9]' && %s/sluice ctl --run-dir %s --daemon executor "
-             "stats | grep -E '^gpu_pool\\.stage_failures +[1-9]'",
-             BIN, dir, BIN, dir);
-    char *stats = sh(cmd, &st);
-    cr_expect_eq(st, 0, "no failed staging read counted: %s", stats);
-    cr_log_info("%s\n%s", one, stats);
-    free(stats);
-    down(dir);
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
-    fixture_rmtree(dir);
-    free(dir);
-    free(model);
+    check_corrupt_bundle_named(true);
 }
 
 /* GGUF splits on two devices (directories; the second split a symlink beside the first, as a
@@ -564,23 +551,44 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
     if (up_args && strstr(up_args, "--vram-budget") && strstr(victim, "fetcher") &&
         !strstr(up_args, "--executor-args")) {
         /* The device pool was the fetchers' (sluicectl gives them the --vram-budget too): its
-         * memory stays mapped in the executor, which copies into it itself since. */
+         * memory stays mapped in the executor, which copies into it itself until every fetcher
+         * runs again; then they take it back (their side opened anew over the executor's
+         * memory) and copy again. A second request, after the restart, gives the same text and
+         * has the restarted fetcher copying. */
+        static char again[1 << 16];
+        struct gen  g2 = gen_start(dir, n, sampling);
+        const int   st2 = gen_finish(&g2, again, sizeof(again), 0, 240);
+        cr_expect_eq(st2, 0, "the request after the restart failed");
+        cr_expect_str_eq(again, want, "after the restart: '%s'\nundisturbed: '%s'", again, want);
         char cmd[1024];
         int  sst = 0;
         snprintf(cmd, sizeof(cmd),
-                 "%s/sluice ctl --run-dir %s --daemon executor stats | grep 'gpu_pool\\.[fi]'", BIN,
-                 dir);
+                 "%s/sluice ctl --run-dir %s --daemon executor stats | grep 'gpu_pool\\.[fi]'; "
+                 "%s/sluice ctl --run-dir %s --daemon %s stats | grep -E "
+                 "'devpool\\.(opens|copies|staged) '; grep -h -E 'WARN|ERR|gpu: |run again' "
+                 "%s/logs/executor*.log | cut -c1-300",
+                 BIN, dir, BIN, dir, victim, dir);
         char       *stats = sh(cmd, &sst);
         const char *m = strstr(stats, "gpu_pool.fetcher_memory"),
                    *i = strstr(stats, "gpu_pool.in_fetcher"),
-                   *l = strstr(stats, "gpu_pool.fetcher_losses");
-        unsigned memory = 0, in = 1, losses = 0;
-        cr_expect(m && i && l && sscanf(m, "gpu_pool.fetcher_memory %u", &memory) == 1 &&
+                   *l = strstr(stats, "gpu_pool.fetcher_losses"),
+                   *t = strstr(stats, "gpu_pool.fetcher_retakes"),
+                   *o = strstr(stats, "devpool.opens"), *c = strstr(stats, "devpool.copies"),
+                   *s2 = strstr(stats, "devpool.staged");
+        unsigned memory = 0, in = 0, losses = 0, retakes = 0, opens = 0, copies = 0, staged = 0;
+        cr_expect(m && i && l && t && o && c && s2 &&
+                      sscanf(m, "gpu_pool.fetcher_memory %u", &memory) == 1 &&
                       sscanf(i, "gpu_pool.in_fetcher %u", &in) == 1 &&
-                      sscanf(l, "gpu_pool.fetcher_losses %u", &losses) == 1 && memory == 1 &&
-                      in == 0 && losses == 1,
-                  "want the fetcher's pool, lost once:\n%s", stats);
-        cr_log_info("executor after the restart: %s", stats);
+                      sscanf(l, "gpu_pool.fetcher_losses %u", &losses) == 1 &&
+                      sscanf(t, "gpu_pool.fetcher_retakes %u", &retakes) == 1 &&
+                      sscanf(o, "devpool.opens %u", &opens) == 1 &&
+                      sscanf(c, "devpool.copies %u", &copies) == 1 &&
+                      sscanf(s2, "devpool.staged %u", &staged) == 1 && memory == 1 && in == 1 &&
+                      losses == 1 && retakes == 1 && opens == 1 && copies + staged > 0,
+                  "want the fetchers' pool lost once, taken back by the restarted %s, which "
+                  "copies:\n%s",
+                  victim, stats);
+        cr_log_info("after the restart: %s", stats);
         free(stats);
     } else if (up_args && strstr(up_args, "--vram-budget") && !strstr(up_args, "--executor-args")) {
         /* The executor was killed: fetcher 0 dropped the pool when its connection closed and

@@ -949,6 +949,14 @@ Test(pipeline_sluicectl, vram_budget_daemons_give_the_one_process_text, .timeout
     check_ngl_daemons(false, "--vram-budget 324K --ram-budget 37M", NULL);
 }
 
+/* The same with the misses read from storage through the fetcher's staging, on the default
+ * backend (CUDA's where a device is: its pinned staging, its copies and marks). */
+Test(pipeline_sluicectl, vram_fill_storage_daemons_give_the_one_process_text, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_ngl_daemons(false, "--vram-budget 324K --ram-budget 37M --vram-fill storage", NULL);
+}
+
 /* Two fetchers, each serving half the experts: the device pool is fetcher 0's memory, mapped in
  * fetcher 1 too, and each copies its own experts in from its RAM pool. */
 Test(pipeline_sluicectl, two_fetchers_fill_one_device_pool, .timeout = 300, .fini = stop_leftovers)
