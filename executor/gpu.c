@@ -58,7 +58,8 @@ struct gpu_layer {
 #define GPU_POOL_LOANS 3  /* weight-source loans held while their copies are in flight */
 #define GPU_POOL_PINS  64 /* regions of the weight source registered at once (one per fetcher) */
 #define GPU_POOL_TRIES 8  /* rounds done again when a loan's bytes changed during its copy */
-#define GPU_POOL_RETAKE_NS 1000000000ull /* a lost fetchers' pool: how often it is tried again */
+#define GPU_POOL_RETAKE_NS                                                                         \
+    250000000ull /* a lost fetchers' pool: how soon a failed retake is tried again */
 /* The pool's copy events by index: the loans', then the round's gate/up and down. */
 enum { GPU_EV_GU = GPU_POOL_LOANS, GPU_EV_D, GPU_POOL_EVENTS };
 

@@ -553,7 +553,7 @@ static int dev_retake(void *arg, struct executor_dev_pool *out, struct common_er
     for (uint32_t i = 0; i < d->n_f; i++) {
         struct remote_link *L = &r->links[i];
         pthread_mutex_lock(&L->mu);
-        const bool up = L->up;
+        const bool up = L->up && !(L->pid && common_pid_gone(L->pid)); /* not yet relinked */
         pthread_mutex_unlock(&L->mu);
         if (!up)
             return common_errmsg_set(e, COMMON_EAGAIN, "fetcher %u is down", i);
