@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # deploy/fuzz.sh - builds the libFuzzer targets with clang and fuzzes the GGUF reader.
-# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 4:1:1:1:2:1:1:1 between the GGUF reader, the
-#        executor's model loading, the QSF reader, the HTTP API's request parser, the
+# usage: deploy/fuzz.sh [SECONDS]   (default 60, split 3:1:1:1:2:1:1:1:1 between the GGUF reader,
+#        the executor's model loading, the QSF reader, the HTTP API's request parser, the
 #        control-message decoder, config files with the option parser, KL-divergence base files,
-#        and the tokenizers; CI runs a short fixed time)
+#        the fetcher's device pool records, and the tokenizers; CI runs a short fixed time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
@@ -12,7 +12,7 @@ fixtures="${SLUICE_FIXTURES:-../shared/fixtures}"
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -DSLUICE_FUZZ=ON -DSLUICE_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=Release >/dev/null
-if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_qsf fuzz_openai fuzz_proto fuzz_config fuzz_tokenize fuzz_kld -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" --target fuzz_gguf fuzz_model fuzz_qsf fuzz_openai fuzz_proto fuzz_config fuzz_tokenize fuzz_kld fuzz_devpool -j"$(nproc)" >"$build/build.log" 2>&1; then
     grep -E 'error' "$build/build.log" | head -20
     echo "fuzz build failed (log: $build/build.log)"
     exit 1
@@ -81,13 +81,14 @@ mkdir -p "$kcorpus"
 build/bin/sluice perplexity -m "$corpus/dense.gguf" -f deploy/sluice.conf.example -c 16 \
     --chunks 2 --kl-divergence-base "$kcorpus/seed.kld" >/dev/null 2>&1 ||
     echo "fuzz: no KL-divergence seed (sluice perplexity failed)"
-t_gguf=$(( secs / 3 ))
+t_gguf=$(( secs / 4 ))
 t_qsf=$(( secs / 12 ))
 t_model=$(( secs / 12 ))
 t_openai=$(( secs / 12 ))
 t_proto=$(( secs / 6 ))
 t_config=$(( secs / 12 ))
 t_kld=$(( secs / 12 ))
+t_devpool=$(( secs / 12 ))
 fuzz fuzz_gguf "$corpus" "$t_gguf"
 mcorpus="$build/corpus-model"
 mkdir -p "$mcorpus"
@@ -111,4 +112,14 @@ fuzz fuzz_openai "$ocorpus" "$t_openai"
 fuzz fuzz_proto "$build/corpus-proto" "$t_proto"
 fuzz fuzz_config "$ccorpus" "$t_config"
 fuzz fuzz_kld "$kcorpus" "$t_kld"
-fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_qsf - t_openai - t_proto - t_config - t_kld ))
+# Device pool seeds (48-byte records: op, tag, layer, expert, part, prio, loan, bytes as u32,
+# src, dst as u64; the target maps op to COPY, MARK, WAIT, READ): a copy of 4 KiB, and a read
+# of the gate of expert 2 of layer 1 (36864 bytes in moe-tiny's q4_0).
+dcorpus="$build/corpus-devpool"
+mkdir -p "$dcorpus"
+z4='\000\000\000\000'
+printf "${z4}${z4}${z4}${z4}${z4}${z4}${z4}\\000\\020\\000\\000\\100\\000\\000\\000${z4}${z4}${z4}" >"$dcorpus/copy"
+printf "\\003\\000\\000\\000${z4}\\001\\000\\000\\000\\002\\000\\000\\000${z4}${z4}${z4}\\000\\220\\000\\000${z4}${z4}${z4}${z4}" \
+    >"$dcorpus/read"
+fuzz fuzz_devpool "$dcorpus" "$t_devpool"
+fuzz fuzz_tokenize "$tcorpus" $(( secs - t_gguf - t_model - t_qsf - t_openai - t_proto - t_config - t_kld - t_devpool ))
