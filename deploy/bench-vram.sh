@@ -153,10 +153,14 @@ if [ "$DAEMONS" = 1 ]; then
         hidden=$(awk -v b="$busy" -v s="$stall" 'BEGIN { if (b > 0) { h = 1 - s / b; if (h < 0) h = 0; printf "%.2f", h } }')
         # (found and copied count the prompt's picks too; the per-token columns are left empty)
         echo "sluice-daemons,copy fill-$fill,$VB,$RAM_BYTES,$dpp,$dtg,$hits,$copied,0,,,," >> "$OUT/summary.csv"
+        fe=$D-fetcher.txt
         echo "   --vram-fill $fill: the pool in the fetcher's memory: $(stat_of gpu_pool.in_fetcher "$ex");" \
             "over the run $cbytes bytes copied in ($(stat_of gpu_pool.staged "$ex") parts from" \
             "storage through staging), the fetcher copying $(stat_of gpu_pool.fetcher_copy_ms "$ex")" \
-            "ms, the kernels waiting $stall ms: ${hidden:-0} of the copy time hidden" \
+            "ms, the kernels waiting $stall ms: ${hidden:-0} of the copy time hidden; per tier:" \
+            "device pool $hits found of $((hits + copied)) picks, fetcher-0's RAM pool hit rate" \
+            "$(stat_of trace.hit_rate "$fe") ($(stat_of trace.accesses "$fe") accesses)," \
+            "$(stat_of trace.bytes_read "$fe") bytes read from storage" \
             | tee "$D-summary.txt"
     done
 fi
