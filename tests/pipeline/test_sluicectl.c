@@ -954,7 +954,7 @@ Test(pipeline_sluicectl, vram_budget_daemons_give_the_one_process_text, .timeout
 Test(pipeline_sluicectl, vram_fill_storage_daemons_give_the_one_process_text, .timeout = 300,
      .fini = stop_leftovers)
 {
-    check_ngl_daemons(false, "--vram-budget 324K --ram-budget 37M --vram-fill storage", NULL);
+    check_ngl_daemons(false, "--vram-budget 324K --ram-budget 40M --vram-fill storage", NULL);
 }
 
 /* Two fetchers, each serving half the experts: the device pool is fetcher 0's memory, mapped in
