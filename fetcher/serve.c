@@ -503,14 +503,16 @@ static int serve_size_once(struct fetcher_server *s, FILE *plan_out, struct comm
     return COMMON_OK;
 }
 
-/* The pool's size and, with --vram-budget, whether the device pool's misses come from storage
- * (--vram-fill; auto: when the RAM pool is no bigger than this shard's share of the device
- * pool), the staging then in the plan. */
+/* The pool's size and, with --vram-budget and routed experts, whether the device pool's misses
+ * come from storage (--vram-fill; auto: when the RAM pool is no bigger than this shard's share of
+ * the device pool), the staging then in the plan. */
 static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
 {
     const struct fetcher_serve_opts *o = &s->o;
-    const bool auto_fill = o->vram_budget && o->vram_fill == FETCHER_VRAM_FILL_AUTO;
-    s->stages = o->vram_budget && o->vram_fill == FETCHER_VRAM_FILL_STORAGE;
+    /* (a dense model's streamed FFN has no device pool of experts to stage for) */
+    const bool pool = o->vram_budget && !s->m.ffn_streamed;
+    const bool auto_fill = pool && o->vram_fill == FETCHER_VRAM_FILL_AUTO;
+    s->stages = pool && o->vram_fill == FETCHER_VRAM_FILL_STORAGE;
     int rc = serve_size_once(s, auto_fill ? NULL : o->plan_out, e);
     if (rc != COMMON_OK || !auto_fill)
         return rc;
