@@ -36,6 +36,7 @@ struct devpool_stage {
     bool                        copying; /* ev recorded and not yet waited for */
     uint32_t                    pending; /* deferred copies from it */
     uint32_t                    reads;   /* a flush's reads of it */
+    uint32_t                    done;    /* of which completed */
     uint64_t                    bytes;   /* their bytes read */
     int                         err;     /* a flush's first failed completion */
     struct fetcher_io_cqe       err_cqe;
@@ -45,6 +46,7 @@ struct devpool_stage {
 struct devpool_defer {
     uint32_t slot, part;
     uint64_t dst, bytes;
+    bool     issued; /* queued (or told failed) by the flush under way */
 };
 
 struct fetcher_devpool {
@@ -463,21 +465,85 @@ static uint8_t *devpool_stage_at(const struct fetcher_devpool *d, uint32_t i)
     return d->stage + (size_t)i * d->stage_bytes;
 }
 
-/* Reads every QUEUED slot's bundle (at the engine's depth), checks it, then queues the deferred
- * copies in their order, each slot's event recorded after its copies. A failed bundle's copies
- * are skipped and the next mark says so. mu held. Returns 0 or COMMON_EDEVICE. */
+/* Slot i's reads are all in: checks the bundle (QSF), makes the slot READY or FAILED (logged,
+ * counted). mu held. */
+static void devpool_stage_landed(struct fetcher_devpool *d, uint32_t i, uint64_t t0)
+{
+    struct devpool_stage *st = &d->st[i];
+    d->c.stage_reads++;
+    if (!st->err && fetcher_front_check_region(d->f, st->layer, st->expert, 0,
+                                               devpool_stage_at(d, i)) != COMMON_OK)
+        st->err = EBADMSG;
+    st->state = st->err ? STAGE_FAILED : STAGE_READY;
+    if (!st->err) {
+        fetcher_trace_load(fetcher_get_trace(d->f), st->layer, st->expert, st->bytes,
+                           common_now_ns() - t0);
+        return;
+    }
+    struct common_errmsg m = {{0}};
+    if (st->err_cqe.len)
+        fetcher_io_describe_error(d->io, &st->err_cqe, &m);
+    else
+        snprintf(m.text, sizeof(m.text),
+                 "the bundle fails its checksum or does not decode (sluice verify names every "
+                 "bad one)");
+    COMMON_LOG_ERR("fetcher.devpool", "staging read failed layer=%u expert=%u: %s", st->layer,
+                   st->expert, m.text);
+    fetcher_trace_load_error(fetcher_get_trace(d->f), st->layer, st->expert);
+    d->c.stage_failed++;
+}
+
+/* Queues the deferred copies from slot `slot` (every slot's not yet queued: UINT32_MAX): from a
+ * READY slot each is copied (*touched[slot] set), from any other the next mark says it failed.
+ * mu held. Returns 0 or the first copy error. */
+static int devpool_issue_locked(struct fetcher_devpool *d, uint32_t slot, bool *touched)
+{
+    const struct fetcher *f = d->f;
+    int                   rc = 0;
+    for (uint32_t k = 0; k < d->n_defer; k++) {
+        struct devpool_defer *q = &d->defer[k];
+        if (q->issued || (slot != UINT32_MAX && q->slot != slot))
+            continue;
+        struct devpool_stage *st = &d->st[q->slot];
+        q->issued = true;
+        st->pending--;
+        if (st->state != STAGE_READY) {
+            d->failed = true;
+            continue;
+        }
+        const struct front_part *pp =
+            &f->parts[((uint64_t)st->layer * f->n_expert + st->expert) * COMMON_EXPERT_PART_COUNT +
+                      q->part];
+        if (rc == 0)
+            rc = devpool_copy_locked(d, q->dst, devpool_stage_at(d, q->slot) + pp->data_off,
+                                     q->bytes);
+        touched[q->slot] = true;
+        d->c.staged++;
+        d->c.copied_bytes += q->bytes;
+    }
+    return rc;
+}
+
+/* Reads every QUEUED slot's bundle (at the engine's depth); as each one lands it is checked and
+ * its deferred copies are queued, while the other reads go on; then the copies from slots that
+ * held their bundle already. Each slot's event is recorded after its copies. A failed bundle's
+ * copies are skipped and the next mark says so. mu held. Returns 0 or COMMON_EDEVICE. */
 static int devpool_flush_locked(struct fetcher_devpool *d)
 {
     const struct fetcher *f = d->f;
     uint32_t              n_req = 0, next = 0, in_flight = 0;
+    int                   rc = 0;
+    bool                  touched[FETCHER_DEVPOOL_STAGE_SLOTS] = {false};
     for (uint32_t i = 0; i < d->n_stage; i++) {
         struct devpool_stage *st = &d->st[i];
         if (st->state != STAGE_QUEUED)
             continue;
         st->reads = fetcher_front_bundle_reads(f, st->layer, st->expert, devpool_stage_at(d, i), i,
                                                d->reqs + n_req);
+        st->done = 0;
         st->bytes = 0;
         st->err = st->reads ? 0 : EINVAL;
+        st->err_cqe = (struct fetcher_io_cqe){0};
         n_req += st->reads;
     }
     const uint64_t t0 = common_now_ns();
@@ -501,61 +567,26 @@ static int devpool_flush_locked(struct fetcher_devpool *d)
             in_flight -= got;
         }
         for (uint32_t k = 0; k < got; k++) {
-            struct devpool_stage *st = &d->st[d->cqes[k].user];
+            const uint32_t        i = (uint32_t)d->cqes[k].user;
+            struct devpool_stage *st = &d->st[i];
             if (d->cqes[k].err && !st->err) {
                 st->err = d->cqes[k].err;
                 st->err_cqe = d->cqes[k];
             }
             st->bytes += d->cqes[k].bytes;
             d->c.stage_bytes += d->cqes[k].bytes;
+            if (++st->done < st->reads)
+                continue;
+            devpool_stage_landed(d, i, t0); /* its copies start while the others read */
+            const int irc = devpool_issue_locked(d, i, touched);
+            rc = rc ? rc : irc;
         }
     }
-    for (uint32_t i = 0; i < d->n_stage; i++) {
-        struct devpool_stage *st = &d->st[i];
-        if (st->state != STAGE_QUEUED)
-            continue;
-        d->c.stage_reads++;
-        if (!st->err && fetcher_front_check_region(f, st->layer, st->expert, 0,
-                                                   devpool_stage_at(d, i)) != COMMON_OK)
-            st->err = EBADMSG;
-        st->state = st->err ? STAGE_FAILED : STAGE_READY;
-        if (!st->err) {
-            fetcher_trace_load(fetcher_get_trace(d->f), st->layer, st->expert, st->bytes,
-                               common_now_ns() - t0);
-            continue;
-        }
-        struct common_errmsg m = {{0}};
-        if (st->err_cqe.len)
-            fetcher_io_describe_error(d->io, &st->err_cqe, &m);
-        else
-            snprintf(m.text, sizeof(m.text),
-                     "the bundle fails its checksum or does not decode (sluice verify names "
-                     "every bad one)");
-        COMMON_LOG_ERR("fetcher.devpool", "staging read failed layer=%u expert=%u: %s", st->layer,
-                       st->expert, m.text);
-        fetcher_trace_load_error(fetcher_get_trace(d->f), st->layer, st->expert);
-        d->c.stage_failed++;
-    }
-    int  rc = 0;
-    bool touched[FETCHER_DEVPOOL_STAGE_SLOTS] = {false};
-    for (uint32_t k = 0; k < d->n_defer; k++) {
-        const struct devpool_defer *q = &d->defer[k];
-        struct devpool_stage       *st = &d->st[q->slot];
-        st->pending--;
-        if (st->state != STAGE_READY) {
-            d->failed = true;
-            continue;
-        }
-        const struct front_part *pp =
-            &f->parts[((uint64_t)st->layer * f->n_expert + st->expert) * COMMON_EXPERT_PART_COUNT +
-                      q->part];
-        if (rc == 0)
-            rc = devpool_copy_locked(d, q->dst, devpool_stage_at(d, q->slot) + pp->data_off,
-                                     q->bytes);
-        touched[q->slot] = true;
-        d->c.staged++;
-        d->c.copied_bytes += q->bytes;
-    }
+    for (uint32_t i = 0; i < d->n_stage; i++) /* a bundle that had nothing to read */
+        if (d->st[i].state == STAGE_QUEUED)
+            devpool_stage_landed(d, i, t0);
+    const int irc = devpool_issue_locked(d, UINT32_MAX, touched);
+    rc = rc ? rc : irc;
     d->n_defer = 0;
     for (uint32_t i = 0; i < d->n_stage; i++)
         if (touched[i] && rc == 0 && (rc = common_devmem_event_record(d->st[i].ev, NULL)) == 0)
