@@ -58,8 +58,10 @@ struct gpu_layer {
 #define GPU_POOL_LOANS 3  /* weight-source loans held while their copies are in flight */
 #define GPU_POOL_PINS  64 /* regions of the weight source registered at once (one per fetcher) */
 #define GPU_POOL_TRIES 8  /* rounds done again when a loan's bytes changed during its copy */
-#define GPU_POOL_RETAKE_NS                                                                         \
-    250000000ull /* a lost fetchers' pool: how soon a failed retake is tried again */
+/* A lost fetchers' pool: how soon a failed retake is tried again, and how many failed tries in a
+ * row end the tries. */
+#define GPU_POOL_RETAKE_NS    250000000ull
+#define GPU_POOL_RETAKE_TRIES 3
 /* The pool's copy events by index: the loans', then the round's gate/up and down. */
 enum { GPU_EV_GU = GPU_POOL_LOANS, GPU_EV_D, GPU_POOL_EVENTS };
 
@@ -150,7 +152,9 @@ struct gpu_xpool {
      * gpu_pool_retake). */
     uint64_t retake_at; /* the last failed try (0: none) */
     uint64_t retakes;
-    bool     retake_off; /* given up (its copies failed twice): never taken back */
+    uint32_t retake_fails; /* failed tries in a row */
+    bool     retake_off;   /* given up (copies failed twice, or GPU_POOL_RETAKE_TRIES failed
+                              tries): never taken back */
     uint64_t                       dev_losses;
     uint64_t                       dev_wait_ns;  /* in gpu_pool_wait for the fetcher's marks */
     char                           dev_why[160]; /* why the pool is not the fetcher's */
@@ -168,8 +172,10 @@ static void gpu_pool_lose(struct gpu_xpool *px)
 }
 
 /* A lost fetchers' pool taken back when every fetcher runs again (restarted): they copy from the
- * next copies on. Tried at each round while a fetcher is down (a cheap look), and at most every
- * GPU_POOL_RETAKE_NS after a failed try. The caller holds the pool's lock at a round's start. */
+ * next copies on. Tried at each round while a fetcher is down (a cheap look), at most every
+ * GPU_POOL_RETAKE_NS after a failed try, and no more after GPU_POOL_RETAKE_TRIES failed tries in
+ * a row (a retake that cannot work, such as a device that does not export what it imported, is
+ * not tried forever). The caller holds the pool's lock at a round's start. */
 static void gpu_pool_retake(struct gpu_xpool *px)
 {
     if (px->dev || !px->dev_mem || !px->dev_mem->retake || px->retake_off ||
@@ -181,11 +187,14 @@ static void gpu_pool_retake(struct gpu_xpool *px)
     if (rc != 0) {
         if (rc != COMMON_EAGAIN) {
             px->retake_at = common_now_ns();
-            COMMON_LOG_WARN("executor.gpu", "the fetchers' device pool is not taken back: %s",
-                            e.text);
+            px->retake_off = ++px->retake_fails >= GPU_POOL_RETAKE_TRIES;
+            COMMON_LOG_WARN("executor.gpu", "the fetchers' device pool is not taken back: %s%s",
+                            e.text,
+                            px->retake_off ? "; the executor fills it itself from now on" : "");
         }
         return;
     }
+    px->retake_fails = 0;
     px->dp = dp;
     px->dev = px->dev_mem;
     px->stage = dp.stages && px->dev->read;
