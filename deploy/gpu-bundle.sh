@@ -10,7 +10,8 @@
 # usage: deploy/gpu-bundle.sh pack [BUILD_DIR [OUT.tar.xz]]   (default build, gpu-bundle.tar.xz)
 #        deploy/gpu-bundle.sh check BUNDLE.tar.xz [LOG_DIR]    (default /tmp/sluice-gpu-check)
 # Environment of pack: SUITES, the test binaries to take [the device suites and cli_test_run;
-# GPU_SUITES_ALL below adds the batch, archs, bench and pipeline tests that run -ngl];
+# SUITES=all takes GPU_SUITES_ALL below, which adds the batch, archs, bench and pipeline tests
+# that run -ngl];
 # FIXTURES=0 leaves the fixtures out, F32=1 takes the 29 MiB moe-tiny F32 file too (left out by
 # default: with it the archive passes the lent machines' 64 MiB; the tests that need what is left
 # out skip, which check reports). Of check: SUITES, the test binaries to run (default: every one
@@ -45,7 +46,9 @@ pack() {
         cp "$build/bin/$f" "$stage/build/bin/"
         files+=("$build/bin/$f")
     done
-    for f in ${SUITES:-$GPU_SUITES}; do
+    local suites=${SUITES:-$GPU_SUITES}
+    [ "$suites" != all ] || suites=$GPU_SUITES_ALL
+    for f in $suites; do
         if [ -x "$build/tests/$f" ]; then
             cp "$build/tests/$f" "$stage/build/tests/"
             files+=("$build/tests/$f")
