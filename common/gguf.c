@@ -66,6 +66,7 @@ static void gguf_arena_free(struct gguf_arena_chunk *c)
 struct gguf_cursor {
     const uint8_t        *buf;       /* borrowed: header bytes read so far */
     uint64_t              len;       /* bytes in buf */
+    uint64_t              max_len;   /* the most bytes buf may grow to (the header's limit) */
     uint64_t              file_size; /* bytes in the whole file */
     uint64_t              pos;
     struct common_errmsg *e;
@@ -242,12 +243,18 @@ static int gguf_read_value(struct gguf_cursor *c, struct common_gguf *g, uint32_
                                      "key '%s': arrays of arrays are not supported (offset %llu)",
                                      key, (unsigned long long)at);
         if (et == COMMON_GGUF_STRING) {
-            /* Each string takes at least its 8-byte length: bound n before allocating. */
-            if (n > (c->file_size - c->pos) / 8)
+            /* Each string takes at least its 8-byte length, and every one lies in the header:
+             * n is bounded by the bytes read so far before its table is allocated (more are
+             * read first, up to the header's limit). */
+            const uint64_t room = (c->max_len < c->file_size ? c->max_len : c->file_size);
+            if (n > (room > c->pos ? room - c->pos : 0) / 8)
                 return common_errmsg_set(c->e, COMMON_ECORRUPT,
                                          "key '%s': array of %llu strings at offset %llu "
-                                         "exceeds the file",
-                                         key, (unsigned long long)n, (unsigned long long)at);
+                                         "exceeds the %s",
+                                         key, (unsigned long long)n, (unsigned long long)at,
+                                         room < c->file_size ? "header's limit" : "file");
+            if (n > (c->len - c->pos) / 8)
+                return GGUF_NEED_MORE;
             /* The table lives in the arena; a restarted parse builds a new one. */
             struct common_gguf_str *strs =
                 n ? gguf_arena_alloc(&g->arena, n * sizeof(struct common_gguf_str)) : NULL;
@@ -659,7 +666,8 @@ int common_gguf_parse(const void *buf, size_t len, uint64_t file_size, struct co
     memcpy(g->splits[0].hdr, buf, len);
     g->splits[0].size = file_size;
 
-    struct gguf_cursor c = {.buf = g->splits[0].hdr, .len = len, .file_size = file_size, .e = e};
+    struct gguf_cursor c = {
+        .buf = g->splits[0].hdr, .len = len, .max_len = len, .file_size = file_size, .e = e};
     struct gguf_header h;
     rc = gguf_parse_header(&c, g, 0, &h);
     if (rc == GGUF_NEED_MORE)
@@ -738,7 +746,8 @@ static int gguf_load_file(struct common_gguf *g, uint32_t split, const char *pat
         if (rc != COMMON_OK)
             return common_errmsg_set(e, rc, "read failed at offset 0 (%llu bytes): %s",
                                      (unsigned long long)want, common_strerror(rc));
-        struct gguf_cursor c = {.buf = s->hdr, .len = want, .file_size = s->size, .e = e};
+        struct gguf_cursor c = {
+            .buf = s->hdr, .len = want, .max_len = max_hdr, .file_size = s->size, .e = e};
         /* Restarting drops the arena strings of the failed attempt only at close; bounded by
          * the doubling, so at most twice the header. */
         rc = gguf_parse_header(&c, g, split, h);

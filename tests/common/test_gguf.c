@@ -179,6 +179,29 @@ Test(common_gguf, huge_counts_are_refused_before_allocating)
     expect_patch(OFF_KEY0_LEN, 1ull << 62, 8, COMMON_ECORRUPT, "exceeds the file");
 }
 
+/* A string array whose count fits a (virtual) file far larger than the header given, as a QSF
+ * file's metadata image declares: refused from the header's bytes, before a table for the count
+ * is allocated (a fuzzed QSF file asked for 14 GB here). */
+Test(common_gguf, string_arrays_larger_than_the_header_are_refused_before_allocating)
+{
+    struct bb b = {0};
+    bb_u32(&b, COMMON_GGUF_MAGIC);
+    bb_u32(&b, 3);
+    bb_u64(&b, 0); /* tensors */
+    bb_u64(&b, 1); /* kvs */
+    bb_str(&b, "tokenizer.ggml.tokens");
+    bb_u32(&b, COMMON_GGUF_ARRAY);
+    bb_u32(&b, COMMON_GGUF_STRING);
+    bb_u64(&b, 1ull << 36); /* 64 Gi strings: 1 TiB of table */
+    bb_str(&b, "a");
+    struct common_gguf  *g = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_parse(b.p, b.n, 1ull << 42, &g, &e), COMMON_ECORRUPT);
+    cr_assert(strstr(e.text, "strings") && strstr(e.text, "header's limit"), "%s", e.text);
+    common_gguf_close(g);
+    free(b.p);
+}
+
 Test(common_gguf, bad_value_types_are_refused)
 {
     expect_patch(OFF_KV0_TYPE, 13, 4, COMMON_ECORRUPT, "general.architecture");
