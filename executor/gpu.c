@@ -208,6 +208,12 @@ static void gpu_pool_retake(struct gpu_xpool *px)
                     px->stage ? " (from their RAM pools or from storage)" : "");
 }
 
+/* Whether a round's misses not in the fetchers' RAM pools are read from storage by them now. */
+static bool gpu_pool_stages(const struct gpu_xpool *px)
+{
+    return px->dev && px->stage && !px->stage_off && px->dev->read;
+}
+
 static struct gpu_event *gpu_pool_event(struct gpu_xpool *px, uint32_t k)
 {
     return k < GPU_POOL_LOANS ? px->loans[k].ev : k == GPU_EV_GU ? px->ev_gu : px->ev_d;
@@ -1042,7 +1048,7 @@ static int gpu_pool_copy_part(const struct executor_gpu_weights *gw, uint32_t il
     uint32_t                       src_slot;
     const size_t                   bytes = (size_t)xe->rows * xe->row_bytes;
     uint8_t                       *dst = (uint8_t *)xe->d + (size_t)s * px->slot_bytes;
-    if (px->dev && px->stage && !px->stage_off && px->dev->read &&
+    if (gpu_pool_stages(px) &&
         !(w->ops->expert_is_ready && w->ops->expert_is_ready(w->impl, il, x))) {
         if (px->dev->read(px->dev_arg, il, x, p, (size_t)(dst - px->d), bytes) == 0) {
             px->copied += bytes;
@@ -2392,7 +2398,7 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
         if (g->h_sel[i] < 0 || (uint32_t)g->h_sel[i] >= E)
             return -1; /* a routing kernel gone wrong: never index with it */
         if (w->ops->expert_request && px->slot_of[il * E + (uint32_t)g->h_sel[i]] < 0 &&
-            !(px->dev && px->stage && !px->stage_off)) /* staged: not through the RAM pool */
+            !gpu_pool_stages(px)) /* staged: not through the RAM pool */
             (void)w->ops->expert_request(w->impl, il, (uint32_t)g->h_sel[i],
                                          EXECUTOR_HINT_POSTFETCH);
     }

@@ -14,7 +14,8 @@
 
 /* ---- the expert source --------------------------------------------------------------------- */
 
-static struct remote_link *remote_owner(struct executor_remote *r, uint32_t layer, uint32_t expert)
+struct remote_link *executor_remote_owner(struct executor_remote *r, uint32_t layer,
+                                          uint32_t expert)
 {
     if (layer >= r->model->hp.n_layer || expert >= r->model->hp.n_expert)
         return NULL;
@@ -302,7 +303,7 @@ static int remote_acquire(void *arg, uint32_t layer, uint32_t expert, enum commo
                           const void **data, uint32_t *loan)
 {
     struct executor_remote *r = arg;
-    struct remote_link     *L = remote_owner(r, layer, expert);
+    struct remote_link     *L = executor_remote_owner(r, layer, expert);
     struct common_span      span;
     if (!L || common_model_expert_span(r->model, layer, expert, part, &span) < 0)
         return COMMON_EINVAL;
@@ -417,7 +418,7 @@ static int remote_request(void *arg, uint32_t layer, uint32_t expert,
                           enum executor_expert_hint hint)
 {
     struct executor_remote *r = arg;
-    struct remote_link     *L = remote_owner(r, layer, expert);
+    struct remote_link     *L = executor_remote_owner(r, layer, expert);
     if (!L)
         return COMMON_EINVAL;
     /* While the pool is settled, an expert already READY needs nothing: its parts are read in
@@ -458,7 +459,7 @@ static int remote_request(void *arg, uint32_t layer, uint32_t expert,
 static bool remote_is_ready(void *arg, uint32_t layer, uint32_t expert)
 {
     struct executor_remote *r = arg;
-    struct remote_link     *L = remote_owner(r, layer, expert);
+    struct remote_link     *L = executor_remote_owner(r, layer, expert);
     if (!L)
         return false;
     struct common_pool_key  key = {layer, expert, COMMON_POOL_BUNDLE};
@@ -523,7 +524,7 @@ void executor_remote_device_layers(struct executor_remote *r, uint32_t n)
 static void remote_error(void *arg, uint32_t layer, uint32_t expert, struct common_errmsg *out)
 {
     struct executor_remote *r = arg;
-    struct remote_link     *L = remote_owner(r, layer, expert);
+    struct remote_link     *L = executor_remote_owner(r, layer, expert);
     out->text[0] = '\0';
     if (!L)
         return;

@@ -423,9 +423,8 @@ static int dev_read(void *arg, uint32_t layer, uint32_t expert, enum common_expe
     struct remote_dev      *d = r->dev;
     if (!d || atomic_load(&d->gone))
         return COMMON_ECLOSED;
-    const uint32_t i = layer < r->model->hp.n_layer && expert < r->model->hp.n_expert
-                           ? r->owner[(size_t)layer * r->model->hp.n_expert + expert]
-                           : UINT32_MAX;
+    const struct remote_link *L = executor_remote_owner(r, layer, expert);
+    const uint32_t            i = L ? (uint32_t)(L - r->links) : UINT32_MAX;
     if (!d->p.stages || i >= d->n_f || bytes > UINT32_MAX) {
         dev_gone(d, 0, "a read the fetchers cannot stage");
         return COMMON_ECLOSED;

@@ -177,8 +177,12 @@ struct remote_conn {
     struct common_ring         req, rep;
 };
 
-/* ---- shared by remote.c and remote_link.c ------------------------------------------------- */
+/* ---- shared by remote.c, remote_link.c and remote_dev.c ---------------------------------------
+ */
 
+/* The link of the fetcher that serves (layer, expert), or NULL for ids out of range. */
+struct remote_link *executor_remote_owner(struct executor_remote *r, uint32_t layer,
+                                          uint32_t expert);
 /* Waits on `c` (CLOCK_MONOTONIC) at most `ms` milliseconds. */
 void executor_remote_cond_wait_ms(pthread_cond_t *c, pthread_mutex_t *m, uint32_t ms);
 

@@ -459,6 +459,14 @@ static int devpool_copy_locked(struct fetcher_devpool *d, uint64_t dst, const ui
     return rc;
 }
 
+/* Where part `part` of bundle (layer, expert) lies in a slot (the front's layout); ids checked. */
+static const struct front_part *devpool_part(const struct fetcher_devpool *d, uint32_t layer,
+                                             uint32_t expert, uint32_t part)
+{
+    return &d->f->parts[((uint64_t)layer * d->f->n_expert + expert) * COMMON_EXPERT_PART_COUNT +
+                        part];
+}
+
 /* Staging slot i's bytes. */
 static uint8_t *devpool_stage_at(const struct fetcher_devpool *d, uint32_t i)
 {
@@ -498,7 +506,6 @@ static void devpool_stage_landed(struct fetcher_devpool *d, uint32_t i, uint64_t
  * mu held. Returns 0 or the first copy error. */
 static int devpool_issue_locked(struct fetcher_devpool *d, uint32_t slot, bool *touched)
 {
-    const struct fetcher *f = d->f;
     int                   rc = 0;
     for (uint32_t k = 0; k < d->n_defer; k++) {
         struct devpool_defer *q = &d->defer[k];
@@ -511,9 +518,7 @@ static int devpool_issue_locked(struct fetcher_devpool *d, uint32_t slot, bool *
             d->failed = true;
             continue;
         }
-        const struct front_part *pp =
-            &f->parts[((uint64_t)st->layer * f->n_expert + st->expert) * COMMON_EXPERT_PART_COUNT +
-                      q->part];
+        const struct front_part *pp = devpool_part(d, st->layer, st->expert, q->part);
         if (rc == 0)
             rc = devpool_copy_locked(d, q->dst, devpool_stage_at(d, q->slot) + pp->data_off,
                                      q->bytes);
@@ -641,9 +646,7 @@ static int devpool_read_locked(struct fetcher_devpool *d, const struct proto_fet
     if (!d->stage || r->part >= COMMON_EXPERT_PART_COUNT ||
         !fetcher_front_bundle_reads(d->f, r->layer, r->expert, d->stage, 0, reqs))
         return COMMON_EINVAL;
-    const struct front_part *pp =
-        &d->f->parts[((uint64_t)r->layer * d->f->n_expert + r->expert) * COMMON_EXPERT_PART_COUNT +
-                     r->part];
+    const struct front_part *pp = devpool_part(d, r->layer, r->expert, r->part);
     if (pp->size != r->bytes || pp->data_off + pp->size > d->stage_bytes ||
         !devpool_backed_locked(d, r->dst, r->bytes))
         return COMMON_EINVAL;
