@@ -8,8 +8,8 @@
 
 /* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0, TQ2_0 and I2_S get
  * 512-bit dots (Q4_0: three raw blocks per load; the other block types two blocks, or one
- * 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); Q4_0, Q8_0,
- * Q4_K, Q6_K, MXFP4, TQ1_0 and TQ2_0 also a gemm.
+ * 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); F32, F16, BF16,
+ * Q4_0, Q8_0, Q4_K, Q6_K, MXFP4, TQ1_0 and TQ2_0 also a gemm.
  * Q2_K and Q3_K (scalar everywhere) and the activation quantizers come from the slower sets, which
  * this CPU also runs. As in avx2.c the integer sums are exact and only the order of the float
  * additions differs from ref.c. */
@@ -146,6 +146,184 @@ static float avx512_dot_bf16(int64_t n, const void *w, const void *a)
             _mm512_fmadd_ps(avx512_maskz_load_bf16(m, x + i), avx512_maskz_load_bf16(m, y + i), s1);
     }
     return avx512_hsum_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+/* The float gemm (F32, F16, BF16): vec_dot's four accumulators per (row, activation), for
+ * AVX512_FG_NA activations and AVX512_FG_R rows at a time. The activations are widened to float
+ * once per chunk of AVX512_FG_COLS columns (F16: cvtph, BF16: the shift; exact, so the same floats
+ * vec_dot makes) and read from L1; each row vector is loaded and widened once for all the
+ * activations. Every accumulator takes the same products in the same order as vec_dot's
+ * (64-element steps, then 16-element steps into s0, the masked tail into s1, the same final sum),
+ * so each (row, activation) gets vec_dot's bits. One activation is vec_dot row by row. */
+#define AVX512_FG_NA   4    /* activations a pass */
+#define AVX512_FG_R    6    /* rows a register block: 6 x 4 accumulators */
+#define AVX512_FG_COLS 1024 /* columns widened at a time (16 KiB for 4 activations) */
+#define AVX512_FG_ROWS 36   /* rows whose accumulators persist between chunks (36 KiB) */
+#ifndef AVX512_FG_PREFETCH
+#define AVX512_FG_PREFETCH 2048 /* bytes ahead of a row's loads that the gemm prefetches */
+#endif
+
+enum avx512_fkind { AVX512_F32, AVX512_F16, AVX512_BF16 };
+
+static inline __attribute__((always_inline)) __m512 avx512_fload(enum avx512_fkind k, const void *p,
+                                                                 int64_t i)
+{
+    if (k == AVX512_F32)
+        return _mm512_loadu_ps((const float *)p + i);
+    if (k == AVX512_F16)
+        return avx512_load_f16((const uint16_t *)p + i);
+    return avx512_load_bf16((const uint16_t *)p + i);
+}
+
+static inline __attribute__((always_inline)) __m512
+avx512_fload_mask(enum avx512_fkind k, __mmask16 m, const void *p, int64_t i)
+{
+    if (k == AVX512_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    if (k == AVX512_F16)
+        return avx512_maskz_load_f16(m, (const uint16_t *)p + i);
+    return avx512_maskz_load_bf16(m, (const uint16_t *)p + i);
+}
+
+/* Columns [c0, c0 + nc) (nc a multiple of 64) of nr rows against na widened activations ya, onto
+ * their accumulators s[row][a][q]. vec_dot's four accumulators are independent chains (s_q takes
+ * elements 64 i + 16 q .. + 15), so one quarter at a time is done for all nr x na pairs, which
+ * keeps nr * na accumulators in registers and loads each row's and activation's vector once for
+ * all of them. */
+static inline __attribute__((always_inline)) void
+avx512_fg_rows(enum avx512_fkind k, int nr, int na, const char *xr, size_t rb, int64_t c0,
+               int64_t nc, float (*ya)[AVX512_FG_COLS], __m512 (*s)[AVX512_FG_NA][4])
+{
+    const size_t esz = k == AVX512_F32 ? 4 : 2;
+    for (int q = 0; q < 4; q++) {
+        __m512 t[AVX512_FG_R][AVX512_FG_NA];
+        for (int r = 0; r < nr; r++)
+            for (int a = 0; a < na; a++)
+                t[r][a] = s[r][a][q];
+        for (int64_t i = 16 * q; i < nc; i += 64) {
+            __m512 x[AVX512_FG_R];
+            for (int r = 0; r < nr; r++) {
+                if (q == 0) /* the first pass over the chunk brings the rows in */
+                    for (size_t b = 0; b < 64 * esz; b += 64)
+                        _mm_prefetch(xr + (size_t)r * rb + (size_t)(c0 + i) * esz + b +
+                                         AVX512_FG_PREFETCH,
+                                     _MM_HINT_T0);
+                x[r] = avx512_fload(k, xr + (size_t)r * rb, c0 + i);
+            }
+            for (int a = 0; a < na; a++) {
+                const __m512 v = _mm512_load_ps(ya[a] + i);
+                for (int r = 0; r < nr; r++)
+                    t[r][a] = _mm512_fmadd_ps(x[r], v, t[r][a]);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int a = 0; a < na; a++)
+                s[r][a][q] = t[r][a];
+    }
+}
+
+/* avx512_fg_rows for na known at compile time, nr = AVX512_FG_R or 1. */
+static inline __attribute__((always_inline)) void
+avx512_fg_block(enum avx512_fkind k, int nr, int na, const char *xr, size_t rb, int64_t c0,
+                int64_t nc, float (*ya)[AVX512_FG_COLS], __m512 (*s)[AVX512_FG_NA][4])
+{
+    if (nr == AVX512_FG_R)
+        avx512_fg_rows(k, AVX512_FG_R, na, xr, rb, c0, nc, ya, s);
+    else
+        avx512_fg_rows(k, 1, na, xr, rb, c0, nc, ya, s);
+}
+
+static inline __attribute__((always_inline)) void
+avx512_fgemm(enum avx512_fkind k, int64_t n, const void *w, size_t rb, int64_t n_rows,
+             const void *act, size_t as, int64_t n_act, float *y, size_t ys)
+{
+    _Alignas(64) float  ya[AVX512_FG_NA][AVX512_FG_COLS];
+    _Alignas(64) __m512 acc[AVX512_FG_ROWS][AVX512_FG_NA][4];
+    const int64_t       n64 = n / 64 * 64;
+    if (n_act == 1) { /* one activation: vec_dot's row by row streams the rows faster */
+        for (int64_t r = 0; r < n_rows; r++) {
+            const char *xr = (const char *)w + (size_t)r * rb;
+            y[r] = k == AVX512_F32   ? avx512_dot_f32(n, xr, act)
+                   : k == AVX512_F16 ? avx512_dot_f16(n, xr, act)
+                                     : avx512_dot_bf16(n, xr, act);
+        }
+        return;
+    }
+    for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_FG_NA) {
+        const int   na = n_act - j0 < AVX512_FG_NA ? (int)(n_act - j0) : AVX512_FG_NA;
+        const char *aj[AVX512_FG_NA];
+        for (int a = 0; a < na; a++)
+            aj[a] = (const char *)act + (size_t)(j0 + a) * as;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += AVX512_FG_ROWS) {
+            const int64_t nr = n_rows - r0 < AVX512_FG_ROWS ? n_rows - r0 : AVX512_FG_ROWS;
+            for (int64_t r = 0; r < nr; r++)
+                for (int a = 0; a < na; a++)
+                    for (int q = 0; q < 4; q++)
+                        acc[r][a][q] = _mm512_setzero_ps();
+            for (int64_t c0 = 0; c0 < n64; c0 += AVX512_FG_COLS) {
+                const int64_t nc = n64 - c0 < AVX512_FG_COLS ? n64 - c0 : AVX512_FG_COLS;
+                if (r0 == 0 || n64 > AVX512_FG_COLS)
+                    for (int a = 0; a < na; a++)
+                        for (int64_t i = 0; i < nc; i += 16)
+                            _mm512_store_ps(ya[a] + i, avx512_fload(k, aj[a], c0 + i));
+                for (int64_t r = 0; r < nr;) {
+                    const char *xr = (const char *)w + (size_t)(r0 + r) * rb;
+                    const int   rr = nr - r >= AVX512_FG_R ? AVX512_FG_R : 1;
+                    switch (na) {
+                    case 4:
+                        avx512_fg_block(k, rr, 4, xr, rb, c0, nc, ya, acc + r);
+                        break;
+                    case 3:
+                        avx512_fg_block(k, rr, 3, xr, rb, c0, nc, ya, acc + r);
+                        break;
+                    case 2:
+                        avx512_fg_block(k, rr, 2, xr, rb, c0, nc, ya, acc + r);
+                        break;
+                    default:
+                        avx512_fg_block(k, rr, 1, xr, rb, c0, nc, ya, acc + r);
+                        break;
+                    }
+                    r += rr;
+                }
+            }
+            /* vec_dot's end: 16-element steps into s0, the masked tail into s1, the same sum. */
+            for (int64_t r = 0; r < nr; r++) {
+                const char *xr = (const char *)w + (size_t)(r0 + r) * rb;
+                for (int a = 0; a < na; a++) {
+                    __m512 *sq = acc[r][a];
+                    int64_t i = n64;
+                    for (; i + 16 <= n; i += 16)
+                        sq[0] = _mm512_fmadd_ps(avx512_fload(k, xr, i), avx512_fload(k, aj[a], i),
+                                                sq[0]);
+                    if (i < n) {
+                        const __mmask16 m = avx512_tail_mask(n - i);
+                        sq[1] = _mm512_fmadd_ps(avx512_fload_mask(k, m, xr, i),
+                                                avx512_fload_mask(k, m, aj[a], i), sq[1]);
+                    }
+                    y[(size_t)(j0 + a) * ys + (size_t)(r0 + r)] = avx512_hsum_ps(
+                        _mm512_add_ps(_mm512_add_ps(sq[0], sq[1]), _mm512_add_ps(sq[2], sq[3])));
+                }
+            }
+        }
+    }
+}
+
+static void avx512_gemm_f32(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                            size_t as, int64_t n_act, float *y, size_t ys)
+{
+    avx512_fgemm(AVX512_F32, n, w, rb, n_rows, act, as, n_act, y, ys);
+}
+
+static void avx512_gemm_f16(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                            size_t as, int64_t n_act, float *y, size_t ys)
+{
+    avx512_fgemm(AVX512_F16, n, w, rb, n_rows, act, as, n_act, y, ys);
+}
+
+static void avx512_gemm_bf16(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t as, int64_t n_act, float *y, size_t ys)
+{
+    avx512_fgemm(AVX512_BF16, n, w, rb, n_rows, act, as, n_act, y, ys);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1922,6 +2100,9 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_F32] = avx512_dot_f32;
     ks->vec_dot[COMMON_GGML_TYPE_F16] = avx512_dot_f16;
     ks->vec_dot[COMMON_GGML_TYPE_BF16] = avx512_dot_bf16;
+    ks->gemm[COMMON_GGML_TYPE_F32] = avx512_gemm_f32;
+    ks->gemm[COMMON_GGML_TYPE_F16] = avx512_gemm_f16;
+    ks->gemm[COMMON_GGML_TYPE_BF16] = avx512_gemm_bf16;
     ks->vec_dot[COMMON_GGML_TYPE_Q4_1] = avx512_dot_q4_1;
     ks->vec_dot[COMMON_GGML_TYPE_MXFP4] = avx512_dot_mxfp4;
     ks->gemv[COMMON_GGML_TYPE_MXFP4] = avx512_gemv_mxfp4;

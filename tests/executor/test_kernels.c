@@ -1128,9 +1128,22 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 515, 66, 10);
     check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 130, 11);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
-    check_matrix(COMMON_GGML_TYPE_F16, 40, 9, 2);
-    check_matrix(COMMON_GGML_TYPE_F32, 79, 9, 2);
-    check_matrix(COMMON_GGML_TYPE_BF16, 47, 9, 2);
+    /* The AVX-512 float gemm (4 activations a pass, 4096 columns widened at a time, accumulators
+     * kept for 32 rows; one activation: vec_dot row by row): 1..9 activations; rows of 1, 15, 16,
+     * 17, 63, 64 and 65 columns (no 64-element step, a 16-element step, a tail), 4096 (one chunk),
+     * 4160 and 8232 (several chunks, a ragged end); 33 and 70 rows (several row blocks) and a
+     * matrix larger than one gemm row tile (256 KiB). */
+    static const uint32_t fl[3] = {COMMON_GGML_TYPE_F16, COMMON_GGML_TYPE_F32,
+                                   COMMON_GGML_TYPE_BF16};
+    static const int64_t  fcols[10] = {1, 15, 16, 17, 63, 64, 65, 4096, 4160, 8232};
+    for (int t = 0; t < 3; t++) {
+        for (int64_t n_act = 1; n_act <= 9; n_act++)
+            check_matrix(fl[t], 40 + 7 * t, 9, n_act);
+        for (int c = 0; c < 10; c++)
+            check_matrix(fl[t], fcols[c], c % 2 ? 33 : 5, 1 + c % 6);
+        check_matrix(fl[t], 8232, 70, 5);
+        check_matrix(fl[t], 4096, 40, 3);
+    }
     check_matrix(COMMON_GGML_TYPE_Q4_1, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
