@@ -801,20 +801,31 @@ static const int16_t k_avx512_q6k_idx[4][32] = {
      14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
 };
 
-#define AVX512_Q4K_NACT 4 /* activations sharing one weight unpack in the Q4_K matmul kernel */
+#define AVX512_Q4K_NACT 4 /* activations sharing one weight unpack in the Q4_K/Q5_K gemm */
 
-/* Dots of one Q4_K row x with NA Q8_K activations y[j] into out[j]. The weight unpack (scales,
- * nibbles, per-lane scale vectors) is done once for all NA; each activation then runs the same
- * operations in the same order whatever NA is, so vec_dot (NA = 1) and gemm agree bit for bit.
- * NA = 1 streams the row from DRAM (matvec) and prefetches ahead. */
+/* Dots of one Q4_K (Q5 = 0) or Q5_K (Q5 = 1) row x with NA Q8_K activations y[j] into out[j]. The
+ * weight unpack (scales, nibbles and Q5_K's 5th bits, per-lane scale vectors) is done once for all
+ * NA; each activation then runs the same operations in the same order whatever NA is, so vec_dot
+ * (NA = 1) and gemm agree bit for bit. NA = 1 streams the row from DRAM (matvec) and prefetches
+ * ahead. Q5_K: chunk j takes bit 2j of qh[l] for its first 32 elements and bit 2j+1 for the next
+ * 32, so one vptestmb of qh (both halves) against those bits gives the byte mask that adds 16;
+ * quants are then 0..31, so maddubs pairs stay within int16. The two blocks share d, dmin and the
+ * scales at the same offsets. */
 static inline __attribute__((always_inline)) void
-avx512_q4_K_acts(const int NA, int64_t nb, const struct executor_block_q4_K *x,
-                 const struct executor_block_q8_K *const *y, float *out)
+avx512_k45_acts(const int Q5, const int NA, int64_t nb, const void *xv,
+                const struct executor_block_q8_K *const *y, float *out)
 {
+    const size_t bs = Q5 ? sizeof(struct executor_block_q5_K) : sizeof(struct executor_block_q4_K);
+    const size_t qs_off =
+        Q5 ? offsetof(struct executor_block_q5_K, qs) : offsetof(struct executor_block_q4_K, qs);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i       idx[4];
-    for (int j = 0; j < 4; j++)
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    __m512i       idx[4], hsel[4];
+    for (int j = 0; j < 4; j++) {
         idx[j] = _mm512_loadu_si512(k_avx512_q4k_idx[j]);
+        hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))),
+                                     _mm256_set1_epi8((char)(1 << (2 * j + 1))), 1);
+    }
     __m512 acc[AVX512_Q4K_NACT];
     __m256 accm[AVX512_Q4K_NACT];
     for (int a = 0; a < NA; a++) {
@@ -822,27 +833,37 @@ avx512_q4_K_acts(const int NA, int64_t nb, const struct executor_block_q4_K *x,
         accm[a] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *b = (const uint8_t *)xv + (size_t)i * bs;
         if (NA == 1) {
-            const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
+            const char *pf = (const char *)b + AVX512_K_PREFETCH;
             _mm_prefetch(pf, _MM_HINT_T0);
             _mm_prefetch(pf + 64, _MM_HINT_T0);
             _mm_prefetch(pf + 128, _MM_HINT_T0);
         }
-        uint8_t sc[8], mn[8];
-        avx512_k4_scales(x[i].scales, sc, mn);
-        const float xd = avx512_fp16(x[i].d);
-        const float xdmin = avx512_fp16(x[i].dmin);
+        uint8_t  sc[8], mn[8];
+        uint16_t dh, dmh;
+        memcpy(&dh, b + offsetof(struct executor_block_q4_K, d), sizeof(dh));
+        memcpy(&dmh, b + offsetof(struct executor_block_q4_K, dmin), sizeof(dmh));
+        avx512_k4_scales(b + offsetof(struct executor_block_q4_K, scales), sc, mn);
+        const float xd = avx512_fp16(dh);
+        const float xdmin = avx512_fp16(dmh);
         /* mins as 16 words, each twice: madd with the 16 bsums gives mn[j] * (bsums[2j] +
          * bsums[2j+1]) in int32 lane j */
         const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
         const __m512i sc16 =
             _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m512i qh = _mm512_setzero_si512();
+        if (Q5)
+            qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                (const __m256i *)(b + offsetof(struct executor_block_q5_K, qh))));
         __m512i q[4], s16[4];
         for (int j = 0; j < 4; j++) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(b + qs_off + 32 * j));
             q[j] = _mm512_and_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1), m4);
+                _mm512_inserti64x4(_mm512_castsi256_si512(w), _mm256_srli_epi16(w, 4), 1), m4);
+            if (Q5)
+                q[j] = _mm512_mask_add_epi8(q[j], _mm512_test_epi8_mask(qh, hsel[j]), q[j], b4);
             s16[j] = _mm512_permutexvar_epi16(idx[j], sc16);
         }
         for (int a = 0; a < NA; a++) {
@@ -867,12 +888,22 @@ static float avx512_dot_q4_K(int64_t n, const void *w, const void *a)
 {
     const struct executor_block_q8_K *y[1] = {a};
     float                             out;
-    avx512_q4_K_acts(1, n / EXECUTOR_QK_K, w, y, &out);
+    avx512_k45_acts(0, 1, n / EXECUTOR_QK_K, w, y, &out);
     return out;
 }
 
-static void avx512_gemm_q4_K(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
-                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
+{
+    const struct executor_block_q8_K *y[1] = {a};
+    float                             out;
+    avx512_k45_acts(1, 1, n / EXECUTOR_QK_K, w, y, &out);
+    return out;
+}
+
+/* The Q4_K (Q5 = 0) and Q5_K gemm: AVX512_Q4K_NACT activations share each row's unpack. */
+static inline __attribute__((always_inline)) void
+avx512_gemm_k45(const int Q5, int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                size_t act_stride, int64_t n_act, float *y, size_t ys)
 {
     const int64_t nb = n / EXECUTOR_QK_K;
     for (int64_t j0 = 0; j0 < n_act; j0 += AVX512_Q4K_NACT) {
@@ -881,26 +912,38 @@ static void avx512_gemm_q4_K(int64_t n, const void *w, size_t rb, int64_t n_rows
         for (int j = 0; j < na; j++)
             ya[j] = (const void *)((const char *)act + (size_t)(j0 + j) * act_stride);
         for (int64_t r = 0; r < n_rows; r++) {
-            const struct executor_block_q4_K *x = (const void *)((const char *)w + (size_t)r * rb);
-            float                             out[AVX512_Q4K_NACT] = {0};
+            const void *x = (const char *)w + (size_t)r * rb;
+            float       out[AVX512_Q4K_NACT] = {0};
             switch (na) {
             case 4:
-                avx512_q4_K_acts(4, nb, x, ya, out);
+                avx512_k45_acts(Q5, 4, nb, x, ya, out);
                 break;
             case 3:
-                avx512_q4_K_acts(3, nb, x, ya, out);
+                avx512_k45_acts(Q5, 3, nb, x, ya, out);
                 break;
             case 2:
-                avx512_q4_K_acts(2, nb, x, ya, out);
+                avx512_k45_acts(Q5, 2, nb, x, ya, out);
                 break;
             default:
-                avx512_q4_K_acts(1, nb, x, ya, out);
+                avx512_k45_acts(Q5, 1, nb, x, ya, out);
                 break;
             }
             for (int j = 0; j < na; j++)
                 y[(size_t)(j0 + j) * ys + (size_t)r] = out[j];
         }
     }
+}
+
+static void avx512_gemm_q4_K(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    avx512_gemm_k45(0, n, w, rb, n_rows, act, act_stride, n_act, y, ys);
+}
+
+static void avx512_gemm_q5_K(int64_t n, const void *w, size_t rb, int64_t n_rows, const void *act,
+                             size_t act_stride, int64_t n_act, float *y, size_t ys)
+{
+    avx512_gemm_k45(1, n, w, rb, n_rows, act, act_stride, n_act, y, ys);
 }
 
 #define AVX512_Q6K_NACT 4 /* activations sharing one weight unpack in the Q6_K matmul kernel */
@@ -1109,62 +1152,6 @@ static float avx512_dot_q5_1(int64_t n, const void *w, const void *a)
             summs += avx512_fp16(x[j].m) * avx512_fp16(y[j].s);
     }
     return avx512_hsum_ps(acc) + summs;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Q5_K x Q8_K                                                                                 */
-/* ------------------------------------------------------------------------------------------ */
-
-/* As the Q4_K dot (one 64-element chunk per vector, vpdpwssd with the scales per int16 lane,
- * mins through bsums), plus the 5th bits: chunk j takes bit 2j of qh[l] for its first 32
- * elements and bit 2j+1 for the next 32, so one vptestmb of qh (both halves) against those bits
- * gives the byte mask that adds 16. Quants are 0..31, so maddubs pairs stay within int16. */
-static float avx512_dot_q5_K(int64_t n, const void *w, const void *a)
-{
-    const struct executor_block_q5_K *x = w;
-    const struct executor_block_q8_K *y = a;
-    const int64_t                     nb = n / EXECUTOR_QK_K;
-    const __m512i                     m4 = _mm512_set1_epi8(0x0F);
-    const __m512i                     b4 = _mm512_set1_epi8(0x10);
-    __m512i                           idx[4], hsel[4];
-    for (int j = 0; j < 4; j++) {
-        idx[j] = _mm512_loadu_si512(k_avx512_q4k_idx[j]);
-        hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))),
-                                     _mm256_set1_epi8((char)(1 << (2 * j + 1))), 1);
-    }
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const char *pf = (const char *)(x + i) + AVX512_K_PREFETCH;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        _mm_prefetch(pf + 64, _MM_HINT_T0);
-        _mm_prefetch(pf + 128, _MM_HINT_T0);
-        uint8_t sc[8], mn[8];
-        avx512_k4_scales(x[i].scales, sc, mn);
-        const struct executor_block_q8_K *yi = y + i;
-        /* mins as 16 words, each twice: madd with the 16 bsums gives mn[j] * (bsums[2j] +
-         * bsums[2j+1]) in int32 lane j */
-        const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);
-        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)yi->bsums), m16);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(avx512_fp16(x[i].dmin) * yi->d),
-                               _mm256_cvtepi32_ps(pm), accm);
-        const __m512i sc16 =
-            _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[i].qh));
-        __m512i       sumi = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
-            __m512i       q = _mm512_and_si512(
-                      _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1), m4);
-            q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, hsel[j]), q, b4);
-            const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512(yi->qs + 64 * j));
-            sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[j], sc16));
-        }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(avx512_fp16(x[i].d) * yi->d), _mm512_cvtepi32_ps(sumi),
-                              acc);
-    }
-    return avx512_hsum_ps(acc) - avx512_hsum_ps256(accm);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2110,6 +2097,7 @@ void executor_kernels_fill_avx512(struct executor_kernel_set *ks)
     ks->vec_dot[COMMON_GGML_TYPE_Q5_0] = avx512_dot_q5_0;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_1] = avx512_dot_q5_1;
     ks->vec_dot[COMMON_GGML_TYPE_Q5_K] = avx512_dot_q5_K;
+    ks->gemm[COMMON_GGML_TYPE_Q5_K] = avx512_gemm_q5_K;
     ks->vec_dot[COMMON_GGML_TYPE_TQ1_0] = avx512_dot_tq1_0;
     ks->gemv[COMMON_GGML_TYPE_TQ1_0] = avx512_gemv_tq1_0;
     ks->vec_dot[COMMON_GGML_TYPE_TQ2_0] = avx512_dot_tq2_0;

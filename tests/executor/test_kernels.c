@@ -1111,6 +1111,8 @@ static void check_matrices(void)
         check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 33, 7, n_act);
         check_matrix(COMMON_GGML_TYPE_Q4_K, 512, 23, n_act);
         check_matrix(COMMON_GGML_TYPE_Q4_K, 256 * 3, 5, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q5_K, 512, 23, n_act);
+        check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, n_act);
         check_matrix(COMMON_GGML_TYPE_Q6_K, 256 * 3, 5, n_act);
     }
     check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 70, 2);
@@ -1148,6 +1150,8 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q5_0, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_1, 32 * 33, 7, 3);
     check_matrix(COMMON_GGML_TYPE_Q5_K, 256 * 3, 5, 3);
+    check_matrix(COMMON_GGML_TYPE_Q5_K, 256, 7, 9);
+    check_matrix(COMMON_GGML_TYPE_Q5_K, 4096, 130, 5); /* several gemm row tiles */
     /* the ternary gemm (AVX-512: pairs of activations, up to 8 per pass, 12 blocks prepared at a
      * time, accumulators kept for 64 rows) and gemv (64 blocks prepared at a time): 1..17
      * activations (odd counts leave a pair half used); rows of 1, 3, 12, 13, 25, 65 and 130 blocks
