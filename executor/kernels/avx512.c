@@ -9,7 +9,7 @@
 /* F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0, TQ2_0 and I2_S get
  * 512-bit dots (Q4_0: three raw blocks per load; the other block types two blocks, or one
  * 64-element chunk, per vector; VNNI vpdpbusd / vpdpwssd fuse the multiply-adds); F32, F16, BF16,
- * Q4_0, Q8_0, Q4_K, Q6_K, MXFP4, TQ1_0 and TQ2_0 also a gemm.
+ * Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0 and TQ2_0 also a gemm.
  * Q2_K and Q3_K (scalar everywhere) and the activation quantizers come from the slower sets, which
  * this CPU also runs. As in avx2.c the integer sums are exact and only the order of the float
  * additions differs from ref.c. */
