@@ -53,8 +53,10 @@ done
 fuzz() {
     local target=$1 dir=$2 t=$3 log="$build/$1.log"
     mkdir -p "$dir"
+    # Crash, timeout and slow-unit inputs go beside the log, not into the working tree.
     "$build/bin/$target" -max_total_time="$t" -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 "$dir" >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
+        -artifact_prefix="$build/$1-" -print_final_stats=1 "$dir" >"$log" 2>&1 ||
+        { tail -40 "$log"; exit 1; }
     local execs
     execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
     echo "$target: ${execs:-?} executions in ${t}s, no crash (corpus $dir, log $log)"
