@@ -52,6 +52,7 @@ done
 # fuzz TARGET CORPUS SECONDS: runs one target, prints its execution count.
 fuzz() {
     local target=$1 dir=$2 t=$3 log="$build/$1.log"
+    [ "$t" -ge 1 ] || t=1 # libFuzzer reads -max_total_time=0 as no limit
     mkdir -p "$dir"
     # Crash, timeout and slow-unit inputs go beside the log, not into the working tree.
     "$build/bin/$target" -max_total_time="$t" -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
