@@ -80,22 +80,22 @@ cleanup() {
     rmdir "$CG" 2> /dev/null || true
 }
 trap cleanup EXIT
-make_device() { # make_device NAME BYTES: a loop device with ext4 mounted at WORK/NAME
+make_device() { # make_device NAME BYTES: a loop device with ext4 mounted at WORK/NAME, both
+    # recorded (LOOPS, MOUNTS) for the cleanup as soon as they exist
     local img=$WORK/$1.img dir=$WORK/$1 dev
     rm -f "$img"
     truncate -s $(($2 / 4096 * 4096)) "$img"
     dev=$(losetup --direct-io=on -f --show "$img")
     LOOPS+=("$dev")
+    MOUNTS+=("$dir")
     mkfs.ext4 -q -F "$dev"
     mkdir -p "$dir"
     mount "$dev" "$dir"
-    MOUNTS+=("$dir")
-    echo "$dev"
 }
-DEV_A=$(make_device a $((MODEL_BYTES * 5 / 2 + (512 << 20))))
-DEV_B=$(make_device b $((MODEL_BYTES / 2 + (512 << 20))))
-LOOPS=("$DEV_A" "$DEV_B")
-MOUNTS=("$WORK/a" "$WORK/b")
+make_device a $((MODEL_BYTES * 5 / 2 + (512 << 20)))
+make_device b $((MODEL_BYTES / 2 + (512 << 20)))
+DEV_A=${LOOPS[0]}
+DEV_B=${LOOPS[1]}
 echo "== devices: $DEV_A ($WORK/a) and $DEV_B ($WORK/b), each read at most $BPS bytes/s"
 
 echo "== converting (sluice convert)"
