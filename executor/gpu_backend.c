@@ -400,29 +400,6 @@ int gpu_gemm_q_used(uint32_t type, const void *w, size_t expert_bytes, size_t ro
                         : -1);
 }
 
-bool gpu_matvec_q8_supported(uint32_t type)
-{
-    switch (type) {
-    case COMMON_GGML_TYPE_Q4_0:
-    case COMMON_GGML_TYPE_Q4_1:
-    case COMMON_GGML_TYPE_Q5_0:
-    case COMMON_GGML_TYPE_Q5_1:
-    case COMMON_GGML_TYPE_Q8_0:
-    case COMMON_GGML_TYPE_Q4_K:
-    case COMMON_GGML_TYPE_Q5_K:
-    case COMMON_GGML_TYPE_Q6_K:
-    case COMMON_GGML_TYPE_MXFP4:
-    case COMMON_GGML_TYPE_TQ1_0:
-    case COMMON_GGML_TYPE_TQ2_0:
-    case COMMON_GGML_TYPE_I2S_Q128:
-    case COMMON_GGML_TYPE_I2S_B32H:
-    case COMMON_GGML_TYPE_I2S_B32F:
-        return true;
-    default:
-        return false;
-    }
-}
-
 int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                void *q8)
 {

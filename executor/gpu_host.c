@@ -465,28 +465,7 @@ static double h_membw_probe(size_t bytes)
 
 static bool h_type_supported(uint32_t type)
 {
-    switch (type) {
-    case COMMON_GGML_TYPE_F32:
-    case COMMON_GGML_TYPE_F16:
-    case COMMON_GGML_TYPE_BF16:
-    case COMMON_GGML_TYPE_Q4_0:
-    case COMMON_GGML_TYPE_Q4_1:
-    case COMMON_GGML_TYPE_Q5_0:
-    case COMMON_GGML_TYPE_Q5_1:
-    case COMMON_GGML_TYPE_Q8_0:
-    case COMMON_GGML_TYPE_Q4_K:
-    case COMMON_GGML_TYPE_Q5_K:
-    case COMMON_GGML_TYPE_Q6_K:
-    case COMMON_GGML_TYPE_MXFP4:
-    case COMMON_GGML_TYPE_TQ1_0:
-    case COMMON_GGML_TYPE_TQ2_0:
-    case COMMON_GGML_TYPE_I2S_Q128:
-    case COMMON_GGML_TYPE_I2S_B32H:
-    case COMMON_GGML_TYPE_I2S_B32F:
-        return true;
-    default:
-        return false;
-    }
+    return gpu_type_implemented(type);
 }
 
 /* A supported type whose rows of `cols` fit row_bytes (quant.cu's row_fits). */

@@ -23,6 +23,8 @@
 extern "C" {
 #endif
 
+#include "common.h" /* C linkage in the .cu files too, as common/ is C */
+
 #define GPU_MATVEC_MAX_N 8 /* most activation rows of one gpu_matvec call */
 
 struct gpu_info {
@@ -192,8 +194,38 @@ int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, i
                void *q8);
 
 /* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K, MXFP4, TQ1_0, TQ2_0,
- * I2_S), whose activations the CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). */
-bool gpu_matvec_q8_supported(uint32_t type);
+ * I2_S), whose activations the CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). The
+ * one list of them: the backends' gpu_type_supported is these and the three float types. */
+static inline bool gpu_matvec_q8_supported(uint32_t type)
+{
+    switch (type) {
+    case COMMON_GGML_TYPE_Q4_0:
+    case COMMON_GGML_TYPE_Q4_1:
+    case COMMON_GGML_TYPE_Q5_0:
+    case COMMON_GGML_TYPE_Q5_1:
+    case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q4_K:
+    case COMMON_GGML_TYPE_Q5_K:
+    case COMMON_GGML_TYPE_Q6_K:
+    case COMMON_GGML_TYPE_MXFP4:
+    case COMMON_GGML_TYPE_TQ1_0:
+    case COMMON_GGML_TYPE_TQ2_0:
+    case COMMON_GGML_TYPE_I2S_Q128:
+    case COMMON_GGML_TYPE_I2S_B32H:
+    case COMMON_GGML_TYPE_I2S_B32F:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* The weight types a backend implements (its gpu_type_supported): F32, F16, BF16 and those of
+ * gpu_matvec_q8_supported. */
+static inline bool gpu_type_implemented(uint32_t type)
+{
+    return type == COMMON_GGML_TYPE_F32 || type == COMMON_GGML_TYPE_F16 ||
+           type == COMMON_GGML_TYPE_BF16 || gpu_matvec_q8_supported(type);
+}
 
 /* As gpu_matvec over the activations of a q8 image (n rows): integer products of the weights'
  * quants and the activations' per 32 (dp4a), scaled in f32. */

@@ -1308,28 +1308,7 @@ static int bad(const char *what)
 
 bool cuda_type_supported(uint32_t type)
 {
-    switch (type) {
-    case COMMON_GGML_TYPE_F32:
-    case COMMON_GGML_TYPE_F16:
-    case COMMON_GGML_TYPE_BF16:
-    case COMMON_GGML_TYPE_Q4_0:
-    case COMMON_GGML_TYPE_Q4_1:
-    case COMMON_GGML_TYPE_Q5_0:
-    case COMMON_GGML_TYPE_Q5_1:
-    case COMMON_GGML_TYPE_Q8_0:
-    case COMMON_GGML_TYPE_Q4_K:
-    case COMMON_GGML_TYPE_Q5_K:
-    case COMMON_GGML_TYPE_Q6_K:
-    case COMMON_GGML_TYPE_MXFP4:
-    case COMMON_GGML_TYPE_TQ1_0:
-    case COMMON_GGML_TYPE_TQ2_0:
-    case COMMON_GGML_TYPE_I2S_Q128:
-    case COMMON_GGML_TYPE_I2S_B32H:
-    case COMMON_GGML_TYPE_I2S_B32F:
-        return true;
-    default:
-        return false;
-    }
+    return gpu_type_implemented(type);
 }
 
 int cuda_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
