@@ -805,6 +805,13 @@ static const int16_t k_avx512_q6k_idx[4][32] = {
 
 #define AVX512_Q4K_NACT 4 /* activations sharing one weight unpack in the Q4_K/Q5_K gemm */
 
+_Static_assert(offsetof(struct executor_block_q5_K, d) == offsetof(struct executor_block_q4_K, d) &&
+                   offsetof(struct executor_block_q5_K, dmin) ==
+                       offsetof(struct executor_block_q4_K, dmin) &&
+                   offsetof(struct executor_block_q5_K, scales) ==
+                       offsetof(struct executor_block_q4_K, scales),
+               "avx512_k45_acts reads Q5_K's d, dmin and scales at Q4_K's offsets");
+
 /* Dots of one Q4_K (Q5 = 0) or Q5_K (Q5 = 1) row x with NA Q8_K activations y[j] into out[j]. The
  * weight unpack (scales, nibbles and Q5_K's 5th bits, per-lane scale vectors) is done once for all
  * NA; each activation then runs the same operations in the same order whatever NA is, so vec_dot

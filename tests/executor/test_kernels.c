@@ -1130,11 +1130,11 @@ static void check_matrices(void)
     check_matrix(COMMON_GGML_TYPE_Q8_0, 32 * 515, 66, 10);
     check_matrix(COMMON_GGML_TYPE_Q8_0, 4096, 130, 11);
     check_matrix(COMMON_GGML_TYPE_Q6_K, 256, 300, 2);
-    /* The AVX-512 float gemm (4 activations a pass, 4096 columns widened at a time, accumulators
-     * kept for 32 rows; one activation: vec_dot row by row): 1..9 activations; rows of 1, 15, 16,
-     * 17, 63, 64 and 65 columns (no 64-element step, a 16-element step, a tail), 4096 (one chunk),
-     * 4160 and 8232 (several chunks, a ragged end); 33 and 70 rows (several row blocks) and a
-     * matrix larger than one gemm row tile (256 KiB). */
+    /* The AVX-512 float gemm (4 activations a pass, 1024 columns widened at a time, accumulators
+     * kept for 36 rows; one activation: vec_dot row by row): 1..9 activations; rows of 1, 15, 16,
+     * 17, 63, 64 and 65 columns (no 64-element step, a 16-element step, a tail), 4096 (whole
+     * chunks), 4160 and 8232 (a ragged last chunk and tail); 33 and 70 rows (several row blocks,
+     * and 70 more than one row tile). */
     static const uint32_t fl[3] = {COMMON_GGML_TYPE_F16, COMMON_GGML_TYPE_F32,
                                    COMMON_GGML_TYPE_BF16};
     static const int64_t  fcols[10] = {1, 15, 16, 17, 63, 64, 65, 4096, 4160, 8232};
