@@ -24,9 +24,25 @@
 static char         g_path[256];
 static _Atomic bool g_done;
 static uint32_t     g_part_bytes[8]; /* gate of layer 1, expert x (0: no fixture, no reads) */
+static struct fetcher_devpool *g_dev;
 
-/* One executor's pool: OPEN, the handles taken and dropped, PIECEs 0..3, then close. */
-static int executor_round(void)
+/* Reads are served only while a pool is open: the last round keeps its pool open until one has
+ * been (on a busy machine the reader may otherwise never meet an open pool). The deadline only
+ * keeps a broken pool from hanging the test. */
+static void wait_for_a_read(void)
+{
+    for (int i = 0; i < 600000 && g_part_bytes[0]; i++) {
+        struct fetcher_devpool_counts c;
+        fetcher_devpool_counts(g_dev, &c);
+        if (c.stage_reads > 0)
+            return;
+        usleep(100);
+    }
+}
+
+/* One executor's pool: OPEN, the handles taken and dropped, PIECEs 0..3, then close (the last
+ * one after a read from storage). */
+static int executor_round(bool last)
 {
     int sock = -1, bad = 0;
     if (common_unix_connect(g_path, &sock) != COMMON_OK)
@@ -57,6 +73,8 @@ static int executor_round(void)
         if (h.fd >= 0)
             close(h.fd);
     }
+    if (last && !bad)
+        wait_for_a_read();
     close(sock);
     common_devmem_event_destroy(ev);
     return bad;
@@ -66,7 +84,7 @@ static void *executor_run(void *arg)
 {
     int *bad = arg;
     for (int r = 0; r < ROUNDS; r++)
-        *bad += executor_round();
+        *bad += executor_round(r == ROUNDS - 1);
     atomic_store(&g_done, true);
     return NULL;
 }
@@ -143,6 +161,7 @@ int main(void)
     const struct fetcher_devpool_opts o = {
         .path = g_path, .budget = 1u << 20, .ram = ram, .ram_bytes = RAM_BYTES, .stage_from = f};
     CHECK(fetcher_devpool_start(&o, &d, &e) == COMMON_OK, "start: %s", e.text);
+    g_dev = d;
     int       bad = 0;
     pthread_t te, tr, tc;
     CHECK(pthread_create(&te, NULL, executor_run, &bad) == 0, "executor thread");
