@@ -83,14 +83,14 @@ struct cli_stream_opts {
     bool                 mmap_advise;  /* --mmap-advise: io mmap madvises requested experts */
     int32_t              n_gpu_layers; /* -ngl N: the last N layers (and the head past n_layer)
                                           on the CUDA device; 0 = none */
-    int32_t  main_gpu;                 /* --main-gpu / --device CUDAn */
+    struct executor_devices devices;      /* --device, --split-mode, --tensor-split, --main-gpu */
     int32_t  n_cpu_moe;                /* --n-cpu-moe N: the first N layers' MoE on the CPU */
     uint64_t vram_budget; /* --vram-budget SIZE: the device's experts in a pool; 0 = all */
     enum executor_expert_miss expert_miss; /* --expert-miss */
 };
 
 /* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
-#define CLI_STREAM_N_ROWS 18
+#define CLI_STREAM_N_ROWS 20
 
 /* The option table of the streaming options that run, chat, perplexity and bench share. */
 struct cli_stream_table {

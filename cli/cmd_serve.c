@@ -27,7 +27,7 @@ struct serve_args {
     int32_t                   n_cpu_moe;   /* --n-cpu-moe */
     uint64_t                  vram_budget; /* --vram-budget */
     enum executor_expert_miss expert_miss; /* --expert-miss */
-    int32_t                   main_gpu;    /* --main-gpu */
+    struct executor_devices   devices;     /* --device, --split-mode, --tensor-split, -mg */
 };
 
 static int serve_parse(int argc, char **argv, struct serve_args *a)
@@ -103,10 +103,10 @@ static int serve_parse(int argc, char **argv, struct serve_args *a)
          .target = &a->ngl,
          .max = 1u << 20,
          .metavar = "N",
-         .help = "the last N layers on the CUDA device (999 = all; without a usable device the "
+         .help = "the last N layers on the CUDA devices (999 = all; without a usable device the "
                  "CPU runs them)",
          .def = "0"},
-        EXECUTOR_DEVICE_OPTS(&a->main_gpu, &a->n_cpu_moe, &a->vram_budget),
+        EXECUTOR_DEVICE_OPTS(&a->devices, &a->n_cpu_moe, &a->vram_budget),
         EXECUTOR_EXPERT_MISS_OPT(&a->expert_miss),
         {0},
     };
@@ -169,7 +169,7 @@ int cli_cmd_serve(int argc, char **argv)
                                      .cache_type = a.cache,
                                      .no_pidfile = true,
                                      .n_gpu_layers = a.ngl,
-                                     .main_gpu = a.main_gpu,
+                                     .devices = a.devices,
                                      .n_cpu_moe = a.n_cpu_moe,
                                      .vram_budget = a.vram_budget,
                                      .expert_miss = a.expert_miss};

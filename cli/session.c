@@ -42,26 +42,6 @@ static int stream_parse_prefetch(void *arg, const char *v, struct common_errmsg 
     return COMMON_OK;
 }
 
-/* --device CUDAn (sets main_gpu) or none (no layers on a device). */
-static int stream_parse_device(void *arg, const char *v, struct common_errmsg *e)
-{
-    struct cli_stream_opts *o = arg;
-    if (strcmp(v, "none") == 0) {
-        o->n_gpu_layers = 0;
-        o->main_gpu = -1;
-        return COMMON_OK;
-    }
-    char         *end = NULL;
-    unsigned long i = strncmp(v, "CUDA", 4) == 0 ? strtoul(v + 4, &end, 10) : 0;
-    if (!end || end == v + 4 || *end || i > 64)
-        return common_errmsg_set(e, COMMON_EINVAL,
-                                 "--device: expected CUDA0, CUDA1, ... or none "
-                                 "(got '%s')",
-                                 v);
-    o->main_gpu = (int32_t)i;
-    return COMMON_OK;
-}
-
 void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o)
 {
     const struct common_opt rows[] = {
@@ -140,19 +120,12 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .target = &o->n_gpu_layers,
          .max = 1u << 20,
          .metavar = "N",
-         .help = "put the last N layers on the CUDA device, and the output head when N exceeds "
+         .help = "put the last N layers on the CUDA devices (--device), and the output head when N "
+                 "exceeds "
                  "the layers (999 = all); without a usable device the CPU runs them",
          .def = "0"},
-        EXECUTOR_DEVICE_OPTS(&o->main_gpu, &o->n_cpu_moe, &o->vram_budget),
+        EXECUTOR_DEVICE_OPTS(&o->devices, &o->n_cpu_moe, &o->vram_budget),
         EXECUTOR_EXPERT_MISS_OPT(&o->expert_miss),
-        {.name = "device",
-         .short_name = "dev",
-         .type = COMMON_OPT_CALLBACK,
-         .target = o,
-         .parse = stream_parse_device,
-         .metavar = "CUDAn|none",
-         .help = "the device for -ngl (CUDA0, CUDA1, ...), or none for the CPU only",
-         .def = "CUDA0"},
         {0},
     };
     static_assert(sizeof(rows) == sizeof(t->rows), "CLI_STREAM_N_ROWS is the number of rows");
@@ -335,11 +308,11 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         goto out_close;
     }
     const bool stream = cli_stream_is_on(&en->so);
-    const bool want_gpu = en->so.n_gpu_layers > 0 && en->so.main_gpu >= 0;
+    const bool want_gpu = en->so.n_gpu_layers > 0 && !en->so.devices.none;
     /* The plan leaves out the KV of the layers on a device. Whether the device takes this model
      * is known once it is open (its architecture and types): if not, it opens again with all
      * the KV in the plan (nothing was read yet). */
-    uint32_t n_dev = stream && want_gpu && executor_gpu_usable(NULL, en->so.main_gpu, 0, NULL, 0)
+    uint32_t n_dev = stream && want_gpu && executor_gpu_usable(NULL, &en->so.devices, 0, NULL, 0)
                          ? (uint32_t)en->so.n_gpu_layers
                          : 0;
     if (stream)
@@ -350,7 +323,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     char why[256] = "";
     bool gpu_ok =
         rc >= 0 && want_gpu &&
-        executor_gpu_usable(en->model, en->so.main_gpu, en->so.n_cpu_moe, why, sizeof(why));
+        executor_gpu_usable(en->model, &en->so.devices, en->so.n_cpu_moe, why, sizeof(why));
     if (rc >= 0 && n_dev && !gpu_ok) {
         engine_close_stream(en);
         rc = engine_open_stream(en, path, o, 0, &e);
@@ -385,7 +358,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
         /* As llama.cpp: without a usable device the layers stay on the CPU, with a warning. */
         if (gpu_ok) {
             co.n_gpu_layers = en->so.n_gpu_layers;
-            co.main_gpu = en->so.main_gpu;
+            co.devices = en->so.devices;
             co.n_cpu_moe = en->so.n_cpu_moe;
             co.vram_budget = en->so.vram_budget;
             co.expert_miss = en->so.expert_miss;
@@ -404,7 +377,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                                                                          : 4096;
         const struct executor_gpu_place pl = {.n_gpu_layers = co.n_gpu_layers,
                                               .n_cpu_moe = co.n_cpu_moe,
-                                              .main_gpu = co.main_gpu,
+                                              .devices = co.devices,
                                               .vram_budget = co.vram_budget,
                                               .expert_miss = co.expert_miss,
                                               .pool_policy = co.pool_policy,

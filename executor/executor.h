@@ -414,6 +414,30 @@ enum executor_pool_policy {
     EXECUTOR_POOL_LFU,     /* the least frequently used, counts halved every 4 x slots uses */
 };
 
+/* The devices the -ngl layers go to, as llama.cpp's options say: every device (or the --device
+ * list), the layers split in proportion to --tensor-split (default: the devices' free memory),
+ * the head on the last; --split-mode none: --main-gpu alone. Zeroed: every device. */
+#define EXECUTOR_MAX_DEVICES 16
+struct executor_devices {
+    int32_t  main_gpu; /* --main-gpu: the device of --split-mode none */
+    bool     none;     /* --device none: no device */
+    bool     single;   /* --split-mode none */
+    uint32_t n;        /* --device LIST: these, in this order; 0 = every device */
+    int32_t  id[EXECUTOR_MAX_DEVICES];
+    uint32_t n_split; /* --tensor-split: each device's share (of the list); 0 = free memory */
+    float    split[EXECUTOR_MAX_DEVICES];
+};
+/* The devices d names: their ids into ids (EXECUTOR_MAX_DEVICES of room); returns how many, 0
+ * (why says why: --device none, or no device), never more than the process has when it has
+ * some. */
+int executor_devices_resolve(const struct executor_devices *d, int32_t *ids, char *why,
+                             size_t why_len);
+/* Option parsers (COMMON_OPT_CALLBACK, target a struct executor_devices): --device
+ * CUDA0,CUDA1|none, --split-mode layer|none, --tensor-split 3,1. */
+int executor_devices_parse_list(void *arg, const char *v, struct common_errmsg *e);
+int executor_devices_parse_mode(void *arg, const char *v, struct common_errmsg *e);
+int executor_devices_parse_split(void *arg, const char *v, struct common_errmsg *e);
+
 struct executor_ctx_opts {
     uint32_t                    n_ctx;      /* KV positions; 0 = min(context_length, 4096) */
     uint32_t                    n_batch;    /* tokens per forward batch; 0 = 512 */
@@ -437,7 +461,8 @@ struct executor_ctx_opts {
                               too when N > n_layer (llama.cpp's meaning; 999 = all); 0 = none.
                               Creation fails with COMMON_ENOTSUP when no device can take them
                               (see executor_gpu_usable) and COMMON_ENOMEM when they do not fit */
-    int32_t main_gpu;      /* --main-gpu / --device CUDAn: the device used */
+    struct executor_devices devices; /* the devices of those layers (--device, --split-mode,
+                                        --tensor-split, --main-gpu) */
     int32_t n_cpu_moe;     /* --n-cpu-moe N (EXECUTOR_N_CPU_MOE_HELP): the MoE of the first N
                               layers (router, routed and shared experts) stays on the CPU even
                               when the layer is on the device (llama.cpp's meaning): its experts
@@ -456,7 +481,8 @@ struct executor_ctx_opts {
 
 /* Where the layers go on the device: executor_ctx_opts' fields of the same names. */
 struct executor_gpu_place {
-    int32_t                   n_gpu_layers, n_cpu_moe, main_gpu;
+    int32_t                   n_gpu_layers, n_cpu_moe;
+    struct executor_devices   devices;
     uint64_t                  vram_budget;
     enum executor_expert_miss expert_miss;
     enum executor_pool_policy pool_policy;
@@ -490,12 +516,26 @@ struct executor_gpu_place {
     "the device's layers: their experts take no device memory and stream under --ram-budget "      \
     "(llama.cpp's --n-cpu-moe)"
 
-/* The option rows of --main-gpu, --n-cpu-moe and --vram-budget (int32_t, int32_t and uint64_t
- * targets), shared by the commands and the executor daemon beside their own -ngl. */
+/* The option rows of --device, --split-mode, --tensor-split, --main-gpu, --n-cpu-moe and
+ * --vram-budget (struct executor_devices, int32_t and uint64_t targets), shared by the commands
+ * and the executor daemon beside their own -ngl (EXECUTOR_DEVICE_N_ROWS rows). */
+#define EXECUTOR_DEVICE_N_ROWS 6
 /* clang-format off */
-#define EXECUTOR_DEVICE_OPTS(main_gpu, n_cpu_moe, vram_budget)                                     \
-    {.name = "main-gpu", .short_name = "mg", .type = COMMON_OPT_I32, .target = (main_gpu),        \
-     .max = 64, .metavar = "I", .help = "the CUDA device used for -ngl", .def = "0"},              \
+#define EXECUTOR_DEVICE_OPTS(devs, n_cpu_moe, vram_budget)                                         \
+    {.name = "device", .short_name = "dev", .type = COMMON_OPT_CALLBACK, .target = (devs),        \
+     .parse = executor_devices_parse_list, .metavar = "LIST",                                      \
+     .help = "the devices for -ngl, comma-separated (CUDA0,CUDA1), or none for the CPU only",     \
+     .def = "every device"},                                                                       \
+    {.name = "split-mode", .short_name = "sm", .type = COMMON_OPT_CALLBACK, .target = (devs),     \
+     .parse = executor_devices_parse_mode, .metavar = "layer|none",                                \
+     .help = "layer: split the -ngl layers over the devices; none: --main-gpu alone",              \
+     .def = "layer"},                                                                              \
+    {.name = "tensor-split", .short_name = "ts", .type = COMMON_OPT_CALLBACK, .target = (devs),   \
+     .parse = executor_devices_parse_split, .metavar = "N0,N1,...",                                \
+     .help = "each device's share of the -ngl layers, e.g. 3,1", .def = "by free memory"},        \
+    {.name = "main-gpu", .short_name = "mg", .type = COMMON_OPT_I32,                              \
+     .target = &(devs)->main_gpu, .max = EXECUTOR_MAX_DEVICES - 1, .metavar = "I",                 \
+     .help = "the device for -ngl with --split-mode none", .def = "0"},                            \
     {.name = "n-cpu-moe", .short_name = "ncmoe", .type = COMMON_OPT_I32, .target = (n_cpu_moe),   \
      .max = 1u << 20, .metavar = "N", .help = EXECUTOR_N_CPU_MOE_HELP, .def = "0"},                \
     {.name = "vram-budget", .type = COMMON_OPT_SIZE, .target = (vram_budget), .min = 1,           \
@@ -528,7 +568,7 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
 /* Frees the ctx; accepts NULL. */
 void     executor_ctx_destroy(struct executor_ctx *c);
 uint32_t executor_ctx_n_ctx(const struct executor_ctx *c);
-/* The weights of the last pl->n_gpu_layers layers of a model on CUDA device pl->main_gpu (the
+/* The weights of the last pl->n_gpu_layers layers of a model on the devices pl->devices names (the
  * head too when it exceeds n_layer), but for the MoE of the first pl->n_cpu_moe layers, the routed
  * experts in a pool of pl->vram_budget bytes when not 0 (executor_ctx_opts), for
  * several ctxs of it (executor_ctx_opts.gpu_weights): uploaded once, checked to fit with n_seq
@@ -589,12 +629,12 @@ uint32_t executor_ctx_gpu_kv_layers(const struct executor_ctx *c);
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes);
 /* One line on the layers the ctx placed on a CUDA device; false (buf untouched) when none. */
 bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len);
-/* Whether `m` can put layers on CUDA device `dev` with the MoE of its first n_cpu_moe layers on
+/* Whether `m` can put layers on the devices d names with the MoE of its first n_cpu_moe layers on
  * the CPU (--n-cpu-moe): true, or false with the reason in `why` (built without CUDA, no driver
- * or device, an architecture or type the CUDA path lacks). m NULL: whether the device is there,
+ * or device, an architecture or type the CUDA path lacks). m NULL: whether the devices are there,
  * whatever the model. */
-bool executor_gpu_usable(const struct executor_model *m, int32_t dev, int32_t n_cpu_moe, char *why,
-                         size_t len);
+bool executor_gpu_usable(const struct executor_model *m, const struct executor_devices *d,
+                         int32_t n_cpu_moe, char *why, size_t len);
 /* Positions filled so far (tokens decoded since the last reset). */
 uint32_t executor_ctx_n_past(const struct executor_ctx *c);
 /* Logits per token (the model's vocabulary size). */
@@ -851,7 +891,7 @@ struct executor_serve_opts {
                              on the CPU and the instance id changes, so the router replays its
                              sequences. SLUICE_TEST_DEVICE_FAULT=N in the environment (tests)
                              makes the Nth batched step fail that way, with or without a device */
-    int32_t                   main_gpu;    /* the CUDA device */
+    struct executor_devices   devices;     /* the devices: as executor_ctx_opts */
     int32_t                   n_cpu_moe;   /* --n-cpu-moe: as executor_ctx_opts */
     uint64_t                  vram_budget; /* --vram-budget: as executor_ctx_opts */
     enum executor_expert_miss expert_miss; /* --expert-miss: as executor_ctx_opts */

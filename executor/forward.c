@@ -1093,7 +1093,7 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
         (rc = executor_gpu_create(m, o->gpu_weights,
                                   &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
                                                                .n_cpu_moe = o->n_cpu_moe,
-                                                               .main_gpu = o->main_gpu,
+                                                               .devices = o->devices,
                                                                .vram_budget = o->vram_budget,
                                                                .expert_miss = o->expert_miss,
                                                                .pool_policy = o->pool_policy,
@@ -1155,7 +1155,7 @@ uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c)
 
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes)
 {
-    return c->gpu ? gpu_membw_probe(bytes) : 0.0;
+    return c->gpu ? executor_gpu_membw(c->gpu, bytes) : 0.0;
 }
 
 bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_gpu_pool_stats *out)

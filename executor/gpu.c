@@ -158,6 +158,10 @@ struct gpu_xpool {
     uint64_t                       dev_losses;
     uint64_t                       dev_wait_ns;  /* in gpu_pool_wait for the fetcher's marks */
     char                           dev_why[160]; /* why the pool is not the fetcher's */
+    /* The pool of the first device: it took the weight source's region hooks (the pins, made
+     * portable, serve every device's copies) and the fetchers' device pool. */
+    bool    first;
+    int32_t dev_id; /* its device */
 };
 
 /* The fetcher's copies end: from now on this process copies into the pool's memory itself. */
@@ -299,10 +303,13 @@ struct executor_gpu_weights {
     const struct executor_model *m;
     int32_t                      dev;
     struct gpu_info              info;
-    uint32_t                     il0;       /* first layer on the device */
+    uint32_t                     il0, il1;  /* the device's layers: il0 .. il1 - 1 */
     uint32_t                     n_cpu_moe; /* layers below it keep their MoE on the CPU */
     bool                         head;
-    struct gpu_layer            *layers; /* n_layer entries; those from il0 on are filled */
+    /* The next device's layers (owned), from il1 on; NULL on the last device (several devices:
+     * --device, --tensor-split). */
+    struct executor_gpu_weights *next;
+    struct gpu_layer            *layers; /* n_layer entries; those from il0 to il1 are filled */
     struct gpu_mat               output;
     float                       *output_norm;
     struct gpu_allocs            mem;
@@ -317,9 +324,11 @@ struct executor_gpu {
     struct executor_gpu_weights       *own_w; /* owned when made for this ctx alone */
     const struct executor_model       *m;
     int32_t                            dev;
-    uint32_t                           il0;
+    uint32_t                           il0, il1;
     bool                               head;
     uint32_t                           n_ctx, n_batch;
+    struct executor_gpu *next; /* the sequence on the next device's weights (owned), or NULL */
+    struct executor_gpu_member *h_mb; /* a step's members on the next devices (n_batch) */
     void **k_cache, **v_cache; /* per layer (from il0): (n_ctx, kd), (n_ctx, vd) f16 values, or
                                   with kv_q8 their q8_0 blocks (gpu_kv_store_q8) */
     bool kv_q8;                /* --cache-type q8_0 */
@@ -547,16 +556,16 @@ static size_t gpu_expert_bytes(const struct executor_model *m, uint32_t il)
     return b;
 }
 
-/* The slots of a pool of `budget` bytes for the routed experts of the layers from il0 but the
- * first n_cpu_moe, each the size of the largest expert (*slot_bytes); -1 when there is no pool:
+/* The slots of a pool of `budget` bytes for the routed experts of the layers il0 .. il1 - 1 but
+ * the first n_cpu_moe, each the size of the largest expert (*slot_bytes); -1 when there is no pool:
  * no budget, or every expert fits in it (they are then all uploaded). *all: those experts'
  * bytes. */
-static int64_t gpu_pool_slots(const struct executor_model *m, uint32_t il0, uint32_t n_cpu_moe,
-                              uint64_t budget, size_t *slot_bytes, size_t *all)
+static int64_t gpu_pool_slots(const struct executor_model *m, uint32_t il0, uint32_t il1,
+                              uint32_t n_cpu_moe, uint64_t budget, size_t *slot_bytes, size_t *all)
 {
     const struct common_hparams *hp = &m->desc->hp;
     size_t                       largest = 0, sum = 0;
-    for (uint32_t il = il0; il < hp->n_layer; il++) {
+    for (uint32_t il = il0; il < il1; il++) {
         if (gpu_cpu_moe(m, il, n_cpu_moe))
             continue;
         const size_t b = gpu_expert_bytes(m, il);
@@ -570,18 +579,18 @@ static int64_t gpu_pool_slots(const struct executor_model *m, uint32_t il0, uint
     return (int64_t)(budget / largest); /* fewer than the experts: budget < sum */
 }
 
-/* Device bytes of the weights of the layers from il0 (and of the head), without the MoE of
+/* Device bytes of the weights of the layers il0 .. il1 - 1 (and of the head), without the MoE of
  * the layers below n_cpu_moe, the routed experts in a pool of vram_budget bytes when they do not
  * all fit in it. */
-static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, bool head,
-                               uint32_t n_cpu_moe, uint64_t vram_budget)
+static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, uint32_t il1,
+                               bool head, uint32_t n_cpu_moe, uint64_t vram_budget)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
     size_t                       slot_bytes, all;
-    const int64_t n_slots = gpu_pool_slots(m, il0, n_cpu_moe, vram_budget, &slot_bytes, &all);
+    const int64_t n_slots = gpu_pool_slots(m, il0, il1, n_cpu_moe, vram_budget, &slot_bytes, &all);
     size_t        wb = n_slots > 0 ? (size_t)n_slots * slot_bytes : 0;
-    for (uint32_t il = il0; il < hp->n_layer; il++) {
+    for (uint32_t il = il0; il < il1; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     cpu = gpu_cpu_moe(m, il, n_cpu_moe);
         const struct executor_mat     *ms[GPU_LAYER_MATS];
@@ -641,15 +650,15 @@ static size_t gpu_kv_bytes(size_t width, bool q8)
     return q8 ? width / 32 * 34 : width * sizeof(uint16_t);
 }
 
-/* Device bytes of one sequence: the KV cache of the layers from il0 and the scratch. */
-static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, bool head, uint32_t n_ctx,
-                           uint32_t n_batch, enum common_cache_type kv)
+/* Device bytes of one sequence: the KV cache of the layers il0 .. il1 - 1 and the scratch. */
+static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, uint32_t il1, bool head,
+                           uint32_t n_ctx, uint32_t n_batch, enum common_cache_type kv)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
     const size_t                 B = n_batch;
     const bool                   q8 = gpu_kv_is_q8(hp, kv);
-    size_t                       kb = (size_t)(hp->n_layer - il0) * n_ctx *
+    size_t                       kb = (size_t)(il1 - il0) * n_ctx *
                 (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
     size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
                     hp->n_rot + (w.ff > w.cols ? w.ff : w.cols) + w.mla);
@@ -742,7 +751,7 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
         return;
     bool torn = false;
     (void)gpu_loans_end(px, w, &torn);
-    if (w->ops->expert_regions)
+    if (w->ops->expert_regions && px->first)
         w->ops->expert_regions(w->impl, NULL); /* no more calls to the hooks below */
     if (px->dev_mem) {
         /* the fetcher's memory, once no kernel reads it */
@@ -783,7 +792,9 @@ static int gpu_pin_add(void *arg, const void *base, size_t bytes, bool read_only
     struct gpu_xpool *px = arg;
     int               rc = -1;
     pthread_mutex_lock(&px->reg_mu);
-    if (px->n_pins == GPU_POOL_PINS) {
+    if (gpu_use(px->dev_id) < 0) { /* a fetcher link's thread: the pool's device */
+        snprintf(px->pin_err, sizeof(px->pin_err), "%s", gpu_last_error());
+    } else if (px->n_pins == GPU_POOL_PINS) {
         snprintf(px->pin_err, sizeof(px->pin_err), "more than %d regions", GPU_POOL_PINS);
     } else if (gpu_host_register(base, bytes, read_only) == 0) {
         px->pins[px->n_pins++] = (struct gpu_pin){base, bytes};
@@ -863,9 +874,9 @@ static int gpu_pool_back(struct gpu_xpool *px, uint32_t s)
 
 /* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's, or its
  * own reservation). */
-static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, size_t slot_bytes,
-                           enum executor_expert_miss miss_mode, enum executor_pool_policy policy,
-                           struct common_errmsg *e)
+static int gpu_pool_create(struct executor_gpu_weights *gw, bool first, uint32_t n_slots,
+                           size_t slot_bytes, enum executor_expert_miss miss_mode,
+                           enum executor_pool_policy policy, struct common_errmsg *e)
 {
     const struct common_hparams *hp = &gw->m->desc->hp;
     const size_t                 n_keys = (size_t)hp->n_layer * hp->n_expert;
@@ -880,6 +891,8 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
     gw->pool = px;
+    px->first = first;
+    px->dev_id = gw->dev;
     px->slot_bytes = slot_bytes;
     px->n_slots = n_slots;
     px->n_expert = hp->n_expert;
@@ -922,7 +935,10 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     void                          *darg = NULL;
     const struct executor_dev_ops *dops =
         ws->ops->expert_device ? ws->ops->expert_device(ws->impl, &darg) : NULL;
-    if (dops && !getenv("SLUICE_DEVPOOL_OWN")) { /* the fetcher's device pool */
+    if (dops && !first) {
+        snprintf(px->dev_why, sizeof(px->dev_why),
+                 "the fetchers' device pool serves the first device's layers");
+    } else if (dops && !getenv("SLUICE_DEVPOOL_OWN")) { /* the fetcher's device pool */
         struct common_errmsg de = {{0}};
         if (dops->open(darg, gw->dev, want, GPU_POOL_EVENTS, &px->dp, &de) != 0) {
             snprintf(px->dev_why, sizeof(px->dev_why), "%.159s", de.text);
@@ -964,7 +980,7 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, uint32_t n_slots, si
     /* The weight source's RAM pools as pinned memory, now and as they are remapped: their
      * copies go by DMA, without staging. */
     const struct executor_weights *w = gw->m->w;
-    if (w->ops->expert_regions)
+    if (w->ops->expert_regions && first)
         w->ops->expert_regions(w->impl, &(struct executor_region_hooks){.add = gpu_pin_add,
                                                                         .remove = gpu_pin_remove,
                                                                         .arg = px});
@@ -1187,19 +1203,30 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     return 0;
 }
 
-/* Refuses a placement over the free device memory, naming the most layers that fit. */
+/* Refuses a placement over the free device memory, naming the most layers that fit (one device)
+ * or the device's share (several). */
 static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint32_t n_cpu_moe,
                          uint64_t vram_budget, int32_t dev, const struct gpu_info *info,
                          size_t need, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                         enum common_cache_type kv, struct common_errmsg *e)
+                         enum common_cache_type kv, bool several, uint32_t il0, uint32_t il1,
+                         struct common_errmsg *e)
 {
     const uint32_t nl = m->desc->hp.n_layer;
     if (need + GPU_MARGIN_BYTES <= info->free_bytes)
         return 0;
+    if (several)
+        return common_errmsg_set(e, COMMON_ENOMEM,
+                                 "-ngl %d: %s%d (%s) gets layers %u..%u, which need %.0f MiB of "
+                                 "device memory; it has %.0f MiB free: give it fewer "
+                                 "(--tensor-split), or fewer layers (-ngl), or a smaller -c / -b%s",
+                                 n_layers, gpu_backend_name(), dev, info->name, il0, il1 - 1,
+                                 (double)(need + GPU_MARGIN_BYTES) / 1048576.0,
+                                 (double)info->free_bytes / 1048576.0,
+                                 m->desc->hp.n_expert ? ", --vram-budget" : "");
     uint32_t fit = 0;
     for (uint32_t k = 1; k <= nl; k++)
-        if (gpu_need_weights(m, nl - k, false, n_cpu_moe, vram_budget) +
-                n_seq * gpu_need_ctx(m, nl - k, false, n_ctx, n_batch, kv) + GPU_MARGIN_BYTES <=
+        if (gpu_need_weights(m, nl - k, nl, false, n_cpu_moe, vram_budget) +
+                n_seq * gpu_need_ctx(m, nl - k, nl, false, n_ctx, n_batch, kv) + GPU_MARGIN_BYTES <=
             info->free_bytes)
             fit = k;
     return common_errmsg_set(e, COMMON_ENOMEM,
@@ -1211,42 +1238,42 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint3
                              m->desc->hp.n_expert ? ", --vram-budget" : "");
 }
 
-int executor_gpu_weights_create(const struct executor_model *m, const struct executor_gpu_place *pl,
-                                uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                                struct executor_gpu_weights **out, struct common_errmsg *e)
+/* The weights of layers il0 .. il1 - 1 (and the head) on device dev, selected before: one
+ * device's part of a placement (the first when `first`; `several` when there are others). */
+static int gpu_weights_part(const struct executor_model *m, const struct executor_gpu_place *pl,
+                            int32_t dev, const struct gpu_info *info, uint32_t il0, uint32_t il1,
+                            bool head, bool first, bool several, uint32_t n_ctx, uint32_t n_batch,
+                            uint32_t n_seq, struct executor_gpu_weights **out,
+                            struct common_errmsg *e)
 {
-    const int32_t                n_layers = pl->n_gpu_layers, dev = pl->main_gpu;
     const uint32_t               cpu_moe = pl->n_cpu_moe > 0 ? (uint32_t)pl->n_cpu_moe : 0;
     const struct common_hparams *hp = &m->desc->hp;
-    char                         why[256] = "";
     *out = NULL;
-    struct gpu_info info;
-    if (gpu_select(dev, &info, why, sizeof(why)) < 0)
-        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
-    const char *no = executor_gpu_unsupported(m, pl->n_cpu_moe, why, sizeof(why));
-    if (no)
-        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
-    const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
-    const uint32_t il0 = hp->n_layer - on;
-    const bool     head = (uint32_t)n_layers > hp->n_layer;
+    if (gpu_use(dev) < 0)
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), dev,
+                                 gpu_last_error());
     size_t         slot_bytes, all;
-    const int64_t  n_slots = gpu_pool_slots(m, il0, cpu_moe, pl->vram_budget, &slot_bytes, &all);
+    const int64_t  n_slots =
+        gpu_pool_slots(m, il0, il1, cpu_moe, pl->vram_budget, &slot_bytes, &all);
     const uint32_t K = hp->n_expert_used ? hp->n_expert_used : 1;
     if (n_slots >= 0 && n_slots < K) {
-        char b[32], x[32], need[32], sum[32];
+        char b[32], x[32], need[32], sum[32], who[48] = "";
+        if (several)
+            snprintf(who, sizeof(who), " (per device: %s%d's)", gpu_backend_name(), dev);
         return common_errmsg_set(
             e, COMMON_EINVAL,
-            "--vram-budget %s holds %lld of the experts (%s each); a token uses %u: give it at "
+            "--vram-budget %s%s holds %lld of the experts (%s each); a token uses %u: give it at "
             "least %s (all %s of them are uploaded without it)",
-            common_format_size(pl->vram_budget, b, sizeof(b)), (long long)n_slots,
+            common_format_size(pl->vram_budget, b, sizeof(b)), who, (long long)n_slots,
             common_format_size(slot_bytes, x, sizeof(x)), K,
             common_format_size((uint64_t)K * slot_bytes, need, sizeof(need)),
             common_format_size(all, sum, sizeof(sum)));
     }
-    const size_t need = gpu_need_weights(m, il0, head, cpu_moe, pl->vram_budget) +
-                        (size_t)n_seq * gpu_need_ctx(m, il0, head, n_ctx, n_batch, pl->cache_type);
-    int rc = gpu_check_fit(m, n_layers, cpu_moe, pl->vram_budget, dev, &info, need, n_ctx, n_batch,
-                           n_seq, pl->cache_type, e);
+    const size_t need =
+        gpu_need_weights(m, il0, il1, head, cpu_moe, pl->vram_budget) +
+        (size_t)n_seq * gpu_need_ctx(m, il0, il1, head, n_ctx, n_batch, pl->cache_type);
+    int rc = gpu_check_fit(m, pl->n_gpu_layers, cpu_moe, pl->vram_budget, dev, info, need, n_ctx,
+                           n_batch, n_seq, pl->cache_type, several, il0, il1, e);
     if (rc < 0)
         return rc;
     struct executor_gpu_weights *gw = calloc(1, sizeof(*gw));
@@ -1256,15 +1283,16 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     }
     gw->m = m;
     gw->dev = dev;
-    gw->info = info;
+    gw->info = *info;
     gw->il0 = il0;
+    gw->il1 = il1;
     gw->n_cpu_moe = cpu_moe;
     gw->head = head;
     gw->expert_bytes = all;
     if (n_slots > 0)
-        rc =
-            gpu_pool_create(gw, (uint32_t)n_slots, slot_bytes, pl->expert_miss, pl->pool_policy, e);
-    for (uint32_t il = il0; il < hp->n_layer && rc == 0; il++)
+        rc = gpu_pool_create(gw, first, (uint32_t)n_slots, slot_bytes, pl->expert_miss,
+                             pl->pool_policy, e);
+    for (uint32_t il = il0; il < il1 && rc == 0; il++)
         rc = gpu_put_layer(gw, il, e);
     if (rc == 0 && head) {
         bool ok = true;
@@ -1282,10 +1310,78 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     return 0;
 }
 
+int executor_gpu_weights_create(const struct executor_model *m, const struct executor_gpu_place *pl,
+                                uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                                struct executor_gpu_weights **out, struct common_errmsg *e)
+{
+    const struct common_hparams *hp = &m->desc->hp;
+    char                         why[256] = "";
+    int32_t                      ids[GPU_MAX_DEVICES];
+    struct gpu_info              info[GPU_MAX_DEVICES];
+    *out = NULL;
+    const int n_dev = executor_devices_resolve(&pl->devices, ids, why, sizeof(why));
+    if (n_dev <= 0)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
+    for (int k = 0; k < n_dev; k++)
+        if (gpu_select(ids[k], &info[k], why, sizeof(why)) < 0)
+            return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
+    const char *no = executor_gpu_unsupported(m, pl->n_cpu_moe, why, sizeof(why));
+    if (no)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
+    const int32_t  n_layers = pl->n_gpu_layers;
+    const uint32_t on = (uint32_t)n_layers > hp->n_layer ? hp->n_layer : (uint32_t)n_layers;
+    const uint32_t il0 = hp->n_layer - on;
+    const bool     head = (uint32_t)n_layers > hp->n_layer;
+    /* Each device's first layer: the layers in proportion to --tensor-split, else to the
+     * devices' free memory (llama.cpp's split by layers). */
+    uint32_t start[GPU_MAX_DEVICES + 1];
+    double   share[GPU_MAX_DEVICES], total = 0;
+    for (int k = 0; k < n_dev; k++) {
+        share[k] = pl->devices.n_split
+                       ? (k < (int)pl->devices.n_split ? (double)pl->devices.split[k] : 0.0)
+                       : (double)info[k].free_bytes;
+        total += share[k];
+    }
+    double cum = 0;
+    start[0] = il0;
+    for (int k = 0; k < n_dev; k++) {
+        cum += total > 0 ? share[k] : 1.0;
+        const double   at = (double)on * cum / (total > 0 ? total : (double)n_dev);
+        const uint32_t l = (uint32_t)ceil(at - 1e-9);
+        start[k + 1] = il0 + (l > on ? on : l);
+        if (start[k + 1] < start[k])
+            start[k + 1] = start[k];
+    }
+    start[n_dev] = hp->n_layer;
+    int last = n_dev - 1; /* the last device with layers takes the head */
+    while (last > 0 && start[last] == start[last + 1])
+        last--;
+    struct executor_gpu_weights *first = NULL, **tail = &first;
+    int                          rc = 0, n_parts = 0;
+    for (int k = 0; k < n_dev; k++)
+        n_parts += start[k + 1] > start[k];
+    for (int k = 0; k <= last && rc == 0; k++) {
+        if (start[k + 1] == start[k])
+            continue;
+        rc = gpu_weights_part(m, pl, ids[k], &info[k], start[k], start[k + 1], head && k == last,
+                              first == NULL, n_parts > 1, n_ctx, n_batch, n_seq, tail, e);
+        if (rc == 0)
+            tail = &(*tail)->next;
+    }
+    if (rc < 0) {
+        executor_gpu_weights_destroy(first);
+        return rc;
+    }
+    *out = first;
+    return 0;
+}
+
 void executor_gpu_weights_destroy(struct executor_gpu_weights *gw)
 {
     if (!gw)
         return;
+    executor_gpu_weights_destroy(gw->next);
+    (void)gpu_use(gw->dev); /* its memory freed, its pool's waits, on its device */
     gpu_pool_destroy(gw->pool, gw->m->w);
     gpu_allocs_free(&gw->mem);
     free(gw->layers);
@@ -1300,7 +1396,7 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     struct gpu_allocs           *a = &g->mem;
     size_t                      *c = &g->bytes_scratch;
     bool                         ok = true;
-    for (uint32_t il = g->il0; il < hp->n_layer && ok; il++) {
+    for (uint32_t il = g->il0; il < g->il1 && ok; il++) {
         ok =
             (g->k_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.kd, g->kv_q8), &g->bytes_kv)) &&
             (w.mla || /* latent attention: the values head the key rows */
@@ -1356,41 +1452,31 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     return 0;
 }
 
-int executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
+/* One sequence's side on the weights of one device (gw, a part of a placement). */
+static int gpu_seq_part(const struct executor_model *m, const struct executor_gpu_weights *gw,
                         const struct executor_gpu_place *pl, uint32_t n_ctx, uint32_t n_batch,
                         struct executor_gpu **out, struct common_errmsg *e)
 {
     const struct common_hparams *hp = &m->desc->hp;
-    struct executor_gpu_weights *own = NULL;
     int                          rc;
     *out = NULL;
-    if (!shared) {
-        if ((rc = executor_gpu_weights_create(m, pl, n_ctx, n_batch, 1, &own, e)) < 0)
-            return rc;
-        shared = own;
-    } else {
-        /* The weights' owner checked the fit for all its sequences; a ctx of another size is
-         * checked here. */
-        struct gpu_info info;
-        char            why[256];
-        if (gpu_select(shared->dev, &info, why, sizeof(why)) < 0)
-            return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", why);
-    }
+    if (gpu_use(gw->dev) < 0)
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), gw->dev,
+                                 gpu_last_error());
     struct executor_gpu *g = calloc(1, sizeof(*g));
     if (!g || !(g->k_cache = calloc(hp->n_layer, sizeof(*g->k_cache))) ||
         !(g->v_cache = calloc(hp->n_layer, sizeof(*g->v_cache)))) {
         if (g)
             free(g->k_cache);
         free(g);
-        executor_gpu_weights_destroy(own);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
-    g->w = shared;
-    g->own_w = own;
+    g->w = gw;
     g->m = m;
-    g->dev = shared->dev;
-    g->il0 = shared->il0;
-    g->head = shared->head;
+    g->dev = gw->dev;
+    g->il0 = gw->il0;
+    g->il1 = gw->il1;
+    g->head = gw->head;
     g->gemm_q_off = getenv("SLUICE_NO_GEMM_Q") != NULL;
     g->device_sort = getenv("SLUICE_MOE_DEVICE_SORT") != NULL;
     g->n_ctx = n_ctx;
@@ -1404,15 +1490,47 @@ int executor_gpu_create(const struct executor_model *m, const struct executor_gp
     return 0;
 }
 
+int executor_gpu_create(const struct executor_model *m, const struct executor_gpu_weights *shared,
+                        const struct executor_gpu_place *pl, uint32_t n_ctx, uint32_t n_batch,
+                        struct executor_gpu **out, struct common_errmsg *e)
+{
+    struct executor_gpu_weights *own = NULL;
+    int                          rc = 0;
+    *out = NULL;
+    if (!shared) {
+        if ((rc = executor_gpu_weights_create(m, pl, n_ctx, n_batch, 1, &own, e)) < 0)
+            return rc;
+        shared = own;
+    }
+    /* A part per device of the weights, chained as they are. */
+    struct executor_gpu *first = NULL, **tail = &first;
+    for (const struct executor_gpu_weights *gw = shared; gw && rc == 0; gw = gw->next)
+        if ((rc = gpu_seq_part(m, gw, pl, n_ctx, n_batch, tail, e)) == 0)
+            tail = &(*tail)->next;
+    if (rc == 0 && first->next && !(first->h_mb = calloc(n_batch, sizeof(*first->h_mb))))
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    if (rc < 0) {
+        executor_gpu_destroy(first);
+        executor_gpu_weights_destroy(own);
+        return rc;
+    }
+    first->own_w = own;
+    *out = first;
+    return 0;
+}
+
 void executor_gpu_destroy(struct executor_gpu *g)
 {
     if (!g)
         return;
+    executor_gpu_destroy(g->next);
+    (void)gpu_use(g->dev);
     gpu_graph_free(g->graph);
     gpu_allocs_free(&g->mem);
     executor_gpu_weights_destroy(g->own_w);
     free(g->k_cache);
     free(g->v_cache);
+    free(g->h_mb);
     free(g->h_groups);
     free(g->h_sel);
     free(g->h_items);
@@ -1429,7 +1547,10 @@ bool executor_gpu_kv_q8(const struct executor_gpu *g)
 
 uint64_t executor_gpu_graph_steps(const struct executor_gpu *g)
 {
-    return g->graph_steps;
+    uint64_t n = 0;
+    for (; g; g = g->next)
+        n += g->graph_steps;
+    return n;
 }
 
 uint32_t executor_gpu_first_layer(const struct executor_gpu *g)
@@ -1439,15 +1560,29 @@ uint32_t executor_gpu_first_layer(const struct executor_gpu *g)
 
 int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len)
 {
+    int32_t n = 0;
+    size_t  at = 0;
     if (name && len)
-        snprintf(name, len, "%s%d %s", gpu_backend_name(), g->w->dev, g->w->info.name);
-    return (int32_t)(g->m->desc->hp.n_layer - g->il0) + (g->head ? 1 : 0);
+        name[0] = '\0';
+    for (; g; g = g->next) {
+        if (name && at < len) /* "CUDA0 NAME", or "CUDA0 NAME + CUDA1 NAME" */
+            at += (size_t)snprintf(name + at, len - at, "%s%s%d %s", at ? " + " : "",
+                                   gpu_backend_name(), g->w->dev, g->w->info.name);
+        n += (int32_t)(g->il1 - g->il0) + (g->head ? 1 : 0);
+    }
+    return n;
 }
 
-void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
+double executor_gpu_membw(const struct executor_gpu *g, size_t bytes)
+{
+    return gpu_use(g->dev) < 0 ? 0.0 : gpu_membw_probe(bytes);
+}
+
+/* One line on the part of one device. */
+static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t len)
 {
     const struct executor_gpu_weights *gw = g->w;
-    const uint32_t                     nl = g->m->desc->hp.n_layer;
+    const uint32_t                     nl = gw->il1;
     snprintf(buf, len,
              "gpu: %s%d (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
              "%.0f MiB KV (%s), %.0f MiB scratch",
@@ -1499,7 +1634,21 @@ void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
     }
 }
 
-void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_pool_stats *out)
+void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len)
+        buf[0] = '\0';
+    for (; g && at + 1 < len; g = g->next) {
+        if (at) /* a line per device */
+            buf[at++] = '\n';
+        gpu_describe_part(g, buf + at, len - at);
+        at += strlen(buf + at);
+    }
+}
+
+/* The pool of one device's part. */
+static void gpu_pool_stats_part(const struct executor_gpu *g, struct executor_gpu_pool_stats *out)
 {
     struct gpu_xpool *px = g->w->pool;
     *out = (struct executor_gpu_pool_stats){.expert_bytes = g->w->expert_bytes};
@@ -1543,6 +1692,25 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     out->copy_gbps = px->copy_ns_b > 0 ? 1.0 / px->copy_ns_b : 0;
     out->cpu_gbps = px->cpu_ns_b > 0 ? 1.0 / px->cpu_ns_b : 0;
     pthread_mutex_unlock(&px->mu);
+}
+
+void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_pool_stats *out)
+{
+    gpu_pool_stats_part(g, out);
+    for (g = g->next; g; g = g->next) { /* the other devices' pools: their sums */
+        struct executor_gpu_pool_stats o;
+        gpu_pool_stats_part(g, &o);
+        out->n_slots += o.n_slots;
+        out->slot_bytes = o.slot_bytes > out->slot_bytes ? o.slot_bytes : out->slot_bytes;
+        out->expert_bytes += o.expert_bytes;
+        out->hits += o.hits;
+        out->misses += o.misses;
+        out->copied_bytes += o.copied_bytes;
+        out->cpu_misses += o.cpu_misses;
+        out->mapped_bytes += o.mapped_bytes;
+        out->staged += o.staged;
+        out->stage_failures += o.stage_failures;
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2544,7 +2712,7 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const int64_t                ne = hp->n_embd;
-    for (uint32_t il = g->il0; il < hp->n_layer && *cpu_rc == 0; il++)
+    for (uint32_t il = g->il0; il < g->il1 && *cpu_rc == 0; il++)
         if (gpu_attention_block(g, il, n, mb, n_mb) < 0 || gpu_ffn_block(g, il, n, c, cpu_rc) < 0)
             return -1;
     if (*cpu_rc < 0 || !g->head || !n_out)
@@ -2581,7 +2749,7 @@ static bool gpu_graph_step(struct executor_gpu *g, const struct executor_gpu_mem
         g->graph_off = true;
         return false;
     }
-    for (uint32_t il = g->il0; il < g->m->desc->hp.n_layer; il++)
+    for (uint32_t il = g->il0; il < g->il1; il++)
         if (g->w->layers[il].cpu_moe) {
             g->graph_off = true;
             return false;
@@ -2614,14 +2782,19 @@ static int gpu_graph_capture(struct executor_gpu *g, const struct executor_gpu_m
     return 0;
 }
 
-int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
-                                 uint32_t n_mb, struct executor_ctx *c, uint32_t n,
-                                 const uint32_t *out_rows, uint32_t n_out, float *logits,
-                                 struct common_errmsg *e)
+/* executor_gpu_forward_members on the part of one device (g and the members' g on the same
+ * weights): its layers, then the head or x back into c->x. */
+static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                            uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                            const uint32_t *out_rows, uint32_t n_out, float *logits,
+                            struct common_errmsg *e)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const int64_t                ne = hp->n_embd;
     int                          rc = 0;
+    if (gpu_use(g->dev) < 0)
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
+                                 gpu_last_error());
     if (n > g->n_batch || n_out > n)
         return common_errmsg_set(e, COMMON_ERANGE, "gpu: %u rows exceed the device's batch %u", n,
                                  g->n_batch);
@@ -2673,6 +2846,29 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
     return 1;
 }
 
+int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                                 uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                                 const uint32_t *out_rows, uint32_t n_out, float *logits,
+                                 struct common_errmsg *e)
+{
+    if (!g->next)
+        return gpu_forward_part(g, mb, n_mb, c, n, out_rows, n_out, logits, e);
+    /* Several devices: each device's layers in turn, x passing through c->x between them. */
+    if (n_mb > g->n_batch)
+        return common_errmsg_set(e, COMMON_ERANGE, "gpu: %u members exceed the device's batch %u",
+                                 n_mb, g->n_batch);
+    struct executor_gpu_member *pm = g->h_mb;
+    memcpy(pm, mb, (size_t)n_mb * sizeof(*pm));
+    for (struct executor_gpu *part = g;; part = part->next) {
+        const int rc = gpu_forward_part(part, pm, n_mb, c, n, out_rows, n_out, logits, e);
+        if (rc < 0 || !part->next)
+            return rc;
+        for (uint32_t i = 0; i < n_mb; i++)
+            if (!(pm[i].g = pm[i].g->next))
+                return common_errmsg_set(e, COMMON_ERANGE, "gpu: member %u has other weights", i);
+    }
+}
+
 _Static_assert(EXECUTOR_GPU_ROW_EXACT < GPU_GEMM_MIN_N,
                "a shared device step must stay on the row-exact matvec kernels");
 
@@ -2697,17 +2893,126 @@ int executor_gpu_forward(struct executor_gpu *g, struct executor_ctx *c, uint32_
                                         e);
 }
 
-bool executor_gpu_usable(const struct executor_model *m, int32_t dev, int32_t n_cpu_moe, char *why,
-                         size_t len)
+_Static_assert(EXECUTOR_MAX_DEVICES == GPU_MAX_DEVICES, "one limit on the devices");
+
+int executor_devices_resolve(const struct executor_devices *d, int32_t *ids, char *why,
+                             size_t why_len)
+{
+    if (d->none) {
+        if (why && why_len)
+            snprintf(why, why_len, "--device none");
+        return 0;
+    }
+    if (d->single) {
+        ids[0] = d->main_gpu;
+        return 1;
+    }
+    if (d->n) {
+        memcpy(ids, d->id, d->n * sizeof(*ids));
+        return (int)d->n;
+    }
+    char      tmp[8];
+    const int n = gpu_device_count(why ? why : tmp, why ? why_len : sizeof(tmp));
+    if (n <= 0) { /* gpu_select then says why, naming the device */
+        ids[0] = d->main_gpu;
+        return 1;
+    }
+    for (int k = 0; k < n && k < GPU_MAX_DEVICES; k++)
+        ids[k] = k;
+    return n < GPU_MAX_DEVICES ? n : GPU_MAX_DEVICES;
+}
+
+int executor_devices_parse_list(void *arg, const char *v, struct common_errmsg *e)
+{
+    struct executor_devices *d = arg;
+    if (strcmp(v, "none") == 0) {
+        d->none = true;
+        d->n = 0;
+        return COMMON_OK;
+    }
+    struct executor_devices t = *d;
+    t.none = false;
+    t.n = 0;
+    for (const char *p = v;; p++) {
+        /* CUDAn, or HOSTn for the host backend (SLUICE_GPU_BACKEND=host) */
+        const bool    named = strncmp(p, "CUDA", 4) == 0 || strncmp(p, "HOST", 4) == 0;
+        char         *end = NULL;
+        unsigned long i = named && p[4] >= '0' && p[4] <= '9' ? strtoul(p + 4, &end, 10) : 0;
+        if (!end || (*end && *end != ',') || i >= EXECUTOR_MAX_DEVICES ||
+            t.n == EXECUTOR_MAX_DEVICES)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "expects CUDA0, CUDA1, ... (a comma-separated list of at "
+                                     "most %d) or none, got '%s'",
+                                     EXECUTOR_MAX_DEVICES, v);
+        for (uint32_t k = 0; k < t.n; k++)
+            if (t.id[k] == (int32_t)i)
+                return common_errmsg_set(e, COMMON_EINVAL, "names a device twice: '%s'", v);
+        t.id[t.n++] = (int32_t)i;
+        if (!*end)
+            break;
+        p = end;
+    }
+    *d = t;
+    return COMMON_OK;
+}
+
+int executor_devices_parse_mode(void *arg, const char *v, struct common_errmsg *e)
+{
+    struct executor_devices *d = arg;
+    if (strcmp(v, "layer") == 0 || strcmp(v, "none") == 0) {
+        d->single = strcmp(v, "none") == 0;
+        return COMMON_OK;
+    }
+    return common_errmsg_set(e, COMMON_EINVAL,
+                             "expects layer or none (row, splitting each matrix, is not "
+                             "implemented), got '%s'",
+                             v);
+}
+
+int executor_devices_parse_split(void *arg, const char *v, struct common_errmsg *e)
+{
+    struct executor_devices *d = arg;
+    float                    sp[EXECUTOR_MAX_DEVICES];
+    uint32_t                 n = 0;
+    double                   sum = 0;
+    for (const char *p = v;; p++) {
+        char       *end = NULL;
+        const float f = strtof(p, &end);
+        if (end == p || (*end && *end != ',' && *end != '/') || !(f >= 0.0f) || f > 1e9f ||
+            n == EXECUTOR_MAX_DEVICES)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "expects shares >= 0 separated by commas (e.g. 3,1; at most "
+                                     "%d), got '%s'",
+                                     EXECUTOR_MAX_DEVICES, v);
+        sp[n++] = f;
+        sum += (double)f;
+        if (!*end)
+            break;
+        p = end;
+    }
+    if (!(sum > 0))
+        return common_errmsg_set(e, COMMON_EINVAL, "expects a share above 0, got '%s'", v);
+    memcpy(d->split, sp, n * sizeof(*sp));
+    d->n_split = n;
+    return COMMON_OK;
+}
+
+bool executor_gpu_usable(const struct executor_model *m, const struct executor_devices *d,
+                         int32_t n_cpu_moe, char *why, size_t len)
 {
     char buf[256];
     if (!why || !len) {
         why = buf;
         len = sizeof(buf);
     }
-    /* The device first: without a backend no type is supported, which is not the reason. */
-    if (gpu_select(dev, NULL, why, len) < 0)
+    int32_t   ids[GPU_MAX_DEVICES];
+    const int n = executor_devices_resolve(d, ids, why, len);
+    if (n <= 0)
         return false;
+    /* The devices first: without a backend no type is supported, which is not the reason. */
+    for (int k = 0; k < n; k++)
+        if (gpu_select(ids[k], NULL, why, len) < 0)
+            return false;
     if (!m)
         return true;
     const char *no = executor_gpu_unsupported(m, n_cpu_moe, why, len);

@@ -31,8 +31,10 @@ bool executor_gpu_kv_q8(const struct executor_gpu *g);
 uint32_t executor_gpu_first_layer(const struct executor_gpu *g);
 /* Layers on the device, plus one for the head (llama.cpp's count); the device's name. */
 int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len);
-/* One line: the device, the layers on it and the device memory they take. */
+/* A line per device: the device, the layers on it and the device memory they take. */
 void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len);
+/* The bandwidth of g's first device (executor_ctx_gpu_membw). */
+double executor_gpu_membw(const struct executor_gpu *g, size_t bytes);
 /* Steps run as g's graph (executor_ctx_gpu_graph_steps). */
 uint64_t executor_gpu_graph_steps(const struct executor_gpu *g);
 /* The expert pool of g's weights (executor_ctx_gpu_pool_stats). */

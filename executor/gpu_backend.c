@@ -155,6 +155,16 @@ int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len)
     return -1;
 }
 
+int gpu_use(int dev)
+{
+    return be() ? be()->use(dev) : -1;
+}
+
+int gpu_current(void)
+{
+    return be() ? be()->current() : 0;
+}
+
 const char *gpu_last_error(void)
 {
     return be() ? be()->last_error() : g_why;

@@ -43,23 +43,134 @@ static int h_failed(const char *msg)
 
 /* ---- device and memory ---------------------------------------------------------------------- */
 
+/* SLUICE_GPU_HOST_DEVICES=N (1 to 8; 1 without it) devices, HOST0..: their memory is all host
+ * memory, but each allocation belongs to the device current for the thread that made it, and
+ * the operations below refuse memory of a device other than the caller's current one, as
+ * CUDA's kernels cannot use it: a forward pass over several devices that forgets to switch
+ * fails here, where it would fail (or run slowly over the bus) on the GPUs. */
+#define HOST_MAX_DEVICES 8
+static pthread_once_t    h_dev_once = PTHREAD_ONCE_INIT;
+static int               h_n_dev = 1;
+static _Thread_local int h_cur; /* the calling thread's device */
+
+static void h_dev_count_read(void)
+{
+    const char *v = getenv("SLUICE_GPU_HOST_DEVICES");
+    char       *end = NULL;
+    const long  n = v ? strtol(v, &end, 10) : 1;
+    h_n_dev = v && end != v && !*end && n >= 1 && n <= HOST_MAX_DEVICES ? (int)n : 1;
+}
+
 static int h_device_count(char *why, size_t why_len)
 {
     (void)why;
     (void)why_len;
-    return 1;
+    (void)pthread_once(&h_dev_once, h_dev_count_read);
+    return h_n_dev;
+}
+
+/* The allocations of every device, sorted by address (only kept with two devices or more). */
+struct h_block {
+    uintptr_t p;
+    size_t    bytes;
+    int       dev;
+};
+static pthread_mutex_t h_blk_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct h_block *h_blks;
+static size_t          h_n_blks, h_cap_blks;
+
+/* Index of the first block whose start is above a. */
+static size_t h_blk_after(uintptr_t a)
+{
+    size_t lo = 0, hi = h_n_blks;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (h_blks[mid].p <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Records [p, p + bytes) as the current device's; false when out of memory. */
+static bool h_blk_add(const void *p, size_t bytes)
+{
+    if (h_device_count(NULL, 0) < 2)
+        return true;
+    pthread_mutex_lock(&h_blk_mu);
+    bool ok = true;
+    if (h_n_blks == h_cap_blks) {
+        const size_t    cap = h_cap_blks ? h_cap_blks * 2 : 256;
+        struct h_block *b = realloc(h_blks, cap * sizeof(*b));
+        if (b) {
+            h_blks = b;
+            h_cap_blks = cap;
+        }
+        ok = b != NULL;
+    }
+    if (ok) {
+        const size_t i = h_blk_after((uintptr_t)p);
+        memmove(&h_blks[i + 1], &h_blks[i], (h_n_blks - i) * sizeof(*h_blks));
+        h_blks[i] = (struct h_block){(uintptr_t)p, bytes, h_cur};
+        h_n_blks++;
+    }
+    pthread_mutex_unlock(&h_blk_mu);
+    return ok;
+}
+
+static void h_blk_remove(const void *p)
+{
+    if (!p || h_device_count(NULL, 0) < 2)
+        return;
+    pthread_mutex_lock(&h_blk_mu);
+    const size_t i = h_blk_after((uintptr_t)p);
+    if (i > 0 && h_blks[i - 1].p == (uintptr_t)p) {
+        memmove(&h_blks[i - 1], &h_blks[i], (h_n_blks - i) * sizeof(*h_blks));
+        h_n_blks--;
+    }
+    pthread_mutex_unlock(&h_blk_mu);
+}
+
+/* -1 (error recorded under `what`) when a or b is memory of a device other than the calling
+ * thread's current one; memory no device allocated (a fetcher's, mapped) passes. */
+static int h_here(const void *a, const void *b, const char *what)
+{
+    if (h_device_count(NULL, 0) < 2)
+        return 0;
+    const void *ps[2] = {a, b};
+    int         other = -1;
+    pthread_mutex_lock(&h_blk_mu);
+    for (int k = 0; k < 2 && other < 0; k++) {
+        const size_t i = ps[k] ? h_blk_after((uintptr_t)ps[k]) : 0;
+        if (i > 0 && (uintptr_t)ps[k] < h_blks[i - 1].p + h_blks[i - 1].bytes &&
+            h_blks[i - 1].dev != h_cur)
+            other = h_blks[i - 1].dev;
+    }
+    pthread_mutex_unlock(&h_blk_mu);
+    if (other < 0)
+        return 0;
+    snprintf(h_err, sizeof(h_err), "%s: memory of HOST%d used on HOST%d (the thread's device)",
+             what, other, h_cur);
+    return -1;
 }
 
 static int h_select(int dev, struct gpu_info *info, char *why, size_t why_len)
 {
-    if (dev != 0) {
+    const int n = h_device_count(NULL, 0);
+    if (dev < 0 || dev >= n) {
         if (why && why_len)
-            snprintf(why, why_len, "device HOST%d does not exist (1 device: HOST0)", dev);
+            snprintf(why, why_len, "device HOST%d does not exist (%d device%s: HOST0..HOST%d)", dev,
+                     n, n == 1 ? "" : "s", n - 1);
         return -1;
     }
+    h_cur = dev;
     if (info) {
         memset(info, 0, sizeof(*info));
         snprintf(info->name, sizeof(info->name), "host memory, the CPU reference backend");
+        if (n > 1) /* the host's memory shared by the devices */
+            snprintf(info->name + strlen(info->name), sizeof(info->name) - strlen(info->name),
+                     " (%d of %d)", dev + 1, n);
         long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
         long page = sysconf(_SC_PAGESIZE), cpus = sysconf(_SC_NPROCESSORS_ONLN);
         info->total_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
@@ -67,6 +178,19 @@ static int h_select(int dev, struct gpu_info *info, char *why, size_t why_len)
         info->n_sm = cpus > 0 ? (int)cpus : 1;
     }
     return 0;
+}
+
+static int h_use(int dev)
+{
+    if (dev < 0 || dev >= h_device_count(NULL, 0))
+        return h_bad("selecting the device");
+    h_cur = dev;
+    return 0;
+}
+
+static int h_current(void)
+{
+    return h_cur;
 }
 
 static const char *h_last_error(void)
@@ -83,11 +207,17 @@ static void *h_alloc(size_t bytes)
         return NULL;
     }
     memset(p, 0xff, n ? n : HOST_ALIGN);
+    if (!h_blk_add(p, n ? n : HOST_ALIGN)) {
+        free(p);
+        snprintf(h_err, sizeof(h_err), "allocating %zu bytes: out of memory", bytes);
+        return NULL;
+    }
     return p;
 }
 
 static void h_release(void *p)
 {
+    h_blk_remove(p);
     free(p);
 }
 
@@ -100,8 +230,20 @@ static int h_copy(void *dst, const void *src, size_t bytes)
     return 0;
 }
 
+static int h_upload(void *dst, const void *src, size_t bytes)
+{
+    return h_here(dst, NULL, "copying to the device") < 0 ? -1 : h_copy(dst, src, bytes);
+}
+
+static int h_download(void *dst, const void *src, size_t bytes)
+{
+    return h_here(src, NULL, "copying from the device") < 0 ? -1 : h_copy(dst, src, bytes);
+}
+
 static int h_fill(void *dst, int byte, size_t bytes)
 {
+    if (h_here(dst, NULL, "clearing device memory") < 0)
+        return -1;
     if (bytes && !dst)
         return h_bad("clearing device memory");
     if (bytes)
@@ -273,6 +415,11 @@ static void *h_va_reserve(size_t bytes)
         (void)munmap(p, head);
     if (n - head > bytes)
         (void)munmap(p + head + bytes, n - head - bytes);
+    if (!h_blk_add(p + head, bytes)) {
+        (void)munmap(p + head, bytes);
+        snprintf(h_err, sizeof(h_err), "reserving address space: out of memory");
+        return NULL;
+    }
     return p + head;
 }
 
@@ -298,12 +445,15 @@ static void h_va_unmap(void *at, size_t bytes)
 
 static void h_va_free(void *base, size_t bytes)
 {
+    h_blk_remove(base);
     if (base && bytes)
         (void)munmap(base, bytes);
 }
 
 static int h_copy_async(void *dst, const void *src, size_t bytes)
 {
+    if (h_here(dst, NULL, "copying to the device (copy stream)") < 0)
+        return -1;
     if (bytes && (!dst || !src))
         return h_bad("copying to the device (copy stream)");
     if (!bytes)
@@ -543,6 +693,8 @@ static int h_products(uint32_t type, const void *w, size_t row_bytes, int64_t ro
 static int h_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
                     const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride)
 {
+    if (h_here(w, y, "gpu_matvec") < 0)
+        return -1;
     static const char what[] = "gpu_matvec: unsupported type or bad arguments";
     if (!h_row_fits(type, cols, row_bytes) || rows < 0 || n < 1 || n > GPU_MATVEC_MAX_N ||
         (n > 1 && (x_stride < cols || y_stride < rows)))
@@ -558,6 +710,8 @@ static int h_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_
                         int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                         const float *x, int64_t x_stride, int64_t x_div, float *y, int64_t y_stride)
 {
+    if (h_here(w, y, "gpu_matvec_ids") < 0)
+        return -1;
     static const char what[] = "gpu_matvec_ids: unsupported type or bad arguments";
     if (!h_row_fits(type, cols, row_bytes) || rows < 0 || n_items < 0 || x_div < 1 ||
         (uint64_t)rows * row_bytes > expert_bytes || (n_items > x_div && x_stride < cols) ||
@@ -775,6 +929,8 @@ static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int6
 static int h_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                     void *q8)
 {
+    if (h_here(x, q8, "gpu_act_q8") < 0)
+        return -1;
     if (!x || !q8 || n < 0 || cols < 0 || cols % 32 || x_stride < cols || ((uintptr_t)q8 & 3) != 0)
         return h_bad("gpu_act_q8: bad arguments");
     const bool k = act_type == COMMON_GGML_TYPE_Q8_K;
@@ -845,6 +1001,8 @@ static int h_matvec_q8(int op, uint32_t type, const void *w, const void *w2, siz
                        int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
                        int64_t y_stride)
 {
+    if (h_here(w, y, "gpu_matvec_q8") < 0)
+        return -1;
     static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
     if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 || n < 1 ||
         n > GPU_MATVEC_MAX_N || (n > 1 && y_stride < rows) || op < GPU_MV_SET || op > GPU_MV_GLU)
@@ -861,6 +1019,8 @@ static int h_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t 
                            int64_t n_items, const void *q8, int64_t x_div, float *y,
                            int64_t y_stride)
 {
+    if (h_here(w, y, "gpu_matvec_ids_q8") < 0)
+        return -1;
     static const char what[] = "gpu_matvec_ids_q8: unsupported type or bad arguments";
     if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 ||
         n_items < 0 || x_div < 1 || (uint64_t)rows * row_bytes > expert_bytes ||
@@ -886,6 +1046,8 @@ static int h_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes,
                               int64_t rows, int64_t cols, const struct gpu_group *groups,
                               int64_t n_groups, const void *q8, float *y, int64_t y_stride)
 {
+    if (h_here(w, y, "gpu_matvec_groups_q8") < 0)
+        return -1;
     static const char what[] = "gpu_matvec_groups_q8: unsupported type or bad arguments";
     if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) || rows < 0 ||
         n_groups < 0 || (uint64_t)rows * row_bytes > expert_bytes || y_stride < rows)
@@ -919,6 +1081,8 @@ static int h_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes,
 static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                      int64_t n_rows, int64_t width, float eps)
 {
+    if (h_here(y, x, "gpu_rmsnorm") < 0)
+        return -1;
     if (!y || !x || !w || n_rows < 0 || n_rows > INT32_MAX || width < 1 || y_stride < width ||
         x_stride < width)
         return h_bad("gpu_rmsnorm: bad arguments");
@@ -938,6 +1102,8 @@ static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_strid
 
 static int h_add(float *y, const float *a, const float *b, int64_t n)
 {
+    if (h_here(y, a, "gpu_add") < 0)
+        return -1;
     if (!y || !a || !b || n < 0)
         return h_bad("gpu_add: bad arguments");
     for (int64_t i = 0; i < n; i++)
@@ -1015,6 +1181,8 @@ static int h_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width,
 static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
                   uint32_t n_rot, const float *cs, bool neox)
 {
+    if (h_here(v, cs, "gpu_rope") < 0)
+        return -1;
     if (!v || !cs || n_tok < 0 || n_rot > head_dim ||
         tok_stride < (int64_t)n_heads * (int64_t)head_dim)
         return h_bad("gpu_rope: bad arguments");
@@ -1037,6 +1205,8 @@ static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, ui
                       const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                       uint32_t n_tok)
 {
+    if (h_here(k_cache, k, "gpu_kv_store") < 0)
+        return -1;
     if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
         return h_bad("gpu_kv_store: bad arguments");
     if (pos_dev)
@@ -1083,6 +1253,8 @@ static int h_attention(float *out, const float *q, const uint16_t *k_cache, cons
                        uint32_t head_dim_v, float scale, uint32_t window, float *scratch,
                        const float *sinks)
 {
+    if (h_here(out, k_cache, "gpu_attention") < 0)
+        return -1;
     if (pos_dev) {
         pos0 = *pos_dev;
         if ((uint64_t)pos0 + n_tok > row_stride)
@@ -1148,6 +1320,8 @@ static int h_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_
                          const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                          uint32_t n_tok)
 {
+    if (h_here(k_cache, k, "gpu_kv_store_q8") < 0)
+        return -1;
     if (k_width % 32 || v_width % 32 || (k_width && (!k_cache || !k)) ||
         (v_width && (!v_cache || !v)))
         return h_bad("gpu_kv_store_q8: bad arguments");
@@ -1191,6 +1365,8 @@ static int h_attention_q8(float *out, const float *q, const void *k_cache, const
                           uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
                           float *scratch, const float *sinks)
 {
+    if (h_here(out, k_cache, "gpu_attention_q8") < 0)
+        return -1;
     if (pos_dev) {
         pos0 = *pos_dev;
         if ((uint64_t)pos0 + n_tok > row_stride)
@@ -1286,6 +1462,8 @@ static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, u
                        uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                        float scale, int32_t *sel, float *sel_w)
 {
+    if (h_here(logits, sel, "gpu_moe_route") < 0)
+        return -1;
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E || k == 0 ||
         k > n_expert || k > HOST_ROUTE_MAX_K || gating < 0 || gating > 2 || n_tok > INT32_MAX ||
         !gpu_route_groups_ok(n_expert, k, n_group, n_group_used))
@@ -1441,11 +1619,13 @@ const struct gpu_backend *gpu_backend_host(void)
         .name = "HOST",
         .device_count = h_device_count,
         .select = h_select,
+        .use = h_use,
+        .current = h_current,
         .last_error = h_last_error,
         .alloc = h_alloc,
         .release = h_release,
-        .upload = h_copy,
-        .download = h_copy,
+        .upload = h_upload,
+        .download = h_download,
         .fill = h_fill,
         .sync = h_sync,
         .membw_probe = h_membw_probe,

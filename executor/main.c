@@ -25,7 +25,7 @@ struct main_config {
     bool                      stream_dense;
     bool                      probe_device; /* --probe-device: print the device's layers, exit */
     int32_t                   n_gpu_layers;
-    int32_t                   main_gpu;
+    struct executor_devices   devices;
     int32_t                   n_cpu_moe;
     uint64_t                  vram_budget;
     enum executor_expert_miss expert_miss;
@@ -107,11 +107,11 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .target = &c->n_gpu_layers,
          .max = 1u << 20,
          .metavar = "N",
-         .help = "put the last N layers on the CUDA device (and the output head when N exceeds "
+         .help = "put the last N layers on the CUDA devices (and the output head when N exceeds "
                  "the layers; 999 = all), shared by every sequence; without a usable device the "
                  "CPU runs them",
          .def = "0"},
-        EXECUTOR_DEVICE_OPTS(&c->main_gpu, &c->n_cpu_moe, &c->vram_budget),
+        EXECUTOR_DEVICE_OPTS(&c->devices, &c->n_cpu_moe, &c->vram_budget),
         EXECUTOR_EXPERT_MISS_OPT(&c->expert_miss),
         {.name = "policy",
          .type = COMMON_OPT_CHOICE,
@@ -268,7 +268,7 @@ static int main_run(const struct main_config *c)
                                      .cache_type = c->cache_type,
                                      .instance = instance,
                                      .n_gpu_layers = c->n_gpu_layers,
-                                     .main_gpu = c->main_gpu,
+                                     .devices = c->devices,
                                      .n_cpu_moe = c->n_cpu_moe,
                                      .vram_budget = c->vram_budget,
                                      .expert_miss = c->expert_miss,
@@ -294,7 +294,7 @@ static int main_run(const struct main_config *c)
 static int main_probe(const struct main_config *c)
 {
     uint32_t n = 0;
-    if (c->n_gpu_layers > 0 && executor_gpu_usable(NULL, c->main_gpu, 0, NULL, 0)) {
+    if (c->n_gpu_layers > 0 && executor_gpu_usable(NULL, &c->devices, 0, NULL, 0)) {
         struct executor_model *m = NULL;
         struct common_errmsg   e = {{0}};
         if (executor_model_open(c->model, NULL, &m, &e) < 0) {
@@ -302,7 +302,7 @@ static int main_probe(const struct main_config *c)
             return 1;
         }
         const uint32_t n_layer = executor_model_hparams(m)->n_layer;
-        if (executor_gpu_usable(m, c->main_gpu, c->n_cpu_moe, NULL, 0))
+        if (executor_gpu_usable(m, &c->devices, c->n_cpu_moe, NULL, 0))
             n = (uint32_t)c->n_gpu_layers < n_layer ? (uint32_t)c->n_gpu_layers : n_layer;
         executor_model_destroy(m);
     }

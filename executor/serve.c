@@ -660,14 +660,14 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                                                       : 4096;
         char                         why[256] = "";
         struct common_errmsg         ge = {{0}};
-        if (!executor_gpu_usable(o->model, o->main_gpu, o->n_cpu_moe, why, sizeof(why))) {
+        if (!executor_gpu_usable(o->model, &o->devices, o->n_cpu_moe, why, sizeof(why))) {
             COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
                             why);
         } else if ((rc = executor_gpu_weights_create(
                         o->model,
                         &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
                                                      .n_cpu_moe = o->n_cpu_moe,
-                                                     .main_gpu = o->main_gpu,
+                                                     .devices = o->devices,
                                                      .vram_budget = o->vram_budget,
                                                      .expert_miss = o->expert_miss,
                                                      .pool_policy = o->pool_policy,

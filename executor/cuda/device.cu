@@ -8,14 +8,51 @@
 
 #include "gpu_impl.cuh"
 
-static cudaStream_t g_stream;   /* created by gpu_select */
-static cudaStream_t g_copy;     /* the copy stream (gpu_copy_async), created with it */
-static char         g_err[256]; /* the last recorded error, one line */
-static int          g_dev;      /* the device gpu_select chose */
+/* Per device: the kernels' stream and the copy stream (gpu_copy_async), created by the device's
+ * first gpu_select and kept for the process. */
+static cudaStream_t     g_streams[GPU_MAX_DEVICES];
+static cudaStream_t     g_copies[GPU_MAX_DEVICES];
+static pthread_mutex_t  g_dev_mu = PTHREAD_MUTEX_INITIALIZER; /* their creation */
+static char             g_err[256]; /* the last recorded error, one line */
+static thread_local int t_dev;      /* the calling thread's device (gpu_use) */
 
 cudaStream_t gpu_stream(void)
 {
-    return g_stream;
+    return g_streams[t_dev];
+}
+
+int gpu_current_device(void)
+{
+    return t_dev;
+}
+
+/* The calling thread's copy stream. */
+static cudaStream_t copy_stream(void)
+{
+    return g_copies[t_dev];
+}
+
+int cuda_use(int dev)
+{
+    if (dev < 0 || dev >= GPU_MAX_DEVICES)
+        return gpu_record(cudaErrorInvalidDevice, "selecting the device");
+    cudaError_t err = cudaSetDevice(dev);
+    if (err == cudaSuccess && (!g_streams[dev] || !g_copies[dev])) {
+        pthread_mutex_lock(&g_dev_mu);
+        if (!g_streams[dev])
+            err = cudaStreamCreateWithFlags(&g_streams[dev], cudaStreamNonBlocking);
+        if (err == cudaSuccess && !g_copies[dev])
+            err = cudaStreamCreateWithFlags(&g_copies[dev], cudaStreamNonBlocking);
+        pthread_mutex_unlock(&g_dev_mu);
+    }
+    if (err == cudaSuccess)
+        t_dev = dev;
+    return gpu_record(err, "selecting the device");
+}
+
+int cuda_current(void)
+{
+    return t_dev;
 }
 
 int gpu_record(cudaError_t err, const char *what)
@@ -60,16 +97,20 @@ int cuda_select(int dev, struct gpu_info *info, char *why, size_t why_len)
                      n, n == 1 ? "" : "s", n - 1);
         return -1;
     }
+    if (dev >= GPU_MAX_DEVICES) {
+        if (why && why_len)
+            snprintf(why, why_len, "CUDA%d: sluice uses at most %d devices (CUDA0..CUDA%d)", dev,
+                     GPU_MAX_DEVICES, GPU_MAX_DEVICES - 1);
+        return -1;
+    }
+    if (cuda_use(dev) < 0) {
+        if (why && why_len)
+            snprintf(why, why_len, "CUDA%d: %s", dev, g_err);
+        return -1;
+    }
     cudaDeviceProp p;
-    cudaError_t    err = cudaSetDevice(dev);
-    if (err == cudaSuccess)
-        err = cudaGetDeviceProperties(&p, dev);
-    g_dev = dev;
-    if (err == cudaSuccess && !g_stream)
-        err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
-    if (err == cudaSuccess && !g_copy)
-        err = cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking);
-    size_t free_b = 0, total_b = 0;
+    cudaError_t    err = cudaGetDeviceProperties(&p, dev);
+    size_t         free_b = 0, total_b = 0;
     if (err == cudaSuccess)
         err = cudaMemGetInfo(&free_b, &total_b);
     if (err != cudaSuccess) {
@@ -116,30 +157,30 @@ int cuda_upload(void *dst, const void *src, size_t bytes)
     if (!bytes)
         return 0;
     /* The host buffer may be reused at once: copy on the stream, then wait for it. */
-    if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream),
+    if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu_stream()),
                    "copying to the device") < 0)
         return -1;
-    return gpu_record(cudaStreamSynchronize(g_stream), "copying to the device");
+    return gpu_record(cudaStreamSynchronize(gpu_stream()), "copying to the device");
 }
 
 int cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
         return cuda_sync();
-    if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_stream),
+    if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu_stream()),
                    "copying from the device") < 0)
         return -1;
-    return gpu_record(cudaStreamSynchronize(g_stream), "copying from the device");
+    return gpu_record(cudaStreamSynchronize(gpu_stream()), "copying from the device");
 }
 
 int cuda_memset(void *dst, int byte, size_t bytes)
 {
-    return gpu_record(cudaMemsetAsync(dst, byte, bytes, g_stream), "clearing device memory");
+    return gpu_record(cudaMemsetAsync(dst, byte, bytes, gpu_stream()), "clearing device memory");
 }
 
 int cuda_sync(void)
 {
-    return gpu_record(cudaStreamSynchronize(g_stream), "running kernels");
+    return gpu_record(cudaStreamSynchronize(gpu_stream()), "running kernels");
 }
 
 double cuda_membw_probe(size_t bytes)
@@ -152,16 +193,16 @@ double cuda_membw_probe(size_t bytes)
         gpu_record(cudaMalloc(&b, bytes), "bandwidth probe") < 0 ||
         gpu_record(cudaEventCreate(&e0), "bandwidth probe") < 0 ||
         gpu_record(cudaEventCreate(&e1), "bandwidth probe") < 0 ||
-        gpu_record(cudaMemsetAsync(a, 0x5a, bytes, g_stream), "bandwidth probe") < 0)
+        gpu_record(cudaMemsetAsync(a, 0x5a, bytes, gpu_stream()), "bandwidth probe") < 0)
         goto out;
     /* The best of a few device-to-device copies after a warm-up, counting bytes read and
      * written (what a kernel streaming weights can at most read). */
     for (int i = 0; i < 6; i++) {
         float ms = 0.0f;
-        if (gpu_record(cudaEventRecord(e0, g_stream), "bandwidth probe") < 0 ||
-            gpu_record(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream),
+        if (gpu_record(cudaEventRecord(e0, gpu_stream()), "bandwidth probe") < 0 ||
+            gpu_record(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, gpu_stream()),
                        "bandwidth probe") < 0 ||
-            gpu_record(cudaEventRecord(e1, g_stream), "bandwidth probe") < 0 ||
+            gpu_record(cudaEventRecord(e1, gpu_stream()), "bandwidth probe") < 0 ||
             gpu_record(cudaEventSynchronize(e1), "bandwidth probe") < 0 ||
             gpu_record(cudaEventElapsedTime(&ms, e0, e1), "bandwidth probe") < 0)
             goto out;
@@ -208,27 +249,32 @@ static void cuda_event_free(struct gpu_event *ev)
     free(ev);
 }
 
-/* The copy stream's busy time and the kernels' waits for it (gpu_copy_times), from pairs of
- * timing events around each copy and each wait, read once both are done. A pair still in
- * flight when its turn in the ring comes again is not timed (counted in g_untimed). Timing is
- * best effort: its failures are never the caller's. */
+/* The copy streams' busy time and the kernels' waits for them (gpu_copy_times), from pairs of
+ * timing events around each copy and each wait, read once both are done: a ring of pairs per
+ * device (an event is its device's). A pair still in flight when its turn in the ring comes
+ * again is not timed (counted in g_untimed). Timing is best effort: its failures are never the
+ * caller's. */
 #define TIMED_PAIRS 512
 struct timed_pair {
     cudaEvent_t a, b;
     bool        stall; /* a kernels' wait, else a copy */
     bool        pending;
 };
+struct timed_ring {
+    struct timed_pair *tp; /* TIMED_PAIRS of them, made at the device's first timed copy */
+    unsigned           next;
+    int                state; /* 0 = not made yet, 1 = made, -1 = unusable */
+};
 static pthread_mutex_t   g_tp_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct timed_pair g_tp[TIMED_PAIRS];
-static unsigned          g_tp_next;
-static int               g_tp_state; /* 0 = not made yet, 1 = made, -1 = unusable */
+static struct timed_ring g_tr[GPU_MAX_DEVICES];
 static uint64_t          g_busy_ns, g_stall_ns, g_untimed;
 
-/* Adds the done pairs to the totals (the lock held). */
-static void timed_harvest(void)
+/* Adds the done pairs of device dev, the calling thread's, to the totals (the lock held). */
+static void timed_harvest(int dev)
 {
-    for (unsigned i = 0; g_tp_state == 1 && i < TIMED_PAIRS; i++) {
-        struct timed_pair *t = &g_tp[i];
+    struct timed_ring *r = &g_tr[dev];
+    for (unsigned i = 0; r->state == 1 && i < TIMED_PAIRS; i++) {
+        struct timed_pair *t = &r->tp[i];
         if (!t->pending)
             continue;
         const cudaError_t q = cudaEventQuery(t->b);
@@ -250,28 +296,30 @@ static void timed_harvest(void)
 static struct timed_pair *timed_take(cudaStream_t s)
 {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (g_tp_state == 0) {
-        g_tp_state = 1;
-        for (unsigned i = 0; i < TIMED_PAIRS && g_tp_state == 1; i++)
-            if (cudaEventCreate(&g_tp[i].a) != cudaSuccess ||
-                cudaEventCreate(&g_tp[i].b) != cudaSuccess) {
+    struct timed_ring      *r = &g_tr[t_dev];
+    if (r->state == 0) {
+        r->tp = (struct timed_pair *)calloc(TIMED_PAIRS, sizeof(*r->tp));
+        r->state = r->tp ? 1 : -1;
+        for (unsigned i = 0; i < TIMED_PAIRS && r->state == 1; i++)
+            if (cudaEventCreate(&r->tp[i].a) != cudaSuccess ||
+                cudaEventCreate(&r->tp[i].b) != cudaSuccess) {
                 (void)cudaGetLastError();
-                g_tp_state = -1;
+                r->state = -1;
             }
     }
-    if (g_tp_state != 1 || cudaStreamIsCapturing(s, &cs) != cudaSuccess ||
+    if (r->state != 1 || cudaStreamIsCapturing(s, &cs) != cudaSuccess ||
         cs != cudaStreamCaptureStatusNone) {
         (void)cudaGetLastError();
         return NULL;
     }
-    struct timed_pair *t = &g_tp[g_tp_next];
+    struct timed_pair *t = &r->tp[r->next];
     if (t->pending)
-        timed_harvest();
+        timed_harvest(t_dev);
     if (t->pending) {
         g_untimed++;
         return NULL;
     }
-    g_tp_next = (g_tp_next + 1) % TIMED_PAIRS;
+    r->next = (r->next + 1) % TIMED_PAIRS;
     return t;
 }
 
@@ -307,7 +355,7 @@ struct copy_args {
 static cudaError_t copy_op(const void *arg)
 {
     const struct copy_args *c = (const struct copy_args *)arg;
-    return cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyHostToDevice, g_copy);
+    return cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyHostToDevice, copy_stream());
 }
 
 static int cuda_copy_async(void *dst, const void *src, size_t bytes)
@@ -315,7 +363,8 @@ static int cuda_copy_async(void *dst, const void *src, size_t bytes)
     if (!bytes)
         return 0;
     const struct copy_args c = {dst, src, bytes};
-    return gpu_record(timed(g_copy, false, copy_op, &c), "copying to the device (copy stream)");
+    return gpu_record(timed(copy_stream(), false, copy_op, &c),
+                      "copying to the device (copy stream)");
 }
 
 /* Portable (every context may use it); a mapping without write access (a fetcher's pool seen
@@ -325,10 +374,9 @@ static int cuda_host_register(const void *p, size_t bytes, bool read_only)
     if (!p || !bytes)
         return gpu_record(cudaErrorInvalidValue, "registering host memory");
     unsigned flags = cudaHostRegisterPortable;
-    (void)cudaSetDevice(g_dev); /* the calling thread's device (a fetcher link's thread) */
-    if (read_only) {
+    if (read_only) { /* asked of the calling thread's device (gpu_use) */
         int ok = 0;
-        if (cudaDeviceGetAttribute(&ok, cudaDevAttrHostRegisterReadOnlySupported, g_dev) !=
+        if (cudaDeviceGetAttribute(&ok, cudaDevAttrHostRegisterReadOnlySupported, t_dev) !=
                 cudaSuccess ||
             !ok)
             return gpu_record(cudaErrorNotSupported, "registering read-only host memory");
@@ -359,7 +407,10 @@ static decltype(&cuMemSetAccess)                p_cu_access;
 static decltype(&cuDeviceGet)                   p_cu_device;
 static decltype(&cuDeviceGetAttribute)          p_cu_attribute;
 static pthread_once_t                           g_vmm_once = PTHREAD_ONCE_INIT;
-static size_t                                   g_vmm_gran; /* 0 = not available */
+static bool                                     g_vmm_loaded; /* the functions above found */
+static pthread_mutex_t                          g_vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+static size_t g_vmm_gran[GPU_MAX_DEVICES]; /* per device; 0 = not available */
+static bool   g_vmm_asked[GPU_MAX_DEVICES];
 
 static int cu_record(CUresult r, const char *what)
 {
@@ -375,7 +426,7 @@ static CUmemAllocationProp cuda_vmm_prop(void)
     memset(&p, 0, sizeof(p));
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = g_dev;
+    p.location.id = t_dev;
     return p;
 }
 
@@ -405,29 +456,40 @@ static void cuda_vmm_load(void)
             return;
         }
     }
-    CUdevice d = 0;
-    int      ok = 0;
-    if (p_cu_device(&d, g_dev) != CUDA_SUCCESS ||
-        p_cu_attribute(&ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d) !=
-            CUDA_SUCCESS ||
-        !ok)
-        return;
-    const CUmemAllocationProp prop = cuda_vmm_prop();
-    size_t                    gran = 0;
-    if (p_cu_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS)
-        g_vmm_gran = gran;
+    g_vmm_loaded = true;
 }
 
+/* The calling thread's device's granularity, asked once per device; 0 without VMM. */
 static size_t cuda_va_granularity(void)
 {
     (void)pthread_once(&g_vmm_once, cuda_vmm_load);
-    return g_vmm_gran;
+    if (!g_vmm_loaded)
+        return 0;
+    const int dev = t_dev;
+    pthread_mutex_lock(&g_vmm_mu);
+    if (!g_vmm_asked[dev]) {
+        g_vmm_asked[dev] = true;
+        CUdevice                  d = 0;
+        int                       ok = 0;
+        size_t                    gran = 0;
+        const CUmemAllocationProp prop = cuda_vmm_prop();
+        if (p_cu_device(&d, dev) == CUDA_SUCCESS &&
+            p_cu_attribute(&ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d) ==
+                CUDA_SUCCESS &&
+            ok &&
+            p_cu_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS)
+            g_vmm_gran[dev] = gran;
+    }
+    const size_t gran = g_vmm_gran[dev];
+    pthread_mutex_unlock(&g_vmm_mu);
+    return gran;
 }
 
 static void *cuda_va_reserve(size_t bytes)
 {
     CUdeviceptr p = 0;
-    if (!cuda_va_granularity() || !bytes || bytes % g_vmm_gran) {
+    const size_t gran = cuda_va_granularity();
+    if (!gran || !bytes || bytes % gran) {
         gpu_record(cudaErrorInvalidValue, "reserving device address space");
         return NULL;
     }
@@ -440,7 +502,8 @@ static void *cuda_va_reserve(size_t bytes)
  * until it is unmapped. */
 static int cuda_va_map(void *at, size_t bytes)
 {
-    if (!g_vmm_gran || !at || !bytes || bytes % g_vmm_gran)
+    const size_t gran = cuda_va_granularity();
+    if (!gran || !at || !bytes || bytes % gran)
         return gpu_record(cudaErrorInvalidValue, "mapping device memory");
     const CUmemAllocationProp    prop = cuda_vmm_prop();
     CUmemGenericAllocationHandle h;
@@ -465,34 +528,34 @@ static int cuda_va_map(void *at, size_t bytes)
 
 static void cuda_va_unmap(void *at, size_t bytes)
 {
-    if (g_vmm_gran && at && bytes)
+    if (g_vmm_loaded && at && bytes)
         (void)p_cu_unmap((CUdeviceptr)(uintptr_t)at, bytes);
 }
 
 static void cuda_va_free(void *base, size_t bytes)
 {
-    if (g_vmm_gran && base && bytes)
+    if (g_vmm_loaded && base && bytes)
         (void)p_cu_addr_free((CUdeviceptr)(uintptr_t)base, bytes);
 }
 
 static int cuda_event_record_copy(struct gpu_event *ev)
 {
-    return gpu_record(cudaEventRecord(ev->e, g_copy), "recording an event (copy stream)");
+    return gpu_record(cudaEventRecord(ev->e, copy_stream()), "recording an event (copy stream)");
 }
 
 static int cuda_event_record_kernels(struct gpu_event *ev)
 {
-    return gpu_record(cudaEventRecord(ev->e, g_stream), "recording an event");
+    return gpu_record(cudaEventRecord(ev->e, gpu_stream()), "recording an event");
 }
 
 static cudaError_t wait_op(const void *arg)
 {
-    return cudaStreamWaitEvent(g_stream, ((const struct gpu_event *)arg)->e, 0);
+    return cudaStreamWaitEvent(gpu_stream(), ((const struct gpu_event *)arg)->e, 0);
 }
 
 static int cuda_stream_wait(struct gpu_event *ev)
 {
-    return gpu_record(timed(g_stream, true, wait_op, ev), "waiting for copies");
+    return gpu_record(timed(gpu_stream(), true, wait_op, ev), "waiting for copies");
 }
 
 /* common/devmem.c's (C linkage): the cudaEvent_t behind a shared event. */
@@ -500,7 +563,7 @@ extern "C" void *common_devmem_event_native(struct common_devmem_event *ev);
 
 static cudaError_t wait_shared_op(const void *arg)
 {
-    return cudaStreamWaitEvent(g_stream, (cudaEvent_t)arg, 0);
+    return cudaStreamWaitEvent(gpu_stream(), (cudaEvent_t)arg, 0);
 }
 
 static int cuda_stream_wait_shared(struct common_devmem_event *ev)
@@ -508,7 +571,8 @@ static int cuda_stream_wait_shared(struct common_devmem_event *ev)
     void *native = ev ? common_devmem_event_native(ev) : NULL;
     if (!native)
         return gpu_record(cudaErrorInvalidResourceHandle, "waiting for a shared event");
-    return gpu_record(timed(g_stream, true, wait_shared_op, native), "waiting for a shared event");
+    return gpu_record(timed(gpu_stream(), true, wait_shared_op, native),
+                      "waiting for a shared event");
 }
 
 static int cuda_event_record_kernels_shared(struct common_devmem_event *ev)
@@ -516,12 +580,14 @@ static int cuda_event_record_kernels_shared(struct common_devmem_event *ev)
     void *native = ev ? common_devmem_event_native(ev) : NULL;
     if (!native)
         return gpu_record(cudaErrorInvalidResourceHandle, "recording a shared event");
-    return gpu_record(cudaEventRecord((cudaEvent_t)native, g_stream), "recording a shared event");
+    return gpu_record(cudaEventRecord((cudaEvent_t)native, gpu_stream()),
+                      "recording a shared event");
 }
 
 static int cuda_copy_wait(struct gpu_event *ev)
 {
-    return gpu_record(cudaStreamWaitEvent(g_copy, ev->e, 0), "waiting for kernels (copy stream)");
+    return gpu_record(cudaStreamWaitEvent(copy_stream(), ev->e, 0),
+                      "waiting for kernels (copy stream)");
 }
 
 static int cuda_event_sync(struct gpu_event *ev)
@@ -532,10 +598,17 @@ static int cuda_event_sync(struct gpu_event *ev)
 static bool cuda_copy_times(uint64_t *busy_ns, uint64_t *stall_ns)
 {
     pthread_mutex_lock(&g_tp_mu);
-    timed_harvest();
+    const int me = t_dev;
+    bool      ok = false;
+    for (int d = 0; d < GPU_MAX_DEVICES; d++) /* each ring with its device current */
+        if (g_tr[d].state == 1 && (d == me || cudaSetDevice(d) == cudaSuccess)) {
+            timed_harvest(d);
+            ok = true;
+        }
+    (void)cudaSetDevice(me);
+    (void)cudaGetLastError();
     *busy_ns = g_busy_ns;
     *stall_ns = g_stall_ns;
-    const bool ok = g_tp_state == 1;
     pthread_mutex_unlock(&g_tp_mu);
     return ok;
 }
@@ -547,14 +620,14 @@ struct gpu_graph {
 
 static int cuda_graph_begin(void)
 {
-    return gpu_record(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal),
+    return gpu_record(cudaStreamBeginCapture(gpu_stream(), cudaStreamCaptureModeThreadLocal),
                       "beginning a graph capture");
 }
 
 static int cuda_graph_end(struct gpu_graph **out)
 {
     cudaGraph_t       graph = NULL;
-    const cudaError_t err = cudaStreamEndCapture(g_stream, &graph);
+    const cudaError_t err = cudaStreamEndCapture(gpu_stream(), &graph);
     if (err != cudaSuccess || !graph) {
         if (graph)
             (void)cudaGraphDestroy(graph);
@@ -590,7 +663,7 @@ static int cuda_graph_end(struct gpu_graph **out)
 
 static int cuda_graph_launch(struct gpu_graph *gg)
 {
-    return gpu_record(cudaGraphLaunch(gg->exec, g_stream), "launching a graph");
+    return gpu_record(cudaGraphLaunch(gg->exec, gpu_stream()), "launching a graph");
 }
 
 static void cuda_graph_free(struct gpu_graph *gg)
@@ -608,6 +681,8 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .name = "CUDA",
         .device_count = cuda_device_count,
         .select = cuda_select,
+        .use = cuda_use,
+        .current = cuda_current,
         .last_error = cuda_last_error,
         .alloc = cuda_malloc,
         .release = cuda_free,

@@ -8,8 +8,10 @@
  * CUDA's when built. Without one, gpu_built() is false, gpu_device_count() is 0 and everything
  * else fails.
  *
- * Pointers named "device" are device memory from gpu_malloc. Every kernel runs on the backend's
- * one stream (set up by gpu_select), in call order; a call returns once the work is queued.
+ * Pointers named "device" are device memory from gpu_malloc. A thread works on one device at a
+ * time, its current one (gpu_select or gpu_use; device 0 before either): memory it allocates is
+ * that device's, and every kernel it queues runs on that device's one stream, in call order; a
+ * call returns once the work is queued.
  * Kernel calls return 0, or -1 after recording the CUDA error (gpu_last_error). Sizes are in
  * elements unless named bytes; "stride" is the distance between rows in elements. */
 #ifndef EXECUTOR_CUDA_GPU_H
@@ -42,9 +44,15 @@ bool gpu_built(void);
 const char *gpu_backend_name(void);
 /* Usable devices; 0 with `why` saying why not (built without CUDA, no driver, no device). */
 int gpu_device_count(char *why, size_t why_len);
-/* Makes device `dev` current for the process, creates the stream and fills `info`. Returns 0 or
- * -1 with the reason in `why`. */
+#define GPU_MAX_DEVICES 16 /* devices a process may use at once (CUDA0..CUDA15) */
+/* Makes device `dev` current for the calling thread, creates its streams (once) and fills
+ * `info`. Returns 0 or -1 with the reason in `why`. */
 int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len);
+/* Makes device `dev`, selected before (by any thread), current for the calling thread: cheap,
+ * for each step of a forward pass over several devices. 0, or -1 (error recorded). */
+int gpu_use(int dev);
+/* The calling thread's current device. */
+int gpu_current(void);
 /* The last CUDA error recorded by a call of this interface, as one line ("" if none). */
 const char *gpu_last_error(void);
 
@@ -421,6 +429,8 @@ struct gpu_backend {
     const char *name;
     int (*device_count)(char *why, size_t why_len);
     int (*select)(int dev, struct gpu_info *info, char *why, size_t why_len);
+    int (*use)(int dev);
+    int (*current)(void);
     const char *(*last_error)(void);
     void *(*alloc)(size_t bytes);
     void (*release)(void *p);

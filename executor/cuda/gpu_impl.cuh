@@ -7,8 +7,10 @@
 
 #include "gpu.h"
 
-/* The backend's stream (created by gpu_select; 0 before). */
+/* The calling thread's device's stream (created by gpu_select; 0 before). */
 cudaStream_t gpu_stream(void);
+/* The calling thread's device (gpu_use). */
+int gpu_current_device(void);
 /* Records `err` with `what` for gpu_last_error; returns 0 for cudaSuccess, else -1. */
 int gpu_record(cudaError_t err, const char *what);
 
@@ -16,6 +18,8 @@ int gpu_record(cudaError_t err, const char *what);
  * gathered into its table by gpu_backend_cuda (device.cu). */
 int         cuda_device_count(char *why, size_t why_len);
 int         cuda_select(int dev, struct gpu_info *info, char *why, size_t why_len);
+int         cuda_use(int dev);
+int         cuda_current(void);
 const char *cuda_last_error(void);
 void       *cuda_malloc(size_t bytes);
 void        cuda_free(void *p);

@@ -708,14 +708,15 @@ static __global__ void __launch_bounds__(128)
  * of its dims. */
 template <int D> static int ops_flash_launch(const struct ops_att_args &a, uint32_t n_tok)
 {
-    static bool opted;
-    if (!opted) {
+    static unsigned opted; /* a bit per device: the attribute is the device's */
+    const unsigned  me = 1u << gpu_current_device();
+    if (!(opted & me)) {
         if (gpu_record(cudaFuncSetAttribute(ops_flash_kernel<D>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)fa_layout<D>::bytes),
                        "ops_flash_kernel shared memory") < 0)
             return -1;
-        opted = true;
+        opted |= me;
     }
     const dim3 grid((n_tok + FA_BQ - 1) / FA_BQ, a.n_head);
     ops_flash_kernel<D><<<grid, 128, fa_layout<D>::bytes, gpu_stream()>>>(a, n_tok);

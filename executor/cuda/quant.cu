@@ -1553,14 +1553,15 @@ int cuda_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_
     /* 128 tokens a block where that still gives two blocks an SM (the FFN products of a
      * prefill), else 64. */
     if (static_cast<int64_t>(gpu_blocks(rows, GM_BN)) * gpu_blocks(n, 128) >= GM_BIG_MIN) {
-        static bool opted;
-        if (!opted) {
+        static unsigned opted; /* a bit per device: the attribute is the device's */
+        const unsigned  me = 1u << gpu_current_device();
+        if (!(opted & me)) {
             if (gpu_record(cudaFuncSetAttribute(k_gemm_f16<128>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 static_cast<int>(sizeof(gemm_smem<128>))),
                            "k_gemm_f16 shared memory") < 0)
                 return -1;
-            opted = true;
+            opted |= me;
         }
         const dim3 grid(gpu_blocks(rows, GM_BN), gpu_blocks(n, 128));
         k_gemm_f16<128><<<grid, GM_THREADS, sizeof(gemm_smem<128>), gpu_stream()>>>(

@@ -53,6 +53,7 @@ static int32_t bt_argmax(const float *l, uint32_t n)
 struct bt_dev {
     int32_t                            ngl, n_cpu_moe;
     uint64_t                           vram_budget;
+    struct executor_devices            devices; /* zeroed: every device */
     const struct executor_gpu_weights *shared;
 };
 
@@ -70,6 +71,7 @@ static struct executor_ctx *bt_ctx_on(struct executor_model *m, struct executor_
                                                                  .n_gpu_layers = dev.ngl,
                                                                  .n_cpu_moe = dev.n_cpu_moe,
                                                                  .vram_budget = dev.vram_budget,
+                                                                 .devices = dev.devices,
                                                                  .gpu_weights = dev.shared},
                                      &c, &e),
                  0, "%s", e.text);
@@ -125,8 +127,10 @@ static void bt_check_model_on(const char *path, enum common_cache_type ct, uint3
 
     struct executor_gpu_weights *gw = NULL;
     if (dev.ngl > 0) {
-        const struct executor_gpu_place pl = {
-            .n_gpu_layers = dev.ngl, .n_cpu_moe = dev.n_cpu_moe, .vram_budget = dev.vram_budget};
+        const struct executor_gpu_place pl = {.n_gpu_layers = dev.ngl,
+                                              .n_cpu_moe = dev.n_cpu_moe,
+                                              .vram_budget = dev.vram_budget,
+                                              .devices = dev.devices};
         cr_assert_eq(executor_gpu_weights_create(m, &pl, BT_CTX, n_batch ? n_batch : 512,
                                                  BT_SEQS + 1, &gw, &e),
                      0, "%s", e.text);
@@ -230,6 +234,32 @@ Test(executor_batch, device_sequences_match_alone, .timeout = 300)
                       (struct bt_dev){.ngl = 999, .n_cpu_moe = 2});
     /* The experts in a pool of three slots (moe-tiny's q8_0 experts are 204 KiB) shared by the
      * batch: a shared step's tokens take turns (rounds) when their experts outnumber the slots. */
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, true,
+                      (struct bt_dev){.ngl = 999, .vram_budget = 3 * 204 * 1024});
+    free(path);
+}
+
+/* The same over several devices, each with its share of the layers (CUDA devices where there are
+ * two, else three host devices): a shared step's members pass from one device's layers to the
+ * next; all layers and the head split by free memory, then 3 layers over two devices (3,1) with
+ * the head on the CPU, then the experts in a pool on each device. */
+Test(executor_batch, device_sequences_over_devices_match_alone, .timeout = 300)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
+    const struct gpu_backend *cuda = gpu_backend_cuda();
+    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) < 2)) {
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0); /* this test's process only */
+        cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "3", 1), 0);
+    }
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) < 2)
+        cr_skip_test("fewer than two devices (%s): skipped", why);
+    cr_log_info("on %d %s devices", gpu_device_count(NULL, 0), gpu_backend_name());
+    bt_check_model_on(path, COMMON_CACHE_F16, 512, false, (struct bt_dev){.ngl = 999});
+    bt_check_model_on(
+        path, COMMON_CACHE_F16, 512, true,
+        (struct bt_dev){.ngl = 3,
+                        .devices = {.n = 2, .id = {1, 0}, .n_split = 2, .split = {3, 1}}});
     bt_check_model_on(path, COMMON_CACHE_F16, 512, true,
                       (struct bt_dev){.ngl = 999, .vram_budget = 3 * 204 * 1024});
     free(path);

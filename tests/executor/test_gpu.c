@@ -54,7 +54,8 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
                                                              .n_cpu_moe = pl.n_cpu_moe,
                                                              .vram_budget = pl.vram_budget,
                                                              .expert_miss = pl.expert_miss,
-                                                             .pool_policy = pl.pool_policy},
+                                                             .pool_policy = pl.pool_policy,
+                                                             .devices = pl.devices},
                                  &r->c, &e);
     cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d --vram-budget %llu: %s", pl.n_gpu_layers,
                  pl.n_cpu_moe, (unsigned long long)pl.vram_budget, e.text);
@@ -933,7 +934,7 @@ Test(executor_gpu, no_device_refused_with_a_reason, .timeout = 60)
     struct executor_ctx   *c = NULL;
     struct common_errmsg   e = {{0}};
     cr_assert_eq(executor_model_open(model_path, NULL, &m, &e), 0, "%s", e.text);
-    cr_assert_not(executor_gpu_usable(m, 0, 0, why, sizeof(why)));
+    cr_assert_not(executor_gpu_usable(m, &(struct executor_devices){0}, 0, why, sizeof(why)));
     cr_assert(strlen(why) > 0);
     int rc = executor_ctx_create(
         m, &(struct executor_ctx_opts){.n_ctx = 64, .n_gpu_layers = GPU_ALL}, &c, &e);
@@ -1074,4 +1075,215 @@ Test(executor_gpu, activations_rounded_as_the_cpu, .timeout = 60)
             free(got);
             free(q);
         }
+}
+
+/* ---- several devices (--device, --tensor-split) ------------------------------------------- */
+
+/* Two devices or more: CUDA's where there are, else three host devices (this test's process
+ * only); skips visibly otherwise. */
+static void devices_or_skip(void)
+{
+    const struct gpu_backend *cuda = gpu_backend_cuda();
+    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) < 2))
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    if (strcmp(getenv("SLUICE_GPU_BACKEND") ? getenv("SLUICE_GPU_BACKEND") : "", "host") == 0)
+        cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "3", 1), 0);
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) < 2)
+        cr_skip_test("fewer than two devices (%s): skipped", why);
+}
+
+/* The logits of a prompt and n_gen greedy steps on `a` and `b` are the same bits. */
+static void check_same_steps(struct gpu_run *a, struct gpu_run *b, const char *what)
+{
+    struct common_errmsg e = {{0}};
+    const uint32_t       nv = executor_ctx_n_vocab(a->c), n_prompt = 24, n_gen = 6;
+    int32_t              prompt[24];
+    for (uint32_t i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)(1 + (i * 37 + 11) % (nv - 1));
+    float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+    cr_assert_eq(executor_ctx_decode(a->c, prompt, n_prompt, la, NULL, &e), 0, "%s", e.text);
+    cr_assert_eq(executor_ctx_decode(b->c, prompt, n_prompt, lb, NULL, &e), 0, "%s", e.text);
+    for (uint32_t i = 0;; i++) {
+        cr_assert(memcmp(la, lb, nv * sizeof(float)) == 0, "%s: step %u: the logits differ", what,
+                  i);
+        if (i == n_gen)
+            break;
+        const int32_t tok = argmax(la, nv);
+        cr_assert_eq(executor_ctx_decode(a->c, &tok, 1, la, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(b->c, &tok, 1, lb, NULL, &e), 0, "%s", e.text);
+    }
+    free(la);
+    free(lb);
+}
+
+/* The layers split over the devices give the logits of one device, bit for bit (the kernels are
+ * the same; x passes between devices as it is): every layer and the head by free memory, three
+ * layers over a list of two in another order (3,1; the head on the CPU), and the experts in a
+ * pool on each device. Each device says what it holds; the layers and pools add up. */
+static void check_split_path(const char *rel, const char *model_path)
+{
+    const struct {
+        int32_t                 ngl;
+        uint64_t                budget;
+        struct executor_devices d;
+        uint32_t                n_dev; /* devices with layers */
+    } cases[] = {
+        {GPU_ALL, 0, {.n = 0}, 0}, /* every device: at most the layers */
+        {3, 0, {.n = 2, .id = {1, 0}, .n_split = 2, .split = {1, 1}}, 2},
+        {GPU_ALL, 3 * GPU_TINY_EXPERT, {.n = 2, .id = {0, 1}}, 2},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        struct gpu_run one, split;
+        if (cases[k].budget && !strstr(rel, "moe-tiny-q8_0"))
+            continue; /* GPU_TINY_EXPERT is the q8_0 fixture's */
+        run_open_at(&one, model_path,
+                    (struct executor_gpu_place){.n_gpu_layers = cases[k].ngl,
+                                                .vram_budget = cases[k].budget,
+                                                .devices = {.single = true}});
+        run_open_at(&split, model_path,
+                    (struct executor_gpu_place){.n_gpu_layers = cases[k].ngl,
+                                                .vram_budget = cases[k].budget,
+                                                .devices = cases[k].d});
+        char name[512], desc[2048];
+        cr_assert_eq(executor_ctx_gpu_layers(split.c, name, sizeof(name)),
+                     executor_ctx_gpu_layers(one.c, NULL, 0), "case %zu: layers", k);
+        cr_assert(strstr(name, " + ") != NULL, "case %zu: one device named: %s", k, name);
+        cr_assert(executor_ctx_gpu_describe(split.c, desc, sizeof(desc)));
+        uint32_t lines = 1;
+        for (const char *q = desc; (q = strchr(q, '\n')) != NULL; q++)
+            lines++;
+        if (cases[k].n_dev)
+            cr_assert_eq(lines, cases[k].n_dev, "case %zu: a line per device:\n%s", k, desc);
+        cr_assert_gt(lines, 1, "case %zu:\n%s", k, desc);
+        cr_log_info("%s, case %zu: %s\n%s", rel, k, name, desc);
+        char what[96];
+        snprintf(what, sizeof(what), "%s, case %zu", rel, k);
+        check_same_steps(&one, &split, what);
+        if (cases[k].budget) { /* a pool per device, of the budget each */
+            struct executor_gpu_pool_stats a, b;
+            cr_assert(executor_ctx_gpu_pool_stats(one.c, &a));
+            cr_assert(executor_ctx_gpu_pool_stats(split.c, &b));
+            cr_assert_eq(b.n_slots, 2 * a.n_slots);
+            cr_assert_eq(b.expert_bytes, a.expert_bytes);
+            cr_assert_gt(b.misses, 0);
+        }
+        run_close(&one);
+        run_close(&split);
+    }
+}
+
+static void check_split(const char *rel)
+{
+    devices_or_skip();
+    FIXTURE_OR_SKIP(model_path, rel);
+    check_split_path(rel, model_path);
+    free(model_path);
+}
+
+Test(gpu_devices, split_layers_give_one_devices_logits_q8_0, .timeout = 300)
+{
+    check_split("moe-tiny/moe-tiny-q8_0.gguf");
+}
+
+Test(gpu_devices, split_layers_give_one_devices_logits_q4_k_m, .timeout = 300)
+{
+    check_split("moe-tiny/moe-tiny-q4_k_m.gguf");
+}
+
+/* Made here: the fixtures' dense model has one layer. A dense llama and deepseek2 (latent
+ * attention, whose cache holds no values) of four layers. */
+static void check_split_synth(enum common_arch arch, uint32_t type)
+{
+    devices_or_skip();
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/split.gguf", dir);
+    const struct executor_synth_opts o = {.path = path,
+                                          .arch = arch,
+                                          .n_embd = 128,
+                                          .n_layer = 4,
+                                          .n_head = 4,
+                                          .n_head_kv = arch == COMMON_ARCH_DEEPSEEK2 ? 4 : 2,
+                                          .n_ff = 256,
+                                          .n_vocab = 512,
+                                          .type = type,
+                                          .seed = 3,
+                                          .n_threads = 1};
+    struct common_errmsg             e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
+    check_split_path(common_arch_name(arch), path);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(gpu_devices, split_layers_give_one_devices_logits_dense, .timeout = 300)
+{
+    check_split_synth(COMMON_ARCH_LLAMA, COMMON_GGML_TYPE_Q4_0);
+}
+
+Test(gpu_devices, split_layers_give_one_devices_logits_deepseek2, .timeout = 300)
+{
+    check_split_synth(COMMON_ARCH_DEEPSEEK2, COMMON_GGML_TYPE_Q8_0);
+}
+
+/* The host backend refuses memory of another device than the thread's, as CUDA's kernels
+ * cannot use it: a pass that forgets to switch devices fails in the tests. */
+Test(gpu_devices, host_backend_refuses_another_devices_memory, .timeout = 60)
+{
+    devices_or_skip();
+    if (strcmp(gpu_backend_name(), "HOST") != 0)
+        cr_skip_test("%s backend: the check is the host backend's: skipped", gpu_backend_name());
+    cr_assert_eq(gpu_select(0, NULL, NULL, 0), 0);
+    cr_assert_eq(gpu_select(1, NULL, NULL, 0), 0);
+    cr_assert_eq(gpu_use(0), 0);
+    float *a = gpu_malloc(64 * sizeof(float));
+    cr_assert_not_null(a);
+    cr_assert_eq(gpu_memset(a, 0, 64 * sizeof(float)), 0);
+    cr_assert_eq(gpu_use(1), 0);
+    cr_assert_eq(gpu_current(), 1);
+    cr_assert_eq(gpu_memset(a, 0, 64 * sizeof(float)), -1);
+    cr_assert(strstr(gpu_last_error(), "memory of HOST0 used on HOST1") != NULL, "%s",
+              gpu_last_error());
+    cr_assert_eq(gpu_add(a, a, a, 64), -1);
+    cr_assert_eq(gpu_use(7), -1, "HOST7 does not exist");
+    cr_assert_eq(gpu_current(), 1);
+    cr_assert_eq(gpu_use(0), 0);
+    cr_assert_eq(gpu_add(a, a, a, 64), 0);
+    gpu_free(a);
+}
+
+/* What the options say: --device lists, --split-mode, --tensor-split; bad values refused. */
+Test(gpu_devices, device_options_parse_as_llama_cpp, .timeout = 60)
+{
+    struct executor_devices d = {0};
+    struct common_errmsg    e = {{0}};
+    int32_t                 ids[EXECUTOR_MAX_DEVICES];
+    cr_assert_eq(executor_devices_parse_list(&d, "CUDA1,CUDA0", &e), 0, "%s", e.text);
+    cr_assert_eq(d.n, 2);
+    cr_assert_eq(executor_devices_resolve(&d, ids, NULL, 0), 2);
+    cr_assert(ids[0] == 1 && ids[1] == 0);
+    cr_assert_eq(executor_devices_parse_split(&d, "3,1", &e), 0, "%s", e.text);
+    cr_assert(d.n_split == 2 && d.split[0] == 3.0f && d.split[1] == 1.0f);
+    cr_assert_eq(executor_devices_parse_mode(&d, "none", &e), 0);
+    d.main_gpu = 1;
+    cr_assert_eq(executor_devices_resolve(&d, ids, NULL, 0), 1);
+    cr_assert_eq(ids[0], 1);
+    cr_assert_eq(executor_devices_parse_list(&d, "none", &e), 0);
+    cr_assert_eq(executor_devices_resolve(&d, ids, NULL, 0), 0);
+    const char *bad_lists[] = {"CUDA", "CUDA0,", "GPU0", "CUDA0,CUDA0", "CUDA16", "CUDA-1", ""};
+    for (size_t i = 0; i < sizeof(bad_lists) / sizeof(bad_lists[0]); i++) {
+        struct executor_devices t = {0};
+        cr_assert_eq(executor_devices_parse_list(&t, bad_lists[i], &e), COMMON_EINVAL, "'%s'",
+                     bad_lists[i]);
+        cr_assert_eq(t.n, 0);
+    }
+    const char *bad_splits[] = {"", "0", "0,0", "1,-1", "a", "1,,2", "nan"};
+    for (size_t i = 0; i < sizeof(bad_splits) / sizeof(bad_splits[0]); i++) {
+        struct executor_devices t = {0};
+        cr_assert_eq(executor_devices_parse_split(&t, bad_splits[i], &e), COMMON_EINVAL, "'%s'",
+                     bad_splits[i]);
+    }
+    cr_assert_eq(executor_devices_parse_mode(&d, "row", &e), COMMON_EINVAL);
 }
