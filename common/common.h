@@ -1136,10 +1136,12 @@ struct common_devmem_handle {
     uint8_t  blob[COMMON_DEVMEM_BLOB];
 };
 
-/* Opens the backend on device `dev` (0 for the host's emulation, whose one device is HOST0):
- * the device made current, the copy stream created. Once per process; a second call with the
- * same device returns 0, with another COMMON_EINVAL. COMMON_ENOTSUP when no backend is there
- * (a build without CUDA, no driver, SLUICE_GPU_BACKEND=none), with the reason. */
+/* Opens the backend on device `dev` (the host's emulation has SLUICE_GPU_HOST_DEVICES of them,
+ * HOST0 without it) and makes it the calling thread's device: pieces and events made after are
+ * that device's, and pieces mapped are given it access. The first call creates the copy stream
+ * (copy_async's, on that device). Calls for other devices, or again, are allowed: each makes
+ * its device the thread's. COMMON_ENOTSUP when no backend is there (a build without CUDA, no
+ * driver, SLUICE_GPU_BACKEND=none), with the reason. */
 int common_devmem_open(int dev, struct common_errmsg *e);
 /* The backend opened: "HOST" or "CUDA"; NULL before common_devmem_open succeeded. */
 const char *common_devmem_backend(void);

@@ -10,9 +10,9 @@
 #include "devmem_impl.h"
 
 static pthread_mutex_t              g_mu = PTHREAD_MUTEX_INITIALIZER;
-static const struct devmem_backend *g_be; /* set once open succeeded */
-static int                          g_dev = -1;
-static size_t                       g_gran;
+static const struct devmem_backend *g_be;     /* set once open succeeded */
+static uint32_t                     g_opened; /* a bit per device opened */
+static size_t                       g_gran;   /* theirs (the same for every one) */
 
 static const struct devmem_backend *devmem_pick(const char **why)
 {
@@ -33,25 +33,23 @@ static const struct devmem_backend *devmem_pick(const char **why)
 
 int common_devmem_open(int dev, struct common_errmsg *e)
 {
-    if (dev < 0)
+    if (dev < 0 || dev >= 32)
         return common_errmsg_set(e, COMMON_EINVAL, "device %d: not a device number", dev);
     pthread_mutex_lock(&g_mu);
-    int rc = COMMON_OK;
-    if (g_be) {
-        if (dev != g_dev)
-            rc = common_errmsg_set(
-                e, COMMON_EINVAL, "device memory is open on device %d already, not %d", g_dev, dev);
-        pthread_mutex_unlock(&g_mu);
-        return rc;
-    }
+    int                          rc = COMMON_OK;
     const char                  *why = NULL;
-    const struct devmem_backend *be = devmem_pick(&why);
+    const struct devmem_backend *be = g_be ? g_be : devmem_pick(&why);
     size_t                       gran = 0;
     if (!be)
         rc = common_errmsg_set(e, COMMON_ENOTSUP, "%s", why);
-    else if ((rc = be->open(dev, &gran, e)) == COMMON_OK) {
+    else if ((rc = be->open(dev, &gran, e)) == COMMON_OK && g_be && gran != g_gran)
+        rc = common_errmsg_set(e, COMMON_ENOTSUP,
+                               "device memory: device %d's granularity (%zu) is not the others' "
+                               "(%zu)",
+                               dev, gran, g_gran);
+    else if (rc == COMMON_OK) {
         g_be = be;
-        g_dev = dev;
+        g_opened |= 1u << dev;
         g_gran = gran;
     }
     pthread_mutex_unlock(&g_mu);

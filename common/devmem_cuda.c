@@ -31,7 +31,7 @@ static struct {
     PFN_cuDeviceGetAttribute_v2000            attribute;
 } g_cu;
 static cudaStream_t g_stream; /* the copy stream */
-static int          g_dev;
+static _Thread_local int g_dev;    /* the calling thread's device (the last it opened) */
 
 static int cuda_fail(struct common_errmsg *e, cudaError_t err, const char *what)
 {
@@ -122,7 +122,9 @@ static int cuda_open(int dev, size_t *granularity, struct common_errmsg *e)
     r = g_cu.granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS || gran == 0)
         return cu_fail(e, r, "cuMemGetAllocationGranularity");
-    if ((err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking)) != cudaSuccess)
+    /* the copy stream: the first device's (a fetcher's copies; an executor copies none) */
+    if (!g_stream &&
+        (err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking)) != cudaSuccess)
         return cuda_fail(e, err, "cudaStreamCreate");
     *granularity = gran;
     return COMMON_OK;

@@ -254,9 +254,18 @@ static void host_drain(void)
 
 static int host_open(int dev, size_t *granularity, struct common_errmsg *e)
 {
-    if (dev != 0)
-        return common_errmsg_set(e, COMMON_EINVAL, "device %d: the host backend has HOST0 only",
-                                 dev);
+    /* as many devices as the executor's host backend emulates (SLUICE_GPU_HOST_DEVICES) */
+    const char *v = getenv("SLUICE_GPU_HOST_DEVICES");
+    char       *end = NULL;
+    const long  n_dev = v ? strtol(v, &end, 10) : 1;
+    const int   n = v && end != v && !*end && n_dev >= 1 && n_dev <= 8 ? (int)n_dev : 1;
+    if (dev >= n)
+        return common_errmsg_set(e, COMMON_EINVAL, "device %d: the host backend has HOST0..HOST%d",
+                                 dev, n - 1);
+    *granularity = HOST_GRAN;
+    static bool started; /* one copy thread for every device (open runs under devmem.c's lock) */
+    if (started)
+        return COMMON_OK;
     pthread_t      th;
     pthread_attr_t a;
     pthread_attr_init(&a);
@@ -266,7 +275,7 @@ static int host_open(int dev, size_t *granularity, struct common_errmsg *e)
     if (rc != 0)
         return common_errmsg_set(e, COMMON_ENOMEM, "device memory: no copy thread: %s",
                                  strerror(rc));
-    *granularity = HOST_GRAN;
+    started = true;
     return COMMON_OK;
 }
 

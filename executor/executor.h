@@ -254,11 +254,13 @@ struct executor_weights_opts {
 };
 
 /* A device expert pool that the fetchers make and fill (DESIGN section 8; proto.h: the fetcher's
- * device pool), for the device's pool of experts (executor/gpu.c). Its memory is fetcher 0's,
- * mapped here and in every other fetcher; each fetcher copies the experts of its shard into it
- * from its RAM pool on its own copy stream; the fetchers' events (recorded by mark) say when
- * copies are done, and this process's kernels event (kev, recorded after the kernels) lets them
- * copy over slots only after them. */
+ * device pool), for a device's pool of experts (executor/gpu.c): one per device, each filled by
+ * the fetchers whose shards hold experts of that device's layers (a fetcher serves one pool; one
+ * fetcher per GPU where the fetchers shard by layer as the devices do). Its memory is the first
+ * of those fetchers', mapped here and in the others; each fetcher copies the experts of its shard
+ * into it from its RAM pool on its own copy stream; the fetchers' events (recorded by mark) say
+ * when copies are done, and this process's kernels event (kev, recorded after the kernels) lets
+ * them copy over slots only after them. */
 struct common_devmem_event;
 #define EXECUTOR_DEV_MAX_EVENTS   16u
 #define EXECUTOR_DEV_MAX_FETCHERS 16u
@@ -266,15 +268,18 @@ struct executor_dev_pool {
     uint8_t                    *base; /* reserved here: bytes, mapped piece by piece by back */
     size_t                      bytes, gran;
     struct common_devmem_event *kev;        /* this process's, recorded after the kernels */
-    uint32_t                    n_fetchers; /* that copy into it (the memory is fetcher 0's) */
+    uint32_t                    n_fetchers; /* that copy into it (the memory is the lead's) */
+    uint32_t                    lead;       /* the fetcher whose memory it is */
     char                        backend[8]; /* "HOST" or "CUDA" */
     bool stages; /* every fetcher reads what is not in its RAM pool from storage (read) */
 };
 struct executor_dev_ops {
-    /* Asks the fetcher for a pool of `bytes` with n_events events on device dev. 0, or a
-     * negative common_err with the reason (COMMON_ENOTSUP: none to be had; the caller makes its
-     * own pool). At most one pool is open. */
-    int (*open)(void *arg, int dev, size_t bytes, uint32_t n_events, struct executor_dev_pool *out,
+    /* Asks the fetchers of the experts of layers first_layer .. first_layer + n_layers - 1 for a
+     * pool of `bytes` with n_events events on device dev; *pool: the argument of the calls below.
+     * 0, or a negative common_err with the reason (COMMON_ENOTSUP: none to be had, as when one
+     * of those fetchers serves another pool; the caller makes its own pool). */
+    int (*open)(void *arg, int dev, uint32_t first_layer, uint32_t n_layers, size_t bytes,
+                uint32_t n_events, struct executor_dev_pool *out, void **pool,
                 struct common_errmsg *e);
     /* Maps piece k (gran bytes at base + k * gran): the fetcher's, or, once it is gone, one made
      * here. 0 or a negative common_err. */
@@ -426,6 +431,11 @@ struct executor_devices {
     int32_t  id[EXECUTOR_MAX_DEVICES];
     uint32_t n_split; /* --tensor-split: each device's share (of the list); 0 = free memory */
     float    split[EXECUTOR_MAX_DEVICES];
+    /* Each device's first layer instead, when n_at is the number of devices (the executor
+     * daemon: the fetchers' layer shards, one fetcher per device, so that each device's expert
+     * pool is one fetcher's); the -ngl layers from at[k] to at[k + 1] go to device k. */
+    uint32_t n_at;
+    uint32_t at[EXECUTOR_MAX_DEVICES];
 };
 /* The devices d names: their ids into ids (EXECUTOR_MAX_DEVICES of room); returns how many, 0
  * (why says why: --device none, or no device), never more than the process has when it has

@@ -160,8 +160,9 @@ struct gpu_xpool {
     char                           dev_why[160]; /* why the pool is not the fetcher's */
     /* The pool of the first device: it took the weight source's region hooks (the pins, made
      * portable, serve every device's copies) and the fetchers' device pool. */
-    bool    first;
-    int32_t dev_id; /* its device */
+    bool              first;
+    struct gpu_xpool *pin_src; /* the pool holding those registrations (the first; itself) */
+    int32_t           dev_id;  /* its device */
 };
 
 /* The fetcher's copies end: from now on this process copies into the pool's memory itself. */
@@ -830,14 +831,15 @@ static void gpu_pin_remove(void *arg, const void *base)
  * throughout, so the region stays mapped. */
 static double gpu_pool_copy_rate(struct gpu_xpool *px)
 {
-    pthread_mutex_lock(&px->reg_mu);
-    const bool     from_pinned = px->n_pins > 0 && px->pins[0].bytes >= px->slot_bytes;
-    const uint8_t *pinned = from_pinned ? px->pins[0].base : NULL;
+    struct gpu_xpool *pp = px->pin_src;
+    pthread_mutex_lock(&pp->reg_mu);
+    const bool     from_pinned = pp->n_pins > 0 && pp->pins[0].bytes >= px->slot_bytes;
+    const uint8_t *pinned = from_pinned ? pp->pins[0].base : NULL;
     uint8_t       *own = from_pinned ? NULL : malloc(px->slot_bytes);
     const uint8_t *buf = from_pinned ? pinned : own;
     double         best = 0;
     if (!buf) {
-        pthread_mutex_unlock(&px->reg_mu);
+        pthread_mutex_unlock(&pp->reg_mu);
         return 0;
     }
     if (own)
@@ -853,7 +855,7 @@ static double gpu_pool_copy_rate(struct gpu_xpool *px)
         best = k == 0 || ns_b < best ? ns_b : best;
     }
     free(own);
-    pthread_mutex_unlock(&px->reg_mu);
+    pthread_mutex_unlock(&pp->reg_mu);
     return best;
 }
 
@@ -874,10 +876,11 @@ static int gpu_pool_back(struct gpu_xpool *px, uint32_t s)
 
 /* The expert pool of n_slots slots of slot_bytes, empty (its device memory among gw's, or its
  * own reservation). */
-static int gpu_pool_create(struct executor_gpu_weights *gw, bool first, uint32_t n_slots,
-                           size_t slot_bytes, enum executor_expert_miss miss_mode,
+static int gpu_pool_create(struct executor_gpu_weights *gw, struct gpu_xpool *pins_of,
+                           uint32_t n_slots, size_t slot_bytes, enum executor_expert_miss miss_mode,
                            enum executor_pool_policy policy, struct common_errmsg *e)
 {
+    const bool                   first = pins_of == NULL;
     const struct common_hparams *hp = &gw->m->desc->hp;
     const size_t                 n_keys = (size_t)hp->n_layer * hp->n_expert;
     struct gpu_xpool            *px = calloc(1, sizeof(*px));
@@ -892,6 +895,7 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, bool first, uint32_t
     }
     gw->pool = px;
     px->first = first;
+    px->pin_src = first ? px : pins_of;
     px->dev_id = gw->dev;
     px->slot_bytes = slot_bytes;
     px->n_slots = n_slots;
@@ -935,20 +939,19 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, bool first, uint32_t
     void                          *darg = NULL;
     const struct executor_dev_ops *dops =
         ws->ops->expert_device ? ws->ops->expert_device(ws->impl, &darg) : NULL;
-    if (dops && !first) {
-        snprintf(px->dev_why, sizeof(px->dev_why),
-                 "the fetchers' device pool serves the first device's layers");
-    } else if (dops && !getenv("SLUICE_DEVPOOL_OWN")) { /* the fetcher's device pool */
+    if (dops && !getenv("SLUICE_DEVPOOL_OWN")) { /* the fetchers' device pool */
         struct common_errmsg de = {{0}};
-        if (dops->open(darg, gw->dev, want, GPU_POOL_EVENTS, &px->dp, &de) != 0) {
+        void                *pool = NULL;
+        if (dops->open(darg, gw->dev, gw->il0, gw->il1 - gw->il0, want, GPU_POOL_EVENTS, &px->dp,
+                       &pool, &de) != 0) {
             snprintf(px->dev_why, sizeof(px->dev_why), "%.159s", de.text);
         } else if (strcmp(px->dp.backend, gpu_backend_name()) != 0) {
             snprintf(px->dev_why, sizeof(px->dev_why), "the fetcher's pool is %s memory",
                      px->dp.backend);
-            dops->close(darg);
+            dops->close(pool);
         } else {
             px->dev = px->dev_mem = dops;
-            px->dev_arg = darg;
+            px->dev_arg = pool;
             px->stage = px->dp.stages && dops->read;
             px->d = px->dp.base;
             px->va_chunk = px->dp.gran;
@@ -1239,11 +1242,12 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint3
 }
 
 /* The weights of layers il0 .. il1 - 1 (and the head) on device dev, selected before: one
- * device's part of a placement (the first when `first`; `several` when there are others). */
+ * device's part of a placement (`several` when there are others); its expert pool, if any, uses
+ * the registrations of pins_of's (NULL: it is the first pool, and takes them). */
 static int gpu_weights_part(const struct executor_model *m, const struct executor_gpu_place *pl,
                             int32_t dev, const struct gpu_info *info, uint32_t il0, uint32_t il1,
-                            bool head, bool first, bool several, uint32_t n_ctx, uint32_t n_batch,
-                            uint32_t n_seq, struct executor_gpu_weights **out,
+                            bool head, struct gpu_xpool *pins_of, bool several, uint32_t n_ctx,
+                            uint32_t n_batch, uint32_t n_seq, struct executor_gpu_weights **out,
                             struct common_errmsg *e)
 {
     const uint32_t               cpu_moe = pl->n_cpu_moe > 0 ? (uint32_t)pl->n_cpu_moe : 0;
@@ -1290,7 +1294,7 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
     gw->head = head;
     gw->expert_bytes = all;
     if (n_slots > 0)
-        rc = gpu_pool_create(gw, first, (uint32_t)n_slots, slot_bytes, pl->expert_miss,
+        rc = gpu_pool_create(gw, pins_of, (uint32_t)n_slots, slot_bytes, pl->expert_miss,
                              pl->pool_policy, e);
     for (uint32_t il = il0; il < il1 && rc == 0; il++)
         rc = gpu_put_layer(gw, il, e);
@@ -1352,11 +1356,18 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
         if (start[k + 1] < start[k])
             start[k + 1] = start[k];
     }
+    if (pl->devices.n_at == (uint32_t)n_dev) /* given: clamped to the -ngl layers, in order */
+        for (int k = 1; k < n_dev; k++) {
+            const uint32_t at = pl->devices.at[k];
+            start[k] = at < il0 ? il0 : at > hp->n_layer ? hp->n_layer : at;
+            start[k] = start[k] < start[k - 1] ? start[k - 1] : start[k];
+        }
     start[n_dev] = hp->n_layer;
     int last = n_dev - 1; /* the last device with layers takes the head */
     while (last > 0 && start[last] == start[last + 1])
         last--;
     struct executor_gpu_weights *first = NULL, **tail = &first;
+    struct gpu_xpool            *pins_of = NULL; /* the first pool */
     int                          rc = 0, n_parts = 0;
     for (int k = 0; k < n_dev; k++)
         n_parts += start[k + 1] > start[k];
@@ -1364,9 +1375,11 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
         if (start[k + 1] == start[k])
             continue;
         rc = gpu_weights_part(m, pl, ids[k], &info[k], start[k], start[k + 1], head && k == last,
-                              first == NULL, n_parts > 1, n_ctx, n_batch, n_seq, tail, e);
-        if (rc == 0)
+                              pins_of, n_parts > 1, n_ctx, n_batch, n_seq, tail, e);
+        if (rc == 0) {
+            pins_of = pins_of ? pins_of : (*tail)->pool;
             tail = &(*tail)->next;
+        }
     }
     if (rc < 0) {
         executor_gpu_weights_destroy(first);
@@ -1603,20 +1616,21 @@ static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t le
     if (px && at2 < len) {
         const uint64_t pb = (uint64_t)px->n_slots * px->slot_bytes;
         char           a[32], b[32], from[64];
-        pthread_mutex_lock(&px->reg_mu);
-        if (px->n_pins > 1)
-            snprintf(from, sizeof(from), "the RAM pools of %u fetchers, pinned", px->n_pins);
+        const struct gpu_xpool *pp = px->pin_src;
+        pthread_mutex_lock(&px->pin_src->reg_mu);
+        if (pp->n_pins > 1)
+            snprintf(from, sizeof(from), "the RAM pools of %u fetchers, pinned", pp->n_pins);
         else
             snprintf(from, sizeof(from), "%s",
-                     px->n_pins ? "the RAM pool, pinned" : "pageable memory");
+                     pp->n_pins ? "the RAM pool, pinned" : "pageable memory");
         char vm[64] = "";
         if (px->va_chunk)
             snprintf(vm, sizeof(vm), ", reserved and mapped in %s pieces as slots fill",
                      common_format_size(px->va_chunk, b, sizeof(b)));
         char who[224] = ",";
         if (px->dev)
-            snprintf(who, sizeof(who), ", in fetcher 0's device memory (%s, filled by %s),%s",
-                     px->dp.backend,
+            snprintf(who, sizeof(who), ", in fetcher %u's device memory (%s, filled by %s),%s",
+                     px->dp.lead, px->dp.backend,
                      px->dp.n_fetchers > 1 ? "the fetchers, each its experts" : "the fetcher",
                      px->stage ? " read from storage through their staging or" : "");
         else if (px->dev_why[0])
@@ -1628,9 +1642,9 @@ static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t le
                  100.0 * (double)pb / (double)gw->expert_bytes,
                  common_format_size(gw->expert_bytes, b, sizeof(b)),
                  executor_expert_miss_name(px->miss_mode), px->lfu ? ", --policy lfu" : "", who,
-                 from, px->pin_err[0] ? " (pinning the RAM pool failed: " : "", px->pin_err,
-                 px->pin_err[0] ? ")" : "");
-        pthread_mutex_unlock(&px->reg_mu);
+                 from, pp->pin_err[0] ? " (pinning the RAM pool failed: " : "", pp->pin_err,
+                 pp->pin_err[0] ? ")" : "");
+        pthread_mutex_unlock(&px->pin_src->reg_mu);
     }
 }
 
@@ -1664,12 +1678,13 @@ static void gpu_pool_stats_part(const struct executor_gpu *g, struct executor_gp
     out->on_demand = px->va_chunk > 0;
     out->mapped_bytes = px->va_chunk ? (uint64_t)px->va_mapped * px->va_chunk
                                      : (uint64_t)px->n_slots * px->slot_bytes;
-    pthread_mutex_lock(&px->reg_mu);
-    out->pinned_bytes = px->pinned_bytes;
-    out->pinned_regions = px->n_pins;
-    out->pin_adds = px->pin_adds;
-    out->pin_removes = px->pin_removes;
-    pthread_mutex_unlock(&px->reg_mu);
+    const struct gpu_xpool *pp = px->pin_src; /* the registrations serve every device */
+    pthread_mutex_lock(&px->pin_src->reg_mu);
+    out->pinned_bytes = pp->pinned_bytes;
+    out->pinned_regions = pp->n_pins;
+    out->pin_adds = pp->pin_adds;
+    out->pin_removes = pp->pin_removes;
+    pthread_mutex_unlock(&px->pin_src->reg_mu);
     uint64_t busy, stall;
     if (gpu_copy_times(&busy, &stall)) {
         out->copy_busy_ns = busy - px->busy0_ns;
@@ -1700,6 +1715,11 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
     for (g = g->next; g; g = g->next) { /* the other devices' pools: their sums */
         struct executor_gpu_pool_stats o;
         gpu_pool_stats_part(g, &o);
+        const bool had = out->n_slots > 0; /* a pool before this one */
+        if (o.n_slots) {                   /* in the fetchers only when every pool is */
+            out->fetcher_memory = (!had || out->fetcher_memory) && o.fetcher_memory;
+            out->in_fetcher = (!had || out->in_fetcher) && o.in_fetcher;
+        }
         out->n_slots += o.n_slots;
         out->slot_bytes = o.slot_bytes > out->slot_bytes ? o.slot_bytes : out->slot_bytes;
         out->expert_bytes += o.expert_bytes;
@@ -1710,6 +1730,11 @@ void executor_gpu_pool_stats(const struct executor_gpu *g, struct executor_gpu_p
         out->mapped_bytes += o.mapped_bytes;
         out->staged += o.staged;
         out->stage_failures += o.stage_failures;
+        out->fetcher_losses += o.fetcher_losses;
+        out->fetcher_retakes += o.fetcher_retakes;
+        out->fetcher_wait_ns += o.fetcher_wait_ns;
+        out->fetcher_copy_ns += o.fetcher_copy_ns;
+        out->copy_busy_ns += o.fetcher_copy_ns; /* the process's own copies are counted once */
     }
 }
 

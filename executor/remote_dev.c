@@ -1,6 +1,8 @@
-/* executor/remote_dev.c - the fetchers' device expert pool, seen from the executor: its memory
- * made by fetcher 0 and mapped here and in every other fetcher, each fetcher's events and control
- * page imported over "fetcher-<i>.dev", copies, marks and waits asked for on each link's ring
+/* executor/remote_dev.c - the fetchers' device expert pools, seen from the executor: one per
+ * device, filled by the fetchers whose shards hold experts of the device's layers (its members; a
+ * fetcher is a member of one pool at most, as it serves one); the memory made by the first
+ * member (the lead) and mapped here and in every other member, each member's events and control
+ * page imported over "fetcher-<i>.dev", copies, marks and waits asked for on each member's ring
  * (proto.h: the fetcher's device pool). */
 #include <errno.h>
 #include <linux/futex.h>
@@ -34,10 +36,11 @@ struct dev_fetcher {
 };
 
 struct remote_dev {
+    struct executor_remote      *r;
     pthread_mutex_t              mu; /* the sockets and pieces */
     _Atomic bool                 gone;
     /* The pieces are this process's (a retake after a loss): made here and adopted by every
-     * fetcher, fetcher 0 included. */
+     * member, the lead included. */
     bool                         own;
     int                          dev; /* the device and bytes OPEN asked */
     size_t                       asked;
@@ -46,8 +49,10 @@ struct remote_dev {
     struct common_devmem_piece **pieces; /* p.bytes / p.gran entries, NULL = not mapped */
     uint32_t                     n_pieces;
     uint64_t                     busy; /* the fetchers' copy time, as last seen */
+    uint32_t                     lead; /* the member whose memory the pool is */
+    bool                         in[EXECUTOR_DEV_MAX_FETCHERS]; /* the members */
     uint32_t                     n_f;
-    struct dev_fetcher           f[]; /* one per link */
+    struct dev_fetcher           f[]; /* one per link (only the members' are used) */
 };
 
 /* Ends this process's side of fetcher f's pool: its connection, events and control page (its
@@ -81,7 +86,8 @@ static void dev_free(struct remote_dev *d)
     common_devmem_unreserve(d->p.base, d->p.bytes);
     common_devmem_event_destroy(d->p.kev);
     for (uint32_t i = 0; i < d->n_f; i++)
-        dev_fetcher_close(&d->f[i]);
+        if (d->in[i])
+            dev_fetcher_close(&d->f[i]);
     pthread_mutex_destroy(&d->mu);
     free(d);
 }
@@ -107,7 +113,7 @@ static const char *dev_error_text(struct common_devmem_handle *h)
     return (const char *)h->blob;
 }
 
-/* Opens fetcher i's side of the pool (adopts: the memory is fetcher 0's). *g: what it granted.
+/* Opens fetcher i's side of the pool (adopts: the memory is the lead's). *g: what it granted.
  * 0 or a negative common_err (e says what). */
 static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uint32_t i, int dev,
                             size_t bytes, uint32_t n_events, bool adopts,
@@ -194,17 +200,53 @@ static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uin
     return COMMON_OK;
 }
 
-static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
-                    struct executor_dev_pool *out, struct common_errmsg *e)
+/* Whether link i's shard holds experts of layers [l0, l1). */
+static bool dev_shard_meets(const struct executor_remote *r, uint32_t i, uint32_t l0, uint32_t l1)
+{
+    const struct proto_shard *sh = &r->links[i].shard;
+    if (sh->n_layers == 0) /* every layer */
+        return true;
+    return sh->first_layer < l1 && l0 < sh->first_layer + sh->n_layers;
+}
+
+static int dev_open(void *arg, int dev, uint32_t first_layer, uint32_t n_layers, size_t bytes,
+                    uint32_t n_events, struct executor_dev_pool *out, void **pool,
+                    struct common_errmsg *e)
 {
     struct executor_remote *r = arg;
+    *pool = NULL;
     if (r->n_links > EXECUTOR_DEV_MAX_FETCHERS)
         return common_errmsg_set(e, COMMON_ENOTSUP,
                                  "the experts come from %u fetchers, more than %u", r->n_links,
                                  EXECUTOR_DEV_MAX_FETCHERS);
-    if (r->dev || n_events == 0 || n_events > EXECUTOR_DEV_MAX_EVENTS ||
-        n_events > PROTO_DEVPOOL_MAX_EVENTS || bytes == 0)
-        return common_errmsg_set(e, COMMON_EINVAL, "a device pool is open, or a bad request");
+    if (n_events == 0 || n_events > EXECUTOR_DEV_MAX_EVENTS ||
+        n_events > PROTO_DEVPOOL_MAX_EVENTS || bytes == 0 || n_layers == 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "a bad request for a device pool");
+    uint32_t slot = EXECUTOR_DEV_MAX_FETCHERS;
+    for (uint32_t k = EXECUTOR_DEV_MAX_FETCHERS; k-- > 0;)
+        if (!r->devs[k])
+            slot = k;
+    if (slot == EXECUTOR_DEV_MAX_FETCHERS)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "every fetcher serves a device pool");
+    /* Its members: the fetchers holding experts of these layers, none serving another pool. */
+    const uint32_t l1 = first_layer + n_layers;
+    bool           in[EXECUTOR_DEV_MAX_FETCHERS] = {false};
+    uint32_t       n_in = 0, lead = 0;
+    for (uint32_t i = 0; i < r->n_links; i++) {
+        if (!dev_shard_meets(r, i, first_layer, l1))
+            continue;
+        for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_FETCHERS; k++)
+            if (r->devs[k] && r->devs[k]->in[i])
+                return common_errmsg_set(e, COMMON_ENOTSUP,
+                                         "fetcher %u serves the pool of device %d (layers %u..%u "
+                                         "share its experts)",
+                                         i, r->devs[k]->dev, first_layer, l1 - 1);
+        lead = n_in++ ? lead : i;
+        in[i] = true;
+    }
+    if (n_in == 0)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "no fetcher holds experts of layers %u..%u",
+                                 first_layer, l1 - 1);
     int rc = common_devmem_open(dev, e);
     if (rc != COMMON_OK)
         return rc;
@@ -214,31 +256,37 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
     atomic_init(&d->gone, false);
+    d->r = r;
     d->n_f = r->n_links;
     d->n_events = n_events;
     d->dev = dev;
     d->asked = bytes;
+    d->lead = lead;
+    memcpy(d->in, in, sizeof(in));
     for (uint32_t i = 0; i < d->n_f; i++)
         d->f[i].sock = -1;
     rc = common_devmem_event_create(&d->p.kev, e);
     struct proto_devpool_granted g0 = {0};
     bool                         stages = true;
     for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++) {
+        if (!d->in[i])
+            continue;
         struct proto_devpool_granted g = {0};
-        rc = dev_open_fetcher(r, d, i, dev, bytes, n_events, i > 0, &g, e);
+        rc = dev_open_fetcher(r, d, i, dev, bytes, n_events, i != lead, &g, e);
         stages = stages && (g.flags & PROTO_DEVPOOL_STAGES);
-        if (rc == COMMON_OK && i == 0)
+        if (rc == COMMON_OK && i == lead)
             g0 = g;
         else if (rc == COMMON_OK && (g.bytes != g0.bytes || g.granularity != g0.granularity))
             rc = common_errmsg_set(e, COMMON_EPROTO,
-                                   "fetcher %u's device pool differs from fetcher 0's", i);
+                                   "fetcher %u's device pool differs from fetcher %u's", i, lead);
     }
     if (rc == COMMON_OK) {
         d->n_pieces = (uint32_t)(g0.bytes / g0.granularity);
         d->pieces = calloc(d->n_pieces, sizeof(*d->pieces));
         d->p.bytes = g0.bytes;
         d->p.gran = g0.granularity;
-        d->p.n_fetchers = d->n_f;
+        d->p.n_fetchers = n_in;
+        d->p.lead = lead;
         d->p.stages = stages;
         snprintf(d->p.backend, sizeof(d->p.backend), "%s", g0.backend);
         if (!d->pieces || !(d->p.base = common_devmem_reserve(g0.bytes, e)))
@@ -249,12 +297,13 @@ static int dev_open(void *arg, int dev, size_t bytes, uint32_t n_events,
         dev_free(d);
         return rc;
     }
-    r->dev = d;
+    r->devs[slot] = d;
     *out = d->p;
+    *pool = d;
     return COMMON_OK;
 }
 
-/* Hands piece k (fetcher 0's handle h, still ours) to fetcher i to map. 0 or a negative
+/* Hands piece k (the lead's handle h, still ours) to fetcher i to map. 0 or a negative
  * common_err: ECLOSED and the like (the fetcher is gone), EDEVICE (it refused). */
 static int dev_adopt(struct remote_dev *d, uint32_t i, uint32_t k,
                      const struct common_devmem_handle *h, struct common_errmsg *e)
@@ -277,14 +326,15 @@ static int dev_adopt(struct remote_dev *d, uint32_t i, uint32_t k,
     return COMMON_OK;
 }
 
-/* Hands piece k (made or imported here) to every fetcher to map. 0, or a negative common_err
+/* Hands piece k (made or imported here) to every member to map. 0, or a negative common_err
  * (e says which fetcher and why). d->mu held. */
 static int dev_adopt_all(struct remote_dev *d, uint32_t k, struct common_errmsg *e)
 {
     struct common_devmem_handle h = {.fd = -1};
     int                         rc = common_devmem_piece_export(d->pieces[k], &h, e);
     for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++)
-        rc = dev_adopt(d, i, k, &h, e);
+        if (d->in[i])
+            rc = dev_adopt(d, i, k, &h, e);
     if (h.fd >= 0)
         close(h.fd);
     return rc;
@@ -292,23 +342,23 @@ static int dev_adopt_all(struct remote_dev *d, uint32_t k, struct common_errmsg 
 
 static int dev_back(void *arg, uint32_t k, struct common_errmsg *e)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
+    struct remote_dev *d = arg;
     if (!d || k >= d->n_pieces)
         return common_errmsg_set(e, COMMON_EINVAL, "no such piece of the device pool");
     pthread_mutex_lock(&d->mu);
-    int rc = COMMON_OK;
-    if (!d->pieces[k] && !d->own && !atomic_load(&d->gone)) {
+    int rc = common_devmem_open(d->dev, e); /* its pieces are its device's */
+    if (rc == COMMON_OK && !d->pieces[k] && !d->own && !atomic_load(&d->gone)) {
         struct common_devmem_handle h = {.fd = -1, .len = sizeof(k)};
         uint64_t                    tag = 0;
         memcpy(h.blob, &k, sizeof(k));
-        rc = common_devmem_handle_send(d->f[0].sock, &h, PROTO_DEVPOOL_PIECE);
+        rc = common_devmem_handle_send(d->f[d->lead].sock, &h, PROTO_DEVPOOL_PIECE);
         if (rc == COMMON_OK)
-            rc = common_devmem_handle_recv(d->f[0].sock, &h, &tag, DEV_REPLY_MS);
+            rc = common_devmem_handle_recv(d->f[d->lead].sock, &h, &tag, DEV_REPLY_MS);
         if (rc == COMMON_OK && tag == PROTO_DEVPOOL_PIECE && h.fd >= 0) {
-            /* every other fetcher maps it too, then we do */
-            for (uint32_t i = 1; rc == COMMON_OK && i < d->n_f; i++)
-                if ((rc = dev_adopt(d, i, k, &h, e)) != COMMON_OK && rc != COMMON_EDEVICE) {
+            /* every other member maps it too, then we do */
+            for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++)
+                if (i != d->lead && d->in[i] && (rc = dev_adopt(d, i, k, &h, e)) != COMMON_OK &&
+                    rc != COMMON_EDEVICE) {
                     dev_gone(d, i, e && e->text[0] ? e->text : common_strerror(rc));
                     rc = COMMON_OK;
                     break;
@@ -326,10 +376,11 @@ static int dev_back(void *arg, uint32_t k, struct common_errmsg *e)
         } else if (rc == COMMON_OK) {
             if (h.fd >= 0)
                 close(h.fd);
-            rc = common_errmsg_set(e, COMMON_EDEVICE, "fetcher 0's device pool: piece %u: %s", k,
+            rc = common_errmsg_set(e, COMMON_EDEVICE, "fetcher %u's device pool: piece %u: %s",
+                                   d->lead, k,
                                    tag == PROTO_DEVPOOL_ERROR ? dev_error_text(&h) : "no piece");
         } else {
-            dev_gone(d, 0, common_strerror(rc)); /* made here below */
+            dev_gone(d, d->lead, common_strerror(rc)); /* made here below */
             rc = COMMON_OK;
         }
     }
@@ -344,7 +395,7 @@ static int dev_back(void *arg, uint32_t k, struct common_errmsg *e)
         struct common_errmsg ae = {{0}};
         if (rc == COMMON_OK && d->own && !atomic_load(&d->gone) &&
             dev_adopt_all(d, k, &ae) != COMMON_OK)
-            dev_gone(d, 0, ae.text[0] ? ae.text : "a fetcher could not map a piece");
+            dev_gone(d, d->lead, ae.text[0] ? ae.text : "a fetcher could not map a piece");
     }
     pthread_mutex_unlock(&d->mu);
     return rc;
@@ -380,9 +431,9 @@ static int dev_push(struct executor_remote *r, struct remote_dev *d, uint32_t i,
 
 static int dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
-    if (!d || atomic_load(&d->gone))
+    struct remote_dev      *d = arg;
+    struct executor_remote *r = d->r;
+    if (atomic_load(&d->gone))
         return COMMON_ECLOSED;
     /* The fetcher whose pool src lies in: its mapping for loans, or its view's for direct reads
      * (both map the segment from its start). */
@@ -390,6 +441,8 @@ static int dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
     uint32_t       owner = UINT32_MAX;
     uint64_t       off = 0;
     for (uint32_t i = 0; i < d->n_f && owner == UINT32_MAX; i++) {
+        if (!d->in[i])
+            continue;
         struct remote_link *L = &r->links[i];
         pthread_mutex_lock(&L->mu);
         const struct remote_map *m = L->instance == d->f[i].instance ? L->map : NULL;
@@ -404,7 +457,7 @@ static int dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
         pthread_mutex_unlock(&L->mu);
     }
     if (owner == UINT32_MAX) {
-        dev_gone(d, 0, "an expert outside the fetchers' pools");
+        dev_gone(d, d->lead, "an expert outside the members' pools");
         return COMMON_ECLOSED;
     }
     const struct proto_fetch_req rec = {
@@ -419,14 +472,14 @@ static int dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
 static int dev_read(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
                     size_t dst, size_t bytes)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
-    if (!d || atomic_load(&d->gone))
+    struct remote_dev      *d = arg;
+    struct executor_remote *r = d->r;
+    if (atomic_load(&d->gone))
         return COMMON_ECLOSED;
     const struct remote_link *L = executor_remote_owner(r, layer, expert);
     const uint32_t            i = L ? (uint32_t)(L - r->links) : UINT32_MAX;
-    if (!d->p.stages || i >= d->n_f || bytes > UINT32_MAX) {
-        dev_gone(d, 0, "a read the fetchers cannot stage");
+    if (!d->p.stages || i >= d->n_f || !d->in[i] || bytes > UINT32_MAX) {
+        dev_gone(d, d->lead, "a read the fetchers cannot stage");
         return COMMON_ECLOSED;
     }
     const struct proto_fetch_req rec = {.op = PROTO_FETCH_DEV_READ,
@@ -444,13 +497,13 @@ static int dev_read(void *arg, uint32_t layer, uint32_t expert, enum common_expe
 
 static int dev_mark(void *arg, uint32_t k)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
-    if (!d || k >= d->n_events)
+    struct remote_dev      *d = arg;
+    struct executor_remote *r = d->r;
+    if (k >= d->n_events)
         return COMMON_ECLOSED;
     for (uint32_t i = 0; i < d->n_f; i++) {
         struct dev_fetcher *f = &d->f[i];
-        if (!f->dirty[k])
+        if (!d->in[i] || !f->dirty[k])
             continue;
         const uint32_t               seq = ++f->seq ? f->seq : ++f->seq; /* never 0 */
         const struct proto_fetch_req rec = {.op = PROTO_FETCH_DEV_MARK, .tag = k, .loan = seq};
@@ -491,15 +544,15 @@ static int dev_wait_mark(struct executor_remote *r, struct remote_dev *d, uint32
 
 static int dev_ready(void *arg, uint32_t k, struct common_devmem_event **evs, uint32_t *n)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
+    struct remote_dev      *d = arg;
+    struct executor_remote *r = d->r;
     *n = 0;
-    if (!d || k >= d->n_events)
+    if (k >= d->n_events)
         return COMMON_ECLOSED;
     bool failed = false;
     for (uint32_t i = 0; i < d->n_f; i++) {
         struct dev_fetcher *f = &d->f[i];
-        if (!f->pend[k])
+        if (!d->in[i] || !f->pend[k])
             continue;
         if (dev_wait_mark(r, d, i, f->pend[k]) != COMMON_OK)
             return COMMON_ECLOSED;
@@ -515,26 +568,25 @@ static int dev_ready(void *arg, uint32_t k, struct common_devmem_event **evs, ui
 
 static void dev_copy_time(void *arg, uint64_t *ns)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
-    if (d && !atomic_load(&d->gone)) {
+    struct remote_dev *d = arg;
+    if (!atomic_load(&d->gone)) {
         uint64_t sum = 0;
         for (uint32_t i = 0; i < d->n_f; i++)
-            sum += atomic_load_explicit(d->f[i].ctl_busy, memory_order_relaxed);
+            if (d->in[i])
+                sum += atomic_load_explicit(d->f[i].ctl_busy, memory_order_relaxed);
         d->busy = sum;
     }
-    *ns = d ? d->busy : 0;
+    *ns = d->busy;
 }
 
 static int dev_after(void *arg)
 {
-    struct executor_remote      *r = arg;
-    struct remote_dev           *d = r->dev;
+    struct remote_dev           *d = arg;
     const struct proto_fetch_req rec = {.op = PROTO_FETCH_DEV_WAIT};
-    for (uint32_t i = 0; d && i < d->n_f; i++)
-        if (dev_push(r, d, i, &rec) != COMMON_OK)
+    for (uint32_t i = 0; i < d->n_f; i++)
+        if (d->in[i] && dev_push(d->r, d, i, &rec) != COMMON_OK)
             return COMMON_ECLOSED;
-    return d ? COMMON_OK : COMMON_ECLOSED;
+    return COMMON_OK;
 }
 
 /* Every fetcher is up again after the pool was lost: each one opens its side anew (ADOPTS: the
@@ -544,12 +596,12 @@ static int dev_after(void *arg)
  * to be tried again). */
 static int dev_retake(void *arg, struct executor_dev_pool *out, struct common_errmsg *e)
 {
-    struct executor_remote *r = arg;
-    struct remote_dev      *d = r->dev;
-    if (!d)
-        return common_errmsg_set(e, COMMON_EINVAL, "no device pool");
-    dev_gone(d, 0, "the executor lost it"); /* where only the caller saw it go */
+    struct remote_dev      *d = arg;
+    struct executor_remote *r = d->r;
+    dev_gone(d, d->lead, "the executor lost it"); /* where only the caller saw it go */
     for (uint32_t i = 0; i < d->n_f; i++) {
+        if (!d->in[i])
+            continue;
         struct remote_link *L = &r->links[i];
         pthread_mutex_lock(&L->mu);
         const bool up = L->up && !(L->pid && common_pid_gone(L->pid)); /* not yet relinked */
@@ -558,9 +610,11 @@ static int dev_retake(void *arg, struct executor_dev_pool *out, struct common_er
             return common_errmsg_set(e, COMMON_EAGAIN, "fetcher %u is down", i);
     }
     pthread_mutex_lock(&d->mu);
-    int  rc = COMMON_OK;
+    int  rc = common_devmem_open(d->dev, e); /* its events and pieces are its device's */
     bool stages = true;
     for (uint32_t i = 0; rc == COMMON_OK && i < d->n_f; i++) {
+        if (!d->in[i])
+            continue;
         struct proto_devpool_granted g = {0};
         dev_fetcher_close(&d->f[i]);
         rc = dev_open_fetcher(r, d, i, d->dev, d->asked, d->n_events, true, &g, e);
@@ -573,14 +627,17 @@ static int dev_retake(void *arg, struct executor_dev_pool *out, struct common_er
             rc = dev_adopt_all(d, k, e);
     if (rc == COMMON_OK) {
         for (uint32_t i = 0; i < d->n_f; i++)
-            d->f[i].failed_seen = atomic_load_explicit(d->f[i].ctl_failed, memory_order_relaxed);
+            if (d->in[i])
+                d->f[i].failed_seen =
+                    atomic_load_explicit(d->f[i].ctl_failed, memory_order_relaxed);
         d->own = true;
         d->p.stages = stages;
         atomic_store(&d->gone, false);
         *out = d->p;
     } else {
         for (uint32_t i = 0; i < d->n_f; i++)
-            dev_fetcher_close(&d->f[i]);
+            if (d->in[i])
+                dev_fetcher_close(&d->f[i]);
     }
     pthread_mutex_unlock(&d->mu);
     return rc;
@@ -588,9 +645,13 @@ static int dev_retake(void *arg, struct executor_dev_pool *out, struct common_er
 
 static void dev_close(void *arg)
 {
-    struct executor_remote *r = arg;
-    dev_free(r->dev);
-    r->dev = NULL;
+    struct remote_dev *d = arg;
+    if (!d)
+        return;
+    for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_FETCHERS; k++)
+        if (d->r->devs[k] == d)
+            d->r->devs[k] = NULL;
+    dev_free(d);
 }
 
 const struct executor_dev_ops executor_remote_dev_ops = {.open = dev_open,
@@ -606,5 +667,6 @@ const struct executor_dev_ops executor_remote_dev_ops = {.open = dev_open,
 
 void executor_remote_dev_free(struct executor_remote *r)
 {
-    dev_close(r);
+    for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_FETCHERS; k++)
+        dev_close(r->devs[k]);
 }

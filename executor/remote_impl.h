@@ -159,7 +159,8 @@ struct executor_remote {
     struct executor_region_hooks hooks;     /* .add NULL = none */
     uint32_t                     hooks_gen; /* bumped by each new set of hooks */
 
-    struct remote_dev *dev; /* owned: fetcher 0's device pool (remote_dev.c); NULL = none */
+    /* Owned: the fetchers' device pools (remote_dev.c), one per device at most; NULL = none. */
+    struct remote_dev *devs[EXECUTOR_DEV_MAX_FETCHERS];
 
     pthread_mutex_t     loan_mu; /* the loan table */
     struct remote_loan *loans;   /* owned: cap entries */
@@ -220,7 +221,8 @@ void *executor_remote_reader(void *arg);
 
 /* ---- the fetcher's device pool (remote_dev.c) --------------------------------------------- */
 
-/* Its operations for the device's expert pool (arg: the struct executor_remote). */
+/* Its operations for the devices' expert pools (open's arg: the struct executor_remote; the
+ * others': the pool open made). */
 extern const struct executor_dev_ops executor_remote_dev_ops;
 /* Frees what remains of it (after the links' threads stopped). */
 void executor_remote_dev_free(struct executor_remote *r);

@@ -621,6 +621,30 @@ static const struct proto_service_ops g_executor_ops = {
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
+/* Several devices whose count is the fetchers' and whose shards are ranges of whole layers
+ * (--shard-by layer; sluicectl up --devices): device k takes fetcher k's layers, so that the
+ * experts of its layers, and its pool, are that fetcher's alone (one fetcher per GPU). */
+static void serve_devices_by_shards(const struct executor_serve *s, struct executor_devices *d)
+{
+    struct proto_shard sh[PROTO_MAX_SHARDS];
+    int32_t            ids[EXECUTOR_MAX_DEVICES];
+    const uint32_t     n = s->remote ? executor_remote_shards(s->remote, sh, PROTO_MAX_SHARDS) : 0;
+    const int          n_dev = executor_devices_resolve(d, ids, NULL, 0);
+    const uint32_t     n_expert = executor_model_hparams(s->model)->n_expert;
+    if (n < 2 || n_dev != (int)n || n > EXECUTOR_MAX_DEVICES)
+        return;
+    for (uint32_t k = 0; k < n; k++)
+        if (sh[k].n_layers == 0 || sh[k].first_expert != 0 || sh[k].n_experts != n_expert ||
+            (k > 0 && sh[k].first_layer != sh[k - 1].first_layer + sh[k - 1].n_layers))
+            return;
+    d->n_at = n;
+    for (uint32_t k = 0; k < n; k++)
+        d->at[k] = sh[k].first_layer;
+    COMMON_LOG_INFO("executor",
+                    "the %u devices take the layers of the %u fetchers' shards, one fetcher each",
+                    n, n);
+}
+
 int executor_serve_start(const struct executor_serve_opts *o, struct executor_serve **out,
                          struct common_errmsg *e)
 {
@@ -660,14 +684,16 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
                                                                       : 4096;
         char                         why[256] = "";
         struct common_errmsg         ge = {{0}};
-        if (!executor_gpu_usable(o->model, &o->devices, o->n_cpu_moe, why, sizeof(why))) {
+        struct executor_devices      devs = o->devices;
+        serve_devices_by_shards(s, &devs);
+        if (!executor_gpu_usable(o->model, &devs, o->n_cpu_moe, why, sizeof(why))) {
             COMMON_LOG_WARN("executor", "-ngl %d ignored, running on the CPU: %s", o->n_gpu_layers,
                             why);
         } else if ((rc = executor_gpu_weights_create(
                         o->model,
                         &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
                                                      .n_cpu_moe = o->n_cpu_moe,
-                                                     .devices = o->devices,
+                                                     .devices = devs,
                                                      .vram_budget = o->vram_budget,
                                                      .expert_miss = o->expert_miss,
                                                      .pool_policy = o->pool_policy,

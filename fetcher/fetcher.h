@@ -418,7 +418,9 @@ struct fetcher_serve_opts {
     uint32_t    n_shards;   /* N fetchers; 0 = 1 */
     int         shard_by;   /* 1 (--shard-by file): fetcher i serves the experts stored in the i-th
                                directory of the model's files (GGUF splits or QSF bundle files, their real
-                               paths): one fetcher per device; 0: a range of experts of every layer */
+                               paths): one fetcher per device; 2 (--shard-by layer): every expert of
+                               a range of layers (one fetcher per GPU); 0: a range of experts of
+                               every layer */
     uint64_t ram_budget;    /* budget of the whole system; 0 = none (see n_slots) */
     uint32_t n_slots;       /* explicit pool slots (overrides the budget); 0 = from the budget,
                                or one slot per bundle of the shard without a budget */

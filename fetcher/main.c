@@ -44,7 +44,7 @@ static int parse_policy(void *arg, const char *v, struct common_errmsg *e)
     return COMMON_OK;
 }
 
-static const char *const g_shard_by[] = {"expert", "file", NULL};
+static const char *const g_shard_by[] = {"expert", "file", "layer", NULL};
 
 /* Parses the config file and the command line into *o (*owned: the config words). Returns 0
  * (run), COMMON_OPTS_HELP or a negative common_err (printed). */
@@ -57,7 +57,8 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .parse = parse_shard,
          .metavar = "I/N",
          .help = "serve experts [I*E/N, (I+1)*E/N) of each layer (or, with --shard-by file, "
-                 "those of the I-th directory)",
+                 "those of the I-th directory; with --shard-by layer, every expert of layers "
+                 "[I*L/N, (I+1)*L/N))",
          .def = "0/1"},
         {.name = "shard-by",
          .type = COMMON_OPT_CHOICE,
@@ -65,7 +66,8 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .choices = g_shard_by,
          .help = "expert: a range of experts of every layer; file: the experts stored in the I-th "
                  "directory of the model's files (real paths of its GGUF splits or QSF bundle "
-                 "files, in order): one fetcher per device",
+                 "files, in order): one fetcher per device; layer: a range of layers, every "
+                 "expert of them: one fetcher per GPU, each GPU's layers (sluicectl up --devices)",
          .def = "expert"},
         {.name = "ram-budget",
          .type = COMMON_OPT_SIZE,

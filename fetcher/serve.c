@@ -683,14 +683,23 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
 
     if ((rc = serve_open_model(s, e)) != COMMON_OK)
         goto out_stop;
-    if (n_shards > s->n_expert) {
-        rc = common_errmsg_set(e, COMMON_EINVAL, "%u shards for %u experts: at most one per expert",
-                               n_shards, s->n_expert);
+    if (o->shard_by == 2 ? n_shards > s->n_layer : n_shards > s->n_expert) {
+        rc = common_errmsg_set(e, COMMON_EINVAL, "%u shards for %u %s: at most one per %s",
+                               n_shards, o->shard_by == 2 ? s->n_layer : s->n_expert,
+                               o->shard_by == 2 ? "layers" : "experts",
+                               o->shard_by == 2 ? "layer" : "expert");
         goto out_stop;
     }
     if (o->shard_by == 1) {
         if ((rc = serve_file_shards(s, n_shards, e)) != COMMON_OK)
             goto out_stop;
+    } else if (o->shard_by == 2) { /* every expert of a range of layers */
+        for (uint32_t i = 0; i < n_shards; i++) {
+            s->shards[i] =
+                (struct proto_shard){.fetcher = i, .first_expert = 0, .n_experts = s->n_expert};
+            serve_shard_range(i, n_shards, s->n_layer, &s->shards[i].first_layer,
+                              &s->shards[i].n_layers);
+        }
     } else {
         for (uint32_t i = 0; i < n_shards; i++) {
             s->shards[i] = (struct proto_shard){.fetcher = i};

@@ -685,6 +685,19 @@ Test(pipeline_faults, kill_a_fetcher_that_fills_the_device_pool_same_tokens, .ti
     check_kill_on_the_host_device("fetcher-1", 2, "--ram-budget 40M -ngl 999 --vram-budget 640K");
 }
 
+/* One fetcher per device (sluicectl up --devices 0,1 on two host devices): each fetcher serves
+ * half the layers and owns the pool of the device that runs them; the fetcher of the second
+ * device (which holds the head) is killed mid-generation, its pool taken back by the executor;
+ * the text is one process's on the same two devices. */
+Test(pipeline_faults, kill_the_fetcher_of_one_of_two_devices_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    check_kill_on_the_host_device("fetcher-1", 2,
+                                  "--ram-budget 40M -ngl 999 --devices 0,1 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+}
+
 /* The same with the device pool in the fetcher (one fetcher, given --vram-budget by sluicectl):
  * the fetcher that made the pool's memory and copied the experts in is killed mid-copy; the
  * executor keeps the memory mapped, copies into it itself from then on (the round the fetcher

@@ -332,6 +332,17 @@ Test(pipeline_sluicectl, script_usage_and_missing_binaries, .timeout = 60)
     cr_assert_eq(st, 1, "%s", out);
     cr_assert(strstr(out, "is not built"), "%s", out);
     free(out);
+    /* --devices: a list of device numbers, not beside --device. */
+    const char *bad[] = {"--devices 0,x", "--devices 0, --fetchers 2",
+                         "--devices 0,1 --device CUDA0", "--devices 0,1 --shard-by file"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s up --model %s --run-dir '%s/run' --bin '%s' %s", SLUICECTL,
+                 SLUICECTL, dir, BIN, bad[i]);
+        out = sh(cmd, &st);
+        cr_assert_eq(st, 2, "%s: %s", bad[i], out);
+        cr_assert(strstr(out, "--devices"), "%s: %s", bad[i], out);
+        free(out);
+    }
     fixture_rmtree(dir);
     free(dir);
 }
@@ -965,6 +976,21 @@ Test(pipeline_sluicectl, two_fetchers_fill_one_device_pool, .timeout = 300, .fin
                         "the experts in a pool of 3 slots .*, in fetcher 0.s device memory "
                         "\\(HOST, filled by the fetchers, each its experts\\), copied in from "
                         "the RAM pools of 2 fetchers, pinned");
+}
+
+/* One fetcher per GPU (--devices 0,1, two host devices): each fetcher serves every expert of
+ * half the layers (--shard-by layer), the executor puts each fetcher's layers on its device, and
+ * each device's pool is its fetcher's memory, filled by that fetcher alone; the text is one
+ * process's on the same two devices. */
+Test(pipeline_sluicectl, one_fetcher_per_device_fills_its_pool, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    check_ngl_daemons_n(true, 2, "--devices 0,1 --vram-budget 324K --ram-budget 37M",
+                        "gpu: HOST1 .*layers 2..3 and the output head.*the experts in a pool of 3 "
+                        "slots .*, in fetcher 1.s device memory \\(HOST, filled by the "
+                        "fetcher\\)");
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
 }
 
 /* --vram-fill storage, two fetchers: the experts the device pool misses are not in the RAM pools
