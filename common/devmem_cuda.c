@@ -7,6 +7,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,18 @@ static struct {
     PFN_cuDeviceGetAttribute_v2000            attribute;
 } g_cu;
 static cudaStream_t g_stream; /* the copy stream */
-static _Thread_local int g_dev;    /* the calling thread's device (the last it opened) */
+static _Atomic int       g_dev0 = -1; /* the first device opened (the process's default) */
+static _Thread_local int t_dev = -1;  /* the calling thread's device: the last it opened */
+
+/* The calling thread's device, made current for CUDA: the last it opened, else the first the
+ * process opened (a fetcher opens its one device on one thread and copies on others). */
+static int cuda_here(void)
+{
+    const int d0 = atomic_load(&g_dev0);
+    if (t_dev < 0 && d0 >= 0 && cudaSetDevice(d0) == cudaSuccess)
+        t_dev = d0;
+    return t_dev < 0 ? 0 : t_dev;
+}
 
 static int cuda_fail(struct common_errmsg *e, cudaError_t err, const char *what)
 {
@@ -51,7 +63,7 @@ static CUmemAllocationProp cuda_prop(void)
     memset(&p, 0, sizeof(p));
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = g_dev;
+    p.location.id = cuda_here();
     p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     return p;
 }
@@ -101,7 +113,9 @@ static int cuda_open(int dev, size_t *granularity, struct common_errmsg *e)
     int rc = cuda_load(e);
     if (rc != COMMON_OK)
         return rc;
-    g_dev = dev;
+    t_dev = dev;
+    int none = -1;
+    (void)atomic_compare_exchange_strong(&g_dev0, &none, dev);
     CUdevice cd;
     int      vmm = 0, fds = 0;
     CUresult r = g_cu.device(&cd, dev);
@@ -184,6 +198,7 @@ static int cuda_piece_export(const struct common_devmem_piece *p, struct common_
 static int cuda_piece_import(int fd, size_t bytes, struct common_devmem_piece **out,
                              struct common_errmsg *e)
 {
+    (void)cuda_here();
     struct common_devmem_piece *p = calloc(1, sizeof(*p));
     CUresult                    r = CUDA_SUCCESS;
     if (p)
@@ -214,7 +229,7 @@ static int cuda_piece_map(struct common_devmem_piece *p, void *at, struct common
     CUmemAccessDesc a;
     memset(&a, 0, sizeof(a));
     a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = g_dev;
+    a.location.id = cuda_here();
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if ((r = g_cu.access(d, p->bytes, &a, 1)) != CUDA_SUCCESS) {
         (void)g_cu.unmap(d, p->bytes);
@@ -285,6 +300,7 @@ static uint64_t cuda_copy_busy_ns(void)
 
 static int cuda_host_register(const void *p, size_t bytes, struct common_errmsg *e)
 {
+    (void)cuda_here();
     cudaError_t err = cudaHostRegister((void *)(uintptr_t)p, bytes, cudaHostRegisterPortable);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
@@ -301,6 +317,7 @@ static void cuda_host_unregister(const void *p)
 
 static int cuda_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
 {
+    (void)cuda_here();
     pthread_mutex_lock(&g_tp.mu);
     if (g_tp.state == 0) {
         g_tp.state = 1;
@@ -331,6 +348,7 @@ struct common_devmem_event {
 
 static int cuda_event_create(struct common_devmem_event **out, struct common_errmsg *e)
 {
+    (void)cuda_here();
     struct common_devmem_event *ev = calloc(1, sizeof(*ev));
     if (!ev)
         return common_errmsg_set(e, COMMON_ENOMEM, "device event: out of host memory");
@@ -359,6 +377,7 @@ static int cuda_event_export(const struct common_devmem_event *ev, struct common
 static int cuda_event_import(struct common_devmem_handle *h, struct common_devmem_event **out,
                              struct common_errmsg *e)
 {
+    (void)cuda_here();
     cudaIpcEventHandle_t ih;
     if (h->len != sizeof(ih))
         return common_errmsg_set(e, COMMON_EINVAL, "device event: a handle of %u bytes, not %zu",
@@ -380,18 +399,21 @@ static int cuda_event_import(struct common_devmem_handle *h, struct common_devme
 
 static int cuda_event_record(struct common_devmem_event *ev, struct common_errmsg *e)
 {
+    (void)cuda_here();
     cudaError_t err = cudaEventRecord(ev->ev, g_stream);
     return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaEventRecord");
 }
 
 static int cuda_event_wait(struct common_devmem_event *ev, struct common_errmsg *e)
 {
+    (void)cuda_here();
     cudaError_t err = cudaStreamWaitEvent(g_stream, ev->ev, 0);
     return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaStreamWaitEvent");
 }
 
 static int cuda_event_sync(struct common_devmem_event *ev, struct common_errmsg *e)
 {
+    (void)cuda_here();
     cudaError_t err = cudaEventSynchronize(ev->ev);
     return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaEventSynchronize");
 }

@@ -464,3 +464,32 @@ Test(common_devmem, host_memory_registers_as_cuda_allows)
     cr_expect_eq(common_devmem_host_register(NULL, page, &e), COMMON_EINVAL);
     munmap(m, 3 * page);
 }
+
+/* Several devices in one process (an executor whose layers span devices, each with a pool): each
+ * open makes its device the thread's, pieces are made and mapped after either, and a device the
+ * backend does not have is refused. */
+Test(common_devmem, several_devices_open_in_one_process)
+{
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    struct common_errmsg e = {{0}};
+    t_open();
+    if (strcmp(common_devmem_backend(), "HOST") != 0)
+        cr_skip_test("the host backend's devices");
+    cr_assert_eq(common_devmem_open(1, &e), COMMON_OK, "%s", e.text);
+    const size_t                g = common_devmem_granularity();
+    struct common_devmem_piece *p = NULL, *q = NULL;
+    uint8_t                    *base = common_devmem_reserve(2 * g, &e);
+    cr_assert_not_null(base, "%s", e.text);
+    cr_assert_eq(common_devmem_piece_create(g, &p, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_piece_map(p, base, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_open(0, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_piece_create(g, &q, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_piece_map(q, base + g, &e), COMMON_OK, "%s", e.text);
+    memset(base, 7, 2 * g);
+    cr_assert_eq(base[2 * g - 1], 7);
+    cr_assert_eq(common_devmem_open(2, &e), COMMON_EINVAL, "HOST2 is not there");
+    cr_assert(strstr(e.text, "HOST0..HOST1"), "%s", e.text);
+    common_devmem_piece_destroy(p);
+    common_devmem_piece_destroy(q);
+    common_devmem_unreserve(base, 2 * g);
+}
