@@ -407,7 +407,7 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
                 goto out_close;
             }
     }
-    char gd[1024];
+    char gd[4096];
     if (executor_ctx_gpu_describe(en->ctx, gd, sizeof(gd)))
         fprintf(stderr, "%s\n", gd);
     return COMMON_OK;

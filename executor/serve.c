@@ -714,9 +714,13 @@ int executor_serve_start(const struct executor_serve_opts *o, struct executor_se
     for (uint32_t i = 0; i < s->n_seq; i++)
         if ((rc = executor_ctx_create(o->model, &s->co, &s->ctx[i], e)) < 0)
             goto out_stop;
-    char gd[1024];
+    char gd[4096];
     if (executor_ctx_gpu_describe(s->ctx[0], gd, sizeof(gd)))
-        COMMON_LOG_INFO("executor", "%s (x%u sequences)", gd, s->n_seq);
+        for (char *line = gd, *next; line; line = next) { /* a line per device */
+            if ((next = strchr(line, '\n')) != NULL)
+                *next++ = '\0';
+            COMMON_LOG_INFO("executor", "%s (x%u sequences)", line, s->n_seq);
+        }
     if (s->remote) /* the fetchers' plans may have left the device's KV out of RAM */
         executor_remote_device_layers(s->remote, executor_ctx_gpu_kv_layers(s->ctx[0]));
     s->n_ctx = executor_ctx_n_ctx(s->ctx[0]);
