@@ -1145,6 +1145,10 @@ struct common_devmem_handle {
 int common_devmem_open(int dev, struct common_errmsg *e);
 /* The backend opened: "HOST" or "CUDA"; NULL before common_devmem_open succeeded. */
 const char *common_devmem_backend(void);
+/* Devices the host's emulation has (HOST0..): SLUICE_GPU_HOST_DEVICES, 1 to 8; 1 without it (or
+ * with another value). The executor's host backend has as many. */
+#define COMMON_HOST_MAX_DEVICES 8
+int common_host_device_count(void);
 /* The size pieces and address reservations are multiples of (CUDA: the device's granularity
  * for shareable allocations; the host: the page size times 16). 0 before open. */
 size_t common_devmem_granularity(void);

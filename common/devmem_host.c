@@ -252,13 +252,17 @@ static void host_drain(void)
     pthread_mutex_unlock(&g_q.mu);
 }
 
-static int host_open(int dev, size_t *granularity, struct common_errmsg *e)
+int common_host_device_count(void)
 {
-    /* as many devices as the executor's host backend emulates (SLUICE_GPU_HOST_DEVICES) */
     const char *v = getenv("SLUICE_GPU_HOST_DEVICES");
     char       *end = NULL;
-    const long  n_dev = v ? strtol(v, &end, 10) : 1;
-    const int   n = v && end != v && !*end && n_dev >= 1 && n_dev <= 8 ? (int)n_dev : 1;
+    const long  n = v ? strtol(v, &end, 10) : 1;
+    return v && end != v && !*end && n >= 1 && n <= COMMON_HOST_MAX_DEVICES ? (int)n : 1;
+}
+
+static int host_open(int dev, size_t *granularity, struct common_errmsg *e)
+{
+    const int n = common_host_device_count(); /* as many as the executor's host backend */
     if (dev >= n)
         return common_errmsg_set(e, COMMON_EINVAL, "device %d: the host backend has HOST0..HOST%d",
                                  dev, n - 1);

@@ -48,17 +48,13 @@ static int h_failed(const char *msg)
  * the operations below refuse memory of a device other than the caller's current one, as
  * CUDA's kernels cannot use it: a forward pass over several devices that forgets to switch
  * fails here, where it would fail (or run slowly over the bus) on the GPUs. */
-#define HOST_MAX_DEVICES 8
 static pthread_once_t    h_dev_once = PTHREAD_ONCE_INIT;
 static int               h_n_dev = 1;
 static _Thread_local int h_cur; /* the calling thread's device */
 
 static void h_dev_count_read(void)
 {
-    const char *v = getenv("SLUICE_GPU_HOST_DEVICES");
-    char       *end = NULL;
-    const long  n = v ? strtol(v, &end, 10) : 1;
-    h_n_dev = v && end != v && !*end && n >= 1 && n <= HOST_MAX_DEVICES ? (int)n : 1;
+    h_n_dev = common_host_device_count();
 }
 
 static int h_device_count(char *why, size_t why_len)
