@@ -37,7 +37,7 @@ int cuda_use(int dev)
     if (dev < 0 || dev >= GPU_MAX_DEVICES)
         return gpu_record(cudaErrorInvalidDevice, "selecting the device");
     cudaError_t err = cudaSetDevice(dev);
-    if (err == cudaSuccess && (!g_streams[dev] || !g_copies[dev])) {
+    if (err == cudaSuccess) { /* under the lock: a stream another thread made is seen made */
         pthread_mutex_lock(&g_dev_mu);
         if (!g_streams[dev])
             err = cudaStreamCreateWithFlags(&g_streams[dev], cudaStreamNonBlocking);
