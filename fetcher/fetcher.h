@@ -421,6 +421,9 @@ struct fetcher_serve_opts {
                                paths): one fetcher per device; 2 (--shard-by layer): every expert of
                                a range of layers (one fetcher per GPU); 0: a range of experts of
                                every layer */
+    uint32_t    n_layer_split; /* --layer-split, with shard_by 2: each fetcher's share of the layers
+                                  (n_shards of them); 0 = even */
+    float    layer_split[PROTO_MAX_SHARDS];
     uint64_t ram_budget;    /* budget of the whole system; 0 = none (see n_slots) */
     uint32_t n_slots;       /* explicit pool slots (overrides the budget); 0 = from the budget,
                                or one slot per bundle of the shard without a budget */

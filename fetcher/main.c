@@ -23,6 +23,32 @@ static int parse_shard(void *arg, const char *v, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+/* --layer-split 3,1: each fetcher's share of the layers (--shard-by layer). */
+static int parse_layer_split(void *arg, const char *v, struct common_errmsg *e)
+{
+    struct fetcher_serve_opts *o = arg;
+    const uint32_t             cap = sizeof(o->layer_split) / sizeof(o->layer_split[0]);
+    uint32_t                   n = 0;
+    double                     sum = 0;
+    for (const char *p = v;; p++) {
+        char       *end = NULL;
+        const float f = strtof(p, &end);
+        if (end == p || (*end && *end != ',') || !(f >= 0.0f) || f > 1e9f || n == cap)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "expects shares >= 0 separated by commas (e.g. 3,1), got '%s'",
+                                     v);
+        o->layer_split[n++] = f;
+        sum += (double)f;
+        if (!*end)
+            break;
+        p = end;
+    }
+    if (!(sum > 0))
+        return common_errmsg_set(e, COMMON_EINVAL, "expects a share above 0, got '%s'", v);
+    o->n_layer_split = n;
+    return COMMON_OK;
+}
+
 /* --io: uring or pread (auto picks); mmap has no pool to share. */
 static int parse_io(void *arg, const char *v, struct common_errmsg *e)
 {
@@ -69,6 +95,14 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
                  "files, in order): one fetcher per device; layer: a range of layers, every "
                  "expert of them: one fetcher per GPU, each GPU's layers (sluicectl up --devices)",
          .def = "expert"},
+        {.name = "layer-split",
+         .type = COMMON_OPT_CALLBACK,
+         .target = o,
+         .parse = parse_layer_split,
+         .metavar = "N0,N1,...",
+         .help = "with --shard-by layer: each fetcher's share of the layers, one per fetcher "
+                 "(sluicectl up --devices with --tensor-split)",
+         .def = "even"},
         {.name = "ram-budget",
          .type = COMMON_OPT_SIZE,
          .target = &o->ram_budget,

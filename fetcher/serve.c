@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -158,6 +159,43 @@ static int serve_file_shards(struct fetcher_server *s, uint32_t n_shards, struct
     free(group);
     free(cell);
     return rc == COMMON_ENOMEM ? common_errmsg_set(e, rc, "fetcher: out of memory") : rc;
+}
+
+/* --shard-by layer: shard i every expert of a range of layers, even, or by --layer-split's
+ * shares (shard i from the first layer at or past L times the shares before it, as the
+ * executor splits its layers over devices). */
+static int serve_layer_shards(struct fetcher_server *s, const struct fetcher_serve_opts *o,
+                              uint32_t n_shards, struct common_errmsg *e)
+{
+    if (o->n_layer_split && o->n_layer_split != n_shards)
+        return common_errmsg_set(e, COMMON_EINVAL, "--layer-split gives %u shares for %u fetchers",
+                                 o->n_layer_split, n_shards);
+    double total = 0, cum = 0;
+    for (uint32_t i = 0; i < o->n_layer_split; i++)
+        total += (double)o->layer_split[i];
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < n_shards; i++) {
+        s->shards[i] =
+            (struct proto_shard){.fetcher = i, .first_expert = 0, .n_experts = s->n_expert};
+        if (!o->n_layer_split) {
+            serve_shard_range(i, n_shards, s->n_layer, &s->shards[i].first_layer,
+                              &s->shards[i].n_layers);
+            continue;
+        }
+        cum += (double)o->layer_split[i];
+        uint32_t end = i + 1 == n_shards ? s->n_layer
+                                         : (uint32_t)ceil((double)s->n_layer * cum / total - 1e-9);
+        end = end > s->n_layer ? s->n_layer : end < at ? at : end;
+        s->shards[i].first_layer = at;
+        s->shards[i].n_layers = end - at;
+        at = end;
+        if (s->shards[i].n_layers == 0)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "--layer-split leaves fetcher %u no layer of %u: give it a "
+                                     "larger share, or run fewer fetchers",
+                                     i, s->n_layer);
+    }
+    return COMMON_OK;
 }
 
 static int serve_path(char *buf, size_t len, const char *dir, const char *name, uint32_t i,
@@ -694,12 +732,8 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         if ((rc = serve_file_shards(s, n_shards, e)) != COMMON_OK)
             goto out_stop;
     } else if (o->shard_by == 2) { /* every expert of a range of layers */
-        for (uint32_t i = 0; i < n_shards; i++) {
-            s->shards[i] =
-                (struct proto_shard){.fetcher = i, .first_expert = 0, .n_experts = s->n_expert};
-            serve_shard_range(i, n_shards, s->n_layer, &s->shards[i].first_layer,
-                              &s->shards[i].n_layers);
-        }
+        if ((rc = serve_layer_shards(s, o, n_shards, e)) != COMMON_OK)
+            goto out_stop;
     } else {
         for (uint32_t i = 0; i < n_shards; i++) {
             s->shards[i] = (struct proto_shard){.fetcher = i};

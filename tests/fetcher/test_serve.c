@@ -628,6 +628,68 @@ Test(fetcher_serve, by_file_shard_serves_the_layers_of_its_directory)
     free(src);
 }
 
+/* --shard-by layer: fetcher 1 of 2 serves every expert of a range of layers, half of them, or
+ * the last quarter with --layer-split 3,1 (its HELLO says so for both), and refuses the others';
+ * shares that leave a fetcher no layer, or are not one per fetcher, are refused in one line. */
+Test(fetcher_serve, by_layer_shard_serves_its_layers)
+{
+    FIXTURE_OR_SKIP(src, "moe-tiny/moe-tiny-q4_0.gguf");
+    t_model = src;
+    t_dir = fixture_tmpdir();
+    snprintf(t_run, sizeof(t_run), "%s/run", t_dir);
+    open_model();
+    const uint32_t            E = t_m.hp.n_expert, L = t_m.hp.n_layer;
+    struct common_errmsg      e = {{0}};
+    struct fetcher_serve_opts o = {.model_path = t_model,
+                                   .run_dir = t_run,
+                                   .shard = 1,
+                                   .n_shards = 2,
+                                   .shard_by = 2,
+                                   .n_slots = 4,
+                                   .io = FETCHER_IO_PREAD,
+                                   .n_layer_split = 3,
+                                   .layer_split = {1, 1, 1}};
+    cr_assert_eq(fetcher_serve_start(&o, &t_srv, &e), COMMON_EINVAL);
+    cr_assert(strstr(e.text, "3 shares for 2 fetchers"), "%s", e.text);
+    o.n_layer_split = 2;
+    o.layer_split[0] = 1;
+    o.layer_split[1] = 0;
+    cr_assert_eq(fetcher_serve_start(&o, &t_srv, &e), COMMON_EINVAL);
+    cr_assert(strstr(e.text, "leaves fetcher 1 no layer"), "%s", e.text);
+    for (int split = 0; split < 2; split++) {
+        o.n_layer_split = split ? 2 : 0;
+        o.layer_split[0] = 3;
+        o.layer_split[1] = 1;
+        const uint32_t first1 = split ? (3 * L + 3) / 4 : L / 2; /* ceil(3L/4) */
+        cr_assert_eq(fetcher_serve_start(&o, &t_srv, &e), COMMON_OK, "%s", e.text);
+        struct proto_msg req = hello_req(), rep;
+        cr_assert_eq(call(1, &req, &rep), PROTO_KIND_HELLO);
+        cr_assert_eq(rep.u.hello.n_shards, 2);
+        for (uint32_t i = 0; i < 2; i++) {
+            const struct proto_shard *sh = &rep.u.hello.shards[i];
+            const uint32_t            l0 = i ? first1 : 0, n = i ? L - first1 : first1;
+            cr_assert(sh->fetcher == i && sh->first_expert == 0 && sh->n_experts == E &&
+                          sh->first_layer == l0 && sh->n_layers == n,
+                      "split %d, shard %u: experts %u+%u of layers %u+%u", split, i,
+                      sh->first_expert, sh->n_experts, sh->first_layer, sh->n_layers);
+        }
+        proto_msg_clear(&rep);
+        size_t                 len;
+        struct exec_link       l;
+        const uint8_t         *pool = attach_shard_1(&l, &len);
+        struct proto_fetch_rep r = acquire(&l, 1, first1 - 1, 0, COMMON_EXPERT_GATE);
+        cr_assert_eq(r.status, COMMON_EINVAL, "layer %u belongs to fetcher 0", first1 - 1);
+        r = acquire(&l, 2, L - 1, E - 1, COMMON_EXPERT_DOWN);
+        cr_assert_eq(r.status, COMMON_OK);
+        compare_part(pool, len, &r, L - 1, E - 1, COMMON_EXPERT_DOWN);
+        release(&l, r.loan);
+        link_close(&l);
+        munmap((void *)(uintptr_t)pool, len);
+        fetcher_serve_stop(t_srv, NULL);
+        t_srv = NULL;
+    }
+}
+
 /* A model file truncated under the running fetcher fails the reads past its new end: health says
  * DEGRADED and names the file, instead of READY. */
 Test(fetcher_serve, health_degrades_when_the_model_file_shrinks)
