@@ -469,6 +469,48 @@ Test(pipeline_faults, split_gguf_on_two_devices_one_fetcher_each, .timeout = 300
     free(model);
 }
 
+/* The same splits, one per SSD and one fetcher per GPU (two host devices, `sluicectl up --devices
+ * 0,1 --shard-by file`): fetcher i reads the i-th directory's split and fills the device pool of
+ * the GPU that runs its layers; the text is one process's on the same two devices. */
+Test(pipeline_faults, split_gguf_one_fetcher_per_ssd_and_gpu, .timeout = 300, .fini = fini)
+{
+    skip_without_daemons();
+    FIXTURE_OR_SKIP(model, TINY_MODEL);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    char *dir = fixture_tmpdir();
+    char  ssd[2][1024], first[2048], cmd[4096];
+    int   st;
+    for (int i = 0; i < 2; i++) {
+        snprintf(ssd[i], sizeof(ssd[i]), "%s/ssd%d", dir, i + 1);
+        cr_assert_eq(mkdir(ssd[i], 0700), 0);
+    }
+    cr_assert_eq(fixture_split_gguf_by_layer(model, ssd[0], ssd[1], "m", first, sizeof(first)), 0);
+    up(dir, first, 2, "--shard-by file --devices 0,1 -ngl 999 --vram-budget 640K --ram-budget 40M");
+    snprintf(cmd, sizeof(cmd), "grep -h -E 'gpu: HOST' %s/logs/executor*.log", dir);
+    char *log = sh(cmd, &st);
+    cr_assert(strstr(log, "gpu: HOST0") && strstr(log, "in fetcher 0's device memory") &&
+                  strstr(log, "gpu: HOST1") && strstr(log, "in fetcher 1's device memory"),
+              "%s", log);
+    free(log);
+    char *want = one_process(model, 48, "--temp 0 -ngl 999 --vram-budget 640K");
+    snprintf(cmd, sizeof(cmd),
+             "%s/sluice generate --run-dir %s -p '%s' -n 48 --temp 0 2>%s/gen.err", BIN, dir,
+             k_prompt, dir);
+    char *got = sh(cmd, &st);
+    down(dir);
+    cr_assert_eq(st, 0, "sluice generate failed\n%s", last_words(dir));
+    cr_assert_gt(strlen(want), 20);
+    cr_assert_str_eq(got, want, "daemons: '%s'\none process: '%s'", got, want);
+    free(got);
+    free(want);
+    fixture_rmtree(dir);
+    free(dir);
+    free(model);
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+}
+
 /* Four clients at once (the executor batches the requests that overlap: one batch per step for
  * all of them): each gets the text of its sampling settings in one process. */
 /* Four clients at once, greedy and sampled, each getting its `sluice run` text. `host`: the

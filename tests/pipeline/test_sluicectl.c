@@ -334,7 +334,7 @@ Test(pipeline_sluicectl, script_usage_and_missing_binaries, .timeout = 60)
     free(out);
     /* --devices: a list of device numbers, not beside --device. */
     const char *bad[] = {"--devices 0,x", "--devices 0, --fetchers 2",
-                         "--devices 0,1 --device CUDA0", "--devices 0,1 --shard-by file"};
+                         "--devices 0,1 --device CUDA0", "--devices 0,1 --shard-by expert"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(cmd, sizeof(cmd), "%s up --model %s --run-dir '%s/run' --bin '%s' %s", SLUICECTL,
                  SLUICECTL, dir, BIN, bad[i]);
