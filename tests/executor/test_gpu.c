@@ -1119,8 +1119,9 @@ static void check_same_steps(struct gpu_run *a, struct gpu_run *b, const char *w
 
 /* The layers split over the devices give the logits of one device, bit for bit (the kernels are
  * the same; x passes between devices as it is): every layer and the head by free memory, three
- * layers over a list of two in another order (3,1; the head on the CPU), and the experts in a
- * pool on each device. Each device says what it holds; the layers and pools add up. */
+ * layers over a list of two in another order (1,1; the head on the CPU), the experts in a pool
+ * on each device, the MoE of the first two layers on the CPU (--n-cpu-moe 2), and a q8_0 KV
+ * cache. Each device says what it holds; the layers and pools add up. */
 static void check_split_path(const char *rel, const char *model_path)
 {
     const struct {
@@ -1128,23 +1129,33 @@ static void check_split_path(const char *rel, const char *model_path)
         uint64_t                budget;
         struct executor_devices d;
         uint32_t                n_dev; /* devices with layers */
+        int32_t                 n_cpu_moe;
+        bool                    kv_q8;
     } cases[] = {
-        {GPU_ALL, 0, {.n = 0}, 0}, /* every device: at most the layers */
-        {3, 0, {.n = 2, .id = {1, 0}, .n_split = 2, .split = {1, 1}}, 2},
-        {GPU_ALL, 3 * GPU_TINY_EXPERT, {.n = 2, .id = {0, 1}}, 2},
+        {GPU_ALL, 0, {.n = 0}, 0, 0, false}, /* every device: at most the layers */
+        {3, 0, {.n = 2, .id = {1, 0}, .n_split = 2, .split = {1, 1}}, 2, 0, false},
+        {GPU_ALL, 3 * GPU_TINY_EXPERT, {.n = 2, .id = {0, 1}}, 2, 0, false},
+        {GPU_ALL, 0, {.n = 2, .id = {0, 1}}, 2, 2, false}, /* --n-cpu-moe 2: device 0's MoE */
+        {GPU_ALL, 0, {.n = 2, .id = {0, 1}}, 2, 0, true},  /* a q8_0 cache on each device */
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         struct gpu_run one, split;
         if (cases[k].budget && !strstr(rel, "moe-tiny-q8_0"))
             continue; /* GPU_TINY_EXPERT is the q8_0 fixture's */
+        if ((cases[k].n_cpu_moe || cases[k].kv_q8) && !strstr(rel, "moe-tiny"))
+            continue; /* the fixture's MoE and head dims of 32s */
+        g_cache_type = cases[k].kv_q8 ? COMMON_CACHE_Q8_0 : COMMON_CACHE_F16;
         run_open_at(&one, model_path,
                     (struct executor_gpu_place){.n_gpu_layers = cases[k].ngl,
+                                                .n_cpu_moe = cases[k].n_cpu_moe,
                                                 .vram_budget = cases[k].budget,
                                                 .devices = {.single = true}});
         run_open_at(&split, model_path,
                     (struct executor_gpu_place){.n_gpu_layers = cases[k].ngl,
+                                                .n_cpu_moe = cases[k].n_cpu_moe,
                                                 .vram_budget = cases[k].budget,
                                                 .devices = cases[k].d});
+        g_cache_type = COMMON_CACHE_F16;
         char name[512], desc[2048];
         cr_assert_eq(executor_ctx_gpu_layers(split.c, name, sizeof(name)),
                      executor_ctx_gpu_layers(one.c, NULL, 0), "case %zu: layers", k);
