@@ -492,9 +492,13 @@ static void bench_print_limits(const struct bench_run *r)
 {
     char a[32], b[32];
     if (!r->stream && r->gpu_bw) {
-        printf("device memory bandwidth (%s, a device-to-device copy, bytes read + written): "
+        /* several devices ("A + B"): the first's, as their layers run one after the other */
+        const char *plus = strstr(r->gpu_name, " + ");
+        printf("device memory bandwidth (%.*s, a device-to-device copy, bytes read + written%s): "
                "%.2f GB/s\n",
-               r->gpu_name, r->membw / 1e9);
+               plus ? (int)(plus - r->gpu_name) : (int)strlen(r->gpu_name), r->gpu_name,
+               plus ? "; the first of the devices, which run their layers in turn" : "",
+               r->membw / 1e9);
         printf("weights touched per token: %llu bytes (%s); bw limit t/s = bandwidth / that, bw "
                "ratio = t/s / bw limit\n",
                (unsigned long long)r->model.bytes_active,
