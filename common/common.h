@@ -1034,6 +1034,12 @@ int common_opts_parse(const struct common_opts_spec *spec, int argc, char *const
  * COMMON_EINVAL, 1 for anything else. */
 int common_opts_exit_status(int rc);
 
+/* Shares as llama.cpp's --tensor-split takes them ("3,1" or "3/1"): at most cap numbers >= 0, one
+ * of them above 0, into out (*n of them; out untouched on failure). COMMON_OK, or COMMON_EINVAL
+ * with e saying what was expected (a COMMON_OPT_CALLBACK's message). */
+int common_opts_parse_shares(const char *v, float *out, uint32_t cap, uint32_t *n,
+                             struct common_errmsg *e);
+
 /* Prints the help generated from spec's tables to `f`: "usage: ...", the description, each
  * group's title and aligned rows "  -m, --model PATH   help text   [default]", the epilog. */
 void common_opts_help(const struct common_opts_spec *spec, FILE *f);

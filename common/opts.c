@@ -781,3 +781,32 @@ void common_opts_help(const struct common_opts_spec *spec, FILE *f)
         opts_paragraph(f, spec->epilog);
     }
 }
+
+int common_opts_parse_shares(const char *v, float *out, uint32_t cap, uint32_t *n,
+                             struct common_errmsg *e)
+{
+    float    sp[64];
+    uint32_t k = 0;
+    double   sum = 0;
+    cap = cap < 64 ? cap : 64;
+    for (const char *p = v;; p++) {
+        char       *end = NULL;
+        const float f = strtof(p, &end);
+        if (end == p || (*end && *end != ',' && *end != '/') || !(f >= 0.0f) || f > 1e9f ||
+            k == cap)
+            return common_errmsg_set(e, COMMON_EINVAL,
+                                     "expects shares >= 0 separated by commas (e.g. 3,1; at most "
+                                     "%u), got '%s'",
+                                     cap, v);
+        sp[k++] = f;
+        sum += (double)f;
+        if (!*end)
+            break;
+        p = end;
+    }
+    if (!(sum > 0))
+        return common_errmsg_set(e, COMMON_EINVAL, "expects a share above 0, got '%s'", v);
+    memcpy(out, sp, k * sizeof(*sp));
+    *n = k;
+    return COMMON_OK;
+}

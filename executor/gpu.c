@@ -2997,29 +2997,7 @@ int executor_devices_parse_mode(void *arg, const char *v, struct common_errmsg *
 int executor_devices_parse_split(void *arg, const char *v, struct common_errmsg *e)
 {
     struct executor_devices *d = arg;
-    float                    sp[EXECUTOR_MAX_DEVICES];
-    uint32_t                 n = 0;
-    double                   sum = 0;
-    for (const char *p = v;; p++) {
-        char       *end = NULL;
-        const float f = strtof(p, &end);
-        if (end == p || (*end && *end != ',' && *end != '/') || !(f >= 0.0f) || f > 1e9f ||
-            n == EXECUTOR_MAX_DEVICES)
-            return common_errmsg_set(e, COMMON_EINVAL,
-                                     "expects shares >= 0 separated by commas (e.g. 3,1; at most "
-                                     "%d), got '%s'",
-                                     EXECUTOR_MAX_DEVICES, v);
-        sp[n++] = f;
-        sum += (double)f;
-        if (!*end)
-            break;
-        p = end;
-    }
-    if (!(sum > 0))
-        return common_errmsg_set(e, COMMON_EINVAL, "expects a share above 0, got '%s'", v);
-    memcpy(d->split, sp, n * sizeof(*sp));
-    d->n_split = n;
-    return COMMON_OK;
+    return common_opts_parse_shares(v, d->split, EXECUTOR_MAX_DEVICES, &d->n_split, e);
 }
 
 bool executor_gpu_usable(const struct executor_model *m, const struct executor_devices *d,

@@ -27,26 +27,9 @@ static int parse_shard(void *arg, const char *v, struct common_errmsg *e)
 static int parse_layer_split(void *arg, const char *v, struct common_errmsg *e)
 {
     struct fetcher_serve_opts *o = arg;
-    const uint32_t             cap = sizeof(o->layer_split) / sizeof(o->layer_split[0]);
-    uint32_t                   n = 0;
-    double                     sum = 0;
-    for (const char *p = v;; p++) {
-        char       *end = NULL;
-        const float f = strtof(p, &end);
-        if (end == p || (*end && *end != ',') || !(f >= 0.0f) || f > 1e9f || n == cap)
-            return common_errmsg_set(e, COMMON_EINVAL,
-                                     "expects shares >= 0 separated by commas (e.g. 3,1), got '%s'",
-                                     v);
-        o->layer_split[n++] = f;
-        sum += (double)f;
-        if (!*end)
-            break;
-        p = end;
-    }
-    if (!(sum > 0))
-        return common_errmsg_set(e, COMMON_EINVAL, "expects a share above 0, got '%s'", v);
-    o->n_layer_split = n;
-    return COMMON_OK;
+    return common_opts_parse_shares(v, o->layer_split,
+                                    sizeof(o->layer_split) / sizeof(o->layer_split[0]),
+                                    &o->n_layer_split, e);
 }
 
 /* --io: uring or pread (auto picks); mmap has no pool to share. */
