@@ -1039,6 +1039,11 @@ int common_opts_exit_status(int rc);
  * with e saying what was expected (a COMMON_OPT_CALLBACK's message). */
 int common_opts_parse_shares(const char *v, float *out, uint32_t cap, uint32_t *n,
                              struct common_errmsg *e);
+/* n_items (layers) divided in proportion to n shares (equal ones when they sum to 0 or less),
+ * as llama.cpp splits layers over devices: part k gets the items from start[k] to start[k + 1]
+ * (n + 1 entries written, start[0] = 0, start[n] = n_items), item i going to the first part
+ * whose shares so far exceed i / n_items of the total. */
+void common_shares_starts(const double *share, uint32_t n, uint32_t n_items, uint32_t *start);
 
 /* Prints the help generated from spec's tables to `f`: "usage: ...", the description, each
  * group's title and aligned rows "  -m, --model PATH   help text   [default]", the epilog. */

@@ -810,3 +810,18 @@ int common_opts_parse_shares(const char *v, float *out, uint32_t cap, uint32_t *
     *n = k;
     return COMMON_OK;
 }
+
+void common_shares_starts(const double *share, uint32_t n, uint32_t n_items, uint32_t *start)
+{
+    double total = 0, cum = 0;
+    for (uint32_t k = 0; k < n; k++)
+        total += share[k];
+    start[0] = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        cum += total > 0 ? share[k] : 1.0;
+        const double   at = (double)n_items * cum / (total > 0 ? total : (double)n);
+        const uint32_t l = (uint32_t)ceil(at - 1e-9);
+        start[k + 1] = l > n_items ? n_items : l < start[k] ? start[k] : l;
+    }
+    start[n] = n_items;
+}

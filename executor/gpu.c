@@ -158,10 +158,9 @@ struct gpu_xpool {
     uint64_t                       dev_losses;
     uint64_t                       dev_wait_ns;  /* in gpu_pool_wait for the fetcher's marks */
     char                           dev_why[160]; /* why the pool is not the fetcher's */
-    /* The pool of the first device: it took the weight source's region hooks (the pins, made
-     * portable, serve every device's copies) and the fetchers' device pool. */
-    bool              first;
-    struct gpu_xpool *pin_src; /* the pool holding those registrations (the first; itself) */
+    /* The pool holding the weight source's region hooks (the pins, made portable, serve every
+     * device's copies): the first device's pool, itself; the others point to it. */
+    struct gpu_xpool *pin_src;
     int32_t           dev_id;  /* its device */
 };
 
@@ -752,7 +751,7 @@ static void gpu_pool_destroy(struct gpu_xpool *px, const struct executor_weights
         return;
     bool torn = false;
     (void)gpu_loans_end(px, w, &torn);
-    if (w->ops->expert_regions && px->first)
+    if (w->ops->expert_regions && px->pin_src == px)
         w->ops->expert_regions(w->impl, NULL); /* no more calls to the hooks below */
     if (px->dev_mem) {
         /* the fetcher's memory, once no kernel reads it */
@@ -894,7 +893,6 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, struct gpu_xpool *pi
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
     gw->pool = px;
-    px->first = first;
     px->pin_src = first ? px : pins_of;
     px->dev_id = gw->dev;
     px->slot_bytes = slot_bytes;
@@ -1339,23 +1337,14 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     /* Each device's first layer: the layers in proportion to --tensor-split, else to the
      * devices' free memory (llama.cpp's split by layers). */
     uint32_t start[GPU_MAX_DEVICES + 1];
-    double   share[GPU_MAX_DEVICES], total = 0;
-    for (int k = 0; k < n_dev; k++) {
+    double   share[GPU_MAX_DEVICES];
+    for (int k = 0; k < n_dev; k++)
         share[k] = pl->devices.n_split
                        ? (k < (int)pl->devices.n_split ? (double)pl->devices.split[k] : 0.0)
                        : (double)info[k].free_bytes;
-        total += share[k];
-    }
-    double cum = 0;
-    start[0] = il0;
-    for (int k = 0; k < n_dev; k++) {
-        cum += total > 0 ? share[k] : 1.0;
-        const double   at = (double)on * cum / (total > 0 ? total : (double)n_dev);
-        const uint32_t l = (uint32_t)ceil(at - 1e-9);
-        start[k + 1] = il0 + (l > on ? on : l);
-        if (start[k + 1] < start[k])
-            start[k + 1] = start[k];
-    }
+    common_shares_starts(share, (uint32_t)n_dev, on, start);
+    for (int k = 0; k <= n_dev; k++)
+        start[k] += il0;
     if (pl->devices.n_at == (uint32_t)n_dev) /* given: clamped to the -ngl layers, in order */
         for (int k = 1; k < n_dev; k++) {
             const uint32_t at = pl->devices.at[k];

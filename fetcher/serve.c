@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -161,19 +160,20 @@ static int serve_file_shards(struct fetcher_server *s, uint32_t n_shards, struct
     return rc == COMMON_ENOMEM ? common_errmsg_set(e, rc, "fetcher: out of memory") : rc;
 }
 
-/* --shard-by layer: shard i every expert of a range of layers, even, or by --layer-split's
- * shares (shard i from the first layer at or past L times the shares before it, as the
- * executor splits its layers over devices). */
+/* --shard-by layer: shard i every expert of a range of layers, even, or in --layer-split's
+ * shares (common_shares_starts, as the executor splits its layers over devices). */
 static int serve_layer_shards(struct fetcher_server *s, const struct fetcher_serve_opts *o,
                               uint32_t n_shards, struct common_errmsg *e)
 {
     if (o->n_layer_split && o->n_layer_split != n_shards)
         return common_errmsg_set(e, COMMON_EINVAL, "--layer-split gives %u shares for %u fetchers",
                                  o->n_layer_split, n_shards);
-    double total = 0, cum = 0;
+    double   share[PROTO_MAX_SHARDS];
+    uint32_t start[PROTO_MAX_SHARDS + 1];
     for (uint32_t i = 0; i < o->n_layer_split; i++)
-        total += (double)o->layer_split[i];
-    uint32_t at = 0;
+        share[i] = (double)o->layer_split[i];
+    if (o->n_layer_split) /* as the executor splits its layers over devices */
+        common_shares_starts(share, n_shards, s->n_layer, start);
     for (uint32_t i = 0; i < n_shards; i++) {
         s->shards[i] =
             (struct proto_shard){.fetcher = i, .first_expert = 0, .n_experts = s->n_expert};
@@ -182,13 +182,8 @@ static int serve_layer_shards(struct fetcher_server *s, const struct fetcher_ser
                               &s->shards[i].n_layers);
             continue;
         }
-        cum += (double)o->layer_split[i];
-        uint32_t end = i + 1 == n_shards ? s->n_layer
-                                         : (uint32_t)ceil((double)s->n_layer * cum / total - 1e-9);
-        end = end > s->n_layer ? s->n_layer : end < at ? at : end;
-        s->shards[i].first_layer = at;
-        s->shards[i].n_layers = end - at;
-        at = end;
+        s->shards[i].first_layer = start[i];
+        s->shards[i].n_layers = start[i + 1] - start[i];
         if (s->shards[i].n_layers == 0)
             return common_errmsg_set(e, COMMON_EINVAL,
                                      "--layer-split leaves fetcher %u no layer of %u: give it a "

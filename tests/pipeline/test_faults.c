@@ -434,6 +434,18 @@ Test(pipeline_faults, qsf_corrupt_bundle_staged_for_the_device_is_named_to_the_c
     check_corrupt_bundle_named(true);
 }
 
+/* `model` split by layer into DIR/ssd1 and DIR/ssd2 (one directory per SSD); the first split's
+ * path in first (len bytes). */
+static void split_on_two_ssds(const char *dir, const char *model, char *first, size_t len)
+{
+    char ssd[2][1024];
+    for (int i = 0; i < 2; i++) {
+        snprintf(ssd[i], sizeof(ssd[i]), "%s/ssd%d", dir, i + 1);
+        cr_assert_eq(mkdir(ssd[i], 0700), 0);
+    }
+    cr_assert_eq(fixture_split_gguf_by_layer(model, ssd[0], ssd[1], "m", first, len), 0);
+}
+
 /* GGUF splits on two devices (directories; the second split a symlink beside the first, as a
  * user would place it): with --shard-by file, fetcher i serves the layers of the i-th directory
  * and reads only its split, and the text is the one-file model's in one process. The default
@@ -443,13 +455,9 @@ Test(pipeline_faults, split_gguf_on_two_devices_one_fetcher_each, .timeout = 300
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
     char *dir = fixture_tmpdir();
-    char  ssd[2][1024], first[2048], cmd[4096];
+    char  first[2048], cmd[4096];
     int   st;
-    for (int i = 0; i < 2; i++) {
-        snprintf(ssd[i], sizeof(ssd[i]), "%s/ssd%d", dir, i + 1);
-        cr_assert_eq(mkdir(ssd[i], 0700), 0);
-    }
-    cr_assert_eq(fixture_split_gguf_by_layer(model, ssd[0], ssd[1], "m", first, sizeof(first)), 0);
+    split_on_two_ssds(dir, model, first, sizeof(first));
     up(dir, first, 2, "--shard-by file");
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof(cmd), "grep -h -E 'reads split file|^shard' %s/logs/fetcher-%d*.log",
@@ -479,13 +487,9 @@ Test(pipeline_faults, split_gguf_one_fetcher_per_ssd_and_gpu, .timeout = 300, .f
     cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
     char *dir = fixture_tmpdir();
-    char  ssd[2][1024], first[2048], cmd[4096];
+    char  first[2048], cmd[4096];
     int   st;
-    for (int i = 0; i < 2; i++) {
-        snprintf(ssd[i], sizeof(ssd[i]), "%s/ssd%d", dir, i + 1);
-        cr_assert_eq(mkdir(ssd[i], 0700), 0);
-    }
-    cr_assert_eq(fixture_split_gguf_by_layer(model, ssd[0], ssd[1], "m", first, sizeof(first)), 0);
+    split_on_two_ssds(dir, model, first, sizeof(first));
     up(dir, first, 2, "--shard-by file --devices 0,1 -ngl 999 --vram-budget 640K --ram-budget 40M");
     snprintf(cmd, sizeof(cmd), "grep -h -E 'gpu: HOST' %s/logs/executor*.log", dir);
     char *log = sh(cmd, &st);
