@@ -222,10 +222,9 @@ static int dev_open(void *arg, int dev, uint32_t first_layer, uint32_t n_layers,
     if (n_events == 0 || n_events > EXECUTOR_DEV_MAX_EVENTS ||
         n_events > PROTO_DEVPOOL_MAX_EVENTS || bytes == 0 || n_layers == 0)
         return common_errmsg_set(e, COMMON_EINVAL, "a bad request for a device pool");
-    uint32_t slot = EXECUTOR_DEV_MAX_FETCHERS;
-    for (uint32_t k = EXECUTOR_DEV_MAX_FETCHERS; k-- > 0;)
-        if (!r->devs[k])
-            slot = k;
+    uint32_t slot = 0; /* the first free one */
+    while (slot < EXECUTOR_DEV_MAX_FETCHERS && r->devs[slot])
+        slot++;
     if (slot == EXECUTOR_DEV_MAX_FETCHERS)
         return common_errmsg_set(e, COMMON_ENOTSUP, "every fetcher serves a device pool");
     /* Its members: the fetchers holding experts of these layers, none serving another pool. */
