@@ -345,6 +345,10 @@ struct executor_gpu {
     int64_t      q8_stride, q8_cols;
     uint32_t     q8_n, q8_vdt;
     bool         q8_reuse;
+    /* The image is of g->xn as the last norm wrote it (gpu_norm_xn fused the two): every product
+     * over g->xn reuses it until another image is made. */
+    bool         q8_keep;
+    bool         fuse_off; /* SLUICE_NO_FUSION: norms, RoPE and quantization in separate kernels */
     bool         mv_only;    /* products of any row count on the matvec kernels (gpu_moe_grouped) */
     bool         gemm_q_off; /* SLUICE_NO_GEMM_Q: matmuls over f16 copies of the weights */
     bool         mm_only;    /* products of any row count on the matmul (gpu_moe_grouped) */
@@ -1480,6 +1484,7 @@ static int gpu_seq_part(const struct executor_model *m, const struct executor_gp
     g->il1 = gw->il1;
     g->head = gw->head;
     g->gemm_q_off = getenv("SLUICE_NO_GEMM_Q") != NULL;
+    g->fuse_off = getenv("SLUICE_NO_FUSION") != NULL;
     g->device_sort = getenv("SLUICE_MOE_DEVICE_SORT") != NULL;
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
@@ -1748,10 +1753,11 @@ static const void *gpu_q8_for(struct executor_gpu *g, uint32_t type, const float
                               int64_t x_stride, uint32_t n, int64_t cols)
 {
     const uint32_t vdt = executor_vec_dot_type(type);
-    if (g->q8_reuse && g->q8_src == x && g->q8_stride == x_stride && g->q8_n == n &&
+    if ((g->q8_reuse || g->q8_keep) && g->q8_src == x && g->q8_stride == x_stride && g->q8_n == n &&
         g->q8_cols == cols && g->q8_vdt == vdt)
         return g->xq8;
     g->q8_src = NULL;
+    g->q8_keep = false;
     if (gpu_act_q8(vdt, x, x_stride, n, cols, g->xq8) < 0)
         return NULL;
     g->q8_src = x;
@@ -1797,7 +1803,8 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
         }
         return 0;
     }
-    g->q8_src = NULL; /* the next product's image is not this one's */
+    if (!g->q8_keep)
+        g->q8_src = NULL; /* the next product's image is not this one's */
     /* Activations rounded as the CPU quantizes them: the CPU's products up to the order of the
      * sums (greedy tokens as llama.cpp's). For F16 weights the matmul's own f16 conversion is
      * that rounding. */
@@ -1859,6 +1866,33 @@ static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const flo
 static bool gpu_mm_q8(const struct executor_gpu *g, const struct gpu_mat *w, uint32_t n)
 {
     return ((n < GPU_GEMM_MIN_N && !g->mm_only) || g->mv_only) && gpu_q8_path(w->type, w->cols);
+}
+
+/* The norm (weights nw) of n rows of x into g->xn. Where the first product over them, of
+ * weights of `type` (0: none known), takes the int8 matvec, the norm writes their q8 image too,
+ * in the same kernel (gpu_rmsnorm_q8), and the products over g->xn reuse it (q8_keep); else any
+ * image of the old g->xn is forgotten. 0 or -1. */
+static int gpu_norm_xn(struct executor_gpu *g, const float *x, const float *nw, uint32_t n,
+                       uint32_t type)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const int64_t                ne = hp->n_embd;
+    const uint32_t               vdt = type ? executor_vec_dot_type(type) : 0;
+    g->q8_keep = false;
+    g->q8_src = NULL;
+    const bool fuse = !g->fuse_off && type && ((n < GPU_GEMM_MIN_N && !g->mm_only) || g->mv_only) &&
+                      gpu_q8_path(type, ne) && (vdt != COMMON_GGML_TYPE_Q8_K || ne % 256 == 0);
+    if (!fuse)
+        return gpu_rmsnorm(g->xn, ne, x, ne, nw, n, ne, hp->rms_eps);
+    if (gpu_rmsnorm_q8(g->xn, ne, x, ne, nw, n, ne, hp->rms_eps, vdt, g->xq8) < 0)
+        return -1;
+    g->q8_src = g->xn;
+    g->q8_stride = ne;
+    g->q8_n = n;
+    g->q8_cols = ne;
+    g->q8_vdt = vdt;
+    g->q8_keep = true;
+    return 0;
 }
 
 /* Whether the int8 matvec of w may fuse what follows it (gpu_mv_q8_op): no scale after it. */
@@ -2025,7 +2059,9 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
     const struct gpu_layer      *gl = &g->w->layers[il];
     const struct gpu_widths      w = gpu_widths_of(hp);
     const int64_t                ne = (int64_t)w.ne;
-    if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->attn_norm, n, ne, hp->rms_eps) < 0)
+    /* the first product over the normed rows: wq, or latent attention's wq_a */
+    const uint32_t first = hp->n_lora_kv ? (gl->wq_a.d ? gl->wq_a.type : 0) : gl->wq.type;
+    if (gpu_norm_xn(g, g->x, gl->attn_norm, n, first) < 0)
         return -1;
     if (hp->n_lora_kv)
         return gpu_attention_mla(g, il, n, mb, n_mb);
@@ -2037,20 +2073,29 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         (gl->bk && gpu_add_bias(g->k, (int64_t)w.kd, gl->bk, n, (int64_t)w.kd) < 0) ||
         (gl->bv && gpu_add_bias(g->v, (int64_t)w.vd, gl->bv, n, (int64_t)w.vd) < 0))
         return -1;
-    /* Per head (the norm as wide as a head) or over the whole projection (olmoe). */
-    if (gl->q_norm &&
+    /* Per head (the norm as wide as a head: fused with RoPE) or over the whole projection
+     * (olmoe). */
+    const bool hq = !g->fuse_off && gl->q_norm && gl->q_norm_n == hp->head_dim_k;
+    const bool hk = !g->fuse_off && gl->k_norm && gl->k_norm_n == hp->head_dim_k;
+    const bool fuse = !g->fuse_off && (hp->n_rot || hq || hk);
+    if (gl->q_norm && !hq &&
         gpu_rmsnorm(g->q, gl->q_norm_n, g->q, gl->q_norm_n, gl->q_norm,
                     (int64_t)(n * w.qd / gl->q_norm_n), gl->q_norm_n, hp->rms_eps) < 0)
         return -1;
-    if (gl->k_norm &&
+    if (gl->k_norm && !hk &&
         gpu_rmsnorm(g->k, gl->k_norm_n, g->k, gl->k_norm_n, gl->k_norm,
                     (int64_t)(n * w.kd / gl->k_norm_n), gl->k_norm_n, hp->rms_eps) < 0)
         return -1;
     const bool neox = hp->rope_neox != 0;
-    if (gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs, neox) < 0 ||
-        gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs, neox) <
-            0 ||
-        gpu_attend_members(g, il, mb, n_mb) < 0)
+    if (fuse ? gpu_rope_qk(g->q, (int64_t)w.qd, hp->n_head, g->k, (int64_t)w.kd, hp->n_head_kv, n,
+                           hp->head_dim_k, hp->n_rot, g->cs, neox, hq ? gl->q_norm : NULL,
+                           hk ? gl->k_norm : NULL, hp->rms_eps) < 0
+             : gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs,
+                        neox) < 0 ||
+                   gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs,
+                            neox) < 0)
+        return -1;
+    if (gpu_attend_members(g, il, mb, n_mb) < 0)
         return -1;
     if (gl->attn_sub_norm && gpu_rmsnorm(g->att, (int64_t)w.ad, g->att, (int64_t)w.ad,
                                          gl->attn_sub_norm, n, (int64_t)w.ad, hp->rms_eps) < 0)
@@ -2662,7 +2707,9 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
             return 0;
         return gpu_upload(g->x, c->x, bytes);
     }
-    if (gpu_rmsnorm(g->xn, ne, g->x, ne, gl->ffn_norm, n, ne, hp->rms_eps) < 0)
+    /* the routed experts' gate, or the dense FFN's, reads the normed rows as int8 */
+    if (gpu_norm_xn(g, g->x, gl->ffn_norm, n,
+                    gl->gate_inp.d ? gl->exps[COMMON_EXPERT_GATE].type : gl->gate.type) < 0)
         return -1;
     if (!gl->gate_inp.d) {
         return gpu_swiglu_ffn(g, &gl->gate, &gl->up, &gl->down, g->xn, n, g->x, NULL, true,
@@ -2744,7 +2791,7 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
             return -1;
         xs = g->gx;
     }
-    if (gpu_rmsnorm(g->xn, ne, xs, ne, g->w->output_norm, n_out, ne, hp->rms_eps) < 0 ||
+    if (gpu_norm_xn(g, xs, g->w->output_norm, n_out, g->w->output.type) < 0 ||
         gpu_mm_mat(g, &g->w->output, g->xn, ne, n_out, g->logits, hp->n_vocab) < 0)
         return -1;
     return 0;

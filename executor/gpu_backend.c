@@ -484,6 +484,16 @@ int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, co
                     be() ? be()->rmsnorm(y, y_stride, x, x_stride, w, n_rows, width, eps) : -1);
 }
 
+int gpu_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                   int64_t n_rows, int64_t width, float eps, uint32_t act_type, void *q8)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(
+        t0, "rmsnorm_q8",
+        be() ? be()->rmsnorm_q8(y, y_stride, x, x_stride, w, n_rows, width, eps, act_type, q8)
+             : -1);
+}
+
 int gpu_add(float *y, const float *a, const float *b, int64_t n)
 {
     const uint64_t t0 = prof_begin();
@@ -531,6 +541,17 @@ int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "rope",
                     be() ? be()->rope(v, n_tok, tok_stride, n_heads, head_dim, n_rot, cs, neox)
+                         : -1);
+}
+
+int gpu_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "rope_qk",
+                    be() ? be()->rope_qk(q, q_stride, n_head, k, k_stride, n_head_kv, n_tok,
+                                         head_dim, n_rot, cs, neox, q_norm, k_norm, eps)
                          : -1);
 }
 

@@ -1096,6 +1096,18 @@ static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_strid
     return 0;
 }
 
+/* The two operations it fuses, one after the other (y not x: x is read once). */
+static int h_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_stride,
+                        const float *w, int64_t n_rows, int64_t width, float eps, uint32_t act_type,
+                        void *q8)
+{
+    if (y == x && n_rows > 0)
+        return h_bad("gpu_rmsnorm_q8: bad arguments");
+    return h_rmsnorm(y, y_stride, x, x_stride, w, n_rows, width, eps) < 0
+               ? -1
+               : h_act_q8(act_type, y, y_stride, n_rows, width, q8);
+}
+
 static int h_add(float *y, const float *a, const float *b, int64_t n)
 {
     if (h_here(y, a, "gpu_add") < 0)
@@ -1195,6 +1207,27 @@ static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads,
             }
         }
     return 0;
+}
+
+/* The norms over each head, then both RoPEs, as the separate operations. */
+static int h_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                     uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                     const float *cs, bool neox, const float *q_norm, const float *k_norm,
+                     float eps)
+{
+    if (!q || !k || !cs || n_tok < 0 || head_dim == 0 || n_rot > head_dim ||
+        q_stride < (int64_t)n_head * head_dim || k_stride < (int64_t)n_head_kv * head_dim)
+        return h_bad("gpu_rope_qk: bad arguments");
+    for (int64_t t = 0; t < n_tok; t++)
+        if ((q_norm && h_rmsnorm(q + t * q_stride, head_dim, q + t * q_stride, head_dim, q_norm,
+                                 n_head, head_dim, eps) < 0) ||
+            (k_norm && h_rmsnorm(k + t * k_stride, head_dim, k + t * k_stride, head_dim, k_norm,
+                                 n_head_kv, head_dim, eps) < 0))
+            return -1;
+    return h_rope(q, n_tok, q_stride, n_head, head_dim, n_rot, cs, neox) < 0 ||
+                   h_rope(k, n_tok, k_stride, n_head_kv, head_dim, n_rot, cs, neox) < 0
+               ? -1
+               : 0;
 }
 
 static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
@@ -1656,12 +1689,14 @@ const struct gpu_backend *gpu_backend_host(void)
         .matvec_ids_q8 = h_matvec_ids_q8,
         .matvec_groups_q8 = h_matvec_groups_q8,
         .rmsnorm = h_rmsnorm,
+        .rmsnorm_q8 = h_rmsnorm_q8,
         .add = h_add,
         .add_bias = h_add_bias,
         .scale_rows = h_scale_rows,
         .swiglu = h_swiglu,
         .swiglu_oai = h_swiglu_oai,
         .rope = h_rope,
+        .rope_qk = h_rope_qk,
         .kv_store = h_kv_store,
         .attention = h_attention,
         .kv_store_q8 = h_kv_store_q8,

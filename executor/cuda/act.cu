@@ -8,11 +8,9 @@
 #include "gpu_impl.cuh"
 
 #define ACT_THREADS 128
-#define FULL_MASK   0xffffffffu
 
-/* One warp per block of 32 (Q8_0, Q8_1), lane j on value j: d = amax / 127 stored as f16,
- * q = round-half-even(x * 127 / amax) clamped to [-128, 127]; out = f16(d) * q (OUT), and the q8
- * image's q and d (Q8). */
+/* One warp per block of 32 (Q8_0, Q8_1), lane j on value j (gpu_q8_32): out = f16(d) * q
+ * (OUT), and the q8 image's q and d (Q8). */
 template <bool OUT, bool Q8>
 static __global__ void k_act_q8_32(const float *x, int64_t x_stride, int64_t n, int64_t cols,
                                    float *out, uint8_t *q8)
@@ -23,15 +21,8 @@ static __global__ void k_act_q8_32(const float *x, int64_t x_stride, int64_t n, 
     if (wi >= n * nb) /* the whole warp leaves together */
         return;
     const int64_t t = wi / nb, b = wi % nb;
-    const float   v = x[t * x_stride + b * 32 + lane];
-    float         amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-    const float d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    int         q = __float2int_rn(__fmul_rn(v, id));
-    q = q < -128 ? -128 : q > 127 ? 127 : q;
+    float         d;
+    const int     q = gpu_q8_32(x[t * x_stride + b * 32 + lane], &d);
     if (OUT)
         out[t * cols + b * 32 + lane] = __fmul_rn(d, (float)q);
     if (Q8) {
@@ -42,10 +33,8 @@ static __global__ void k_act_q8_32(const float *x, int64_t x_stride, int64_t n, 
     }
 }
 
-/* One warp per block of 256 (Q8_K), lane l on values l, 32 + l, ..: the signed value of the
- * largest magnitude (the first one), iscale = -127 / it, q = min(127, round-half-even(iscale *
- * x)), d = 1 / iscale; out = d * q (OUT), and the q8 image's q and d, d for each of the eight
- * 32s (Q8). */
+/* One warp per block of 256 (Q8_K), lane l on values l, 32 + l, .. (gpu_q8_K): out = d * q
+ * (OUT), and the q8 image's q and d, d for each of the eight 32s (Q8). */
 template <bool OUT, bool Q8>
 static __global__ void k_act_q8_K(const float *x, int64_t x_stride, int64_t n, int64_t cols,
                                   float *out, uint8_t *q8)
@@ -57,41 +46,21 @@ static __global__ void k_act_q8_K(const float *x, int64_t x_stride, int64_t n, i
         return;
     const int64_t t = wi / nb, b = wi % nb;
     const float  *xs = x + t * x_stride + b * 256;
-    float         v[8], amax = 0.0f, max = 0.0f;
-    int           at = 256; /* the index of max; 256 = none */
+    float         v[8], d;
+    int           q[8];
+    bool          zero;
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < 8; k++)
         v[k] = xs[k * 32 + lane];
-        if (fabsf(v[k]) > amax) { /* in increasing index: the lane's first largest */
-            amax = fabsf(v[k]);
-            max = v[k];
-            at = k * 32 + lane;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float oa = __shfl_xor_sync(FULL_MASK, amax, o);
-        const float om = __shfl_xor_sync(FULL_MASK, max, o);
-        const int   oi = __shfl_xor_sync(FULL_MASK, at, o);
-        if (oa > amax || (oa == amax && oi < at)) {
-            amax = oa;
-            max = om;
-            at = oi;
-        }
-    }
-    float      *ys = OUT ? out + t * cols + b * 256 : nullptr;
-    uint8_t    *row = Q8 ? q8 + t * (int64_t)gpu_q8_row_bytes(cols) : nullptr;
-    const bool  zero = amax == 0.0f;
-    const float iscale = zero ? 0.0f : __fdiv_rn(-127.0f, max);
-    const float d = zero ? 0.0f : __fdiv_rn(1.0f, iscale);
+    gpu_q8_K(v, lane, q, &d, &zero);
+    float   *ys = OUT ? out + t * cols + b * 256 : nullptr;
+    uint8_t *row = Q8 ? q8 + t * (int64_t)gpu_q8_row_bytes(cols) : nullptr;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        int q = zero ? 0 : __float2int_rn(__fmul_rn(iscale, v[k]));
-        q = q > 127 ? 127 : q;
         if (OUT)
-            ys[k * 32 + lane] = zero ? 0.0f : __fmul_rn(d, (float)q);
+            ys[k * 32 + lane] = zero ? 0.0f : __fmul_rn(d, (float)q[k]);
         if (Q8)
-            row[b * 256 + k * 32 + lane] = (uint8_t)(int8_t)q;
+            row[b * 256 + k * 32 + lane] = (uint8_t)(int8_t)q[k];
     }
     if (Q8 && lane < 8)
         reinterpret_cast<float *>(row + cols)[b * 8 + lane] = d;

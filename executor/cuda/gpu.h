@@ -310,6 +310,11 @@ int gpu_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n
  * be x. The sum of squares in f32 or better. */
 int gpu_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                 int64_t n_rows, int64_t width, float eps);
+/* gpu_rmsnorm fused with gpu_act_q8 of its output: y as gpu_rmsnorm gives it, and in q8 the
+ * image gpu_act_q8(act_type, y, y_stride, n_rows, width, q8) would make of y, bit for bit, in
+ * one launch (width a multiple of 32, of 256 for Q8_K; y not x). */
+int gpu_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                   int64_t n_rows, int64_t width, float eps, uint32_t act_type, void *q8);
 /* y[i] = a[i] + b[i], i < n; y may be a or b. */
 int gpu_add(float *y, const float *a, const float *b, int64_t n);
 /* y[r * stride + i] += bias[i] for r < n_rows, i < width. */
@@ -335,6 +340,13 @@ int gpu_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, cons
  * x0' = x0 * c - x1 * s, x1' = x0 * s + x1 * c. */
 int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
              uint32_t n_rot, const float *cs, bool neox);
+/* The queries' and keys' RoPE in one launch, each head normalised first where its norm is given:
+ * bit for bit gpu_rmsnorm over each head of q (rows of head_dim, weights q_norm) when q_norm is
+ * not NULL, the same for k with k_norm, then gpu_rope of q (n_head heads a token, q_stride
+ * apart) and of k (n_head_kv heads, k_stride apart), both with the pairs of cs. */
+int gpu_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps);
 /* The f16 KV cache of one layer: position p's key at k_cache + p * k_width, value at
  * v_cache + p * v_width. Stores token t's k (k + t * k_width) and v at position pos0 + t. */
 int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
@@ -496,6 +508,8 @@ struct gpu_backend {
                             int64_t n_groups, const void *q8, float *y, int64_t y_stride);
     int (*rmsnorm)(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                    int64_t n_rows, int64_t width, float eps);
+    int (*rmsnorm_q8)(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                      int64_t n_rows, int64_t width, float eps, uint32_t act_type, void *q8);
     int (*add)(float *y, const float *a, const float *b, int64_t n);
     /* ids NULL: the same bias row for every row (n_bias 1) */
     int (*add_bias)(float *y, int64_t stride, const float *bias, int32_t n_bias, const int32_t *ids,
@@ -506,6 +520,9 @@ struct gpu_backend {
                       const float *ub, int32_t n_bias, const int32_t *ids);
     int (*rope)(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
                 uint32_t n_rot, const float *cs, bool neox);
+    int (*rope_qk)(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                   uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                   const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps);
     /* pos_dev NULL: pos0; else *pos_dev (row_stride: the attention scratch's, 0 = pos0 + n_tok) */
     int (*kv_store)(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                     const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,

@@ -3,6 +3,7 @@
 #ifndef EXECUTOR_CUDA_GPU_IMPL_CUH
 #define EXECUTOR_CUDA_GPU_IMPL_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "gpu.h"
@@ -61,6 +62,8 @@ int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, siz
                           int64_t n_groups, const void *q8, float *y, int64_t y_stride);
 int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                  int64_t n_rows, int64_t width, float eps);
+int cuda_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                    int64_t n_rows, int64_t width, float eps, uint32_t act_type, void *q8);
 int cuda_add(float *y, const float *a, const float *b, int64_t n);
 int cuda_add_bias(float *y, int64_t stride, const float *bias, int32_t n_bias, const int32_t *ids,
                   int64_t n_rows, int64_t width);
@@ -70,6 +73,9 @@ int cuda_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, con
                     const float *ub, int32_t n_bias, const int32_t *ids);
 int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
               uint32_t n_rot, const float *cs, bool neox);
+int cuda_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                 uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                 const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps);
 int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                   const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                   uint32_t n_tok);
@@ -100,6 +106,59 @@ int cuda_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t 
 static __device__ __forceinline__ float gpu_silu_mul(float g, float u)
 {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+/* The int8 activations of one block of 32 (Q8_0, Q8_1), the whole warp, lane j holding value
+ * j (v): *d = amax / 127 rounded to f16, q = round-half-even(v * 127 / amax) clamped to
+ * [-128, 127], returned. */
+static __device__ __forceinline__ int gpu_q8_32(float v, float *d)
+{
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    *d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const int   q = __float2int_rn(__fmul_rn(v, id));
+    return q < -128 ? -128 : q > 127 ? 127 : q;
+}
+
+/* The int8 activations of one block of 256 (Q8_K), the whole warp, lane l holding values
+ * l, 32 + l, .. (v[8]): the signed value of the largest magnitude (the first one), iscale =
+ * -127 / it, q[k] = min(127, round-half-even(iscale * v[k])), *d = 1 / iscale; all 0 for a block
+ * of zeros (*zero). */
+static __device__ __forceinline__ void gpu_q8_K(const float v[8], int lane, int q[8], float *d,
+                                                bool *zero)
+{
+    float amax = 0.0f, max = 0.0f;
+    int   at = 256; /* the index of max; 256 = none */
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        if (fabsf(v[k]) > amax) { /* in increasing index: the lane's first largest */
+            amax = fabsf(v[k]);
+            max = v[k];
+            at = k * 32 + lane;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float om = __shfl_xor_sync(0xffffffffu, max, o);
+        const int   oi = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > amax || (oa == amax && oi < at)) {
+            amax = oa;
+            max = om;
+            at = oi;
+        }
+    }
+    *zero = amax == 0.0f;
+    const float iscale = *zero ? 0.0f : __fdiv_rn(-127.0f, max);
+    *d = *zero ? 0.0f : __fdiv_rn(1.0f, iscale);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int r = *zero ? 0 : __float2int_rn(__fmul_rn(iscale, v[k]));
+        q[k] = r > 127 ? 127 : r;
+    }
 }
 
 /* After a launch: the launch error (bad configuration), recorded under the kernel's name. */

@@ -74,6 +74,13 @@ template <class T, class Op> static __device__ T ops_block_reduce(T v, Op op, T 
 
 /* ---- RMS norm ----------------------------------------------------------------------------- */
 
+/* The threads of a row's norm: the reduction's order, so that the fused kernels give
+ * ops_rmsnorm_kernel's bits. */
+static unsigned ops_norm_threads(int64_t width)
+{
+    return width <= 1024 ? 256u : 1024u;
+}
+
 /* One block per row. As fwd_rmsnorm: each square in f32, their sum in double, then
  * y = (x * scale) * w with scale = 1 / sqrtf(mean + eps). y may be x: each thread rewrites only
  * the elements it read, after the reduction's barrier. */
@@ -104,10 +111,83 @@ int cuda_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, c
         return ops_bad("gpu_rmsnorm: bad arguments");
     if (n_rows == 0)
         return 0;
-    const unsigned threads = width <= 1024 ? 256u : 1024u;
+    const unsigned threads = ops_norm_threads(width);
     ops_rmsnorm_kernel<<<(unsigned)n_rows, threads, 0, gpu_stream()>>>(y, y_stride, x, x_stride, w,
                                                                        width, eps);
     return GPU_LAUNCHED("ops_rmsnorm_kernel");
+}
+
+/* ops_rmsnorm_kernel, then the q8 image of the row (k_act_q8_32 or k_act_q8_K's, K256): warp w
+ * takes blocks w, w + warps, .., each lane recomputing its normalised values as the norm does. */
+template <bool K256>
+static __global__ void ops_rmsnorm_q8_kernel(float *y, int64_t y_stride, const float *x,
+                                             int64_t x_stride, const float *w, int64_t width,
+                                             float eps, uint8_t *q8)
+{
+    __shared__ double red[32];
+    const float      *xr = x + (int64_t)blockIdx.x * x_stride;
+    float            *yr = y + (int64_t)blockIdx.x * y_stride;
+    uint8_t          *row = q8 + (int64_t)blockIdx.x * (int64_t)gpu_q8_row_bytes(width);
+    float            *ds = reinterpret_cast<float *>(row + width);
+    double            sum = 0.0;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        sum += (double)(v * v);
+    }
+    sum = ops_block_reduce(sum, ops_sum(), red);
+    const float mean = (float)(sum / (double)width);
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
+    const int   lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if (!K256) {
+        for (int64_t b = warp; b < width / 32; b += warps) {
+            const int64_t i = b * 32 + lane;
+            const float   v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+            float         d;
+            yr[i] = v;
+            row[i] = (uint8_t)(int8_t)gpu_q8_32(v, &d);
+            if (lane == 0)
+                ds[b] = d;
+        }
+    }
+    for (int64_t b = warp; K256 && b < width / 256; b += warps) {
+        float v[8], d;
+        int   q[8];
+        bool  zero;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int64_t i = b * 256 + k * 32 + lane;
+            v[k] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+            yr[i] = v[k];
+        }
+        gpu_q8_K(v, lane, q, &d, &zero);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            row[b * 256 + k * 32 + lane] = (uint8_t)(int8_t)q[k];
+        if (lane < 8)
+            ds[b * 8 + lane] = d;
+    }
+}
+
+int cuda_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
+                    int64_t n_rows, int64_t width, float eps, uint32_t act_type, void *q8)
+{
+    const bool k256 = act_type == COMMON_GGML_TYPE_Q8_K;
+    if (!y || !x || !w || !q8 || y == x || n_rows < 0 || n_rows > INT32_MAX || width < 1 ||
+        y_stride < width || x_stride < width || width % (k256 ? 256 : 32) ||
+        (reinterpret_cast<uintptr_t>(q8) & 3) ||
+        (!k256 && act_type != COMMON_GGML_TYPE_Q8_0 && act_type != COMMON_GGML_TYPE_Q8_1))
+        return ops_bad("gpu_rmsnorm_q8: bad arguments");
+    if (n_rows == 0)
+        return 0;
+    uint8_t *img = static_cast<uint8_t *>(q8);
+    if (k256)
+        ops_rmsnorm_q8_kernel<true><<<(unsigned)n_rows, ops_norm_threads(width), 0, gpu_stream()>>>(
+            y, y_stride, x, x_stride, w, width, eps, img);
+    else
+        ops_rmsnorm_q8_kernel<false>
+            <<<(unsigned)n_rows, ops_norm_threads(width), 0, gpu_stream()>>>(
+                y, y_stride, x, x_stride, w, width, eps, img);
+    return GPU_LAUNCHED("ops_rmsnorm_q8_kernel");
 }
 
 /* ---- elementwise -------------------------------------------------------------------------- */
@@ -283,6 +363,71 @@ int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uin
     ops_rope_kernel<<<ops_grid(n), OPS_THREADS, 0, gpu_stream()>>>(v, n_tok, tok_stride, n_heads,
                                                                    head_dim, n_rot, cs, neox);
     return GPU_LAUNCHED("ops_rope_kernel");
+}
+
+/* One block per (token, head) of q (the first n_head of a token) and of k: the head's values,
+ * normalised as ops_rmsnorm_kernel does where a norm is given, into shared memory, then rotated
+ * as ops_rope_kernel does and written back. */
+static __global__ void ops_rope_qk_kernel(float *q, int64_t q_stride, uint32_t n_head, float *k,
+                                          int64_t k_stride, uint32_t n_head_kv, uint32_t head_dim,
+                                          uint32_t n_rot, const float *cs, bool neox,
+                                          const float *q_norm, const float *k_norm, float eps)
+{
+    __shared__ double       red[32];
+    extern __shared__ float hv[]; /* head_dim */
+    const uint32_t          per = n_head + n_head_kv;
+    const int64_t           t = blockIdx.x / per;
+    const uint32_t          h = blockIdx.x % per;
+    const bool              isq = h < n_head;
+    float                  *x = isq ? q + t * q_stride + (int64_t)h * head_dim
+                                    : k + t * k_stride + (int64_t)(h - n_head) * head_dim;
+    const float            *nw = isq ? q_norm : k_norm;
+    float                   scale = 1.0f;
+    if (nw) { /* uniform over the block: every thread takes part in the reduction */
+        double sum = 0.0;
+        for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            const float v = x[i];
+            sum += (double)(v * v);
+        }
+        sum = ops_block_reduce(sum, ops_sum(), red);
+        const float mean = (float)(sum / (double)head_dim);
+        scale = __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
+    }
+    for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x)
+        hv[i] = nw ? __fmul_rn(__fmul_rn(x[i], scale), nw[i]) : x[i];
+    __syncthreads();
+    const uint32_t half = n_rot / 2;
+    for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
+        const uint32_t a = neox ? i : 2 * i;
+        const uint32_t b = neox ? i + half : 2 * i + 1;
+        const float    c = cs[t * n_rot + 2 * i];
+        const float    s = cs[t * n_rot + 2 * i + 1];
+        const float    x0 = hv[a];
+        const float    x1 = hv[b];
+        x[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        x[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+    if (nw) /* the dimensions past the rotated ones, normalised */
+        for (uint32_t i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x)
+            x[i] = hv[i];
+}
+
+int cuda_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                 uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                 const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps)
+{
+    if (!q || !k || !cs || n_tok < 0 || head_dim == 0 || head_dim > OPS_ATT_MAX_DIM ||
+        n_rot > head_dim || q_stride < (int64_t)n_head * head_dim ||
+        k_stride < (int64_t)n_head_kv * head_dim ||
+        n_tok * (int64_t)(n_head + n_head_kv) > INT32_MAX)
+        return ops_bad("gpu_rope_qk: bad arguments");
+    const int64_t blocks = n_tok * (int64_t)(n_head + n_head_kv);
+    if (blocks == 0)
+        return 0;
+    ops_rope_qk_kernel<<<(unsigned)blocks, ops_norm_threads(head_dim), head_dim * sizeof(float),
+                         gpu_stream()>>>(q, q_stride, n_head, k, k_stride, n_head_kv, head_dim,
+                                         n_rot, cs, neox, q_norm, k_norm, eps);
+    return GPU_LAUNCHED("ops_rope_qk_kernel");
 }
 
 /* ---- KV store ----------------------------------------------------------------------------- */

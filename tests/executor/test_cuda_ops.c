@@ -415,6 +415,154 @@ Test(executor_cuda_ops, rope_matches_reference)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Fused operations: the bits of the operations they fuse                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Description: gpu_rmsnorm_q8 writes the norm gpu_rmsnorm writes and the q8 image gpu_act_q8
+ * makes of it, bit for bit, for the three int8 activation types, at block and warp edges, with
+ * strided rows (the padding untouched). */
+Test(executor_cuda_ops, rmsnorm_q8_is_the_norm_then_its_image)
+{
+    gpu_or_skip();
+    const int64_t  widths[] = {32, 64, 96, 256, 512, 1024, 1056, 2048, 4096, 7168};
+    const uint32_t types[] = {COMMON_GGML_TYPE_Q8_0, COMMON_GGML_TYPE_Q8_1, COMMON_GGML_TYPE_Q8_K};
+    const int64_t  rows[] = {1, 3, 17};
+    const float    eps = 1e-6f;
+    for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++)
+        for (size_t ti = 0; ti < 3; ti++)
+            for (size_t ri = 0; ri < 3; ri++) {
+                const int64_t  width = widths[wi], n = rows[ri], xs = width + 3, ys = width + 5;
+                const uint32_t at = types[ti];
+                if (at == COMMON_GGML_TYPE_Q8_K && width % 256)
+                    continue;
+                const size_t nx = (size_t)(n * xs), ny = (size_t)(n * ys);
+                const size_t nq = (size_t)n * gpu_q8_row_bytes(width);
+                float       *x = xmalloc(nx * sizeof(float)), *w = xmalloc((size_t)width * 4);
+                fill_data(x, nx);
+                fill_gauss(w, (size_t)width, 1.0f);
+                if (n > 1) /* a row of zeros: its scales are 0 */
+                    memset(x + xs, 0, (size_t)width * sizeof(float));
+                float   *dx = dev_from(x, nx * sizeof(float)), *dw = dev_from(w, (size_t)width * 4);
+                float   *dy = dev_poisoned(ny * sizeof(float)), *dy2 = dev_poisoned(ny * 4);
+                uint8_t *dq = dev_poisoned(nq), *dq2 = dev_poisoned(nq);
+                cr_assert_eq(gpu_rmsnorm(dy, ys, dx, xs, dw, n, width, eps), 0, "%s",
+                             gpu_last_error());
+                cr_assert_eq(gpu_act_q8(at, dy, ys, n, width, dq), 0, "%s", gpu_last_error());
+                cr_assert_eq(gpu_rmsnorm_q8(dy2, ys, dx, xs, dw, n, width, eps, at, dq2), 0,
+                             "width %lld: %s", (long long)width, gpu_last_error());
+                float   *y = xmalloc(ny * 4), *y2 = xmalloc(ny * 4);
+                uint8_t *q = xmalloc(nq), *q2 = xmalloc(nq);
+                dev_to(y, dy, ny * 4);
+                dev_to(y2, dy2, ny * 4);
+                dev_to(q, dq, nq);
+                dev_to(q2, dq2, nq);
+                cr_assert(memcmp(y, y2, ny * 4) == 0,
+                          "width %lld, type %u, %lld rows: the fused norm differs",
+                          (long long)width, at, (long long)n);
+                cr_assert(memcmp(q, q2, nq) == 0,
+                          "width %lld, type %u, %lld rows: the fused image differs",
+                          (long long)width, at, (long long)n);
+                gpu_free(dx);
+                gpu_free(dw);
+                gpu_free(dy);
+                gpu_free(dy2);
+                gpu_free(dq);
+                gpu_free(dq2);
+                free(x);
+                free(w);
+                free(y);
+                free(y2);
+                free(q);
+                free(q2);
+            }
+}
+
+/* Description: gpu_rope_qk gives what the per-head norms of q and k (either, both or none) and
+ * the two RoPEs give, bit for bit: GQA head counts, partial rotation, NeoX and normal pairs,
+ * strided token rows (the padding untouched), one token and several. */
+Test(executor_cuda_ops, rope_qk_is_the_head_norms_then_the_ropes)
+{
+    gpu_or_skip();
+    const struct {
+        uint32_t n_head, n_head_kv, head_dim, n_rot;
+    } cases[] = {{4, 2, 64, 64}, {8, 1, 128, 128}, {2, 2, 80, 32}, {6, 3, 256, 64}, {3, 1, 32, 0}};
+    const uint32_t toks[] = {1, 5};
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (size_t ti = 0; ti < 2; ti++)
+            for (int neox = 0; neox < 2; neox++)
+                for (int norms = 0; norms < 4; norms++) {
+                    const uint32_t H = cases[ci].n_head, Hk = cases[ci].n_head_kv;
+                    const uint32_t hd = cases[ci].head_dim, nr = cases[ci].n_rot, T = toks[ti];
+                    const int64_t  qs = (int64_t)H * hd + 3, ks = (int64_t)Hk * hd + 5;
+                    const size_t   nq = (size_t)T * (size_t)qs, nk = (size_t)T * (size_t)ks;
+                    const size_t   ncs = (size_t)T * (nr ? nr : 1);
+                    float *q = xmalloc(nq * 4), *k = xmalloc(nk * 4), *cs = xmalloc(ncs * 4);
+                    float *qn = xmalloc((size_t)hd * 4), *kn = xmalloc((size_t)hd * 4);
+                    fill_data(q, nq);
+                    fill_data(k, nk);
+                    fill_gauss(qn, hd, 1.0f);
+                    fill_gauss(kn, hd, 0.5f);
+                    for (size_t i = 0; i + 1 < ncs; i += 2) {
+                        const double th = 100.0 * (double)rng_uniform();
+                        cs[i] = (float)cos(th);
+                        cs[i + 1] = (float)sin(th);
+                    }
+                    float      *dq = dev_from(q, nq * 4), *dk = dev_from(k, nk * 4);
+                    float      *dq2 = dev_from(q, nq * 4), *dk2 = dev_from(k, nk * 4);
+                    float      *dcs = dev_from(cs, ncs * 4), *dqn = dev_from(qn, (size_t)hd * 4);
+                    float      *dkn = dev_from(kn, (size_t)hd * 4);
+                    const float eps = 1e-6f;
+                    const bool  hq = norms & 1, hk = norms & 2;
+                    for (uint32_t t = 0; t < T; t++) {
+                        if (hq)
+                            cr_assert_eq(
+                                gpu_rmsnorm(dq + t * qs, hd, dq + t * qs, hd, dqn, H, hd, eps), 0,
+                                "%s", gpu_last_error());
+                        if (hk)
+                            cr_assert_eq(
+                                gpu_rmsnorm(dk + t * ks, hd, dk + t * ks, hd, dkn, Hk, hd, eps), 0,
+                                "%s", gpu_last_error());
+                    }
+                    cr_assert_eq(gpu_rope(dq, T, qs, H, hd, nr, dcs, neox != 0), 0, "%s",
+                                 gpu_last_error());
+                    cr_assert_eq(gpu_rope(dk, T, ks, Hk, hd, nr, dcs, neox != 0), 0, "%s",
+                                 gpu_last_error());
+                    cr_assert_eq(gpu_rope_qk(dq2, qs, H, dk2, ks, Hk, T, hd, nr, dcs, neox != 0,
+                                             hq ? dqn : NULL, hk ? dkn : NULL, eps),
+                                 0, "%s", gpu_last_error());
+                    float *a = xmalloc(nq * 4), *b = xmalloc(nq * 4);
+                    float *c = xmalloc(nk * 4), *d = xmalloc(nk * 4);
+                    dev_to(a, dq, nq * 4);
+                    dev_to(b, dq2, nq * 4);
+                    dev_to(c, dk, nk * 4);
+                    dev_to(d, dk2, nk * 4);
+                    cr_assert(memcmp(a, b, nq * 4) == 0,
+                              "case %zu, %u tokens, neox %d, norms %d: q differs", ci, T, neox,
+                              norms);
+                    cr_assert(memcmp(c, d, nk * 4) == 0,
+                              "case %zu, %u tokens, neox %d, norms %d: k differs", ci, T, neox,
+                              norms);
+                    cr_assert(memcmp(b + qs - 3, q + qs - 3, 3 * 4) == 0, "q padding written");
+                    gpu_free(dq);
+                    gpu_free(dk);
+                    gpu_free(dq2);
+                    gpu_free(dk2);
+                    gpu_free(dcs);
+                    gpu_free(dqn);
+                    gpu_free(dkn);
+                    free(q);
+                    free(k);
+                    free(cs);
+                    free(qn);
+                    free(kn);
+                    free(a);
+                    free(b);
+                    free(c);
+                    free(d);
+                }
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* KV store                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1526,6 +1674,18 @@ Test(executor_cuda_ops, bad_arguments_fail)
     cr_assert_eq(gpu_add_bias_ids(f, 4, f, 0, NULL, 1, 4), -1, "add_bias_ids no bias rows");
     cr_assert_eq(gpu_rope(f, 1, 64, 1, 32, 34, f, false), -1, "rope n_rot > head_dim");
     cr_assert_eq(gpu_rope(f, 1, 16, 1, 32, 32, f, false), -1, "rope tok_stride too small");
+    cr_assert_eq(gpu_rmsnorm_q8(f, 48, f + 64, 48, f, 1, 48, 1e-5f, COMMON_GGML_TYPE_Q8_0, f + 128),
+                 -1, "rmsnorm_q8 width not a multiple of 32");
+    cr_assert_eq(gpu_rmsnorm_q8(f, 64, f + 64, 64, f, 1, 64, 1e-5f, COMMON_GGML_TYPE_Q8_K, f + 128),
+                 -1, "rmsnorm_q8 Q8_K width not a multiple of 256");
+    cr_assert_eq(gpu_rmsnorm_q8(f, 64, f, 64, f, 1, 64, 1e-5f, COMMON_GGML_TYPE_Q8_0, f + 128), -1,
+                 "rmsnorm_q8 in place");
+    cr_assert_eq(gpu_rmsnorm_q8(f, 64, f + 64, 64, f, 1, 64, 1e-5f, COMMON_GGML_TYPE_F16, f + 128),
+                 -1, "rmsnorm_q8 to f16");
+    cr_assert_eq(gpu_rope_qk(f, 64, 1, f, 64, 1, 1, 32, 34, f, false, NULL, NULL, 1e-5f), -1,
+                 "rope_qk n_rot > head_dim");
+    cr_assert_eq(gpu_rope_qk(f, 16, 1, f, 64, 1, 1, 32, 32, f, false, NULL, NULL, 1e-5f), -1,
+                 "rope_qk q_stride too small");
     cr_assert_eq(gpu_kv_store(NULL, (uint16_t *)(void *)f, 8, 8, f, f, 0, 1), -1,
                  "kv_store NULL cache");
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 6, 4, 8, 8,

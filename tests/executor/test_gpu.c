@@ -1117,6 +1117,69 @@ static void check_same_steps(struct gpu_run *a, struct gpu_run *b, const char *w
     free(lb);
 }
 
+/* The fused kernels (a norm with the int8 image of its output, the per-head norms with RoPE)
+ * give the launches they replace bit for bit, so a whole pass gives the same logits with them
+ * as with SLUICE_NO_FUSION: decode steps (the int8 matvec) and a prefill. */
+static void check_fusion_path(const char *what, const char *path)
+{
+    struct gpu_run a, b;
+    run_open(&a, path, GPU_ALL);
+    cr_assert_eq(setenv("SLUICE_NO_FUSION", "1", 1), 0);
+    run_open(&b, path, GPU_ALL);
+    cr_assert_eq(unsetenv("SLUICE_NO_FUSION"), 0);
+    check_same_steps(&a, &b, what);
+    cr_log_info("%s: the fused kernels give the unfused logits", what);
+    run_close(&a);
+    run_close(&b);
+}
+
+static void check_fusion(const char *rel)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(model_path, rel);
+    check_fusion_path(rel, model_path);
+    free(model_path);
+}
+
+/* A random-weight model of `arch` in `type` (qwen3moe: per-head q/k norms; olmoe: norms over
+ * the whole projection). */
+static void check_fusion_synth(enum common_arch arch, uint32_t type)
+{
+    GPU_OR_SKIP();
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/fusion.gguf", dir);
+    const struct executor_synth_opts o = {.path = path,
+                                          .arch = arch,
+                                          .n_embd = 256,
+                                          .n_layer = 3,
+                                          .n_head = 4,
+                                          .n_head_kv = arch == COMMON_ARCH_OLMOE ? 4 : 2,
+                                          .n_ff = 256,
+                                          .n_vocab = 512,
+                                          .type = type,
+                                          .seed = 5,
+                                          .n_threads = 1};
+    struct common_errmsg             e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
+    char what[64];
+    snprintf(what, sizeof(what), "%s %s", common_arch_name(arch), common_ggml_type_get(type)->name);
+    check_fusion_path(what, path);
+    fixture_rmtree(dir);
+    free(dir);
+}
+
+Test(executor_gpu, fused_kernels_give_the_unfused_logits, .timeout = 300)
+{
+    check_fusion("moe-tiny/moe-tiny-q4_k_m.gguf");
+    check_fusion("moe-tiny/moe-tiny-q8_0.gguf");
+    check_fusion("models/llama-2-tiny-random.gguf");
+    check_fusion_synth(COMMON_ARCH_QWEN3MOE, COMMON_GGML_TYPE_Q4_K);
+    check_fusion_synth(COMMON_ARCH_QWEN3MOE, COMMON_GGML_TYPE_Q4_0);
+    check_fusion_synth(COMMON_ARCH_OLMOE, COMMON_GGML_TYPE_Q8_0);
+}
+
 /* The layers split over the devices give the logits of one device, bit for bit (the kernels are
  * the same; x passes between devices as it is): every layer and the head by free memory, three
  * layers over a list of two in another order (1,1; the head on the CPU), the experts in a pool
