@@ -1941,6 +1941,49 @@ static int gpu_mm_shared(struct executor_gpu *g, const struct gpu_mat *w, const 
     return rc;
 }
 
+/* q, k and v of the n rows of g->xn. One row on the int8 matvec: the matrices of wq's type and
+ * layout in one launch (gpu_matvec_q8_cat), the others alone. */
+static int gpu_qkv(struct executor_gpu *g, const struct gpu_layer *gl, uint32_t n,
+                   const struct gpu_widths *w)
+{
+    const int64_t         ne = (int64_t)w->ne;
+    const struct gpu_mat *ms[3] = {&gl->wq, &gl->wk, &gl->wv};
+    float                *ys[3] = {g->q, g->k, g->v};
+    const int64_t         yw[3] = {(int64_t)w->qd, (int64_t)w->kd, (int64_t)w->vd};
+    bool                  cat[3] = {false, false, false};
+    int                   n_cat = 0;
+    if (!g->fuse_off && n == 1 && gpu_mm_q8_fused(g, &gl->wq, 1))
+        for (int i = 0; i < 3; i++) {
+            cat[i] = ms[i]->d && ms[i]->type == gl->wq.type &&
+                     ms[i]->row_bytes == gl->wq.row_bytes && ms[i]->cols == gl->wq.cols &&
+                     ms[i]->scale == 0.0f;
+            n_cat += cat[i];
+        }
+    if (n_cat < 2) {
+        for (int i = 0; i < 3; i++)
+            if (gpu_mm_shared(g, ms[i], g->xn, ne, n, ys[i], yw[i], i > 0) < 0)
+                return -1;
+        return 0;
+    }
+    const void *wp[GPU_CAT_MAX];
+    int64_t     rows[GPU_CAT_MAX];
+    float      *yp[GPU_CAT_MAX];
+    int         k = 0;
+    for (int i = 0; i < 3; i++)
+        if (cat[i]) {
+            wp[k] = ms[i]->d;
+            rows[k] = ms[i]->rows;
+            yp[k++] = ys[i];
+        }
+    const void *q8 = gpu_q8_for(g, gl->wq.type, g->xn, ne, 1, ne); /* the norm's, if it made one */
+    if (!q8 || gpu_matvec_q8_cat(gl->wq.type, k, wp, rows, gl->wq.row_bytes, ne, q8, yp) < 0)
+        return -1;
+    for (int i = 0; i < 3; i++)
+        if (!cat[i] && gpu_mm_shared(g, ms[i], g->xn, ne, n, ys[i], yw[i], true) < 0)
+            return -1;
+    return 0;
+}
+
 /* The cache stores and attention of layer il, member by member over each member's own cache and
  * positions: g->k and g->v rows into the cache, g->q rows over it into g->att. */
 static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
@@ -2065,9 +2108,7 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         return -1;
     if (hp->n_lora_kv)
         return gpu_attention_mla(g, il, n, mb, n_mb);
-    if (gpu_mm_shared(g, &gl->wq, g->xn, ne, n, g->q, (int64_t)w.qd, false) < 0 ||
-        gpu_mm_shared(g, &gl->wk, g->xn, ne, n, g->k, (int64_t)w.kd, true) < 0 ||
-        gpu_mm_shared(g, &gl->wv, g->xn, ne, n, g->v, (int64_t)w.vd, true) < 0)
+    if (gpu_qkv(g, gl, n, &w) < 0)
         return -1;
     if ((gl->bq && gpu_add_bias(g->q, (int64_t)w.qd, gl->bq, n, (int64_t)w.qd) < 0) ||
         (gl->bk && gpu_add_bias(g->k, (int64_t)w.kd, gl->bk, n, (int64_t)w.kd) < 0) ||

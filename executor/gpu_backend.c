@@ -434,6 +434,14 @@ int gpu_matvec_q8_op(enum gpu_mv_op op, uint32_t type, const void *w, const void
              : -1);
 }
 
+int gpu_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
+                      size_t row_bytes, int64_t cols, const void *q8, float *const *y)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec_q8_cat",
+                    be() ? be()->matvec_q8_cat(type, n_mat, w, rows, row_bytes, cols, q8, y) : -1);
+}
+
 int gpu_matvec_ids_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                       int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                       const void *q8, int64_t x_div, float *y, int64_t y_stride)

@@ -1010,6 +1010,19 @@ static int h_matvec_q8(int op, uint32_t type, const void *w, const void *w2, siz
     return h_q8_op(op, type, w, w2, row_bytes, rows, cols, q8, 0, n, y, y_stride);
 }
 
+/* Each matrix's gpu_matvec_q8 in turn. */
+static int h_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
+                           size_t row_bytes, int64_t cols, const void *q8, float *const *y)
+{
+    if (n_mat < 1 || n_mat > GPU_CAT_MAX || !w || !rows || !y || cols == 0)
+        return h_bad("gpu_matvec_q8_cat: unsupported type or bad arguments");
+    for (int i = 0; i < n_mat; i++)
+        if (rows[i] < 1 || h_matvec_q8(GPU_MV_SET, type, w[i], NULL, row_bytes, rows[i], cols, q8,
+                                       1, y[i], rows[i]) < 0)
+            return rows[i] < 1 ? h_bad("gpu_matvec_q8_cat: unsupported type or bad arguments") : -1;
+    return 0;
+}
+
 static int h_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
                            size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
                            int64_t n_items, const void *q8, int64_t x_div, float *y,
@@ -1686,6 +1699,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .act_round = h_act_round,
         .act_q8 = h_act_q8,
         .matvec_q8 = h_matvec_q8,
+        .matvec_q8_cat = h_matvec_q8_cat,
         .matvec_ids_q8 = h_matvec_ids_q8,
         .matvec_groups_q8 = h_matvec_groups_q8,
         .rmsnorm = h_rmsnorm,

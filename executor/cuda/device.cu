@@ -723,6 +723,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .act_round = cuda_act_round,
         .act_q8 = cuda_act_q8,
         .matvec_q8 = cuda_matvec_q8,
+        .matvec_q8_cat = cuda_matvec_q8_cat,
         .matvec_ids_q8 = cuda_matvec_ids_q8,
         .matvec_groups_q8 = cuda_matvec_groups_q8,
         .rmsnorm = cuda_rmsnorm,

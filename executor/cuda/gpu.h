@@ -240,6 +240,13 @@ static inline bool gpu_type_implemented(uint32_t type)
 int gpu_matvec_q8(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
                   const void *q8, int64_t n, float *y, int64_t y_stride);
 
+/* gpu_matvec_q8 of n_mat matrices (1 .. GPU_CAT_MAX) of `type` over the same activation row
+ * (one row of a q8 image), in one launch: matrix i, rows[i] rows at w[i] (row_bytes each, cols
+ * columns), into y[i]; each output bit for bit gpu_matvec_q8's (attention's q, k and v). */
+#define GPU_CAT_MAX 3
+int gpu_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
+                      size_t row_bytes, int64_t cols, const void *q8, float *const *y);
+
 /* gpu_matvec_q8 fused with what follows it: GPU_MV_ADD adds the products to y (y += W . x);
  * GPU_MV_GLU multiplies w (gate) and w2 (up, of the same type and layout) with the same
  * activations and writes silu(gate . x) * (up . x), as gpu_swiglu does, bit for bit. */
@@ -498,6 +505,8 @@ struct gpu_backend {
     int (*matvec_q8)(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
                      int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
                      int64_t y_stride);
+    int (*matvec_q8_cat)(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
+                         size_t row_bytes, int64_t cols, const void *q8, float *const *y);
     /* w2 NULL: gpu_matvec_ids_q8; else gpu_matvec_ids_glu_q8 */
     int (*matvec_ids_q8)(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
                          size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,

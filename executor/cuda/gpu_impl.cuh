@@ -54,6 +54,8 @@ int cuda_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, 
 int cuda_matvec_q8(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
                    int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
                    int64_t y_stride);
+int         cuda_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
+                               size_t row_bytes, int64_t cols, const void *q8, float *const *y);
 int cuda_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
                        size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
                        int64_t n_items, const void *q8, int64_t x_div, float *y, int64_t y_stride);

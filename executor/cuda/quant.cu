@@ -797,7 +797,18 @@ template <int T, int N> static constexpr __host__ __device__ int mvq_rows()
 /* What k_matvec_q8's items are: the one product of gpu_matvec_q8 (N activation rows), an
  * expert each (gpu_matvec_ids_q8, N = 1), or a group of up to N rows sharing an expert
  * (gpu_matvec_groups_q8). */
-enum { MVQ_PLAIN, MVQ_IDS, MVQ_GROUPS };
+enum { MVQ_PLAIN, MVQ_IDS, MVQ_GROUPS, MVQ_CAT };
+
+/* MVQ_CAT: the products of n matrices (up to GPU_CAT_MAX) of one type and row length over the
+ * same activation row, one launch: blocks first[i] .. first[i + 1] - 1 take matrix i (rows[i]
+ * rows at w[i], into y[i]). */
+struct mvq_cat {
+    const uint8_t *w[GPU_CAT_MAX];
+    float         *y[GPU_CAT_MAX];
+    int64_t        rows[GPU_CAT_MAX];
+    unsigned       first[GPU_CAT_MAX + 1];
+    int            n;
+};
 
 /* GLU: the block's R rows of w (gate) and the same R rows of w2 (up), of the same layout, and
  * y = silu(gate) * up (gpu_silu_mul); else add: y += the product instead of y =. */
@@ -808,7 +819,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
                 size_t expert_bytes, int64_t rows, int64_t cols, const int32_t *__restrict__ ids,
                 const struct gpu_group *__restrict__ groups, int64_t n_items,
                 const uint8_t *__restrict__ q8, int64_t              x_div, float *__restrict__ y,
-                int64_t y_stride, bool add)
+                int64_t y_stride, bool add, const mvq_cat cat = mvq_cat())
 {
     constexpr int    R = GLU ? mvq_rows<T, N>() / 2 : mvq_rows<T, N>(); /* output rows a block */
     constexpr int    RR = GLU ? 2 * R : R;                              /* weight rows it reads */
@@ -818,12 +829,20 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
     __shared__ float glu[GLU ? RR * N : 1];
     const int        lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int        s = lane & 3;
-    const int64_t    row0 = static_cast<int64_t>(blockIdx.x) * R;
+    int              m = 0; /* MVQ_CAT: the block's matrix */
+    if (MODE == MVQ_CAT)
+        for (int i = 1; i < cat.n; i++)
+            m += blockIdx.x >= cat.first[i];
+    const int64_t  nrows = MODE == MVQ_CAT ? cat.rows[m] : rows;
+    const uint8_t *wm = MODE == MVQ_CAT ? cat.w[m] : w;
+    float         *ym = MODE == MVQ_CAT ? cat.y[m] : y;
+    const int64_t  row0 =
+        static_cast<int64_t>(MODE == MVQ_CAT ? blockIdx.x - cat.first[m] : blockIdx.x) * R;
     const int64_t    nch = cols / QK;
     const int64_t    xrb = static_cast<int64_t>(gpu_q8_row_bytes(cols));
     for (int64_t item = MODE != MVQ_PLAIN ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
-        const uint8_t *wb = w, *wb2 = w2, *xr[N]; /* the activation rows */
-        float         *yb = y;
+        const uint8_t *wb = wm, *wb2 = w2, *xr[N]; /* the activation rows */
+        float         *yb = ym;
         int            n_act = N;
         if (MODE == MVQ_IDS) {
             const int64_t off =
@@ -848,9 +867,9 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
         const uint8_t *wr[RR];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            wr[r] = wb + min(row0 + r, rows - 1) * static_cast<int64_t>(row_bytes);
+            wr[r] = wb + min(row0 + r, nrows - 1) * static_cast<int64_t>(row_bytes);
             if (GLU)
-                wr[R + r] = wb2 + min(row0 + r, rows - 1) * static_cast<int64_t>(row_bytes);
+                wr[R + r] = wb2 + min(row0 + r, nrows - 1) * static_cast<int64_t>(row_bytes);
         }
         float acc[RR][N];
 #pragma unroll
@@ -906,7 +925,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
         if (threadIdx.x < R * N) {
             const int64_t r = row0 + threadIdx.x / N;
             const int     t = static_cast<int>(threadIdx.x % N);
-            if (r < rows && t < n_act) {
+            if (r < nrows && t < n_act) {
                 const int64_t yr =
                     MODE == MVQ_GROUPS ? static_cast<int64_t>(__ldg(&groups[item].y_row[t])) : t;
                 float *out = yb + yr * y_stride + r;
@@ -1454,6 +1473,43 @@ int cuda_matvec_q8(int op, uint32_t type, const void *w, const void *w2, size_t 
                                                 static_cast<const uint8_t *>(q8), y, y_stride,
                                                 op == GPU_MV_ADD);
         return GPU_LAUNCHED("k_matvec_q8");
+    });
+}
+
+int cuda_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
+                       size_t row_bytes, int64_t cols, const void *q8, float *const *y)
+{
+    static const char what[] = "gpu_matvec_q8_cat: unsupported type or bad arguments";
+    return with_qtype(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        constexpr int R = mvq_rows<T, 1>();
+        if (!row_fits<T>(cols, row_bytes) || cols == 0 || n_mat < 1 || n_mat > GPU_CAT_MAX || !w ||
+            !rows || !y || !q8 || !q8_ok(q8))
+            return bad(what);
+        mvq_cat  cat = {};
+        bool     a4 = true;
+        uint64_t blocks = 0;
+        cat.n = n_mat;
+        for (int i = 0; i < n_mat; i++) {
+            if (!w[i] || !y[i] || rows[i] < 1)
+                return bad(what);
+            cat.w[i] = static_cast<const uint8_t *>(w[i]);
+            cat.y[i] = y[i];
+            cat.rows[i] = rows[i];
+            cat.first[i] = static_cast<unsigned>(blocks);
+            blocks += gpu_blocks(rows[i], R);
+            a4 = a4 && blocks_a4(w[i], row_bytes, 0);
+        }
+        if (blocks > INT32_MAX)
+            return bad(what);
+        cat.first[n_mat] = static_cast<unsigned>(blocks);
+        with_a4<T>(a4, [&](auto a) {
+            k_matvec_q8<T, 1, MVQ_CAT, decltype(a)::value, false>
+                <<<static_cast<unsigned>(blocks), MV_WARPS * 32, 0, gpu_stream()>>>(
+                    cat.w[0], nullptr, row_bytes, 0, rows[0], cols, nullptr, nullptr, 1,
+                    static_cast<const uint8_t *>(q8), 1, cat.y[0], 0, false, cat);
+        });
+        return GPU_LAUNCHED("k_matvec_q8_cat");
     });
 }
 

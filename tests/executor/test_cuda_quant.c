@@ -717,6 +717,71 @@ Test(executor_cuda_quant, fused_matvec_q8_equals_its_parts, .timeout = 300)
     gpu_free(d_ids);
 }
 
+/* Description: gpu_matvec_q8_cat of two and three matrices of other row counts (257, 33, 1 and
+ * 31) over one activation row gives each matrix's gpu_matvec_q8, bit for bit, and writes nothing
+ * past each matrix's rows; bad arguments are refused. */
+Test(executor_cuda_quant, matvec_q8_cat_equals_each_product, .timeout = 300)
+{
+    gpu_or_skip();
+    static const int64_t sets[2][3] = {{257, 33, 1}, {31, 257, 0}};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const int64_t     cols = common_ggml_type_get(type)->blck >= 128 ? 512 : 96, R = 257;
+        struct qt_experts ex;
+        experts_make(type, R, cols, &ex);
+        float *x = xmalloc((size_t)cols * sizeof(float)), *xr = xmalloc((size_t)cols * 4);
+        fill_data(x, (size_t)cols);
+        void *dq8;
+        q8_activations(type, x, 1, cols, xr, &dq8);
+        const size_t ny = (size_t)R + 4;
+        float       *a = xmalloc(ny * 4), *b = xmalloc(ny * 4);
+        for (size_t si = 0; si < 2; si++) {
+            const void *w[GPU_CAT_MAX];
+            float      *y[GPU_CAT_MAX], *ys[GPU_CAT_MAX];
+            int64_t     rows[GPU_CAT_MAX];
+            int         n_mat = 0;
+            for (int i = 0; i < GPU_CAT_MAX && sets[si][i]; i++, n_mat++) {
+                w[i] = (const uint8_t *)ex.dw + (size_t)i * ex.eb;
+                rows[i] = sets[si][i];
+                y[i] = dev_poisoned(ny * 4);
+                ys[i] = dev_poisoned(ny * 4);
+                cr_assert_eq(gpu_matvec_q8(type, w[i], ex.rb, rows[i], cols, dq8, 1, ys[i], 0), 0,
+                             "%s", gpu_last_error());
+            }
+            cr_assert_eq(gpu_matvec_q8_cat(type, n_mat, w, rows, ex.rb, cols, dq8, y), 0, "%s: %s",
+                         type_name(type), gpu_last_error());
+            for (int i = 0; i < n_mat; i++) {
+                dev_to(a, ys[i], ny * 4);
+                dev_to(b, y[i], ny * 4);
+                for (int64_t r = 0; r < rows[i]; r++)
+                    cr_assert(isfinite(b[r]) && memcmp(&a[r], &b[r], sizeof(float)) == 0,
+                              "%s, matrix %d of %d (%lld rows): row %lld %.9g, want %.9g",
+                              type_name(type), i, n_mat, (long long)rows[i], (long long)r,
+                              (double)b[r], (double)a[r]);
+                for (size_t r = (size_t)rows[i]; r < ny; r++)
+                    cr_assert(is_poison(&b[r]), "%s: matrix %d written past its rows",
+                              type_name(type), i);
+                gpu_free(y[i]);
+                gpu_free(ys[i]);
+            }
+        }
+        const void *w1[1] = {ex.dw};
+        int64_t     r0[1] = {0};
+        float      *y1[1] = {(float *)dq8};
+        cr_assert_eq(gpu_matvec_q8_cat(type, 1, w1, r0, ex.rb, cols, dq8, y1), -1, "0 rows");
+        cr_assert_eq(gpu_matvec_q8_cat(type, GPU_CAT_MAX + 1, w1, r0, ex.rb, cols, dq8, y1), -1,
+                     "too many matrices");
+        free(a);
+        free(b);
+        free(x);
+        free(xr);
+        gpu_free(dq8);
+        experts_free(&ex);
+    }
+}
+
 /* Description: gpu_matvec_groups_q8 over three experts (padded apart): groups of 1, 3, 8 and 5
  * activation rows in a scrambled order, each into its own rows of y, against the double
  * reference; every row a group names written, the others (and the padding) not. */
