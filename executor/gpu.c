@@ -1984,10 +1984,11 @@ static int gpu_qkv(struct executor_gpu *g, const struct gpu_layer *gl, uint32_t 
     return 0;
 }
 
-/* The cache stores and attention of layer il, member by member over each member's own cache and
- * positions: g->k and g->v rows into the cache, g->q rows over it into g->att. */
+/* The cache stores (unless stored: gpu_rope_qk made them) and attention of layer il, member by
+ * member over each member's own cache and positions: g->k and g->v rows into the cache, g->q rows
+ * over it into g->att. */
 static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
-                              const struct executor_gpu_member *mb, uint32_t n_mb)
+                              const struct executor_gpu_member *mb, uint32_t n_mb, bool stored)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const struct gpu_layer      *gl = &g->w->layers[il];
@@ -2012,12 +2013,12 @@ static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
                                   hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
                                   g->att_scratch, gl->sinks) < 0;
         else if (pd)
-            rc = gpu_kv_store_at(kc, vc, kd, vd, k, v, pd, b->n) < 0 ||
+            rc = (!stored && gpu_kv_store_at(kc, vc, kd, vd, k, v, pd, b->n) < 0) ||
                  gpu_attention_at(att, q, kc, vc, b->n, pd, g->n_ctx, hp->n_head, hp->n_head_kv,
                                   hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch,
                                   gl->sinks) < 0;
         else
-            rc = gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0 ||
+            rc = (!stored && gpu_kv_store(kc, vc, kd, vd, k, v, b->p0, b->n) < 0) ||
                  gpu_attention(att, q, kc, vc, b->n, b->p0, hp->n_head, hp->n_head_kv,
                                hp->head_dim_k, hp->head_dim_v, scale, window, g->att_scratch,
                                gl->sinks) < 0;
@@ -2084,7 +2085,7 @@ static int gpu_attention_mla(struct executor_gpu *g, uint32_t il, uint32_t n,
     if (gpu_experts_mv(g, &kb, g->mla_heads, items, g->mla_q, kq, nope, (uint32_t)items, 1, g->q,
                        hk, false) < 0 ||
         gpu_gather_rows(g->q + kvr, hk, g->mla_q + nope, kq, NULL, items, rot) < 0 ||
-        gpu_attend_members(g, il, mb, n_mb) < 0)
+        gpu_attend_members(g, il, mb, n_mb, false) < 0)
         return -1;
     /* Expand: head h's value is attn_v_b[h] . its output over the latent. */
     if (gpu_experts_mv(g, &vb, g->mla_heads, items, g->att, kvr, kvr, (uint32_t)items, 1, g->mla_o,
@@ -2128,15 +2129,23 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
                     (int64_t)(n * w.kd / gl->k_norm_n), gl->k_norm_n, hp->rms_eps) < 0)
         return -1;
     const bool neox = hp->rope_neox != 0;
+    /* One member with an f16 cache: its cache store in the same kernel. */
+    const bool store = fuse && n_mb == 1 && mb[0].row == 0 && mb[0].n == n && !mb[0].g->kv_q8;
+    const struct gpu_kv_dst kv = {.k_cache = store ? mb[0].g->k_cache[il] : NULL,
+                                  .v_cache = store ? mb[0].g->v_cache[il] : NULL,
+                                  .v = g->v,
+                                  .head_dim_v = hp->head_dim_v,
+                                  .pos0 = mb[0].p0,
+                                  .pos_dev = g->capturing ? g->pos_d : NULL};
     if (fuse ? gpu_rope_qk(g->q, (int64_t)w.qd, hp->n_head, g->k, (int64_t)w.kd, hp->n_head_kv, n,
                            hp->head_dim_k, hp->n_rot, g->cs, neox, hq ? gl->q_norm : NULL,
-                           hk ? gl->k_norm : NULL, hp->rms_eps) < 0
+                           hk ? gl->k_norm : NULL, hp->rms_eps, store ? &kv : NULL) < 0
              : gpu_rope(g->q, n, (int64_t)w.qd, hp->n_head, hp->head_dim_k, hp->n_rot, g->cs,
                         neox) < 0 ||
                    gpu_rope(g->k, n, (int64_t)w.kd, hp->n_head_kv, hp->head_dim_k, hp->n_rot, g->cs,
                             neox) < 0)
         return -1;
-    if (gpu_attend_members(g, il, mb, n_mb) < 0)
+    if (gpu_attend_members(g, il, mb, n_mb, store) < 0)
         return -1;
     if (gl->attn_sub_norm && gpu_rmsnorm(g->att, (int64_t)w.ad, g->att, (int64_t)w.ad,
                                          gl->attn_sub_norm, n, (int64_t)w.ad, hp->rms_eps) < 0)

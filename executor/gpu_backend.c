@@ -554,12 +554,13 @@ int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint
 
 int gpu_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
                 uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
-                const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps)
+                const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps,
+                const struct gpu_kv_dst *kv)
 {
     const uint64_t t0 = prof_begin();
     return prof_end(t0, "rope_qk",
                     be() ? be()->rope_qk(q, q_stride, n_head, k, k_stride, n_head_kv, n_tok,
-                                         head_dim, n_rot, cs, neox, q_norm, k_norm, eps)
+                                         head_dim, n_rot, cs, neox, q_norm, k_norm, eps, kv)
                          : -1);
 }
 

@@ -1222,27 +1222,6 @@ static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads,
     return 0;
 }
 
-/* The norms over each head, then both RoPEs, as the separate operations. */
-static int h_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
-                     uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
-                     const float *cs, bool neox, const float *q_norm, const float *k_norm,
-                     float eps)
-{
-    if (!q || !k || !cs || n_tok < 0 || head_dim == 0 || n_rot > head_dim ||
-        q_stride < (int64_t)n_head * head_dim || k_stride < (int64_t)n_head_kv * head_dim)
-        return h_bad("gpu_rope_qk: bad arguments");
-    for (int64_t t = 0; t < n_tok; t++)
-        if ((q_norm && h_rmsnorm(q + t * q_stride, head_dim, q + t * q_stride, head_dim, q_norm,
-                                 n_head, head_dim, eps) < 0) ||
-            (k_norm && h_rmsnorm(k + t * k_stride, head_dim, k + t * k_stride, head_dim, k_norm,
-                                 n_head_kv, head_dim, eps) < 0))
-            return -1;
-    return h_rope(q, n_tok, q_stride, n_head, head_dim, n_rot, cs, neox) < 0 ||
-                   h_rope(k, n_tok, k_stride, n_head_kv, head_dim, n_rot, cs, neox) < 0
-               ? -1
-               : 0;
-}
-
 static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                       const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                       uint32_t n_tok)
@@ -1262,6 +1241,32 @@ static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, ui
                 executor_fp32_to_fp16(v[(int64_t)t * v_width + c]);
     }
     return 0;
+}
+
+/* The norms over each head, then both RoPEs and the cache store, as the separate operations. */
+static int h_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                     uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                     const float *cs, bool neox, const float *q_norm, const float *k_norm,
+                     float eps, const struct gpu_kv_dst *kv)
+{
+    if (!q || !k || !cs || n_tok < 0 || head_dim == 0 || n_rot > head_dim ||
+        q_stride < (int64_t)n_head * head_dim || k_stride < (int64_t)n_head_kv * head_dim ||
+        (kv && (k_stride != (int64_t)n_head_kv * head_dim || !kv->k_cache || !kv->v_cache ||
+                !kv->v || n_tok > UINT32_MAX)))
+        return h_bad("gpu_rope_qk: bad arguments");
+    for (int64_t t = 0; t < n_tok; t++)
+        if ((q_norm && h_rmsnorm(q + t * q_stride, head_dim, q + t * q_stride, head_dim, q_norm,
+                                 n_head, head_dim, eps) < 0) ||
+            (k_norm && h_rmsnorm(k + t * k_stride, head_dim, k + t * k_stride, head_dim, k_norm,
+                                 n_head_kv, head_dim, eps) < 0))
+            return -1;
+    if (h_rope(q, n_tok, q_stride, n_head, head_dim, n_rot, cs, neox) < 0 ||
+        h_rope(k, n_tok, k_stride, n_head_kv, head_dim, n_rot, cs, neox) < 0)
+        return -1;
+    return kv ? h_kv_store(kv->k_cache, kv->v_cache, n_head_kv * head_dim,
+                           n_head_kv * kv->head_dim_v, k, kv->v, kv->pos0, kv->pos_dev,
+                           (uint32_t)n_tok)
+              : 0;
 }
 
 static float h_round_f16(float x)

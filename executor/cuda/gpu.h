@@ -347,13 +347,25 @@ int gpu_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, cons
  * x0' = x0 * c - x1 * s, x1' = x0 * s + x1 * c. */
 int gpu_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
              uint32_t n_rot, const float *cs, bool neox);
+/* Where gpu_rope_qk also stores the keys it rotated, and the values, in an f16 KV cache, as
+ * gpu_kv_store (pos_dev NULL) or gpu_kv_store_at would after it: k_width = n_head_kv * head_dim
+ * (the keys' rows contiguous), v_width = n_head_kv * head_dim_v. */
+struct gpu_kv_dst {
+    uint16_t       *k_cache, *v_cache;
+    const float    *v; /* n_tok rows of v_width, contiguous */
+    uint32_t        head_dim_v;
+    uint32_t        pos0;
+    const uint32_t *pos_dev; /* NULL: pos0 */
+};
 /* The queries' and keys' RoPE in one launch, each head normalised first where its norm is given:
  * bit for bit gpu_rmsnorm over each head of q (rows of head_dim, weights q_norm) when q_norm is
  * not NULL, the same for k with k_norm, then gpu_rope of q (n_head heads a token, q_stride
- * apart) and of k (n_head_kv heads, k_stride apart), both with the pairs of cs. */
+ * apart) and of k (n_head_kv heads, k_stride apart), both with the pairs of cs; then, with kv,
+ * the cache store (k_stride = n_head_kv * head_dim). */
 int gpu_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
                 uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
-                const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps);
+                const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps,
+                const struct gpu_kv_dst *kv);
 /* The f16 KV cache of one layer: position p's key at k_cache + p * k_width, value at
  * v_cache + p * v_width. Stores token t's k (k + t * k_width) and v at position pos0 + t. */
 int gpu_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
@@ -531,7 +543,8 @@ struct gpu_backend {
                 uint32_t n_rot, const float *cs, bool neox);
     int (*rope_qk)(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
                    uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
-                   const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps);
+                   const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps,
+                   const struct gpu_kv_dst *kv);
     /* pos_dev NULL: pos0; else *pos_dev (row_stride: the attention scratch's, 0 = pos0 + n_tok) */
     int (*kv_store)(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                     const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,

@@ -75,9 +75,10 @@ int cuda_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, con
                     const float *ub, int32_t n_bias, const int32_t *ids);
 int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
               uint32_t n_rot, const float *cs, bool neox);
-int cuda_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
-                 uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
-                 const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps);
+int         cuda_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
+                         uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
+                         const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps,
+                         const struct gpu_kv_dst *kv);
 int cuda_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                   const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                   uint32_t n_tok);

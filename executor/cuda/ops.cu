@@ -365,24 +365,39 @@ int cuda_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uin
     return GPU_LAUNCHED("ops_rope_kernel");
 }
 
-/* One block per (token, head) of q (the first n_head of a token) and of k: the head's values,
+/* One block per (token, head) of q (the first n_head of a token), of k (the next n_head_kv),
+ * and with a cache store (kv.k_cache not NULL) of v (the last n_head_kv): a q or k head's values,
  * normalised as ops_rmsnorm_kernel does where a norm is given, into shared memory, then rotated
- * as ops_rope_kernel does and written back. */
+ * as ops_rope_kernel does and written back, a key's also to the cache as ops_kv_store_kernel
+ * does; a value head to the cache. */
 static __global__ void ops_rope_qk_kernel(float *q, int64_t q_stride, uint32_t n_head, float *k,
                                           int64_t k_stride, uint32_t n_head_kv, uint32_t head_dim,
                                           uint32_t n_rot, const float *cs, bool neox,
-                                          const float *q_norm, const float *k_norm, float eps)
+                                          const float *q_norm, const float *k_norm, float eps,
+                                          const gpu_kv_dst kv)
 {
     __shared__ double       red[32];
     extern __shared__ float hv[]; /* head_dim */
-    const uint32_t          per = n_head + n_head_kv;
+    const uint32_t          per = n_head + n_head_kv + (kv.k_cache ? n_head_kv : 0);
     const int64_t           t = blockIdx.x / per;
     const uint32_t          h = blockIdx.x % per;
-    const bool              isq = h < n_head;
-    float                  *x = isq ? q + t * q_stride + (int64_t)h * head_dim
-                                    : k + t * k_stride + (int64_t)(h - n_head) * head_dim;
-    const float            *nw = isq ? q_norm : k_norm;
-    float                   scale = 1.0f;
+    const int64_t pos = kv.k_cache ? (int64_t)(kv.pos_dev ? *kv.pos_dev : kv.pos0) + t : 0;
+    if (h >= n_head + n_head_kv) { /* a value head: its row into the cache */
+        const uint32_t hvd = kv.head_dim_v, vw = n_head_kv * hvd, hh = h - n_head - n_head_kv;
+        const float   *vr = kv.v + t * vw + (int64_t)hh * hvd;
+        uint16_t      *vc = kv.v_cache + pos * vw + (int64_t)hh * hvd;
+        for (uint32_t i = threadIdx.x; i < hvd; i += blockDim.x)
+            vc[i] = __half_as_ushort(__float2half_rn(vr[i]));
+        return;
+    }
+    const bool   isq = h < n_head;
+    float       *x = isq ? q + t * q_stride + (int64_t)h * head_dim
+                         : k + t * k_stride + (int64_t)(h - n_head) * head_dim;
+    uint16_t    *kc = !isq && kv.k_cache ? kv.k_cache + pos * (int64_t)n_head_kv * head_dim +
+                                            (int64_t)(h - n_head) * head_dim
+                                         : nullptr;
+    const float *nw = isq ? q_norm : k_norm;
+    float        scale = 1.0f;
     if (nw) { /* uniform over the block: every thread takes part in the reduction */
         double sum = 0.0;
         for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
@@ -404,29 +419,43 @@ static __global__ void ops_rope_qk_kernel(float *q, int64_t q_stride, uint32_t n
         const float    s = cs[t * n_rot + 2 * i + 1];
         const float    x0 = hv[a];
         const float    x1 = hv[b];
-        x[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        x[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        const float    ya = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        const float    yb = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        x[a] = ya;
+        x[b] = yb;
+        if (kc) {
+            kc[a] = __half_as_ushort(__float2half_rn(ya));
+            kc[b] = __half_as_ushort(__float2half_rn(yb));
+        }
     }
-    if (nw) /* the dimensions past the rotated ones, normalised */
-        for (uint32_t i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x)
+    /* the dimensions past the rotated pairs: normalised, and stored */
+    for (uint32_t i = 2 * half + threadIdx.x; i < head_dim; i += blockDim.x) {
+        if (nw)
             x[i] = hv[i];
+        if (kc)
+            kc[i] = __half_as_ushort(__float2half_rn(hv[i]));
+    }
 }
 
 int cuda_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
                  uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
-                 const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps)
+                 const float *cs, bool neox, const float *q_norm, const float *k_norm, float eps,
+                 const struct gpu_kv_dst *kv)
 {
+    const uint32_t per = n_head + n_head_kv + (kv ? n_head_kv : 0);
     if (!q || !k || !cs || n_tok < 0 || head_dim == 0 || head_dim > OPS_ATT_MAX_DIM ||
         n_rot > head_dim || q_stride < (int64_t)n_head * head_dim ||
-        k_stride < (int64_t)n_head_kv * head_dim ||
-        n_tok * (int64_t)(n_head + n_head_kv) > INT32_MAX)
+        k_stride < (int64_t)n_head_kv * head_dim || n_tok * (int64_t)per > INT32_MAX ||
+        (kv && (k_stride != (int64_t)n_head_kv * head_dim || !kv->k_cache || !kv->v_cache ||
+                !kv->v || kv->head_dim_v == 0)))
         return ops_bad("gpu_rope_qk: bad arguments");
-    const int64_t blocks = n_tok * (int64_t)(n_head + n_head_kv);
+    const int64_t blocks = n_tok * (int64_t)per;
     if (blocks == 0)
         return 0;
+    const gpu_kv_dst none = {};
     ops_rope_qk_kernel<<<(unsigned)blocks, ops_norm_threads(head_dim), head_dim * sizeof(float),
                          gpu_stream()>>>(q, q_stride, n_head, k, k_stride, n_head_kv, head_dim,
-                                         n_rot, cs, neox, q_norm, k_norm, eps);
+                                         n_rot, cs, neox, q_norm, k_norm, eps, kv ? *kv : none);
     return GPU_LAUNCHED("ops_rope_qk_kernel");
 }
 

@@ -528,7 +528,7 @@ Test(executor_cuda_ops, rope_qk_is_the_head_norms_then_the_ropes)
                     cr_assert_eq(gpu_rope(dk, T, ks, Hk, hd, nr, dcs, neox != 0), 0, "%s",
                                  gpu_last_error());
                     cr_assert_eq(gpu_rope_qk(dq2, qs, H, dk2, ks, Hk, T, hd, nr, dcs, neox != 0,
-                                             hq ? dqn : NULL, hk ? dkn : NULL, eps),
+                                             hq ? dqn : NULL, hk ? dkn : NULL, eps, NULL),
                                  0, "%s", gpu_last_error());
                     float *a = xmalloc(nq * 4), *b = xmalloc(nq * 4);
                     float *c = xmalloc(nk * 4), *d = xmalloc(nk * 4);
@@ -560,6 +560,92 @@ Test(executor_cuda_ops, rope_qk_is_the_head_norms_then_the_ropes)
                     free(c);
                     free(d);
                 }
+}
+
+/* Description: gpu_rope_qk with a cache store writes the f16 cache gpu_kv_store (or
+ * gpu_kv_store_at, the position in device memory) writes after the norms and RoPEs, bit for
+ * bit, values of another head width included; positions outside the tokens' stay untouched. */
+Test(executor_cuda_ops, rope_qk_stores_the_cache_as_kv_store)
+{
+    gpu_or_skip();
+    const struct {
+        uint32_t n_head, n_head_kv, head_dim, head_dim_v, n_rot;
+    } cases[] = {
+        {4, 2, 64, 64, 64}, {8, 1, 128, 128, 64}, {2, 2, 80, 48, 80}, {6, 3, 256, 128, 32}};
+    const uint32_t n_ctx = 16, pos0 = 3;
+    for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
+        for (uint32_t T = 1; T <= 4; T += 3)
+            for (int at = 0; at < 2; at++) {
+                const uint32_t H = cases[ci].n_head, Hk = cases[ci].n_head_kv;
+                const uint32_t hd = cases[ci].head_dim, hdv = cases[ci].head_dim_v;
+                const uint32_t nr = cases[ci].n_rot, kd = Hk * hd, vd = Hk * hdv;
+                const int64_t  qs = (int64_t)H * hd;
+                const size_t nq = (size_t)T * (size_t)qs, nk = (size_t)T * kd, nv = (size_t)T * vd;
+                const size_t nkc = (size_t)n_ctx * kd * 2, nvc = (size_t)n_ctx * vd * 2;
+                float       *q = xmalloc(nq * 4), *k = xmalloc(nk * 4), *v = xmalloc(nv * 4);
+                float       *cs = xmalloc((size_t)T * nr * 4), *kn = xmalloc((size_t)hd * 4);
+                fill_data(q, nq);
+                fill_data(k, nk);
+                fill_data(v, nv);
+                fill_gauss(kn, hd, 1.0f);
+                for (size_t i = 0; i + 1 < (size_t)T * nr; i += 2) {
+                    const double th = 100.0 * (double)rng_uniform();
+                    cs[i] = (float)cos(th);
+                    cs[i + 1] = (float)sin(th);
+                }
+                float    *dq = dev_from(q, nq * 4), *dk = dev_from(k, nk * 4);
+                float    *dq2 = dev_from(q, nq * 4), *dk2 = dev_from(k, nk * 4);
+                float    *dv = dev_from(v, nv * 4), *dcs = dev_from(cs, (size_t)T * nr * 4);
+                float    *dkn = dev_from(kn, (size_t)hd * 4);
+                uint16_t *kc = dev_poisoned(nkc), *vc = dev_poisoned(nvc);
+                uint16_t *kc2 = dev_poisoned(nkc), *vc2 = dev_poisoned(nvc);
+                uint32_t *dpos = dev_from(&pos0, sizeof(pos0));
+                for (uint32_t t = 0; t < T; t++)
+                    cr_assert_eq(gpu_rmsnorm(dk + t * kd, hd, dk + t * kd, hd, dkn, Hk, hd, 1e-6f),
+                                 0);
+                cr_assert_eq(gpu_rope(dq, T, qs, H, hd, nr, dcs, false), 0);
+                cr_assert_eq(gpu_rope(dk, T, kd, Hk, hd, nr, dcs, false), 0);
+                cr_assert_eq(at ? gpu_kv_store_at(kc, vc, kd, vd, dk, dv, dpos, T)
+                                : gpu_kv_store(kc, vc, kd, vd, dk, dv, pos0, T),
+                             0, "%s", gpu_last_error());
+                const struct gpu_kv_dst kv = {.k_cache = kc2,
+                                              .v_cache = vc2,
+                                              .v = dv,
+                                              .head_dim_v = hdv,
+                                              .pos0 = at ? 0 : pos0,
+                                              .pos_dev = at ? dpos : NULL};
+                cr_assert_eq(gpu_rope_qk(dq2, qs, H, dk2, kd, Hk, T, hd, nr, dcs, false, NULL, dkn,
+                                         1e-6f, &kv),
+                             0, "%s", gpu_last_error());
+                uint8_t *a = xmalloc(nkc + nvc + nq * 4 + nk * 4);
+                uint8_t *b = xmalloc(nkc + nvc + nq * 4 + nk * 4);
+                dev_to(a, kc, nkc);
+                dev_to(a + nkc, vc, nvc);
+                dev_to(a + nkc + nvc, dq, nq * 4);
+                dev_to(a + nkc + nvc + nq * 4, dk, nk * 4);
+                dev_to(b, kc2, nkc);
+                dev_to(b + nkc, vc2, nvc);
+                dev_to(b + nkc + nvc, dq2, nq * 4);
+                dev_to(b + nkc + nvc + nq * 4, dk2, nk * 4);
+                cr_assert(memcmp(a, b, nkc) == 0, "case %zu, %u tokens, at %d: the key cache", ci,
+                          T, at);
+                cr_assert(memcmp(a + nkc, b + nkc, nvc) == 0,
+                          "case %zu, %u tokens, at %d: the value cache", ci, T, at);
+                cr_assert(memcmp(a + nkc + nvc, b + nkc + nvc, nq * 4 + nk * 4) == 0,
+                          "case %zu, %u tokens, at %d: q or k", ci, T, at);
+                cr_assert(is_poison(a + nkc - 4) && is_poison(a + nkc + nvc - 4),
+                          "the last positions were written");
+                void *ps[] = {dq, dk, dq2, dk2, dv, dcs, dkn, kc, vc, kc2, vc2, dpos};
+                for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+                    gpu_free(ps[i]);
+                free(q);
+                free(k);
+                free(v);
+                free(cs);
+                free(kn);
+                free(a);
+                free(b);
+            }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1682,10 +1768,16 @@ Test(executor_cuda_ops, bad_arguments_fail)
                  "rmsnorm_q8 in place");
     cr_assert_eq(gpu_rmsnorm_q8(f, 64, f + 64, 64, f, 1, 64, 1e-5f, COMMON_GGML_TYPE_F16, f + 128),
                  -1, "rmsnorm_q8 to f16");
-    cr_assert_eq(gpu_rope_qk(f, 64, 1, f, 64, 1, 1, 32, 34, f, false, NULL, NULL, 1e-5f), -1,
+    cr_assert_eq(gpu_rope_qk(f, 64, 1, f, 64, 1, 1, 32, 34, f, false, NULL, NULL, 1e-5f, NULL), -1,
                  "rope_qk n_rot > head_dim");
-    cr_assert_eq(gpu_rope_qk(f, 16, 1, f, 64, 1, 1, 32, 32, f, false, NULL, NULL, 1e-5f), -1,
+    cr_assert_eq(gpu_rope_qk(f, 16, 1, f, 64, 1, 1, 32, 32, f, false, NULL, NULL, 1e-5f, NULL), -1,
                  "rope_qk q_stride too small");
+    const struct gpu_kv_dst kvd = {.k_cache = (uint16_t *)(void *)f,
+                                   .v_cache = (uint16_t *)(void *)f,
+                                   .v = f,
+                                   .head_dim_v = 32};
+    cr_assert_eq(gpu_rope_qk(f, 64, 2, f, 64, 1, 1, 32, 32, f, false, NULL, NULL, 1e-5f, &kvd), -1,
+                 "rope_qk storing keys that are not contiguous");
     cr_assert_eq(gpu_kv_store(NULL, (uint16_t *)(void *)f, 8, 8, f, f, 0, 1), -1,
                  "kv_store NULL cache");
     cr_assert_eq(gpu_attention(f, f, (uint16_t *)(void *)f, (uint16_t *)(void *)f, 1, 0, 6, 4, 8, 8,
