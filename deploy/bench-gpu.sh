@@ -18,6 +18,9 @@
 #   P, N     prompt tokens of the prefill test, tokens of the decode test   [512, 128]
 #   REPS     repetitions of each test                               [3]
 #   OUT      results directory                        [/tmp/sluice-bench/gpu-<date>]
+#   ALSO     space-separated VAR=VALUE settings, each run as a further sluice line of every
+#            model with that variable set (an A/B in the same run), e.g.
+#            ALSO=SLUICE_NO_FUSION=1 or ALSO="SLUICE_NO_CUDA_GRAPHS=1 SLUICE_NO_FUSION=1"   []
 set -euo pipefail
 
 SLUICE=${SLUICE:-build/bin/sluice}
@@ -27,6 +30,7 @@ WHICH=${WHICH:-dense-q4_0 dense-q4_k moe-q4_k}
 P=${P:-512}
 N=${N:-128}
 REPS=${REPS:-3}
+ALSO=${ALSO:-}
 OUT=${OUT:-/tmp/sluice-bench/gpu-$(date +%Y%m%d-%H%M%S)}
 
 [ -x "$SLUICE" ] || { echo "bench-gpu: no sluice binary at $SLUICE (set SLUICE)" >&2; exit 1; }
@@ -79,18 +83,15 @@ table=$OUT/table.md
     echo "| model | size | test | sluice t/s | llama.cpp t/s | sluice / llama.cpp | sluice bw ratio | llama.cpp bw ratio |"
     echo "|---|---:|---|---:|---:|---:|---:|---:|"
 } >"$table"
-for name in $WHICH; do
-    model=$(make_model "$name")
-    "$SLUICE" bench -m "$model" -ngl 999 -p "$P" -n "$N" -r "$REPS" -o csv \
-        >"$OUT/$name.sluice.csv" 2>"$OUT/$name.sluice.log" ||
-        { echo "bench-gpu: sluice bench failed on $name:" >&2; tail -5 "$OUT/$name.sluice.log" >&2; exit 1; }
-    grep -m1 '^gpu:' "$OUT/$name.sluice.log" >&2 || true
-    if [ -n "$PEER" ]; then
-        "$PEER" -m "$model" -ngl 99 -p "$P" -n "$N" -r "$REPS" -o csv \
-            >"$OUT/$name.peer.csv" 2>"$OUT/$name.peer.log" ||
-            { echo "bench-gpu: llama-bench failed on $name:" >&2; tail -5 "$OUT/$name.peer.log" >&2; }
-    fi
-    f=$OUT/$name.sluice.csv
+# sluice_rows NAME MODEL LABEL [VAR=VALUE]: sluice bench of MODEL (with VAR=VALUE in its
+# environment), its lines of the table (model NAME, LABEL added), beside the peer's csv.
+sluice_rows() {
+    local name=$1 model=$2 label=$3 set=${4:-}
+    local tag=${set:+.${set//[^A-Za-z0-9_]/_}}
+    local f=$OUT/$1.sluice$tag.csv log=$OUT/$1.sluice$tag.log
+    env ${set:+"$set"} "$SLUICE" bench -m "$model" -ngl 999 -p "$P" -n "$N" -r "$REPS" -o csv \
+        >"$f" 2>"$log" ||
+        { echo "bench-gpu: sluice bench failed on $name $set:" >&2; tail -5 "$log" >&2; exit 1; }
     size=$(awk -v b="$(csv_field "$f" 1 model_size)" 'BEGIN { printf "%.2f GiB", b / 1073741824 }')
     active=$(csv_field "$f" 2 model_active_bytes)
     membw=$(csv_field "$f" 2 membw_bytes_per_s)
@@ -101,13 +102,27 @@ for name in $WHICH; do
         test=$([ "$np" != 0 ] && echo "pp$np" || echo "tg$ng")
         peer=""
         [ -n "$PEER" ] && [ -s "$OUT/$name.peer.csv" ] && peer=$(peer_ts "$OUT/$name.peer.csv" "$np" "$ng")
-        awk -v name="$name" -v size="$size" -v test="$test" -v ts="$ts" -v peer="$peer" \
+        awk -v name="$name$label" -v size="$size" -v test="$test" -v ts="$ts" -v peer="$peer" \
             -v active="$active" -v bw="$membw" -v dec="$([ "$ng" != 0 ] && echo 1 || echo 0)" 'BEGIN {
             ratio = peer != "" ? sprintf("%.2fx", ts / peer) : "-"
             sb = dec && bw > 0 ? sprintf("%.3f", ts * active / bw) : "-"
             pb = dec && bw > 0 && peer != "" ? sprintf("%.3f", peer * active / bw) : "-"
             printf "| %s | %s | %s | %.2f | %s | %s | %s | %s |\n", name, size, test, ts,
                    peer != "" ? sprintf("%.2f", peer) : "-", ratio, sb, pb }' >>"$table"
+    done
+}
+
+for name in $WHICH; do
+    model=$(make_model "$name")
+    if [ -n "$PEER" ]; then
+        "$PEER" -m "$model" -ngl 99 -p "$P" -n "$N" -r "$REPS" -o csv \
+            >"$OUT/$name.peer.csv" 2>"$OUT/$name.peer.log" ||
+            { echo "bench-gpu: llama-bench failed on $name:" >&2; tail -5 "$OUT/$name.peer.log" >&2; }
+    fi
+    sluice_rows "$name" "$model" ""
+    grep -m1 '^gpu:' "$OUT/$name.sluice.log" >&2 || true
+    for v in $ALSO; do
+        sluice_rows "$name" "$model" " ($v)" "$v"
     done
 done
 echo
