@@ -24,6 +24,16 @@ struct gpu_mat {
     float    scale; /* multiplies every output; 0 = none (bitnet's per-tensor scales) */
 };
 
+/* A batched decode step's graph (executor_gpu.shapes): its members' parts by serial, in row
+ * order; graph NULL = none captured yet. */
+#define GPU_GRAPH_SHAPES 8
+struct gpu_shape_graph {
+    struct gpu_graph *graph;
+    uint32_t          n_mb;
+    uint64_t          serial[EXECUTOR_GPU_ROW_EXACT];
+    uint64_t          used; /* shape_clock when it last ran */
+};
+
 /* Every routed expert of one part of a layer, expert e at d + e * bytes; in a pool
  * (--vram-budget), the part of the expert in slot s at d + s * bytes (d: the pool plus the
  * part's offset in a slot, bytes: a slot's). */
@@ -356,7 +366,14 @@ struct executor_gpu {
     /* The decode step of this sequence alone as a CUDA graph (gpu_graph_step): captured at the
      * first such step, replayed after, the position read from pos_d. */
     struct gpu_graph *graph;
-    uint32_t         *pos_d;
+    /* Decode steps of several sequences' tokens (one each) this part leads: a graph per set of
+     * members (one per shape), the least recently used one replaced; member i's position read
+     * from pos_d[i]. */
+    struct gpu_shape_graph shapes[GPU_GRAPH_SHAPES];
+    uint64_t               shape_clock;
+    uint64_t               serial;    /* this part's, unique in the process (a shape's key) */
+    uint32_t              *pos_d;     /* n_batch positions */
+    uint32_t              *h_pos;     /* their host copy (n_batch) */
     int32_t          *n_tiles_d; /* gpu_moe_sort's count of tiles */
     bool              capturing, graph_off;
     uint64_t          graph_steps;
@@ -1423,7 +1440,7 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->att_scratch = gpu_take(a, B * hp->n_head * (size_t)g->n_ctx * F, c)) &&
          (g->xq = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * F, c)) &&
          (g->xq8 = gpu_take(a, gpu_q8_bytes(B, &w), c)) &&
-         (g->pos_d = gpu_take(a, sizeof(uint32_t), c)) &&
+         (g->pos_d = gpu_take(a, B * sizeof(uint32_t), c)) &&
          (g->n_tiles_d = gpu_take(a, sizeof(int32_t), c)) &&
          (g->groups = gpu_take(a, 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group), c)) &&
          (g->x16 = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * sizeof(uint16_t), c)) &&
@@ -1489,6 +1506,12 @@ static int gpu_seq_part(const struct executor_model *m, const struct executor_gp
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
     g->kv_q8 = gpu_kv_is_q8(hp, pl->cache_type);
+    static _Atomic uint64_t serials;
+    g->serial = ++serials;
+    if (!(g->h_pos = calloc(n_batch ? n_batch : 1, sizeof(*g->h_pos)))) {
+        executor_gpu_destroy(g);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
     if ((rc = gpu_put_scratch(g, e)) < 0) {
         executor_gpu_destroy(g);
         return rc;
@@ -1533,11 +1556,14 @@ void executor_gpu_destroy(struct executor_gpu *g)
     executor_gpu_destroy(g->next);
     (void)gpu_use(g->dev);
     gpu_graph_free(g->graph);
+    for (uint32_t i = 0; i < GPU_GRAPH_SHAPES; i++)
+        gpu_graph_free(g->shapes[i].graph);
     gpu_allocs_free(&g->mem);
     executor_gpu_weights_destroy(g->own_w);
     free(g->k_cache);
     free(g->v_cache);
     free(g->h_mb);
+    free(g->h_pos);
     free(g->h_groups);
     free(g->h_sel);
     free(g->h_items);
@@ -2005,7 +2031,7 @@ static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
         void          *kc = b->g->k_cache[il], *vc = w.mla ? NULL : b->g->v_cache[il];
         const uint32_t kd = (uint32_t)w.kd, vd = w.mla ? 0 : (uint32_t)w.vd;
         /* A graph's kernels read the position from device memory (the same graph every step). */
-        const uint32_t *pd = g->capturing ? g->pos_d : NULL;
+        const uint32_t *pd = g->capturing ? g->pos_d + i : NULL;
         int             rc;
         if (b->g->kv_q8)
             rc = gpu_kv_store_q8(kc, vc, kd, vd, k, v, b->p0, pd, b->n) < 0 ||
@@ -2847,31 +2873,61 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
     return 0;
 }
 
-/* Whether a step runs as the sequence's graph: one token of this sequence alone with its
- * logits, every layer's kernels independent of the host while they run (no expert pool, no
- * MoE on the CPU), on a backend with graphs, and SLUICE_NO_CUDA_GRAPHS unset. */
-static bool gpu_graph_step(struct executor_gpu *g, const struct executor_gpu_member *mb,
-                           uint32_t n_mb, uint32_t n, uint32_t n_out, const float *logits)
+/* The graph slot a step runs as (NULL: it launches its kernels): every layer's kernels
+ * independent of the host while they run (no expert pool, no MoE on the CPU), the head here with
+ * logits for every row, a backend with graphs, SLUICE_NO_CUDA_GRAPHS unset, and the step's rows
+ * its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip). One
+ * member that is this sequence: its own graph; others: the graph of their set (shapes), made
+ * (replacing the least recently used) when there is none. */
+static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
+                                         const struct executor_gpu_member *mb, uint32_t n_mb,
+                                         uint32_t n, const uint32_t *out_rows, uint32_t n_out,
+                                         const float *logits)
 {
-    if (g->graph_off || n != 1 || n_mb != 1 || mb[0].g != g || mb[0].row != 0 || n_out != 1 ||
-        !logits || !g->head || g->w->pool)
-        return false;
+    if (g->graph_off || n_mb == 0 || n != n_mb || n >= GPU_GEMM_MIN_N ||
+        n_mb > EXECUTOR_GPU_ROW_EXACT || n_out != n || !logits || !g->head || g->w->pool)
+        return NULL;
+    for (uint32_t i = 0; i < n_mb; i++)
+        if (mb[i].n != 1 || mb[i].row != i || out_rows[i] != i || mb[i].g->n_ctx > g->n_ctx)
+            return NULL;
     if (!gpu_graphs_supported() || getenv("SLUICE_NO_CUDA_GRAPHS")) {
         g->graph_off = true;
-        return false;
+        return NULL;
     }
     for (uint32_t il = g->il0; il < g->il1; il++)
         if (g->w->layers[il].cpu_moe) {
             g->graph_off = true;
-            return false;
+            return NULL;
         }
-    return true;
+    if (n_mb == 1 && mb[0].g == g)
+        return &g->graph;
+    struct gpu_shape_graph *pick = &g->shapes[0];
+    for (uint32_t k = 0; k < GPU_GRAPH_SHAPES; k++) {
+        struct gpu_shape_graph *sg = &g->shapes[k];
+        bool                    same = sg->graph && sg->n_mb == n_mb;
+        for (uint32_t i = 0; same && i < n_mb; i++)
+            same = sg->serial[i] == mb[i].g->serial;
+        if (same) {
+            sg->used = ++g->shape_clock;
+            return &sg->graph;
+        }
+        if (!sg->graph ? pick->graph != NULL : pick->graph && sg->used < pick->used)
+            pick = sg; /* an empty slot first, else the least recently used */
+    }
+    gpu_graph_free(pick->graph);
+    pick->graph = NULL;
+    pick->n_mb = n_mb;
+    for (uint32_t i = 0; i < n_mb; i++)
+        pick->serial[i] = mb[i].g->serial;
+    pick->used = ++g->shape_clock;
+    return &pick->graph;
 }
 
-/* Captures the kernels of a one-token step into g->graph. A capture that fails leaves no graph
- * and turns graphs off for the sequence (its steps then launch their kernels); -1 only when the
- * device failed outright. */
-static int gpu_graph_capture(struct executor_gpu *g, const struct executor_gpu_member *mb,
+/* Captures the kernels of a step (gpu_graph_step's) into *graph. A capture that fails leaves no
+ * graph and turns graphs off for this part (its steps then launch their kernels); -1 only when
+ * the device failed outright. */
+static int gpu_graph_capture(struct executor_gpu *g, struct gpu_graph **graph,
+                             const struct executor_gpu_member *mb, uint32_t n_mb,
                              struct executor_ctx *c, const uint32_t *out_rows)
 {
     int cpu_rc = 0;
@@ -2881,12 +2937,12 @@ static int gpu_graph_capture(struct executor_gpu *g, const struct executor_gpu_m
     }
     g->capturing = true;
     g->q8_src = NULL;
-    const int rc = gpu_step_kernels(g, mb, 1, c, 1, out_rows, 1, &cpu_rc);
+    const int rc = gpu_step_kernels(g, mb, n_mb, c, n_mb, out_rows, n_mb, &cpu_rc);
     g->capturing = false;
     g->q8_src = NULL;
-    if (gpu_graph_end(&g->graph) < 0 || rc < 0 || cpu_rc < 0) {
-        gpu_graph_free(g->graph);
-        g->graph = NULL;
+    if (gpu_graph_end(graph) < 0 || rc < 0 || cpu_rc < 0) {
+        gpu_graph_free(*graph);
+        *graph = NULL;
         g->graph_off = true;
         return gpu_sync();
     }
@@ -2922,17 +2978,20 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
     rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
     if (rc == 0 && hp->n_rot)
         rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
-    int        cpu_rc = 0;
-    const bool graph = rc == 0 && gpu_graph_step(g, mb, n_mb, n, n_out, logits);
+    int                cpu_rc = 0;
+    struct gpu_graph **graph =
+        rc == 0 ? gpu_graph_step(g, mb, n_mb, n, out_rows, n_out, logits) : NULL;
     if (graph) {
-        /* One token of this sequence: its graph, captured at the first such step. */
-        rc = gpu_upload(g->pos_d, &mb[0].p0, sizeof(uint32_t));
-        if (rc == 0 && !g->graph && gpu_graph_capture(g, mb, c, out_rows) < 0)
+        /* One token of each member: the graph of their set, captured at its first step. */
+        for (uint32_t i = 0; i < n_mb; i++)
+            g->h_pos[i] = mb[i].p0;
+        rc = gpu_upload(g->pos_d, g->h_pos, n_mb * sizeof(uint32_t));
+        if (rc == 0 && !*graph && gpu_graph_capture(g, graph, mb, n_mb, c, out_rows) < 0)
             return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
                                      gpu_last_error());
     }
-    if (rc == 0 && graph && g->graph) {
-        rc = gpu_graph_launch(g->graph);
+    if (rc == 0 && graph && *graph) {
+        rc = gpu_graph_launch(*graph);
         g->graph_steps += rc == 0;
     } else if (rc == 0) {
         rc = gpu_step_kernels(g, mb, n_mb, c, n, out_rows, logits ? n_out : 0, &cpu_rc);

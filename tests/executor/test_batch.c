@@ -174,6 +174,12 @@ static void bt_check_model_on(const char *path, enum common_cache_type ct, uint3
             next[s] = bt_argmax(have, n_vocab);
         }
     }
+    /* Where the backend has graphs, the steps of several sequences' tokens ran as the graph of
+     * their set of members (gpu.c: gpu_graph_step), their logits the lone runs' all the same. */
+    if (dev.ngl >= 999 && !dev.n_cpu_moe && !dev.vram_budget && !lead_is_seq0 &&
+        gpu_graphs_supported() && !getenv("SLUICE_NO_CUDA_GRAPHS"))
+        cr_assert_gt(executor_ctx_gpu_graph_steps(lead), 0,
+                     "%s: no step of several sequences ran as a graph", path);
     free(got);
     for (uint32_t s = 0; s < BT_SEQS; s++)
         executor_ctx_destroy(cs[s]);
