@@ -2571,7 +2571,7 @@ static int gpu_experts_mv(struct executor_gpu *g, const struct gpu_experts *xe, 
 }
 
 static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, const int32_t *ids,
-                         uint32_t t0, uint32_t t1, struct gpu_xpool *wait_px)
+                         uint32_t t0, uint32_t t1, struct gpu_xpool *wait_px, bool combine)
 {
     const struct common_hparams *hp = &g->m->desc->hp;
     const uint32_t               K = hp->n_expert_used;
@@ -2600,6 +2600,14 @@ static int gpu_moe_items(struct executor_gpu *g, const struct gpu_layer *gl, con
                       0 ||
                   gpu_moe_act(g, gl, ga, up, items, nf, g->sel + i0) < 0)
         return -1;
+    if (combine) { /* down, and the weighted sum of the token's items added to x at once */
+        const void *hq = gpu_q8_for(g, xd->type, ga, nf, (uint32_t)items, nf);
+        return hq && gpu_matvec_ids_combine_q8(xd->type, xd->d, xd->bytes, xd->row_bytes, xd->rows,
+                                               xd->cols, ids + i0, g->sel_w + i0, t1 - t0,
+                                               (int32_t)K, hq, g->x + (size_t)t0 * ne, ne) == 0
+                   ? 0
+                   : -1;
+    }
     /* the biases by the items' experts (g->sel), not by ids (slots, in the pool) */
     if ((wait_px && gpu_pool_wait(wait_px, GPU_EV_D, false) < 0) ||
         gpu_experts_mv(g, xd, ids + i0, items, ga, nf, nf, (uint32_t)items, 1,
@@ -2749,7 +2757,7 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
             return rc == -1 ? -1 : 0;
         if (stand_in >= 0 &&
             (gpu_upload(g->items + i0, g->h_items + i0, (i1 - i0) * sizeof(int32_t)) < 0 ||
-             gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px : NULL) < 0))
+             gpu_moe_items(g, &gw->layers[il], g->items, t0, t1, miss ? px : NULL, false) < 0))
             return -1;
         const int cpu =
             on_cpu ? gpu_moe_cpu_round(g, il, bytes, n, t0, t1, c, &have_xn, cpu_rc) : 0;
@@ -2769,6 +2777,37 @@ static int gpu_moe_pooled(struct executor_gpu *g, uint32_t il, uint32_t n, struc
  * on the CPU (--n-cpu-moe) sends x to the host ctx c, where the CPU's FFN (its norm, routing,
  * routed and shared experts, from RAM or streamed) adds to it, and takes x back; a failure
  * there leaves its common_err in *cpu_rc (text in c->err). */
+/* The shared expert of layer gl (if any) for the n rows of g->xn, added to x before the routed
+ * experts' sum. */
+static int gpu_shared_expert(struct executor_gpu *g, const struct gpu_layer *gl, uint32_t n)
+{
+    const int64_t ne = g->m->desc->hp.n_embd;
+    if (gl->sh_gate.d && gl->sh_gate_inp.d) {
+        /* A gated shared expert (qwen2moe): its output (in gx, free once the routed experts
+         * are done) times the sigmoid of its gate's one logit a row (in router, whose logits
+         * are spent: the routing is done) added first. */
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->gx, NULL, false,
+                           NULL, NULL) < 0 ||
+            gpu_mm_mat(g, &gl->sh_gate_inp, g->xn, ne, n, g->router, 1) < 0 ||
+            gpu_gated_add(g->x, g->gx, g->router, n, (uint32_t)ne) < 0)
+            return -1;
+    } else if (gl->sh_gate.d) {
+        /* An ungated shared expert beside the routed ones: its output added first. */
+        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true,
+                           NULL, NULL) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Whether a few tokens' routed experts (gpu_moe_items) add their weighted sum to x in the down
+ * kernel (gpu_matvec_ids_combine_q8): int8 down products without a bias. */
+static bool gpu_down_combines(const struct executor_gpu *g, const struct gpu_layer *gl)
+{
+    const struct gpu_experts *xd = &gl->exps[COMMON_EXPERT_DOWN];
+    return !g->fuse_off && !gl->down_exps_b && gpu_q8_path(xd->type, xd->cols);
+}
+
 static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct executor_ctx *c,
                          int *cpu_rc)
 {
@@ -2801,9 +2840,16 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
                       gating, hp->norm_topk_prob != 0, hp->expert_weights_scale, g->sel,
                       g->sel_w) < 0)
         return -1;
+    if (n < GPU_GEMM_MIN_N && !gl->pooled && gpu_down_combines(g, gl)) {
+        /* A few tokens, the routed experts' sum in their down kernel: the shared expert first
+         * (x gets the same sums in the same order: routed + (shared + x)). */
+        return gpu_shared_expert(g, gl, n) < 0 || gpu_moe_items(g, gl, g->sel, 0, n, NULL, true) < 0
+                   ? -1
+                   : 0;
+    }
     if (n < GPU_GEMM_MIN_N && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
-        if (gpu_moe_items(g, gl, g->sel, 0, n, NULL) < 0)
+        if (gpu_moe_items(g, gl, g->sel, 0, n, NULL, false) < 0)
             return -1;
     } else if (!gl->pooled && gpu_tiles_experts(g, gl, ne)) {
         if (gpu_moe_tiles(g, il, n) < 0)
@@ -2822,22 +2868,9 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         if (rc < 0 || *cpu_rc < 0)
             return rc;
     }
-    if (gl->sh_gate.d && gl->sh_gate_inp.d) {
-        /* A gated shared expert (qwen2moe): its output (in gx, free once the routed experts
-         * are done) times the sigmoid of its gate's one logit a row (in router, whose logits
-         * are spent) added first. */
-        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->gx, NULL, false,
-                           NULL, NULL) < 0 ||
-            gpu_mm_mat(g, &gl->sh_gate_inp, g->xn, ne, n, g->router, 1) < 0 ||
-            gpu_gated_add(g->x, g->gx, g->router, n, (uint32_t)ne) < 0)
-            return -1;
-    } else if (gl->sh_gate.d) {
-        /* An ungated shared expert beside the routed ones: its output added first. */
-        if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->x, NULL, true,
-                           NULL, NULL) < 0)
-            return -1;
-    }
-    return gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);
+    return gpu_shared_expert(g, gl, n) < 0
+               ? -1
+               : gpu_moe_combine(g->x, g->moe_y, g->sel_w, n, K, (uint32_t)ne);
 }
 
 /* The kernels of a step after its inputs are on the device: every layer from il0, then (with

@@ -465,6 +465,17 @@ int gpu_matvec_ids_glu_q8(uint32_t type, const void *wg, const void *wu, size_t 
                                : -1);
 }
 
+int gpu_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                              int64_t rows, int64_t cols, const int32_t *ids, const float *sel_w,
+                              int64_t n_tok, int32_t k, const void *q8, float *x, int64_t x_stride)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "matvec_ids_combine_q8",
+                    be() ? be()->matvec_ids_combine_q8(type, w, expert_bytes, row_bytes, rows, cols,
+                                                       ids, sel_w, n_tok, k, q8, x, x_stride)
+                         : -1);
+}
+
 int gpu_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                          int64_t rows, int64_t cols, const struct gpu_group *groups,
                          int64_t n_groups, const void *q8, float *y, int64_t y_stride)

@@ -1051,6 +1051,39 @@ static int h_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t 
     return rc;
 }
 
+static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
+                         uint32_t ne);
+
+/* Each token's k down products into a scratch of k rows, then gpu_moe_combine's sum. */
+static int h_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_bytes,
+                                   size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                                   const float *sel_w, int64_t n_tok, int32_t k, const void *q8,
+                                   float *x, int64_t x_stride)
+{
+    static const char what[] = "gpu_matvec_ids_combine_q8: unsupported type or bad arguments";
+    if (h_here(w, x, "gpu_matvec_ids_combine_q8") < 0)
+        return -1;
+    if (k < 1 || n_tok < 0 || rows < 0 || rows > UINT32_MAX || (n_tok > 1 && x_stride < rows))
+        return h_bad(what);
+    if (rows == 0 || n_tok == 0)
+        return 0;
+    if (!sel_w || !x)
+        return h_bad(what);
+    float *y = malloc((size_t)k * (size_t)rows * sizeof(float));
+    if (!y)
+        return h_bad("gpu_matvec_ids_combine_q8: out of host memory");
+    int rc = 0;
+    for (int64_t t = 0; t < n_tok && rc == 0; t++) {
+        const uint8_t *img = (const uint8_t *)q8 + (size_t)(t * k) * gpu_q8_row_bytes(cols);
+        rc = h_matvec_ids_q8(type, w, NULL, expert_bytes, row_bytes, rows, cols, ids + t * k, k,
+                             q8 ? img : NULL, 1, y, rows);
+        if (rc == 0)
+            rc = h_moe_combine(x + t * x_stride, y, sel_w + t * k, 1, (uint32_t)k, (uint32_t)rows);
+    }
+    free(y);
+    return rc;
+}
+
 static int h_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                               int64_t rows, int64_t cols, const struct gpu_group *groups,
                               int64_t n_groups, const void *q8, float *y, int64_t y_stride)
@@ -1706,6 +1739,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .matvec_q8 = h_matvec_q8,
         .matvec_q8_cat = h_matvec_q8_cat,
         .matvec_ids_q8 = h_matvec_ids_q8,
+        .matvec_ids_combine_q8 = h_matvec_ids_combine_q8,
         .matvec_groups_q8 = h_matvec_groups_q8,
         .rmsnorm = h_rmsnorm,
         .rmsnorm_q8 = h_rmsnorm_q8,

@@ -725,6 +725,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .matvec_q8 = cuda_matvec_q8,
         .matvec_q8_cat = cuda_matvec_q8_cat,
         .matvec_ids_q8 = cuda_matvec_ids_q8,
+        .matvec_ids_combine_q8 = cuda_matvec_ids_combine_q8,
         .matvec_groups_q8 = cuda_matvec_groups_q8,
         .rmsnorm = cuda_rmsnorm,
         .rmsnorm_q8 = cuda_rmsnorm_q8,

@@ -266,6 +266,14 @@ int gpu_matvec_ids_glu_q8(uint32_t type, const void *wg, const void *wu, size_t 
                           int64_t n_items, const void *q8, int64_t x_div, float *y,
                           int64_t y_stride);
 
+/* MoE decode's down products and their weighted sum at once: for each of n_tok tokens, its k
+ * items (item t * k + j: expert ids[item]'s matrix times image row item) combined into x row t
+ * as gpu_matvec_ids_q8 and then gpu_moe_combine would, bit for bit (x row t += w_0 y_0 + w_1 y_1
+ * + .., weights sel_w[item], in slot order). ids and sel_w are device memory. */
+int gpu_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                              int64_t rows, int64_t cols, const int32_t *ids, const float *sel_w,
+                              int64_t n_tok, int32_t k, const void *q8, float *x, int64_t x_stride);
+
 /* A group of up to GPU_GROUP_MAX activation rows multiplied with one expert's matrix: rows
  * x_row[0..n) of a q8 image, products into rows y_row[0..n) of y. */
 #define GPU_GROUP_MAX 8
@@ -524,6 +532,10 @@ struct gpu_backend {
                          size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
                          int64_t n_items, const void *q8, int64_t x_div, float *y,
                          int64_t y_stride);
+    int (*matvec_ids_combine_q8)(uint32_t type, const void *w, size_t expert_bytes,
+                                 size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
+                                 const float *sel_w, int64_t n_tok, int32_t k, const void *q8,
+                                 float *x, int64_t x_stride);
     int (*matvec_groups_q8)(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                             int64_t rows, int64_t cols, const struct gpu_group *groups,
                             int64_t n_groups, const void *q8, float *y, int64_t y_stride);

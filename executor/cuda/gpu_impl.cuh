@@ -59,6 +59,10 @@ int         cuda_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, c
 int cuda_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
                        size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
                        int64_t n_items, const void *q8, int64_t x_div, float *y, int64_t y_stride);
+int cuda_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                               int64_t rows, int64_t cols, const int32_t *ids, const float *sel_w,
+                               int64_t n_tok, int32_t k, const void *q8, float *x,
+                               int64_t x_stride);
 int cuda_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                           int64_t rows, int64_t cols, const struct gpu_group *groups,
                           int64_t n_groups, const void *q8, float *y, int64_t y_stride);

@@ -795,19 +795,23 @@ template <int T, int N> static constexpr __host__ __device__ int mvq_rows()
  * the block's rows). Per chunk: y += dx * (d * (dot - off * sum) + m * sum), in f32 (split: the
  * low and high four with their own d). Layout of the work and of the reduction as k_matvec's. */
 /* What k_matvec_q8's items are: the one product of gpu_matvec_q8 (N activation rows), an
- * expert each (gpu_matvec_ids_q8, N = 1), or a group of up to N rows sharing an expert
- * (gpu_matvec_groups_q8). */
-enum { MVQ_PLAIN, MVQ_IDS, MVQ_GROUPS, MVQ_CAT };
+ * expert each (gpu_matvec_ids_q8, N = 1), a group of up to N rows sharing an expert
+ * (gpu_matvec_groups_q8), several matrices over one row (gpu_matvec_q8_cat), or a token's k
+ * experts in turn, their products combined into its row of y (gpu_matvec_ids_combine_q8). */
+enum { MVQ_PLAIN, MVQ_IDS, MVQ_GROUPS, MVQ_CAT, MVQ_COMBINE };
 
 /* MVQ_CAT: the products of n matrices (up to GPU_CAT_MAX) of one type and row length over the
  * same activation row, one launch: blocks first[i] .. first[i + 1] - 1 take matrix i (rows[i]
- * rows at w[i], into y[i]). */
+ * rows at w[i], into y[i]). MVQ_COMBINE: n_items tokens of k items each (item t * k + j:
+ * expert ids[item] over activation row item), weights sel_w[item]. */
 struct mvq_cat {
     const uint8_t *w[GPU_CAT_MAX];
     float         *y[GPU_CAT_MAX];
     int64_t        rows[GPU_CAT_MAX];
     unsigned       first[GPU_CAT_MAX + 1];
     int            n;
+    int            k;
+    const float   *sel_w;
 };
 
 /* GLU: the block's R rows of w (gate) and the same R rows of w2 (up), of the same layout, and
@@ -840,11 +844,14 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
         static_cast<int64_t>(MODE == MVQ_CAT ? blockIdx.x - cat.first[m] : blockIdx.x) * R;
     const int64_t    nch = cols / QK;
     const int64_t    xrb = static_cast<int64_t>(gpu_q8_row_bytes(cols));
-    for (int64_t item = MODE != MVQ_PLAIN ? blockIdx.y : 0; item < n_items; item += gridDim.y) {
+    const int        k_each = MODE == MVQ_COMBINE ? cat.k : 1; /* items of a token */
+    float            comb = 0.0f; /* MVQ_COMBINE: the token's weighted sum so far (threads < R) */
+    for (int64_t outer = MODE != MVQ_PLAIN ? blockIdx.y : 0, step = 0; outer < n_items;) {
+        const int64_t  item = MODE == MVQ_COMBINE ? outer * k_each + step : outer;
         const uint8_t *wb = wm, *wb2 = w2, *xr[N]; /* the activation rows */
         float         *yb = ym;
         int            n_act = N;
-        if (MODE == MVQ_IDS) {
+        if (MODE == MVQ_IDS || MODE == MVQ_COMBINE) {
             const int64_t off =
                 static_cast<int64_t>(__ldg(ids + item)) * static_cast<int64_t>(expert_bytes);
             wb += off;
@@ -922,7 +929,16 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
             if (threadIdx.x < R * N)
                 v = gpu_silu_mul(glu[threadIdx.x], glu[threadIdx.x + R * N]);
         }
-        if (threadIdx.x < R * N) {
+        if (MODE == MVQ_COMBINE && threadIdx.x < R) {
+            /* ops_moe_combine_kernel's arithmetic: w_0 y_0, then + w_j y_j, then + x */
+            const float wv = __fmul_rn(__ldg(cat.sel_w + item), v);
+            comb = step == 0 ? wv : __fadd_rn(comb, wv);
+            const int64_t r = row0 + threadIdx.x;
+            if (step == k_each - 1 && r < nrows) {
+                float *out = y + outer * y_stride + r;
+                *out = __fadd_rn(comb, *out);
+            }
+        } else if (MODE != MVQ_COMBINE && threadIdx.x < R * N) {
             const int64_t r = row0 + threadIdx.x / N;
             const int     t = static_cast<int>(threadIdx.x % N);
             if (r < nrows && t < n_act) {
@@ -933,6 +949,10 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
             }
         }
         __syncthreads();
+        if (++step == k_each) {
+            step = 0;
+            outer += gridDim.y;
+        }
     }
 }
 
@@ -1547,6 +1567,37 @@ int cuda_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expe
                                        nullptr, n_items, xq, x_div, y, y_stride, false);
         });
         return GPU_LAUNCHED("k_matvec_ids_q8");
+    });
+}
+
+int cuda_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
+                               int64_t rows, int64_t cols, const int32_t *ids, const float *sel_w,
+                               int64_t n_tok, int32_t k, const void *q8, float *x, int64_t x_stride)
+{
+    static const char what[] = "gpu_matvec_ids_combine_q8: unsupported type or bad arguments";
+    return with_qtype(type, what, [&](auto tag) -> int {
+        constexpr int T = decltype(tag)::value;
+        if (!row_fits<T>(cols, row_bytes) || rows < 0 || n_tok < 0 || k < 1 ||
+            static_cast<uint64_t>(rows) * row_bytes > expert_bytes ||
+            (n_tok > 1 && x_stride < rows))
+            return bad(what);
+        if (rows == 0 || n_tok == 0)
+            return 0;
+        if (cols == 0 || !w || !ids || !sel_w || !q8 || !x || !q8_ok(q8))
+            return bad(what);
+        mvq_cat ex = {};
+        ex.k = k;
+        ex.sel_w = sel_w;
+        const dim3 grid(gpu_blocks(rows, mvq_rows<T, 1>()),
+                        static_cast<unsigned>(n_tok < GRID_Y_MAX ? n_tok : GRID_Y_MAX));
+        with_a4<T>(blocks_a4(w, row_bytes, expert_bytes), [&](auto a) {
+            k_matvec_q8<T, 1, MVQ_COMBINE, decltype(a)::value, false>
+                <<<grid, MV_WARPS * 32, 0, gpu_stream()>>>(
+                    static_cast<const uint8_t *>(w), nullptr, row_bytes, expert_bytes, rows, cols,
+                    ids, nullptr, n_tok, static_cast<const uint8_t *>(q8), 1, x, x_stride, false,
+                    ex);
+        });
+        return GPU_LAUNCHED("k_matvec_ids_combine_q8");
     });
 }
 

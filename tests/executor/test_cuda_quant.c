@@ -782,6 +782,82 @@ Test(executor_cuda_quant, matvec_q8_cat_equals_each_product, .timeout = 300)
     }
 }
 
+/* Description: gpu_matvec_ids_combine_q8 adds to each token's row of x what gpu_matvec_ids_q8
+ * of its k items and then gpu_moe_combine add, bit for bit: 1 and 3 tokens, k of 1, 2 and 5,
+ * experts picked at random (repeats included), rows 1, 33 and 257; bad arguments refused. */
+Test(executor_cuda_quant, matvec_ids_combine_q8_equals_down_then_combine, .timeout = 300)
+{
+    gpu_or_skip();
+    static const int64_t rows_list[] = {1, 33, 257};
+    static const int32_t k_list[] = {1, 2, 5};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t type = g_types[ti];
+        if (!gpu_matvec_q8_supported(type))
+            continue;
+        const int64_t cols = common_ggml_type_get(type)->blck >= 128 ? 512 : 96;
+        for (size_t ri = 0; ri < 3; ri++)
+            for (size_t ki = 0; ki < 3; ki++)
+                for (int64_t T = 1; T <= 3; T += 2) {
+                    const int64_t     rows = rows_list[ri], xs = rows + 3;
+                    const int32_t     k = k_list[ki];
+                    const int64_t     items = T * k;
+                    struct qt_experts ex;
+                    experts_make(type, rows, cols, &ex);
+                    float *a = xmalloc((size_t)(items * cols) * sizeof(float));
+                    float *ar = xmalloc((size_t)(items * cols) * sizeof(float));
+                    fill_data(a, (size_t)(items * cols));
+                    void *dq8;
+                    q8_activations(type, a, items, cols, ar, &dq8);
+                    int32_t *ids = xmalloc((size_t)items * sizeof(int32_t));
+                    float   *sw = xmalloc((size_t)items * sizeof(float));
+                    for (int64_t i = 0; i < items; i++) {
+                        ids[i] = (int32_t)(rng_next() % 3);
+                        sw[i] = rng_uniform();
+                    }
+                    float *x = xmalloc((size_t)(T * xs) * sizeof(float));
+                    fill_data(x, (size_t)(T * xs));
+                    int32_t *d_ids = dev_from(ids, (size_t)items * sizeof(int32_t));
+                    float   *d_sw = dev_from(sw, (size_t)items * sizeof(float));
+                    float   *dy = dev_poisoned((size_t)(items * rows) * sizeof(float));
+                    float   *dx1 = dev_from(x, (size_t)(T * xs) * sizeof(float));
+                    float   *dx2 = dev_from(x, (size_t)(T * xs) * sizeof(float));
+                    cr_assert_eq(gpu_matvec_ids_q8(type, ex.dw, ex.eb, ex.rb, rows, cols, d_ids,
+                                                   items, dq8, 1, dy, rows),
+                                 0, "%s", gpu_last_error());
+                    /* gpu_moe_combine's rows are n_embd wide, contiguous: one token at a time */
+                    for (int64_t t = 0; t < T; t++)
+                        cr_assert_eq(gpu_moe_combine(dx1 + t * xs, dy + t * k * rows, d_sw + t * k,
+                                                     1, (uint32_t)k, (uint32_t)rows),
+                                     0, "%s", gpu_last_error());
+                    cr_assert_eq(gpu_matvec_ids_combine_q8(type, ex.dw, ex.eb, ex.rb, rows, cols,
+                                                           d_ids, d_sw, T, k, dq8, dx2, xs),
+                                 0, "%s: %s", type_name(type), gpu_last_error());
+                    float *g1 = xmalloc((size_t)(T * xs) * 4), *g2 = xmalloc((size_t)(T * xs) * 4);
+                    dev_to(g1, dx1, (size_t)(T * xs) * 4);
+                    dev_to(g2, dx2, (size_t)(T * xs) * 4);
+                    for (int64_t i = 0; i < T * xs; i++)
+                        cr_assert(memcmp(&g1[i], &g2[i], sizeof(float)) == 0,
+                                  "%s rows %lld k %d tokens %lld: x[%lld] %.9g, want %.9g",
+                                  type_name(type), (long long)rows, k, (long long)T, (long long)i,
+                                  (double)g2[i], (double)g1[i]);
+                    cr_assert_eq(gpu_matvec_ids_combine_q8(type, ex.dw, ex.eb, ex.rb, rows, cols,
+                                                           d_ids, d_sw, T, 0, dq8, dx2, xs),
+                                 -1, "k 0");
+                    void *ps[] = {d_ids, d_sw, dy, dx1, dx2, dq8};
+                    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+                        gpu_free(ps[i]);
+                    free(a);
+                    free(ar);
+                    free(ids);
+                    free(sw);
+                    free(x);
+                    free(g1);
+                    free(g2);
+                    experts_free(&ex);
+                }
+    }
+}
+
 /* Description: gpu_matvec_groups_q8 over three experts (padded apart): groups of 1, 3, 8 and 5
  * activation rows in a scrambled order, each into its own rows of y, against the double
  * reference; every row a group names written, the others (and the padding) not. */

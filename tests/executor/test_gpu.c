@@ -1150,17 +1150,18 @@ static void check_fusion_synth(enum common_arch arch, uint32_t type)
     cr_assert_not_null(dir);
     char path[4096];
     snprintf(path, sizeof(path), "%s/fusion.gguf", dir);
-    const struct executor_synth_opts o = {.path = path,
-                                          .arch = arch,
-                                          .n_embd = 256,
-                                          .n_layer = 3,
-                                          .n_head = 4,
-                                          .n_head_kv = arch == COMMON_ARCH_OLMOE ? 4 : 2,
-                                          .n_ff = 256,
-                                          .n_vocab = 512,
-                                          .type = type,
-                                          .seed = 5,
-                                          .n_threads = 1};
+    const struct executor_synth_opts o = {
+        .path = path,
+        .arch = arch,
+        .n_embd = 256,
+        .n_layer = 3,
+        .n_head = 4,
+        .n_head_kv = arch == COMMON_ARCH_OLMOE || arch == COMMON_ARCH_DEEPSEEK2 ? 4 : 2,
+        .n_ff = 256,
+        .n_vocab = 512,
+        .type = type,
+        .seed = 5,
+        .n_threads = 1};
     struct common_errmsg             e = {{0}};
     cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
     char what[64];
@@ -1178,6 +1179,9 @@ Test(executor_gpu, fused_kernels_give_the_unfused_logits, .timeout = 300)
     check_fusion_synth(COMMON_ARCH_QWEN3MOE, COMMON_GGML_TYPE_Q4_K);
     check_fusion_synth(COMMON_ARCH_QWEN3MOE, COMMON_GGML_TYPE_Q4_0);
     check_fusion_synth(COMMON_ARCH_OLMOE, COMMON_GGML_TYPE_Q8_0);
+    check_fusion_synth(COMMON_ARCH_QWEN2MOE, COMMON_GGML_TYPE_Q8_0);  /* a gated shared expert */
+    check_fusion_synth(COMMON_ARCH_DEEPSEEK2, COMMON_GGML_TYPE_Q4_0); /* an ungated one */
+    check_fusion_synth(COMMON_ARCH_GPTOSS, COMMON_GGML_TYPE_Q8_0);    /* down biases */
 }
 
 /* The layers split over the devices give the logits of one device, bit for bit (the kernels are
