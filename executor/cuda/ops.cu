@@ -81,6 +81,21 @@ static unsigned ops_norm_threads(int64_t width)
     return width <= 1024 ? 256u : 1024u;
 }
 
+/* The scale of an RMS norm of the `width` values at xr, as fwd_rmsnorm's: each square in f32,
+ * their sum in double (thread i taking i, i + blockDim.x, .., then the block's reduction), then
+ * 1 / sqrtf(mean + eps). Called by every thread of the block; `red` as ops_block_reduce's. */
+static __device__ float ops_rms_scale(const float *xr, int64_t width, float eps, double *red)
+{
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        sum += (double)(v * v);
+    }
+    sum = ops_block_reduce(sum, ops_sum(), red);
+    const float mean = (float)(sum / (double)width);
+    return __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
+}
+
 /* One block per row. As fwd_rmsnorm: each square in f32, their sum in double, then
  * y = (x * scale) * w with scale = 1 / sqrtf(mean + eps). y may be x: each thread rewrites only
  * the elements it read, after the reduction's barrier. */
@@ -91,14 +106,7 @@ static __global__ void ops_rmsnorm_kernel(float *y, int64_t y_stride, const floa
     __shared__ double red[32];
     const float      *xr = x + (int64_t)blockIdx.x * x_stride;
     float            *yr = y + (int64_t)blockIdx.x * y_stride;
-    double            sum = 0.0;
-    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
-        const float v = xr[i];
-        sum += (double)(v * v);
-    }
-    sum = ops_block_reduce(sum, ops_sum(), red);
-    const float mean = (float)(sum / (double)width);
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
+    const float       scale = ops_rms_scale(xr, width, eps, red);
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
         yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
@@ -129,14 +137,7 @@ static __global__ void ops_rmsnorm_q8_kernel(float *y, int64_t y_stride, const f
     float            *yr = y + (int64_t)blockIdx.x * y_stride;
     uint8_t          *row = q8 + (int64_t)blockIdx.x * (int64_t)gpu_q8_row_bytes(width);
     float            *ds = reinterpret_cast<float *>(row + width);
-    double            sum = 0.0;
-    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
-        const float v = xr[i];
-        sum += (double)(v * v);
-    }
-    sum = ops_block_reduce(sum, ops_sum(), red);
-    const float mean = (float)(sum / (double)width);
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
+    const float       scale = ops_rms_scale(xr, width, eps, red);
     const int   lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     if (!K256) {
         for (int64_t b = warp; b < width / 32; b += warps) {
@@ -398,16 +399,8 @@ static __global__ void ops_rope_qk_kernel(float *q, int64_t q_stride, uint32_t n
                                          : nullptr;
     const float *nw = isq ? q_norm : k_norm;
     float        scale = 1.0f;
-    if (nw) { /* uniform over the block: every thread takes part in the reduction */
-        double sum = 0.0;
-        for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
-            const float v = x[i];
-            sum += (double)(v * v);
-        }
-        sum = ops_block_reduce(sum, ops_sum(), red);
-        const float mean = (float)(sum / (double)head_dim);
-        scale = __fdiv_rn(1.0f, __fsqrt_rn(mean + eps));
-    }
+    if (nw) /* uniform over the block: every thread takes part in the reduction */
+        scale = ops_rms_scale(x, head_dim, eps, red);
     for (uint32_t i = threadIdx.x; i < head_dim; i += blockDim.x)
         hv[i] = nw ? __fmul_rn(__fmul_rn(x[i], scale), nw[i]) : x[i];
     __syncthreads();
