@@ -327,6 +327,20 @@ int cuda_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, con
 
 /* ---- RoPE --------------------------------------------------------------------------------- */
 
+/* Rotated pair i of a head (of n_rot = 2 * half dims): its dimensions *a, *b ((2i, 2i+1), or
+ * (i, i + half) with neox) and their values rotated by the (cos, sin) pair i of the token's cs,
+ * read from src: x0' = x0 * c - x1 * s, x1' = x0 * s + x1 * c, fwd_rope_apply's arithmetic. */
+static __device__ __forceinline__ void ops_rope_pair(const float *src, const float *cs, uint32_t i,
+                                                     uint32_t half, bool neox, uint32_t *a,
+                                                     uint32_t *b, float *ya, float *yb)
+{
+    *a = neox ? i : 2 * i;
+    *b = neox ? i + half : 2 * i + 1;
+    const float c = cs[2 * i], s = cs[2 * i + 1], x0 = src[*a], x1 = src[*b];
+    *ya = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *yb = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 /* One thread per rotated pair (token, head, i); fwd_rope_apply's arithmetic, unfused. */
 static __global__ void ops_rope_kernel(float *v, int64_t n_tok, int64_t tok_stride,
                                        uint32_t n_heads, uint32_t head_dim, uint32_t n_rot,
@@ -341,14 +355,11 @@ static __global__ void ops_rope_kernel(float *v, int64_t n_tok, int64_t tok_stri
         const uint32_t h = (uint32_t)(th % n_heads);
         const int64_t  t = th / n_heads;
         float         *x = v + t * tok_stride + (int64_t)h * head_dim;
-        const uint32_t a = neox ? i : 2 * i;
-        const uint32_t b = neox ? i + half : 2 * i + 1;
-        const float    c = cs[t * n_rot + 2 * i];
-        const float    s = cs[t * n_rot + 2 * i + 1];
-        const float    x0 = x[a];
-        const float    x1 = x[b];
-        x[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        x[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        uint32_t       a, b;
+        float          ya, yb;
+        ops_rope_pair(x, cs + t * n_rot, i, half, neox, &a, &b, &ya, &yb);
+        x[a] = ya;
+        x[b] = yb;
     }
 }
 
@@ -406,14 +417,9 @@ static __global__ void ops_rope_qk_kernel(float *q, int64_t q_stride, uint32_t n
     __syncthreads();
     const uint32_t half = n_rot / 2;
     for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
-        const uint32_t a = neox ? i : 2 * i;
-        const uint32_t b = neox ? i + half : 2 * i + 1;
-        const float    c = cs[t * n_rot + 2 * i];
-        const float    s = cs[t * n_rot + 2 * i + 1];
-        const float    x0 = hv[a];
-        const float    x1 = hv[b];
-        const float    ya = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        const float    yb = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        uint32_t a, b;
+        float    ya, yb;
+        ops_rope_pair(hv, cs + t * n_rot, i, half, neox, &a, &b, &ya, &yb);
         x[a] = ya;
         x[b] = yb;
         if (kc) {
