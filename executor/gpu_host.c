@@ -41,6 +41,86 @@ static int h_failed(const char *msg)
     return -1;
 }
 
+/* ---- graphs ---------------------------------------------------------------------------------- */
+
+/* A graph here is the list of kernel operations queued on the thread between gpu_graph_begin
+ * and gpu_graph_end, each with the arguments it was called with (host arrays copied), run again
+ * in order by gpu_graph_launch: as CUDA's graphs, its kernels read device memory as it is when
+ * they run, and the arguments they were captured with. Any other stream operation during a
+ * capture (a copy, a wait, a synchronisation) fails the capture, as CUDA's do. */
+#define H_MAX_ARGS 20
+union h_arg {
+    int64_t i;
+    double  d;
+    void   *p; /* recorded as uintptr_t: any pointer, const or not */
+};
+struct h_call {
+    int (*run)(const union h_arg *a);
+    union h_arg a[H_MAX_ARGS];
+    void       *own; /* host arrays the arguments point into (freed with the graph) */
+};
+struct gpu_graph {
+    struct h_call *calls;
+    size_t         n, cap;
+};
+static _Thread_local struct gpu_graph *h_cap; /* the capture under way on this thread */
+static _Thread_local bool              h_cap_failed;
+
+/* Appends a call to the capture; -1 (the capture failed) when out of memory. */
+static int h_record(int (*run)(const union h_arg *a), const union h_arg *a, size_t n, void *own)
+{
+    struct gpu_graph *g = h_cap;
+    if (n > H_MAX_ARGS ||
+        (g->n == g->cap && !(g->calls = realloc(g->calls, (g->cap = g->cap ? 2 * g->cap : 64) *
+                                                              sizeof(*g->calls))))) {
+        free(own);
+        h_cap_failed = true;
+        g->n = g->cap = 0;
+        return h_failed("recording a graph: out of memory");
+    }
+    struct h_call *c = &g->calls[g->n++];
+    c->run = run;
+    memcpy(c->a, a, n * sizeof(*a));
+    c->own = own;
+    return 0;
+}
+
+/* A stream operation that is no kernel, during a capture: the capture fails. */
+static int h_not_captured(const char *what)
+{
+    h_cap_failed = true;
+    snprintf(h_err, sizeof(h_err), "%s: not allowed during a graph capture", what);
+    return -1;
+}
+
+#define HP(x)                                                                                      \
+    {                                                                                              \
+        .p = (void *)(uintptr_t)(x)                                                                \
+    }
+#define HI(x)                                                                                      \
+    {                                                                                              \
+        .i = (int64_t)(x)                                                                          \
+    }
+#define HF(x)                                                                                      \
+    {                                                                                              \
+        .d = (double)(x)                                                                           \
+    }
+/* First in a kernel operation: while the thread captures, the call is recorded (run replays it
+ * from the recorded arguments), not made. */
+#define H_RECORD(run, ...)                                                                         \
+    do {                                                                                           \
+        if (h_cap) {                                                                               \
+            const union h_arg a_[] = {__VA_ARGS__};                                                \
+            return h_record(run, a_, sizeof(a_) / sizeof(a_[0]), NULL);                            \
+        }                                                                                          \
+    } while (0)
+/* First in a stream operation that is no kernel. */
+#define H_NOT_CAPTURED(what)                                                                       \
+    do {                                                                                           \
+        if (h_cap)                                                                                 \
+            return h_not_captured(what);                                                           \
+    } while (0)
+
 /* ---- device and memory ---------------------------------------------------------------------- */
 
 /* SLUICE_GPU_HOST_DEVICES=N (1 to 8; 1 without it) devices, HOST0..: their memory is all host
@@ -228,16 +308,20 @@ static int h_copy(void *dst, const void *src, size_t bytes)
 
 static int h_upload(void *dst, const void *src, size_t bytes)
 {
+    H_NOT_CAPTURED("copying to the device");
     return h_here(dst, NULL, "copying to the device") < 0 ? -1 : h_copy(dst, src, bytes);
 }
 
 static int h_download(void *dst, const void *src, size_t bytes)
 {
+    H_NOT_CAPTURED("copying from the device");
     return h_here(src, NULL, "copying from the device") < 0 ? -1 : h_copy(dst, src, bytes);
 }
 
+static int hg_fill(const union h_arg *a);
 static int h_fill(void *dst, int byte, size_t bytes)
 {
+    H_RECORD(hg_fill, HP(dst), HI(byte), HI(bytes));
     if (h_here(dst, NULL, "clearing device memory") < 0)
         return -1;
     if (bytes && !dst)
@@ -249,6 +333,7 @@ static int h_fill(void *dst, int byte, size_t bytes)
 
 static int h_sync(void)
 {
+    H_NOT_CAPTURED("synchronising");
     return 0;
 }
 
@@ -448,6 +533,7 @@ static void h_va_free(void *base, size_t bytes)
 
 static int h_copy_async(void *dst, const void *src, size_t bytes)
 {
+    H_NOT_CAPTURED("an asynchronous copy");
     if (h_here(dst, NULL, "copying to the device (copy stream)") < 0)
         return -1;
     if (bytes && (!dst || !src))
@@ -496,6 +582,7 @@ static int h_copy_async(void *dst, const void *src, size_t bytes)
 
 static int h_event_record_copy(struct gpu_event *ev)
 {
+    H_NOT_CAPTURED("recording an event");
     if (!ev)
         return h_bad("recording an event (copy stream)");
     pthread_mutex_lock(&hc.mu);
@@ -506,6 +593,7 @@ static int h_event_record_copy(struct gpu_event *ev)
 
 static int h_event_record_kernels(struct gpu_event *ev)
 {
+    H_NOT_CAPTURED("recording an event");
     if (!ev)
         return h_bad("recording an event");
     pthread_mutex_lock(&hc.mu);
@@ -533,12 +621,14 @@ static int h_wait(struct gpu_event *ev, bool stall)
 
 static int h_stream_wait(struct gpu_event *ev)
 {
+    H_NOT_CAPTURED("waiting for an event");
     return h_wait(ev, true);
 }
 
 /* Another process's event: the kernels run in the caller, so it waits here. */
 static int h_stream_wait_shared(struct common_devmem_event *ev)
 {
+    H_NOT_CAPTURED("waiting for a shared event");
     struct common_errmsg e = {{0}};
     if (!ev || common_devmem_event_native(ev) != NULL)
         return h_bad("waiting for a shared event: not the host's emulation");
@@ -558,6 +648,7 @@ static int h_stream_wait_shared(struct common_devmem_event *ev)
  * queued before it are. */
 static int h_event_record_kernels_shared(struct common_devmem_event *ev)
 {
+    H_NOT_CAPTURED("recording a shared event");
     struct common_errmsg e = {{0}};
     if (!ev || common_devmem_event_native(ev) != NULL)
         return h_bad("recording a shared event: not the host's emulation");
@@ -568,11 +659,13 @@ static int h_event_record_kernels_shared(struct common_devmem_event *ev)
 
 static int h_event_sync(struct gpu_event *ev)
 {
+    H_NOT_CAPTURED("waiting for an event");
     return h_wait(ev, false);
 }
 
 static int h_copy_wait(struct gpu_event *ev)
 {
+    H_NOT_CAPTURED("waiting for an event");
     /* A kernels' event is done when recorded; a copy stream's is ordered by the queue. */
     return ev ? 0 : h_bad("waiting for kernels (copy stream)");
 }
@@ -643,10 +736,13 @@ static void h_row(uint32_t type, const void *w, size_t row_bytes, int64_t r, int
     (void)executor_dequantize_row(type, (const uint8_t *)w + (size_t)r * row_bytes, tmp, cols);
 }
 
+static int hg_dequant_rows(const union h_arg *a);
 static int h_dequant_rows(uint32_t type, const void *w, size_t row_bytes, int64_t cols,
                           const int32_t *ids, int64_t n_rows, void *out, int64_t out_stride,
                           bool out_f16)
 {
+    H_RECORD(hg_dequant_rows, HI(type), HP(w), HI(row_bytes), HI(cols), HP(ids), HI(n_rows),
+             HP(out), HI(out_stride), HI(out_f16));
     static const char what[] = "gpu_dequant_rows: unsupported type or bad arguments";
     if (!h_row_fits(type, cols, row_bytes) || n_rows < 0 || (n_rows > 1 && out_stride < cols))
         return h_bad(what);
@@ -686,9 +782,12 @@ static int h_products(uint32_t type, const void *w, size_t row_bytes, int64_t ro
     return 0;
 }
 
+static int hg_matvec(const union h_arg *a);
 static int h_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows, int64_t cols,
                     const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride)
 {
+    H_RECORD(hg_matvec, HI(type), HP(w), HI(row_bytes), HI(rows), HI(cols), HP(x), HI(x_stride),
+             HI(n), HP(y), HI(y_stride));
     if (h_here(w, y, "gpu_matvec") < 0)
         return -1;
     static const char what[] = "gpu_matvec: unsupported type or bad arguments";
@@ -702,10 +801,13 @@ static int h_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows
     return h_products(type, w, row_bytes, rows, cols, x, x_stride, n, y, y_stride);
 }
 
+static int hg_matvec_ids(const union h_arg *a);
 static int h_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                         int64_t rows, int64_t cols, const int32_t *ids, int64_t n_items,
                         const float *x, int64_t x_stride, int64_t x_div, float *y, int64_t y_stride)
 {
+    H_RECORD(hg_matvec_ids, HI(type), HP(w), HI(expert_bytes), HI(row_bytes), HI(rows), HI(cols),
+             HP(ids), HI(n_items), HP(x), HI(x_stride), HI(x_div), HP(y), HI(y_stride));
     if (h_here(w, y, "gpu_matvec_ids") < 0)
         return -1;
     static const char what[] = "gpu_matvec_ids: unsupported type or bad arguments";
@@ -728,8 +830,10 @@ static int h_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_
     return 0;
 }
 
+static int hg_f32_to_f16(const union h_arg *a);
 static int h_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t cols, uint16_t *out)
 {
+    H_RECORD(hg_f32_to_f16, HP(x), HI(x_stride), HI(n), HI(cols), HP(out));
     if (n < 0 || cols < 0 || (n > 1 && x_stride < cols))
         return h_bad("gpu_f32_to_f16: bad arguments");
     if (n == 0 || cols == 0)
@@ -742,9 +846,11 @@ static int h_f32_to_f16(const float *x, int64_t x_stride, int64_t n, int64_t col
     return 0;
 }
 
+static int hg_gemm_f16(const union h_arg *a);
 static int h_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t *x16,
                       int64_t n, float *y, int64_t y_stride)
 {
+    H_RECORD(hg_gemm_f16, HP(w16), HI(rows), HI(cols), HP(x16), HI(n), HP(y), HI(y_stride));
     static const char what[] =
         "gpu_gemm_f16: bad arguments (cols a multiple of 32, inputs 16-byte aligned)";
     if (rows < 0 || n < 0 || cols < 0 || cols % HOST_GEMM_BK != 0 || (n > 1 && y_stride < rows))
@@ -776,11 +882,15 @@ static int h_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uin
 
 /* gpu_gemm_q: the weights decoded, rounded to f16 as the kernel's tiles hold them, then
  * h_gemm_f16's products, row by row of the dense activations or of each tile. */
+static int hg_gemm_q(const union h_arg *a);
 static int h_gemm_q(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                     int64_t rows, int64_t cols, const uint16_t *x16, int64_t n,
                     const struct gpu_mm_tile *tiles, int64_t n_tiles, const int32_t *n_used,
                     const int32_t *items, int32_t x_div, float *y, int64_t y_stride)
 {
+    H_RECORD(hg_gemm_q, HI(type), HP(w), HI(expert_bytes), HI(row_bytes), HI(rows), HI(cols),
+             HP(x16), HI(n), HP(tiles), HI(n_tiles), HP(n_used), HP(items), HI(x_div), HP(y),
+             HI(y_stride));
     static const char what[] = "gpu_gemm_q: unsupported type or bad arguments";
     const bool        by_tiles = tiles != NULL;
     if (!gpu_matvec_q8_supported(type) || !h_row_fits(type, cols, row_bytes) ||
@@ -875,9 +985,11 @@ static float h_q8_K(const float *xs, int8_t *q)
     return 1.0f / iscale;
 }
 
+static int hg_act_round(const union h_arg *a);
 static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                        float *out)
 {
+    H_RECORD(hg_act_round, HI(act_type), HP(x), HI(x_stride), HI(n), HI(cols), HP(out));
     if (!x || !out || n < 0 || cols < 0 || x_stride < cols)
         return h_bad("gpu_act_round: bad arguments");
     if (n == 0 || cols == 0)
@@ -922,9 +1034,11 @@ static int h_act_round(uint32_t act_type, const float *x, int64_t x_stride, int6
     }
 }
 
+static int hg_act_q8(const union h_arg *a);
 static int h_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                     void *q8)
 {
+    H_RECORD(hg_act_q8, HI(act_type), HP(x), HI(x_stride), HI(n), HI(cols), HP(q8));
     if (h_here(x, q8, "gpu_act_q8") < 0)
         return -1;
     if (!x || !q8 || n < 0 || cols < 0 || cols % 32 || x_stride < cols || ((uintptr_t)q8 & 3) != 0)
@@ -993,10 +1107,13 @@ static int h_q8_op(int op, uint32_t type, const uint8_t *w, const uint8_t *w2, s
     return rc;
 }
 
+static int hg_matvec_q8(const union h_arg *a);
 static int h_matvec_q8(int op, uint32_t type, const void *w, const void *w2, size_t row_bytes,
                        int64_t rows, int64_t cols, const void *q8, int64_t n, float *y,
                        int64_t y_stride)
 {
+    H_RECORD(hg_matvec_q8, HI(op), HI(type), HP(w), HP(w2), HI(row_bytes), HI(rows), HI(cols),
+             HP(q8), HI(n), HP(y), HI(y_stride));
     if (h_here(w, y, "gpu_matvec_q8") < 0)
         return -1;
     static const char what[] = "gpu_matvec_q8: unsupported type or bad arguments";
@@ -1011,9 +1128,26 @@ static int h_matvec_q8(int op, uint32_t type, const void *w, const void *w2, siz
 }
 
 /* Each matrix's gpu_matvec_q8 in turn. */
+/* gpu_matvec_q8_cat's arrays, as a graph keeps them. */
+struct h_cat {
+    const void *w[GPU_CAT_MAX];
+    int64_t     rows[GPU_CAT_MAX];
+    float      *y[GPU_CAT_MAX];
+};
+static int hg_matvec_q8_cat(const union h_arg *a);
 static int h_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
                            size_t row_bytes, int64_t cols, const void *q8, float *const *y)
 {
+    if (h_cap) { /* the arrays copied: the caller's are gone when the graph runs */
+        struct h_cat *c =
+            n_mat >= 1 && n_mat <= GPU_CAT_MAX && w && rows && y ? malloc(sizeof(*c)) : NULL;
+        if (!c)
+            return h_bad("gpu_matvec_q8_cat: unsupported type or bad arguments");
+        for (int i = 0; i < n_mat; i++)
+            c->w[i] = w[i], c->rows[i] = rows[i], c->y[i] = y[i];
+        const union h_arg a[] = {HI(type), HI(n_mat), HP(c), HI(row_bytes), HI(cols), HP(q8)};
+        return h_record(hg_matvec_q8_cat, a, sizeof(a) / sizeof(a[0]), c);
+    }
     if (n_mat < 1 || n_mat > GPU_CAT_MAX || !w || !rows || !y || cols == 0)
         return h_bad("gpu_matvec_q8_cat: unsupported type or bad arguments");
     for (int i = 0; i < n_mat; i++)
@@ -1023,11 +1157,14 @@ static int h_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const
     return 0;
 }
 
+static int hg_matvec_ids_q8(const union h_arg *a);
 static int h_matvec_ids_q8(uint32_t type, const void *w, const void *w2, size_t expert_bytes,
                            size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
                            int64_t n_items, const void *q8, int64_t x_div, float *y,
                            int64_t y_stride)
 {
+    H_RECORD(hg_matvec_ids_q8, HI(type), HP(w), HP(w2), HI(expert_bytes), HI(row_bytes), HI(rows),
+             HI(cols), HP(ids), HI(n_items), HP(q8), HI(x_div), HP(y), HI(y_stride));
     if (h_here(w, y, "gpu_matvec_ids_q8") < 0)
         return -1;
     static const char what[] = "gpu_matvec_ids_q8: unsupported type or bad arguments";
@@ -1055,11 +1192,14 @@ static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t 
                          uint32_t ne);
 
 /* Each token's k down products into a scratch of k rows, then gpu_moe_combine's sum. */
+static int hg_matvec_ids_combine_q8(const union h_arg *a);
 static int h_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_bytes,
                                    size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids,
                                    const float *sel_w, int64_t n_tok, int32_t k, const void *q8,
                                    float *x, int64_t x_stride)
 {
+    H_RECORD(hg_matvec_ids_combine_q8, HI(type), HP(w), HI(expert_bytes), HI(row_bytes), HI(rows),
+             HI(cols), HP(ids), HP(sel_w), HI(n_tok), HI(k), HP(q8), HP(x), HI(x_stride));
     static const char what[] = "gpu_matvec_ids_combine_q8: unsupported type or bad arguments";
     if (h_here(w, x, "gpu_matvec_ids_combine_q8") < 0)
         return -1;
@@ -1084,10 +1224,13 @@ static int h_matvec_ids_combine_q8(uint32_t type, const void *w, size_t expert_b
     return rc;
 }
 
+static int hg_matvec_groups_q8(const union h_arg *a);
 static int h_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,
                               int64_t rows, int64_t cols, const struct gpu_group *groups,
                               int64_t n_groups, const void *q8, float *y, int64_t y_stride)
 {
+    H_RECORD(hg_matvec_groups_q8, HI(type), HP(w), HI(expert_bytes), HI(row_bytes), HI(rows),
+             HI(cols), HP(groups), HI(n_groups), HP(q8), HP(y), HI(y_stride));
     if (h_here(w, y, "gpu_matvec_groups_q8") < 0)
         return -1;
     static const char what[] = "gpu_matvec_groups_q8: unsupported type or bad arguments";
@@ -1120,9 +1263,12 @@ static int h_matvec_groups_q8(uint32_t type, const void *w, size_t expert_bytes,
 
 /* ---- the other operations of a layer (ops.cu) ----------------------------------------------- */
 
+static int hg_rmsnorm(const union h_arg *a);
 static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_stride, const float *w,
                      int64_t n_rows, int64_t width, float eps)
 {
+    H_RECORD(hg_rmsnorm, HP(y), HI(y_stride), HP(x), HI(x_stride), HP(w), HI(n_rows), HI(width),
+             HF(eps));
     if (h_here(y, x, "gpu_rmsnorm") < 0)
         return -1;
     if (!y || !x || !w || n_rows < 0 || n_rows > INT32_MAX || width < 1 || y_stride < width ||
@@ -1143,10 +1289,13 @@ static int h_rmsnorm(float *y, int64_t y_stride, const float *x, int64_t x_strid
 }
 
 /* The two operations it fuses, one after the other (y not x: x is read once). */
+static int hg_rmsnorm_q8(const union h_arg *a);
 static int h_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_stride,
                         const float *w, int64_t n_rows, int64_t width, float eps, uint32_t act_type,
                         void *q8)
 {
+    H_RECORD(hg_rmsnorm_q8, HP(y), HI(y_stride), HP(x), HI(x_stride), HP(w), HI(n_rows), HI(width),
+             HF(eps), HI(act_type), HP(q8));
     if (y == x && n_rows > 0)
         return h_bad("gpu_rmsnorm_q8: bad arguments");
     return h_rmsnorm(y, y_stride, x, x_stride, w, n_rows, width, eps) < 0
@@ -1154,8 +1303,10 @@ static int h_rmsnorm_q8(float *y, int64_t y_stride, const float *x, int64_t x_st
                : h_act_q8(act_type, y, y_stride, n_rows, width, q8);
 }
 
+static int hg_add(const union h_arg *a);
 static int h_add(float *y, const float *a, const float *b, int64_t n)
 {
+    H_RECORD(hg_add, HP(y), HP(a), HP(b), HI(n));
     if (h_here(y, a, "gpu_add") < 0)
         return -1;
     if (!y || !a || !b || n < 0)
@@ -1172,9 +1323,11 @@ static int64_t h_bias_row(const int32_t *ids, int64_t r, int32_t n_bias)
     return e >= 0 && e < n_bias ? e : -1;
 }
 
+static int hg_add_bias(const union h_arg *a);
 static int h_add_bias(float *y, int64_t stride, const float *bias, int32_t n_bias,
                       const int32_t *ids, int64_t n_rows, int64_t width)
 {
+    H_RECORD(hg_add_bias, HP(y), HI(stride), HP(bias), HI(n_bias), HP(ids), HI(n_rows), HI(width));
     if (!y || !bias || n_bias < 1 || n_rows < 0 || width < 0 || stride < width)
         return h_bad("gpu_add_bias: bad arguments");
     for (int64_t r = 0; r < n_rows; r++) {
@@ -1185,8 +1338,10 @@ static int h_add_bias(float *y, int64_t stride, const float *bias, int32_t n_bia
     return 0;
 }
 
+static int hg_scale_rows(const union h_arg *a);
 static int h_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width, float s)
 {
+    H_RECORD(hg_scale_rows, HP(y), HI(stride), HI(n_rows), HI(width), HF(s));
     if (!y || n_rows < 0 || width < 0 || stride < width)
         return h_bad("gpu_scale_rows: bad arguments");
     for (int64_t r = 0; r < n_rows; r++)
@@ -1195,8 +1350,10 @@ static int h_scale_rows(float *y, int64_t stride, int64_t n_rows, int64_t width,
     return 0;
 }
 
+static int hg_swiglu(const union h_arg *a);
 static int h_swiglu(float *g, const float *u, int64_t n, bool relu2)
 {
+    H_RECORD(hg_swiglu, HP(g), HP(u), HI(n), HI(relu2));
     if (!g || !u || n < 0)
         return h_bad("gpu_swiglu: bad arguments");
     for (int64_t i = 0; i < n; i++) {
@@ -1213,9 +1370,12 @@ static int h_swiglu(float *g, const float *u, int64_t n, bool relu2)
     return 0;
 }
 
+static int hg_swiglu_oai(const union h_arg *a);
 static int h_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width, const float *gb,
                         const float *ub, int32_t n_bias, const int32_t *ids)
 {
+    H_RECORD(hg_swiglu_oai, HP(g), HP(u), HI(n_rows), HI(width), HP(gb), HP(ub), HI(n_bias),
+             HP(ids));
     if (!g || !u || !gb || !ub || n_bias < 1 || n_rows < 0 || width < 0)
         return h_bad("gpu_swiglu_oai: bad arguments");
     const float alpha = 1.702f, limit = 7.0f;
@@ -1232,9 +1392,12 @@ static int h_swiglu_oai(float *g, const float *u, int64_t n_rows, int64_t width,
     return 0;
 }
 
+static int hg_rope(const union h_arg *a);
 static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads, uint32_t head_dim,
                   uint32_t n_rot, const float *cs, bool neox)
 {
+    H_RECORD(hg_rope, HP(v), HI(n_tok), HI(tok_stride), HI(n_heads), HI(head_dim), HI(n_rot),
+             HP(cs), HI(neox));
     if (h_here(v, cs, "gpu_rope") < 0)
         return -1;
     if (!v || !cs || n_tok < 0 || n_rot > head_dim ||
@@ -1255,10 +1418,13 @@ static int h_rope(float *v, int64_t n_tok, int64_t tok_stride, uint32_t n_heads,
     return 0;
 }
 
+static int hg_kv_store(const union h_arg *a);
 static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, uint32_t v_width,
                       const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                       uint32_t n_tok)
 {
+    H_RECORD(hg_kv_store, HP(k_cache), HP(v_cache), HI(k_width), HI(v_width), HP(k), HP(v),
+             HI(pos0), HP(pos_dev), HI(n_tok));
     if (h_here(k_cache, k, "gpu_kv_store") < 0)
         return -1;
     if ((k_width && (!k_cache || !k)) || (v_width && (!v_cache || !v)))
@@ -1276,12 +1442,24 @@ static int h_kv_store(uint16_t *k_cache, uint16_t *v_cache, uint32_t k_width, ui
     return 0;
 }
 
+static int hg_rope_qk(const union h_arg *a);
 /* The norms over each head, then both RoPEs and the cache store, as the separate operations. */
 static int h_rope_qk(float *q, int64_t q_stride, uint32_t n_head, float *k, int64_t k_stride,
                      uint32_t n_head_kv, int64_t n_tok, uint32_t head_dim, uint32_t n_rot,
                      const float *cs, bool neox, const float *q_norm, const float *k_norm,
                      float eps, const struct gpu_kv_dst *kv)
 {
+    if (h_cap) { /* kv copied: the caller's is gone when the graph runs */
+        struct gpu_kv_dst *k2 = kv ? malloc(sizeof(*k2)) : NULL;
+        if (kv && !k2)
+            return h_failed("recording a graph: out of memory");
+        if (k2)
+            *k2 = *kv;
+        const union h_arg a[] = {HP(q),         HI(q_stride), HI(n_head),   HP(k),     HI(k_stride),
+                                 HI(n_head_kv), HI(n_tok),    HI(head_dim), HI(n_rot), HP(cs),
+                                 HI(neox),      HP(q_norm),   HP(k_norm),   HF(eps),   HP(k2)};
+        return h_record(hg_rope_qk, a, sizeof(a) / sizeof(a[0]), k2);
+    }
     if (!q || !k || !cs || n_tok < 0 || head_dim == 0 || n_rot > head_dim ||
         q_stride < (int64_t)n_head * head_dim || k_stride < (int64_t)n_head_kv * head_dim ||
         (kv && (k_stride != (int64_t)n_head_kv * head_dim || !kv->k_cache || !kv->v_cache ||
@@ -1327,12 +1505,16 @@ static float h_softmax_exp(float *sc, uint32_t lo, uint32_t hi, const float *sin
 /* As the CUDA kernel with one chunk per row: the query rounded to f16, scaled scores, their max,
  * exp(score - max) and its sum in f32, the probabilities normalised and rounded to f16 before
  * the value sum. */
+static int hg_attention(const union h_arg *a);
 static int h_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                        uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                        uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
                        uint32_t head_dim_v, float scale, uint32_t window, float *scratch,
                        const float *sinks)
 {
+    H_RECORD(hg_attention, HP(out), HP(q), HP(k_cache), HP(v_cache), HI(n_tok), HI(pos0),
+             HP(pos_dev), HI(row_stride), HI(n_head), HI(n_head_kv), HI(head_dim_k), HI(head_dim_v),
+             HF(scale), HI(window), HP(scratch), HP(sinks));
     if (h_here(out, k_cache, "gpu_attention") < 0)
         return -1;
     if (pos_dev) {
@@ -1396,10 +1578,13 @@ static int h_attention(float *out, const float *q, const uint16_t *k_cache, cons
 #define HOST_Q8_BLOCK 34 /* an f16 scale and 32 int8 */
 
 /* Rows quantized by the CPU's own activation quantizer (the CUDA kernel's arithmetic). */
+static int hg_kv_store_q8(const union h_arg *a);
 static int h_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
                          const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                          uint32_t n_tok)
 {
+    H_RECORD(hg_kv_store_q8, HP(k_cache), HP(v_cache), HI(k_width), HI(v_width), HP(k), HP(v),
+             HI(pos0), HP(pos_dev), HI(n_tok));
     if (h_here(k_cache, k, "gpu_kv_store_q8") < 0)
         return -1;
     if (k_width % 32 || v_width % 32 || (k_width && (!k_cache || !k)) ||
@@ -1439,12 +1624,16 @@ static float h_dot_q8(const uint8_t *a, const uint8_t *b, uint32_t n)
 
 /* As the CUDA kernel: the query quantized to q8_0, scores by h_dot_q8, scaled, softmax in f32,
  * the output the probabilities (unrounded) times the dequantized values, position by position. */
+static int hg_attention_q8(const union h_arg *a);
 static int h_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
                           uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev,
                           uint32_t row_stride, uint32_t n_head, uint32_t n_head_kv,
                           uint32_t head_dim_k, uint32_t head_dim_v, float scale, uint32_t window,
                           float *scratch, const float *sinks)
 {
+    H_RECORD(hg_attention_q8, HP(out), HP(q), HP(k_cache), HP(v_cache), HI(n_tok), HI(pos0),
+             HP(pos_dev), HI(row_stride), HI(n_head), HI(n_head_kv), HI(head_dim_k), HI(head_dim_v),
+             HF(scale), HI(window), HP(scratch), HP(sinks));
     if (h_here(out, k_cache, "gpu_attention_q8") < 0)
         return -1;
     if (pos_dev) {
@@ -1538,10 +1727,13 @@ static void h_route_groups(const float *s, uint32_t n_expert, uint32_t n_group, 
         taken[e] = !kept[e / per];
 }
 
+static int hg_moe_route(const union h_arg *a);
 static int h_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                        uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                        float scale, int32_t *sel, float *sel_w)
 {
+    H_RECORD(hg_moe_route, HP(logits), HP(bias), HI(n_tok), HI(n_expert), HI(k), HI(n_group),
+             HI(n_group_used), HI(gating), HI(norm), HF(scale), HP(sel), HP(sel_w));
     if (h_here(logits, sel, "gpu_moe_route") < 0)
         return -1;
     if (!logits || !sel || !sel_w || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E || k == 0 ||
@@ -1609,9 +1801,12 @@ static int32_t h_expert_of(int32_t x, uint32_t n_expert)
 }
 
 /* gpu_moe_sort: a counting sort, stable, the tiles in expert order. */
+static int hg_moe_sort(const union h_arg *a);
 static int h_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile,
                       int32_t *items, struct gpu_mm_tile *tiles, int32_t *n_tiles)
 {
+    H_RECORD(hg_moe_sort, HP(sel), HI(n), HI(n_expert), HI(tile), HP(items), HP(tiles),
+             HP(n_tiles));
     if (!sel || !items || !tiles || !n_tiles || n_expert == 0 || n_expert > HOST_ROUTE_MAX_E ||
         tile < 1 || n > INT32_MAX)
         return h_bad("gpu_moe_sort: bad arguments");
@@ -1638,9 +1833,11 @@ static int h_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t
     return 0;
 }
 
+static int hg_moe_combine(const union h_arg *a);
 static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                          uint32_t ne)
 {
+    H_RECORD(hg_moe_combine, HP(x), HP(y), HP(sel_w), HI(n_tok), HI(k), HI(ne));
     if (!x || !y || !sel_w || k == 0)
         return h_bad("gpu_moe_combine: bad arguments");
     for (uint32_t t = 0; t < n_tok; t++)
@@ -1655,8 +1852,10 @@ static int h_moe_combine(float *x, const float *y, const float *sel_w, uint32_t 
     return 0;
 }
 
+static int hg_gated_add(const union h_arg *a);
 static int h_gated_add(float *x, const float *y, const float *gate, uint32_t n_tok, uint32_t ne)
 {
+    H_RECORD(hg_gated_add, HP(x), HP(y), HP(gate), HI(n_tok), HI(ne));
     if (!x || !y || !gate)
         return h_bad("gpu_gated_add: bad arguments");
     for (uint32_t t = 0; t < n_tok; t++) {
@@ -1681,16 +1880,302 @@ static int h_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_
     return 0;
 }
 
+static int hg_gather_rows(const union h_arg *a);
 static int h_gather_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                          const int32_t *rows, int64_t n, int64_t width)
 {
+    H_RECORD(hg_gather_rows, HP(dst), HI(dst_stride), HP(src), HI(src_stride), HP(rows), HI(n),
+             HI(width));
     return h_rows(dst, dst_stride, src, src_stride, rows, n, width, true);
 }
 
+static int hg_scatter_rows(const union h_arg *a);
 static int h_scatter_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                           const int32_t *rows, int64_t n, int64_t width)
 {
+    H_RECORD(hg_scatter_rows, HP(dst), HI(dst_stride), HP(src), HI(src_stride), HP(rows), HI(n),
+             HI(width));
     return h_rows(dst, dst_stride, src, src_stride, rows, n, width, false);
+}
+
+static int hg_fill(const union h_arg *a)
+{
+    return h_fill((void *)a[0].p, (int)a[1].i, (size_t)a[2].i);
+}
+
+static int hg_dequant_rows(const union h_arg *a)
+{
+    return h_dequant_rows((uint32_t)a[0].i, (const void *)a[1].p, (size_t)a[2].i, (int64_t)a[3].i,
+                          (const int32_t *)a[4].p, (int64_t)a[5].i, (void *)a[6].p, (int64_t)a[7].i,
+                          a[8].i != 0);
+}
+
+static int hg_matvec(const union h_arg *a)
+{
+    return h_matvec((uint32_t)a[0].i, (const void *)a[1].p, (size_t)a[2].i, (int64_t)a[3].i,
+                    (int64_t)a[4].i, (const float *)a[5].p, (int64_t)a[6].i, (int64_t)a[7].i,
+                    (float *)a[8].p, (int64_t)a[9].i);
+}
+
+static int hg_matvec_ids(const union h_arg *a)
+{
+    return h_matvec_ids((uint32_t)a[0].i, (const void *)a[1].p, (size_t)a[2].i, (size_t)a[3].i,
+                        (int64_t)a[4].i, (int64_t)a[5].i, (const int32_t *)a[6].p, (int64_t)a[7].i,
+                        (const float *)a[8].p, (int64_t)a[9].i, (int64_t)a[10].i, (float *)a[11].p,
+                        (int64_t)a[12].i);
+}
+
+static int hg_f32_to_f16(const union h_arg *a)
+{
+    return h_f32_to_f16((const float *)a[0].p, (int64_t)a[1].i, (int64_t)a[2].i, (int64_t)a[3].i,
+                        (uint16_t *)a[4].p);
+}
+
+static int hg_gemm_f16(const union h_arg *a)
+{
+    return h_gemm_f16((const uint16_t *)a[0].p, (int64_t)a[1].i, (int64_t)a[2].i,
+                      (const uint16_t *)a[3].p, (int64_t)a[4].i, (float *)a[5].p, (int64_t)a[6].i);
+}
+
+static int hg_gemm_q(const union h_arg *a)
+{
+    return h_gemm_q((uint32_t)a[0].i, (const void *)a[1].p, (size_t)a[2].i, (size_t)a[3].i,
+                    (int64_t)a[4].i, (int64_t)a[5].i, (const uint16_t *)a[6].p, (int64_t)a[7].i,
+                    (const struct gpu_mm_tile *)a[8].p, (int64_t)a[9].i, (const int32_t *)a[10].p,
+                    (const int32_t *)a[11].p, (int32_t)a[12].i, (float *)a[13].p, (int64_t)a[14].i);
+}
+
+static int hg_act_round(const union h_arg *a)
+{
+    return h_act_round((uint32_t)a[0].i, (const float *)a[1].p, (int64_t)a[2].i, (int64_t)a[3].i,
+                       (int64_t)a[4].i, (float *)a[5].p);
+}
+
+static int hg_act_q8(const union h_arg *a)
+{
+    return h_act_q8((uint32_t)a[0].i, (const float *)a[1].p, (int64_t)a[2].i, (int64_t)a[3].i,
+                    (int64_t)a[4].i, (void *)a[5].p);
+}
+
+static int hg_matvec_q8(const union h_arg *a)
+{
+    return h_matvec_q8((int)a[0].i, (uint32_t)a[1].i, (const void *)a[2].p, (const void *)a[3].p,
+                       (size_t)a[4].i, (int64_t)a[5].i, (int64_t)a[6].i, (const void *)a[7].p,
+                       (int64_t)a[8].i, (float *)a[9].p, (int64_t)a[10].i);
+}
+
+static int hg_matvec_ids_q8(const union h_arg *a)
+{
+    return h_matvec_ids_q8((uint32_t)a[0].i, (const void *)a[1].p, (const void *)a[2].p,
+                           (size_t)a[3].i, (size_t)a[4].i, (int64_t)a[5].i, (int64_t)a[6].i,
+                           (const int32_t *)a[7].p, (int64_t)a[8].i, (const void *)a[9].p,
+                           (int64_t)a[10].i, (float *)a[11].p, (int64_t)a[12].i);
+}
+
+static int hg_matvec_ids_combine_q8(const union h_arg *a)
+{
+    return h_matvec_ids_combine_q8(
+        (uint32_t)a[0].i, (const void *)a[1].p, (size_t)a[2].i, (size_t)a[3].i, (int64_t)a[4].i,
+        (int64_t)a[5].i, (const int32_t *)a[6].p, (const float *)a[7].p, (int64_t)a[8].i,
+        (int32_t)a[9].i, (const void *)a[10].p, (float *)a[11].p, (int64_t)a[12].i);
+}
+
+static int hg_matvec_groups_q8(const union h_arg *a)
+{
+    return h_matvec_groups_q8((uint32_t)a[0].i, (const void *)a[1].p, (size_t)a[2].i,
+                              (size_t)a[3].i, (int64_t)a[4].i, (int64_t)a[5].i,
+                              (const struct gpu_group *)a[6].p, (int64_t)a[7].i,
+                              (const void *)a[8].p, (float *)a[9].p, (int64_t)a[10].i);
+}
+
+static int hg_rmsnorm(const union h_arg *a)
+{
+    return h_rmsnorm((float *)a[0].p, (int64_t)a[1].i, (const float *)a[2].p, (int64_t)a[3].i,
+                     (const float *)a[4].p, (int64_t)a[5].i, (int64_t)a[6].i, (float)a[7].d);
+}
+
+static int hg_rmsnorm_q8(const union h_arg *a)
+{
+    return h_rmsnorm_q8((float *)a[0].p, (int64_t)a[1].i, (const float *)a[2].p, (int64_t)a[3].i,
+                        (const float *)a[4].p, (int64_t)a[5].i, (int64_t)a[6].i, (float)a[7].d,
+                        (uint32_t)a[8].i, (void *)a[9].p);
+}
+
+static int hg_add(const union h_arg *a)
+{
+    return h_add((float *)a[0].p, (const float *)a[1].p, (const float *)a[2].p, (int64_t)a[3].i);
+}
+
+static int hg_add_bias(const union h_arg *a)
+{
+    return h_add_bias((float *)a[0].p, (int64_t)a[1].i, (const float *)a[2].p, (int32_t)a[3].i,
+                      (const int32_t *)a[4].p, (int64_t)a[5].i, (int64_t)a[6].i);
+}
+
+static int hg_scale_rows(const union h_arg *a)
+{
+    return h_scale_rows((float *)a[0].p, (int64_t)a[1].i, (int64_t)a[2].i, (int64_t)a[3].i,
+                        (float)a[4].d);
+}
+
+static int hg_swiglu(const union h_arg *a)
+{
+    return h_swiglu((float *)a[0].p, (const float *)a[1].p, (int64_t)a[2].i, a[3].i != 0);
+}
+
+static int hg_swiglu_oai(const union h_arg *a)
+{
+    return h_swiglu_oai((float *)a[0].p, (const float *)a[1].p, (int64_t)a[2].i, (int64_t)a[3].i,
+                        (const float *)a[4].p, (const float *)a[5].p, (int32_t)a[6].i,
+                        (const int32_t *)a[7].p);
+}
+
+static int hg_rope(const union h_arg *a)
+{
+    return h_rope((float *)a[0].p, (int64_t)a[1].i, (int64_t)a[2].i, (uint32_t)a[3].i,
+                  (uint32_t)a[4].i, (uint32_t)a[5].i, (const float *)a[6].p, a[7].i != 0);
+}
+
+static int hg_kv_store(const union h_arg *a)
+{
+    return h_kv_store((uint16_t *)a[0].p, (uint16_t *)a[1].p, (uint32_t)a[2].i, (uint32_t)a[3].i,
+                      (const float *)a[4].p, (const float *)a[5].p, (uint32_t)a[6].i,
+                      (const uint32_t *)a[7].p, (uint32_t)a[8].i);
+}
+
+static int hg_attention(const union h_arg *a)
+{
+    return h_attention((float *)a[0].p, (const float *)a[1].p, (const uint16_t *)a[2].p,
+                       (const uint16_t *)a[3].p, (uint32_t)a[4].i, (uint32_t)a[5].i,
+                       (const uint32_t *)a[6].p, (uint32_t)a[7].i, (uint32_t)a[8].i,
+                       (uint32_t)a[9].i, (uint32_t)a[10].i, (uint32_t)a[11].i, (float)a[12].d,
+                       (uint32_t)a[13].i, (float *)a[14].p, (const float *)a[15].p);
+}
+
+static int hg_kv_store_q8(const union h_arg *a)
+{
+    return h_kv_store_q8((void *)a[0].p, (void *)a[1].p, (uint32_t)a[2].i, (uint32_t)a[3].i,
+                         (const float *)a[4].p, (const float *)a[5].p, (uint32_t)a[6].i,
+                         (const uint32_t *)a[7].p, (uint32_t)a[8].i);
+}
+
+static int hg_attention_q8(const union h_arg *a)
+{
+    return h_attention_q8((float *)a[0].p, (const float *)a[1].p, (const void *)a[2].p,
+                          (const void *)a[3].p, (uint32_t)a[4].i, (uint32_t)a[5].i,
+                          (const uint32_t *)a[6].p, (uint32_t)a[7].i, (uint32_t)a[8].i,
+                          (uint32_t)a[9].i, (uint32_t)a[10].i, (uint32_t)a[11].i, (float)a[12].d,
+                          (uint32_t)a[13].i, (float *)a[14].p, (const float *)a[15].p);
+}
+
+static int hg_moe_route(const union h_arg *a)
+{
+    return h_moe_route((const float *)a[0].p, (const float *)a[1].p, (uint32_t)a[2].i,
+                       (uint32_t)a[3].i, (uint32_t)a[4].i, (uint32_t)a[5].i, (uint32_t)a[6].i,
+                       (int)a[7].i, a[8].i != 0, (float)a[9].d, (int32_t *)a[10].p,
+                       (float *)a[11].p);
+}
+
+static int hg_moe_sort(const union h_arg *a)
+{
+    return h_moe_sort((const int32_t *)a[0].p, (uint32_t)a[1].i, (uint32_t)a[2].i, (int32_t)a[3].i,
+                      (int32_t *)a[4].p, (struct gpu_mm_tile *)a[5].p, (int32_t *)a[6].p);
+}
+
+static int hg_moe_combine(const union h_arg *a)
+{
+    return h_moe_combine((float *)a[0].p, (const float *)a[1].p, (const float *)a[2].p,
+                         (uint32_t)a[3].i, (uint32_t)a[4].i, (uint32_t)a[5].i);
+}
+
+static int hg_gated_add(const union h_arg *a)
+{
+    return h_gated_add((float *)a[0].p, (const float *)a[1].p, (const float *)a[2].p,
+                       (uint32_t)a[3].i, (uint32_t)a[4].i);
+}
+
+static int hg_gather_rows(const union h_arg *a)
+{
+    return h_gather_rows((float *)a[0].p, (int64_t)a[1].i, (const float *)a[2].p, (int64_t)a[3].i,
+                         (const int32_t *)a[4].p, (int64_t)a[5].i, (int64_t)a[6].i);
+}
+
+static int hg_scatter_rows(const union h_arg *a)
+{
+    return h_scatter_rows((float *)a[0].p, (int64_t)a[1].i, (const float *)a[2].p, (int64_t)a[3].i,
+                          (const int32_t *)a[4].p, (int64_t)a[5].i, (int64_t)a[6].i);
+}
+
+static int hg_matvec_q8_cat(const union h_arg *a)
+{
+    const struct h_cat *c = a[2].p;
+    return h_matvec_q8_cat((uint32_t)a[0].i, (int)a[1].i, c->w, c->rows, (size_t)a[3].i, a[4].i,
+                           a[5].p, c->y);
+}
+
+static int hg_rope_qk(const union h_arg *a)
+{
+    return h_rope_qk((float *)a[0].p, a[1].i, (uint32_t)a[2].i, (float *)a[3].p, a[4].i,
+                     (uint32_t)a[5].i, a[6].i, (uint32_t)a[7].i, (uint32_t)a[8].i, a[9].p,
+                     a[10].i != 0, a[11].p, a[12].p, (float)a[13].d, a[14].p);
+}
+
+static void h_graph_clear(struct gpu_graph *g)
+{
+    for (size_t i = 0; i < g->n; i++)
+        free(g->calls[i].own);
+    free(g->calls);
+    *g = (struct gpu_graph){0};
+}
+
+static int h_graph_begin(void)
+{
+    if (h_cap)
+        return h_not_captured("beginning a graph capture");
+    h_cap_failed = false;
+    if (!(h_cap = calloc(1, sizeof(*h_cap))))
+        return h_failed("beginning a graph capture: out of memory");
+    return 0;
+}
+
+/* Ends the capture: *out made, or its calls replaced; -1 (h_err says why, *out unchanged) when
+ * the capture failed. */
+static int h_graph_end(struct gpu_graph **out)
+{
+    struct gpu_graph *g = h_cap;
+    h_cap = NULL;
+    if (!g)
+        return h_failed("ending a graph capture: none under way");
+    if (h_cap_failed) {
+        h_graph_clear(g);
+        free(g);
+        return -1;
+    }
+    if (*out) {
+        h_graph_clear(*out);
+        **out = *g;
+        free(g);
+    } else {
+        *out = g;
+    }
+    return 0;
+}
+
+static int h_graph_launch(struct gpu_graph *g)
+{
+    H_NOT_CAPTURED("launching a graph");
+    for (size_t i = 0; i < g->n; i++)
+        if (g->calls[i].run(g->calls[i].a) < 0)
+            return -1;
+    return 0;
+}
+
+static void h_graph_free(struct gpu_graph *g)
+{
+    if (!g)
+        return;
+    h_graph_clear(g);
+    free(g);
 }
 
 const struct gpu_backend *gpu_backend_host(void)
@@ -1727,6 +2212,10 @@ const struct gpu_backend *gpu_backend_host(void)
         .va_free = h_va_free,
         .host_unregister = h_host_unregister,
         .copy_times = h_copy_times,
+        .graph_begin = h_graph_begin,
+        .graph_end = h_graph_end,
+        .graph_launch = h_graph_launch,
+        .graph_free = h_graph_free,
         .type_supported = h_type_supported,
         .dequant_rows = h_dequant_rows,
         .matvec = h_matvec,

@@ -134,8 +134,10 @@ bool gpu_copy_times(uint64_t *busy_ns, uint64_t *stall_ns);
 /* ---- graphs (executor/cuda/device.cu) ---------------------------------------------------- */
 /* The kernels queued between gpu_graph_begin and gpu_graph_end are recorded, not run (a CUDA
  * graph); gpu_graph_launch runs them all again with one call, without the launch gaps between
- * them. Nothing else may use the device between begin and end (no copies, no syncs). Backends
- * without graphs (the host's) say so in gpu_graphs_supported. */
+ * them, each with the arguments it was queued with, over device memory as it is then. Nothing
+ * else may use the device between begin and end (no copies, no syncs: the capture fails). The
+ * host backend records the calls and makes them again. A backend without graphs would say so in
+ * gpu_graphs_supported. */
 struct gpu_graph;
 bool gpu_graphs_supported(void);
 int  gpu_graph_begin(void);
