@@ -2907,9 +2907,9 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
 }
 
 /* The graph slot a step runs as (NULL: it launches its kernels): every layer's kernels
- * independent of the host while they run (no expert pool, no MoE on the CPU), the head here with
- * logits for every row, a backend with graphs, SLUICE_NO_CUDA_GRAPHS unset, and the step's rows
- * its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip). One
+ * independent of the host while they run (no expert pool, no MoE on the CPU), the head, if here,
+ * with logits for every row, a backend with graphs, SLUICE_NO_CUDA_GRAPHS unset, and the step's
+ * rows its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip). One
  * member that is this sequence: its own graph; others: the graph of their set (shapes), made
  * (replacing the least recently used) when there is none. */
 static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
@@ -2918,10 +2918,11 @@ static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
                                          const float *logits)
 {
     if (g->graph_off || n_mb == 0 || n != n_mb || n >= GPU_GEMM_MIN_N ||
-        n_mb > EXECUTOR_GPU_ROW_EXACT || n_out != n || !logits || !g->head || g->w->pool)
+        n_mb > EXECUTOR_GPU_ROW_EXACT || (g->head && (n_out != n || !logits)) || g->w->pool)
         return NULL;
     for (uint32_t i = 0; i < n_mb; i++)
-        if (mb[i].n != 1 || mb[i].row != i || out_rows[i] != i || mb[i].g->n_ctx > g->n_ctx)
+        if (mb[i].n != 1 || mb[i].row != i || (g->head && out_rows[i] != i) ||
+            mb[i].g->n_ctx > g->n_ctx)
             return NULL;
     if (!gpu_graphs_supported() || getenv("SLUICE_NO_CUDA_GRAPHS")) {
         g->graph_off = true;

@@ -1238,6 +1238,13 @@ static void check_split_path(const char *rel, const char *model_path)
         char what[96];
         snprintf(what, sizeof(what), "%s, case %zu", rel, k);
         check_same_steps(&one, &split, what);
+        if (!cases[k].budget && !cases[k].n_cpu_moe && gpu_graphs_supported()) {
+            /* each device's one-token steps as its graph, the head's or not */
+            const uint64_t g1 = executor_ctx_gpu_graph_steps(one.c);
+            cr_assert_gt(g1, 0, "case %zu: no graph steps on one device", k);
+            cr_assert_eq(executor_ctx_gpu_graph_steps(split.c), lines * g1,
+                         "case %zu: graph steps of %u devices", k, lines);
+        }
         if (cases[k].budget) { /* a pool per device, of the budget each */
             struct executor_gpu_pool_stats a, b;
             cr_assert(executor_ctx_gpu_pool_stats(one.c, &a));
