@@ -858,7 +858,8 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
             if (GLU)
                 wb2 += off;
             xr[0] = q8 + item / x_div * xrb;
-            yb += item * y_stride;
+            if (MODE == MVQ_IDS) /* MVQ_COMBINE writes row `outer` of y */
+                yb += item * y_stride;
         } else if (MODE == MVQ_GROUPS) {
             const struct gpu_group *g = groups + item;
             wb += static_cast<int64_t>(__ldg(&g->expert)) * static_cast<int64_t>(expert_bytes);
