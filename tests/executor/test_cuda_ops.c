@@ -1818,6 +1818,57 @@ Test(executor_cuda_ops, bad_arguments_fail)
     gpu_free(i32);
 }
 
+/* Description: a graph's kernels run at each launch, not at capture, with the arguments they
+ * were queued with, over device memory as it is at the launch: two kernels (an add, then a
+ * norm of its output) captured, the input changed before each of two launches, the output each
+ * time what the kernels give the new input; a capture made again into the same graph replaces
+ * its kernels. */
+Test(executor_cuda_ops, graph_kernels_run_at_each_launch_over_memory_as_it_is)
+{
+    gpu_or_skip();
+    if (!gpu_graphs_supported())
+        cr_skip_test("%s backend has no graphs: skipped", gpu_backend_name());
+    enum { W = 96 };
+    float  x[W], w[W], y[W], want[W];
+    float *dx = dev_poisoned(sizeof(x)), *dw = dev_poisoned(sizeof(w));
+    float *ds = dev_poisoned(sizeof(x)), *dy = dev_poisoned(sizeof(y));
+    fill_gauss(w, W, 1.0f);
+    cr_assert_eq(gpu_upload(dw, w, sizeof(w)), 0);
+    cr_assert_eq(gpu_sync(), 0);
+    struct gpu_graph *g = NULL;
+    cr_assert_eq(gpu_graph_begin(), 0, "%s", gpu_last_error());
+    const int rc = gpu_add(ds, dx, dx, W) < 0 || gpu_rmsnorm(dy, W, ds, W, dw, 1, W, 1e-5f) < 0;
+    cr_assert_eq(gpu_graph_end(&g), 0, "%s", gpu_last_error());
+    cr_assert_eq(rc, 0, "queueing during the capture: %s", gpu_last_error());
+    cr_assert_not_null(g);
+    for (int round = 0; round < 3; round++) {
+        fill_data(x, W);
+        cr_assert_eq(gpu_upload(dx, x, sizeof(x)), 0);
+        if (round == 2) { /* captured again into g: the norm alone, of x */
+            cr_assert_eq(gpu_graph_begin(), 0, "%s", gpu_last_error());
+            const int rc2 = gpu_rmsnorm(dy, W, dx, W, dw, 1, W, 1e-5f);
+            cr_assert_eq(gpu_graph_end(&g), 0, "%s", gpu_last_error());
+            cr_assert_eq(rc2, 0);
+        }
+        cr_assert_eq(gpu_graph_launch(g), 0, "%s", gpu_last_error());
+        dev_to(y, dy, sizeof(y));
+        /* the same kernels launched now, on the same input */
+        if (round < 2)
+            cr_assert(gpu_add(ds, dx, dx, W) == 0 &&
+                      gpu_rmsnorm(dy, W, ds, W, dw, 1, W, 1e-5f) == 0);
+        else
+            cr_assert_eq(gpu_rmsnorm(dy, W, dx, W, dw, 1, W, 1e-5f), 0);
+        dev_to(want, dy, sizeof(want));
+        cr_assert(memcmp(y, want, sizeof(y)) == 0,
+                  "round %d: the graph's output is not its kernels' over the new input", round);
+    }
+    gpu_graph_free(g);
+    gpu_free(dx);
+    gpu_free(dw);
+    gpu_free(ds);
+    gpu_free(dy);
+}
+
 /* Pinned host memory (the pool's RAM regions): a mapped range registers, read-only too (a
  * fetcher's pool as the executor daemon maps it); a range overlapping a registration and an
  * unmapped one are refused; after its unregistration a range registers again. The host backend
