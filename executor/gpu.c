@@ -24,7 +24,7 @@ struct gpu_mat {
     float    scale; /* multiplies every output; 0 = none (bitnet's per-tensor scales) */
 };
 
-/* A batched decode step's graph (executor_gpu.shapes): its members' parts by serial, in row
+/* A decode step's graph (executor_gpu.shapes): its members' parts by serial, in row
  * order; graph NULL = none captured yet. */
 #define GPU_GRAPH_SHAPES 8
 struct gpu_shape_graph {
@@ -363,11 +363,9 @@ struct executor_gpu {
     bool         gemm_q_off; /* SLUICE_NO_GEMM_Q: matmuls over f16 copies of the weights */
     bool         mm_only;    /* products of any row count on the matmul (gpu_moe_grouped) */
     bool         device_sort; /* SLUICE_MOE_DEVICE_SORT: gpu_moe_tiles sorts on the device */
-    /* The decode step of this sequence alone as a CUDA graph (gpu_graph_step): captured at the
-     * first such step, replayed after, the position read from pos_d. */
-    struct gpu_graph *graph;
-    /* Decode steps of several sequences' tokens (one each) this part leads: a graph per set of
-     * members (one per shape), the least recently used one replaced; member i's position read
+    /* Decode steps (one token a sequence) this part leads, as CUDA graphs (gpu_graph_step): a
+     * graph per set of members (one per shape; this sequence alone is one), captured at its first
+     * step and replayed after, the least recently used one replaced; member i's position read
      * from pos_d[i]. */
     struct gpu_shape_graph shapes[GPU_GRAPH_SHAPES];
     uint64_t               shape_clock;
@@ -1555,7 +1553,6 @@ void executor_gpu_destroy(struct executor_gpu *g)
         return;
     executor_gpu_destroy(g->next);
     (void)gpu_use(g->dev);
-    gpu_graph_free(g->graph);
     for (uint32_t i = 0; i < GPU_GRAPH_SHAPES; i++)
         gpu_graph_free(g->shapes[i].graph);
     gpu_allocs_free(&g->mem);
@@ -2783,9 +2780,9 @@ static int gpu_shared_expert(struct executor_gpu *g, const struct gpu_layer *gl,
 {
     const int64_t ne = g->m->desc->hp.n_embd;
     if (gl->sh_gate.d && gl->sh_gate_inp.d) {
-        /* A gated shared expert (qwen2moe): its output (in gx, free once the routed experts
-         * are done) times the sigmoid of its gate's one logit a row (in router, whose logits
-         * are spent: the routing is done) added first. */
+        /* A gated shared expert (qwen2moe): its output (in gx, which the routed experts do not
+         * hold at this point) times the sigmoid of its gate's one logit a row (in router, whose
+         * logits are spent: the routing is done) added first. */
         if (gpu_swiglu_ffn(g, &gl->sh_gate, &gl->sh_up, &gl->sh_down, g->xn, n, g->gx, NULL, false,
                            NULL, NULL) < 0 ||
             gpu_mm_mat(g, &gl->sh_gate_inp, g->xn, ne, n, g->router, 1) < 0 ||
@@ -2909,9 +2906,9 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
 /* The graph slot a step runs as (NULL: it launches its kernels): every layer's kernels
  * independent of the host while they run (no expert pool, no MoE on the CPU), the head, if here,
  * with logits for every row, a backend with graphs, SLUICE_NO_CUDA_GRAPHS unset, and the step's
- * rows its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip). One
- * member that is this sequence: its own graph; others: the graph of their set (shapes), made
- * (replacing the least recently used) when there is none. */
+ * rows its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip).
+ * The slot is that of the members' set (shapes), made (replacing the least recently used) when
+ * there is none. */
 static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
                                          const struct executor_gpu_member *mb, uint32_t n_mb,
                                          uint32_t n, const uint32_t *out_rows, uint32_t n_out,
@@ -2933,8 +2930,6 @@ static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
             g->graph_off = true;
             return NULL;
         }
-    if (n_mb == 1 && mb[0].g == g)
-        return &g->graph;
     struct gpu_shape_graph *pick = &g->shapes[0];
     for (uint32_t k = 0; k < GPU_GRAPH_SHAPES; k++) {
         struct gpu_shape_graph *sg = &g->shapes[k];
