@@ -87,10 +87,12 @@ struct cli_stream_opts {
     int32_t  n_cpu_moe;                /* --n-cpu-moe N: the first N layers' MoE on the CPU */
     uint64_t vram_budget; /* --vram-budget SIZE: the device's experts in a pool; 0 = all */
     enum executor_expert_miss expert_miss; /* --expert-miss */
+    enum fetcher_vram_fill    vram_fill;   /* --vram-fill: the device pool's misses from storage
+                                              through staging, or through the RAM pool */
 };
 
 /* Rows of the streaming options in a struct cli_stream_opts (--ram-budget, --io, --policy, ...). */
-#define CLI_STREAM_N_ROWS 20
+#define CLI_STREAM_N_ROWS 21
 
 /* The option table of the streaming options that run, chat, perplexity and bench share. */
 struct cli_stream_table {
@@ -123,6 +125,7 @@ struct cli_engine {
                                            (-ngl with several sequences), else NULL */
     uint32_t               n_seqs;
     struct cli_stream_opts so;       /* copied at open; trace_out borrowed from argv */
+    bool stages; /* the device pools read their misses from storage (--vram-fill) */
     const char            *prog;     /* borrowed (static): the subcommand, for messages */
     bool                   reported; /* the exit report was printed (or nothing ran) */
 };

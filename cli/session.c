@@ -126,6 +126,12 @@ void cli_stream_table_init(struct cli_stream_table *t, struct cli_stream_opts *o
          .def = "0"},
         EXECUTOR_DEVICE_OPTS(&o->devices, &o->n_cpu_moe, &o->vram_budget),
         EXECUTOR_EXPERT_MISS_OPT(&o->expert_miss),
+        FETCHER_VRAM_FILL_OPT(&o->vram_fill,
+                              "with --vram-budget and --ram-budget, where the device pool's "
+                              "misses come from: ram (read into the RAM pool, copied from there), "
+                              "storage (those not in the RAM pool read into pinned staging and "
+                              "copied from there, the RAM pool left to what it holds), auto "
+                              "(storage when the RAM pool is no bigger than the device pools)"),
         {0},
     };
     static_assert(sizeof(rows) == sizeof(t->rows), "CLI_STREAM_N_ROWS is the number of rows");
@@ -185,6 +191,122 @@ static void engine_token_begin(void *arg)
     fetcher_token_begin(arg);
 }
 
+/* The device pools (--vram-fill storage): this process's fetcher makes each device's and fills
+ * it as a fetcher daemon fills an executor's, its misses read from storage through its staging
+ * (struct executor_dev_ops over fetcher_devpool_local_*; the argument is the fetcher). */
+static int engine_dev_open(void *arg, int dev, uint32_t first_layer, uint32_t n_layers,
+                           size_t bytes, uint32_t n_events, struct executor_dev_pool *out,
+                           void **pool, struct common_errmsg *e)
+{
+    (void)first_layer;
+    (void)n_layers;
+    struct fetcher_devpool_local l;
+    struct fetcher_devpool      *d = NULL;
+    if (n_events > EXECUTOR_DEV_MAX_EVENTS)
+        return common_errmsg_set(e, COMMON_EINVAL, "a bad request for a device pool");
+    /* (gpu.c sizes the pool within --vram-budget) */
+    int rc = fetcher_devpool_local_open(arg, true, dev, bytes, bytes, n_events, &l, &d, e);
+    if (rc != COMMON_OK)
+        return rc;
+    *out = (struct executor_dev_pool){.base = l.base,
+                                      .bytes = l.bytes,
+                                      .gran = l.gran,
+                                      .kev = l.kev,
+                                      .n_fetchers = 1,
+                                      .stages = l.stages,
+                                      .local = true};
+    snprintf(out->backend, sizeof(out->backend), "%s", l.backend);
+    *pool = d;
+    return COMMON_OK;
+}
+
+static int engine_dev_back(void *arg, uint32_t piece, struct common_errmsg *e)
+{
+    return fetcher_devpool_local_piece(arg, piece, e);
+}
+
+static int engine_dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
+{
+    return fetcher_devpool_local_copy(arg, dst, src, bytes);
+}
+
+static int engine_dev_read(void *arg, uint32_t layer, uint32_t expert, enum common_expert_part part,
+                           size_t dst, size_t bytes)
+{
+    return fetcher_devpool_local_read(arg, layer, expert, part, dst, bytes);
+}
+
+static int engine_dev_mark(void *arg, uint32_t k)
+{
+    return fetcher_devpool_local_mark(arg, k);
+}
+
+static int engine_dev_ready(void *arg, uint32_t k, struct common_devmem_event **evs, uint32_t *n)
+{
+    const int rc = fetcher_devpool_local_ready(arg, k, &evs[0]);
+    *n = evs[0] ? 1 : 0;
+    return rc;
+}
+
+static int engine_dev_after(void *arg)
+{
+    return fetcher_devpool_local_after(arg);
+}
+
+static void engine_dev_copy_time(void *arg, uint64_t *ns)
+{
+    *ns = fetcher_devpool_local_copy_ns(arg);
+}
+
+static void engine_dev_close(void *arg)
+{
+    fetcher_devpool_stop(arg);
+}
+
+/* (never lost: no retake) */
+static const struct executor_dev_ops engine_dev_ops = {.open = engine_dev_open,
+                                                       .back = engine_dev_back,
+                                                       .copy = engine_dev_copy,
+                                                       .read = engine_dev_read,
+                                                       .mark = engine_dev_mark,
+                                                       .ready = engine_dev_ready,
+                                                       .after = engine_dev_after,
+                                                       .copy_time = engine_dev_copy_time,
+                                                       .close = engine_dev_close};
+
+/* Whether the device pools of n_dev device layers read their misses from storage (--vram-fill;
+ * auto: when the RAM pool, planned without staging, is no bigger than the device pools, an
+ * inclusive RAM tier that small only duplicating them), and the staging bytes of every pool. */
+static bool engine_stages(const struct cli_engine *en, const struct fetcher_opts *fo,
+                          uint32_t n_dev, uint64_t *staging)
+{
+    const struct cli_stream_opts *so = &en->so;
+    *staging = 0;
+    const bool io_pool = !(so->io_set && so->io == FETCHER_IO_MMAP);
+    if (!n_dev || !so->vram_budget || !so->ram_budget || !io_pool || en->desc->ffn_streamed ||
+        so->vram_fill == FETCHER_VRAM_FILL_RAM)
+        return false;
+    int32_t   ids[EXECUTOR_MAX_DEVICES];
+    const int n_ids = so->devices.single ? 1 : executor_devices_resolve(&so->devices, ids, NULL, 0);
+    const uint64_t n_pools = n_ids > 0 ? (uint64_t)n_ids : 1;
+    const uint64_t staging_bytes = n_pools * fetcher_devpool_staging_bytes(en->desc);
+    if (so->vram_fill == FETCHER_VRAM_FILL_AUTO) { /* and only where the staging fits too */
+        struct fetcher_plan      plan = {0};
+        struct fetcher_plan_opts po = {.ram_budget = fo->ram_budget,
+                                       .kv_bytes = fo->kv_bytes,
+                                       .act_bytes = fo->act_bytes,
+                                       .queue_depth = fo->queue_depth};
+        if (fetcher_plan_compute(en->desc, &po, &plan, NULL) != COMMON_OK ||
+            (uint64_t)plan.n_slots * plan.slot_bytes > n_pools * so->vram_budget)
+            return false;
+        po.staging_bytes = staging_bytes;
+        if (fetcher_plan_compute(en->desc, &po, &plan, NULL) != COMMON_OK)
+            return false;
+    }
+    *staging = staging_bytes;
+    return true;
+}
+
 /* Opens the streamed model: plan, fetcher, resident weights, model. The plan leaves out the KV
  * of the last `n_dev` layers (a device holds it). */
 static int engine_open_stream(struct cli_engine *en, const char *path,
@@ -227,6 +349,7 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                               .io = io,
                               .queue_depth = so->queue_depth,
                               .mmap_advise = so->mmap_advise};
+    en->stages = engine_stages(en, &fo, n_dev, &fo.staging_bytes);
     if ((rc = fetcher_create(en->gguf, en->desc, &fo, &en->fetcher, e)) < 0)
         return rc;
     enum fetcher_io_mode          mode = fetcher_get_io_mode(en->fetcher);
@@ -237,6 +360,7 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
                                          .token_begin = engine_token_begin,
                                          .error = engine_error,
                                          .regions = engine_regions,
+                                         .dev = en->stages ? &engine_dev_ops : NULL,
                                          .arg = en->fetcher};
     struct executor_weights_opts  wo = {.read_span =
                                            mode == FETCHER_IO_MMAP ? NULL : common_gguf_read_span,
@@ -275,6 +399,11 @@ static void engine_print_stream(const struct cli_engine *en)
                 fetcher_policy_name(so->policy), plan->n_slots,
                 common_format_size(plan->slot_bytes, sz, sizeof(sz)),
                 so->queue_depth ? so->queue_depth : 32);
+    if (en->stages)
+        fprintf(stderr,
+                "device pool: its misses not in the RAM pool read from storage through %u pinned "
+                "staging slots per device (--vram-fill %s)\n",
+                FETCHER_DEVPOOL_STAGE_SLOTS, fetcher_vram_fill_names[so->vram_fill]);
 }
 
 /* Frees what engine_open_stream made (the model borrows desc and its weights: in order). */
@@ -465,13 +594,17 @@ int cli_engine_report(struct cli_engine *en)
     if (en->ctx && executor_ctx_gpu_pool_stats(en->ctx, &gs) && gs.n_slots) {
         char           cb[32];
         const uint64_t picks = gs.hits + gs.misses + gs.cpu_misses;
+        char           st[96] = "";
+        if (gs.staged || en->stages)
+            snprintf(st, sizeof(st), ", %llu parts read from storage through staging",
+                     (unsigned long long)gs.staged);
         fprintf(stderr,
                 "gpu expert pool: %u slots; %llu picks, %llu found (%.1f%%), %llu copied in "
-                "(%s to the device), %llu computed on the CPU",
+                "(%s to the device%s), %llu computed on the CPU",
                 gs.n_slots, (unsigned long long)picks, (unsigned long long)gs.hits,
                 picks ? 100.0 * (double)gs.hits / (double)picks : 0.0,
                 (unsigned long long)gs.misses, common_format_size(gs.copied_bytes, cb, sizeof(cb)),
-                (unsigned long long)gs.cpu_misses);
+                st, (unsigned long long)gs.cpu_misses);
         if (gs.copy_gbps > 0)
             fprintf(stderr, " (copies at %.2f GB/s", gs.copy_gbps);
         if (gs.copy_gbps > 0 && gs.cpu_gbps > 0)

@@ -272,6 +272,7 @@ struct executor_dev_pool {
     uint32_t                    lead;       /* the fetcher whose memory it is */
     char                        backend[8]; /* "HOST" or "CUDA" */
     bool stages; /* every fetcher reads what is not in its RAM pool from storage (read) */
+    bool local;  /* the fetcher is this process's (one process), its copies on a thread here */
 };
 struct executor_dev_ops {
     /* Asks the fetchers of the experts of layers first_layer .. first_layer + n_layers - 1 for a

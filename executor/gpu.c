@@ -1645,7 +1645,12 @@ static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t le
             snprintf(vm, sizeof(vm), ", reserved and mapped in %s pieces as slots fill",
                      common_format_size(px->va_chunk, b, sizeof(b)));
         char who[224] = ",";
-        if (px->dev)
+        if (px->dev && px->dp.local)
+            snprintf(who, sizeof(who),
+                     ", in device memory (%s) that this process's fetcher fills on its own thread "
+                     "and copy stream,%s",
+                     px->dp.backend, px->stage ? " read from storage through its staging or" : "");
+        else if (px->dev)
             snprintf(who, sizeof(who), ", in fetcher %u's device memory (%s, filled by %s),%s",
                      px->dp.lead, px->dp.backend,
                      px->dp.n_fetchers > 1 ? "the fetchers, each its experts" : "the fetcher",

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEVPOOL_POLL_MS 200 /* socket waits: how soon stop shows */
@@ -91,6 +92,21 @@ struct fetcher_devpool {
     _Atomic uint32_t      *ctl_failed;  /* the control page's word at offset 16 */
     struct fetcher_io_req *reqs;        /* owned: a flush's reads */
     struct fetcher_io_cqe *cqes;        /* owned: their completions */
+    /* A pool of this process (fetcher_devpool_local_open): no socket; its records are done in
+     * order on `worker`, as a fetcher's link thread does a ring's, and the caller's marks and
+     * waits go through the control page as an executor's do. */
+    bool                    local;
+    pthread_t               worker;
+    bool                    worker_started;
+    pthread_mutex_t         qmu; /* everything below */
+    pthread_cond_t          qcv;
+    struct proto_fetch_req *q; /* owned: a ring of q_cap records, q_n of them from q_head */
+    uint32_t                q_head, q_n, q_cap;
+    bool                    q_stop;
+    uint32_t                seq;                             /* the last mark asked */
+    uint32_t                pend[PROTO_DEVPOOL_MAX_EVENTS];  /* event k's last mark, 0 = none */
+    bool                    dirty[PROTO_DEVPOOL_MAX_EVENTS]; /* copies since event k's mark */
+    uint32_t                failed_seen; /* the control page's failure word, as last seen */
 };
 
 /* ---- the pool ----------------------------------------------------------------------------- */
@@ -161,6 +177,76 @@ static int devpool_recv(struct fetcher_devpool *d, int sock, struct common_devme
     }
 }
 
+/* Makes the pool's memory (address space; pieces come later), events and control page for `bytes`
+ * on device dev, the RAM pool and staging registered with the device once. *ctl_fd: the control
+ * page's descriptor (NULL: closed here). mu held; on failure the caller drops what was made. */
+static int devpool_make_locked(struct fetcher_devpool *d, int dev, uint64_t bytes,
+                               uint32_t n_events, bool adopts, int *ctl_fd, struct common_errmsg *e)
+{
+    int rc = d->dev < 0 || d->dev == dev ? common_devmem_open(dev, e) : COMMON_EINVAL;
+    if (rc == COMMON_EINVAL && !(e && e->text[0]))
+        rc = common_errmsg_set(e, rc, "this fetcher serves device %d", d->dev);
+    if (rc == 0)
+        d->dev = dev;
+    if (rc == 0 && !d->local && !d->pinned) { /* the copies' source as pinned memory: DMA */
+        struct common_errmsg pe = {{0}};
+        d->pinned = common_devmem_host_register(d->ram, d->ram_bytes, &pe) == 0;
+        if (!d->pinned)
+            COMMON_LOG_WARN("fetcher.devpool",
+                            "pinning the RAM pool for the device failed (%s): its copies read "
+                            "pageable memory",
+                            pe.text);
+    }
+    if (rc == 0 && d->stage && !d->stage_pinned) {
+        struct common_errmsg pe = {{0}};
+        d->stage_pinned =
+            common_devmem_host_register(d->stage, (size_t)d->n_stage * d->stage_bytes, &pe) == 0;
+        if (!d->stage_pinned)
+            COMMON_LOG_WARN("fetcher.devpool",
+                            "pinning the staging for the device failed (%s): its copies read "
+                            "pageable memory",
+                            pe.text);
+    }
+    const uint64_t gran = rc == 0 ? common_devmem_granularity() : 0;
+    const uint64_t want = gran ? (bytes + gran - 1) / gran * gran : 0;
+    /* mapped: rounded up to a piece; another fetcher's memory is not charged here */
+    if (rc == 0 && bytes > d->budget && !adopts)
+        rc = common_errmsg_set(e, COMMON_ERANGE, "asks %llu bytes, --vram-budget %llu",
+                               (unsigned long long)bytes, (unsigned long long)d->budget);
+    if (rc == 0) {
+        d->gran = gran;
+        d->bytes = want;
+        d->n_pieces = (uint32_t)(want / gran);
+        d->pieces = calloc(d->n_pieces, sizeof(*d->pieces));
+        d->base = d->pieces ? common_devmem_reserve(want, e) : NULL;
+        rc = d->base ? 0 : d->pieces ? COMMON_EDEVICE : COMMON_ENOMEM;
+    }
+    for (uint32_t k = 0; rc == 0 && k < n_events; k++, d->n_events++)
+        rc = common_devmem_event_create(&d->ev[k], e);
+    for (uint32_t i = 0; rc == 0 && d->stage && i < d->n_stage; i++) /* after base: drop frees */
+        rc = common_devmem_event_create(&d->st[i].ev, e);
+    if (rc == 0) {
+        const int fd = memfd_create("sluice-devpool-ctl", MFD_CLOEXEC);
+        void     *p = MAP_FAILED;
+        if (fd >= 0 && ftruncate(fd, PROTO_DEVPOOL_CTL_BYTES) == 0)
+            p = mmap(NULL, PROTO_DEVPOOL_CTL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            rc = common_errmsg_set(e, COMMON_EIO, "control page: %s", strerror(errno));
+        } else {
+            d->ctl_page = p;
+            d->ctl = p;
+            d->ctl_busy = (_Atomic uint64_t *)((uint8_t *)p + 8);
+            d->ctl_failed = (_Atomic uint32_t *)((uint8_t *)p + 16);
+            (void)common_devmem_copy_time(&d->busy0);
+        }
+        if (fd >= 0 && ctl_fd && rc == 0)
+            *ctl_fd = fd;
+        else if (fd >= 0)
+            close(fd);
+    }
+    return rc;
+}
+
 /* Makes the pool an OPEN asks for and sends its handles. 0, or a negative common_err (the
  * reason sent as ERROR where the connection still works). */
 static int devpool_open(struct fetcher_devpool *d, int sock, const struct common_devmem_handle *h)
@@ -181,67 +267,9 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         return COMMON_EPROTO;
     }
     pthread_mutex_lock(&d->mu);
-    int rc = d->dev < 0 || d->dev == o.device ? common_devmem_open(o.device, &e) : COMMON_EINVAL;
-    if (rc == COMMON_EINVAL && !e.text[0])
-        snprintf(e.text, sizeof(e.text), "this fetcher serves device %d", d->dev);
-    if (rc == 0)
-        d->dev = o.device;
-    if (rc == 0 && !d->pinned) { /* the copies' source as pinned memory: DMA, no staging */
-        struct common_errmsg pe = {{0}};
-        d->pinned = common_devmem_host_register(d->ram, d->ram_bytes, &pe) == 0;
-        if (!d->pinned)
-            COMMON_LOG_WARN("fetcher.devpool",
-                            "pinning the RAM pool for the device failed (%s): its copies read "
-                            "pageable memory",
-                            pe.text);
-    }
-    if (rc == 0 && d->stage && !d->stage_pinned) {
-        struct common_errmsg pe = {{0}};
-        d->stage_pinned =
-            common_devmem_host_register(d->stage, (size_t)d->n_stage * d->stage_bytes, &pe) == 0;
-        if (!d->stage_pinned)
-            COMMON_LOG_WARN("fetcher.devpool",
-                            "pinning the staging for the device failed (%s): its copies read "
-                            "pageable memory",
-                            pe.text);
-    }
-    const uint64_t gran = rc == 0 ? common_devmem_granularity() : 0;
-    const uint64_t want = gran ? (o.bytes + gran - 1) / gran * gran : 0;
-    /* mapped: rounded up to a piece; another fetcher's memory is not charged here */
-    if (rc == 0 && o.bytes > d->budget && !(o.flags & PROTO_DEVPOOL_ADOPTS)) {
-        snprintf(e.text, sizeof(e.text), "asks %llu bytes, --vram-budget %llu",
-                 (unsigned long long)o.bytes, (unsigned long long)d->budget);
-        rc = COMMON_ERANGE;
-    }
-    if (rc == 0) {
-        d->gran = gran;
-        d->bytes = want;
-        d->n_pieces = (uint32_t)(want / gran);
-        d->pieces = calloc(d->n_pieces, sizeof(*d->pieces));
-        d->base = d->pieces ? common_devmem_reserve(want, &e) : NULL;
-        rc = d->base ? 0 : d->pieces ? COMMON_EDEVICE : COMMON_ENOMEM;
-    }
-    for (uint32_t k = 0; rc == 0 && k < o.n_events; k++, d->n_events++)
-        rc = common_devmem_event_create(&d->ev[k], &e);
-    for (uint32_t i = 0; rc == 0 && d->stage && i < d->n_stage; i++) /* after base: drop frees */
-        rc = common_devmem_event_create(&d->st[i].ev, &e);
     int ctl_fd = -1;
-    if (rc == 0) {
-        ctl_fd = memfd_create("sluice-devpool-ctl", MFD_CLOEXEC);
-        void *p = MAP_FAILED;
-        if (ctl_fd >= 0 && ftruncate(ctl_fd, PROTO_DEVPOOL_CTL_BYTES) == 0)
-            p = mmap(NULL, PROTO_DEVPOOL_CTL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ctl_fd, 0);
-        if (p == MAP_FAILED) {
-            snprintf(e.text, sizeof(e.text), "control page: %s", strerror(errno));
-            rc = COMMON_EIO;
-        } else {
-            d->ctl_page = p;
-            d->ctl = p;
-            d->ctl_busy = (_Atomic uint64_t *)((uint8_t *)p + 8);
-            d->ctl_failed = (_Atomic uint32_t *)((uint8_t *)p + 16);
-            (void)common_devmem_copy_time(&d->busy0);
-        }
-    }
+    int rc = devpool_make_locked(d, o.device, o.bytes, o.n_events,
+                                 (o.flags & PROTO_DEVPOOL_ADOPTS) != 0, &ctl_fd, &e);
     if (rc != 0) {
         devpool_drop_locked(d);
         d->c.refused++;
@@ -252,7 +280,7 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
         return rc;
     }
     struct proto_devpool_granted g = {
-        .bytes = want, .granularity = gran, .flags = d->stage ? PROTO_DEVPOOL_STAGES : 0};
+        .bytes = d->bytes, .granularity = d->gran, .flags = d->stage ? PROTO_DEVPOOL_STAGES : 0};
     snprintf(g.backend, sizeof(g.backend), "%s", common_devmem_backend());
     struct common_devmem_handle out = {.fd = -1, .len = sizeof(g)};
     memcpy(out.blob, &g, sizeof(g));
@@ -773,11 +801,12 @@ static int devpool_stage_init(struct fetcher_devpool *d, struct fetcher *f, stru
     return rc;
 }
 
-int fetcher_devpool_start(const struct fetcher_devpool_opts *o, struct fetcher_devpool **out,
-                          struct common_errmsg *e)
+/* A pool service with no socket yet: its options, lock and staging. */
+static int devpool_new(const struct fetcher_devpool_opts *o, bool local,
+                       struct fetcher_devpool **out, struct common_errmsg *e)
 {
     struct fetcher_devpool *d = calloc(1, sizeof(*d));
-    if (!d || !(d->path = strdup(o->path))) {
+    if (!d || (o->path && !(d->path = strdup(o->path)))) {
         free(d);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
@@ -786,16 +815,37 @@ int fetcher_devpool_start(const struct fetcher_devpool_opts *o, struct fetcher_d
     d->ram_bytes = o->ram_bytes;
     d->dev = -1;
     d->listen_fd = -1;
+    d->local = local;
     atomic_init(&d->stop, false);
     if (pthread_mutex_init(&d->mu, NULL) != 0) {
         free(d->path);
         free(d);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
-    int rc = o->stage_from ? devpool_stage_init(d, o->stage_from, e) : COMMON_OK;
+    if (pthread_mutex_init(&d->qmu, NULL) != 0 || pthread_cond_init(&d->qcv, NULL) != 0) {
+        pthread_mutex_destroy(&d->mu);
+        free(d->path);
+        free(d);
+        return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
+    }
+    *out = d;
+    const int rc = o->stage_from ? devpool_stage_init(d, o->stage_from, e) : COMMON_OK;
+    if (rc != COMMON_OK) {
+        fetcher_devpool_stop(d);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int fetcher_devpool_start(const struct fetcher_devpool_opts *o, struct fetcher_devpool **out,
+                          struct common_errmsg *e)
+{
+    struct fetcher_devpool *d = NULL;
+    int                     rc = o->path ? devpool_new(o, false, &d, e)
+                                         : common_errmsg_set(e, COMMON_EINVAL, "no socket path");
     if (rc != COMMON_OK)
-        ;
-    else if ((rc = common_unix_listen(o->path, &d->listen_fd)) != COMMON_OK)
+        return rc;
+    if ((rc = common_unix_listen(o->path, &d->listen_fd)) != COMMON_OK)
         rc = common_errmsg_set(e, rc, "%s: %s", o->path, common_strerror(rc));
     else if (pthread_create(&d->thread, NULL, devpool_thread, d) != 0)
         rc = common_errmsg_set(e, COMMON_ENOMEM, "%s: cannot start its thread", o->path);
@@ -815,6 +865,12 @@ void fetcher_devpool_stop(struct fetcher_devpool *d)
     atomic_store_explicit(&d->stop, true, memory_order_relaxed);
     if (d->started)
         pthread_join(d->thread, NULL);
+    pthread_mutex_lock(&d->qmu);
+    d->q_stop = true; /* the worker does what is queued first */
+    pthread_cond_broadcast(&d->qcv);
+    pthread_mutex_unlock(&d->qmu);
+    if (d->worker_started)
+        pthread_join(d->worker, NULL);
     if (d->listen_fd >= 0) {
         close(d->listen_fd);
         (void)unlink(d->path);
@@ -832,7 +888,232 @@ void fetcher_devpool_stop(struct fetcher_devpool *d)
     free(d->reqs);
     free(d->cqes);
     free(d->defer);
+    free(d->q);
+    pthread_cond_destroy(&d->qcv);
+    pthread_mutex_destroy(&d->qmu);
     pthread_mutex_destroy(&d->mu);
     free(d->path);
     free(d);
+}
+
+/* ---- a pool of this process ---------------------------------------------------------------- */
+
+#define DEVPOOL_LOCAL_WAIT_MS 50 /* a mark's wait between looks */
+
+uint64_t fetcher_devpool_staging_bytes(const struct common_model *m)
+{
+    const uint64_t slot = fetcher_plan_slot_bytes(m);
+    return FETCHER_DEVPOOL_STAGE_SLOTS *
+           ((slot + FETCHER_ALIGN - 1) / FETCHER_ALIGN * FETCHER_ALIGN);
+}
+
+/* Does the queued records in order, as a fetcher's link thread does a ring's. */
+static void *devpool_worker(void *arg)
+{
+    struct fetcher_devpool *d = arg;
+    (void)common_devmem_open(d->dev, NULL); /* this thread's copies go to the pool's device */
+    pthread_mutex_lock(&d->qmu);
+    for (;;) {
+        while (!d->q_n && !d->q_stop)
+            pthread_cond_wait(&d->qcv, &d->qmu);
+        if (!d->q_n)
+            break;
+        const struct proto_fetch_req r = d->q[d->q_head];
+        d->q_head = (d->q_head + 1) % d->q_cap;
+        d->q_n--;
+        pthread_mutex_unlock(&d->qmu);
+        if (fetcher_devpool_record(d, &r) != COMMON_OK && r.op == PROTO_FETCH_DEV_MARK) {
+            /* a mark that could not be recorded: published as failed, never waited on forever */
+            pthread_mutex_lock(&d->mu);
+            atomic_store_explicit(d->ctl_failed, r.loan, memory_order_relaxed);
+            atomic_store_explicit(&d->ctl[0], r.loan, memory_order_release);
+            syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+            pthread_mutex_unlock(&d->mu);
+        }
+        pthread_mutex_lock(&d->qmu);
+    }
+    pthread_mutex_unlock(&d->qmu);
+    return NULL;
+}
+
+/* Queues a record for the worker. qmu held. 0 or COMMON_ENOMEM. */
+static int devpool_push_locked(struct fetcher_devpool *d, const struct proto_fetch_req *r)
+{
+    if (d->q_n == d->q_cap) {
+        const uint32_t          cap = d->q_cap ? 2 * d->q_cap : 256;
+        struct proto_fetch_req *q = malloc(cap * sizeof(*q));
+        if (!q)
+            return COMMON_ENOMEM;
+        for (uint32_t i = 0; i < d->q_n; i++)
+            q[i] = d->q[(d->q_head + i) % d->q_cap];
+        free(d->q);
+        d->q = q;
+        d->q_head = 0;
+        d->q_cap = cap;
+    }
+    d->q[(d->q_head + d->q_n) % d->q_cap] = *r;
+    d->q_n++;
+    pthread_cond_signal(&d->qcv);
+    return COMMON_OK;
+}
+
+int fetcher_devpool_local_open(struct fetcher *f, bool stage, int dev, uint64_t bytes,
+                               uint64_t budget, uint32_t n_events,
+                               struct fetcher_devpool_local *out, struct fetcher_devpool **pool,
+                               struct common_errmsg *e)
+{
+    *pool = NULL;
+    if (!f || !f->pool || bytes == 0 || n_events == 0 || n_events > PROTO_DEVPOOL_MAX_EVENTS ||
+        dev < 0)
+        return common_errmsg_set(e, COMMON_EINVAL, "a bad request for a device pool");
+    const struct fetcher_devpool_opts o = {.budget = budget,
+                                           .ram = fetcher_get_pool_base(f),
+                                           .ram_bytes = fetcher_get_pool_bytes(f),
+                                           .stage_from = stage ? f : NULL};
+    struct fetcher_devpool           *d = NULL;
+    int                               rc = devpool_new(&o, true, &d, e);
+    if (rc != COMMON_OK)
+        return rc;
+    pthread_mutex_lock(&d->mu);
+    rc = devpool_make_locked(d, dev, bytes, n_events, false, NULL, e);
+    if (rc == COMMON_OK)
+        rc = common_devmem_event_create(&d->kev, e);
+    if (rc == COMMON_OK) {
+        d->open = true;
+        d->c.opens++;
+        *out = (struct fetcher_devpool_local){
+            .base = d->base, .bytes = d->bytes, .gran = d->gran, .kev = d->kev, .stages = stage};
+        snprintf(out->backend, sizeof(out->backend), "%s", common_devmem_backend());
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (rc == COMMON_OK && pthread_create(&d->worker, NULL, devpool_worker, d) != 0)
+        rc = common_errmsg_set(e, COMMON_ENOMEM, "the device pool's copy thread cannot start");
+    if (rc != COMMON_OK) {
+        fetcher_devpool_stop(d); /* drops what was made */
+        return rc;
+    }
+    d->worker_started = true;
+    *pool = d;
+    return COMMON_OK;
+}
+
+int fetcher_devpool_local_piece(struct fetcher_devpool *d, uint32_t k, struct common_errmsg *e)
+{
+    pthread_mutex_lock(&d->mu);
+    int rc = d->open && k < d->n_pieces ? common_devmem_open(d->dev, e) : COMMON_EINVAL;
+    if (rc == COMMON_OK && !d->pieces[k]) {
+        struct common_devmem_piece *p = NULL;
+        rc = common_devmem_piece_create(d->gran, &p, e);
+        if (rc == COMMON_OK &&
+            (rc = common_devmem_piece_map(p, d->base + (size_t)k * d->gran, e)) != COMMON_OK)
+            common_devmem_piece_destroy(p);
+        if (rc == COMMON_OK) {
+            d->pieces[k] = p;
+            d->c.bytes += d->gran;
+            d->c.pieces++;
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc == COMMON_EINVAL && !(e && e->text[0])
+               ? common_errmsg_set(e, rc, "no such piece of the device pool")
+               : rc;
+}
+
+/* Queues r; a copy or read dirties every event. 0 or COMMON_ENOMEM. */
+static int devpool_local_push(struct fetcher_devpool *d, const struct proto_fetch_req *r)
+{
+    pthread_mutex_lock(&d->qmu);
+    const int rc = devpool_push_locked(d, r);
+    for (uint32_t k = 0; rc == COMMON_OK && k < d->n_events; k++)
+        d->dirty[k] = true;
+    pthread_mutex_unlock(&d->qmu);
+    return rc;
+}
+
+int fetcher_devpool_local_copy(struct fetcher_devpool *d, uint64_t dst, const void *src,
+                               uint64_t bytes)
+{
+    const uint8_t *s = src;
+    if (s < d->ram || bytes > d->ram_bytes || (uint64_t)(s - d->ram) > d->ram_bytes - bytes ||
+        bytes > UINT32_MAX)
+        return COMMON_EINVAL; /* not in the RAM pool */
+    const struct proto_fetch_req r = {.op = PROTO_FETCH_DEV_COPY,
+                                      .bytes = (uint32_t)bytes,
+                                      .src = (uint64_t)(s - d->ram),
+                                      .dst = dst};
+    return devpool_local_push(d, &r);
+}
+
+int fetcher_devpool_local_read(struct fetcher_devpool *d, uint32_t layer, uint32_t expert,
+                               enum common_expert_part part, uint64_t dst, uint64_t bytes)
+{
+    if (!d->stage || bytes > UINT32_MAX)
+        return COMMON_EINVAL;
+    const struct proto_fetch_req r = {.op = PROTO_FETCH_DEV_READ,
+                                      .layer = layer,
+                                      .expert = expert,
+                                      .part = (uint32_t)part,
+                                      .bytes = (uint32_t)bytes,
+                                      .dst = dst};
+    return devpool_local_push(d, &r);
+}
+
+int fetcher_devpool_local_mark(struct fetcher_devpool *d, uint32_t k)
+{
+    if (k >= d->n_events)
+        return COMMON_EINVAL;
+    pthread_mutex_lock(&d->qmu);
+    int rc = COMMON_OK;
+    if (d->dirty[k]) {
+        const uint32_t               seq = ++d->seq ? d->seq : ++d->seq; /* never 0 */
+        const struct proto_fetch_req r = {.op = PROTO_FETCH_DEV_MARK, .tag = k, .loan = seq};
+        if ((rc = devpool_push_locked(d, &r)) == COMMON_OK) {
+            d->dirty[k] = false;
+            d->pend[k] = seq;
+        }
+    }
+    pthread_mutex_unlock(&d->qmu);
+    return rc;
+}
+
+int fetcher_devpool_local_ready(struct fetcher_devpool *d, uint32_t k,
+                                struct common_devmem_event **ev)
+{
+    *ev = NULL;
+    if (k >= d->n_events)
+        return COMMON_EINVAL;
+    pthread_mutex_lock(&d->qmu);
+    const uint32_t seq = d->pend[k];
+    d->pend[k] = 0;
+    pthread_mutex_unlock(&d->qmu);
+    if (!seq)
+        return COMMON_OK;
+    for (;;) { /* the worker publishes every mark, recorded or failed */
+        const uint32_t v = atomic_load_explicit(d->ctl, memory_order_acquire);
+        if ((int32_t)(v - seq) >= 0)
+            break;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = DEVPOOL_LOCAL_WAIT_MS * 1000000L};
+        (void)syscall(SYS_futex, d->ctl_page, FUTEX_WAIT, v, &ts, NULL, 0);
+    }
+    *ev = d->ev[k];
+    pthread_mutex_lock(&d->qmu);
+    const uint32_t fs = atomic_load_explicit(d->ctl_failed, memory_order_relaxed);
+    const bool     failed = fs != d->failed_seen;
+    d->failed_seen = fs;
+    pthread_mutex_unlock(&d->qmu);
+    return failed ? COMMON_EIO : COMMON_OK;
+}
+
+int fetcher_devpool_local_after(struct fetcher_devpool *d)
+{
+    const struct proto_fetch_req r = {.op = PROTO_FETCH_DEV_WAIT};
+    pthread_mutex_lock(&d->qmu);
+    const int rc = devpool_push_locked(d, &r);
+    pthread_mutex_unlock(&d->qmu);
+    return rc;
+}
+
+uint64_t fetcher_devpool_local_copy_ns(struct fetcher_devpool *d)
+{
+    return atomic_load_explicit(d->ctl_busy, memory_order_relaxed);
 }

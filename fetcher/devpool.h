@@ -14,31 +14,6 @@
  * and events with common_devmem when an executor asks, hands their handles over, and runs the
  * copies, marks and waits the executor's ring records ask for on its own copy stream, from its
  * RAM pool. One executor at a time; its pool ends when its connection closes. */
-struct fetcher_devpool;
-
-/* Staging slots of a pool fed from storage (--vram-fill storage): bundles in flight at once. */
-#define FETCHER_DEVPOOL_STAGE_SLOTS 8u
-
-struct fetcher_devpool_counts {
-    uint64_t opens;        /* pools made */
-    uint64_t refused;      /* OPENs refused (budget, no device, bad message) */
-    uint64_t pieces;       /* pieces of device memory made and handed over */
-    uint64_t copies;       /* DEV_COPYs queued */
-    uint64_t copied_bytes; /* their bytes */
-    uint64_t marks;        /* DEV_MARKs recorded */
-    uint64_t waits;        /* DEV_WAITs queued */
-    uint64_t bad;          /* device records refused (no pool, out of range, device error) */
-    uint64_t bytes;        /* the open pool's device memory mapped now */
-    uint64_t copy_busy_ns; /* the copy stream's time copying (this process's, all pools) */
-    uint64_t staged;       /* DEV_READs served: parts copied from staging */
-    uint64_t stage_reads;  /* bundles read from storage into staging */
-    uint64_t stage_bytes;  /* their bytes read */
-    uint64_t stage_hits;   /* DEV_READs of a bundle already in staging (no read) */
-    uint64_t stage_failed; /* bundles whose read or check failed */
-    bool     open;         /* a pool is open now */
-    bool     pinned;       /* the RAM pool is registered with the device as pinned memory */
-};
-
 struct fetcher_devpool_opts {
     const char    *path;      /* the socket to listen on */
     uint64_t       budget;    /* the most device memory a pool may reserve */
@@ -53,9 +28,8 @@ struct fetcher_devpool_opts {
 /* Listens on o->path for an executor. Returns 0 or a negative common_err (e says what). */
 int fetcher_devpool_start(const struct fetcher_devpool_opts *o, struct fetcher_devpool **out,
                           struct common_errmsg *e);
-/* Stops listening, drops the pool (its copies waited for), removes the socket file. Accepts
- * NULL. */
-void fetcher_devpool_stop(struct fetcher_devpool *d);
+/* fetcher_devpool_stop (fetcher.h) stops listening, drops the pool (its copies waited for) and
+ * removes the socket file. */
 
 /* One DEV_COPY, DEV_MARK, DEV_WAIT or DEV_READ record of the link's ring (on the link's reader
  * thread): queued on the copy stream. DEV_READs are gathered and their bundles read together (at
@@ -64,7 +38,5 @@ void fetcher_devpool_stop(struct fetcher_devpool *d);
  * word). Returns 0, or COMMON_EINVAL (no pool, a range outside it or the RAM pool, a bad event, a
  * pool that does not stage) or COMMON_EDEVICE (counted as bad). */
 int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r);
-
-void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_counts *out);
 
 #endif /* FETCHER_DEVPOOL_H */

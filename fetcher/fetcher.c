@@ -159,6 +159,7 @@ static int front_size_pool(struct fetcher *f, struct common_errmsg *e)
         struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
                                        .kv_bytes = o->kv_bytes,
                                        .act_bytes = o->act_bytes,
+                                       .staging_bytes = o->staging_bytes,
                                        .queue_depth = o->queue_depth};
         int                      rc = fetcher_plan_compute(f->m, &po, &f->plan, e);
         if (rc != COMMON_OK)

@@ -223,6 +223,7 @@ struct fetcher_opts {
     bool                 mmap_advise;   /* io mmap: madvise(WILLNEED) each requested bundle (our
                                            routing's knowledge given to the page cache); off =
                                            plain page faults, as llama.cpp */
+    uint64_t staging_bytes; /* for the plan: device pools' staging (fetcher_devpool_local_open) */
 };
 
 /* Creates a fetcher for model `m` (parsed from `g`, both borrowed: they must outlive it): lays out
@@ -345,6 +346,88 @@ const void *fetcher_get_pool_base(const struct fetcher *f);
 uint64_t    fetcher_get_pool_bytes(const struct fetcher *f);
 
 /* ------------------------------------------------------------------------------------------ */
+/* A device expert pool of this process (fetcher/devpool.c)                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One process (sluice run -ngl N --vram-budget SIZE under --ram-budget) fills its device pool of
+ * experts as a fetcher daemon fills an executor's: the misses that its RAM pool does not hold are
+ * read from storage into FETCHER_DEVPOOL_STAGE_SLOTS pinned staging slots of the plan's slot size
+ * (fetcher_opts.staging_bytes counts them) and copied from there, on the pool's own thread and
+ * copy stream, the RAM pool keeping what it holds. The calls follow struct executor_dev_ops
+ * (executor.h), which the caller implements with them; any thread may make them. */
+#define FETCHER_DEVPOOL_STAGE_SLOTS 8u /* bundles in flight at once */
+
+struct fetcher_devpool; /* also a fetcher daemon's (fetcher/devpool.h) */
+
+struct fetcher_devpool_counts {
+    uint64_t opens;        /* pools made */
+    uint64_t refused;      /* OPENs refused (budget, no device, bad message) */
+    uint64_t pieces;       /* pieces of device memory made and handed over */
+    uint64_t copies;       /* DEV_COPYs queued */
+    uint64_t copied_bytes; /* their bytes */
+    uint64_t marks;        /* DEV_MARKs recorded */
+    uint64_t waits;        /* DEV_WAITs queued */
+    uint64_t bad;          /* device records refused (no pool, out of range, device error) */
+    uint64_t bytes;        /* the open pool's device memory mapped now */
+    uint64_t copy_busy_ns; /* the copy stream's time copying (this process's, all pools) */
+    uint64_t staged;       /* DEV_READs served: parts copied from staging */
+    uint64_t stage_reads;  /* bundles read from storage into staging */
+    uint64_t stage_bytes;  /* their bytes read */
+    uint64_t stage_hits;   /* DEV_READs of a bundle already in staging (no read) */
+    uint64_t stage_failed; /* bundles whose read or check failed */
+    bool     open;         /* a pool is open now */
+    bool     pinned;       /* the RAM pool is registered with the device as pinned memory */
+};
+
+/* What fetcher_devpool_local_open made. */
+struct fetcher_devpool_local {
+    uint8_t                    *base; /* reserved: bytes, mapped piece by piece (_piece) */
+    uint64_t                    bytes, gran;
+    struct common_devmem_event *kev;        /* the caller records it after its kernels (_after) */
+    char                        backend[8]; /* common_devmem_backend() */
+    bool                        stages;     /* _read may be used */
+};
+
+/* Staging bytes of one pool fed from storage, for fetcher_opts.staging_bytes. */
+uint64_t fetcher_devpool_staging_bytes(const struct common_model *m);
+
+/* Makes a pool of `bytes` (at most `budget`) on device dev with n_events events, copying from f's
+ * RAM pool (which the caller registers with the device itself) and, with stage, reading from f's
+ * storage into its own staging. 0, or a negative common_err with e (COMMON_EINVAL: f has no RAM
+ * pool; COMMON_ERANGE: over the budget; COMMON_EDEVICE). Freed by fetcher_devpool_stop, which
+ * waits for the copies queued. */
+int fetcher_devpool_local_open(struct fetcher *f, bool stage, int dev, uint64_t bytes,
+                               uint64_t budget, uint32_t n_events,
+                               struct fetcher_devpool_local *out, struct fetcher_devpool **pool,
+                               struct common_errmsg *e);
+/* Maps piece k (gran bytes at base + k * gran). 0 or a negative common_err. */
+int fetcher_devpool_local_piece(struct fetcher_devpool *d, uint32_t k, struct common_errmsg *e);
+/* Queues the copy of `bytes` from src (in a loan of f, held until a later mark is ready and its
+ * event done) to base + dst. 0, COMMON_EINVAL (src not in the RAM pool), COMMON_ENOMEM. */
+int fetcher_devpool_local_copy(struct fetcher_devpool *d, uint64_t dst, const void *src,
+                               uint64_t bytes);
+/* Queues the read of (layer, expert)'s bundle into staging (unless there already) and the copy
+ * of part `part` (`bytes`) from there to base + dst. 0, COMMON_EINVAL (a pool that does not
+ * stage), COMMON_ENOMEM; a read or copy that fails makes the next ready COMMON_EIO. */
+int fetcher_devpool_local_read(struct fetcher_devpool *d, uint32_t layer, uint32_t expert,
+                               enum common_expert_part part, uint64_t dst, uint64_t bytes);
+/* Event k is to be recorded after the copies queued so far. 0 or a negative common_err. */
+int fetcher_devpool_local_mark(struct fetcher_devpool *d, uint32_t k);
+/* Waits until event k's last mark is recorded: *ev is event k to wait for (NULL: no mark since
+ * the last ready). 0, or COMMON_EIO: the same, but a copy or read queued since the last look
+ * failed (its part is not there). */
+int fetcher_devpool_local_ready(struct fetcher_devpool *d, uint32_t k,
+                                struct common_devmem_event **ev);
+/* The copies queued next wait for kev (recorded by the caller just before). 0 or COMMON_ENOMEM. */
+int fetcher_devpool_local_after(struct fetcher_devpool *d);
+/* Nanoseconds the copy stream spent copying into the pool, as of the last mark. */
+uint64_t fetcher_devpool_local_copy_ns(struct fetcher_devpool *d);
+/* The pool's counters (a daemon's too). */
+void fetcher_devpool_counts(struct fetcher_devpool *d, struct fetcher_devpool_counts *out);
+/* Stops the pool (a daemon's: its socket too), its copies waited for. Accepts NULL. */
+void fetcher_devpool_stop(struct fetcher_devpool *d);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Storage limit probe (fetcher/probe.c)                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -410,6 +493,12 @@ enum fetcher_vram_fill {
                                    staging and copied from there; the RAM pool keeps its own */
 };
 extern const char *const fetcher_vram_fill_names[]; /* "auto", "ram", "storage", NULL */
+/* The --vram-fill option (target: an enum fetcher_vram_fill), with the caller's help line. */
+#define FETCHER_VRAM_FILL_OPT(tgt, help_)                                                          \
+    {                                                                                              \
+        .name = "vram-fill", .type = COMMON_OPT_CHOICE, .target = (tgt),                           \
+        .choices = fetcher_vram_fill_names, .help = (help_), .def = "auto"                         \
+    }
 
 struct fetcher_serve_opts {
     const char *model_path; /* borrowed: GGUF file (first split); required */

@@ -99,15 +99,12 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .help = "serve the executor a device expert pool of at most this much device memory "
                  "(e.g. 10G): fetcher 0 makes it, every fetcher copies its experts into it from "
                  "its RAM pool (the executor's --vram-budget sizes it)"},
-        {.name = "vram-fill",
-         .type = COMMON_OPT_CHOICE,
-         .target = &o->vram_fill,
-         .choices = fetcher_vram_fill_names,
-         .help = "where the device pool's misses come from: ram (read into the RAM pool, copied "
-                 "from there), storage (those not in the RAM pool read into pinned staging, the "
-                 "RAM pool left to what it holds), auto (storage when the RAM pool is no bigger "
-                 "than this fetcher's share of --vram-budget)",
-         .def = "auto"},
+        FETCHER_VRAM_FILL_OPT(&o->vram_fill,
+                              "where the device pool's misses come from: ram (read into the RAM "
+                              "pool, copied from there), storage (those not in the RAM pool read "
+                              "into pinned staging, the RAM pool left to what it holds), auto "
+                              "(storage when the RAM pool is no bigger than this fetcher's share "
+                              "of --vram-budget)"),
         {.name = "pool-slots",
          .type = COMMON_OPT_U32,
          .target = &o->n_slots,

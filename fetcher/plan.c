@@ -90,16 +90,19 @@ int fetcher_plan_compute(const struct common_model *m, const struct fetcher_plan
     p.pool_bytes = (uint64_t)p.n_slots * p.slot_bytes;
     *plan = p;
     if (p.n_slots < p.min_slots) {
-        char b[6][32];
+        char b[7][32], staging[80] = "";
+        if (p.staging_bytes)
+            snprintf(staging, sizeof(staging), " + device staging %s (--vram-fill)",
+                     common_format_size(p.staging_bytes, b[6], 32));
         return common_errmsg_set(
             e, COMMON_ERANGE,
             "ram budget %s is too small: the minimum is %s (%llu bytes) = resident %s + KV %s + "
-            "activations/io/base %s + %u expert slots of %s",
+            "activations/io/base %s%s + %u expert slots of %s",
             common_format_size(o->ram_budget, b[0], sizeof(b[0])),
             common_format_size(p.min_budget, b[1], sizeof(b[1])), (unsigned long long)p.min_budget,
             common_format_size(p.resident_bytes, b[2], 32),
             common_format_size(p.kv_bytes, b[3], 32),
-            common_format_size(p.act_bytes + p.io_bytes + p.base_bytes + p.staging_bytes, b[4], 32),
+            common_format_size(p.act_bytes + p.io_bytes + p.base_bytes, b[4], 32), staging,
             p.min_slots, common_format_size(p.slot_bytes, b[5], 32));
     }
     return COMMON_OK;

@@ -488,9 +488,8 @@ static int serve_plan_slots(struct fetcher_server *s, uint32_t device_layers, FI
     uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
     struct fetcher_plan      plan = {0};
     /* every fetcher's staging, when they stage */
-    const uint64_t stage_bytes = s->stages ? (uint64_t)s->n_shards * FETCHER_DEVPOOL_STAGE_SLOTS *
-                                                 fetcher_plan_slot_bytes(&s->m)
-                                           : 0;
+    const uint64_t stage_bytes =
+        s->stages ? (uint64_t)s->n_shards * fetcher_devpool_staging_bytes(&s->m) : 0;
     struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
                                    .kv_bytes = kv,
                                    .act_bytes = act,

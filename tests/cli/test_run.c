@@ -226,6 +226,114 @@ Test(cli_run, ngl_refused_by_the_model_keeps_its_kv_in_the_ram_plan, .timeout = 
     free(dir);
 }
 
+/* `sluice run ... ARGS -p hi -n 8 --temp 0` on the host backend: its stderr, exit status in *st. */
+static char *run_err(const char *model, const char *args, int *st)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "SLUICE_GPU_BACKEND=host %s run -m %s -p '" PROMPT "' -n 8 --temp 0 -t 2 %s 2>&1 "
+             ">/dev/null",
+             SLUICE, model, args);
+    return sh(cmd, st);
+}
+
+/* The N of "N parts read from storage through staging" in the pool's final line (-1: none). */
+static long staged_parts(const char *err)
+{
+    const char *at = strstr(err, " parts read from storage through staging");
+    if (!at)
+        return -1;
+    const char *p = at;
+    while (p > err && p[-1] >= '0' && p[-1] <= '9')
+        p--;
+    return p < at ? strtol(p, NULL, 10) : -1;
+}
+
+/* --vram-fill storage in one process: the device pool's misses that the RAM pool does not hold
+ * are read from storage into the fetcher's pinned staging and copied from there (on the pool's
+ * own thread), as a fetcher daemon does for its executor: the CPU's tokens, the staging in the
+ * plan, every miss's parts counted. auto stages when the RAM pool is no bigger than the device
+ * pool; ram never does. A corrupt bundle found by the staging is named to the user as through the
+ * RAM pool. */
+Test(cli_run, vram_fill_storage_reads_the_device_pools_misses_from_storage, .timeout = 240)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    char *cpu = greedy_ids(model, "-p '" PROMPT "'");
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    char *ram = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K --ram-budget 27M "
+                                  "--vram-fill ram");
+    char *storage = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K "
+                                      "--ram-budget 27M --vram-fill storage");
+    char *storage_cpu =
+        greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K "
+                          "--ram-budget 27M --vram-fill storage --expert-miss auto");
+    char *two = greedy_ids(model, "-p '" PROMPT "' -ngl 3 --vram-budget 324K --ram-budget 28M "
+                                  "--vram-fill storage");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_assert_str_eq(ram, cpu, "--vram-fill ram");
+    cr_assert_str_eq(storage, cpu, "--vram-fill storage");
+    cr_assert_str_eq(storage_cpu, cpu, "--vram-fill storage --expert-miss auto");
+    cr_assert_str_eq(two, cpu, "-ngl 3 --vram-fill storage");
+
+    int   st = 0;
+    char *err =
+        run_err(model, "-ngl 999 --vram-budget 324K --ram-budget 27M --vram-fill storage", &st);
+    cr_assert_eq(st, 0, "%s", err);
+    cr_assert(strstr(err, "  device staging    960.00 KiB") &&
+                  strstr(err, "read from storage through its staging or copied in") &&
+                  strstr(err, "(--vram-fill storage)"),
+              "no staging in the plan or the placement:\n%s", err);
+    /* 8 tokens with a 3-slot pool: nearly every pick a miss, its 3 parts staged */
+    const long n = staged_parts(err);
+    cr_assert_gt(n, 30, "too few parts staged:\n%s", err);
+    cr_assert_eq(n % 3, 0, "a miss's parts are gate, up and down:\n%s", err);
+    free(err);
+    err = run_err(model, "-ngl 999 --vram-budget 324K --ram-budget 27M --vram-fill ram", &st);
+    cr_assert(st == 0 && !strstr(err, "staging") && staged_parts(err) < 0, "%s", err);
+    free(err);
+    /* auto: a RAM pool of 6 slots (720 KiB) under a 2 MiB device pool stages; under 324 KiB not */
+    err = run_err(model, "-ngl 999 --vram-budget 2M --ram-budget 26M", &st);
+    cr_assert(st == 0 && strstr(err, "(--vram-fill auto)") && staged_parts(err) > 0, "%s", err);
+    free(err);
+    err = run_err(model, "-ngl 999 --vram-budget 324K --ram-budget 27M", &st);
+    cr_assert(st == 0 && staged_parts(err) < 0, "%s", err);
+    free(err);
+    /* a budget that cannot hold the staging says so in one line */
+    err = run_err(model, "-ngl 999 --vram-budget 2M --ram-budget 25.5M --vram-fill storage", &st);
+    cr_assert(st != 0 && strstr(err, "+ device staging 960.00 KiB (--vram-fill)") &&
+                  !strchr(strchr(err, '\n') ? strchr(err, '\n') + 1 : "", '\n'),
+              "%s", err);
+    free(err);
+
+    /* A QSF file whose layer-1 bundles fail their checksums. */
+    char *dir = fixture_tmpdir();
+    char  qsf[2048], cmd[4096];
+    snprintf(qsf, sizeof(qsf), "%s/model.qsf", dir);
+    snprintf(cmd, sizeof(cmd), "%s convert %s %s >/dev/null 2>&1", SLUICE, model, qsf);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "sluice convert failed");
+    cr_assert_gt(fixture_flip_bundles(qsf, 1), 0, "no bundle of layer 1 changed");
+    err = run_err(qsf, "-ngl 999 --vram-budget 324K --ram-budget 27M --vram-fill storage", &st);
+    cr_assert_neq(st, 0, "a corrupt expert gave no error:\n%s", err);
+    cr_assert(strstr(err, "staging read failed layer=1"), "the staging did not find it:\n%s", err);
+    const char *line = strstr(err, "sluice run: error: ");
+    cr_assert_not_null(line, "no error line:\n%s", err);
+    char one[1024];
+    snprintf(one, sizeof(one), "%.*s", (int)strcspn(line, "\n"), line);
+    cr_assert(strstr(one, "layer 1 expert") && strstr(one, "checksum") && strstr(one, qsf), "%s",
+              one);
+    cr_log_info("%s", one);
+    free(err);
+    fixture_rmtree(dir);
+    free(dir);
+    free(cpu);
+    free(ram);
+    free(storage);
+    free(storage_cpu);
+    free(two);
+    free(model);
+}
+
 /* -ngl puts layers on a CUDA device: the same greedy tokens as the CPU, and the placement said
  * once on stderr; where no device is usable (this build, no driver, no GPU), a one-line warning
  * and the CPU's tokens, as llama.cpp does. The host backend (SLUICE_GPU_BACKEND=host) runs the

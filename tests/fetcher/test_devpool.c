@@ -518,3 +518,110 @@ Test(fetcher_devpool, qsf_bundles_staged_are_checked_and_decoded)
 {
     check_staged_reads(true);
 }
+
+/* A pool of one process (fetcher_devpool_local_*, sluice run --vram-fill storage): reads from
+ * storage through staging and a copy of a loan from the RAM pool, queued from this thread, done
+ * on the pool's own in order, marked and waited for: every part equal to the fetcher's own load
+ * of it. A read the pool cannot do is told by the next ready; what it never can is refused. */
+Test(fetcher_devpool, a_pool_of_one_process_reads_and_copies_on_its_own_thread)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_0.gguf");
+    struct common_gguf  *g = NULL;
+    struct common_model  m;
+    struct fetcher      *f = NULL;
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(path, NULL, &g, NULL), COMMON_OK);
+    cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
+    cr_assert_eq(fetcher_create(g, &m, &(struct fetcher_opts){.n_slots = 2}, &f, &e), COMMON_OK,
+                 "%s", e.text);
+    enum { N_X = 10, L = 2 }; /* more bundles than staging slots */
+    uint64_t size[N_X + 1][COMMON_EXPERT_PART_COUNT], at[N_X + 1][COMMON_EXPERT_PART_COUNT];
+    uint64_t total = 0;
+    for (uint32_t x = 0; x <= N_X; x++) /* the last one copied from the RAM pool */
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+            struct common_span s;
+            cr_assert_eq(common_model_expert_span(&m, L, x % 8u, (enum common_expert_part)p, &s),
+                         COMMON_OK);
+            size[x][p] = s.size;
+            at[x][p] = total;
+            total += s.size;
+        }
+    struct fetcher_devpool      *d = NULL;
+    struct fetcher_devpool_local l;
+    cr_assert_eq(fetcher_devpool_local_open(f, true, 0, total, total - 1, 2, &l, &d, &e),
+                 COMMON_ERANGE, "over its budget");
+    cr_assert(strstr(e.text, "--vram-budget"), "%s", e.text);
+    cr_assert_eq(fetcher_devpool_local_open(f, true, 0, total, 32u << 20, 2, &l, &d, &e), COMMON_OK,
+                 "%s", e.text);
+    cr_assert(l.stages && l.bytes >= total && l.gran && l.kev && !strcmp(l.backend, "HOST"));
+    for (uint32_t k = 0; k < l.bytes / l.gran; k++)
+        cr_assert_eq(fetcher_devpool_local_piece(d, k, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(fetcher_devpool_local_piece(d, (uint32_t)(l.bytes / l.gran), &e), COMMON_EINVAL);
+    cr_assert_eq(fetcher_devpool_local_after(d), COMMON_OK);
+    for (int phase = 0; phase < 2; phase++) { /* gate and up, then down */
+        for (uint32_t x = 0; x < N_X; x++)
+            for (uint32_t p = phase ? 2 : 0; p < (phase ? 3u : 2u); p++)
+                cr_assert_eq(fetcher_devpool_local_read(d, L, x % 8u, (enum common_expert_part)p,
+                                                        at[x][p], size[x][p]),
+                             COMMON_OK);
+        cr_assert_eq(fetcher_devpool_local_mark(d, (uint32_t)phase), COMMON_OK);
+    }
+    const void *loans[COMMON_EXPERT_PART_COUNT];
+    uint32_t    ln[COMMON_EXPERT_PART_COUNT];
+    for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+        cr_assert_eq(fetcher_acquire(f, L, N_X % 8u, (enum common_expert_part)p, &loans[p], &ln[p]),
+                     COMMON_OK);
+        cr_assert_eq(fetcher_devpool_local_copy(d, at[N_X][p], loans[p], size[N_X][p]), COMMON_OK);
+    }
+    uint8_t outside[64];
+    cr_assert_eq(fetcher_devpool_local_copy(d, 0, outside, sizeof(outside)), COMMON_EINVAL,
+                 "a copy from outside the RAM pool");
+    cr_assert_eq(fetcher_devpool_local_mark(d, 1), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_local_mark(d, 2), COMMON_EINVAL, "no event 2");
+    for (uint32_t k = 0; k < 2; k++) {
+        struct common_devmem_event *ev = NULL;
+        cr_assert_eq(fetcher_devpool_local_ready(d, k, &ev), COMMON_OK, "event %u", k);
+        cr_assert_not_null(ev);
+        cr_assert_eq(common_devmem_event_sync(ev, &e), COMMON_OK, "%s", e.text);
+        cr_assert_eq(fetcher_devpool_local_ready(d, k, &ev), COMMON_OK);
+        cr_assert_null(ev, "no mark since: nothing to wait for");
+    }
+    for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++)
+        fetcher_release(f, ln[p]);
+    for (uint32_t x = 0; x <= N_X; x++)
+        for (uint32_t p = 0; p < COMMON_EXPERT_PART_COUNT; p++) {
+            const void *ref = NULL;
+            uint32_t    loan = 0;
+            cr_assert_eq(fetcher_acquire(f, L, x % 8u, (enum common_expert_part)p, &ref, &loan),
+                         COMMON_OK);
+            cr_expect_eq(memcmp(l.base + at[x][p], ref, size[x][p]), 0, "expert %u part %u", x, p);
+            fetcher_release(f, loan);
+        }
+    /* A read of the wrong size is queued but fails: the next ready says so, once. */
+    struct common_devmem_event *ev = NULL;
+    cr_assert_eq(fetcher_devpool_local_read(d, L, 0, COMMON_EXPERT_GATE, 0, 64), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_local_mark(d, 0), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_local_ready(d, 0, &ev), COMMON_EIO);
+    cr_assert_eq(fetcher_devpool_local_read(d, L, 0, COMMON_EXPERT_GATE, 0, size[0][0]), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_local_mark(d, 0), COMMON_OK);
+    cr_assert_eq(fetcher_devpool_local_ready(d, 0, &ev), COMMON_OK);
+    struct fetcher_devpool_counts k;
+    fetcher_devpool_counts(d, &k);
+    cr_expect_eq(k.staged, 3 * N_X + 1);
+    cr_expect_eq(k.copies, COMMON_EXPERT_PART_COUNT);
+    cr_expect_geq(k.stage_reads, FETCHER_DEVPOOL_STAGE_SLOTS, "every slot used");
+    cr_expect_eq(k.stage_failed, 0);
+    cr_expect_eq(k.bad, 1, "the read of the wrong size");
+    fetcher_devpool_stop(d);
+    /* A pool that does not stage refuses reads. */
+    cr_assert_eq(fetcher_devpool_local_open(f, false, 0, total, 32u << 20, 2, &l, &d, &e),
+                 COMMON_OK, "%s", e.text);
+    cr_assert(!l.stages);
+    cr_assert_eq(fetcher_devpool_local_read(d, L, 0, COMMON_EXPERT_GATE, 0, size[0][0]),
+                 COMMON_EINVAL);
+    fetcher_devpool_stop(d);
+    fetcher_destroy(f);
+    common_model_fini(&m);
+    common_gguf_close(g);
+    free(path);
+}

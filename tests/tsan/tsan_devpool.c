@@ -2,9 +2,12 @@
  * threads at once, as a plain program for ThreadSanitizer: an executor thread opens pools, asks
  * for pieces and closes them, round after round, while a link-reader thread fires copy, mark,
  * wait and (a pool that stages, over moe-tiny's fetcher) read records at it and a third reads its
- * counters. */
+ * counters. Then a pool of one process (fetcher_devpool_local_*) over the same fetcher: a thread
+ * queues copies, reads and marks and waits for them, round after round, while the pool's worker
+ * does them and another thread maps pieces and reads its copy time and counters. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +28,7 @@ static char         g_path[256];
 static _Atomic bool g_done;
 static uint32_t     g_part_bytes[8]; /* gate of layer 1, expert x (0: no fixture, no reads) */
 static struct fetcher_devpool *g_dev;
+static struct fetcher         *g_f; /* moe-tiny's, NULL without the fixture */
 
 /* Reads are served only while a pool is open: the last round keeps its pool open until one has
  * been (on a busy machine the reader may otherwise never meet an open pool). The deadline only
@@ -128,6 +132,75 @@ static void *counter_run(void *arg)
     return NULL;
 }
 
+#define LOCAL_ROUNDS 40
+
+static _Atomic bool g_local_done;
+
+static void *local_exec(void *arg)
+{
+    struct fetcher_devpool *d = arg;
+    const uint8_t          *pool = fetcher_get_pool_base(g_f);
+    int                     bad = 0;
+    for (int r = 0; r < LOCAL_ROUNDS; r++) {
+        bad += fetcher_devpool_local_after(d) != COMMON_OK;
+        bad += fetcher_devpool_local_copy(d, 500, pool + 64, 1000) != COMMON_OK;
+        for (uint32_t x = 0; x < 8; x++)
+            bad += fetcher_devpool_local_read(d, 1, (x + (uint32_t)r) % 8, COMMON_EXPERT_GATE,
+                                              (uint64_t)x << 16 >> 2,
+                                              g_part_bytes[(x + (uint32_t)r) % 8]) != COMMON_OK;
+        bad += fetcher_devpool_local_mark(d, (uint32_t)r % 2) != COMMON_OK;
+        struct common_devmem_event *ev = NULL;
+        bad += fetcher_devpool_local_ready(d, (uint32_t)r % 2, &ev) != COMMON_OK || !ev;
+        bad += ev && common_devmem_event_sync(ev, NULL) != COMMON_OK;
+    }
+    atomic_store(&g_local_done, true);
+    return (void *)(intptr_t)bad;
+}
+
+static void *local_side(void *arg)
+{
+    struct fetcher_devpool *d = arg;
+    uint64_t                ns = 0;
+    for (uint32_t k = 0; !atomic_load(&g_local_done); k++) {
+        (void)fetcher_devpool_local_piece(d, k % 4, NULL);
+        ns += fetcher_devpool_local_copy_ns(d);
+        struct fetcher_devpool_counts c;
+        fetcher_devpool_counts(d, &c);
+        usleep(100);
+    }
+    return (void *)(uintptr_t)(ns & 1);
+}
+
+/* The local pool's part: every round's reads and copies done and marked, no failure. */
+static void local_pool(void)
+{
+    struct fetcher_devpool      *d = NULL;
+    struct fetcher_devpool_local l;
+    struct common_errmsg         e = {{0}};
+    CHECK(fetcher_devpool_local_open(g_f, true, 0, 4u << 16, 1u << 20, 2, &l, &d, &e) == COMMON_OK,
+          "local open: %s", e.text);
+    if (!d)
+        return;
+    CHECK(l.stages && l.bytes >= 4u << 16 && l.kev, "what the local pool made");
+    for (uint32_t k = 0; k < 4; k++) /* (the side thread asks for them again: no-ops) */
+        CHECK(fetcher_devpool_local_piece(d, k, &e) == COMMON_OK, "piece %u: %s", k, e.text);
+    pthread_t tx, ts;
+    void     *bad = NULL;
+    CHECK(pthread_create(&tx, NULL, local_exec, d) == 0, "local executor thread");
+    CHECK(pthread_create(&ts, NULL, local_side, d) == 0, "local side thread");
+    pthread_join(tx, &bad);
+    pthread_join(ts, NULL);
+    struct fetcher_devpool_counts c;
+    fetcher_devpool_counts(d, &c);
+    CHECK(bad == NULL, "%d local calls failed", (int)(intptr_t)bad);
+    CHECK(c.staged == 8 * LOCAL_ROUNDS && c.copies == LOCAL_ROUNDS && c.stage_reads > 0 &&
+              c.stage_failed == 0 && c.bad == 0,
+          "local pool: %llu staged, %llu copies, %llu reads, %llu bad",
+          (unsigned long long)c.staged, (unsigned long long)c.copies,
+          (unsigned long long)c.stage_reads, (unsigned long long)c.bad);
+    fetcher_devpool_stop(d);
+}
+
 int main(void)
 {
     setenv("SLUICE_GPU_BACKEND", "host", 1);
@@ -177,6 +250,9 @@ int main(void)
     CHECK(c.pieces == 4 * ROUNDS, "%llu pieces", (unsigned long long)c.pieces);
     CHECK(!f || c.stage_reads > 0, "no bundle read from storage");
     fetcher_devpool_stop(d);
+    g_f = f;
+    if (f)
+        local_pool();
     if (f) {
         fetcher_destroy(f);
         common_model_fini(&m);
