@@ -28,8 +28,9 @@
 #                                                                       [5 10 25 50 75]
 #   DAEMONS  1: also through the daemons (sluicectl up, the fetchers' device pool), --expert-miss
 #            copy; 0: not                                               [1]
-#   FILLS    --vram-fill modes of the daemons' runs (where the pool's misses come from: the
-#            RAM pool, or storage through the fetcher's pinned staging)  [ram storage]
+#   FILLS    --vram-fill modes of runs of their own, in one process and through the daemons
+#            (where the pool's misses come from: the RAM pool, or storage through the fetcher's
+#            pinned staging; the main runs take auto)                  [ram storage]
 #   PEER     llama-bench built with CUDA; empty = sluice alone          []
 #   SLACK    cgroup cap above the RAM budget (as root)                  [256M]
 #   OUT      results directory                          [/tmp/sluice-bench/vram-<date>]
@@ -98,12 +99,15 @@ run() { # run LOG CMD...
 # field LOG LINE KEY: KEY=value of the first line of LOG starting with LINE.
 field() { grep -m1 "^$2" "$1" | grep -o "$3=[^ ]*" | head -1 | cut -d= -f2; }
 
-# sluice_run MODE VRAM_BYTES LOG: one bench run; appends its CSV row.
+# sluice_run MODE VRAM_BYTES LOG [FILL]: one bench run (--vram-fill FILL, default auto);
+# appends its CSV row.
 sluice_run() {
-    local mode=$1 vb=$2 log=$3
+    local mode=$1 vb=$2 log=$3 fill=${4:-auto}
     # shellcheck disable=SC2086
     run "$log" "$SLUICE" bench -m "$MODEL" -p "$P" -n "$N" -r 1 $T -ngl 999 \
-        --vram-budget "$vb" --ram-budget "$RAM_BYTES" --expert-miss "$mode" || return 0
+        --vram-budget "$vb" --ram-budget "$RAM_BYTES" --expert-miss "$mode" --vram-fill "$fill" ||
+        return 0
+    [ "$fill" = auto ] || mode="$mode fill-$fill"
     local tg pp rv
     pp=$(field "$log" "result:" pp_tok_s)
     tg=$(field "$log" "result:" tg_tok_s)
@@ -117,6 +121,10 @@ echo "== model $MODEL: $MODEL_BYTES bytes, routed experts $EXPERT_BYTES; --vram-
 for mode in $MODES; do
     echo "== sluice, --expert-miss $mode"
     sluice_run "$mode" "$VB" "$OUT/sluice-$mode.log"
+done
+for fill in $FILLS; do # in one process, the misses through the RAM pool or staging
+    echo "== sluice, --expert-miss copy --vram-fill $fill"
+    sluice_run copy "$VB" "$OUT/sluice-copy-$fill.log" "$fill"
 done
 
 if [ "$DAEMONS" = 1 ]; then

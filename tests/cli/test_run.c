@@ -259,6 +259,11 @@ Test(cli_run, vram_fill_storage_reads_the_device_pools_misses_from_storage, .tim
 {
     FIXTURE_OR_SKIP(model, MODEL);
     char *cpu = greedy_ids(model, "-p '" PROMPT "'");
+    /* the default backend: CUDA's where there is a device (the GPU bundle), else the CPU's */
+    char *dflt = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K "
+                                   "--ram-budget 27M --vram-fill storage");
+    cr_assert_str_eq(dflt, cpu, "--vram-fill storage on the default backend");
+    free(dflt);
     cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     char *ram = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K --ram-budget 27M "
                                   "--vram-fill ram");
@@ -269,7 +274,14 @@ Test(cli_run, vram_fill_storage_reads_the_device_pools_misses_from_storage, .tim
                           "--ram-budget 27M --vram-fill storage --expert-miss auto");
     char *two = greedy_ids(model, "-p '" PROMPT "' -ngl 3 --vram-budget 324K --ram-budget 28M "
                                   "--vram-fill storage");
+    /* two devices: a pool each, each with its own staging */
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    char *devs = greedy_ids(model, "-p '" PROMPT "' -ngl 999 --vram-budget 324K "
+                                   "--ram-budget 28M --vram-fill storage");
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
     cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_assert_str_eq(devs, cpu, "two devices, --vram-fill storage");
+    free(devs);
     cr_assert_str_eq(ram, cpu, "--vram-fill ram");
     cr_assert_str_eq(storage, cpu, "--vram-fill storage");
     cr_assert_str_eq(storage_cpu, cpu, "--vram-fill storage --expert-miss auto");
