@@ -255,8 +255,9 @@ struct executor_weights_opts {
 
 /* A device expert pool that the fetchers make and fill (DESIGN section 8; proto.h: the fetcher's
  * device pool), for a device's pool of experts (executor/gpu.c): one per device, each filled by
- * the fetchers whose shards hold experts of that device's layers (a fetcher serves one pool; one
- * fetcher per GPU where the fetchers shard by layer as the devices do). Its memory is the first
+ * the fetchers whose shards hold experts of that device's layers (a fetcher serves as many pools
+ * as its --device-pools, each on its own socket; one fetcher per GPU where the fetchers shard by
+ * layer as the devices do). Its memory is the first
  * of those fetchers', mapped here and in the others; each fetcher copies the experts of its shard
  * into it from its RAM pool on its own copy stream; the fetchers' events (recorded by mark) say
  * when copies are done, and this process's kernels event (kev, recorded after the kernels) lets
@@ -278,7 +279,7 @@ struct executor_dev_ops {
     /* Asks the fetchers of the experts of layers first_layer .. first_layer + n_layers - 1 for a
      * pool of `bytes` with n_events events on device dev; *pool: the argument of the calls below.
      * 0, or a negative common_err with the reason (COMMON_ENOTSUP: none to be had, as when one
-     * of those fetchers serves another pool; the caller makes its own pool). */
+     * of those fetchers serves as many other pools as it can; the caller makes its own pool). */
     int (*open)(void *arg, int dev, uint32_t first_layer, uint32_t n_layers, size_t bytes,
                 uint32_t n_events, struct executor_dev_pool *out, void **pool,
                 struct common_errmsg *e);

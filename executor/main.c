@@ -128,9 +128,10 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
         {.name = "probe-device",
          .type = COMMON_OPT_SWITCH,
          .target = &c->probe_device,
-         .help = "print how many layers -ngl puts on the device for this model (0 when no device "
-                 "is usable or the device path does not take the model) and exit: sluicectl up "
-                 "plans the fetchers' memory without those layers' KV"},
+         .help = "print how many layers -ngl puts on the devices for this model (0 when no "
+                 "device is usable or the device path does not take the model) and over how many "
+                 "devices, and exit: sluicectl up plans the fetchers' memory without those "
+                 "layers' KV, and their device pools"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -287,13 +288,14 @@ static int main_run(const struct main_config *c)
     return 0;
 }
 
-/* --probe-device: the layers -ngl puts on the device (their KV lives there), as
- * executor_serve_start will place them, on stdout. The model is mapped, not read. A device error
- * at start or later still moves them to the CPU, with their KV in RAM: the fetchers, told so
- * (DEVICE_LAYERS), shrink pools planned from this count. */
+/* --probe-device: the layers -ngl puts on the devices (their KV lives there), as
+ * executor_serve_start will place them, and the devices they are split over, on stdout ("4 2").
+ * The model is mapped, not read. A device error at start or later still moves them to the CPU,
+ * with their KV in RAM: the fetchers, told so (DEVICE_LAYERS), shrink pools planned from this
+ * count. */
 static int main_probe(const struct main_config *c)
 {
-    uint32_t n = 0;
+    uint32_t n = 0, n_dev = 0;
     if (c->n_gpu_layers > 0 && executor_gpu_usable(NULL, &c->devices, 0, NULL, 0)) {
         struct executor_model *m = NULL;
         struct common_errmsg   e = {{0}};
@@ -305,8 +307,11 @@ static int main_probe(const struct main_config *c)
         if (executor_gpu_usable(m, &c->devices, c->n_cpu_moe, NULL, 0))
             n = (uint32_t)c->n_gpu_layers < n_layer ? (uint32_t)c->n_gpu_layers : n_layer;
         executor_model_destroy(m);
+        int32_t   ids[EXECUTOR_MAX_DEVICES];
+        const int k = c->devices.single ? 1 : executor_devices_resolve(&c->devices, ids, NULL, 0);
+        n_dev = n && k > 0 ? (uint32_t)(k < (int)n ? k : (int)n) : 0;
     }
-    printf("%u\n", n);
+    printf("%u %u\n", n, n_dev);
     return 0;
 }
 

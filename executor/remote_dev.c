@@ -51,6 +51,9 @@ struct remote_dev {
     uint64_t                     busy; /* the fetchers' copy time, as last seen */
     uint32_t                     lead; /* the member whose memory the pool is */
     bool                         in[EXECUTOR_DEV_MAX_FETCHERS]; /* the members */
+    /* each member's pool k (its socket k, the records' prio): a fetcher serves the pools of
+     * several devices with --device-pools */
+    uint32_t                     pidx[EXECUTOR_DEV_MAX_FETCHERS];
     uint32_t                     n_f;
     struct dev_fetcher           f[]; /* one per link (only the members' are used) */
 };
@@ -121,11 +124,16 @@ static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uin
 {
     struct dev_fetcher *f = &d->f[i];
     char                path[PROTO_MAX_PATH];
-    if (snprintf(path, sizeof(path), "%s/fetcher-%u.dev", r->run_dir, i) >= (int)sizeof(path))
+    if (proto_devpool_path(path, sizeof(path), r->run_dir, i, d->pidx[i]) != COMMON_OK)
         return common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
     int rc = common_unix_connect(path, &f->sock);
     if (rc != COMMON_OK) {
         f->sock = -1;
+        if (d->pidx[i])
+            return common_errmsg_set(e, COMMON_ENOTSUP,
+                                     "fetcher %u serves the pools of %u other devices, no more "
+                                     "(--device-pools; %s: %s)",
+                                     i, d->pidx[i], path, common_strerror(rc));
         return common_errmsg_set(e, COMMON_ENOTSUP, "fetcher %u serves no device pool (%s: %s)", i,
                                  path, common_strerror(rc));
     }
@@ -227,19 +235,22 @@ static int dev_open(void *arg, int dev, uint32_t first_layer, uint32_t n_layers,
         slot++;
     if (slot == EXECUTOR_DEV_MAX_FETCHERS)
         return common_errmsg_set(e, COMMON_ENOTSUP, "every fetcher serves a device pool");
-    /* Its members: the fetchers holding experts of these layers, none serving another pool. */
+    /* Its members: the fetchers holding experts of these layers, each through its first pool
+     * (socket) no other device's pool uses. */
     const uint32_t l1 = first_layer + n_layers;
     bool           in[EXECUTOR_DEV_MAX_FETCHERS] = {false};
-    uint32_t       n_in = 0, lead = 0;
+    uint32_t       n_in = 0, lead = 0, pidx[EXECUTOR_DEV_MAX_FETCHERS] = {0};
     for (uint32_t i = 0; i < r->n_links; i++) {
         if (!dev_shard_meets(r, i, first_layer, l1))
             continue;
-        for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_FETCHERS; k++)
-            if (r->devs[k] && r->devs[k]->in[i])
-                return common_errmsg_set(e, COMMON_ENOTSUP,
-                                         "fetcher %u serves the pool of device %d (layers %u..%u "
-                                         "share its experts)",
-                                         i, r->devs[k]->dev, first_layer, l1 - 1);
+        for (bool used = true; used && pidx[i] < PROTO_DEVPOOL_MAX_POOLS; pidx[i] += used) {
+            used = false;
+            for (uint32_t k = 0; k < EXECUTOR_DEV_MAX_FETCHERS; k++)
+                used = used || (r->devs[k] && r->devs[k]->in[i] && r->devs[k]->pidx[i] == pidx[i]);
+        }
+        if (pidx[i] == PROTO_DEVPOOL_MAX_POOLS)
+            return common_errmsg_set(e, COMMON_ENOTSUP, "fetcher %u serves %u device pools already",
+                                     i, PROTO_DEVPOOL_MAX_POOLS);
         lead = n_in++ ? lead : i;
         in[i] = true;
     }
@@ -262,6 +273,7 @@ static int dev_open(void *arg, int dev, uint32_t first_layer, uint32_t n_layers,
     d->asked = bytes;
     d->lead = lead;
     memcpy(d->in, in, sizeof(in));
+    memcpy(d->pidx, pidx, sizeof(pidx));
     for (uint32_t i = 0; i < d->n_f; i++)
         d->f[i].sock = -1;
     rc = common_devmem_event_create(&d->p.kev, e);
@@ -417,9 +429,11 @@ static int dev_push(struct executor_remote *r, struct remote_dev *d, uint32_t i,
     struct remote_link *L = &r->links[i];
     if (atomic_load(&d->gone))
         return COMMON_ECLOSED;
+    struct proto_fetch_req rk = *rec;
+    rk.prio = d->pidx[i]; /* the fetcher's pool */
     pthread_mutex_lock(&L->push_mu);
     const bool same = dev_same(r, d, i);
-    int        rc = same ? executor_remote_push(L, rec, true) : COMMON_ECLOSED;
+    int        rc = same ? executor_remote_push(L, &rk, true) : COMMON_ECLOSED;
     pthread_mutex_unlock(&L->push_mu);
     if (rc != COMMON_OK) {
         dev_gone(d, i, same ? common_strerror(rc) : "it restarted");
@@ -455,8 +469,13 @@ static int dev_copy(void *arg, size_t dst, const void *src, size_t bytes)
             }
         pthread_mutex_unlock(&L->mu);
     }
-    if (owner == UINT32_MAX) {
-        dev_gone(d, d->lead, "an expert outside the members' pools");
+    if (owner == UINT32_MAX) { /* (a member that restarted maps its pool anew) */
+        uint32_t gone = UINT32_MAX;
+        for (uint32_t i = 0; i < d->n_f && gone == UINT32_MAX; i++)
+            if (d->in[i] && !dev_same(r, d, i))
+                gone = i;
+        dev_gone(d, gone == UINT32_MAX ? d->lead : gone,
+                 gone == UINT32_MAX ? "an expert outside the members' pools" : "it restarted");
         return COMMON_ECLOSED;
     }
     const struct proto_fetch_req rec = {

@@ -96,6 +96,8 @@ struct fetcher_devpool {
      * order on `worker`, as a fetcher's link thread does a ring's, and the caller's marks and
      * waits go through the control page as an executor's do. */
     bool                    local;
+    struct fetcher_devpool_pin *pin;    /* borrowed: the RAM pool's registration, shared */
+    bool                        select; /* each record selects the device first */
     pthread_t               worker;
     bool                    worker_started;
     pthread_mutex_t         qmu; /* everything below */
@@ -190,7 +192,16 @@ static int devpool_make_locked(struct fetcher_devpool *d, int dev, uint64_t byte
         d->dev = dev;
     if (rc == 0 && !d->local && !d->pinned) { /* the copies' source as pinned memory: DMA */
         struct common_errmsg pe = {{0}};
-        d->pinned = common_devmem_host_register(d->ram, d->ram_bytes, &pe) == 0;
+        if (d->pin)
+            pthread_mutex_lock(&d->pin->mu);
+        if (d->pin && d->pin->pinned)
+            d->pinned = true; /* by another pool of this fetcher */
+        else
+            d->pinned = common_devmem_host_register(d->ram, d->ram_bytes, &pe) == 0;
+        if (d->pin) {
+            d->pin->pinned = d->pinned;
+            pthread_mutex_unlock(&d->pin->mu);
+        }
         if (!d->pinned)
             COMMON_LOG_WARN("fetcher.devpool",
                             "pinning the RAM pool for the device failed (%s): its copies read "
@@ -702,6 +713,8 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
 {
     int rc = COMMON_EINVAL;
     pthread_mutex_lock(&d->mu);
+    if (d->select && d->open) /* the link's thread serves the pools of several devices */
+        (void)common_devmem_open(d->dev, NULL);
     /* every other record comes after the reads gathered before it */
     if (d->open && r->op != PROTO_FETCH_DEV_READ && d->n_defer && devpool_flush_locked(d) != 0)
         r = NULL;
@@ -816,6 +829,8 @@ static int devpool_new(const struct fetcher_devpool_opts *o, bool local,
     d->dev = -1;
     d->listen_fd = -1;
     d->local = local;
+    d->pin = o->pin;
+    d->select = o->select;
     atomic_init(&d->stop, false);
     if (pthread_mutex_init(&d->mu, NULL) != 0) {
         free(d->path);
@@ -877,7 +892,7 @@ void fetcher_devpool_stop(struct fetcher_devpool *d)
     }
     pthread_mutex_lock(&d->mu);
     devpool_drop_locked(d); /* its copies done */
-    if (d->pinned)
+    if (d->pinned && !d->pin)
         common_devmem_host_unregister(d->ram);
     if (d->stage_pinned)
         common_devmem_host_unregister(d->stage);
@@ -1116,4 +1131,13 @@ int fetcher_devpool_local_after(struct fetcher_devpool *d)
 uint64_t fetcher_devpool_local_copy_ns(struct fetcher_devpool *d)
 {
     return atomic_load_explicit(d->ctl_busy, memory_order_relaxed);
+}
+
+void fetcher_devpool_unpin(struct fetcher_devpool_pin *p, const void *ram)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->pinned)
+        common_devmem_host_unregister(ram);
+    p->pinned = false;
+    pthread_mutex_unlock(&p->mu);
 }

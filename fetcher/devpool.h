@@ -2,6 +2,7 @@
 #ifndef FETCHER_DEVPOOL_H
 #define FETCHER_DEVPOOL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -14,6 +15,15 @@
  * and events with common_devmem when an executor asks, hands their handles over, and runs the
  * copies, marks and waits the executor's ring records ask for on its own copy stream, from its
  * RAM pool. One executor at a time; its pool ends when its connection closes. */
+/* The RAM pool's registration with the device, shared by the pools of one fetcher
+ * (--device-pools): the first pool opened registers it (portably: for every device), and the
+ * fetcher unregisters it (fetcher_devpool_unpin) once every pool has stopped. */
+struct fetcher_devpool_pin {
+    pthread_mutex_t mu;
+    bool            pinned;
+};
+void fetcher_devpool_unpin(struct fetcher_devpool_pin *p, const void *ram);
+
 struct fetcher_devpool_opts {
     const char    *path;      /* the socket to listen on */
     uint64_t       budget;    /* the most device memory a pool may reserve */
@@ -23,6 +33,10 @@ struct fetcher_devpool_opts {
      * FETCHER_DEVPOOL_STAGE_SLOTS pinned staging slots of its plan's slot size (the pool then
      * stages: PROTO_DEVPOOL_STAGES). Must outlive the pool. */
     struct fetcher *stage_from;
+    /* Borrowed, or NULL (the pool registers and unregisters the RAM pool itself): shared with
+     * the fetcher's other pools. */
+    struct fetcher_devpool_pin *pin;
+    bool select; /* one of several pools: each record first selects the pool's device */
 };
 
 /* Listens on o->path for an executor. Returns 0 or a negative common_err (e says what). */

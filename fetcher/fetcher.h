@@ -534,6 +534,8 @@ struct fetcher_serve_opts {
     uint64_t vram_budget; /* > 0: serve a device expert pool of at most this many bytes to the
                              executor (RUN_DIR/fetcher-I.dev; fetcher/devpool.h) */
     enum fetcher_vram_fill vram_fill; /* how the device pool's misses arrive; 0 = auto */
+    uint32_t device_pools; /* device pools served at once, one per executor device (sockets
+                              proto_devpool_path k), each up to vram_budget; 0 = 1 */
 };
 
 /* A running fetcher service. Opaque. */

@@ -105,6 +105,16 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
                               "into pinned staging, the RAM pool left to what it holds), auto "
                               "(storage when the RAM pool is no bigger than this fetcher's share "
                               "of --vram-budget)"),
+        {.name = "device-pools",
+         .type = COMMON_OPT_U32,
+         .target = &o->device_pools,
+         .min = 1,
+         .max = PROTO_DEVPOOL_MAX_POOLS,
+         .metavar = "N",
+         .help = "with --vram-budget, serve the device pools of N of the executor's devices at "
+                 "once, each up to --vram-budget with its own staging (sluicectl up gives the "
+                 "executor's device count)",
+         .def = "1"},
         {.name = "pool-slots",
          .type = COMMON_OPT_U32,
          .target = &o->n_slots,

@@ -48,7 +48,10 @@ struct fetcher_server {
     char           name[PROTO_MAX_NAME]; /* "fetcher-I" */
     char           pool_path[SERVE_PATH_MAX]; /* RUN_DIR/fetcher-I.pool */
     char           dev_path[SERVE_PATH_MAX];  /* RUN_DIR/fetcher-I.dev (--vram-budget) */
-    struct fetcher_devpool     *devpool;      /* owned: NULL without --vram-budget */
+    /* owned, with --vram-budget: pool k on proto_devpool_path's socket k (--device-pools) */
+    struct fetcher_devpool     *devpool[PROTO_DEVPOOL_MAX_POOLS];
+    uint32_t                    n_devpools;
+    struct fetcher_devpool_pin  pin;          /* the RAM pool's registration, shared by them */
     struct proto_service       *svc;          /* owned: control socket, pid file */
     int                         pool_listen;  /* owned: -1 when not listening */
     pthread_t                   pool_thread;  /* hands the pool fd */
@@ -200,11 +203,18 @@ static int serve_path(char *buf, size_t len, const char *dir, const char *name, 
     return n > 0 && (size_t)n < len ? COMMON_OK : COMMON_EINVAL;
 }
 
-/* A device record of the link's ring: the device pool's, counted as bad without one. */
+/* The device pools a fetcher serves (--device-pools). */
+static uint64_t serve_device_pools(const struct fetcher_serve_opts *o)
+{
+    return o->device_pools ? o->device_pools : 1;
+}
+
+/* A device record of the link's ring: its device pool's, counted as bad without one. */
 static void serve_dev_record(void *arg, const struct proto_fetch_req *r)
 {
     struct fetcher_server *s = arg;
-    if (!s->devpool || fetcher_devpool_record(s->devpool, r) != COMMON_OK) {
+    struct fetcher_devpool *d = r->prio < s->n_devpools ? s->devpool[r->prio] : NULL;
+    if (!d || fetcher_devpool_record(d, r) != COMMON_OK) {
         pthread_mutex_lock(&s->mu);
         s->c.bad_records++;
         pthread_mutex_unlock(&s->mu);
@@ -294,10 +304,32 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
     proto_stats_add(st, "serve.links_dropped", (double)c.links_dropped);
     proto_stats_add(st, "serve.link_pins", (double)c.link_pins);
     proto_stats_add(st, "serve.pool_fds_sent", (double)c.pool_fds_sent);
-    if (s->devpool) {
-        struct fetcher_devpool_counts dc;
-        fetcher_devpool_counts(s->devpool, &dc);
-        proto_stats_add(st, "devpool.open", dc.open);
+    if (s->n_devpools) { /* the sums over the pools */
+        struct fetcher_devpool_counts dc = {0};
+        uint32_t                      open = 0;
+        for (uint32_t k = 0; k < s->n_devpools; k++) {
+            struct fetcher_devpool_counts q;
+            fetcher_devpool_counts(s->devpool[k], &q);
+            open += q.open;
+            dc.pinned = dc.pinned || q.pinned;
+            dc.opens += q.opens;
+            dc.refused += q.refused;
+            dc.bytes += q.bytes;
+            dc.pieces += q.pieces;
+            dc.copies += q.copies;
+            dc.copied_bytes += q.copied_bytes;
+            dc.marks += q.marks;
+            dc.waits += q.waits;
+            dc.bad += q.bad;
+            dc.copy_busy_ns = q.copy_busy_ns; /* the process's */
+            dc.staged += q.staged;
+            dc.stage_reads += q.stage_reads;
+            dc.stage_bytes += q.stage_bytes;
+            dc.stage_hits += q.stage_hits;
+            dc.stage_failed += q.stage_failed;
+        }
+        proto_stats_add(st, "devpool.pools", s->n_devpools);
+        proto_stats_add(st, "devpool.open", open);
         proto_stats_add(st, "devpool.pinned", dc.pinned);
         proto_stats_add(st, "devpool.opens", (double)dc.opens);
         proto_stats_add(st, "devpool.refused", (double)dc.refused);
@@ -488,8 +520,9 @@ static int serve_plan_slots(struct fetcher_server *s, uint32_t device_layers, FI
     uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
     struct fetcher_plan      plan = {0};
     /* every fetcher's staging, when they stage */
-    const uint64_t stage_bytes =
-        s->stages ? (uint64_t)s->n_shards * fetcher_devpool_staging_bytes(&s->m) : 0;
+    const uint64_t stage_bytes = s->stages ? (uint64_t)s->n_shards * serve_device_pools(o) *
+                                                 fetcher_devpool_staging_bytes(&s->m)
+                                           : 0;
     struct fetcher_plan_opts po = {.ram_budget = o->ram_budget,
                                    .kv_bytes = kv,
                                    .act_bytes = act,
@@ -535,9 +568,9 @@ static int serve_size_once(struct fetcher_server *s, FILE *plan_out, struct comm
     return COMMON_OK;
 }
 
-/* The pool's size and, with --vram-budget and routed experts, whether the device pool's misses
+/* The pool's size and, with --vram-budget and routed experts, whether the device pools' misses
  * come from storage (--vram-fill; auto: when the RAM pool is no bigger than this shard's share of
- * the device pool), the staging then in the plan. */
+ * the device pools), the staging then in the plan. */
 static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
 {
     const struct fetcher_serve_opts *o = &s->o;
@@ -548,8 +581,8 @@ static int serve_size_pool(struct fetcher_server *s, struct common_errmsg *e)
     int rc = serve_size_once(s, auto_fill ? NULL : o->plan_out, e);
     if (rc != COMMON_OK || !auto_fill)
         return rc;
-    s->stages =
-        (uint64_t)s->n_slots * fetcher_plan_slot_bytes(&s->m) <= o->vram_budget / s->n_shards;
+    s->stages = (uint64_t)s->n_slots * fetcher_plan_slot_bytes(&s->m) <=
+                serve_device_pools(o) * (o->vram_budget / s->n_shards);
     return serve_size_once(s, o->plan_out, e); /* with the staging */
 }
 
@@ -707,7 +740,8 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
         rc = common_errmsg_set(e, COMMON_EINVAL, "run dir %s: path too long", s->run_dir);
         goto out_stop;
     }
-    if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_mutex_init(&s->attach_mu, NULL) != 0) {
+    if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_mutex_init(&s->attach_mu, NULL) != 0 ||
+        pthread_mutex_init(&s->pin.mu, NULL) != 0) {
         rc = common_errmsg_set(e, COMMON_ENOMEM, "fetcher: mutex init failed");
         goto out_stop;
     }
@@ -757,29 +791,46 @@ int fetcher_serve_start(const struct fetcher_serve_opts *o, struct fetcher_serve
     }
     s->pool_started = true;
     if (o->vram_budget) {
-        if (serve_path(s->dev_path, sizeof(s->dev_path), s->run_dir, "fetcher", s->shard, ".dev")) {
-            rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
+        const uint32_t n_pools = (uint32_t)serve_device_pools(o);
+        if (n_pools > PROTO_DEVPOOL_MAX_POOLS) {
+            rc = common_errmsg_set(e, COMMON_EINVAL, "--device-pools %u: at most %u", n_pools,
+                                   PROTO_DEVPOOL_MAX_POOLS);
             goto out_stop;
         }
-        const struct fetcher_devpool_opts dopts = {.path = s->dev_path,
-                                                   .budget = o->vram_budget,
-                                                   .ram = s->pool_base,
-                                                   .ram_bytes = s->pool_bytes,
-                                                   .stage_from = s->stages ? s->f : NULL};
-        if ((rc = fetcher_devpool_start(&dopts, &s->devpool, e)) != COMMON_OK)
-            goto out_stop;
-        char vb[32], sb[32];
+        for (uint32_t k = 0; k < n_pools; k++) {
+            char path[SERVE_PATH_MAX];
+            if (proto_devpool_path(k ? path : s->dev_path, SERVE_PATH_MAX, s->run_dir, s->shard,
+                                   k) != COMMON_OK) {
+                rc = common_errmsg_set(e, COMMON_EINVAL, "run dir path too long");
+                goto out_stop;
+            }
+            const struct fetcher_devpool_opts dopts = {.path = k ? path : s->dev_path,
+                                                       .budget = o->vram_budget,
+                                                       .ram = s->pool_base,
+                                                       .ram_bytes = s->pool_bytes,
+                                                       .stage_from = s->stages ? s->f : NULL,
+                                                       .pin = &s->pin,
+                                                       .select = n_pools > 1};
+            if ((rc = fetcher_devpool_start(&dopts, &s->devpool[k], e)) != COMMON_OK)
+                goto out_stop;
+            s->n_devpools = k + 1;
+        }
+        char vb[32], sb[32], more[64] = "";
+        if (n_pools > 1)
+            snprintf(more, sizeof(more), ", and as many for %u more devices (.dev1..)",
+                     n_pools - 1);
         if (o->plan_out)
             fprintf(o->plan_out,
                     "device pool: up to %s of device memory (--vram-budget) for the executor's "
-                    "experts, made when it asks (%s); its misses %s (--vram-fill %s)\n",
-                    common_format_size(o->vram_budget, vb, sizeof(vb)), s->dev_path,
+                    "experts, made when it asks (%s)%s; its misses %s (--vram-fill %s)\n",
+                    common_format_size(o->vram_budget, vb, sizeof(vb)), s->dev_path, more,
                     s->stages ? "not in the RAM pool read from storage through pinned staging"
                               : "read into the RAM pool and copied from there",
                     fetcher_vram_fill_names[o->vram_fill]);
         if (o->plan_out && s->stages)
-            fprintf(o->plan_out, "device staging: %u slots of %s\n", FETCHER_DEVPOOL_STAGE_SLOTS,
-                    common_format_size(fetcher_plan_slot_bytes(&s->m), sb, sizeof(sb)));
+            fprintf(o->plan_out, "device staging: %u slots of %s%s\n", FETCHER_DEVPOOL_STAGE_SLOTS,
+                    common_format_size(fetcher_plan_slot_bytes(&s->m), sb, sizeof(sb)),
+                    n_pools > 1 ? " per device pool" : "");
     }
     struct proto_service_opts so = {.run_dir = s->run_dir,
                                     .name = s->name,
@@ -828,8 +879,11 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
         pthread_mutex_unlock(&s->mu);
         fetcher_link_drop(l); /* ACQUIREs still waiting are answered by fetcher_destroy() */
     }
-    fetcher_devpool_stop(s->devpool); /* after the link: no record reaches it any more */
-    s->devpool = NULL;
+    for (uint32_t k = 0; k < s->n_devpools; k++) /* after the link: no record reaches them */
+        fetcher_devpool_stop(s->devpool[k]);
+    if (s->n_devpools)
+        fetcher_devpool_unpin(&s->pin, s->pool_base);
+    s->n_devpools = 0;
     if (s->pool_started)
         pthread_join(s->pool_thread, NULL);
     s->pool_started = false;
@@ -857,6 +911,7 @@ int fetcher_serve_stop(struct fetcher_server *s, struct common_errmsg *e)
     if (s->sync_init) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->attach_mu);
+        pthread_mutex_destroy(&s->pin.mu);
     }
     free(s->run_dir);
     free(s->model_path);

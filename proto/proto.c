@@ -104,3 +104,10 @@ int proto_reply_error(struct proto_msg *rep, int code, const char *fmt, ...)
     va_end(ap);
     return code;
 }
+
+int proto_devpool_path(char *buf, size_t len, const char *run_dir, uint32_t fetcher, uint32_t k)
+{
+    const int n = k ? snprintf(buf, len, "%s/fetcher-%u.dev%u", run_dir, fetcher, k)
+                    : snprintf(buf, len, "%s/fetcher-%u.dev", run_dir, fetcher);
+    return n > 0 && (size_t)n < len ? COMMON_OK : COMMON_EINVAL;
+}

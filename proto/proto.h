@@ -338,7 +338,7 @@ struct proto_fetch_req {
     uint32_t layer;  /* ACQUIRE, HINT, USE, DEV_READ; DEVICE_LAYERS: the count */
     uint32_t expert; /* ACQUIRE, HINT, USE, DEV_READ: the model's expert id (not shard-relative) */
     uint32_t part;   /* ACQUIRE, DEV_READ: enum common_expert_part; USE: a mask of parts */
-    uint32_t prio;   /* HINT: enum proto_fetch_prio */
+    uint32_t prio;   /* HINT: enum proto_fetch_prio; DEV_*: the fetcher's pool (its socket's k) */
     uint32_t loan;   /* RELEASE; DEV_MARK: the mark's sequence number */
     uint32_t bytes;  /* DEV_COPY, DEV_READ */
     uint64_t src;    /* DEV_COPY: offset in the pool segment */
@@ -361,7 +361,11 @@ struct proto_fetch_req {
  * fetcher makes piece k of the pool (granularity bytes at offset k * granularity), maps it and
  * answers PIECE with its handle, or ERROR (ADOPT, below, with several fetchers). Records DEV_COPY,
  * DEV_MARK and DEV_WAIT on the link's ring act on the pool. When the connection closes the fetcher
- * drops the pool (the executor's imports keep their memory). */
+ * drops the pool (the executor's imports keep their memory).
+ * A fetcher started with --device-pools N serves the pools of N of the executor's devices at
+ * once, pool k on the socket proto_devpool_path names ("fetcher-<i>.dev" for k = 0,
+ * "fetcher-<i>.dev<k>" after), each as above with its own memory, events, control page and
+ * staging; the records carry k in `prio`. */
 
 enum proto_devpool_tag {
     PROTO_DEVPOOL_OPEN = 1,
@@ -378,6 +382,10 @@ enum proto_devpool_tag {
 #define PROTO_DEVPOOL_MAGIC      0x53445650u /* "SDVP" */
 #define PROTO_DEVPOOL_MAX_EVENTS 16u
 #define PROTO_DEVPOOL_CTL_BYTES  4096u
+#define PROTO_DEVPOOL_MAX_POOLS  8u /* --device-pools */
+
+/* The socket of fetcher i's device pool k in run_dir. 0, or COMMON_EINVAL (too long). */
+int proto_devpool_path(char *buf, size_t len, const char *run_dir, uint32_t fetcher, uint32_t k);
 
 struct proto_devpool_open {
     uint32_t magic;    /* PROTO_DEVPOOL_MAGIC */

@@ -622,6 +622,9 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
                    *o = strstr(stats, "devpool.opens"), *c = strstr(stats, "devpool.copies"),
                    *s2 = strstr(stats, "devpool.staged");
         unsigned memory = 0, in = 0, losses = 0, retakes = 0, opens = 0, copies = 0, staged = 0;
+        /* two host devices without one fetcher per GPU: every fetcher serves both pools */
+        const unsigned pools =
+            getenv("SLUICE_GPU_HOST_DEVICES") && !strstr(up_args, "--devices") ? 2u : 1u;
         cr_expect(m && i && l && t && o && c && s2 &&
                       sscanf(m, "gpu_pool.fetcher_memory %u", &memory) == 1 &&
                       sscanf(i, "gpu_pool.in_fetcher %u", &in) == 1 &&
@@ -630,10 +633,10 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
                       sscanf(o, "devpool.opens %u", &opens) == 1 &&
                       sscanf(c, "devpool.copies %u", &copies) == 1 &&
                       sscanf(s2, "devpool.staged %u", &staged) == 1 && memory == 1 && in == 1 &&
-                      losses == 1 && retakes == 1 && opens == 1 && copies + staged > 0,
-                  "want the fetchers' pool lost once, taken back by the restarted %s, which "
-                  "copies:\n%s",
-                  victim, stats);
+                      losses == pools && retakes == pools && opens == pools && copies + staged > 0,
+                  "want the fetchers' %u pool(s) lost once, taken back by the restarted %s, "
+                  "which copies:\n%s",
+                  pools, victim, stats);
         cr_log_info("after the restart: %s", stats);
         free(stats);
     } else if (up_args && strstr(up_args, "--vram-budget") && !strstr(up_args, "--executor-args")) {
@@ -741,6 +744,18 @@ Test(pipeline_faults, kill_the_fetcher_of_one_of_two_devices_same_tokens, .timeo
     cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
     check_kill_on_the_host_device("fetcher-1", 2,
                                   "--ram-budget 40M -ngl 999 --devices 0,1 --vram-budget 640K");
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+}
+
+/* Two fetchers sharding the experts over two host devices, each serving both devices' pools
+ * (--device-pools 2): fetcher 0, whose memory both pools are, killed mid-generation; the
+ * executor keeps both pools' memory and copies into them itself until it runs again, then the
+ * restarted fetcher takes both back; the text is one process's on the same two devices. */
+Test(pipeline_faults, kill_the_fetcher_that_owns_both_devices_pools_same_tokens, .timeout = 600,
+     .fini = fini)
+{
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    check_kill_on_the_host_device("fetcher-0", 2, "--ram-budget 40M -ngl 999 --vram-budget 640K");
     cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
 }
 

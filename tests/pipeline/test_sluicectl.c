@@ -787,6 +787,10 @@ Test(pipeline_sluicectl, cache_type_reaches_the_executor_and_the_fetchers_plan, 
  * warns and uses the CPU); the client's greedy text equals `sluice run -ngl 999` in one process
  * and the CPU's. `host` runs everything with SLUICE_GPU_BACKEND=host: the layers go to HOST0, the
  * device's forward pass on the CPU, wherever the test runs; its log then holds `host_log`. */
+/* With more than 1: the device pools each fetcher is to serve (--device-pools), checked in
+ * sluicectl's log and fetcher 0's stats (every one of them opened). */
+static unsigned t_device_pools;
+
 static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extra,
                                 const char *host_log)
 {
@@ -909,6 +913,17 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
                   "%s", stats);
         free(stats);
     }
+    if (t_device_pools > 1) {
+        snprintf(cmd, sizeof(cmd),
+                 "grep -h 'each fetcher serves their %u device pools' '%s'/logs/sluicectl.log && "
+                 "%s/sluice ctl --run-dir '%s' --daemon fetcher-0 stats | grep -E "
+                 "'^devpool\\.(pools|opens) +%u$'",
+                 t_device_pools, run_dir, BIN, run_dir, t_device_pools);
+        char *pools = sh(cmd, &st);
+        cr_expect_eq(st, 0, "fetcher 0 does not serve %u device pools:\n%s", t_device_pools, pools);
+        cr_expect(strstr(pools, "devpool.pools") && strstr(pools, "devpool.opens"), "%s", pools);
+        free(pools);
+    }
     sluicectl_down(run_dir);
     if (host)
         cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
@@ -990,6 +1005,37 @@ Test(pipeline_sluicectl, one_fetcher_per_device_fills_its_pool, .timeout = 300,
                         "gpu: HOST1 .*layers 2..3 and the output head.*the experts in a pool of 3 "
                         "slots .*, in fetcher 1.s device memory \\(HOST, filled by the "
                         "fetcher\\)");
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+}
+
+/* Two devices, two fetchers sharding the experts (the default): sluicectl's probe counts the
+ * executor's devices and each fetcher serves a pool for each of them (--device-pools 2), so that
+ * both devices' pools are fetcher 0's memory, mapped in fetcher 1, and both fetchers copy their
+ * experts into both; the text is one process's on the same two devices. */
+Test(pipeline_sluicectl, each_fetcher_serves_the_pools_of_both_devices, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    t_device_pools = 2;
+    check_ngl_daemons_n(true, 2, "--vram-budget 324K --ram-budget 40M",
+                        "gpu: HOST1 .*layers 2..3 and the output head.*the experts in a pool of 3 "
+                        "slots .*, in fetcher 0.s device memory \\(HOST, filled by the "
+                        "fetchers, each its experts\\)");
+    t_device_pools = 0;
+    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+}
+
+/* The same with their misses read from storage: each pool has its own staging in each fetcher. */
+Test(pipeline_sluicectl, each_fetcher_stages_for_the_pools_of_both_devices, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
+    t_device_pools = 2;
+    check_ngl_daemons_n(true, 2, "--vram-budget 324K --ram-budget 44M --vram-fill storage",
+                        "gpu: HOST0 .*layers 0..1 on the device.*in fetcher 0.s device memory "
+                        "\\(HOST, filled by the fetchers, each its experts\\), read from storage "
+                        "through their staging");
+    t_device_pools = 0;
     cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
 }
 
