@@ -377,6 +377,17 @@ Test(fetcher_devpool, a_second_fetcher_adopts_the_pieces_and_copies_into_them)
  * staging slots: the reads gathered so far are done when they run out), marked, then every down
  * part, marked: each part in the executor's view equals the bytes the RAM pool gives for it, and
  * nothing failed. Bad reads are refused and counted, and the next mark says so. */
+/* Opens the model at path and a fetcher over it with a pool of two slots. */
+static void open_fetcher(const char *path, struct common_gguf **g, struct common_model *m,
+                         struct fetcher **f)
+{
+    struct common_errmsg e = {{0}};
+    cr_assert_eq(common_gguf_open(path, NULL, g, NULL), COMMON_OK);
+    cr_assert_eq(common_model_init(m, *g, NULL), COMMON_OK);
+    cr_assert_eq(fetcher_create(*g, m, &(struct fetcher_opts){.n_slots = 2}, f, &e), COMMON_OK,
+                 "%s", e.text);
+}
+
 static void check_staged_reads(bool qsf)
 {
     FIXTURE_OR_SKIP(src, qsf ? "moe-tiny/moe-tiny-f32.gguf" : "moe-tiny/moe-tiny-q4_0.gguf");
@@ -392,22 +403,19 @@ static void check_staged_reads(bool qsf)
     struct common_model  m;
     struct fetcher      *f = NULL;
     struct common_errmsg e = {{0}};
-    cr_assert_eq(common_gguf_open(path, NULL, &g, NULL), COMMON_OK);
-    cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
+    char                 qpath[700];
     if (qsf) { /* every bundle LZ4-compressed: decoded in its staging slot */
-        char                                 qpath[700];
         struct common_qsf_stats              st;
         const struct common_qsf_convert_opts co = {.lz4 = COMMON_QSF_LZ4_ALWAYS};
+        cr_assert_eq(common_gguf_open(path, NULL, &g, NULL), COMMON_OK);
+        cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
         snprintf(qpath, sizeof(qpath), "%s/model.qsf", g_dir);
         cr_assert_eq(common_qsf_convert(g, &m, qpath, &co, &st, &e), COMMON_OK, "%s", e.text);
         cr_assert_eq(st.n_lz4, st.n_bundles);
         common_model_fini(&m);
         common_gguf_close(g);
-        cr_assert_eq(common_gguf_open(qpath, NULL, &g, NULL), COMMON_OK);
-        cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
     }
-    cr_assert_eq(fetcher_create(g, &m, &(struct fetcher_opts){.n_slots = 2}, &f, &e), COMMON_OK,
-                 "%s", e.text);
+    open_fetcher(qsf ? qpath : path, &g, &m, &f);
     const struct fetcher_devpool_opts o = {.path = g_path,
                                            .budget = 32u << 20,
                                            .ram = fetcher_get_pool_base(f),
@@ -530,10 +538,7 @@ Test(fetcher_devpool, a_pool_of_one_process_reads_and_copies_on_its_own_thread)
     struct common_model  m;
     struct fetcher      *f = NULL;
     struct common_errmsg e = {{0}};
-    cr_assert_eq(common_gguf_open(path, NULL, &g, NULL), COMMON_OK);
-    cr_assert_eq(common_model_init(&m, g, NULL), COMMON_OK);
-    cr_assert_eq(fetcher_create(g, &m, &(struct fetcher_opts){.n_slots = 2}, &f, &e), COMMON_OK,
-                 "%s", e.text);
+    open_fetcher(path, &g, &m, &f);
     enum { N_X = 10, L = 2 }; /* more bundles than staging slots */
     uint64_t size[N_X + 1][COMMON_EXPERT_PART_COUNT], at[N_X + 1][COMMON_EXPERT_PART_COUNT];
     uint64_t total = 0;

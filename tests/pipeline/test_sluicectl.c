@@ -1008,35 +1008,36 @@ Test(pipeline_sluicectl, one_fetcher_per_device_fills_its_pool, .timeout = 300,
     cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
 }
 
-/* Two devices, two fetchers sharding the experts (the default): sluicectl's probe counts the
+/* Two host devices, two fetchers sharding the experts (the default): sluicectl's probe counts the
  * executor's devices and each fetcher serves a pool for each of them (--device-pools 2), so that
  * both devices' pools are fetcher 0's memory, mapped in fetcher 1, and both fetchers copy their
  * experts into both; the text is one process's on the same two devices. */
-Test(pipeline_sluicectl, each_fetcher_serves_the_pools_of_both_devices, .timeout = 300,
-     .fini = stop_leftovers)
+static void check_both_devices_pools(const char *extra, const char *host_log)
 {
     cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
     t_device_pools = 2;
-    check_ngl_daemons_n(true, 2, "--vram-budget 324K --ram-budget 40M",
-                        "gpu: HOST1 .*layers 2..3 and the output head.*the experts in a pool of 3 "
-                        "slots .*, in fetcher 0.s device memory \\(HOST, filled by the "
-                        "fetchers, each its experts\\)");
+    check_ngl_daemons_n(true, 2, extra, host_log);
     t_device_pools = 0;
     cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+}
+
+Test(pipeline_sluicectl, each_fetcher_serves_the_pools_of_both_devices, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    check_both_devices_pools("--vram-budget 324K --ram-budget 40M",
+                             "gpu: HOST1 .*layers 2..3 and the output head.*the experts in a pool "
+                             "of 3 slots .*, in fetcher 0.s device memory \\(HOST, filled by the "
+                             "fetchers, each its experts\\)");
 }
 
 /* The same with their misses read from storage: each pool has its own staging in each fetcher. */
 Test(pipeline_sluicectl, each_fetcher_stages_for_the_pools_of_both_devices, .timeout = 300,
      .fini = stop_leftovers)
 {
-    cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
-    t_device_pools = 2;
-    check_ngl_daemons_n(true, 2, "--vram-budget 324K --ram-budget 44M --vram-fill storage",
-                        "gpu: HOST0 .*layers 0..1 on the device.*in fetcher 0.s device memory "
-                        "\\(HOST, filled by the fetchers, each its experts\\), read from storage "
-                        "through their staging");
-    t_device_pools = 0;
-    cr_assert_eq(unsetenv("SLUICE_GPU_HOST_DEVICES"), 0);
+    check_both_devices_pools("--vram-budget 324K --ram-budget 44M --vram-fill storage",
+                             "gpu: HOST0 .*layers 0..1 on the device.*in fetcher 0.s device "
+                             "memory \\(HOST, filled by the fetchers, each its experts\\), read "
+                             "from storage through their staging");
 }
 
 /* --vram-fill storage, two fetchers: the experts the device pool misses are not in the RAM pools
