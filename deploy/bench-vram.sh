@@ -10,7 +10,8 @@
 # Per run: prefill and decode tok/s; the device pool's share of picks found, copied in and
 # computed on the CPU; bytes copied per decode token against the pool's copy probe (the limit of
 # its copies, measured in the same run); the share of copy time hidden behind the kernels; bytes
-# read from storage per token. Needs a CUDA device for its figures; SLUICE_GPU_BACKEND=host runs
+# read from storage per token against the storage limit (sluice bench --io-probe, cold random
+# expert parts through the fetcher's engine, in the same run). Needs a CUDA device for its figures; SLUICE_GPU_BACKEND=host runs
 # the same steps on the CPU's host backend (a check of this script, not a measurement). Not run
 # by CI.
 #
@@ -105,17 +106,21 @@ sluice_run() {
     local mode=$1 vb=$2 log=$3 fill=${4:-auto}
     # shellcheck disable=SC2086
     run "$log" "$SLUICE" bench -m "$MODEL" -p "$P" -n "$N" -r 1 $T -ngl 999 \
-        --vram-budget "$vb" --ram-budget "$RAM_BYTES" --expert-miss "$mode" --vram-fill "$fill" ||
-        return 0
+        --vram-budget "$vb" --ram-budget "$RAM_BYTES" --expert-miss "$mode" --vram-fill "$fill" \
+        --io-probe || return 0
     [ "$fill" = auto ] || mode="$mode fill-$fill"
-    local tg pp rv
+    local tg pp rv sb pbw sr
     pp=$(field "$log" "result:" pp_tok_s)
     tg=$(field "$log" "result:" tg_tok_s)
+    # storage: bytes read per decode token, the probe's limit (--io-probe), their ratio
+    sb=$(field "$log" "result:" tg_bytes_per_tok)
+    pbw=$(field "$log" "result:" probe_bw)
+    sr=$(awk -v b="$sb" -v t="$tg" -v l="$pbw" 'BEGIN { if (l > 0) printf "%.4f", b * t / l }')
     rv="result_vram: test=tg$N"
-    echo "sluice,$mode,$vb,$RAM_BYTES,$pp,$tg,$(field "$log" "$rv" hits),$(field "$log" "$rv" copied),$(field "$log" "$rv" cpu),$(field "$log" "$rv" copied_bytes_per_tok),$(field "$log" "$rv" copy_bw),$(field "$log" "$rv" copy_ratio),$(field "$log" "result:" tg_bytes_per_tok)" >> "$OUT/summary.csv"
+    echo "sluice,$mode,$vb,$RAM_BYTES,$pp,$tg,$(field "$log" "$rv" hits),$(field "$log" "$rv" copied),$(field "$log" "$rv" cpu),$(field "$log" "$rv" copied_bytes_per_tok),$(field "$log" "$rv" copy_bw),$(field "$log" "$rv" copy_ratio),$sb,$pbw,$sr" >> "$OUT/summary.csv"
 }
 
-echo "runner,mode,vram_budget,ram_budget,pp_tok_s,tg_tok_s,tg_found,tg_copied,tg_cpu,copied_bytes_per_tok,copy_bw,copy_ratio,storage_bytes_per_tok" > "$OUT/summary.csv"
+echo "runner,mode,vram_budget,ram_budget,pp_tok_s,tg_tok_s,tg_found,tg_copied,tg_cpu,copied_bytes_per_tok,copy_bw,copy_ratio,storage_bytes_per_tok,storage_bw,storage_ratio" > "$OUT/summary.csv"
 VB=$((EXPERT_BYTES * VRAM / 100))
 echo "== model $MODEL: $MODEL_BYTES bytes, routed experts $EXPERT_BYTES; --vram-budget $VB ($VRAM%), --ram-budget $RAM_BYTES ($RAM%)"
 for mode in $MODES; do
@@ -160,7 +165,7 @@ if [ "$DAEMONS" = 1 ]; then
         stall=$(stat_of gpu_pool.copy_stall_ms "$ex")
         hidden=$(awk -v b="$busy" -v s="$stall" 'BEGIN { if (b > 0) { h = 1 - s / b; if (h < 0) h = 0; printf "%.2f", h } }')
         # (found and copied count the prompt's picks too; the per-token columns are left empty)
-        echo "sluice-daemons,copy fill-$fill,$VB,$RAM_BYTES,$dpp,$dtg,$hits,$copied,0,,,," >> "$OUT/summary.csv"
+        echo "sluice-daemons,copy fill-$fill,$VB,$RAM_BYTES,$dpp,$dtg,$hits,$copied,0,,,,,," >> "$OUT/summary.csv"
         fe=$D-fetcher.txt
         echo "   --vram-fill $fill: the pool in the fetcher's memory: $(stat_of gpu_pool.in_fetcher "$ex");" \
             "over the run $cbytes bytes copied in ($(stat_of gpu_pool.staged "$ex") parts from" \
@@ -185,7 +190,7 @@ if [ -n "$PEER" ]; then
         -ngl 999 --n-cpu-moe "$ncm" -o csv || true
     ptg=$(grep -E ",$N,|,\"$N\"," "$OUT/peer.log" | tail -1 | awk -F, '{print $(NF-1)}' | tr -d '"')
     ppp=$(grep -E ",$P,0,|,\"$P\",\"0\"," "$OUT/peer.log" | tail -1 | awk -F, '{print $(NF-1)}' | tr -d '"')
-    echo "llama.cpp,n-cpu-moe $ncm,$VB,$RAM_BYTES,$ppp,$ptg,,,,,,," >> "$OUT/summary.csv"
+    echo "llama.cpp,n-cpu-moe $ncm,$VB,$RAM_BYTES,$ppp,$ptg,,,,,,,,," >> "$OUT/summary.csv"
 fi
 
 if [ -n "$SWEEP" ]; then
