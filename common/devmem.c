@@ -48,9 +48,11 @@ int common_devmem_open(int dev, struct common_errmsg *e)
                                "(%zu)",
                                dev, gran, g_gran);
     else if (rc == COMMON_OK) {
-        g_be = be;
         g_opened |= 1u << dev;
-        g_gran = gran;
+        if (!g_be) { /* written once: the lock-free readers of g_gran (after devmem_be) */
+            g_be = be;
+            g_gran = gran;
+        }
     }
     pthread_mutex_unlock(&g_mu);
     return rc;

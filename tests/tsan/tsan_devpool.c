@@ -2,9 +2,10 @@
  * threads at once, as a plain program for ThreadSanitizer: an executor thread opens pools, asks
  * for pieces and closes them, round after round, while a link-reader thread fires copy, mark,
  * wait and (a pool that stages, over moe-tiny's fetcher) read records at it and a third reads its
- * counters. Then a pool of one process (fetcher_devpool_local_*) over the same fetcher: a thread
- * queues copies, reads and marks and waits for them, round after round, while the pool's worker
- * does them and another thread maps pieces and reads its copy time and counters. */
+ * counters. Then two pools of one fetcher (--device-pools) served at once. Then a pool of one
+ * process (fetcher_devpool_local_*) over the same fetcher: a thread queues copies, reads and marks
+ * and waits for them, round after round, while the pool's worker does them and another thread maps
+ * pieces and reads its copy time and counters. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -46,10 +47,10 @@ static void wait_for_a_read(void)
 
 /* One executor's pool: OPEN, the handles taken and dropped, PIECEs 0..3, then close (the last
  * one after a read from storage). */
-static int executor_round(bool last)
+static int executor_round_at(const char *sock_path, bool last)
 {
     int sock = -1, bad = 0;
-    if (common_unix_connect(g_path, &sock) != COMMON_OK)
+    if (common_unix_connect(sock_path, &sock) != COMMON_OK)
         return 1;
     const struct proto_devpool_open o = {
         .magic = PROTO_DEVPOOL_MAGIC, .device = 0, .bytes = 4u << 16, .n_events = 2};
@@ -88,37 +89,106 @@ static void *executor_run(void *arg)
 {
     int *bad = arg;
     for (int r = 0; r < ROUNDS; r++)
-        *bad += executor_round(r == ROUNDS - 1);
+        *bad += executor_round_at(g_path, r == ROUNDS - 1);
     atomic_store(&g_done, true);
     return NULL;
+}
+
+/* One batch of the link's records for pool d: a wait, a copy, a mark, 8 reads, a mark. */
+static void reader_batch(struct fetcher_devpool *d, uint32_t *seq)
+{
+    const struct proto_fetch_req recs[] = {
+        {.op = PROTO_FETCH_DEV_WAIT},
+        {.op = PROTO_FETCH_DEV_COPY, .bytes = 1000, .src = 64, .dst = 500},
+        {.op = PROTO_FETCH_DEV_MARK, .tag = 1, .loan = ++*seq},
+    };
+    for (size_t i = 0; i < 3; i++)
+        (void)fetcher_devpool_record(d, &recs[i]);
+    for (uint32_t x = 0; x < 8 && g_part_bytes[0]; x++) { /* 8 reads, gathered, then a mark */
+        const struct proto_fetch_req rd = {.op = PROTO_FETCH_DEV_READ,
+                                           .layer = 1,
+                                           .expert = (x + *seq) % 8,
+                                           .part = 0,
+                                           .bytes = g_part_bytes[(x + *seq) % 8],
+                                           .dst = 0};
+        (void)fetcher_devpool_record(d, &rd);
+    }
+    const struct proto_fetch_req mark = {.op = PROTO_FETCH_DEV_MARK, .tag = 0, .loan = ++*seq};
+    (void)fetcher_devpool_record(d, &mark);
 }
 
 /* The link's reader: records as an executor's ring brings them, open pool or not. */
 static void *reader_run(void *arg)
 {
-    struct fetcher_devpool *d = arg;
-    uint32_t                seq = 0;
-    while (!atomic_load(&g_done)) {
-        const struct proto_fetch_req recs[] = {
-            {.op = PROTO_FETCH_DEV_WAIT},
-            {.op = PROTO_FETCH_DEV_COPY, .bytes = 1000, .src = 64, .dst = 500},
-            {.op = PROTO_FETCH_DEV_MARK, .tag = 1, .loan = ++seq},
-        };
-        for (size_t i = 0; i < 3; i++)
-            (void)fetcher_devpool_record(d, &recs[i]);
-        for (uint32_t x = 0; x < 8 && g_part_bytes[0]; x++) { /* 8 reads, gathered, then a mark */
-            const struct proto_fetch_req rd = {.op = PROTO_FETCH_DEV_READ,
-                                               .layer = 1,
-                                               .expert = (x + seq) % 8,
-                                               .part = 0,
-                                               .bytes = g_part_bytes[(x + seq) % 8],
-                                               .dst = 0};
-            (void)fetcher_devpool_record(d, &rd);
-        }
-        const struct proto_fetch_req mark = {.op = PROTO_FETCH_DEV_MARK, .tag = 0, .loan = ++seq};
-        (void)fetcher_devpool_record(d, &mark);
-    }
+    uint32_t seq = 0;
+    while (!atomic_load(&g_done))
+        reader_batch(arg, &seq);
     return NULL;
+}
+
+/* Two pools of one fetcher (--device-pools 2, their RAM registration shared, each record
+ * selecting its pool's device): an executor thread per pool opens and closes it round after
+ * round while the link's reader alternates batches between them. */
+static struct fetcher_devpool *g_two[2];
+static char                    g_two_path[2][256];
+
+static void *two_exec(void *arg)
+{
+    const int k = (int)(intptr_t)arg;
+    int       bad = 0;
+    for (int r = 0; r < ROUNDS / 2; r++)
+        bad += executor_round_at(g_two_path[k], false);
+    return (void *)(intptr_t)bad;
+}
+
+static void *two_reader(void *arg)
+{
+    (void)arg;
+    uint32_t seq = 0;
+    for (unsigned i = 0; !atomic_load(&g_done); i++)
+        reader_batch(g_two[i % 2], &seq);
+    return NULL;
+}
+
+static void two_pools(const char *dir, uint8_t *ram, struct fetcher *f)
+{
+    struct fetcher_devpool_pin pin = {.pinned = false};
+    struct common_errmsg       e = {{0}};
+    CHECK(pthread_mutex_init(&pin.mu, NULL) == 0, "mutex");
+    for (int k = 0; k < 2; k++) {
+        CHECK(proto_devpool_path(g_two_path[k], sizeof(g_two_path[k]), dir, 3, (uint32_t)k) ==
+                  COMMON_OK,
+              "path");
+        const struct fetcher_devpool_opts o = {.path = g_two_path[k],
+                                               .budget = 1u << 20,
+                                               .ram = ram,
+                                               .ram_bytes = RAM_BYTES,
+                                               .stage_from = f,
+                                               .pin = &pin,
+                                               .select = true};
+        CHECK(fetcher_devpool_start(&o, &g_two[k], &e) == COMMON_OK, "start %d: %s", k, e.text);
+    }
+    atomic_store(&g_done, false);
+    pthread_t tx[2], tr;
+    void     *bad[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++)
+        CHECK(pthread_create(&tx[k], NULL, two_exec, (void *)(intptr_t)k) == 0, "thread");
+    CHECK(pthread_create(&tr, NULL, two_reader, NULL) == 0, "reader thread");
+    for (int k = 0; k < 2; k++)
+        pthread_join(tx[k], &bad[k]);
+    atomic_store(&g_done, true);
+    pthread_join(tr, NULL);
+    unsigned long long opens = 0;
+    for (int k = 0; k < 2; k++) {
+        struct fetcher_devpool_counts c;
+        fetcher_devpool_counts(g_two[k], &c);
+        opens += c.opens;
+        CHECK(bad[k] == NULL, "pool %d: %d rounds failed", k, (int)(intptr_t)bad[k]);
+        fetcher_devpool_stop(g_two[k]);
+    }
+    CHECK(opens == 2 * (ROUNDS / 2), "%llu pools opened", opens);
+    fetcher_devpool_unpin(&pin, ram);
+    pthread_mutex_destroy(&pin.mu);
 }
 
 static void *counter_run(void *arg)
@@ -250,6 +320,7 @@ int main(void)
     CHECK(c.pieces == 4 * ROUNDS, "%llu pieces", (unsigned long long)c.pieces);
     CHECK(!f || c.stage_reads > 0, "no bundle read from storage");
     fetcher_devpool_stop(d);
+    two_pools(dir, ram, f);
     g_f = f;
     if (f)
         local_pool();
