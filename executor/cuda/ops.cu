@@ -18,6 +18,7 @@
 #define OPS_ROUTE_MAX_K    64   /* most experts chosen per token */
 #define OPS_FULL_MASK      0xffffffffu
 #define OPS_FA_MIN_TOK     16 /* from this many tokens on, attention takes the tensor-core kernel */
+#define OPS_Q8_BLOCK       34 /* a q8_0 cache block: an f16 scale and 32 int8 */
 
 /* Grid of the grid-stride elementwise kernels for n items. */
 static unsigned ops_grid(long long n)
@@ -736,6 +737,15 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
 
 /* ---- flash attention (prefill) -------------------------------------------------------------- */
 
+/* Values j and j + 1 (j even) of the q8_0 block at blk, dequantized (d * q in f32) and rounded to
+ * f16. */
+static __device__ __forceinline__ __half2 ops_q8_pair(const uint8_t *blk, int j)
+{
+    const float d = __half2float(*reinterpret_cast<const __half *>(blk));
+    const char2 q = *reinterpret_cast<const char2 *>(blk + 2 + j);
+    return __floats2half2_rn(d * static_cast<float>(q.x), d * static_cast<float>(q.y));
+}
+
 /* A prefill's attention on the tensor cores, for equal key and value head dims D (64 or 128):
  * one block per (64 query tokens, head), four warps of 16 queries. Over the visible positions in
  * tiles of 64: the tile's keys and values into shared memory (f16, as cached), S = Q K^T (the
@@ -743,7 +753,9 @@ static __global__ void ops_attention_combine_kernel(struct ops_att_args a)
  * exp(s - max) written as f16, the output rows (f32, in shared memory) scaled by exp(old max -
  * new max) and P V added by the tensor cores; at the end out = O / sum. Positions past a query's
  * own or before its window are masked. Two lanes of a warp per query row in the softmax. A sink
- * (gpt-oss) is a logit with no value: each row's max starts at it and its sum at 1. */
+ * (gpt-oss) is a logit with no value: each row's max starts at it and its sum at 1. Q8: a q8_0
+ * cache (k_width and v_width are then a position's bytes), each tile's keys and values
+ * dequantized into the same f16 tiles as they are loaded. */
 #define FA_BQ   64
 #define FA_BK   64
 #define FA_WARP 16 /* query rows per warp */
@@ -760,7 +772,7 @@ template <int D> struct fa_layout {
                             bytes = o + sizeof(float) * FA_BQ * ldo;
 };
 
-template <int D>
+template <int D, bool Q8>
 static __global__ void __launch_bounds__(128)
     ops_flash_kernel(struct ops_att_args a, uint32_t n_tok)
 {
@@ -797,13 +809,19 @@ static __global__ void __launch_bounds__(128)
 
     for (uint32_t j0 = kv_lo; j0 < kv_hi; j0 += FA_BK) {
         __syncthreads(); /* the last tile's K and V read by every warp (and Q, O filled) */
-        const __half *kc = reinterpret_cast<const __half *>(a.k_cache);
-        const __half *vc = reinterpret_cast<const __half *>(a.v_cache);
+        const __half  *kc = reinterpret_cast<const __half *>(a.k_cache);
+        const __half  *vc = reinterpret_cast<const __half *>(a.v_cache);
+        const uint8_t *k8 = reinterpret_cast<const uint8_t *>(a.k_cache);
+        const uint8_t *v8 = reinterpret_cast<const uint8_t *>(a.v_cache);
         for (int i = tid; i < FA_BK * (D / 2); i += blockDim.x) {
             const int      r = i / (D / 2), d = 2 * (i % (D / 2));
             const uint32_t p = j0 + r;
             __half2        kk = __half2(), vv = __half2();
-            if (p < kv_hi) {
+            if (p < kv_hi && Q8) {
+                const int64_t b = ((int64_t)kvh * (D / 32) + d / 32) * OPS_Q8_BLOCK;
+                kk = ops_q8_pair(k8 + (int64_t)p * a.k_width + b, d % 32);
+                vv = ops_q8_pair(v8 + (int64_t)p * a.v_width + b, d % 32);
+            } else if (p < kv_hi) {
                 kk = *reinterpret_cast<const __half2 *>(kc + (int64_t)p * a.k_width + kvh * D + d);
                 vv = *reinterpret_cast<const __half2 *>(vc + (int64_t)p * a.v_width + kvh * D + d);
             }
@@ -877,14 +895,14 @@ static __global__ void __launch_bounds__(128)
         out[d] = ow[row * L::ldo + d] * inv;
 }
 
-/* Launches ops_flash_kernel<D> (its shared memory opted in on first use); -1 when D is not one
- * of its dims. */
-template <int D> static int ops_flash_launch(const struct ops_att_args &a, uint32_t n_tok)
+/* Launches ops_flash_kernel<D, Q8> (its shared memory opted in on first use); -1 when D is not
+ * one of its dims. */
+template <int D, bool Q8> static int ops_flash_launch(const struct ops_att_args &a, uint32_t n_tok)
 {
     static unsigned opted; /* a bit per device: the attribute is the device's */
     const unsigned  me = 1u << gpu_current_device();
     if (!(opted & me)) {
-        if (gpu_record(cudaFuncSetAttribute(ops_flash_kernel<D>,
+        if (gpu_record(cudaFuncSetAttribute(ops_flash_kernel<D, Q8>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)fa_layout<D>::bytes),
                        "ops_flash_kernel shared memory") < 0)
@@ -892,8 +910,20 @@ template <int D> static int ops_flash_launch(const struct ops_att_args &a, uint3
         opted |= me;
     }
     const dim3 grid((n_tok + FA_BQ - 1) / FA_BQ, a.n_head);
-    ops_flash_kernel<D><<<grid, 128, fa_layout<D>::bytes, gpu_stream()>>>(a, n_tok);
+    ops_flash_kernel<D, Q8><<<grid, 128, fa_layout<D>::bytes, gpu_stream()>>>(a, n_tok);
     return GPU_LAUNCHED("ops_flash_kernel");
+}
+
+/* Whether a prefill takes the flash kernel: 16 tokens or more at positions given by value, equal
+ * key and value head dims of 64 or 128, values of their own, rows `align`-byte aligned. */
+static bool ops_flash_takes(const void *k_cache, const void *v_cache, uint32_t n_tok,
+                            const uint32_t *pos_dev, uint32_t n_head, uint32_t head_dim_k,
+                            uint32_t head_dim_v, unsigned align)
+{
+    return !pos_dev && v_cache && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v &&
+           n_head <= 65535 && (head_dim_k == 64 || head_dim_k == 128) &&
+           (uintptr_t)k_cache % align == 0 && (uintptr_t)v_cache % align == 0 &&
+           !getenv("SLUICE_NO_FLASH_ATTN");
 }
 
 int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -929,10 +959,10 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
     a.scale = scale;
     /* A prefill with equal head dims of 64 or 128 (rows 4-byte aligned), values of their own:
      * the tensor cores. */
-    if (!pos_dev && !v_in_k && n_tok >= OPS_FA_MIN_TOK && head_dim_k == head_dim_v &&
-        n_head <= 65535 && (head_dim_k == 64 || head_dim_k == 128) && (uintptr_t)k_cache % 4 == 0 &&
-        (uintptr_t)v_cache % 4 == 0 && !getenv("SLUICE_NO_FLASH_ATTN"))
-        return head_dim_k == 64 ? ops_flash_launch<64>(a, n_tok) : ops_flash_launch<128>(a, n_tok);
+    if (ops_flash_takes(k_cache, v_in_k ? NULL : v_cache, n_tok, pos_dev, n_head, head_dim_k,
+                        head_dim_v, 4))
+        return head_dim_k == 64 ? ops_flash_launch<64, false>(a, n_tok)
+                                : ops_flash_launch<128, false>(a, n_tok);
     /* 4-byte loads when every row start of a head is even and the cache is 4-byte aligned. */
     const int vk = head_dim_k % 2 == 0 && (uintptr_t)k_cache % 4 == 0 ? 2 : 1;
     const int vv = head_dim_v % 2 == 0 && a.v_width % 2 == 0 && (uintptr_t)v_cache % 4 == 0 ? 2 : 1;
@@ -961,8 +991,6 @@ int cuda_attention(float *out, const float *q, const uint16_t *k_cache, const ui
 }
 
 /* ---- the q8_0 KV cache -------------------------------------------------------------------- */
-
-#define OPS_Q8_BLOCK 34 /* an f16 scale and 32 int8 */
 
 /* 32 values quantized by a warp, lane j on value j, as the CPU's activation quantizer (and
  * k_act_q8_32) does: d = f16(amax / 127), q = round-half-even(x * 127 / amax) in [-128, 127].
@@ -1152,6 +1180,26 @@ int cuda_attention_q8(float *out, const float *q, const void *k_cache, const voi
     a.v_row = v_cache ? (int64_t)n_head_kv * (head_dim_v / 32) * OPS_Q8_BLOCK : a.k_row;
     a.row = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
     a.scale = scale;
+    if (ops_flash_takes(k_cache, v_cache, n_tok, pos_dev, n_head, head_dim_k, head_dim_v, 2)) {
+        /* the tensor cores over the blocks dequantized to f16 as each tile loads (the query
+         * rounded to f16, not quantized, as with the f16 cache) */
+        struct ops_att_args f = {};
+        f.out = out;
+        f.q = q;
+        f.k_cache = static_cast<const uint16_t *>(k_cache);
+        f.v_cache = static_cast<const uint16_t *>(v_cache);
+        f.sinks = sinks;
+        f.pos0 = pos0;
+        f.n_head = n_head;
+        f.gqa = a.gqa;
+        f.hk = f.hv = head_dim_k;
+        f.window = window;
+        f.k_width = (uint32_t)a.k_row; /* bytes */
+        f.v_width = (uint32_t)a.v_row;
+        f.scale = scale;
+        return head_dim_k == 64 ? ops_flash_launch<64, true>(f, n_tok)
+                                : ops_flash_launch<128, true>(f, n_tok);
+    }
     const uint64_t rows = (uint64_t)n_tok * n_head;
     ops_att_split(rows, head_dim_v, &a.n_split, &a.c_min);
     const size_t shm = sizeof(float) * (head_dim_k / 32) + head_dim_k + sizeof(float) * head_dim_v;

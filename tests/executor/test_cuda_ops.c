@@ -21,6 +21,8 @@
  * (|ref| where no cancellation can occur, else the sum of the magnitudes of the terms). */
 #define OPS_RTOL     1e-5 /* f32 elementwise operations, norms, routing weights */
 #define OPS_ATT_RTOL 1e-3 /* attention over the f16 cache */
+/* the flash kernel over the q8_0 cache: its keys and values rounded to f16 too */
+#define OPS_ATT_Q8_FLASH_RTOL 2e-3
 
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
@@ -734,6 +736,8 @@ static float *att_sinks(const struct att_case *ac, float **dev)
  * the kernel reads it (qr: hk values) with the keys kf, softmax, the values vf (both as stored:
  * rows of n_head_kv heads, pos0 + n_tok of them): |out - ref| <= OPS_ATT_RTOL * sum_p prob_p
  * |v_p| / sum_p prob_p. prob: pos0 + n_tok doubles of room. */
+static double g_att_rtol = OPS_ATT_RTOL; /* att_check_head's tolerance */
+
 static void att_check_head(const struct att_case *ac, uint32_t t, uint32_t h, const float *qr,
                            const float *kf, const float *vf, const float *out, double *prob,
                            const float *sinks, const char *what)
@@ -768,7 +772,7 @@ static void att_check_head(const struct att_case *ac, uint32_t t, uint32_t h, co
             mag += prob[p] * fabs(vv);
         }
         cr_assert(isfinite(out[o + d]) &&
-                      fabs((double)out[o + d] - acc / sum) <= OPS_ATT_RTOL * mag / sum,
+                      fabs((double)out[o + d] - acc / sum) <= g_att_rtol * mag / sum,
                   "%s n_tok %u pos0 %u heads %u/%u dims %u/%u window %u sinks %d: t %u h %u d %u "
                   "got %.7g want %.7g",
                   what, ac->n_tok, ac->pos0, ac->n_head, ac->n_head_kv, ac->hk, ac->hv, ac->window,
@@ -945,16 +949,29 @@ static void att_q8_run(const struct att_case *ac, bool at)
                                                   vf + (size_t)p * vw, vw),
                           0);
     }
+    /* On CUDA, a prefill the flash kernel takes (ops.cu: 16 tokens or more, equal head dims of
+     * 64 or 128, values of their own, the positions by value) rounds the query to f16 instead of
+     * quantizing it, and the dequantized keys and values to f16 (the host backend quantizes the
+     * query as the CPU does). */
+    const bool flash = !strcmp(gpu_backend_name(), "CUDA") && !at && !ac->v_in_k &&
+                       ac->n_tok >= 16 && ac->hk == ac->hv && (ac->hk == 64 || ac->hk == 128) &&
+                       !getenv("SLUICE_NO_FLASH_ATTN");
+    g_att_rtol = flash ? OPS_ATT_Q8_FLASH_RTOL : OPS_ATT_RTOL;
     for (uint32_t t = 0; t < ac->n_tok; t++)
         for (uint32_t h = 0; h < ac->n_head; h++) {
-            cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0,
-                                                q + ((size_t)t * ac->n_head + h) * ac->hk, qb,
-                                                ac->hk),
-                          0);
-            cr_assert_geq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, qb, qd, ac->hk), 0);
+            const float *qh = q + ((size_t)t * ac->n_head + h) * ac->hk;
+            if (flash) {
+                memcpy(qd, qh, ac->hk * sizeof(float));
+            } else {
+                cr_assert_geq(executor_quantize_act(COMMON_GGML_TYPE_Q8_0, qh, qb, ac->hk), 0);
+                cr_assert_geq(executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, qb, qd, ac->hk), 0);
+            }
             att_check_head(ac, t, h, qd, kf, vf, out, prob, sinks,
-                           at ? "q8_0 attention (graph form)" : "q8_0 attention");
+                           flash ? "q8_0 attention (flash)"
+                           : at  ? "q8_0 attention (graph form)"
+                                 : "q8_0 attention");
         }
+    g_att_rtol = OPS_ATT_RTOL;
     free(sinks);
     gpu_free(dsinks);
     gpu_free(dk);
@@ -979,8 +996,9 @@ static void att_q8_run(const struct att_case *ac, bool at)
 
 /* Description: the q8_0 cache's store and attention (--cache-type q8_0 on the device): head dims
  * 32 to 256 and unequal ones, GQA, one to 17 tokens after 0, 31, 40 and 300 positions, a
- * window, decodes over 900 and 1200 positions (split into chunks and combined), and the graph
- * form (the position in device memory). */
+ * window, decodes over 900 and 1200 positions (split into chunks and combined), prefills of 16
+ * to 200 tokens on the tensor cores (flash), and the graph form (the position in device
+ * memory). */
 Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
 {
     gpu_or_skip();
@@ -996,6 +1014,13 @@ Test(executor_cuda_ops, kv_q8_attention_matches_reference, .timeout = 300)
         /* long decodes: positions split into chunks of 256 or more, then combined */
         {1, 1200, 8, 2, 128, 128, 0, false, false},
         {2, 900, 4, 4, 64, 96, 0, false, false},
+        /* prefills the flash kernel takes (by value; the graph form keeps the kernel above):
+         * partial query and position tiles, a start past 0, windows, GQA, sinks */
+        {16, 0, 8, 2, 64, 64, 0, false, false},
+        {65, 7, 4, 4, 128, 128, 0, false, false},
+        {129, 70, 8, 2, 128, 128, 100, false, false},
+        {200, 0, 4, 1, 64, 64, 64, true, false},
+        {40, 1000, 8, 1, 128, 128, 30, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         att_q8_run(&cases[i], false);
