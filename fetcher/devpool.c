@@ -525,6 +525,7 @@ static void devpool_stage_landed(struct fetcher_devpool *d, uint32_t i, uint64_t
     if (!st->err) {
         fetcher_trace_load(fetcher_get_trace(d->f), st->layer, st->expert, st->bytes,
                            common_now_ns() - t0);
+        fetcher_front_log_load(d->f, st->layer, st->expert); /* a replay probe reads it too */
         return;
     }
     struct common_errmsg m = {{0}};

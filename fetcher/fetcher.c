@@ -649,6 +649,14 @@ int fetcher_load_log_start(struct fetcher *f, uint64_t cap)
     return COMMON_OK;
 }
 
+void fetcher_front_log_load(struct fetcher *f, uint32_t layer, uint32_t expert)
+{
+    pthread_mutex_lock(&f->mu);
+    if (f->log && f->log_n < f->log_cap)
+        f->log[f->log_n++] = (struct fetcher_probe_key){layer, expert};
+    pthread_mutex_unlock(&f->mu);
+}
+
 uint64_t fetcher_load_log_count(struct fetcher *f)
 {
     pthread_mutex_lock(&f->mu);

@@ -147,6 +147,10 @@ struct fetcher {
     uint64_t                  log_n, log_cap;
 };
 
+/* A load done outside the pool (a device pool's staging) into the load log, when one is kept.
+ * Takes f->mu. */
+void fetcher_front_log_load(struct fetcher *f, uint32_t layer, uint32_t expert);
+
 /* ---- the machinery (front.c); under f->mu unless said otherwise --------------------------- */
 
 /* Makes sure bundle (layer, expert) is in the pool or on its way: claims a slot and queues the

@@ -170,3 +170,23 @@ Test(cli_bench, device_pool_lines_account_for_every_pick, .timeout = 120)
     free(cpu);
     free(model);
 }
+
+/* The storage limit of a run whose device pool reads its misses from storage through staging
+ * (--vram-fill storage): the replay probe reads those bundles too, and the decode is set against
+ * it. */
+Test(cli_bench, staged_reads_are_replayed_by_the_storage_probe, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    char *out = bench(model, "-p 8 -n 4 -r 1 -t 2 --membw-size 16M -ngl 999 --vram-budget 324K "
+                             "--ram-budget 27M --vram-fill storage --io-probe");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    const char        *r = strstr(out, "\nresult: ");
+    const char        *rl = r ? strstr(r, " replay_loads=") : NULL;
+    unsigned long long loads = 0;
+    cr_assert(rl && sscanf(rl, " replay_loads=%llu", &loads) == 1 && loads > 0,
+              "no staged load replayed:\n%s", out);
+    cr_assert(strstr(out, "\ndecode vs storage limit (replay) tg4: "), "%s", out);
+    free(out);
+    free(model);
+}
