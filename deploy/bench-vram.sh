@@ -10,8 +10,8 @@
 # Per run: prefill and decode tok/s; the device pool's share of picks found, copied in and
 # computed on the CPU; bytes copied per decode token against the pool's copy probe (the limit of
 # its copies, measured in the same run); the share of copy time hidden behind the kernels; bytes
-# read from storage per token against the storage limit (sluice bench --io-probe, cold random
-# expert parts through the fetcher's engine, in the same run). Needs a CUDA device for its figures; SLUICE_GPU_BACKEND=host runs
+# read from storage per token against the storage limit (sluice bench --io-probe: the replay of
+# the run's own reads through the fetcher's engine, cold, in the same run). Needs a CUDA device for its figures; SLUICE_GPU_BACKEND=host runs
 # the same steps on the CPU's host backend (a check of this script, not a measurement). Not run
 # by CI.
 #
@@ -112,9 +112,11 @@ sluice_run() {
     local tg pp rv sb pbw sr
     pp=$(field "$log" "result:" pp_tok_s)
     tg=$(field "$log" "result:" tg_tok_s)
-    # storage: bytes read per decode token, the probe's limit (--io-probe), their ratio
+    # storage: bytes read per decode token, the limit (--io-probe: the replay of the run's own
+    # reads, else random expert parts), their ratio
     sb=$(field "$log" "result:" tg_bytes_per_tok)
-    pbw=$(field "$log" "result:" probe_bw)
+    pbw=$(field "$log" "result:" replay_bw)
+    [ -n "$pbw" ] && [ "$pbw" != 0 ] || pbw=$(field "$log" "result:" probe_bw)
     sr=$(awk -v b="$sb" -v t="$tg" -v l="$pbw" 'BEGIN { if (l > 0) printf "%.4f", b * t / l }')
     rv="result_vram: test=tg$N"
     echo "sluice,$mode,$vb,$RAM_BYTES,$pp,$tg,$(field "$log" "$rv" hits),$(field "$log" "$rv" copied),$(field "$log" "$rv" cpu),$(field "$log" "$rv" copied_bytes_per_tok),$(field "$log" "$rv" copy_bw),$(field "$log" "$rv" copy_ratio),$sb,$pbw,$sr" >> "$OUT/summary.csv"
