@@ -38,8 +38,10 @@ struct bench_io {
     uint64_t read_bytes;              /* storage bytes (/proc/self/io) */
     uint64_t accesses, hits, fetched; /* expert trace deltas (fetched: bytes the fetcher read) */
     /* The device's expert pool (--vram-budget): picks found, copied in, computed on the CPU,
-     * bytes copied, the copy stream's busy time and the kernels' waits for it. */
+     * bytes copied, the copy stream's busy time and the kernels' waits for it, parts read from
+     * storage through staging (--vram-fill). */
     uint64_t vram_hits, vram_misses, vram_cpu, vram_copied, vram_busy_ns, vram_stall_ns;
+    uint64_t vram_staged;
 };
 
 /* One row of the table: a prefill or a decode test and its samples. */

@@ -571,11 +571,12 @@ static void bench_print_vram(const struct bench_run *r)
                    ts * cpt / r->vram_copy_bw);
         printf("; %.0f%% of the copy time hidden\n", 100.0 * hidden);
         printf("result_vram: test=%s%u hits=%llu copied=%llu cpu=%llu copied_bytes_per_tok=%.0f "
-               "copy_bw=%.0f copy_ratio=%.4f copy_busy_ms=%.3f copy_stall_ms=%.3f\n",
+               "copy_bw=%.0f copy_ratio=%.4f copy_busy_ms=%.3f copy_stall_ms=%.3f staged=%llu\n",
                t->gen ? "tg" : "pp", t->n, (unsigned long long)io->vram_hits,
                (unsigned long long)io->vram_misses, (unsigned long long)io->vram_cpu, cpt,
                r->vram_copy_bw, r->vram_copy_bw > 0 ? ts * cpt / r->vram_copy_bw : 0.0,
-               (double)io->vram_busy_ns / 1e6, (double)io->vram_stall_ns / 1e6);
+               (double)io->vram_busy_ns / 1e6, (double)io->vram_stall_ns / 1e6,
+               (unsigned long long)io->vram_staged);
     }
 }
 

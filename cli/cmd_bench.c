@@ -180,6 +180,7 @@ static void bench_io_mark(struct cli_engine *en, struct bench_io *b)
         b->vram_copied = gs.copied_bytes;
         b->vram_busy_ns = gs.copy_busy_ns;
         b->vram_stall_ns = gs.copy_stall_ns;
+        b->vram_staged = gs.staged;
     }
     if (en->fetcher) {
         struct fetcher_trace_totals t;
@@ -204,6 +205,7 @@ static void bench_io_since(struct cli_engine *en, const struct bench_io *a, stru
     d->vram_copied += now.vram_copied - a->vram_copied;
     d->vram_busy_ns += now.vram_busy_ns - a->vram_busy_ns;
     d->vram_stall_ns += now.vram_stall_ns - a->vram_stall_ns;
+    d->vram_staged += now.vram_staged - a->vram_staged;
 }
 
 /* The storage limit with the fetcher's engine, on its own model handle while no engine exists

@@ -173,7 +173,7 @@ Test(cli_bench, device_pool_lines_account_for_every_pick, .timeout = 120)
 
 /* The storage limit of a run whose device pool reads its misses from storage through staging
  * (--vram-fill storage): the replay probe reads those bundles too, and the decode is set against
- * it. */
+ * it; the pool's line counts the staged parts. */
 Test(cli_bench, staged_reads_are_replayed_by_the_storage_probe, .timeout = 120)
 {
     FIXTURE_OR_SKIP(model, MODEL);
@@ -187,6 +187,17 @@ Test(cli_bench, staged_reads_are_replayed_by_the_storage_probe, .timeout = 120)
     cr_assert(rl && sscanf(rl, " replay_loads=%llu", &loads) == 1 && loads > 0,
               "no staged load replayed:\n%s", out);
     cr_assert(strstr(out, "\ndecode vs storage limit (replay) tg4: "), "%s", out);
+    /* every part the decode copied in came through staging (3 parts an expert) */
+    const char        *rv = strstr(out, "\nresult_vram: test=tg4 ");
+    const char        *sg = rv ? strstr(rv, " staged=") : NULL;
+    unsigned long long hits = 0, copied = 0, on_cpu = 0, staged = 0;
+    cr_assert(rv && sg &&
+                  sscanf(rv, "\nresult_vram: test=tg4 hits=%llu copied=%llu cpu=%llu", &hits,
+                         &copied, &on_cpu) == 3 &&
+                  sscanf(sg, " staged=%llu", &staged) == 1,
+              "%s", out);
+    cr_expect(copied > 0 && staged == 3 * copied, "tg4: %llu copied, %llu parts staged", copied,
+              staged);
     free(out);
     free(model);
 }
