@@ -329,7 +329,8 @@ Test(cli_run, vram_fill_storage_reads_the_device_pools_misses_from_storage, .tim
     free(sh(cmd, &st));
     cr_assert_eq(st, 0, "sluice convert failed");
     cr_assert_gt(fixture_flip_bundles(qsf, 1), 0, "no bundle of layer 1 changed");
-    err = run_err(qsf, "-ngl 999 --vram-budget 324K --ram-budget 27M --vram-fill storage", &st);
+    err = run_err(
+        qsf, "-ngl 999 --vram-budget 324K --ram-budget 27M --vram-fill storage --no-prefetch", &st);
     cr_assert_neq(st, 0, "a corrupt expert gave no error:\n%s", err);
     cr_assert(strstr(err, "staging read failed layer=1"), "the staging did not find it:\n%s", err);
     const char *line = strstr(err, "sluice run: error: ");
