@@ -149,10 +149,10 @@ void gpu_graph_free(struct gpu_graph *graph); /* accepts NULL */
 
 /* ---- weights: dequantize, matvec, matmul (executor/cuda/quant.cu) ------------------------- */
 /* `type` is enum common_ggml_type; the types supported are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0, TQ2_0 and the three I2_S layouts I2S_Q128, I2S_B32H,
- * I2S_B32F (gpu_type_supported; I2S_Q128's products are unscaled, as on the CPU). A matrix is
- * `rows` rows of `cols` elements, each row `row_bytes` bytes (the GGUF layout, rows contiguous);
- * cols is a multiple of the type's block size. */
+ * Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, TQ1_0, TQ2_0 and the three I2_S layouts I2S_Q128,
+ * I2S_B32H, I2S_B32F (gpu_type_supported; I2S_Q128's products are unscaled, as on the CPU). A
+ * matrix is `rows` rows of `cols` elements, each row `row_bytes` bytes (the GGUF layout, rows
+ * contiguous); cols is a multiple of the type's block size. */
 
 bool gpu_type_supported(uint32_t type);
 
@@ -203,9 +203,10 @@ static inline GPU_HOST_DEVICE size_t gpu_q8_row_bytes(int64_t cols)
 int gpu_act_q8(uint32_t act_type, const float *x, int64_t x_stride, int64_t n, int64_t cols,
                void *q8);
 
-/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q6_K, MXFP4, TQ1_0, TQ2_0,
- * I2_S), whose activations the CPU quantizes to Q8_0, Q8_1 or Q8_K (executor_vec_dot_type). The
- * one list of them: the backends' gpu_type_supported is these and the three float types. */
+/* Whether gpu_matvec_q8 takes `type`: the quantized types (Q4_0 .. Q8_0, Q2_K .. Q6_K, MXFP4,
+ * TQ1_0, TQ2_0, I2_S), whose activations the CPU quantizes to Q8_0, Q8_1 or Q8_K
+ * (executor_vec_dot_type). The one list of them: the backends' gpu_type_supported is these and the
+ * three float types. */
 static inline bool gpu_matvec_q8_supported(uint32_t type)
 {
     switch (type) {
@@ -214,6 +215,8 @@ static inline bool gpu_matvec_q8_supported(uint32_t type)
     case COMMON_GGML_TYPE_Q5_0:
     case COMMON_GGML_TYPE_Q5_1:
     case COMMON_GGML_TYPE_Q8_0:
+    case COMMON_GGML_TYPE_Q2_K:
+    case COMMON_GGML_TYPE_Q3_K:
     case COMMON_GGML_TYPE_Q4_K:
     case COMMON_GGML_TYPE_Q5_K:
     case COMMON_GGML_TYPE_Q6_K:

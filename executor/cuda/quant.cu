@@ -16,11 +16,11 @@
  * four"), the two runs that one 4-byte word of nibbles holds in Q4_0's layout. The layouts and
  * formulas are those of executor/kernels/ref.c (ggml's): keep them in step.
  *
- * Blocks are 10, 12, 18, 20, 22, 24, 32, 34, 54, 66, 144, 176 or 210 bytes, so only 2-byte
+ * Blocks are 10, 12, 18, 20, 22, 24, 32, 34, 54, 66, 84, 110, 144, 176 or 210 bytes, so only 2-byte
  * alignment holds for every block start (weight rows are 2-byte aligned, as on the CPU): quantized
  * data is read with 16-bit loads, 32-bit words put together from two, except by the A4 kernels,
- * picked where the block size is a multiple of 4 (Q4_1, Q5_1, Q4_K, Q5_K, I2S_Q128, I2S_B32F) and
- * the rows are 4-byte aligned, which read words. MXFP4's blocks (17 bytes) start anywhere: they
+ * picked where the block size is a multiple of 4 (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, I2S_Q128, I2S_B32F)
+ * and the rows are 4-byte aligned, which read words. MXFP4's blocks (17 bytes) start anywhere: they
  * are read a byte at a time. */
 
 #define QK            32  /* elements per chunk, and per block of Q4_0 .. Q8_0 */
@@ -52,6 +52,8 @@ QTYPE(COMMON_GGML_TYPE_Q4_1, 32, 20, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q5_0, 32, 22, false, false, false);
 QTYPE(COMMON_GGML_TYPE_Q5_1, 32, 24, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q8_0, 32, 34, false, false, false);
+QTYPE(COMMON_GGML_TYPE_Q2_K, 256, 84, true, true, false);
+QTYPE(COMMON_GGML_TYPE_Q3_K, 256, 110, false, true, false);
 QTYPE(COMMON_GGML_TYPE_Q4_K, 256, 144, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q5_K, 256, 176, true, false, false);
 QTYPE(COMMON_GGML_TYPE_Q6_K, 256, 210, false, true, false);
@@ -62,6 +64,12 @@ QTYPE(COMMON_GGML_TYPE_I2S_Q128, 128, 32, false, false, false);
 QTYPE(COMMON_GGML_TYPE_I2S_B32H, 32, 10, false, false, false);
 QTYPE(COMMON_GGML_TYPE_I2S_B32F, 32, 12, false, false, false);
 #undef QTYPE
+
+/* Q2_K's low and high four have a min each too (m0, m1; wq8's m and m1). */
+template <int T> static constexpr __host__ __device__ bool split_min()
+{
+    return T == COMMON_GGML_TYPE_Q2_K;
+}
 
 /* One lane's eight elements of a chunk: q[0..3] are elements 4s..4s+3, q[4..7] 16+4s..16+4s+3.
  * Quantized types: q holds small integers exactly and element i is d * q[i] (+ m) with d0/m0 for
@@ -221,11 +229,13 @@ __device__ __forceinline__ void decode8<COMMON_GGML_TYPE_BF16>(const uint8_t *ro
 struct wq8 {
     uint32_t lo, hi;
     float    d0, d1, m;
+    float    m1; /* split_min: the high four's min (m the low four's) */
 };
 
 template <int T> static constexpr __host__ __device__ int qoff()
 {
     return T == COMMON_GGML_TYPE_Q4_0                                   ? 8
+           : T == COMMON_GGML_TYPE_Q3_K                                 ? 4
            : T == COMMON_GGML_TYPE_Q5_0                                 ? 16
            : T == COMMON_GGML_TYPE_Q6_K                                 ? 32
            : T == COMMON_GGML_TYPE_TQ1_0 || T == COMMON_GGML_TYPE_TQ2_0 ? 1
@@ -331,6 +341,57 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_MXFP4>(const uint8_t *r
     o.m = 0.0f;
     o.lo = mxfp4_bytes(qs & NIBBLES);
     o.hi = mxfp4_bytes((qs >> 4) & NIBBLES);
+}
+
+/* Q2_K (84 bytes): scales[16] (per 16 elements: the scale in the low nibble, the min in the
+ * high), qs[64], d, dmin. Chunk j (0..7) lies in half h = j / 4 (128 elements): its element l
+ * (< 16) is bits 2k, 2k + 1 (k = j % 4) of qs[32h + l] with scales[8h + 2k], element 16 + l those
+ * of qs[32h + 16 + l] with scales[8h + 2k + 1]; value (d * sc) * q - dmin * m. */
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q2_K>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool a4)
+{
+    const uint8_t *b = row + (c >> 3) * 84;
+    const int      j = static_cast<int>(c & 7), h = j >> 2, k = j & 3;
+    const uint8_t *qs = b + 16 + 32 * h + 4 * s;
+    const uint32_t lo = ld32a(qs, a4), hi = ld32a(qs + 16, a4), dm = ld32a(b + 80, a4);
+    const uint32_t sc = ld16(b + 8 * h + 2 * k); /* the low four's byte, then the high four's */
+    const float    d = f16_to_f32(dm & 0xffff), dmin = f16_to_f32(dm >> 16);
+    o.d0 = __fmul_rn(d, static_cast<float>(sc & 0xf));
+    o.d1 = __fmul_rn(d, static_cast<float>(sc >> 8 & 0xf));
+    o.m = -__fmul_rn(dmin, static_cast<float>(sc >> 4 & 0xf));
+    o.m1 = -__fmul_rn(dmin, static_cast<float>(sc >> 12 & 0xf));
+    o.lo = (lo >> (2 * k)) & 0x03030303u;
+    o.hi = (hi >> (2 * k)) & 0x03030303u;
+}
+
+/* Six-bit scale t (0..15) of a Q3_K block's 12 packed bytes at p (kimpl_q3_K_scales). */
+static __device__ __forceinline__ int q3k_scale(const uint8_t *p, int t)
+{
+    const uint32_t lo = t < 8 ? __ldg(p + t) & 0xfu : static_cast<uint32_t>(__ldg(p + t - 8)) >> 4;
+    const uint32_t hi = (static_cast<uint32_t>(__ldg(p + 8 + (t & 3))) >> (2 * (t >> 2))) & 3u;
+    return static_cast<int>(lo | hi << 4);
+}
+
+/* Q3_K (110 bytes): hmask[32], qs[64], scales[12] (16 six-bit, packed), d. Chunk j as Q2_K's:
+ * element l takes bits 2k, 2k + 1 of qs[32h + l] and bit 4h + k of hmask[l] (16 + l: of
+ * qs[32h + 16 + l] and hmask[16 + l]), the scales 8h + 2k and 8h + 2k + 1; the byte q = the two
+ * bits + 4 * the hmask bit, value (d * (scale - 32)) * (q - 4). */
+template <>
+__device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q3_K>(const uint8_t *row, int64_t c, int s,
+                                                               wq8 &o, bool /* a4 */)
+{
+    const uint8_t *b = row + (c >> 3) * 110;
+    const int      j = static_cast<int>(c & 7), h = j >> 2, k = j & 3;
+    const uint8_t *qs = b + 32 + 32 * h + 4 * s;
+    const uint32_t lo = ld32(qs), hi = ld32(qs + 16);
+    const uint32_t hlo = ld32(b + 4 * s), hhi = ld32(b + 16 + 4 * s);
+    const float    d = f16_to_f32(ld16(b + 108));
+    o.d0 = __fmul_rn(d, static_cast<float>(q3k_scale(b + 96, 8 * h + 2 * k) - 32));
+    o.d1 = __fmul_rn(d, static_cast<float>(q3k_scale(b + 96, 8 * h + 2 * k + 1) - 32));
+    o.m = 0.0f;
+    o.lo = ((lo >> (2 * k)) & 0x03030303u) | ((hlo >> (4 * h + k)) & BYTE_LOW_BITS) << 2;
+    o.hi = ((hi >> (2 * k)) & 0x03030303u) | ((hhi >> (4 * h + k)) & BYTE_LOW_BITS) << 2;
 }
 
 /* Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Sub-block j (0..7) of 32: element l is the low
@@ -507,7 +568,7 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_I2S_B32F>(const uint8_t
     {                                                                                              \
         wq8 w;                                                                                     \
         decodeq<T>(row, c, s, w, a4);                                                              \
-        o.d0 = w.d0, o.d1 = w.d1, o.m0 = o.m1 = w.m;                                               \
+        o.d0 = w.d0, o.d1 = w.d1, o.m0 = w.m, o.m1 = split_min<T>() ? w.m1 : w.m;                  \
         if (T == COMMON_GGML_TYPE_Q8_0 || T == COMMON_GGML_TYPE_MXFP4)                             \
             bytes8(o, w.lo ^ 0x80808080u, w.hi ^ 0x80808080u, 128.0f);                             \
         else                                                                                       \
@@ -518,6 +579,8 @@ DECODE8_Q(COMMON_GGML_TYPE_Q4_1)
 DECODE8_Q(COMMON_GGML_TYPE_Q5_0)
 DECODE8_Q(COMMON_GGML_TYPE_Q5_1)
 DECODE8_Q(COMMON_GGML_TYPE_Q8_0)
+DECODE8_Q(COMMON_GGML_TYPE_Q2_K)
+DECODE8_Q(COMMON_GGML_TYPE_Q3_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q4_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q5_K)
 DECODE8_Q(COMMON_GGML_TYPE_Q6_K)
@@ -730,9 +793,13 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
                 float        xl[4], xh[4];
                 load_x4(xp, xvec, xl);
                 load_x4(xp + 16, xvec, xh);
-                float xs = 0.0f;
-                if (qtype<T>::has_min)
+                float xs = 0.0f, xsl = 0.0f, xsh = 0.0f;
+                if (split_min<T>()) {
+                    xsl = (xl[0] + xl[1]) + (xl[2] + xl[3]);
+                    xsh = (xh[0] + xh[1]) + (xh[2] + xh[3]);
+                } else if (qtype<T>::has_min) {
                     xs = (xl[0] + xl[1]) + (xl[2] + xl[3]) + ((xh[0] + xh[1]) + (xh[2] + xh[3]));
+                }
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     float dl = d[r].q[0] * xl[0], dh = d[r].q[4] * xh[0];
@@ -748,7 +815,9 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
                         a = fmaf(d[r].d1, dh, fmaf(d[r].d0, dl, a));
                     else
                         a = fmaf(d[r].d0, dl + dh, a);
-                    if (qtype<T>::has_min)
+                    if (split_min<T>())
+                        a = fmaf(d[r].m1, xsh, fmaf(d[r].m0, xsl, a));
+                    else if (qtype<T>::has_min)
                         a = fmaf(d[r].m0, xs, a);
                     acc[r][t] = a;
                 }
@@ -913,7 +982,10 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
                                  d[r].d1 * static_cast<float>(ih - OFF * sh));
                     else
                         v = d[r].d0 * static_cast<float>(il + ih - OFF * (sl + sh));
-                    if (qtype<T>::has_min)
+                    if (split_min<T>())
+                        v = fmaf(d[r].m, static_cast<float>(sl),
+                                 fmaf(d[r].m1, static_cast<float>(sh), v));
+                    else if (qtype<T>::has_min)
                         v = fmaf(d[r].m, static_cast<float>(sl + sh), v);
                     acc[r][t] = fmaf(dx, v, acc[r][t]);
                 }
@@ -1275,6 +1347,10 @@ template <class F> static int with_qtype(uint32_t type, const char *what, F &&f)
         return f(type_tag<COMMON_GGML_TYPE_Q5_1>());
     case COMMON_GGML_TYPE_Q8_0:
         return f(type_tag<COMMON_GGML_TYPE_Q8_0>());
+    case COMMON_GGML_TYPE_Q2_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q2_K>());
+    case COMMON_GGML_TYPE_Q3_K:
+        return f(type_tag<COMMON_GGML_TYPE_Q3_K>());
     case COMMON_GGML_TYPE_Q4_K:
         return f(type_tag<COMMON_GGML_TYPE_Q4_K>());
     case COMMON_GGML_TYPE_Q5_K:

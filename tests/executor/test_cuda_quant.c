@@ -29,12 +29,13 @@
 
 /* The weight types of quant.cu. */
 static const uint32_t g_types[] = {
-    COMMON_GGML_TYPE_F32,      COMMON_GGML_TYPE_F16,     COMMON_GGML_TYPE_BF16,
-    COMMON_GGML_TYPE_Q4_0,     COMMON_GGML_TYPE_Q4_1,    COMMON_GGML_TYPE_Q5_0,
-    COMMON_GGML_TYPE_Q5_1,     COMMON_GGML_TYPE_Q8_0,    COMMON_GGML_TYPE_Q4_K,
-    COMMON_GGML_TYPE_Q5_K,     COMMON_GGML_TYPE_Q6_K,    COMMON_GGML_TYPE_MXFP4,
-    COMMON_GGML_TYPE_TQ1_0,    COMMON_GGML_TYPE_TQ2_0,   COMMON_GGML_TYPE_I2S_Q128,
-    COMMON_GGML_TYPE_I2S_B32H, COMMON_GGML_TYPE_I2S_B32F};
+    COMMON_GGML_TYPE_F32,     COMMON_GGML_TYPE_F16,      COMMON_GGML_TYPE_BF16,
+    COMMON_GGML_TYPE_Q4_0,    COMMON_GGML_TYPE_Q4_1,     COMMON_GGML_TYPE_Q5_0,
+    COMMON_GGML_TYPE_Q5_1,    COMMON_GGML_TYPE_Q8_0,     COMMON_GGML_TYPE_Q2_K,
+    COMMON_GGML_TYPE_Q3_K,    COMMON_GGML_TYPE_Q4_K,     COMMON_GGML_TYPE_Q5_K,
+    COMMON_GGML_TYPE_Q6_K,    COMMON_GGML_TYPE_MXFP4,    COMMON_GGML_TYPE_TQ1_0,
+    COMMON_GGML_TYPE_TQ2_0,   COMMON_GGML_TYPE_I2S_Q128, COMMON_GGML_TYPE_I2S_B32H,
+    COMMON_GGML_TYPE_I2S_B32F};
 #define N_TYPES (sizeof(g_types) / sizeof(g_types[0]))
 
 static const char *type_name(uint32_t type)
@@ -172,14 +173,13 @@ Test(executor_cuda_quant, rejects_unsupported_types_and_bad_sizes)
     gpu_or_skip();
     for (size_t i = 0; i < N_TYPES; i++)
         cr_assert(gpu_type_supported(g_types[i]), "%s", type_name(g_types[i]));
-    const uint32_t others[] = {COMMON_GGML_TYPE_Q8_1, COMMON_GGML_TYPE_Q2_K,
-                               COMMON_GGML_TYPE_Q3_K, COMMON_GGML_TYPE_Q8_K,
-                               COMMON_GGML_TYPE_I2_S, COMMON_GGML_TYPE_COUNT};
+    const uint32_t others[] = {COMMON_GGML_TYPE_Q8_1, COMMON_GGML_TYPE_Q8_K, COMMON_GGML_TYPE_I2_S,
+                               COMMON_GGML_TYPE_COUNT};
     for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++)
         cr_assert(!gpu_type_supported(others[i]), "type %u", others[i]);
 
     float *d = dev_poisoned(1 << 16);
-    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q2_K, d, 84, 1, 256, d, 256, 1, d, 1), -1);
+    cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q8_K, d, 292, 1, 256, d, 256, 1, d, 1), -1);
     cr_assert(strlen(gpu_last_error()) > 0);
     cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_0, d, 18, 1, 32, d, 32, 0, d, 1), -1, "n = 0");
     cr_assert_eq(gpu_matvec(COMMON_GGML_TYPE_Q4_0, d, 18, 1, 32, d, 32, GPU_MATVEC_MAX_N + 1, d, 1),
@@ -196,7 +196,9 @@ Test(executor_cuda_quant, rejects_unsupported_types_and_bad_sizes)
     cr_assert_eq(gpu_matvec_ids(COMMON_GGML_TYPE_Q8_0, d, 34, 34, 1, 32, (const int32_t *)d, 1, d,
                                 32, 0, d, 1),
                  -1, "x_div = 0");
-    cr_assert_eq(gpu_dequant_rows(COMMON_GGML_TYPE_Q3_K, d, 110, 256, NULL, 1, d, 256, false), -1);
+    cr_assert_eq(gpu_dequant_rows(COMMON_GGML_TYPE_Q8_K, d, 292, 256, NULL, 1, d, 256, false), -1);
+    cr_assert_eq(gpu_dequant_rows(COMMON_GGML_TYPE_Q3_K, d, 109, 256, NULL, 1, d, 256, false), -1,
+                 "Q3_K: row_bytes short of a row");
     cr_assert_eq(gpu_gemm_f16((const uint16_t *)d, 1, 48, (const uint16_t *)d, 1, d, 1), -1,
                  "cols not a multiple of 32");
     cr_assert_eq(gpu_gemm_f16((const uint16_t *)d + 1, 1, 32, (const uint16_t *)d, 1, d, 1), -1,

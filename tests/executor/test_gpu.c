@@ -709,14 +709,15 @@ static void check_arch_against_cpu_as(enum common_arch arch, uint32_t n_head_kv,
     snprintf(path, sizeof(path), "%s/arch.gguf", dir);
     snprintf(name, sizeof(name), "%s%s %s", common_arch_name(arch), lite ? " lite" : "",
              common_ggml_type_get(type)->name);
+    const uint32_t width = common_ggml_type_get(type)->blck > 128 ? 256 : 128; /* K-quants: 256 */
     const struct executor_synth_opts o = {.path = path,
                                           .arch = arch,
                                           .lite = lite,
-                                          .n_embd = 128,
+                                          .n_embd = width,
                                           .n_layer = 3,
                                           .n_head = 4,
                                           .n_head_kv = n_head_kv,
-                                          .n_ff = 128,
+                                          .n_ff = width,
                                           .n_vocab = 512,
                                           .type = type,
                                           .seed = seed,
@@ -785,6 +786,18 @@ Test(executor_gpu, gpt_oss_as_the_cpu, .timeout = 300)
     g_vram_budget = 3 * 3 * 128 * 128 * 4; /* three F32 experts of 128 x 128 */
     check_arch_against_cpu(COMMON_ARCH_GPTOSS, 2, COMMON_GGML_TYPE_F32);
     g_vram_budget = 0;
+}
+
+/* Q2_K and Q3_K weights (the usual low-bit quants of DeepSeek-sized models): a qwen3moe of each
+ * type, the attention and the experts in that type, the int8 matvec over their split scales
+ * (and Q2_K's split mins) and the prefill over them dequantized, against the CPU's kernels
+ * (tolerance as deepseek2_lite_q8_0_as_the_cpu's). */
+Test(executor_gpu, q2_k_and_q3_k_as_the_cpu, .timeout = 300)
+{
+    check_arch_against_cpu_as(COMMON_ARCH_QWEN3MOE, 2, COMMON_GGML_TYPE_Q2_K, false,
+                              (struct check_tol){4e-2, 0.02f}, 7);
+    check_arch_against_cpu_as(COMMON_ARCH_QWEN3MOE, 2, COMMON_GGML_TYPE_Q3_K, false,
+                              (struct check_tol){4e-2, 0.02f}, 7);
 }
 
 /* olmoe: q/k norms over the whole projection. */
