@@ -440,8 +440,18 @@ const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_c
         const bool                     moe = lw->gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe);
         if (moe && (!lw->gate_exps_b) != (!lw->up_exps_b))
             return "routed experts with a bias on gate or up alone are not on the CUDA path";
-        if (lw->ffn_streamed)
-            return "a dense FFN streamed under --ram-budget is not on the CUDA path yet";
+        for (int p = 0; lw->ffn_streamed && p < COMMON_EXPERT_PART_COUNT; p++) {
+            if (lw->exp_tail[p])
+                return "a dense FFN streamed under --ram-budget with per-tensor I2_S scales is "
+                       "not on the CUDA path yet";
+            if (!gpu_type_supported(lw->exp[p].type)) {
+                snprintf(buf, len,
+                         "layer %u has a %s FFN matrix, which the CUDA path cannot read "
+                         "yet",
+                         il, gpu_type_name(lw->exp[p].type));
+                return buf;
+            }
+        }
         const struct executor_mat *ms[GPU_LAYER_MATS];
         for (size_t i = 0; i < gpu_layer_mats(lw, ms); i++)
             if ((i < GPU_LAYER_MATS_ATT || moe) && !gpu_mat_ok(ms[i])) {
@@ -617,6 +627,8 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, uin
          * on the device. */
         for (size_t i = 0; i < gpu_layer_mats(lw, ms); i++)
             wb += i < GPU_LAYER_MATS_ATT || !cpu ? gpu_mat_bytes(ms[i]) : 0;
+        for (int p = 0; lw->ffn_streamed && p < COMMON_EXPERT_PART_COUNT; p++)
+            wb += (size_t)lw->exp[p].rows * lw->exp[p].row_bytes; /* uploaded from the source */
         if (!cpu && n_slots < 0)
             wb += (size_t)hp->n_expert * gpu_expert_bytes(m, il);
         wb += (4 * w.ne + w.qd + w.kd + w.vd + 2 * w.E) * sizeof(float);
@@ -1155,6 +1167,7 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     const struct gpu_widths        w = gpu_widths_of(hp);
     struct gpu_layer              *gl = &gw->layers[il];
     bool                           ok = true;
+    int                            rc;
     gl->attn_norm = gpu_put(gw, lw->attn_norm, w.ne * sizeof(float), &ok);
     gl->ffn_norm = gpu_put(gw, lw->ffn_norm, w.ne * sizeof(float), &ok);
     gl->q_norm = gpu_put(gw, lw->q_norm, lw->q_norm_n * sizeof(float), &ok);
@@ -1191,6 +1204,21 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->gate = gpu_put_mat(gw, &lw->gate, &ok);
     gl->up = gpu_put_mat(gw, &lw->up, &ok);
     gl->down = gpu_put_mat(gw, &lw->down, &ok);
+    /* A dense FFN streamed under --ram-budget (its matrices not in RAM): read from the weight
+     * source once, as an expert's parts, and kept on the device. */
+    struct gpu_mat *ffn[COMMON_EXPERT_PART_COUNT] = {&gl->gate, &gl->up, &gl->down};
+    for (int p = 0; ok && lw->ffn_streamed && p < COMMON_EXPERT_PART_COUNT; p++) {
+        const struct executor_expert_geom *geo = &lw->exp[p];
+        *ffn[p] = (struct gpu_mat){.type = geo->type,
+                                   .rows = geo->rows,
+                                   .cols = geo->cols,
+                                   .row_bytes = geo->row_bytes,
+                                   .scale = lw->exp_scale[p]};
+        if (!(ffn[p]->d = gpu_take(&gw->mem, (size_t)geo->rows * geo->row_bytes, &gw->bytes)))
+            ok = false;
+        else if ((rc = gpu_copy_expert(gw, il, 0, (enum common_expert_part)p, ffn[p]->d, e)) < 0)
+            return rc;
+    }
     if (!gl->cpu_moe) {
         gl->gate_inp = gpu_put_mat(gw, &lw->gate_inp, &ok);
         gl->sh_gate = gpu_put_mat(gw, &lw->sh_gate, &ok);
@@ -1216,8 +1244,7 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
             off += (size_t)geo->rows * geo->row_bytes;
             continue;
         }
-        int rc = gpu_put_experts(gw, il, (enum common_expert_part)p, &gl->exps[p], e);
-        if (rc < 0)
+        if ((rc = gpu_put_experts(gw, il, (enum common_expert_part)p, &gl->exps[p], e)) < 0)
             return rc;
     }
     return 0;

@@ -227,6 +227,55 @@ Test(cli_run, ngl_refused_by_the_model_keeps_its_kv_in_the_ram_plan, .timeout = 
     free(dir);
 }
 
+/* A dense model under --ram-budget streams its FFN (one bundle a layer): with -ngl the device
+ * reads the FFN of its layers from the fetcher once, at the start, and keeps it; the CPU's layers
+ * go on streaming theirs. The greedy tokens are those of the same -ngl without the budget (the
+ * same bytes on the device), on llama-2-tiny (also the CPU's) and a 4-layer dense qwen3 made by
+ * mkmodel: every layer, then the last two. */
+Test(cli_run, ngl_takes_a_dense_ffn_streamed_under_a_ram_budget, .timeout = 180)
+{
+    FIXTURE_OR_SKIP(tiny, "models/llama-2-tiny-random.gguf");
+    char *dir = fixture_tmpdir();
+    char  dense[1024], cmd[4096];
+    int   st = 0;
+    snprintf(dense, sizeof(dense), "%s/dense.gguf", dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s mkmodel -q -o %s --arch qwen3 --n-embd 256 --n-head 2 --n-head-kv 2 "
+             "--n-ff 512 --n-layer 4 --n-vocab 259 --type q4_K 2>&1",
+             SLUICE, dense);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0);
+    const char *models[] = {tiny, dense};
+    for (int i = 0; i < 2; i++) {
+        char *cpu = greedy_ids(models[i], "-p '" PROMPT "' --ram-budget 64M");
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+        char *all = greedy_ids(models[i], "-p '" PROMPT "' --ram-budget 64M -ngl 999");
+        char *two = greedy_ids(models[i], "-p '" PROMPT "' --ram-budget 64M -ngl 2");
+        char *all_mapped = greedy_ids(models[i], "-p '" PROMPT "' -ngl 999");
+        char *two_mapped = greedy_ids(models[i], "-p '" PROMPT "' -ngl 2");
+        snprintf(cmd, sizeof(cmd),
+                 "%s run -m %s -p hi -n 2 --temp 0 -t 2 --ram-budget 64M -ngl 999 2>&1 >/dev/null",
+                 SLUICE, models[i]);
+        char *err = sh(cmd, &st);
+        cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+        cr_assert(st == 0 && strstr(err, "gpu: HOST0 (") && !strstr(err, "ignored"),
+                  "%s: the device did not take its layers:\n%s", models[i], err);
+        cr_assert_str_eq(all, all_mapped, "%s: -ngl 999 --ram-budget 64M", models[i]);
+        cr_assert_str_eq(two, two_mapped, "%s: -ngl 2 --ram-budget 64M", models[i]);
+        if (i == 0)
+            cr_assert_str_eq(all, cpu, "llama-2-tiny: -ngl 999 --ram-budget 64M vs the CPU");
+        free(err);
+        free(cpu);
+        free(all);
+        free(two);
+        free(all_mapped);
+        free(two_mapped);
+    }
+    fixture_rmtree(dir);
+    free(dir);
+    free(tiny);
+}
+
 /* `sluice run ... ARGS -p hi -n 8 --temp 0` on the host backend: its stderr, exit status in *st. */
 static char *run_err(const char *model, const char *args, int *st)
 {
