@@ -202,18 +202,18 @@ Test(cli_run, ngl_leaves_the_device_layers_kv_out_of_the_ram_plan, .timeout = 12
     free(model);
 }
 
-/* A device that cannot take the model (a dense FFN streamed under --ram-budget is not on it
- * yet): the model opens again with every layer's KV in the plan, printed once, and runs on the
- * CPU. */
+/* A device that cannot take the model (a dense FFN streamed under --ram-budget in Microsoft's
+ * I2_S layout, its per-tensor scale after the codes, is not on it yet): the model opens again
+ * with every layer's KV in the plan, printed once, and runs on the CPU. */
 Test(cli_run, ngl_refused_by_the_model_keeps_its_kv_in_the_ram_plan, .timeout = 120)
 {
     char *dir = fixture_tmpdir();
     char  model[1024], cmd[4096];
     int   st = 0, n = 0;
-    snprintf(model, sizeof(model), "%s/dense.gguf", dir);
+    snprintf(model, sizeof(model), "%s/i2s.gguf", dir);
     snprintf(cmd, sizeof(cmd),
-             "%s mkmodel -q -o %s --arch qwen3 --n-embd 256 --n-head 2 --n-head-kv 2 "
-             "--n-ff 256 --n-layer 2 --n-vocab 259 --type q4_0 2>&1",
+             "%s mkmodel -q -o %s --arch bitnet-b1.58 --n-embd 256 --n-head 2 --n-head-kv 2 "
+             "--n-ff 256 --n-layer 2 --n-vocab 259 --type i2_s 2>&1",
              SLUICE, model);
     free(sh(cmd, &st));
     cr_assert_eq(st, 0);
