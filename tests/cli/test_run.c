@@ -202,21 +202,30 @@ Test(cli_run, ngl_leaves_the_device_layers_kv_out_of_the_ram_plan, .timeout = 12
     free(model);
 }
 
+/* `sluice mkmodel` of a small model (n_embd 256, 2 heads, 259 tokens) and ARGS into DIR/NAME,
+ * whose path goes to out. */
+static void make_model(const char *dir, const char *name, const char *args, char *out, size_t len)
+{
+    char cmd[4096];
+    int  st = 0;
+    snprintf(out, len, "%s/%s", dir, name);
+    snprintf(cmd, sizeof(cmd),
+             "%s mkmodel -q -o %s --n-embd 256 --n-head 2 --n-head-kv 2 --n-vocab 259 %s 2>&1",
+             SLUICE, out, args);
+    free(sh(cmd, &st));
+    cr_assert_eq(st, 0, "mkmodel %s", args);
+}
+
 /* A device that cannot take the model (a dense FFN streamed under --ram-budget in Microsoft's
  * I2_S layout, its per-tensor scale after the codes, is not on it yet): the model opens again
  * with every layer's KV in the plan, printed once, and runs on the CPU. */
 Test(cli_run, ngl_refused_by_the_model_keeps_its_kv_in_the_ram_plan, .timeout = 120)
 {
     char *dir = fixture_tmpdir();
-    char  model[1024], cmd[4096];
-    int   st = 0, n = 0;
-    snprintf(model, sizeof(model), "%s/i2s.gguf", dir);
-    snprintf(cmd, sizeof(cmd),
-             "%s mkmodel -q -o %s --arch bitnet-b1.58 --n-embd 256 --n-head 2 --n-head-kv 2 "
-             "--n-ff 256 --n-layer 2 --n-vocab 259 --type i2_s 2>&1",
-             SLUICE, model);
-    free(sh(cmd, &st));
-    cr_assert_eq(st, 0);
+    char  model[1024];
+    int   n = 0;
+    make_model(dir, "i2s.gguf", "--arch bitnet-b1.58 --n-ff 256 --n-layer 2 --type i2_s", model,
+               sizeof(model));
     double cpu = plan_kv_kib(model, "--ram-budget 64M -c 1024", &n);
     cr_assert_gt(cpu, 0);
     cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
@@ -238,13 +247,8 @@ Test(cli_run, ngl_takes_a_dense_ffn_streamed_under_a_ram_budget, .timeout = 180)
     char *dir = fixture_tmpdir();
     char  dense[1024], cmd[4096];
     int   st = 0;
-    snprintf(dense, sizeof(dense), "%s/dense.gguf", dir);
-    snprintf(cmd, sizeof(cmd),
-             "%s mkmodel -q -o %s --arch qwen3 --n-embd 256 --n-head 2 --n-head-kv 2 "
-             "--n-ff 512 --n-layer 4 --n-vocab 259 --type q4_K 2>&1",
-             SLUICE, dense);
-    free(sh(cmd, &st));
-    cr_assert_eq(st, 0);
+    make_model(dir, "dense.gguf", "--arch qwen3 --n-ff 512 --n-layer 4 --type q4_K", dense,
+               sizeof(dense));
     const char *models[] = {tiny, dense};
     for (int i = 0; i < 2; i++) {
         char *cpu = greedy_ids(models[i], "-p '" PROMPT "' --ram-budget 64M");
