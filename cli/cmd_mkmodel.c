@@ -254,9 +254,10 @@ int cli_cmd_mkmodel(int argc, char **argv)
             .target = &o.type,
             .parse = mkmodel_parse_type,
             .metavar = "TYPE",
-            .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_K q5_K q6_K mxfp4 "
-                       "tq1_0 tq2_0 i2_s (norms and router stay f32; with i2_s the embedding "
-                       "is f16 and the weights random ternary values times a power of two)",
+            .help = "weight type: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_K q3_K q4_K q5_K "
+                       "q6_K mxfp4 tq1_0 tq2_0 i2_s (norms and router stay f32; with i2_s the "
+                       "embedding is f16 and the weights random ternary values times a power of "
+                       "two)",
             .def = "f32"},
            {.name = "i2s-layout",
             .type = COMMON_OPT_CALLBACK,
