@@ -13,7 +13,9 @@
 #   SLUICE   sluice binary                                          [build/bin/sluice]
 #   PEER     llama-bench binary (llama.cpp built with CUDA); empty = sluice alone []
 #   MODELS   directory of the models, made there when missing       [/tmp/sluice-bench/gpu]
-#   WHICH    models to run, of: dense-q4_0 dense-q4_k moe-q4_k gptoss-mxfp4
+#   WHICH    models to run, of: dense-q4_0 dense-q4_k moe-q4_k gptoss-mxfp4 moe-q2_k (the MoE
+#            in Q2_K, as the low-bit quants of DeepSeek-sized models are: about 2 minutes to
+#            make on 16 cores, the quantizer's full search)
 #                                                     [dense-q4_0 dense-q4_k moe-q4_k]
 #   P, N     prompt tokens of the prefill test, tokens of the decode test   [512, 128]
 #   REPS     repetitions of each test                               [3]
@@ -54,6 +56,7 @@ make_model() {
         dense-q4_k) "$SLUICE" mkmodel -o "$path.part" "${dense[@]}" --type q4_K --quick-quant -q ;;
         moe-q4_k) "$SLUICE" mkmodel -o "$path.part" "${moe[@]}" --type q4_K --quick-quant -q ;;
         gptoss-mxfp4) "$SLUICE" mkmodel -o "$path.part" "${gptoss[@]}" --type mxfp4 -q ;;
+        moe-q2_k) "$SLUICE" mkmodel -o "$path.part" "${moe[@]}" --type q2_K -q ;;
         *) echo "bench-gpu: unknown model $name" >&2; return 1 ;;
         esac
         mv "$path.part" "$path"
