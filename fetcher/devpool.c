@@ -352,6 +352,23 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
 }
 
 /* Makes, maps and hands over piece k. 0, or a negative common_err (ERROR sent). */
+/* Makes piece k of the open pool and maps it in place, unless it is there. mu held. */
+static int devpool_piece_make_locked(struct fetcher_devpool *d, uint32_t k, struct common_errmsg *e)
+{
+    if (d->pieces[k])
+        return COMMON_OK;
+    struct common_devmem_piece *p = NULL;
+    int                         rc = common_devmem_piece_create(d->gran, &p, e);
+    if (rc == COMMON_OK &&
+        (rc = common_devmem_piece_map(p, d->base + (size_t)k * d->gran, e)) != COMMON_OK)
+        common_devmem_piece_destroy(p);
+    if (rc == COMMON_OK) {
+        d->pieces[k] = p;
+        d->c.bytes += d->gran;
+    }
+    return rc;
+}
+
 static int devpool_piece(struct fetcher_devpool *d, int sock, const struct common_devmem_handle *h)
 {
     struct common_errmsg        e = {{0}};
@@ -360,17 +377,8 @@ static int devpool_piece(struct fetcher_devpool *d, int sock, const struct commo
     if (h->len == sizeof(k))
         memcpy(&k, h->blob, sizeof(k));
     pthread_mutex_lock(&d->mu);
-    int rc = d->open && !d->adopts && k < d->n_pieces ? 0 : COMMON_EINVAL;
-    if (rc == 0 && !d->pieces[k]) {
-        struct common_devmem_piece *p = NULL;
-        rc = common_devmem_piece_create(d->gran, &p, &e);
-        if (rc == 0 && (rc = common_devmem_piece_map(p, d->base + (size_t)k * d->gran, &e)) != 0)
-            common_devmem_piece_destroy(p);
-        if (rc == 0) {
-            d->pieces[k] = p;
-            d->c.bytes += d->gran;
-        }
-    }
+    int rc = d->open && !d->adopts && k < d->n_pieces ? devpool_piece_make_locked(d, k, &e)
+                                                      : COMMON_EINVAL;
     if (rc == 0)
         rc = common_devmem_piece_export(d->pieces[k], &out, &e);
     if (rc == 0)
@@ -710,6 +718,16 @@ static int devpool_read_locked(struct fetcher_devpool *d, const struct proto_fet
     return 0;
 }
 
+/* Publishes mark `loan` on the control page (failed: the copies before it did not all happen)
+ * and wakes its waiters. mu held. */
+static void devpool_publish_locked(struct fetcher_devpool *d, uint32_t loan, bool failed)
+{
+    if (failed)
+        atomic_store_explicit(d->ctl_failed, loan, memory_order_relaxed);
+    atomic_store_explicit(&d->ctl[0], loan, memory_order_release);
+    syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r)
 {
     int rc = COMMON_EINVAL;
@@ -741,11 +759,8 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
                     uint64_t busy = 0;
                     (void)common_devmem_copy_time(&busy);
                     atomic_store_explicit(d->ctl_busy, busy - d->busy0, memory_order_relaxed);
-                    if (d->failed)
-                        atomic_store_explicit(d->ctl_failed, r->loan, memory_order_relaxed);
+                    devpool_publish_locked(d, r->loan, d->failed);
                     d->failed = false;
-                    atomic_store_explicit(&d->ctl[0], r->loan, memory_order_release);
-                    syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
                     d->c.marks++;
                 }
             }
@@ -941,9 +956,7 @@ static void *devpool_worker(void *arg)
         if (fetcher_devpool_record(d, &r) != COMMON_OK && r.op == PROTO_FETCH_DEV_MARK) {
             /* a mark that could not be recorded: published as failed, never waited on forever */
             pthread_mutex_lock(&d->mu);
-            atomic_store_explicit(d->ctl_failed, r.loan, memory_order_relaxed);
-            atomic_store_explicit(&d->ctl[0], r.loan, memory_order_release);
-            syscall(SYS_futex, d->ctl_page, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+            devpool_publish_locked(d, r.loan, true);
             pthread_mutex_unlock(&d->mu);
         }
         pthread_mutex_lock(&d->qmu);
@@ -1017,18 +1030,9 @@ int fetcher_devpool_local_piece(struct fetcher_devpool *d, uint32_t k, struct co
 {
     pthread_mutex_lock(&d->mu);
     int rc = d->open && k < d->n_pieces ? common_devmem_open(d->dev, e) : COMMON_EINVAL;
-    if (rc == COMMON_OK && !d->pieces[k]) {
-        struct common_devmem_piece *p = NULL;
-        rc = common_devmem_piece_create(d->gran, &p, e);
-        if (rc == COMMON_OK &&
-            (rc = common_devmem_piece_map(p, d->base + (size_t)k * d->gran, e)) != COMMON_OK)
-            common_devmem_piece_destroy(p);
-        if (rc == COMMON_OK) {
-            d->pieces[k] = p;
-            d->c.bytes += d->gran;
-            d->c.pieces++;
-        }
-    }
+    const bool had = rc == COMMON_OK && d->pieces[k];
+    if (rc == COMMON_OK && (rc = devpool_piece_make_locked(d, k, e)) == COMMON_OK && !had)
+        d->c.pieces++;
     pthread_mutex_unlock(&d->mu);
     return rc == COMMON_EINVAL && !(e && e->text[0])
                ? common_errmsg_set(e, rc, "no such piece of the device pool")

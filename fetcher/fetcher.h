@@ -379,6 +379,12 @@ struct fetcher_devpool_counts {
     bool     pinned;       /* the RAM pool is registered with the device as pinned memory */
 };
 
+/* The counters of struct fetcher_devpool_counts that add up over several pools, as X(field). */
+#define FETCHER_DEVPOOL_SUMS(X)                                                                    \
+    X(opens)                                                                                       \
+    X(refused) X(bytes) X(pieces) X(copies) X(copied_bytes) X(marks) X(waits) X(bad) X(staged)     \
+        X(stage_reads) X(stage_bytes) X(stage_hits) X(stage_failed)
+
 /* What fetcher_devpool_local_open made. */
 struct fetcher_devpool_local {
     uint8_t                    *base; /* reserved: bytes, mapped piece by piece (_piece) */

@@ -312,41 +312,19 @@ static void ctl_stats(void *arg, struct proto_stats_reply *st)
             fetcher_devpool_counts(s->devpool[k], &q);
             open += q.open;
             dc.pinned = dc.pinned || q.pinned;
-            dc.opens += q.opens;
-            dc.refused += q.refused;
-            dc.bytes += q.bytes;
-            dc.pieces += q.pieces;
-            dc.copies += q.copies;
-            dc.copied_bytes += q.copied_bytes;
-            dc.marks += q.marks;
-            dc.waits += q.waits;
-            dc.bad += q.bad;
+#define DEVPOOL_ADD(f) dc.f += q.f;
+            FETCHER_DEVPOOL_SUMS(DEVPOOL_ADD)
+#undef DEVPOOL_ADD
             dc.copy_busy_ns = q.copy_busy_ns; /* the process's */
-            dc.staged += q.staged;
-            dc.stage_reads += q.stage_reads;
-            dc.stage_bytes += q.stage_bytes;
-            dc.stage_hits += q.stage_hits;
-            dc.stage_failed += q.stage_failed;
         }
         proto_stats_add(st, "devpool.pools", s->n_devpools);
         proto_stats_add(st, "devpool.open", open);
         proto_stats_add(st, "devpool.pinned", dc.pinned);
-        proto_stats_add(st, "devpool.opens", (double)dc.opens);
-        proto_stats_add(st, "devpool.refused", (double)dc.refused);
-        proto_stats_add(st, "devpool.bytes", (double)dc.bytes);
-        proto_stats_add(st, "devpool.pieces", (double)dc.pieces);
-        proto_stats_add(st, "devpool.copies", (double)dc.copies);
-        proto_stats_add(st, "devpool.copied_bytes", (double)dc.copied_bytes);
-        proto_stats_add(st, "devpool.marks", (double)dc.marks);
-        proto_stats_add(st, "devpool.waits", (double)dc.waits);
-        proto_stats_add(st, "devpool.bad", (double)dc.bad);
+#define DEVPOOL_STAT(f) proto_stats_add(st, "devpool." #f, (double)dc.f);
+        FETCHER_DEVPOOL_SUMS(DEVPOOL_STAT)
+#undef DEVPOOL_STAT
         proto_stats_add(st, "devpool.copy_busy_ms", (double)dc.copy_busy_ns / 1e6);
         proto_stats_add(st, "devpool.stages", s->stages);
-        proto_stats_add(st, "devpool.staged", (double)dc.staged);
-        proto_stats_add(st, "devpool.stage_reads", (double)dc.stage_reads);
-        proto_stats_add(st, "devpool.stage_bytes", (double)dc.stage_bytes);
-        proto_stats_add(st, "devpool.stage_hits", (double)dc.stage_hits);
-        proto_stats_add(st, "devpool.stage_failed", (double)dc.stage_failed);
     }
 }
 
