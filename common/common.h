@@ -1154,6 +1154,10 @@ struct common_devmem_handle {
  * its device the thread's. COMMON_ENOTSUP when no backend is there (a build without CUDA, no
  * driver, SLUICE_GPU_BACKEND=none), with the reason. */
 int common_devmem_open(int dev, struct common_errmsg *e);
+/* common_devmem_open for a device the process opened before, without asking the driver again
+ * about it: only makes it the calling thread's device (a thread serving the pools of several
+ * devices, record by record). Opens it when it was not. */
+int common_devmem_select(int dev, struct common_errmsg *e);
 /* The backend opened: "HOST" or "CUDA"; NULL before common_devmem_open succeeded. */
 const char *common_devmem_backend(void);
 /* Devices the host's emulation has (HOST0..): SLUICE_GPU_HOST_DEVICES, 1 to 8; 1 without it (or

@@ -58,6 +58,17 @@ int common_devmem_open(int dev, struct common_errmsg *e)
     return rc;
 }
 
+int common_devmem_select(int dev, struct common_errmsg *e)
+{
+    pthread_mutex_lock(&g_mu);
+    const struct devmem_backend *be =
+        g_be && dev >= 0 && dev < 32 && (g_opened & 1u << dev) ? g_be : NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (!be)
+        return common_devmem_open(dev, e);
+    return be->select ? be->select(dev, e) : COMMON_OK;
+}
+
 /* The backend once open (open's store is seen by any thread that later uses what it made). */
 static const struct devmem_backend *devmem_be(struct common_errmsg *e)
 {

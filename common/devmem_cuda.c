@@ -144,6 +144,15 @@ static int cuda_open(int dev, size_t *granularity, struct common_errmsg *e)
     return COMMON_OK;
 }
 
+static int cuda_select(int dev, struct common_errmsg *e)
+{
+    cudaError_t err = cudaSetDevice(dev);
+    if (err != cudaSuccess)
+        return cuda_fail(e, err, "cudaSetDevice");
+    t_dev = dev;
+    return COMMON_OK;
+}
+
 static void *cuda_reserve(size_t bytes, struct common_errmsg *e)
 {
     CUdeviceptr p = 0;
@@ -437,6 +446,7 @@ static void *cuda_event_native(struct common_devmem_event *ev)
 static const struct devmem_backend g_cuda = {
     .name = "CUDA",
     .open = cuda_open,
+    .select = cuda_select,
     .reserve = cuda_reserve,
     .unreserve = cuda_unreserve,
     .piece_create = cuda_piece_create,

@@ -10,6 +10,8 @@
 struct devmem_backend {
     const char *name;
     int (*open)(int dev, size_t *granularity, struct common_errmsg *e);
+    /* Makes device dev, opened before, the calling thread's again (NULL: nothing to do). */
+    int (*select)(int dev, struct common_errmsg *e);
     void *(*reserve)(size_t bytes, struct common_errmsg *e);
     void (*unreserve)(void *base, size_t bytes);
     int (*piece_create)(size_t bytes, struct common_devmem_piece **out, struct common_errmsg *e);

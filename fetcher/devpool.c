@@ -733,7 +733,7 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
     int rc = COMMON_EINVAL;
     pthread_mutex_lock(&d->mu);
     if (d->select && d->open) /* the link's thread serves the pools of several devices */
-        (void)common_devmem_open(d->dev, NULL);
+        (void)common_devmem_select(d->dev, NULL);
     /* every other record comes after the reads gathered before it */
     if (d->open && r->op != PROTO_FETCH_DEV_READ && d->n_defer && devpool_flush_locked(d) != 0)
         r = NULL;

@@ -467,7 +467,7 @@ Test(common_devmem, host_memory_registers_as_cuda_allows)
 
 /* Several devices in one process (an executor whose layers span devices, each with a pool): each
  * open makes its device the thread's, pieces are made and mapped after either, and a device the
- * backend does not have is refused. */
+ * backend does not have is refused; select goes back to an opened one (or opens it). */
 Test(common_devmem, several_devices_open_in_one_process)
 {
     cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0);
@@ -489,6 +489,14 @@ Test(common_devmem, several_devices_open_in_one_process)
     cr_assert_eq(base[2 * g - 1], 7);
     cr_assert_eq(common_devmem_open(2, &e), COMMON_EINVAL, "HOST2 is not there");
     cr_assert(strstr(e.text, "HOST0..HOST1"), "%s", e.text);
+    /* select: back to an opened device without opening it again; one never opened is opened */
+    cr_assert_eq(common_devmem_select(1, &e), COMMON_OK, "%s", e.text);
+    cr_assert_eq(common_devmem_select(0, &e), COMMON_OK, "%s", e.text);
+    e.text[0] = '\0';
+    cr_assert_eq(common_devmem_select(2, &e), COMMON_EINVAL, "HOST2 is not there");
+    cr_assert(strstr(e.text, "HOST0..HOST1"), "%s", e.text);
+    cr_assert_eq(common_devmem_select(-1, &e), COMMON_EINVAL);
+    cr_assert(strstr(e.text, "not a device number"), "%s", e.text);
     common_devmem_piece_destroy(p);
     common_devmem_piece_destroy(q);
     common_devmem_unreserve(base, 2 * g);
