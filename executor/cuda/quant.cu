@@ -365,14 +365,6 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q2_K>(const uint8_t *ro
     o.hi = (hi >> (2 * k)) & 0x03030303u;
 }
 
-/* Six-bit scale t (0..15) of a Q3_K block's 12 packed bytes at p (kimpl_q3_K_scales). */
-static __device__ __forceinline__ int q3k_scale(const uint8_t *p, int t)
-{
-    const uint32_t lo = t < 8 ? __ldg(p + t) & 0xfu : static_cast<uint32_t>(__ldg(p + t - 8)) >> 4;
-    const uint32_t hi = (static_cast<uint32_t>(__ldg(p + 8 + (t & 3))) >> (2 * (t >> 2))) & 3u;
-    return static_cast<int>(lo | hi << 4);
-}
-
 /* Q3_K (110 bytes): hmask[32], qs[64], scales[12] (16 six-bit, packed), d. Chunk j as Q2_K's:
  * element l takes bits 2k, 2k + 1 of qs[32h + l] and bit 4h + k of hmask[l] (16 + l: of
  * qs[32h + 16 + l] and hmask[16 + l]), the scales 8h + 2k and 8h + 2k + 1; the byte q = the two
@@ -387,8 +379,15 @@ __device__ __forceinline__ void decodeq<COMMON_GGML_TYPE_Q3_K>(const uint8_t *ro
     const uint32_t lo = ld32(qs), hi = ld32(qs + 16);
     const uint32_t hlo = ld32(b + 4 * s), hhi = ld32(b + 16 + 4 * s);
     const float    d = f16_to_f32(ld16(b + 108));
-    o.d0 = __fmul_rn(d, static_cast<float>(q3k_scale(b + 96, 8 * h + 2 * k) - 32));
-    o.d1 = __fmul_rn(d, static_cast<float>(q3k_scale(b + 96, 8 * h + 2 * k + 1) - 32));
+    /* Scales t = 8h + 2k and t + 1 (kimpl_q3_K_scales): their low four bits are the low (h = 0)
+     * or high (h = 1) nibbles of scales[2k], scales[2k + 1], their top two bits bits 2(t >> 2)
+     * of scales[8 + (t & 3)] and the byte after it: two 16-bit loads (fewer registers than a
+     * byte load per part). */
+    const uint32_t w = ld16(b + 96 + 2 * k), u = ld16(b + 104 + 2 * (k & 1));
+    const uint32_t sc = ((w >> (4 * h)) & 0x0f0fu) | ((u >> (2 * (2 * h + (k >> 1)))) & 0x0303u)
+                                                         << 4;
+    o.d0 = __fmul_rn(d, static_cast<float>(static_cast<int>(sc & 0xffu) - 32));
+    o.d1 = __fmul_rn(d, static_cast<float>(static_cast<int>(sc >> 8) - 32));
     o.m = 0.0f;
     o.lo = ((lo >> (2 * k)) & 0x03030303u) | ((hlo >> (4 * h + k)) & BYTE_LOW_BITS) << 2;
     o.hi = ((hi >> (2 * k)) & 0x03030303u) | ((hhi >> (4 * h + k)) & BYTE_LOW_BITS) << 2;
