@@ -371,7 +371,17 @@ struct executor_gpu {
     uint64_t               shape_clock;
     uint64_t               serial;    /* this part's, unique in the process (a shape's key) */
     uint32_t              *pos_d;     /* n_batch positions */
-    uint32_t              *h_pos;     /* their host copy (n_batch) */
+    uint32_t              *h_pos;     /* their host copy (n_batch), at the start of h_in */
+    /* A step's inputs, uploaded from here: the positions, then up to in_rows rows of x and of
+     * the RoPE table (h_x, h_cs). Registered with the device (in_pinned), the uploads of a step
+     * of up to in_rows rows are queued without a wait (gpu_upload_queued) and run before its
+     * kernels; in_queued: such copies may still be in flight (synchronised before h_in is
+     * written again). Not registered, every upload waits, as gpu_upload does. */
+    uint8_t          *h_in;
+    float            *h_x, *h_cs;
+    size_t            in_bytes;
+    uint32_t          in_rows;
+    bool              in_pinned, in_queued;
     int32_t          *n_tiles_d; /* gpu_moe_sort's count of tiles */
     bool              capturing, graph_off;
     uint64_t          graph_steps;
@@ -1500,6 +1510,54 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     return 0;
 }
 
+/* Makes g's step input buffer (h_in) and registers it with g's device; one that cannot be
+ * registered stays pageable (its uploads wait). -1: out of host memory. */
+static int gpu_step_inputs_make(struct executor_gpu *g)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const size_t                 page = 4096;
+    g->in_rows = g->n_batch < EXECUTOR_GPU_ROW_EXACT ? g->n_batch : EXECUTOR_GPU_ROW_EXACT;
+    const size_t pos_bytes =
+        ((size_t)(g->n_batch ? g->n_batch : 1) * sizeof(uint32_t) + 63) / 64 * 64;
+    const size_t x_bytes = (size_t)g->in_rows * hp->n_embd * sizeof(float);
+    const size_t cs_bytes = (size_t)g->in_rows * hp->n_rot * sizeof(float);
+    g->in_bytes = (pos_bytes + x_bytes + cs_bytes + page - 1) / page * page;
+    if (!(g->h_in = aligned_alloc(page, g->in_bytes)))
+        return -1;
+    memset(g->h_in, 0, g->in_bytes);
+    g->h_pos = (uint32_t *)(void *)g->h_in;
+    g->h_x = (float *)(void *)(g->h_in + pos_bytes);
+    g->h_cs = (float *)(void *)(g->h_in + pos_bytes + x_bytes);
+    g->in_pinned = g->in_rows > 0 && getenv("SLUICE_NO_QUEUED_UPLOADS") == NULL &&
+                   gpu_use(g->dev) == 0 && gpu_host_register(g->h_in, g->in_bytes, false) == 0;
+    return 0;
+}
+
+/* Uploads a step's inputs: the n rows of c->x and of their RoPE table (c->rope), and with
+ * n_pos the positions in g->h_pos. Through h_in without a wait when it is registered and the
+ * rows fit it, else with plain uploads. 0 or -1 (device error recorded). */
+static int gpu_step_inputs_put(struct executor_gpu *g, const struct executor_ctx *c, uint32_t n,
+                               uint32_t n_pos)
+{
+    const struct common_hparams *hp = &g->m->desc->hp;
+    const size_t                 xb = (size_t)n * hp->n_embd * sizeof(float);
+    const size_t                 cb = (size_t)n * hp->n_rot * sizeof(float);
+    const size_t                 pb = (size_t)n_pos * sizeof(uint32_t);
+    if (!g->in_pinned || n > g->in_rows)
+        return gpu_upload(g->x, c->x, xb) < 0 || (cb && gpu_upload(g->cs, c->rope, cb) < 0) ||
+                       (pb && gpu_upload(g->pos_d, g->h_pos, pb) < 0)
+                   ? -1
+                   : 0;
+    memcpy(g->h_x, c->x, xb);
+    memcpy(g->h_cs, c->rope, cb);
+    g->in_queued = true;
+    return gpu_upload_queued(g->x, g->h_x, xb) < 0 ||
+                   (cb && gpu_upload_queued(g->cs, g->h_cs, cb) < 0) ||
+                   (pb && gpu_upload_queued(g->pos_d, g->h_pos, pb) < 0)
+               ? -1
+               : 0;
+}
+
 /* One sequence's side on the weights of one device (gw, a part of a placement). */
 static int gpu_seq_part(const struct executor_model *m, const struct executor_gpu_weights *gw,
                         const struct executor_gpu_place *pl, uint32_t n_ctx, uint32_t n_batch,
@@ -1533,7 +1591,7 @@ static int gpu_seq_part(const struct executor_model *m, const struct executor_gp
     g->kv_q8 = gpu_kv_is_q8(hp, pl->cache_type);
     static _Atomic uint64_t serials;
     g->serial = ++serials;
-    if (!(g->h_pos = calloc(n_batch ? n_batch : 1, sizeof(*g->h_pos)))) {
+    if (gpu_step_inputs_make(g) < 0) {
         executor_gpu_destroy(g);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
@@ -1587,7 +1645,12 @@ void executor_gpu_destroy(struct executor_gpu *g)
     free(g->k_cache);
     free(g->v_cache);
     free(g->h_mb);
-    free(g->h_pos);
+    if (g->in_pinned) {
+        if (g->in_queued)
+            (void)gpu_sync(); /* no copy from h_in left in flight */
+        gpu_host_unregister(g->h_in);
+    }
+    free(g->h_in);
     free(g->h_groups);
     free(g->h_sel);
     free(g->h_items);
@@ -3036,20 +3099,23 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
                                      i, b->n, b->p0, b->row, n, b->g->n_ctx);
     }
     const uint64_t prof = gpu_prof_begin();
-    rc = gpu_upload(g->x, c->x, (size_t)n * ne * sizeof(float));
-    if (rc == 0 && hp->n_rot)
-        rc = gpu_upload(g->cs, c->rope, (size_t)n * hp->n_rot * sizeof(float));
+    /* h_in is written again only once the copies from it queued before are done */
+    rc = g->in_queued ? gpu_sync() : 0;
+    g->in_queued = g->in_queued && rc < 0;
     int                cpu_rc = 0;
     struct gpu_graph **graph =
         rc == 0 ? gpu_graph_step(g, mb, n_mb, n, out_rows, n_out, logits) : NULL;
-    if (graph) {
-        /* One token of each member: the graph of their set, captured at its first step. */
-        for (uint32_t i = 0; i < n_mb; i++)
-            g->h_pos[i] = mb[i].p0;
-        rc = gpu_upload(g->pos_d, g->h_pos, n_mb * sizeof(uint32_t));
-        if (rc == 0 && !*graph && gpu_graph_capture(g, graph, mb, n_mb, c, out_rows) < 0)
+    /* One token of each member: the graph of their set, captured at its first step. */
+    for (uint32_t i = 0; graph && i < n_mb; i++)
+        g->h_pos[i] = mb[i].p0;
+    if (rc == 0)
+        rc = gpu_step_inputs_put(g, c, n, graph ? n_mb : 0);
+    if (rc == 0 && graph && !*graph) {
+        if ((g->in_queued && gpu_sync() < 0) ||
+            gpu_graph_capture(g, graph, mb, n_mb, c, out_rows) < 0)
             return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
                                      gpu_last_error());
+        g->in_queued = false; /* captured on an idle stream, as before */
     }
     if (rc == 0 && graph && *graph) {
         rc = gpu_graph_launch(*graph);
@@ -3063,6 +3129,7 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
                                                   common_strerror(cpu_rc));
     if (rc == 0 && !g->head) {
         rc = gpu_download(c->x, g->x, (size_t)n * ne * sizeof(float));
+        g->in_queued = g->in_queued && rc < 0;
         if (rc == 0)
             return 0;
     } else if (rc == 0 && n_out && logits) {
@@ -3074,6 +3141,7 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
     if (rc < 0)
         return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
                                  gpu_last_error());
+    g->in_queued = false; /* the download or sync above waited for the stream */
     return 1;
 }
 

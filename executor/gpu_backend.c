@@ -315,6 +315,12 @@ int gpu_upload(void *dst, const void *src, size_t bytes)
     return prof_end(t0, "upload", be() ? be()->upload(dst, src, bytes) : -1);
 }
 
+int gpu_upload_queued(void *dst, const void *src, size_t bytes)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "upload (queued)", be() ? be()->upload_queued(dst, src, bytes) : -1);
+}
+
 int gpu_download(void *dst, const void *src, size_t bytes)
 {
     const uint64_t t0 = prof_begin();

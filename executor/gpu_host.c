@@ -312,6 +312,19 @@ static int h_upload(void *dst, const void *src, size_t bytes)
     return h_here(dst, NULL, "copying to the device") < 0 ? -1 : h_copy(dst, src, bytes);
 }
 
+static bool h_registered(const void *p, size_t bytes);
+
+static int h_upload_queued(void *dst, const void *src, size_t bytes)
+{
+    H_NOT_CAPTURED("copying to the device");
+    if (h_here(dst, NULL, "copying to the device") < 0)
+        return -1;
+    if (bytes && !h_registered(src, bytes))
+        return h_failed("copying to the device without a wait: the source is not registered host "
+                        "memory (gpu_host_register)");
+    return h_copy(dst, src, bytes); /* the stream here runs each operation as it is queued */
+}
+
 static int h_download(void *dst, const void *src, size_t bytes)
 {
     H_NOT_CAPTURED("copying from the device");
@@ -418,7 +431,7 @@ static void h_event_free(struct gpu_event *ev)
  * CUDA checks, so that the pool's bookkeeping is tested here: the range must be mapped, and may
  * not overlap a registration (cudaErrorHostMemoryAlreadyRegistered); an unregistration names a
  * registration's start (else cudaErrorHostMemoryNotRegistered, which callers ignore). */
-#define HOST_MAX_REGS 64
+#define HOST_MAX_REGS 256
 static pthread_mutex_t h_reg_mu = PTHREAD_MUTEX_INITIALIZER;
 struct h_reg {
     uintptr_t p;
@@ -455,6 +468,19 @@ static int h_host_register(const void *p, size_t bytes, bool read_only)
         h_regs[h_n_regs++] = (struct h_reg){a, bytes};
     pthread_mutex_unlock(&h_reg_mu);
     return rc;
+}
+
+/* Whether [p, p + bytes) lies in one registration. */
+static bool h_registered(const void *p, size_t bytes)
+{
+    const uintptr_t a = (uintptr_t)p;
+    bool            in = false;
+    pthread_mutex_lock(&h_reg_mu);
+    for (unsigned i = 0; i < h_n_regs && !in; i++)
+        in = p && a >= h_regs[i].p && a - h_regs[i].p <= h_regs[i].bytes &&
+             bytes <= h_regs[i].bytes - (a - h_regs[i].p);
+    pthread_mutex_unlock(&h_reg_mu);
+    return in;
 }
 
 static void h_host_unregister(const void *p)
@@ -2190,6 +2216,7 @@ const struct gpu_backend *gpu_backend_host(void)
         .alloc = h_alloc,
         .release = h_release,
         .upload = h_upload,
+        .upload_queued = h_upload_queued,
         .download = h_download,
         .fill = h_fill,
         .sync = h_sync,

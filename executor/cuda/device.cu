@@ -163,6 +163,14 @@ int cuda_upload(void *dst, const void *src, size_t bytes)
     return gpu_record(cudaStreamSynchronize(gpu_stream()), "copying to the device");
 }
 
+static int cuda_upload_queued(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return 0;
+    return gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu_stream()),
+                      "copying to the device");
+}
+
 int cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
@@ -687,6 +695,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .alloc = cuda_malloc,
         .release = cuda_free,
         .upload = cuda_upload,
+        .upload_queued = cuda_upload_queued,
         .download = cuda_download,
         .fill = cuda_memset,
         .sync = cuda_sync,

@@ -60,6 +60,11 @@ void *gpu_malloc(size_t bytes); /* device memory, NULL (error recorded) when it 
 void  gpu_free(void *p);        /* accepts NULL */
 int   gpu_upload(void *dst_device, const void *src_host, size_t bytes);
 int   gpu_download(void *dst_host, const void *src_device, size_t bytes); /* waits for the stream */
+/* gpu_upload without the wait: the copy is queued on the kernel stream and the call returns at
+ * once. src_host must lie in memory registered by gpu_host_register (the host backend refuses
+ * other memory; CUDA would copy it synchronously) and stay unchanged until the stream has passed
+ * the copy (a gpu_sync, gpu_download or event after it). Not during a graph capture. */
+int   gpu_upload_queued(void *dst_device, const void *src_host, size_t bytes);
 int   gpu_memset(void *dst_device, int byte, size_t bytes);
 int   gpu_sync(void); /* waits for every queued kernel; 0 or -1 (a kernel failed) */
 /* Device memory bandwidth in bytes/s: the best of several device-to-device copies of `bytes`,
@@ -479,6 +484,7 @@ struct gpu_backend {
     void *(*alloc)(size_t bytes);
     void (*release)(void *p);
     int (*upload)(void *dst_device, const void *src_host, size_t bytes);
+    int (*upload_queued)(void *dst_device, const void *src_host, size_t bytes);
     int (*download)(void *dst_host, const void *src_device, size_t bytes);
     int (*fill)(void *dst_device, int byte, size_t bytes);
     int (*sync)(void);

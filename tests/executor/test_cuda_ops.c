@@ -1921,6 +1921,48 @@ Test(executor_cuda_ops, host_memory_registers_as_cuda_allows)
     cr_assert_eq(munmap(p, 2 * pg), 0);
 }
 
+/* Uploads queued without a wait (a decode step's inputs): from registered memory they land in
+ * stream order before the kernels queued after them, edge sizes included, and the memory may be
+ * written again once the stream was synchronised; the host backend refuses an unregistered
+ * source, as a misuse that CUDA would hide by copying synchronously. */
+Test(executor_cuda_ops, queued_uploads_land_before_the_kernels_after_them)
+{
+    gpu_or_skip();
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), n_max = 4 * pg / sizeof(float);
+    float       *h = aligned_alloc(pg, 4 * pg), *back = malloc(4 * pg);
+    float       *d = gpu_malloc(4 * pg), *y = gpu_malloc(4 * pg);
+    cr_assert(h && back && d && y, "%s", gpu_last_error());
+    cr_assert_eq(gpu_host_register(h, 4 * pg, false), 0, "%s", gpu_last_error());
+    static const size_t sizes[] = {1, 31, 32, 33, 255, 256, 257, 1024};
+    for (int round = 0; round < 3; round++)
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+            const size_t n = sizes[i] + (size_t)round * (n_max - 1024) / 2; /* up to all of h */
+            for (size_t j = 0; j < n; j++)
+                h[j] = (float)(j % 977) * 0.5f + (float)round;
+            cr_assert_eq(gpu_upload_queued(d, h, n * sizeof(float)), 0, "%s", gpu_last_error());
+            /* a kernel queued after the copy reads what it wrote: y = d + d */
+            cr_assert_eq(gpu_add(y, d, d, (int64_t)n), 0, "%s", gpu_last_error());
+            cr_assert_eq(gpu_download(back, y, n * sizeof(float)), 0, "%s", gpu_last_error());
+            for (size_t j = 0; j < n; j++)
+                cr_assert_eq(back[j], 2.0f * h[j], "round %d, %zu floats: element %zu", round, n,
+                             j);
+        }
+    cr_assert_eq(gpu_upload_queued(d, h, 0), 0, "an empty copy");
+    cr_assert_eq(gpu_sync(), 0, "%s", gpu_last_error());
+    gpu_host_unregister(h);
+    if (!strcmp(gpu_backend_name(), "HOST")) {
+        cr_assert_eq(gpu_upload_queued(d, h, 16), -1, "an unregistered source taken");
+        cr_assert(strstr(gpu_last_error(), "not registered"), "%s", gpu_last_error());
+        cr_assert_eq(gpu_host_register(h, pg, false), 0, "%s", gpu_last_error());
+        cr_assert_eq(gpu_upload_queued(d, h + 1, pg), -1, "a source past its registration taken");
+        gpu_host_unregister(h);
+    }
+    gpu_free(d);
+    gpu_free(y);
+    free(h);
+    free(back);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Device memory another process fills (common_devmem), as the fetcher's VRAM tier will        */
 /* ------------------------------------------------------------------------------------------ */
