@@ -854,7 +854,9 @@ __global__ void __launch_bounds__(MV_WARPS * 32)
 /* Weight rows per int8 matvec block. */
 template <int T, int N> static constexpr __host__ __device__ int mvq_rows()
 {
-    return N <= 2 && T != COMMON_GGML_TYPE_Q6_K ? 4 : 2; /* Q6_K's decode needs the registers */
+    /* the split types' decoders (Q6_K, Q3_K, Q2_K: two scales a chunk) need the registers: at 4
+     * rows ptxas spills their N = 2 and GLU kernels */
+    return N <= 2 && !qtype<T>::split ? 4 : 2;
 }
 
 /* k_matvec over a q8 image (gpu.h): lane s of a chunk takes the weight's quant words (decodeq)
@@ -901,15 +903,23 @@ __global__ void __launch_bounds__(MV_WARPS * 32,
     __shared__ float glu[GLU ? RR * N : 1];
     const int        lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int        s = lane & 3;
-    int              m = 0; /* MVQ_CAT: the block's matrix */
-    if (MODE == MVQ_CAT)
-        for (int i = 1; i < cat.n; i++)
-            m += blockIdx.x >= cat.first[i];
-    const int64_t  nrows = MODE == MVQ_CAT ? cat.rows[m] : rows;
-    const uint8_t *wm = MODE == MVQ_CAT ? cat.w[m] : w;
-    float         *ym = MODE == MVQ_CAT ? cat.y[m] : y;
-    const int64_t  row0 =
-        static_cast<int64_t>(MODE == MVQ_CAT ? blockIdx.x - cat.first[m] : blockIdx.x) * R;
+    /* MVQ_CAT: the block's matrix, the last whose blocks start at or before it; picked with
+     * constant indices, so that the parameter arrays stay out of local memory */
+    int64_t        nrows = rows;
+    const uint8_t *wm = w;
+    float         *ym = y;
+    unsigned       first = 0;
+    if (MODE == MVQ_CAT) {
+#pragma unroll
+        for (int i = 0; i < GPU_CAT_MAX; i++)
+            if (i < cat.n && blockIdx.x >= cat.first[i]) {
+                nrows = cat.rows[i];
+                wm = cat.w[i];
+                ym = cat.y[i];
+                first = cat.first[i];
+            }
+    }
+    const int64_t    row0 = static_cast<int64_t>(blockIdx.x - first) * R;
     const int64_t    nch = cols / QK;
     const int64_t    xrb = static_cast<int64_t>(gpu_q8_row_bytes(cols));
     const int        k_each = MODE == MVQ_COMBINE ? cat.k : 1; /* items of a token */
