@@ -487,7 +487,8 @@ Test(executor_cuda_ops, rope_qk_is_the_head_norms_then_the_ropes)
     gpu_or_skip();
     const struct {
         uint32_t n_head, n_head_kv, head_dim, n_rot;
-    } cases[] = {{4, 2, 64, 64}, {8, 1, 128, 128}, {2, 2, 80, 32}, {6, 3, 256, 64}, {3, 1, 32, 0}};
+    } cases[] = {{4, 2, 64, 64}, {8, 1, 128, 128}, {2, 2, 80, 32},   {6, 3, 256, 64},
+                 {3, 1, 32, 0},  {2, 1, 64, 63},   {2, 1, 2048, 128}}; /* odd n_rot; > 1024 */
     const uint32_t toks[] = {1, 5};
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
         for (size_t ti = 0; ti < 2; ti++)
@@ -572,12 +573,16 @@ Test(executor_cuda_ops, rope_qk_stores_the_cache_as_kv_store)
     gpu_or_skip();
     const struct {
         uint32_t n_head, n_head_kv, head_dim, head_dim_v, n_rot;
-    } cases[] = {
-        {4, 2, 64, 64, 64}, {8, 1, 128, 128, 64}, {2, 2, 80, 48, 80}, {6, 3, 256, 128, 32}};
+    } cases[] = {{4, 2, 64, 64, 64},
+                 {8, 1, 128, 128, 64},
+                 {2, 2, 80, 48, 80},
+                 {6, 3, 256, 128, 32},
+                 {2, 1, 64, 64, 33}}; /* the last: an odd n_rot */
     const uint32_t n_ctx = 16, pos0 = 3;
     for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++)
         for (uint32_t T = 1; T <= 4; T += 3)
-            for (int at = 0; at < 2; at++) {
+            for (int at = 0; at < 4; at++) { /* bit 0: the position in device memory; 1: NeoX */
+                const bool     neox = at & 2;
                 const uint32_t H = cases[ci].n_head, Hk = cases[ci].n_head_kv;
                 const uint32_t hd = cases[ci].head_dim, hdv = cases[ci].head_dim_v;
                 const uint32_t nr = cases[ci].n_rot, kd = Hk * hd, vd = Hk * hdv;
@@ -605,18 +610,18 @@ Test(executor_cuda_ops, rope_qk_stores_the_cache_as_kv_store)
                 for (uint32_t t = 0; t < T; t++)
                     cr_assert_eq(gpu_rmsnorm(dk + t * kd, hd, dk + t * kd, hd, dkn, Hk, hd, 1e-6f),
                                  0);
-                cr_assert_eq(gpu_rope(dq, T, qs, H, hd, nr, dcs, false), 0);
-                cr_assert_eq(gpu_rope(dk, T, kd, Hk, hd, nr, dcs, false), 0);
-                cr_assert_eq(at ? gpu_kv_store_at(kc, vc, kd, vd, dk, dv, dpos, T)
-                                : gpu_kv_store(kc, vc, kd, vd, dk, dv, pos0, T),
+                cr_assert_eq(gpu_rope(dq, T, qs, H, hd, nr, dcs, neox), 0);
+                cr_assert_eq(gpu_rope(dk, T, kd, Hk, hd, nr, dcs, neox), 0);
+                cr_assert_eq(at & 1 ? gpu_kv_store_at(kc, vc, kd, vd, dk, dv, dpos, T)
+                                    : gpu_kv_store(kc, vc, kd, vd, dk, dv, pos0, T),
                              0, "%s", gpu_last_error());
                 const struct gpu_kv_dst kv = {.k_cache = kc2,
                                               .v_cache = vc2,
                                               .v = dv,
                                               .head_dim_v = hdv,
-                                              .pos0 = at ? 0 : pos0,
-                                              .pos_dev = at ? dpos : NULL};
-                cr_assert_eq(gpu_rope_qk(dq2, qs, H, dk2, kd, Hk, T, hd, nr, dcs, false, NULL, dkn,
+                                              .pos0 = at & 1 ? 0 : pos0,
+                                              .pos_dev = at & 1 ? dpos : NULL};
+                cr_assert_eq(gpu_rope_qk(dq2, qs, H, dk2, kd, Hk, T, hd, nr, dcs, neox, NULL, dkn,
                                          1e-6f, &kv),
                              0, "%s", gpu_last_error());
                 uint8_t *a = xmalloc(nkc + nvc + nq * 4 + nk * 4);

@@ -785,23 +785,27 @@ Test(executor_cuda_quant, matvec_q8_cat_equals_each_product, .timeout = 300)
 }
 
 /* Description: gpu_matvec_ids_combine_q8 adds to each token's row of x what gpu_matvec_ids_q8
- * of its k items and then gpu_moe_combine add, bit for bit: 1 and 3 tokens, k of 1, 2 and 5,
- * experts picked at random (repeats included), rows 1, 33 and 257; bad arguments refused. */
+ * of its k items and then gpu_moe_combine add, bit for bit: 1, 3 and 16 tokens (16: the most a
+ * decode step takes, with k = 8 only), k of 1, 2, 5 and 8, experts picked at random (repeats
+ * included), rows 1, 33 and 257; bad arguments refused. */
 Test(executor_cuda_quant, matvec_ids_combine_q8_equals_down_then_combine, .timeout = 300)
 {
     gpu_or_skip();
     static const int64_t rows_list[] = {1, 33, 257};
-    static const int32_t k_list[] = {1, 2, 5};
+    static const int32_t k_list[] = {1, 2, 5, 8};
+    static const int64_t t_list[] = {1, 3, 16};
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const uint32_t type = g_types[ti];
         if (!gpu_matvec_q8_supported(type))
             continue;
         const int64_t cols = common_ggml_type_get(type)->blck >= 128 ? 512 : 96;
         for (size_t ri = 0; ri < 3; ri++)
-            for (size_t ki = 0; ki < 3; ki++)
-                for (int64_t T = 1; T <= 3; T += 2) {
-                    const int64_t     rows = rows_list[ri], xs = rows + 3;
-                    const int32_t     k = k_list[ki];
+            for (size_t ki = 0; ki < 4; ki++)
+                for (size_t tj = 0; tj < 3; tj++) {
+                    const int64_t rows = rows_list[ri], xs = rows + 3, T = t_list[tj];
+                    const int32_t k = k_list[ki];
+                    if (T == 16 && k != 8)
+                        continue;
                     const int64_t     items = T * k;
                     struct qt_experts ex;
                     experts_make(type, rows, cols, &ex);
