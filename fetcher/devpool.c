@@ -730,7 +730,8 @@ static void devpool_publish_locked(struct fetcher_devpool *d, uint32_t loan, boo
 
 int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_req *r)
 {
-    int rc = COMMON_EINVAL;
+    int                          rc = COMMON_EINVAL;
+    const struct proto_fetch_req rec = *r;
     pthread_mutex_lock(&d->mu);
     if (d->select && d->open) /* the link's thread serves the pools of several devices */
         (void)common_devmem_select(d->dev, NULL);
@@ -776,8 +777,13 @@ int fetcher_devpool_record(struct fetcher_devpool *d, const struct proto_fetch_r
     }
     if (rc != 0)
         d->c.bad++;
-    if (rc != 0 && d->open && (!r || r->op != PROTO_FETCH_DEV_MARK))
+    if (rc != 0 && d->open && rec.op != PROTO_FETCH_DEV_MARK)
         d->failed = true; /* never a mark over copies that did not happen */
+    if (rc != 0 && rec.op == PROTO_FETCH_DEV_MARK && d->ctl) {
+        /* a mark that could not be recorded: published as failed, never waited on for ever */
+        devpool_publish_locked(d, rec.loan, true);
+        d->failed = false;
+    }
     pthread_mutex_unlock(&d->mu);
     return rc;
 }
@@ -953,12 +959,7 @@ static void *devpool_worker(void *arg)
         d->q_head = (d->q_head + 1) % d->q_cap;
         d->q_n--;
         pthread_mutex_unlock(&d->qmu);
-        if (fetcher_devpool_record(d, &r) != COMMON_OK && r.op == PROTO_FETCH_DEV_MARK) {
-            /* a mark that could not be recorded: published as failed, never waited on forever */
-            pthread_mutex_lock(&d->mu);
-            devpool_publish_locked(d, r.loan, true);
-            pthread_mutex_unlock(&d->mu);
-        }
+        (void)fetcher_devpool_record(d, &r); /* a mark it cannot record it publishes as failed */
         pthread_mutex_lock(&d->qmu);
     }
     pthread_mutex_unlock(&d->qmu);

@@ -201,7 +201,7 @@ Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
     cr_assert_eq(memcmp(c.base + dst, g_ram + src, n), 0, "the copy is in the executor's view");
 
     /* Refused, each counted: a piece not made, outside the RAM pool, past the pool, an event
-     * that does not exist, an unknown op. */
+     * that does not exist (its mark published as failed), an unknown op. */
     const struct proto_fetch_req bad[] = {
         {.op = PROTO_FETCH_DEV_COPY, .bytes = 64, .src = 0, .dst = 2 * gran},
         {.op = PROTO_FETCH_DEV_COPY, .bytes = 64, .src = RAM_BYTES - 32, .dst = 0},
@@ -213,6 +213,10 @@ Test(fetcher_devpool, copies_from_the_ram_pool_reach_the_executors_mapping)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_expect_eq(fetcher_devpool_record(d, &bad[i]), COMMON_EINVAL, "record %zu", i);
+    /* The mark it could not record is published all the same, as failed: the executor waiting
+     * for it learns at once that the copies before it are not to be trusted. */
+    cr_expect_eq(atomic_load(c.ctl), 8u, "the refused mark's number is published");
+    cr_expect_eq(*(const uint32_t *)((const uint8_t *)c.ctl_page + 16), 8u, "as failed");
     /* A piece past the pool is refused with a reason; the connection goes on. */
     struct common_devmem_piece *px = NULL;
     cr_expect_eq(get_piece(&c, (uint32_t)(c.g.bytes / gran), &px), PROTO_DEVPOOL_ERROR);
