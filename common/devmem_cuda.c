@@ -30,8 +30,12 @@ static struct {
     PFN_cuMemImportFromShareableHandle_v10020 import_fd;
     PFN_cuDeviceGet_v2000                     device;
     PFN_cuDeviceGetAttribute_v2000            attribute;
+    PFN_cuGetErrorName_v6000                  error_name; /* NULL: the driver has none */
 } g_cu;
-static cudaStream_t g_stream; /* the copy stream */
+#define CUDA_MAX_DEVICES 32 /* as common_devmem_open's device numbers */
+/* The copy streams, one per device opened (made by cuda_open, under devmem.c's lock): a stream
+ * and the events recorded on it must be of the same device. */
+static cudaStream_t      g_streams[CUDA_MAX_DEVICES];
 static _Atomic int       g_dev0 = -1; /* the first device opened (the process's default) */
 static _Thread_local int t_dev = -1;  /* the calling thread's device: the last it opened */
 
@@ -45,6 +49,12 @@ static int cuda_here(void)
     return t_dev < 0 ? 0 : t_dev;
 }
 
+/* The calling thread's device's copy stream (its device opened before: see cuda_open). */
+static cudaStream_t cuda_stream(void)
+{
+    return g_streams[cuda_here()];
+}
+
 static int cuda_fail(struct common_errmsg *e, cudaError_t err, const char *what)
 {
     return common_errmsg_set(e, COMMON_EDEVICE, "device memory: %s: %s", what,
@@ -53,8 +63,11 @@ static int cuda_fail(struct common_errmsg *e, cudaError_t err, const char *what)
 
 static int cu_fail(struct common_errmsg *e, CUresult r, const char *what)
 {
+    const char *name = NULL;
+    if (!g_cu.error_name || g_cu.error_name(r, &name) != CUDA_SUCCESS || !name)
+        name = "an error";
     return common_errmsg_set(e, r == CUDA_ERROR_OUT_OF_MEMORY ? COMMON_ENOMEM : COMMON_EDEVICE,
-                             "device memory: %s failed (CUresult %d)", what, (int)r);
+                             "device memory: %s failed: %s (CUresult %d)", what, name, (int)r);
 }
 
 static CUmemAllocationProp cuda_prop(void)
@@ -95,6 +108,11 @@ static int cuda_load(struct common_errmsg *e)
             return common_errmsg_set(e, COMMON_ENOTSUP, "device memory: the CUDA driver has no %s",
                                      t[i].name);
     }
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuGetErrorName", (void **)&g_cu.error_name, 6000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        g_cu.error_name = NULL; /* messages give the number alone */
     return COMMON_OK;
 }
 
@@ -136,9 +154,9 @@ static int cuda_open(int dev, size_t *granularity, struct common_errmsg *e)
     r = g_cu.granularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (r != CUDA_SUCCESS || gran == 0)
         return cu_fail(e, r, "cuMemGetAllocationGranularity");
-    /* the copy stream: the first device's (a fetcher's copies; an executor copies none) */
-    if (!g_stream &&
-        (err = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking)) != cudaSuccess)
+    /* the device's copy stream (a fetcher's copies, or a process's own pool's) */
+    if (!g_streams[dev] &&
+        (err = cudaStreamCreateWithFlags(&g_streams[dev], cudaStreamNonBlocking)) != cudaSuccess)
         return cuda_fail(e, err, "cudaStreamCreate");
     *granularity = gran;
     return COMMON_OK;
@@ -155,6 +173,7 @@ static int cuda_select(int dev, struct common_errmsg *e)
 
 static void *cuda_reserve(size_t bytes, struct common_errmsg *e)
 {
+    (void)cuda_here();
     CUdeviceptr p = 0;
     CUresult    r = g_cu.reserve(&p, bytes, common_devmem_granularity(), 0, 0);
     if (r != CUDA_SUCCESS) {
@@ -172,7 +191,8 @@ static void cuda_unreserve(void *base, size_t bytes)
 struct common_devmem_piece {
     CUmemGenericAllocationHandle h;
     size_t                       bytes;
-    void                        *at; /* where mapped here; NULL when not */
+    void                        *at;  /* where mapped here; NULL when not */
+    int                          dev; /* the device it was made or imported on */
 };
 
 static int cuda_piece_create(size_t bytes, struct common_devmem_piece **out,
@@ -188,6 +208,7 @@ static int cuda_piece_create(size_t bytes, struct common_devmem_piece **out,
         return cu_fail(e, r, "cuMemCreate");
     }
     p->bytes = bytes;
+    p->dev = cuda_here();
     *out = p;
     return COMMON_OK;
 }
@@ -195,6 +216,7 @@ static int cuda_piece_create(size_t bytes, struct common_devmem_piece **out,
 static int cuda_piece_export(const struct common_devmem_piece *p, struct common_devmem_handle *h,
                              struct common_errmsg *e)
 {
+    (void)cuda_here();
     int      fd = -1;
     CUresult r = g_cu.export_fd(&fd, p->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (r != CUDA_SUCCESS || fd < 0)
@@ -223,6 +245,7 @@ static int cuda_piece_import(int fd, size_t bytes, struct common_devmem_piece **
                                  (int)r);
     }
     p->bytes = bytes; /* checked by cuMemMap: a piece smaller than that does not map */
+    p->dev = cuda_here();
     *out = p;
     return COMMON_OK;
 }
@@ -250,8 +273,10 @@ static int cuda_piece_map(struct common_devmem_piece *p, void *at, struct common
 
 static void cuda_piece_destroy(struct common_devmem_piece *p)
 {
+    (void)cuda_here();
     if (p->at) {
-        (void)cudaStreamSynchronize(g_stream); /* no queued copy writes into it any more */
+        if (g_streams[p->dev]) /* no queued copy writes into it any more */
+            (void)cudaStreamSynchronize(g_streams[p->dev]);
         (void)g_cu.unmap((CUdeviceptr)(uintptr_t)p->at, p->bytes);
     }
     (void)g_cu.release(p->h);
@@ -269,6 +294,7 @@ static size_t cuda_piece_bytes(const struct common_devmem_piece *p)
 static struct {
     pthread_mutex_t mu;
     int             state; /* 0 = events not made, 1 = made, -1 = unusable */
+    int             dev;   /* the device the events are of: only its copies are timed */
     unsigned        next;
     uint64_t        busy_ns;
     struct {
@@ -300,6 +326,7 @@ static void cuda_timed_harvest(void)
 
 static uint64_t cuda_copy_busy_ns(void)
 {
+    (void)cuda_here();
     pthread_mutex_lock(&g_tp.mu);
     cuda_timed_harvest();
     const uint64_t ns = g_tp.busy_ns;
@@ -320,16 +347,19 @@ static int cuda_host_register(const void *p, size_t bytes, struct common_errmsg 
 
 static void cuda_host_unregister(const void *p)
 {
+    (void)cuda_here();
     if (cudaHostUnregister((void *)(uintptr_t)p) != cudaSuccess)
         (void)cudaGetLastError();
 }
 
 static int cuda_copy_async(void *dst, const void *src, size_t bytes, struct common_errmsg *e)
 {
-    (void)cuda_here();
+    const int    dev = cuda_here();
+    cudaStream_t st = g_streams[dev];
     pthread_mutex_lock(&g_tp.mu);
     if (g_tp.state == 0) {
         g_tp.state = 1;
+        g_tp.dev = dev;
         for (unsigned i = 0; i < TIMED_PAIRS && g_tp.state == 1; i++)
             if (cudaEventCreate(&g_tp.p[i].a) != cudaSuccess ||
                 cudaEventCreate(&g_tp.p[i].b) != cudaSuccess) {
@@ -340,10 +370,10 @@ static int cuda_copy_async(void *dst, const void *src, size_t bytes, struct comm
     unsigned k = g_tp.next;
     if (g_tp.state == 1 && g_tp.p[k].pending)
         cuda_timed_harvest();
-    const bool timed = g_tp.state == 1 && !g_tp.p[k].pending &&
-                       cudaEventRecord(g_tp.p[k].a, g_stream) == cudaSuccess;
-    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_stream);
-    if (timed && err == cudaSuccess && cudaEventRecord(g_tp.p[k].b, g_stream) == cudaSuccess) {
+    const bool timed = g_tp.state == 1 && g_tp.dev == dev && !g_tp.p[k].pending &&
+                       cudaEventRecord(g_tp.p[k].a, st) == cudaSuccess;
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st);
+    if (timed && err == cudaSuccess && cudaEventRecord(g_tp.p[k].b, st) == cudaSuccess) {
         g_tp.p[k].pending = true;
         g_tp.next = (k + 1) % TIMED_PAIRS;
     }
@@ -374,6 +404,7 @@ static int cuda_event_create(struct common_devmem_event **out, struct common_err
 static int cuda_event_export(const struct common_devmem_event *ev, struct common_devmem_handle *h,
                              struct common_errmsg *e)
 {
+    (void)cuda_here();
     cudaIpcEventHandle_t ih;
     cudaError_t          err = cudaIpcGetEventHandle(&ih, ev->ev);
     if (err != cudaSuccess)
@@ -409,14 +440,14 @@ static int cuda_event_import(struct common_devmem_handle *h, struct common_devme
 static int cuda_event_record(struct common_devmem_event *ev, struct common_errmsg *e)
 {
     (void)cuda_here();
-    cudaError_t err = cudaEventRecord(ev->ev, g_stream);
+    cudaError_t err = cudaEventRecord(ev->ev, cuda_stream());
     return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaEventRecord");
 }
 
 static int cuda_event_wait(struct common_devmem_event *ev, struct common_errmsg *e)
 {
     (void)cuda_here();
-    cudaError_t err = cudaStreamWaitEvent(g_stream, ev->ev, 0);
+    cudaError_t err = cudaStreamWaitEvent(cuda_stream(), ev->ev, 0);
     return err == cudaSuccess ? COMMON_OK : cuda_fail(e, err, "cudaStreamWaitEvent");
 }
 
@@ -429,11 +460,16 @@ static int cuda_event_sync(struct common_devmem_event *ev, struct common_errmsg 
 
 static bool cuda_event_is_done(struct common_devmem_event *ev)
 {
-    return cudaEventQuery(ev->ev) != cudaErrorNotReady;
+    (void)cuda_here();
+    const cudaError_t q = cudaEventQuery(ev->ev);
+    if (q != cudaSuccess)
+        (void)cudaGetLastError(); /* not ready (or failed): not a later kernel's error */
+    return q != cudaErrorNotReady;
 }
 
 static void cuda_event_destroy(struct common_devmem_event *ev)
 {
+    (void)cuda_here();
     (void)cudaEventDestroy(ev->ev);
     free(ev);
 }
