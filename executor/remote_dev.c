@@ -16,7 +16,11 @@
 
 #include "remote_impl.h"
 
-#define DEV_REPLY_MS 10000 /* OPEN's, PIECE's and ADOPT's replies */
+#define DEV_REPLY_MS 10000 /* PIECE's and ADOPT's replies */
+/* OPEN's: a fetcher's first OPEN registers its whole RAM pool with the device as pinned memory,
+ * which faults in and locks every page (seconds per ten GB); a fetcher that died closes the
+ * socket, which ends the wait at once. */
+#define DEV_OPEN_REPLY_MS 120000
 #define DEV_WAIT_MS  50    /* a mark's wait between checks of the fetcher */
 
 /* One fetcher's side of the pool. */
@@ -147,7 +151,7 @@ static int dev_open_fetcher(struct executor_remote *r, struct remote_dev *d, uin
     uint64_t tag = 0;
     rc = common_devmem_handle_send(f->sock, &h, PROTO_DEVPOOL_OPEN);
     if (rc == COMMON_OK)
-        rc = common_devmem_handle_recv(f->sock, &h, &tag, DEV_REPLY_MS);
+        rc = common_devmem_handle_recv(f->sock, &h, &tag, DEV_OPEN_REPLY_MS);
     if (rc == COMMON_OK && h.fd >= 0)
         close(h.fd);
     if (rc == COMMON_OK && tag == PROTO_DEVPOOL_ERROR)
