@@ -20,6 +20,9 @@
 #include <unistd.h>
 
 #define DEVPOOL_POLL_MS 200 /* socket waits: how soon stop shows */
+/* How long a dropped pool's queued copies may take before the copy stream counts as stuck (see
+ * devpool_drain): about 30 s. */
+#define DEVPOOL_DRAIN_MS 30000
 
 /* A staging slot's state. */
 enum devpool_stage_state {
@@ -113,6 +116,26 @@ struct fetcher_devpool {
 
 /* ---- the pool ----------------------------------------------------------------------------- */
 
+/* Waits until the copy stream has passed ev, giving up after about DEVPOOL_DRAIN_MS. The stream may
+ * hold a wait on the executor's event (DEV_WAIT): if the executor died before that event was
+ * done, CUDA does not say the wait ever ends (an interprocess event whose process is gone is
+ * undefined), and every copy after it, for any executor, would wait behind it. A fetcher whose
+ * stream is stuck so ends, for its supervisor to restart it with a fresh one, rather than hang. */
+static void devpool_drain(const struct fetcher_devpool *d, struct common_devmem_event *ev)
+{
+    for (unsigned waited = 0; !common_devmem_event_is_done(ev); waited++) {
+        if (waited >= DEVPOOL_DRAIN_MS) {
+            COMMON_LOG_ERR("fetcher.devpool",
+                           "device %d: the copy stream has not moved for %d s after its "
+                           "executor went (a wait on that executor's event that never ends); "
+                           "exiting, for the supervisor to restart this fetcher",
+                           d->dev, DEVPOOL_DRAIN_MS / 1000);
+            _exit(EXIT_FAILURE);
+        }
+        usleep(1000);
+    }
+}
+
 /* Drops the open pool once its queued copies are done. mu held. */
 static void devpool_drop_locked(struct fetcher_devpool *d)
 {
@@ -120,7 +143,7 @@ static void devpool_drop_locked(struct fetcher_devpool *d)
         return;
     d->open = false;
     if (d->n_events && d->ev[0] && common_devmem_event_record(d->ev[0], NULL) == 0)
-        (void)common_devmem_event_sync(d->ev[0], NULL);
+        devpool_drain(d, d->ev[0]);
     for (uint32_t i = 0; i < d->n_stage; i++) {
         common_devmem_event_destroy(d->st[i].ev); /* the copies from it are done (above) */
         d->st[i] = (struct devpool_stage){0};
