@@ -126,7 +126,15 @@ static int cuda_open(int dev, size_t *granularity, struct common_errmsg *e)
     if (dev >= n)
         return common_errmsg_set(e, COMMON_EINVAL, "device memory: no device CUDA%d (%d found)",
                                  dev, n);
-    if ((err = cudaSetDevice(dev)) != cudaSuccess)
+    if ((err = cudaSetDevice(dev)) == cudaErrorDevicesUnavailable) {
+        (void)cudaGetLastError();
+        return common_errmsg_set(e, COMMON_EBUSY,
+                                 "device memory: CUDA%d is busy (its compute mode lets one process "
+                                 "use it: a fetcher and an executor share a device only in the "
+                                 "Default mode, nvidia-smi -c DEFAULT)",
+                                 dev);
+    }
+    if (err != cudaSuccess)
         return cuda_fail(e, err, "cudaSetDevice");
     int rc = cuda_load(e);
     if (rc != COMMON_OK)
@@ -237,6 +245,11 @@ static int cuda_piece_import(int fd, size_t bytes, struct common_devmem_piece **
     close(fd); /* the imported handle holds the memory */
     if (!p)
         return common_errmsg_set(e, COMMON_ENOMEM, "device memory: out of host memory");
+    if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_PERMITTED ||
+        r == CUDA_ERROR_NOT_SUPPORTED) {
+        free(p);
+        return cu_fail(e, r, "cuMemImportFromShareableHandle");
+    }
     if (r != CUDA_SUCCESS) {
         free(p);
         return common_errmsg_set(e, COMMON_EINVAL,
