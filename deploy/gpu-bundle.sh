@@ -11,7 +11,8 @@
 #        deploy/gpu-bundle.sh check BUNDLE.tar.xz [LOG_DIR]    (default /tmp/sluice-gpu-check)
 # Environment of pack: SUITES, the test binaries to take [the device suites and cli_test_run;
 # SUITES=all takes GPU_SUITES_ALL below, which adds the batch, archs, bench and pipeline tests
-# that run -ngl];
+# that run -ngl, and the kill -9 tests of the daemons' device pool (pipeline_test_faults, only
+# those: SUITE_FILTER below)];
 # FIXTURES=0 leaves the fixtures out, F32=1 takes the 29 MiB moe-tiny F32 file too (left out by
 # default: with it the archive passes the lent machines' 64 MiB; the tests that need what is left
 # out skip, which check reports). Of check: SUITES, the test binaries to run (default: every one
@@ -25,7 +26,8 @@ set -euo pipefail
 # The device suites and the CLI's -ngl runs; then the other tests that run -ngl.
 GPU_SUITES="executor_test_cuda_quant executor_test_cuda_ops executor_test_gpu common_test_devmem
 cli_test_run"
-GPU_SUITES_ALL="$GPU_SUITES executor_test_batch cli_test_archs cli_test_bench pipeline_test_sluicectl"
+GPU_SUITES_ALL="$GPU_SUITES executor_test_batch cli_test_archs cli_test_bench pipeline_test_sluicectl
+pipeline_test_faults"
 DAEMONS="sluice sluice-executor sluice-fetcher sluice-router"
 
 # cache_value BUILD KEY: a value of the build's CMakeCache.txt.
@@ -115,10 +117,12 @@ check() {
     local suite fails=0 status line
     for suite in ${SUITES:-$(ls "$root/build/tests")}; do
         [ -x "$root/build/tests/$suite" ] || { echo "$suite: not in the bundle"; fails=$((fails + 1)); continue; }
-        local t0=$SECONDS
+        local t0=$SECONDS filter=()
+        # the fault suite's kill -9 tests of the device pool (on the device under this check)
+        [ "$suite" != pipeline_test_faults ] || filter=(--filter 'pipeline_faults/*device_pool*')
         status=0
         # The suites' own process per test; --jobs 1 as ctest runs them.
-        (cd "$root/build/tests" && timeout "${TIMEOUT:-600}" "./$suite" --jobs 1 --verbose) \
+        (cd "$root/build/tests" && timeout "${TIMEOUT:-600}" "./$suite" --jobs 1 --verbose "${filter[@]}") \
             >"$logs/$suite.log" 2>&1 || status=$?
         line=$(grep -E '^\[====\] Synthesis' "$logs/$suite.log" | tail -1 | sed 's/^\[====\] Synthesis: //')
         local skipped

@@ -689,17 +689,29 @@ static void check_kill_midway_of(const char *victim, const char *sampling, char 
 }
 
 /* check_kill_midway_of on moe-tiny with every layer on the host backend's device and the
- * experts in a device pool of 640K (one process's text: -ngl 999 --vram-budget 640K). */
+ * experts in a device pool of 640K (one process's text: -ngl 999 --vram-budget 640K). Under the
+ * GPU bundle's check (SLUICE_GPU_BACKEND=cuda) on the machine's CUDA device instead: the driver's
+ * interprocess memory and events, killed with their process. Cases of two devices
+ * (SLUICE_GPU_HOST_DEVICES) skip there unless SLUICE_TEST_CUDA_DEVICES says it has two. */
 static void check_kill_on_the_host_device(const char *victim, uint32_t n_fetchers,
                                           const char *up_args)
 {
     skip_without_daemons();
     FIXTURE_OR_SKIP(model, TINY_MODEL);
+    const char *be = getenv("SLUICE_GPU_BACKEND"), *nd = getenv("SLUICE_TEST_CUDA_DEVICES");
+    const bool  cuda = be && strcmp(be, "cuda") == 0;
+    if (cuda && getenv("SLUICE_GPU_HOST_DEVICES") && (!nd || atoi(nd) < 2)) {
+        free(model);
+        cr_skip_test("two devices wanted, and SLUICE_TEST_CUDA_DEVICES does not say this machine "
+                     "has them");
+    }
     char *dir = fixture_tmpdir();
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    if (!cuda)
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
     check_kill_midway_of(victim, "--temp 0", dir, model, 200, n_fetchers, up_args,
                          "-ngl 999 --vram-budget 640K");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    if (!cuda)
+        cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
 }
 
 static void check_kill_midway(const char *victim, const char *sampling)
