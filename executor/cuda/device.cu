@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cuda.h> /* the driver API's types: its functions come through entry points */
 
@@ -152,6 +154,61 @@ void cuda_free(void *p)
         (void)cudaFree(p);
 }
 
+/* Per device: the kernel stream waits for another process's event (gpu_stream_wait_shared)
+ * queued since its last synchronisation; and the event a bounded synchronisation records. */
+static bool        g_shared_waits[GPU_MAX_DEVICES];
+static cudaEvent_t g_sync_ev[GPU_MAX_DEVICES];
+#define GPU_SHARED_SYNC_S 60 /* how long such a stream may take to drain */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Waits until the kernel stream has run everything queued. When it holds a wait for another
+ * process's event (a fetcher's copies into the device pool), for GPU_SHARED_SYNC_S at the most:
+ * CUDA leaves a wait for an event whose process died undefined, and it may never end. A stream
+ * stuck so cannot be freed or synchronised again (cudaFree would wait for it too), so the
+ * process ends, for its supervisor to restart it (the router replays its requests), rather than
+ * hang for good. */
+static cudaError_t stream_sync(void)
+{
+    const int    dev = t_dev;
+    cudaStream_t s = g_streams[dev];
+    if (!__atomic_exchange_n(&g_shared_waits[dev], false, __ATOMIC_ACQ_REL))
+        return cudaStreamSynchronize(s);
+    pthread_mutex_lock(&g_dev_mu);
+    cudaError_t err = g_sync_ev[dev]
+                          ? cudaSuccess
+                          : cudaEventCreateWithFlags(&g_sync_ev[dev], cudaEventDisableTiming);
+    pthread_mutex_unlock(&g_dev_mu);
+    if (err != cudaSuccess || (err = cudaEventRecord(g_sync_ev[dev], s)) != cudaSuccess)
+        return err;
+    const double t0 = now_s();
+    for (unsigned spins = 0;; spins++) {
+        err = cudaEventQuery(g_sync_ev[dev]);
+        if (err != cudaErrorNotReady)
+            break;
+        if (now_s() - t0 > GPU_SHARED_SYNC_S) {
+            fprintf(stderr,
+                    "sluice: CUDA%d: the device's stream has waited %d s for another process's "
+                    "copies into the device pool (a fetcher that died with its copies in "
+                    "flight?); a stream stuck so cannot be freed: exiting, for the supervisor to "
+                    "restart this process\n",
+                    dev, GPU_SHARED_SYNC_S);
+            fflush(stderr);
+            _exit(EXIT_FAILURE);
+        }
+        if (spins > 2000)
+            usleep(50);
+    }
+    if (cudaPeekAtLastError() == cudaErrorNotReady)
+        (void)cudaGetLastError(); /* the queries' "not ready" is no later kernel's error */
+    return err;
+}
+
 int cuda_upload(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
@@ -160,7 +217,7 @@ int cuda_upload(void *dst, const void *src, size_t bytes)
     if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gpu_stream()),
                    "copying to the device") < 0)
         return -1;
-    return gpu_record(cudaStreamSynchronize(gpu_stream()), "copying to the device");
+    return gpu_record(stream_sync(), "copying to the device");
 }
 
 static int cuda_upload_queued(void *dst, const void *src, size_t bytes)
@@ -175,6 +232,11 @@ int cuda_download(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
         return cuda_sync();
+    /* a copy to pageable memory waits for the stream inside cudaMemcpyAsync: a stream that waits
+     * for another process is drained first, bounded (stream_sync) */
+    if (__atomic_load_n(&g_shared_waits[t_dev], __ATOMIC_ACQUIRE) &&
+        gpu_record(stream_sync(), "copying from the device") < 0)
+        return -1;
     if (gpu_record(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, gpu_stream()),
                    "copying from the device") < 0)
         return -1;
@@ -188,7 +250,7 @@ int cuda_memset(void *dst, int byte, size_t bytes)
 
 int cuda_sync(void)
 {
-    return gpu_record(cudaStreamSynchronize(gpu_stream()), "running kernels");
+    return gpu_record(stream_sync(), "running kernels");
 }
 
 double cuda_membw_probe(size_t bytes)
@@ -571,7 +633,10 @@ extern "C" void *common_devmem_event_native(struct common_devmem_event *ev);
 
 static cudaError_t wait_shared_op(const void *arg)
 {
-    return cudaStreamWaitEvent(gpu_stream(), (cudaEvent_t)arg, 0);
+    const cudaError_t err = cudaStreamWaitEvent(gpu_stream(), (cudaEvent_t)arg, 0);
+    if (err == cudaSuccess) /* the stream's next synchronisation is bounded (stream_sync) */
+        __atomic_store_n(&g_shared_waits[t_dev], true, __ATOMIC_RELEASE);
+    return err;
 }
 
 static int cuda_stream_wait_shared(struct common_devmem_event *ev)
