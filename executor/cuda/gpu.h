@@ -449,14 +449,16 @@ static inline bool gpu_route_groups_ok(uint32_t n_expert, uint32_t k, uint32_t n
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                   uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                   float scale, int32_t *sel, float *sel_w);
-/* x row t (width ne) += sum over j < k, in order j = 0.., of sel_w[t * k + j] * y row (t * k + j);
- * t < n_tok. */
 /* The n (token, slot) items of a step by expert, on the device: items[] (device) lists the item
  * indices i (sel[i] their experts) expert by expert, each expert's in increasing order, and
  * tiles[] (device) cuts each expert's run into tiles of up to `tile` items in expert order, their
- * number in *n_tiles (device): at most n / tile + n_expert of them. */
+ * number in *n_tiles (device): at most n / tile + n_expert of them. An id outside 0..n_expert-1
+ * (which the routing never writes) counts as the nearest expert: the host's sort in gpu.c
+ * refuses it instead. */
 int gpu_moe_sort(const int32_t *sel, uint32_t n, uint32_t n_expert, int32_t tile, int32_t *items,
                  struct gpu_mm_tile *tiles, int32_t *n_tiles);
+/* x row t (width ne) += sum over j < k, in order j = 0.., of sel_w[t * k + j] * y row (t * k + j);
+ * t < n_tok. */
 int gpu_moe_combine(float *x, const float *y, const float *sel_w, uint32_t n_tok, uint32_t k,
                     uint32_t ne);
 /* A gated shared expert (qwen2moe): x row t (width ne) = y row t * s + x row t, s = the sigmoid
