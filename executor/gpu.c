@@ -31,7 +31,9 @@ struct gpu_shape_graph {
     struct gpu_graph *graph;
     uint32_t          n_mb;
     uint64_t          serial[EXECUTOR_GPU_ROW_EXACT];
-    uint64_t          used; /* shape_clock when it last ran */
+    uint64_t          used;  /* shape_clock when it last ran */
+    bool              stale; /* graph is another set's of as many members: captured again, it is
+                                updated in place (cheaper than a new one) */
 };
 
 /* Every routed expert of one part of a layer, expert e at d + e * bytes; in a pool
@@ -3004,10 +3006,10 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
  * rows its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip).
  * The slot is that of the members' set (shapes), made (replacing the least recently used) when
  * there is none. */
-static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
-                                         const struct executor_gpu_member *mb, uint32_t n_mb,
-                                         uint32_t n, const uint32_t *out_rows, uint32_t n_out,
-                                         const float *logits)
+static struct gpu_shape_graph *gpu_graph_step(struct executor_gpu              *g,
+                                              const struct executor_gpu_member *mb, uint32_t n_mb,
+                                              uint32_t n, const uint32_t *out_rows, uint32_t n_out,
+                                              const float *logits)
 {
     if (g->graph_off || n_mb == 0 || n != n_mb || n >= GPU_GEMM_MIN_N ||
         n_mb > EXECUTOR_GPU_ROW_EXACT || (g->head && (n_out != n || !logits)) || g->w->pool)
@@ -3025,7 +3027,9 @@ static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
             g->graph_off = true;
             return NULL;
         }
-    struct gpu_shape_graph *pick = &g->shapes[0];
+    /* The set's own graph; else an empty slot, else the least recently used one of as many
+     * members (its graph updated in place when captured again), else the least recently used */
+    struct gpu_shape_graph *pick = NULL;
     for (uint32_t k = 0; k < GPU_GRAPH_SHAPES; k++) {
         struct gpu_shape_graph *sg = &g->shapes[k];
         bool                    same = sg->graph && sg->n_mb == n_mb;
@@ -3033,18 +3037,23 @@ static struct gpu_graph **gpu_graph_step(struct executor_gpu              *g,
             same = sg->serial[i] == mb[i].g->serial;
         if (same) {
             sg->used = ++g->shape_clock;
-            return &sg->graph;
+            return sg;
         }
-        if (!sg->graph ? pick->graph != NULL : pick->graph && sg->used < pick->used)
-            pick = sg; /* an empty slot first, else the least recently used */
+        const int rank = !sg->graph ? 2 : sg->n_mb == n_mb ? 1 : 0;
+        const int best = !pick ? -1 : !pick->graph ? 2 : pick->n_mb == n_mb ? 1 : 0;
+        if (rank > best || (rank == best && rank < 2 && sg->used < pick->used))
+            pick = sg;
     }
-    gpu_graph_free(pick->graph);
-    pick->graph = NULL;
+    pick->stale = pick->graph && pick->n_mb == n_mb;
+    if (!pick->stale) {
+        gpu_graph_free(pick->graph);
+        pick->graph = NULL;
+    }
     pick->n_mb = n_mb;
     for (uint32_t i = 0; i < n_mb; i++)
         pick->serial[i] = mb[i].g->serial;
     pick->used = ++g->shape_clock;
-    return &pick->graph;
+    return pick;
 }
 
 /* Captures the kernels of a step (gpu_graph_step's) into *graph. A capture that fails leaves no
@@ -3102,23 +3111,26 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
     /* h_in is written again only once the copies from it queued before are done */
     rc = g->in_queued ? gpu_sync() : 0;
     g->in_queued = g->in_queued && rc < 0;
-    int                cpu_rc = 0;
-    struct gpu_graph **graph =
+    int                     cpu_rc = 0;
+    struct gpu_shape_graph *sg =
         rc == 0 ? gpu_graph_step(g, mb, n_mb, n, out_rows, n_out, logits) : NULL;
     /* One token of each member: the graph of their set, captured at its first step. */
-    for (uint32_t i = 0; graph && i < n_mb; i++)
+    for (uint32_t i = 0; sg && i < n_mb; i++)
         g->h_pos[i] = mb[i].p0;
     if (rc == 0)
-        rc = gpu_step_inputs_put(g, c, n, graph ? n_mb : 0);
-    if (rc == 0 && graph && !*graph) {
-        if ((g->in_queued && gpu_sync() < 0) ||
-            gpu_graph_capture(g, graph, mb, n_mb, c, out_rows) < 0)
+        rc = gpu_step_inputs_put(g, c, n, sg ? n_mb : 0);
+    if (rc == 0 && sg && (!sg->graph || sg->stale)) {
+        const int cap = g->in_queued && gpu_sync() < 0
+                            ? -1
+                            : gpu_graph_capture(g, &sg->graph, mb, n_mb, c, out_rows);
+        sg->stale = false;
+        if (cap < 0)
             return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
                                      gpu_last_error());
         g->in_queued = false; /* captured on an idle stream, as before */
     }
-    if (rc == 0 && graph && *graph) {
-        rc = gpu_graph_launch(*graph);
+    if (rc == 0 && sg && sg->graph) {
+        rc = gpu_graph_launch(sg->graph);
         g->graph_steps += rc == 0;
     } else if (rc == 0) {
         rc = gpu_step_kernels(g, mb, n_mb, c, n, out_rows, logits ? n_out : 0, &cpu_rc);

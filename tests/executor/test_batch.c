@@ -245,6 +245,81 @@ Test(executor_batch, device_sequences_match_alone, .timeout = 300)
     free(path);
 }
 
+/* More sets of two sequences than a context keeps graphs for (8): sequence 0 steps with each
+ * of nine others in turn, then with the first three again. Once the slots are full, a new set
+ * takes the least recently used slot of as many members and captures into its graph again (on
+ * CUDA, cudaGraphExecUpdate in place); every step's logits equal those of the same sequences
+ * stepped alone, bit for bit, and every shared step ran as a graph. */
+#define GS_SEQS 10
+Test(executor_batch, device_graphs_of_more_sets_than_slots_match_alone, .timeout = 300)
+{
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_k_m.gguf");
+    const struct gpu_backend *cuda = gpu_backend_cuda();
+    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) == 0))
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0); /* this test's process only */
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) == 0)
+        cr_skip_test("no device backend (%s): skipped", why);
+    if (!gpu_graphs_supported() || getenv("SLUICE_NO_CUDA_GRAPHS"))
+        cr_skip_test("%s: no graphs: skipped", gpu_backend_name());
+    struct executor_threadpool *pool = NULL;
+    struct executor_model      *m = NULL;
+    struct common_errmsg        e = {{0}};
+    cr_assert_eq(executor_threadpool_create(2, &pool), 0);
+    cr_assert_eq(executor_model_open(path, NULL, &m, &e), 0, "%s", e.text);
+    const uint32_t                  nv = executor_model_hparams(m)->n_vocab;
+    const struct executor_gpu_place pl = {.n_gpu_layers = 999};
+    struct executor_gpu_weights    *gw = NULL;
+    cr_assert_eq(executor_gpu_weights_create(m, &pl, BT_CTX, 512, 2 * GS_SEQS + 1, &gw, &e), 0,
+                 "%s", e.text);
+    const struct bt_dev  dev = {.ngl = 999, .shared = gw};
+    struct executor_ctx *cs[GS_SEQS], *alone[GS_SEQS];
+    struct executor_ctx *lead = bt_ctx_on(m, pool, 512, COMMON_CACHE_F16, dev);
+    float               *got = malloc(2 * (size_t)nv * sizeof(float));
+    float               *want = malloc((size_t)nv * sizeof(float));
+    int32_t              next[GS_SEQS];
+    for (uint32_t s = 0; s < GS_SEQS; s++) {
+        cs[s] = bt_ctx_on(m, pool, 512, COMMON_CACHE_F16, dev);
+        alone[s] = bt_ctx_on(m, pool, 512, COMMON_CACHE_F16, dev);
+        int32_t p[4];
+        for (uint32_t i = 0; i < 4; i++)
+            p[i] = (int32_t)(1 + (s * 131 + i * 17) % (nv - 1));
+        cr_assert_eq(executor_ctx_decode(cs[s], p, 4, got, NULL, &e), 0, "%s", e.text);
+        cr_assert_eq(executor_ctx_decode(alone[s], p, 4, want, NULL, &e), 0, "%s", e.text);
+        next[s] = bt_argmax(got, nv);
+    }
+    const uint32_t rounds = 12;
+    for (uint32_t r = 0; r < rounds; r++) {
+        const uint32_t            pair[2] = {0, 1 + r % (GS_SEQS - 1)};
+        struct executor_batch_seq q[2];
+        for (uint32_t i = 0; i < 2; i++)
+            q[i] = (struct executor_batch_seq){
+                .ctx = cs[pair[i]], .tokens = &next[pair[i]], .n = 1, .logits = got + i * nv};
+        cr_assert_eq(executor_ctx_decode_batch(lead, q, 2, &e), 0, "round %u: %s", r, e.text);
+        for (uint32_t i = 0; i < 2; i++) {
+            const uint32_t s = pair[i];
+            cr_assert_eq(q[i].status, 0);
+            cr_assert_eq(executor_ctx_decode(alone[s], &next[s], 1, want, NULL, &e), 0, "%s",
+                         e.text);
+            cr_assert(memcmp(want, got + i * nv, nv * sizeof(float)) == 0,
+                      "round %u, sequence %u: logits differ from the lone run's", r, s);
+            next[s] = bt_argmax(want, nv);
+        }
+    }
+    cr_assert_eq(executor_ctx_gpu_graph_steps(lead), rounds, "every shared step a graph");
+    for (uint32_t s = 0; s < GS_SEQS; s++) {
+        executor_ctx_destroy(cs[s]);
+        executor_ctx_destroy(alone[s]);
+    }
+    executor_ctx_destroy(lead);
+    executor_gpu_weights_destroy(gw);
+    free(got);
+    free(want);
+    executor_model_destroy(m);
+    executor_threadpool_destroy(pool);
+    free(path);
+}
+
 /* The same over several devices, each with its share of the layers (CUDA devices where there are
  * two, else three host devices): a shared step's members pass from one device's layers to the
  * next; all layers and the head split by free memory, then 3 layers over two devices (3,1) with
