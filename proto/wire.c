@@ -15,6 +15,8 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #define WIRE_DEFAULT_WORKERS 4u
+#define WIRE_CLIENT_CLOSE_MS                                                                       \
+    5000u /* proto_client_close's wait for nng_close (wire_close_bounded) */
 #define WIRE_IPC_PREFIX      "ipc://"
 
 /* Maps an nng error to a common_err. */
@@ -283,18 +285,48 @@ static void wire_probe_added(nng_pipe p, nng_pipe_ev ev, void *arg)
         atomic_store(&ps->added, true);
 }
 
-/* A socket to close, and what to free once it is closed (what its callbacks may use until). */
+/* A socket to close, and what to free once it is closed (what its callbacks may use until); with
+ * a waiter (wire_close_bounded), done and refs under mu: the last of closer and waiter frees it. */
 struct wire_closing {
-    nng_socket sock;
-    void      *owned;
+    nng_socket      sock;
+    void           *owned;
+    bool            waited;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    bool            done;
+    int             refs;
 };
+
+/* Drops one of the closer's and the waiter's references; frees c with the last. */
+static void wire_closing_put(struct wire_closing *c)
+{
+    bool last = true;
+    if (c->waited) {
+        pthread_mutex_lock(&c->mu);
+        last = --c->refs == 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (last) {
+        if (c->waited) {
+            pthread_mutex_destroy(&c->mu);
+            pthread_cond_destroy(&c->cv);
+        }
+        free(c);
+    }
+}
 
 static void *wire_closer_main(void *arg)
 {
     struct wire_closing *c = arg;
     nng_close(c->sock);
     free(c->owned);
-    free(c);
+    if (c->waited) {
+        pthread_mutex_lock(&c->mu);
+        c->done = true;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    wire_closing_put(c);
     return NULL;
 }
 
@@ -306,7 +338,7 @@ static void *wire_closer_main(void *arg)
  * caller must go on. When no thread can be made, it closes here. */
 static void wire_close_detached(nng_socket sock, void *owned)
 {
-    struct wire_closing *c = malloc(sizeof(*c));
+    struct wire_closing *c = calloc(1, sizeof(*c));
     if (!c) {
         nng_close(sock);
         free(owned);
@@ -324,6 +356,54 @@ static void wire_close_detached(nng_socket sock, void *owned)
     }
     if (!started)
         wire_closer_main(c);
+}
+
+/* wire_close_detached, waiting up to ms for the close: as nng_close() for the caller whenever it
+ * returns, and a return all the same when it hangs (the hang above; seen in CI as a client whose
+ * dialer met a flood of bare connections). */
+static void wire_close_bounded(nng_socket sock, unsigned ms)
+{
+    struct wire_closing *c = calloc(1, sizeof(*c));
+    if (!c || pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        nng_close(sock);
+        return;
+    }
+    if (pthread_cond_init(&c->cv, NULL) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        nng_close(sock);
+        return;
+    }
+    c->sock = sock;
+    c->waited = true;
+    c->refs = 2;
+    pthread_attr_t attr;
+    pthread_t      t;
+    bool           started = false;
+    if (pthread_attr_init(&attr) == 0) {
+        if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
+            started = pthread_create(&t, &attr, wire_closer_main, c) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (!started) {
+        c->refs = 1;
+        wire_closer_main(c); /* frees c */
+        return;
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += ms / 1000;
+    dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &dl) == 0)
+        ;
+    pthread_mutex_unlock(&c->mu);
+    wire_closing_put(c);
 }
 
 /* A CLOCK_MONOTONIC deadline `ms` from now. */
@@ -690,7 +770,7 @@ void proto_client_close(struct proto_client *c)
 {
     if (!c)
         return;
-    nng_close(c->sock);
+    wire_close_bounded(c->sock, WIRE_CLIENT_CLOSE_MS);
     free(c);
 }
 
