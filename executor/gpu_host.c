@@ -65,6 +65,7 @@ struct gpu_graph {
 };
 static _Thread_local struct gpu_graph *h_cap; /* the capture under way on this thread */
 static _Thread_local bool              h_cap_failed;
+static _Thread_local int               h_cap_dev; /* the device current when it began */
 
 /* Appends a call to the capture; -1 (the capture failed) when out of memory. */
 static int h_record(int (*run)(const union h_arg *a), const union h_arg *a, size_t n, void *own)
@@ -260,6 +261,9 @@ static int h_use(int dev)
 {
     if (dev < 0 || dev >= h_device_count(NULL, 0))
         return h_bad("selecting the device");
+    /* CUDA would queue the next kernels on the other device's stream, outside the capture */
+    if (h_cap && dev != h_cap_dev)
+        return h_not_captured("selecting another device");
     h_cur = dev;
     return 0;
 }
@@ -276,6 +280,10 @@ static const char *h_last_error(void)
 
 static void *h_alloc(size_t bytes)
 {
+    if (h_cap) { /* cudaMalloc ends a capture of this thread's (its mode: thread-local) */
+        (void)h_not_captured("allocating device memory");
+        return NULL;
+    }
     const size_t n = (bytes + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN;
     void        *p = aligned_alloc(HOST_ALIGN, n ? n : HOST_ALIGN);
     if (!p) {
@@ -293,6 +301,8 @@ static void *h_alloc(size_t bytes)
 
 static void h_release(void *p)
 {
+    if (h_cap && p)
+        (void)h_not_captured("freeing device memory"); /* as cudaFree: the capture fails */
     h_blk_remove(p);
     free(p);
 }
@@ -443,6 +453,7 @@ static unsigned     h_n_regs;
 static int h_host_register(const void *p, size_t bytes, bool read_only)
 {
     (void)read_only;
+    H_NOT_CAPTURED("registering host memory");
     if (!p || !bytes)
         return h_bad("registering host memory");
     const uintptr_t a = (uintptr_t)p;
@@ -485,6 +496,8 @@ static bool h_registered(const void *p, size_t bytes)
 
 static void h_host_unregister(const void *p)
 {
+    if (h_cap)
+        (void)h_not_captured("unregistering host memory"); /* the capture fails */
     pthread_mutex_lock(&h_reg_mu);
     for (unsigned i = 0; i < h_n_regs; i++)
         if (h_regs[i].p == (uintptr_t)p) {
@@ -2159,6 +2172,7 @@ static int h_graph_begin(void)
     if (h_cap)
         return h_not_captured("beginning a graph capture");
     h_cap_failed = false;
+    h_cap_dev = h_cur;
     if (!(h_cap = calloc(1, sizeof(*h_cap))))
         return h_failed("beginning a graph capture: out of memory");
     return 0;

@@ -1901,6 +1901,49 @@ Test(executor_cuda_ops, graph_kernels_run_at_each_launch_over_memory_as_it_is)
     gpu_free(dy);
 }
 
+/* The host backend's captures fail where a thread-local CUDA capture would, or would record
+ * something other than what runs: an allocation, a free, a host registration, a switch to
+ * another device; the capture after them works again. */
+Test(executor_cuda_ops, host_captures_fail_as_cuda_would)
+{
+    if (getenv("SLUICE_GPU_BACKEND") && !strcmp(getenv("SLUICE_GPU_BACKEND"), "host"))
+        cr_assert_eq(setenv("SLUICE_GPU_HOST_DEVICES", "2", 1), 0); /* a device to switch to */
+    gpu_or_skip();
+    if (strcmp(gpu_backend_name(), "HOST") != 0 || !gpu_graphs_supported())
+        cr_skip_test("the host backend's rules: skipped on %s", gpu_backend_name());
+    const size_t      pg = (size_t)sysconf(_SC_PAGESIZE);
+    void             *h = aligned_alloc(pg, pg), *d = gpu_malloc(256);
+    struct gpu_graph *g = NULL;
+    cr_assert(h && d, "%s", gpu_last_error());
+    for (int what = 0; what < 4; what++) {
+        cr_assert_eq(gpu_graph_begin(), 0, "%s", gpu_last_error());
+        void *q = NULL;
+        int   rc = 0;
+        if (what == 0)
+            rc = (q = gpu_malloc(256)) ? 0 : -1;
+        else if (what == 1)
+            gpu_free(d);
+        else if (what == 2)
+            rc = gpu_host_register(h, pg, false);
+        else
+            rc = gpu_use(1);
+        cr_assert_eq(gpu_graph_end(&g), -1, "case %d: the capture did not fail", what);
+        cr_assert_null(g);
+        if (what != 1)
+            cr_assert_eq(rc, -1, "case %d: the call was made", what);
+        cr_assert(strstr(gpu_last_error(), "graph capture"), "%s", gpu_last_error());
+        if (what == 1)
+            d = gpu_malloc(256); /* freed all the same, as cudaFree's memory is */
+        cr_assert_not_null(d);
+    }
+    cr_assert_eq(gpu_graph_begin(), 0, "%s", gpu_last_error());
+    cr_assert_eq(gpu_memset(d, 0, 256), 0, "%s", gpu_last_error());
+    cr_assert_eq(gpu_graph_end(&g), 0, "the next capture: %s", gpu_last_error());
+    gpu_graph_free(g);
+    gpu_free(d);
+    free(h);
+}
+
 /* Pinned host memory (the pool's RAM regions): a mapped range registers, read-only too (a
  * fetcher's pool as the executor daemon maps it); a range overlapping a registration and an
  * unmapped one are refused; after its unregistration a range registers again. The host backend
