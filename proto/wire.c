@@ -330,6 +330,20 @@ static void *wire_closer_main(void *arg)
     return NULL;
 }
 
+/* Runs the closer of c on a detached thread; false when none can be made. */
+static bool wire_closer_spawn(struct wire_closing *c)
+{
+    pthread_attr_t attr;
+    pthread_t      t;
+    bool           started = false;
+    if (pthread_attr_init(&attr) == 0) {
+        if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
+            started = pthread_create(&t, &attr, wire_closer_main, c) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    return started;
+}
+
 /* Closes `sock` without waiting for it, then frees `owned`: nng 1.5.2's nng_close() hangs for
  * good on a socket whose dialer saw a handshake fail (its ipc transport frees the failed pipe but
  * leaves it on the endpoint's list that close walks; fixed upstream in 2024). That happens to a
@@ -346,64 +360,8 @@ static void wire_close_detached(nng_socket sock, void *owned)
     }
     c->sock = sock;
     c->owned = owned;
-    pthread_attr_t attr;
-    pthread_t      t;
-    bool           started = false;
-    if (pthread_attr_init(&attr) == 0) {
-        if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
-            started = pthread_create(&t, &attr, wire_closer_main, c) == 0;
-        pthread_attr_destroy(&attr);
-    }
-    if (!started)
+    if (!wire_closer_spawn(c))
         wire_closer_main(c);
-}
-
-/* wire_close_detached, waiting up to ms for the close: as nng_close() for the caller whenever it
- * returns, and a return all the same when it hangs (the hang above; seen in CI as a client whose
- * dialer met a flood of bare connections). */
-static void wire_close_bounded(nng_socket sock, unsigned ms)
-{
-    struct wire_closing *c = calloc(1, sizeof(*c));
-    if (!c || pthread_mutex_init(&c->mu, NULL) != 0) {
-        free(c);
-        nng_close(sock);
-        return;
-    }
-    if (pthread_cond_init(&c->cv, NULL) != 0) {
-        pthread_mutex_destroy(&c->mu);
-        free(c);
-        nng_close(sock);
-        return;
-    }
-    c->sock = sock;
-    c->waited = true;
-    c->refs = 2;
-    pthread_attr_t attr;
-    pthread_t      t;
-    bool           started = false;
-    if (pthread_attr_init(&attr) == 0) {
-        if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
-            started = pthread_create(&t, &attr, wire_closer_main, c) == 0;
-        pthread_attr_destroy(&attr);
-    }
-    if (!started) {
-        c->refs = 1;
-        wire_closer_main(c); /* frees c */
-        return;
-    }
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += ms / 1000;
-    dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&c->mu);
-    while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &dl) == 0)
-        ;
-    pthread_mutex_unlock(&c->mu);
-    wire_closing_put(c);
 }
 
 /* A CLOCK_MONOTONIC deadline `ms` from now. */
@@ -418,6 +376,44 @@ static struct timespec wire_deadline(unsigned ms)
         ts.tv_nsec -= 1000000000L;
     }
     return ts;
+}
+
+/* wire_close_detached, waiting up to ms for the close: as nng_close() for the caller whenever it
+ * returns, and a return all the same when it hangs (the hang above; seen in CI as a client whose
+ * dialer met a flood of bare connections). */
+static void wire_close_bounded(nng_socket sock, unsigned ms)
+{
+    struct wire_closing *c = calloc(1, sizeof(*c));
+    pthread_condattr_t   ca;
+    bool                 ok = c && pthread_condattr_init(&ca) == 0;
+    if (ok) {
+        ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+             pthread_cond_init(&c->cv, &ca) == 0;
+        pthread_condattr_destroy(&ca);
+    }
+    if (ok && pthread_mutex_init(&c->mu, NULL) != 0) {
+        pthread_cond_destroy(&c->cv);
+        ok = false;
+    }
+    if (!ok) {
+        free(c);
+        nng_close(sock);
+        return;
+    }
+    c->sock = sock;
+    c->waited = true;
+    c->refs = 2;
+    if (!wire_closer_spawn(c)) {
+        c->refs = 1;
+        wire_closer_main(c); /* frees c */
+        return;
+    }
+    const struct timespec dl = wire_deadline(ms);
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && pthread_cond_timedwait(&c->cv, &c->mu, &dl) == 0)
+        ;
+    pthread_mutex_unlock(&c->mu);
+    wire_closing_put(c);
 }
 
 /* Sum of the listener's failed-accept counters, or -1 when nng keeps no statistics for it. */

@@ -191,6 +191,18 @@ static void bt_check_model_on(const char *path, enum common_cache_type ct, uint3
     executor_threadpool_destroy(pool);
 }
 
+/* The device of a test: CUDA's where there is one, else the host backend's (this test's
+ * process only); skips without either. */
+static void bt_device_or_skip(void)
+{
+    const struct gpu_backend *cuda = gpu_backend_cuda();
+    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) == 0))
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) == 0)
+        cr_skip_test("no device backend (%s): skipped", why);
+}
+
 static void bt_check_model(const char *path, enum common_cache_type ct, uint32_t n_batch,
                            bool lead_is_seq0)
 {
@@ -227,12 +239,7 @@ Test(executor_batch, moe_fixture_sequences_match_alone, .timeout = 300)
 Test(executor_batch, device_sequences_match_alone, .timeout = 300)
 {
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
-    const struct gpu_backend *cuda = gpu_backend_cuda();
-    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) == 0))
-        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0); /* this test's process only */
-    char why[256] = "";
-    if (gpu_device_count(why, sizeof(why)) == 0)
-        cr_skip_test("no device backend (%s): skipped", why);
+    bt_device_or_skip();
     cr_log_info("on %s0", gpu_backend_name());
     bt_check_model_on(path, COMMON_CACHE_F16, 512, false, (struct bt_dev){.ngl = 999});
     bt_check_model_on(path, COMMON_CACHE_F16, 512, true, (struct bt_dev){.ngl = 2});
@@ -254,12 +261,7 @@ Test(executor_batch, device_sequences_match_alone, .timeout = 300)
 Test(executor_batch, device_graphs_of_more_sets_than_slots_match_alone, .timeout = 300)
 {
     FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q4_k_m.gguf");
-    const struct gpu_backend *cuda = gpu_backend_cuda();
-    if (!getenv("SLUICE_GPU_BACKEND") && (!cuda || cuda->device_count(NULL, 0) == 0))
-        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0); /* this test's process only */
-    char why[256] = "";
-    if (gpu_device_count(why, sizeof(why)) == 0)
-        cr_skip_test("no device backend (%s): skipped", why);
+    bt_device_or_skip();
     if (!gpu_graphs_supported() || getenv("SLUICE_NO_CUDA_GRAPHS"))
         cr_skip_test("%s: no graphs: skipped", gpu_backend_name());
     struct executor_threadpool *pool = NULL;
