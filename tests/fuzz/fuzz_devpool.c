@@ -136,11 +136,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             r.src %= RAM_BYTES;
         const int rc = fetcher_devpool_record(g_d, &r);
         if (r.op == PROTO_FETCH_DEV_MARK) {
-            if (rc == 0 && atomic_load(g_ctl) != r.loan)
-                abort(); /* a mark recorded is published */
-            if (rc == 0 && refused && atomic_load(g_failed) != r.loan)
-                abort(); /* and says what was refused before it */
-            refused = refused && rc != 0;
+            if (atomic_load(g_ctl) != r.loan)
+                abort(); /* a mark is published, recorded or not */
+            if ((rc != 0 || refused) && atomic_load(g_failed) != r.loan)
+                abort(); /* as failed when it, or a record before it, was refused */
+            refused = false;
         } else {
             refused = refused || rc != 0;
         }
