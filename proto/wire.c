@@ -861,8 +861,9 @@ int proto_call(const char *url, const struct proto_msg *req, struct proto_msg *r
     if (rc != COMMON_OK)
         return rc;
     rc = proto_client_call(c, req, rep, timeout_ms, e);
-    if (rc == COMMON_OK) {
-        proto_client_close(c);
+    if (rc == COMMON_OK) { /* its one pipe's handshake completed: a plain close, at once */
+        nng_close(c->sock);
+        free(c);
     } else { /* its pipe may be stuck in a handshake, where nng_close() never returns (seen:
                 `sluice ctl health` of a router starting on a loaded machine, for minutes) */
         wire_close_detached(c->sock, NULL);

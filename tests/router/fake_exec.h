@@ -74,6 +74,8 @@ struct fake_exec {
     atomic_bool                stop;
     atomic_int                 step_delay_us;
     atomic_bool                hang;        /* stop answering steps (simulated death) */
+    atomic_uint                hang_at;     /* when > 0: hang once n_steps reaches it (cleared
+                                               by the next ATTACH) */
     atomic_uint                n_steps;     /* EVALs answered */
     atomic_uint                n_attaches;  /* ATTACHes accepted */
     atomic_uint                n_more;      /* records flagged PROTO_STEP_F_MORE */
@@ -120,7 +122,10 @@ static void *fake_exec_loop(void *arg)
             if (force > 0 && (uint32_t)force <= f->n_vocab && last % 2 == 0)
                 lg[force - 1] = 1000.0f;
             p.n_past = f->len[q.seq];
-            atomic_fetch_add(&f->n_steps, 1);
+            const unsigned done = atomic_fetch_add(&f->n_steps, 1) + 1,
+                           at = atomic_load(&f->hang_at);
+            if (at && done >= at)
+                atomic_store(&f->hang, true); /* this step is answered, none after it */
         }
         while (common_ring_push_wait(&f->rep, &p, sizeof(p), 20) == COMMON_ETIMEDOUT &&
                !atomic_load(&f->stop)) {
@@ -185,6 +190,7 @@ static int fake_exec_handler(void *arg, const struct proto_msg *req, struct prot
     if (rc == 0) {
         atomic_store(&f->stop, false);
         atomic_store(&f->hang, false);
+        atomic_store(&f->hang_at, 0);
         rc = pthread_create(&f->thr, NULL, fake_exec_loop, f) == 0 ? 0 : COMMON_ENOMEM;
         f->running = rc == 0;
         atomic_fetch_add(&f->n_attaches, 1);
