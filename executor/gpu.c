@@ -381,7 +381,6 @@ struct executor_gpu {
      * written again). Not registered, every upload waits, as gpu_upload does. */
     uint8_t          *h_in;
     float            *h_x, *h_cs;
-    size_t            in_bytes;
     uint32_t          in_rows;
     bool              in_pinned, in_queued;
     int32_t          *n_tiles_d; /* gpu_moe_sort's count of tiles */
@@ -1523,15 +1522,15 @@ static int gpu_step_inputs_make(struct executor_gpu *g)
         ((size_t)(g->n_batch ? g->n_batch : 1) * sizeof(uint32_t) + 63) / 64 * 64;
     const size_t x_bytes = (size_t)g->in_rows * hp->n_embd * sizeof(float);
     const size_t cs_bytes = (size_t)g->in_rows * hp->n_rot * sizeof(float);
-    g->in_bytes = (pos_bytes + x_bytes + cs_bytes + page - 1) / page * page;
-    if (!(g->h_in = aligned_alloc(page, g->in_bytes)))
+    const size_t bytes = (pos_bytes + x_bytes + cs_bytes + page - 1) / page * page;
+    if (!(g->h_in = aligned_alloc(page, bytes)))
         return -1;
-    memset(g->h_in, 0, g->in_bytes);
+    memset(g->h_in, 0, bytes);
     g->h_pos = (uint32_t *)(void *)g->h_in;
     g->h_x = (float *)(void *)(g->h_in + pos_bytes);
     g->h_cs = (float *)(void *)(g->h_in + pos_bytes + x_bytes);
     g->in_pinned = g->in_rows > 0 && getenv("SLUICE_NO_QUEUED_UPLOADS") == NULL &&
-                   gpu_use(g->dev) == 0 && gpu_host_register(g->h_in, g->in_bytes, false) == 0;
+                   gpu_use(g->dev) == 0 && gpu_host_register(g->h_in, bytes, false) == 0;
     return 0;
 }
 
@@ -3000,12 +2999,20 @@ static int gpu_step_kernels(struct executor_gpu *g, const struct executor_gpu_me
     return 0;
 }
 
+/* How a graph slot suits a new set of n_mb members: 2 empty, 1 a graph of as many members (to be
+ * updated in place), 0 another's. */
+static int gpu_slot_rank(const struct gpu_shape_graph *sg, uint32_t n_mb)
+{
+    return !sg->graph ? 2 : sg->n_mb == n_mb ? 1 : 0;
+}
+
 /* The graph slot a step runs as (NULL: it launches its kernels): every layer's kernels
  * independent of the host while they run (no expert pool, no MoE on the CPU), the head, if here,
  * with logits for every row, a backend with graphs, SLUICE_NO_CUDA_GRAPHS unset, and the step's
  * rows its members' one token each, in order (fewer than GPU_GEMM_MIN_N: no host round trip).
- * The slot is that of the members' set (shapes), made (replacing the least recently used) when
- * there is none. */
+ * The slot is that of the members' set (shapes), or when there is none the best by
+ * gpu_slot_rank (the least recently used of equals), marked stale when it holds a graph to update.
+ */
 static struct gpu_shape_graph *gpu_graph_step(struct executor_gpu              *g,
                                               const struct executor_gpu_member *mb, uint32_t n_mb,
                                               uint32_t n, const uint32_t *out_rows, uint32_t n_out,
@@ -3039,8 +3046,7 @@ static struct gpu_shape_graph *gpu_graph_step(struct executor_gpu              *
             sg->used = ++g->shape_clock;
             return sg;
         }
-        const int rank = !sg->graph ? 2 : sg->n_mb == n_mb ? 1 : 0;
-        const int best = !pick ? -1 : !pick->graph ? 2 : pick->n_mb == n_mb ? 1 : 0;
+        const int rank = gpu_slot_rank(sg, n_mb), best = pick ? gpu_slot_rank(pick, n_mb) : -1;
         if (rank > best || (rank == best && rank < 2 && sg->used < pick->used))
             pick = sg;
     }

@@ -374,7 +374,6 @@ static int devpool_open(struct fetcher_devpool *d, int sock, const struct common
     return rc;
 }
 
-/* Makes, maps and hands over piece k. 0, or a negative common_err (ERROR sent). */
 /* Makes piece k of the open pool and maps it in place, unless it is there. mu held. */
 static int devpool_piece_make_locked(struct fetcher_devpool *d, uint32_t k, struct common_errmsg *e)
 {
@@ -392,6 +391,7 @@ static int devpool_piece_make_locked(struct fetcher_devpool *d, uint32_t k, stru
     return rc;
 }
 
+/* Makes, maps and hands over piece k. 0, or a negative common_err (ERROR sent). */
 static int devpool_piece(struct fetcher_devpool *d, int sock, const struct common_devmem_handle *h)
 {
     struct common_errmsg        e = {{0}};

@@ -652,8 +652,7 @@ int fetcher_load_log_start(struct fetcher *f, uint64_t cap)
 void fetcher_front_log_load(struct fetcher *f, uint32_t layer, uint32_t expert)
 {
     pthread_mutex_lock(&f->mu);
-    if (f->log && f->log_n < f->log_cap)
-        f->log[f->log_n++] = (struct fetcher_probe_key){layer, expert};
+    front_log_load_locked(f, layer, expert);
     pthread_mutex_unlock(&f->mu);
 }
 

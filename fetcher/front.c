@@ -419,8 +419,7 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         fetcher_trace_resident(f->trace, ld->layer, -1);
     } else {
         fetcher_pool_complete(f->pool, slot);
-        if (f->log && f->log_n < f->log_cap)
-            f->log[f->log_n++] = (struct fetcher_probe_key){ld->layer, ld->expert};
+        front_log_load_locked(f, ld->layer, ld->expert);
         fetcher_trace_load(f->trace, ld->layer, ld->expert, ld->bytes,
                            common_now_ns() - ld->t_submit);
     }

@@ -147,8 +147,15 @@ struct fetcher {
     uint64_t                  log_n, log_cap;
 };
 
-/* A load done outside the pool (a device pool's staging) into the load log, when one is kept.
- * Takes f->mu. */
+/* A load into the load log, when one is kept (and has room). f->mu held. */
+static inline void front_log_load_locked(struct fetcher *f, uint32_t layer, uint32_t expert)
+{
+    if (f->log && f->log_n < f->log_cap)
+        f->log[f->log_n++] = (struct fetcher_probe_key){layer, expert};
+}
+
+/* front_log_load_locked for a load done outside the pool (a device pool's staging). Takes
+ * f->mu. */
 void fetcher_front_log_load(struct fetcher *f, uint32_t layer, uint32_t expert);
 
 /* ---- the machinery (front.c); under f->mu unless said otherwise --------------------------- */

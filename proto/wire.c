@@ -15,8 +15,8 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #define WIRE_DEFAULT_WORKERS 4u
-#define WIRE_CLIENT_CLOSE_MS                                                                       \
-    5000u /* proto_client_close's wait for nng_close (wire_close_bounded) */
+/* proto_client_close's wait for nng_close (wire_close_bounded) */
+#define WIRE_CLIENT_CLOSE_MS 5000u
 #define WIRE_IPC_PREFIX      "ipc://"
 
 /* Maps an nng error to a common_err. */
@@ -861,13 +861,11 @@ int proto_call(const char *url, const struct proto_msg *req, struct proto_msg *r
     if (rc != COMMON_OK)
         return rc;
     rc = proto_client_call(c, req, rep, timeout_ms, e);
-    if (rc == COMMON_OK) { /* its one pipe's handshake completed: a plain close, at once */
+    if (rc == COMMON_OK) /* its one pipe's handshake completed: a plain close, at once */
         nng_close(c->sock);
-        free(c);
-    } else { /* its pipe may be stuck in a handshake, where nng_close() never returns (seen:
-                `sluice ctl health` of a router starting on a loaded machine, for minutes) */
+    else /* its pipe may be stuck in a handshake, where nng_close() never returns (seen:
+            `sluice ctl health` of a router starting on a loaded machine, for minutes) */
         wire_close_detached(c->sock, NULL);
-        free(c);
-    }
+    free(c);
     return rc;
 }
