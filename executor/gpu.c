@@ -365,6 +365,10 @@ struct executor_gpu {
     bool         gemm_q_off; /* SLUICE_NO_GEMM_Q: matmuls over f16 copies of the weights */
     bool         mm_only;    /* products of any row count on the matmul (gpu_moe_grouped) */
     bool         device_sort; /* SLUICE_MOE_DEVICE_SORT: gpu_moe_tiles sorts on the device */
+    /* From this many rows on, products go through the matmul: GPU_GEMM_MIN_N, or never where the
+     * backend's int8 products take any row count (gpu_matvec_any_rows, the CPU's); the rows of
+     * one int8 product call: GPU_MATVEC_MAX_N, or all of them there. */
+    uint32_t gemm_min_n, mv_max_n;
     /* Decode steps (one token a sequence) this part leads, as CUDA graphs (gpu_graph_step): a
      * graph per set of members (one per shape; this sequence alone is one), captured at its first
      * step and replayed after, the least recently used one replaced; member i's position read
@@ -517,12 +521,15 @@ static void gpu_allocs_free(struct gpu_allocs *a)
     *a = (struct gpu_allocs){0};
 }
 
-/* A host buffer uploaded to fresh device memory; NULL for a NULL source. *ok is cleared on
- * failure. */
+/* A host buffer of the model uploaded to fresh device memory, or used where it is on a backend
+ * that reads host memory (gpu_weights_in_place: the model outlives gw); NULL for a NULL source.
+ * *ok is cleared on failure. */
 static void *gpu_put(struct executor_gpu_weights *gw, const void *src, size_t bytes, bool *ok)
 {
     if (!src || !*ok)
         return NULL;
+    if (gpu_weights_in_place())
+        return (void *)(uintptr_t)src; /* read only, as every weight is */
     void *d = gpu_take(&gw->mem, bytes, &gw->bytes);
     if (!d || gpu_upload(d, src, bytes) < 0) {
         *ok = false;
@@ -736,7 +743,31 @@ static int gpu_copy_expert(const struct executor_gpu_weights *gw, uint32_t il, u
     }
 }
 
-/* Uploads every routed expert of one part of layer il, acquiring each from the weight source. */
+/* Where part p of every routed expert of layer il lies in host memory, one expert after another
+ * `bytes` apart, when the weight source keeps them there (no pool: a loan stays where it is, as
+ * the mapped file's do); NULL otherwise, or when an acquire fails (the copy then says why). */
+static void *gpu_experts_in_place(const struct executor_gpu_weights *gw, uint32_t il,
+                                  enum common_expert_part p, size_t bytes)
+{
+    struct executor_weights *w = gw->m->w;
+    const uint8_t           *base = NULL;
+    if (w->ops->expert_request)
+        return NULL;
+    for (uint32_t x = 0; x < gw->m->desc->hp.n_expert; x++) {
+        const void *data;
+        uint32_t    slot;
+        if (w->ops->expert_acquire(w->impl, il, x, p, &data, &slot) < 0)
+            return NULL;
+        const bool moved = w->ops->expert_release(w->impl, slot) == COMMON_EAGAIN;
+        base = x == 0 ? data : base;
+        if (moved || (const uint8_t *)data != base + (size_t)x * bytes)
+            return NULL;
+    }
+    return (void *)(uintptr_t)base;
+}
+
+/* Uploads every routed expert of one part of layer il, acquiring each from the weight source
+ * (or, gpu_weights_in_place, uses them where they are). */
 static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum common_expert_part p,
                            struct gpu_experts *out, struct common_errmsg *e)
 {
@@ -748,6 +779,8 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
                                 .cols = geo->cols,
                                 .row_bytes = geo->row_bytes,
                                 .bytes = (size_t)geo->rows * geo->row_bytes};
+    if (gpu_weights_in_place() && (out->d = gpu_experts_in_place(gw, il, p, out->bytes)))
+        return 0;
     if (!(out->d = gpu_take(&gw->mem, out->bytes * E, &gw->bytes)))
         return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: %s", gpu_backend_name(), gw->dev,
                                  gpu_last_error());
@@ -1587,6 +1620,8 @@ static int gpu_seq_part(const struct executor_model *m, const struct executor_gp
     g->gemm_q_off = getenv("SLUICE_NO_GEMM_Q") != NULL;
     g->fuse_off = getenv("SLUICE_NO_FUSION") != NULL;
     g->device_sort = getenv("SLUICE_MOE_DEVICE_SORT") != NULL;
+    g->gemm_min_n = gpu_matvec_any_rows() ? UINT32_MAX : GPU_GEMM_MIN_N;
+    g->mv_max_n = gpu_matvec_any_rows() ? UINT32_MAX : GPU_MATVEC_MAX_N;
     g->n_ctx = n_ctx;
     g->n_batch = n_batch;
     g->kv_q8 = gpu_kv_is_q8(hp, pl->cache_type);
@@ -1906,7 +1941,7 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
                   int64_t rows, int64_t cols, const float *x, int64_t x_stride, uint32_t n,
                   float *y, int64_t y_stride)
 {
-    const bool matvec = (n < GPU_GEMM_MIN_N && !g->mm_only) || cols % 32 != 0 ||
+    const bool matvec = (n < g->gemm_min_n && !g->mm_only) || cols % 32 != 0 ||
                         (g->mv_only && gpu_q8_path(type, cols));
     if (matvec && gpu_q8_path(type, cols)) {
         /* int8 activations as the CPU quantizes them, integer products (dp4a). */
@@ -1914,8 +1949,8 @@ static int gpu_mm(struct executor_gpu *g, uint32_t type, const void *w, size_t r
         if (!q8)
             return -1;
         const size_t xrb = gpu_q8_row_bytes(cols);
-        for (uint32_t t = 0; t < n; t += GPU_MATVEC_MAX_N) {
-            const uint32_t k = n - t < GPU_MATVEC_MAX_N ? n - t : GPU_MATVEC_MAX_N;
+        for (uint32_t t = 0, k; t < n; t += k) {
+            k = n - t < g->mv_max_n ? n - t : g->mv_max_n;
             if (gpu_matvec_q8(type, w, row_bytes, rows, cols, q8 + (size_t)t * xrb, k,
                               y + (size_t)t * y_stride, y_stride) < 0)
                 return -1;
@@ -1984,7 +2019,7 @@ static int gpu_mm_mat(struct executor_gpu *g, const struct gpu_mat *w, const flo
 /* Whether gpu_mm takes the int8 matvec for these n rows of w. */
 static bool gpu_mm_q8(const struct executor_gpu *g, const struct gpu_mat *w, uint32_t n)
 {
-    return ((n < GPU_GEMM_MIN_N && !g->mm_only) || g->mv_only) && gpu_q8_path(w->type, w->cols);
+    return ((n < g->gemm_min_n && !g->mm_only) || g->mv_only) && gpu_q8_path(w->type, w->cols);
 }
 
 /* The norm (weights nw) of n rows of x into g->xn. Where the first product over them, of
@@ -1999,7 +2034,7 @@ static int gpu_norm_xn(struct executor_gpu *g, const float *x, const float *nw, 
     const uint32_t               vdt = type ? executor_vec_dot_type(type) : 0;
     g->q8_keep = false;
     g->q8_src = NULL;
-    const bool fuse = !g->fuse_off && type && ((n < GPU_GEMM_MIN_N && !g->mm_only) || g->mv_only) &&
+    const bool fuse = !g->fuse_off && type && ((n < g->gemm_min_n && !g->mm_only) || g->mv_only) &&
                       gpu_q8_path(type, ne) && (vdt != COMMON_GGML_TYPE_Q8_K || ne % 256 == 0);
     if (!fuse)
         return gpu_rmsnorm(g->xn, ne, x, ne, nw, n, ne, hp->rms_eps);
@@ -2028,8 +2063,8 @@ static int gpu_mv_q8_op(struct executor_gpu *g, enum gpu_mv_op op, const struct 
 {
     const uint8_t *q8 = gpu_q8_for(g, w->type, x, x_stride, n, w->cols);
     const size_t   xrb = gpu_q8_row_bytes(w->cols);
-    for (uint32_t t = 0; q8 && t < n; t += GPU_MATVEC_MAX_N) {
-        const uint32_t k = n - t < GPU_MATVEC_MAX_N ? n - t : GPU_MATVEC_MAX_N;
+    for (uint32_t t = 0, k; q8 && t < n; t += k) {
+        k = n - t < g->mv_max_n ? n - t : g->mv_max_n;
         if (gpu_matvec_q8_op(op, w->type, w->d, w2 ? w2->d : NULL, w->row_bytes, w->rows, w->cols,
                              q8 + (size_t)t * xrb, k, y + (size_t)t * y_stride, y_stride) < 0)
             return -1;
@@ -2933,14 +2968,14 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
                       gating, hp->norm_topk_prob != 0, hp->expert_weights_scale, g->sel,
                       g->sel_w) < 0)
         return -1;
-    if (n < GPU_GEMM_MIN_N && !gl->pooled && gpu_down_combines(g, gl)) {
+    if (n < g->gemm_min_n && !gl->pooled && gpu_down_combines(g, gl)) {
         /* A few tokens, the routed experts' sum in their down kernel: the shared expert first
          * (x gets the same sums in the same order: routed + (shared + x)). */
         return gpu_shared_expert(g, gl, n) < 0 || gpu_moe_items(g, gl, g->sel, 0, n, NULL, true) < 0
                    ? -1
                    : 0;
     }
-    if (n < GPU_GEMM_MIN_N && !gl->pooled) {
+    if (n < g->gemm_min_n && !gl->pooled) {
         /* A few tokens: every (token, slot) item in one launch per part, no host round trip. */
         if (gpu_moe_items(g, gl, g->sel, 0, n, NULL, false) < 0)
             return -1;
@@ -2954,8 +2989,8 @@ static int gpu_ffn_block(struct executor_gpu *g, uint32_t il, uint32_t n, struct
         struct gpu_xpool *px = gl->pooled ? g->w->pool : NULL;
         if (px)
             pthread_mutex_lock(&px->mu);
-        const int rc = n < GPU_GEMM_MIN_N ? gpu_moe_pooled(g, il, n, c, cpu_rc)
-                                          : gpu_moe_grouped(g, il, n, c, cpu_rc);
+        const int rc = n < g->gemm_min_n ? gpu_moe_pooled(g, il, n, c, cpu_rc)
+                                         : gpu_moe_grouped(g, il, n, c, cpu_rc);
         if (px)
             pthread_mutex_unlock(&px->mu);
         if (rc < 0 || *cpu_rc < 0)
@@ -3163,10 +3198,10 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
     return 1;
 }
 
-int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
-                                 uint32_t n_mb, struct executor_ctx *c, uint32_t n,
-                                 const uint32_t *out_rows, uint32_t n_out, float *logits,
-                                 struct common_errmsg *e)
+static int gpu_forward_parts(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                             uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                             const uint32_t *out_rows, uint32_t n_out, float *logits,
+                             struct common_errmsg *e)
 {
     if (!g->next)
         return gpu_forward_part(g, mb, n_mb, c, n, out_rows, n_out, logits, e);
@@ -3184,6 +3219,17 @@ int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_g
             if (!(pm[i].g = pm[i].g->next))
                 return common_errmsg_set(e, COMMON_ERANGE, "gpu: member %u has other weights", i);
     }
+}
+
+int executor_gpu_forward_members(struct executor_gpu *g, const struct executor_gpu_member *mb,
+                                 uint32_t n_mb, struct executor_ctx *c, uint32_t n,
+                                 const uint32_t *out_rows, uint32_t n_out, float *logits,
+                                 struct common_errmsg *e)
+{
+    gpu_threads(c->pool); /* c's threads for kernels that run on the CPU (the CPU backend) */
+    const int rc = gpu_forward_parts(g, mb, n_mb, c, n, out_rows, n_out, logits, e);
+    gpu_threads(NULL);
+    return rc;
 }
 
 _Static_assert(EXECUTOR_GPU_ROW_EXACT < GPU_GEMM_MIN_N,

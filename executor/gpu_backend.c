@@ -1,6 +1,6 @@
 /* executor/gpu_backend.c - the device interface (cuda/gpu.h) over the backend of the process:
- * the host's when SLUICE_GPU_BACKEND=host, none when it is "none", otherwise CUDA's (none in a
- * build without CUDA). Chosen once, at the first call. */
+ * the host's when SLUICE_GPU_BACKEND=host, the CPU's when "cpu", none when it is "none", otherwise
+ * CUDA's (none in a build without CUDA). Chosen once, at the first call. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +21,8 @@ static void be_pick(void)
     const char *v = getenv("SLUICE_GPU_BACKEND");
     if (v && strcmp(v, "host") == 0) {
         g_be = gpu_backend_host();
+    } else if (v && strcmp(v, "cpu") == 0) {
+        g_be = gpu_backend_cpu();
     } else if (v && strcmp(v, "none") == 0) {
         g_be = NULL;
         g_why = g_off;
@@ -168,6 +170,22 @@ int gpu_current(void)
 const char *gpu_last_error(void)
 {
     return be() ? be()->last_error() : g_why;
+}
+
+bool gpu_matvec_any_rows(void)
+{
+    return be() && be()->matvec_any_rows;
+}
+
+bool gpu_weights_in_place(void)
+{
+    return be() && be()->weights_in_place;
+}
+
+void gpu_threads(struct executor_threadpool *pool)
+{
+    if (be() && be()->threads)
+        be()->threads(pool);
 }
 
 void *gpu_malloc(size_t bytes)

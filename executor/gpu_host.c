@@ -41,6 +41,11 @@ static int h_failed(const char *msg)
     return -1;
 }
 
+int gpu_host_error(const char *msg)
+{
+    return h_failed(msg);
+}
+
 /* ---- graphs ---------------------------------------------------------------------------------- */
 
 /* A graph here is the list of kernel operations queued on the thread between gpu_graph_begin

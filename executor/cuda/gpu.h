@@ -3,10 +3,11 @@
  * .cu files of executor/cuda/; absent in a build without CUDA, executor/gpu_none.c) and the
  * host's (executor/gpu_host.c: every operation on the CPU, in host memory, written as plainly
  * as the scalar references, so that executor/gpu.c's forward pass runs and is tested without a
- * device). The functions below call the backend of the process (executor/gpu_backend.c):
- * the host's when SLUICE_GPU_BACKEND=host is in the environment, "none" gives none, otherwise
- * CUDA's when built. Without one, gpu_built() is false, gpu_device_count() is 0 and everything
- * else fails.
+ * device), and the CPU's (executor/gpu_cpu.c: the host's, with the int8 products on the CPU's
+ * own kernels and threads). The functions below call the backend of the process
+ * (executor/gpu_backend.c): the host's when SLUICE_GPU_BACKEND=host is in the environment, the
+ * CPU's when it is "cpu", "none" gives none, otherwise CUDA's when built. Without one, gpu_built()
+ * is false, gpu_device_count() is 0 and everything else fails.
  *
  * Pointers named "device" are device memory from gpu_malloc. A thread works on one device at a
  * time, its current one (gpu_select or gpu_use; device 0 before either): memory it allocates is
@@ -55,6 +56,20 @@ int gpu_use(int dev);
 int gpu_current(void);
 /* The last CUDA error recorded by a call of this interface, as one line ("" if none). */
 const char *gpu_last_error(void);
+
+/* Whether the backend's int8 products (gpu_matvec_q8, gpu_matvec_ids_q8 ...) take any number of
+ * activation rows at the speed of a matmul (the CPU's): then gpu.c sends every step through them,
+ * a prefill too, and gpu_matvec_q8's n has no bound. False for CUDA and the host's. */
+bool gpu_matvec_any_rows(void);
+/* The threads that the kernels the calling thread queues from now on may use, where they run on
+ * the CPU (the CPU backend): pool (borrowed, used by this thread alone while it queues), or NULL
+ * for the calling thread alone. Others ignore it. */
+struct executor_threadpool;
+void gpu_threads(struct executor_threadpool *pool);
+/* Whether the backend's kernels read host memory as device memory, so that weights which stay
+ * in host memory (the model's) are used where they are, not copied (the CPU backend). False for
+ * CUDA and for the host's, which copies as CUDA does. */
+bool gpu_weights_in_place(void);
 
 void *gpu_malloc(size_t bytes); /* device memory, NULL (error recorded) when it cannot */
 void  gpu_free(void *p);        /* accepts NULL */
@@ -200,7 +215,9 @@ int gpu_gemm_f16(const uint16_t *w16, int64_t rows, int64_t cols, const uint16_t
 #endif
 static inline GPU_HOST_DEVICE size_t gpu_q8_row_bytes(int64_t cols)
 {
-    return (size_t)cols + (size_t)cols / 32 * sizeof(float);
+    /* and 4 bytes a 256 to spare: the room the CPU backend's own image needs (its Q8_K blocks,
+     * the CPU's, take 292 bytes a 256) */
+    return (size_t)cols + (size_t)cols / 32 * sizeof(float) + (size_t)cols / 256 * sizeof(float);
 }
 
 /* Writes the q8 image of x rows quantized to act_type (Q8_0, Q8_1 or Q8_K, as gpu_act_round;
@@ -509,6 +526,9 @@ struct gpu_backend {
     void (*va_free)(void *base, size_t bytes);
     void (*host_unregister)(const void *p);
     bool (*copy_times)(uint64_t *busy_ns, uint64_t *stall_ns);
+    bool matvec_any_rows;                              /* gpu_matvec_any_rows */
+    bool weights_in_place;                             /* gpu_weights_in_place */
+    void (*threads)(struct executor_threadpool *pool); /* NULL: gpu_threads does nothing */
     /* NULL where the backend has no graphs */
     int (*graph_begin)(void);
     int (*graph_end)(struct gpu_graph **graph);
@@ -600,9 +620,13 @@ struct gpu_backend {
                         const int32_t *rows, int64_t n, int64_t width);
 };
 
-/* CUDA's backend (NULL in a build without CUDA) and the host's. */
+/* CUDA's backend (NULL in a build without CUDA), the host's and the CPU's. */
 const struct gpu_backend *gpu_backend_cuda(void);
 const struct gpu_backend *gpu_backend_host(void);
+const struct gpu_backend *gpu_backend_cpu(void);
+/* Records msg as the host backend's error of the calling thread (gpu_last_error of the host and
+ * CPU backends, which share it); returns -1. */
+int gpu_host_error(const char *msg);
 
 #ifdef __cplusplus
 }

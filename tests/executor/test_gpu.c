@@ -1056,7 +1056,8 @@ Test(executor_gpu, activations_rounded_as_the_cpu, .timeout = 60)
                           weights[wi], vdt, (long long)cols, (long long)i, (double)got[i],
                           (double)want[i]);
             if (gpu_matvec_q8_supported(weights[wi])) {
-                /* The q8 image: each int8 value times its scale is the CPU's value too. */
+                /* The q8 image: each int8 value times its scale is the CPU's value too (the
+                 * CPU backend's image is the CPU's activation blocks themselves). */
                 const size_t rb = gpu_q8_row_bytes(cols);
                 uint8_t     *img = malloc((size_t)n * rb);
                 void        *dq = gpu_malloc((size_t)n * rb);
@@ -1065,6 +1066,14 @@ Test(executor_gpu, activations_rounded_as_the_cpu, .timeout = 60)
                 cr_assert_eq(gpu_act_q8(vdt, dx, cols, n, cols, dq), 0, "%s", gpu_last_error());
                 cr_assert_eq(gpu_download(img, dq, (size_t)n * rb), 0);
                 for (int64_t t = 0; t < n; t++) {
+                    if (gpu_matvec_any_rows()) { /* the CPU backend's: the CPU's blocks */
+                        cr_assert_eq(executor_quantize_act(weights[wi], x + t * cols, q, cols), 0);
+                        cr_assert(memcmp(img + (size_t)t * rb, q,
+                                         executor_act_row_size(weights[wi], cols)) == 0,
+                                  "q8 image, weights %u, %lld cols: row %lld is not the CPU's",
+                                  weights[wi], (long long)cols, (long long)t);
+                        continue;
+                    }
                     const int8_t *qv = (const int8_t *)(img + (size_t)t * rb);
                     for (int64_t i = 0; i < cols; i++) {
                         float d;
