@@ -438,10 +438,11 @@ int cli_engine_open(struct cli_engine *en, const char *path, const struct cli_st
     }
     const bool stream = cli_stream_is_on(&en->so);
     const bool want_gpu = en->so.n_gpu_layers > 0 && !en->so.devices.none;
-    /* The plan leaves out the KV of the layers on a device. Whether the device takes this model
-     * is known once it is open (its architecture and types): if not, it opens again with all
-     * the KV in the plan (nothing was read yet). */
-    uint32_t n_dev = stream && want_gpu && executor_gpu_usable(NULL, &en->so.devices, 0, NULL, 0)
+    /* The plan leaves out the KV of the layers on a device (not the CPU backend's, which is RAM).
+     * Whether the device takes this model is known once it is open (its architecture and
+     * types): if not, it opens again with all the KV in the plan (nothing was read yet). */
+    uint32_t n_dev = stream && want_gpu && !executor_gpu_in_ram() &&
+                             executor_gpu_usable(NULL, &en->so.devices, 0, NULL, 0)
                          ? (uint32_t)en->so.n_gpu_layers
                          : 0;
     if (stream)

@@ -641,6 +641,10 @@ uint32_t executor_ctx_gpu_kv_layers(const struct executor_ctx *c);
 double executor_ctx_gpu_membw(const struct executor_ctx *c, size_t bytes);
 /* One line on the layers the ctx placed on a CUDA device; false (buf untouched) when none. */
 bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len);
+/* Whether the device backend keeps its memory in this process's RAM and runs on the CPU (the CPU
+ * backend, SLUICE_GPU_BACKEND=cpu): a plan under --ram-budget then counts the device layers' KV
+ * as its own. */
+bool executor_gpu_in_ram(void);
 /* Whether `m` can put layers on the devices d names with the MoE of its first n_cpu_moe layers on
  * the CPU (--n-cpu-moe): true, or false with the reason in `why` (built without CUDA, no driver
  * or device, an architecture or type the CUDA path lacks). m NULL: whether the devices are there,

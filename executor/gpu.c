@@ -317,6 +317,7 @@ struct executor_gpu_weights {
     struct gpu_info              info;
     uint32_t                     il0, il1;  /* the device's layers: il0 .. il1 - 1 */
     uint32_t                     n_cpu_moe; /* layers below it keep their MoE on the CPU */
+    bool                         streamed;  /* so for every layer: gpu_moe_streamed */
     bool                         head;
     /* The next device's layers (owned), from il1 on; NULL on the last device (several devices:
      * --device, --tensor-split). */
@@ -455,6 +456,9 @@ const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_c
         const bool                     moe = lw->gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe);
         if (moe && (!lw->gate_exps_b) != (!lw->up_exps_b))
             return "routed experts with a bias on gate or up alone are not on the CUDA path";
+        if (lw->ffn_streamed && gpu_weights_in_place())
+            return "a dense FFN streamed under --ram-budget is not on the CPU backend's path (it "
+                   "would hold the whole FFN in RAM)";
         for (int p = 0; lw->ffn_streamed && p < COMMON_EXPERT_PART_COUNT; p++) {
             if (lw->exp_tail[p])
                 return "a dense FFN streamed under --ram-budget with per-tensor I2_S scales is "
@@ -1402,10 +1406,33 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
     return 0;
 }
 
+/* Whether the routed experts stay with the CPU's MoE, which streams them from the weight
+ * source's RAM pool where they are: on a backend that reads host memory (the CPU's), a source
+ * with a pool (--ram-budget, the fetcher's) would otherwise be copied whole into the device's
+ * memory, which is RAM too; not with --vram-budget, whose pool the user asked for. */
+static bool gpu_moe_streamed(const struct executor_model *m, const struct executor_gpu_place *pl)
+{
+    return gpu_weights_in_place() && m->desc->hp.n_expert && m->w->ops->expert_request &&
+           !pl->vram_budget;
+}
+
+bool executor_gpu_in_ram(void)
+{
+    return gpu_weights_in_place();
+}
+
 int executor_gpu_weights_create(const struct executor_model *m, const struct executor_gpu_place *pl,
                                 uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e)
 {
+    if (gpu_moe_streamed(m, pl) && pl->n_cpu_moe < (int32_t)m->desc->hp.n_layer) {
+        struct executor_gpu_place all = *pl;
+        all.n_cpu_moe = (int32_t)m->desc->hp.n_layer;
+        const int rc = executor_gpu_weights_create(m, &all, n_ctx, n_batch, n_seq, out, e);
+        for (struct executor_gpu_weights *gw = rc == 0 ? *out : NULL; gw; gw = gw->next)
+            gw->streamed = true;
+        return rc;
+    }
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
     int32_t                      ids[GPU_MAX_DEVICES];
@@ -1751,7 +1778,11 @@ static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t le
     for (uint32_t il = gw->il0; il < nl; il++)
         on_cpu += gw->layers[il].cpu_moe;
     const size_t at = strlen(buf);
-    if (on_cpu && at < len)
+    if (on_cpu && at < len && gw->streamed)
+        snprintf(buf + at, len - at,
+                 "; the MoE of %u of them on the CPU's path, its experts streamed where they are",
+                 on_cpu);
+    else if (on_cpu && at < len)
         snprintf(buf + at, len - at, "; the MoE of %u of them on the CPU (--n-cpu-moe %u)", on_cpu,
                  gw->n_cpu_moe);
     const size_t      at2 = strlen(buf);

@@ -280,6 +280,58 @@ Test(cli_run, ngl_takes_a_dense_ffn_streamed_under_a_ram_budget, .timeout = 180)
     free(tiny);
 }
 
+/* The CPU backend (SLUICE_GPU_BACKEND=cpu) under --ram-budget: the device pass leaves the routed
+ * experts to the CPU's MoE, which streams them from the RAM pool where they are (no copy of them
+ * in the backend's memory), its plan counts the device's KV as RAM (the same plan as without
+ * -ngl), and the greedy tokens are the CPU's own, streamed or not. A dense FFN streamed under the
+ * budget is refused with a reason (it would be held whole) and runs on the CPU. */
+Test(cli_run, cpu_backend_streams_the_experts_under_a_ram_budget, .timeout = 120)
+{
+    FIXTURE_OR_SKIP(model, MODEL);
+    FIXTURE_OR_SKIP(tiny, "models/llama-2-tiny-random.gguf");
+    char  cmd[4096];
+    int   st = 0;
+    char *cpu = greedy_ids(model, "-p '" PROMPT "'");
+    char *cpu_streamed = greedy_ids(model, "-p '" PROMPT "' --ram-budget 25.5M");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p hi -n 2 --temp 0 -t 2 --ram-budget 25.5M 2>&1",
+             SLUICE, model);
+    char *plan_cpu = sh(cmd, &st);
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "cpu", 1), 0);
+    char *dev = greedy_ids(model, "-p '" PROMPT "' -ngl 999");
+    char *dev_streamed = greedy_ids(model, "-p '" PROMPT "' --ram-budget 25.5M -ngl 999");
+    snprintf(cmd, sizeof(cmd),
+             "%s run -m %s -p hi -n 2 --temp 0 -t 2 --ram-budget 25.5M -ngl 999 2>&1", SLUICE,
+             model);
+    char *plan_dev = sh(cmd, &st);
+    snprintf(cmd, sizeof(cmd),
+             "%s run -m %s -p hi -n 2 --temp 0 -t 2 --ram-budget 64M -ngl 999 2>&1 >/dev/null",
+             SLUICE, tiny);
+    char *dense = sh(cmd, &st);
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_assert(strstr(plan_dev, "0 MiB weights") &&
+                  strstr(plan_dev, "the MoE of 4 of them on the CPU's path, its experts streamed "
+                                   "where they are"),
+              "the device did not leave the experts to the CPU's MoE:\n%s", plan_dev);
+    const char *pool_cpu = strstr(plan_cpu, "expert pool"),
+               *pool_dev = strstr(plan_dev, "expert pool");
+    cr_assert(pool_cpu && pool_dev && strncmp(pool_cpu, pool_dev, strcspn(pool_cpu, "\n")) == 0,
+              "the plans differ:\n%s\n%s", plan_cpu, plan_dev);
+    cr_assert_str_eq(cpu_streamed, cpu);
+    cr_assert_str_eq(dev, cpu, "-ngl 999 on the CPU backend");
+    cr_assert_str_eq(dev_streamed, cpu, "-ngl 999 --ram-budget 25.5M on the CPU backend");
+    cr_assert(strstr(dense, "-ngl 999 ignored") && strstr(dense, "dense FFN streamed"),
+              "a streamed dense FFN was not refused:\n%s", dense);
+    free(cpu);
+    free(cpu_streamed);
+    free(plan_cpu);
+    free(dev);
+    free(dev_streamed);
+    free(plan_dev);
+    free(dense);
+    free(model);
+    free(tiny);
+}
+
 /* `sluice run ... ARGS -p hi -n 8 --temp 0` on the host backend: its stderr, exit status in *st. */
 static char *run_err(const char *model, const char *args, int *st)
 {
