@@ -262,6 +262,15 @@ static void c_job_run(struct c_job *j)
     c_for(j->start[j->n], CPU_MIN_CHUNK, c_job_piece, j);
 }
 
+/* One task's job. */
+static int c_run_one(uint32_t type, int64_t cols, size_t row_bytes, struct c_task *t)
+{
+    int64_t      start[2];
+    struct c_job j = {type, cols, row_bytes, 1, t, start};
+    c_job_run(&j);
+    return 0;
+}
+
 /* Whether the CPU's kernels take rows of cols values of `type` in row_bytes (and the q8 image's
  * rows hold their activations). */
 static bool c_fits(uint32_t type, int64_t cols, size_t row_bytes)
@@ -300,10 +309,7 @@ static int c_matvec_q8(int op, uint32_t type, const void *w, const void *w2, siz
                        .y = y,
                        .y_stride = y_stride,
                        .op = op};
-    int64_t       start[2];
-    struct c_job  j = {type, cols, row_bytes, 1, &t, start};
-    c_job_run(&j);
-    return 0;
+    return c_run_one(type, cols, row_bytes, &t);
 }
 
 static int c_matvec_q8_cat(uint32_t type, int n_mat, const void *const *w, const int64_t *rows,
@@ -604,10 +610,7 @@ static int c_matvec(uint32_t type, const void *w, size_t row_bytes, int64_t rows
                        .y = y,
                        .y_stride = y_stride,
                        .op = GPU_MV_SET};
-    int64_t       start[2];
-    struct c_job  j = {type, cols, row_bytes, 1, &t, start};
-    c_job_run(&j);
-    return 0;
+    return c_run_one(type, cols, row_bytes, &t);
 }
 
 static int c_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_t row_bytes,

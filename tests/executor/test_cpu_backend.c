@@ -22,12 +22,15 @@
 static const struct gpu_backend   *be;
 static struct executor_threadpool *pool3;
 
+static void ct_types(void);
+
 static void ct_setup(void)
 {
     be = gpu_backend_cpu();
     cr_assert_not_null(be);
     cr_assert_eq(be->select(0, NULL, NULL, 0), 0);
     cr_assert_eq(executor_threadpool_create(3, &pool3), 0);
+    ct_types();
 }
 
 static void ct_teardown(void)
@@ -38,14 +41,18 @@ static void ct_teardown(void)
 
 TestSuite(executor_gpu_cpu, .init = ct_setup, .fini = ct_teardown);
 
-static const uint32_t q8_types[] = {
-    COMMON_GGML_TYPE_Q4_0,    COMMON_GGML_TYPE_Q4_1,     COMMON_GGML_TYPE_Q5_0,
-    COMMON_GGML_TYPE_Q5_1,    COMMON_GGML_TYPE_Q8_0,     COMMON_GGML_TYPE_Q2_K,
-    COMMON_GGML_TYPE_Q3_K,    COMMON_GGML_TYPE_Q4_K,     COMMON_GGML_TYPE_Q5_K,
-    COMMON_GGML_TYPE_Q6_K,    COMMON_GGML_TYPE_MXFP4,    COMMON_GGML_TYPE_TQ1_0,
-    COMMON_GGML_TYPE_TQ2_0,   COMMON_GGML_TYPE_I2S_Q128, COMMON_GGML_TYPE_I2S_B32H,
-    COMMON_GGML_TYPE_I2S_B32F};
-#define N_Q8 (sizeof(q8_types) / sizeof(q8_types[0]))
+/* Every type of the int8 path (gpu_matvec_q8_supported), whatever the list holds. */
+static uint32_t q8_types[64];
+static size_t   N_Q8;
+
+static void ct_types(void)
+{
+    N_Q8 = 0;
+    for (uint32_t t = 0; t < 64; t++)
+        if (gpu_matvec_q8_supported(t) && common_ggml_type_get(t))
+            q8_types[N_Q8++] = t;
+    cr_assert_geq(N_Q8, 16, "the int8 types: %zu", N_Q8);
+}
 
 static size_t row_size(uint32_t type, int64_t cols)
 {

@@ -1,0 +1,105 @@
+/* tests/tsan/tsan_cpu_backend.c - the CPU backend (SLUICE_GPU_BACKEND=cpu) under
+ * ThreadSanitizer: two contexts decoding at once on threads of their own, each with a pool of
+ * three threads that its steps' kernels share out (gpu_threads), over one model's weights used in
+ * place; a prompt long enough for the routed experts' grouped products, then greedy steps. Both
+ * give the logits of a context alone on one thread. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common.h"
+#include "executor.h"
+#include "fixture.h"
+
+#define CB_THREADS 2
+#define CB_PROMPT  40
+#define CB_STEPS   6
+
+struct cb_job {
+    struct executor_model *m;
+    uint32_t               n_threads; /* of the context's pool; 1 = the caller alone */
+    float                 *logits;
+    char                   err[600];
+};
+
+static void *cb_run(void *arg)
+{
+    struct cb_job              *j = arg;
+    struct executor_threadpool *pool = NULL;
+    struct executor_ctx        *c = NULL;
+    struct common_errmsg        e = {{0}};
+    if (j->n_threads > 1 && executor_threadpool_create(j->n_threads, &pool) != COMMON_OK) {
+        snprintf(j->err, sizeof(j->err), "threadpool_create");
+        return NULL;
+    }
+    if (executor_ctx_create(
+            j->m, &(struct executor_ctx_opts){.n_ctx = 64, .n_gpu_layers = 999, .pool = pool}, &c,
+            &e) != COMMON_OK) {
+        snprintf(j->err, sizeof(j->err), "ctx_create: %s", e.text);
+        executor_threadpool_destroy(pool);
+        return NULL;
+    }
+    const uint32_t nv = executor_ctx_n_vocab(c);
+    int32_t        t[CB_PROMPT];
+    for (int i = 0; i < CB_PROMPT; i++)
+        t[i] = (int32_t)(1 + (i * 37 + 11) % (int32_t)(nv - 1));
+    j->logits = malloc(nv * sizeof(float));
+    int rc = executor_ctx_decode(c, t, CB_PROMPT, j->logits, NULL, &e);
+    for (int s = 0; rc == COMMON_OK && s < CB_STEPS; s++) {
+        int32_t best = 0;
+        for (uint32_t i = 1; i < nv; i++)
+            best = j->logits[i] > j->logits[best] ? (int32_t)i : best;
+        rc = executor_ctx_decode(c, &best, 1, j->logits, NULL, &e);
+    }
+    if (rc != COMMON_OK)
+        snprintf(j->err, sizeof(j->err), "decode: %s", e.text);
+    executor_ctx_destroy(c);
+    executor_threadpool_destroy(pool);
+    return NULL;
+}
+
+int main(void)
+{
+    executor_kernels_init();
+    if (setenv("SLUICE_GPU_BACKEND", "cpu", 1) != 0) {
+        CHECK(0, "setenv");
+        return check_report();
+    }
+    char *path = fixture_path("moe-tiny/moe-tiny-q4_k_m.gguf");
+    if (!path) {
+        printf("SKIP cpu_backend: fixture moe-tiny/moe-tiny-q4_k_m.gguf absent\n");
+        return check_report();
+    }
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    if (executor_model_open(path, NULL, &m, &e) != COMMON_OK) {
+        CHECK(0, "open %s: %s", path, e.text);
+        free(path);
+        return check_report();
+    }
+    struct cb_job alone = {.m = m, .n_threads = 1};
+    cb_run(&alone);
+    CHECK(alone.err[0] == '\0', "alone: %s", alone.err);
+    struct cb_job jobs[CB_THREADS];
+    pthread_t     th[CB_THREADS];
+    for (int k = 0; k < CB_THREADS; k++) {
+        jobs[k] = (struct cb_job){.m = m, .n_threads = 3};
+        CHECK(pthread_create(&th[k], NULL, cb_run, &jobs[k]) == 0, "pthread_create");
+    }
+    for (int k = 0; k < CB_THREADS; k++)
+        pthread_join(th[k], NULL);
+    const uint32_t nv = executor_model_hparams(m)->n_vocab;
+    for (int k = 0; k < CB_THREADS; k++) {
+        CHECK(jobs[k].err[0] == '\0', "thread %d: %s", k, jobs[k].err);
+        CHECK(jobs[k].logits && alone.logits &&
+                  memcmp(jobs[k].logits, alone.logits, nv * sizeof(float)) == 0,
+              "thread %d's logits differ from a context's alone", k);
+        free(jobs[k].logits);
+    }
+    free(alone.logits);
+    executor_model_destroy(m);
+    free(path);
+    return check_report();
+}
