@@ -645,6 +645,11 @@ bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t l
  * backend, SLUICE_GPU_BACKEND=cpu): a plan under --ram-budget then counts the device layers' KV
  * as its own. */
 bool executor_gpu_in_ram(void);
+/* Device bytes of one sequence's scratch with -ngl (its KV cache aside, the output head's rows
+ * included), for a context of n_ctx positions and batches of n_batch: what such a backend adds
+ * to a --ram-budget plan. */
+uint64_t executor_gpu_scratch_bytes(const struct common_hparams *hp, uint32_t n_ctx,
+                                    uint32_t n_batch);
 /* Whether `m` can put layers on the devices d names with the MoE of its first n_cpu_moe layers on
  * the CPU (--n-cpu-moe): true, or false with the reason in `why` (built without CUDA, no driver
  * or device, an architecture or type the CUDA path lacks). m NULL: whether the devices are there,

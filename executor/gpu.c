@@ -703,24 +703,38 @@ static size_t gpu_kv_bytes(size_t width, bool q8)
     return q8 ? width / 32 * 34 : width * sizeof(uint16_t);
 }
 
+/* Device bytes of one sequence's scratch (the KV cache aside). */
+static size_t gpu_need_scratch(const struct common_hparams *hp, bool head, uint32_t n_ctx,
+                               uint32_t n_batch)
+{
+    const struct gpu_widths w = gpu_widths_of(hp);
+    const size_t            B = n_batch;
+    size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
+                    hp->n_rot + (w.ff > w.cols ? w.ff : w.cols) + w.mla);
+    f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
+    if (head)
+        f += B * w.n_vocab;
+    return f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
+           (B * (w.ff > w.cols ? w.ff : w.cols) + GPU_GEMM_ROWS * w.cols) * sizeof(uint16_t) +
+           gpu_q8_bytes(B, &w) + 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
+}
+
 /* Device bytes of one sequence: the KV cache of the layers il0 .. il1 - 1 and the scratch. */
 static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, uint32_t il1, bool head,
                            uint32_t n_ctx, uint32_t n_batch, enum common_cache_type kv)
 {
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
-    const size_t                 B = n_batch;
     const bool                   q8 = gpu_kv_is_q8(hp, kv);
-    size_t                       kb = (size_t)(il1 - il0) * n_ctx *
-                (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
-    size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
-                    hp->n_rot + (w.ff > w.cols ? w.ff : w.cols) + w.mla);
-    f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
-    if (head)
-        f += B * w.n_vocab;
-    return kb + f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
-           (B * (w.ff > w.cols ? w.ff : w.cols) + GPU_GEMM_ROWS * w.cols) * sizeof(uint16_t) +
-           gpu_q8_bytes(B, &w) + 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
+    const size_t                 kb = (size_t)(il1 - il0) * n_ctx *
+                      (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
+    return kb + gpu_need_scratch(hp, head, n_ctx, n_batch);
+}
+
+uint64_t executor_gpu_scratch_bytes(const struct common_hparams *hp, uint32_t n_ctx,
+                                    uint32_t n_batch)
+{
+    return gpu_need_scratch(hp, true, n_ctx, n_batch);
 }
 
 /* Copies part p of expert x of layer il from the weight source to device memory at dst.
