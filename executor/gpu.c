@@ -63,7 +63,9 @@ struct gpu_layer {
     float             *gate_exps_b, *up_exps_b, *down_exps_b;
     struct gpu_experts exps[COMMON_EXPERT_PART_COUNT];
     bool               swa;
-    bool               cpu_moe; /* --n-cpu-moe: its MoE runs on the CPU (nothing of it here) */
+    /* --n-cpu-moe, or the CPU backend's streamed experts or dense FFN (gpu_ffn_streamed): its
+     * FFN runs on the CPU's path (nothing of it here) */
+    bool               cpu_moe;
     bool               pooled;  /* its experts are in the pool, by slot */
 };
 
@@ -317,7 +319,7 @@ struct executor_gpu_weights {
     struct gpu_info              info;
     uint32_t                     il0, il1;  /* the device's layers: il0 .. il1 - 1 */
     uint32_t                     n_cpu_moe; /* layers below it keep their MoE on the CPU */
-    bool                         streamed;  /* so for every layer: gpu_moe_streamed */
+    bool                         streamed;  /* gpu_ffn_streamed: the FFNs streamed on the CPU */
     bool                         head;
     /* The next device's layers (owned), from il1 on; NULL on the last device (several devices:
      * --device, --tensor-split). */
@@ -456,10 +458,9 @@ const char *executor_gpu_unsupported(const struct executor_model *m, int32_t n_c
         const bool                     moe = lw->gate_inp.data && !gpu_cpu_moe(m, il, cpu_moe);
         if (moe && (!lw->gate_exps_b) != (!lw->up_exps_b))
             return "routed experts with a bias on gate or up alone are not on the CUDA path";
-        if (lw->ffn_streamed && gpu_weights_in_place())
-            return "a dense FFN streamed under --ram-budget is not on the CPU backend's path (it "
-                   "would hold the whole FFN in RAM)";
-        for (int p = 0; lw->ffn_streamed && p < COMMON_EXPERT_PART_COUNT; p++) {
+        /* the CPU backend leaves a streamed FFN to the CPU's path (gpu_ffn_streamed) */
+        for (int p = 0; lw->ffn_streamed && !gpu_weights_in_place() && p < COMMON_EXPERT_PART_COUNT;
+             p++) {
             if (lw->exp_tail[p])
                 return "a dense FFN streamed under --ram-budget with per-tensor I2_S scales is "
                        "not on the CUDA path yet";
@@ -641,6 +642,8 @@ static size_t gpu_need_weights(const struct executor_model *m, uint32_t il0, uin
     size_t                       slot_bytes, all;
     const int64_t n_slots = gpu_pool_slots(m, il0, il1, n_cpu_moe, vram_budget, &slot_bytes, &all);
     size_t        wb = n_slots > 0 ? (size_t)n_slots * slot_bytes : 0;
+    if (gpu_weights_in_place()) /* the model's memory: only the pool's slots are the device's */
+        return wb;
     for (uint32_t il = il0; il < il1; il++) {
         const struct executor_layer_w *lw = &m->layers[il];
         const bool                     cpu = gpu_cpu_moe(m, il, n_cpu_moe);
@@ -1243,7 +1246,7 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     gl->bv = gpu_put(gw, lw->bv, w.vd * sizeof(float), &ok);
     gl->sinks = gpu_put(gw, lw->sinks, (size_t)hp->n_head * sizeof(float), &ok);
     gl->bo = gpu_put(gw, lw->bo, w.ne * sizeof(float), &ok);
-    gl->cpu_moe = gpu_cpu_moe(m, il, gw->n_cpu_moe);
+    gl->cpu_moe = gpu_cpu_moe(m, il, gw->n_cpu_moe) || (gw->streamed && lw->ffn_streamed);
     if (!gl->cpu_moe) {
         gl->exp_probs_b = gpu_put(gw, lw->exp_probs_b, w.E * sizeof(float), &ok);
         gl->gate_inp_b = gpu_put(gw, lw->gate_inp_b, w.E * sizeof(float), &ok);
@@ -1269,7 +1272,7 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     /* A dense FFN streamed under --ram-budget (its matrices not in RAM): read from the weight
      * source once, as an expert's parts, and kept on the device. */
     struct gpu_mat *ffn[COMMON_EXPERT_PART_COUNT] = {&gl->gate, &gl->up, &gl->down};
-    for (int p = 0; ok && lw->ffn_streamed && p < COMMON_EXPERT_PART_COUNT; p++) {
+    for (int p = 0; ok && lw->ffn_streamed && !gl->cpu_moe && p < COMMON_EXPERT_PART_COUNT; p++) {
         const struct executor_expert_geom *geo = &lw->exp[p];
         *ffn[p] = (struct gpu_mat){.type = geo->type,
                                    .rows = geo->rows,
@@ -1347,6 +1350,17 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint3
                              m->desc->hp.n_expert ? ", --vram-budget" : "");
 }
 
+/* Whether the FFNs that the weight source streams from its RAM pool (routed experts, or a dense
+ * FFN under --ram-budget) stay with the CPU's FFN, which reads them there where they are: on a
+ * backend that reads host memory (the CPU's), they would otherwise be copied whole into the
+ * device's memory, which is RAM too; not with --vram-budget, whose pool the user asked for (a
+ * dense streamed FFN goes to the CPU's path with it too). */
+static bool gpu_ffn_streamed(const struct executor_model *m, const struct executor_gpu_place *pl)
+{
+    return gpu_weights_in_place() && m->w->ops->expert_request &&
+           (!pl->vram_budget || !m->desc->hp.n_expert);
+}
+
 /* The weights of layers il0 .. il1 - 1 (and the head) on device dev, selected before: one
  * device's part of a placement (`several` when there are others); its expert pool, if any, uses
  * the registrations of pins_of's (NULL: it is the first pool, and takes them). */
@@ -1397,6 +1411,7 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
     gw->il0 = il0;
     gw->il1 = il1;
     gw->n_cpu_moe = cpu_moe;
+    gw->streamed = gpu_ffn_streamed(m, pl);
     gw->head = head;
     gw->expert_bytes = all;
     if (n_slots > 0)
@@ -1420,16 +1435,6 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
     return 0;
 }
 
-/* Whether the routed experts stay with the CPU's MoE, which streams them from the weight
- * source's RAM pool where they are: on a backend that reads host memory (the CPU's), a source
- * with a pool (--ram-budget, the fetcher's) would otherwise be copied whole into the device's
- * memory, which is RAM too; not with --vram-budget, whose pool the user asked for. */
-static bool gpu_moe_streamed(const struct executor_model *m, const struct executor_gpu_place *pl)
-{
-    return gpu_weights_in_place() && m->desc->hp.n_expert && m->w->ops->expert_request &&
-           !pl->vram_budget;
-}
-
 bool executor_gpu_in_ram(void)
 {
     return gpu_weights_in_place();
@@ -1439,13 +1444,11 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
                                 uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e)
 {
-    if (gpu_moe_streamed(m, pl) && pl->n_cpu_moe < (int32_t)m->desc->hp.n_layer) {
+    if (gpu_ffn_streamed(m, pl) && m->desc->hp.n_expert &&
+        pl->n_cpu_moe < (int32_t)m->desc->hp.n_layer) {
         struct executor_gpu_place all = *pl;
         all.n_cpu_moe = (int32_t)m->desc->hp.n_layer;
-        const int rc = executor_gpu_weights_create(m, &all, n_ctx, n_batch, n_seq, out, e);
-        for (struct executor_gpu_weights *gw = rc == 0 ? *out : NULL; gw; gw = gw->next)
-            gw->streamed = true;
-        return rc;
+        return executor_gpu_weights_create(m, &all, n_ctx, n_batch, n_seq, out, e);
     }
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
@@ -1789,13 +1792,16 @@ static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t le
              (double)g->bytes_kv / 1048576.0, g->kv_q8 ? "q8_0" : "f16",
              (double)g->bytes_scratch / 1048576.0);
     uint32_t on_cpu = 0;
-    for (uint32_t il = gw->il0; il < nl; il++)
+    bool     moe = false;
+    for (uint32_t il = gw->il0; il < nl; il++) {
         on_cpu += gw->layers[il].cpu_moe;
+        moe = moe || gw->m->layers[il].gate_inp.data;
+    }
     const size_t at = strlen(buf);
     if (on_cpu && at < len && gw->streamed)
         snprintf(buf + at, len - at,
-                 "; the MoE of %u of them on the CPU's path, its experts streamed where they are",
-                 on_cpu);
+                 "; the %s of %u of them on the CPU's path, streamed where they are",
+                 moe ? "MoE" : "FFN", on_cpu);
     else if (on_cpu && at < len)
         snprintf(buf + at, len - at, "; the MoE of %u of them on the CPU (--n-cpu-moe %u)", on_cpu,
                  gw->n_cpu_moe);
