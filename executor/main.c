@@ -296,7 +296,10 @@ static int main_run(const struct main_config *c)
 static int main_probe(const struct main_config *c)
 {
     uint32_t n = 0, n_dev = 0;
-    if (c->n_gpu_layers > 0 && executor_gpu_usable(NULL, &c->devices, 0, NULL, 0)) {
+    /* The CPU backend's device is RAM: its KV is the fetchers' to plan for, as the CPU's, and
+     * without --vram-budget it has no device pool (it reads the experts in the RAM pool). */
+    const bool in_ram = executor_gpu_in_ram() && !c->vram_budget;
+    if (c->n_gpu_layers > 0 && !in_ram && executor_gpu_usable(NULL, &c->devices, 0, NULL, 0)) {
         struct executor_model *m = NULL;
         struct common_errmsg   e = {{0}};
         if (executor_model_open(c->model, NULL, &m, &e) < 0) {

@@ -790,6 +790,8 @@ Test(pipeline_sluicectl, cache_type_reaches_the_executor_and_the_fetchers_plan, 
 /* With more than 1: the device pools each fetcher is to serve (--device-pools), checked in
  * sluicectl's log and fetcher 0's stats (every one of them opened). */
 static unsigned t_device_pools;
+/* The backend `host` names: "host", or "cpu" (the CPU backend, executor/gpu_cpu.c). */
+static const char *t_backend = "host";
 
 static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extra,
                                 const char *host_log)
@@ -799,8 +801,9 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
     char *dir = fixture_tmpdir();
     cr_assert_not_null(dir);
     if (host)
-        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    char  cmd[8192];
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", t_backend, 1), 0);
+    const bool cpu_be = host && strcmp(t_backend, "cpu") == 0;
+    char       cmd[8192];
     int   st;
     char *single = one_process_line(model, "-ngl 999");
     char *cpu = one_process_line(model, "");
@@ -822,7 +825,15 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
     cr_log_info("%s", log);
     const bool on_device = host || strstr(log, "gpu: CUDA") != NULL; /* else: no device here */
     free(log);
-    if (host && strstr(extra, "--ram-budget")) {
+    if (cpu_be && strstr(extra, "--ram-budget")) {
+        /* The CPU backend's device is RAM: the probe counts no layer on the device, so the
+         * fetcher's plan holds every layer's KV (1.00 MiB: 4 sequences of moe-tiny's). */
+        snprintf(cmd, sizeof(cmd), "grep -h -E '^  kv cache +1.00 MiB$' '%s'/logs/fetcher-0.log",
+                 run_dir);
+        char *plan = sh(cmd, &st);
+        cr_expect_eq(st, 0, "the fetcher's plan leaves the CPU backend's KV out:\n%s", plan);
+        free(plan);
+    } else if (host && strstr(extra, "--ram-budget")) {
         /* The device takes the model: sluicectl's probe (sluice-executor --probe-device) counts
          * its layers, and the fetcher's plan leaves their KV out of the budget, as one process
          * does (`kv cache 0 B`; 8.00 MiB for the CPU's f16 cache of 4 x 4096 positions). */
@@ -950,6 +961,17 @@ Test(pipeline_sluicectl, ngl_daemons_on_the_host_backend_give_the_one_process_te
      .fini = stop_leftovers)
 {
     check_ngl_daemons(true, "", "gpu: HOST0");
+}
+
+/* The CPU backend in the executor daemon under a RAM budget: its device pass leaves the experts
+ * to the CPU's MoE, which reads them in the fetcher's pool where they are. */
+Test(pipeline_sluicectl, ngl_daemons_on_the_cpu_backend_stream_the_experts, .timeout = 300,
+     .fini = stop_leftovers)
+{
+    t_backend = "cpu";
+    check_ngl_daemons(true, "--ram-budget 37M",
+                      "gpu: HOST0 \\(host memory, the CPU.s kernels.*MoE of 4 of them on the "
+                      "CPU.s path, streamed where they are");
 }
 
 /* The executor's experts in a device pool of three slots (moe-tiny's q4_0 experts are 108 KiB),
