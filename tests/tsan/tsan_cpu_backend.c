@@ -12,6 +12,7 @@
 #include "common.h"
 #include "executor.h"
 #include "fixture.h"
+#include "greedy.h"
 
 #define CB_THREADS 2
 #define CB_PROMPT  40
@@ -41,18 +42,7 @@ static void *cb_run(void *arg)
         executor_threadpool_destroy(pool);
         return NULL;
     }
-    const uint32_t nv = executor_ctx_n_vocab(c);
-    int32_t        t[CB_PROMPT];
-    for (int i = 0; i < CB_PROMPT; i++)
-        t[i] = (int32_t)(1 + (i * 37 + 11) % (int32_t)(nv - 1));
-    j->logits = malloc(nv * sizeof(float));
-    int rc = executor_ctx_decode(c, t, CB_PROMPT, j->logits, NULL, &e);
-    for (int s = 0; rc == COMMON_OK && s < CB_STEPS; s++) {
-        int32_t best = 0;
-        for (uint32_t i = 1; i < nv; i++)
-            best = j->logits[i] > j->logits[best] ? (int32_t)i : best;
-        rc = executor_ctx_decode(c, &best, 1, j->logits, NULL, &e);
-    }
+    const int rc = tsan_greedy(c, CB_PROMPT, CB_STEPS, &j->logits, &e);
     if (rc != COMMON_OK)
         snprintf(j->err, sizeof(j->err), "decode: %s", e.text);
     executor_ctx_destroy(c);

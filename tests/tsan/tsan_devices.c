@@ -9,6 +9,7 @@
 #include "common.h"
 #include "executor.h"
 #include "fixture.h"
+#include "greedy.h"
 
 #define DEV_THREADS 3
 #define DEV_PROMPT  24
@@ -33,18 +34,7 @@ static void *dev_run(void *arg)
         snprintf(j->err, sizeof(j->err), "ctx_create: %s", e.text);
         return NULL;
     }
-    const uint32_t nv = executor_ctx_n_vocab(c);
-    int32_t        t[DEV_PROMPT];
-    for (int i = 0; i < DEV_PROMPT; i++)
-        t[i] = (int32_t)(1 + (i * 37 + 11) % (int32_t)(nv - 1));
-    j->logits = malloc(nv * sizeof(float));
-    int rc = executor_ctx_decode(c, t, DEV_PROMPT, j->logits, NULL, &e);
-    for (int s = 0; rc == COMMON_OK && s < DEV_STEPS; s++) {
-        int32_t best = 0;
-        for (uint32_t i = 1; i < nv; i++)
-            best = j->logits[i] > j->logits[best] ? (int32_t)i : best;
-        rc = executor_ctx_decode(c, &best, 1, j->logits, NULL, &e);
-    }
+    const int rc = tsan_greedy(c, DEV_PROMPT, DEV_STEPS, &j->logits, &e);
     if (rc != COMMON_OK)
         snprintf(j->err, sizeof(j->err), "decode: %s", e.text);
     executor_ctx_destroy(c);
