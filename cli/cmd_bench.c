@@ -310,7 +310,8 @@ static int bench_open(struct bench_run *r)
     r->model.n_threads = executor_threadpool_n_threads(r->en.pool);
     r->model.log_keys = (uint64_t)d->hp.n_layer * d->hp.n_expert;
     r->gpu_layers = executor_ctx_gpu_layers(r->en.ctx, r->gpu_name, sizeof(r->gpu_name));
-    r->gpu_bw = r->gpu_layers > (int32_t)d->hp.n_layer;
+    /* The CPU backend's "device" reads RAM with the CPU's threads: the CPU's probe is its limit. */
+    r->gpu_bw = r->gpu_layers > (int32_t)d->hp.n_layer && !executor_gpu_in_ram();
     struct executor_gpu_pool_stats gs;
     if (executor_ctx_gpu_pool_stats(r->en.ctx, &gs) && gs.n_slots) {
         r->vram_pool = true;
