@@ -130,6 +130,15 @@ Test(cli_bench, parallel_list_runs_each_decode_test_per_value, .timeout = 120)
     out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -ngl 999");
     cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
     cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "-ngl 999:\n%s", out);
+    cr_expect(strstr(out, "\ndevice memory bandwidth (HOST0 "), "-ngl 999:\n%s", out);
+    free(out);
+    /* The CPU backend's limit is the CPU's own probe: its weights are read from RAM. */
+    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "cpu", 1), 0);
+    out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -ngl 999");
+    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+    cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "cpu -ngl 999:\n%s", out);
+    cr_expect(strstr(out, "\nmemory bandwidth (streaming read, 2 threads): "), "cpu -ngl 999:\n%s",
+              out);
     free(out);
     free(model);
 }
