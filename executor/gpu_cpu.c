@@ -1,10 +1,11 @@
 /* executor/gpu_cpu.c - the CPU backend of the device interface (cuda/gpu.h),
  * SLUICE_GPU_BACKEND=cpu: the host backend's devices, memory and operations (gpu_host.c), except
- * that the products over int8 activations (gpu_act_q8, gpu_rmsnorm_q8 and the gpu_matvec_*_q8
- * family, a decode step's weight reads) run on the CPU's own kernels (kernels/kernels.h:
- * executor_quantize_act, executor_matvec, executor_matmul) over the threads of the context that
- * calls them (gpu_threads). It is executor/gpu.c's forward pass on the CPU at the speed of the
- * CPU's kernels: the first part of one forward pass over the interface for both kinds of device.
+ * that what reads the weights and the cache runs on the CPU's own kernels (kernels/kernels.h:
+ * executor_quantize_act, executor_matvec, executor_matmul, executor_wsum_f16) over the threads of
+ * the context that calls them (gpu_threads): the products over int8 activations (gpu_act_q8,
+ * gpu_rmsnorm_q8 and the gpu_matvec_*_q8 family), the float products of F32, F16 and BF16
+ * weights, and the attention. It is executor/gpu.c's forward pass on the CPU at the speed of the
+ * CPU's kernels: a step towards one forward pass over the interface for both kinds of device.
  *
  * - Its q8 image is the CPU's activation blocks (executor_quantize_act of a weight type of the
  *   activation type), a row every gpu_q8_row_bytes(cols) bytes. Only its own operations read it:
@@ -12,6 +13,8 @@
  * - It takes products of any row count (gpu_matvec_any_rows): gpu.c sends a prefill through the
  *   same kernels as a decode step, and the routed experts' items are grouped by expert here, each
  *   expert's weight rows read once for all its items (executor_matmul).
+ * - The model's weights are used where they are (gpu_weights_in_place): gpu.c does not copy
+ *   them into this backend's memory, which is RAM too.
  * - No graphs: a step runs as it is called. */
 #include <math.h>
 #include <pthread.h>
