@@ -646,72 +646,93 @@ static int c_matvec_ids(uint32_t type, const void *w, size_t expert_bytes, size_
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-/* gpu_attention and gpu_attention_q8 on the CPU: one (token, head) an item, over the threads.
- * The scores are the CPU's dot kernels of the query (rounded to f16, or quantized to q8_0) with
- * the cached keys; the softmax is the host backend's (f32, the max subtracted); the values'
- * weighted sum takes the probabilities rounded to f16 (the f16 cache) or as they are (q8_0). */
+/* gpu_attention and gpu_attention_q8 on the CPU: an item is a token and a group of the query
+ * heads that read one KV head (at most CPU_ATT_GROUP of them, a divisor of the heads a KV head
+ * serves, whatever the step's tokens: a head's result does not depend on the batch), over the
+ * threads. The group's scores are one pass of the CPU's dot kernels over the cached keys (the
+ * queries rounded to f16, or quantized to q8_0); the softmax is the host backend's (f32, the max
+ * subtracted); the values' weighted sums take the probabilities rounded to f16 (the f16 cache,
+ * executor_wsum_f16) or as they are (q8_0), each cached row read once for the group. */
+#define CPU_ATT_GROUP 4
 struct c_att_job {
     float         *out;
     const float   *q;
     const uint8_t *k, *v; /* the caches, bytes */
-    uint32_t       n_head, gqa, hk, hv, pos0, window;
+    uint32_t       n_head, gqa, grp, hk, hv, pos0, window;
     size_t         k_pos, v_pos, k_head, v_head; /* bytes: a position's row, a head in it */
     float          scale;
     float         *scratch;
     int64_t        sc_stride;
     const float   *sinks;
     bool           q8;
-    uint8_t       *th; /* per thread: th_bytes of query and value scratch */
-    size_t         th_bytes;
+    uint8_t       *th; /* per thread: th_bytes of queries (grp, q_bytes apart) and a value row */
+    size_t         th_bytes, q_bytes;
 };
 
 static void c_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
 {
     const struct c_att_job *j = arg;
     uint8_t                *qb = j->th + (size_t)ith * j->th_bytes;
-    float                  *vrow = (float *)(void *)(qb + c_round((size_t)j->hk * 2));
+    float                  *vrow = (float *)(void *)(qb + (size_t)j->grp * j->q_bytes);
     const uint32_t          kt = j->q8 ? COMMON_GGML_TYPE_Q8_0 : COMMON_GGML_TYPE_F16;
+    const uint32_t          per_tok = j->n_head / j->grp;
     for (int64_t it = i0; it < i1; it++) {
-        const uint32_t t = (uint32_t)(it / j->n_head), h = (uint32_t)(it % j->n_head);
-        const uint32_t kvh = h / j->gqa, last = j->pos0 + t + 1;
+        const uint32_t t = (uint32_t)(it / per_tok), h0 = (uint32_t)(it % per_tok) * j->grp;
+        const uint32_t kvh = h0 / j->gqa, last = j->pos0 + t + 1;
         const uint32_t lo = j->window && last > j->window ? last - j->window : 0, nk = last - lo;
-        const float   *qv = j->q + (size_t)it * j->hk;
-        float         *sc = j->scratch + it * j->sc_stride;
-        float         *o = j->out + (size_t)it * j->hv;
-        if (j->q8) {
-            (void)executor_quantize_act(COMMON_GGML_TYPE_Q8_0, qv, qb, j->hk);
-        } else {
-            uint16_t *q16 = (uint16_t *)(void *)qb;
-            for (uint32_t d = 0; d < j->hk; d++)
-                q16[d] = executor_fp32_to_fp16(qv[d]);
+        const int64_t  row0 = (int64_t)t * j->n_head + h0; /* the group's first (token, head) */
+        float         *sc = j->scratch + row0 * j->sc_stride;
+        float         *o = j->out + (size_t)row0 * j->hv;
+        for (uint32_t i = 0; i < j->grp; i++) {
+            const float *qv = j->q + (size_t)(row0 + i) * j->hk;
+            uint8_t     *qi = qb + (size_t)i * j->q_bytes;
+            if (j->q8) {
+                (void)executor_quantize_act(COMMON_GGML_TYPE_Q8_0, qv, qi, j->hk);
+            } else {
+                uint16_t *q16 = (uint16_t *)(void *)qi;
+                for (uint32_t d = 0; d < j->hk; d++)
+                    q16[d] = executor_fp32_to_fp16(qv[d]);
+            }
         }
-        (void)executor_matvec(kt, j->hk, j->k + kvh * j->k_head, j->k_pos, lo, last, qb, sc);
-        const float *sink = j->sinks ? &j->sinks[h] : NULL;
-        float        mx = sink ? *sink : -INFINITY, total = 0.0f;
-        for (uint32_t p = lo; p < last; p++)
-            mx = fmaxf(mx, sc[p] *= j->scale);
-        for (uint32_t p = lo; p < last; p++) {
-            sc[p] = expf(sc[p] - mx);
-            total += sc[p];
+        const uint8_t *kb = j->k + kvh * j->k_head;
+        if (j->grp == 1)
+            (void)executor_matvec(kt, j->hk, kb, j->k_pos, lo, last, qb, sc);
+        else
+            (void)executor_matmul(kt, j->hk, kb, j->k_pos, lo, last, qb, j->q_bytes, j->grp, sc,
+                                  (size_t)j->sc_stride);
+        for (uint32_t i = 0; i < j->grp; i++) {
+            float       *s = sc + i * j->sc_stride;
+            const float *sink = j->sinks ? &j->sinks[h0 + i] : NULL;
+            float        mx = sink ? *sink : -INFINITY, total = 0.0f;
+            for (uint32_t p = lo; p < last; p++)
+                mx = fmaxf(mx, s[p] *= j->scale);
+            for (uint32_t p = lo; p < last; p++) {
+                s[p] = expf(s[p] - mx);
+                total += s[p];
+            }
+            if (sink)
+                total += expf(*sink - mx);
+            const float inv = 1.0f / total;
+            for (uint32_t p = lo; p < last; p++)
+                s[p] =
+                    j->q8 ? s[p] * inv : executor_fp16_to_fp32(executor_fp32_to_fp16(s[p] * inv));
         }
-        if (sink)
-            total += expf(*sink - mx);
-        const float inv = 1.0f / total;
-        memset(o, 0, (size_t)j->hv * sizeof(*o));
+        memset(o, 0, (size_t)j->grp * j->hv * sizeof(*o));
         const uint8_t *vb = j->v + kvh * j->v_head;
         if (!j->q8) {
-            for (uint32_t p = lo; p < last; p++)
-                sc[p] = executor_fp16_to_fp32(executor_fp32_to_fp16(sc[p] * inv));
             (void)executor_wsum_f16(j->hv, nk, (const uint16_t *)(const void *)(vb + lo * j->v_pos),
-                                    j->v_pos, sc + lo, nk, 1, o, j->hv);
+                                    j->v_pos, sc + lo, (size_t)j->sc_stride, j->grp, o, j->hv);
             continue;
         }
         for (uint32_t p = lo; p < last; p++) {
-            const float pr = sc[p] * inv;
             (void)executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, vb + (size_t)p * j->v_pos, vrow,
                                           j->hv);
-            for (uint32_t d = 0; d < j->hv; d++)
-                o[d] += pr * vrow[d];
+            for (uint32_t i = 0; i < j->grp; i++) {
+                const float pr = sc[i * j->sc_stride + p];
+                float      *oi = o + (size_t)i * j->hv;
+                for (uint32_t d = 0; d < j->hv; d++)
+                    oi[d] += pr * vrow[d];
+            }
         }
     }
 }
@@ -738,9 +759,13 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
     /* bytes of a cache row of w values, of a head of d values in it */
     const size_t k_w = (size_t)n_head_kv * head_dim_k, v_w = (size_t)n_head_kv * head_dim_v;
 #define C_BYTES(n) (q8 ? (size_t)(n) / 32 * 34 : (size_t)(n)*2)
-    const uint32_t nth = executor_threadpool_n_threads(c_pool);
-    const size_t   th_bytes = c_round((size_t)head_dim_k * 2) + c_round((size_t)head_dim_v * 4);
-    uint8_t       *th = c_scratch(0, nth * th_bytes);
+    const uint32_t nth = executor_threadpool_n_threads(c_pool), gqa = n_head / n_head_kv;
+    uint32_t       grp = gqa < CPU_ATT_GROUP ? gqa : CPU_ATT_GROUP;
+    while (gqa % grp)
+        grp--;
+    const size_t q_bytes = c_round((size_t)head_dim_k * 2); /* an f16 query, or its q8_0 blocks */
+    const size_t th_bytes = grp * q_bytes + c_round((size_t)head_dim_v * 4);
+    uint8_t     *th = c_scratch(0, nth * th_bytes);
     if (!th)
         return gpu_host_error("gpu_attention: out of host memory");
     struct c_att_job j = {.out = out,
@@ -748,7 +773,8 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
                           .k = k_cache,
                           .v = v_cache ? v_cache : k_cache,
                           .n_head = n_head,
-                          .gqa = n_head / n_head_kv,
+                          .gqa = gqa,
+                          .grp = grp,
                           .hk = head_dim_k,
                           .hv = head_dim_v,
                           .pos0 = pos0,
@@ -763,9 +789,10 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
                           .sinks = sinks,
                           .q8 = q8,
                           .th = th,
-                          .th_bytes = th_bytes};
+                          .th_bytes = th_bytes,
+                          .q_bytes = q_bytes};
 #undef C_BYTES
-    c_for((int64_t)n_tok * n_head, 1, c_att_piece, &j);
+    c_for((int64_t)n_tok * (n_head / grp), 1, c_att_piece, &j);
     return 0;
 }
 

@@ -388,10 +388,11 @@ Test(executor_gpu_cpu, cat_is_each_matrix_alone)
 
 /* Attention over the f16 and q8_0 caches against the host backend's, with a window, sinks,
  * grouped heads and latent attention (no value cache). */
-static void ct_attention(bool q8, bool latent, uint32_t window, bool sinks)
+static void ct_attention(bool q8, bool latent, uint32_t window, bool sinks, uint32_t n_head,
+                         uint32_t n_kv)
 {
     const struct gpu_backend *h = gpu_backend_host();
-    const uint32_t n_head = latent ? 4 : 6, n_kv = latent ? 1 : 2, hk = 64, hv = latent ? 32 : 64;
+    const uint32_t            hk = 64, hv = latent ? 32 : 64;
     const uint32_t pos0 = 37, n_tok = 5, np = pos0 + n_tok;
     const size_t   kw = (size_t)n_kv * hk, vw = (size_t)n_kv * hv;
     const size_t   kb = q8 ? kw / 32 * 34 : kw * 2, vb = q8 ? vw / 32 * 34 : vw * 2;
@@ -447,9 +448,13 @@ static void ct_attention(bool q8, bool latent, uint32_t window, bool sinks)
 
 Test(executor_gpu_cpu, attention_is_the_host_backends)
 {
-    for (int q8 = 0; q8 < 2; q8++)
-        for (int latent = 0; latent < 2; latent++) {
-            ct_attention(q8, latent, 0, false);
-            ct_attention(q8, latent, 9, true);
-        }
+    /* heads a KV head serves: 3 (one group), 8 (two groups of 4), 4 (latent, one KV head) */
+    for (int q8 = 0; q8 < 2; q8++) {
+        ct_attention(q8, false, 0, false, 6, 2);
+        ct_attention(q8, false, 9, true, 6, 2);
+        ct_attention(q8, false, 0, false, 16, 2);
+        ct_attention(q8, false, 9, true, 16, 2);
+        ct_attention(q8, true, 0, false, 4, 1);
+        ct_attention(q8, true, 9, true, 4, 1);
+    }
 }
