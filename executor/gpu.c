@@ -1444,12 +1444,11 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
                                 uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e)
 {
-    if (gpu_ffn_streamed(m, pl) && m->desc->hp.n_expert &&
-        pl->n_cpu_moe < (int32_t)m->desc->hp.n_layer) {
-        struct executor_gpu_place all = *pl;
-        all.n_cpu_moe = (int32_t)m->desc->hp.n_layer;
-        return executor_gpu_weights_create(m, &all, n_ctx, n_batch, n_seq, out, e);
-    }
+    /* Streamed experts stay with the CPU's MoE: every layer's, as --n-cpu-moe would keep them. */
+    struct executor_gpu_place streamed = *pl;
+    if (gpu_ffn_streamed(m, pl) && m->desc->hp.n_expert)
+        streamed.n_cpu_moe = (int32_t)m->desc->hp.n_layer;
+    pl = &streamed;
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
     int32_t                      ids[GPU_MAX_DEVICES];

@@ -125,21 +125,20 @@ Test(cli_bench, parallel_list_runs_each_decode_test_per_value, .timeout = 120)
     cr_expect(strstr(out, "\nresult_parallel: io=none n_gen=4 n_parallel=3 tok_s="), "%s", out);
     free(out);
     /* With layers on a device (the host backend here) the sequences share its weights and its
-     * steps. */
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "host", 1), 0);
-    out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -ngl 999");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
-    cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "-ngl 999:\n%s", out);
-    cr_expect(strstr(out, "\ndevice memory bandwidth (HOST0 "), "-ngl 999:\n%s", out);
-    free(out);
-    /* The CPU backend's limit is the CPU's own probe: its weights are read from RAM. */
-    cr_assert_eq(setenv("SLUICE_GPU_BACKEND", "cpu", 1), 0);
-    out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -ngl 999");
-    cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
-    cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "cpu -ngl 999:\n%s", out);
-    cr_expect(strstr(out, "\nmemory bandwidth (streaming read, 2 threads): "), "cpu -ngl 999:\n%s",
-              out);
-    free(out);
+     * steps. The host backend's limit is its copy probe; the CPU backend's the CPU's own probe:
+     * its weights are read from RAM. */
+    static const char *const backends[][2] = {
+        {"host", "\ndevice memory bandwidth (HOST0 "},
+        {"cpu", "\nmemory bandwidth (streaming read, 2 threads): "}};
+    for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
+        cr_assert_eq(setenv("SLUICE_GPU_BACKEND", backends[i][0], 1), 0);
+        out = bench(model, "-p 0 -n 4 -npl 1,3 -r 1 -t 2 --membw-size 16M -ngl 999");
+        cr_assert_eq(unsetenv("SLUICE_GPU_BACKEND"), 0);
+        cr_expect(strstr(out, "\nparallel: tg4 with 3 sequences: "), "%s -ngl 999:\n%s",
+                  backends[i][0], out);
+        cr_expect(strstr(out, backends[i][1]), "%s -ngl 999:\n%s", backends[i][0], out);
+        free(out);
+    }
     free(model);
 }
 

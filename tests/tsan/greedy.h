@@ -1,13 +1,34 @@
-/* tests/tsan/greedy.h - what the thread programs that decode share: a prompt of ids spread over
- * the vocabulary, then greedy steps, the last step's logits kept. */
+/* tests/tsan/greedy.h - what the thread programs that decode share: their fixture model opened
+ * (or the skip said), and a prompt of ids spread over the vocabulary, then greedy steps, the last
+ * step's logits kept. */
 #ifndef TESTS_TSAN_GREEDY_H
 #define TESTS_TSAN_GREEDY_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
 #include "common.h"
 #include "executor.h"
+#include "fixture.h"
+
+/* The fixture model `name` (under ../shared/fixtures), opened; NULL when it is absent (a SKIP line
+ * for program `who` printed) or does not open (a failed CHECK). */
+static inline struct executor_model *tsan_model_open(const char *name, const char *who)
+{
+    char *path = fixture_path(name);
+    if (!path) {
+        printf("SKIP %s: fixture %s absent\n", who, name);
+        return NULL;
+    }
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    if (executor_model_open(path, NULL, &m, &e) != COMMON_OK)
+        CHECK(0, "open %s: %s", path, e.text);
+    free(path);
+    return m;
+}
 
 /* Decodes n_prompt ids, then n_steps greedy tokens; *logits (malloc'd, n_vocab floats; freed by
  * the caller even on failure) holds the last logits. Returns COMMON_OK or the first error (e). */

@@ -57,18 +57,9 @@ int main(void)
         CHECK(0, "setenv");
         return check_report();
     }
-    char *path = fixture_path("moe-tiny/moe-tiny-q4_k_m.gguf");
-    if (!path) {
-        printf("SKIP cpu_backend: fixture moe-tiny/moe-tiny-q4_k_m.gguf absent\n");
+    struct executor_model *m = tsan_model_open("moe-tiny/moe-tiny-q4_k_m.gguf", "cpu_backend");
+    if (!m)
         return check_report();
-    }
-    struct executor_model *m = NULL;
-    struct common_errmsg   e = {{0}};
-    if (executor_model_open(path, NULL, &m, &e) != COMMON_OK) {
-        CHECK(0, "open %s: %s", path, e.text);
-        free(path);
-        return check_report();
-    }
     struct cb_job alone = {.m = m, .n_threads = 1};
     cb_run(&alone);
     CHECK(alone.err[0] == '\0', "alone: %s", alone.err);
@@ -90,6 +81,5 @@ int main(void)
     }
     free(alone.logits);
     executor_model_destroy(m);
-    free(path);
     return check_report();
 }

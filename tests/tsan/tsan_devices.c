@@ -49,18 +49,9 @@ int main(void)
         CHECK(0, "setenv");
         return check_report();
     }
-    char *path = fixture_path("moe-tiny/moe-tiny-q8_0.gguf");
-    if (!path) {
-        printf("SKIP devices: fixture moe-tiny/moe-tiny-q8_0.gguf absent\n");
+    struct executor_model *m = tsan_model_open("moe-tiny/moe-tiny-q8_0.gguf", "devices");
+    if (!m)
         return check_report();
-    }
-    struct executor_model *m = NULL;
-    struct common_errmsg   e = {{0}};
-    if (executor_model_open(path, NULL, &m, &e) != COMMON_OK) {
-        CHECK(0, "open %s: %s", path, e.text);
-        free(path);
-        return check_report();
-    }
     /* Two threads each on a device of its own (--split-mode none), one over all three. */
     struct dev_job jobs[DEV_THREADS] = {
         {.m = m, .d = {.single = true, .main_gpu = 0}},
@@ -82,6 +73,5 @@ int main(void)
     for (int k = 0; k < DEV_THREADS; k++)
         free(jobs[k].logits);
     executor_model_destroy(m);
-    free(path);
     return check_report();
 }
