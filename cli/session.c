@@ -341,9 +341,11 @@ static int engine_open_stream(struct cli_engine *en, const char *path,
     if (so->mmap_advise && io != FETCHER_IO_MMAP)
         return common_errmsg_set(e, COMMON_EINVAL, "--mmap-advise applies to --io mmap only");
     const uint64_t n_seqs = o->n_seqs ? o->n_seqs : 1;
-    /* The CPU backend's device scratch is RAM too (its KV is in the plan: n_dev is 0 then). */
+    /* The CPU backend's device scratch is RAM too (its KV is in the plan: n_dev is 0 then), and
+     * so is the CPU device's in one pass when it has layers (their KV is in the plan too). */
+    const bool     ngl = en->so.n_gpu_layers > 0 && !en->so.devices.none;
     const uint64_t dev_ram =
-        en->so.n_gpu_layers > 0 && !en->so.devices.none && executor_gpu_in_ram()
+        (ngl && executor_gpu_in_ram()) || (executor_gpu_one_pass() && n_dev < en->desc->hp.n_layer)
             ? executor_gpu_scratch_bytes(&en->desc->hp, lay.n_ctx, lay.n_batch) * n_seqs
             : 0;
     struct fetcher_opts fo = {.ram_budget = so->ram_budget,

@@ -489,6 +489,10 @@ struct executor_ctx_opts {
     /* Device weights shared by several ctxs (executor_gpu_weights_create; borrowed, must
      * outlive the ctx); NULL = the ctx uploads its own when n_gpu_layers > 0. */
     const struct executor_gpu_weights *gpu_weights;
+    /* The layers not on a device (all of them with n_gpu_layers 0) on the CPU device, through
+     * executor/gpu.c's forward pass, where the model allows; SLUICE_ONE_PASS=1 sets it for
+     * every ctx (executor_gpu_one_pass). With gpu_weights, those weights' placement decides. */
+    bool one_pass;
 };
 
 /* Where the layers go on the device: executor_ctx_opts' fields of the same names. */
@@ -499,6 +503,7 @@ struct executor_gpu_place {
     enum executor_expert_miss expert_miss;
     enum executor_pool_policy pool_policy;
     enum common_cache_type    cache_type; /* the device's KV cache (executor_gpu_create) */
+    bool one_pass; /* the layers before the devices' on the CPU device (executor_gpu_one_pass) */
 };
 
 /* The --expert-miss option's help line, shared by the commands and the executor daemon. */
@@ -631,6 +636,9 @@ bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_g
 /* Decode steps of the ctx run as its captured CUDA graph (one token of the sequence alone, its
  * logits; docs/gpu.md); 0 without a device or graphs. */
 uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c);
+/* Whether the ctx's layers run through executor/gpu.c's forward pass (on a device, or on the CPU
+ * device with one_pass), not only through the CPU's own (executor/forward.c). */
+bool executor_ctx_gpu_pass(const struct executor_ctx *c);
 /* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
  * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
 int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len);
@@ -645,9 +653,14 @@ bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t l
  * backend, SLUICE_GPU_BACKEND=cpu): a plan under --ram-budget then counts the device layers' KV
  * as its own. */
 bool executor_gpu_in_ram(void);
-/* Device bytes of one sequence's scratch with -ngl (its KV cache aside, the output head's rows
- * included), for a context of n_ctx positions and batches of n_batch: what such a backend adds
- * to a --ram-budget plan. */
+/* SLUICE_ONE_PASS=1 in the environment: every context runs executor/gpu.c's forward pass, the
+ * layers not on a device (all of them without -ngl) on the CPU device (the CPU's kernels,
+ * executor/gpu_cpu.c), instead of the CPU's own pass (executor/forward.c): one_pass of
+ * executor_ctx_opts and executor_gpu_place for all. */
+bool executor_gpu_one_pass(void);
+/* Bytes of one sequence's scratch on the CPU's backend or the CPU device (its KV cache aside,
+ * the output head's rows included), for a context of n_ctx positions and batches of n_batch:
+ * what it adds to a --ram-budget plan. */
 uint64_t executor_gpu_scratch_bytes(const struct common_hparams *hp, uint32_t n_ctx,
                                     uint32_t n_batch);
 /* Whether `m` can put layers on the devices d names with the MoE of its first n_cpu_moe layers on

@@ -901,12 +901,16 @@ static int fwd_decode_device(struct executor_ctx *lead, struct executor_batch_se
             rc = fwd_run_members(lead, seqs, mb, n_mb, nb, &se);
             if (rc < 0) {
                 fwd_batch_failed(seqs, mb, n_mb, rc);
-                if (first == 0 || rc == COMMON_EDEVICE)
-                    first =
-                        common_errmsg_set(e, rc, "a device batch of %u sequences failed: %s", n_mb,
-                                          se.text[0]          ? se.text
-                                          : lead->err.text[0] ? lead->err.text
-                                                              : common_strerror(rc));
+                const char *why = se.text[0]          ? se.text
+                                  : lead->err.text[0] ? lead->err.text
+                                                      : common_strerror(rc);
+                /* the CPU device's alone (one pass): as the CPU's own pass says it */
+                const bool cpu = executor_gpu_layers(lead->gpu, NULL, 0) == 0;
+                if ((first == 0 || rc == COMMON_EDEVICE) && cpu && n_mb == 1)
+                    first = common_errmsg_set(e, rc, "%s", why);
+                else if (first == 0 || rc == COMMON_EDEVICE)
+                    first = common_errmsg_set(e, rc, "a %sbatch of %u sequences failed: %s",
+                                              cpu ? "" : "device ", n_mb, why);
             }
             i = k;
         } else { /* sequence k alone: more rows than a shared step takes, or no device */
@@ -1089,7 +1093,11 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory for a context of %u tokens",
                                  lay.n_ctx);
     }
-    if ((o->n_gpu_layers > 0 || o->gpu_weights) &&
+    /* One pass: gpu.c's, its CPU layers on the CPU device, where the model allows (else the
+     * CPU's own pass below, as without it). */
+    const bool one_pass = o->one_pass || executor_gpu_one_pass();
+    const bool one = o->n_gpu_layers <= 0 && !o->gpu_weights && one_pass;
+    if ((o->n_gpu_layers > 0 || o->gpu_weights || one) &&
         (rc = executor_gpu_create(m, o->gpu_weights,
                                   &(struct executor_gpu_place){.n_gpu_layers = o->n_gpu_layers,
                                                                .n_cpu_moe = o->n_cpu_moe,
@@ -1097,8 +1105,10 @@ int executor_ctx_create(const struct executor_model *m, const struct executor_ct
                                                                .vram_budget = o->vram_budget,
                                                                .expert_miss = o->expert_miss,
                                                                .pool_policy = o->pool_policy,
-                                                               .cache_type = o->cache_type},
-                                  c->n_ctx, c->n_batch, &c->gpu, e)) < 0) {
+                                                               .cache_type = o->cache_type,
+                                                               .one_pass = one_pass},
+                                  c->n_ctx, c->n_batch, &c->gpu, e)) < 0 &&
+        !(one && rc == COMMON_ENOTSUP)) {
         executor_ctx_destroy(c);
         return rc;
     }
@@ -1144,8 +1154,12 @@ uint32_t executor_ctx_gpu_kv_layers(const struct executor_ctx *c)
 {
     if (!c->gpu)
         return 0;
-    const uint32_t n_layer = c->m->desc->hp.n_layer, il0 = executor_gpu_first_layer(c->gpu);
-    return il0 < n_layer ? n_layer - il0 : 0;
+    return executor_gpu_device_layers(c->gpu);
+}
+
+bool executor_ctx_gpu_pass(const struct executor_ctx *c)
+{
+    return c->gpu != NULL;
 }
 
 uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c)
@@ -1169,7 +1183,7 @@ bool executor_ctx_gpu_pool_stats(const struct executor_ctx *c, struct executor_g
 
 bool executor_ctx_gpu_describe(const struct executor_ctx *c, char *buf, size_t len)
 {
-    if (!c->gpu)
+    if (!c->gpu || executor_gpu_layers(c->gpu, NULL, 0) == 0) /* none, or the CPU device's only */
         return false;
     executor_gpu_describe(c->gpu, buf, len);
     return true;

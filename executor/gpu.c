@@ -11,6 +11,9 @@
 
 #include "cuda/gpu.h"
 
+/* Device d's name ("CUDA0", "CPU") for a message. */
+#define GPU_DEVNAME(d) gpu_device_name((d), (char[16]){0}, 16)
+
 #define GPU_GEMM_MIN_N   17   /* from this many rows on, products go through the f16 matmul */
 #define GPU_GEMM_ROWS    4096 /* weight rows dequantized to f16 at once for the matmul */
 #define GPU_MARGIN_BYTES ((size_t)256 << 20) /* device memory left free (CUDA context, graphs) */
@@ -707,18 +710,21 @@ static size_t gpu_kv_bytes(size_t width, bool q8)
 }
 
 /* Device bytes of one sequence's scratch (the KV cache aside). */
+/* own_att: the CPU's kernels, whose attention keeps its scores itself and which multiply any
+ * rows without the f16 buffers of the matmul (no expert pool). */
 static size_t gpu_need_scratch(const struct common_hparams *hp, bool head, uint32_t n_ctx,
-                               uint32_t n_batch)
+                               uint32_t n_batch, bool own_att)
 {
     const struct gpu_widths w = gpu_widths_of(hp);
     const size_t            B = n_batch;
     size_t f = B * (5 * w.ne + w.qd + w.kd + w.vd + w.ad + 2 * w.ff + w.K * w.ne + w.E + w.K +
                     hp->n_rot + (w.ff > w.cols ? w.ff : w.cols) + w.mla);
-    f += B * hp->n_head * (size_t)n_ctx; /* attention scores */
+    f += own_att ? 1 : B * hp->n_head * (size_t)n_ctx; /* attention scores */
     if (head)
         f += B * w.n_vocab;
     return f * sizeof(float) + 3 * B * w.K * sizeof(int32_t) +
-           (B * (w.ff > w.cols ? w.ff : w.cols) + GPU_GEMM_ROWS * w.cols) * sizeof(uint16_t) +
+           (own_att ? 2 : B * (w.ff > w.cols ? w.ff : w.cols) + GPU_GEMM_ROWS * w.cols) *
+               sizeof(uint16_t) +
            gpu_q8_bytes(B, &w) + 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
 }
 
@@ -731,13 +737,13 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, uint32_
     const bool                   q8 = gpu_kv_is_q8(hp, kv);
     const size_t                 kb = (size_t)(il1 - il0) * n_ctx *
                       (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
-    return kb + gpu_need_scratch(hp, head, n_ctx, n_batch);
+    return kb + gpu_need_scratch(hp, head, n_ctx, n_batch, gpu_attention_own_scratch());
 }
 
 uint64_t executor_gpu_scratch_bytes(const struct common_hparams *hp, uint32_t n_ctx,
                                     uint32_t n_batch)
 {
-    return gpu_need_scratch(hp, true, n_ctx, n_batch);
+    return gpu_need_scratch(hp, true, n_ctx, n_batch, true); /* the CPU's kernels' */
 }
 
 /* Copies part p of expert x of layer il from the weight source to device memory at dst.
@@ -751,14 +757,20 @@ static int gpu_copy_expert(const struct executor_gpu_weights *gw, uint32_t il, u
         const void *data;
         uint32_t    slot;
         int         rc = w->ops->expert_acquire(w->impl, il, x, p, &data, &slot);
-        if (rc < 0)
+        if (rc < 0) {
+            struct common_errmsg why = {{0}};
+            if ((rc == COMMON_EIO || rc == COMMON_ECORRUPT) && w->ops->expert_error)
+                w->ops->expert_error(w->impl, il, x, &why);
+            if (why.text[0]) /* it names the file, the layer and the expert */
+                return common_errmsg_set(e, rc, "%s", why.text);
             return common_errmsg_set(e, rc, "layer %u expert %u: %s", il, x, common_strerror(rc));
+        }
         int up = gpu_upload(dst, data, (size_t)geo->rows * geo->row_bytes);
         /* A loan whose bytes changed meanwhile is read again. */
         if (w->ops->expert_release(w->impl, slot) == COMMON_EAGAIN)
             continue;
         if (up < 0)
-            return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), gw->dev,
+            return common_errmsg_set(e, COMMON_EDEVICE, "%s: %s", GPU_DEVNAME(gw->dev),
                                      gpu_last_error());
         return 0;
     }
@@ -803,7 +815,7 @@ static int gpu_put_experts(struct executor_gpu_weights *gw, uint32_t il, enum co
     if (gpu_weights_in_place() && (out->d = gpu_experts_in_place(gw, il, p, out->bytes)))
         return 0;
     if (!(out->d = gpu_take(&gw->mem, out->bytes * E, &gw->bytes)))
-        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: %s", gpu_backend_name(), gw->dev,
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s: %s", GPU_DEVNAME(gw->dev),
                                  gpu_last_error());
     for (uint32_t x = 0; x < E; x++) {
         int rc = gpu_copy_expert(gw, il, x, p, (uint8_t *)out->d + (size_t)x * out->bytes, e);
@@ -1024,8 +1036,8 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, struct gpu_xpool *pi
         ok = (px->loans[i].ev = gpu_event_new()) != NULL;
     }
     if (!ok)
-        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
-                                 gw->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s: the expert pool: %s", GPU_DEVNAME(gw->dev),
+                                 gpu_last_error());
     /* Address space for every slot, backed as slots are first used (the first now, for the
      * probe below); a plain allocation where virtual memory management is not to be had. */
     const size_t gran = gpu_va_granularity(), want = (size_t)n_slots * slot_bytes;
@@ -1051,8 +1063,8 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, struct gpu_xpool *pi
             px->va_chunk = px->dp.gran;
             px->va_bytes = px->dp.bytes;
             if (gpu_pool_back(px, 0) < 0)
-                return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: the fetcher's expert pool: %s",
-                                         gpu_backend_name(), gw->dev, gpu_last_error());
+                return common_errmsg_set(e, COMMON_EDEVICE, "%s: the fetcher's expert pool: %s",
+                                         GPU_DEVNAME(gw->dev), gpu_last_error());
             gw->bytes += want;
         }
     } else if (dops) {
@@ -1072,8 +1084,8 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, struct gpu_xpool *pi
         }
     }
     if (!px->d && !(px->d = gpu_take(&gw->mem, want, &gw->bytes)))
-        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the expert pool: %s", gpu_backend_name(),
-                                 gw->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s: the expert pool: %s", GPU_DEVNAME(gw->dev),
+                                 gpu_last_error());
     /* The weight source's RAM pools as pinned memory, now and as they are remapped: their
      * copies go by DMA, without staging. */
     const struct executor_weights *w = gw->m->w;
@@ -1082,8 +1094,8 @@ static int gpu_pool_create(struct executor_gpu_weights *gw, struct gpu_xpool *pi
                                                                         .remove = gpu_pin_remove,
                                                                         .arg = px});
     if (!(px->copy_ns_b = gpu_pool_copy_rate(px)))
-        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: a copy into the expert pool: %s",
-                                 gpu_backend_name(), gw->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s: a copy into the expert pool: %s",
+                                 GPU_DEVNAME(gw->dev), gpu_last_error());
     (void)gpu_copy_times(&px->busy0_ns, &px->stall0_ns); /* the probe's copies not counted */
     return 0;
 }
@@ -1293,8 +1305,8 @@ static int gpu_put_layer(struct executor_gpu_weights *gw, uint32_t il, struct co
     }
     gl->swa = lw->swa;
     if (!ok)
-        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: layer %u: %s", gpu_backend_name(),
-                                 gw->dev, il, gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s: layer %u: %s", GPU_DEVNAME(gw->dev), il,
+                                 gpu_last_error());
     gl->pooled = gw->pool && lw->gate_inp.data && !gl->cpu_moe;
     size_t off = 0; /* a part's offset in a slot */
     for (int p = 0; lw->gate_inp.data && !gl->cpu_moe && p < COMMON_EXPERT_PART_COUNT; p++) {
@@ -1328,10 +1340,10 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint3
         return 0;
     if (several)
         return common_errmsg_set(e, COMMON_ENOMEM,
-                                 "-ngl %d: %s%d (%s) gets layers %u..%u, which need %.0f MiB of "
+                                 "-ngl %d: %s (%s) gets layers %u..%u, which need %.0f MiB of "
                                  "device memory; it has %.0f MiB free: give it fewer "
                                  "(--tensor-split), or fewer layers (-ngl), or a smaller -c / -b%s",
-                                 n_layers, gpu_backend_name(), dev, info->name, il0, il1 - 1,
+                                 n_layers, GPU_DEVNAME(dev), info->name, il0, il1 - 1,
                                  (double)(need + GPU_MARGIN_BYTES) / 1048576.0,
                                  (double)info->free_bytes / 1048576.0,
                                  m->desc->hp.n_expert ? ", --vram-budget" : "");
@@ -1342,12 +1354,11 @@ static int gpu_check_fit(const struct executor_model *m, int32_t n_layers, uint3
             info->free_bytes)
             fit = k;
     return common_errmsg_set(e, COMMON_ENOMEM,
-                             "-ngl %d needs %.0f MiB of device memory; %s%d (%s) has %.0f MiB "
+                             "-ngl %d needs %.0f MiB of device memory; %s (%s) has %.0f MiB "
                              "free: at most -ngl %u fits (or a smaller -c / -b%s)",
                              n_layers, (double)(need + GPU_MARGIN_BYTES) / 1048576.0,
-                             gpu_backend_name(), dev, info->name,
-                             (double)info->free_bytes / 1048576.0, fit,
-                             m->desc->hp.n_expert ? ", --vram-budget" : "");
+                             GPU_DEVNAME(dev), info->name, (double)info->free_bytes / 1048576.0,
+                             fit, m->desc->hp.n_expert ? ", --vram-budget" : "");
 }
 
 /* Whether the FFNs that the weight source streams from its RAM pool (routed experts, or a dense
@@ -1374,8 +1385,7 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
     const struct common_hparams *hp = &m->desc->hp;
     *out = NULL;
     if (gpu_use(dev) < 0)
-        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), dev,
-                                 gpu_last_error());
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s: %s", GPU_DEVNAME(dev), gpu_last_error());
     size_t         slot_bytes, all;
     const int64_t  n_slots =
         gpu_pool_slots(m, il0, il1, cpu_moe, pl->vram_budget, &slot_bytes, &all);
@@ -1383,7 +1393,7 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
     if (n_slots >= 0 && n_slots < K) {
         char b[32], x[32], need[32], sum[32], who[48] = "";
         if (several)
-            snprintf(who, sizeof(who), " (per device: %s%d's)", gpu_backend_name(), dev);
+            snprintf(who, sizeof(who), " (per device: %s's)", GPU_DEVNAME(dev));
         return common_errmsg_set(
             e, COMMON_EINVAL,
             "--vram-budget %s%s holds %lld of the experts (%s each); a token uses %u: give it at "
@@ -1424,8 +1434,8 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
         gw->output = gpu_put_mat(gw, &m->output, &ok);
         gw->output_norm = gpu_put(gw, m->output_norm, hp->n_embd * sizeof(float), &ok);
         if (!ok)
-            rc = common_errmsg_set(e, COMMON_ENOMEM, "%s%d: the output head: %s",
-                                   gpu_backend_name(), dev, gpu_last_error());
+            rc = common_errmsg_set(e, COMMON_ENOMEM, "%s: the output head: %s", GPU_DEVNAME(dev),
+                                   gpu_last_error());
     }
     if (rc < 0) {
         executor_gpu_weights_destroy(gw);
@@ -1437,29 +1447,56 @@ static int gpu_weights_part(const struct executor_model *m, const struct executo
 
 bool executor_gpu_in_ram(void)
 {
-    return gpu_weights_in_place();
+    return gpu_backend_in_ram();
+}
+
+bool executor_gpu_one_pass(void)
+{
+    static _Atomic int on = -1; /* read once; threads that race read the same value */
+    if (on < 0) {
+        const char *v = getenv("SLUICE_ONE_PASS");
+        on = v && *v && strcmp(v, "0") != 0;
+    }
+    return on == 1;
+}
+
+/* The first part on a device (not the CPU device), NULL when there is none. */
+static const struct executor_gpu *gpu_first_device(const struct executor_gpu *g)
+{
+    while (g && g->dev == GPU_DEV_CPU)
+        g = g->next;
+    return g;
 }
 
 int executor_gpu_weights_create(const struct executor_model *m, const struct executor_gpu_place *pl,
                                 uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
                                 struct executor_gpu_weights **out, struct common_errmsg *e)
 {
-    /* Streamed experts stay with the CPU's MoE: every layer's, as --n-cpu-moe would keep them. */
-    struct executor_gpu_place streamed = *pl;
-    if (gpu_ffn_streamed(m, pl) && m->desc->hp.n_expert)
-        streamed.n_cpu_moe = (int32_t)m->desc->hp.n_layer;
-    pl = &streamed;
     const struct common_hparams *hp = &m->desc->hp;
     char                         why[256] = "";
     int32_t                      ids[GPU_MAX_DEVICES];
     struct gpu_info              info[GPU_MAX_DEVICES];
     *out = NULL;
-    const int n_dev = executor_devices_resolve(&pl->devices, ids, why, sizeof(why));
-    if (n_dev <= 0)
+    /* One pass (executor_gpu_one_pass): the layers before the devices' on the CPU device, in a
+     * part of their own ahead of the devices'; with no layer on a device, every layer and the
+     * head there, and no device needed. */
+    const bool     one = pl->one_pass || executor_gpu_one_pass();
+    const uint32_t n_on = pl->n_gpu_layers > 0 ? (uint32_t)pl->n_gpu_layers : 0;
+    const int      n_dev =
+        one && n_on == 0 ? 0 : executor_devices_resolve(&pl->devices, ids, why, sizeof(why));
+    if (n_dev <= 0 && !(one && n_on == 0))
         return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
     for (int k = 0; k < n_dev; k++)
         if (gpu_select(ids[k], &info[k], why, sizeof(why)) < 0)
             return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: no usable CUDA device: %s", why);
+    if (n_dev == 0 && gpu_select(GPU_DEV_CPU, NULL, why, sizeof(why)) < 0)
+        return common_errmsg_set(e, COMMON_ENOTSUP, "the CPU device: %s", why);
+    /* Streamed experts stay with the CPU's MoE (on a backend of the CPU's: gpu_ffn_streamed, of
+     * the devices just selected): every layer's, as --n-cpu-moe would keep them. */
+    struct executor_gpu_place streamed = *pl;
+    if (gpu_ffn_streamed(m, pl) && hp->n_expert)
+        streamed.n_cpu_moe = (int32_t)hp->n_layer;
+    pl = &streamed;
     const char *no = executor_gpu_unsupported(m, pl->n_cpu_moe, why, sizeof(why));
     if (no)
         return common_errmsg_set(e, COMMON_ENOTSUP, "-ngl: %s", no);
@@ -1493,6 +1530,21 @@ int executor_gpu_weights_create(const struct executor_model *m, const struct exe
     int                          rc = 0, n_parts = 0;
     for (int k = 0; k < n_dev; k++)
         n_parts += start[k + 1] > start[k];
+    if (one && il0 > 0) {
+        struct gpu_info ci;
+        if (gpu_select(GPU_DEV_CPU, &ci, why, sizeof(why)) < 0)
+            return common_errmsg_set(e, COMMON_ENOTSUP, "the CPU device: %s", why);
+        /* no pool of copies there (--vram-budget is the devices'); streamed FFNs stay in the
+         * RAM pool, read by the CPU's FFN path */
+        struct executor_gpu_place cp = *pl;
+        cp.vram_budget = 0;
+        if (gpu_ffn_streamed(m, &cp) && hp->n_expert)
+            cp.n_cpu_moe = (int32_t)hp->n_layer;
+        if ((rc = gpu_weights_part(m, &cp, GPU_DEV_CPU, &ci, 0, il0, n_dev == 0, NULL, false, n_ctx,
+                                   n_batch, n_seq, tail, e)) < 0)
+            return rc;
+        tail = &(*tail)->next;
+    }
     for (int k = 0; k <= last && rc == 0; k++) {
         if (start[k + 1] == start[k])
             continue;
@@ -1531,6 +1583,9 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
     struct gpu_allocs           *a = &g->mem;
     size_t                      *c = &g->bytes_scratch;
     bool                         ok = true;
+    /* the f16 buffers of the matmul: not where every product is a matvec (the CPU's kernels)
+     * and no expert pool takes the matmul */
+    const bool f16 = g->gemm_min_n != UINT32_MAX || g->w->pool;
     for (uint32_t il = g->il0; il < g->il1 && ok; il++) {
         ok =
             (g->k_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.kd, g->kv_q8), &g->bytes_kv)) &&
@@ -1549,14 +1604,16 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
          (g->items = gpu_take(a, B * w.K * sizeof(int32_t), c)) &&
          (g->rows = gpu_take(a, B * w.K * sizeof(int32_t), c)) &&
          (g->cs = gpu_take(a, B * (hp->n_rot ? hp->n_rot : 1) * F, c)) &&
-         (g->att_scratch = gpu_take(a, B * hp->n_head * (size_t)g->n_ctx * F, c)) &&
+         (g->att_scratch = gpu_take(
+              a, gpu_attention_own_scratch() ? F : B * hp->n_head * (size_t)g->n_ctx * F, c)) &&
          (g->xq = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * F, c)) &&
          (g->xq8 = gpu_take(a, gpu_q8_bytes(B, &w), c)) &&
          (g->pos_d = gpu_take(a, B * sizeof(uint32_t), c)) &&
          (g->n_tiles_d = gpu_take(a, sizeof(int32_t), c)) &&
          (g->groups = gpu_take(a, 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group), c)) &&
-         (g->x16 = gpu_take(a, B * (w.ff > w.cols ? w.ff : w.cols) * sizeof(uint16_t), c)) &&
-         (g->w16 = gpu_take(a, (size_t)GPU_GEMM_ROWS * w.cols * sizeof(uint16_t), c));
+         (g->x16 =
+              gpu_take(a, (f16 ? B * (w.ff > w.cols ? w.ff : w.cols) : 1) * sizeof(uint16_t), c)) &&
+         (g->w16 = gpu_take(a, (f16 ? (size_t)GPU_GEMM_ROWS * w.cols : 1) * sizeof(uint16_t), c));
     if (ok && g->head)
         ok = (g->logits = gpu_take(a, B * w.n_vocab * F, c)) != NULL;
     if (ok && w.mla) {
@@ -1573,8 +1630,8 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
         free(heads);
     }
     if (!ok)
-        return common_errmsg_set(e, COMMON_ENOMEM, "%s%d: KV cache and scratch: %s",
-                                 gpu_backend_name(), g->dev, gpu_last_error());
+        return common_errmsg_set(e, COMMON_ENOMEM, "%s: KV cache and scratch: %s",
+                                 GPU_DEVNAME(g->dev), gpu_last_error());
     const size_t n = B * w.K;
     g->h_sel = calloc(n, sizeof(int32_t));
     g->h_items = calloc(n, sizeof(int32_t));
@@ -1644,7 +1701,7 @@ static int gpu_seq_part(const struct executor_model *m, const struct executor_gp
     int                          rc;
     *out = NULL;
     if (gpu_use(gw->dev) < 0)
-        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), gw->dev,
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s: %s", GPU_DEVNAME(gw->dev),
                                  gpu_last_error());
     struct executor_gpu *g = calloc(1, sizeof(*g));
     if (!g || !(g->k_cache = calloc(hp->n_layer, sizeof(*g->k_cache))) ||
@@ -1763,10 +1820,10 @@ int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len
     size_t  at = 0;
     if (name && len)
         name[0] = '\0';
-    for (; g; g = g->next) {
+    for (g = gpu_first_device(g); g; g = g->next) {
         if (name && at < len) /* "CUDA0 NAME", or "CUDA0 NAME + CUDA1 NAME" */
-            at += (size_t)snprintf(name + at, len - at, "%s%s%d %s", at ? " + " : "",
-                                   gpu_backend_name(), g->w->dev, g->w->info.name);
+            at += (size_t)snprintf(name + at, len - at, "%s%s %s", at ? " + " : "",
+                                   GPU_DEVNAME(g->w->dev), g->w->info.name);
         n += (int32_t)(g->il1 - g->il0) + (g->head ? 1 : 0);
     }
     return n;
@@ -1774,7 +1831,14 @@ int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len
 
 double executor_gpu_membw(const struct executor_gpu *g, size_t bytes)
 {
+    g = gpu_first_device(g) ? gpu_first_device(g) : g;
     return gpu_use(g->dev) < 0 ? 0.0 : gpu_membw_probe(bytes);
+}
+
+uint32_t executor_gpu_device_layers(const struct executor_gpu *g)
+{
+    g = gpu_first_device(g);
+    return g ? g->m->desc->hp.n_layer - g->il0 : 0;
 }
 
 /* One line on the part of one device. */
@@ -1782,14 +1846,22 @@ static void gpu_describe_part(const struct executor_gpu *g, char *buf, size_t le
 {
     const struct executor_gpu_weights *gw = g->w;
     const uint32_t                     nl = gw->il1;
-    snprintf(buf, len,
-             "gpu: %s%d (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
-             "%.0f MiB KV (%s), %.0f MiB scratch",
-             gpu_backend_name(), gw->dev, gw->info.name, gw->info.cc_major, gw->info.cc_minor,
-             (double)gw->info.total_bytes / 1048576.0, gw->il0, nl - 1,
-             gw->head ? " and the output head" : "", (double)gw->bytes / 1048576.0,
-             (double)g->bytes_kv / 1048576.0, g->kv_q8 ? "q8_0" : "f16",
-             (double)g->bytes_scratch / 1048576.0);
+    if (gw->dev == GPU_DEV_CPU)
+        snprintf(buf, len,
+                 "gpu: CPU (%s): layers %u..%u%s on the CPU device, its weights where they are: "
+                 "%.0f MiB KV (%s), %.0f MiB scratch",
+                 gw->info.name, gw->il0, nl - 1, gw->head ? " and the output head" : "",
+                 (double)g->bytes_kv / 1048576.0, g->kv_q8 ? "q8_0" : "f16",
+                 (double)g->bytes_scratch / 1048576.0);
+    else
+        snprintf(buf, len,
+                 "gpu: %s (%s, %d.%d, %.0f MiB): layers %u..%u%s on the device: %.0f MiB weights, "
+                 "%.0f MiB KV (%s), %.0f MiB scratch",
+                 GPU_DEVNAME(gw->dev), gw->info.name, gw->info.cc_major, gw->info.cc_minor,
+                 (double)gw->info.total_bytes / 1048576.0, gw->il0, nl - 1,
+                 gw->head ? " and the output head" : "", (double)gw->bytes / 1048576.0,
+                 (double)g->bytes_kv / 1048576.0, g->kv_q8 ? "q8_0" : "f16",
+                 (double)g->bytes_scratch / 1048576.0);
     uint32_t on_cpu = 0;
     bool     moe = false;
     for (uint32_t il = gw->il0; il < nl; il++) {
@@ -3184,7 +3256,7 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
     const int64_t                ne = hp->n_embd;
     int                          rc = 0;
     if (gpu_use(g->dev) < 0)
-        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s: %s", GPU_DEVNAME(g->dev),
                                  gpu_last_error());
     if (n > g->n_batch || n_out > n)
         return common_errmsg_set(e, COMMON_ERANGE, "gpu: %u rows exceed the device's batch %u", n,
@@ -3216,7 +3288,7 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
                             : gpu_graph_capture(g, &sg->graph, mb, n_mb, c, out_rows);
         sg->stale = false;
         if (cap < 0)
-            return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
+            return common_errmsg_set(e, COMMON_EDEVICE, "%s: %s", GPU_DEVNAME(g->dev),
                                      gpu_last_error());
         g->in_queued = false; /* captured on an idle stream, as before */
     }
@@ -3242,7 +3314,7 @@ static int gpu_forward_part(struct executor_gpu *g, const struct executor_gpu_me
     }
     rc = gpu_prof_end(prof, "(device step, whole)", rc);
     if (rc < 0)
-        return common_errmsg_set(e, COMMON_EDEVICE, "%s%d: %s", gpu_backend_name(), g->dev,
+        return common_errmsg_set(e, COMMON_EDEVICE, "%s: %s", GPU_DEVNAME(g->dev),
                                  gpu_last_error());
     g->in_queued = false; /* the download or sync above waited for the stream */
     return 1;

@@ -27,9 +27,13 @@ void executor_gpu_destroy(struct executor_gpu *g);
 /* The device's KV cache is q8_0 (--cache-type q8_0 and head dims of multiples of 32). */
 bool executor_gpu_kv_q8(const struct executor_gpu *g);
 
-/* First layer on the device (n_layer when none). */
+/* First layer of g's parts, the CPU device's included (the layers before it are the CPU's own
+ * pass, executor/forward.c). */
 uint32_t executor_gpu_first_layer(const struct executor_gpu *g);
-/* Layers on the device, plus one for the head (llama.cpp's count); the device's name. */
+/* The layers on devices (not the CPU device's): their KV is not in RAM. */
+uint32_t executor_gpu_device_layers(const struct executor_gpu *g);
+/* Layers on the devices, plus one for the head (llama.cpp's count); the devices' names. The
+ * CPU device's part is not counted. */
 int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len);
 /* A line per device: the device, the layers on it and the device memory they take. */
 void executor_gpu_describe(const struct executor_gpu *g, char *buf, size_t len);

@@ -1,6 +1,7 @@
-/* executor/gpu_backend.c - the device interface (cuda/gpu.h) over the backend of the process:
- * the host's when SLUICE_GPU_BACKEND=host, the CPU's when "cpu", none when it is "none", otherwise
- * CUDA's (none in a build without CUDA). Chosen once, at the first call. */
+/* executor/gpu_backend.c - the device interface (cuda/gpu.h) over the backend of the calling
+ * thread's current device: the CPU device's (GPU_DEV_CPU: the CPU's kernels, in every build), or
+ * the process's: the host's when SLUICE_GPU_BACKEND=host, the CPU's when "cpu", none when it is
+ * "none", otherwise CUDA's (none in a build without CUDA), chosen once, at the first call. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,20 @@ static void be_pick(void)
     }
 }
 
+/* The calling thread's current device (gpu_select, gpu_use): one of the process backend's, or
+ * GPU_DEV_CPU, whose operations are the CPU device's backend. */
+static _Thread_local int t_dev;
+
 static const struct gpu_backend *be(void)
+{
+    if (t_dev == GPU_DEV_CPU)
+        return gpu_backend_cpu_device();
+    (void)pthread_once(&g_once, be_pick);
+    return g_be;
+}
+
+/* The process backend's, whatever the thread's device. */
+static const struct gpu_backend *be_main(void)
 {
     (void)pthread_once(&g_once, be_pick);
     return g_be;
@@ -131,40 +145,69 @@ int gpu_prof_end(uint64_t t0, const char *name, int rc)
 
 bool gpu_built(void)
 {
-    return be() != NULL;
+    return be_main() != NULL;
 }
 
 const char *gpu_backend_name(void)
 {
-    return be() ? be()->name : "CUDA";
+    return be_main() ? be_main()->name : "CUDA";
+}
+
+bool gpu_backend_in_ram(void)
+{
+    return be_main() && be_main()->weights_in_place;
+}
+
+const char *gpu_device_name(int dev, char *buf, size_t len)
+{
+    if (dev == GPU_DEV_CPU)
+        snprintf(buf, len, "CPU");
+    else
+        snprintf(buf, len, "%s%d", be_main() ? be_main()->name : "CUDA", dev);
+    return buf;
 }
 
 int gpu_device_count(char *why, size_t why_len)
 {
-    if (be())
-        return be()->device_count(why, why_len);
+    if (be_main())
+        return be_main()->device_count(why, why_len);
     if (why && why_len)
         snprintf(why, why_len, "%s", g_why);
     return 0;
 }
 
+/* The backend of device dev. */
+static const struct gpu_backend *be_of(int dev)
+{
+    return dev == GPU_DEV_CPU ? gpu_backend_cpu_device() : be_main();
+}
+
 int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len)
 {
-    if (be())
-        return be()->select(dev, info, why, why_len);
-    if (why && why_len)
-        snprintf(why, why_len, "%s", g_why);
-    return -1;
+    const struct gpu_backend *b = be_of(dev);
+    if (!b) {
+        if (why && why_len)
+            snprintf(why, why_len, "%s", g_why);
+        return -1;
+    }
+    if (b->select(dev, info, why, why_len) < 0)
+        return -1;
+    t_dev = dev;
+    return 0;
 }
 
 int gpu_use(int dev)
 {
-    return be() ? be()->use(dev) : -1;
+    const struct gpu_backend *b = be_of(dev);
+    if (!b || b->use(dev) < 0)
+        return -1;
+    t_dev = dev;
+    return 0;
 }
 
 int gpu_current(void)
 {
-    return be() ? be()->current() : 0;
+    return t_dev;
 }
 
 const char *gpu_last_error(void)
@@ -177,6 +220,11 @@ bool gpu_matvec_any_rows(void)
     return be() && be()->matvec_any_rows;
 }
 
+bool gpu_attention_own_scratch(void)
+{
+    return be() && be()->attention_own_scratch;
+}
+
 bool gpu_weights_in_place(void)
 {
     return be() && be()->weights_in_place;
@@ -184,8 +232,8 @@ bool gpu_weights_in_place(void)
 
 void gpu_threads(struct executor_threadpool *pool)
 {
-    if (be() && be()->threads)
-        be()->threads(pool);
+    /* the CPU's kernels, whichever device they run for (the CPU device or the process's) */
+    gpu_backend_cpu()->threads(pool);
 }
 
 void *gpu_malloc(size_t bytes)

@@ -661,11 +661,11 @@ struct c_att_job {
     uint32_t       n_head, gqa, grp, hk, hv, pos0, window;
     size_t         k_pos, v_pos, k_head, v_head; /* bytes: a position's row, a head in it */
     float          scale;
-    float         *scratch;
-    int64_t        sc_stride;
+    int64_t        sc_stride; /* floats between a group's score rows (in th) */
     const float   *sinks;
     bool           q8;
-    uint8_t       *th; /* per thread: th_bytes of queries (grp, q_bytes apart) and a value row */
+    uint8_t       *th; /* per thread: th_bytes of queries (grp, q_bytes apart), a value row and
+                        * the group's score rows */
     size_t         th_bytes, q_bytes;
 };
 
@@ -674,6 +674,8 @@ static void c_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
     const struct c_att_job *j = arg;
     uint8_t                *qb = j->th + (size_t)ith * j->th_bytes;
     float                  *vrow = (float *)(void *)(qb + (size_t)j->grp * j->q_bytes);
+    float                  *sc = (float *)(void *)(qb + (size_t)j->grp * j->q_bytes +
+                                  c_round((size_t)j->hv * sizeof(float)));
     const uint32_t          kt = j->q8 ? COMMON_GGML_TYPE_Q8_0 : COMMON_GGML_TYPE_F16;
     const uint32_t          per_tok = j->n_head / j->grp;
     for (int64_t it = i0; it < i1; it++) {
@@ -681,7 +683,6 @@ static void c_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         const uint32_t kvh = h0 / j->gqa, last = j->pos0 + t + 1;
         const uint32_t lo = j->window && last > j->window ? last - j->window : 0, nk = last - lo;
         const int64_t  row0 = (int64_t)t * j->n_head + h0; /* the group's first (token, head) */
-        float         *sc = j->scratch + row0 * j->sc_stride;
         float         *o = j->out + (size_t)row0 * j->hv;
         for (uint32_t i = 0; i < j->grp; i++) {
             const float *qv = j->q + (size_t)(row0 + i) * j->hk;
@@ -748,8 +749,9 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
         if ((uint64_t)pos0 + n_tok > row_stride)
             return c_bad(what);
     }
+    (void)scratch; /* the scores are in the threads' own memory (attention_own_scratch) */
     if (!out || !q || !k_cache || (!v_cache && (n_head_kv != 1 || head_dim_v > head_dim_k)) ||
-        !scratch || n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim_k == 0 ||
+        n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim_k == 0 ||
         head_dim_v == 0 || head_dim_k > 4096 || head_dim_v > 4096 ||
         (q8 && (head_dim_k % 32 || head_dim_v % 32)) || (uint64_t)pos0 + n_tok > INT32_MAX ||
         (uint64_t)n_tok * n_head > INT32_MAX)
@@ -764,7 +766,9 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
     while (gqa % grp)
         grp--;
     const size_t q_bytes = c_round((size_t)head_dim_k * 2); /* an f16 query, or its q8_0 blocks */
-    const size_t th_bytes = grp * q_bytes + c_round((size_t)head_dim_v * 4);
+    const int64_t sc_stride = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok;
+    const size_t  th_bytes = grp * q_bytes + c_round((size_t)head_dim_v * 4) +
+                            c_round((size_t)grp * (size_t)sc_stride * sizeof(float));
     uint8_t     *th = c_scratch(0, nth * th_bytes);
     if (!th)
         return gpu_host_error("gpu_attention: out of host memory");
@@ -784,8 +788,7 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
                           .k_head = C_BYTES(head_dim_k),
                           .v_head = v_cache ? C_BYTES(head_dim_v) : C_BYTES(head_dim_k),
                           .scale = scale,
-                          .scratch = scratch,
-                          .sc_stride = pos_dev ? (int64_t)row_stride : (int64_t)pos0 + n_tok,
+                          .sc_stride = sc_stride,
                           .sinks = sinks,
                           .q8 = q8,
                           .th = th,
@@ -845,6 +848,7 @@ static void c_make(void)
     c_be.graph_free = NULL;
     c_be.matvec_any_rows = true;
     c_be.weights_in_place = true;
+    c_be.attention_own_scratch = true;
     c_be.threads = c_threads;
     c_be.act_q8 = c_act_q8;
     c_be.rmsnorm_q8 = c_rmsnorm_q8;
@@ -863,4 +867,56 @@ const struct gpu_backend *gpu_backend_cpu(void)
 {
     (void)pthread_once(&c_once, c_make);
     return &c_be;
+}
+
+/* ---- the CPU device: this backend beside another one ------------------------------------------
+ * The same operations on one device of the host backend's, the one after its HOST0.. (so that
+ * the host backend's check of whose memory an operation uses tells them apart), whatever the
+ * device number the caller gives. */
+
+static int cd_device_count(char *why, size_t why_len)
+{
+    (void)why;
+    (void)why_len;
+    return 1;
+}
+
+static int cd_select(int dev, struct gpu_info *info, char *why, size_t why_len)
+{
+    (void)dev;
+    if (gpu_backend_host()->select(gpu_host_cpu_device(), info, why, why_len) < 0)
+        return -1;
+    if (info)
+        snprintf(info->name, sizeof(info->name), "host memory, the CPU's kernels");
+    return 0;
+}
+
+static int cd_use(int dev)
+{
+    (void)dev;
+    return gpu_backend_host()->use(gpu_host_cpu_device());
+}
+
+static int cd_current(void)
+{
+    return 0;
+}
+
+static pthread_once_t     cd_once = PTHREAD_ONCE_INIT;
+static struct gpu_backend cd_be;
+
+static void cd_make(void)
+{
+    cd_be = *gpu_backend_cpu();
+    cd_be.name = "CPU";
+    cd_be.device_count = cd_device_count;
+    cd_be.select = cd_select;
+    cd_be.use = cd_use;
+    cd_be.current = cd_current;
+}
+
+const struct gpu_backend *gpu_backend_cpu_device(void)
+{
+    (void)pthread_once(&cd_once, cd_make);
+    return &cd_be;
 }

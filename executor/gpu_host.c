@@ -136,7 +136,8 @@ static int h_not_captured(const char *what)
  * fails here, where it would fail (or run slowly over the bus) on the GPUs. */
 static pthread_once_t    h_dev_once = PTHREAD_ONCE_INIT;
 static int               h_n_dev = 1;
-static _Thread_local int h_cur; /* the calling thread's device */
+static _Thread_local int h_cur;    /* the calling thread's device */
+static _Atomic bool      h_cpu_on; /* the CPU device (gpu_host_cpu_device) is in use */
 
 static void h_dev_count_read(void)
 {
@@ -149,6 +150,28 @@ static int h_device_count(char *why, size_t why_len)
     (void)why_len;
     (void)pthread_once(&h_dev_once, h_dev_count_read);
     return h_n_dev;
+}
+
+/* The devices whose memory is told apart: HOST0.. and, once in use, the CPU device after them. */
+static int h_n_all(void)
+{
+    return h_device_count(NULL, 0) + (h_cpu_on ? 1 : 0);
+}
+
+int gpu_host_cpu_device(void)
+{
+    h_cpu_on = true;
+    return h_device_count(NULL, 0);
+}
+
+/* A device's name in messages: HOST0.., CPU for the one after them. */
+static const char *h_name(int dev, char *buf, size_t len)
+{
+    if (dev == h_device_count(NULL, 0))
+        snprintf(buf, len, "CPU");
+    else
+        snprintf(buf, len, "HOST%d", dev);
+    return buf;
 }
 
 /* The allocations of every device, sorted by address (only kept with two devices or more). */
@@ -178,7 +201,7 @@ static size_t h_blk_after(uintptr_t a)
 /* Records [p, p + bytes) as the current device's; false when out of memory. */
 static bool h_blk_add(const void *p, size_t bytes)
 {
-    if (h_device_count(NULL, 0) < 2)
+    if (h_n_all() < 2)
         return true;
     pthread_mutex_lock(&h_blk_mu);
     bool ok = true;
@@ -203,7 +226,7 @@ static bool h_blk_add(const void *p, size_t bytes)
 
 static void h_blk_remove(const void *p)
 {
-    if (!p || h_device_count(NULL, 0) < 2)
+    if (!p || h_n_all() < 2)
         return;
     pthread_mutex_lock(&h_blk_mu);
     const size_t i = h_blk_after((uintptr_t)p);
@@ -218,7 +241,7 @@ static void h_blk_remove(const void *p)
  * thread's current one; memory no device allocated (a fetcher's, mapped) passes. */
 static int h_here(const void *a, const void *b, const char *what)
 {
-    if (h_device_count(NULL, 0) < 2)
+    if (h_n_all() < 2)
         return 0;
     const void *ps[2] = {a, b};
     int         other = -1;
@@ -232,15 +255,16 @@ static int h_here(const void *a, const void *b, const char *what)
     pthread_mutex_unlock(&h_blk_mu);
     if (other < 0)
         return 0;
-    snprintf(h_err, sizeof(h_err), "%s: memory of HOST%d used on HOST%d (the thread's device)",
-             what, other, h_cur);
+    char on[16], cur[16];
+    snprintf(h_err, sizeof(h_err), "%s: memory of %s used on %s (the thread's device)", what,
+             h_name(other, on, sizeof(on)), h_name(h_cur, cur, sizeof(cur)));
     return -1;
 }
 
 static int h_select(int dev, struct gpu_info *info, char *why, size_t why_len)
 {
     const int n = h_device_count(NULL, 0);
-    if (dev < 0 || dev >= n) {
+    if (dev < 0 || dev >= h_n_all()) {
         if (why && why_len)
             snprintf(why, why_len, "device HOST%d does not exist (%d device%s: HOST0..HOST%d)", dev,
                      n, n == 1 ? "" : "s", n - 1);
@@ -264,7 +288,7 @@ static int h_select(int dev, struct gpu_info *info, char *why, size_t why_len)
 
 static int h_use(int dev)
 {
-    if (dev < 0 || dev >= h_device_count(NULL, 0))
+    if (dev < 0 || dev >= h_n_all())
         return h_bad("selecting the device");
     /* CUDA would queue the next kernels on the other device's stream, outside the capture */
     if (h_cap && dev != h_cap_dev)

@@ -785,6 +785,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .copy_times = cuda_copy_times,
         .matvec_any_rows = false,
         .weights_in_place = false,
+        .attention_own_scratch = false,
         .threads = nullptr,
         .graph_begin = cuda_graph_begin,
         .graph_end = cuda_graph_end,

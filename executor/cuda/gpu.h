@@ -4,10 +4,11 @@
  * host's (executor/gpu_host.c: every operation on the CPU, in host memory, written as plainly
  * as the scalar references, so that executor/gpu.c's forward pass runs and is tested without a
  * device), and the CPU's (executor/gpu_cpu.c: the host's, with the int8 products on the CPU's
- * own kernels and threads). The functions below call the backend of the process
- * (executor/gpu_backend.c): the host's when SLUICE_GPU_BACKEND=host is in the environment, the
+ * own kernels and threads). The functions below call the backend of the calling thread's current
+ * device (executor/gpu_backend.c): the CPU device's (GPU_DEV_CPU, the CPU's backend) when it is
+ * that one, else the process's: the host's when SLUICE_GPU_BACKEND=host is in the environment, the
  * CPU's when it is "cpu", "none" gives none, otherwise CUDA's when built. Without one, gpu_built()
- * is false, gpu_device_count() is 0 and everything else fails.
+ * is false, gpu_device_count() is 0 and everything else fails but on the CPU device.
  *
  * Pointers named "device" are device memory from gpu_malloc. A thread works on one device at a
  * time, its current one (gpu_select or gpu_use; device 0 before either): memory it allocates is
@@ -46,6 +47,12 @@ const char *gpu_backend_name(void);
 /* Usable devices; 0 with `why` saying why not (built without CUDA, no driver, no device). */
 int gpu_device_count(char *why, size_t why_len);
 #define GPU_MAX_DEVICES 16 /* devices a process may use at once (CUDA0..CUDA15) */
+/* The CPU device, in every build and beside the process's backend's devices: the CPU's kernels
+ * (executor/gpu_cpu.c) over host memory, which gpu_select and gpu_use take as any device. A
+ * forward pass may run some layers on it and the others on a GPU (executor/gpu.c). */
+#define GPU_DEV_CPU GPU_MAX_DEVICES
+/* Device dev's name ("CUDA0", "HOST1", "CPU") in buf, which it returns. */
+const char *gpu_device_name(int dev, char *buf, size_t len);
 /* Makes device `dev` current for the calling thread, creates its streams (once) and fills
  * `info`. Returns 0 or -1 with the reason in `why`. */
 int gpu_select(int dev, struct gpu_info *info, char *why, size_t why_len);
@@ -70,6 +77,11 @@ void gpu_threads(struct executor_threadpool *pool);
  * in host memory (the model's) are used where they are, not copied (the CPU backend). False for
  * CUDA and for the host's, which copies as CUDA does. */
 bool gpu_weights_in_place(void);
+/* gpu_weights_in_place of the process's backend (its devices 0..), whatever the thread's. */
+bool gpu_backend_in_ram(void);
+/* Whether the attention kernels keep their scores in memory of their own (per thread, the
+ * CPU's): their `scratch` argument is then not used and may be as small as one float. */
+bool gpu_attention_own_scratch(void);
 
 void *gpu_malloc(size_t bytes); /* device memory, NULL (error recorded) when it cannot */
 void  gpu_free(void *p);        /* accepts NULL */
@@ -528,6 +540,7 @@ struct gpu_backend {
     bool (*copy_times)(uint64_t *busy_ns, uint64_t *stall_ns);
     bool matvec_any_rows;                              /* gpu_matvec_any_rows */
     bool weights_in_place;                             /* gpu_weights_in_place */
+    bool attention_own_scratch;                        /* gpu_attention_own_scratch */
     void (*threads)(struct executor_threadpool *pool); /* NULL: gpu_threads does nothing */
     /* NULL where the backend has no graphs */
     int (*graph_begin)(void);
@@ -624,6 +637,11 @@ struct gpu_backend {
 const struct gpu_backend *gpu_backend_cuda(void);
 const struct gpu_backend *gpu_backend_host(void);
 const struct gpu_backend *gpu_backend_cpu(void);
+/* The CPU's backend as the CPU device (GPU_DEV_CPU), beside the process's backend: its one
+ * device is one of the host backend's, after HOST0.. (gpu_host_cpu_device). */
+const struct gpu_backend *gpu_backend_cpu_device(void);
+/* The host backend's device for the CPU device (the one after HOST0..), turned on. */
+int gpu_host_cpu_device(void);
 /* Records msg as the host backend's error of the calling thread (gpu_last_error of the host and
  * CPU backends, which share it); returns -1. */
 int gpu_host_error(const char *msg);

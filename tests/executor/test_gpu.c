@@ -38,6 +38,7 @@ struct gpu_run {
 static enum common_cache_type g_cache_type;
 static int32_t  g_n_cpu_moe;   /* --n-cpu-moe of the device side of check_*_against_cpu */
 static uint64_t g_vram_budget; /* --vram-budget of the device side of check_*_against_cpu */
+static bool     g_one_pass;    /* one_pass of every ctx run_open_at opens */
 
 /* Opens a model with the layers on device 0 as pl places them. */
 static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu_place pl)
@@ -55,7 +56,8 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
                                                              .vram_budget = pl.vram_budget,
                                                              .expert_miss = pl.expert_miss,
                                                              .pool_policy = pl.pool_policy,
-                                                             .devices = pl.devices},
+                                                             .devices = pl.devices,
+                                                             .one_pass = g_one_pass || pl.one_pass},
                                  &r->c, &e);
     cr_assert_eq(rc, 0, "ctx with -ngl %d --n-cpu-moe %d --vram-budget %llu: %s", pl.n_gpu_layers,
                  pl.n_cpu_moe, (unsigned long long)pl.vram_budget, e.text);
@@ -116,7 +118,8 @@ static int32_t *json_ids(const struct tjson *arr, uint32_t *n)
 static void check_greedy_at(const char *quant, struct executor_gpu_place pl)
 {
     const int32_t ngl = pl.n_gpu_layers, n_cpu_moe = pl.n_cpu_moe;
-    GPU_OR_SKIP();
+    if (ngl > 0) /* the CPU device alone needs none */
+        GPU_OR_SKIP();
     FIXTURE_OR_SKIP(ref_path, "moe-tiny/reference.json");
     char rel[128];
     snprintf(rel, sizeof(rel), "moe-tiny/moe-tiny-%s.gguf", quant);
@@ -488,8 +491,12 @@ static void check_path_against_cpu(const char *rel, const char *model_path, int3
 {
     struct gpu_run       cpu, dev;
     struct common_errmsg e = {{0}};
+    const bool           one = g_one_pass;
+    g_one_pass = false; /* the CPU's own pass (unless SLUICE_ONE_PASS=1 says otherwise) */
     run_open(&cpu, model_path, 0);
+    g_one_pass = one;
     run_open(&dev, model_path, ngl);
+    cr_assert(!g_one_pass || executor_ctx_gpu_pass(dev.c), "%s: not on gpu.c's pass", rel);
     const uint32_t nv = executor_ctx_n_vocab(cpu.c), n_prompt = 48, n_gen = 16;
     int32_t        prompt[48];
     for (uint32_t i = 0; i < n_prompt; i++)
@@ -1250,9 +1257,9 @@ static void check_split_path(const char *rel, const char *model_path)
                      executor_ctx_gpu_layers(one.c, NULL, 0), "case %zu: layers", k);
         cr_assert(strstr(name, " + ") != NULL, "case %zu: one device named: %s", k, name);
         cr_assert(executor_ctx_gpu_describe(split.c, desc, sizeof(desc)));
-        uint32_t lines = 1;
-        for (const char *q = desc; (q = strchr(q, '\n')) != NULL; q++)
-            lines++;
+        uint32_t lines = 0; /* a device's (not the CPU device's, SLUICE_ONE_PASS=1) */
+        for (const char *q = desc; q; q = strchr(q, '\n'), q = q ? q + 1 : NULL)
+            lines += strncmp(q, "gpu: CPU ", 9) != 0;
         if (cases[k].n_dev)
             cr_assert_eq(lines, cases[k].n_dev, "case %zu: a line per device:\n%s", k, desc);
         cr_assert_gt(lines, 1, "case %zu:\n%s", k, desc);
@@ -1393,4 +1400,54 @@ Test(gpu_devices, device_options_parse_as_llama_cpp, .timeout = 60)
                      bad_splits[i]);
     }
     cr_assert_eq(executor_devices_parse_mode(&d, "row", &e), COMMON_EINVAL);
+}
+
+/* ---- one forward pass: the CPU's layers on the CPU device (one_pass) ------------------------ */
+
+/* Every layer and the head on the CPU device (no device needed): the greedy ids of
+ * reference.json are llama.cpp's. */
+Test(gpu_one_pass, cpu_device_greedy_matches_llama_cpp, .timeout = 300)
+{
+    check_greedy_at("q8_0", (struct executor_gpu_place){.one_pass = true});
+    check_greedy_at("f32", (struct executor_gpu_place){.one_pass = true});
+}
+
+/* The CPU device's logits follow the CPU's own pass over a prompt and 16 steps (its kernels
+ * are the same; the attention's and the experts' sums are grouped otherwise). */
+Test(gpu_one_pass, cpu_device_logits_follow_the_cpu_pass, .timeout = 300)
+{
+    const char *rels[] = {"moe-tiny/moe-tiny-q8_0.gguf", "moe-tiny/moe-tiny-q4_k_m.gguf",
+                          "models/llama-2-tiny-random.gguf"};
+    for (size_t i = 0; i < sizeof(rels) / sizeof(rels[0]); i++) {
+        FIXTURE_OR_SKIP(path, rels[i]);
+        g_one_pass = true;
+        check_path_against_cpu(rels[i], path, 0, g_tol);
+        g_one_pass = false;
+        free(path);
+    }
+}
+
+/* -ngl 2 of moe-tiny's 4 layers: layers 0..1 on the CPU device, 2..3 on the device, in one pass
+ * of gpu.c (a line for each in the description, the device's layers counted alone), whose
+ * logits follow those of the same layers split between the CPU's own pass and the device. */
+Test(gpu_one_pass, cpu_device_ahead_of_a_device, .timeout = 300)
+{
+    GPU_OR_SKIP();
+    FIXTURE_OR_SKIP(path, "moe-tiny/moe-tiny-q8_0.gguf");
+    struct gpu_run split, one;
+    run_open_at(&split, path, (struct executor_gpu_place){.n_gpu_layers = 2});
+    run_open_at(&one, path, (struct executor_gpu_place){.n_gpu_layers = 2, .one_pass = true});
+    char desc[2048];
+    cr_assert(executor_ctx_gpu_describe(one.c, desc, sizeof(desc)));
+    cr_assert(strncmp(desc, "gpu: CPU (", 10) == 0 && strstr(desc, "layers 0..1 on the CPU") &&
+                  strstr(desc, "\ngpu: ") && strstr(desc, "layers 2..3 on the device"),
+              "%s", desc);
+    cr_assert_eq(executor_ctx_gpu_layers(one.c, NULL, 0), 2);
+    cr_assert_eq(executor_ctx_gpu_kv_layers(one.c), 2);
+    run_close(&split);
+    run_close(&one);
+    g_one_pass = true; /* the device side of check_path_against_cpu */
+    check_path_against_cpu("moe-tiny q8_0, one pass", path, 2, g_tol);
+    g_one_pass = false;
+    free(path);
 }
