@@ -639,6 +639,8 @@ uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c);
 /* Whether the ctx's layers run through executor/gpu.c's forward pass (on a device, or on the CPU
  * device with one_pass), not only through the CPU's own (executor/forward.c). */
 bool executor_ctx_gpu_pass(const struct executor_ctx *c);
+/* Bytes of the KV caches of gpu.c's parts (a device's and the CPU device's); 0 without. */
+uint64_t executor_ctx_gpu_kv_bytes(const struct executor_ctx *c);
 /* Layers the ctx placed on a CUDA device, plus one when the output head is there too (so
  * n_layer + 1 = everything, as llama.cpp counts -ngl); the device's name in `name`. 0 = none. */
 int32_t executor_ctx_gpu_layers(const struct executor_ctx *c, char *name, size_t len);

@@ -1162,6 +1162,11 @@ bool executor_ctx_gpu_pass(const struct executor_ctx *c)
     return c->gpu != NULL;
 }
 
+uint64_t executor_ctx_gpu_kv_bytes(const struct executor_ctx *c)
+{
+    return c->gpu ? executor_gpu_kv_bytes(c->gpu) : 0;
+}
+
 uint64_t executor_ctx_gpu_graph_steps(const struct executor_ctx *c)
 {
     return c->gpu ? executor_gpu_graph_steps(c->gpu) : 0;

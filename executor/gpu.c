@@ -349,7 +349,9 @@ struct executor_gpu {
     struct executor_gpu_member *h_mb; /* a step's members on the next devices (n_batch) */
     void **k_cache, **v_cache; /* per layer (from il0): (n_ctx, kd), (n_ctx, vd) f16 values, or
                                   with kv_q8 their q8_0 blocks (gpu_kv_store_q8) */
-    bool kv_q8;                /* --cache-type q8_0 */
+    bool      kv_q8;              /* --cache-type q8_0 */
+    uint32_t *kv_cap;             /* per layer: positions its cache holds, a ring of them (p in
+                                     cell p % cap) where fewer than n_ctx (gpu_attention_ring) */
     /* Scratch (n_batch rows of the widths in gpu_need). */
     float   *x, *xn, *q, *k, *v, *att, *tmp, *ga, *up, *gx, *moe_y, *router, *sel_w, *cs;
     float   *att_scratch, *logits, *xq;
@@ -728,6 +730,17 @@ static size_t gpu_need_scratch(const struct common_hparams *hp, bool head, uint3
            gpu_q8_bytes(B, &w) + 2 * gpu_max_groups(B, &w) * sizeof(struct gpu_group);
 }
 
+/* Positions layer il's cache holds on the calling thread's device: a sliding-window layer's ring
+ * (the CPU's: n_swa + n_batch, common_kv_layer_positions) where the backend attends over one
+ * (gpu_attention_ring_supported), else the whole context. */
+static size_t gpu_kv_positions(const struct executor_model *m, uint32_t il, uint32_t n_ctx,
+                               uint32_t n_batch)
+{
+    return gpu_attention_ring_supported() && !getenv("SLUICE_NO_KV_RING")
+               ? common_kv_layer_positions(&m->desc->hp, n_ctx, n_batch, il)
+               : n_ctx;
+}
+
 /* Device bytes of one sequence: the KV cache of the layers il0 .. il1 - 1 and the scratch. */
 static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, uint32_t il1, bool head,
                            uint32_t n_ctx, uint32_t n_batch, enum common_cache_type kv)
@@ -735,8 +748,10 @@ static size_t gpu_need_ctx(const struct executor_model *m, uint32_t il0, uint32_
     const struct common_hparams *hp = &m->desc->hp;
     const struct gpu_widths      w = gpu_widths_of(hp);
     const bool                   q8 = gpu_kv_is_q8(hp, kv);
-    const size_t                 kb = (size_t)(il1 - il0) * n_ctx *
-                      (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
+    size_t                       kb = 0;
+    for (uint32_t il = il0; il < il1; il++)
+        kb += gpu_kv_positions(m, il, n_ctx, n_batch) *
+              (gpu_kv_bytes(w.kd, q8) + (w.mla ? 0 : gpu_kv_bytes(w.vd, q8)));
     return kb + gpu_need_scratch(hp, head, n_ctx, n_batch, gpu_attention_own_scratch());
 }
 
@@ -1587,10 +1602,10 @@ static int gpu_put_scratch(struct executor_gpu *g, struct common_errmsg *e)
      * and no expert pool takes the matmul */
     const bool f16 = g->gemm_min_n != UINT32_MAX || g->w->pool;
     for (uint32_t il = g->il0; il < g->il1 && ok; il++) {
-        ok =
-            (g->k_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.kd, g->kv_q8), &g->bytes_kv)) &&
-            (w.mla || /* latent attention: the values head the key rows */
-             (g->v_cache[il] = gpu_take(a, g->n_ctx * gpu_kv_bytes(w.vd, g->kv_q8), &g->bytes_kv)));
+        const size_t cap = g->kv_cap[il] = gpu_kv_positions(g->m, il, g->n_ctx, g->n_batch);
+        ok = (g->k_cache[il] = gpu_take(a, cap * gpu_kv_bytes(w.kd, g->kv_q8), &g->bytes_kv)) &&
+             (w.mla || /* latent attention: the values head the key rows */
+              (g->v_cache[il] = gpu_take(a, cap * gpu_kv_bytes(w.vd, g->kv_q8), &g->bytes_kv)));
     }
     ok = ok && (g->x = gpu_take(a, B * w.ne * F, c)) && (g->xn = gpu_take(a, B * w.ne * F, c)) &&
          (g->tmp = gpu_take(a, B * w.ne * F, c)) && (g->gx = gpu_take(a, B * w.ne * F, c)) &&
@@ -1705,9 +1720,12 @@ static int gpu_seq_part(const struct executor_model *m, const struct executor_gp
                                  gpu_last_error());
     struct executor_gpu *g = calloc(1, sizeof(*g));
     if (!g || !(g->k_cache = calloc(hp->n_layer, sizeof(*g->k_cache))) ||
-        !(g->v_cache = calloc(hp->n_layer, sizeof(*g->v_cache)))) {
-        if (g)
+        !(g->v_cache = calloc(hp->n_layer, sizeof(*g->v_cache))) ||
+        !(g->kv_cap = calloc(hp->n_layer, sizeof(*g->kv_cap)))) {
+        if (g) {
             free(g->k_cache);
+            free(g->v_cache);
+        }
         free(g);
         return common_errmsg_set(e, COMMON_ENOMEM, "out of memory");
     }
@@ -1780,6 +1798,7 @@ void executor_gpu_destroy(struct executor_gpu *g)
     executor_gpu_weights_destroy(g->own_w);
     free(g->k_cache);
     free(g->v_cache);
+    free(g->kv_cap);
     free(g->h_mb);
     if (g->in_pinned) {
         if (g->in_queued)
@@ -1833,6 +1852,14 @@ double executor_gpu_membw(const struct executor_gpu *g, size_t bytes)
 {
     g = gpu_first_device(g) ? gpu_first_device(g) : g;
     return gpu_use(g->dev) < 0 ? 0.0 : gpu_membw_probe(bytes);
+}
+
+uint64_t executor_gpu_kv_bytes(const struct executor_gpu *g)
+{
+    uint64_t n = 0;
+    for (; g; g = g->next)
+        n += g->bytes_kv;
+    return n;
 }
 
 uint32_t executor_gpu_device_layers(const struct executor_gpu *g)
@@ -2260,6 +2287,21 @@ static int gpu_qkv(struct executor_gpu *g, const struct gpu_layer *gl, uint32_t 
     return 0;
 }
 
+/* Stores n rows of k and v at positions p0.. of a ring of cap cells (p in cell p % cap). */
+static int gpu_kv_store_ring(bool q8, void *kc, void *vc, uint32_t kd, uint32_t vd, const float *k,
+                             const float *v, uint32_t p0, uint32_t n, uint32_t cap)
+{
+    for (uint32_t t = 0; t < n;) {
+        const uint32_t cell = (p0 + t) % cap, run = n - t < cap - cell ? n - t : cap - cell;
+        const float   *kt = k + (size_t)t * kd, *vt = v + (size_t)t * vd;
+        if (q8 ? gpu_kv_store_q8(kc, vc, kd, vd, kt, vt, cell, NULL, run) < 0
+               : gpu_kv_store(kc, vc, kd, vd, kt, vt, cell, run) < 0)
+            return -1;
+        t += run;
+    }
+    return 0;
+}
+
 /* The cache stores (unless stored: gpu_rope_qk made them) and attention of layer il, member by
  * member over each member's own cache and positions: g->k and g->v rows into the cache, g->q rows
  * over it into g->att. */
@@ -2282,8 +2324,14 @@ static int gpu_attend_members(struct executor_gpu *g, uint32_t il,
         const uint32_t kd = (uint32_t)w.kd, vd = w.mla ? 0 : (uint32_t)w.vd;
         /* A graph's kernels read the position from device memory (the same graph every step). */
         const uint32_t *pd = g->capturing ? g->pos_d + i : NULL;
+        const uint32_t  cap = b->g->kv_cap[il];
         int             rc;
-        if (b->g->kv_q8)
+        if (cap < b->g->n_ctx) /* a ring: stored by runs of cells, which wrap once at most */
+            rc = gpu_kv_store_ring(b->g->kv_q8, kc, vc, kd, vd, k, v, b->p0, b->n, cap) < 0 ||
+                 gpu_attention_ring(b->g->kv_q8, att, q, kc, vc, b->n, b->p0, cap, hp->n_head,
+                                    hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
+                                    gl->sinks) < 0;
+        else if (b->g->kv_q8)
             rc = gpu_kv_store_q8(kc, vc, kd, vd, k, v, b->p0, pd, b->n) < 0 ||
                  gpu_attention_q8(att, q, kc, vc, b->n, b->p0, pd, pd ? g->n_ctx : 0, hp->n_head,
                                   hp->n_head_kv, hp->head_dim_k, hp->head_dim_v, scale, window,
@@ -2406,7 +2454,8 @@ static int gpu_attention_block(struct executor_gpu *g, uint32_t il, uint32_t n,
         return -1;
     const bool neox = hp->rope_neox != 0;
     /* One member with an f16 cache: its cache store in the same kernel. */
-    const bool store = fuse && n_mb == 1 && mb[0].row == 0 && mb[0].n == n && !mb[0].g->kv_q8;
+    const bool store = fuse && n_mb == 1 && mb[0].row == 0 && mb[0].n == n && !mb[0].g->kv_q8 &&
+                       mb[0].g->kv_cap[il] == mb[0].g->n_ctx; /* not a ring's */
     const struct gpu_kv_dst kv = {.k_cache = store ? mb[0].g->k_cache[il] : NULL,
                                   .v_cache = store ? mb[0].g->v_cache[il] : NULL,
                                   .v = g->v,

@@ -30,6 +30,8 @@ bool executor_gpu_kv_q8(const struct executor_gpu *g);
 /* First layer of g's parts, the CPU device's included (the layers before it are the CPU's own
  * pass, executor/forward.c). */
 uint32_t executor_gpu_first_layer(const struct executor_gpu *g);
+/* Bytes of the KV caches of g's parts. */
+uint64_t executor_gpu_kv_bytes(const struct executor_gpu *g);
 /* The layers on devices (not the CPU device's): their KV is not in RAM. */
 uint32_t executor_gpu_device_layers(const struct executor_gpu *g);
 /* Layers on the devices, plus one for the head (llama.cpp's count); the devices' names. The

@@ -719,6 +719,25 @@ int gpu_attention_q8(float *out, const float *q, const void *k_cache, const void
                         : -1);
 }
 
+bool gpu_attention_ring_supported(void)
+{
+    return be() && be()->attention_ring;
+}
+
+int gpu_attention_ring(bool q8, float *out, const float *q, const void *k_cache,
+                       const void *v_cache, uint32_t n_tok, uint32_t pos0, uint32_t cap,
+                       uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
+                       uint32_t head_dim_v, float scale, uint32_t window, const float *sinks)
+{
+    const uint64_t t0 = prof_begin();
+    return prof_end(t0, "attention",
+                    be() && be()->attention_ring
+                        ? be()->attention_ring(q8, out, q, k_cache, v_cache, n_tok, pos0, cap,
+                                               n_head, n_head_kv, head_dim_k, head_dim_v, scale,
+                                               window, sinks)
+                        : -1);
+}
+
 int gpu_moe_route(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                   uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                   float scale, int32_t *sel, float *sel_w)

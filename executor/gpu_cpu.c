@@ -659,6 +659,7 @@ struct c_att_job {
     const float   *q;
     const uint8_t *k, *v; /* the caches, bytes */
     uint32_t       n_head, gqa, grp, hk, hv, pos0, window;
+    uint32_t       cap; /* positions in the caches, a ring (position p in cell p % cap); 0: all */
     size_t         k_pos, v_pos, k_head, v_head; /* bytes: a position's row, a head in it */
     float          scale;
     int64_t        sc_stride; /* floats between a group's score rows (in th) */
@@ -695,12 +696,22 @@ static void c_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
                     q16[d] = executor_fp32_to_fp16(qv[d]);
             }
         }
+        /* positions lo .. last - 1 in cells c0 .. c0 + na - 1, then (a ring that wraps) 0 .. nb -
+         * 1; their scores at sc[p] either way */
+        const uint32_t c0 = j->cap ? lo % j->cap : lo;
+        const uint32_t na = j->cap && nk > j->cap - c0 ? j->cap - c0 : nk, nb = nk - na;
         const uint8_t *kb = j->k + kvh * j->k_head;
-        if (j->grp == 1)
-            (void)executor_matvec(kt, j->hk, kb, j->k_pos, lo, last, qb, sc);
-        else
-            (void)executor_matmul(kt, j->hk, kb, j->k_pos, lo, last, qb, j->q_bytes, j->grp, sc,
-                                  (size_t)j->sc_stride);
+        for (int seg = 0; seg < 2; seg++) {
+            const uint32_t n_s = seg ? nb : na, cell = seg ? 0 : c0, p0 = seg ? lo + na : lo;
+            if (n_s == 0)
+                continue;
+            const uint8_t *ks = kb + (size_t)cell * j->k_pos;
+            if (j->grp == 1)
+                (void)executor_matvec(kt, j->hk, ks, j->k_pos, 0, n_s, qb, sc + p0);
+            else
+                (void)executor_matmul(kt, j->hk, ks, j->k_pos, 0, n_s, qb, j->q_bytes, j->grp,
+                                      sc + p0, (size_t)j->sc_stride);
+        }
         for (uint32_t i = 0; i < j->grp; i++) {
             float       *s = sc + i * j->sc_stride;
             const float *sink = j->sinks ? &j->sinks[h0 + i] : NULL;
@@ -720,14 +731,18 @@ static void c_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
         }
         memset(o, 0, (size_t)j->grp * j->hv * sizeof(*o));
         const uint8_t *vb = j->v + kvh * j->v_head;
-        if (!j->q8) {
-            (void)executor_wsum_f16(j->hv, nk, (const uint16_t *)(const void *)(vb + lo * j->v_pos),
+        if (!j->q8) { /* the sums in order of position, a segment after the other */
+            (void)executor_wsum_f16(j->hv, na,
+                                    (const uint16_t *)(const void *)(vb + (size_t)c0 * j->v_pos),
                                     j->v_pos, sc + lo, (size_t)j->sc_stride, j->grp, o, j->hv);
+            if (nb)
+                (void)executor_wsum_f16(j->hv, nb, (const uint16_t *)(const void *)vb, j->v_pos,
+                                        sc + lo + na, (size_t)j->sc_stride, j->grp, o, j->hv);
             continue;
         }
         for (uint32_t p = lo; p < last; p++) {
-            (void)executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, vb + (size_t)p * j->v_pos, vrow,
-                                          j->hv);
+            const size_t cell = j->cap ? p % j->cap : p;
+            (void)executor_dequantize_row(COMMON_GGML_TYPE_Q8_0, vb + cell * j->v_pos, vrow, j->hv);
             for (uint32_t i = 0; i < j->grp; i++) {
                 const float pr = sc[i * j->sc_stride + p];
                 float      *oi = o + (size_t)i * j->hv;
@@ -741,7 +756,7 @@ static void c_att_piece(void *arg, int64_t i0, int64_t i1, uint32_t ith)
 static int c_attend(bool q8, float *out, const float *q, const void *k_cache, const void *v_cache,
                     uint32_t n_tok, uint32_t pos0, const uint32_t *pos_dev, uint32_t row_stride,
                     uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k, uint32_t head_dim_v,
-                    float scale, uint32_t window, float *scratch, const float *sinks)
+                    float scale, uint32_t window, float *scratch, const float *sinks, uint32_t cap)
 {
     const char *what = q8 ? "gpu_attention_q8" : "gpu_attention";
     if (pos_dev) {
@@ -754,7 +769,8 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
         n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim_k == 0 ||
         head_dim_v == 0 || head_dim_k > 4096 || head_dim_v > 4096 ||
         (q8 && (head_dim_k % 32 || head_dim_v % 32)) || (uint64_t)pos0 + n_tok > INT32_MAX ||
-        (uint64_t)n_tok * n_head > INT32_MAX)
+        (uint64_t)n_tok * n_head > INT32_MAX ||
+        (cap && (!window || (uint64_t)window + n_tok > cap)))
         return c_bad(what);
     if (n_tok == 0)
         return 0;
@@ -783,6 +799,7 @@ static int c_attend(bool q8, float *out, const float *q, const void *k_cache, co
                           .hv = head_dim_v,
                           .pos0 = pos0,
                           .window = window,
+                          .cap = cap,
                           .k_pos = C_BYTES(k_w),
                           .v_pos = v_cache ? C_BYTES(v_w) : C_BYTES(k_w),
                           .k_head = C_BYTES(head_dim_k),
@@ -806,7 +823,7 @@ static int c_attention(float *out, const float *q, const uint16_t *k_cache, cons
                        const float *sinks)
 {
     return c_attend(false, out, q, k_cache, v_cache, n_tok, pos0, pos_dev, row_stride, n_head,
-                    n_head_kv, head_dim_k, head_dim_v, scale, window, scratch, sinks);
+                    n_head_kv, head_dim_k, head_dim_v, scale, window, scratch, sinks, 0);
 }
 
 static int c_attention_q8(float *out, const float *q, const void *k_cache, const void *v_cache,
@@ -816,7 +833,16 @@ static int c_attention_q8(float *out, const float *q, const void *k_cache, const
                           float *scratch, const float *sinks)
 {
     return c_attend(true, out, q, k_cache, v_cache, n_tok, pos0, pos_dev, row_stride, n_head,
-                    n_head_kv, head_dim_k, head_dim_v, scale, window, scratch, sinks);
+                    n_head_kv, head_dim_k, head_dim_v, scale, window, scratch, sinks, 0);
+}
+
+static int c_attention_ring(bool q8, float *out, const float *q, const void *k_cache,
+                            const void *v_cache, uint32_t n_tok, uint32_t pos0, uint32_t cap,
+                            uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
+                            uint32_t head_dim_v, float scale, uint32_t window, const float *sinks)
+{
+    return c_attend(q8, out, q, k_cache, v_cache, n_tok, pos0, NULL, 0, n_head, n_head_kv,
+                    head_dim_k, head_dim_v, scale, window, NULL, sinks, cap);
 }
 
 /* ---- the backend ---------------------------------------------------------------------------- */
@@ -861,6 +887,7 @@ static void c_make(void)
     c_be.matvec_ids = c_matvec_ids;
     c_be.attention = c_attention;
     c_be.attention_q8 = c_attention_q8;
+    c_be.attention_ring = c_attention_ring;
 }
 
 const struct gpu_backend *gpu_backend_cpu(void)

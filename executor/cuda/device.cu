@@ -818,6 +818,7 @@ extern "C" const struct gpu_backend *gpu_backend_cuda(void)
         .attention = cuda_attention,
         .kv_store_q8 = cuda_kv_store_q8,
         .attention_q8 = cuda_attention_q8,
+        .attention_ring = nullptr,
         .moe_route = cuda_moe_route,
         .moe_sort = cuda_moe_sort,
         .moe_combine = cuda_moe_combine,

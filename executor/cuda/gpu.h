@@ -443,6 +443,15 @@ int gpu_attention_at(float *out, const float *q, const uint16_t *k_cache, const 
  * 32) as q8_0 blocks (an f16 scale and 32 int8, 34 bytes) at k_cache + p * k_width / 32 * 34,
  * quantized as the CPU's cache is (gpu_act_q8's Q8_0: d = amax / 127, round half to even); the
  * value row likewise. pos_dev NULL: the first position is pos0, else *pos_dev (a graph). */
+/* A sliding-window layer's cache as a ring of `cap` positions (window + n_tok <= cap): position p
+ * in cell p % cap of the f16 (q8 false) or q8_0 cache, stored there by gpu_kv_store (or _q8) with
+ * the cells as positions; gpu_attention's (or _q8's) result over it, window given. Backends
+ * that have it (the CPU's; gpu_attention_ring_supported); others keep the whole context. */
+bool gpu_attention_ring_supported(void);
+int  gpu_attention_ring(bool q8, float *out, const float *q, const void *k_cache,
+                        const void *v_cache, uint32_t n_tok, uint32_t pos0, uint32_t cap,
+                        uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
+                        uint32_t head_dim_v, float scale, uint32_t window, const float *sinks);
 int gpu_kv_store_q8(void *k_cache, void *v_cache, uint32_t k_width, uint32_t v_width,
                     const float *k, const float *v, uint32_t pos0, const uint32_t *pos_dev,
                     uint32_t n_tok);
@@ -619,6 +628,11 @@ struct gpu_backend {
                         uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
                         uint32_t head_dim_v, float scale, uint32_t window, float *scratch,
                         const float *sinks);
+    /* NULL where the backend has no rings (gpu_attention_ring) */
+    int (*attention_ring)(bool q8, float *out, const float *q, const void *k_cache,
+                          const void *v_cache, uint32_t n_tok, uint32_t pos0, uint32_t cap,
+                          uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim_k,
+                          uint32_t head_dim_v, float scale, uint32_t window, const float *sinks);
     int (*moe_route)(const float *logits, const float *bias, uint32_t n_tok, uint32_t n_expert,
                      uint32_t k, uint32_t n_group, uint32_t n_group_used, int gating, bool norm,
                      float scale, int32_t *sel, float *sel_w);

@@ -458,3 +458,73 @@ Test(executor_gpu_cpu, attention_is_the_host_backends)
         ct_attention(q8, true, 9, true, 4, 1);
     }
 }
+
+/* A sliding-window layer's ring of cap = window + n_tok cells (position p in cell p % cap,
+ * stored in position order, so older positions are overwritten) gives the attention over the
+ * whole cache, bit for bit: windows that wrap the ring or not, prompts and single tokens, both
+ * cache types, a latent cache (no values). */
+static void ct_ring(bool q8, bool latent, uint32_t window, uint32_t pos0, uint32_t n_tok)
+{
+    const struct gpu_backend *h = gpu_backend_host();
+    const uint32_t            n_head = 8, n_kv = latent ? 1 : 2, hk = 64, hv = latent ? 32 : 64;
+    const uint32_t            np = pos0 + n_tok, cap = window + n_tok;
+    const size_t              kw = (size_t)n_kv * hk, vw = (size_t)n_kv * hv;
+    const size_t              kb = q8 ? kw / 32 * 34 : kw * 2, vb = q8 ? vw / 32 * 34 : vw * 2;
+    uint8_t                  *kc = be->alloc(np * kb), *vc = latent ? NULL : be->alloc(np * vb);
+    uint8_t                  *kr = be->alloc(cap * kb), *vr = latent ? NULL : be->alloc(cap * vb);
+    float *k = be->alloc(np * kw * sizeof(float)), *v = be->alloc(np * vw * sizeof(float));
+    float *q = be->alloc((size_t)n_tok * n_head * hk * sizeof(float));
+    float *sk = be->alloc(n_head * sizeof(float));
+    float *sc = be->alloc((size_t)n_tok * n_head * np * sizeof(float));
+    float *o1 = be->alloc((size_t)n_tok * n_head * hv * sizeof(float));
+    float *o2 = be->alloc((size_t)n_tok * n_head * hv * sizeof(float));
+    fill_data(k, np * kw);
+    fill_data(v, np * vw);
+    fill_data(q, (size_t)n_tok * n_head * hk);
+    for (uint32_t i = 0; i < n_head; i++)
+        sk[i] = rng_gauss();
+    const uint32_t vs = latent ? 0 : (uint32_t)vw;
+    for (uint32_t p = 0; p < np; p++) { /* the whole cache, and the ring cell by cell */
+        const float *kp = k + (size_t)p * kw, *vp = v + (size_t)p * vw;
+        const int    st = q8 ? h->kv_store_q8(kc, vc, (uint32_t)kw, vs, kp, vp, p, NULL, 1) ||
+                                h->kv_store_q8(kr, vr, (uint32_t)kw, vs, kp, vp, p % cap, NULL, 1)
+                             : h->kv_store((uint16_t *)kc, (uint16_t *)vc, (uint32_t)kw, vs, kp, vp, p,
+                                           NULL, 1) ||
+                                h->kv_store((uint16_t *)kr, (uint16_t *)vr, (uint32_t)kw, vs, kp,
+                                               vp, p % cap, NULL, 1);
+        cr_assert_eq(st, 0, "%s", h->last_error());
+    }
+    const float scale = 0.125f;
+    be->threads(pool3);
+    const int rc = q8 ? be->attention_q8(o1, q, kc, vc, n_tok, pos0, NULL, 0, n_head, n_kv, hk, hv,
+                                         scale, window, sc, sk)
+                      : be->attention(o1, q, (const uint16_t *)kc, (const uint16_t *)vc, n_tok,
+                                      pos0, NULL, 0, n_head, n_kv, hk, hv, scale, window, sc, sk);
+    cr_assert_eq(rc, 0, "%s", be->last_error());
+    cr_assert_eq(be->attention_ring(q8, o2, q, kr, vr, n_tok, pos0, cap, n_head, n_kv, hk, hv,
+                                    scale, window, sk),
+                 0, "%s", be->last_error());
+    cr_assert(memcmp(o1, o2, (size_t)n_tok * n_head * hv * sizeof(float)) == 0,
+              "ring (q8 %d latent %d window %u, %u tokens at %u): not the whole cache's bits", q8,
+              latent, window, n_tok, pos0);
+    /* a ring too small for the window and the tokens is refused */
+    cr_assert_lt(be->attention_ring(q8, o2, q, kr, vr, n_tok, pos0, cap - 1, n_head, n_kv, hk, hv,
+                                    scale, window, sk),
+                 0);
+    void *bufs[] = {kc, vc, kr, vr, k, v, q, sk, sc, o1, o2};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        be->release(bufs[i]);
+}
+
+Test(executor_gpu_cpu, attention_over_a_ring_is_the_whole_caches)
+{
+    const uint32_t pos0s[] = {0, 3, 16, 31, 33, 61}, ns[] = {1, 5, 16};
+    for (int q8 = 0; q8 < 2; q8++)
+        for (size_t a = 0; a < sizeof(pos0s) / sizeof(pos0s[0]); a++)
+            for (size_t b = 0; b < sizeof(ns) / sizeof(ns[0]); b++) {
+                ct_ring(q8, false, 9, pos0s[a], ns[b]);
+                ct_ring(q8, false, 16, pos0s[a], ns[b]);
+            }
+    ct_ring(false, true, 9, 33, 5);
+    ct_ring(true, true, 9, 61, 1);
+}

@@ -39,6 +39,7 @@ static enum common_cache_type g_cache_type;
 static int32_t  g_n_cpu_moe;   /* --n-cpu-moe of the device side of check_*_against_cpu */
 static uint64_t g_vram_budget; /* --vram-budget of the device side of check_*_against_cpu */
 static bool     g_one_pass;    /* one_pass of every ctx run_open_at opens */
+static uint32_t g_n_batch;     /* n_batch of every ctx run_open_at opens (0: the default) */
 
 /* Opens a model with the layers on device 0 as pl places them. */
 static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu_place pl)
@@ -49,6 +50,7 @@ static void run_open_at(struct gpu_run *r, const char *path, struct executor_gpu
     cr_assert_eq(executor_model_open(path, NULL, &r->m, &e), 0, "%s", e.text);
     int rc = executor_ctx_create(r->m,
                                  &(struct executor_ctx_opts){.n_ctx = 256,
+                                                             .n_batch = g_n_batch,
                                                              .cache_type = g_cache_type,
                                                              .pool = r->pool,
                                                              .n_gpu_layers = pl.n_gpu_layers,
@@ -1450,4 +1452,54 @@ Test(gpu_one_pass, cpu_device_ahead_of_a_device, .timeout = 300)
     check_path_against_cpu("moe-tiny q8_0, one pass", path, 2, g_tol);
     g_one_pass = false;
     free(path);
+}
+
+/* gpt-oss's sliding-window layers (a window of 16) on the CPU device keep a ring of n_swa +
+ * n_batch = 32 positions, as the CPU pass does, over a prompt of 48 (three batches of 16) and 16
+ * steps, so the ring wraps: the logits are those of the whole context kept (SLUICE_NO_KV_RING=1),
+ * bit for bit, in both cache types, and follow the CPU pass's. */
+Test(gpu_one_pass, sliding_window_layers_keep_a_ring, .timeout = 300)
+{
+    char *dir = fixture_tmpdir();
+    cr_assert_not_null(dir);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/gpt-oss.gguf", dir);
+    const struct executor_synth_opts o = {.path = path,
+                                          .arch = COMMON_ARCH_GPTOSS,
+                                          .n_embd = 128,
+                                          .n_layer = 3,
+                                          .n_head = 4,
+                                          .n_head_kv = 2,
+                                          .n_ff = 128,
+                                          .n_vocab = 512,
+                                          .type = COMMON_GGML_TYPE_F32,
+                                          .seed = 7,
+                                          .n_threads = 1};
+    struct common_errmsg             e = {{0}};
+    cr_assert_eq(executor_synth_write(&o, &e), 0, "synth: %s", e.text);
+    g_n_batch = 16;
+    for (int q8 = 0; q8 < 2; q8++) {
+        g_cache_type = q8 ? COMMON_CACHE_Q8_0 : COMMON_CACHE_F16;
+        struct gpu_run ring, whole;
+        run_open_at(&ring, path, (struct executor_gpu_place){.one_pass = true});
+        cr_assert_eq(setenv("SLUICE_NO_KV_RING", "1", 1), 0);
+        run_open_at(&whole, path, (struct executor_gpu_place){.one_pass = true});
+        cr_assert_eq(unsetenv("SLUICE_NO_KV_RING"), 0);
+        cr_assert(executor_ctx_gpu_pass(ring.c) && executor_ctx_gpu_pass(whole.c));
+        cr_assert_lt(executor_ctx_gpu_kv_bytes(ring.c), executor_ctx_gpu_kv_bytes(whole.c),
+                     "no ring: %llu bytes of KV, %llu with the whole context",
+                     (unsigned long long)executor_ctx_gpu_kv_bytes(ring.c),
+                     (unsigned long long)executor_ctx_gpu_kv_bytes(whole.c));
+        check_same_steps(&ring, &whole, q8 ? "gpt-oss ring, q8_0 cache" : "gpt-oss ring");
+        run_close(&ring);
+        run_close(&whole);
+        g_one_pass = true;
+        check_path_against_cpu(q8 ? "gpt-oss ring q8_0" : "gpt-oss ring", path, 0,
+                               q8 ? (struct check_tol){4e-2, 0.02f} : g_tol);
+        g_one_pass = false;
+    }
+    g_cache_type = COMMON_CACHE_F16;
+    g_n_batch = 0;
+    fixture_rmtree(dir);
+    free(dir);
 }
