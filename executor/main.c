@@ -129,9 +129,10 @@ static int main_parse(int argc, char **argv, struct main_config *c, char ***owne
          .type = COMMON_OPT_SWITCH,
          .target = &c->probe_device,
          .help = "print how many layers -ngl puts on the devices for this model (0 when no "
-                 "device is usable or the device path does not take the model) and over how many "
-                 "devices, and exit: sluicectl up plans the fetchers' memory without those "
-                 "layers' KV, and their device pools"},
+                 "device is usable or the device path does not take the model), over how many "
+                 "devices, and the bytes of RAM a sequence's device scratch takes on the CPU (the "
+                 "CPU backend's or the CPU device's), and exit: sluicectl up plans the fetchers' "
+                 "memory without those layers' KV and with that scratch, and their device pools"},
         {0},
     };
     const struct common_opts_spec spec = {
@@ -289,7 +290,9 @@ static int main_run(const struct main_config *c)
 }
 
 /* --probe-device: the layers -ngl puts on the devices (their KV lives there), as
- * executor_serve_start will place them, and the devices they are split over, on stdout ("4 2").
+ * executor_serve_start will place them, the devices they are split over, and the RAM of a
+ * sequence's device scratch on the CPU (the CPU backend's, or the CPU device's in one pass), on
+ * stdout ("4 2 0").
  * The model is mapped, not read. A device error at start or later still moves them to the CPU,
  * with their KV in RAM: the fetchers, told so (DEVICE_LAYERS), shrink pools planned from this
  * count. */
@@ -314,7 +317,32 @@ static int main_probe(const struct main_config *c)
         const int k = c->devices.single ? 1 : executor_devices_resolve(&c->devices, ids, NULL, 0);
         n_dev = n && k > 0 ? (uint32_t)(k < (int)n ? k : (int)n) : 0;
     }
-    printf("%u %u\n", n, n_dev);
+    /* The RAM a sequence's device scratch takes on the CPU: the CPU backend's with -ngl, the CPU
+     * device's with the layers -ngl leaves to the CPU in one pass (SLUICE_ONE_PASS=1). */
+    uint64_t  scratch = 0;
+    const int n_on = c->n_gpu_layers > 0 ? c->n_gpu_layers : 0;
+    if ((executor_gpu_in_ram() && n_on > 0) || executor_gpu_one_pass()) {
+        struct executor_model *m = NULL;
+        struct common_errmsg   e = {{0}};
+        if (executor_model_open(c->model, NULL, &m, &e) < 0) {
+            fprintf(stderr, PROG ": error: %s\n", e.text);
+            return 1;
+        }
+        const struct common_hparams *hp = executor_model_hparams(m);
+        struct common_ctx_layout     lay;
+        if ((executor_gpu_one_pass() && n < hp->n_layer) || (executor_gpu_in_ram() && n_on > 0)) {
+            if (common_ctx_layout_compute(
+                    hp, &(struct common_ctx_layout_opts){.n_ctx = c->n_ctx, .n_batch = c->n_batch},
+                    &lay, &e) < 0) {
+                fprintf(stderr, PROG ": error: %s\n", e.text);
+                executor_model_destroy(m);
+                return 1;
+            }
+            scratch = executor_gpu_scratch_bytes(hp, lay.n_ctx, lay.n_batch);
+        }
+        executor_model_destroy(m);
+    }
+    printf("%u %u %llu\n", n, n_dev, (unsigned long long)scratch);
     return 0;
 }
 

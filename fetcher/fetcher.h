@@ -528,6 +528,9 @@ struct fetcher_serve_opts {
     uint32_t n_device_layers;          /* the executor's last layers whose KV lives on a device
                                           (sluicectl up -ngl): left out of the KV estimate */
     enum common_cache_type cache_type; /* the executor's KV cache type, for the KV estimate */
+    uint64_t device_scratch; /* RAM of each executor sequence's device scratch on the CPU (the
+                                CPU backend's, the CPU device's: sluicectl up, from
+                                sluice-executor --probe-device), in the plan; 0 = none */
     uint32_t               n_threads;  /* executor threads, for its per-thread scratch in the
                                           plan; 0 = the CPUs online */
     enum fetcher_policy  policy;       /* 0 = LRU */

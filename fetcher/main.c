@@ -153,6 +153,13 @@ static int parse_args(int argc, char **argv, struct fetcher_serve_opts *o, char 
          .help = "the executor's last N layers keep their KV on a device (sluicectl up -ngl, "
                  "through sluice-executor --probe-device): left out of the KV estimate",
          .def = "0"},
+        {.name = "device-scratch",
+         .type = COMMON_OPT_SIZE,
+         .target = &o->device_scratch,
+         .help = "RAM each executor sequence's device scratch takes on the CPU (its CPU backend "
+                 "or CPU device; sluicectl up, through sluice-executor --probe-device): in the "
+                 "plan",
+         .def = "0"},
         {.name = "io",
          .type = COMMON_OPT_CALLBACK,
          .target = &o->io,

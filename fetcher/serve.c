@@ -495,7 +495,7 @@ static int serve_plan_slots(struct fetcher_server *s, uint32_t device_layers, FI
     if (lrc != COMMON_OK)
         return lrc;
     uint64_t                 kv = lay.kv_bytes * n_seq;
-    uint64_t                 act = (lay.scratch_bytes + lay.logits_bytes) * n_seq;
+    uint64_t act = (lay.scratch_bytes + lay.logits_bytes + o->device_scratch) * n_seq;
     struct fetcher_plan      plan = {0};
     /* every fetcher's staging, when they stage */
     const uint64_t stage_bytes = s->stages ? (uint64_t)s->n_shards * serve_device_pools(o) *

@@ -833,6 +833,15 @@ static void check_ngl_daemons_n(bool host, unsigned n_fetchers, const char *extr
         char *plan = sh(cmd, &st);
         cr_expect_eq(st, 0, "the fetcher's plan leaves the CPU backend's KV out:\n%s", plan);
         free(plan);
+        /* and it counts the device scratch, whose bytes the probe gave */
+        snprintf(cmd, sizeof(cmd),
+                 "grep -h -E 'device scratch on the CPU takes [1-9][0-9]* bytes' "
+                 "'%s'/logs/sluicectl.log && grep -h -E 'sluice-fetcher .*--device-scratch "
+                 "[1-9]' '%s'/logs/sluicectl.log",
+                 run_dir, run_dir);
+        plan = sh(cmd, &st);
+        cr_expect_eq(st, 0, "the fetchers' plan leaves the device scratch out:\n%s", plan);
+        free(plan);
     } else if (host && strstr(extra, "--ram-budget")) {
         /* The device takes the model: sluicectl's probe (sluice-executor --probe-device) counts
          * its layers, and the fetcher's plan leaves their KV out of the budget, as one process
@@ -964,12 +973,14 @@ Test(pipeline_sluicectl, ngl_daemons_on_the_host_backend_give_the_one_process_te
 }
 
 /* The CPU backend in the executor daemon under a RAM budget: its device pass leaves the experts
- * to the CPU's MoE, which reads them in the fetcher's pool where they are. */
+ * to the CPU's MoE, which reads them in the fetcher's pool where they are; the fetcher's plan
+ * counts the device scratch of the executor's 4 sequences (5.07 MiB each: a minimum of 56.5 MiB,
+ * 36.2 without it), which sluicectl learns from the executor's probe. */
 Test(pipeline_sluicectl, ngl_daemons_on_the_cpu_backend_stream_the_experts, .timeout = 300,
      .fini = stop_leftovers)
 {
     t_backend = "cpu";
-    check_ngl_daemons(true, "--ram-budget 37M",
+    check_ngl_daemons(true, "--ram-budget 57.3M",
                       "gpu: HOST0 \\(host memory, the CPU.s kernels.*MoE of 4 of them on the "
                       "CPU.s path, streamed where they are");
 }
