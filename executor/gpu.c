@@ -711,9 +711,9 @@ static size_t gpu_kv_bytes(size_t width, bool q8)
     return q8 ? width / 32 * 34 : width * sizeof(uint16_t);
 }
 
-/* Device bytes of one sequence's scratch (the KV cache aside). */
-/* own_att: the CPU's kernels, whose attention keeps its scores itself and which multiply any
- * rows without the f16 buffers of the matmul (no expert pool). */
+/* Device bytes of one sequence's scratch (the KV cache aside). own_att: the CPU's kernels, whose
+ * attention keeps its scores itself and which multiply any rows without the f16 buffers of the
+ * matmul (no expert pool). */
 static size_t gpu_need_scratch(const struct common_hparams *hp, bool head, uint32_t n_ctx,
                                uint32_t n_batch, bool own_att)
 {
