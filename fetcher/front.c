@@ -418,10 +418,12 @@ static void front_complete(struct fetcher *f, const struct fetcher_io_cqe *c)
         fetcher_trace_load_error(f->trace, ld->layer, ld->expert);
         fetcher_trace_resident(f->trace, ld->layer, -1);
     } else {
-        fetcher_pool_complete(f->pool, slot);
-        front_log_load_locked(f, ld->layer, ld->expert);
+        /* counted before it is published: whoever sees the bundle READY (an acquire that polls
+         * the pool) finds the load in the trace */
         fetcher_trace_load(f->trace, ld->layer, ld->expert, ld->bytes,
                            common_now_ns() - ld->t_submit);
+        fetcher_pool_complete(f->pool, slot);
+        front_log_load_locked(f, ld->layer, ld->expert);
     }
     if (ld->waiters.head)
         front_wake_slot(f, slot);
