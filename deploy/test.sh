@@ -35,8 +35,10 @@ if [ -z "${SLUICE_QUICK:-}" ]; then
     # The sanitizer builds leave the CUDA kernels out (-DSLUICE_CUDA=OFF): without a device
     # their tests run on the host backend either way, and the release build above compiles and
     # links the kernels (two architectures each, the slowest files of the build).
+    # The *_one_pass runs (label one_pass) are the release build's only: the same suites run
+    # under ASan once, and executor_test_gpu's gpu_one_pass tests put layers on the CPU device.
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        run_suite build-asan asan "" "" -DSANITIZE=asan -DSLUICE_CUDA=OFF
+        run_suite build-asan asan "-LE one_pass" "" -DSANITIZE=asan -DSLUICE_CUDA=OFF
     # Criterion's runner cannot start under ThreadSanitizer, so the TSan suite is the plain
     # programs of tests/tsan/ (label tsan), which drive every multi-threaded part; only they are
     # built.
