@@ -1850,7 +1850,8 @@ int32_t executor_gpu_layers(const struct executor_gpu *g, char *name, size_t len
 
 double executor_gpu_membw(const struct executor_gpu *g, size_t bytes)
 {
-    g = gpu_first_device(g) ? gpu_first_device(g) : g;
+    const struct executor_gpu *d = gpu_first_device(g);
+    g = d ? d : g;
     return gpu_use(g->dev) < 0 ? 0.0 : gpu_membw_probe(bytes);
 }
 

@@ -299,49 +299,47 @@ static int main_run(const struct main_config *c)
 static int main_probe(const struct main_config *c)
 {
     uint32_t n = 0, n_dev = 0;
+    uint64_t scratch = 0;
     /* The CPU backend's device is RAM: its KV is the fetchers' to plan for, as the CPU's, and
      * without --vram-budget it has no device pool (it reads the experts in the RAM pool). */
     const bool in_ram = executor_gpu_in_ram() && !c->vram_budget;
-    if (c->n_gpu_layers > 0 && !in_ram && executor_gpu_usable(NULL, &c->devices, 0, NULL, 0)) {
-        struct executor_model *m = NULL;
-        struct common_errmsg   e = {{0}};
-        if (executor_model_open(c->model, NULL, &m, &e) < 0) {
-            fprintf(stderr, PROG ": error: %s\n", e.text);
-            return 1;
-        }
-        const uint32_t n_layer = executor_model_hparams(m)->n_layer;
+    const bool on_device =
+        c->n_gpu_layers > 0 && !in_ram && executor_gpu_usable(NULL, &c->devices, 0, NULL, 0);
+    /* The RAM a sequence's device scratch takes on the CPU: the CPU backend's with -ngl, the CPU
+     * device's with the layers -ngl leaves to the CPU in one pass (SLUICE_ONE_PASS=1). */
+    const bool cpu_scratch =
+        (executor_gpu_in_ram() && c->n_gpu_layers > 0) || executor_gpu_one_pass();
+    if (!on_device && !cpu_scratch) {
+        printf("0 0 0\n");
+        return 0;
+    }
+    struct executor_model *m = NULL;
+    struct common_errmsg   e = {{0}};
+    if (executor_model_open(c->model, NULL, &m, &e) < 0) {
+        fprintf(stderr, PROG ": error: %s\n", e.text);
+        return 1;
+    }
+    const struct common_hparams *hp = executor_model_hparams(m);
+    if (on_device) {
         if (executor_gpu_usable(m, &c->devices, c->n_cpu_moe, NULL, 0))
-            n = (uint32_t)c->n_gpu_layers < n_layer ? (uint32_t)c->n_gpu_layers : n_layer;
-        executor_model_destroy(m);
+            n = (uint32_t)c->n_gpu_layers < hp->n_layer ? (uint32_t)c->n_gpu_layers : hp->n_layer;
         int32_t   ids[EXECUTOR_MAX_DEVICES];
         const int k = c->devices.single ? 1 : executor_devices_resolve(&c->devices, ids, NULL, 0);
         n_dev = n && k > 0 ? (uint32_t)(k < (int)n ? k : (int)n) : 0;
     }
-    /* The RAM a sequence's device scratch takes on the CPU: the CPU backend's with -ngl, the CPU
-     * device's with the layers -ngl leaves to the CPU in one pass (SLUICE_ONE_PASS=1). */
-    uint64_t  scratch = 0;
-    const int n_on = c->n_gpu_layers > 0 ? c->n_gpu_layers : 0;
-    if ((executor_gpu_in_ram() && n_on > 0) || executor_gpu_one_pass()) {
-        struct executor_model *m = NULL;
-        struct common_errmsg   e = {{0}};
-        if (executor_model_open(c->model, NULL, &m, &e) < 0) {
+    struct common_ctx_layout lay;
+    if ((executor_gpu_in_ram() && c->n_gpu_layers > 0) ||
+        (executor_gpu_one_pass() && n < hp->n_layer)) {
+        if (common_ctx_layout_compute(
+                hp, &(struct common_ctx_layout_opts){.n_ctx = c->n_ctx, .n_batch = c->n_batch},
+                &lay, &e) < 0) {
             fprintf(stderr, PROG ": error: %s\n", e.text);
+            executor_model_destroy(m);
             return 1;
         }
-        const struct common_hparams *hp = executor_model_hparams(m);
-        struct common_ctx_layout     lay;
-        if ((executor_gpu_one_pass() && n < hp->n_layer) || (executor_gpu_in_ram() && n_on > 0)) {
-            if (common_ctx_layout_compute(
-                    hp, &(struct common_ctx_layout_opts){.n_ctx = c->n_ctx, .n_batch = c->n_batch},
-                    &lay, &e) < 0) {
-                fprintf(stderr, PROG ": error: %s\n", e.text);
-                executor_model_destroy(m);
-                return 1;
-            }
-            scratch = executor_gpu_scratch_bytes(hp, lay.n_ctx, lay.n_batch);
-        }
-        executor_model_destroy(m);
+        scratch = executor_gpu_scratch_bytes(hp, lay.n_ctx, lay.n_batch);
     }
+    executor_model_destroy(m);
     printf("%u %u %llu\n", n, n_dev, (unsigned long long)scratch);
     return 0;
 }
